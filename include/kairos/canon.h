@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/* canon: canonical JSON and content hashes, byte-compatible with the original
+ * (DESIGN §4): volatile keys removed at every depth, keys sorted bytewise,
+ * compact, the original's float format, integers exact. */
+#pragma once
+
+#include <stddef.h>
+
+#include "kairos/kbuf.h"
+#include "kairos/kjson.h"
+
+/* "sha256-" + 64 hex + NUL */
+#define CANON_HASH_STRLEN 72
+
+/* Append the canonical form of v.  -EDOM for NaN/Infinity (a float literal
+ * out of double range), -ENOMEM. */
+int canon_write(struct kbuf *out, const struct kjson *v);
+
+/* Parse JSON text and append its canonical form.  -EINVAL on bad JSON (err
+ * filled when non-NULL), -EDOM on non-finite numbers. */
+int canon_json(const char *text, size_t len, struct kbuf *out, struct kjson_error *err);
+
+/* Canonical hash of JSON text / of a parsed value. */
+int canon_hash_json(const char *text, size_t len, char out[CANON_HASH_STRLEN],
+                    struct kjson_error *err);
+int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN]);
+
+/* "sha256-" + hex SHA-256 of raw bytes. */
+void canon_hash_bytes(const void *data, size_t len, char out[CANON_HASH_STRLEN]);
+
+/* Format a double the way the original (Ruby Float#to_s) prints it:
+ * 1.0, 1.0e+20, 2.5e-05, -0.0, 0.1.  -EDOM if not finite. */
+int canon_format_double(double d, struct kbuf *out);
+
+/* Must be called once before hashing (sodium_init); safe to call repeatedly. */
+int canon_init(void);

@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: MIT */
+/* fold: rebuild plans and steps from a WAL's bytes (DESIGN §6), compatible
+ * with the original plus the marked FIXes.  Never crashes, never loops,
+ * allocates at most O(input) memory.
+ *
+ * Classification of the file:
+ *   CLEAN    every non-blank line is a good record;
+ *   TORN     only the last non-blank line is bad, and it could be a strict
+ *            prefix of one record (or is a whole record missing its '\n');
+ *            the records before it are folded;
+ *   CORRUPT  a bad line is followed by more lines, or the last line cannot
+ *            be a prefix of one record (e.g. a complete crc-valid record
+ *            followed by more bytes).  Records before the bad line are
+ *            folded; nothing after it is.  The file must be quarantined.
+ * A good record: a JSON object on one line whose crc (if any) matches; a line
+ * without crc (legacy, written by the original) must end with its "ts" member. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum fold_status {
+        FOLD_CLEAN,
+        FOLD_TORN,
+        FOLD_CORRUPT,
+};
+
+/* Every string is NUL-terminated and owned by the fold; NULL = absent. */
+struct fold_step {
+        const char *step_id;
+        const char *plan_id;
+        const char *tool;
+        const char *params_hash;
+        const char *pre_hash;            /* expected, from the plan */
+        const char *expected_post_hash;
+        const char *idem_key;
+        const char *status;              /* last transition status, NULL if none */
+        const char *observed_pre_hash;   /* from the executing record */
+        const char *post_hash;
+        const char *result_hash;
+        const char *result_json;         /* compact JSON of the completed record's result */
+        const char *evidence_json;
+        const char *error_class;
+        const char *error_msg;
+        const char *reason;
+        bool recovered;
+        unsigned executions;             /* executing records seen */
+        unsigned resets;
+        size_t plan;                     /* index into fold.plans */
+};
+
+struct fold_plan {
+        const char *plan_id;
+        const char *mandate_id;
+        long long cycle;
+        const char *plan_hash;
+        size_t *steps;                   /* indices into fold.steps, plan order */
+        size_t nsteps;
+        bool finalized;
+        const char *final_status;        /* succeeded | failed | abandoned */
+        const char *final_reason;
+        const char *orphan_reason;       /* "orphan_steps_detected" for orphan plans */
+        size_t line;                     /* 1-based line that created it */
+};
+
+struct fold_operator {
+        const char *mandate_id;
+        const char *action;
+        const char *step_id;
+        const char *reason;
+        long long uid;
+        const char *ts;
+        size_t line;
+};
+
+struct fold {
+        struct fold_plan *plans;         /* in order of first commit */
+        size_t nplans;
+        struct fold_step *steps;
+        size_t nsteps;
+        struct fold_operator *operators;
+        size_t noperators;
+
+        enum fold_status status;
+        size_t lines;                    /* lines seen (incl. blank and bad) */
+        size_t records;                  /* good records folded */
+        size_t legacy_records;           /* good records without crc */
+        size_t unknown_ops;
+        size_t good_end;                 /* byte offset just past the last good record */
+        size_t bad_line;                 /* TORN/CORRUPT: 1-based line of the bad line */
+        size_t bad_offset;               /* ... and its byte offset */
+        char bad_reason[128];
+
+        struct fold_internal *internal;
+};
+
+/* Fold a buffer / a file.  -ENOMEM; fold_file: -errno of open/read. */
+int fold_buffer(const char *data, size_t len, struct fold **out);
+int fold_file(const char *path, struct fold **out);
+void fold_free(struct fold *f);
+
+/* Step lookup by id (the latest owner), or NULL. */
+const struct fold_step *fold_find_step(const struct fold *f, const char *step_id);
+const struct fold_plan *fold_find_plan(const struct fold *f, const char *plan_id);
+
+/* completed, failed or abandoned.  needs_review is not final. */
+bool fold_step_finalized(const struct fold_step *s);
+
+const char *fold_status_name(enum fold_status s);
+

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/* kio: the one seam through which every WAL and state-file mutation goes
+ * (DESIGN §6 "I/O seam"), so tests can substitute a recording implementation
+ * (to generate crash states) or a failing one (to inject errors).
+ * Every function returns 0 (write: bytes written; open: a fd) or -errno. */
+#pragma once
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct kio {
+        int (*open)(void *ctx, const char *path, int flags, mode_t mode);
+        ssize_t (*write)(void *ctx, int fd, const void *buf, size_t n);
+        int (*fdatasync)(void *ctx, int fd);
+        int (*fsync)(void *ctx, int fd);
+        int (*close)(void *ctx, int fd);
+        int (*ftruncate)(void *ctx, int fd, off_t len);
+        int (*rename)(void *ctx, const char *from, const char *to);
+        int (*unlink)(void *ctx, const char *path);
+        int (*mkdir)(void *ctx, const char *path, mode_t mode);
+        /* open the directory, fsync it, close it */
+        int (*fsync_dir)(void *ctx, const char *path);
+        void *ctx;
+};
+
+/* The real thing: plain POSIX calls, EINTR retried. */
+const struct kio *kio_posix(void);
+
+/* Helpers built on a kio. */
+/* Write all n bytes (retrying partial writes and EINTR).  On failure returns
+ * -errno and *written (if non-NULL) tells how many bytes did land. */
+int kio_write_all(const struct kio *io, int fd, const void *buf, size_t n, size_t *written);
+/* fsync the directory that contains path. */
+int kio_fsync_parent(const struct kio *io, const char *path);
+/* mkdir -p; fsyncs the parent of every directory it creates. */
+int kio_mkdir_p(const struct kio *io, const char *path, mode_t mode);
+/* Atomic replace: write path.tmp, fdatasync, close, rename over path, fsync dir. */
+int kio_write_file_atomic(const struct kio *io, const char *path, const void *data, size_t n,
+                          mode_t mode);

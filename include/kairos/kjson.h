@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/* kjson: a strict RFC 8259 parser into an arena-allocated tree that keeps
+ * every number's exact text (so integers of any size survive unchanged) and
+ * every object's members in document order.  jansson cannot hold integers
+ * beyond 64 bits, which canonical hashing must keep digit for digit. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum kjson_type {
+        KJSON_NULL,
+        KJSON_FALSE,
+        KJSON_TRUE,
+        KJSON_NUMBER,
+        KJSON_STRING,
+        KJSON_ARRAY,
+        KJSON_OBJECT,
+};
+
+struct kjson;
+
+struct kjson_member {
+        const char *key;      /* decoded UTF-8, NUL-terminated */
+        size_t key_len;
+        struct kjson *value;
+};
+
+struct kjson {
+        enum kjson_type type;
+        union {
+                struct {
+                        const char *text; /* the number exactly as written */
+                        size_t len;
+                        bool is_float;    /* has a fraction or exponent */
+                } num;
+                struct {
+                        const char *ptr;  /* decoded UTF-8, NUL-terminated (may hold NULs) */
+                        size_t len;
+                } str;
+                struct {
+                        struct kjson **items;
+                        size_t n;
+                } arr;
+                struct {
+                        struct kjson_member *members;
+                        size_t n;
+                } obj;
+        } u;
+};
+
+/* Parse errors.  KJSON_E_EOF means the text ended before the value was
+ * complete: the input is a strict prefix of some valid document, which is
+ * how the WAL fold tells a torn tail from corruption. */
+enum kjson_error_code {
+        KJSON_OK = 0,
+        KJSON_E_EOF,        /* input is a strict prefix of a valid value */
+        KJSON_E_SYNTAX,     /* unexpected byte */
+        KJSON_E_UTF8,       /* invalid UTF-8 or lone surrogate */
+        KJSON_E_DEPTH,      /* nesting deeper than KJSON_MAX_DEPTH */
+        KJSON_E_TRAILING,   /* a complete value followed by more bytes */
+        KJSON_E_NOMEM,
+};
+
+#define KJSON_MAX_DEPTH 128
+
+struct kjson_error {
+        enum kjson_error_code code;
+        size_t offset;      /* byte offset of the problem in the input */
+        const char *message;
+};
+
+/* Arena: all nodes and strings of one or more parses; freed at once. */
+struct kjson_arena;
+
+struct kjson_arena *kjson_arena_new(void);
+void kjson_arena_reset(struct kjson_arena *a);  /* drop all nodes, keep memory */
+void kjson_arena_free(struct kjson_arena *a);
+
+/* Parse exactly one JSON value from s[0..len) (surrounding whitespace allowed).
+ * Returns 0 and *out, or -EINVAL with *err filled (-ENOMEM on allocation failure). */
+int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
+                struct kjson_error *err);
+
+/* Object lookup: the LAST member with that key (JSON.parse semantics), or NULL. */
+const struct kjson *kjson_get(const struct kjson *obj, const char *key);
+/* String value of member `key` if it is a string, else NULL. */
+const char *kjson_get_str(const struct kjson *obj, const char *key);
+
+const char *kjson_error_string(enum kjson_error_code code);
+
+/* Arena allocation for callers that keep strings next to parsed trees. */
+void *kjson_arena_alloc(struct kjson_arena *a, size_t n);
+char *kjson_arena_strndup(struct kjson_arena *a, const char *s, size_t n);
+
+/* Append v compactly, members in document order, numbers exactly as written,
+ * strings escaped as kbuf_json_string does.  (Not canonical: see canon.h.) */
+struct kbuf;
+int kjson_write(struct kbuf *out, const struct kjson *v);

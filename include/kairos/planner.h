@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/* planner: a fired event (schedule name, fired_at) and a cycle number become
+ * the five-step plan of that cycle (DESIGN §3, §5).  Pure, no I/O. */
+#pragma once
+
+#include "kairos/canon.h"
+
+#define PLANNER_PHASES 5
+#define PLANNER_ID_MAX 24          /* "plan_" + 12 hex + NUL, "mnd_plan_" + 12 hex + NUL */
+#define PLANNER_STEP_ID_MAX 16     /* "reflect_010" */
+#define PLANNER_MAX_CYCLE 999
+
+enum planner_phase {
+        PHASE_OBSERVE,
+        PHASE_ORIENT,
+        PHASE_DECIDE,
+        PHASE_ACT,
+        PHASE_REFLECT,
+};
+
+struct planner_step {
+        char step_id[PLANNER_STEP_ID_MAX];
+        char tool[16];                          /* "ooda.<phase>" */
+        char params_hash[CANON_HASH_STRLEN];
+        char pre_hash[CANON_HASH_STRLEN];
+        char expected_post_hash[CANON_HASH_STRLEN];
+};
+
+struct planner_plan {
+        char plan_id[PLANNER_ID_MAX];
+        char mandate_id[PLANNER_ID_MAX];
+        int cycle;
+        char plan_hash[CANON_HASH_STRLEN];
+        struct planner_step steps[PLANNER_PHASES];
+};
+
+const char *planner_phase_name(enum planner_phase p);
+/* Phase of a step id such as "act_002" (and its cycle), or -EINVAL. */
+int planner_parse_step_id(const char *step_id, enum planner_phase *phase, int *cycle);
+
+/* plan_id of (name, fired_at, cycle): cycle 1 hashes "NAME|FIRED_AT",
+ * cycle >= 2 hashes "NAME|FIRED_AT|c". */
+int planner_plan_id(const char *name, const char *fired_at, int cycle,
+                    char out[PLANNER_ID_MAX]);
+/* "mnd_" + cycle-1 plan_id. */
+int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_ID_MAX]);
+
+/* Build the plan.  -EINVAL for a cycle outside 1..PLANNER_MAX_CYCLE, an empty
+ * name or fired_at. */
+int planner_build(const char *name, const char *fired_at, int cycle, struct planner_plan *out);
+
+/* The canonical JSON array of the plan's steps (the five keys, in the WAL's
+ * key order) and its hash, plan_hash. */
+int planner_steps_json(const struct planner_plan *p, struct kbuf *out);

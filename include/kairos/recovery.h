@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/* recovery: the pure recovery planner (DESIGN §8).  Given a folded WAL it
+ * decides, for every unfinished plan, what happens to each unfinished step
+ * and which records recovery appends.  It does no I/O: the daemon appends the
+ * records (and `kairosctl recover --dry-run` prints them). */
+#pragma once
+
+#include <stddef.h>
+
+#include "kairos/fold.h"
+#include "kairos/verdict.h"
+#include "kairos/wal.h"
+
+enum recovery_outcome {
+        RECOVERY_RESUME,             /* runs again from resume_step */
+        RECOVERY_PAUSED_REVIEW,      /* a step needs a human: mandate paused_review */
+        RECOVERY_FINALIZED_FAILED,   /* held a failed step: finalized failed */
+        RECOVERY_FINALIZED_SUCCEEDED,/* every step completed: finalized succeeded */
+};
+
+struct recovery_decision {
+        size_t step;                 /* index into fold.steps */
+        struct verdict verdict;
+        bool has_record;             /* a record is appended for it */
+        struct wal_record record;    /* strings borrow from the fold and the recovery */
+};
+
+struct recovery_plan {
+        size_t plan;                 /* index into fold.plans */
+        enum recovery_outcome outcome;
+        size_t resume_step;          /* RESUME: index into fold.steps of the first step to run */
+        const char *pause_step;      /* PAUSED_REVIEW: step_id that needs review */
+        const char *pause_reason;    /* its evidence reason */
+        struct recovery_decision *decisions; /* one per unfinished step examined, in order */
+        size_t ndecisions;
+        bool has_finalize;           /* a plan_finalize record is appended */
+        struct wal_record finalize;
+};
+
+struct recovery {
+        struct recovery_plan *plans; /* one per unfinished plan, in WAL order */
+        size_t nplans;
+        struct recovery_internal *internal;
+};
+
+/* A CORRUPT fold is refused (-EBADMSG): corrupt files are quarantined, never
+ * recovered.  A TORN fold is planned from its good records. */
+int recovery_plan_fold(const struct fold *f, struct recovery **out);
+void recovery_free(struct recovery *r);
+
+/* All records of the recovery in append order. */
+size_t recovery_record_count(const struct recovery *r);
+
+const char *recovery_outcome_name(enum recovery_outcome o);

@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/* wal: the per-mandate write-ahead log writer (DESIGN §6).
+ *
+ * Records are encoded byte-identically to the original's layout (same keys,
+ * same order) and end with ,"crc":"xxxxxxxx"}.  Each append is one write(2)
+ * of one whole line on an O_APPEND descriptor; durability is a barrier:
+ * wal_flush() issues one fdatasync for everything written since the last one.
+ * Appends and flushes are serialized by a mutex, so any thread may call them.
+ *
+ * A WAL is in one of four states.  OK: appends allowed.  QUARANTINED: the
+ * file is corrupt (a bad line followed by good ones); nothing is ever
+ * appended (-EBADMSG).  FAILED: a write or fdatasync failed; nothing after
+ * the last good flush is acknowledged, every later call fails with the
+ * original error and fdatasync is never retried on that descriptor.
+ * CLOSED: -EBADF. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kairos/kbuf.h"
+#include "kairos/kio.h"
+#include "kairos/planner.h"
+
+#define WAL_ERROR_MSG_MAX_CHARS 500
+
+enum wal_op {
+        WAL_OP_PLAN_COMMIT,
+        WAL_OP_APPEND,          /* step pending */
+        WAL_OP_EXECUTING,
+        WAL_OP_COMPLETED,
+        WAL_OP_FAILED,
+        WAL_OP_NEEDS_REVIEW,
+        WAL_OP_RESET,
+        WAL_OP_FINALIZE,
+        WAL_OP_OPERATOR,
+};
+
+struct wal_step {
+        const char *step_id;
+        const char *tool;
+        const char *params_hash;
+        const char *pre_hash;
+        const char *expected_post_hash;
+};
+
+/* One record to encode.  Which fields are used depends on op; optional
+ * fields are written only when non-NULL (recovered only when true).
+ * evidence_json and result_json are JSON texts: they are validated and
+ * written compactly (document order kept), never with raw newlines. */
+struct wal_record {
+        enum wal_op op;
+        const char *step_id;
+        const char *plan_id;
+        /* plan_commit */
+        const char *mandate_id;
+        long long cycle;
+        const struct wal_step *steps;
+        size_t nsteps;
+        /* append */
+        const char *idem_key;
+        /* executing */
+        const char *pre_hash;
+        /* completed */
+        const char *post_hash;
+        const char *result_hash;
+        bool recovered;
+        const char *evidence_json;  /* completed, needs_review */
+        const char *result_json;    /* completed */
+        /* failed */
+        const char *error_class;
+        const char *error_msg;      /* cut at 500 characters, invalid UTF-8 replaced */
+        /* needs_review, finalize, operator */
+        const char *reason;
+        /* finalize: succeeded | failed | abandoned */
+        const char *status;
+        /* operator: {"op":"operator","mandate_id","action"[,"step_id"],"uid","reason","ts"} */
+        const char *action;
+        long long uid;
+};
+
+/* Encode one record as a full line: JSON, crc field, '\n'.  ts_ms is the
+ * record's time in milliseconds since the epoch (written as
+ * 2026-04-20T12:00:00.123Z).  -EINVAL names no field; see wal_encode_error. */
+int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out);
+
+/* crc of a line as kairos writes it: CRC-32 of the line without its
+ * ,"crc":"xxxxxxxx" field.  Helpers for readers. */
+uint32_t wal_crc(const char *line_without_crc, size_t len);
+
+/* Format ms since the epoch as YYYY-MM-DDTHH:MM:SS.mmmZ (25 bytes incl. NUL). */
+void wal_format_ts(int64_t ts_ms, char out[32]);
+
+enum wal_state {
+        WAL_STATE_OK,
+        WAL_STATE_QUARANTINED,
+        WAL_STATE_FAILED,
+        WAL_STATE_CLOSED,
+};
+
+struct wal_options {
+        const struct kio *io;                 /* NULL: kio_posix() */
+        int64_t (*now_ms)(void *ctx);         /* NULL: CLOCK_REALTIME */
+        void *clock_ctx;
+};
+
+struct wal_open_info {
+        bool created;              /* the file did not exist */
+        bool torn_repaired;        /* a torn tail was cut off */
+        size_t torn_bytes;
+        char torn_path[4096];      /* where the torn bytes were kept */
+        bool corrupt;              /* quarantined */
+        size_t bad_line;           /* 1-based line of the corruption */
+        size_t bad_offset;         /* its byte offset */
+        char bad_reason[128];
+};
+
+struct wal;
+
+/* Open or create (mode 0600, O_APPEND, never truncating good data).  On
+ * creation the parent directory is fsynced.  An existing file is scanned: a
+ * torn tail is saved to <path>.torn.<unix-seconds> and truncated away (then
+ * fsynced); a corrupt file opens QUARANTINED.  info may be NULL. */
+int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
+             struct wal_open_info *info);
+/* Close (idempotent on NULL).  Does not flush: unflushed records are not durable. */
+int wal_close(struct wal *w);
+
+enum wal_state wal_state(const struct wal *w);
+/* The error that failed the WAL (negative errno), 0 if none. */
+int wal_error(const struct wal *w);
+const char *wal_path(const struct wal *w);
+/* fdatasync calls issued on this WAL so far. */
+uint64_t wal_flush_count(const struct wal *w);
+/* Records appended since the last successful flush. */
+size_t wal_pending(const struct wal *w);
+
+/* Append one record (not yet durable). */
+int wal_append(struct wal *w, const struct wal_record *r);
+/* Barrier: make everything appended so far durable (one fdatasync, none if
+ * nothing is pending). */
+int wal_flush(struct wal *w);
+
+/* One function per op. */
+int wal_commit_plan(struct wal *w, const char *plan_id, const char *mandate_id, long long cycle,
+                    const struct wal_step *steps, size_t nsteps);
+int wal_commit_planner_plan(struct wal *w, const struct planner_plan *p);
+int wal_append_pending(struct wal *w, const char *step_id, const char *plan_id,
+                       const char *idem_key);
+int wal_mark_executing(struct wal *w, const char *step_id, const char *pre_hash);
+int wal_mark_completed(struct wal *w, const char *step_id, const char *post_hash,
+                       const char *result_hash, bool recovered, const char *evidence_json,
+                       const char *result_json);
+int wal_mark_failed(struct wal *w, const char *step_id, const char *error_class,
+                    const char *error_msg);
+int wal_mark_needs_review(struct wal *w, const char *step_id, const char *reason,
+                          const char *evidence_json);
+int wal_mark_reset(struct wal *w, const char *step_id);
+int wal_finalize_plan(struct wal *w, const char *plan_id, const char *status,
+                      const char *reason);
+int wal_operator(struct wal *w, const char *mandate_id, const char *action,
+                 const char *step_id, long long uid, const char *reason);
+
+/* Archive: gzip <wal> into <archive_dir>/<basename>.gz (written as .tmp,
+ * fdatasync, rename, fsync of archive_dir), then unlink the WAL and fsync its
+ * directory.  wal_archive closes w (even on failure).  dest (may be NULL)
+ * receives the archive path (caller frees). */
+int wal_archive(struct wal *w, const char *archive_dir, char **dest);
+int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
+                     char **dest);

@@ -1,0 +1,3 @@
+/* stub: being written */
+int main(void);
+int main(void) { return 77; }
