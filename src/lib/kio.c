@@ -1,1 +1,267 @@
-/* SPDX-License-Identifier: MIT */ /* stub: being written */
+/* SPDX-License-Identifier: MIT */
+/* kio: the I/O seam (DESIGN §6).  kio_posix() is the real implementation;
+ * the helpers below only ever touch files through a struct kio. */
+#include "kairos/kio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int posix_open(void *ctx, const char *path, int flags, mode_t mode)
+{
+        (void)ctx;
+        int fd;
+        do
+                fd = open(path, flags, mode);
+        while (fd < 0 && errno == EINTR);
+        return fd < 0 ? -errno : fd;
+}
+
+static ssize_t posix_write(void *ctx, int fd, const void *buf, size_t n)
+{
+        (void)ctx;
+        ssize_t r;
+        do
+                r = write(fd, buf, n);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : r;
+}
+
+static int posix_fdatasync(void *ctx, int fd)
+{
+        (void)ctx;
+        int r;
+        do
+                r = fdatasync(fd);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
+static int posix_fsync(void *ctx, int fd)
+{
+        (void)ctx;
+        int r;
+        do
+                r = fsync(fd);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
+static int posix_close(void *ctx, int fd)
+{
+        (void)ctx;
+        /* Linux always releases the descriptor, even on EINTR: never retry. */
+        if (close(fd) < 0 && errno != EINTR)
+                return -errno;
+        return 0;
+}
+
+static int posix_ftruncate(void *ctx, int fd, off_t len)
+{
+        (void)ctx;
+        int r;
+        do
+                r = ftruncate(fd, len);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
+static int posix_rename(void *ctx, const char *from, const char *to)
+{
+        (void)ctx;
+        int r;
+        do
+                r = rename(from, to);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
+static int posix_unlink(void *ctx, const char *path)
+{
+        (void)ctx;
+        int r;
+        do
+                r = unlink(path);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
+static int posix_mkdir(void *ctx, const char *path, mode_t mode)
+{
+        (void)ctx;
+        int r;
+        do
+                r = mkdir(path, mode);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
+static int posix_fsync_dir(void *ctx, const char *path)
+{
+        int fd = posix_open(ctx, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+        if (fd < 0)
+                return fd;
+        int r = posix_fsync(ctx, fd);
+        /* A filesystem that cannot fsync directories (EINVAL) has nothing to
+         * make durable this way; every other error is real. */
+        if (r == -EINVAL)
+                r = 0;
+        int rc = posix_close(ctx, fd);
+        return r < 0 ? r : rc;
+}
+
+static const struct kio kio_posix_impl = {
+        .open = posix_open,
+        .write = posix_write,
+        .fdatasync = posix_fdatasync,
+        .fsync = posix_fsync,
+        .close = posix_close,
+        .ftruncate = posix_ftruncate,
+        .rename = posix_rename,
+        .unlink = posix_unlink,
+        .mkdir = posix_mkdir,
+        .fsync_dir = posix_fsync_dir,
+        .ctx = NULL,
+};
+
+const struct kio *kio_posix(void)
+{
+        return &kio_posix_impl;
+}
+
+int kio_write_all(const struct kio *io, int fd, const void *buf, size_t n, size_t *written)
+{
+        const char *p = buf;
+        size_t done = 0;
+        int r = 0;
+
+        while (done < n) {
+                ssize_t w = io->write(io->ctx, fd, p + done, n - done);
+                if (w == -EINTR)
+                        continue;
+                if (w < 0) {
+                        r = (int)w;
+                        break;
+                }
+                if (w == 0 || (size_t)w > n - done) {
+                        /* No progress (or a nonsensical count): never spin. */
+                        r = -EIO;
+                        break;
+                }
+                done += (size_t)w;
+        }
+        if (written)
+                *written = done;
+        return r;
+}
+
+/* The directory part of path: "." for a bare name, "/" for "/x". */
+static char *dir_of(const char *path)
+{
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+                return strdup(".");
+        while (slash > path && slash[-1] == '/')
+                slash--;
+        if (slash == path)
+                return strdup("/");
+        return strndup(path, (size_t)(slash - path));
+}
+
+int kio_fsync_parent(const struct kio *io, const char *path)
+{
+        if (!path || !*path)
+                return -EINVAL;
+        char *dir = dir_of(path);
+        if (!dir)
+                return -ENOMEM;
+        int r = io->fsync_dir(io->ctx, dir);
+        free(dir);
+        return r;
+}
+
+static bool is_dir(const char *path)
+{
+        struct stat st;
+        return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int kio_mkdir_p(const struct kio *io, const char *path, mode_t mode)
+{
+        if (!path || !*path)
+                return -EINVAL;
+        char *p = strdup(path);
+        if (!p)
+                return -ENOMEM;
+        size_t len = strlen(p);
+        while (len > 1 && p[len - 1] == '/')
+                p[--len] = '\0';
+
+        int r = 0;
+        char *cur = p;
+        for (;;) {
+                while (*cur == '/')
+                        cur++;
+                char *end = strchr(cur, '/');
+                bool last = end == NULL;
+                if (!last)
+                        *end = '\0';
+                if (*p && !(p[0] == '/' && p[1] == '\0')) {
+                        r = io->mkdir(io->ctx, p, mode);
+                        if (r == 0) {
+                                r = kio_fsync_parent(io, p);
+                        } else if (r == -EEXIST) {
+                                r = is_dir(p) ? 0 : -ENOTDIR;
+                        }
+                        if (r < 0)
+                                break;
+                }
+                if (last)
+                        break;
+                *end = '/';
+                cur = end + 1;
+        }
+        free(p);
+        return r;
+}
+
+int kio_write_file_atomic(const struct kio *io, const char *path, const void *data, size_t n,
+                          mode_t mode)
+{
+        if (!path || !*path)
+                return -EINVAL;
+        size_t plen = strlen(path);
+        char *tmp = malloc(plen + sizeof(".tmp"));
+        if (!tmp)
+                return -ENOMEM;
+        memcpy(tmp, path, plen);
+        memcpy(tmp + plen, ".tmp", sizeof(".tmp"));
+
+        int fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+        int r;
+        if (fd < 0) {
+                r = fd;
+                goto out;
+        }
+        r = kio_write_all(io, fd, data, n, NULL);
+        if (r == 0)
+                r = io->fdatasync(io->ctx, fd);
+        int rc = io->close(io->ctx, fd);
+        if (r == 0)
+                r = rc;
+        if (r == 0)
+                r = io->rename(io->ctx, tmp, path);
+        if (r < 0) {
+                io->unlink(io->ctx, tmp);
+                goto out;
+        }
+        r = kio_fsync_parent(io, path);
+out:
+        free(tmp);
+        return r;
+}
