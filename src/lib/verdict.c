@@ -1,1 +1,151 @@
-/* SPDX-License-Identifier: MIT */ /* stub: being written */
+/* SPDX-License-Identifier: MIT */
+/* verdict: the IdempotencyCheck (DESIGN §7, seed 000).  First match wins:
+ *
+ *   1 post_hash non-empty                         already_done  wal_recorded_completion
+ *   2 expected_post and current_post equal        already_done  current_state_matches_expected_post
+ *   3 status needs_review                          manual_review explicitly_marked_needs_review
+ *   4 no observed_pre, status not executing/completed  safe_to_retry never_reached_executing
+ *   5 pre_hash and current_pre equal               safe_to_retry current_pre_matches_expected
+ *   6 otherwise                                    manual_review interrupted_during_execution
+ *
+ * NULL means absent; "" is present (as in the Ruby original, where "" is
+ * truthy) except for row 1, which also requires a non-empty post_hash.  A
+ * NULL status compares as "" (status.to_s). */
+#include "kairos/verdict.h"
+
+#include <errno.h>
+#include <string.h>
+
+static void verdict_set(struct verdict *out, enum verdict_kind kind, int row, const char *reason,
+                        unsigned evidence)
+{
+        out->kind = kind;
+        out->row = row;
+        out->reason = reason;
+        out->evidence = evidence;
+}
+
+void verdict_check(const struct verdict_step *s, const char *current_pre, const char *current_post,
+                   struct verdict *out)
+{
+        const char *status = s->status ? s->status : "";
+
+        *out = (struct verdict){
+                .status = status,
+                .result_hash = s->result_hash,
+                .observed_pre_hash = s->observed_pre_hash,
+                .expected_pre_hash = s->pre_hash,
+        };
+
+        if (s->post_hash && s->post_hash[0]) {
+                verdict_set(out, VERDICT_ALREADY_DONE, 1, "wal_recorded_completion",
+                            VERDICT_EV_RESULT_HASH);
+                out->post_hash = s->post_hash;
+                return;
+        }
+
+        if (s->expected_post_hash && current_post && strcmp(current_post, s->expected_post_hash) == 0) {
+                verdict_set(out, VERDICT_ALREADY_DONE, 2, "current_state_matches_expected_post", 0);
+                out->post_hash = current_post;
+                return;
+        }
+
+        if (strcmp(status, "needs_review") == 0) {
+                verdict_set(out, VERDICT_MANUAL_REVIEW, 3, "explicitly_marked_needs_review",
+                            VERDICT_EV_STATUS);
+                return;
+        }
+
+        if (!s->observed_pre_hash && strcmp(status, "executing") != 0 &&
+            strcmp(status, "completed") != 0) {
+                verdict_set(out, VERDICT_SAFE_TO_RETRY, 4, "never_reached_executing",
+                            VERDICT_EV_STATUS);
+                return;
+        }
+
+        if (s->pre_hash && current_pre && strcmp(current_pre, s->pre_hash) == 0) {
+                verdict_set(out, VERDICT_SAFE_TO_RETRY, 5, "current_pre_matches_expected", 0);
+                return;
+        }
+
+        verdict_set(out, VERDICT_MANUAL_REVIEW, 6, "interrupted_during_execution",
+                    VERDICT_EV_STATUS | VERDICT_EV_OBSERVED_PRE | VERDICT_EV_EXPECTED_PRE);
+}
+
+static int put_member(struct kbuf *out, const char *key, const char *value)
+{
+        int r;
+
+        r = kbuf_putc(out, ',');
+        if (r < 0)
+                return r;
+        r = kbuf_json_string(out, key, strlen(key));
+        if (r < 0)
+                return r;
+        r = kbuf_putc(out, ':');
+        if (r < 0)
+                return r;
+        if (!value)
+                return kbuf_puts(out, "null");
+        return kbuf_json_string(out, value, strlen(value));
+}
+
+int verdict_evidence_json(const struct verdict *v, struct kbuf *out)
+{
+        size_t start = out->len;
+        int r;
+
+        if (!v->reason)
+                return -EINVAL;
+
+        r = kbuf_puts(out, "{\"reason\":");
+        if (r < 0)
+                goto fail;
+        r = kbuf_json_string(out, v->reason, strlen(v->reason));
+        if (r < 0)
+                goto fail;
+        if (v->evidence & VERDICT_EV_RESULT_HASH) {
+                r = put_member(out, "result_hash", v->result_hash);
+                if (r < 0)
+                        goto fail;
+        }
+        if (v->evidence & VERDICT_EV_STATUS) {
+                r = put_member(out, "status", v->status);
+                if (r < 0)
+                        goto fail;
+        }
+        if (v->evidence & VERDICT_EV_OBSERVED_PRE) {
+                r = put_member(out, "observed_pre_hash", v->observed_pre_hash);
+                if (r < 0)
+                        goto fail;
+        }
+        if (v->evidence & VERDICT_EV_EXPECTED_PRE) {
+                r = put_member(out, "expected_pre_hash", v->expected_pre_hash);
+                if (r < 0)
+                        goto fail;
+        }
+        r = kbuf_putc(out, '}');
+        if (r < 0)
+                goto fail;
+        return 0;
+
+fail:
+        /* leave the buffer as it was */
+        out->len = start;
+        if (out->data)
+                out->data[start] = '\0';
+        return r;
+}
+
+const char *verdict_kind_name(enum verdict_kind k)
+{
+        switch (k) {
+        case VERDICT_ALREADY_DONE:
+                return "already_done";
+        case VERDICT_SAFE_TO_RETRY:
+                return "safe_to_retry";
+        case VERDICT_MANUAL_REVIEW:
+                return "manual_review";
+        }
+        return "unknown";
+}
