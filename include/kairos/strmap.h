@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: MIT */
+/* strmap: string → pointer hash map (open addressing, linear probing).
+ * Keys are copied; values are borrowed. */
+#pragma once
+
+#include <stddef.h>
+
+struct strmap;
+
+struct strmap *strmap_new(void);
+void strmap_free(struct strmap *m);
+/* Insert or replace.  -ENOMEM. */
+int strmap_put(struct strmap *m, const char *key, void *value);
+void *strmap_get(const struct strmap *m, const char *key);
+/* Remove; returns the value that was there (or NULL). */
+void *strmap_remove(struct strmap *m, const char *key);
+size_t strmap_size(const struct strmap *m);
+
+/* Iterate: *pos starts at 0; returns 0 and fills key/value, -ENOENT at the end.
+ * The map must not change during an iteration. */
+int strmap_next(const struct strmap *m, size_t *pos, const char **key, void **value);
