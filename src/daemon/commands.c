@@ -1,0 +1,528 @@
+/* SPDX-License-Identifier: MIT */
+/* Control commands.  Anything that touches a WAL runs as a job on the
+ * mandate's serial queue; the reply is sent only after the records it wrote
+ * are durable. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "control.h"
+#include "kairos/canon.h"
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/wal.h"
+#include "log.h"
+
+/* ---- status / list ---- */
+
+static void cmd_status(struct control_request *req)
+{
+        struct daemon *d = req->d;
+        unsigned counts[MANDATE__STATUS_MAX];
+        mandates_count(d, counts);
+        json_t *by = json_object();
+        for (int s = 0; s < MANDATE__STATUS_MAX; s++)
+                json_object_set_new(by, mandate_status_name(s), json_integer(counts[s]));
+        const struct recovery_summary *r = &d->recovery;
+        json_t *rec = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:s+}",
+                                "files", r->files, "resumed", r->resumed, "paused_review",
+                                r->paused_review, "quarantined", r->quarantined, "io_errors",
+                                r->io_errors, "torn_repaired", r->torn_repaired, "already_done",
+                                r->already_done, "safe_to_retry", r->safe_to_retry,
+                                "manual_review", r->manual_review, "duration_ms",
+                                (json_int_t)r->duration_ms, "summary", "", "");
+        char summary[200];
+        snprintf(summary, sizeof summary, "%u resumed, %u paused for review, %u quarantined",
+                 r->resumed, r->paused_review, r->quarantined);
+        json_object_set_new(rec, "summary", json_string(summary));
+        json_t *res = json_pack("{s:s, s:i, s:I, s:b, s:b, s:s, s:s?, s:i, s:o, s:o, s:I}",
+                                "version", KAIROS_VERSION, "pid", (int)getpid(), "uptime_sec",
+                                (json_int_t)((now_ms_monotonic() - d->started_ms) / 1000),
+                                "ready", d->ready, "stopping", d->stopping, "state_directory",
+                                d->cfg->state_directory, "config", d->config_path, "mandates",
+                                (int)strmap_size(d->mandates), "by_status", by, "recovery", rec,
+                                "fdatasync_calls", (json_int_t)d->flushes_total);
+        control_reply_ok(req, res);
+}
+
+static int cmp_mandate(const void *a, const void *b)
+{
+        const struct mandate *x = *(struct mandate *const *)a, *y = *(struct mandate *const *)b;
+        return strcmp(x->id, y->id);
+}
+
+static json_t *mandate_json(const struct mandate *m)
+{
+        return json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?}", "id", m->id, "status",
+                         mandate_status_name(m->status), "reason", m->reason, "review_step",
+                         m->review_step, "plan_id", m->plan_id, "cycle", (json_int_t)m->cycle,
+                         "schedule", m->schedule);
+}
+
+static void cmd_list(struct control_request *req)
+{
+        struct daemon *d = req->d;
+        size_t n = strmap_size(d->mandates), i = 0, pos = 0;
+        struct mandate **all = calloc(n ? n : 1, sizeof(*all));
+        if (!all) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        const char *k;
+        void *v;
+        while (i < n && strmap_next(d->mandates, &pos, &k, &v) == 0)
+                all[i++] = v;
+        qsort(all, i, sizeof(*all), cmp_mandate);
+        json_t *arr = json_array();
+        for (size_t j = 0; j < i; j++)
+                json_array_append_new(arr, mandate_json(all[j]));
+        free(all);
+        control_reply_ok(req, json_pack("{s:o}", "mandates", arr));
+}
+
+/* ---- jobs on a mandate's queue ---- */
+
+enum op_kind { OP_SHOW, OP_PAUSE, OP_RESUME, OP_RESOLVE };
+enum resolve_mode { RESOLVE_DONE, RESOLVE_RETRY, RESOLVE_ABANDON };
+
+struct mandate_op {
+        struct control_request *req;
+        struct mandate *m;
+        enum op_kind kind;
+        enum resolve_mode mode;
+        char *reason;
+        char *step;
+        uid_t uid;
+        /* results (filled on the pool thread) */
+        const char *err_code;
+        char err_msg[512];
+        json_t *result;
+        uint64_t flushes_before, flushes_after;
+        bool wal_failed;
+};
+
+static json_t *str_or_null(const char *s)
+{
+        return s ? json_string(s) : json_null();
+}
+
+static json_t *fold_json(const struct fold *f)
+{
+        json_t *plans = json_array();
+        for (size_t i = 0; i < f->nplans; i++) {
+                const struct fold_plan *p = &f->plans[i];
+                json_t *steps = json_array();
+                for (size_t k = 0; k < p->nsteps; k++) {
+                        const struct fold_step *s = &f->steps[p->steps[k]];
+                        json_t *js = json_pack(
+                                "{s:s, s:o, s:o, s:o, s:o, s:o, s:i, s:b}", "step_id", s->step_id,
+                                "status", str_or_null(s->status), "idem_key",
+                                str_or_null(s->idem_key), "post_hash", str_or_null(s->post_hash),
+                                "result_hash", str_or_null(s->result_hash), "reason",
+                                str_or_null(s->reason), "executions", (int)s->executions,
+                                "recovered", s->recovered);
+                        if (s->error_class)
+                                json_object_set_new(js, "error_class", json_string(s->error_class));
+                        if (s->error_msg)
+                                json_object_set_new(js, "error_msg", json_string(s->error_msg));
+                        if (s->evidence_json)
+                                json_object_set_new(js, "evidence",
+                                                    json_loads(s->evidence_json, 0, NULL));
+                        if (s->result_json)
+                                json_object_set_new(js, "result",
+                                                    json_loads(s->result_json,
+                                                               JSON_DECODE_ANY, NULL));
+                        json_array_append_new(steps, js);
+                }
+                json_array_append_new(
+                        plans, json_pack("{s:o, s:I, s:b, s:o, s:o, s:o}", "plan_id",
+                                         str_or_null(p->plan_id), "cycle", (json_int_t)p->cycle,
+                                         "finalized", p->finalized, "status",
+                                         str_or_null(p->final_status), "reason",
+                                         str_or_null(p->final_reason), "steps", steps));
+        }
+        json_t *ops = json_array();
+        for (size_t i = 0; i < f->noperators; i++) {
+                const struct fold_operator *o = &f->operators[i];
+                json_array_append_new(ops, json_pack("{s:o, s:o, s:I, s:o, s:o}", "action",
+                                                     str_or_null(o->action), "step_id",
+                                                     str_or_null(o->step_id), "uid",
+                                                     (json_int_t)o->uid, "reason",
+                                                     str_or_null(o->reason), "ts",
+                                                     str_or_null(o->ts)));
+        }
+        return json_pack("{s:s, s:i, s:o, s:o}", "wal_status", fold_status_name(f->status),
+                         "records", (int)f->records, "plans", plans, "operators", ops);
+}
+
+static void op_fail(struct mandate_op *op, const char *code, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static void op_fail(struct mandate_op *op, const char *code, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(op->err_msg, sizeof op->err_msg, fmt, ap);
+        va_end(ap);
+        op->err_code = code;
+}
+
+static void op_wal_error(struct mandate_op *op, int r)
+{
+        if (r == -EBADMSG) {
+                op_fail(op, "quarantined", "the WAL of %s is corrupt and quarantined",
+                        op->m->id);
+                return;
+        }
+        op->wal_failed = true;
+        op_fail(op, "wal_io_error", "writing the WAL of %s failed: %s", op->m->id,
+                strerror(-r));
+}
+
+static void do_resolve(struct mandate_op *op, struct mandate *m)
+{
+        struct fold *f = NULL;
+        int r = fold_file(m->wal_path, &f);
+        if (r < 0) {
+                op_fail(op, "wal_io_error", "cannot read %s: %s", m->wal_path, strerror(-r));
+                return;
+        }
+        const struct fold_step *s = fold_find_step(f, op->step);
+        if (!s) {
+                op_fail(op, "not_found", "mandate %s has no step %s", m->id, op->step);
+                goto out;
+        }
+        if (!s->status || strcmp(s->status, "needs_review") != 0) {
+                op_fail(op, "conflict", "step %s is %s, not needs_review: nothing to resolve",
+                        op->step, s->status ? s->status : "pending");
+                goto out;
+        }
+        static const char *const actions[] = { "resolve_done", "resolve_retry",
+                                               "resolve_abandon" };
+        if ((r = mandate_wal_open(m)) < 0 ||
+            (r = wal_operator(m->wal, m->id, actions[op->mode], op->step, (long long)op->uid,
+                              op->reason)) < 0)
+                goto wal_err;
+        op->flushes_before = wal_flush_count(m->wal);
+        switch (op->mode) {
+        case RESOLVE_DONE: {
+                char null_hash[CANON_HASH_STRLEN];
+                canon_hash_json("null", 4, null_hash, NULL);
+                char ev[160];
+                snprintf(ev, sizeof ev, "{\"reason\":\"operator_resolved_done\",\"uid\":%lld}",
+                         (long long)op->uid);
+                r = wal_mark_completed(m->wal, op->step, s->expected_post_hash ? s->expected_post_hash : "",
+                                       null_hash, false, ev, NULL);
+                break;
+        }
+        case RESOLVE_RETRY:
+                r = wal_mark_reset(m->wal, op->step);
+                break;
+        case RESOLVE_ABANDON:
+                r = wal_finalize_plan(m->wal, s->plan_id ? s->plan_id : "", "abandoned",
+                                      op->reason);
+                break;
+        }
+        if (r == 0)
+                r = wal_flush(m->wal);
+        if (r < 0)
+                goto wal_err;
+        op->result = json_pack("{s:s, s:s, s:s}", "mandate", m->id, "step", op->step, "action",
+                               actions[op->mode]);
+        goto out;
+wal_err:
+        op_wal_error(op, r);
+out:
+        fold_free(f);
+}
+
+static void op_work(void *arg)
+{
+        struct mandate_op *op = arg;
+        struct mandate *m = op->m;
+        int r = 0;
+        bool had_wal = m->wal != NULL;
+        op->flushes_before = m->wal ? wal_flush_count(m->wal) : 0;
+        switch (op->kind) {
+        case OP_SHOW: {
+                struct fold *f = NULL;
+                if ((r = fold_file(m->wal_path, &f)) < 0) {
+                        op_fail(op, r == -ENOENT ? "not_found" : "wal_io_error",
+                                "cannot read %s: %s", m->wal_path, strerror(-r));
+                        return;
+                }
+                op->result = fold_json(f);
+                fold_free(f);
+                return;
+        }
+        case OP_PAUSE:
+        case OP_RESUME:
+                if ((r = mandate_wal_open(m)) < 0 ||
+                    (r = wal_operator(m->wal, m->id, op->kind == OP_PAUSE ? "pause" : "resume",
+                                      NULL, (long long)op->uid, op->reason)) < 0 ||
+                    (r = wal_flush(m->wal)) < 0) {
+                        op_wal_error(op, r);
+                        break;
+                }
+                op->result = json_pack("{s:s}", "mandate", m->id);
+                break;
+        case OP_RESOLVE:
+                do_resolve(op, m);
+                break;
+        }
+        if (m->wal) {
+                op->flushes_after = wal_flush_count(m->wal);
+                /* A descriptor opened for this command is not kept. */
+                if (!had_wal) {
+                        wal_close(m->wal);
+                        m->wal = NULL;
+                }
+        }
+}
+
+static void op_done(void *arg)
+{
+        struct mandate_op *op = arg;
+        struct mandate *m = op->m;
+        struct daemon *d = m->d;
+        uint64_t delta = op->flushes_after > op->flushes_before
+                                 ? op->flushes_after - op->flushes_before
+                                 : 0;
+        m->flushes += delta;
+        d->flushes_total += delta;
+        m->busy--;
+        if (op->wal_failed) {
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "%s; mandate paused (wal_io_error)", op->err_msg);
+        }
+        if (op->err_code) {
+                control_reply_error(op->req, op->err_code, "%s", op->err_msg);
+                goto out;
+        }
+        char uid[32];
+        snprintf(uid, sizeof uid, "%u", (unsigned)op->uid);
+        switch (op->kind) {
+        case OP_SHOW:
+                json_object_update_missing(op->result, mandate_json(m));
+                break;
+        case OP_PAUSE:
+                mandate_set_status(m, MANDATE_PAUSED, op->reason ? op->reason : "operator");
+                log_event(LOG_NOTICE, MSGID_OPERATOR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "OPERATOR_UID", uid }),
+                          "mandate %s paused by uid %s: %s", m->id, uid,
+                          op->reason ? op->reason : "");
+                break;
+        case OP_RESUME:
+                mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                log_event(LOG_NOTICE, MSGID_OPERATOR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "OPERATOR_UID", uid }),
+                          "mandate %s resumed by uid %s", m->id, uid);
+                break;
+        case OP_RESOLVE: {
+                static const char *const modes[] = { "done", "retry", "abandon" };
+                if (op->mode == RESOLVE_ABANDON)
+                        mandate_set_status(m, MANDATE_ABANDONED, op->reason);
+                else
+                        mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                log_event(LOG_NOTICE, MSGID_OPERATOR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", op->step },
+                                     { "OPERATOR_UID", uid }),
+                          "step %s of %s resolved --%s by uid %s: %s", op->step, m->id,
+                          modes[op->mode], uid, op->reason);
+                break;
+        }
+        }
+        json_object_set_new(op->result, "status", json_string(mandate_status_name(m->status)));
+        control_reply_ok(op->req, op->result);
+        op->result = NULL;
+        daemon_update_status(d);
+out:
+        json_decref(op->result);
+        free(op->reason);
+        free(op->step);
+        free(op);
+}
+
+static struct mandate *arg_mandate(struct control_request *req)
+{
+        bool failed;
+        const char *id = control_arg_string(req, "mandate", true, &failed);
+        if (failed)
+                return NULL;
+        struct mandate *m = mandate_find(req->d, id);
+        if (!m)
+                control_reply_error(req, "not_found", "no mandate %s", id);
+        return m;
+}
+
+static void submit_op(struct control_request *req, struct mandate *m, enum op_kind kind,
+                      enum resolve_mode mode, const char *reason, const char *step)
+{
+        struct mandate_op *op = calloc(1, sizeof(*op));
+        if (!op || (reason && !(op->reason = strdup(reason))) ||
+            (step && !(op->step = strdup(step)))) {
+                if (op) {
+                        free(op->reason);
+                        free(op);
+                }
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        op->req = req;
+        op->m = m;
+        op->kind = kind;
+        op->mode = mode;
+        op->uid = req->uid;
+        m->busy++;
+        if (serialq_submit(&m->q, op_work, op_done, op) < 0) {
+                m->busy--;
+                free(op->reason);
+                free(op->step);
+                free(op);
+                control_reply_error(req, "internal", "out of memory");
+        }
+}
+
+static bool refuse_if_stopping(struct control_request *req)
+{
+        if (!req->d->stopping)
+                return false;
+        control_reply_error(req, "stopping", "kairosd is shutting down");
+        return true;
+}
+
+static bool refuse_unwritable(struct control_request *req, struct mandate *m)
+{
+        if (m->status == MANDATE_QUARANTINED) {
+                control_reply_error(req, "quarantined",
+                                    "mandate %s is quarantined (its WAL is corrupt); inspect it "
+                                    "with kairosctl wal verify %s",
+                                    m->id, m->wal_path);
+                return true;
+        }
+        if (m->status == MANDATE_WAL_IO_ERROR) {
+                control_reply_error(req, "wal_io_error",
+                                    "mandate %s had a WAL I/O error; it is retried after a restart",
+                                    m->id);
+                return true;
+        }
+        return false;
+}
+
+static bool is_final(enum mandate_status s)
+{
+        return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
+               s == MANDATE_ABANDONED;
+}
+
+static void cmd_show(struct control_request *req)
+{
+        struct mandate *m = arg_mandate(req);
+        if (m)
+                submit_op(req, m, OP_SHOW, 0, NULL, NULL);
+}
+
+static void cmd_pause(struct control_request *req)
+{
+        bool failed;
+        struct mandate *m = arg_mandate(req);
+        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+                return;
+        const char *reason = control_arg_string(req, "reason", false, &failed);
+        if (failed)
+                return;
+        if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||
+            is_final(m->status)) {
+                control_reply_error(req, "conflict", "mandate %s is %s: cannot pause it", m->id,
+                                    mandate_status_name(m->status));
+                return;
+        }
+        submit_op(req, m, OP_PAUSE, 0, reason ? reason : "paused by operator", NULL);
+}
+
+static void cmd_resume(struct control_request *req)
+{
+        struct mandate *m = arg_mandate(req);
+        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+                return;
+        if (m->status == MANDATE_PAUSED_REVIEW) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s is paused for review of step %s: use kairosctl "
+                                    "resolve %s %s --done|--retry|--abandon --reason TEXT",
+                                    m->id, m->review_step ? m->review_step : "?", m->id,
+                                    m->review_step ? m->review_step : "STEP");
+                return;
+        }
+        if (m->status != MANDATE_PAUSED) {
+                control_reply_error(req, "conflict", "mandate %s is %s, not paused", m->id,
+                                    mandate_status_name(m->status));
+                return;
+        }
+        submit_op(req, m, OP_RESUME, 0, NULL, NULL);
+}
+
+static void cmd_resolve(struct control_request *req)
+{
+        bool failed;
+        struct mandate *m = arg_mandate(req);
+        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+                return;
+        const char *step = control_arg_string(req, "step", true, &failed);
+        if (failed)
+                return;
+        const char *action = control_arg_string(req, "action", true, &failed);
+        if (failed)
+                return;
+        const char *reason = control_arg_string(req, "reason", true, &failed);
+        if (failed)
+                return;
+        enum resolve_mode mode;
+        if (strcmp(action, "done") == 0)
+                mode = RESOLVE_DONE;
+        else if (strcmp(action, "retry") == 0)
+                mode = RESOLVE_RETRY;
+        else if (strcmp(action, "abandon") == 0)
+                mode = RESOLVE_ABANDON;
+        else {
+                control_reply_error(req, "bad_argument",
+                                    "args.action: must be done, retry or abandon, not '%s'",
+                                    action);
+                return;
+        }
+        if (!*reason) {
+                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        submit_op(req, m, OP_RESOLVE, mode, reason, step);
+}
+
+static void cmd_reload(struct control_request *req)
+{
+        if (refuse_if_stopping(req))
+                return;
+        daemon_reload(req->d, req);
+}
+
+struct command {
+        const char *name;
+        void (*fn)(struct control_request *req);
+};
+
+static const struct command commands[] = {
+        { "status", cmd_status }, { "list", cmd_list },     { "show", cmd_show },
+        { "pause", cmd_pause },   { "resume", cmd_resume }, { "resolve", cmd_resolve },
+        { "reload", cmd_reload },
+};
+
+void commands_dispatch(struct control_request *req)
+{
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+                if (strcmp(req->cmd, commands[i].name) == 0) {
+                        commands[i].fn(req);
+                        return;
+                }
+        control_reply_error(req, "unknown_command", "unknown command '%s'", req->cmd);
+}

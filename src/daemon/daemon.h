@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+/* The daemon: one libuv loop owns all state.  Blocking file work runs on the
+ * thread pool through per-mandate serial queues (serialq.h). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "kairos/config.h"
+#include "kairos/strmap.h"
+#include "notify.h"
+#include "serialq.h"
+
+struct control_server;
+
+enum mandate_status {
+        MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
+        MANDATE_RUNNING,
+        MANDATE_IDLE,              /* every plan finalized; next cycle not decided yet */
+        MANDATE_PAUSED,            /* paused by an operator */
+        MANDATE_PAUSED_REVIEW,     /* a step needs a human (kairosctl resolve) */
+        MANDATE_AWAITING_APPROVAL,
+        MANDATE_QUARANTINED,       /* WAL corrupt: nothing is appended */
+        MANDATE_WAL_IO_ERROR,      /* a write or flush of the WAL failed */
+        MANDATE_DONE,
+        MANDATE_FAILED,
+        MANDATE_TERMINATED,
+        MANDATE_ABANDONED,
+        MANDATE__STATUS_MAX,
+};
+
+const char *mandate_status_name(enum mandate_status s);
+
+struct mandate {
+        struct daemon *d;
+        char *id;
+        char *wal_path;
+        struct serialq q;          /* every WAL access of this mandate */
+        struct wal *wal;           /* owned by jobs of q; NULL when closed */
+        enum mandate_status status;
+        char *reason;              /* why paused / quarantined / failed */
+        char *review_step;         /* PAUSED_REVIEW: the step to resolve */
+        char *plan_id;             /* the open (or last) plan */
+        long long cycle;
+        char *schedule;            /* NULL when unknown */
+        uint64_t flushes;          /* fdatasync calls on this mandate's WAL */
+        unsigned busy;             /* commands in flight (keeps it alive) */
+};
+
+struct recovery_summary {
+        unsigned files;
+        unsigned resumed;          /* mandates with work that goes on */
+        unsigned paused_review;
+        unsigned quarantined;
+        unsigned io_errors;
+        unsigned torn_repaired;
+        unsigned decisions;
+        unsigned already_done, safe_to_retry, manual_review;
+        uint64_t started_ms, duration_ms;
+        bool complete;
+};
+
+struct daemon {
+        uv_loop_t *loop;
+        struct config *cfg;
+        char *config_path;         /* NULL: built-in configuration */
+        char *state_dir_override;  /* --state-dir */
+        char *wal_dir;
+        char *archive_dir;
+        int lock_fd;
+        gid_t socket_gid;          /* (gid_t)-1: the group does not exist */
+        uint64_t started_ms;
+
+        struct strmap *mandates;   /* id -> struct mandate* */
+        struct serialq_group jobs;
+        struct serialq admin_q;    /* config reloads and other non-mandate file work */
+        struct control_server *control;
+        struct recovery_summary recovery;
+        uint64_t flushes_total;
+
+        uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
+        uv_timer_t extend_timer;
+        uv_timer_t stop_timer;
+        struct notify_watchdog watchdog;
+        bool ready;
+        bool stopping;
+        bool reloading;
+        int exit_code;
+};
+
+uint64_t now_ms_monotonic(void);
+
+/* STATUS= text and the status dump. */
+void daemon_update_status(struct daemon *d);
+void daemon_stop(struct daemon *d, int exit_code);
+
+/* mandate.c */
+struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path);
+struct mandate *mandate_find(struct daemon *d, const char *id);
+void mandate_set_status(struct mandate *m, enum mandate_status s, const char *reason);
+void mandates_free(struct daemon *d);
+/* Open the mandate's WAL if needed (pool thread, inside a job of m->q). */
+int mandate_wal_open(struct mandate *m);
+void mandate_wal_close(struct mandate *m);
+/* Counts by status. */
+void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX]);
+
+/* recover.c: startup recovery; calls done(d) on the loop when finished. */
+int recover_start(struct daemon *d, void (*done)(struct daemon *d));
+
+/* control.c */
+int control_start(struct daemon *d, const char *path);
+void control_stop(struct daemon *d);
+
+/* reload */
+struct control_request;
+void daemon_reload(struct daemon *d, struct control_request *req);

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <systemd/sd-journal.h>
+#include <unistd.h>
+
+#include "kairos/kbuf.h"
+
+static bool use_journal;
+static int level = LOG_INFO;
+
+void log_setup(int max_level)
+{
+        level = max_level;
+        const char *js = getenv("JOURNAL_STREAM");
+        struct stat st;
+        unsigned long long dev, ino;
+        use_journal = false;
+        if (js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0)
+                use_journal = (unsigned long long)st.st_dev == dev &&
+                              (unsigned long long)st.st_ino == ino;
+}
+
+void log_set_level(int max_level)
+{
+        level = max_level;
+}
+
+int log_get_level(void)
+{
+        return level;
+}
+
+int log_level_from_string(const char *s)
+{
+        static const char *const names[] = { "emerg", "alert", "crit", "err",
+                                              "warning", "notice", "info", "debug" };
+        for (int i = 0; i < 8; i++)
+                if (strcmp(s, names[i]) == 0)
+                        return i;
+        return -1;
+}
+
+static void log_journal(int priority, const char *message_id, const struct log_field *fields,
+                        size_t n, const char *msg)
+{
+        struct iovec iov[32];
+        char *owned[32];
+        size_t k = 0;
+        char *m = NULL;
+        if (asprintf(&m, "MESSAGE=%s", msg) < 0)
+                return;
+        owned[k] = m;
+        iov[k++] = (struct iovec){ m, strlen(m) };
+        char *p = NULL;
+        if (asprintf(&p, "PRIORITY=%d", priority) >= 0) {
+                owned[k] = p;
+                iov[k++] = (struct iovec){ p, strlen(p) };
+        }
+        if (message_id) {
+                char *id = NULL;
+                if (asprintf(&id, "MESSAGE_ID=%s", message_id) >= 0) {
+                        owned[k] = id;
+                        iov[k++] = (struct iovec){ id, strlen(id) };
+                }
+        }
+        for (size_t i = 0; i < n && k < 32; i++) {
+                if (!fields[i].value)
+                        continue;
+                char *f = NULL;
+                if (asprintf(&f, "%s=%s", fields[i].name, fields[i].value) < 0)
+                        continue;
+                owned[k] = f;
+                iov[k++] = (struct iovec){ f, strlen(f) };
+        }
+        sd_journal_sendv(iov, (int)k);
+        for (size_t i = 0; i < k; i++)
+                free(owned[i]);
+}
+
+static void log_stderr(int priority, const struct log_field *fields, size_t n, const char *msg)
+{
+        struct kbuf b = KBUF_INIT;
+        kbuf_printf(&b, "<%d>%s", priority, msg);
+        for (size_t i = 0; i < n; i++) {
+                if (!fields[i].value)
+                        continue;
+                bool quote = strpbrk(fields[i].value, " \t\"") != NULL || !*fields[i].value;
+                kbuf_printf(&b, quote ? " %s=\"%s\"" : " %s=%s", fields[i].name, fields[i].value);
+        }
+        /* One record is one line: a newline inside would forge a record. */
+        for (size_t i = 0; i < b.len; i++)
+                if (b.data[i] == '\n' || b.data[i] == '\r')
+                        b.data[i] = ' ';
+        kbuf_putc(&b, '\n');
+        if (b.data)
+                fwrite(b.data, 1, b.len, stderr);
+        fflush(stderr);
+        kbuf_free(&b);
+}
+
+void log_event(int priority, const char *message_id, const struct log_field *fields, size_t n,
+               const char *fmt, ...)
+{
+        if (priority > level)
+                return;
+        char *msg = NULL;
+        va_list ap;
+        va_start(ap, fmt);
+        int r = vasprintf(&msg, fmt, ap);
+        va_end(ap);
+        if (r < 0)
+                return;
+        if (use_journal)
+                log_journal(priority, message_id, fields, n, msg);
+        else
+                log_stderr(priority, fields, n, msg);
+        free(msg);
+}

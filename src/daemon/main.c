@@ -1,0 +1,508 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosd: crash-safe scheduled mandates.  Runs in the foreground. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "control.h"
+#include "daemon.h"
+#include "kairos/canon.h"
+#include "kairos/kio.h"
+#include "log.h"
+
+#define DEFAULT_CONFIG "/etc/kairos/kairosd.conf"
+
+uint64_t now_ms_monotonic(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void usage(FILE *f)
+{
+        fprintf(f,
+                "Usage: kairosd [OPTIONS]\n"
+                "Run scheduled mandates crash-safely (in the foreground).\n\n"
+                "  -c, --config PATH    configuration file (default " DEFAULT_CONFIG ")\n"
+                "      --state-dir DIR  state directory; alone, runs on the built-in\n"
+                "                       configuration (no files under /etc needed)\n"
+                "      --check-config   validate the configuration and schedules, print a\n"
+                "                       summary or every error, exit 0 or 1\n"
+                "      --version        print the version\n"
+                "  -h, --help           this help\n");
+}
+
+/* ---- status ---- */
+
+void daemon_update_status(struct daemon *d)
+{
+        unsigned c[MANDATE__STATUS_MAX];
+        mandates_count(d, c);
+        char buf[256];
+        if (!d->ready) {
+                snprintf(buf, sizeof buf, "recovering: %u WAL files", d->recovery.files);
+        } else {
+                snprintf(buf, sizeof buf,
+                         "%u mandates running, %u runnable, %u paused for review, %u paused, "
+                         "%u quarantined",
+                         c[MANDATE_RUNNING], c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
+                         c[MANDATE_PAUSED], c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
+        }
+        notify_status(buf);
+}
+
+static void status_dump(struct daemon *d)
+{
+        unsigned c[MANDATE__STATUS_MAX];
+        mandates_count(d, c);
+        struct kbuf b = KBUF_INIT;
+        for (int s = 0; s < MANDATE__STATUS_MAX; s++)
+                if (c[s])
+                        kbuf_printf(&b, "%s%s=%u", b.len ? " " : "", mandate_status_name(s), c[s]);
+        log_event(LOG_INFO, MSGID_STATUS_DUMP, NULL, 0,
+                  "status: %zu mandates (%s); recovery: %u resumed, %u paused for review, %u "
+                  "quarantined; %llu fdatasync calls; config %s",
+                  strmap_size(d->mandates), b.data ? b.data : "none", d->recovery.resumed,
+                  d->recovery.paused_review, d->recovery.quarantined,
+                  (unsigned long long)d->flushes_total,
+                  d->config_path ? d->config_path : "built-in");
+        kbuf_free(&b);
+}
+
+/* ---- config ---- */
+
+static gid_t lookup_group(const char *name)
+{
+        struct group *g = name ? getgrnam(name) : NULL;
+        return g ? g->gr_gid : (gid_t)-1;
+}
+
+static int load_config(const char *path, const char *state_dir, struct config **out,
+                       struct config_errors *errs)
+{
+        if (!path)
+                return config_builtin(state_dir, out);
+        return config_load(path, state_dir, out, errs);
+}
+
+static int check_config(const char *path, const char *state_dir)
+{
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        int r = load_config(path, state_dir, &c, &errs);
+        if (r < 0) {
+                for (size_t i = 0; i < errs.n; i++)
+                        fprintf(stderr, "%s\n", errs.msgs[i]);
+                if (errs.n == 0)
+                        fprintf(stderr, "kairosd: %s: %s\n", path ? path : "built-in",
+                                strerror(-r));
+                fprintf(stderr, "kairosd: configuration has %zu error%s\n", errs.n,
+                        errs.n == 1 ? "" : "s");
+                config_errors_free(&errs);
+                return 1;
+        }
+        printf("configuration %s: ok\n", path ? path : "(built-in)");
+        printf("state directory: %s\ncontrol socket: %s\n", c->state_directory,
+               c->control_socket);
+        printf("schedules: %zu\n", c->nschedules);
+        for (size_t i = 0; i < c->nschedules; i++) {
+                const struct config_schedule *s = &c->schedules[i];
+                printf("  %s: %s (%s)%s\n", s->name, s->cron, s->time_zone,
+                       s->enabled ? "" : " disabled");
+        }
+        config_free(c);
+        return 0;
+}
+
+/* ---- reload ---- */
+
+struct reload_job {
+        struct daemon *d;
+        struct control_request *req;
+        struct config *cfg;
+        struct config_errors errs;
+        int r;
+};
+
+static void reload_work(void *arg)
+{
+        struct reload_job *j = arg;
+        j->r = load_config(j->d->config_path, j->d->state_dir_override, &j->cfg, &j->errs);
+}
+
+static void reload_done(void *arg)
+{
+        struct reload_job *j = arg;
+        struct daemon *d = j->d;
+        d->reloading = false;
+        if (j->r < 0) {
+                json_t *list = json_array();
+                struct kbuf all = KBUF_INIT;
+                for (size_t i = 0; i < j->errs.n; i++) {
+                        json_array_append_new(list, json_string(j->errs.msgs[i]));
+                        kbuf_printf(&all, "%s%s", i ? "; " : "", j->errs.msgs[i]);
+                }
+                if (j->errs.n == 0)
+                        kbuf_printf(&all, "%s", strerror(-j->r));
+                log_event(LOG_ERR, MSGID_RELOAD_FAILED, NULL, 0,
+                          "reload failed, keeping the running configuration: %s", all.data);
+                if (j->req)
+                        control_reply_error_detail(j->req, "config_invalid",
+                                                   json_pack("{s:o}", "errors", list),
+                                                   "configuration invalid, kept the running one: %s",
+                                                   all.data);
+                else
+                        json_decref(list);
+                kbuf_free(&all);
+                config_errors_free(&j->errs);
+        } else {
+                struct config *old = d->cfg;
+                if (strcmp(old->state_directory, j->cfg->state_directory) != 0 ||
+                    strcmp(old->control_socket, j->cfg->control_socket) != 0)
+                        log_warning("reload: StateDirectory= and ControlSocket= changes take "
+                                    "effect at the next restart");
+                /* Keep the running paths; take everything else. */
+                char *sd = j->cfg->state_directory, *cs = j->cfg->control_socket;
+                j->cfg->state_directory = old->state_directory;
+                j->cfg->control_socket = old->control_socket;
+                old->state_directory = sd;
+                old->control_socket = cs;
+                d->cfg = j->cfg;
+                config_free(old);
+                log_set_level(d->cfg->log_level);
+                d->socket_gid = lookup_group(d->cfg->socket_group);
+                log_event(LOG_NOTICE, MSGID_RELOAD_OK, NULL, 0,
+                          "configuration reloaded: %zu schedules", d->cfg->nschedules);
+                if (j->req)
+                        control_reply_ok(j->req,
+                                         json_pack("{s:b, s:i}", "reloaded", 1, "schedules",
+                                                   (int)d->cfg->nschedules));
+        }
+        notify_ready();
+        daemon_update_status(d);
+        free(j);
+}
+
+void daemon_reload(struct daemon *d, struct control_request *req)
+{
+        if (d->reloading) {
+                if (req)
+                        control_reply_error(req, "conflict", "a reload is already running");
+                return;
+        }
+        struct reload_job *j = calloc(1, sizeof(*j));
+        if (!j) {
+                if (req)
+                        control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        j->d = d;
+        j->req = req;
+        d->reloading = true;
+        notify_reloading();
+        log_info("reloading configuration from %s",
+                 d->config_path ? d->config_path : "(built-in)");
+        if (serialq_submit(&d->admin_q, reload_work, reload_done, j) < 0) {
+                d->reloading = false;
+                free(j);
+                notify_ready();
+                if (req)
+                        control_reply_error(req, "internal", "out of memory");
+        }
+}
+
+/* ---- lifecycle ---- */
+
+static void on_jobs_drained(void *ctx)
+{
+        struct daemon *d = ctx;
+        if (d->stopping)
+                uv_stop(d->loop);
+}
+
+static void close_handle(uv_handle_t *h, void *arg)
+{
+        (void)arg;
+        if (!uv_is_closing(h))
+                uv_close(h, NULL);
+}
+
+static void on_stop_timeout(uv_timer_t *t)
+{
+        struct daemon *d = t->data;
+        log_warning("graceful stop timed out after %llus with %u jobs in flight",
+                    (unsigned long long)d->cfg->graceful_timeout_sec, d->jobs.inflight);
+        uv_stop(d->loop);
+}
+
+void daemon_stop(struct daemon *d, int exit_code)
+{
+        if (d->stopping)
+                return;
+        d->stopping = true;
+        d->exit_code = exit_code;
+        notify_stopping();
+        log_event(LOG_NOTICE, MSGID_STOPPING, NULL, 0, "stopping (%u jobs in flight)",
+                  d->jobs.inflight);
+        control_stop(d);
+        notify_watchdog_stop(&d->watchdog);
+        uv_signal_stop(&d->sig_hup);
+        uv_signal_stop(&d->sig_usr1);
+        uv_timer_stop(&d->extend_timer);
+        if (d->jobs.inflight == 0) {
+                uv_stop(d->loop);
+                return;
+        }
+        uv_timer_start(&d->stop_timer, on_stop_timeout, d->cfg->graceful_timeout_sec * 1000, 0);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+        struct daemon *d = s->data;
+        switch (signum) {
+        case SIGTERM:
+        case SIGINT:
+                log_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+                daemon_stop(d, 0);
+                break;
+        case SIGHUP:
+                if (d->ready)
+                        daemon_reload(d, NULL);
+                break;
+        case SIGUSR1:
+                status_dump(d);
+                break;
+        }
+}
+
+static bool loop_healthy(void *ctx)
+{
+        struct daemon *d = ctx;
+        return !d->stopping;
+}
+
+static void on_extend(uv_timer_t *t)
+{
+        struct daemon *d = t->data;
+        notify_extend_timeout(10 * 1000 * 1000);
+        daemon_update_status(d);
+}
+
+static void on_recovered(struct daemon *d)
+{
+        uv_timer_stop(&d->extend_timer);
+        const struct recovery_summary *r = &d->recovery;
+        if (d->stopping)
+                return;
+        int rc = control_start(d, d->cfg->control_socket);
+        if (rc < 0) {
+                log_error("cannot listen on %s: %s", d->cfg->control_socket, uv_strerror(rc));
+                daemon_stop(d, 1);
+                return;
+        }
+        d->ready = true;
+        notify_ready();
+        daemon_update_status(d);
+        log_event(LOG_NOTICE, MSGID_READY, NULL, 0,
+                  "ready: recovered %u WAL files in %llu ms: %u resumed, %u paused for review, "
+                  "%u quarantined; control socket %s",
+                  r->files, (unsigned long long)r->duration_ms, r->resumed, r->paused_review,
+                  r->quarantined, d->cfg->control_socket);
+}
+
+static int take_lock(struct daemon *d)
+{
+        char path[4096];
+        snprintf(path, sizeof path, "%s/kairosd.pid", d->cfg->state_directory);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+                fprintf(stderr, "kairosd: %s: %s\n", path, strerror(errno));
+                return -errno;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                int e = errno;
+                char pid[32] = "";
+                ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+                if (n > 0) {
+                        pid[n] = '\0';
+                        pid[strcspn(pid, "\n")] = '\0';
+                }
+                if (e == EWOULDBLOCK)
+                        fprintf(stderr,
+                                "kairosd: another kairosd (pid %s) is already using state "
+                                "directory %s\n",
+                                *pid ? pid : "?", d->cfg->state_directory);
+                else
+                        fprintf(stderr, "kairosd: cannot lock %s: %s\n", path, strerror(e));
+                close(fd);
+                return -e;
+        }
+        char pid[32];
+        int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+                log_warning("cannot write %s: %s", path, strerror(errno));
+        d->lock_fd = fd;
+        return 0;
+}
+
+static int prepare_dirs(struct daemon *d)
+{
+        const struct kio *io = kio_posix();
+        if (asprintf(&d->wal_dir, "%s/wal", d->cfg->state_directory) < 0 ||
+            asprintf(&d->archive_dir, "%s/archive", d->cfg->state_directory) < 0)
+                return -ENOMEM;
+        int r;
+        if ((r = kio_mkdir_p(io, d->cfg->state_directory, 0750)) < 0) {
+                fprintf(stderr, "kairosd: cannot create state directory %s: %s\n",
+                        d->cfg->state_directory, strerror(-r));
+                return r;
+        }
+        if ((r = kio_mkdir_p(io, d->wal_dir, 0750)) < 0 ||
+            (r = kio_mkdir_p(io, d->archive_dir, 0750)) < 0) {
+                fprintf(stderr, "kairosd: cannot create %s: %s\n", d->wal_dir, strerror(-r));
+                return r;
+        }
+        return 0;
+}
+
+int main(int argc, char **argv)
+{
+        static const struct option opts[] = {
+                { "config", required_argument, NULL, 'c' },
+                { "state-dir", required_argument, NULL, 's' },
+                { "check-config", no_argument, NULL, 'k' },
+                { "version", no_argument, NULL, 'V' },
+                { "help", no_argument, NULL, 'h' },
+                { 0 },
+        };
+        const char *config_path = NULL, *state_dir = NULL;
+        bool check = false, explicit_config = false;
+        int c;
+        while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+                switch (c) {
+                case 'c':
+                        config_path = optarg;
+                        explicit_config = true;
+                        break;
+                case 's':
+                        state_dir = optarg;
+                        break;
+                case 'k':
+                        check = true;
+                        break;
+                case 'V':
+                        printf("kairosd %s\n", KAIROS_VERSION);
+                        return 0;
+                case 'h':
+                        usage(stdout);
+                        return 0;
+                default:
+                        fprintf(stderr, "Try 'kairosd --help'.\n");
+                        return 64;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "kairosd: unexpected argument '%s'\nTry 'kairosd --help'.\n",
+                        argv[optind]);
+                return 64;
+        }
+        if (state_dir && state_dir[0] != '/') {
+                fprintf(stderr, "kairosd: --state-dir must be an absolute path: %s\n", state_dir);
+                return 64;
+        }
+        /* --state-dir alone: the built-in configuration. */
+        if (!explicit_config && !state_dir)
+                config_path = DEFAULT_CONFIG;
+
+        if (canon_init() < 0) {
+                fprintf(stderr, "kairosd: libsodium initialisation failed\n");
+                return 1;
+        }
+        if (check)
+                return check_config(config_path, state_dir);
+
+        struct daemon dd = { .lock_fd = -1 }, *d = &dd;
+        struct config_errors errs = { 0 };
+        int r = load_config(config_path, state_dir, &d->cfg, &errs);
+        if (r < 0) {
+                for (size_t i = 0; i < errs.n; i++)
+                        fprintf(stderr, "%s\n", errs.msgs[i]);
+                if (errs.n == 0)
+                        fprintf(stderr, "kairosd: %s: %s\n", config_path, strerror(-r));
+                config_errors_free(&errs);
+                return 1;
+        }
+        if (config_path)
+                d->config_path = strdup(config_path);
+        if (state_dir)
+                d->state_dir_override = strdup(state_dir);
+        log_setup(d->cfg->log_level);
+        d->socket_gid = lookup_group(d->cfg->socket_group);
+        if (prepare_dirs(d) < 0 || take_lock(d) < 0) {
+                notify_stopping();
+                return 1;
+        }
+        /* Parallel fdatasyncs during recovery; a busy disk should not starve the loop. */
+        setenv("UV_THREADPOOL_SIZE", "16", 0);
+
+        d->loop = uv_default_loop();
+        d->started_ms = now_ms_monotonic();
+        d->mandates = strmap_new();
+        d->jobs = (struct serialq_group){ .drained = on_jobs_drained, .ctx = d };
+        serialq_init(&d->admin_q, d->loop, &d->jobs);
+        uv_signal_t *sigs[] = { &d->sig_term, &d->sig_int, &d->sig_hup, &d->sig_usr1 };
+        int signums[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1 };
+        for (int i = 0; i < 4; i++) {
+                uv_signal_init(d->loop, sigs[i]);
+                sigs[i]->data = d;
+                uv_signal_start(sigs[i], on_signal, signums[i]);
+        }
+        uv_timer_init(d->loop, &d->extend_timer);
+        d->extend_timer.data = d;
+        uv_timer_init(d->loop, &d->stop_timer);
+        d->stop_timer.data = d;
+        signal(SIGPIPE, SIG_IGN);
+
+        log_event(LOG_INFO, MSGID_STARTED, NULL, 0,
+                  "kairosd %s starting: config %s, state directory %s", KAIROS_VERSION,
+                  d->config_path ? d->config_path : "built-in", d->cfg->state_directory);
+        if (notify_watchdog_start(d->loop, &d->watchdog, loop_healthy, d) < 0)
+                log_warning("cannot start the watchdog timer");
+        notify_status("recovering");
+        notify_extend_timeout(10 * 1000 * 1000);
+        uv_timer_start(&d->extend_timer, on_extend, 5000, 5000);
+        if (!d->mandates || (r = recover_start(d, on_recovered)) < 0) {
+                log_error("recovery cannot start: %s", strerror(r < 0 ? -r : ENOMEM));
+                daemon_stop(d, 1);
+        }
+
+        uv_run(d->loop, UV_RUN_DEFAULT);
+
+        /* Close every handle and let the pool finish what it runs. */
+        if (!d->stopping)
+                daemon_stop(d, d->exit_code);
+        notify_stopping();
+        uv_walk(d->loop, close_handle, NULL);
+        uv_run(d->loop, UV_RUN_DEFAULT);
+        int exit_code = d->exit_code;
+        log_event(LOG_INFO, MSGID_STOPPING, NULL, 0, "stopped (exit %d)", exit_code);
+        uv_loop_close(d->loop);
+        mandates_free(d);
+        config_free(d->cfg);
+        free(d->config_path);
+        free(d->state_dir_override);
+        free(d->wal_dir);
+        free(d->archive_dir);
+        if (d->lock_fd >= 0)
+                close(d->lock_fd);
+        return exit_code;
+}

@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: MIT */
+/* Startup recovery (DESIGN §8): every <state>/wal/NAME.wal.jsonl is opened
+ * (torn tail repaired, corruption quarantined), folded, planned by the pure
+ * recovery planner, and the planned records are appended and made durable —
+ * one job per WAL on the thread pool.  READY=1 waits for all of them. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/recovery.h"
+#include "kairos/wal.h"
+#include "log.h"
+
+#define WAL_SUFFIX ".wal.jsonl"
+
+struct recover_decision {
+        char *plan_id;
+        char *step_id;
+        enum verdict_kind kind;
+        char *reason;
+        char *evidence;     /* JSON */
+        const char *action; /* what recovery did */
+};
+
+struct recover_job {
+        struct mandate *m;
+        struct daemon *d;
+        int error;                   /* open/read failure */
+        bool corrupt;
+        size_t bad_line, bad_offset;
+        char bad_reason[128];
+        bool torn;
+        size_t torn_bytes;
+        char torn_path[4096];
+        int io_error;                /* append/flush failure */
+        struct recover_decision *decisions;
+        size_t ndecisions;
+        enum mandate_status status;
+        char *reason;
+        char *review_step;
+        char *plan_id;
+        long long cycle;
+        uint64_t flushes;
+};
+
+static void (*recovery_done_cb)(struct daemon *d);
+static unsigned pending_jobs;
+
+static const char *action_for(const struct recovery_decision *dec)
+{
+        if (!dec->has_record)
+                return dec->verdict.kind == VERDICT_SAFE_TO_RETRY ? "runs when its turn comes"
+                                                                   : "already marked";
+        switch (dec->record.op) {
+        case WAL_OP_COMPLETED:
+                return "marked completed (recovered)";
+        case WAL_OP_RESET:
+                return "reset to pending, runs again with the same idem_key";
+        case WAL_OP_NEEDS_REVIEW:
+                return "marked needs_review, mandate paused";
+        default:
+                return "recorded";
+        }
+}
+
+static int keep_decision(struct recover_job *j, const struct fold *f,
+                         const struct fold_plan *p, const struct recovery_decision *dec)
+{
+        struct recover_decision *n =
+                realloc(j->decisions, (j->ndecisions + 1) * sizeof(*j->decisions));
+        if (!n)
+                return -ENOMEM;
+        j->decisions = n;
+        struct recover_decision *rd = &j->decisions[j->ndecisions++];
+        struct kbuf ev = KBUF_INIT;
+        verdict_evidence_json(&dec->verdict, &ev);
+        *rd = (struct recover_decision){
+                .plan_id = strdup(p->plan_id ? p->plan_id : ""),
+                .step_id = strdup(f->steps[dec->step].step_id),
+                .kind = dec->verdict.kind,
+                .reason = strdup(dec->verdict.reason ? dec->verdict.reason : ""),
+                .evidence = kbuf_steal(&ev),
+                .action = action_for(dec),
+        };
+        return 0;
+}
+
+/* Derive the mandate's state from the plans after recovery. */
+static void settle_status(struct recover_job *j, const struct fold *f, const struct recovery *rec)
+{
+        j->status = MANDATE_IDLE;
+        if (f->nplans > 0) {
+                const struct fold_plan *last = &f->plans[f->nplans - 1];
+                j->plan_id = strdup(last->plan_id ? last->plan_id : "");
+                j->cycle = last->cycle;
+        }
+        for (size_t i = 0; i < rec->nplans; i++) {
+                const struct recovery_plan *rp = &rec->plans[i];
+                if (rp->outcome == RECOVERY_PAUSED_REVIEW) {
+                        j->status = MANDATE_PAUSED_REVIEW;
+                        free(j->review_step);
+                        free(j->reason);
+                        j->review_step = strdup(rp->pause_step ? rp->pause_step : "");
+                        j->reason = strdup(rp->pause_reason ? rp->pause_reason : "needs_review");
+                        return;
+                }
+                if (rp->outcome == RECOVERY_RESUME)
+                        j->status = MANDATE_RUNNABLE;
+        }
+}
+
+static void recover_work(void *arg)
+{
+        struct recover_job *j = arg;
+        struct wal *w = NULL;
+        struct fold *f = NULL;
+        struct recovery *rec = NULL;
+        struct wal_open_info info;
+
+        int r = wal_open(j->m->wal_path, NULL, &w, &info);
+        if (r < 0) {
+                j->error = r;
+                return;
+        }
+        j->torn = info.torn_repaired;
+        j->torn_bytes = info.torn_bytes;
+        snprintf(j->torn_path, sizeof j->torn_path, "%s", info.torn_path);
+        if (info.corrupt) {
+                j->corrupt = true;
+                j->bad_line = info.bad_line;
+                j->bad_offset = info.bad_offset;
+                snprintf(j->bad_reason, sizeof j->bad_reason, "%s", info.bad_reason);
+                j->status = MANDATE_QUARANTINED;
+                j->reason = strdup("wal_corrupt");
+                goto out;
+        }
+        if ((r = fold_file(j->m->wal_path, &f)) < 0) {
+                j->error = r;
+                goto out;
+        }
+        if ((r = recovery_plan_fold(f, &rec)) < 0) {
+                j->error = r;
+                goto out;
+        }
+        size_t appended = 0;
+        for (size_t i = 0; i < rec->nplans && r == 0; i++) {
+                const struct recovery_plan *rp = &rec->plans[i];
+                const struct fold_plan *p = &f->plans[rp->plan];
+                for (size_t k = 0; k < rp->ndecisions && r == 0; k++) {
+                        const struct recovery_decision *dec = &rp->decisions[k];
+                        if (dec->has_record) {
+                                r = wal_append(w, &dec->record);
+                                appended++;
+                        }
+                        if (r == 0)
+                                r = keep_decision(j, f, p, dec);
+                }
+                if (r == 0 && rp->has_finalize) {
+                        r = wal_append(w, &rp->finalize);
+                        appended++;
+                }
+        }
+        /* One barrier for everything recovery wrote to this WAL. */
+        if (r == 0 && appended)
+                r = wal_flush(w);
+        if (r < 0) {
+                j->io_error = r;
+                j->status = MANDATE_WAL_IO_ERROR;
+                j->reason = strdup("wal_io_error");
+                goto out;
+        }
+        settle_status(j, f, rec);
+out:
+        if (w) {
+                j->flushes = wal_flush_count(w);
+                wal_close(w);
+        }
+        recovery_free(rec);
+        fold_free(f);
+}
+
+static void log_decision(const struct mandate *m, const struct recover_decision *rd)
+{
+        log_event(LOG_NOTICE, MSGID_RECOVERY,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "PLAN_ID", rd->plan_id },
+                             { "STEP_ID", rd->step_id },
+                             { "VERDICT", verdict_kind_name(rd->kind) },
+                             { "EVIDENCE", rd->evidence }),
+                  "recovery: %s %s: %s (%s): %s", m->id, rd->step_id, verdict_kind_name(rd->kind),
+                  rd->reason, rd->action);
+}
+
+static void recover_done(void *arg)
+{
+        struct recover_job *j = arg;
+        struct mandate *m = j->m;
+        struct daemon *d = j->d;
+        struct recovery_summary *s = &d->recovery;
+
+        m->flushes += j->flushes;
+        d->flushes_total += j->flushes;
+        if (j->torn) {
+                s->torn_repaired++;
+                log_event(LOG_WARNING, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
+                          "recovery: %s: torn tail of %zu bytes cut off (kept in %s)",
+                          m->wal_path, j->torn_bytes, j->torn_path);
+        }
+        for (size_t i = 0; i < j->ndecisions; i++) {
+                struct recover_decision *rd = &j->decisions[i];
+                log_decision(m, rd);
+                s->decisions++;
+                if (rd->kind == VERDICT_ALREADY_DONE)
+                        s->already_done++;
+                else if (rd->kind == VERDICT_SAFE_TO_RETRY)
+                        s->safe_to_retry++;
+                else
+                        s->manual_review++;
+        }
+        if (j->error) {
+                s->io_errors++;
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
+                          "recovery: %s: cannot read: %s; mandate paused (wal_io_error)",
+                          m->wal_path, strerror(-j->error));
+        } else if (j->corrupt) {
+                s->quarantined++;
+                mandate_set_status(m, MANDATE_QUARANTINED, "wal_corrupt");
+                char where[64];
+                snprintf(where, sizeof where, "%zu", j->bad_line);
+                log_event(LOG_ERR, MSGID_WAL_CORRUPT,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path },
+                                     { "WAL_LINE", where }),
+                          "recovery: %s is corrupt at line %zu, byte offset %zu (%s): quarantined, "
+                          "mandate paused (wal_corrupt); inspect with kairosctl wal verify",
+                          m->wal_path, j->bad_line, j->bad_offset, j->bad_reason);
+        } else if (j->io_error) {
+                s->io_errors++;
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
+                          "recovery: %s: cannot append recovery records: %s; mandate paused "
+                          "(wal_io_error)",
+                          m->wal_path, strerror(-j->io_error));
+        } else {
+                mandate_set_status(m, j->status, j->reason);
+                free(m->plan_id);
+                m->plan_id = j->plan_id;
+                j->plan_id = NULL;
+                m->cycle = j->cycle;
+                if (j->status == MANDATE_PAUSED_REVIEW) {
+                        m->review_step = j->review_step;
+                        j->review_step = NULL;
+                        s->paused_review++;
+                        log_event(LOG_WARNING, MSGID_PAUSED_REVIEW,
+                                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "PLAN_ID", m->plan_id },
+                                             { "STEP_ID", m->review_step }),
+                                  "mandate %s paused for review at step %s (%s); resolve with "
+                                  "kairosctl resolve %s %s --done|--retry|--abandon --reason TEXT",
+                                  m->id, m->review_step, m->reason ? m->reason : "", m->id,
+                                  m->review_step);
+                } else if (j->ndecisions > 0 || j->status == MANDATE_RUNNABLE) {
+                        s->resumed++;
+                }
+        }
+
+        for (size_t i = 0; i < j->ndecisions; i++) {
+                free(j->decisions[i].plan_id);
+                free(j->decisions[i].step_id);
+                free(j->decisions[i].reason);
+                free(j->decisions[i].evidence);
+        }
+        free(j->decisions);
+        free(j->reason);
+        free(j->review_step);
+        free(j->plan_id);
+        free(j);
+
+        if (--pending_jobs == 0) {
+                s->complete = true;
+                s->duration_ms = now_ms_monotonic() - s->started_ms;
+                recovery_done_cb(d);
+        }
+}
+
+static bool is_wal_name(const char *name, char *id, size_t idlen)
+{
+        size_t n = strlen(name), sl = strlen(WAL_SUFFIX);
+        if (n <= sl || strcmp(name + n - sl, WAL_SUFFIX) != 0 || n - sl >= idlen)
+                return false;
+        memcpy(id, name, n - sl);
+        id[n - sl] = '\0';
+        return true;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+        return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int recover_start(struct daemon *d, void (*done)(struct daemon *d))
+{
+        recovery_done_cb = done;
+        d->recovery.started_ms = now_ms_monotonic();
+        DIR *dir = opendir(d->wal_dir);
+        if (!dir)
+                return -errno;
+        char **names = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0;
+        struct dirent *de;
+        while ((de = readdir(dir))) {
+                char id[256];
+                if (!is_wal_name(de->d_name, id, sizeof id))
+                        continue;
+                if (n == cap) {
+                        cap = cap ? cap * 2 : 64;
+                        char **nn = realloc(names, cap * sizeof(*names));
+                        if (!nn) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        names = nn;
+                }
+                if (!(names[n] = strdup(de->d_name))) {
+                        r = -ENOMEM;
+                        break;
+                }
+                n++;
+        }
+        closedir(dir);
+        if (r == 0 && n > 1)
+                qsort(names, n, sizeof(*names), cmp_str);
+
+        pending_jobs = 1; /* held until every job is queued */
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                char id[256], path[4096];
+                is_wal_name(names[i], id, sizeof id);
+                snprintf(path, sizeof path, "%s/%s", d->wal_dir, names[i]);
+                struct mandate *m = mandate_add(d, id, path);
+                struct recover_job *j = calloc(1, sizeof(*j));
+                if (!m || !j) {
+                        free(j);
+                        r = -ENOMEM;
+                        break;
+                }
+                j->m = m;
+                j->d = d;
+                d->recovery.files++;
+                pending_jobs++;
+                if ((r = serialq_submit(&m->q, recover_work, recover_done, j)) < 0) {
+                        pending_jobs--;
+                        free(j);
+                }
+        }
+        for (size_t i = 0; i < n; i++)
+                free(names[i]);
+        free(names);
+        if (r < 0)
+                return r;
+        if (--pending_jobs == 0) {
+                d->recovery.complete = true;
+                d->recovery.duration_ms = now_ms_monotonic() - d->recovery.started_ms;
+                done(d);
+        }
+        return 0;
+}

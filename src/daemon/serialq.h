@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: MIT */
+/* serialq: blocking jobs (WAL appends and flushes, file reads) run on the
+ * libuv thread pool, strictly one after another per queue (one queue per
+ * mandate), so one slow fdatasync never stalls the loop or other mandates.
+ * `work` runs on a pool thread; `done` runs on the loop thread afterwards. */
+#pragma once
+
+#include <stdbool.h>
+#include <uv.h>
+
+struct serialq_job;
+
+/* Counts jobs in flight over all queues (for a clean shutdown). */
+struct serialq_group {
+        unsigned inflight;
+        void (*drained)(void *ctx);  /* called when inflight drops to 0 */
+        void *ctx;
+};
+
+struct serialq {
+        uv_loop_t *loop;
+        struct serialq_group *group;
+        struct serialq_job *head, *tail;
+        bool busy;
+        uv_work_t req;
+};
+
+void serialq_init(struct serialq *q, uv_loop_t *loop, struct serialq_group *group);
+/* Queue a job.  -ENOMEM (then nothing is queued). */
+int serialq_submit(struct serialq *q, void (*work)(void *arg), void (*done)(void *arg),
+                   void *arg);
+bool serialq_idle(const struct serialq *q);
