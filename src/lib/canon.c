@@ -1,1 +1,348 @@
-/* SPDX-License-Identifier: MIT */ /* stub: being written */
+/* SPDX-License-Identifier: MIT */
+/* canon: canonical JSON and content hashes (DESIGN §4). */
+#include "kairos/canon.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+int canon_init(void)
+{
+        return sodium_init() < 0 ? -EIO : 0;
+}
+
+void canon_hash_bytes(const void *data, size_t len, char out[CANON_HASH_STRLEN])
+{
+        static const char hex[] = "0123456789abcdef";
+        unsigned char h[crypto_hash_sha256_BYTES];
+
+        crypto_hash_sha256(h, data ? data : (const void *)"", len);
+        memcpy(out, "sha256-", 7);
+        for (size_t i = 0; i < sizeof(h); i++) {
+                out[7 + 2 * i] = hex[h[i] >> 4];
+                out[7 + 2 * i + 1] = hex[h[i] & 15];
+        }
+        out[7 + 2 * sizeof(h)] = '\0';
+}
+
+/* ------------------------------------------------------------- doubles */
+
+/* Shortest decimal digits that read back as d (d finite, > 0): digits
+ * without trailing zeros into dig (NUL-terminated), *decpt such that
+ * d = 0.DIGITS x 10^decpt.  Among candidates of the shortest length the one
+ * nearest to d wins, as dtoa mode 0 does. */
+static void shortest_digits(double d, char dig[32], int *decpt)
+{
+        char buf[40];
+
+        for (int prec = 1; prec <= 17; prec++) {
+                snprintf(buf, sizeof(buf), "%.*e", prec - 1, d);
+                /* buf: D[.DDD]e±XX */
+                char *e = strchr(buf, 'e');
+                int exp10 = atoi(e + 1);
+                size_t n = 0;
+                for (char *p = buf; p < e; p++)
+                        if (*p != '.')
+                                dig[n++] = *p;
+                dig[n] = '\0';
+                bool ok = strtod(buf, NULL) == d;
+                if (!ok && prec < 17) {
+                        /* The correctly rounded candidate can fall outside
+                         * the rounding interval on its narrow side (d a power
+                         * of two) while its neighbour on the wide side lies
+                         * inside: try both neighbours. */
+                        for (int dir = -1; dir <= 1 && !ok; dir += 2) {
+                                char cand[32];
+                                int cexp = exp10;
+                                memcpy(cand, dig, n + 1);
+                                int i = (int)n - 1;
+                                if (dir > 0) {
+                                        while (i >= 0 && cand[i] == '9')
+                                                cand[i--] = '0';
+                                        if (i < 0) {
+                                                /* 99..9 + 1 = 100..0 */
+                                                cand[0] = '1';
+                                                cexp++;
+                                        } else {
+                                                cand[i]++;
+                                        }
+                                } else {
+                                        while (i >= 0 && cand[i] == '0')
+                                                cand[i--] = '9';
+                                        if (i < 0)
+                                                continue;
+                                        cand[i]--;
+                                        if (cand[0] == '0') {
+                                                /* 10..0 - 1 = 99..9, one digit less */
+                                                memmove(cand, cand + 1, n);
+                                                cand[n - 1] = '9';
+                                                cand[n] = '\0';
+                                                cexp--;
+                                        }
+                                }
+                                char tb[48];
+                                snprintf(tb, sizeof(tb), "%c.%se%d", cand[0], cand + 1, cexp);
+                                if (strtod(tb, NULL) == d) {
+                                        memcpy(dig, cand, n + 1);
+                                        exp10 = cexp;
+                                        ok = true;
+                                }
+                        }
+                }
+                if (ok) {
+                        while (n > 1 && dig[n - 1] == '0')
+                                dig[--n] = '\0';
+                        *decpt = exp10 + 1;
+                        return;
+                }
+        }
+        /* %.16e always round-trips; not reached */
+        *decpt = 0;
+}
+
+int canon_format_double(double d, struct kbuf *out)
+{
+        char dig[32];
+        int decpt;
+        char tmp[64];
+        size_t k = 0;
+
+        if (!isfinite(d))
+                return -EDOM;
+        if (d == 0)
+                return kbuf_puts(out, signbit(d) ? "-0.0" : "0.0");
+        if (d < 0)
+                tmp[k++] = '-';
+        shortest_digits(fabs(d), dig, &decpt);
+        int n = (int)strlen(dig);
+
+        /* Ruby's flo_to_s: fixed notation when the point falls inside the
+         * digits, or for up to DBL_DIG (15) integer digits, or for
+         * 0.000ddd; exponent form otherwise. */
+        if (decpt > 0 && (decpt < n || decpt <= 15)) {
+                for (int i = 0; i < decpt; i++)
+                        tmp[k++] = i < n ? dig[i] : '0';
+                tmp[k++] = '.';
+                if (decpt < n) {
+                        for (int i = decpt; i < n; i++)
+                                tmp[k++] = dig[i];
+                } else {
+                        tmp[k++] = '0';
+                }
+        } else if (decpt <= 0 && decpt > -4) {
+                tmp[k++] = '0';
+                tmp[k++] = '.';
+                for (int i = 0; i < -decpt; i++)
+                        tmp[k++] = '0';
+                for (int i = 0; i < n; i++)
+                        tmp[k++] = dig[i];
+        } else {
+                tmp[k++] = dig[0];
+                tmp[k++] = '.';
+                if (n > 1) {
+                        for (int i = 1; i < n; i++)
+                                tmp[k++] = dig[i];
+                } else {
+                        tmp[k++] = '0';
+                }
+                k += (size_t)snprintf(tmp + k, sizeof(tmp) - k, "e%+03d", decpt - 1);
+        }
+        return kbuf_append(out, tmp, k);
+}
+
+/* ------------------------------------------------------------ canonical */
+
+static bool volatile_key(const char *k, size_t n)
+{
+        static const char *const keys[] = { "timestamp", "ts", "request_id", "trace_id", "nonce" };
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+                if (strlen(keys[i]) == n && memcmp(keys[i], k, n) == 0)
+                        return true;
+        return false;
+}
+
+static int key_cmp(const struct kjson_member *a, const struct kjson_member *b)
+{
+        size_t n = a->key_len < b->key_len ? a->key_len : b->key_len;
+        int c = n ? memcmp(a->key, b->key, n) : 0;
+        if (c)
+                return c;
+        return (a->key_len > b->key_len) - (a->key_len < b->key_len);
+}
+
+struct member_ref {
+        const struct kjson_member *m;
+        size_t index;
+};
+
+static int member_ref_cmp(const void *pa, const void *pb)
+{
+        const struct member_ref *a = pa, *b = pb;
+        int c = key_cmp(a->m, b->m);
+        if (c)
+                return c;
+        return (a->index > b->index) - (a->index < b->index);
+}
+
+static int write_number(struct kbuf *out, const struct kjson *v)
+{
+        const char *t = v->u.num.text;
+        size_t n = v->u.num.len;
+
+        if (!t || n == 0)
+                return -EINVAL;
+        if (!v->u.num.is_float) {
+                if (n == 2 && t[0] == '-' && t[1] == '0')
+                        return kbuf_putc(out, '0');
+                return kbuf_append(out, t, n);
+        }
+        /* strtod needs a terminated copy: the tree may not come from kjson */
+        char small[64];
+        char *buf = n < sizeof(small) ? small : malloc(n + 1);
+        if (!buf)
+                return -ENOMEM;
+        memcpy(buf, t, n);
+        buf[n] = '\0';
+        char *end;
+        double d = strtod(buf, &end);
+        bool whole = end == buf + n;
+        if (buf != small)
+                free(buf);
+        if (!whole)
+                return -EINVAL;
+        return canon_format_double(d, out);
+}
+
+static int write_canon(struct kbuf *out, const struct kjson *v, int depth);
+
+static int write_object(struct kbuf *out, const struct kjson *v, int depth)
+{
+        size_t n = v->u.obj.n;
+        struct member_ref *refs = NULL;
+        size_t k = 0;
+        int r;
+
+        if (n) {
+                refs = malloc(n * sizeof(*refs));
+                if (!refs)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                const struct kjson_member *m = &v->u.obj.members[i];
+                if (!m->key && m->key_len) {
+                        r = -EINVAL;
+                        goto out;
+                }
+                if (!volatile_key(m->key, m->key_len))
+                        refs[k++] = (struct member_ref){ m, i };
+        }
+        if (k > 1)
+                qsort(refs, k, sizeof(*refs), member_ref_cmp);
+
+        bool first = true;
+        if ((r = kbuf_putc(out, '{')) < 0)
+                goto out;
+        for (size_t i = 0; i < k; i++) {
+                /* duplicate keys: the last one in document order wins */
+                if (i + 1 < k && key_cmp(refs[i].m, refs[i + 1].m) == 0)
+                        continue;
+                if (!first && (r = kbuf_putc(out, ',')) < 0)
+                        goto out;
+                first = false;
+                const struct kjson_member *m = refs[i].m;
+                if ((r = kbuf_json_string(out, m->key ? m->key : "", m->key_len)) < 0 ||
+                    (r = kbuf_putc(out, ':')) < 0 ||
+                    (r = write_canon(out, m->value, depth + 1)) < 0)
+                        goto out;
+        }
+        r = kbuf_putc(out, '}');
+out:
+        free(refs);
+        return r;
+}
+
+static int write_canon(struct kbuf *out, const struct kjson *v, int depth)
+{
+        int r;
+
+        if (!v || depth > KJSON_MAX_DEPTH)
+                return -EINVAL;
+        switch (v->type) {
+        case KJSON_NULL:
+                return kbuf_append(out, "null", 4);
+        case KJSON_FALSE:
+                return kbuf_append(out, "false", 5);
+        case KJSON_TRUE:
+                return kbuf_append(out, "true", 4);
+        case KJSON_NUMBER:
+                return write_number(out, v);
+        case KJSON_STRING:
+                return kbuf_json_string(out, v->u.str.ptr ? v->u.str.ptr : "", v->u.str.len);
+        case KJSON_ARRAY:
+                if ((r = kbuf_putc(out, '[')) < 0)
+                        return r;
+                for (size_t i = 0; i < v->u.arr.n; i++) {
+                        if (i && (r = kbuf_putc(out, ',')) < 0)
+                                return r;
+                        if ((r = write_canon(out, v->u.arr.items[i], depth + 1)) < 0)
+                                return r;
+                }
+                return kbuf_putc(out, ']');
+        case KJSON_OBJECT:
+                return write_object(out, v, depth);
+        }
+        return -EINVAL;
+}
+
+int canon_write(struct kbuf *out, const struct kjson *v)
+{
+        size_t start = out->len;
+        int r = write_canon(out, v, 0);
+        if (r < 0) {
+                out->len = start;
+                if (out->data)
+                        out->data[start] = '\0';
+        }
+        return r;
+}
+
+int canon_json(const char *text, size_t len, struct kbuf *out, struct kjson_error *err)
+{
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v;
+        int r;
+
+        if (!a)
+                return -ENOMEM;
+        r = kjson_parse(a, text, len, &v, err);
+        if (r == 0)
+                r = canon_write(out, v);
+        kjson_arena_free(a);
+        return r;
+}
+
+int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN])
+{
+        struct kbuf b = KBUF_INIT;
+        int r = canon_write(&b, v);
+        if (r == 0)
+                canon_hash_bytes(b.data, b.len, out);
+        kbuf_free(&b);
+        return r;
+}
+
+int canon_hash_json(const char *text, size_t len, char out[CANON_HASH_STRLEN],
+                    struct kjson_error *err)
+{
+        struct kbuf b = KBUF_INIT;
+        int r = canon_json(text, len, &b, err);
+        if (r == 0)
+                canon_hash_bytes(b.data, b.len, out);
+        kbuf_free(&b);
+        return r;
+}
