@@ -1,1 +1,941 @@
-/* SPDX-License-Identifier: MIT */ /* stub: being written */
+/* SPDX-License-Identifier: MIT */
+/* fold: rebuild plans and steps from a WAL (DESIGN §6).
+ *
+ * The buffer is split on '\n'; one trailing '\r' is stripped; blank lines
+ * (only spaces, tabs, CRs) are skipped.  Each other line is checked:
+ *
+ *   kairos line  ends with ,"crc":"xxxxxxxx"} (8 lowercase hex): the crc of
+ *                the line without ,"crc":"xxxxxxxx" must match (checked on
+ *                the text before parsing), the JSON must be an object and
+ *                "crc" must be its only top-level crc member;
+ *   legacy line  no such suffix: a JSON object without a top-level "crc"
+ *                whose LAST member is "ts" (a damaged crc field must not
+ *                pass as legacy).
+ *
+ * A bad line followed by any non-blank line is corruption.  The last
+ * non-blank line, when bad or unterminated, is a torn tail only if it could
+ * be a strict prefix of one record (only NULs, or the parser runs out of
+ * input, or it is a whole good record without its '\n'); anything else is
+ * corruption.  An unterminated line is never folded. */
+#include "kairos/fold.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "kairos/kbuf.h"
+#include "kairos/kjson.h"
+
+#define CRC_SUFFIX_LEN 18 /* ,"crc":"xxxxxxxx"} */
+
+/* ---- string → index hash map (open addressing, linear probing) ---- */
+
+struct map_entry {
+        const char *key;   /* NULL = empty slot */
+        uint64_t hash;
+        size_t val;
+};
+
+struct map {
+        struct map_entry *e;
+        size_t cap;        /* power of two, or 0 */
+        size_t n;
+};
+
+static uint64_t hash_str(const char *s)
+{
+        uint64_t h = 1469598103934665603ULL;
+        for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+                h ^= *p;
+                h *= 1099511628211ULL;
+        }
+        return h ^ (h >> 29);
+}
+
+static struct map_entry *map_slot(const struct map *m, const char *key, uint64_t h)
+{
+        size_t mask = m->cap - 1;
+        for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
+                struct map_entry *e = &m->e[i];
+                if (!e->key || (e->hash == h && strcmp(e->key, key) == 0))
+                        return e;
+        }
+}
+
+static bool map_get(const struct map *m, const char *key, size_t *val)
+{
+        if (!m->cap)
+                return false;
+        struct map_entry *e = map_slot(m, key, hash_str(key));
+        if (!e->key)
+                return false;
+        *val = e->val;
+        return true;
+}
+
+static int map_grow(struct map *m)
+{
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        if (cap < m->cap || cap > SIZE_MAX / sizeof(struct map_entry))
+                return -ENOMEM;
+        struct map_entry *e = calloc(cap, sizeof(*e));
+        if (!e)
+                return -ENOMEM;
+        struct map old = *m;
+        m->e = e;
+        m->cap = cap;
+        for (size_t i = 0; i < old.cap; i++)
+                if (old.e[i].key)
+                        *map_slot(m, old.e[i].key, old.e[i].hash) = old.e[i];
+        free(old.e);
+        return 0;
+}
+
+/* Insert or overwrite.  key must outlive the map. */
+static int map_put(struct map *m, const char *key, size_t val)
+{
+        if ((m->n + 1) * 2 > m->cap) {
+                int r = map_grow(m);
+                if (r < 0)
+                        return r;
+        }
+        uint64_t h = hash_str(key);
+        struct map_entry *e = map_slot(m, key, h);
+        if (!e->key)
+                m->n++;
+        e->key = key;
+        e->hash = h;
+        e->val = val;
+        return 0;
+}
+
+/* ---- fold state ---- */
+
+struct fold_internal {
+        struct kjson_arena *keep;    /* strings of the result */
+        struct kjson_arena *scratch; /* one line's parse tree, reset per line */
+        struct kbuf json;            /* scratch for compact JSON */
+        struct map step_map;
+        struct map plan_map;
+        size_t cap_plans;
+        size_t cap_steps;
+        size_t cap_operators;
+        size_t *plan_step_cap;       /* capacity of plans[i].steps */
+};
+
+/* One parsed record's top-level members (the last one of a key wins). */
+struct rec {
+        const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
+                *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
+                *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts;
+};
+
+#define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
+
+static void rec_collect(const struct kjson *obj, struct rec *r)
+{
+        memset(r, 0, sizeof(*r));
+        for (size_t i = 0; i < obj->u.obj.n; i++) {
+                const struct kjson_member *m = &obj->u.obj.members[i];
+                const struct kjson *v = m->value;
+                if (KEY_IS(m, "op"))
+                        r->op = v;
+                else if (KEY_IS(m, "step_id"))
+                        r->step_id = v;
+                else if (KEY_IS(m, "plan_id"))
+                        r->plan_id = v;
+                else if (KEY_IS(m, "status"))
+                        r->status = v;
+                else if (KEY_IS(m, "ts"))
+                        r->ts = v;
+                else if (KEY_IS(m, "pre_hash"))
+                        r->pre_hash = v;
+                else if (KEY_IS(m, "post_hash"))
+                        r->post_hash = v;
+                else if (KEY_IS(m, "result_hash"))
+                        r->result_hash = v;
+                else if (KEY_IS(m, "idem_key"))
+                        r->idem_key = v;
+                else if (KEY_IS(m, "mandate_id"))
+                        r->mandate_id = v;
+                else if (KEY_IS(m, "cycle"))
+                        r->cycle = v;
+                else if (KEY_IS(m, "plan_hash"))
+                        r->plan_hash = v;
+                else if (KEY_IS(m, "steps"))
+                        r->steps = v;
+                else if (KEY_IS(m, "result"))
+                        r->result = v;
+                else if (KEY_IS(m, "evidence"))
+                        r->evidence = v;
+                else if (KEY_IS(m, "recovered"))
+                        r->recovered = v;
+                else if (KEY_IS(m, "error_class"))
+                        r->error_class = v;
+                else if (KEY_IS(m, "error_msg"))
+                        r->error_msg = v;
+                else if (KEY_IS(m, "reason"))
+                        r->reason = v;
+                else if (KEY_IS(m, "reset"))
+                        r->reset = v;
+                else if (KEY_IS(m, "action"))
+                        r->action = v;
+                else if (KEY_IS(m, "uid"))
+                        r->uid = v;
+        }
+}
+
+static bool is_str(const struct kjson *v)
+{
+        return v && v->type == KJSON_STRING;
+}
+
+static bool str_eq(const struct kjson *v, const char *lit)
+{
+        size_t n = strlen(lit);
+        return is_str(v) && v->u.str.len == n && memcmp(v->u.str.ptr, lit, n) == 0;
+}
+
+/* Copy a string value into the result arena; NULL if v is not a string.
+ * Frequent statuses are interned. */
+static int keep_str(struct fold *f, const struct kjson *v, const char **out)
+{
+        static const char *const interned[] = {
+                "pending", "executing", "completed", "failed", "needs_review", "abandoned",
+                "succeeded",
+        };
+
+        if (!is_str(v)) {
+                *out = NULL;
+                return 0;
+        }
+        for (size_t i = 0; i < sizeof(interned) / sizeof(interned[0]); i++) {
+                if (str_eq(v, interned[i])) {
+                        *out = interned[i];
+                        return 0;
+                }
+        }
+        char *s = kjson_arena_strndup(f->internal->keep, v->u.str.ptr, v->u.str.len);
+        if (!s)
+                return -ENOMEM;
+        *out = s;
+        return 0;
+}
+
+/* Compact JSON of any value into the result arena. */
+static int keep_json(struct fold *f, const struct kjson *v, const char **out)
+{
+        struct fold_internal *in = f->internal;
+
+        kbuf_reset(&in->json);
+        int r = kjson_write(&in->json, v);
+        if (r < 0)
+                return r;
+        char *s = kjson_arena_strndup(in->keep, in->json.data ? in->json.data : "", in->json.len);
+        if (!s)
+                return -ENOMEM;
+        *out = s;
+        return 0;
+}
+
+static long long num_ll(const struct kjson *v)
+{
+        char tmp[32];
+
+        if (!v || v->type != KJSON_NUMBER || v->u.num.is_float || v->u.num.len >= sizeof(tmp))
+                return 0;
+        memcpy(tmp, v->u.num.text, v->u.num.len);
+        tmp[v->u.num.len] = '\0';
+        return strtoll(tmp, NULL, 10);
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+        if (need <= *cap)
+                return 0;
+        size_t n = *cap ? *cap : 16;
+        while (n < need) {
+                if (n > SIZE_MAX / 2 / elem)
+                        return -ENOMEM;
+                n *= 2;
+        }
+        void *p = realloc(*arr, n * elem);
+        if (!p)
+                return -ENOMEM;
+        *arr = p;
+        *cap = n;
+        return 0;
+}
+
+static int new_plan(struct fold *f, const char *plan_id, size_t *idx)
+{
+        struct fold_internal *in = f->internal;
+        size_t old_cap = in->cap_plans;
+        int r = grow((void **)&f->plans, &in->cap_plans, f->nplans + 1, sizeof(*f->plans));
+        if (r < 0)
+                return r;
+        if (in->cap_plans != old_cap) {
+                size_t *c = realloc(in->plan_step_cap, in->cap_plans * sizeof(*c));
+                if (!c)
+                        return -ENOMEM;
+                in->plan_step_cap = c;
+        }
+        r = map_put(&in->plan_map, plan_id, f->nplans);
+        if (r < 0)
+                return r;
+        *idx = f->nplans++;
+        f->plans[*idx] = (struct fold_plan){ .plan_id = plan_id };
+        in->plan_step_cap[*idx] = 0;
+        return 0;
+}
+
+static int new_step(struct fold *f, size_t plan, const char *step_id, size_t *idx)
+{
+        struct fold_internal *in = f->internal;
+        struct fold_plan *p = &f->plans[plan];
+        int r;
+
+        r = grow((void **)&f->steps, &in->cap_steps, f->nsteps + 1, sizeof(*f->steps));
+        if (r < 0)
+                return r;
+        r = grow((void **)&p->steps, &in->plan_step_cap[plan], p->nsteps + 1, sizeof(*p->steps));
+        if (r < 0)
+                return r;
+        r = map_put(&in->step_map, step_id, f->nsteps);
+        if (r < 0)
+                return r;
+        *idx = f->nsteps++;
+        f->steps[*idx] = (struct fold_step){ .step_id = step_id, .plan_id = p->plan_id, .plan = plan };
+        p->steps[p->nsteps++] = *idx;
+        return 0;
+}
+
+static int op_plan_commit(struct fold *f, const struct rec *rc, size_t line)
+{
+        struct fold_internal *in = f->internal;
+        const char *plan_id;
+        size_t pi;
+        int r;
+
+        if (!is_str(rc->plan_id))
+                return 0;
+        if (map_get(&in->plan_map, rc->plan_id->u.str.ptr, &pi)) {
+                /* duplicate plan_commit: replace the plan, keep its position */
+                struct fold_plan *p = &f->plans[pi];
+                plan_id = p->plan_id;
+                p->nsteps = 0;
+                *p = (struct fold_plan){ .plan_id = plan_id, .steps = p->steps };
+        } else {
+                r = keep_str(f, rc->plan_id, &plan_id);
+                if (r < 0)
+                        return r;
+                r = new_plan(f, plan_id, &pi);
+                if (r < 0)
+                        return r;
+        }
+        struct fold_plan *p = &f->plans[pi];
+        p->line = line;
+        p->cycle = num_ll(rc->cycle);
+        r = keep_str(f, rc->mandate_id, &p->mandate_id);
+        if (r < 0)
+                return r;
+        r = keep_str(f, rc->plan_hash, &p->plan_hash);
+        if (r < 0)
+                return r;
+
+        if (!rc->steps || rc->steps->type != KJSON_ARRAY)
+                return 0;
+        for (size_t i = 0; i < rc->steps->u.arr.n; i++) {
+                const struct kjson *so = rc->steps->u.arr.items[i];
+                const char *sid;
+                size_t si;
+
+                if (so->type != KJSON_OBJECT || !is_str(kjson_get(so, "step_id")))
+                        continue;
+                r = keep_str(f, kjson_get(so, "step_id"), &sid);
+                if (r < 0)
+                        return r;
+                r = new_step(f, pi, sid, &si);
+                if (r < 0)
+                        return r;
+                struct fold_step *s = &f->steps[si];
+                if ((r = keep_str(f, kjson_get(so, "tool"), &s->tool)) < 0 ||
+                    (r = keep_str(f, kjson_get(so, "params_hash"), &s->params_hash)) < 0 ||
+                    (r = keep_str(f, kjson_get(so, "pre_hash"), &s->pre_hash)) < 0 ||
+                    (r = keep_str(f, kjson_get(so, "expected_post_hash"), &s->expected_post_hash)) < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int op_append(struct fold *f, const struct rec *rc, size_t line)
+{
+        struct fold_internal *in = f->internal;
+        size_t si, pi;
+        int r;
+
+        if (!is_str(rc->step_id))
+                return 0;
+        if (!map_get(&in->step_map, rc->step_id->u.str.ptr, &si)) {
+                /* orphan: a pending step no plan_commit announced */
+                struct kbuf id = KBUF_INIT;
+                const char *plan_id, *sid;
+
+                if (is_str(rc->plan_id)) {
+                        r = kbuf_append(&id, rc->plan_id->u.str.ptr, rc->plan_id->u.str.len);
+                } else {
+                        r = kbuf_puts(&id, "__orphan_");
+                        if (r >= 0)
+                                r = kbuf_append(&id, rc->step_id->u.str.ptr, rc->step_id->u.str.len);
+                }
+                if (r < 0) {
+                        kbuf_free(&id);
+                        return r;
+                }
+                bool found = map_get(&in->plan_map, id.data, &pi);
+                if (!found) {
+                        plan_id = kjson_arena_strndup(in->keep, id.data, id.len);
+                        kbuf_free(&id);
+                        if (!plan_id)
+                                return -ENOMEM;
+                        r = new_plan(f, plan_id, &pi);
+                        if (r < 0)
+                                return r;
+                        struct fold_plan *p = &f->plans[pi];
+                        p->mandate_id = "unknown";
+                        p->orphan_reason = "orphan_steps_detected";
+                        p->line = line;
+                } else {
+                        kbuf_free(&id);
+                }
+                r = keep_str(f, rc->step_id, &sid);
+                if (r < 0)
+                        return r;
+                r = new_step(f, pi, sid, &si);
+                if (r < 0)
+                        return r;
+        }
+        struct fold_step *s = &f->steps[si];
+        if (is_str(rc->idem_key)) {
+                r = keep_str(f, rc->idem_key, &s->idem_key);
+                if (r < 0)
+                        return r;
+        }
+        s->status = "pending";
+        if (!s->plan_id && is_str(rc->plan_id)) {
+                r = keep_str(f, rc->plan_id, &s->plan_id);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int apply_str(struct fold *f, const struct kjson *v, const char **field)
+{
+        if (!is_str(v))
+                return 0;
+        return keep_str(f, v, field);
+}
+
+static int op_transition(struct fold *f, const struct rec *rc)
+{
+        size_t si;
+        int r;
+
+        if (!is_str(rc->step_id) || !map_get(&f->internal->step_map, rc->step_id->u.str.ptr, &si))
+                return 0; /* unknown step: ignored */
+        struct fold_step *s = &f->steps[si];
+
+        if ((r = apply_str(f, rc->status, &s->status)) < 0 ||
+            (r = apply_str(f, rc->pre_hash, &s->observed_pre_hash)) < 0 ||
+            (r = apply_str(f, rc->post_hash, &s->post_hash)) < 0 ||
+            (r = apply_str(f, rc->result_hash, &s->result_hash)) < 0 ||
+            (r = apply_str(f, rc->error_class, &s->error_class)) < 0 ||
+            (r = apply_str(f, rc->error_msg, &s->error_msg)) < 0 ||
+            (r = apply_str(f, rc->reason, &s->reason)) < 0)
+                return r;
+        if (rc->result && (r = keep_json(f, rc->result, &s->result_json)) < 0)
+                return r;
+        if (rc->evidence && (r = keep_json(f, rc->evidence, &s->evidence_json)) < 0)
+                return r;
+        if (rc->recovered && (rc->recovered->type == KJSON_TRUE || rc->recovered->type == KJSON_FALSE))
+                s->recovered = rc->recovered->type == KJSON_TRUE;
+        if (str_eq(rc->status, "executing"))
+                s->executions++;
+        if (str_eq(rc->status, "pending") && rc->reset && rc->reset->type == KJSON_TRUE) {
+                /* FIX: a reset forgets the interrupted execution */
+                s->observed_pre_hash = NULL;
+                s->post_hash = NULL;
+                s->result_hash = NULL;
+                s->resets++;
+        }
+        return 0;
+}
+
+static int op_finalize(struct fold *f, const struct rec *rc)
+{
+        size_t pi;
+        int r;
+
+        if (!is_str(rc->plan_id) || !map_get(&f->internal->plan_map, rc->plan_id->u.str.ptr, &pi))
+                return 0; /* unknown plan: ignored */
+        struct fold_plan *p = &f->plans[pi];
+        p->finalized = true;
+        if ((r = keep_str(f, rc->status, &p->final_status)) < 0 ||
+            (r = keep_str(f, rc->reason, &p->final_reason)) < 0)
+                return r;
+        return 0;
+}
+
+static int op_operator(struct fold *f, const struct rec *rc, size_t line)
+{
+        struct fold_internal *in = f->internal;
+        int r;
+
+        r = grow((void **)&f->operators, &in->cap_operators, f->noperators + 1, sizeof(*f->operators));
+        if (r < 0)
+                return r;
+        struct fold_operator *o = &f->operators[f->noperators];
+        *o = (struct fold_operator){ .uid = num_ll(rc->uid), .line = line };
+        if ((r = keep_str(f, rc->mandate_id, &o->mandate_id)) < 0 ||
+            (r = keep_str(f, rc->action, &o->action)) < 0 ||
+            (r = keep_str(f, rc->step_id, &o->step_id)) < 0 ||
+            (r = keep_str(f, rc->reason, &o->reason)) < 0 ||
+            (r = keep_str(f, rc->ts, &o->ts)) < 0)
+                return r;
+        f->noperators++;
+        return 0;
+}
+
+static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
+{
+        struct rec rc;
+
+        rec_collect(obj, &rc);
+        if (str_eq(rc.op, "plan_commit"))
+                return op_plan_commit(f, &rc, line);
+        if (str_eq(rc.op, "append"))
+                return op_append(f, &rc, line);
+        if (str_eq(rc.op, "transition"))
+                return op_transition(f, &rc);
+        if (str_eq(rc.op, "plan_finalize"))
+                return op_finalize(f, &rc);
+        if (str_eq(rc.op, "operator"))
+                return op_operator(f, &rc, line);
+        f->unknown_ops++;
+        return 0;
+}
+
+/* ---- line checks ---- */
+
+static bool is_lower_hex(unsigned char c)
+{
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+/* The line ends with ,"crc":"xxxxxxxx"} (8 lowercase hex digits). */
+static bool has_crc_suffix(const char *l, size_t n, uint32_t *crc)
+{
+        if (n < CRC_SUFFIX_LEN + 1)
+                return false;
+        const char *s = l + n - CRC_SUFFIX_LEN;
+        if (memcmp(s, ",\"crc\":\"", 8) != 0 || s[16] != '"' || s[17] != '}')
+                return false;
+        uint32_t v = 0;
+        for (int i = 0; i < 8; i++) {
+                unsigned char c = (unsigned char)s[8 + i];
+                if (!is_lower_hex(c))
+                        return false;
+                v = (v << 4) | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+        }
+        *crc = v;
+        return true;
+}
+
+static uint32_t line_crc(const char *l, size_t n)
+{
+        uLong c = crc32(0L, Z_NULL, 0);
+        size_t body = n - CRC_SUFFIX_LEN;
+        const unsigned char *p = (const unsigned char *)l;
+
+        while (body > 0) {
+                uInt chunk = body > UINT_MAX ? UINT_MAX : (uInt)body;
+                c = crc32(c, p, chunk);
+                p += chunk;
+                body -= chunk;
+        }
+        c = crc32(c, (const unsigned char *)"}", 1);
+        return (uint32_t)c;
+}
+
+enum line_verdict {
+        LINE_GOOD,
+        LINE_BAD,
+};
+
+/* Check one non-blank line.  Returns LINE_GOOD (with *obj, *legacy), LINE_BAD
+ * (with reason), or -ENOMEM. */
+static int check_line(struct fold *f, const char *l, size_t n, const struct kjson **obj,
+                      bool *legacy, char *reason, size_t rlen)
+{
+        struct kjson *v = NULL;
+        struct kjson_error err = { 0 };
+        uint32_t want;
+        size_t ncrc = 0;
+        int r;
+
+        *legacy = !has_crc_suffix(l, n, &want);
+        if (!*legacy && line_crc(l, n) != want) {
+                snprintf(reason, rlen, "crc mismatch");
+                return LINE_BAD;
+        }
+
+        kjson_arena_reset(f->internal->scratch);
+        r = kjson_parse(f->internal->scratch, l, n, &v, &err);
+        if (r == -ENOMEM || (r < 0 && err.code == KJSON_E_NOMEM))
+                return -ENOMEM;
+        if (r < 0) {
+                snprintf(reason, rlen, "invalid JSON at column %zu: %s", err.offset + 1,
+                         kjson_error_string(err.code));
+                return LINE_BAD;
+        }
+        if (v->type != KJSON_OBJECT) {
+                snprintf(reason, rlen, "not a JSON object");
+                return LINE_BAD;
+        }
+        for (size_t i = 0; i < v->u.obj.n; i++)
+                if (KEY_IS(&v->u.obj.members[i], "crc"))
+                        ncrc++;
+        if (!*legacy) {
+                /* the suffix guarantees the last member is the crc */
+                if (ncrc != 1) {
+                        snprintf(reason, rlen, "more than one crc field");
+                        return LINE_BAD;
+                }
+        } else {
+                if (ncrc) {
+                        snprintf(reason, rlen, "malformed crc field");
+                        return LINE_BAD;
+                }
+                if (v->u.obj.n == 0 || !KEY_IS(&v->u.obj.members[v->u.obj.n - 1], "ts")) {
+                        snprintf(reason, rlen, "no crc and last field is not ts");
+                        return LINE_BAD;
+                }
+        }
+        *obj = v;
+        return LINE_GOOD;
+}
+
+static bool is_blank(const char *l, size_t n)
+{
+        for (size_t i = 0; i < n; i++)
+                if (l[i] != ' ' && l[i] != '\t' && l[i] != '\r')
+                        return false;
+        return true;
+}
+
+struct pending_bad {
+        bool set;
+        bool terminated;
+        bool good;          /* a whole good record, only its '\n' missing */
+        const char *l;
+        size_t n;
+        size_t line;
+        size_t offset;
+        char reason[96];
+};
+
+/* Could the last line be a strict prefix of one record (a torn write)? */
+static int torn_prefix(struct fold *f, const struct pending_bad *pb, bool *torn, char *why, size_t wlen)
+{
+        struct kjson *v = NULL;
+        struct kjson_error err = { 0 };
+        size_t n = pb->n;
+
+        *torn = false;
+        if (pb->good) {
+                *torn = true;
+                snprintf(why, wlen, "torn tail: record without its newline");
+                return 0;
+        }
+        while (n > 0 && pb->l[n - 1] == '\0')
+                n--;
+        if (is_blank(pb->l, n)) {
+                *torn = !pb->terminated || n < pb->n;
+                snprintf(why, wlen, "torn tail: %s", n < pb->n ? "NUL bytes" : "partial line");
+                return 0;
+        }
+        if (n < pb->n) {
+                /* a whole record, then zeros where its newline should be */
+                const struct kjson *obj;
+                bool legacy;
+                char reason[96];
+                int c = check_line(f, pb->l, n, &obj, &legacy, reason, sizeof(reason));
+                if (c < 0)
+                        return c;
+                if (c == LINE_GOOD) {
+                        *torn = true;
+                        snprintf(why, wlen, "torn tail: record followed by NUL bytes");
+                        return 0;
+                }
+        }
+        /* every record starts with '{' */
+        size_t i = 0;
+        while (i < n && (pb->l[i] == ' ' || pb->l[i] == '\t'))
+                i++;
+        if (pb->l[i] != '{') {
+                snprintf(why, wlen, "%s", pb->reason);
+                return 0;
+        }
+        kjson_arena_reset(f->internal->scratch);
+        int r = kjson_parse(f->internal->scratch, pb->l, n, &v, &err);
+        if (r == 0) {
+                /* a complete value that is not a good record */
+                snprintf(why, wlen, "%s", pb->reason);
+                return 0;
+        }
+        if (r == -ENOMEM || err.code == KJSON_E_NOMEM)
+                return -ENOMEM;
+        if (err.code == KJSON_E_EOF) {
+                *torn = true;
+                snprintf(why, wlen, "torn tail: incomplete record");
+                return 0;
+        }
+        if (err.code == KJSON_E_TRAILING)
+                snprintf(why, wlen, "complete record followed by more bytes (merged lines)");
+        else
+                snprintf(why, wlen, "%s", pb->reason);
+        return 0;
+}
+
+static void set_bad(struct fold *f, enum fold_status st, const struct pending_bad *pb, const char *why)
+{
+        f->status = st;
+        f->bad_line = pb->line;
+        f->bad_offset = pb->offset;
+        snprintf(f->bad_reason, sizeof(f->bad_reason), "%s", why);
+}
+
+static int fold_run(struct fold *f, const char *data, size_t len)
+{
+        struct pending_bad pb = { 0 };
+        size_t pos = 0, line = 0;
+        int r;
+
+        while (pos < len) {
+                const char *l = data + pos;
+                const char *nl = memchr(l, '\n', len - pos);
+                size_t n = nl ? (size_t)(nl - l) : len - pos;
+                size_t next = nl ? pos + n + 1 : len;
+                bool terminated = nl != NULL;
+
+                line++;
+                if (n > 0 && l[n - 1] == '\r')
+                        n--;
+                if (is_blank(l, n)) {
+                        if (!terminated && next > pos && !pb.set) {
+                                /* an unterminated run of whitespace: never append after it */
+                                pb = (struct pending_bad){ .set = true, .l = l, .n = n, .line = line,
+                                                           .offset = pos };
+                                snprintf(pb.reason, sizeof(pb.reason), "partial line");
+                        }
+                        pos = next;
+                        continue;
+                }
+                if (pb.set) {
+                        char why[128];
+                        snprintf(why, sizeof(why), "%s (followed by more records)", pb.reason);
+                        set_bad(f, FOLD_CORRUPT, &pb, why);
+                        pb.set = false;
+                        /* count the remaining lines, fold nothing more */
+                        for (pos = next; pos < len; line++) {
+                                const char *q = memchr(data + pos, '\n', len - pos);
+                                pos = q ? (size_t)(q - data) + 1 : len;
+                        }
+                        break;
+                }
+
+                const struct kjson *obj = NULL;
+                bool legacy = false;
+                r = check_line(f, l, n, &obj, &legacy, pb.reason, sizeof(pb.reason));
+                if (r < 0)
+                        return r;
+                if (r == LINE_GOOD && terminated) {
+                        r = apply_record(f, obj, line);
+                        if (r < 0)
+                                return r;
+                        f->records++;
+                        if (legacy)
+                                f->legacy_records++;
+                        f->good_end = next;
+                } else {
+                        pb.set = true;
+                        pb.terminated = terminated;
+                        pb.good = r == LINE_GOOD;
+                        pb.l = l;
+                        pb.n = n;
+                        pb.line = line;
+                        pb.offset = pos;
+                }
+                pos = next;
+        }
+        f->lines = line;
+
+        if (pb.set) {
+                char why[128];
+                bool torn;
+                r = torn_prefix(f, &pb, &torn, why, sizeof(why));
+                if (r < 0)
+                        return r;
+                set_bad(f, torn ? FOLD_TORN : FOLD_CORRUPT, &pb, why);
+        }
+        return 0;
+}
+
+static void fold_internal_free(struct fold *f)
+{
+        struct fold_internal *in = f->internal;
+
+        if (!in)
+                return;
+        kjson_arena_free(in->keep);
+        kjson_arena_free(in->scratch);
+        kbuf_free(&in->json);
+        free(in->step_map.e);
+        free(in->plan_map.e);
+        free(in->plan_step_cap);
+        free(in);
+        f->internal = NULL;
+}
+
+void fold_free(struct fold *f)
+{
+        if (!f)
+                return;
+        for (size_t i = 0; i < f->nplans; i++)
+                free(f->plans[i].steps);
+        free(f->plans);
+        free(f->steps);
+        free(f->operators);
+        fold_internal_free(f);
+        free(f);
+}
+
+int fold_buffer(const char *data, size_t len, struct fold **out)
+{
+        struct fold *f;
+        int r;
+
+        *out = NULL;
+        f = calloc(1, sizeof(*f));
+        if (!f)
+                return -ENOMEM;
+        f->internal = calloc(1, sizeof(*f->internal));
+        if (!f->internal) {
+                free(f);
+                return -ENOMEM;
+        }
+        f->internal->keep = kjson_arena_new();
+        f->internal->scratch = kjson_arena_new();
+        if (!f->internal->keep || !f->internal->scratch) {
+                fold_free(f);
+                return -ENOMEM;
+        }
+        f->status = FOLD_CLEAN;
+
+        r = fold_run(f, data ? data : "", data ? len : 0);
+        if (r < 0) {
+                fold_free(f);
+                return r;
+        }
+        /* the parse scratch is not needed any more */
+        kjson_arena_free(f->internal->scratch);
+        f->internal->scratch = NULL;
+        kbuf_free(&f->internal->json);
+        *out = f;
+        return 0;
+}
+
+int fold_file(const char *path, struct fold **out)
+{
+        struct kbuf b = KBUF_INIT;
+        struct stat st;
+        int fd, r;
+
+        *out = NULL;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size < SIZE_MAX / 2) {
+                r = kbuf_reserve(&b, (size_t)st.st_size + 1);
+                if (r < 0)
+                        goto out;
+        }
+        for (;;) {
+                if (b.cap - b.len <= 1) {
+                        r = kbuf_reserve(&b, b.cap > 65536 ? b.cap : 65536);
+                        if (r < 0)
+                                goto out;
+                }
+                ssize_t k = read(fd, b.data + b.len, b.cap - b.len - 1);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        goto out;
+                }
+                if (k == 0)
+                        break;
+                b.len += (size_t)k;
+        }
+        r = fold_buffer(b.data, b.len, out);
+out:
+        close(fd);
+        kbuf_free(&b);
+        return r;
+}
+
+const struct fold_step *fold_find_step(const struct fold *f, const char *step_id)
+{
+        size_t i;
+
+        if (!f || !step_id || !f->internal || !map_get(&f->internal->step_map, step_id, &i))
+                return NULL;
+        return &f->steps[i];
+}
+
+const struct fold_plan *fold_find_plan(const struct fold *f, const char *plan_id)
+{
+        size_t i;
+
+        if (!f || !plan_id || !f->internal || !map_get(&f->internal->plan_map, plan_id, &i))
+                return NULL;
+        return &f->plans[i];
+}
+
+bool fold_step_finalized(const struct fold_step *s)
+{
+        return s && s->status &&
+               (strcmp(s->status, "completed") == 0 || strcmp(s->status, "failed") == 0 ||
+                strcmp(s->status, "abandoned") == 0);
+}
+
+const char *fold_status_name(enum fold_status s)
+{
+        switch (s) {
+        case FOLD_CLEAN:
+                return "clean";
+        case FOLD_TORN:
+                return "torn";
+        case FOLD_CORRUPT:
+                return "corrupt";
+        }
+        return "unknown";
+}

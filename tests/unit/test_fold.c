@@ -1,3 +1,997 @@
-/* stub: being written */
-int main(void);
-int main(void) { return 77; }
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <zlib.h>
+
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/wal.h"
+
+/* ------------------------------------------------------------ helpers */
+
+/* Append obj (a JSON object without crc) as a kairos line: the crc is the
+ * CRC-32 of obj itself, which is the line without ,"crc":"…". */
+static void rec(struct kbuf *b, const char *obj)
+{
+        size_t n = strlen(obj);
+        assert_true(n >= 2 && obj[n - 1] == '}');
+        uint32_t crc = (uint32_t)crc32(0L, (const unsigned char *)obj, (uInt)n);
+        assert_int_equal(kbuf_append(b, obj, n - 1), 0);
+        assert_int_equal(kbuf_printf(b, ",\"crc\":\"%08x\"}\n", crc), 0);
+}
+
+/* A legacy line (the original wrote no crc). */
+static void legacy(struct kbuf *b, const char *obj)
+{
+        assert_int_equal(kbuf_puts(b, obj), 0);
+        assert_int_equal(kbuf_putc(b, '\n'), 0);
+}
+
+static struct fold *fold_kbuf(const struct kbuf *b, size_t len)
+{
+        struct fold *f = NULL;
+        assert_int_equal(fold_buffer(b->data, len, &f), 0);
+        assert_non_null(f);
+        return f;
+}
+
+static struct fold *fold_str(const char *s)
+{
+        struct fold *f = NULL;
+        assert_int_equal(fold_buffer(s, strlen(s), &f), 0);
+        assert_non_null(f);
+        return f;
+}
+
+static void put_opt(struct kbuf *d, const char *k, const char *v)
+{
+        kbuf_printf(d, "%s=%s;", k, v ? v : "(null)");
+}
+
+/* Everything the fold holds, as text (to compare two folds). */
+static char *digest(const struct fold *f)
+{
+        struct kbuf d = KBUF_INIT;
+
+        kbuf_printf(&d, "records=%zu legacy=%zu unknown=%zu\n", f->records, f->legacy_records,
+                    f->unknown_ops);
+        for (size_t i = 0; i < f->nplans; i++) {
+                const struct fold_plan *p = &f->plans[i];
+                kbuf_printf(&d, "plan %s cycle=%lld fin=%d line=%zu ", p->plan_id, p->cycle,
+                            p->finalized, p->line);
+                put_opt(&d, "mandate", p->mandate_id);
+                put_opt(&d, "hash", p->plan_hash);
+                put_opt(&d, "fstatus", p->final_status);
+                put_opt(&d, "freason", p->final_reason);
+                put_opt(&d, "orphan", p->orphan_reason);
+                for (size_t j = 0; j < p->nsteps; j++)
+                        kbuf_printf(&d, " s%zu", p->steps[j]);
+                kbuf_putc(&d, '\n');
+        }
+        for (size_t i = 0; i < f->nsteps; i++) {
+                const struct fold_step *s = &f->steps[i];
+                kbuf_printf(&d, "step %s plan=%zu exec=%u resets=%u rec=%d ", s->step_id, s->plan,
+                            s->executions, s->resets, s->recovered);
+                put_opt(&d, "plan_id", s->plan_id);
+                put_opt(&d, "tool", s->tool);
+                put_opt(&d, "params", s->params_hash);
+                put_opt(&d, "pre", s->pre_hash);
+                put_opt(&d, "exp_post", s->expected_post_hash);
+                put_opt(&d, "idem", s->idem_key);
+                put_opt(&d, "status", s->status);
+                put_opt(&d, "obs", s->observed_pre_hash);
+                put_opt(&d, "post", s->post_hash);
+                put_opt(&d, "result_hash", s->result_hash);
+                put_opt(&d, "result", s->result_json);
+                put_opt(&d, "evidence", s->evidence_json);
+                put_opt(&d, "eclass", s->error_class);
+                put_opt(&d, "emsg", s->error_msg);
+                put_opt(&d, "reason", s->reason);
+                kbuf_putc(&d, '\n');
+        }
+        for (size_t i = 0; i < f->noperators; i++) {
+                const struct fold_operator *o = &f->operators[i];
+                kbuf_printf(&d, "operator uid=%lld line=%zu ", o->uid, o->line);
+                put_opt(&d, "mandate", o->mandate_id);
+                put_opt(&d, "action", o->action);
+                put_opt(&d, "step", o->step_id);
+                put_opt(&d, "reason", o->reason);
+                put_opt(&d, "ts", o->ts);
+                kbuf_putc(&d, '\n');
+        }
+        return kbuf_steal(&d);
+}
+
+#define TS "\"ts\":\"2026-04-20T12:00:00.123Z\""
+#define PLAN(id, cycle, steps)                                                                   \
+        "{\"op\":\"plan_commit\",\"plan_id\":\"" id "\",\"mandate_id\":\"mnd_x\",\"cycle\":" #cycle \
+        ",\"plan_hash\":\"sha256-h" id "\",\"steps\":[" steps "]," TS "}"
+#define STEP(id)                                                                                 \
+        "{\"step_id\":\"" id "\",\"tool\":\"ooda.t\",\"params_hash\":\"ph-" id                    \
+        "\",\"pre_hash\":\"pre-" id "\",\"expected_post_hash\":\"post-" id "\"}"
+#define APPEND(sid, pid)                                                                         \
+        "{\"op\":\"append\",\"step_id\":\"" sid "\",\"plan_id\":\"" pid "\",\"idem_key\":\"mnd_x/" sid \
+        "\",\"status\":\"pending\"," TS "}"
+#define EXECUTING(sid)                                                                           \
+        "{\"op\":\"transition\",\"step_id\":\"" sid "\",\"status\":\"executing\",\"pre_hash\":\"obs-" sid \
+        "\"," TS "}"
+#define COMPLETED(sid)                                                                           \
+        "{\"op\":\"transition\",\"step_id\":\"" sid "\",\"status\":\"completed\",\"post_hash\":\"ph-" sid \
+        "\",\"result_hash\":\"rh-" sid "\",\"result\":{\"ok\":true,\"n\":12345678901234567890}," TS "}"
+#define FINALIZE(pid, st) "{\"op\":\"plan_finalize\",\"plan_id\":\"" pid "\",\"status\":\"" st "\"," TS "}"
+
+/* A realistic multi-plan WAL holding every op. */
+static void realistic_wal(struct kbuf *b)
+{
+        /* cycle 1: three steps, all completed, finalized */
+        rec(b, PLAN("plan_a", 1, STEP("observe_001") "," STEP("act_001") "," STEP("reflect_001")));
+        rec(b, APPEND("observe_001", "plan_a"));
+        rec(b, EXECUTING("observe_001"));
+        rec(b, COMPLETED("observe_001"));
+        rec(b, APPEND("act_001", "plan_a"));
+        rec(b, EXECUTING("act_001"));
+        rec(b, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":\"completed\",\"post_hash\":"
+               "\"p\",\"result_hash\":\"r\",\"recovered\":true,\"evidence\":{\"reason\":"
+               "\"wal_recorded_completion\",\"result_hash\":null}," TS "}");
+        rec(b, APPEND("reflect_001", "plan_a"));
+        rec(b, EXECUTING("reflect_001"));
+        rec(b, COMPLETED("reflect_001"));
+        rec(b, FINALIZE("plan_a", "succeeded"));
+        /* cycle 2: a failed step, finalized failed */
+        rec(b, PLAN("plan_b", 2, STEP("observe_002") "," STEP("act_002")));
+        rec(b, APPEND("observe_002", "plan_b"));
+        rec(b, EXECUTING("observe_002"));
+        rec(b, "{\"op\":\"transition\",\"step_id\":\"observe_002\",\"status\":\"failed\","
+               "\"error_class\":\"HandlerExit\",\"error_msg\":\"exit 3: caf\xc3\xa9 \\u00e9 \\\"q\\\"\"," TS "}");
+        rec(b, "{\"op\":\"plan_finalize\",\"plan_id\":\"plan_b\",\"status\":\"failed\",\"reason\":"
+               "\"step_failed\"," TS "}");
+        /* cycle 3: reset, review, operator, an unknown op; left open */
+        rec(b, PLAN("plan_c", 3, STEP("observe_003") "," STEP("act_003")));
+        rec(b, APPEND("observe_003", "plan_c"));
+        rec(b, EXECUTING("observe_003"));
+        rec(b, "{\"op\":\"transition\",\"step_id\":\"observe_003\",\"status\":\"pending\",\"reset\":true," TS "}");
+        rec(b, EXECUTING("observe_003"));
+        rec(b, "{\"op\":\"transition\",\"step_id\":\"observe_003\",\"status\":\"needs_review\",\"reason\":"
+               "\"interrupted_during_execution\",\"evidence\":{\"reason\":\"interrupted_during_execution\","
+               "\"status\":\"executing\",\"observed_pre_hash\":\"o\",\"expected_pre_hash\":null}," TS "}");
+        rec(b, "{\"op\":\"operator\",\"mandate_id\":\"mnd_x\",\"action\":\"resolve_done\",\"step_id\":"
+               "\"observe_003\",\"uid\":1000,\"reason\":\"checked by hand\"," TS "}");
+        rec(b, "{\"op\":\"future_op\",\"x\":[1,2,{\"y\":null}]," TS "}");
+        rec(b, COMPLETED("observe_003"));
+        rec(b, APPEND("act_003", "plan_c"));
+}
+
+/* ------------------------------------------------------------ basics */
+
+static void test_empty(void **state)
+{
+        (void)state;
+        struct fold *f = fold_str("");
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->nplans, 0);
+        assert_int_equal(f->records, 0);
+        assert_int_equal(f->good_end, 0);
+        fold_free(f);
+
+        assert_int_equal(fold_buffer(NULL, 0, &f), 0);
+        assert_int_equal(f->status, FOLD_CLEAN);
+        fold_free(f);
+        fold_free(NULL);
+}
+
+static void test_realistic_state(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        realistic_wal(&b);
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 26);
+        assert_int_equal(f->lines, 26);
+        assert_int_equal(f->legacy_records, 0);
+        assert_int_equal(f->unknown_ops, 1);
+        assert_int_equal(f->good_end, b.len);
+        assert_int_equal(f->nplans, 3);
+        assert_int_equal(f->nsteps, 7);
+
+        /* plans vs plans not finalized */
+        assert_true(f->plans[0].finalized);
+        assert_string_equal(f->plans[0].final_status, "succeeded");
+        assert_null(f->plans[0].final_reason);
+        assert_true(f->plans[1].finalized);
+        assert_string_equal(f->plans[1].final_status, "failed");
+        assert_string_equal(f->plans[1].final_reason, "step_failed");
+        assert_false(f->plans[2].finalized);
+        assert_null(f->plans[2].final_status);
+        assert_string_equal(f->plans[2].plan_id, "plan_c");
+        assert_int_equal(f->plans[2].cycle, 3);
+        assert_string_equal(f->plans[2].mandate_id, "mnd_x");
+        assert_string_equal(f->plans[2].plan_hash, "sha256-hplan_c");
+        assert_int_equal(f->plans[2].line, 17);
+        assert_null(f->plans[2].orphan_reason);
+        assert_int_equal(f->plans[0].nsteps, 3);
+
+        const struct fold_step *s = fold_find_step(f, "act_001");
+        assert_non_null(s);
+        assert_string_equal(s->status, "completed");
+        assert_string_equal(s->tool, "ooda.t");
+        assert_string_equal(s->params_hash, "ph-act_001");
+        assert_string_equal(s->pre_hash, "pre-act_001");
+        assert_string_equal(s->expected_post_hash, "post-act_001");
+        assert_string_equal(s->idem_key, "mnd_x/act_001");
+        assert_string_equal(s->observed_pre_hash, "obs-act_001");
+        assert_string_equal(s->post_hash, "p");
+        assert_true(s->recovered);
+        assert_string_equal(s->evidence_json, "{\"reason\":\"wal_recorded_completion\",\"result_hash\":null}");
+        assert_int_equal(s->executions, 1);
+        assert_ptr_equal(&f->plans[s->plan], fold_find_plan(f, "plan_a"));
+        assert_true(fold_step_finalized(s));
+
+        s = fold_find_step(f, "observe_001");
+        assert_string_equal(s->result_json, "{\"ok\":true,\"n\":12345678901234567890}");
+        assert_false(s->recovered);
+
+        s = fold_find_step(f, "observe_002");
+        assert_string_equal(s->status, "failed");
+        assert_string_equal(s->error_class, "HandlerExit");
+        assert_string_equal(s->error_msg, "exit 3: caf\xc3\xa9 \xc3\xa9 \"q\"");
+        assert_true(fold_step_finalized(s));
+        s = fold_find_step(f, "act_002");
+        assert_null(s->status);
+        assert_false(fold_step_finalized(s));
+
+        s = fold_find_step(f, "observe_003");
+        assert_string_equal(s->status, "completed");
+        assert_string_equal(s->reason, "interrupted_during_execution");
+        assert_int_equal(s->executions, 2);
+        assert_int_equal(s->resets, 1);
+
+        s = fold_find_step(f, "act_003");
+        assert_string_equal(s->status, "pending");
+        assert_false(fold_step_finalized(s));
+
+        assert_int_equal(f->noperators, 1);
+        assert_string_equal(f->operators[0].action, "resolve_done");
+        assert_string_equal(f->operators[0].mandate_id, "mnd_x");
+        assert_string_equal(f->operators[0].step_id, "observe_003");
+        assert_string_equal(f->operators[0].reason, "checked by hand");
+        assert_string_equal(f->operators[0].ts, "2026-04-20T12:00:00.123Z");
+        assert_int_equal(f->operators[0].uid, 1000);
+        assert_int_equal(f->operators[0].line, 23);
+
+        assert_null(fold_find_step(f, "nope"));
+        assert_null(fold_find_plan(f, "nope"));
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_orphan_append(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, APPEND("s9", "plan_z"));
+        rec(&b, "{\"op\":\"append\",\"step_id\":\"s8\",\"idem_key\":\"k8\",\"status\":\"pending\"," TS "}");
+        rec(&b, APPEND("s7", "plan_z"));
+        rec(&b, EXECUTING("s7"));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->nplans, 2);
+        const struct fold_plan *p = fold_find_plan(f, "plan_z");
+        assert_non_null(p);
+        assert_string_equal(p->mandate_id, "unknown");
+        assert_string_equal(p->orphan_reason, "orphan_steps_detected");
+        assert_false(p->finalized);
+        assert_int_equal(p->nsteps, 2); /* s9 and s7 share it */
+        assert_string_equal(f->steps[p->steps[0]].step_id, "s9");
+        assert_string_equal(f->steps[p->steps[1]].step_id, "s7");
+        assert_string_equal(f->steps[p->steps[1]].status, "executing");
+
+        p = fold_find_plan(f, "__orphan_s8");
+        assert_non_null(p);
+        assert_string_equal(p->orphan_reason, "orphan_steps_detected");
+        const struct fold_step *s = fold_find_step(f, "s8");
+        assert_string_equal(s->idem_key, "k8");
+        assert_string_equal(s->status, "pending");
+        assert_string_equal(s->plan_id, "__orphan_s8");
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_duplicate_plan_commit(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1") "," STEP("s2")));
+        rec(&b, PLAN("plan_b", 1, STEP("t1")));
+        rec(&b, FINALIZE("plan_a", "abandoned"));
+        rec(&b, PLAN("plan_a", 2, STEP("s3")));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->nplans, 2);
+        assert_string_equal(f->plans[0].plan_id, "plan_a"); /* kept its position */
+        assert_string_equal(f->plans[1].plan_id, "plan_b");
+        assert_int_equal(f->plans[0].cycle, 2);
+        assert_int_equal(f->plans[0].nsteps, 1);
+        assert_string_equal(f->steps[f->plans[0].steps[0]].step_id, "s3");
+        assert_false(f->plans[0].finalized); /* replaced: a new plan record */
+        assert_int_equal(f->plans[0].line, 4);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_step_takeover(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, EXECUTING("s1"));
+        rec(&b, PLAN("plan_b", 1, STEP("s1")));
+        rec(&b, COMPLETED("s1"));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->nsteps, 2);
+        const struct fold_step *old = &f->steps[f->plans[0].steps[0]];
+        const struct fold_step *cur = &f->steps[f->plans[1].steps[0]];
+        assert_ptr_equal(fold_find_step(f, "s1"), cur);
+        assert_string_equal(old->status, "executing");
+        assert_null(old->post_hash);
+        assert_string_equal(cur->status, "completed");
+        assert_null(cur->observed_pre_hash);
+        assert_string_equal(cur->plan_id, "plan_b");
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_unknown_step_and_plan_ignored(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, EXECUTING("ghost"));
+        rec(&b, COMPLETED("ghost"));
+        rec(&b, FINALIZE("plan_ghost", "succeeded"));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 4);
+        assert_int_equal(f->nplans, 1);
+        assert_int_equal(f->nsteps, 1);
+        assert_null(fold_find_step(f, "ghost"));
+        assert_null(fold_find_plan(f, "plan_ghost"));
+        assert_false(f->plans[0].finalized);
+        assert_null(f->steps[0].status);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_multi_cycle(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_1", 1, STEP("observe_001") "," STEP("act_001")));
+        rec(&b, COMPLETED("observe_001"));
+        rec(&b, COMPLETED("act_001"));
+        rec(&b, FINALIZE("plan_1", "succeeded"));
+        rec(&b, PLAN("plan_2", 2, STEP("observe_002") "," STEP("act_002")));
+        rec(&b, EXECUTING("observe_002"));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->nplans, 2);
+        assert_int_equal(f->plans[0].cycle, 1);
+        assert_int_equal(f->plans[1].cycle, 2);
+        assert_true(f->plans[0].finalized);
+        assert_false(f->plans[1].finalized);
+        assert_string_equal(fold_find_step(f, "observe_001")->status, "completed");
+        assert_string_equal(fold_find_step(f, "observe_002")->status, "executing");
+        assert_null(fold_find_step(f, "act_002")->status);
+        assert_int_equal(fold_find_step(f, "observe_002")->plan, 1);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_fields_applied_only_when_present(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, COMPLETED("s1"));
+        /* a later needs_review without hashes keeps them; unknown keys ignored */
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"needs_review\",\"extra\":{\"a\":1},"
+                "\"post_hash\":null," TS "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\"," TS "}");
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        const struct fold_step *s = fold_find_step(f, "s1");
+        assert_string_equal(s->status, "needs_review");
+        assert_string_equal(s->post_hash, "ph-s1");
+        assert_string_equal(s->result_hash, "rh-s1");
+        assert_null(s->reason);
+        assert_false(fold_step_finalized(s)); /* needs_review is not final */
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_crlf_and_blank_lines(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        struct kbuf c = KBUF_INIT;
+        rec(&c, PLAN("plan_a", 1, STEP("s1")));
+        /* the crc line with CRLF */
+        kbuf_append(&b, c.data, c.len - 1);
+        kbuf_puts(&b, "\r\n\n   \n\t\r\n");
+        kbuf_puts(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\",\"pre_hash\":\"o\"," TS "}\r\n");
+        kbuf_puts(&b, "\r\n");
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 2);
+        assert_int_equal(f->legacy_records, 1);
+        assert_int_equal(f->lines, 6);
+        assert_string_equal(fold_find_step(f, "s1")->observed_pre_hash, "o");
+        /* good_end: just past the last record's newline */
+        assert_int_equal(f->good_end, b.len - 2);
+        fold_free(f);
+        kbuf_free(&b);
+        kbuf_free(&c);
+}
+
+static void test_legacy_lines(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        legacy(&b, PLAN("plan_a", 1, STEP("s1")));
+        legacy(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\",\"pre_hash\":\"o\",\"ts\":\"t\"}");
+        rec(&b, COMPLETED("s1"));
+        legacy(&b, " { \"op\" : \"plan_finalize\" , \"plan_id\" : \"plan_a\" , \"status\" : \"succeeded\" , \"ts\" : 1 } ");
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 4);
+        assert_int_equal(f->legacy_records, 3);
+        assert_true(f->plans[0].finalized);
+        assert_string_equal(fold_find_step(f, "s1")->status, "completed");
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+/* A legacy line must end with ts, and any crc field must be exact. */
+static void expect_bad_middle_line(const char *bad, const char *reason_part)
+{
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        size_t off = b.len;
+        legacy(&b, bad);
+        rec(&b, COMPLETED("s1"));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->bad_line, 2);
+        assert_int_equal(f->bad_offset, off);
+        assert_int_equal(f->good_end, off);
+        assert_int_equal(f->records, 1);
+        assert_null(fold_find_step(f, "s1")->status); /* nothing after it is folded */
+        if (reason_part && !strstr(f->bad_reason, reason_part))
+                fail_msg("reason '%s' lacks '%s'", f->bad_reason, reason_part);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_bad_lines(void **state)
+{
+        (void)state;
+        /* legacy, but ts not last (e.g. a flipped bit in the crc key name) */
+        expect_bad_middle_line("{\"op\":\"append\",\"step_id\":\"s1\",\"ts\":\"t\",\"crd\":\"0badc0de\"}", "ts");
+        expect_bad_middle_line("{\"op\":\"append\",\"step_id\":\"s1\"}", "ts");
+        expect_bad_middle_line("{}", "ts");
+        /* crc: uppercase hex, wrong length, not a string, not last, duplicated */
+        expect_bad_middle_line("{\"op\":\"append\",\"ts\":\"t\",\"crc\":\"0BADC0DE\"}", "crc");
+        expect_bad_middle_line("{\"op\":\"append\",\"ts\":\"t\",\"crc\":\"0badc0d\"}", "crc");
+        expect_bad_middle_line("{\"op\":\"append\",\"ts\":\"t\",\"crc\":\"0badc0de0\"}", "crc");
+        expect_bad_middle_line("{\"op\":\"append\",\"ts\":\"t\",\"crc\":12345678}", "crc");
+        expect_bad_middle_line("{\"op\":\"append\",\"crc\":\"0badc0de\",\"ts\":\"t\"}", "crc");
+        expect_bad_middle_line("{\"op\":\"append\",\"ts\":\"t\",\"crc\":\"0badc0de\"}", "crc mismatch");
+        /* not JSON, not an object (§13 bug 2) */
+        expect_bad_middle_line("garbage", "JSON");
+        expect_bad_middle_line("{\"op\":\"append\",\"ts\":\"t\"", "JSON");
+        expect_bad_middle_line("[1,2]", "object");
+        expect_bad_middle_line("\"str\"", "object");
+        expect_bad_middle_line("42", "object");
+        expect_bad_middle_line("null", "object");
+
+        /* NUL bytes in the middle of the file are not a torn tail */
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        size_t off = b.len;
+        kbuf_append(&b, "\0\0\0\n", 4);
+        rec(&b, COMPLETED("s1"));
+        struct fold *f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->bad_offset, off);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_crc_line_with_two_crc_fields(void **state)
+{
+        (void)state;
+        /* valid crc suffix, but another top-level crc member before it */
+        struct kbuf b = KBUF_INIT;
+        rec(&b, "{\"op\":\"append\",\"crc\":\"00000000\",\"ts\":\"t\"}");
+        rec(&b, "{\"op\":\"append\",\"ts\":\"t\"}");
+        struct fold *f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->bad_line, 1);
+        assert_int_equal(f->records, 0);
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* a nested crc key is just data */
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"post_hash\":\"p\","
+                "\"result\":{\"crc\":\"00000000\"}," TS "}");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_string_equal(fold_find_step(f, "s1")->result_json, "{\"crc\":\"00000000\"}");
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+/* ------------------------------------------------------------ FIXes */
+
+/* FIX (§13 bug 3): a reset clears the hashes of the interrupted execution.
+ * The original kept observed_pre_hash, so the step stayed ambiguous. */
+static void test_reset_clears_hashes(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, EXECUTING("s1"));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"post_hash\":\"\","
+                "\"result_hash\":\"r\"," TS "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":true," TS "}");
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        const struct fold_step *s = fold_find_step(f, "s1");
+        assert_string_equal(s->status, "pending");
+        assert_null(s->observed_pre_hash);
+        assert_null(s->post_hash);
+        assert_null(s->result_hash);
+        assert_int_equal(s->resets, 1);
+        assert_int_equal(s->executions, 1);
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* pending without reset:true is no reset */
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, EXECUTING("s1"));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":false," TS "}");
+        f = fold_kbuf(&b, b.len);
+        s = fold_find_step(f, "s1");
+        assert_string_equal(s->observed_pre_hash, "obs-s1");
+        assert_int_equal(s->resets, 0);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+/* FIX (torn tail): a partial last line is reported and not folded. */
+static void test_torn_tail(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        struct kbuf last = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, EXECUTING("s1"));
+        size_t end = b.len;
+        rec(&last, COMPLETED("s1"));
+        kbuf_append(&b, last.data, last.len);
+
+        /* cut inside the record */
+        struct fold *f = fold_kbuf(&b, end + 40);
+        assert_int_equal(f->status, FOLD_TORN);
+        assert_int_equal(f->bad_line, 3);
+        assert_int_equal(f->bad_offset, end);
+        assert_int_equal(f->good_end, end);
+        assert_int_equal(f->records, 2);
+        assert_string_equal(fold_find_step(f, "s1")->status, "executing");
+        fold_free(f);
+
+        /* a whole record missing only its newline: torn, not folded */
+        f = fold_kbuf(&b, b.len - 1);
+        assert_int_equal(f->status, FOLD_TORN);
+        assert_int_equal(f->records, 2);
+        assert_int_equal(f->good_end, end);
+        assert_string_equal(fold_find_step(f, "s1")->status, "executing");
+        fold_free(f);
+
+        /* a zero-filled tail (delayed allocation after a crash) */
+        kbuf_free(&b);
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        end = b.len;
+        kbuf_append(&b, "\0\0\0\0\0\0\0\0", 8);
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_TORN);
+        assert_int_equal(f->good_end, end);
+        assert_int_equal(f->records, 1);
+        fold_free(f);
+
+        /* a prefix followed by zeros */
+        b.len = end;
+        kbuf_append(&b, "{\"op\":\"trans\0\0\0\0", 16);
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_TORN);
+        fold_free(f);
+
+        /* a whole record, then zeros instead of its newline */
+        b.len = end;
+        kbuf_append(&b, last.data, last.len - 1);
+        kbuf_append(&b, "\0\0", 2);
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_TORN);
+        assert_int_equal(f->good_end, end);
+        fold_free(f);
+
+        /* an unterminated run of blanks is torn too (never append after it) */
+        b.len = end;
+        kbuf_append(&b, "  ", 2);
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_TORN);
+        assert_int_equal(f->good_end, end);
+        fold_free(f);
+
+        kbuf_free(&b);
+        kbuf_free(&last);
+}
+
+/* A bad last line that cannot be a prefix of one record is corruption. */
+static void test_bad_last_line_is_corrupt(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        struct kbuf two = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        size_t end = b.len;
+
+        /* FIX: a flipped newline merged two crc-valid records */
+        rec(&two, EXECUTING("s1"));
+        rec(&two, COMPLETED("s1"));
+        size_t nl = strchr(two.data, '\n') - two.data;
+        two.data[nl] ^= 0x40; /* '\n' -> 'J' */
+        kbuf_append(&b, two.data, two.len);
+        struct fold *f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->bad_line, 2);
+        assert_int_equal(f->bad_offset, end);
+        assert_int_equal(f->records, 1);
+        assert_non_null(strstr(f->bad_reason, "merged"));
+        fold_free(f);
+        /* ... also when the merged line lost its final newline */
+        f = fold_kbuf(&b, b.len - 1);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        fold_free(f);
+
+        /* a complete object with a bad crc, as the last line */
+        b.len = end;
+        kbuf_puts(&b, "{\"op\":\"append\",\"ts\":\"t\",\"crc\":\"0badc0de\"}\n");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->bad_line, 2);
+        fold_free(f);
+
+        /* a non-object value as the last line (§13 bug 2) */
+        b.len = end;
+        kbuf_puts(&b, "42\n");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_non_null(strstr(f->bad_reason, "object"));
+        fold_free(f);
+        b.len = end;
+        kbuf_puts(&b, "[1,");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT); /* records start with '{' */
+        fold_free(f);
+
+        /* garbage as the last line */
+        b.len = end;
+        kbuf_puts(&b, "{\"op\":}");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->good_end, end);
+        fold_free(f);
+
+        kbuf_free(&b);
+        kbuf_free(&two);
+}
+
+/* FIX (corruption): mid-file garbage is reported with its line and byte
+ * offset and nothing after it is folded (the original skipped it). */
+static void test_mid_file_garbage(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        kbuf_puts(&b, "\n");
+        rec(&b, EXECUTING("s1"));
+        size_t off = b.len;
+        kbuf_puts(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"sta\n"); /* torn, then appended after */
+        kbuf_puts(&b, "\n");
+        rec(&b, COMPLETED("s1"));
+        rec(&b, FINALIZE("plan_a", "succeeded"));
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CORRUPT);
+        assert_int_equal(f->bad_line, 4);
+        assert_int_equal(f->bad_offset, off);
+        assert_int_equal(f->good_end, off);
+        assert_int_equal(f->records, 2);
+        assert_int_equal(f->lines, 7);
+        const struct fold_step *s = fold_find_step(f, "s1");
+        assert_string_equal(s->status, "executing"); /* the completed after it is not applied */
+        assert_null(s->post_hash);
+        assert_false(f->plans[0].finalized);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+/* --------------------------------------------- every cut, every bit flip */
+
+static size_t last_boundary(const char *d, size_t cut)
+{
+        while (cut > 0 && d[cut - 1] != '\n')
+                cut--;
+        return cut;
+}
+
+static size_t newlines_before(const char *d, size_t cut)
+{
+        size_t n = 0;
+        for (size_t i = 0; i < cut; i++)
+                n += d[i] == '\n';
+        return n;
+}
+
+static void test_truncate_every_offset(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        realistic_wal(&b);
+        char **digests = calloc(b.len + 1, sizeof(char *));
+        assert_non_null(digests);
+
+        for (size_t cut = 0; cut <= b.len; cut++) {
+                struct fold *f = fold_kbuf(&b, cut);
+                size_t boundary = last_boundary(b.data, cut);
+
+                assert_int_equal(f->records, newlines_before(b.data, cut));
+                assert_int_equal(f->good_end, boundary);
+                if (boundary == cut) {
+                        assert_int_equal(f->status, FOLD_CLEAN);
+                        digests[cut] = digest(f);
+                } else {
+                        if (f->status != FOLD_TORN)
+                                fail_msg("cut %zu: %s (%s)", cut, fold_status_name(f->status),
+                                         f->bad_reason);
+                        assert_int_equal(f->bad_offset, boundary);
+                        /* exactly the records fully written before the cut */
+                        char *d = digest(f);
+                        assert_string_equal(d, digests[boundary]);
+                        free(d);
+                }
+                fold_free(f);
+        }
+        for (size_t i = 0; i <= b.len; i++)
+                free(digests[i]);
+        free(digests);
+        kbuf_free(&b);
+}
+
+static void test_flip_every_bit(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        realistic_wal(&b);
+        char *copy = malloc(b.len);
+        assert_non_null(copy);
+        size_t torn = 0, corrupt = 0;
+        /* the fold of every clean prefix, by its length */
+        size_t nb = newlines_before(b.data, b.len) + 1, k = 0;
+        size_t *bound = calloc(nb, sizeof(*bound));
+        char **dig = calloc(nb, sizeof(*dig));
+        assert_true(bound && dig);
+        for (size_t i = 0; i <= b.len; i++) {
+                if (i == 0 || b.data[i - 1] == '\n') {
+                        struct fold *g = fold_kbuf(&b, i);
+                        assert_int_equal(g->status, FOLD_CLEAN);
+                        bound[k] = i;
+                        dig[k++] = digest(g);
+                        fold_free(g);
+                }
+        }
+        assert_int_equal(k, nb);
+
+        for (size_t i = 0; i < b.len; i++) {
+                for (int bit = 0; bit < 8; bit++) {
+                        memcpy(copy, b.data, b.len);
+                        copy[i] ^= (char)(1u << bit);
+                        struct fold *f = NULL;
+                        assert_int_equal(fold_buffer(copy, b.len, &f), 0);
+                        if (f->status == FOLD_CLEAN)
+                                fail_msg("flip byte %zu bit %d not detected", i, bit);
+                        torn += f->status == FOLD_TORN;
+                        corrupt += f->status == FOLD_CORRUPT;
+                        /* the state is exactly the records before the bad line */
+                        assert_true(f->bad_offset <= i);
+                        assert_int_equal(f->good_end, f->bad_offset);
+                        size_t j = 0;
+                        while (j < nb && bound[j] != f->bad_offset)
+                                j++;
+                        assert_true(j < nb);
+                        char *d = digest(f);
+                        assert_string_equal(d, dig[j]);
+                        free(d);
+                        fold_free(f);
+                }
+        }
+        print_message("bit flips: %zu torn, %zu corrupt\n", torn, corrupt);
+        assert_int_equal(torn + corrupt, b.len * 8);
+        for (size_t i = 0; i < nb; i++)
+                free(dig[i]);
+        free(dig);
+        free(bound);
+        free(copy);
+        kbuf_free(&b);
+}
+
+/* ------------------------------------------------------------ writer, file */
+
+static void test_wal_encode_round_trip(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        struct wal_step steps[] = {
+                { "s1", "ooda.observe", "ph1", "pre1", "post1" },
+                { "s2", "ooda.act", "ph2", "pre2", "post2" },
+        };
+        struct wal_record recs[] = {
+                { .op = WAL_OP_PLAN_COMMIT, .plan_id = "plan_e", .mandate_id = "mnd_e", .cycle = 7,
+                  .steps = steps, .nsteps = 2 },
+                { .op = WAL_OP_APPEND, .step_id = "s1", .plan_id = "plan_e", .idem_key = "mnd_e/s1" },
+                { .op = WAL_OP_EXECUTING, .step_id = "s1", .pre_hash = "obs1" },
+                { .op = WAL_OP_COMPLETED, .step_id = "s1", .post_hash = "p1", .result_hash = "r1",
+                  .result_json = "{\"a\": [1, 2.50]}" },
+                { .op = WAL_OP_EXECUTING, .step_id = "s2", .pre_hash = "obs2" },
+                { .op = WAL_OP_FAILED, .step_id = "s2", .error_class = "E", .error_msg = "boom" },
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_e", .status = "failed", .reason = "step_failed" },
+        };
+        for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++)
+                assert_int_equal(wal_encode(&recs[i], 1776686400123LL + (int64_t)i, &b), 0);
+        struct fold *f = fold_kbuf(&b, b.len);
+
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 7);
+        assert_int_equal(f->legacy_records, 0);
+        assert_int_equal(f->plans[0].cycle, 7);
+        assert_true(f->plans[0].finalized);
+        assert_string_equal(f->plans[0].final_reason, "step_failed");
+        assert_string_equal(fold_find_step(f, "s1")->result_json, "{\"a\":[1,2.50]}");
+        assert_string_equal(fold_find_step(f, "s1")->idem_key, "mnd_e/s1");
+        assert_string_equal(fold_find_step(f, "s2")->error_msg, "boom");
+        assert_string_equal(fold_find_step(f, "s2")->observed_pre_hash, "obs2");
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_fold_file(void **state)
+{
+        (void)state;
+        char dir[] = "/tmp/kairos-test-fold-XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        char path[256];
+        snprintf(path, sizeof(path), "%s/m.wal.jsonl", dir);
+
+        struct fold *f = (struct fold *)1;
+        assert_int_equal(fold_file(path, &f), -ENOENT);
+        assert_null(f);
+
+        struct kbuf b = KBUF_INIT;
+        /* big enough to need several reads */
+        for (int i = 0; i < 2000; i++)
+                realistic_wal(&b);
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(b.data, 1, b.len, fp), b.len);
+        assert_int_equal(fclose(fp), 0);
+
+        assert_int_equal(fold_file(path, &f), 0);
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 26 * 2000);
+        assert_int_equal(f->nplans, 3);
+        assert_int_equal(f->good_end, b.len);
+        fold_free(f);
+
+        assert_int_equal(fold_file(dir, &f), -EISDIR);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(rmdir(dir), 0);
+        kbuf_free(&b);
+}
+
+static void test_many_plans(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        char line[512];
+        for (int i = 0; i < 5000; i++) {
+                snprintf(line, sizeof(line),
+                         "{\"op\":\"plan_commit\",\"plan_id\":\"p%d\",\"mandate_id\":\"m\",\"cycle\":%d,"
+                         "\"plan_hash\":\"h\",\"steps\":[{\"step_id\":\"s%d\"}]," TS "}", i, i + 1, i);
+                rec(&b, line);
+                snprintf(line, sizeof(line),
+                         "{\"op\":\"transition\",\"step_id\":\"s%d\",\"status\":\"executing\",\"pre_hash\":\"o%d\"," TS "}",
+                         i, i);
+                rec(&b, line);
+        }
+        struct fold *f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->nplans, 5000);
+        assert_int_equal(f->nsteps, 5000);
+        for (int i = 0; i < 5000; i += 499) {
+                snprintf(line, sizeof(line), "s%d", i);
+                const struct fold_step *s = fold_find_step(f, line);
+                assert_non_null(s);
+                snprintf(line, sizeof(line), "o%d", i);
+                assert_string_equal(s->observed_pre_hash, line);
+                snprintf(line, sizeof(line), "p%d", i);
+                assert_ptr_equal(&f->plans[s->plan], fold_find_plan(f, line));
+                assert_int_equal(f->plans[s->plan].cycle, i + 1);
+        }
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void test_names(void **state)
+{
+        (void)state;
+        assert_string_equal(fold_status_name(FOLD_CLEAN), "clean");
+        assert_string_equal(fold_status_name(FOLD_TORN), "torn");
+        assert_string_equal(fold_status_name(FOLD_CORRUPT), "corrupt");
+        assert_false(fold_step_finalized(NULL));
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_empty),
+                cmocka_unit_test(test_realistic_state),
+                cmocka_unit_test(test_orphan_append),
+                cmocka_unit_test(test_duplicate_plan_commit),
+                cmocka_unit_test(test_step_takeover),
+                cmocka_unit_test(test_unknown_step_and_plan_ignored),
+                cmocka_unit_test(test_multi_cycle),
+                cmocka_unit_test(test_fields_applied_only_when_present),
+                cmocka_unit_test(test_crlf_and_blank_lines),
+                cmocka_unit_test(test_legacy_lines),
+                cmocka_unit_test(test_bad_lines),
+                cmocka_unit_test(test_crc_line_with_two_crc_fields),
+                cmocka_unit_test(test_reset_clears_hashes),
+                cmocka_unit_test(test_torn_tail),
+                cmocka_unit_test(test_bad_last_line_is_corrupt),
+                cmocka_unit_test(test_mid_file_garbage),
+                cmocka_unit_test(test_truncate_every_offset),
+                cmocka_unit_test(test_flip_every_bit),
+                cmocka_unit_test(test_wal_encode_round_trip),
+                cmocka_unit_test(test_fold_file),
+                cmocka_unit_test(test_many_plans),
+                cmocka_unit_test(test_names),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
