@@ -84,6 +84,9 @@ struct wal_record {
  * record's time in milliseconds since the epoch (written as
  * 2026-04-20T12:00:00.123Z).  -EINVAL names no field; see wal_encode_error. */
 int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out);
+/* What made the last wal_encode (or append) on this thread fail: a short
+ * English phrase such as "completed needs post_hash", "" if none. */
+const char *wal_encode_error(void);
 
 /* crc of a line as kairos writes it: CRC-32 of the line without its
  * ,"crc":"xxxxxxxx" field.  Helpers for readers. */
@@ -126,6 +129,9 @@ int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
              struct wal_open_info *info);
 /* Close (idempotent on NULL).  Does not flush: unflushed records are not durable. */
 int wal_close(struct wal *w);
+/* Close the descriptor but keep the object: the WAL is CLOSED and every later
+ * append or flush returns -EBADF.  wal_close() still frees it. */
+int wal_shutdown(struct wal *w);
 
 enum wal_state wal_state(const struct wal *w);
 /* The error that failed the WAL (negative errno), 0 if none. */
