@@ -345,3 +345,656 @@ int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out)
         }
         return 0;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Writer                                                                    */
+/* ------------------------------------------------------------------------ */
+
+struct wal {
+        pthread_mutex_t lock;
+        const struct kio *io;
+        int64_t (*now_ms)(void *ctx);
+        void *clock_ctx;
+        char *path;
+        int fd;
+        enum wal_state state;
+        int error;
+        off_t size;          /* end of the last whole record */
+        size_t pending;      /* appended since the last flush */
+        uint64_t flush_count;
+};
+
+static int64_t realtime_ms(void *ctx)
+{
+        (void)ctx;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wal_now(const struct wal *w)
+{
+        return w->now_ms(w->clock_ctx);
+}
+
+/* Read a whole file (reading is not a mutation: plain POSIX). */
+static int read_file(const char *path, char **data, size_t *len)
+{
+        int fd;
+        do
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+                return -errno;
+        struct kbuf b = KBUF_INIT;
+        int r = 0;
+        struct stat st;
+        if (fstat(fd, &st) == 0 && st.st_size > 0 &&
+            (r = kbuf_reserve(&b, (size_t)st.st_size)) < 0)
+                goto out;
+        for (;;) {
+                if ((r = kbuf_reserve(&b, 65536)) < 0)
+                        goto out;
+                ssize_t n = read(fd, b.data + b.len, b.cap - b.len - 1);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0) {
+                        r = -errno;
+                        goto out;
+                }
+                if (n == 0)
+                        break;
+                b.len += (size_t)n;
+                b.data[b.len] = '\0';
+        }
+        *len = b.len;
+        *data = kbuf_steal(&b);
+out:
+        close(fd);
+        kbuf_free(&b);
+        return r;
+}
+
+/* Keep the torn bytes in <path>.torn.<secs> (or .torn.<secs>.<n> if taken). */
+static int save_torn(struct wal *w, const char *bytes, size_t n, char *torn_path,
+                     size_t torn_path_size)
+{
+        const struct kio *io = w->io;
+        int64_t ms = wal_now(w);
+        long long secs = (long long)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+        int fd = -EEXIST;
+        for (int k = 0; k < 100 && fd == -EEXIST; k++) {
+                int len = k == 0 ? snprintf(torn_path, torn_path_size, "%s.torn.%lld", w->path,
+                                            secs)
+                                 : snprintf(torn_path, torn_path_size, "%s.torn.%lld.%d",
+                                            w->path, secs, k);
+                if (len < 0 || (size_t)len >= torn_path_size)
+                        return -ENAMETOOLONG;
+                fd = io->open(io->ctx, torn_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        }
+        if (fd < 0)
+                return fd;
+        int r = kio_write_all(io, fd, bytes, n, NULL);
+        if (r == 0)
+                r = io->fdatasync(io->ctx, fd);
+        int rc = io->close(io->ctx, fd);
+        if (r == 0)
+                r = rc;
+        if (r == 0)
+                r = kio_fsync_parent(io, torn_path);
+        return r;
+}
+
+static int open_append(struct wal *w, int extra_flags)
+{
+        return w->io->open(w->io->ctx, w->path,
+                           O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | extra_flags, 0600);
+}
+
+static void set_info_bad(struct wal_open_info *info, const struct fold *f)
+{
+        info->bad_line = f->bad_line;
+        info->bad_offset = f->bad_offset;
+        snprintf(info->bad_reason, sizeof(info->bad_reason), "%s", f->bad_reason);
+}
+
+/* An existing file: scan it, repair a torn tail or quarantine. */
+static int open_existing(struct wal *w, struct wal_open_info *info)
+{
+        const struct kio *io = w->io;
+        char *data = NULL;
+        size_t len = 0;
+        struct fold *f = NULL;
+        int r = read_file(w->path, &data, &len);
+        if (r < 0)
+                goto out;
+        if (len == 0) {
+                /* Possibly created by an open whose directory fsync never
+                 * succeeded (no record can have been acknowledged): redo it. */
+                if ((r = kio_fsync_parent(io, w->path)) < 0)
+                        goto out;
+        }
+        if ((r = fold_buffer(data, len, &f)) < 0)
+                goto out;
+
+        if (f->status == FOLD_CORRUPT) {
+                w->state = WAL_STATE_QUARANTINED;
+                w->error = -EBADMSG;
+                info->corrupt = true;
+                set_info_bad(info, f);
+                r = 0;
+                goto out;
+        }
+        if (f->status == FOLD_TORN && f->good_end < len) {
+                set_info_bad(info, f);
+                r = save_torn(w, data + f->good_end, len - f->good_end, info->torn_path,
+                              sizeof(info->torn_path));
+                if (r < 0)
+                        goto out;
+                w->fd = open_append(w, 0);
+                if (w->fd < 0) {
+                        r = w->fd;
+                        goto out;
+                }
+                if ((r = io->ftruncate(io->ctx, w->fd, (off_t)f->good_end)) < 0 ||
+                    (r = io->fdatasync(io->ctx, w->fd)) < 0)
+                        goto out;
+                info->torn_repaired = true;
+                info->torn_bytes = len - f->good_end;
+        } else {
+                w->fd = open_append(w, 0);
+                if (w->fd < 0) {
+                        r = w->fd;
+                        goto out;
+                }
+        }
+        struct stat st;
+        if (fstat(w->fd, &st) < 0) {
+                r = -errno;
+                goto out;
+        }
+        w->size = st.st_size;
+        r = 0;
+out:
+        fold_free(f);
+        free(data);
+        return r;
+}
+
+static int open_new_or_existing(struct wal *w, struct wal_open_info *info)
+{
+        const struct kio *io = w->io;
+        char *dir = strdup(w->path);
+        if (!dir)
+                return -ENOMEM;
+        char *slash = strrchr(dir, '/');
+        int r = 0;
+        if (slash && slash != dir) {
+                *slash = '\0';
+                r = kio_mkdir_p(io, dir, 0700);
+        }
+        free(dir);
+        if (r < 0)
+                return r;
+
+        /* O_EXCL tells creation from an existing file without a race. */
+        int fd = open_append(w, O_EXCL);
+        if (fd == -EEXIST)
+                return open_existing(w, info);
+        if (fd < 0)
+                return fd;
+        w->fd = fd;
+        w->size = 0;
+        info->created = true;
+        return kio_fsync_parent(io, w->path);
+}
+
+int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
+             struct wal_open_info *info)
+{
+        struct wal_open_info dummy;
+        if (!path || !*path || !out)
+                return -EINVAL;
+        *out = NULL;
+        if (!info)
+                info = &dummy;
+        memset(info, 0, sizeof(*info));
+
+        struct wal *w = calloc(1, sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        w->fd = -1;
+        w->io = opt && opt->io ? opt->io : kio_posix();
+        w->now_ms = opt && opt->now_ms ? opt->now_ms : realtime_ms;
+        w->clock_ctx = opt ? opt->clock_ctx : NULL;
+        w->state = WAL_STATE_OK;
+        w->path = strdup(path);
+        if (!w->path) {
+                free(w);
+                return -ENOMEM;
+        }
+        if (pthread_mutex_init(&w->lock, NULL) != 0) {
+                free(w->path);
+                free(w);
+                return -ENOMEM;
+        }
+        int r = open_new_or_existing(w, info);
+        if (r < 0) {
+                if (w->fd >= 0)
+                        w->io->close(w->io->ctx, w->fd);
+                pthread_mutex_destroy(&w->lock);
+                free(w->path);
+                free(w);
+                return r;
+        }
+        *out = w;
+        return 0;
+}
+
+/* Close the descriptor under the lock; the object stays (CLOSED). */
+static int close_locked(struct wal *w)
+{
+        int r = 0;
+        if (w->fd >= 0) {
+                r = w->io->close(w->io->ctx, w->fd);
+                w->fd = -1;
+        }
+        w->state = WAL_STATE_CLOSED;
+        return r;
+}
+
+int wal_shutdown(struct wal *w)
+{
+        if (!w)
+                return -EINVAL;
+        pthread_mutex_lock(&w->lock);
+        int r = close_locked(w);
+        pthread_mutex_unlock(&w->lock);
+        return r;
+}
+
+int wal_close(struct wal *w)
+{
+        if (!w)
+                return 0;
+        int r = wal_shutdown(w);
+        pthread_mutex_destroy(&w->lock);
+        free(w->path);
+        free(w);
+        return r;
+}
+
+static struct wal *unconst(const struct wal *w)
+{
+        return (struct wal *)w;
+}
+
+enum wal_state wal_state(const struct wal *w)
+{
+        pthread_mutex_lock(&unconst(w)->lock);
+        enum wal_state s = w->state;
+        pthread_mutex_unlock(&unconst(w)->lock);
+        return s;
+}
+
+int wal_error(const struct wal *w)
+{
+        pthread_mutex_lock(&unconst(w)->lock);
+        int e = w->error;
+        pthread_mutex_unlock(&unconst(w)->lock);
+        return e;
+}
+
+const char *wal_path(const struct wal *w)
+{
+        return w->path;
+}
+
+uint64_t wal_flush_count(const struct wal *w)
+{
+        pthread_mutex_lock(&unconst(w)->lock);
+        uint64_t n = w->flush_count;
+        pthread_mutex_unlock(&unconst(w)->lock);
+        return n;
+}
+
+size_t wal_pending(const struct wal *w)
+{
+        pthread_mutex_lock(&unconst(w)->lock);
+        size_t n = w->pending;
+        pthread_mutex_unlock(&unconst(w)->lock);
+        return n;
+}
+
+/* Why an append/flush is refused in the current state, or 0. */
+static int refused_locked(const struct wal *w)
+{
+        switch (w->state) {
+        case WAL_STATE_OK:
+                return 0;
+        case WAL_STATE_QUARANTINED:
+                return -EBADMSG;
+        case WAL_STATE_FAILED:
+                return w->error;
+        case WAL_STATE_CLOSED:
+        default:
+                return -EBADF;
+        }
+}
+
+static void fail_locked(struct wal *w, int err)
+{
+        w->state = WAL_STATE_FAILED;
+        w->error = err < 0 ? err : -EIO;
+}
+
+int wal_append(struct wal *w, const struct wal_record *rec)
+{
+        if (!w || !rec)
+                return -EINVAL;
+        struct kbuf line = KBUF_INIT;
+        int r = wal_encode(rec, wal_now(w), &line);
+        if (r < 0)
+                goto out;
+
+        pthread_mutex_lock(&w->lock);
+        r = refused_locked(w);
+        if (r == 0) {
+                size_t written = 0;
+                r = kio_write_all(w->io, w->fd, line.data, line.len, &written);
+                if (r == 0 && written != line.len)
+                        r = -EIO;
+                if (r < 0) {
+                        /* Cut any partial line away before anything else. */
+                        w->io->ftruncate(w->io->ctx, w->fd, w->size);
+                        fail_locked(w, r);
+                } else {
+                        w->size += (off_t)line.len;
+                        w->pending++;
+                }
+        }
+        pthread_mutex_unlock(&w->lock);
+out:
+        kbuf_free(&line);
+        return r;
+}
+
+int wal_flush(struct wal *w)
+{
+        if (!w)
+                return -EINVAL;
+        pthread_mutex_lock(&w->lock);
+        int r = refused_locked(w);
+        if (r == 0 && w->pending > 0) {
+                w->flush_count++;
+                r = w->io->fdatasync(w->io->ctx, w->fd);
+                if (r < 0)
+                        fail_locked(w, r); /* never fdatasync this fd again */
+                else
+                        w->pending = 0;
+        }
+        pthread_mutex_unlock(&w->lock);
+        return r;
+}
+
+/* ---- one function per op ------------------------------------------------- */
+
+int wal_commit_plan(struct wal *w, const char *plan_id, const char *mandate_id, long long cycle,
+                    const struct wal_step *steps, size_t nsteps)
+{
+        struct wal_record r = {
+                .op = WAL_OP_PLAN_COMMIT,
+                .plan_id = plan_id,
+                .mandate_id = mandate_id,
+                .cycle = cycle,
+                .steps = steps,
+                .nsteps = nsteps,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_commit_planner_plan(struct wal *w, const struct planner_plan *p)
+{
+        if (!p)
+                return -EINVAL;
+        struct wal_step steps[PLANNER_PHASES];
+        for (size_t i = 0; i < PLANNER_PHASES; i++) {
+                steps[i] = (struct wal_step){
+                        .step_id = p->steps[i].step_id,
+                        .tool = p->steps[i].tool,
+                        .params_hash = p->steps[i].params_hash,
+                        .pre_hash = p->steps[i].pre_hash,
+                        .expected_post_hash = p->steps[i].expected_post_hash,
+                };
+        }
+        return wal_commit_plan(w, p->plan_id, p->mandate_id, p->cycle, steps, PLANNER_PHASES);
+}
+
+int wal_append_pending(struct wal *w, const char *step_id, const char *plan_id,
+                       const char *idem_key)
+{
+        struct wal_record r = {
+                .op = WAL_OP_APPEND,
+                .step_id = step_id,
+                .plan_id = plan_id,
+                .idem_key = idem_key,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_mark_executing(struct wal *w, const char *step_id, const char *pre_hash)
+{
+        struct wal_record r = { .op = WAL_OP_EXECUTING, .step_id = step_id, .pre_hash = pre_hash };
+        return wal_append(w, &r);
+}
+
+int wal_mark_completed(struct wal *w, const char *step_id, const char *post_hash,
+                       const char *result_hash, bool recovered, const char *evidence_json,
+                       const char *result_json)
+{
+        struct wal_record r = {
+                .op = WAL_OP_COMPLETED,
+                .step_id = step_id,
+                .post_hash = post_hash,
+                .result_hash = result_hash,
+                .recovered = recovered,
+                .evidence_json = evidence_json,
+                .result_json = result_json,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_mark_failed(struct wal *w, const char *step_id, const char *error_class,
+                    const char *error_msg)
+{
+        struct wal_record r = {
+                .op = WAL_OP_FAILED,
+                .step_id = step_id,
+                .error_class = error_class,
+                .error_msg = error_msg,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_mark_needs_review(struct wal *w, const char *step_id, const char *reason,
+                          const char *evidence_json)
+{
+        struct wal_record r = {
+                .op = WAL_OP_NEEDS_REVIEW,
+                .step_id = step_id,
+                .reason = reason,
+                .evidence_json = evidence_json,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_mark_reset(struct wal *w, const char *step_id)
+{
+        struct wal_record r = { .op = WAL_OP_RESET, .step_id = step_id };
+        return wal_append(w, &r);
+}
+
+int wal_finalize_plan(struct wal *w, const char *plan_id, const char *status,
+                      const char *reason)
+{
+        struct wal_record r = {
+                .op = WAL_OP_FINALIZE,
+                .plan_id = plan_id,
+                .status = status,
+                .reason = reason,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_operator(struct wal *w, const char *mandate_id, const char *action,
+                 const char *step_id, long long uid, const char *reason)
+{
+        struct wal_record r = {
+                .op = WAL_OP_OPERATOR,
+                .mandate_id = mandate_id,
+                .action = action,
+                .step_id = step_id,
+                .uid = uid,
+                .reason = reason,
+        };
+        return wal_append(w, &r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Archive                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int gzip_buffer(const char *data, size_t len, struct kbuf *out)
+{
+        z_stream zs;
+        memset(&zs, 0, sizeof(zs));
+        if (deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8,
+                         Z_DEFAULT_STRATEGY) != Z_OK)
+                return -ENOMEM;
+        int r = 0;
+        const unsigned char *in = (const unsigned char *)data;
+        size_t left = len;
+        int zr;
+        do {
+                if (zs.avail_in == 0 && left > 0) {
+                        uInt chunk = left > UINT_MAX / 2 ? UINT_MAX / 2 : (uInt)left;
+                        zs.next_in = (unsigned char *)in;
+                        zs.avail_in = chunk;
+                        in += chunk;
+                        left -= chunk;
+                }
+                if ((r = kbuf_reserve(out, 65536)) < 0)
+                        break;
+                zs.next_out = (unsigned char *)out->data + out->len;
+                zs.avail_out = (uInt)(out->cap - out->len - 1);
+                uInt before = zs.avail_out;
+                zr = deflate(&zs, left == 0 ? Z_FINISH : Z_NO_FLUSH);
+                out->len += before - zs.avail_out;
+                out->data[out->len] = '\0';
+                if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
+                        r = -EIO;
+                        break;
+                }
+        } while (zr != Z_STREAM_END);
+        deflateEnd(&zs);
+        return r;
+}
+
+static char *path_join(const char *dir, const char *name, const char *suffix)
+{
+        size_t n = strlen(dir) + 1 + strlen(name) + strlen(suffix) + 1;
+        char *p = malloc(n);
+        if (p)
+                snprintf(p, n, "%s/%s%s", dir, name, suffix);
+        return p;
+}
+
+int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
+                     char **dest)
+{
+        if (!wal_path || !*wal_path || !archive_dir || !*archive_dir)
+                return -EINVAL;
+        if (!io)
+                io = kio_posix();
+        if (dest)
+                *dest = NULL;
+        const char *base = strrchr(wal_path, '/');
+        base = base ? base + 1 : wal_path;
+        if (!*base)
+                return -EINVAL;
+
+        char *data = NULL, *tmp = NULL, *final = NULL;
+        size_t len = 0;
+        struct kbuf gz = KBUF_INIT;
+        int fd = -1;
+        int r = read_file(wal_path, &data, &len);
+        if (r < 0)
+                goto out;
+        if ((r = gzip_buffer(data, len, &gz)) < 0)
+                goto out;
+        tmp = path_join(archive_dir, base, ".gz.tmp");
+        final = path_join(archive_dir, base, ".gz");
+        if (!tmp || !final) {
+                r = -ENOMEM;
+                goto out;
+        }
+        if ((r = kio_mkdir_p(io, archive_dir, 0700)) < 0)
+                goto out;
+        fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0) {
+                r = fd;
+                goto out;
+        }
+        r = kio_write_all(io, fd, gz.data, gz.len, NULL);
+        if (r == 0)
+                r = io->fdatasync(io->ctx, fd);
+        int rc = io->close(io->ctx, fd);
+        fd = -1;
+        if (r == 0)
+                r = rc;
+        if (r == 0)
+                r = io->rename(io->ctx, tmp, final);
+        if (r < 0) {
+                io->unlink(io->ctx, tmp);
+                goto out;
+        }
+        if ((r = io->fsync_dir(io->ctx, archive_dir)) < 0)
+                goto out;
+        /* The archive is durable: only now may the WAL go. */
+        if ((r = io->unlink(io->ctx, wal_path)) < 0)
+                goto out;
+        if ((r = kio_fsync_parent(io, wal_path)) < 0)
+                goto out;
+        if (dest) {
+                *dest = final;
+                final = NULL;
+        }
+out:
+        free(data);
+        free(tmp);
+        free(final);
+        kbuf_free(&gz);
+        return r;
+}
+
+int wal_archive(struct wal *w, const char *archive_dir, char **dest)
+{
+        if (dest)
+                *dest = NULL;
+        if (!w)
+                return -EINVAL;
+        pthread_mutex_lock(&w->lock);
+        int refused = w->state == WAL_STATE_CLOSED ? 0 : refused_locked(w);
+        pthread_mutex_unlock(&w->lock);
+        const struct kio *io = w->io;
+        char *path = strdup(w->path);
+        int r = wal_close(w);
+        if (!path)
+                return -ENOMEM;
+        if (refused < 0)
+                r = refused;
+        else if (r == 0)
+                r = wal_archive_file(io, path, archive_dir, dest);
+        free(path);
+        return r;
+}

@@ -1,3 +1,1375 @@
-/* stub: being written */
-int main(void);
-int main(void) { return 77; }
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/kio.h"
+#include "kairos/kjson.h"
+#include "kairos/planner.h"
+#include "kairos/wal.h"
+
+#define TS_MS 1776686400123LL /* 2026-04-20T12:00:00.123Z */
+#define TS "2026-04-20T12:00:00.123Z"
+
+/* ---- a recording / failing kio wrapped around kio_posix ---------------- */
+
+#define LOG_MAX 256
+
+enum { OP_OPEN, OP_WRITE, OP_FDATASYNC, OP_FSYNC, OP_CLOSE, OP_FTRUNCATE, OP_RENAME, OP_UNLINK,
+       OP_MKDIR, OP_FSYNC_DIR, OP_N };
+
+struct rec {
+        char log[LOG_MAX][300];
+        int n;
+        int calls[OP_N];
+        int fail_op;        /* -1 = none */
+        int fail_nth;       /* fail calls nth.. of fail_op (1-based); 0 = every */
+        bool fail_once;     /* only the nth call, not the later ones */
+        int fail_err;
+        int short_nth;      /* write call that writes only half its bytes (0 = none) */
+        int eintr_nth;      /* write call that returns -EINTR (0 = none) */
+};
+
+static void rec_init(struct rec *r)
+{
+        memset(r, 0, sizeof(*r));
+        r->fail_op = -1;
+}
+
+static void rec_log(struct rec *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rec_log(struct rec *r, const char *fmt, ...)
+{
+        if (r->n >= LOG_MAX)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->log[r->n++], sizeof(r->log[0]), fmt, ap);
+        va_end(ap);
+}
+
+/* Count the call; return the injected error for it, or 0. */
+static int rec_call(struct rec *r, int op)
+{
+        int k = ++r->calls[op];
+        if (r->fail_op != op)
+                return 0;
+        if (r->fail_nth == 0)
+                return r->fail_err;
+        if (r->fail_once ? k == r->fail_nth : k >= r->fail_nth)
+                return r->fail_err;
+        return 0;
+}
+
+static int r_open(void *ctx, const char *path, int flags, mode_t mode)
+{
+        rec_log(ctx, "open %s%s%s", path, (flags & O_TRUNC) ? " TRUNC" : "",
+                (flags & O_APPEND) ? " APPEND" : "");
+        int f = rec_call(ctx, OP_OPEN);
+        return f ? f : kio_posix()->open(NULL, path, flags, mode);
+}
+
+static ssize_t r_write(void *ctx, int fd, const void *buf, size_t n)
+{
+        struct rec *r = ctx;
+        rec_log(r, "write %zu", n);
+        int f = rec_call(r, OP_WRITE);
+        if (f)
+                return f;
+        if (r->calls[OP_WRITE] == r->eintr_nth)
+                return -EINTR;
+        if (r->calls[OP_WRITE] == r->short_nth)
+                n /= 2;
+        return kio_posix()->write(NULL, fd, buf, n);
+}
+
+static int r_fdatasync(void *ctx, int fd)
+{
+        rec_log(ctx, "fdatasync");
+        int f = rec_call(ctx, OP_FDATASYNC);
+        return f ? f : kio_posix()->fdatasync(NULL, fd);
+}
+
+static int r_fsync(void *ctx, int fd)
+{
+        rec_log(ctx, "fsync");
+        int f = rec_call(ctx, OP_FSYNC);
+        return f ? f : kio_posix()->fsync(NULL, fd);
+}
+
+static int r_close(void *ctx, int fd)
+{
+        rec_log(ctx, "close");
+        rec_call(ctx, OP_CLOSE);
+        return kio_posix()->close(NULL, fd);
+}
+
+static int r_ftruncate(void *ctx, int fd, off_t len)
+{
+        rec_log(ctx, "ftruncate %lld", (long long)len);
+        int f = rec_call(ctx, OP_FTRUNCATE);
+        return f ? f : kio_posix()->ftruncate(NULL, fd, len);
+}
+
+static int r_rename(void *ctx, const char *from, const char *to)
+{
+        rec_log(ctx, "rename %s %s", from, to);
+        int f = rec_call(ctx, OP_RENAME);
+        return f ? f : kio_posix()->rename(NULL, from, to);
+}
+
+static int r_unlink(void *ctx, const char *path)
+{
+        rec_log(ctx, "unlink %s", path);
+        int f = rec_call(ctx, OP_UNLINK);
+        return f ? f : kio_posix()->unlink(NULL, path);
+}
+
+static int r_mkdir(void *ctx, const char *path, mode_t mode)
+{
+        rec_log(ctx, "mkdir %s", path);
+        int f = rec_call(ctx, OP_MKDIR);
+        return f ? f : kio_posix()->mkdir(NULL, path, mode);
+}
+
+static int r_fsync_dir(void *ctx, const char *path)
+{
+        rec_log(ctx, "fsync_dir %s", path);
+        int f = rec_call(ctx, OP_FSYNC_DIR);
+        return f ? f : kio_posix()->fsync_dir(NULL, path);
+}
+
+static struct kio rec_kio(struct rec *r)
+{
+        struct kio io = {
+                .open = r_open,
+                .write = r_write,
+                .fdatasync = r_fdatasync,
+                .fsync = r_fsync,
+                .close = r_close,
+                .ftruncate = r_ftruncate,
+                .rename = r_rename,
+                .unlink = r_unlink,
+                .mkdir = r_mkdir,
+                .fsync_dir = r_fsync_dir,
+                .ctx = r,
+        };
+        return io;
+}
+
+/* Index of the first log entry at or after `from` equal to want, or -1. */
+static int log_find(const struct rec *r, int from, const char *want)
+{
+        for (int i = from; i < r->n; i++) {
+                if (strcmp(r->log[i], want) == 0)
+                        return i;
+        }
+        return -1;
+}
+
+static int64_t fixed_clock(void *ctx)
+{
+        return *(const int64_t *)ctx;
+}
+
+/* ---- fixtures and file helpers -------------------------------------------- */
+
+struct fx {
+        char dir[64];
+        char wal[160];
+        int64_t now;
+        struct rec rec;
+        struct kio io;
+        struct wal_options opt;
+};
+
+static int setup(void **state)
+{
+        struct fx *f = calloc(1, sizeof(*f));
+        if (!f)
+                return -1;
+        strcpy(f->dir, "/tmp/wal-test-XXXXXX");
+        if (!mkdtemp(f->dir)) {
+                free(f);
+                return -1;
+        }
+        snprintf(f->wal, sizeof(f->wal), "%s/wal/mnd_plan_ae607245ac43.wal.jsonl", f->dir);
+        f->now = TS_MS;
+        rec_init(&f->rec);
+        f->io = rec_kio(&f->rec);
+        f->opt = (struct wal_options){ .io = &f->io, .now_ms = fixed_clock, .clock_ctx = &f->now };
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state)
+{
+        struct fx *f = *state;
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", f->dir);
+        int r = system(cmd);
+        free(f);
+        return r == 0 ? 0 : -1;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+        FILE *fp = fopen(path, "rb");
+        if (!fp)
+                return NULL;
+        struct kbuf b = KBUF_INIT;
+        char chunk[4096];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+                assert_int_equal(kbuf_append(&b, chunk, n), 0);
+        fclose(fp);
+        *len = b.len;
+        return kbuf_steal(&b);
+}
+
+static void spit(const char *path, const char *data, size_t len)
+{
+        FILE *fp = fopen(path, "wb");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(data, 1, len, fp), len);
+        assert_int_equal(fclose(fp), 0);
+}
+
+static bool exists(const char *path)
+{
+        struct stat st;
+        return stat(path, &st) == 0;
+}
+
+static size_t count_lines(const char *s, size_t len)
+{
+        size_t n = 0;
+        for (size_t i = 0; i < len; i++)
+                n += s[i] == '\n';
+        return n;
+}
+
+/* Encode a record with the fixed ts. */
+static char *enc(const struct wal_record *r)
+{
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(wal_encode(r, TS_MS, &b), 0);
+        return kbuf_steal(&b);
+}
+
+/* The line a body `{...,"ts":"..."}` becomes: crc computed independently. */
+static char *with_crc(const char *body)
+{
+        size_t n = strlen(body);
+        assert_true(n > 0 && body[n - 1] == '}');
+        uLong crc = crc32(0L, (const Bytef *)body, (uInt)n);
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_append(&b, body, n - 1), 0);
+        assert_int_equal(kbuf_printf(&b, ",\"crc\":\"%08lx\"}\n", crc), 0);
+        return kbuf_steal(&b);
+}
+
+static void expect_encoded(const struct wal_record *r, const char *body)
+{
+        char *got = enc(r);
+        char *want = with_crc(body);
+        assert_string_equal(got, want);
+        free(got);
+        free(want);
+}
+
+/* A line's crc field verifies (line with or without its '\n'). */
+static bool crc_ok(const char *line, size_t len)
+{
+        if (len && line[len - 1] == '\n')
+                len--;
+        static const char tag[] = ",\"crc\":\"";
+        const size_t field = sizeof(tag) - 1 + 8 + 1; /* ,"crc":"xxxxxxxx" */
+        if (len < field + 1 || line[len - 1] != '}')
+                return false;
+        const char *f = line + len - 1 - field;
+        if (memcmp(f, tag, sizeof(tag) - 1) != 0 || f[field - 1] != '"')
+                return false;
+        char hex[9];
+        memcpy(hex, f + sizeof(tag) - 1, 8);
+        hex[8] = '\0';
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_append(&b, line, (size_t)(f - line)), 0);
+        assert_int_equal(kbuf_putc(&b, '}'), 0);
+        char want[9];
+        snprintf(want, sizeof(want), "%08x", wal_crc(b.data, b.len));
+        kbuf_free(&b);
+        return strcmp(hex, want) == 0;
+}
+
+/* ---- encoder: exact bytes -------------------------------------------------- */
+
+static void test_format_ts(void **state)
+{
+        (void)state;
+        char ts[32];
+        wal_format_ts(TS_MS, ts);
+        assert_string_equal(ts, TS);
+        wal_format_ts(0, ts);
+        assert_string_equal(ts, "1970-01-01T00:00:00.000Z");
+        wal_format_ts(-1, ts);
+        assert_string_equal(ts, "1969-12-31T23:59:59.999Z");
+        wal_format_ts(951782400007LL, ts); /* leap day */
+        assert_string_equal(ts, "2000-02-29T00:00:00.007Z");
+}
+
+static void test_crc_golden(void **state)
+{
+        (void)state;
+        /* crc value computed with Python's zlib.crc32 */
+        struct wal_record r = {
+                .op = WAL_OP_APPEND,
+                .step_id = "observe_001",
+                .plan_id = "plan_ae607245ac43",
+                .idem_key = "mnd_plan_ae607245ac43/observe_001",
+        };
+        char *got = enc(&r);
+        assert_string_equal(got,
+                            "{\"op\":\"append\",\"step_id\":\"observe_001\",\"plan_id\":"
+                            "\"plan_ae607245ac43\",\"idem_key\":\"mnd_plan_ae607245ac43/"
+                            "observe_001\",\"status\":\"pending\",\"ts\":\"" TS
+                            "\",\"crc\":\"60e1e7f6\"}\n");
+        assert_true(crc_ok(got, strlen(got)));
+        /* flip one byte of the body: the crc no longer verifies */
+        got[10] ^= 1;
+        assert_false(crc_ok(got, strlen(got)));
+        free(got);
+}
+
+static void test_encode_plan_commit_golden_hash(void **state)
+{
+        (void)state;
+        struct wal_step s = { "s1", "t", "ph", "pre", "post" };
+        struct wal_record r = {
+                .op = WAL_OP_PLAN_COMMIT,
+                .plan_id = "plan_x",
+                .mandate_id = "mnd_plan_x",
+                .cycle = 1,
+                .steps = &s,
+                .nsteps = 1,
+        };
+        expect_encoded(&r, "{\"op\":\"plan_commit\",\"plan_id\":\"plan_x\",\"mandate_id\":"
+                           "\"mnd_plan_x\",\"cycle\":1,\"plan_hash\":\"sha256-9c580c3be4a149be94"
+                           "6a9a9a647a294b99d817eeaa7f9fe54168808e853ce77b\",\"steps\":[{"
+                           "\"step_id\":\"s1\",\"tool\":\"t\",\"params_hash\":\"ph\","
+                           "\"pre_hash\":\"pre\",\"expected_post_hash\":\"post\"}],\"ts\":\"" TS
+                           "\"}");
+
+        /* two steps, cycle as an integer */
+        struct wal_step two[2] = { { "a_002", "ooda.a", "p1", "q1", "r1" },
+                                   { "b_002", "ooda.b", "p2", "q2", "r2" } };
+        r.steps = two;
+        r.nsteps = 2;
+        r.cycle = 12;
+        char *got = enc(&r);
+        assert_non_null(strstr(got, "\"cycle\":12,\"plan_hash\":\"sha256-"));
+        assert_non_null(strstr(got, "\"steps\":[{\"step_id\":\"a_002\",\"tool\":\"ooda.a\","
+                                    "\"params_hash\":\"p1\",\"pre_hash\":\"q1\","
+                                    "\"expected_post_hash\":\"r1\"},{\"step_id\":\"b_002\","));
+        assert_null(strstr(got, "sha256-9c580c3b"));
+        free(got);
+}
+
+static void test_encode_every_op(void **state)
+{
+        (void)state;
+        struct wal_record r = { .op = WAL_OP_EXECUTING, .step_id = "act_001", .pre_hash = "h0" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"executing\",\"pre_hash\":\"h0\",\"ts\":\"" TS "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = "act_001",
+                                 .post_hash = "h1", .result_hash = "h2" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"completed\",\"post_hash\":\"h1\",\"result_hash\":\"h2\",\"ts\":\"" TS
+                           "\"}");
+        r.recovered = true;
+        r.evidence_json = " { \"why\" : [1, 2.50, \"x y\"], \"a\":null } ";
+        r.result_json = "{\"z\":1,\"a\":{\"k\":true}}";
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"completed\",\"post_hash\":\"h1\",\"result_hash\":\"h2\","
+                           "\"recovered\":true,\"evidence\":{\"why\":[1,2.50,\"x y\"],\"a\":null},"
+                           "\"result\":{\"z\":1,\"a\":{\"k\":true}},\"ts\":\"" TS "\"}");
+        r.recovered = false;
+        r.evidence_json = NULL;
+        r.result_json = "\"line\\nbreak\"";
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"completed\",\"post_hash\":\"h1\",\"result_hash\":\"h2\","
+                           "\"result\":\"line\\nbreak\",\"ts\":\"" TS "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = "act_001",
+                                 .error_class = "HandlerExit", .error_msg = "exit 3" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":\"failed\","
+                           "\"error_class\":\"HandlerExit\",\"error_msg\":\"exit 3\",\"ts\":\"" TS
+                           "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = "act_001" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"needs_review\",\"ts\":\"" TS "\"}");
+        r.reason = "ambiguous";
+        r.evidence_json = "{\"pre\":\"a\"}";
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"needs_review\",\"reason\":\"ambiguous\",\"evidence\":{\"pre\":\"a\"},"
+                           "\"ts\":\"" TS "\"}");
+        r.reason = NULL;
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":"
+                           "\"needs_review\",\"evidence\":{\"pre\":\"a\"},\"ts\":\"" TS "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_RESET, .step_id = "act_001" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":\"pending\","
+                           "\"reset\":true,\"ts\":\"" TS "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = "succeeded" };
+        expect_encoded(&r, "{\"op\":\"plan_finalize\",\"plan_id\":\"plan_x\",\"status\":"
+                           "\"succeeded\",\"ts\":\"" TS "\"}");
+        r.status = "abandoned";
+        r.reason = "operator";
+        expect_encoded(&r, "{\"op\":\"plan_finalize\",\"plan_id\":\"plan_x\",\"status\":"
+                           "\"abandoned\",\"reason\":\"operator\",\"ts\":\"" TS "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_OPERATOR, .mandate_id = "mnd_x", .action = "resume",
+                                 .uid = 1000, .reason = "checked by hand" };
+        expect_encoded(&r, "{\"op\":\"operator\",\"mandate_id\":\"mnd_x\",\"action\":\"resume\","
+                           "\"uid\":1000,\"reason\":\"checked by hand\",\"ts\":\"" TS "\"}");
+        r.step_id = "act_001";
+        r.action = "mark_done";
+        r.uid = 0;
+        expect_encoded(&r, "{\"op\":\"operator\",\"mandate_id\":\"mnd_x\",\"action\":"
+                           "\"mark_done\",\"step_id\":\"act_001\",\"uid\":0,\"reason\":"
+                           "\"checked by hand\",\"ts\":\"" TS "\"}");
+}
+
+static void test_encode_escaping(void **state)
+{
+        (void)state;
+        struct wal_record r = { .op = WAL_OP_EXECUTING, .step_id = "a\"b\\c/d\ne\x01\xc3\xa9",
+                                .pre_hash = "h" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"a\\\"b\\\\c/d\\ne\\u0001\xc3\xa9\","
+                           "\"status\":\"executing\",\"pre_hash\":\"h\",\"ts\":\"" TS "\"}");
+        /* no raw newline anywhere but the end, whatever the input */
+        r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E\tx",
+                                 .error_msg = "multi\nline\r\nmessage" };
+        char *got = enc(&r);
+        assert_ptr_equal(strchr(got, '\n'), got + strlen(got) - 1);
+        assert_non_null(strstr(got, "\"error_class\":\"E\\tx\",\"error_msg\":"
+                                    "\"multi\\nline\\r\\nmessage\""));
+        free(got);
+}
+
+static void test_encode_error_msg_cut_at_500_characters(void **state)
+{
+        (void)state;
+        struct kbuf msg = KBUF_INIT;
+        struct kbuf want = KBUF_INIT;
+        /* 600 two-byte characters: 500 kept (1000 bytes), not 250 */
+        for (int i = 0; i < 600; i++)
+                assert_int_equal(kbuf_puts(&msg, "\xc3\xa9"), 0);
+        assert_int_equal(kbuf_puts(&want, "{\"op\":\"transition\",\"step_id\":\"s\",\"status\":"
+                                          "\"failed\",\"error_class\":\"E\",\"error_msg\":\""),
+                         0);
+        for (int i = 0; i < 500; i++)
+                assert_int_equal(kbuf_puts(&want, "\xc3\xa9"), 0);
+        assert_int_equal(kbuf_puts(&want, "\",\"ts\":\"" TS "\"}"), 0);
+        struct wal_record r = { .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E",
+                                .error_msg = msg.data };
+        expect_encoded(&r, want.data);
+
+        /* mixed widths: 499 ASCII then a 4-byte and a 3-byte character: the cut
+         * falls after the 4-byte one, never inside it */
+        kbuf_reset(&msg);
+        kbuf_reset(&want);
+        for (int i = 0; i < 499; i++)
+                assert_int_equal(kbuf_putc(&msg, 'x'), 0);
+        assert_int_equal(kbuf_puts(&msg, "\xf0\x9f\x98\x80\xe6\x97\xa5tail"), 0);
+        assert_int_equal(kbuf_puts(&want, "{\"op\":\"transition\",\"step_id\":\"s\",\"status\":"
+                                          "\"failed\",\"error_class\":\"E\",\"error_msg\":\""),
+                         0);
+        for (int i = 0; i < 499; i++)
+                assert_int_equal(kbuf_putc(&want, 'x'), 0);
+        assert_int_equal(kbuf_puts(&want, "\xf0\x9f\x98\x80\",\"ts\":\"" TS "\"}"), 0);
+        r.error_msg = msg.data;
+        expect_encoded(&r, want.data);
+
+        /* exactly 500 characters: unchanged */
+        kbuf_reset(&msg);
+        for (int i = 0; i < 500; i++)
+                assert_int_equal(kbuf_puts(&msg, "\xe6\x97\xa5"), 0);
+        r.error_msg = msg.data;
+        char *got = enc(&r);
+        assert_non_null(strstr(got, msg.data));
+        free(got);
+
+        kbuf_free(&msg);
+        kbuf_free(&want);
+}
+
+static void test_encode_error_msg_invalid_utf8_replaced(void **state)
+{
+        (void)state;
+        struct wal_record r = { .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E",
+                                .error_msg = "ab\xff" "cd\xc3" };
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"s\",\"status\":\"failed\","
+                           "\"error_class\":\"E\",\"error_msg\":\"ab\xef\xbf\xbd" "cd\xef\xbf\xbd\","
+                           "\"ts\":\"" TS "\"}");
+}
+
+static void expect_einval(const struct wal_record *r)
+{
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_puts(&b, "keep"), 0);
+        assert_int_equal(wal_encode(r, TS_MS, &b), -EINVAL);
+        assert_string_equal(b.data, "keep");
+        assert_true(strlen(wal_encode_error()) > 0);
+        kbuf_free(&b);
+}
+
+static void test_encode_rejects_bad_records(void **state)
+{
+        (void)state;
+        struct wal_record r = { .op = WAL_OP_COMPLETED, .step_id = "s", .post_hash = "p",
+                                .result_hash = "h", .evidence_json = "{\"a\":}" };
+        expect_einval(&r);
+        r.evidence_json = NULL;
+        r.result_json = "{} {}";
+        expect_einval(&r);
+        r.result_json = "";
+        expect_einval(&r);
+        r.result_json = NULL;
+        r.post_hash = NULL;
+        expect_einval(&r);
+        assert_string_equal(wal_encode_error(), "completed needs post_hash");
+
+        r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = "s",
+                                 .evidence_json = "[1,2" };
+        expect_einval(&r);
+        r = (struct wal_record){ .op = WAL_OP_EXECUTING, .step_id = "bad\xff", .pre_hash = "h" };
+        expect_einval(&r);
+        r = (struct wal_record){ .op = WAL_OP_EXECUTING, .step_id = "s" };
+        expect_einval(&r);
+        r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "p", .status = "done" };
+        expect_einval(&r);
+        r.status = NULL;
+        expect_einval(&r);
+        r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E" };
+        expect_einval(&r);
+        r = (struct wal_record){ .op = WAL_OP_OPERATOR, .mandate_id = "m", .action = "pause" };
+        expect_einval(&r);
+        struct wal_step st = { "s1", "t", NULL, "pre", "post" };
+        r = (struct wal_record){ .op = WAL_OP_PLAN_COMMIT, .plan_id = "p", .mandate_id = "m",
+                                 .cycle = 1, .steps = &st, .nsteps = 1 };
+        expect_einval(&r);
+        st.params_hash = "ph";
+        r.cycle = 0;
+        expect_einval(&r);
+        r = (struct wal_record){ .op = (enum wal_op)99 };
+        expect_einval(&r);
+
+        /* a good encode after a failure clears the message */
+        r = (struct wal_record){ .op = WAL_OP_RESET, .step_id = "s" };
+        char *got = enc(&r);
+        assert_string_equal(wal_encode_error(), "");
+        free(got);
+}
+
+static void test_encoded_lines_fold_clean(void **state)
+{
+        (void)state;
+        /* every op the encoder writes is a good record for the fold */
+        struct wal_step s = { "act_001", "t", "ph", "pre", "post" };
+        struct wal_record recs[] = {
+                { .op = WAL_OP_PLAN_COMMIT, .plan_id = "plan_x", .mandate_id = "mnd_x",
+                  .cycle = 1, .steps = &s, .nsteps = 1 },
+                { .op = WAL_OP_APPEND, .step_id = "act_001", .plan_id = "plan_x",
+                  .idem_key = "mnd_x/act_001" },
+                { .op = WAL_OP_EXECUTING, .step_id = "act_001", .pre_hash = "pre" },
+                { .op = WAL_OP_COMPLETED, .step_id = "act_001", .post_hash = "post",
+                  .result_hash = "rh", .result_json = "[1]" },
+                { .op = WAL_OP_OPERATOR, .mandate_id = "mnd_x", .action = "note", .uid = 5,
+                  .reason = "r" },
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = "succeeded" },
+        };
+        struct kbuf all = KBUF_INIT;
+        for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++)
+                assert_int_equal(wal_encode(&recs[i], TS_MS, &all), 0);
+        struct fold *f = NULL;
+        assert_int_equal(fold_buffer(all.data, all.len, &f), 0);
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->records, 6);
+        assert_int_equal(f->legacy_records, 0);
+        assert_int_equal(f->nplans, 1);
+        assert_true(f->plans[0].finalized);
+        const struct fold_step *st = fold_find_step(f, "act_001");
+        assert_non_null(st);
+        assert_string_equal(st->status, "completed");
+        fold_free(f);
+        kbuf_free(&all);
+}
+
+/* ---- writer ---------------------------------------------------------------- */
+
+static void test_create_fsyncs_parent(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        struct wal_open_info info;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_true(info.created);
+        assert_false(info.torn_repaired);
+        assert_false(info.corrupt);
+        assert_int_equal(wal_state(w), WAL_STATE_OK);
+        assert_string_equal(wal_path(w), f->wal);
+
+        struct stat st;
+        assert_int_equal(stat(f->wal, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0600);
+        assert_int_equal(st.st_size, 0);
+
+        /* mkdir <dir>/wal (fsync of <dir>), open with O_APPEND and never
+         * O_TRUNC, then fsync of <dir>/wal */
+        char want[300], waldir[200];
+        snprintf(waldir, sizeof(waldir), "%s/wal", f->dir);
+        snprintf(want, sizeof(want), "mkdir %s", waldir);
+        int i = log_find(&f->rec, 0, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "fsync_dir %s", f->dir);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "open %s APPEND", f->wal);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "fsync_dir %s", waldir);
+        assert_true(log_find(&f->rec, i, want) > i);
+        for (int k = 0; k < f->rec.n; k++)
+                assert_null(strstr(f->rec.log[k], "TRUNC"));
+        assert_int_equal(wal_close(w), 0);
+
+        /* reopening an empty WAL (its creator may have died before the
+         * directory fsync) fsyncs the directory again */
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_false(info.created);
+        snprintf(want, sizeof(want), "fsync_dir %s", waldir);
+        assert_true(log_find(&f->rec, 0, want) >= 0);
+        assert_int_equal(wal_mark_reset(w, "s"), 0);
+        assert_int_equal(wal_close(w), 0);
+
+        /* reopening a non-empty WAL fsyncs no directory */
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_false(info.created);
+        assert_int_equal(f->rec.calls[OP_FSYNC_DIR], 0);
+        assert_int_equal(f->rec.calls[OP_FTRUNCATE], 0);
+        assert_int_equal(wal_close(w), 0);
+        assert_int_equal(wal_close(NULL), 0);
+}
+
+static void test_reopen_does_not_truncate(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_append_pending(w, "observe_001", "plan_x", "mnd_x/observe_001"), 0);
+        assert_int_equal(wal_mark_executing(w, "observe_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        size_t len1;
+        char *before = slurp(f->wal, &len1);
+        assert_int_equal(count_lines(before, len1), 2);
+
+        f->now += 1000;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_mark_completed(w, "observe_001", "post", "rh", false, NULL, NULL),
+                         0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        size_t len2;
+        char *after = slurp(f->wal, &len2);
+        assert_true(len2 > len1);
+        assert_memory_equal(after, before, len1);
+        assert_int_equal(count_lines(after, len2), 3);
+        assert_non_null(strstr(after + len1, "\"ts\":\"2026-04-20T12:00:01.123Z\""));
+        free(before);
+        free(after);
+}
+
+static void test_one_line_per_op(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        struct wal_step s = { "s1", "t", "ph", "pre", "post" };
+        assert_int_equal(wal_commit_plan(w, "plan_x", "mnd_x", 1, &s, 1), 0);
+        assert_int_equal(wal_append_pending(w, "s1", "plan_x", "mnd_x/s1"), 0);
+        assert_int_equal(wal_mark_executing(w, "s1", "pre"), 0);
+        assert_int_equal(wal_mark_completed(w, "s1", "post", "rh", true, "{\"e\":1}", "[2]"), 0);
+        assert_int_equal(wal_mark_failed(w, "s1", "E", "boom"), 0);
+        assert_int_equal(wal_mark_needs_review(w, "s1", "why", NULL), 0);
+        assert_int_equal(wal_mark_reset(w, "s1"), 0);
+        assert_int_equal(wal_finalize_plan(w, "plan_x", "abandoned", "gone"), 0);
+        assert_int_equal(wal_operator(w, "mnd_x", "resume", NULL, 1000, "ok"), 0);
+        assert_int_equal(wal_pending(w), 9);
+        /* a record the encoder refuses is not written and changes nothing */
+        assert_int_equal(wal_finalize_plan(w, "plan_x", "bogus", NULL), -EINVAL);
+        assert_int_equal(wal_mark_completed(w, "s1", "post", "rh", false, "{", NULL), -EINVAL);
+        assert_int_equal(wal_state(w), WAL_STATE_OK);
+        assert_int_equal(wal_pending(w), 9);
+        assert_int_equal(wal_close(w), 0);
+
+        const struct wal_record want[] = {
+                { .op = WAL_OP_PLAN_COMMIT, .plan_id = "plan_x", .mandate_id = "mnd_x",
+                  .cycle = 1, .steps = &s, .nsteps = 1 },
+                { .op = WAL_OP_APPEND, .step_id = "s1", .plan_id = "plan_x",
+                  .idem_key = "mnd_x/s1" },
+                { .op = WAL_OP_EXECUTING, .step_id = "s1", .pre_hash = "pre" },
+                { .op = WAL_OP_COMPLETED, .step_id = "s1", .post_hash = "post",
+                  .result_hash = "rh", .recovered = true, .evidence_json = "{\"e\":1}",
+                  .result_json = "[2]" },
+                { .op = WAL_OP_FAILED, .step_id = "s1", .error_class = "E", .error_msg = "boom" },
+                { .op = WAL_OP_NEEDS_REVIEW, .step_id = "s1", .reason = "why" },
+                { .op = WAL_OP_RESET, .step_id = "s1" },
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = "abandoned",
+                  .reason = "gone" },
+                { .op = WAL_OP_OPERATOR, .mandate_id = "mnd_x", .action = "resume",
+                  .uid = 1000, .reason = "ok" },
+        };
+        struct kbuf all = KBUF_INIT;
+        for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+                assert_int_equal(wal_encode(&want[i], TS_MS, &all), 0);
+        size_t len;
+        char *got = slurp(f->wal, &len);
+        assert_int_equal(len, all.len);
+        assert_memory_equal(got, all.data, len);
+        assert_int_equal(count_lines(got, len), 9);
+        /* the first line carries the golden plan_hash */
+        assert_non_null(strstr(got, "\"cycle\":1,\"plan_hash\":\"sha256-9c580c3be4a149be946a9a9a6"
+                                    "47a294b99d817eeaa7f9fe54168808e853ce77b\",\"steps\":"));
+        free(got);
+        kbuf_free(&all);
+}
+
+static void test_commit_planner_plan(void **state)
+{
+        struct fx *f = *state;
+        struct planner_plan p;
+        assert_int_equal(planner_build("daily", "2026-04-20T12:00:00Z", 1, &p), 0);
+        assert_string_equal(p.plan_id, "plan_ae607245ac43");
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_commit_planner_plan(w, &p), 0);
+        assert_int_equal(wal_close(w), 0);
+        size_t len;
+        char *got = slurp(f->wal, &len);
+        char want[200];
+        snprintf(want, sizeof(want), "\"plan_id\":\"%s\",\"mandate_id\":\"%s\",\"cycle\":1,"
+                 "\"plan_hash\":\"%s\",", p.plan_id, p.mandate_id, p.plan_hash);
+        assert_non_null(strstr(got, want));
+        for (int i = 0; i < PLANNER_PHASES; i++) {
+                snprintf(want, sizeof(want), "{\"step_id\":\"%s\",\"tool\":\"%s\",",
+                         p.steps[i].step_id, p.steps[i].tool);
+                assert_non_null(strstr(got, want));
+        }
+        assert_int_equal(count_lines(got, len), 1);
+        free(got);
+}
+
+static void test_flush_barrier(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        int base = f->rec.calls[OP_FDATASYNC]; /* creation does not fdatasync the file */
+        assert_int_equal(base, 0);
+
+        /* nothing pending: no fdatasync */
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_flush_count(w), 0);
+
+        for (int i = 0; i < 7; i++)
+                assert_int_equal(wal_mark_reset(w, "s"), 0);
+        assert_int_equal(wal_pending(w), 7);
+        assert_int_equal(f->rec.calls[OP_WRITE], 7); /* one write per record */
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 1);
+        assert_int_equal(wal_flush_count(w), 1);
+        assert_int_equal(wal_pending(w), 0);
+
+        /* again with nothing new: still one */
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 1);
+        assert_int_equal(wal_flush_count(w), 1);
+
+        /* a five-step cycle with the barrier rule: 6 flushes */
+        for (int step = 0; step < 5; step++) {
+                if (step == 0)
+                        assert_int_equal(wal_mark_reset(w, "plan"), 0); /* plan_commit */
+                assert_int_equal(wal_mark_executing(w, "s", "pre"), 0);
+                assert_int_equal(wal_flush(w), 0); /* before spawning */
+                assert_int_equal(wal_mark_completed(w, "s", "post", "rh", false, NULL, NULL), 0);
+        }
+        assert_int_equal(wal_finalize_plan(w, "p", "succeeded", NULL), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_flush_count(w), 1 + 6);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 1 + 6);
+        assert_int_equal(wal_close(w), 0);
+}
+
+struct thread_arg {
+        struct wal *w;
+        int id;
+        int errors;
+};
+
+#define THREADS 8
+#define PER_THREAD 100
+
+static void *append_thread(void *p)
+{
+        struct thread_arg *a = p;
+        for (int i = 0; i < PER_THREAD; i++) {
+                char step[32], key[64];
+                snprintf(step, sizeof(step), "t%d_%03d", a->id, i);
+                snprintf(key, sizeof(key), "mnd_x/%s", step);
+                if (wal_append_pending(a->w, step, "plan_x", key) != 0)
+                        a->errors++;
+                if (i % 10 == 9 && wal_flush(a->w) != 0)
+                        a->errors++;
+        }
+        return NULL;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+        return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void test_threads_all_intact(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        struct wal_options opt = { 0 }; /* real kio, real clock */
+        assert_int_equal(wal_open(f->wal, &opt, &w, NULL), 0);
+        pthread_t t[THREADS];
+        struct thread_arg args[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+                args[i] = (struct thread_arg){ .w = w, .id = i };
+                assert_int_equal(pthread_create(&t[i], NULL, append_thread, &args[i]), 0);
+        }
+        for (int i = 0; i < THREADS; i++) {
+                assert_int_equal(pthread_join(t[i], NULL), 0);
+                assert_int_equal(args[i].errors, 0);
+        }
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_pending(w), 0);
+        assert_true(wal_flush_count(w) >= 1);
+        assert_int_equal(wal_close(w), 0);
+
+        size_t len;
+        char *data = slurp(f->wal, &len);
+        assert_int_equal(count_lines(data, len), THREADS * PER_THREAD);
+        char *ids[THREADS * PER_THREAD];
+        size_t n = 0;
+        struct kjson_arena *a = kjson_arena_new();
+        assert_non_null(a);
+        char *line = data;
+        while (line < data + len) {
+                char *nl = memchr(line, '\n', (size_t)(data + len - line));
+                assert_non_null(nl);
+                size_t ll = (size_t)(nl - line);
+                assert_true(crc_ok(line, ll));
+                struct kjson *v = NULL;
+                struct kjson_error err;
+                assert_int_equal(kjson_parse(a, line, ll, &v, &err), 0);
+                assert_int_equal(v->type, KJSON_OBJECT);
+                assert_string_equal(kjson_get_str(v, "op"), "append");
+                const char *sid = kjson_get_str(v, "step_id");
+                assert_non_null(sid);
+                char key[64];
+                snprintf(key, sizeof(key), "mnd_x/%s", sid);
+                assert_string_equal(kjson_get_str(v, "idem_key"), key);
+                assert_true(n < THREADS * PER_THREAD);
+                ids[n++] = strdup(sid);
+                line = nl + 1;
+        }
+        kjson_arena_free(a);
+        assert_int_equal(n, THREADS * PER_THREAD);
+        qsort(ids, n, sizeof(ids[0]), cmp_str);
+        for (size_t i = 1; i < n; i++)
+                assert_true(strcmp(ids[i - 1], ids[i]) < 0);
+        for (size_t i = 0; i < n; i++)
+                free(ids[i]);
+        free(data);
+}
+
+/* Two good records written by the WAL itself. */
+static void write_two_records(struct fx *f)
+{
+        struct wal *w = NULL;
+        struct wal_options opt = { .now_ms = fixed_clock, .clock_ctx = &f->now };
+        assert_int_equal(wal_open(f->wal, &opt, &w, NULL), 0);
+        assert_int_equal(wal_append_pending(w, "observe_001", "plan_x", "mnd_x/observe_001"), 0);
+        assert_int_equal(wal_mark_executing(w, "observe_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+}
+
+static void test_torn_tail_repaired(void **state)
+{
+        struct fx *f = *state;
+        write_two_records(f);
+        size_t good_len;
+        char *good = slurp(f->wal, &good_len);
+
+        /* a torn write: a prefix of the third record, no newline */
+        struct wal_record third = { .op = WAL_OP_COMPLETED, .step_id = "observe_001",
+                                    .post_hash = "post", .result_hash = "rh" };
+        char *third_line = enc(&third);
+        size_t frag_len = strlen(third_line) / 2;
+        struct kbuf torn = KBUF_INIT;
+        assert_int_equal(kbuf_append(&torn, good, good_len), 0);
+        assert_int_equal(kbuf_append(&torn, third_line, frag_len), 0);
+        spit(f->wal, torn.data, torn.len);
+
+        struct wal *w = NULL;
+        struct wal_open_info info;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_int_equal(wal_state(w), WAL_STATE_OK);
+        assert_true(info.torn_repaired);
+        assert_false(info.corrupt);
+        assert_false(info.created);
+        assert_int_equal(info.torn_bytes, frag_len);
+        char torn_path[300];
+        snprintf(torn_path, sizeof(torn_path), "%s.torn.1776686400", f->wal);
+        assert_string_equal(info.torn_path, torn_path);
+
+        /* the fragment is kept, durably, before the WAL is cut */
+        size_t tl;
+        char *kept = slurp(torn_path, &tl);
+        assert_non_null(kept);
+        assert_int_equal(tl, frag_len);
+        assert_memory_equal(kept, third_line, frag_len);
+        free(kept);
+        char want[400];
+        snprintf(want, sizeof(want), "open %s", torn_path);
+        int i = log_find(&f->rec, 0, want);
+        assert_true(i >= 0);
+        i = log_find(&f->rec, i, "fdatasync");
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "fsync_dir %s/wal", f->dir);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "ftruncate %zu", good_len);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        assert_true(log_find(&f->rec, i, "fdatasync") > i);
+
+        /* the file ends at the last good record */
+        size_t cut_len;
+        char *cut = slurp(f->wal, &cut_len);
+        assert_int_equal(cut_len, good_len);
+        assert_memory_equal(cut, good, good_len);
+        free(cut);
+
+        /* the next append reads back as a whole line (the original glued it to
+         * the fragment and lost it) */
+        assert_int_equal(wal_mark_completed(w, "observe_001", "post", "rh", false, NULL, NULL), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        size_t len;
+        char *after = slurp(f->wal, &len);
+        assert_int_equal(len, good_len + strlen(third_line));
+        assert_memory_equal(after + good_len, third_line, strlen(third_line));
+        struct fold *fo = NULL;
+        assert_int_equal(fold_buffer(after, len, &fo), 0);
+        assert_int_equal(fo->status, FOLD_CLEAN);
+        assert_int_equal(fo->records, 3);
+        fold_free(fo);
+
+        /* a second torn repair in the same second keeps the first one's bytes */
+        assert_int_equal(kbuf_append(&torn, "", 0), 0);
+        kbuf_reset(&torn);
+        assert_int_equal(kbuf_append(&torn, after, len), 0);
+        assert_int_equal(kbuf_puts(&torn, "{\"op\":\"tra"), 0);
+        spit(f->wal, torn.data, torn.len);
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_true(info.torn_repaired);
+        assert_string_not_equal(info.torn_path, torn_path);
+        kept = slurp(info.torn_path, &tl);
+        assert_int_equal(tl, 10);
+        free(kept);
+        kept = slurp(torn_path, &tl);
+        assert_int_equal(tl, frag_len);
+        free(kept);
+        assert_int_equal(wal_close(w), 0);
+
+        free(after);
+        free(third_line);
+        free(good);
+        kbuf_free(&torn);
+}
+
+static void test_corrupt_quarantined(void **state)
+{
+        struct fx *f = *state;
+        write_two_records(f);
+        size_t len;
+        char *good = slurp(f->wal, &len);
+        char *nl = memchr(good, '\n', len);
+        size_t first_len = (size_t)(nl - good) + 1;
+        /* garbage between the two good records */
+        struct kbuf bad = KBUF_INIT;
+        assert_int_equal(kbuf_append(&bad, good, first_len), 0);
+        assert_int_equal(kbuf_puts(&bad, "garbage that is not json\n"), 0);
+        assert_int_equal(kbuf_append(&bad, good + first_len, len - first_len), 0);
+        spit(f->wal, bad.data, bad.len);
+
+        struct wal *w = NULL;
+        struct wal_open_info info;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_int_equal(wal_state(w), WAL_STATE_QUARANTINED);
+        assert_true(info.corrupt);
+        assert_false(info.torn_repaired);
+        assert_int_equal(info.bad_line, 2);
+        assert_int_equal(info.bad_offset, first_len);
+        assert_true(strlen(info.bad_reason) > 0);
+
+        int writes = f->rec.calls[OP_WRITE];
+        assert_int_equal(wal_mark_reset(w, "observe_001"), -EBADMSG);
+        assert_int_equal(wal_append_pending(w, "x", "p", "k"), -EBADMSG);
+        assert_int_equal(wal_flush(w), -EBADMSG);
+        assert_int_equal(f->rec.calls[OP_WRITE], writes);
+        assert_int_equal(f->rec.calls[OP_FTRUNCATE], 0);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_close(w), 0);
+
+        size_t after_len;
+        char *after = slurp(f->wal, &after_len);
+        assert_int_equal(after_len, bad.len);
+        assert_memory_equal(after, bad.data, bad.len);
+        char torn_path[300];
+        snprintf(torn_path, sizeof(torn_path), "%s.torn.1776686400", f->wal);
+        assert_false(exists(torn_path));
+
+        /* a quarantined WAL is not archived either */
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        char arch[200];
+        snprintf(arch, sizeof(arch), "%s/archive", f->dir);
+        char *dest = (char *)1;
+        assert_int_equal(wal_archive(w, arch, &dest), -EBADMSG);
+        assert_null(dest);
+        assert_true(exists(f->wal));
+
+        free(after);
+        free(good);
+        kbuf_free(&bad);
+}
+
+static void test_closed_refuses(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_mark_reset(w, "s"), 0);
+        assert_int_equal(wal_shutdown(w), 0);
+        assert_int_equal(wal_state(w), WAL_STATE_CLOSED);
+        int writes = f->rec.calls[OP_WRITE];
+        assert_int_equal(wal_mark_reset(w, "s"), -EBADF);
+        assert_int_equal(wal_flush(w), -EBADF);
+        assert_int_equal(f->rec.calls[OP_WRITE], writes);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_shutdown(w), 0); /* idempotent */
+        assert_int_equal(f->rec.calls[OP_CLOSE], 1);
+        assert_int_equal(wal_close(w), 0);
+        size_t len;
+        char *got = slurp(f->wal, &len);
+        assert_int_equal(count_lines(got, len), 1);
+        free(got);
+}
+
+static void test_write_eio_fails_wal(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        f->rec.fail_op = OP_WRITE;
+        f->rec.fail_nth = 3;
+        f->rec.fail_err = -EIO;
+        assert_int_equal(wal_mark_reset(w, "a"), 0);
+        assert_int_equal(wal_mark_reset(w, "b"), 0);
+        size_t good_len;
+        char *good = slurp(f->wal, &good_len);
+        assert_int_equal(wal_mark_reset(w, "c"), -EIO);
+        assert_int_equal(wal_state(w), WAL_STATE_FAILED);
+        assert_int_equal(wal_error(w), -EIO);
+        char want[64];
+        snprintf(want, sizeof(want), "ftruncate %zu", good_len);
+        assert_true(log_find(&f->rec, 0, want) >= 0);
+
+        /* sticky: no more writes, no fdatasync, the same error */
+        f->rec.fail_op = -1;
+        int writes = f->rec.calls[OP_WRITE];
+        assert_int_equal(wal_mark_reset(w, "d"), -EIO);
+        assert_int_equal(wal_flush(w), -EIO);
+        assert_int_equal(f->rec.calls[OP_WRITE], writes);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_close(w), 0);
+
+        size_t len;
+        char *got = slurp(f->wal, &len);
+        assert_int_equal(len, good_len);
+        assert_memory_equal(got, good, len);
+        free(got);
+        free(good);
+}
+
+static void test_short_write_truncated(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_mark_reset(w, "a"), 0);
+        size_t good_len;
+        char *good = slurp(f->wal, &good_len);
+
+        /* write 2 lands half the line, write 3 (the rest) hits ENOSPC */
+        f->rec.short_nth = 2;
+        f->rec.fail_op = OP_WRITE;
+        f->rec.fail_nth = 3;
+        f->rec.fail_err = -ENOSPC;
+        assert_int_equal(wal_mark_completed(w, "a", "post", "rh", false, NULL, NULL), -ENOSPC);
+        assert_int_equal(f->rec.calls[OP_WRITE], 3);
+        assert_int_equal(wal_state(w), WAL_STATE_FAILED);
+        assert_int_equal(wal_error(w), -ENOSPC);
+
+        /* no partial line is left behind */
+        size_t len;
+        char *got = slurp(f->wal, &len);
+        assert_int_equal(len, good_len);
+        assert_memory_equal(got, good, len);
+        free(got);
+        char want[64];
+        snprintf(want, sizeof(want), "ftruncate %zu", good_len);
+        assert_true(log_find(&f->rec, 0, want) >= 0);
+
+        assert_int_equal(wal_mark_reset(w, "b"), -ENOSPC);
+        assert_int_equal(wal_flush(w), -ENOSPC);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_close(w), 0);
+        free(good);
+}
+
+static void test_fdatasync_eio_never_retried(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        f->rec.fail_op = OP_FDATASYNC;
+        f->rec.fail_nth = 1;
+        f->rec.fail_err = -EIO;
+        assert_int_equal(wal_mark_reset(w, "a"), 0);
+        assert_int_equal(wal_flush(w), -EIO);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 1);
+        assert_int_equal(wal_flush_count(w), 1);
+        assert_int_equal(wal_state(w), WAL_STATE_FAILED);
+        assert_int_equal(wal_error(w), -EIO);
+
+        /* the kernel may have dropped the pages: never fdatasync again */
+        f->rec.fail_op = -1;
+        assert_int_equal(wal_flush(w), -EIO);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 1);
+        int writes = f->rec.calls[OP_WRITE];
+        assert_int_equal(wal_mark_reset(w, "b"), -EIO);
+        assert_int_equal(f->rec.calls[OP_WRITE], writes);
+        assert_int_equal(wal_flush(w), -EIO);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 1);
+        assert_int_equal(wal_flush_count(w), 1);
+        assert_int_equal(wal_close(w), 0);
+}
+
+static void test_eintr_write_retried(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        f->rec.eintr_nth = 1;
+        assert_int_equal(wal_mark_executing(w, "s", "pre"), 0);
+        assert_int_equal(f->rec.calls[OP_WRITE], 2);
+        assert_int_equal(wal_state(w), WAL_STATE_OK);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        struct wal_record r = { .op = WAL_OP_EXECUTING, .step_id = "s", .pre_hash = "pre" };
+        char *want = enc(&r);
+        size_t len;
+        char *got = slurp(f->wal, &len);
+        assert_int_equal(len, strlen(want));
+        assert_memory_equal(got, want, len);
+        free(got);
+        free(want);
+}
+
+static void test_open_failures(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = (struct wal *)1;
+        /* the parent fsync on creation failing is an error */
+        f->rec.fail_op = OP_FSYNC_DIR;
+        f->rec.fail_nth = 0;
+        f->rec.fail_err = -EIO;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), -EIO);
+        assert_null(w);
+        f->rec.fail_op = OP_OPEN;
+        f->rec.fail_err = -EACCES;
+        char other[200];
+        snprintf(other, sizeof(other), "%s/other.wal.jsonl", f->dir);
+        assert_int_equal(wal_open(other, &f->opt, &w, NULL), -EACCES);
+        assert_null(w);
+        assert_int_equal(wal_open(NULL, &f->opt, &w, NULL), -EINVAL);
+        assert_int_equal(wal_open("", &f->opt, &w, NULL), -EINVAL);
+}
+
+/* ---- archive --------------------------------------------------------------- */
+
+static void test_archive(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        for (int i = 0; i < 50; i++) {
+                assert_int_equal(wal_mark_executing(w, "observe_001", "pre"), 0);
+                assert_int_equal(wal_mark_failed(w, "observe_001", "E", "again and again"), 0);
+        }
+        assert_int_equal(wal_flush(w), 0);
+        size_t len;
+        char *orig = slurp(f->wal, &len);
+
+        char arch[200], want_dest[260], tmp[270], want[600];
+        snprintf(arch, sizeof(arch), "%s/archive/sub", f->dir);
+        snprintf(want_dest, sizeof(want_dest), "%s/mnd_plan_ae607245ac43.wal.jsonl.gz", arch);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", want_dest);
+        rec_init(&f->rec);
+        char *dest = NULL;
+        assert_int_equal(wal_archive(w, arch, &dest), 0);
+        assert_non_null(dest);
+        assert_string_equal(dest, want_dest);
+        assert_false(exists(f->wal));
+        assert_false(exists(tmp));
+
+        /* gunzip: identical bytes */
+        gzFile gz = gzopen(dest, "rb");
+        assert_non_null(gz);
+        char *back = malloc(len + 16);
+        assert_non_null(back);
+        int n = gzread(gz, back, (unsigned)len + 16);
+        assert_int_equal(n, (int)len);
+        assert_memory_equal(back, orig, len);
+        assert_int_equal(gzclose(gz), Z_OK);
+        struct stat st;
+        assert_int_equal(stat(dest, &st), 0);
+        assert_true((size_t)st.st_size < len); /* it is compressed */
+
+        /* order: archive durable (tmp written, fdatasync, renamed, dir fsynced)
+         * before the WAL is unlinked and its directory fsynced */
+        snprintf(want, sizeof(want), "open %s TRUNC", tmp);
+        int i = log_find(&f->rec, 0, want);
+        assert_true(i >= 0);
+        i = log_find(&f->rec, i, "fdatasync");
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "rename %s %s", tmp, want_dest);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "fsync_dir %s", arch);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "unlink %s", f->wal);
+        i = log_find(&f->rec, i, want);
+        assert_true(i >= 0);
+        snprintf(want, sizeof(want), "fsync_dir %s/wal", f->dir);
+        assert_true(log_find(&f->rec, i, want) > i);
+        /* the created archive dirs were fsynced into their parents */
+        snprintf(want, sizeof(want), "fsync_dir %s", f->dir);
+        assert_true(log_find(&f->rec, 0, want) >= 0);
+
+        free(back);
+        free(orig);
+        free(dest);
+}
+
+static void test_archive_failure_keeps_wal(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_mark_reset(w, "s"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        char arch[200], tmp[300];
+        snprintf(arch, sizeof(arch), "%s/archive", f->dir);
+        snprintf(tmp, sizeof(tmp), "%s/mnd_plan_ae607245ac43.wal.jsonl.gz.tmp", arch);
+        f->rec.fail_op = OP_FDATASYNC;
+        f->rec.fail_nth = 2; /* the archive's, not the WAL's */
+        f->rec.fail_err = -EIO;
+        char *dest = NULL;
+        assert_int_equal(wal_archive(w, arch, &dest), -EIO);
+        assert_null(dest);
+        assert_true(exists(f->wal));
+        assert_false(exists(tmp));
+        assert_int_equal(f->rec.calls[OP_UNLINK], 1); /* the tmp only */
+
+        /* the file-level entry point works on a path */
+        f->rec.fail_op = -1;
+        assert_int_equal(wal_archive_file(&f->io, f->wal, arch, NULL), 0);
+        assert_false(exists(f->wal));
+        assert_int_equal(wal_archive_file(&f->io, f->wal, arch, NULL), -ENOENT);
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_format_ts),
+                cmocka_unit_test(test_crc_golden),
+                cmocka_unit_test(test_encode_plan_commit_golden_hash),
+                cmocka_unit_test(test_encode_every_op),
+                cmocka_unit_test(test_encode_escaping),
+                cmocka_unit_test(test_encode_error_msg_cut_at_500_characters),
+                cmocka_unit_test(test_encode_error_msg_invalid_utf8_replaced),
+                cmocka_unit_test(test_encode_rejects_bad_records),
+                cmocka_unit_test(test_encoded_lines_fold_clean),
+                T(test_create_fsyncs_parent),
+                T(test_reopen_does_not_truncate),
+                T(test_one_line_per_op),
+                T(test_commit_planner_plan),
+                T(test_flush_barrier),
+                T(test_threads_all_intact),
+                T(test_torn_tail_repaired),
+                T(test_corrupt_quarantined),
+                T(test_closed_refuses),
+                T(test_write_eio_fails_wal),
+                T(test_short_write_truncated),
+                T(test_fdatasync_eio_never_retried),
+                T(test_eintr_write_retried),
+                T(test_open_failures),
+                T(test_archive),
+                T(test_archive_failure_keeps_wal),
+        };
+#undef T
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
