@@ -479,7 +479,6 @@ static int open_existing(struct wal *w, struct wal_open_info *info)
 
         if (f->status == FOLD_CORRUPT) {
                 w->state = WAL_STATE_QUARANTINED;
-                w->error = -EBADMSG;
                 info->corrupt = true;
                 set_info_bad(info, f);
                 r = 0;

@@ -1046,6 +1046,7 @@ static void test_corrupt_quarantined(void **state)
         struct wal_open_info info;
         assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
         assert_int_equal(wal_state(w), WAL_STATE_QUARANTINED);
+        assert_int_equal(wal_error(w), 0); /* not an I/O failure */
         assert_true(info.corrupt);
         assert_false(info.torn_repaired);
         assert_int_equal(info.bad_line, 2);
