@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: MIT
+"""Shared helpers for black-box tests of the real kairosd/kairosctl binaries:
+crc'd WAL records, a fake NOTIFY_SOCKET, a daemon runner and a control client.
+Standard library only."""
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import zlib
+
+KAIROSD = os.environ.get("KAIROSD", "kairosd")
+KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
+
+
+def wal_line(rec):
+    """Encode one record the way kairos writes it: compact JSON in the given
+    key order, then ,"crc":"xxxxxxxx"} over the line without the crc field."""
+    body = json.dumps(rec, separators=(",", ":"), ensure_ascii=False)
+    crc = zlib.crc32(body.encode()) & 0xFFFFFFFF
+    return body[:-1] + ',"crc":"%08x"}\n' % crc
+
+
+def ts(i=0):
+    return "2026-04-20T12:00:%02d.000Z" % (i % 60)
+
+
+def plan_commit(plan_id, mandate_id, cycle=1, phases=("observe", "orient", "decide", "act", "reflect")):
+    steps = [{"step_id": "%s_%03d" % (p, cycle), "tool": "ooda." + p,
+              "params_hash": "sha256-params-" + p, "pre_hash": "sha256-pre-" + p,
+              "expected_post_hash": "sha256-post-" + p} for p in phases]
+    return {"op": "plan_commit", "plan_id": plan_id, "mandate_id": mandate_id, "cycle": cycle,
+            "plan_hash": "sha256-" + "0" * 64, "steps": steps, "ts": ts()}
+
+
+def append(step, plan_id, mandate_id):
+    return {"op": "append", "step_id": step, "plan_id": plan_id,
+            "idem_key": mandate_id + "/" + step, "status": "pending", "ts": ts()}
+
+
+def executing(step, pre="sha256-pre"):
+    return {"op": "transition", "step_id": step, "status": "executing", "pre_hash": pre, "ts": ts()}
+
+
+def completed(step, post="sha256-post", result_hash="sha256-result"):
+    return {"op": "transition", "step_id": step, "status": "completed", "post_hash": post,
+            "result_hash": result_hash, "ts": ts()}
+
+
+def failed(step):
+    return {"op": "transition", "step_id": step, "status": "failed", "error_class": "exit_status",
+            "error_msg": "exit 1", "ts": ts()}
+
+
+def read_records(path):
+    out = []
+    with open(path, "rb") as f:
+        for line in f.read().split(b"\n"):
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+class NotifySocket:
+    """A fake systemd notify socket: collects datagrams."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.messages = []
+
+    def wait_for(self, predicate, timeout=30.0):
+        """Receive until a message satisfies predicate; return it."""
+        deadline = time.monotonic() + timeout
+        for m in self.messages:
+            if predicate(m):
+                return m
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("notify: no matching message; got %r" % self.messages[-10:])
+            self.sock.settimeout(left)
+            data = self.sock.recv(65536).decode()
+            self.messages.append(data)
+            if predicate(data):
+                return data
+
+    def wait_ready(self, timeout=30.0):
+        return self.wait_for(lambda m: "READY=1" in m.split("\n"), timeout)
+
+    def close(self):
+        self.sock.close()
+
+
+class Daemon:
+    def __init__(self, state_dir, config=None, env=None, notify=None, extra_args=()):
+        self.state_dir = state_dir
+        args = [KAIROSD]
+        if config:
+            args += ["-c", config]
+        if state_dir and not config:
+            args += ["--state-dir", state_dir]
+        elif state_dir:
+            args += ["--state-dir", state_dir]
+        args += list(extra_args)
+        e = dict(os.environ)
+        e.pop("NOTIFY_SOCKET", None)
+        e.pop("WATCHDOG_USEC", None)
+        e.pop("JOURNAL_STREAM", None)
+        if notify:
+            e["NOTIFY_SOCKET"] = notify.path
+        if env:
+            e.update(env)
+        self.stderr_path = os.path.join(tempfile.mkdtemp(prefix="kairosd-log-"), "stderr")
+        self.stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(args, env=e, stdout=subprocess.DEVNULL, stderr=self.stderr)
+
+    @property
+    def socket_path(self):
+        return os.path.join(self.state_dir, "control.sock")
+
+    def log(self):
+        with open(self.stderr_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self, sig=15, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.stderr.close()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.stderr.close()
+
+
+class Client:
+    """Speaks the control protocol directly (newline-delimited JSON)."""
+
+    def __init__(self, path, timeout=30.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.buf = b""
+        self.next_id = 1
+
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def recv_reply(self):
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("connection closed; buffered %r" % self.buf)
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def call(self, cmd, **args):
+        rid = self.next_id
+        self.next_id += 1
+        self.send_raw(json.dumps({"v": 1, "id": rid, "cmd": cmd, "args": args}).encode() + b"\n")
+        reply = self.recv_reply()
+        assert reply.get("id") == rid, reply
+        return reply
+
+    def close(self):
+        self.sock.close()

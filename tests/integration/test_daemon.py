@@ -1,0 +1,406 @@
+# SPDX-License-Identifier: MIT
+"""Black-box tests of kairosd (issue: runtime): startup recovery before
+READY=1, sd_notify, watchdog, reload, stop, the state lock and the control
+socket.  Runs the real binary against a temporary state directory."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import (Client, Daemon, NotifySocket, append, completed, executing,  # noqa: E402
+                            failed, plan_commit, read_records, wal_line)
+
+EXTRA_REVIEW = 100  # extra WALs that need a record, so READY ordering is observable
+
+
+def write_wal(path, records, tail=b""):
+    with open(path, "wb") as f:
+        for r in records:
+            f.write(wal_line(r).encode())
+        f.write(tail)
+
+
+def prepare_state(state):
+    wal = os.path.join(state, "wal")
+    os.makedirs(wal)
+    # already_done: observe completed, then marked needs_review -> row 1
+    pa = plan_commit("plan_a", "mnd_a")
+    write_wal(os.path.join(wal, "mnd_a.wal.jsonl"), [
+        pa, append("observe_001", "plan_a", "mnd_a"), executing("observe_001"),
+        completed("observe_001"),
+        {"op": "transition", "step_id": "observe_001", "status": "needs_review",
+         "reason": "operator_flag", "ts": "2026-04-20T12:00:00.000Z"}])
+    # manual_review: observe executing, never completed
+    write_wal(os.path.join(wal, "mnd_r.wal.jsonl"), [
+        plan_commit("plan_r", "mnd_r"), append("observe_001", "plan_r", "mnd_r"),
+        executing("observe_001")])
+    # safe_to_retry: never reached executing
+    write_wal(os.path.join(wal, "mnd_s.wal.jsonl"), [
+        plan_commit("plan_s", "mnd_s"), append("observe_001", "plan_s", "mnd_s")])
+    # failed step, plan not finalized
+    write_wal(os.path.join(wal, "mnd_f.wal.jsonl"), [
+        plan_commit("plan_f", "mnd_f"), append("observe_001", "plan_f", "mnd_f"),
+        executing("observe_001"), failed("observe_001")])
+    # torn tail
+    write_wal(os.path.join(wal, "mnd_t.wal.jsonl"), [
+        plan_commit("plan_t", "mnd_t"), append("observe_001", "plan_t", "mnd_t")],
+        tail=b'{"op":"transition","step_id":"obs')
+    # corrupt: garbage between good lines
+    with open(os.path.join(wal, "mnd_c.wal.jsonl"), "wb") as f:
+        f.write(wal_line(plan_commit("plan_c", "mnd_c")).encode())
+        f.write(b"this is not json\n")
+        f.write(wal_line(append("observe_001", "plan_c", "mnd_c")).encode())
+    for i in range(EXTRA_REVIEW):
+        m = "mnd_x%03d" % i
+        write_wal(os.path.join(wal, m + ".wal.jsonl"), [
+            plan_commit("plan_x%03d" % i, m), append("observe_001", "plan_x%03d" % i, m),
+            executing("observe_001")])
+
+
+class DaemonCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-it-")
+        self.state = os.path.join(self.dir, "state")
+        self.notify = NotifySocket(self.dir)
+        self.daemons = []
+
+    def tearDown(self):
+        for d in self.daemons:
+            d.kill()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, **kw):
+        kw.setdefault("notify", self.notify)
+        d = Daemon(self.state, **kw)
+        self.daemons.append(d)
+        return d
+
+    def client(self):
+        return Client(os.path.join(self.state, "control.sock"))
+
+
+class TestRecovery(DaemonCase):
+    def test_ready_only_after_recovery_and_records_appended(self):
+        prepare_state(self.state)
+        wal = os.path.join(self.state, "wal")
+        corrupt_before = open(os.path.join(wal, "mnd_c.wal.jsonl"), "rb").read()
+        d = self.start()
+        self.notify.wait_ready()
+        # At READY=1 every WAL already holds its recovery records.
+        for i in range(EXTRA_REVIEW):
+            recs = read_records(os.path.join(wal, "mnd_x%03d.wal.jsonl" % i))
+            self.assertEqual(recs[-1]["status"], "needs_review", "mnd_x%03d not recovered before READY" % i)
+
+        a = read_records(os.path.join(wal, "mnd_a.wal.jsonl"))
+        self.assertEqual(len(a), 6)
+        self.assertEqual(a[-1]["status"], "completed")
+        self.assertTrue(a[-1]["recovered"])
+        self.assertEqual(a[-1]["post_hash"], "sha256-post")
+        self.assertEqual(a[-1]["evidence"]["reason"], "wal_recorded_completion")
+
+        r = read_records(os.path.join(wal, "mnd_r.wal.jsonl"))
+        self.assertEqual(len(r), 4)
+        self.assertEqual(r[-1]["status"], "needs_review")
+        self.assertEqual(r[-1]["evidence"]["reason"], "interrupted_during_execution")
+
+        s = read_records(os.path.join(wal, "mnd_s.wal.jsonl"))
+        self.assertEqual(len(s), 2, "a step that never started needs no record")
+
+        f = read_records(os.path.join(wal, "mnd_f.wal.jsonl"))
+        self.assertEqual(f[-1]["op"], "plan_finalize")
+        self.assertEqual(f[-1]["status"], "failed")
+
+        t = open(os.path.join(wal, "mnd_t.wal.jsonl"), "rb").read()
+        self.assertTrue(t.endswith(b"}\n"), "torn fragment cut off")
+        self.assertEqual(len(read_records(os.path.join(wal, "mnd_t.wal.jsonl"))), 2)
+        torn = [n for n in os.listdir(wal) if n.startswith("mnd_t.wal.jsonl.torn.")]
+        self.assertEqual(len(torn), 1)
+        self.assertEqual(open(os.path.join(wal, torn[0]), "rb").read(), b'{"op":"transition","step_id":"obs')
+
+        self.assertEqual(open(os.path.join(wal, "mnd_c.wal.jsonl"), "rb").read(), corrupt_before,
+                         "a quarantined WAL is never written")
+
+        c = self.client()
+        st = c.call("status")
+        self.assertTrue(st["ok"], st)
+        rec = st["result"]["recovery"]
+        self.assertEqual(rec["quarantined"], 1)
+        self.assertEqual(rec["paused_review"], 1 + EXTRA_REVIEW)
+        self.assertEqual(rec["torn_repaired"], 1)
+        self.assertIn("paused for review", rec["summary"])
+        lst = {m["id"]: m for m in c.call("list")["result"]["mandates"]}
+        self.assertEqual(lst["mnd_r"]["status"], "paused_review")
+        self.assertEqual(lst["mnd_r"]["review_step"], "observe_001")
+        self.assertEqual(lst["mnd_c"]["status"], "quarantined")
+        self.assertEqual(lst["mnd_c"]["reason"], "wal_corrupt")
+        self.assertEqual(lst["mnd_s"]["status"], "runnable")
+        self.assertEqual(lst["mnd_a"]["status"], "runnable")
+        log = d.log()
+        self.assertIn("mnd_r observe_001: manual_review (interrupted_during_execution)", log)
+        self.assertIn("corrupt at line 2", log)
+        c.close()
+
+        # Recovery is idempotent: a restart appends nothing new.
+        self.assertEqual(d.stop(), 0)
+        sizes = {n: os.path.getsize(os.path.join(wal, n)) for n in os.listdir(wal)}
+        self.notify.messages.clear()
+        self.start()
+        self.notify.wait_ready()
+        self.assertEqual({n: os.path.getsize(os.path.join(wal, n)) for n in os.listdir(wal)}, sizes)
+
+
+class TestLifecycle(DaemonCase):
+    def test_term_exits_zero_with_stopping(self):
+        d = self.start()
+        self.notify.wait_ready()
+        self.assertEqual(d.stop(signal.SIGTERM), 0)
+        self.notify.wait_for(lambda m: "STOPPING=1" in m, 5)
+        self.assertFalse(os.path.exists(os.path.join(self.state, "control.sock")))
+
+    def test_second_daemon_on_same_state_dir_refused(self):
+        self.start()
+        self.notify.wait_ready()
+        second = subprocess.run([os.environ["KAIROSD"], "--state-dir", self.state],
+                                capture_output=True, text=True, timeout=30)
+        self.assertEqual(second.returncode, 1)
+        self.assertIn("already using state directory " + self.state, second.stderr)
+
+    def test_watchdog_pings_at_half_the_interval(self):
+        self.start(env={"WATCHDOG_USEC": "200000"})
+        self.notify.wait_ready()
+        t0 = time.monotonic()
+        self.notify.messages.clear()
+        count = 0
+        while time.monotonic() - t0 < 2.0:
+            self.notify.wait_for(lambda m: m == "WATCHDOG=1", 2)
+            count += 1
+            self.notify.messages.clear()
+        # one ping per 100 ms for 2 s
+        self.assertGreaterEqual(count, 15)
+        self.assertLessEqual(count, 25)
+
+    def test_watchdog_for_another_pid_is_ignored(self):
+        self.start(env={"WATCHDOG_USEC": "100000", "WATCHDOG_PID": "1"})
+        self.notify.wait_ready()
+        c = self.client()
+        c.call("status")  # a full round trip through the loop
+        time.sleep(0.5)  # a window in which 10 pings would have come
+        try:
+            self.notify.sock.settimeout(0.01)
+            while True:
+                self.notify.messages.append(self.notify.sock.recv(65536).decode())
+        except (socket.timeout, BlockingIOError):
+            pass
+        self.assertNotIn("WATCHDOG=1", self.notify.messages)
+
+    def write_config(self, extra=""):
+        path = os.path.join(self.dir, "kairosd.conf")
+        with open(path, "w") as f:
+            f.write("[Daemon]\nStateDirectory=%s\nControlSocket=%s/control.sock\nLogLevel=info\n%s"
+                    % (self.state, self.state, extra))
+        return path
+
+    def test_reload_keeps_old_config_on_error(self):
+        conf = self.write_config()
+        d = self.start(config=conf)
+        self.notify.wait_ready()
+        self.notify.messages.clear()
+        self.write_config("Bogus=1\n")
+        d.proc.send_signal(signal.SIGHUP)
+        self.notify.wait_for(lambda m: "RELOADING=1" in m and "MONOTONIC_USEC=" in m)
+        self.notify.wait_ready()
+        deadline = time.monotonic() + 10
+        while "reload failed" not in d.log() and time.monotonic() < deadline:
+            self.notify.sock.settimeout(0.05)
+            try:
+                self.notify.sock.recv(1)
+            except socket.timeout:
+                pass
+        self.assertIn("reload failed, keeping the running configuration", d.log())
+        self.assertIn(conf + ":5: Bogus=", d.log())
+        c = self.client()
+        self.assertTrue(c.call("status")["ok"])
+        # The control command reports the errors synchronously.
+        r = c.call("reload")
+        self.assertFalse(r["ok"])
+        self.assertEqual(r["error"]["code"], "config_invalid")
+        self.assertIn(conf + ":5: Bogus=", r["error"]["detail"]["errors"][0])
+        # A good config applies.
+        self.write_config("LogLevel=debug\n")
+        r = c.call("reload")
+        self.assertTrue(r["ok"], r)
+        self.assertIn("configuration reloaded", d.log())
+        c.close()
+
+
+class TestControl(DaemonCase):
+    def setUp(self):
+        super().setUp()
+        prepare_state(self.state)
+        self.d = self.start()
+        self.notify.wait_ready()
+        self.c = self.client()
+
+    def tearDown(self):
+        self.c.close()
+        super().tearDown()
+
+    def test_status_and_list(self):
+        st = self.c.call("status")["result"]
+        self.assertTrue(st["ready"])
+        self.assertEqual(st["mandates"], 6 + EXTRA_REVIEW)
+        self.assertGreaterEqual(st["fdatasync_calls"], 3 + EXTRA_REVIEW)
+        ids = [m["id"] for m in self.c.call("list")["result"]["mandates"]]
+        self.assertEqual(ids, sorted(ids))
+
+    def test_show(self):
+        r = self.c.call("show", mandate="mnd_a")
+        self.assertTrue(r["ok"], r)
+        steps = r["result"]["plans"][0]["steps"]
+        self.assertEqual(steps[0]["step_id"], "observe_001")
+        self.assertEqual(steps[0]["status"], "completed")
+        self.assertTrue(steps[0]["recovered"])
+        self.assertEqual(r["result"]["status"], "runnable")
+        self.assertEqual(self.c.call("show", mandate="mnd_nope")["error"]["code"], "not_found")
+
+    def test_pause_resume(self):
+        r = self.c.call("pause", mandate="mnd_s", reason="maintenance window")
+        self.assertTrue(r["ok"], r)
+        self.assertEqual(r["result"]["status"], "paused")
+        recs = read_records(os.path.join(self.state, "wal", "mnd_s.wal.jsonl"))
+        self.assertEqual(recs[-1]["op"], "operator")
+        self.assertEqual(recs[-1]["action"], "pause")
+        self.assertEqual(recs[-1]["uid"], os.getuid())
+        self.assertEqual(recs[-1]["reason"], "maintenance window")
+        self.assertEqual(self.c.call("pause", mandate="mnd_s")["error"]["code"], "conflict")
+        r = self.c.call("resume", mandate="mnd_s")
+        self.assertTrue(r["ok"], r)
+        self.assertEqual(r["result"]["status"], "runnable")
+        r = self.c.call("resume", mandate="mnd_r")
+        self.assertEqual(r["error"]["code"], "conflict")
+        self.assertIn("kairosctl resolve mnd_r observe_001", r["error"]["message"])
+        self.assertEqual(self.c.call("pause", mandate="mnd_c")["error"]["code"], "quarantined")
+
+    def test_resolve(self):
+        wal = os.path.join(self.state, "wal", "mnd_r.wal.jsonl")
+        bad = [({"mandate": "mnd_r", "step": "observe_001", "action": "maybe", "reason": "x"}, "bad_argument"),
+               ({"mandate": "mnd_r", "step": "observe_001", "action": "retry"}, "bad_argument"),
+               ({"mandate": "mnd_r", "step": "observe_001", "action": "retry", "reason": ""}, "bad_argument"),
+               ({"mandate": "mnd_r", "step": "act_001", "action": "retry", "reason": "x"}, "conflict"),
+               ({"mandate": "mnd_r", "step": "nope_001", "action": "retry", "reason": "x"}, "not_found"),
+               ({"mandate": "mnd_r", "step": 7, "action": "retry", "reason": "x"}, "bad_argument")]
+        before = open(wal, "rb").read()
+        for args, code in bad:
+            r = self.c.call("resolve", **args)
+            self.assertFalse(r["ok"], args)
+            self.assertEqual(r["error"]["code"], code, (args, r))
+        self.assertEqual(open(wal, "rb").read(), before, "rejected requests write nothing")
+        r = self.c.call("resolve", mandate="mnd_r", step="observe_001", action="retry",
+                        reason="checked: the handler did nothing")
+        self.assertTrue(r["ok"], r)
+        self.assertEqual(r["result"]["status"], "runnable")
+        recs = read_records(wal)
+        self.assertEqual(recs[-2]["op"], "operator")
+        self.assertEqual(recs[-2]["action"], "resolve_retry")
+        self.assertEqual(recs[-2]["uid"], os.getuid())
+        self.assertEqual(recs[-1]["status"], "pending")
+        self.assertTrue(recs[-1]["reset"])
+        # --done and --abandon on other review-paused mandates
+        r = self.c.call("resolve", mandate="mnd_x000", step="observe_001", action="done", reason="verified by hand")
+        self.assertTrue(r["ok"], r)
+        recs = read_records(os.path.join(self.state, "wal", "mnd_x000.wal.jsonl"))
+        self.assertEqual(recs[-1]["status"], "completed")
+        self.assertEqual(recs[-1]["post_hash"], "sha256-post-observe")
+        r = self.c.call("resolve", mandate="mnd_x001", step="observe_001", action="abandon", reason="obsolete")
+        self.assertTrue(r["ok"], r)
+        self.assertEqual(r["result"]["status"], "abandoned")
+        recs = read_records(os.path.join(self.state, "wal", "mnd_x001.wal.jsonl"))
+        self.assertEqual(recs[-1]["op"], "plan_finalize")
+        self.assertEqual(recs[-1]["status"], "abandoned")
+
+    def test_bad_requests(self):
+        c = self.c
+        c.send_raw(b"{not json\n")
+        r = c.recv_reply()
+        self.assertEqual(r["error"]["code"], "bad_request")
+        self.assertIn("malformed JSON", r["error"]["message"])
+        c.send_raw(b"[1,2]\n")
+        self.assertEqual(c.recv_reply()["error"]["code"], "bad_request")
+        c.send_raw(b'{"v":2,"id":1,"cmd":"status"}\n')
+        self.assertIn("v: must be 1", c.recv_reply()["error"]["message"])
+        c.send_raw(b'{"v":1,"id":"x","cmd":"status"}\n')
+        self.assertIn("id: must be an integer", c.recv_reply()["error"]["message"])
+        c.send_raw(b'{"v":1,"id":3,"cmd":"status","args":[]}\n')
+        self.assertIn("args: must be an object", c.recv_reply()["error"]["message"])
+        r = c.call("frobnicate")
+        self.assertEqual(r["error"]["code"], "unknown_command")
+        r = c.call("show", mandate=42)
+        self.assertEqual(r["error"]["code"], "bad_argument")
+        self.assertIn("args.mandate", r["error"]["message"])
+        r = c.call("show")
+        self.assertIn("args.mandate: required", r["error"]["message"])
+        # the connection still works after all that
+        self.assertTrue(c.call("status")["ok"])
+
+    def test_oversized_request_closes_connection(self):
+        big = Client(self.d.socket_path)
+        big.send_raw(b'{"v":1,"id":1,"cmd":"status","args":{"pad":"' + b"x" * (1024 * 1024 + 10))
+        r = big.recv_reply()
+        self.assertEqual(r["error"]["code"], "too_large")
+        with self.assertRaises((EOFError, ConnectionResetError, BrokenPipeError)):
+            big.send_raw(b"\n")
+            big.recv_reply()
+        big.close()
+        self.assertTrue(self.c.call("status")["ok"], "the daemon is unharmed")
+
+    def test_peer_not_allowed(self):
+        # Open the path to everyone so the peer check itself is what refuses.
+        os.chmod(self.state, 0o755)
+        os.chmod(self.d.socket_path, 0o666)
+        code = ("import json,os,socket,sys\n"
+                "os.setgid(65534); os.setgroups([]); os.setuid(65534)\n"
+                "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                "s.sendall(b'{\"v\":1,\"id\":1,\"cmd\":\"status\"}\\n')\n"
+                "print(s.makefile().readline())\n")
+        if os.getuid() != 0:
+            self.skipTest("needs root to run a client as nobody")
+        out = subprocess.run([sys.executable, "-c", code, self.d.socket_path],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        reply = json.loads(out.stdout)
+        self.assertFalse(reply["ok"])
+        self.assertEqual(reply["error"]["code"], "permission_denied")
+        self.assertIn("uid 65534 is not allowed", reply["error"]["message"])
+
+    def test_fifty_concurrent_clients(self):
+        errors = []
+
+        def worker(i):
+            try:
+                c = Client(self.d.socket_path)
+                for _ in range(5):
+                    assert c.call("status")["ok"]
+                    assert c.call("show", mandate="mnd_x%03d" % i)["ok"]
+                c.close()
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
