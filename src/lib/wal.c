@@ -253,12 +253,11 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_str(e, "step_id", rec->step_id, "failed needs step_id");
                 enc_raw(e, "status", "\"failed\"");
                 enc_str(e, "error_class", rec->error_class, "failed needs error_class");
-                if (e->r == 0 && !rec->error_msg)
-                        enc_fail(e, -EINVAL, "failed needs error_msg");
                 enc_key(e, "error_msg");
                 if (e->r == 0) {
-                        int r = kbuf_json_string_lossy(e->b, rec->error_msg,
-                                                       strlen(rec->error_msg),
+                        /* NULL is "" (the original wrote error_msg.to_s) */
+                        const char *msg = rec->error_msg ? rec->error_msg : "";
+                        int r = kbuf_json_string_lossy(e->b, msg, strlen(msg),
                                                        WAL_ERROR_MSG_MAX_CHARS);
                         if (r < 0)
                                 enc_fail(e, r, "out of memory");
@@ -691,8 +690,14 @@ int wal_append(struct wal *w, const struct wal_record *rec)
 {
         if (!w || !rec)
                 return -EINVAL;
+        /* A refused WAL reports its state, not a complaint about the record. */
+        pthread_mutex_lock(&w->lock);
+        int r = refused_locked(w);
+        pthread_mutex_unlock(&w->lock);
+        if (r < 0)
+                return r;
         struct kbuf line = KBUF_INIT;
-        int r = wal_encode(rec, wal_now(w), &line);
+        r = wal_encode(rec, wal_now(w), &line);
         if (r < 0)
                 goto out;
 

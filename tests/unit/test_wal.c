@@ -524,6 +524,10 @@ static void test_encode_error_msg_cut_at_500_characters(void **state)
 static void test_encode_error_msg_invalid_utf8_replaced(void **state)
 {
         (void)state;
+        /* NULL error_msg is written as "" (the original's error_msg.to_s) */
+        struct wal_record n = { .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E" };
+        expect_encoded(&n, "{\"op\":\"transition\",\"step_id\":\"s\",\"status\":\"failed\","
+                           "\"error_class\":\"E\",\"error_msg\":\"\",\"ts\":\"" TS "\"}");
         struct wal_record r = { .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E",
                                 .error_msg = "ab\xff" "cd\xc3" };
         expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"s\",\"status\":\"failed\","
@@ -568,7 +572,7 @@ static void test_encode_rejects_bad_records(void **state)
         expect_einval(&r);
         r.status = NULL;
         expect_einval(&r);
-        r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = "s", .error_class = "E" };
+        r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = "s", .error_msg = "m" };
         expect_einval(&r);
         r = (struct wal_record){ .op = WAL_OP_OPERATOR, .mandate_id = "m", .action = "pause" };
         expect_einval(&r);
@@ -1129,6 +1133,7 @@ static void test_write_eio_fails_wal(void **state)
         f->rec.fail_op = -1;
         int writes = f->rec.calls[OP_WRITE];
         assert_int_equal(wal_mark_reset(w, "d"), -EIO);
+        assert_int_equal(wal_mark_reset(w, NULL), -EIO); /* even for a bad record */
         assert_int_equal(wal_flush(w), -EIO);
         assert_int_equal(f->rec.calls[OP_WRITE], writes);
         assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
