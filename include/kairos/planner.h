@@ -49,6 +49,9 @@ int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_
  * name or fired_at. */
 int planner_build(const char *name, const char *fired_at, int cycle, struct planner_plan *out);
 
-/* The canonical JSON array of the plan's steps (the five keys, in the WAL's
- * key order) and its hash, plan_hash. */
+/* Append the canonical JSON array of the plan's steps: exactly the five keys
+ * step_id, tool, params_hash, pre_hash, expected_post_hash, in canonical
+ * (bytewise sorted) key order, so canon_hash_bytes() of these bytes is
+ * plan_hash.  (The WAL's plan_commit line writes the same steps in its own
+ * key order.) */
 int planner_steps_json(const struct planner_plan *p, struct kbuf *out);

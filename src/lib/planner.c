@@ -1,1 +1,211 @@
-/* SPDX-License-Identifier: MIT */ /* stub: being written */
+/* SPDX-License-Identifier: MIT */
+/* planner: five OODA steps per cycle (DESIGN §3, §5, seed 004). */
+#include "kairos/planner.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "kairos/kbuf.h"
+
+static const char *const phase_names[PLANNER_PHASES] = {
+        [PHASE_OBSERVE] = "observe",
+        [PHASE_ORIENT] = "orient",
+        [PHASE_DECIDE] = "decide",
+        [PHASE_ACT] = "act",
+        [PHASE_REFLECT] = "reflect",
+};
+
+const char *planner_phase_name(enum planner_phase p)
+{
+        if ((unsigned)p >= PLANNER_PHASES)
+                return NULL;
+        return phase_names[p];
+}
+
+int planner_parse_step_id(const char *step_id, enum planner_phase *phase, int *cycle)
+{
+        if (!step_id)
+                return -EINVAL;
+        const char *us = strrchr(step_id, '_');
+        if (!us)
+                return -EINVAL;
+        size_t plen = (size_t)(us - step_id);
+        const char *d = us + 1;
+        /* exactly three digits, cycle 1..999 */
+        if (strlen(d) != 3)
+                return -EINVAL;
+        int c = 0;
+        for (int i = 0; i < 3; i++) {
+                if (d[i] < '0' || d[i] > '9')
+                        return -EINVAL;
+                c = c * 10 + (d[i] - '0');
+        }
+        if (c < 1 || c > PLANNER_MAX_CYCLE)
+                return -EINVAL;
+        for (int p = 0; p < PLANNER_PHASES; p++) {
+                if (strlen(phase_names[p]) == plen && memcmp(phase_names[p], step_id, plen) == 0) {
+                        if (phase)
+                                *phase = (enum planner_phase)p;
+                        if (cycle)
+                                *cycle = c;
+                        return 0;
+                }
+        }
+        return -EINVAL;
+}
+
+static bool valid_args(const char *name, const char *fired_at)
+{
+        return name && *name && fired_at && *fired_at;
+}
+
+int planner_plan_id(const char *name, const char *fired_at, int cycle, char out[PLANNER_ID_MAX])
+{
+        static const char hex[] = "0123456789abcdef";
+        unsigned char h[crypto_hash_sha256_BYTES];
+        struct kbuf b = KBUF_INIT;
+        int r;
+
+        if (!valid_args(name, fired_at) || cycle < 1 || cycle > PLANNER_MAX_CYCLE)
+                return -EINVAL;
+        if (cycle == 1)
+                r = kbuf_printf(&b, "%s|%s", name, fired_at);
+        else
+                r = kbuf_printf(&b, "%s|%s|%d", name, fired_at, cycle);
+        if (r < 0) {
+                kbuf_free(&b);
+                return r;
+        }
+        crypto_hash_sha256(h, (const unsigned char *)b.data, b.len);
+        kbuf_free(&b);
+        memcpy(out, "plan_", 5);
+        for (int i = 0; i < 6; i++) {
+                out[5 + 2 * i] = hex[h[i] >> 4];
+                out[5 + 2 * i + 1] = hex[h[i] & 15];
+        }
+        out[17] = '\0';
+        return 0;
+}
+
+int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_ID_MAX])
+{
+        char pid[PLANNER_ID_MAX];
+        int r = planner_plan_id(name, fired_at, 1, pid);
+        if (r < 0)
+                return r;
+        memcpy(out, "mnd_", 4);
+        memcpy(out + 4, pid, strlen(pid) + 1);      /* 4 + 17 + 1 <= PLANNER_ID_MAX */
+        return 0;
+}
+
+/* Canonical hash of a small object built as JSON text. */
+static int hash_text(struct kbuf *b, char out[CANON_HASH_STRLEN])
+{
+        return canon_hash_json(b->data, b->len, out, NULL);
+}
+
+static int params_hash(const char *phase, int order, int cycle, const char *plan_id,
+                       const char *name, char out[CANON_HASH_STRLEN])
+{
+        struct kbuf b = KBUF_INIT;
+        int r;
+
+        if ((r = kbuf_puts(&b, "{\"phase\":")) < 0 ||
+            (r = kbuf_json_string(&b, phase, strlen(phase))) < 0 ||
+            (r = kbuf_printf(&b, ",\"order\":%d,\"cycle\":%d,\"plan_id\":", order, cycle)) < 0 ||
+            (r = kbuf_json_string(&b, plan_id, strlen(plan_id))) < 0 ||
+            (r = kbuf_puts(&b, ",\"mandate_name\":")) < 0 ||
+            (r = kbuf_json_string(&b, name, strlen(name))) < 0 ||
+            (r = kbuf_putc(&b, '}')) < 0)
+                goto out;
+        r = hash_text(&b, out);
+out:
+        kbuf_free(&b);
+        return r;
+}
+
+static int marker_hash(const char *phase, int cycle, const char *state,
+                       char out[CANON_HASH_STRLEN])
+{
+        struct kbuf b = KBUF_INIT;
+        int r = kbuf_printf(&b, "{\"phase\":\"%s\",\"cycle\":%d,\"state\":\"%s\"}", phase, cycle,
+                            state);
+        if (r == 0)
+                r = hash_text(&b, out);
+        kbuf_free(&b);
+        return r;
+}
+
+int planner_build(const char *name, const char *fired_at, int cycle, struct planner_plan *out)
+{
+        int r;
+
+        if (!out || !valid_args(name, fired_at) || cycle < 1 || cycle > PLANNER_MAX_CYCLE)
+                return -EINVAL;
+        /* names become JSON strings: they must be valid UTF-8 */
+        if (!utf8_valid(name, strlen(name)))
+                return -EINVAL;
+        memset(out, 0, sizeof(*out));
+        if ((r = planner_plan_id(name, fired_at, cycle, out->plan_id)) < 0 ||
+            (r = planner_mandate_id(name, fired_at, out->mandate_id)) < 0)
+                return r;
+        out->cycle = cycle;
+        for (int i = 0; i < PLANNER_PHASES; i++) {
+                struct planner_step *s = &out->steps[i];
+                const char *ph = phase_names[i];
+                snprintf(s->step_id, sizeof(s->step_id), "%s_%03d", ph, cycle);
+                snprintf(s->tool, sizeof(s->tool), "ooda.%s", ph);
+                if ((r = params_hash(ph, i, cycle, out->plan_id, name, s->params_hash)) < 0 ||
+                    (r = marker_hash(ph, cycle, "pre", s->pre_hash)) < 0 ||
+                    (r = marker_hash(ph, cycle, "post", s->expected_post_hash)) < 0)
+                        return r;
+        }
+        struct kbuf b = KBUF_INIT;
+        r = planner_steps_json(out, &b);
+        if (r == 0)
+                canon_hash_bytes(b.data, b.len, out->plan_hash);
+        kbuf_free(&b);
+        return r;
+}
+
+static int put_field(struct kbuf *b, const char *key, const char *val, size_t max, bool last)
+{
+        int r;
+        if ((r = kbuf_json_string(b, key, strlen(key))) < 0 || (r = kbuf_putc(b, ':')) < 0 ||
+            (r = kbuf_json_string(b, val, strnlen(val, max))) < 0)
+                return r;
+        return last ? 0 : kbuf_putc(b, ',');
+}
+
+int planner_steps_json(const struct planner_plan *p, struct kbuf *out)
+{
+        size_t start = out->len;
+        int r = kbuf_putc(out, '[');
+
+        /* keys in canonical (bytewise) order, so these bytes are what
+         * plan_hash hashes */
+#define FIELD(f, last) put_field(out, #f, s->f, sizeof(s->f), last)
+        for (int i = 0; r == 0 && i < PLANNER_PHASES; i++) {
+                const struct planner_step *s = &p->steps[i];
+                if ((i && (r = kbuf_putc(out, ',')) < 0) || (r = kbuf_putc(out, '{')) < 0 ||
+                    (r = FIELD(expected_post_hash, false)) < 0 ||
+                    (r = FIELD(params_hash, false)) < 0 ||
+                    (r = FIELD(pre_hash, false)) < 0 ||
+                    (r = FIELD(step_id, false)) < 0 ||
+                    (r = FIELD(tool, true)) < 0 ||
+                    (r = kbuf_putc(out, '}')) < 0)
+                        break;
+        }
+#undef FIELD
+        if (r == 0)
+                r = kbuf_putc(out, ']');
+        if (r < 0) {
+                out->len = start;
+                if (out->data)
+                        out->data[start] = '\0';
+        }
+        return r;
+}
