@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosctl: shared declarations of the command-line tool.
+ *
+ * Adding a command is one row in the dispatch table of kairosctl.c plus one
+ * function with the ctl_command_fn signature.  A command receives the
+ * arguments after its name (global options already removed) and returns the
+ * process exit status (CTL_EXIT_*). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+/* Exit statuses (sysexits.h values for the error cases). */
+enum {
+        CTL_EXIT_OK = 0,
+        CTL_EXIT_USAGE = 64,      /* EX_USAGE */
+        CTL_EXIT_DATAERR = 65,    /* EX_DATAERR: bad input data */
+        CTL_EXIT_NOINPUT = 66,    /* EX_NOINPUT: a file could not be read */
+        CTL_EXIT_SOFTWARE = 70,   /* EX_SOFTWARE: internal error */
+        CTL_EXIT_OSERR = 71,      /* EX_OSERR: out of memory and the like */
+        CTL_EXIT_IOERR = 74,      /* EX_IOERR: writing the output failed */
+};
+
+#define CTL_DEFAULT_SOCKET "/run/kairos/control.sock"
+#define CTL_DEFAULT_STATE_DIR "/var/lib/kairos"
+
+/* Global options, accepted before or after the command. */
+struct ctl_opts {
+        const char *socket_path;  /* --socket PATH */
+        bool json;                /* --json */
+};
+
+typedef int (*ctl_command_fn)(const struct ctl_opts *o, int argc, char **argv);
+
+/* Per-command option parsing: "--name VALUE", "--name=VALUE", flags, "--"
+ * ends the options, "-" is a positional.  Positional arguments are moved to
+ * the front of argv, their count returned in *npos.  Returns 0, or prints a
+ * usage error naming the command and returns CTL_EXIT_USAGE. */
+struct ctl_option {
+        const char *name;         /* without the leading "--" */
+        bool has_arg;
+        const char **value;       /* has_arg: receives the value */
+        bool *flag;               /* !has_arg: set to true */
+};
+int ctl_parse_options(const char *cmd, int argc, char **argv, const struct ctl_option *opts,
+                      int *npos);
+
+/* Messages on stderr, all starting with "kairosctl: ". */
+/* One line, with a hint to --help; returns CTL_EXIT_USAGE. */
+int ctl_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "kairosctl: PATH: <strerror>"; returns CTL_EXIT_NOINPUT. */
+int ctl_file_error(const char *path, int err);
+/* "kairosctl: <message>" for any other failure; returns `status`. */
+int ctl_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An errno-style failure (-ENOMEM etc.) of an internal call. */
+int ctl_errno_error(const char *what, int r);
+
+/* Read a whole file ("-" = stdin) into a malloc'ed, NUL-terminated buffer.
+ * Returns 0 or -errno. */
+int ctl_read_file(const char *path, char **data, size_t *len);
+
+/* Print s with control characters and invalid bytes escaped (\xNN), so
+ * untrusted WAL content cannot drive the terminal.  NULL prints "-". */
+void ctl_put_safe(FILE *f, const char *s);
+
+/* JSON output helpers (jansson).  ctl_json_str: a string or null (invalid
+ * UTF-8 becomes null, never a failure).  ctl_json_raw: parse JSON text into a
+ * value; text that jansson cannot hold (e.g. integers beyond 64 bits) is
+ * kept as a string; NULL gives null. */
+json_t *ctl_json_str(const char *s);
+json_t *ctl_json_raw(const char *text);
+/* Print v (pretty, key order kept) followed by '\n' and release it.
+ * Returns 0, or CTL_EXIT_SOFTWARE if v is NULL (allocation failed). */
+int ctl_json_print(json_t *v);
+
+/* The message for commands that are declared but have no implementation
+ * yet.  Returns CTL_EXIT_USAGE. */
+int ctl_not_implemented(const char *cmd, bool online);
+
+/* Offline commands (ctl_offline.c). */
+int ctl_cmd_wal_dump(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_canon(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv);
+
+/* Validation used by the offline and online commands. */
+bool ctl_valid_schedule_name(const char *name);
+/* YYYY-MM-DDTHH:MM:SSZ naming a real UTC time. */
+bool ctl_valid_fired_at(const char *s);

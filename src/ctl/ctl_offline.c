@@ -1,0 +1,1076 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosctl offline commands (DESIGN §12): wal dump, wal verify,
+ * recover --dry-run, canon, plan.  They use the core library directly and
+ * never change a file. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "ctl.h"
+#include "kairos/canon.h"
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/kjson.h"
+#include "kairos/planner.h"
+#include "kairos/recovery.h"
+#include "kairos/verdict.h"
+#include "kairos/wal.h"
+
+#define WAL_SUFFIX ".wal.jsonl"
+
+/* ---- shared ---------------------------------------------------------- */
+
+struct loaded_wal {
+        char *data;
+        size_t len;
+        struct fold *fold;
+};
+
+static void loaded_wal_free(struct loaded_wal *w)
+{
+        fold_free(w->fold);
+        free(w->data);
+        w->fold = NULL;
+        w->data = NULL;
+}
+
+/* Read and fold a WAL.  Returns 0 or a printed error's exit status. */
+static int load_wal(const char *path, struct loaded_wal *w)
+{
+        int r;
+
+        memset(w, 0, sizeof(*w));
+        r = ctl_read_file(path, &w->data, &w->len);
+        if (r < 0)
+                return ctl_file_error(path, r);
+        r = fold_buffer(w->data, w->len, &w->fold);
+        if (r < 0) {
+                free(w->data);
+                w->data = NULL;
+                return ctl_errno_error("fold", r);
+        }
+        return 0;
+}
+
+static const char *status_word(enum fold_status s)
+{
+        switch (s) {
+        case FOLD_CLEAN:
+                return "clean";
+        case FOLD_TORN:
+                return "torn";
+        case FOLD_CORRUPT:
+                return "corrupt";
+        }
+        return "unknown";
+}
+
+static size_t torn_bytes(const struct loaded_wal *w)
+{
+        return w->fold->bad_offset <= w->len ? w->len - w->fold->bad_offset : 0;
+}
+
+/* "torn tail at line L, byte offset O (N bytes): REASON" or
+ * "corrupt at line L, byte offset O: REASON"; nothing for a clean file. */
+static void print_problem(const struct loaded_wal *w)
+{
+        const struct fold *f = w->fold;
+
+        if (f->status == FOLD_TORN)
+                printf("torn tail at line %zu, byte offset %zu (%zu bytes): ", f->bad_line,
+                       f->bad_offset, torn_bytes(w));
+        else if (f->status == FOLD_CORRUPT)
+                printf("corrupt at line %zu, byte offset %zu: ", f->bad_line, f->bad_offset);
+        else
+                return;
+        ctl_put_safe(stdout, f->bad_reason);
+}
+
+static json_t *problem_json(const struct loaded_wal *w)
+{
+        const struct fold *f = w->fold;
+
+        if (f->status == FOLD_CLEAN)
+                return json_null();
+        json_t *o = json_pack("{s:I,s:I}", "line", (json_int_t)f->bad_line, "offset",
+                              (json_int_t)f->bad_offset);
+        if (!o)
+                return NULL;
+        if (f->status == FOLD_TORN)
+                json_object_set_new(o, "bytes", json_integer((json_int_t)torn_bytes(w)));
+        json_object_set_new(o, "reason", ctl_json_str(f->bad_reason));
+        return o;
+}
+
+static bool blank(const char *s, size_t n)
+{
+        for (size_t i = 0; i < n; i++)
+                if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
+                        return false;
+        return true;
+}
+
+/* "sha256-" + 12 hex + "…" for display; other strings unchanged. */
+static void put_short(const char *s)
+{
+        if (s && strncmp(s, "sha256-", 7) == 0 && strlen(s) == 71) {
+                printf("%.19s…", s);
+                return;
+        }
+        ctl_put_safe(stdout, s);
+}
+
+/* ---- wal dump -------------------------------------------------------- */
+
+/* A member's value for the text dump: strings (hashes shortened), numbers
+ * and literals as written, arrays/objects as a short compact JSON. */
+static void put_value(const struct kjson *v)
+{
+        struct kbuf b = KBUF_INIT;
+
+        switch (v->type) {
+        case KJSON_STRING:
+                put_short(v->u.str.ptr);
+                return;
+        case KJSON_NUMBER:
+                printf("%.*s", (int)(v->u.num.len > 40 ? 40 : v->u.num.len), v->u.num.text);
+                return;
+        case KJSON_NULL:
+                fputs("null", stdout);
+                return;
+        case KJSON_TRUE:
+        case KJSON_FALSE:
+                fputs(v->type == KJSON_TRUE ? "true" : "false", stdout);
+                return;
+        default:
+                break;
+        }
+        if (kjson_write(&b, v) == 0 && b.data) {
+                if (b.len > 60)
+                        memcpy(b.data + 57, "...", 4);
+                ctl_put_safe(stdout, b.data);
+        }
+        kbuf_free(&b);
+}
+
+/* Print " key=value" for every member except the ones shown in columns
+ * (subject_key and status_key hold the subject and status columns). */
+static void put_fields(const struct kjson *rec, const char *subject_key, const char *status_key)
+{
+        static const char *const skip[] = { "op", "ts", "crc", NULL };
+
+        for (size_t i = 0; i < rec->u.obj.n; i++) {
+                const struct kjson_member *m = &rec->u.obj.members[i];
+                bool skipped = (subject_key && strcmp(m->key, subject_key) == 0) ||
+                               (status_key && strcmp(m->key, status_key) == 0);
+                for (size_t k = 0; skip[k]; k++)
+                        if (strcmp(m->key, skip[k]) == 0)
+                                skipped = true;
+                if (skipped)
+                        continue;
+                if (strcmp(m->key, "steps") == 0 && m->value->type == KJSON_ARRAY) {
+                        printf(" steps=%zu", m->value->u.arr.n);
+                        continue;
+                }
+                putchar(' ');
+                ctl_put_safe(stdout, m->key);
+                putchar('=');
+                put_value(m->value);
+        }
+}
+
+static void dump_record(size_t lineno, const char *line, size_t n, struct kjson_arena *arena)
+{
+        struct kjson *rec = NULL;
+        struct kjson_error err;
+        const char *op, *subject, *status;
+
+        kjson_arena_reset(arena);
+        if (kjson_parse(arena, line, n, &rec, &err) < 0 || rec->type != KJSON_OBJECT) {
+                printf("%6zu  (not a record)\n", lineno);
+                return;
+        }
+        op = kjson_get_str(rec, "op");
+        bool is_operator = op && strcmp(op, "operator") == 0;
+        const char *subject_key = is_operator ? "mandate_id" : "step_id";
+        const char *status_key = is_operator ? "action" : "status";
+        subject = kjson_get_str(rec, subject_key);
+        if (!subject) {
+                subject_key = "plan_id";
+                subject = kjson_get_str(rec, subject_key);
+        }
+        status = kjson_get_str(rec, status_key);
+
+        printf("%6zu  ", lineno);
+        ctl_put_safe(stdout, kjson_get_str(rec, "ts"));
+        fputs("  ", stdout);
+        ctl_put_safe(stdout, op ? op : "(no op)");
+        for (size_t k = op ? strlen(op) : 7; k < 14; k++)
+                putchar(' ');
+        ctl_put_safe(stdout, subject);
+        if (status) {
+                putchar(' ');
+                ctl_put_safe(stdout, status);
+        }
+        put_fields(rec, subject ? subject_key : NULL, status ? status_key : NULL);
+        if (!kjson_get(rec, "crc"))
+                fputs(" [legacy, no crc]", stdout);
+        putchar('\n');
+}
+
+static void dump_records(const struct loaded_wal *w, struct kjson_arena *arena)
+{
+        const struct fold *f = w->fold;
+        size_t lineno = 0, after = 0, off = 0;
+
+        while (off < w->len) {
+                const char *line = w->data + off;
+                const char *nl = memchr(line, '\n', w->len - off);
+                size_t n = nl ? (size_t)(nl - line) : w->len - off;
+                size_t next = off + n + (nl ? 1 : 0);
+
+                lineno++;
+                if (f->status != FOLD_CLEAN && off >= f->bad_offset) {
+                        if (off == f->bad_offset) {
+                                printf("%6zu  ", lineno);
+                                print_problem(w);
+                                putchar('\n');
+                        } else if (!blank(line, n)) {
+                                after++;
+                        }
+                } else if (!blank(line, n)) {
+                        dump_record(lineno, line, n, arena);
+                }
+                off = next;
+        }
+        if (after)
+                printf("        (%zu more line%s after it, not folded)\n", after,
+                       after == 1 ? "" : "s");
+}
+
+static void dump_summary(const char *path, const struct loaded_wal *w)
+{
+        const struct fold *f = w->fold;
+        size_t unfinished = 0;
+
+        for (size_t i = 0; i < f->nplans; i++)
+                unfinished += !f->plans[i].finalized;
+        printf("\nfile: ");
+        ctl_put_safe(stdout, path);
+        printf("\nstatus: %s (%zu records, %zu legacy unchecked", status_word(f->status),
+               f->records, f->legacy_records);
+        if (f->unknown_ops)
+                printf(", %zu unknown ops ignored", f->unknown_ops);
+        printf(")\n");
+        if (f->status != FOLD_CLEAN) {
+                printf("problem: ");
+                print_problem(w);
+                putchar('\n');
+        }
+        printf("plans: %zu (%zu finalized, %zu not finalized)\n", f->nplans,
+               f->nplans - unfinished, unfinished);
+        for (size_t i = 0; i < f->nplans; i++) {
+                const struct fold_plan *p = &f->plans[i];
+                printf("  ");
+                ctl_put_safe(stdout, p->plan_id);
+                printf(" cycle %lld ", p->cycle);
+                ctl_put_safe(stdout, p->mandate_id);
+                if (p->finalized) {
+                        printf(" finalized ");
+                        ctl_put_safe(stdout, p->final_status);
+                } else {
+                        printf(" NOT FINALIZED");
+                }
+                if (p->orphan_reason) {
+                        printf(" (");
+                        ctl_put_safe(stdout, p->orphan_reason);
+                        putchar(')');
+                }
+                putchar('\n');
+                for (size_t k = 0; k < p->nsteps; k++) {
+                        const struct fold_step *s = &f->steps[p->steps[k]];
+                        printf("    ");
+                        ctl_put_safe(stdout, s->step_id);
+                        putchar(' ');
+                        ctl_put_safe(stdout, s->status ? s->status : "(no status)");
+                        if (s->reason) {
+                                printf(" reason=");
+                                ctl_put_safe(stdout, s->reason);
+                        }
+                        if (s->error_class) {
+                                printf(" error_class=");
+                                ctl_put_safe(stdout, s->error_class);
+                        }
+                        putchar('\n');
+                }
+        }
+}
+
+static json_t *step_json(const struct fold_step *s)
+{
+        json_t *o = json_object();
+
+        if (!o)
+                return NULL;
+        json_object_set_new(o, "step_id", ctl_json_str(s->step_id));
+        json_object_set_new(o, "plan_id", ctl_json_str(s->plan_id));
+        json_object_set_new(o, "tool", ctl_json_str(s->tool));
+        json_object_set_new(o, "params_hash", ctl_json_str(s->params_hash));
+        json_object_set_new(o, "pre_hash", ctl_json_str(s->pre_hash));
+        json_object_set_new(o, "expected_post_hash", ctl_json_str(s->expected_post_hash));
+        json_object_set_new(o, "idem_key", ctl_json_str(s->idem_key));
+        json_object_set_new(o, "status", ctl_json_str(s->status));
+        json_object_set_new(o, "finalized", json_boolean(fold_step_finalized(s)));
+        json_object_set_new(o, "observed_pre_hash", ctl_json_str(s->observed_pre_hash));
+        json_object_set_new(o, "post_hash", ctl_json_str(s->post_hash));
+        json_object_set_new(o, "result_hash", ctl_json_str(s->result_hash));
+        json_object_set_new(o, "result", ctl_json_raw(s->result_json));
+        json_object_set_new(o, "evidence", ctl_json_raw(s->evidence_json));
+        json_object_set_new(o, "error_class", ctl_json_str(s->error_class));
+        json_object_set_new(o, "error_msg", ctl_json_str(s->error_msg));
+        json_object_set_new(o, "reason", ctl_json_str(s->reason));
+        json_object_set_new(o, "recovered", json_boolean(s->recovered));
+        json_object_set_new(o, "executions", json_integer(s->executions));
+        json_object_set_new(o, "resets", json_integer(s->resets));
+        return o;
+}
+
+static json_t *plan_json(const struct fold *f, const struct fold_plan *p)
+{
+        json_t *o = json_object(), *steps = json_array();
+
+        if (!o || !steps) {
+                json_decref(o);
+                json_decref(steps);
+                return NULL;
+        }
+        json_object_set_new(o, "plan_id", ctl_json_str(p->plan_id));
+        json_object_set_new(o, "mandate_id", ctl_json_str(p->mandate_id));
+        json_object_set_new(o, "cycle", json_integer(p->cycle));
+        json_object_set_new(o, "plan_hash", ctl_json_str(p->plan_hash));
+        json_object_set_new(o, "finalized", json_boolean(p->finalized));
+        json_object_set_new(o, "final_status", ctl_json_str(p->final_status));
+        json_object_set_new(o, "final_reason", ctl_json_str(p->final_reason));
+        json_object_set_new(o, "orphan_reason", ctl_json_str(p->orphan_reason));
+        json_object_set_new(o, "line", json_integer((json_int_t)p->line));
+        for (size_t k = 0; k < p->nsteps; k++)
+                json_array_append_new(steps, step_json(&f->steps[p->steps[k]]));
+        json_object_set_new(o, "steps", steps);
+        return o;
+}
+
+static json_t *dump_json(const char *path, const struct loaded_wal *w)
+{
+        const struct fold *f = w->fold;
+        json_t *o = json_object(), *plans = json_array(), *open = json_array(),
+               *ops = json_array();
+
+        if (!o || !plans || !open || !ops) {
+                json_decref(o);
+                json_decref(plans);
+                json_decref(open);
+                json_decref(ops);
+                return NULL;
+        }
+        json_object_set_new(o, "file", ctl_json_str(path));
+        json_object_set_new(o, "status", json_string(status_word(f->status)));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)w->len));
+        json_object_set_new(o, "lines", json_integer((json_int_t)f->lines));
+        json_object_set_new(o, "records", json_integer((json_int_t)f->records));
+        json_object_set_new(o, "legacy_records", json_integer((json_int_t)f->legacy_records));
+        json_object_set_new(o, "unknown_ops", json_integer((json_int_t)f->unknown_ops));
+        json_object_set_new(o, "good_end", json_integer((json_int_t)f->good_end));
+        json_object_set_new(o, "problem", problem_json(w));
+        for (size_t i = 0; i < f->nplans; i++) {
+                json_array_append_new(plans, plan_json(f, &f->plans[i]));
+                if (!f->plans[i].finalized)
+                        json_array_append_new(open, ctl_json_str(f->plans[i].plan_id));
+        }
+        for (size_t i = 0; i < f->noperators; i++) {
+                const struct fold_operator *op = &f->operators[i];
+                json_t *j = json_object();
+                if (!j)
+                        continue;
+                json_object_set_new(j, "mandate_id", ctl_json_str(op->mandate_id));
+                json_object_set_new(j, "action", ctl_json_str(op->action));
+                json_object_set_new(j, "step_id", ctl_json_str(op->step_id));
+                json_object_set_new(j, "uid", json_integer(op->uid));
+                json_object_set_new(j, "reason", ctl_json_str(op->reason));
+                json_object_set_new(j, "ts", ctl_json_str(op->ts));
+                json_object_set_new(j, "line", json_integer((json_int_t)op->line));
+                json_array_append_new(ops, j);
+        }
+        json_object_set_new(o, "plans", plans);
+        json_object_set_new(o, "plans_not_finalized", open);
+        json_object_set_new(o, "operators", ops);
+        return o;
+}
+
+int ctl_cmd_wal_dump(const struct ctl_opts *o, int argc, char **argv)
+{
+        struct loaded_wal w;
+        struct kjson_arena *arena;
+        int npos, r;
+
+        r = ctl_parse_options("wal dump", argc, argv, NULL, &npos);
+        if (r)
+                return r;
+        if (npos != 1)
+                return ctl_usage_error("wal dump needs exactly one FILE");
+        r = load_wal(argv[0], &w);
+        if (r)
+                return r;
+        if (o->json) {
+                r = ctl_json_print(dump_json(argv[0], &w));
+                loaded_wal_free(&w);
+                return r;
+        }
+        arena = kjson_arena_new();
+        if (!arena) {
+                loaded_wal_free(&w);
+                return ctl_errno_error("kjson", -ENOMEM);
+        }
+        dump_records(&w, arena);
+        dump_summary(argv[0], &w);
+        kjson_arena_free(arena);
+        loaded_wal_free(&w);
+        return CTL_EXIT_OK;
+}
+
+/* ---- wal verify ------------------------------------------------------ */
+
+int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r, worst = CTL_EXIT_OK;
+        bool unreadable = false;
+        json_t *files = NULL;
+
+        r = ctl_parse_options("wal verify", argc, argv, NULL, &npos);
+        if (r)
+                return r;
+        if (npos < 1)
+                return ctl_usage_error("wal verify needs at least one FILE");
+        if (o->json && !(files = json_array()))
+                return ctl_errno_error("json", -ENOMEM);
+
+        for (int i = 0; i < npos; i++) {
+                struct loaded_wal w;
+                const struct fold *f;
+
+                fflush(stdout);
+                if (load_wal(argv[i], &w) != 0) {
+                        unreadable = true;
+                        if (files)
+                                json_array_append_new(
+                                        files, json_pack("{s:o,s:s}", "file",
+                                                         ctl_json_str(argv[i]), "status",
+                                                         "unreadable"));
+                        continue;
+                }
+                f = w.fold;
+                if (f->status == FOLD_CORRUPT)
+                        worst = 2;
+                else if (f->status == FOLD_TORN && worst < 1)
+                        worst = 1;
+                if (files) {
+                        json_t *j = json_pack("{s:o,s:s,s:I,s:I,s:I,s:o}", "file",
+                                              ctl_json_str(argv[i]), "status",
+                                              status_word(f->status), "bytes",
+                                              (json_int_t)w.len, "records",
+                                              (json_int_t)f->records, "legacy_unchecked",
+                                              (json_int_t)f->legacy_records, "problem",
+                                              problem_json(&w));
+                        json_array_append_new(files, j);
+                } else {
+                        ctl_put_safe(stdout, argv[i]);
+                        if (f->status == FOLD_CLEAN)
+                                printf(": ok (%zu records, %zu legacy unchecked)", f->records,
+                                       f->legacy_records);
+                        else
+                                printf(": ");
+                        print_problem(&w);
+                        putchar('\n');
+                }
+                loaded_wal_free(&w);
+        }
+        if (files) {
+                json_t *top = json_pack("{s:o,s:i}", "files", files, "exit", worst);
+                r = ctl_json_print(top);
+                if (r)
+                        return r;
+        }
+        return unreadable ? CTL_EXIT_NOINPUT : worst;
+}
+
+/* ---- recover --dry-run ------------------------------------------------ */
+
+struct recover_totals {
+        size_t files, unreadable, torn, corrupt, clean;
+        size_t unfinished, outcomes[4], records;
+};
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The record as the line recovery would append, without its '\n'; NULL on
+ * an encoding failure (described in *err). */
+static char *encode_record(const struct wal_record *rec, int *err)
+{
+        struct kbuf b = KBUF_INIT;
+
+        *err = wal_encode(rec, now_ms(), &b);
+        if (*err < 0) {
+                kbuf_free(&b);
+                return NULL;
+        }
+        if (b.len && b.data[b.len - 1] == '\n')
+                b.data[--b.len] = '\0';
+        return kbuf_steal(&b);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+        return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool has_wal_suffix(const char *name)
+{
+        size_t n = strlen(name), s = strlen(WAL_SUFFIX);
+        return n > s && strcmp(name + n - s, WAL_SUFFIX) == 0;
+}
+
+/* Sorted names of the *.wal.jsonl regular files in dir.  -errno. */
+static int list_wals(const char *dir, char ***out, size_t *count)
+{
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        char **names = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0;
+
+        if (!d)
+                return -errno;
+        while ((de = readdir(d))) {
+                if (!has_wal_suffix(de->d_name))
+                        continue;
+                struct stat st;
+                if (fstatat(dirfd(d), de->d_name, &st, 0) == 0 && !S_ISREG(st.st_mode))
+                        continue;
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 16;
+                        char **p = realloc(names, ncap * sizeof(*p));
+                        if (!p) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        names = p;
+                        cap = ncap;
+                }
+                if (!(names[n] = strdup(de->d_name))) {
+                        r = -ENOMEM;
+                        break;
+                }
+                n++;
+        }
+        closedir(d);
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        free(names[i]);
+                free(names);
+                return r;
+        }
+        if (n)
+                qsort(names, n, sizeof(*names), cmp_names);
+        *out = names;
+        *count = n;
+        return 0;
+}
+
+static void put_record_line(const char *indent, const struct wal_record *rec)
+{
+        int err;
+        char *line = encode_record(rec, &err);
+
+        printf("%swould append: ", indent);
+        if (line)
+                ctl_put_safe(stdout, line);
+        else
+                printf("(cannot encode: %s)", strerror(-err));
+        putchar('\n');
+        free(line);
+}
+
+static json_t *record_json(const struct wal_record *rec)
+{
+        int err;
+        char *line = encode_record(rec, &err);
+        json_t *v = line ? json_string(line) : json_null();
+
+        free(line);
+        return v ? v : json_null();
+}
+
+static json_t *evidence_json(const struct verdict *v)
+{
+        struct kbuf b = KBUF_INIT;
+        json_t *j = NULL;
+
+        if (verdict_evidence_json(v, &b) == 0 && b.data)
+                j = ctl_json_raw(b.data);
+        kbuf_free(&b);
+        return j ? j : json_null();
+}
+
+static void recover_plan_text(const struct fold *f, const struct recovery_plan *rp)
+{
+        const struct fold_plan *p = &f->plans[rp->plan];
+
+        printf("  plan ");
+        ctl_put_safe(stdout, p->plan_id);
+        printf(" (cycle %lld, mandate ", p->cycle);
+        ctl_put_safe(stdout, p->mandate_id);
+        printf("): %s\n", recovery_outcome_name(rp->outcome));
+        for (size_t i = 0; i < rp->ndecisions; i++) {
+                const struct recovery_decision *d = &rp->decisions[i];
+                const struct fold_step *s = &f->steps[d->step];
+                printf("    ");
+                ctl_put_safe(stdout, s->step_id);
+                printf(" (status ");
+                ctl_put_safe(stdout, s->status ? s->status : "none");
+                printf("): %s, row %d, ", verdict_kind_name(d->verdict.kind), d->verdict.row);
+                ctl_put_safe(stdout, d->verdict.reason);
+                putchar('\n');
+                if (d->has_record)
+                        put_record_line("      ", &d->record);
+                else
+                        printf("      no record\n");
+        }
+        if (rp->has_finalize)
+                put_record_line("    ", &rp->finalize);
+        switch (rp->outcome) {
+        case RECOVERY_RESUME:
+                printf("    -> resumes at ");
+                ctl_put_safe(stdout, rp->resume_step < f->nsteps ? f->steps[rp->resume_step].step_id
+                                                                 : NULL);
+                putchar('\n');
+                break;
+        case RECOVERY_PAUSED_REVIEW:
+                printf("    -> mandate paused_review at ");
+                ctl_put_safe(stdout, rp->pause_step);
+                printf(" (");
+                ctl_put_safe(stdout, rp->pause_reason);
+                printf(")\n");
+                break;
+        case RECOVERY_FINALIZED_FAILED:
+                printf("    -> plan finalized failed\n");
+                break;
+        case RECOVERY_FINALIZED_SUCCEEDED:
+                printf("    -> plan finalized succeeded; the mandate goes on or ends\n");
+                break;
+        }
+}
+
+static json_t *recover_plan_json(const struct fold *f, const struct recovery_plan *rp)
+{
+        const struct fold_plan *p = &f->plans[rp->plan];
+        json_t *o = json_object(), *ds = json_array();
+
+        if (!o || !ds) {
+                json_decref(o);
+                json_decref(ds);
+                return NULL;
+        }
+        json_object_set_new(o, "plan_id", ctl_json_str(p->plan_id));
+        json_object_set_new(o, "mandate_id", ctl_json_str(p->mandate_id));
+        json_object_set_new(o, "cycle", json_integer(p->cycle));
+        json_object_set_new(o, "outcome", json_string(recovery_outcome_name(rp->outcome)));
+        json_object_set_new(o, "resume_step",
+                            rp->outcome == RECOVERY_RESUME && rp->resume_step < f->nsteps
+                                    ? ctl_json_str(f->steps[rp->resume_step].step_id)
+                                    : json_null());
+        json_object_set_new(o, "pause_step", ctl_json_str(rp->pause_step));
+        json_object_set_new(o, "pause_reason", ctl_json_str(rp->pause_reason));
+        for (size_t i = 0; i < rp->ndecisions; i++) {
+                const struct recovery_decision *d = &rp->decisions[i];
+                const struct fold_step *s = &f->steps[d->step];
+                json_t *j = json_object();
+                if (!j)
+                        continue;
+                json_object_set_new(j, "step_id", ctl_json_str(s->step_id));
+                json_object_set_new(j, "status", ctl_json_str(s->status));
+                json_object_set_new(j, "verdict", json_string(verdict_kind_name(d->verdict.kind)));
+                json_object_set_new(j, "row", json_integer(d->verdict.row));
+                json_object_set_new(j, "reason", ctl_json_str(d->verdict.reason));
+                json_object_set_new(j, "evidence", evidence_json(&d->verdict));
+                json_object_set_new(j, "record", d->has_record ? record_json(&d->record)
+                                                               : json_null());
+                json_array_append_new(ds, j);
+        }
+        json_object_set_new(o, "decisions", ds);
+        json_object_set_new(o, "finalize", rp->has_finalize ? record_json(&rp->finalize)
+                                                            : json_null());
+        return o;
+}
+
+/* One WAL file: print (or add to jfiles) what recovery would do. */
+static void recover_file(const char *dir, const char *name, json_t *jfiles,
+                         struct recover_totals *t)
+{
+        struct loaded_wal w;
+        struct recovery *rec = NULL;
+        json_t *jf = NULL, *jplans = NULL;
+        char *path;
+        int r;
+
+        t->files++;
+        if (asprintf(&path, "%s/%s", dir, name) < 0) {
+                t->unreadable++;
+                return;
+        }
+        fflush(stdout);
+        if (load_wal(path, &w) != 0) {
+                t->unreadable++;
+                if (jfiles)
+                        json_array_append_new(jfiles,
+                                              json_pack("{s:o,s:s}", "file", ctl_json_str(path),
+                                                        "status", "unreadable"));
+                free(path);
+                return;
+        }
+        const struct fold *f = w.fold;
+        const char *action = f->status == FOLD_CORRUPT ? "quarantine"
+                           : f->status == FOLD_TORN    ? "repair_torn_tail"
+                                                       : NULL;
+        if (jfiles) {
+                jf = json_pack("{s:o,s:s,s:o,s:o}", "file", ctl_json_str(path), "status",
+                               status_word(f->status), "problem", problem_json(&w), "action",
+                               ctl_json_str(action));
+                jplans = json_array();
+        } else {
+                ctl_put_safe(stdout, path);
+                printf(": %s", status_word(f->status));
+                if (f->status != FOLD_CLEAN) {
+                        printf(", ");
+                        print_problem(&w);
+                }
+                putchar('\n');
+        }
+
+        if (f->status == FOLD_CORRUPT) {
+                t->corrupt++;
+                if (!jfiles)
+                        printf("  would quarantine the file: no appends, its mandate paused "
+                               "(wal_corrupt)\n");
+                goto out;
+        }
+        if (f->status == FOLD_TORN) {
+                t->torn++;
+                if (!jfiles)
+                        printf("  would cut the torn tail (%zu bytes, kept in %s.torn.<seconds>)\n",
+                               torn_bytes(&w), name);
+        } else {
+                t->clean++;
+        }
+
+        r = recovery_plan_fold(f, &rec);
+        if (r < 0) {
+                if (jfiles)
+                        json_object_set_new(jf, "error", json_string(strerror(-r)));
+                else
+                        printf("  cannot plan recovery: %s\n", strerror(-r));
+                goto out;
+        }
+        if (!jfiles && rec->nplans == 0)
+                printf("  nothing to recover (%zu plan%s, all finalized)\n", f->nplans,
+                       f->nplans == 1 ? "" : "s");
+        for (size_t i = 0; i < rec->nplans; i++) {
+                const struct recovery_plan *rp = &rec->plans[i];
+                t->unfinished++;
+                if ((unsigned)rp->outcome < 4)
+                        t->outcomes[rp->outcome]++;
+                if (jfiles)
+                        json_array_append_new(jplans, recover_plan_json(f, rp));
+                else
+                        recover_plan_text(f, rp);
+        }
+        t->records += recovery_record_count(rec);
+out:
+        if (jf) {
+                json_object_set_new(jf, "plans", jplans ? jplans : json_array());
+                json_array_append_new(jfiles, jf);
+        } else {
+                json_decref(jplans);
+        }
+        recovery_free(rec);
+        loaded_wal_free(&w);
+        free(path);
+}
+
+int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *state_dir = CTL_DEFAULT_STATE_DIR;
+        bool dry_run = false;
+        const struct ctl_option opts[] = {
+                { "dry-run", false, NULL, &dry_run },
+                { "state-dir", true, &state_dir, NULL },
+                { NULL, false, NULL, NULL },
+        };
+        struct recover_totals t = { 0 };
+        char **names = NULL, *waldir = NULL;
+        size_t n = 0;
+        json_t *jfiles = NULL;
+        int npos, r;
+
+        r = ctl_parse_options("recover", argc, argv, opts, &npos);
+        if (r)
+                return r;
+        if (npos > 0)
+                return ctl_usage_error("recover: unexpected argument '%s'", argv[0]);
+        if (!dry_run)
+                return ctl_usage_error("recover needs --dry-run: recovery itself runs inside "
+                                       "kairosd at startup");
+        if (!*state_dir)
+                return ctl_usage_error("recover: --state-dir needs a directory");
+
+        struct stat st;
+        if (stat(state_dir, &st) < 0)
+                return ctl_file_error(state_dir, errno);
+        if (!S_ISDIR(st.st_mode))
+                return ctl_file_error(state_dir, ENOTDIR);
+        if (asprintf(&waldir, "%s/wal", state_dir) < 0)
+                return ctl_errno_error("recover", -ENOMEM);
+        r = list_wals(waldir, &names, &n);
+        if (r == -ENOENT) {
+                r = 0;   /* a fresh state directory: nothing to recover */
+        } else if (r < 0) {
+                r = ctl_file_error(waldir, r);
+                free(waldir);
+                return r;
+        }
+        r = canon_init();
+        if (r < 0) {
+                free(waldir);
+                return ctl_errno_error("canon_init", r);
+        }
+
+        if (o->json && !(jfiles = json_array())) {
+                r = ctl_errno_error("json", -ENOMEM);
+                goto out;
+        }
+        if (!jfiles) {
+                printf("state directory: ");
+                ctl_put_safe(stdout, state_dir);
+                printf(" (%zu WAL file%s in ", n, n == 1 ? "" : "s");
+                ctl_put_safe(stdout, waldir);
+                printf(")\n");
+        }
+        for (size_t i = 0; i < n; i++)
+                recover_file(waldir, names[i], jfiles, &t);
+
+        if (jfiles) {
+                json_t *top = json_pack(
+                        "{s:o,s:b,s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "state_dir",
+                        ctl_json_str(state_dir), "dry_run", 1, "files", jfiles, "summary",
+                        "files", (json_int_t)t.files, "unreadable", (json_int_t)t.unreadable,
+                        "torn", (json_int_t)t.torn, "corrupt", (json_int_t)t.corrupt,
+                        "unfinished_plans", (json_int_t)t.unfinished, "resume",
+                        (json_int_t)t.outcomes[RECOVERY_RESUME], "paused_review",
+                        (json_int_t)t.outcomes[RECOVERY_PAUSED_REVIEW], "finalized_failed",
+                        (json_int_t)t.outcomes[RECOVERY_FINALIZED_FAILED],
+                        "finalized_succeeded",
+                        (json_int_t)t.outcomes[RECOVERY_FINALIZED_SUCCEEDED], "records",
+                        (json_int_t)t.records);
+                jfiles = NULL;
+                r = ctl_json_print(top);
+        } else {
+                printf("summary: %zu file%s (%zu clean, %zu torn tail%s to repair, %zu corrupt "
+                       "to quarantine", t.files, t.files == 1 ? "" : "s", t.clean, t.torn,
+                       t.torn == 1 ? "" : "s", t.corrupt);
+                if (t.unreadable)
+                        printf(", %zu unreadable", t.unreadable);
+                printf("); %zu unfinished plan%s: %zu resume, %zu paused for review, %zu "
+                       "finalized failed, %zu finalized succeeded; %zu record%s to append\n",
+                       t.unfinished, t.unfinished == 1 ? "" : "s",
+                       t.outcomes[RECOVERY_RESUME], t.outcomes[RECOVERY_PAUSED_REVIEW],
+                       t.outcomes[RECOVERY_FINALIZED_FAILED],
+                       t.outcomes[RECOVERY_FINALIZED_SUCCEEDED], t.records,
+                       t.records == 1 ? "" : "s");
+                printf("dry run: nothing was changed\n");
+                r = 0;
+        }
+        if (r == 0 && t.unreadable)
+                r = CTL_EXIT_NOINPUT;
+out:
+        json_decref(jfiles);
+        for (size_t i = 0; i < n; i++)
+                free(names[i]);
+        free(names);
+        free(waldir);
+        return r;
+}
+
+/* ---- canon ------------------------------------------------------------ */
+
+int ctl_cmd_canon(const struct ctl_opts *o, int argc, char **argv)
+{
+        bool hash = false;
+        const struct ctl_option opts[] = {
+                { "hash", false, NULL, &hash },
+                { NULL, false, NULL, NULL },
+        };
+        struct kbuf out = KBUF_INIT;
+        struct kjson_error err = { 0 };
+        char hex[CANON_HASH_STRLEN];
+        const char *path;
+        char *data = NULL;
+        size_t len = 0;
+        int npos, r;
+
+        r = ctl_parse_options("canon", argc, argv, opts, &npos);
+        if (r)
+                return r;
+        if (npos > 1)
+                return ctl_usage_error("canon takes at most one FILE (or - for stdin)");
+        path = npos == 1 ? argv[0] : "-";
+        r = canon_init();
+        if (r < 0)
+                return ctl_errno_error("canon_init", r);
+        r = ctl_read_file(path, &data, &len);
+        if (r < 0)
+                return ctl_file_error(path, r);
+
+        r = canon_json(data, len, &out, &err);
+        if (r == -EINVAL) {
+                fputs("kairosctl: ", stderr);
+                ctl_put_safe(stderr, strcmp(path, "-") == 0 ? "(stdin)" : path);
+                fprintf(stderr, ": invalid JSON at byte offset %zu: %s\n", err.offset,
+                        err.message ? err.message : kjson_error_string(err.code));
+                r = CTL_EXIT_DATAERR;
+                goto out;
+        }
+        if (r == -EDOM) {
+                fputs("kairosctl: ", stderr);
+                ctl_put_safe(stderr, strcmp(path, "-") == 0 ? "(stdin)" : path);
+                fputs(": a number is out of range (NaN or Infinity cannot be canonical)\n",
+                      stderr);
+                r = CTL_EXIT_DATAERR;
+                goto out;
+        }
+        if (r < 0) {
+                r = ctl_errno_error("canon", r);
+                goto out;
+        }
+        canon_hash_bytes(out.data ? out.data : "", out.len, hex);
+        if (o->json) {
+                json_t *j = json_object();
+                if (j) {
+                        json_t *c = out.data ? json_stringn(out.data, out.len) : json_string("");
+                        json_object_set_new(j, "canonical", c ? c : json_null());
+                        json_object_set_new(j, "hash", json_string(hex));
+                }
+                r = ctl_json_print(j);
+        } else if (hash) {
+                printf("%s\n", hex);
+                r = 0;
+        } else {
+                fwrite(out.data ? out.data : "", 1, out.len, stdout);
+                putchar('\n');
+                r = 0;
+        }
+out:
+        kbuf_free(&out);
+        free(data);
+        return r;
+}
+
+/* ---- plan ------------------------------------------------------------- */
+
+static bool parse_cycle(const char *s, int *out)
+{
+        long v = 0;
+
+        if (!*s || strlen(s) > 4)
+                return false;
+        for (const char *p = s; *p; p++) {
+                if (*p < '0' || *p > '9')
+                        return false;
+                v = v * 10 + (*p - '0');
+        }
+        if (v < 1 || v > PLANNER_MAX_CYCLE)
+                return false;
+        *out = (int)v;
+        return true;
+}
+
+int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *name = NULL, *fired_at = NULL, *cycle_s = NULL;
+        const struct ctl_option opts[] = {
+                { "name", true, &name, NULL },
+                { "fired-at", true, &fired_at, NULL },
+                { "cycle", true, &cycle_s, NULL },
+                { NULL, false, NULL, NULL },
+        };
+        struct planner_plan p;
+        int npos, cycle = 1, r;
+
+        r = ctl_parse_options("plan", argc, argv, opts, &npos);
+        if (r)
+                return r;
+        if (npos > 0)
+                return ctl_usage_error("plan: unexpected argument '%s'", argv[0]);
+        if (!name)
+                return ctl_usage_error("plan needs --name NAME");
+        if (!fired_at)
+                return ctl_usage_error("plan needs --fired-at YYYY-MM-DDTHH:MM:SSZ");
+        if (!ctl_valid_schedule_name(name))
+                return ctl_usage_error("plan: invalid schedule name '%s': use 1 to 64 of "
+                                       "A-Z a-z 0-9 _ -", name);
+        if (!ctl_valid_fired_at(fired_at))
+                return ctl_usage_error("plan: invalid --fired-at '%s': need a real UTC time "
+                                       "as YYYY-MM-DDTHH:MM:SSZ, e.g. 2026-04-20T12:00:00Z",
+                                       fired_at);
+        if (cycle_s && !parse_cycle(cycle_s, &cycle))
+                return ctl_usage_error("plan: invalid --cycle '%s': need an integer 1..%d",
+                                       cycle_s, PLANNER_MAX_CYCLE);
+        r = canon_init();
+        if (r < 0)
+                return ctl_errno_error("canon_init", r);
+        r = planner_build(name, fired_at, cycle, &p);
+        if (r < 0)
+                return ctl_errno_error("planner", r);
+
+        if (o->json) {
+                json_t *steps = json_array();
+                for (int i = 0; steps && i < PLANNER_PHASES; i++) {
+                        const struct planner_step *s = &p.steps[i];
+                        json_array_append_new(
+                                steps, json_pack("{s:s,s:s,s:s,s:s,s:s}", "step_id", s->step_id,
+                                                 "tool", s->tool, "params_hash", s->params_hash,
+                                                 "pre_hash", s->pre_hash, "expected_post_hash",
+                                                 s->expected_post_hash));
+                }
+                return ctl_json_print(json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:o}", "name", name,
+                                                "fired_at", fired_at, "plan_id", p.plan_id,
+                                                "mandate_id", p.mandate_id, "cycle", p.cycle,
+                                                "plan_hash", p.plan_hash, "steps", steps));
+        }
+        printf("plan_id     %s\nmandate_id  %s\ncycle       %d\nplan_hash   %s\nsteps:\n",
+               p.plan_id, p.mandate_id, p.cycle, p.plan_hash);
+        for (int i = 0; i < PLANNER_PHASES; i++) {
+                const struct planner_step *s = &p.steps[i];
+                printf("  %-11s %-13s params_hash=%s pre_hash=%s expected_post_hash=%s "
+                       "idem_key=%s/%s\n",
+                       s->step_id, s->tool, s->params_hash, s->pre_hash, s->expected_post_hash,
+                       p.mandate_id, s->step_id);
+        }
+        return CTL_EXIT_OK;
+}

@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosctl: option parsing, messages, file reading and output helpers
+ * shared by every command. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "kairos/kbuf.h"
+
+int ctl_usage_error(const char *fmt, ...)
+{
+        va_list ap;
+
+        fputs("kairosctl: ", stderr);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputs(" (see kairosctl --help)\n", stderr);
+        return CTL_EXIT_USAGE;
+}
+
+int ctl_error(int status, const char *fmt, ...)
+{
+        va_list ap;
+
+        fputs("kairosctl: ", stderr);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+        return status;
+}
+
+int ctl_file_error(const char *path, int err)
+{
+        if (err < 0)
+                err = -err;
+        fputs("kairosctl: ", stderr);
+        ctl_put_safe(stderr, strcmp(path, "-") == 0 ? "(stdin)" : path);
+        fprintf(stderr, ": %s\n", strerror(err));
+        return CTL_EXIT_NOINPUT;
+}
+
+int ctl_errno_error(const char *what, int r)
+{
+        return ctl_error(r == -ENOMEM ? CTL_EXIT_OSERR : CTL_EXIT_SOFTWARE, "%s: %s", what,
+                         strerror(r < 0 ? -r : r));
+}
+
+int ctl_not_implemented(const char *cmd, bool online)
+{
+        if (online)
+                fprintf(stderr, "kairosctl: %s needs the daemon (not yet implemented)\n", cmd);
+        else
+                fprintf(stderr, "kairosctl: %s is not yet implemented\n", cmd);
+        return CTL_EXIT_USAGE;
+}
+
+static const struct ctl_option *find_option(const struct ctl_option *opts, const char *name,
+                                            size_t n)
+{
+        for (; opts && opts->name; opts++)
+                if (strlen(opts->name) == n && strncmp(opts->name, name, n) == 0)
+                        return opts;
+        return NULL;
+}
+
+int ctl_parse_options(const char *cmd, int argc, char **argv, const struct ctl_option *opts,
+                      int *npos)
+{
+        int pos = 0;
+        bool only_pos = false;
+
+        for (int i = 0; i < argc; i++) {
+                const char *a = argv[i];
+                if (only_pos || a[0] != '-' || a[1] == '\0') {
+                        argv[pos++] = argv[i];
+                        continue;
+                }
+                if (strcmp(a, "--") == 0) {
+                        only_pos = true;
+                        continue;
+                }
+                if (a[1] != '-')
+                        return ctl_usage_error("%s: unknown option '%s'", cmd, a);
+                const char *name = a + 2;
+                const char *eq = strchr(name, '=');
+                size_t n = eq ? (size_t)(eq - name) : strlen(name);
+                const struct ctl_option *opt = find_option(opts, name, n);
+                if (!opt)
+                        return ctl_usage_error("%s: unknown option '--%.*s'", cmd, (int)n, name);
+                if (!opt->has_arg) {
+                        if (eq)
+                                return ctl_usage_error("%s: option '--%s' takes no value", cmd,
+                                                       opt->name);
+                        *opt->flag = true;
+                        continue;
+                }
+                if (eq) {
+                        *opt->value = eq + 1;
+                } else {
+                        if (i + 1 >= argc)
+                                return ctl_usage_error("%s: option '--%s' needs a value", cmd,
+                                                       opt->name);
+                        *opt->value = argv[++i];
+                }
+        }
+        *npos = pos;
+        return 0;
+}
+
+int ctl_read_file(const char *path, char **data, size_t *len)
+{
+        struct kbuf b = KBUF_INIT;
+        int fd, r = 0;
+
+        if (strcmp(path, "-") == 0) {
+                fd = STDIN_FILENO;
+        } else {
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+                if (fd < 0)
+                        return -errno;
+        }
+        r = kbuf_reserve(&b, 65536);
+        for (;;) {
+                if (r < 0)
+                        break;
+                if (b.cap - b.len < 4096 + 1)
+                        r = kbuf_reserve(&b, b.cap);
+                if (r < 0)
+                        break;
+                ssize_t n = read(fd, b.data + b.len, b.cap - b.len - 1);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        break;
+                }
+                if (n == 0)
+                        break;
+                b.len += (size_t)n;
+                b.data[b.len] = '\0';
+        }
+        if (fd != STDIN_FILENO)
+                close(fd);
+        if (r < 0) {
+                kbuf_free(&b);
+                return r;
+        }
+        *len = b.len;
+        *data = kbuf_steal(&b);
+        return 0;
+}
+
+void ctl_put_safe(FILE *f, const char *s)
+{
+        if (!s) {
+                fputc('-', f);
+                return;
+        }
+        const unsigned char *p = (const unsigned char *)s;
+        size_t n = strlen(s);
+        while (n > 0) {
+                if (*p >= 0x80) {
+                        size_t l = utf8_seq_len(p, n);
+                        /* C1 controls (U+0080..U+009F) are escaped too */
+                        if (l > 0 && !(l == 2 && p[0] == 0xc2 && p[1] < 0xa0)) {
+                                fwrite(p, 1, l, f);
+                                p += l;
+                                n -= l;
+                                continue;
+                        }
+                } else if (*p >= 0x20 && *p != 0x7f && *p != '\\') {
+                        fputc(*p, f);
+                        p++;
+                        n--;
+                        continue;
+                }
+                if (*p == '\\')
+                        fputs("\\\\", f);
+                else
+                        fprintf(f, "\\x%02x", *p);
+                p++;
+                n--;
+        }
+}
+
+json_t *ctl_json_str(const char *s)
+{
+        json_t *v;
+
+        if (!s)
+                return json_null();
+        v = json_string(s);
+        return v ? v : json_null();
+}
+
+json_t *ctl_json_raw(const char *text)
+{
+        json_t *v;
+
+        if (!text)
+                return json_null();
+        v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        return v ? v : ctl_json_str(text);
+}
+
+int ctl_json_print(json_t *v)
+{
+        if (!v)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        int r = json_dumpf(v, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+        json_decref(v);
+        fputc('\n', stdout);
+        return r == 0 ? 0 : CTL_EXIT_IOERR;
+}
+
+bool ctl_valid_schedule_name(const char *name)
+{
+        size_t n = strlen(name);
+
+        if (n < 1 || n > 64)
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                char c = name[i];
+                if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-'))
+                        return false;
+        }
+        return true;
+}
+
+static bool digits(const char *s, size_t n, int *out)
+{
+        int v = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                if (s[i] < '0' || s[i] > '9')
+                        return false;
+                v = v * 10 + (s[i] - '0');
+        }
+        *out = v;
+        return true;
+}
+
+bool ctl_valid_fired_at(const char *s)
+{
+        static const int mdays[] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+        int y, mo, d, h, mi, se;
+
+        if (strlen(s) != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' ||
+            s[16] != ':' || s[19] != 'Z')
+                return false;
+        if (!digits(s, 4, &y) || !digits(s + 5, 2, &mo) || !digits(s + 8, 2, &d) ||
+            !digits(s + 11, 2, &h) || !digits(s + 14, 2, &mi) || !digits(s + 17, 2, &se))
+                return false;
+        if (y < 1970 || mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || se > 59)
+                return false;
+        int dim = mdays[mo - 1];
+        if (mo == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0))
+                dim = 29;
+        return d <= dim;
+}
