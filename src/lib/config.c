@@ -1,0 +1,1428 @@
+/* SPDX-License-Identifier: MIT */
+/* config: a strict, table-driven systemd-style INI parser for kairosd.conf,
+ * its drop-ins and schedules.d/NAME.conf (DESIGN §9, §10, §12).
+ *
+ * Every error is collected (never only the first) as one message
+ *   "FILE:LINE: Key=: what is wrong"   (a bad assignment)
+ *   "FILE:LINE: what is wrong"         (a line without a key)
+ *   "FILE: what is wrong"              (file-level) */
+#include "kairos/config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "kairos/cron.h"
+#include "kairos/kbuf.h"
+
+#define CONFIG_FILE_MAX (1024 * 1024)
+#define MAX_SECTIONS 8
+
+_Static_assert(sizeof(enum config_missed_policy) == sizeof(int), "enum stored as int");
+_Static_assert(sizeof(enum config_concurrency) == sizeof(int), "enum stored as int");
+_Static_assert(sizeof(enum config_risk) == sizeof(int), "enum stored as int");
+
+/* ---- error collection ------------------------------------------------- */
+
+struct errctx {
+        struct config_errors *errs; /* may be NULL: only counted */
+        size_t n;                   /* errors reported through this context */
+        bool oom;
+};
+
+__attribute__((format(printf, 2, 3)))
+static void err_add(struct errctx *ec, const char *fmt, ...)
+{
+        ec->n++;
+        if (!ec->errs)
+                return;
+        struct kbuf b = KBUF_INIT;
+        va_list ap;
+        va_start(ap, fmt);
+        int r = kbuf_vprintf(&b, fmt, ap);
+        va_end(ap);
+        if (r < 0 || !b.data) {
+                kbuf_free(&b);
+                ec->oom = true;
+                return;
+        }
+        char **m = realloc(ec->errs->msgs, (ec->errs->n + 1) * sizeof(*m));
+        if (!m) {
+                kbuf_free(&b);
+                ec->oom = true;
+                return;
+        }
+        ec->errs->msgs = m;
+        m[ec->errs->n++] = kbuf_steal(&b);
+}
+
+void config_errors_free(struct config_errors *e)
+{
+        if (!e)
+                return;
+        for (size_t i = 0; i < e->n; i++)
+                free(e->msgs[i]);
+        free(e->msgs);
+        e->msgs = NULL;
+        e->n = 0;
+}
+
+static const char *errno_str(int err, char *buf, size_t len)
+{
+        /* GNU strerror_r (we build with _GNU_SOURCE): thread-safe. */
+        return strerror_r(err, buf, len);
+}
+
+/* ---- string vectors ---------------------------------------------------- */
+
+void config_strv_free(char **v)
+{
+        if (!v)
+                return;
+        for (char **p = v; *p; p++)
+                free(*p);
+        free(v);
+}
+
+/* Append s (taken over) to the NULL-terminated vector *v of *n entries. */
+static int strv_push(char ***v, size_t *n, char *s)
+{
+        char **p = realloc(*v, (*n + 2) * sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p[(*n)++] = s;
+        p[*n] = NULL;
+        *v = p;
+        return 0;
+}
+
+static void strv_reset(char ***v, size_t *n)
+{
+        config_strv_free(*v);
+        *v = NULL;
+        *n = 0;
+}
+
+static int set_str(char **field, const char *value)
+{
+        char *d = strdup(value);
+        if (!d)
+                return -ENOMEM;
+        free(*field);
+        *field = d;
+        return 0;
+}
+
+/* ---- value grammars ---------------------------------------------------- */
+
+static bool is_blank(char c)
+{
+        return c == ' ' || c == '\t';
+}
+
+static bool is_digit(char c)
+{
+        return c >= '0' && c <= '9';
+}
+
+static bool is_alpha(char c)
+{
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+bool config_valid_schedule_name(const char *name)
+{
+        if (!name)
+                return false;
+        size_t n = 0;
+        for (const char *p = name; *p; p++, n++) {
+                if (!(is_alpha(*p) || is_digit(*p) || *p == '_' || *p == '-'))
+                        return false;
+        }
+        return n >= 1 && n <= 64;
+}
+
+static const char *const phase_keys[CONFIG_PHASES] = {
+        "Observe", "Orient", "Decide", "Act", "Reflect",
+};
+
+const char *config_phase_key(int phase)
+{
+        if (phase < 0 || phase >= CONFIG_PHASES)
+                return NULL;
+        return phase_keys[phase];
+}
+
+/* Digits only; -EINVAL if not a number, -ERANGE if it overflows. */
+static int parse_u64(const char *s, const char **end, uint64_t *out)
+{
+        const char *p = s;
+        uint64_t v = 0;
+        bool overflow = false;
+        if (!is_digit(*p))
+                return -EINVAL;
+        for (; is_digit(*p); p++) {
+                unsigned d = (unsigned)(*p - '0');
+                if (v > (UINT64_MAX - d) / 10)
+                        overflow = true;
+                else
+                        v = v * 10 + d;
+        }
+        *end = p;
+        *out = v;
+        return overflow ? -ERANGE : 0;
+}
+
+static const struct {
+        const char *name;
+        uint64_t mult;
+} duration_units[] = {
+        { "s", 1 }, { "sec", 1 }, { "min", 60 }, { "h", 3600 }, { "d", 86400 },
+};
+
+int config_parse_duration(const char *s, uint64_t *out_sec)
+{
+        if (!s || !out_sec)
+                return -EINVAL;
+        const char *p = s;
+        uint64_t total = 0;
+        size_t ncomp = 0;
+        bool range = false;
+
+        for (;;) {
+                if (ncomp > 0) {
+                        if (*p == '\0')
+                                break;
+                        while (is_blank(*p))
+                                p++;
+                }
+                uint64_t n;
+                const char *e;
+                int r = parse_u64(p, &e, &n);
+                if (r == -EINVAL)
+                        return -EINVAL;
+                if (r == -ERANGE)
+                        range = true;
+                p = e;
+                const char *u = p;
+                while (is_alpha(*p))
+                        p++;
+                size_t ulen = (size_t)(p - u);
+                uint64_t mult = 0;
+                if (ulen == 0) {
+                        /* a unitless number is seconds, and only on its own */
+                        if (ncomp > 0 || *p != '\0')
+                                return -EINVAL;
+                        mult = 1;
+                } else {
+                        for (size_t i = 0; i < sizeof(duration_units) / sizeof(duration_units[0]); i++) {
+                                if (strlen(duration_units[i].name) == ulen &&
+                                    memcmp(duration_units[i].name, u, ulen) == 0)
+                                        mult = duration_units[i].mult;
+                        }
+                        if (mult == 0)
+                                return -EINVAL;
+                }
+                if (*p != '\0' && !is_blank(*p) && !is_digit(*p))
+                        return -EINVAL;
+                if (n > UINT64_MAX / mult || total > UINT64_MAX - n * mult)
+                        range = true;
+                else
+                        total += n * mult;
+                ncomp++;
+        }
+        if (range)
+                return -ERANGE;
+        *out_sec = total;
+        return 0;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+        static const char *const yes[] = { "yes", "true", "on", "1" };
+        static const char *const no[] = { "no", "false", "off", "0" };
+        for (size_t i = 0; i < 4; i++) {
+                if (strcasecmp(s, yes[i]) == 0) {
+                        *out = true;
+                        return 0;
+                }
+                if (strcasecmp(s, no[i]) == 0) {
+                        *out = false;
+                        return 0;
+                }
+        }
+        return -EINVAL;
+}
+
+/* Absolute, and no ".." component.  Returns NULL or what is wrong. */
+static const char *path_problem(const char *s)
+{
+        if (s[0] != '/')
+                return "is not an absolute path";
+        for (const char *p = s; (p = strstr(p, "..")); p += 2) {
+                bool start = p[-1] == '/';
+                bool end = p[2] == '/' || p[2] == '\0';
+                if (start && end)
+                        return "must not contain \"..\"";
+        }
+        return NULL;
+}
+
+static bool valid_env_name(const char *s, size_t n)
+{
+        if (n == 0 || is_digit(s[0]))
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                if (!(is_alpha(s[i]) || is_digit(s[i]) || s[i] == '_'))
+                        return false;
+        }
+        return true;
+}
+
+/* ---- command lines ----------------------------------------------------- */
+
+static int split_command(const char *cmdline, char ***argv_out, size_t *argc_out,
+                         const char **why)
+{
+        char **argv = NULL;
+        size_t argc = 0;
+        struct kbuf w = KBUF_INIT;
+        const char *p = cmdline;
+        int r = 0;
+
+        *why = NULL;
+        for (;;) {
+                while (is_blank(*p) || *p == '\n' || *p == '\r')
+                        p++;
+                if (*p == '\0')
+                        break;
+                kbuf_reset(&w);
+                r = kbuf_reserve(&w, 0); /* an empty word ("") is still a word */
+                if (r < 0)
+                        goto fail;
+                w.data[w.len] = '\0';
+                char quote = 0;
+                for (; *p; p++) {
+                        char c = *p;
+                        if (quote == '\'') {
+                                if (c == '\'') {
+                                        quote = 0;
+                                        continue;
+                                }
+                        } else if (c == '\\') {
+                                p++;
+                                switch (*p) {
+                                case '\0':
+                                        *why = "trailing backslash";
+                                        r = -EINVAL;
+                                        goto fail;
+                                case '\\': case '"': case '\'': case ' ':
+                                        c = *p;
+                                        break;
+                                case 'n':
+                                        c = '\n';
+                                        break;
+                                case 't':
+                                        c = '\t';
+                                        break;
+                                case 'r':
+                                        c = '\r';
+                                        break;
+                                default:
+                                        *why = "unknown escape sequence";
+                                        r = -EINVAL;
+                                        goto fail;
+                                }
+                        } else if (quote == '"') {
+                                if (c == '"') {
+                                        quote = 0;
+                                        continue;
+                                }
+                        } else if (c == '"' || c == '\'') {
+                                quote = c;
+                                continue;
+                        } else if (is_blank(c) || c == '\n' || c == '\r') {
+                                break;
+                        }
+                        r = kbuf_putc(&w, c);
+                        if (r < 0)
+                                goto fail;
+                }
+                if (quote) {
+                        *why = quote == '"' ? "unbalanced double quote"
+                                            : "unbalanced single quote";
+                        r = -EINVAL;
+                        goto fail;
+                }
+                char *word = kbuf_steal(&w);
+                r = strv_push(&argv, &argc, word);
+                if (r < 0) {
+                        free(word);
+                        goto fail;
+                }
+        }
+        if (!argv) {
+                argv = calloc(1, sizeof(*argv));
+                if (!argv) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+        }
+        kbuf_free(&w);
+        *argv_out = argv;
+        *argc_out = argc;
+        return 0;
+fail:
+        kbuf_free(&w);
+        config_strv_free(argv);
+        return r;
+}
+
+int config_split_command(const char *cmdline, char ***argv_out, size_t *argc_out)
+{
+        const char *why;
+        if (!cmdline || !argv_out || !argc_out)
+                return -EINVAL;
+        return split_command(cmdline, argv_out, argc_out, &why);
+}
+
+/* ---- the tables -------------------------------------------------------- */
+
+enum key_type {
+        KT_STRING,      /* non-empty string */
+        KT_OPT_STRING,  /* string; empty = unset (NULL) */
+        KT_PATH,        /* absolute path, non-empty */
+        KT_OPT_PATH,    /* absolute path; empty = unset */
+        KT_BOOL,        /* bool */
+        KT_UNSIGNED,    /* unsigned in [min, max] */
+        KT_DURATION,    /* uint64_t seconds in [min, max] */
+        KT_ENUM,        /* int: index into words */
+        KT_ENV_LIST,    /* repeatable NAME=VALUE; empty resets */
+        KT_PATH_LIST,   /* space-separated absolute paths, accumulating; empty resets */
+        KT_COMMAND,     /* command line; empty = none */
+};
+
+/* Extra check of a string value: NULL if fine, else a message in buf. */
+typedef const char *(*value_check_fn)(const char *value, char *buf, size_t len);
+
+struct key_def {
+        const char *name;
+        enum key_type type;
+        size_t offset;
+        size_t count_offset;            /* lists: the size_t element count */
+        uint64_t min, max;              /* KT_UNSIGNED, KT_DURATION */
+        const char *const *words;       /* KT_ENUM, NULL-terminated */
+        value_check_fn check;
+        bool required;                  /* a missing key is a file-level error */
+};
+
+struct section_def {
+        const char *name;
+        const struct key_def *keys;
+};
+
+struct file_kind {
+        const struct section_def *sections; /* NULL-name terminated */
+        const char *expected;               /* for "unknown section" messages */
+};
+
+static const char *check_socket_path(const char *v, char *buf, size_t len)
+{
+        if (strlen(v) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+                snprintf(buf, len, "path too long for a unix socket (at most %zu bytes)",
+                         sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+                return buf;
+        }
+        return NULL;
+}
+
+static const char *check_cron(const char *v, char *buf, size_t len)
+{
+        struct cron_expr e;
+        char why[256] = "";
+        if (cron_parse(v, &e, why, sizeof(why)) < 0) {
+                snprintf(buf, len, "invalid expression \"%s\": %s", v,
+                         why[0] ? why : "rejected");
+                return buf;
+        }
+        /* "0 0 31 2 *" parses but never fires: surely a mistake. */
+        int64_t next;
+        if (cron_next(&e, NULL, 0, &next) == -ENOENT) {
+                snprintf(buf, len, "expression \"%s\" never matches any date", v);
+                return buf;
+        }
+        return NULL;
+}
+
+static const char *check_time_zone(const char *v, char *buf, size_t len)
+{
+        struct cron_tz *tz = NULL;
+        int r = cron_tz_load(v, &tz);
+        if (r >= 0) {
+                cron_tz_free(tz);
+                return NULL;
+        }
+        if (r == -ENOENT) {
+                snprintf(buf, len, "unknown time zone \"%s\"", v);
+        } else if (r == -EINVAL) {
+                snprintf(buf, len, "invalid time zone name \"%s\"", v);
+        } else {
+                char eb[128];
+                snprintf(buf, len, "cannot load time zone \"%s\": %s", v,
+                         errno_str(-r, eb, sizeof(eb)));
+        }
+        return buf;
+}
+
+#define DFIELD(f) offsetof(struct config, f)
+#define SFIELD(f) offsetof(struct config_schedule, f)
+
+static const char *const log_levels[] = {
+        "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug", NULL,
+};
+static const char *const missed_words[] = { "skip", "catch_up_once", "catch_up_bounded", NULL };
+static const char *const concurrency_words[] = { "queue", "allow", "reject", NULL };
+static const char *const risk_words[] = { "low", "medium", NULL };
+
+static const struct key_def daemon_keys[] = {
+        { .name = "StateDirectory", .type = KT_PATH, .offset = DFIELD(state_directory) },
+        { .name = "ControlSocket", .type = KT_PATH, .offset = DFIELD(control_socket),
+          .check = check_socket_path },
+        { .name = "SocketGroup", .type = KT_STRING, .offset = DFIELD(socket_group) },
+        { .name = "MaxConcurrentMandates", .type = KT_UNSIGNED,
+          .offset = DFIELD(max_concurrent_mandates), .min = 1, .max = 1024 },
+        { .name = "GracefulTimeoutSec", .type = KT_DURATION,
+          .offset = DFIELD(graceful_timeout_sec), .min = 0, .max = CONFIG_DURATION_MAX },
+        { .name = "LogLevel", .type = KT_ENUM, .offset = DFIELD(log_level), .words = log_levels },
+        { .name = NULL },
+};
+
+static const struct key_def idempotency_keys[] = {
+        { .name = "TTLSec", .type = KT_DURATION, .offset = DFIELD(idem_ttl_sec),
+          .min = 1, .max = CONFIG_DURATION_MAX },
+        { .name = "MaxEntries", .type = KT_UNSIGNED, .offset = DFIELD(idem_max_entries),
+          .min = 1, .max = 10000000 },
+        { .name = "WriteRoots", .type = KT_PATH_LIST, .offset = DFIELD(write_roots),
+          .count_offset = DFIELD(nwrite_roots) },
+        { .name = NULL },
+};
+
+static const struct section_def main_sections[] = {
+        { "Daemon", daemon_keys },
+        { "Idempotency", idempotency_keys },
+        { NULL, NULL },
+};
+
+static const struct key_def schedule_keys[] = {
+        { .name = "Cron", .type = KT_STRING, .offset = SFIELD(cron), .check = check_cron,
+          .required = true },
+        { .name = "TimeZone", .type = KT_STRING, .offset = SFIELD(time_zone),
+          .check = check_time_zone },
+        { .name = "Enabled", .type = KT_BOOL, .offset = SFIELD(enabled) },
+        { .name = "MissedPolicy", .type = KT_ENUM, .offset = SFIELD(missed_policy),
+          .words = missed_words },
+        { .name = "MaxCatchUpRuns", .type = KT_UNSIGNED, .offset = SFIELD(max_catch_up_runs),
+          .min = 1, .max = 1000 },
+        { .name = "StaleAfter", .type = KT_DURATION, .offset = SFIELD(stale_after_sec),
+          .min = 0, .max = CONFIG_DURATION_MAX },
+        { .name = "Concurrency", .type = KT_ENUM, .offset = SFIELD(concurrency),
+          .words = concurrency_words },
+        { .name = NULL },
+};
+
+static const struct key_def mandate_keys[] = {
+        { .name = "Goal", .type = KT_OPT_STRING, .offset = SFIELD(goal) },
+        { .name = "MaxCycles", .type = KT_UNSIGNED, .offset = SFIELD(max_cycles),
+          .min = 1, .max = 10 },
+        { .name = "CheckpointEvery", .type = KT_UNSIGNED, .offset = SFIELD(checkpoint_every),
+          .min = 1, .max = 3 },
+        { .name = "RiskBudget", .type = KT_ENUM, .offset = SFIELD(risk_budget),
+          .words = risk_words },
+        { .name = NULL },
+};
+
+static const struct key_def exec_keys[] = {
+        { .name = "Observe", .type = KT_COMMAND, .offset = SFIELD(exec[0]) },
+        { .name = "Orient", .type = KT_COMMAND, .offset = SFIELD(exec[1]) },
+        { .name = "Decide", .type = KT_COMMAND, .offset = SFIELD(exec[2]) },
+        { .name = "Act", .type = KT_COMMAND, .offset = SFIELD(exec[3]) },
+        { .name = "Reflect", .type = KT_COMMAND, .offset = SFIELD(exec[4]) },
+        { .name = "TimeoutSec", .type = KT_DURATION, .offset = SFIELD(timeout_sec),
+          .min = 1, .max = CONFIG_DURATION_MAX },
+        { .name = "Environment", .type = KT_ENV_LIST, .offset = SFIELD(environment),
+          .count_offset = SFIELD(nenvironment) },
+        { .name = "WorkingDirectory", .type = KT_OPT_PATH, .offset = SFIELD(working_directory) },
+        { .name = "Probe", .type = KT_COMMAND, .offset = SFIELD(probe) },
+        { .name = NULL },
+};
+
+static const struct section_def schedule_sections[] = {
+        { "Schedule", schedule_keys },
+        { "Mandate", mandate_keys },
+        { "Exec", exec_keys },
+        { NULL, NULL },
+};
+
+static const struct file_kind main_kind = {
+        main_sections, "[Daemon] or [Idempotency]",
+};
+static const struct file_kind schedule_kind = {
+        schedule_sections, "[Schedule], [Mandate] or [Exec]",
+};
+
+/* ---- the parser -------------------------------------------------------- */
+
+struct parser {
+        const char *file;
+        const struct file_kind *kind;
+        void *target;
+        struct errctx *ec;
+        int section;                    /* index, or -1 none yet, -2 unknown */
+        unsigned seen[MAX_SECTIONS];    /* line of the first header, 0 = not seen */
+        uint64_t assigned[MAX_SECTIONS]; /* bit i: keys[i] was given (even if bad) */
+};
+
+__attribute__((format(printf, 4, 5)))
+static void perr(struct parser *p, unsigned line, const char *key, const char *fmt, ...)
+{
+        char what[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(what, sizeof(what), fmt, ap);
+        va_end(ap);
+        if (key)
+                err_add(p->ec, "%s:%u: %s=: %s", p->file, line, key, what);
+        else
+                err_add(p->ec, "%s:%u: %s", p->file, line, what);
+}
+
+static void join_words(const char *const *w, char *buf, size_t len)
+{
+        size_t off = 0;
+        buf[0] = '\0';
+        for (size_t i = 0; w[i] && off < len; i++) {
+                int n = snprintf(buf + off, len - off, "%s%s", i ? ", " : "", w[i]);
+                if (n < 0)
+                        break;
+                off += (size_t)n;
+        }
+}
+
+static void set_env(struct parser *p, unsigned line, const struct key_def *k, char *base,
+                    const char *v)
+{
+        char ***list = (char ***)(base + k->offset);
+        size_t *n = (size_t *)(base + k->count_offset);
+        const char *eq = strchr(v, '=');
+        size_t nlen = eq ? (size_t)(eq - v) : 0;
+        if (!eq || !valid_env_name(v, nlen)) {
+                perr(p, line, k->name, "\"%s\" is not a valid assignment (expected NAME=VALUE, "
+                     "NAME of A-Z a-z 0-9 _ not starting with a digit)", v);
+                return;
+        }
+        if (nlen >= 7 && strncmp(v, "KAIROS_", 7) == 0) {
+                perr(p, line, k->name, "\"%.*s\" is reserved (KAIROS_* variables are set by "
+                     "kairosd)", (int)nlen, v);
+                return;
+        }
+        char *d = strdup(v);
+        if (!d) {
+                p->ec->oom = true;
+                return;
+        }
+        for (size_t i = 0; i < *n; i++) {
+                if (strncmp((*list)[i], v, nlen + 1) == 0) {
+                        free((*list)[i]);
+                        (*list)[i] = d;
+                        return;
+                }
+        }
+        if (strv_push(list, n, d) < 0) {
+                free(d);
+                p->ec->oom = true;
+        }
+}
+
+static void set_path_list(struct parser *p, unsigned line, const struct key_def *k,
+                          char *base, const char *v)
+{
+        char ***list = (char ***)(base + k->offset);
+        size_t *n = (size_t *)(base + k->count_offset);
+        char **add = NULL;
+        size_t nadd = 0;
+        bool bad = false;
+
+        for (const char *s = v; *s;) {
+                while (is_blank(*s))
+                        s++;
+                if (!*s)
+                        break;
+                const char *e = s;
+                while (*e && !is_blank(*e))
+                        e++;
+                char *w = strndup(s, (size_t)(e - s));
+                if (!w || strv_push(&add, &nadd, w) < 0) {
+                        free(w);
+                        p->ec->oom = true;
+                        goto out;
+                }
+                const char *why = path_problem(w);
+                if (why) {
+                        perr(p, line, k->name, "\"%s\" %s", w, why);
+                        bad = true;
+                }
+                s = e;
+        }
+        if (bad)
+                goto out;
+        for (size_t i = 0; i < nadd; i++) {
+                bool dup = false;
+                for (size_t j = 0; j < *n && !dup; j++)
+                        dup = strcmp((*list)[j], add[i]) == 0;
+                if (dup)
+                        continue;
+                if (strv_push(list, n, add[i]) < 0) {
+                        p->ec->oom = true;
+                        goto out;
+                }
+                add[i] = NULL;
+        }
+out:
+        for (size_t i = 0; i < nadd; i++)
+                free(add[i]);
+        free(add);
+}
+
+static void assign(struct parser *p, unsigned line, const struct key_def *k, const char *v)
+{
+        char *base = p->target;
+        char buf[512];
+        const char *why;
+        uint64_t u;
+        int r;
+
+        /* empty assignments */
+        if (v[0] == '\0') {
+                switch (k->type) {
+                case KT_OPT_STRING:
+                case KT_OPT_PATH:
+                case KT_COMMAND: {
+                        char **f = (char **)(base + k->offset);
+                        free(*f);
+                        *f = NULL;
+                        return;
+                }
+                case KT_ENV_LIST:
+                case KT_PATH_LIST:
+                        strv_reset((char ***)(base + k->offset), (size_t *)(base + k->count_offset));
+                        return;
+                default:
+                        perr(p, line, k->name, "empty value (a value is required)");
+                        return;
+                }
+        }
+
+        switch (k->type) {
+        case KT_PATH:
+        case KT_OPT_PATH:
+                why = path_problem(v);
+                if (why) {
+                        perr(p, line, k->name, "\"%s\" %s", v, why);
+                        return;
+                }
+                __attribute__((fallthrough));
+        case KT_STRING:
+        case KT_OPT_STRING:
+                if (k->check && (why = k->check(v, buf, sizeof(buf)))) {
+                        perr(p, line, k->name, "%s", why);
+                        return;
+                }
+                if (set_str((char **)(base + k->offset), v) < 0)
+                        p->ec->oom = true;
+                return;
+        case KT_BOOL: {
+                bool b;
+                if (parse_bool(v, &b) < 0) {
+                        perr(p, line, k->name, "\"%s\" is not a boolean "
+                             "(use yes/no, true/false, on/off, 1/0)", v);
+                        return;
+                }
+                *(bool *)(base + k->offset) = b;
+                return;
+        }
+        case KT_UNSIGNED: {
+                const char *e;
+                r = parse_u64(v, &e, &u);
+                if (r == -EINVAL || *e != '\0') {
+                        perr(p, line, k->name, "\"%s\" is not a number", v);
+                        return;
+                }
+                if (r == -ERANGE || u < k->min || u > k->max) {
+                        perr(p, line, k->name, "%s out of range %llu..%llu", v,
+                             (unsigned long long)k->min, (unsigned long long)k->max);
+                        return;
+                }
+                *(unsigned *)(base + k->offset) = (unsigned)u;
+                return;
+        }
+        case KT_DURATION:
+                r = config_parse_duration(v, &u);
+                if (r == -EINVAL) {
+                        perr(p, line, k->name, "\"%s\" is not a valid duration "
+                             "(e.g. 30, 30s, 5min, 2h, 1d, 1h30min)", v);
+                        return;
+                }
+                if (r < 0 || u < k->min || u > k->max) {
+                        perr(p, line, k->name, "%s out of range %llu..%llu seconds", v,
+                             (unsigned long long)k->min, (unsigned long long)k->max);
+                        return;
+                }
+                *(uint64_t *)(base + k->offset) = u;
+                return;
+        case KT_ENUM:
+                for (int i = 0; k->words[i]; i++) {
+                        if (strcmp(k->words[i], v) == 0) {
+                                *(int *)(base + k->offset) = i;
+                                return;
+                        }
+                }
+                join_words(k->words, buf, sizeof(buf));
+                perr(p, line, k->name, "\"%s\" is not one of: %s", v, buf);
+                return;
+        case KT_ENV_LIST:
+                set_env(p, line, k, base, v);
+                return;
+        case KT_PATH_LIST:
+                set_path_list(p, line, k, base, v);
+                return;
+        case KT_COMMAND: {
+                char **argv;
+                size_t argc;
+                r = split_command(v, &argv, &argc, &why);
+                if (r == -ENOMEM) {
+                        p->ec->oom = true;
+                        return;
+                }
+                if (r < 0) {
+                        perr(p, line, k->name, "cannot split command line: %s", why);
+                        return;
+                }
+                bool empty = argc == 0 || argv[0][0] == '\0';
+                config_strv_free(argv);
+                if (empty) {
+                        perr(p, line, k->name, "empty command name");
+                        return;
+                }
+                if (set_str((char **)(base + k->offset), v) < 0)
+                        p->ec->oom = true;
+                return;
+        }
+        }
+}
+
+static void rtrim(char *s)
+{
+        size_t n = strlen(s);
+        while (n > 0 && is_blank(s[n - 1]))
+                s[--n] = '\0';
+}
+
+static char *ltrim(char *s)
+{
+        while (is_blank(*s))
+                s++;
+        return s;
+}
+
+static void section_header(struct parser *p, unsigned line, char *s)
+{
+        size_t n = strlen(s);
+        if (n < 3 || s[n - 1] != ']' || strpbrk(s + 1, "[]") != s + n - 1) {
+                perr(p, line, NULL, "malformed section header \"%s\"", s);
+                p->section = -2;
+                return;
+        }
+        s[n - 1] = '\0';
+        const char *name = s + 1;
+        const struct section_def *sec = p->kind->sections;
+        for (int i = 0; sec[i].name; i++) {
+                if (strcmp(sec[i].name, name) != 0)
+                        continue;
+                if (p->seen[i]) {
+                        perr(p, line, NULL, "duplicate section [%s] (first at line %u)",
+                             name, p->seen[i]);
+                } else {
+                        p->seen[i] = line;
+                }
+                p->section = i;
+                return;
+        }
+        perr(p, line, NULL, "unknown section [%s] (expected %s)", name, p->kind->expected);
+        p->section = -2;
+}
+
+static void process_line(struct parser *p, unsigned line, char *s)
+{
+        if (s[0] == '[') {
+                section_header(p, line, s);
+                return;
+        }
+        char *eq = strchr(s, '=');
+        if (!eq) {
+                perr(p, line, NULL, "missing '=' in \"%s\" (expected Key=Value or [Section])", s);
+                return;
+        }
+        *eq = '\0';
+        rtrim(s);
+        const char *key = s;
+        const char *value = ltrim(eq + 1);
+        if (key[0] == '\0') {
+                perr(p, line, NULL, "missing key before '='");
+                return;
+        }
+        if (p->section == -1) {
+                perr(p, line, key, "assignment outside of any section");
+                return;
+        }
+        if (p->section == -2)
+                return; /* the header is already reported */
+        const struct section_def *sec = &p->kind->sections[p->section];
+        for (size_t i = 0; sec->keys[i].name; i++) {
+                if (strcmp(sec->keys[i].name, key) == 0) {
+                        p->assigned[p->section] |= UINT64_C(1) << i;
+                        assign(p, line, &sec->keys[i], value);
+                        return;
+                }
+        }
+        perr(p, line, key, "unknown key in [%s]", sec->name);
+}
+
+static bool raw_is_blank(const char *s, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                if (!is_blank(s[i]))
+                        return false;
+        }
+        return true;
+}
+
+static bool raw_is_comment(const char *s, size_t n)
+{
+        size_t i = 0;
+        while (i < n && is_blank(s[i]))
+                i++;
+        return i < n && (s[i] == '#' || s[i] == ';');
+}
+
+static bool raw_has_control(const char *s, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                unsigned char c = (unsigned char)s[i];
+                if ((c < 0x20 && c != '\t') || c == 0x7f)
+                        return true;
+        }
+        return false;
+}
+
+static void kbuf_rtrim_blank(struct kbuf *b)
+{
+        while (b->len > 0 && is_blank(b->data[b->len - 1]))
+                b->data[--b->len] = '\0';
+}
+
+/* Run the parser over text.  Lines end in LF or CRLF.  A trailing backslash
+ * joins the next line (the backslash becomes a space); comment lines inside
+ * a continuation are skipped, as systemd does.  Errors name the first line. */
+static void parse_text(struct parser *p, const char *text, size_t len)
+{
+        struct kbuf lb = KBUF_INIT;
+        unsigned lineno = 0, start = 0;
+        bool cont = false, bad = false;
+        size_t pos = 0;
+
+        while (pos < len) {
+                const char *s = text + pos;
+                const char *nl = memchr(s, '\n', len - pos);
+                size_t n = nl ? (size_t)(nl - s) : len - pos;
+                pos += n + (nl ? 1 : 0);
+                lineno++;
+                if (n > 0 && s[n - 1] == '\r')
+                        n--;
+
+                if (!cont) {
+                        if (raw_is_blank(s, n) || raw_is_comment(s, n))
+                                continue;
+                        start = lineno;
+                        bad = false;
+                        kbuf_reset(&lb);
+                } else if (raw_is_comment(s, n)) {
+                        continue;
+                }
+                if (raw_has_control(s, n)) {
+                        perr(p, lineno, NULL, "control character in line");
+                        bad = true;
+                }
+                if (kbuf_append(&lb, s, n) < 0 || kbuf_reserve(&lb, 0) < 0) {
+                        p->ec->oom = true;
+                        goto out;
+                }
+                kbuf_rtrim_blank(&lb);
+                if (lb.len > 0 && lb.data[lb.len - 1] == '\\') {
+                        lb.data[lb.len - 1] = ' ';
+                        cont = true;
+                        continue;
+                }
+                cont = false;
+                if (!bad)
+                        process_line(p, start, ltrim(lb.data));
+        }
+        if (cont && !bad) {
+                kbuf_rtrim_blank(&lb);
+                process_line(p, start, ltrim(lb.data));
+        }
+out:
+        kbuf_free(&lb);
+}
+
+static void check_required(struct parser *p)
+{
+        const struct section_def *sec = p->kind->sections;
+        for (int s = 0; sec[s].name; s++) {
+                for (size_t i = 0; sec[s].keys[i].name; i++) {
+                        if (sec[s].keys[i].required && !(p->assigned[s] & (UINT64_C(1) << i)))
+                                err_add(p->ec, "%s: %s=: missing (required in [%s])", p->file,
+                                        sec[s].keys[i].name, sec[s].name);
+                }
+        }
+}
+
+/* ---- files ------------------------------------------------------------- */
+
+/* 0, or 1 for a symlink to /dev/null (masked: empty text), or -errno. */
+static int read_file(const char *path, char **data, size_t *len)
+{
+        /* O_NONBLOCK: a FIFO must not hang us; it is refused below. */
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0)
+                return -errno;
+        struct kbuf b = KBUF_INIT;
+        struct stat st;
+        int r = 0;
+        if (fstat(fd, &st) < 0) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3)) {
+                /* a symlink to /dev/null masks a file, as in systemd */
+                close(fd);
+                *data = strdup("");
+                *len = 0;
+                return *data ? 1 : -ENOMEM;
+        }
+        if (!S_ISREG(st.st_mode)) {
+                close(fd);
+                return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        }
+        for (;;) {
+                if (b.len > CONFIG_FILE_MAX) {
+                        r = -EFBIG;
+                        break;
+                }
+                r = kbuf_reserve(&b, 65536);
+                if (r < 0)
+                        break;
+                ssize_t got = read(fd, b.data + b.len, 65536);
+                if (got < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        break;
+                }
+                if (got == 0)
+                        break;
+                b.len += (size_t)got;
+                b.data[b.len] = '\0';
+        }
+        close(fd);
+        if (r < 0) {
+                kbuf_free(&b);
+                return r;
+        }
+        *len = b.len;
+        *data = kbuf_steal(&b);
+        return 0;
+}
+
+static void file_error(struct errctx *ec, const char *path, int r)
+{
+        char eb[128];
+        if (r == -EINVAL)
+                err_add(ec, "%s: cannot read: not a regular file", path);
+        else
+                err_add(ec, "%s: cannot read: %s", path, errno_str(-r, eb, sizeof(eb)));
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+        return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The *.conf entries of dir, sorted.  A missing directory gives none. */
+static int list_conf(const char *dir, struct errctx *ec, char ***out, size_t *nout)
+{
+        char **v = NULL;
+        size_t n = 0;
+        *out = NULL;
+        *nout = 0;
+        DIR *d = opendir(dir);
+        if (!d) {
+                if (errno == ENOENT)
+                        return 0;
+                char eb[128];
+                err_add(ec, "%s: cannot read directory: %s", dir,
+                        errno_str(errno, eb, sizeof(eb)));
+                return 0;
+        }
+        struct dirent *de;
+        errno = 0;
+        while ((de = readdir(d))) {
+                size_t l = strlen(de->d_name);
+                if (l < 5 || strcmp(de->d_name + l - 5, ".conf") != 0)
+                        continue;
+                char *s = strdup(de->d_name);
+                if (!s || strv_push(&v, &n, s) < 0) {
+                        free(s);
+                        config_strv_free(v);
+                        closedir(d);
+                        ec->oom = true;
+                        return -ENOMEM;
+                }
+        }
+        if (errno != 0) {
+                char eb[128];
+                err_add(ec, "%s: cannot read directory: %s", dir,
+                        errno_str(errno, eb, sizeof(eb)));
+        }
+        closedir(d);
+        if (n)
+                qsort(v, n, sizeof(*v), cmp_str);
+        *out = v;
+        *nout = n;
+        return 0;
+}
+
+static char *path_join(const char *a, const char *b)
+{
+        struct kbuf k = KBUF_INIT;
+        size_t la = strlen(a);
+        bool slash = la > 0 && a[la - 1] == '/';
+        if (kbuf_printf(&k, "%s%s%s", a, slash ? "" : "/", b) < 0) {
+                kbuf_free(&k);
+                return NULL;
+        }
+        return kbuf_steal(&k);
+}
+
+/* ---- schedules --------------------------------------------------------- */
+
+void config_schedule_clear(struct config_schedule *s)
+{
+        if (!s)
+                return;
+        free(s->name);
+        free(s->path);
+        free(s->cron);
+        free(s->time_zone);
+        free(s->goal);
+        for (int i = 0; i < CONFIG_PHASES; i++)
+                free(s->exec[i]);
+        config_strv_free(s->environment);
+        free(s->working_directory);
+        free(s->probe);
+        memset(s, 0, sizeof(*s));
+}
+
+static int schedule_defaults(struct config_schedule *s, const char *name, const char *path)
+{
+        memset(s, 0, sizeof(*s));
+        s->name = strdup(name);
+        s->path = strdup(path);
+        s->time_zone = strdup("UTC");
+        s->enabled = true;
+        s->missed_policy = MISSED_SKIP;
+        s->max_catch_up_runs = 5;
+        s->stale_after_sec = 48 * 3600;
+        s->concurrency = CONCURRENCY_QUEUE;
+        s->max_cycles = 3;
+        s->checkpoint_every = 1;
+        s->risk_budget = RISK_LOW;
+        s->timeout_sec = 300;
+        if (!s->name || !s->path || !s->time_zone)
+                return -ENOMEM;
+        return 0;
+}
+
+static int parse_schedule(const char *name, const char *path, const char *text, size_t len,
+                          struct config_schedule *out, struct errctx *ec)
+{
+        size_t before = ec->n;
+        int r = schedule_defaults(out, name, path);
+        if (r < 0)
+                goto fail;
+        if (!config_valid_schedule_name(name))
+                err_add(ec, "%s: invalid schedule name \"%s\" (1 to 64 of A-Z a-z 0-9 _ -)",
+                        path, name);
+
+        struct parser p = {
+                .file = path, .kind = &schedule_kind, .target = out, .ec = ec, .section = -1,
+        };
+        parse_text(&p, text, len);
+        if (ec->oom) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        check_required(&p);
+        if (!out->goal) {
+                out->goal = strdup(name);
+                if (!out->goal)
+                        ec->oom = true;
+        }
+        if (ec->oom) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        if (ec->n != before) {
+                r = -EINVAL;
+                goto fail;
+        }
+        return 0;
+fail:
+        config_schedule_clear(out);
+        return r;
+}
+
+int config_parse_schedule(const char *name, const char *path, const char *text, size_t len,
+                          struct config_schedule *out, struct config_errors *errs)
+{
+        if (!name || !path || (!text && len) || !out)
+                return -EINVAL;
+        struct errctx ec = { .errs = errs };
+        return parse_schedule(name, path, text ? text : "", len, out, &ec);
+}
+
+static int cmp_schedule(const void *a, const void *b)
+{
+        const struct config_schedule *x = a, *y = b;
+        return strcmp(x->name, y->name);
+}
+
+/* ---- the whole configuration ------------------------------------------- */
+
+void config_free(struct config *c)
+{
+        if (!c)
+                return;
+        free(c->config_path);
+        free(c->schedules_dir);
+        free(c->state_directory);
+        free(c->control_socket);
+        free(c->socket_group);
+        config_strv_free(c->write_roots);
+        for (size_t i = 0; i < c->nschedules; i++)
+                config_schedule_clear(&c->schedules[i]);
+        free(c->schedules);
+        free(c);
+}
+
+static struct config *config_new(void)
+{
+        struct config *c = calloc(1, sizeof(*c));
+        if (!c)
+                return NULL;
+        c->state_directory = strdup("/var/lib/kairos");
+        c->control_socket = strdup("/run/kairos/control.sock");
+        c->socket_group = strdup("kairos");
+        c->max_concurrent_mandates = 4;
+        c->graceful_timeout_sec = 120;
+        c->log_level = 6; /* info */
+        c->idem_ttl_sec = 86400;
+        c->idem_max_entries = 10000;
+        if (!c->state_directory || !c->control_socket || !c->socket_group) {
+                config_free(c);
+                return NULL;
+        }
+        return c;
+}
+
+int config_builtin(const char *state_dir, struct config **out)
+{
+        if (!state_dir || !state_dir[0] || !out)
+                return -EINVAL;
+        struct config *c = config_new();
+        if (!c)
+                return -ENOMEM;
+        char *sock = path_join(state_dir, "control.sock");
+        if (!sock || set_str(&c->state_directory, state_dir) < 0) {
+                free(sock);
+                config_free(c);
+                return -ENOMEM;
+        }
+        free(c->control_socket);
+        c->control_socket = sock;
+        if (strlen(sock) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+                config_free(c);
+                return -ENAMETOOLONG;
+        }
+        *out = c;
+        return 0;
+}
+
+/* Parse one main or drop-in file into c.  Returns -errno if unreadable. */
+static int load_main_file(struct config *c, const char *path, struct errctx *ec)
+{
+        char *text;
+        size_t len;
+        int r = read_file(path, &text, &len);
+        if (r < 0) {
+                if (r == -ENOMEM)
+                        ec->oom = true;
+                else
+                        file_error(ec, path, r);
+                return r;
+        }
+        struct parser p = {
+                .file = path, .kind = &main_kind, .target = c, .ec = ec, .section = -1,
+        };
+        parse_text(&p, text, len);
+        free(text);
+        return 0;
+}
+
+static void load_dropins(struct config *c, const char *path, struct errctx *ec)
+{
+        char *dir = NULL, **names = NULL;
+        size_t n = 0;
+        struct kbuf k = KBUF_INIT;
+        if (kbuf_printf(&k, "%s.d", path) < 0) {
+                ec->oom = true;
+                goto out;
+        }
+        dir = kbuf_steal(&k);
+        if (list_conf(dir, ec, &names, &n) < 0)
+                goto out;
+        for (size_t i = 0; i < n && !ec->oom; i++) {
+                char *f = path_join(dir, names[i]);
+                if (!f) {
+                        ec->oom = true;
+                        break;
+                }
+                load_main_file(c, f, ec);
+                free(f);
+        }
+out:
+        kbuf_free(&k);
+        config_strv_free(names);
+        free(dir);
+}
+
+static char *schedules_dir_of(const char *path)
+{
+        const char *slash = strrchr(path, '/');
+        struct kbuf k = KBUF_INIT;
+        int r;
+        if (!slash)
+                r = kbuf_puts(&k, "schedules.d");
+        else
+                r = kbuf_printf(&k, "%.*s/schedules.d", (int)(slash - path), path);
+        if (r < 0) {
+                kbuf_free(&k);
+                return NULL;
+        }
+        return kbuf_steal(&k);
+}
+
+static void load_schedules(struct config *c, struct errctx *ec)
+{
+        char **names = NULL;
+        size_t n = 0;
+        if (list_conf(c->schedules_dir, ec, &names, &n) < 0 || n == 0)
+                goto out;
+        c->schedules = calloc(n, sizeof(*c->schedules));
+        if (!c->schedules) {
+                ec->oom = true;
+                goto out;
+        }
+        for (size_t i = 0; i < n && !ec->oom; i++) {
+                char *f = path_join(c->schedules_dir, names[i]);
+                char *name = strndup(names[i], strlen(names[i]) - 5);
+                char *text = NULL;
+                size_t len = 0;
+                int r = (!f || !name) ? -ENOMEM : read_file(f, &text, &len);
+                if (r == -ENOMEM) {
+                        ec->oom = true;
+                } else if (r < 0) {
+                        if (!config_valid_schedule_name(name))
+                                err_add(ec, "%s: invalid schedule name \"%s\" "
+                                        "(1 to 64 of A-Z a-z 0-9 _ -)", f, name);
+                        file_error(ec, f, r);
+                } else if (r == 1) {
+                        /* masked with a symlink to /dev/null: no schedule */
+                } else if (parse_schedule(name, f, text, len,
+                                          &c->schedules[c->nschedules], ec) == 0) {
+                        c->nschedules++;
+                }
+                free(text);
+                free(name);
+                free(f);
+        }
+        if (c->nschedules > 1)
+                qsort(c->schedules, c->nschedules, sizeof(*c->schedules), cmp_schedule);
+out:
+        config_strv_free(names);
+}
+
+int config_load(const char *path, const char *state_dir, struct config **out,
+                struct config_errors *errs)
+{
+        if (!path || !path[0] || !out || (state_dir && !state_dir[0]))
+                return -EINVAL;
+        *out = NULL;
+        struct errctx ec = { .errs = errs };
+        struct config *c = config_new();
+        if (!c)
+                return -ENOMEM;
+        c->config_path = strdup(path);
+        c->schedules_dir = schedules_dir_of(path);
+        if (!c->config_path || !c->schedules_dir) {
+                config_free(c);
+                return -ENOMEM;
+        }
+
+        int rmain = load_main_file(c, path, &ec);
+        if (!ec.oom)
+                load_dropins(c, path, &ec);
+        if (!ec.oom)
+                load_schedules(c, &ec);
+        if (!ec.oom && state_dir && set_str(&c->state_directory, state_dir) < 0)
+                ec.oom = true;
+
+        if (ec.oom) {
+                config_free(c);
+                return -ENOMEM;
+        }
+        if (ec.n > 0) {
+                config_free(c);
+                return rmain < 0 ? rmain : -EINVAL;
+        }
+        *out = c;
+        return 0;
+}

@@ -1,0 +1,1065 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <ftw.h>
+#include <stdbool.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kairos/config.h"
+
+/* ---- temp dir helpers -------------------------------------------------- */
+
+static char root[PATH_MAX];
+
+#define XSNPRINTF(buf, ...) do { \
+                int n_ = snprintf(buf, sizeof(buf), __VA_ARGS__); \
+                assert_true(n_ >= 0 && (size_t)n_ < sizeof(buf)); \
+        } while (0)
+
+static int setup_root(void **state)
+{
+        (void)state;
+        strcpy(root, "/tmp/kairos-test-config-XXXXXX");
+        return mkdtemp(root) ? 0 : -1;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+        (void)st;
+        (void)flag;
+        (void)ftw;
+        return remove(path);
+}
+
+static int teardown_root(void **state)
+{
+        (void)state;
+        return nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void mkdirs_for(const char *path)
+{
+        char tmp[PATH_MAX];
+        XSNPRINTF(tmp, "%s", path);
+        for (char *p = tmp + strlen(root) + 1; (p = strchr(p, '/')); p++) {
+                *p = '\0';
+                if (mkdir(tmp, 0755) < 0)
+                        assert_int_equal(errno, EEXIST);
+                *p = '/';
+        }
+}
+
+/* Write root/rel. */
+static void put(const char *rel, const char *text)
+{
+        char path[PATH_MAX];
+        XSNPRINTF(path, "%s/%s", root, rel);
+        mkdirs_for(path);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+        assert_int_equal(fclose(f), 0);
+}
+
+static char *rooted(const char *rel)
+{
+        static char path[PATH_MAX];
+        XSNPRINTF(path, "%s/%s", root, rel);
+        return path;
+}
+
+/* Load root/kairosd.conf and expect it to fail with rc and exactly the
+ * messages in want (each is appended to the temp dir path). */
+static void expect_load_errors(int rc, const char *const *want)
+{
+        struct config *c = (struct config *)0x1;
+        struct config_errors errs = { 0 };
+        char main_path[PATH_MAX];
+        XSNPRINTF(main_path, "%s/kairosd.conf", root);
+        assert_int_equal(config_load(main_path, NULL, &c, &errs), rc);
+        assert_null(c);
+        size_t n = 0;
+        while (want[n])
+                n++;
+        bool same = errs.n == n;
+        for (size_t i = 0; same && i < n; i++)
+                same = strncmp(errs.msgs[i], root, strlen(root)) == 0 &&
+                       strcmp(errs.msgs[i] + strlen(root), want[i]) == 0;
+        if (!same) {
+                for (size_t i = 0; i < errs.n; i++)
+                        print_message("got:  %s\n", errs.msgs[i]);
+                for (size_t i = 0; i < n; i++)
+                        print_message("want: %s%s\n", root, want[i]);
+        }
+        assert_int_equal(errs.n, n);
+        for (size_t i = 0; i < n; i++) {
+                char full[PATH_MAX + 512];
+                XSNPRINTF(full, "%s%s", root, want[i]);
+                assert_string_equal(errs.msgs[i], full);
+        }
+        config_errors_free(&errs);
+        assert_null(errs.msgs);
+        assert_int_equal(errs.n, 0);
+}
+
+/* A main file with text and one error in it. */
+static void expect_main_error(const char *text, const char *want)
+{
+        put("kairosd.conf", text);
+        if (unlink(rooted("schedules.d/x.conf")) < 0)
+                assert_int_equal(errno, ENOENT);
+        expect_load_errors(-EINVAL, (const char *const[]){ want, NULL });
+}
+
+/* A valid main file, one schedule x.conf with text, one error. */
+static void expect_schedule_error(const char *text, const char *want)
+{
+        put("kairosd.conf", "");
+        put("schedules.d/x.conf", text);
+        expect_load_errors(-EINVAL, (const char *const[]){ want, NULL });
+}
+
+/* ---- valid configurations ---------------------------------------------- */
+
+static const char main_conf[] =
+        "# kairosd main configuration\r\n"
+        "\r\n"
+        "[Daemon]\r\n"
+        "  StateDirectory =  /srv/kairos/state  \r\n"
+        "ControlSocket=/run/k/ctl.sock\r\n"
+        "SocketGroup=ops\r\n"
+        "MaxConcurrentMandates=8\r\n"
+        "GracefulTimeoutSec=2min\r\n"
+        "LogLevel=debug\r\n"
+        "; another comment\r\n"
+        "[Idempotency]\r\n"
+        "TTLSec=1d 2h\r\n"
+        "MaxEntries=500\r\n"
+        "MaxEntries=10000000\r\n" /* the last one wins */
+        "WriteRoots=/srv/a /srv/b \\\r\n"
+        "# a comment inside a continuation is skipped\r\n"
+        "    /srv/c\r\n";
+
+static const char full_schedule[] =
+        "[Schedule]\n"
+        "Cron=30 2 * * MON-FRI\n"
+        "TimeZone=Europe/Berlin\n"
+        "Enabled=no\n"
+        "MissedPolicy=catch_up_bounded\n"
+        "MaxCatchUpRuns=7\n"
+        "StaleAfter=12h\n"
+        "Concurrency=reject\n"
+        "\n"
+        "[Mandate]\n"
+        "Goal=Write the \\\n"
+        "   ; skipped\n"
+        "  nightly report\n"
+        "MaxCycles=10\n"
+        "CheckpointEvery=3\n"
+        "RiskBudget=medium\n"
+        "\n"
+        "[Exec]\n"
+        "Observe=/usr/bin/obs --all\n"
+        "Orient=/usr/bin/orient \"a b\"\n"
+        "Decide=decide\n"
+        "Act=/usr/bin/act\n"
+        "Reflect=/usr/bin/reflect -v\n"
+        "TimeoutSec=1h30min\n"
+        "Environment=A=1\n"
+        "Environment=B=two words\n"
+        "Environment=A=3\n"
+        "Environment=C=\n"
+        "WorkingDirectory=/srv/work\n"
+        "Probe=/usr/bin/probe --quick\n";
+
+static void test_full_valid_set(void **state)
+{
+        (void)state;
+        put("kairosd.conf", main_conf);
+        put("kairosd.conf.d/10-first.conf",
+            "[Daemon]\nMaxConcurrentMandates=16\nLogLevel=warning\n"
+            "[Idempotency]\nWriteRoots=/srv/d /srv/a\n");
+        put("kairosd.conf.d/20-second.conf", "[Daemon]\nMaxConcurrentMandates=32\n");
+        put("kairosd.conf.d/README", "not a config file at all\n");
+        put("kairosd.conf.d/30-off.conf.disabled", "[Nope]\n");
+        put("schedules.d/nightly-report.conf", full_schedule);
+        put("schedules.d/alpha.conf", "[Schedule]\nCron=@hourly\n");
+        put("schedules.d/notes.txt", "garbage\n");
+
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_non_null(c);
+
+        assert_string_equal(c->config_path, rooted("kairosd.conf"));
+        assert_string_equal(c->schedules_dir, rooted("schedules.d"));
+        assert_string_equal(c->state_directory, "/srv/kairos/state");
+        assert_string_equal(c->control_socket, "/run/k/ctl.sock");
+        assert_string_equal(c->socket_group, "ops");
+        assert_int_equal(c->max_concurrent_mandates, 32);
+        assert_int_equal(c->graceful_timeout_sec, 120);
+        assert_int_equal(c->log_level, 4);
+        assert_int_equal(c->idem_ttl_sec, 86400 + 7200);
+        assert_int_equal(c->idem_max_entries, 10000000);
+        assert_int_equal(c->nwrite_roots, 4);
+        assert_string_equal(c->write_roots[0], "/srv/a");
+        assert_string_equal(c->write_roots[1], "/srv/b");
+        assert_string_equal(c->write_roots[2], "/srv/c");
+        assert_string_equal(c->write_roots[3], "/srv/d");
+        assert_null(c->write_roots[4]);
+
+        assert_int_equal(c->nschedules, 2);
+        const struct config_schedule *a = &c->schedules[0];
+        assert_string_equal(a->name, "alpha");
+        assert_string_equal(a->path, rooted("schedules.d/alpha.conf"));
+        assert_string_equal(a->cron, "@hourly");
+        assert_string_equal(a->time_zone, "UTC");
+        assert_true(a->enabled);
+        assert_int_equal(a->missed_policy, MISSED_SKIP);
+        assert_int_equal(a->max_catch_up_runs, 5);
+        assert_int_equal(a->stale_after_sec, 48 * 3600);
+        assert_int_equal(a->concurrency, CONCURRENCY_QUEUE);
+        assert_string_equal(a->goal, "alpha");
+        assert_int_equal(a->max_cycles, 3);
+        assert_int_equal(a->checkpoint_every, 1);
+        assert_int_equal(a->risk_budget, RISK_LOW);
+        for (int i = 0; i < CONFIG_PHASES; i++)
+                assert_null(a->exec[i]);
+        assert_int_equal(a->timeout_sec, 300);
+        assert_null(a->environment);
+        assert_int_equal(a->nenvironment, 0);
+        assert_null(a->working_directory);
+        assert_null(a->probe);
+
+        const struct config_schedule *s = &c->schedules[1];
+        assert_string_equal(s->name, "nightly-report");
+        assert_string_equal(s->path, rooted("schedules.d/nightly-report.conf"));
+        assert_string_equal(s->cron, "30 2 * * MON-FRI");
+        assert_string_equal(s->time_zone, "Europe/Berlin");
+        assert_false(s->enabled);
+        assert_int_equal(s->missed_policy, MISSED_CATCH_UP_BOUNDED);
+        assert_int_equal(s->max_catch_up_runs, 7);
+        assert_int_equal(s->stale_after_sec, 12 * 3600);
+        assert_int_equal(s->concurrency, CONCURRENCY_REJECT);
+        /* "Write the \" + "  nightly report": the backslash became a space */
+        assert_string_equal(s->goal, "Write the    nightly report");
+        assert_int_equal(s->max_cycles, 10);
+        assert_int_equal(s->checkpoint_every, 3);
+        assert_int_equal(s->risk_budget, RISK_MEDIUM);
+        assert_string_equal(s->exec[0], "/usr/bin/obs --all");
+        assert_string_equal(s->exec[1], "/usr/bin/orient \"a b\"");
+        assert_string_equal(s->exec[2], "decide");
+        assert_string_equal(s->exec[3], "/usr/bin/act");
+        assert_string_equal(s->exec[4], "/usr/bin/reflect -v");
+        assert_int_equal(s->timeout_sec, 5400);
+        assert_int_equal(s->nenvironment, 3);
+        assert_string_equal(s->environment[0], "A=3");
+        assert_string_equal(s->environment[1], "B=two words");
+        assert_string_equal(s->environment[2], "C=");
+        assert_null(s->environment[3]);
+        assert_string_equal(s->working_directory, "/srv/work");
+        assert_string_equal(s->probe, "/usr/bin/probe --quick");
+
+        config_free(c);
+        config_errors_free(&errs);
+}
+
+static void test_defaults_and_state_dir(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "# nothing\n");
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, &errs), 0);
+        assert_string_equal(c->state_directory, "/var/lib/kairos");
+        assert_string_equal(c->control_socket, "/run/kairos/control.sock");
+        assert_string_equal(c->socket_group, "kairos");
+        assert_int_equal(c->max_concurrent_mandates, 4);
+        assert_int_equal(c->graceful_timeout_sec, 120);
+        assert_int_equal(c->log_level, 6);
+        assert_int_equal(c->idem_ttl_sec, 86400);
+        assert_int_equal(c->idem_max_entries, 10000);
+        assert_null(c->write_roots);
+        assert_int_equal(c->nwrite_roots, 0);
+        assert_null(c->schedules);
+        assert_int_equal(c->nschedules, 0);
+        config_free(c);
+
+        /* state_dir overrides StateDirectory= */
+        put("kairosd.conf", "[Daemon]\nStateDirectory=/srv/x\n");
+        assert_int_equal(config_load(rooted("kairosd.conf"), "/tmp/elsewhere", &c, &errs), 0);
+        assert_string_equal(c->state_directory, "/tmp/elsewhere");
+        assert_string_equal(c->control_socket, "/run/kairos/control.sock");
+        config_free(c);
+        assert_int_equal(errs.n, 0);
+}
+
+static void test_schedules_sorted_by_name(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "");
+        /* file order is a-b.conf, a.conf, b.conf ('-' < '.'); names sort a, a-b, b */
+        put("schedules.d/b.conf", "[Schedule]\nCron=@daily\n");
+        put("schedules.d/a-b.conf", "[Schedule]\nCron=@weekly\n");
+        put("schedules.d/a.conf", "[Schedule]\nCron=@monthly\n");
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_int_equal(c->nschedules, 3);
+        assert_string_equal(c->schedules[0].name, "a");
+        assert_string_equal(c->schedules[0].cron, "@monthly");
+        assert_string_equal(c->schedules[1].name, "a-b");
+        assert_string_equal(c->schedules[1].cron, "@weekly");
+        assert_string_equal(c->schedules[2].name, "b");
+        assert_string_equal(c->schedules[2].cron, "@daily");
+        config_free(c);
+}
+
+static void test_lists_reset_and_last_wins(void **state)
+{
+        (void)state;
+        static const char text[] =
+                "[Schedule]\n"
+                "Cron=* * * * *\n"
+                "Cron=5 * * * *\n"
+                "[Exec]\n"
+                "Environment=A=1\n"
+                "Environment=B=2\n"
+                "Environment=\n"
+                "Environment=C=3\n"
+                "Act=/bin/true\n"
+                "Act=\n"
+                "TimeoutSec=10\n"
+                "TimeoutSec=20s\n"
+                "WorkingDirectory=/srv\n"
+                "WorkingDirectory=\n"
+                "[Mandate]\n"
+                "Goal=first\n"
+                "Goal=\n";
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_parse_schedule("n", "/etc/n.conf", text, strlen(text), &s,
+                                               &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_string_equal(s.cron, "5 * * * *");
+        assert_int_equal(s.nenvironment, 1);
+        assert_string_equal(s.environment[0], "C=3");
+        assert_null(s.exec[3]);
+        assert_int_equal(s.timeout_sec, 20);
+        assert_null(s.working_directory);
+        assert_string_equal(s.goal, "n"); /* reset to the default */
+        config_schedule_clear(&s);
+        assert_null(s.name);
+
+        /* WriteRoots= accumulates, "" resets, duplicates dropped */
+        put("kairosd.conf", "[Idempotency]\nWriteRoots=/a /b\nWriteRoots=\nWriteRoots=/c\n"
+            "WriteRoots=/d\t/c\n");
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, &errs), 0);
+        assert_int_equal(c->nwrite_roots, 2);
+        assert_string_equal(c->write_roots[0], "/c");
+        assert_string_equal(c->write_roots[1], "/d");
+        config_free(c);
+}
+
+static void test_parse_schedule_errors_without_list(void **state)
+{
+        (void)state;
+        struct config_schedule s;
+        memset(&s, 0x5a, sizeof(s));
+        assert_int_equal(config_parse_schedule("n", "/n.conf", "[Schedule]\n", 11, &s, NULL),
+                         -EINVAL);
+        assert_null(s.name);
+        assert_null(s.environment);
+}
+
+static void test_bool_words(void **state)
+{
+        (void)state;
+        static const struct {
+                const char *w;
+                bool v;
+        } cases[] = {
+                { "yes", true }, { "no", false }, { "true", true }, { "false", false },
+                { "on", true }, { "off", false }, { "1", true }, { "0", false },
+                { "YES", true }, { "Off", false },
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                char text[128];
+                XSNPRINTF(text, "[Schedule]\nCron=@daily\nEnabled=%s\n",
+                         cases[i].w);
+                struct config_schedule s;
+                assert_int_equal(config_parse_schedule("n", "/n.conf", text, strlen(text), &s,
+                                                       NULL), 0);
+                assert_int_equal(s.enabled, cases[i].v);
+                config_schedule_clear(&s);
+        }
+}
+
+static void test_log_levels(void **state)
+{
+        (void)state;
+        static const char *const words[] = {
+                "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
+        };
+        for (int i = 0; i < 8; i++) {
+                char text[64];
+                XSNPRINTF(text, "[Daemon]\nLogLevel=%s\n", words[i]);
+                put("kairosd.conf", text);
+                struct config *c = NULL;
+                assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+                assert_int_equal(c->log_level, i);
+                config_free(c);
+        }
+}
+
+/* ---- one test per error class ------------------------------------------ */
+
+static void test_err_unknown_section(void **state)
+{
+        (void)state;
+        /* keys of an unknown section are not reported again */
+        expect_main_error("[Daemon]\n[Deamon]\nLogLevel=info\n",
+                          "/kairosd.conf:2: unknown section [Deamon] "
+                          "(expected [Daemon] or [Idempotency])");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Daemon]\n",
+                              "/schedules.d/x.conf:3: unknown section [Daemon] "
+                              "(expected [Schedule], [Mandate] or [Exec])");
+}
+
+static void test_err_malformed_section(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon\n", "/kairosd.conf:1: malformed section header \"[Daemon\"");
+        expect_main_error("[Daemon] x\n",
+                          "/kairosd.conf:1: malformed section header \"[Daemon] x\"");
+        expect_main_error("[]\n", "/kairosd.conf:1: malformed section header \"[]\"");
+}
+
+static void test_err_unknown_key(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\n\nLogLvl = info\n",
+                          "/kairosd.conf:3: LogLvl=: unknown key in [Daemon]");
+        /* keys are case-sensitive and belong to their section */
+        expect_main_error("[Idempotency]\nLogLevel=info\n",
+                          "/kairosd.conf:2: LogLevel=: unknown key in [Idempotency]");
+}
+
+static void test_err_key_outside_section(void **state)
+{
+        (void)state;
+        expect_main_error("# first\nLogLevel=info\n[Daemon]\n",
+                          "/kairosd.conf:2: LogLevel=: assignment outside of any section");
+}
+
+static void test_err_line_without_equals(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nLogLevel info\n",
+                          "/kairosd.conf:2: missing '=' in \"LogLevel info\" "
+                          "(expected Key=Value or [Section])");
+        expect_main_error("[Daemon]\n = info\n", "/kairosd.conf:2: missing key before '='");
+}
+
+static void test_err_duplicate_section(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nLogLevel=info\n\n[Daemon]\nSocketGroup=x\n",
+                          "/kairosd.conf:4: duplicate section [Daemon] (first at line 1)");
+}
+
+static void test_err_duplicate_section_is_per_file(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "[Daemon]\nLogLevel=info\n");
+        put("kairosd.conf.d/a.conf", "[Daemon]\nLogLevel=err\n");
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_int_equal(c->log_level, 3);
+        config_free(c);
+}
+
+static void test_err_bad_bool(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nCron=@daily\nEnabled=maybe\n",
+                              "/schedules.d/x.conf:3: Enabled=: \"maybe\" is not a boolean "
+                              "(use yes/no, true/false, on/off, 1/0)");
+}
+
+static void test_err_bad_number(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nMaxConcurrentMandates=12a\n",
+                          "/kairosd.conf:2: MaxConcurrentMandates=: \"12a\" is not a number");
+        expect_main_error("[Daemon]\nMaxConcurrentMandates=-1\n",
+                          "/kairosd.conf:2: MaxConcurrentMandates=: \"-1\" is not a number");
+        expect_main_error("[Daemon]\nMaxConcurrentMandates=+4\n",
+                          "/kairosd.conf:2: MaxConcurrentMandates=: \"+4\" is not a number");
+}
+
+static void test_err_number_out_of_range(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nMaxConcurrentMandates=0\n",
+                          "/kairosd.conf:2: MaxConcurrentMandates=: 0 out of range 1..1024");
+        expect_main_error("[Daemon]\nMaxConcurrentMandates=1025\n",
+                          "/kairosd.conf:2: MaxConcurrentMandates=: 1025 out of range 1..1024");
+        expect_main_error("[Idempotency]\nMaxEntries=10000001\n",
+                          "/kairosd.conf:2: MaxEntries=: 10000001 out of range 1..10000000");
+        expect_main_error("[Idempotency]\nMaxEntries=99999999999999999999999\n",
+                          "/kairosd.conf:2: MaxEntries=: 99999999999999999999999 out of range "
+                          "1..10000000");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nMaxCycles=11\n",
+                              "/schedules.d/x.conf:4: MaxCycles=: 11 out of range 1..10");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nCheckpointEvery=4\n",
+                              "/schedules.d/x.conf:4: CheckpointEvery=: 4 out of range 1..3");
+        expect_schedule_error("[Schedule]\nCron=@daily\nMaxCatchUpRuns=1001\n",
+                              "/schedules.d/x.conf:3: MaxCatchUpRuns=: 1001 out of range "
+                              "1..1000");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nTimeoutSec=0\n",
+                              "/schedules.d/x.conf:4: TimeoutSec=: 0 out of range "
+                              "1..3153600000 seconds");
+        expect_main_error("[Idempotency]\nTTLSec=0min\n",
+                          "/kairosd.conf:2: TTLSec=: 0min out of range 1..3153600000 seconds");
+        expect_main_error("[Daemon]\nGracefulTimeoutSec=36501d\n",
+                          "/kairosd.conf:2: GracefulTimeoutSec=: 36501d out of range "
+                          "0..3153600000 seconds");
+        expect_main_error("[Daemon]\nGracefulTimeoutSec=99999999999999999999\n",
+                          "/kairosd.conf:2: GracefulTimeoutSec=: 99999999999999999999 out of "
+                          "range 0..3153600000 seconds");
+}
+
+static void test_err_bad_duration(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nGracefulTimeoutSec=5 minutes\n",
+                          "/kairosd.conf:2: GracefulTimeoutSec=: \"5 minutes\" is not a valid "
+                          "duration (e.g. 30, 30s, 5min, 2h, 1d, 1h30min)");
+        expect_schedule_error("[Schedule]\nCron=@daily\nStaleAfter=2 days\n",
+                              "/schedules.d/x.conf:3: StaleAfter=: \"2 days\" is not a valid "
+                              "duration (e.g. 30, 30s, 5min, 2h, 1d, 1h30min)");
+}
+
+static void test_err_bad_enum(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nLogLevel=verbose\n",
+                          "/kairosd.conf:2: LogLevel=: \"verbose\" is not one of: emerg, alert, "
+                          "crit, err, warning, notice, info, debug");
+        expect_schedule_error("[Schedule]\nCron=@daily\nMissedPolicy=catch_up\n",
+                              "/schedules.d/x.conf:3: MissedPolicy=: \"catch_up\" is not one "
+                              "of: skip, catch_up_once, catch_up_bounded");
+        expect_schedule_error("[Schedule]\nCron=@daily\nConcurrency=Queue\n",
+                              "/schedules.d/x.conf:3: Concurrency=: \"Queue\" is not one of: "
+                              "queue, allow, reject");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nRiskBudget=high\n",
+                              "/schedules.d/x.conf:4: RiskBudget=: \"high\" is not one of: "
+                              "low, medium");
+}
+
+static void test_err_relative_path(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nStateDirectory=var/lib/kairos\n",
+                          "/kairosd.conf:2: StateDirectory=: \"var/lib/kairos\" is not an "
+                          "absolute path");
+        expect_main_error("[Idempotency]\nWriteRoots=/srv/ok srv/bad\n",
+                          "/kairosd.conf:2: WriteRoots=: \"srv/bad\" is not an absolute path");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nWorkingDirectory=./w\n",
+                              "/schedules.d/x.conf:4: WorkingDirectory=: \"./w\" is not an "
+                              "absolute path");
+        expect_main_error("[Daemon]\nStateDirectory=/srv/../etc\n",
+                          "/kairosd.conf:2: StateDirectory=: \"/srv/../etc\" must not contain "
+                          "\"..\"");
+        /* ".." inside a name is fine */
+        put("kairosd.conf", "[Daemon]\nStateDirectory=/srv/a..b/..c\n");
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_string_equal(c->state_directory, "/srv/a..b/..c");
+        config_free(c);
+}
+
+static void test_err_empty_required_value(void **state)
+{
+        (void)state;
+        expect_main_error("[Daemon]\nSocketGroup=\n",
+                          "/kairosd.conf:2: SocketGroup=: empty value (a value is required)");
+        expect_main_error("[Daemon]\nStateDirectory=   \n",
+                          "/kairosd.conf:2: StateDirectory=: empty value (a value is required)");
+        expect_schedule_error("[Schedule]\nCron=\n",
+                              "/schedules.d/x.conf:2: Cron=: empty value (a value is required)");
+        expect_schedule_error("[Schedule]\nCron=@daily\nMaxCatchUpRuns=\n",
+                              "/schedules.d/x.conf:3: MaxCatchUpRuns=: empty value (a value is "
+                              "required)");
+}
+
+static void test_err_missing_cron(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nEnabled=yes\n",
+                              "/schedules.d/x.conf: Cron=: missing (required in [Schedule])");
+        expect_schedule_error("",
+                              "/schedules.d/x.conf: Cron=: missing (required in [Schedule])");
+}
+
+static void test_err_invalid_schedule_name(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "");
+        put("schedules.d/bad name.conf", "[Schedule]\nCron=@daily\n");
+        put("schedules.d/.conf", "[Schedule]\nCron=@daily\n");
+        char long_name[80];
+        memset(long_name, 'n', 65);
+        strcpy(long_name + 65, ".conf");
+        char rel[128];
+        XSNPRINTF(rel, "schedules.d/%s", long_name);
+        put(rel, "[Schedule]\nCron=@daily\n");
+        char want_long[256];
+        XSNPRINTF(want_long,
+                 "/schedules.d/%s: invalid schedule name \"%.65s\" (1 to 64 of A-Z a-z 0-9 _ -)",
+                 long_name, long_name);
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/schedules.d/.conf: invalid schedule name \"\" (1 to 64 of A-Z a-z 0-9 _ -)",
+                "/schedules.d/bad name.conf: invalid schedule name \"bad name\" "
+                "(1 to 64 of A-Z a-z 0-9 _ -)",
+                want_long,
+                NULL });
+
+        /* 64 characters is fine */
+        assert_int_equal(unlink(rooted("schedules.d/bad name.conf")), 0);
+        assert_int_equal(unlink(rooted("schedules.d/.conf")), 0);
+        assert_int_equal(unlink(rooted(rel)), 0);
+        long_name[64] = '\0';
+        XSNPRINTF(rel, "schedules.d/%s.conf", long_name);
+        put(rel, "[Schedule]\nCron=@daily\n");
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_int_equal(c->nschedules, 1);
+        assert_string_equal(c->schedules[0].name, long_name);
+        config_free(c);
+}
+
+static void test_valid_schedule_name(void **state)
+{
+        (void)state;
+        assert_true(config_valid_schedule_name("a"));
+        assert_true(config_valid_schedule_name("Nightly_report-2"));
+        assert_true(config_valid_schedule_name(
+                "0123456789012345678901234567890123456789012345678901234567890123"));
+        assert_false(config_valid_schedule_name(
+                "01234567890123456789012345678901234567890123456789012345678901234"));
+        assert_false(config_valid_schedule_name(""));
+        assert_false(config_valid_schedule_name(NULL));
+        assert_false(config_valid_schedule_name("a b"));
+        assert_false(config_valid_schedule_name("a/b"));
+        assert_false(config_valid_schedule_name(".."));
+        assert_false(config_valid_schedule_name("a.b"));
+        assert_false(config_valid_schedule_name("\xc3\xa9t\xc3\xa9"));
+}
+
+static void test_err_bad_cron(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nCron=60 * * * *\n",
+                              "/schedules.d/x.conf:2: Cron=: invalid expression \"60 * * * *\": "
+                              "minute: 60 out of range 0-59");
+        expect_schedule_error("[Schedule]\nCron=0 0 31 2 *\n",
+                              "/schedules.d/x.conf:2: Cron=: expression \"0 0 31 2 *\" never "
+                              "matches any date");
+}
+
+static void test_err_unknown_time_zone(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nCron=@daily\nTimeZone=Mars/Olympus_Mons\n",
+                              "/schedules.d/x.conf:3: TimeZone=: unknown time zone "
+                              "\"Mars/Olympus_Mons\"");
+        expect_schedule_error("[Schedule]\nCron=@daily\nTimeZone=../../etc/passwd\n",
+                              "/schedules.d/x.conf:3: TimeZone=: invalid time zone name "
+                              "\"../../etc/passwd\"");
+}
+
+static void test_err_unreadable_file(void **state)
+{
+        (void)state;
+        /* the main file itself: -errno, and the message says why */
+        expect_load_errors(-ENOENT, (const char *const[]){
+                "/kairosd.conf: cannot read: No such file or directory", NULL });
+
+        /* a drop-in that cannot be read is an error like any other */
+        put("kairosd.conf", "");
+        assert_int_equal(mkdir(rooted("kairosd.conf.d"), 0755), 0);
+        assert_int_equal(mkdir(rooted("kairosd.conf.d/x.conf"), 0755), 0);
+        assert_int_equal(mkdir(rooted("schedules.d"), 0755), 0);
+        assert_int_equal(symlink("/nonexistent/kairos", rooted("schedules.d/dangling.conf")), 0);
+        assert_int_equal(mkfifo(rooted("schedules.d/fifo.conf"), 0644), 0);
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/kairosd.conf.d/x.conf: cannot read: Is a directory",
+                "/schedules.d/dangling.conf: cannot read: No such file or directory",
+                "/schedules.d/fifo.conf: cannot read: not a regular file",
+                NULL });
+
+        /* a schedules.d that is not a directory */
+        assert_int_equal(rmdir(rooted("kairosd.conf.d/x.conf")), 0);
+        assert_int_equal(unlink(rooted("schedules.d/dangling.conf")), 0);
+        assert_int_equal(unlink(rooted("schedules.d/fifo.conf")), 0);
+        assert_int_equal(rmdir(rooted("schedules.d")), 0);
+        put("schedules.d", "");
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/schedules.d: cannot read directory: Not a directory", NULL });
+}
+
+static void test_dev_null_masks_a_file(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "[Daemon]\nLogLevel=err\n");
+        assert_int_equal(mkdir(rooted("kairosd.conf.d"), 0755), 0);
+        assert_int_equal(symlink("/dev/null", rooted("kairosd.conf.d/masked.conf")), 0);
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_int_equal(c->log_level, 3);
+        config_free(c);
+        /* a masked schedule is no schedule (an empty file would lack Cron=) */
+        put("schedules.d/a.conf", "[Schedule]\nCron=@daily\n");
+        assert_int_equal(symlink("/dev/null", rooted("schedules.d/m.conf")), 0);
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_int_equal(c->nschedules, 1);
+        assert_string_equal(c->schedules[0].name, "a");
+        config_free(c);
+        c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), "", &c, NULL), -EINVAL);
+        assert_null(c);
+}
+
+static void test_err_bad_command_line(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nAct=/bin/echo \"unterminated\n",
+                              "/schedules.d/x.conf:4: Act=: cannot split command line: "
+                              "unbalanced double quote");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nObserve='\n",
+                              "/schedules.d/x.conf:4: Observe=: cannot split command line: "
+                              "unbalanced single quote");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nProbe=/bin/x \\q\n",
+                              "/schedules.d/x.conf:4: Probe=: cannot split command line: "
+                              "unknown escape sequence");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nReflect=\"\" arg\n",
+                              "/schedules.d/x.conf:4: Reflect=: empty command name");
+}
+
+static void test_err_bad_environment(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=1A=x\n",
+                              "/schedules.d/x.conf:4: Environment=: \"1A=x\" is not a valid "
+                              "assignment (expected NAME=VALUE, NAME of A-Z a-z 0-9 _ not "
+                              "starting with a digit)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=NOVALUE\n",
+                              "/schedules.d/x.conf:4: Environment=: \"NOVALUE\" is not a valid "
+                              "assignment (expected NAME=VALUE, NAME of A-Z a-z 0-9 _ not "
+                              "starting with a digit)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=KAIROS_GOAL=x\n",
+                              "/schedules.d/x.conf:4: Environment=: \"KAIROS_GOAL\" is reserved "
+                              "(KAIROS_* variables are set by kairosd)");
+}
+
+static void test_err_socket_path_too_long(void **state)
+{
+        (void)state;
+        char text[300], want[400], path[200];
+        memset(path, 'p', sizeof(path));
+        path[0] = '/';
+        path[108] = '\0';
+        XSNPRINTF(text, "[Daemon]\nControlSocket=%s\n", path);
+        XSNPRINTF(want, "/kairosd.conf:2: ControlSocket=: path too long for a unix "
+                 "socket (at most 107 bytes)");
+        expect_main_error(text, want);
+        path[107] = '\0';
+        XSNPRINTF(text, "[Daemon]\nControlSocket=%s\n", path);
+        put("kairosd.conf", text);
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_string_equal(c->control_socket, path);
+        config_free(c);
+}
+
+static void test_err_control_character(void **state)
+{
+        (void)state;
+        static const char text[] = "[Daemon]\nSocketGroup=a\x01z\nLogLevel=info\n";
+        expect_main_error(text, "/kairosd.conf:2: control character in line");
+        /* the line after it still counts (and a NUL byte is a control character) */
+        put("kairosd.conf", "[Daemon]\n");
+        FILE *f = fopen(rooted("kairosd.conf"), "a");
+        assert_non_null(f);
+        assert_int_equal(fwrite("SocketGroup=a\0b\nLogLevel=nope\n", 1, 30, f), 30);
+        assert_int_equal(fclose(f), 0);
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/kairosd.conf:2: control character in line",
+                "/kairosd.conf:3: LogLevel=: \"nope\" is not one of: emerg, alert, crit, err, "
+                "warning, notice, info, debug",
+                NULL });
+}
+
+static void test_continuation_line_numbers(void **state)
+{
+        (void)state;
+        /* an error names the first line of a continued line; later lines count
+         * on; a comment ending in a backslash does not continue */
+        put("kairosd.conf", "[Daemon]\nLogLevel=in\\\n  fo\n# note \\\n"
+            "MaxConcurrentMandates=x\n");
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/kairosd.conf:2: LogLevel=: \"in   fo\" is not one of: emerg, alert, crit, "
+                "err, warning, notice, info, debug",
+                "/kairosd.conf:5: MaxConcurrentMandates=: \"x\" is not a number",
+                NULL });
+
+        /* a backslash on the last line (no newline at the end) just ends it */
+        put("kairosd.conf", "[Daemon]\nSocketGroup=ops\\");
+        struct config *c = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, NULL), 0);
+        assert_string_equal(c->socket_group, "ops");
+        config_free(c);
+}
+
+static void test_errors_collected_across_files(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "[Daemon]\nLogLvl=info\nMaxConcurrentMandates=0\n"
+            "[Idempotency]\nWriteRoots=/a \\\n  b\nTTLSec=x\n");
+        put("kairosd.conf.d/10-a.conf", "[Daemon]\nLogLevel=loud\n");
+        put("kairosd.conf.d/20-b.conf", "Stray\n");
+        put("schedules.d/bad.name.conf", "[Schedule]\nCron=@daily\n");
+        put("schedules.d/ok.conf", "[Schedule]\nCron=@daily\n[Mandate]\nMaxCycles=0\n");
+        put("schedules.d/zz.conf", "[Exec]\nTimeoutSec=soon\n");
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/kairosd.conf:2: LogLvl=: unknown key in [Daemon]",
+                "/kairosd.conf:3: MaxConcurrentMandates=: 0 out of range 1..1024",
+                "/kairosd.conf:5: WriteRoots=: \"b\" is not an absolute path",
+                "/kairosd.conf:7: TTLSec=: \"x\" is not a valid duration "
+                "(e.g. 30, 30s, 5min, 2h, 1d, 1h30min)",
+                "/kairosd.conf.d/10-a.conf:2: LogLevel=: \"loud\" is not one of: emerg, alert, "
+                "crit, err, warning, notice, info, debug",
+                "/kairosd.conf.d/20-b.conf:1: missing '=' in \"Stray\" "
+                "(expected Key=Value or [Section])",
+                "/schedules.d/bad.name.conf: invalid schedule name \"bad.name\" "
+                "(1 to 64 of A-Z a-z 0-9 _ -)",
+                "/schedules.d/ok.conf:4: MaxCycles=: 0 out of range 1..10",
+                "/schedules.d/zz.conf:2: TimeoutSec=: \"soon\" is not a valid duration "
+                "(e.g. 30, 30s, 5min, 2h, 1d, 1h30min)",
+                "/schedules.d/zz.conf: Cron=: missing (required in [Schedule])",
+                NULL });
+}
+
+/* ---- durations ---------------------------------------------------------- */
+
+static void test_durations(void **state)
+{
+        (void)state;
+        static const struct {
+                const char *s;
+                uint64_t v;
+        } good[] = {
+                { "0", 0 }, { "30", 30 }, { "30s", 30 }, { "30sec", 30 }, { "5min", 300 },
+                { "2h", 7200 }, { "1d", 86400 }, { "1h30min", 5400 }, { "1h 30min", 5400 },
+                { "1d2h3min4s", 93784 }, { "1h\t5s", 3605 }, { "007", 7 },
+                { "1min1min", 120 }, { "18446744073709551615", UINT64_MAX },
+                { "213503982334601d", UINT64_C(213503982334601) * 86400 },
+        };
+        for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+                uint64_t v = 12345;
+                int r = config_parse_duration(good[i].s, &v);
+                if (r != 0)
+                        print_message("duration \"%s\" rejected\n", good[i].s);
+                assert_int_equal(r, 0);
+                assert_int_equal(v, good[i].v);
+        }
+        static const char *const bad[] = {
+                "", " 30", "30 ", "s", "30x", "5m", "5 min", "1h30", "30 1h", "1.5h",
+                "-5", "+5", "1H", "5mins", "1h,30min", "1h  ", "min5",
+        };
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                uint64_t v = 12345;
+                int r = config_parse_duration(bad[i], &v);
+                if (r != -EINVAL)
+                        print_message("duration \"%s\" gave %d\n", bad[i], r);
+                assert_int_equal(r, -EINVAL);
+                assert_int_equal(v, 12345);
+        }
+        static const char *const big[] = {
+                "18446744073709551616", "213503982334602d", "18446744073709551615s 1s",
+                "99999999999999999999999h",
+        };
+        for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
+                uint64_t v = 12345;
+                assert_int_equal(config_parse_duration(big[i], &v), -ERANGE);
+                assert_int_equal(v, 12345);
+        }
+        uint64_t v;
+        assert_int_equal(config_parse_duration(NULL, &v), -EINVAL);
+}
+
+/* ---- built-in ------------------------------------------------------------ */
+
+static void test_builtin(void **state)
+{
+        (void)state;
+        struct config *c = NULL;
+        assert_int_equal(config_builtin("/tmp/st", &c), 0);
+        assert_null(c->config_path);
+        assert_null(c->schedules_dir);
+        assert_string_equal(c->state_directory, "/tmp/st");
+        assert_string_equal(c->control_socket, "/tmp/st/control.sock");
+        assert_string_equal(c->socket_group, "kairos");
+        assert_int_equal(c->max_concurrent_mandates, 4);
+        assert_int_equal(c->graceful_timeout_sec, 120);
+        assert_int_equal(c->log_level, 6);
+        assert_int_equal(c->idem_ttl_sec, 86400);
+        assert_int_equal(c->idem_max_entries, 10000);
+        assert_null(c->write_roots);
+        assert_int_equal(c->nwrite_roots, 0);
+        assert_null(c->schedules);
+        assert_int_equal(c->nschedules, 0);
+        config_free(c);
+
+        assert_int_equal(config_builtin("/tmp/st/", &c), 0);
+        assert_string_equal(c->control_socket, "/tmp/st/control.sock");
+        config_free(c);
+
+        c = NULL;
+        assert_int_equal(config_builtin(NULL, &c), -EINVAL);
+        assert_int_equal(config_builtin("", &c), -EINVAL);
+        char longdir[200];
+        memset(longdir, 'd', sizeof(longdir));
+        longdir[0] = '/';
+        longdir[150] = '\0';
+        assert_int_equal(config_builtin(longdir, &c), -ENAMETOOLONG);
+        assert_null(c);
+        config_free(NULL);
+}
+
+static void test_phase_keys(void **state)
+{
+        (void)state;
+        assert_string_equal(config_phase_key(0), "Observe");
+        assert_string_equal(config_phase_key(1), "Orient");
+        assert_string_equal(config_phase_key(2), "Decide");
+        assert_string_equal(config_phase_key(3), "Act");
+        assert_string_equal(config_phase_key(4), "Reflect");
+        assert_null(config_phase_key(5));
+        assert_null(config_phase_key(-1));
+}
+
+/* ---- command splitting --------------------------------------------------- */
+
+static void expect_split(const char *cmd, const char *const *want)
+{
+        char **argv = NULL;
+        size_t argc = 99;
+        assert_int_equal(config_split_command(cmd, &argv, &argc), 0);
+        size_t n = 0;
+        while (want[n])
+                n++;
+        assert_int_equal(argc, n);
+        for (size_t i = 0; i < n; i++)
+                assert_string_equal(argv[i], want[i]);
+        assert_null(argv[n]);
+        config_strv_free(argv);
+}
+
+static void test_split_command(void **state)
+{
+        (void)state;
+        expect_split("/bin/echo hello world", (const char *const[]){
+                "/bin/echo", "hello", "world", NULL });
+        expect_split("  a \t  b  ", (const char *const[]){ "a", "b", NULL });
+        expect_split("", (const char *const[]){ NULL });
+        expect_split(" \t ", (const char *const[]){ NULL });
+        expect_split("echo \"a b\" 'c d'", (const char *const[]){ "echo", "a b", "c d", NULL });
+        expect_split("x\"a b\"y'c'", (const char *const[]){ "xa byc", NULL });
+        expect_split("echo \"\" ''", (const char *const[]){ "echo", "", "", NULL });
+        expect_split("echo \"say \\\"hi\\\" \\\\ now\"", (const char *const[]){
+                "echo", "say \"hi\" \\ now", NULL });
+        expect_split("echo 'no \\n escapes \"here\"'", (const char *const[]){
+                "echo", "no \\n escapes \"here\"", NULL });
+        expect_split("echo \"\\n\\t\\r\"", (const char *const[]){ "echo", "\n\t\r", NULL });
+        expect_split("echo a\\ b \\'c\\'", (const char *const[]){ "echo", "a b", "'c'", NULL });
+        expect_split("sh -c 'echo $HOME; ls | wc'", (const char *const[]){
+                "sh", "-c", "echo $HOME; ls | wc", NULL });
+        expect_split("echo \"it's\"", (const char *const[]){ "echo", "it's", NULL });
+
+        static const char *const bad[] = {
+                "echo \"open", "echo 'open", "echo trailing\\", "echo \\q", "echo \"\\x41\"",
+                "a\"b",
+        };
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                char **argv = (char **)0x1;
+                size_t argc = 99;
+                assert_int_equal(config_split_command(bad[i], &argv, &argc), -EINVAL);
+                assert_ptr_equal(argv, (char **)0x1);
+                assert_int_equal(argc, 99);
+        }
+        char **argv;
+        size_t argc;
+        assert_int_equal(config_split_command(NULL, &argv, &argc), -EINVAL);
+        config_strv_free(NULL);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_root, teardown_root)
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                T(test_full_valid_set),
+                T(test_defaults_and_state_dir),
+                T(test_schedules_sorted_by_name),
+                T(test_lists_reset_and_last_wins),
+                T(test_parse_schedule_errors_without_list),
+                T(test_bool_words),
+                T(test_log_levels),
+                T(test_err_unknown_section),
+                T(test_err_malformed_section),
+                T(test_err_unknown_key),
+                T(test_err_key_outside_section),
+                T(test_err_line_without_equals),
+                T(test_err_duplicate_section),
+                T(test_err_duplicate_section_is_per_file),
+                T(test_err_bad_bool),
+                T(test_err_bad_number),
+                T(test_err_number_out_of_range),
+                T(test_err_bad_duration),
+                T(test_err_bad_enum),
+                T(test_err_relative_path),
+                T(test_err_empty_required_value),
+                T(test_err_missing_cron),
+                T(test_err_invalid_schedule_name),
+                T(test_valid_schedule_name),
+                T(test_err_bad_cron),
+                T(test_err_unknown_time_zone),
+                T(test_err_unreadable_file),
+                T(test_dev_null_masks_a_file),
+                T(test_err_bad_command_line),
+                T(test_err_bad_environment),
+                T(test_err_socket_path_too_long),
+                T(test_err_control_character),
+                T(test_continuation_line_numbers),
+                T(test_errors_collected_across_files),
+                T(test_durations),
+                T(test_builtin),
+                T(test_phase_keys),
+                T(test_split_command),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
