@@ -44,11 +44,24 @@ struct recovery {
 };
 
 /* A CORRUPT fold is refused (-EBADMSG): corrupt files are quarantined, never
- * recovered.  A TORN fold is planned from its good records. */
+ * recovered.  A TORN fold is planned from its good records.  Every verdict is
+ * taken without current hashes (recovery decides from the log alone). */
 int recovery_plan_fold(const struct fold *f, struct recovery **out);
 void recovery_free(struct recovery *r);
 
+/* World-state probe (DESIGN §8, "later work"): sets the current pre/post
+ * hashes of a step at recovery time, or leaves them NULL.  The strings are
+ * copied; they need only live until the probe is called again. */
+typedef void (*recovery_probe_fn)(void *ctx, const struct fold_step *s, const char **current_pre,
+                                  const char **current_post);
+/* recovery_plan_fold with a probe (NULL: none). */
+int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void *ctx,
+                             struct recovery **out);
+
 /* All records of the recovery in append order. */
 size_t recovery_record_count(const struct recovery *r);
+/* The i-th record in append order (per plan: its decisions' records, then
+ * its plan_finalize), or NULL when i >= recovery_record_count(). */
+const struct wal_record *recovery_record_at(const struct recovery *r, size_t i);
 
 const char *recovery_outcome_name(enum recovery_outcome o);

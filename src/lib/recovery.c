@@ -1,1 +1,300 @@
-/* SPDX-License-Identifier: MIT */ /* stub: being written */
+/* SPDX-License-Identifier: MIT */
+/* recovery: the pure recovery planner (DESIGN §8).
+ *
+ * For every plan not finalized, in WAL order:
+ *   - it holds a failed (or abandoned) step: finalize it failed, nothing runs;
+ *   - else walk its steps in plan order, skipping completed ones:
+ *       already_done  → completed {recovered:true, evidence}; go on;
+ *       safe_to_retry → reset if the step had reached executing; resume
+ *                       from this step; stop (later steps never ran);
+ *       manual_review → needs_review with the evidence (unless the step is
+ *                       already needs_review); pause; stop;
+ *   - the walk found every step completed: finalize it succeeded. */
+#include "kairos/recovery.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kairos/kbuf.h"
+#include "kairos/kjson.h"
+
+struct recovery_internal {
+        struct kjson_arena *arena; /* evidence texts and probe hashes */
+};
+
+static bool status_is(const struct fold_step *s, const char *st)
+{
+        return s->status && strcmp(s->status, st) == 0;
+}
+
+static int keep(struct recovery *r, const char *s, const char **out)
+{
+        if (!s) {
+                *out = NULL;
+                return 0;
+        }
+        char *d = kjson_arena_strndup(r->internal->arena, s, strlen(s));
+        if (!d)
+                return -ENOMEM;
+        *out = d;
+        return 0;
+}
+
+static int evidence_json(struct recovery *r, const struct verdict *v, const char **out)
+{
+        struct kbuf b = KBUF_INIT;
+        int ret = verdict_evidence_json(v, &b);
+        if (ret >= 0)
+                ret = keep(r, b.data, out);
+        kbuf_free(&b);
+        return ret;
+}
+
+static void set_finalize(struct recovery_plan *rp, const struct fold_plan *p, enum recovery_outcome o,
+                         const char *status, const char *reason)
+{
+        rp->outcome = o;
+        rp->has_finalize = true;
+        rp->finalize = (struct wal_record){
+                .op = WAL_OP_FINALIZE,
+                .plan_id = p->plan_id,
+                .status = status,
+                .reason = reason,
+        };
+}
+
+/* Decide one step; *stop when the walk ends here. */
+static int decide_step(struct recovery *r, const struct fold *f, size_t idx, struct recovery_plan *rp,
+                       recovery_probe_fn probe, void *ctx, bool *stop)
+{
+        const struct fold_step *s = &f->steps[idx];
+        struct recovery_decision *d = &rp->decisions[rp->ndecisions++];
+        const char *cur_pre = NULL, *cur_post = NULL;
+        const char *ev;
+        int ret;
+
+        if (probe) {
+                const char *pre = NULL, *post = NULL;
+                probe(ctx, s, &pre, &post);
+                if ((ret = keep(r, pre, &cur_pre)) < 0 || (ret = keep(r, post, &cur_post)) < 0)
+                        return ret;
+        }
+        struct verdict_step vs = {
+                .status = s->status,
+                .pre_hash = s->pre_hash,
+                .expected_post_hash = s->expected_post_hash,
+                .observed_pre_hash = s->observed_pre_hash,
+                .post_hash = s->post_hash,
+                .result_hash = s->result_hash,
+        };
+        d->step = idx;
+        verdict_check(&vs, cur_pre, cur_post, &d->verdict);
+        *stop = true;
+
+        switch (d->verdict.kind) {
+        case VERDICT_ALREADY_DONE:
+                ret = evidence_json(r, &d->verdict, &ev);
+                if (ret < 0)
+                        return ret;
+                d->has_record = true;
+                d->record = (struct wal_record){
+                        .op = WAL_OP_COMPLETED,
+                        .step_id = s->step_id,
+                        .post_hash = d->verdict.post_hash,
+                        /* the writer requires one; "" = no result recorded */
+                        .result_hash = s->result_hash ? s->result_hash : "",
+                        .recovered = true,
+                        .evidence_json = ev,
+                        .result_json = s->result_json,
+                };
+                *stop = false;
+                return 0;
+        case VERDICT_SAFE_TO_RETRY:
+                if (s->observed_pre_hash || status_is(s, "executing")) {
+                        d->has_record = true;
+                        d->record = (struct wal_record){ .op = WAL_OP_RESET, .step_id = s->step_id };
+                }
+                rp->outcome = RECOVERY_RESUME;
+                rp->resume_step = idx;
+                return 0;
+        case VERDICT_MANUAL_REVIEW:
+                rp->outcome = RECOVERY_PAUSED_REVIEW;
+                rp->pause_step = s->step_id;
+                if (status_is(s, "needs_review")) {
+                        /* already recorded: no second record */
+                        rp->pause_reason = s->reason ? s->reason : d->verdict.reason;
+                        return 0;
+                }
+                ret = evidence_json(r, &d->verdict, &ev);
+                if (ret < 0)
+                        return ret;
+                rp->pause_reason = d->verdict.reason;
+                d->has_record = true;
+                d->record = (struct wal_record){
+                        .op = WAL_OP_NEEDS_REVIEW,
+                        .step_id = s->step_id,
+                        .reason = d->verdict.reason,
+                        .evidence_json = ev,
+                };
+                return 0;
+        }
+        return -EINVAL;
+}
+
+static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct recovery_plan *rp,
+                    recovery_probe_fn probe, void *ctx)
+{
+        const struct fold_plan *p = &f->plans[pi];
+        int ret;
+
+        rp->plan = pi;
+        for (size_t j = 0; j < p->nsteps; j++) {
+                const struct fold_step *s = &f->steps[p->steps[j]];
+                if (status_is(s, "failed")) {
+                        set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, "failed", "step_failed");
+                        return 0;
+                }
+        }
+        for (size_t j = 0; j < p->nsteps; j++) {
+                const struct fold_step *s = &f->steps[p->steps[j]];
+                if (status_is(s, "abandoned")) {
+                        /* an abandoned step never completes: the plan cannot succeed */
+                        set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, "failed", "step_abandoned");
+                        return 0;
+                }
+        }
+
+        if (p->nsteps) {
+                rp->decisions = calloc(p->nsteps, sizeof(*rp->decisions));
+                if (!rp->decisions)
+                        return -ENOMEM;
+        }
+        for (size_t j = 0; j < p->nsteps; j++) {
+                bool stop;
+                if (status_is(&f->steps[p->steps[j]], "completed"))
+                        continue;
+                ret = decide_step(r, f, p->steps[j], rp, probe, ctx, &stop);
+                if (ret < 0)
+                        return ret;
+                if (stop)
+                        return 0;
+        }
+        set_finalize(rp, p, RECOVERY_FINALIZED_SUCCEEDED, "succeeded", NULL);
+        return 0;
+}
+
+int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void *ctx,
+                             struct recovery **out)
+{
+        struct recovery *r;
+        size_t n = 0;
+        int ret;
+
+        if (!out)
+                return -EINVAL;
+        *out = NULL;
+        if (!f)
+                return -EINVAL;
+        if (f->status == FOLD_CORRUPT)
+                return -EBADMSG;
+
+        r = calloc(1, sizeof(*r));
+        if (!r)
+                return -ENOMEM;
+        r->internal = calloc(1, sizeof(*r->internal));
+        if (!r->internal || !(r->internal->arena = kjson_arena_new())) {
+                recovery_free(r);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < f->nplans; i++)
+                n += !f->plans[i].finalized;
+        if (n) {
+                r->plans = calloc(n, sizeof(*r->plans));
+                if (!r->plans) {
+                        recovery_free(r);
+                        return -ENOMEM;
+                }
+        }
+        for (size_t i = 0; i < f->nplans; i++) {
+                if (f->plans[i].finalized)
+                        continue;
+                ret = plan_one(r, f, i, &r->plans[r->nplans++], probe, ctx);
+                if (ret < 0) {
+                        recovery_free(r);
+                        return ret;
+                }
+        }
+        *out = r;
+        return 0;
+}
+
+int recovery_plan_fold(const struct fold *f, struct recovery **out)
+{
+        return recovery_plan_fold_probe(f, NULL, NULL, out);
+}
+
+void recovery_free(struct recovery *r)
+{
+        if (!r)
+                return;
+        for (size_t i = 0; i < r->nplans; i++)
+                free(r->plans[i].decisions);
+        free(r->plans);
+        if (r->internal)
+                kjson_arena_free(r->internal->arena);
+        free(r->internal);
+        free(r);
+}
+
+size_t recovery_record_count(const struct recovery *r)
+{
+        size_t n = 0;
+
+        if (!r)
+                return 0;
+        for (size_t i = 0; i < r->nplans; i++) {
+                const struct recovery_plan *rp = &r->plans[i];
+                for (size_t j = 0; j < rp->ndecisions; j++)
+                        n += rp->decisions[j].has_record;
+                n += rp->has_finalize;
+        }
+        return n;
+}
+
+const struct wal_record *recovery_record_at(const struct recovery *r, size_t i)
+{
+        if (!r)
+                return NULL;
+        for (size_t k = 0; k < r->nplans; k++) {
+                const struct recovery_plan *rp = &r->plans[k];
+                for (size_t j = 0; j < rp->ndecisions; j++) {
+                        if (!rp->decisions[j].has_record)
+                                continue;
+                        if (i == 0)
+                                return &rp->decisions[j].record;
+                        i--;
+                }
+                if (rp->has_finalize) {
+                        if (i == 0)
+                                return &rp->finalize;
+                        i--;
+                }
+        }
+        return NULL;
+}
+
+const char *recovery_outcome_name(enum recovery_outcome o)
+{
+        switch (o) {
+        case RECOVERY_RESUME:
+                return "resume";
+        case RECOVERY_PAUSED_REVIEW:
+                return "paused_review";
+        case RECOVERY_FINALIZED_FAILED:
+                return "finalized_failed";
+        case RECOVERY_FINALIZED_SUCCEEDED:
+                return "finalized_succeeded";
+        }
+        return "unknown";
+}
