@@ -251,7 +251,7 @@ static void test_format_double_roundtrip(void **state)
         (void)state;
         struct kbuf b = KBUF_INIT;
         uint64_t x = 0x9E3779B97F4A7C15ull;
-        for (int i = 0; i < 100000; i++) {
+        for (int i = 0; i < 20000; i++) {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
