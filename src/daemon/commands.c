@@ -461,7 +461,7 @@ static void cmd_resume(struct control_request *req)
                                     mandate_status_name(m->status));
                 return;
         }
-        submit_op(req, m, OP_RESUME, 0, NULL, NULL);
+        submit_op(req, m, OP_RESUME, 0, "resumed by operator", NULL);
 }
 
 static void cmd_resolve(struct control_request *req)

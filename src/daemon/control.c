@@ -32,6 +32,7 @@ struct control_client {
         pid_t pid;
         struct control_server *srv;
         struct control_client *prev, *next;
+        char *refusal;         /* peer not allowed: every request gets this */
 };
 
 struct write_req {
@@ -44,6 +45,7 @@ struct write_req {
 static void client_unref(struct control_client *c)
 {
         if (--c->refs == 0) {
+                free(c->refusal);
                 kbuf_free(&c->in);
                 free(c);
         }
@@ -221,6 +223,10 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
 {
         json_error_t jerr;
         json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!root && c->refusal) {
+                client_send(c, error_reply(NULL, "permission_denied", c->refusal, NULL), true);
+                return;
+        }
         if (!root) {
                 char msg[300];
                 snprintf(msg, sizeof msg, "malformed JSON at byte %d: %s", jerr.position,
@@ -229,6 +235,14 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
                 return;
         }
         json_t *id = json_object_get(root, "id");
+        if (c->refusal) {
+                /* Answer the request it sent, then hang up. */
+                client_send(c, error_reply(json_is_integer(id) ? id : NULL, "permission_denied",
+                                           c->refusal, NULL),
+                            true);
+                json_decref(root);
+                return;
+        }
         const char *problem = NULL;
         if (!json_is_object(root))
                 problem = "a request must be a JSON object";
@@ -362,8 +376,9 @@ static void on_connection(uv_stream_t *server, int status)
                          (unsigned)c->uid, (unsigned)geteuid(), srv->d->cfg->socket_group);
                 log_warning("control: refused a connection from uid %u pid %d", (unsigned)c->uid,
                             (int)c->pid);
-                client_send(c, error_reply(NULL, "permission_denied", msg, NULL), true);
-                return;
+                c->refusal = strdup(msg);
+                if (!c->refusal)
+                        client_close(c);
         }
         uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
 }

@@ -23,8 +23,14 @@ void notify_ready(void)
 
 void notify_status(const char *status)
 {
+        /* Only changes are sent: the manager needs no repeats, and every
+         * datagram is a chance to block on a full notify socket. */
+        static char last[512];
         char buf[512];
         snprintf(buf, sizeof buf, "STATUS=%s", status);
+        if (strcmp(buf, last) == 0)
+                return;
+        snprintf(last, sizeof last, "%s", buf);
         notify_send(buf);
 }
 

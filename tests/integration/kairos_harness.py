@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import zlib
 
@@ -63,29 +64,49 @@ def read_records(path):
 
 
 class NotifySocket:
-    """A fake systemd notify socket: collects datagrams."""
+    """A fake systemd notify socket.  A thread drains it all the time (as the
+    real manager does), so the daemon never blocks on a full socket."""
 
     def __init__(self, directory):
         self.path = os.path.join(directory, "notify.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.messages = []
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._reader, daemon=True)
+        self.thread.start()
+
+    def _reader(self):
+        while True:
+            try:
+                data = self.sock.recv(65536).decode()
+            except OSError:
+                return
+            with self.cond:
+                self.messages.append(data)
+                self.cond.notify_all()
+
+    def clear(self):
+        with self.cond:
+            self.messages.clear()
+
+    def count(self, predicate):
+        with self.cond:
+            return sum(1 for m in self.messages if predicate(m))
 
     def wait_for(self, predicate, timeout=30.0):
-        """Receive until a message satisfies predicate; return it."""
+        """Wait until a message satisfies predicate; return it."""
         deadline = time.monotonic() + timeout
-        for m in self.messages:
-            if predicate(m):
-                return m
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("notify: no matching message; got %r" % self.messages[-10:])
-            self.sock.settimeout(left)
-            data = self.sock.recv(65536).decode()
-            self.messages.append(data)
-            if predicate(data):
-                return data
+        with self.cond:
+            while True:
+                for m in self.messages:
+                    if predicate(m):
+                        return m
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("notify: no matching message; got %r" % self.messages[-10:])
+                self.cond.wait(left)
 
     def wait_ready(self, timeout=30.0):
         return self.wait_for(lambda m: "READY=1" in m.split("\n"), timeout)
