@@ -10,8 +10,8 @@
  *       transaction of the same bytes (when built with sqlite3);
  *   (d) fdatasync calls per five-step cycle under the durability barrier;
  *   (e) fold throughput over at least M MB of realistic WAL.
- * (a) and (b) run interleaved in chunks of 25 records, alternating which goes
- * first, so drift and noise of a shared disk hit both alike. */
+ * (a), (b) and (c) run interleaved in chunks of 25 records, rotating which goes
+ * first, so drift and noise of a shared disk hit all three alike. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -203,7 +203,61 @@ static void make_record(struct bench *b)
         kbuf_free(&out);
 }
 
-/* ---- (a) + (b) -------------------------------------------------------- */
+/* ---- (c) SQLite ------------------------------------------------------- */
+
+#ifdef HAVE_SQLITE3
+struct sql {
+        sqlite3 *db;
+        sqlite3_stmt *st;
+};
+
+static void sql_exec(sqlite3 *db, const char *sql)
+{
+        char *err = NULL;
+
+        if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
+                fprintf(stderr, "bench_core: sqlite: %s: %s\n", sql, err ? err : "?");
+                exit(1);
+        }
+}
+
+static void sql_open(const struct bench *b, struct sql *q)
+{
+        char path[4200];
+
+        path_in(b, "bench.sqlite", path, sizeof(path));
+        if (sqlite3_open(path, &q->db) != SQLITE_OK)
+                die("sqlite3_open", EIO);
+        sql_exec(q->db, "PRAGMA journal_mode=WAL");
+        sql_exec(q->db, "PRAGMA synchronous=FULL");
+        sql_exec(q->db, "CREATE TABLE log(id INTEGER PRIMARY KEY, rec BLOB NOT NULL)");
+        if (sqlite3_prepare_v2(q->db, "INSERT INTO log(rec) VALUES(?)", -1, &q->st, NULL) !=
+            SQLITE_OK)
+                die("sqlite3_prepare_v2", EIO);
+}
+
+/* One INSERT per (autocommit) transaction. */
+static double sql_chunk(const struct bench *b, struct sql *q, long n)
+{
+        double t0 = now_s();
+
+        for (long i = 0; i < n; i++) {
+                sqlite3_bind_blob(q->st, 1, b->line, (int)b->line_len, SQLITE_STATIC);
+                if (sqlite3_step(q->st) != SQLITE_DONE)
+                        die("sqlite3_step", EIO);
+                sqlite3_reset(q->st);
+        }
+        return now_s() - t0;
+}
+
+static void sql_close(struct sql *q)
+{
+        sqlite3_finalize(q->st);
+        sqlite3_close(q->db);
+}
+#endif
+
+/* ---- (a) + (b) (+ (c)), interleaved ---------------------------------- */
 
 static void check(int r, const char *what)
 {
@@ -242,13 +296,21 @@ static double raw_chunk(const struct bench *b, int fd, long n)
         return now_s() - t0;
 }
 
-static void bench_append(const struct bench *b, double *wal_rate, double *raw_rate)
+static void bench_append(const struct bench *b, double *wal_rate, double *raw_rate,
+                         double *sql_rate)
 {
         char wal_path[4200], raw_path[4200];
         struct wal *w = NULL;
-        double t_wal = 0, t_raw = 0;
+        double t[3] = { 0, 0, 0 };   /* raw, wal, sqlite */
+        int methods = 2;
         uint64_t flushes0;
         int fd, r;
+#ifdef HAVE_SQLITE3
+        struct sql q;
+        sql_open(b, &q);
+        sql_chunk(b, &q, WARMUP);
+        methods = 3;
+#endif
 
         path_in(b, "append.wal.jsonl", wal_path, sizeof(wal_path));
         path_in(b, "append.raw.jsonl", raw_path, sizeof(raw_path));
@@ -266,12 +328,16 @@ static void bench_append(const struct bench *b, double *wal_rate, double *raw_ra
         flushes0 = wal_flush_count(w);
         for (long done = 0, c = 0; done < b->records; done += CHUNK, c++) {
                 long n = b->records - done < CHUNK ? b->records - done : CHUNK;
-                if (c % 2 == 0) {
-                        t_raw += raw_chunk(b, fd, n);
-                        t_wal += wal_chunk(b, w, n);
-                } else {
-                        t_wal += wal_chunk(b, w, n);
-                        t_raw += raw_chunk(b, fd, n);
+                for (int k = 0; k < methods; k++) {
+                        int m = (int)((c + k) % methods);   /* rotate who goes first */
+                        if (m == 0)
+                                t[0] += raw_chunk(b, fd, n);
+                        else if (m == 1)
+                                t[1] += wal_chunk(b, w, n);
+#ifdef HAVE_SQLITE3
+                        else
+                                t[2] += sql_chunk(b, &q, n);
+#endif
                 }
         }
         if (wal_flush_count(w) - flushes0 != (uint64_t)b->records)
@@ -293,61 +359,22 @@ static void bench_append(const struct bench *b, double *wal_rate, double *raw_ra
         wal_close(w);
         unlink(cpu_path);
 
-        *wal_rate = (double)b->records / t_wal;
-        *raw_rate = (double)b->records / t_raw;
+        *raw_rate = (double)b->records / t[0];
+        *wal_rate = (double)b->records / t[1];
+        *sql_rate = methods == 3 ? (double)b->records / t[2] : 0;
         printf("(a) WAL writer, wal_flush per record: %10.0f appends/s  (%7.1f us each)\n",
                *wal_rate, 1e6 / *wal_rate);
         printf("(b) raw write+fdatasync, O_APPEND:    %10.0f appends/s  (%7.1f us each)\n",
                *raw_rate, 1e6 / *raw_rate);
         printf("    (the writer's own cost per record, without fdatasync: %.1f us)\n", cpu * 1e6);
-}
-
-/* ---- (c) SQLite ------------------------------------------------------- */
-
 #ifdef HAVE_SQLITE3
-static void sql_exec(sqlite3 *db, const char *sql)
-{
-        char *err = NULL;
-
-        if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
-                fprintf(stderr, "bench_core: sqlite: %s: %s\n", sql, err ? err : "?");
-                exit(1);
-        }
-}
-
-static double bench_sqlite(const struct bench *b)
-{
-        char path[4200];
-        sqlite3 *db;
-        sqlite3_stmt *st;
-        double t0 = 0, t = 0;
-
-        path_in(b, "bench.sqlite", path, sizeof(path));
-        if (sqlite3_open(path, &db) != SQLITE_OK)
-                die("sqlite3_open", EIO);
-        sql_exec(db, "PRAGMA journal_mode=WAL");
-        sql_exec(db, "PRAGMA synchronous=FULL");
-        sql_exec(db, "CREATE TABLE log(id INTEGER PRIMARY KEY, rec BLOB NOT NULL)");
-        if (sqlite3_prepare_v2(db, "INSERT INTO log(rec) VALUES(?)", -1, &st, NULL) != SQLITE_OK)
-                die("sqlite3_prepare_v2", EIO);
-        for (long i = -WARMUP; i < b->records; i++) {
-                if (i == 0)
-                        t0 = now_s();
-                sqlite3_bind_blob(st, 1, b->line, (int)b->line_len, SQLITE_STATIC);
-                if (sqlite3_step(st) != SQLITE_DONE)
-                        die("sqlite3_step", EIO);
-                sqlite3_reset(st);
-                if (i == b->records - 1)
-                        t = now_s() - t0;
-        }
-        sqlite3_finalize(st);
-        sqlite3_close(db);
-        double rate = (double)b->records / t;
-        printf("(c) SQLite WAL, synchronous=FULL:     %10.0f inserts/s  (%7.1f us each)\n", rate,
-               1e6 / rate);
-        return rate;
-}
+        sql_close(&q);
+        printf("(c) SQLite WAL, synchronous=FULL:     %10.0f inserts/s  (%7.1f us each)\n",
+               *sql_rate, 1e6 / *sql_rate);
+#else
+        printf("(c) SQLite: not built (sqlite3 not found by meson)\n");
 #endif
+}
 
 /* ---- (d) flushes per cycle -------------------------------------------- */
 
@@ -627,12 +654,7 @@ int main(int argc, char **argv)
                "records per method\n\n",
                b.line_len, b.records);
 
-        bench_append(&b, &wal_rate, &raw_rate);
-#ifdef HAVE_SQLITE3
-        sql_rate = bench_sqlite(&b);
-#else
-        printf("(c) SQLite: not built (sqlite3 not found by meson)\n");
-#endif
+        bench_append(&b, &wal_rate, &raw_rate, &sql_rate);
         double per_cycle = bench_cycles(&b, &cycle_rate);
         cleanup(&b);
         fold_rate = bench_fold(&b, &fold_one_rate);

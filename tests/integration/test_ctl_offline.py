@@ -161,7 +161,11 @@ def run(*args, stdin=None):
     if p.returncode < 0:
         raise AssertionError(f"kairosctl {' '.join(args)} killed by signal {-p.returncode}:"
                              f"\n{p.stderr.decode(errors='replace')}")
-    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    err = p.stderr.decode(errors="replace")
+    for marker in ("Sanitizer", "runtime error:"):
+        if marker in err:
+            raise AssertionError(f"kairosctl {' '.join(args)}: sanitizer report:\n{err}")
+    return p.returncode, p.stdout.decode(errors="replace"), err
 
 
 class Case(unittest.TestCase):
