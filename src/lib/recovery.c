@@ -9,6 +9,8 @@
  *                       from this step; stop (later steps never ran);
  *       manual_review → needs_review with the evidence (unless the step is
  *                       already needs_review); pause; stop;
+ *       (a step whose step_id a later plan_commit took over cannot be driven:
+ *       pause with reason step_id_reused, no record);
  *   - the walk found every step completed: finalize it succeeded. */
 #include "kairos/recovery.h"
 
@@ -171,9 +173,19 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
                         return -ENOMEM;
         }
         for (size_t j = 0; j < p->nsteps; j++) {
+                const struct fold_step *s = &f->steps[p->steps[j]];
                 bool stop;
-                if (status_is(&f->steps[p->steps[j]], "completed"))
+                if (status_is(s, "completed"))
                         continue;
+                if (fold_find_step(f, s->step_id) != s) {
+                        /* a later plan_commit took this step_id over: every
+                         * record for it would land on the new owner, so this
+                         * plan cannot be driven (and no record is written) */
+                        rp->outcome = RECOVERY_PAUSED_REVIEW;
+                        rp->pause_step = s->step_id;
+                        rp->pause_reason = "step_id_reused";
+                        return 0;
+                }
                 ret = decide_step(r, f, p->steps[j], rp, probe, ctx, &stop);
                 if (ret < 0)
                         return ret;

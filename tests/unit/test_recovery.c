@@ -614,6 +614,32 @@ static void test_orphan_plan_and_empty(void **state)
         kbuf_free(&w.b);
 }
 
+static void test_reused_step_id_pauses(void **state)
+{
+        (void)state;
+        static const struct wal_step a[] = { { "s1", "t", "p", "pre", "post" } };
+        struct w w = { KBUF_INIT, 0 };
+        commit(&w, "plan_a", 1, a, 1);
+        executing(&w, "s1", "pre");
+        commit(&w, "plan_b", 2, a, 1); /* takes s1 over */
+        pending(&w, "s1", "plan_b");
+
+        struct fold *f;
+        struct recovery *r = plan_w(&w, &f);
+        assert_int_equal(r->nplans, 2);
+        /* plan_a's s1 is interrupted, but any record would land on plan_b's s1 */
+        assert_int_equal(r->plans[0].outcome, RECOVERY_PAUSED_REVIEW);
+        assert_string_equal(r->plans[0].pause_step, "s1");
+        assert_string_equal(r->plans[0].pause_reason, "step_id_reused");
+        assert_int_equal(r->plans[0].ndecisions, 0);
+        assert_int_equal(r->plans[1].outcome, RECOVERY_RESUME);
+        assert_int_equal(recovery_record_count(r), 0);
+        check_idempotent(&w, f, r);
+        recovery_free(r);
+        fold_free(f);
+        kbuf_free(&w.b);
+}
+
 static void test_outcome_names(void **state)
 {
         (void)state;
@@ -639,6 +665,7 @@ int main(void)
                 cmocka_unit_test(test_legacy_wal),
                 cmocka_unit_test(test_corrupt_refused_torn_planned),
                 cmocka_unit_test(test_orphan_plan_and_empty),
+                cmocka_unit_test(test_reused_step_id_pauses),
                 cmocka_unit_test(test_outcome_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
