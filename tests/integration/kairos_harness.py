@@ -134,31 +134,57 @@ class Daemon:
             e["NOTIFY_SOCKET"] = notify.path
         if env:
             e.update(env)
-        self.stderr_path = os.path.join(tempfile.mkdtemp(prefix="kairosd-log-"), "stderr")
-        self.stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(args, env=e, stdout=subprocess.DEVNULL, stderr=self.stderr)
+        self.proc = subprocess.Popen(args, env=e, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        self.lines = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.reader.start()
+
+    def _read_stderr(self):
+        for raw in self.proc.stderr:
+            with self.cond:
+                self.lines.append(raw.decode(errors="replace"))
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append(None)  # EOF
+            self.cond.notify_all()
+
+    def wait_log(self, text, timeout=30.0):
+        """Wait until a log line contains text; return the line."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for line in self.lines:
+                    if line is not None and text in line:
+                        return line
+                if self.lines and self.lines[-1] is None:
+                    raise AssertionError("kairosd exited; no log line with %r:\n%s" % (text, self.log()))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no log line with %r:\n%s" % (text, self.log()))
+                self.cond.wait(left)
 
     @property
     def socket_path(self):
         return os.path.join(self.state_dir, "control.sock")
 
     def log(self):
-        with open(self.stderr_path, "rb") as f:
-            return f.read().decode(errors="replace")
+        with self.cond:
+            return "".join(line for line in self.lines if line is not None)
 
     def stop(self, sig=15, timeout=30):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.stderr.close()
+        rc = self.proc.wait(timeout)
+        self.reader.join(timeout)
+        return rc
 
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self.stderr.close()
+        self.reader.join(30)
 
 
 class Client:

@@ -94,7 +94,13 @@ class TestRecovery(DaemonCase):
         wal = os.path.join(self.state, "wal")
         corrupt_before = open(os.path.join(wal, "mnd_c.wal.jsonl"), "rb").read()
         d = self.start()
-        self.notify.wait_ready()
+        ready = self.notify.wait_ready()
+        # Recovery announced itself (and asked for more start time) before READY=1.
+        msgs = self.notify.messages
+        first_ready = msgs.index(ready)
+        self.assertTrue(any("EXTEND_TIMEOUT_USEC=" in m for m in msgs[:first_ready]), msgs[:first_ready])
+        self.assertTrue(any(m.startswith("STATUS=recovering") for m in msgs[:first_ready]), msgs[:first_ready])
+        self.notify.wait_for(lambda m: m.startswith("STATUS=") and "101 paused for review" in m)
         # At READY=1 every WAL already holds its recovery records.
         for i in range(EXTRA_REVIEW):
             recs = read_records(os.path.join(wal, "mnd_x%03d.wal.jsonl" % i))
@@ -210,7 +216,7 @@ class TestLifecycle(DaemonCase):
         d.proc.send_signal(signal.SIGHUP)
         self.notify.wait_for(lambda m: "RELOADING=1" in m and "MONOTONIC_USEC=" in m)
         self.notify.wait_ready()
-        # the log line is written before READY=1 is sent
+        d.wait_log("reload failed")
         self.assertIn("reload failed, keeping the running configuration", d.log())
         self.assertIn(conf + ":5: Bogus=", d.log())
         c = self.client()
@@ -226,6 +232,58 @@ class TestLifecycle(DaemonCase):
         self.assertTrue(r["ok"], r)
         self.assertIn("configuration reloaded", d.log())
         c.close()
+
+    def test_usr1_dumps_status(self):
+        d = self.start()
+        self.notify.wait_ready()
+        d.proc.send_signal(signal.SIGUSR1)
+        line = d.wait_log("status: ")
+        self.assertIn("0 mandates", line)
+        self.assertIn("config built-in", line)
+
+    def test_runs_without_notify_socket(self):
+        d = self.start(notify=None)
+        d.wait_log("ready: ")
+        c = self.client()
+        self.assertTrue(c.call("status")["result"]["ready"])
+        c.close()
+        self.assertEqual(d.stop(), 0)
+
+    def test_check_config(self):
+        good = self.write_config()
+        out = subprocess.run([os.environ["KAIROSD"], "-c", good, "--check-config"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("configuration %s: ok" % good, out.stdout)
+        self.assertIn("schedules: 0", out.stdout)
+        bad = self.write_config("MaxConcurrentMandates=0\nFoo=bar\n")
+        out = subprocess.run([os.environ["KAIROSD"], "-c", bad, "--check-config"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(bad + ":5: MaxConcurrentMandates=: 0 out of range 1..1024", out.stderr)
+        self.assertIn(bad + ":6: Foo=: unknown key in [Daemon]", out.stderr)
+        self.assertIn("configuration has 2 errors", out.stderr)
+        # The daemon refuses to start on it, with the same messages.
+        out = subprocess.run([os.environ["KAIROSD"], "-c", bad], capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(bad + ":6: Foo=: unknown key in [Daemon]", out.stderr)
+        self.assertFalse(os.path.exists(self.state), "nothing is created for a broken config")
+
+    def test_command_line(self):
+        kd = os.environ["KAIROSD"]
+        out = subprocess.run([kd, "--version"], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0)
+        self.assertRegex(out.stdout, r"^kairosd \d+\.\d+\.\d+\n$")
+        out = subprocess.run([kd, "--help"], capture_output=True, text=True)
+        self.assertIn("--check-config", out.stdout)
+        out = subprocess.run([kd, "--state-dir", "relative/dir"], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 64)
+        self.assertIn("must be an absolute path", out.stderr)
+        out = subprocess.run([kd, "--bogus"], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 64)
+        out = subprocess.run([kd, "-c", os.path.join(self.dir, "missing.conf")], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("missing.conf", out.stderr)
 
 
 class TestControl(DaemonCase):
