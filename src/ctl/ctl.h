@@ -16,6 +16,8 @@
 /* Exit statuses (sysexits.h values for the error cases). */
 enum {
         CTL_EXIT_OK = 0,
+        CTL_EXIT_REFUSED = 1,     /* online: the daemon said no */
+        CTL_EXIT_UNREACHABLE = 2, /* online: cannot reach the daemon (or no valid reply) */
         CTL_EXIT_USAGE = 64,      /* EX_USAGE */
         CTL_EXIT_DATAERR = 65,    /* EX_DATAERR: bad input data */
         CTL_EXIT_NOINPUT = 66,    /* EX_NOINPUT: a file could not be read */
@@ -29,7 +31,7 @@ enum {
 
 /* Global options, accepted before or after the command. */
 struct ctl_opts {
-        const char *socket_path;  /* --socket PATH */
+        const char *socket_path;  /* --socket PATH, NULL if not given (see ctl_socket_path) */
         bool json;                /* --json */
 };
 
@@ -86,6 +88,29 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_canon(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv);
+
+/* Online commands (ctl_online.c): one request over the control socket. */
+int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv);
+
+/* The control socket: --socket, else $KAIROS_CONTROL_SOCKET (non-empty),
+ * else CTL_DEFAULT_SOCKET. */
+const char *ctl_socket_path(const struct ctl_opts *o);
+
+/* Send one request {"v":1,"id":1,"cmd":cmd,"args":args} (args stolen; NULL
+ * is {}) and read the one reply line, within $KAIROSCTL_TIMEOUT seconds
+ * [30].  Returns CTL_EXIT_OK with *result (a new reference to the reply's
+ * result object), or an exit status after printing why on stderr:
+ * CTL_EXIT_REFUSED when the daemon replied with an error (with o->json the
+ * error object is also printed on stdout), CTL_EXIT_UNREACHABLE when it
+ * could not be reached or its reply was not valid, CTL_EXIT_USAGE for a bad
+ * $KAIROSCTL_TIMEOUT. */
+int ctl_call(const struct ctl_opts *o, const char *cmd, json_t *args, json_t **result);
 
 /* Validation used by the offline and online commands. */
 bool ctl_valid_schedule_name(const char *name);

@@ -16,17 +16,17 @@ struct ctl_command {
 
 static const struct ctl_command commands[] = {
         /* online (control socket) */
-        { "status", NULL, true, "" },
+        { "status", ctl_cmd_status, true, "" },
         { "schedules", NULL, true, "" },
         { "schedules next", NULL, true, "NAME [-n N]" },
-        { "list", NULL, true, "" },
-        { "show", NULL, true, "MANDATE" },
+        { "list", ctl_cmd_list, true, "" },
+        { "show", ctl_cmd_show, true, "MANDATE" },
         { "fire", NULL, true, "SCHEDULE [--at TIME]" },
-        { "pause", NULL, true, "MANDATE [--reason T]" },
-        { "resume", NULL, true, "MANDATE" },
+        { "pause", ctl_cmd_pause, true, "MANDATE [--reason T]" },
+        { "resume", ctl_cmd_resume, true, "MANDATE" },
         { "approve", NULL, true, "MANDATE" },
-        { "resolve", NULL, true, "MANDATE STEP --done|--retry|--abandon --reason T" },
-        { "reload", NULL, true, "" },
+        { "resolve", ctl_cmd_resolve, true, "MANDATE STEP --done|--retry|--abandon --reason T" },
+        { "reload", ctl_cmd_reload, true, "" },
         { "tool run", NULL, true, "--key K -- CMD ARGS..." },
         { "tool write", NULL, true, "--key K PATH" },
         { "idem stats", NULL, true, "" },
@@ -50,7 +50,7 @@ static void print_help(void)
                "The operator's tool for kairosd, the crash-safe job daemon.\n"
                "\n"
                "Global options (before or after the command):\n"
-               "  --socket PATH   control socket [" CTL_DEFAULT_SOCKET "]\n"
+               "  --socket PATH   control socket [$KAIROS_CONTROL_SOCKET or " CTL_DEFAULT_SOCKET "]\n"
                "  --json          machine-readable output\n"
                "  --help          this help\n"
                "  --version       print the version\n");
@@ -66,7 +66,10 @@ static void print_help(void)
                 }
         }
         printf("\nExit status: 0 success, 64 usage error, 65 bad input data, 66 unreadable\n"
-               "file; wal verify: 1 torn tail, 2 corruption.\n");
+               "file; wal verify: 1 torn tail, 2 corruption; commands that need the daemon:\n"
+               "1 the daemon refused, 2 the daemon cannot be reached.\n"
+               "Environment: KAIROS_CONTROL_SOCKET (socket path), KAIROSCTL_TIMEOUT (seconds\n"
+               "to wait for the daemon, default 30).\n");
 }
 
 /* Number of words of `name` if they equal argv[0..], else 0. */
@@ -181,7 +184,7 @@ static int finish(int status)
 
 int main(int argc, char **argv)
 {
-        struct ctl_opts o = { .socket_path = CTL_DEFAULT_SOCKET, .json = false };
+        struct ctl_opts o = { .socket_path = NULL, .json = false };
         const struct ctl_command *cmd;
         int words, r;
 

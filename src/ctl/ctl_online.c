@@ -1,0 +1,901 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosctl online commands (DESIGN §12): status, list, show, pause, resume,
+ * resolve, reload.  Each one is a single request over kairosd's control
+ * socket (AF_UNIX stream, one JSON object per line) answered by one reply
+ * line.  The client is blocking with a deadline: every wait is a poll()
+ * bounded by the time left, every system call is restarted on EINTR, and a
+ * reply is read up to CTL_REPLY_MAX bytes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "kairos/kbuf.h"
+
+#define CTL_REPLY_MAX (16u * 1024 * 1024)
+#define CTL_TIMEOUT_MS_DEFAULT 30000
+#define CTL_REQUEST_ID 1
+
+/* ---- transport ------------------------------------------------------- */
+
+struct conn {
+        const char *path;
+        int fd;
+        int64_t deadline;       /* CLOCK_MONOTONIC, ms */
+        int timeout_ms;
+};
+
+static int64_t now_ms(void)
+{
+        struct timespec t;
+
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* --socket, else $KAIROS_CONTROL_SOCKET, else the default. */
+const char *ctl_socket_path(const struct ctl_opts *o)
+{
+        const char *env;
+
+        if (o->socket_path)
+                return o->socket_path;
+        env = getenv("KAIROS_CONTROL_SOCKET");
+        if (env && *env)
+                return env;
+        return CTL_DEFAULT_SOCKET;
+}
+
+/* $KAIROSCTL_TIMEOUT: seconds (fractions allowed) for the whole exchange. */
+static int timeout_ms(int *out)
+{
+        const char *env = getenv("KAIROSCTL_TIMEOUT");
+        char *end;
+        double sec;
+
+        *out = CTL_TIMEOUT_MS_DEFAULT;
+        if (!env || !*env)
+                return 0;
+        errno = 0;
+        sec = strtod(env, &end);
+        if (errno != 0 || *end != '\0' || !isfinite(sec) || sec <= 0 || sec > 86400)
+                return ctl_usage_error("KAIROSCTL_TIMEOUT: '%s' is not a number of seconds "
+                                       "(0 < N <= 86400)",
+                                       env);
+        *out = (int)(sec * 1000 + 0.999);
+        return 0;
+}
+
+/* Wait until fd is ready for `events` or the deadline passes.
+ * Returns 0, -ETIMEDOUT or -errno. */
+static int conn_wait(struct conn *c, short events)
+{
+        for (;;) {
+                int64_t left = c->deadline - now_ms();
+                if (left <= 0)
+                        return -ETIMEDOUT;
+                struct pollfd p = { .fd = c->fd, .events = events };
+                int n = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (n > 0)
+                        return 0;
+        }
+}
+
+static int set_timeout_opt(int fd, int opt, int64_t ms)
+{
+        struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+
+        if (ms <= 0)
+                tv.tv_usec = 1000;
+        return setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv)) < 0 ? -errno : 0;
+}
+
+/* Connect (blocking, bounded by SO_SNDTIMEO: a full listen backlog makes an
+ * AF_UNIX connect wait), then switch to non-blocking for the exchange. */
+static int conn_open(struct conn *c)
+{
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        size_t n = strlen(c->path);
+        int r, flags;
+
+        if (n >= sizeof(sa.sun_path))
+                return -ENAMETOOLONG;
+        memcpy(sa.sun_path, c->path, n + 1);
+        c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (c->fd < 0)
+                return -errno;
+        r = set_timeout_opt(c->fd, SO_SNDTIMEO, c->deadline - now_ms());
+        if (r < 0)
+                return r;
+        for (;;) {
+                if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+                        break;
+                if (errno == EINTR) {
+                        if (now_ms() >= c->deadline)
+                                return -ETIMEDOUT;
+                        continue;
+                }
+                if (errno == EISCONN)
+                        break;
+                /* SO_SNDTIMEO expired while the backlog stayed full */
+                if (errno == EAGAIN || errno == EINPROGRESS)
+                        return -ETIMEDOUT;
+                return -errno;
+        }
+        flags = fcntl(c->fd, F_GETFL);
+        if (flags < 0 || fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0)
+                return -errno;
+        return 0;
+}
+
+static int conn_send(struct conn *c, const char *data, size_t len)
+{
+        while (len > 0) {
+                ssize_t n = send(c->fd, data, len, MSG_NOSIGNAL);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                                int r = conn_wait(c, POLLOUT);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        return -errno;
+                }
+                data += n;
+                len -= (size_t)n;
+        }
+        return 0;
+}
+
+/* Read one line (without its '\n') into `line`, NUL-terminated.
+ * Returns 0, -ETIMEDOUT, -ENODATA (closed before any byte), -EPROTO (closed
+ * in the middle of the line), -EMSGSIZE (over CTL_REPLY_MAX) or -errno. */
+static int conn_recv_line(struct conn *c, struct kbuf *line)
+{
+        size_t scanned = 0;
+
+        for (;;) {
+                char *nl = line->len > scanned ? memchr(line->data + scanned, '\n',
+                                                        line->len - scanned)
+                                               : NULL;
+                if (nl) {
+                        line->len = (size_t)(nl - line->data);
+                        line->data[line->len] = '\0';
+                        return 0;
+                }
+                scanned = line->len;
+                if (line->len > CTL_REPLY_MAX)
+                        return -EMSGSIZE;
+                int r = kbuf_reserve(line, 65536 + 1);
+                if (r < 0)
+                        return r;
+                ssize_t n = recv(c->fd, line->data + line->len, line->cap - line->len - 1, 0);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                                r = conn_wait(c, POLLIN);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        return -errno;
+                }
+                if (n == 0)
+                        return line->len == 0 ? -ENODATA : -EPROTO;
+                line->len += (size_t)n;
+                line->data[line->len] = '\0';
+        }
+}
+
+static int unreachable(const char *fmt_path_first, const char *path, const char *rest)
+{
+        fputs("kairosctl: ", stderr);
+        fputs(fmt_path_first, stderr);
+        ctl_put_safe(stderr, path);
+        fputs(rest, stderr);
+        fputc('\n', stderr);
+        return CTL_EXIT_UNREACHABLE;
+}
+
+static int connect_error(const char *path, int r)
+{
+        char rest[256];
+        const char *hint = "";
+
+        struct stat st;
+
+        if (r == -ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+                hint = " (not a socket)";
+        else if (r == -ENOENT || r == -ECONNREFUSED)
+                hint = " (is kairosd running?)";
+        else if (r == -EACCES || r == -EPERM)
+                hint = " (root, kairosd's user or the socket's group may connect)";
+        else if (r == -ETIMEDOUT)
+                hint = " (kairosd is not accepting connections)";
+        snprintf(rest, sizeof(rest), ": %s%s", strerror(-r), hint);
+        return unreachable("cannot connect to ", path, rest);
+}
+
+static int recv_error(const struct conn *c, int r)
+{
+        char rest[256];
+
+        switch (r) {
+        case -ETIMEDOUT:
+                snprintf(rest, sizeof(rest), " within %d.%03d s", c->timeout_ms / 1000,
+                         c->timeout_ms % 1000);
+                return unreachable("no reply from ", c->path, rest);
+        case -ENODATA:
+                return unreachable("", c->path, " closed the connection without a reply");
+        case -EPROTO:
+                return unreachable("", c->path, " closed the connection in the middle of a reply");
+        case -EMSGSIZE:
+                return unreachable("the reply from ", c->path, " is larger than 16 MiB");
+        case -ENOMEM:
+                return ctl_errno_error("reading the reply", r);
+        default:
+                snprintf(rest, sizeof(rest), " failed: %s", strerror(-r));
+                return unreachable("reading the reply from ", c->path, rest);
+        }
+}
+
+static int bad_reply(const struct conn *c, const char *why)
+{
+        char rest[512];
+
+        snprintf(rest, sizeof(rest), ": %s", why);
+        return unreachable("malformed reply from ", c->path, rest);
+}
+
+/* ---- request / reply -------------------------------------------------- */
+
+/* Print the daemon's refusal: the message on stderr (for config_invalid also
+ * every error of detail.errors, one per line); with --json the error object
+ * on stdout as well.  Returns CTL_EXIT_REFUSED. */
+static int print_refusal(const struct ctl_opts *o, json_t *error)
+{
+        json_t *errors = json_object_get(json_object_get(error, "detail"), "errors");
+        const char *code = json_string_value(json_object_get(error, "code"));
+        size_t i;
+        json_t *e;
+
+        fputs("kairosctl: ", stderr);
+        ctl_put_safe(stderr, json_string_value(json_object_get(error, "message")));
+        fputc('\n', stderr);
+        if (code && strcmp(code, "config_invalid") == 0 && json_is_array(errors))
+                json_array_foreach(errors, i, e) {
+                        if (!json_is_string(e))
+                                continue;
+                        fputs("  ", stderr);
+                        ctl_put_safe(stderr, json_string_value(e));
+                        fputc('\n', stderr);
+                }
+        if (o->json && ctl_json_print(json_incref(error)) != 0)
+                return CTL_EXIT_IOERR;
+        return CTL_EXIT_REFUSED;
+}
+
+/* Check the reply's shape; returns NULL or what is wrong with it. */
+static const char *check_reply(json_t *reply)
+{
+        json_t *v = json_object_get(reply, "v"), *id = json_object_get(reply, "id");
+        json_t *ok = json_object_get(reply, "ok"), *error;
+
+        if (!json_is_object(reply))
+                return "not a JSON object";
+        if (!json_is_integer(v) || json_integer_value(v) != 1)
+                return "v is not 1";
+        if (!json_is_boolean(ok))
+                return "ok is not true or false";
+        if (json_is_true(ok)) {
+                if (!json_is_integer(id) || json_integer_value(id) != CTL_REQUEST_ID)
+                        return "id does not match the request";
+                if (!json_is_object(json_object_get(reply, "result")))
+                        return "result is not an object";
+                return NULL;
+        }
+        /* An error may carry a null id (the daemon could not read one); the
+         * connection carried this request only. */
+        if (!(json_is_null(id) || (json_is_integer(id) &&
+                                   json_integer_value(id) == CTL_REQUEST_ID)))
+                return "id does not match the request";
+        error = json_object_get(reply, "error");
+        if (!json_is_object(error) || !json_is_string(json_object_get(error, "code")) ||
+            !json_is_string(json_object_get(error, "message")))
+                return "error has no code and message";
+        return NULL;
+}
+
+int ctl_call(const struct ctl_opts *o, const char *cmd, json_t *args, json_t **result)
+{
+        struct conn c = { .path = ctl_socket_path(o), .fd = -1 };
+        struct kbuf line = KBUF_INIT;
+        json_t *req = NULL, *reply = NULL;
+        json_error_t jerr;
+        char *text = NULL;
+        const char *why;
+        int status, r;
+
+        *result = NULL;
+        status = timeout_ms(&c.timeout_ms);
+        if (status != 0) {
+                json_decref(args);
+                return status;
+        }
+        c.deadline = now_ms() + c.timeout_ms;
+        req = json_pack("{s:i, s:i, s:s, s:o}", "v", 1, "id", CTL_REQUEST_ID, "cmd", cmd, "args",
+                        args ? args : json_object());
+        text = req ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (!text || kbuf_puts(&line, text) < 0 || kbuf_putc(&line, '\n') < 0) {
+                status = ctl_error(CTL_EXIT_OSERR, "out of memory");
+                goto out;
+        }
+        r = conn_open(&c);
+        if (r < 0) {
+                status = connect_error(c.path, r);
+                goto out;
+        }
+        r = conn_send(&c, line.data, line.len);
+        if (r < 0) {
+                char rest[256];
+                snprintf(rest, sizeof(rest), ": %s",
+                         r == -ETIMEDOUT ? "timed out" : strerror(-r));
+                status = unreachable("cannot send the request to ", c.path, rest);
+                goto out;
+        }
+        kbuf_reset(&line);
+        r = conn_recv_line(&c, &line);
+        if (r < 0) {
+                status = recv_error(&c, r);
+                goto out;
+        }
+        reply = json_loadb(line.data, line.len, 0, &jerr);
+        if (!reply) {
+                status = bad_reply(&c, jerr.text);
+                goto out;
+        }
+        why = check_reply(reply);
+        if (why) {
+                status = bad_reply(&c, why);
+                goto out;
+        }
+        if (json_is_false(json_object_get(reply, "ok"))) {
+                status = print_refusal(o, json_object_get(reply, "error"));
+                goto out;
+        }
+        *result = json_incref(json_object_get(reply, "result"));
+        status = CTL_EXIT_OK;
+out:
+        if (c.fd >= 0)
+                close(c.fd);
+        json_decref(reply);
+        json_decref(req);
+        free(text);
+        kbuf_free(&line);
+        return status;
+}
+
+/* ---- text output helpers ---------------------------------------------- */
+
+static const char *jstr(json_t *obj, const char *key)
+{
+        return json_string_value(json_object_get(obj, key));
+}
+
+static json_int_t jint(json_t *obj, const char *key)
+{
+        return json_integer_value(json_object_get(obj, key));
+}
+
+/* The escaped form of s as ctl_put_safe prints it (malloc'ed), or NULL. */
+static char *safe_str(const char *s)
+{
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+
+        if (!f)
+                return NULL;
+        ctl_put_safe(f, s);
+        if (fclose(f) != 0) {
+                free(buf);
+                return NULL;
+        }
+        return buf;
+}
+
+/* Columns counted in code points (escaped text is ASCII or valid UTF-8). */
+static size_t text_width(const char *s)
+{
+        size_t w = 0;
+
+        for (; s && *s; s++)
+                if (((unsigned char)*s & 0xc0) != 0x80)
+                        w++;
+        return w;
+}
+
+static void put_padded(const char *s, size_t width)
+{
+        size_t w = text_width(s);
+
+        fputs(s, stdout);
+        while (w++ < width)
+                putchar(' ');
+}
+
+/* A table of escaped cells, printed with aligned columns (the last column
+ * is not padded). */
+struct table {
+        size_t ncols, nrows;
+        char **cells;           /* nrows * ncols */
+        size_t *width;
+};
+
+static int table_init(struct table *t, size_t ncols, size_t nrows)
+{
+        t->ncols = ncols;
+        t->nrows = nrows;
+        t->cells = calloc(ncols * nrows > 0 ? ncols * nrows : 1, sizeof(*t->cells));
+        t->width = calloc(ncols, sizeof(*t->width));
+        return t->cells && t->width ? 0 : -ENOMEM;
+}
+
+static int table_set(struct table *t, size_t row, size_t col, const char *s)
+{
+        char *e = safe_str(s);
+
+        if (!e)
+                return -ENOMEM;
+        free(t->cells[row * t->ncols + col]);
+        t->cells[row * t->ncols + col] = e;
+        if (text_width(e) > t->width[col])
+                t->width[col] = text_width(e);
+        return 0;
+}
+
+static void table_print(const struct table *t, const char *indent)
+{
+        for (size_t r = 0; r < t->nrows; r++) {
+                fputs(indent, stdout);
+                size_t last = t->ncols;
+                /* no padding after the last non-empty cell */
+                while (last > 1 && !(t->cells[r * t->ncols + last - 1] &&
+                                     *t->cells[r * t->ncols + last - 1]))
+                        last--;
+                for (size_t col = 0; col < last; col++) {
+                        const char *s = t->cells[r * t->ncols + col];
+                        if (col + 1 == last) {
+                                fputs(s ? s : "", stdout);
+                        } else {
+                                put_padded(s ? s : "", t->width[col]);
+                                fputs("  ", stdout);
+                        }
+                }
+                putchar('\n');
+        }
+}
+
+static void table_free(struct table *t)
+{
+        for (size_t i = 0; t->cells && i < t->ncols * t->nrows; i++)
+                free(t->cells[i]);
+        free(t->cells);
+        free(t->width);
+        t->cells = NULL;
+        t->width = NULL;
+}
+
+static const char *plural(json_int_t n)
+{
+        return n == 1 ? "" : "s";
+}
+
+static void put_duration(json_int_t sec)
+{
+        if (sec < 0)
+                sec = 0;
+        if (sec >= 86400)
+                printf("%lldd %lldh %lldm", (long long)(sec / 86400), (long long)(sec % 86400 / 3600),
+                       (long long)(sec % 3600 / 60));
+        else if (sec >= 3600)
+                printf("%lldh %lldm %llds", (long long)(sec / 3600), (long long)(sec % 3600 / 60),
+                       (long long)(sec % 60));
+        else if (sec >= 60)
+                printf("%lldm %llds", (long long)(sec / 60), (long long)(sec % 60));
+        else
+                printf("%llds", (long long)sec);
+}
+
+/* Common prologue: no positional arguments beyond `want`. */
+static int want_args(const char *cmd, int npos, int want, const char *what)
+{
+        if (npos < want)
+                return ctl_usage_error("%s: missing %s", cmd, what);
+        if (npos > want)
+                return ctl_usage_error("%s: unexpected argument(s)%s%s", cmd,
+                                       want ? "; expected only " : "", want ? what : "");
+        return 0;
+}
+
+/* Run a request and print the result as JSON (--json) or through `text`. */
+static int run(const struct ctl_opts *o, const char *cmd, json_t *args, int (*text)(json_t *))
+{
+        json_t *result;
+        int status = ctl_call(o, cmd, args, &result);
+
+        if (status != CTL_EXIT_OK)
+                return status;
+        if (o->json)
+                return ctl_json_print(result);
+        status = text(result);
+        json_decref(result);
+        return status;
+}
+
+/* ---- status ----------------------------------------------------------- */
+
+static int text_status(json_t *r)
+{
+        json_t *by = json_object_get(r, "by_status"), *rec = json_object_get(r, "recovery");
+        json_t *v;
+        const char *k, *config = jstr(r, "config");
+        bool first = true;
+
+        fputs("kairosd ", stdout);
+        ctl_put_safe(stdout, jstr(r, "version"));
+        printf(" (pid %lld), up ", (long long)jint(r, "pid"));
+        put_duration(jint(r, "uptime_sec"));
+        printf(", %s\n", json_is_true(json_object_get(r, "stopping")) ? "stopping"
+                         : json_is_true(json_object_get(r, "ready"))  ? "ready"
+                                                                      : "not ready");
+        fputs("State directory: ", stdout);
+        ctl_put_safe(stdout, jstr(r, "state_directory"));
+        fputs("\nConfiguration:   ", stdout);
+        if (config)
+                ctl_put_safe(stdout, config);
+        else
+                fputs("(built-in defaults)", stdout);
+        printf("\nMandates:        %lld", (long long)jint(r, "mandates"));
+        json_object_foreach(by, k, v) {
+                if (jint(by, k) <= 0)
+                        continue;
+                printf("%s%lld ", first ? " (" : ", ", (long long)json_integer_value(v));
+                ctl_put_safe(stdout, k);
+                first = false;
+        }
+        fputs(first ? "\n" : ")\n", stdout);
+        fputs("Recovery:        ", stdout);
+        ctl_put_safe(stdout, jstr(rec, "summary"));
+        printf(" (%lld file%s, %lld torn tail%s repaired, %lld I/O error%s, %lld ms)\n",
+               (long long)jint(rec, "files"), plural(jint(rec, "files")),
+               (long long)jint(rec, "torn_repaired"), plural(jint(rec, "torn_repaired")),
+               (long long)jint(rec, "io_errors"), plural(jint(rec, "io_errors")),
+               (long long)jint(rec, "duration_ms"));
+        printf("fdatasync calls: %lld\n", (long long)jint(r, "fdatasync_calls"));
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r;
+
+        r = ctl_parse_options("status", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("status", npos, 0, "");
+        return r ? r : run(o, "status", NULL, text_status);
+}
+
+/* ---- list ------------------------------------------------------------- */
+
+/* "step S: REASON" for a mandate paused for review, else its reason. */
+static char *review_text(json_t *m)
+{
+        const char *step = jstr(m, "review_step"), *reason = jstr(m, "reason");
+        struct kbuf b = KBUF_INIT;
+        int r = 0;
+
+        if (step)
+                r = kbuf_printf(&b, "step %s%s%s", step, reason ? ": " : "", reason ? reason : "");
+        else
+                r = kbuf_puts(&b, reason ? reason : "");
+        if (r < 0) {
+                kbuf_free(&b);
+                return NULL;
+        }
+        return kbuf_steal(&b);
+}
+
+static int text_list(json_t *r)
+{
+        json_t *ms = json_object_get(r, "mandates"), *m;
+        struct table t;
+        size_t i;
+        int status = CTL_EXIT_OK;
+
+        if (json_array_size(ms) == 0) {
+                puts("no mandates");
+                return CTL_EXIT_OK;
+        }
+        if (table_init(&t, 4, json_array_size(ms) + 1) < 0 || table_set(&t, 0, 0, "ID") < 0 ||
+            table_set(&t, 0, 1, "STATUS") < 0 || table_set(&t, 0, 2, "CYCLE") < 0 ||
+            table_set(&t, 0, 3, "REASON/REVIEW") < 0)
+                goto oom;
+        json_array_foreach(ms, i, m) {
+                char cycle[32], *review = review_text(m);
+                snprintf(cycle, sizeof(cycle), "%lld", (long long)jint(m, "cycle"));
+                if (!review || table_set(&t, i + 1, 0, jstr(m, "id")) < 0 ||
+                    table_set(&t, i + 1, 1, jstr(m, "status")) < 0 ||
+                    table_set(&t, i + 1, 2, cycle) < 0 || table_set(&t, i + 1, 3, review) < 0) {
+                        free(review);
+                        goto oom;
+                }
+                free(review);
+        }
+        table_print(&t, "");
+        goto out;
+oom:
+        status = ctl_error(CTL_EXIT_OSERR, "out of memory");
+out:
+        table_free(&t);
+        return status;
+}
+
+int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r;
+
+        r = ctl_parse_options("list", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("list", npos, 0, "");
+        return r ? r : run(o, "list", NULL, text_list);
+}
+
+/* ---- show ------------------------------------------------------------- */
+
+static void put_field(const char *label, const char *value)
+{
+        printf("  %-10s ", label);
+        ctl_put_safe(stdout, value);
+        putchar('\n');
+}
+
+/* REASON / ERROR column of a step: "reason; error: CLASS: MSG". */
+static char *step_detail(json_t *s)
+{
+        const char *reason = jstr(s, "reason"), *cls = jstr(s, "error_class");
+        const char *msg = jstr(s, "error_msg");
+        struct kbuf b = KBUF_INIT;
+        int r = kbuf_puts(&b, reason ? reason : "");
+
+        if (r == 0 && (cls || (msg && *msg)))
+                r = kbuf_printf(&b, "%serror: %s%s%s", reason ? "; " : "", cls ? cls : "",
+                                cls && msg && *msg ? ": " : "", msg ? msg : "");
+        if (r < 0) {
+                kbuf_free(&b);
+                return NULL;
+        }
+        if (!b.data)
+                return strdup("");
+        return kbuf_steal(&b);
+}
+
+static int print_steps(json_t *steps)
+{
+        static const char *const head[] = { "STEP", "STATUS", "EXECUTIONS", "RECOVERED",
+                                            "REASON/ERROR" };
+        struct table t;
+        json_t *s;
+        size_t i;
+        int r = table_init(&t, 5, json_array_size(steps) + 1);
+
+        for (size_t col = 0; r == 0 && col < 5; col++)
+                r = table_set(&t, 0, col, head[col]);
+        json_array_foreach(steps, i, s) {
+                char execs[32], *detail;
+                const char *status = jstr(s, "status");
+                if (r < 0)
+                        break;
+                snprintf(execs, sizeof(execs), "%lld", (long long)jint(s, "executions"));
+                detail = step_detail(s);
+                if (!detail || table_set(&t, i + 1, 0, jstr(s, "step_id")) < 0 ||
+                    table_set(&t, i + 1, 1, status ? status : "planned") < 0 ||
+                    table_set(&t, i + 1, 2, execs) < 0 ||
+                    table_set(&t, i + 1, 3,
+                              json_is_true(json_object_get(s, "recovered")) ? "yes" : "no") < 0 ||
+                    table_set(&t, i + 1, 4, detail) < 0)
+                        r = -ENOMEM;
+                free(detail);
+        }
+        if (r == 0)
+                table_print(&t, "    ");
+        table_free(&t);
+        return r;
+}
+
+static int text_show(json_t *r)
+{
+        json_t *plans = json_object_get(r, "plans"), *ops = json_object_get(r, "operators");
+        json_t *p, *op;
+        char num[32];
+        size_t i;
+
+        fputs("Mandate ", stdout);
+        ctl_put_safe(stdout, jstr(r, "id"));
+        putchar('\n');
+        put_field("status:", jstr(r, "status"));
+        if (jstr(r, "reason"))
+                put_field("reason:", jstr(r, "reason"));
+        if (jstr(r, "review_step"))
+                put_field("review:", jstr(r, "review_step"));
+        if (jstr(r, "schedule"))
+                put_field("schedule:", jstr(r, "schedule"));
+        if (jstr(r, "plan_id"))
+                put_field("plan:", jstr(r, "plan_id"));
+        snprintf(num, sizeof(num), "%lld", (long long)jint(r, "cycle"));
+        put_field("cycle:", num);
+        printf("  %-10s ", "WAL:");
+        ctl_put_safe(stdout, jstr(r, "wal_status"));
+        printf(", %lld record%s\n", (long long)jint(r, "records"), plural(jint(r, "records")));
+
+        json_array_foreach(plans, i, p) {
+                fputs("\nPlan ", stdout);
+                ctl_put_safe(stdout, jstr(p, "plan_id"));
+                printf(" (cycle %lld): ", (long long)jint(p, "cycle"));
+                if (json_is_true(json_object_get(p, "finalized"))) {
+                        fputs("finalized ", stdout);
+                        ctl_put_safe(stdout, jstr(p, "status"));
+                        if (jstr(p, "reason")) {
+                                fputs(": ", stdout);
+                                ctl_put_safe(stdout, jstr(p, "reason"));
+                        }
+                } else {
+                        fputs("open", stdout);
+                }
+                putchar('\n');
+                if (print_steps(json_object_get(p, "steps")) < 0)
+                        return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        }
+        if (json_array_size(ops) == 0)
+                return CTL_EXIT_OK;
+        puts("\nOperator actions:");
+        json_array_foreach(ops, i, op) {
+                fputs("  ", stdout);
+                ctl_put_safe(stdout, jstr(op, "ts"));
+                printf("  uid %lld  ", (long long)jint(op, "uid"));
+                ctl_put_safe(stdout, jstr(op, "action"));
+                if (jstr(op, "step_id")) {
+                        putchar(' ');
+                        ctl_put_safe(stdout, jstr(op, "step_id"));
+                }
+                if (jstr(op, "reason")) {
+                        fputs(": ", stdout);
+                        ctl_put_safe(stdout, jstr(op, "reason"));
+                }
+                putchar('\n');
+        }
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r;
+
+        r = ctl_parse_options("show", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("show", npos, 1, "MANDATE");
+        if (r)
+                return r;
+        return run(o, "show", json_pack("{s:s}", "mandate", argv[0]), text_show);
+}
+
+/* ---- pause / resume / resolve ----------------------------------------- */
+
+static int text_mandate_status(json_t *r)
+{
+        ctl_put_safe(stdout, jstr(r, "mandate"));
+        if (jstr(r, "step")) {
+                fputs(": step ", stdout);
+                ctl_put_safe(stdout, jstr(r, "step"));
+                putchar(' ');
+                ctl_put_safe(stdout, jstr(r, "action"));
+        }
+        fputs(": ", stdout);
+        ctl_put_safe(stdout, jstr(r, "status"));
+        putchar('\n');
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *reason = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("pause", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("pause", npos, 1, "MANDATE");
+        if (r == 0 && reason && !*reason)
+                r = ctl_usage_error("pause: --reason must not be empty");
+        if (r)
+                return r;
+        return run(o, "pause",
+                   reason ? json_pack("{s:s, s:s}", "mandate", argv[0], "reason", reason)
+                          : json_pack("{s:s}", "mandate", argv[0]),
+                   text_mandate_status);
+}
+
+int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r;
+
+        r = ctl_parse_options("resume", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("resume", npos, 1, "MANDATE");
+        if (r)
+                return r;
+        return run(o, "resume", json_pack("{s:s}", "mandate", argv[0]), text_mandate_status);
+}
+
+int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *reason = NULL, *action = NULL;
+        bool done = false, retry = false, abandon = false;
+        const struct ctl_option opts[] = {
+                { "done", false, NULL, &done },       { "retry", false, NULL, &retry },
+                { "abandon", false, NULL, &abandon }, { "reason", true, &reason, NULL },
+                { NULL },
+        };
+        int npos, r;
+
+        r = ctl_parse_options("resolve", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("resolve", npos, 2, "MANDATE STEP");
+        if (r)
+                return r;
+        if (done + retry + abandon != 1)
+                return ctl_usage_error("resolve: give exactly one of --done, --retry, --abandon");
+        action = done ? "done" : retry ? "retry" : "abandon";
+        if (!reason || !*reason)
+                return ctl_usage_error("resolve: --reason TEXT is required (why this is safe)");
+        return run(o, "resolve",
+                   json_pack("{s:s, s:s, s:s, s:s}", "mandate", argv[0], "step", argv[1],
+                             "action", action, "reason", reason),
+                   text_mandate_status);
+}
+
+/* ---- reload ----------------------------------------------------------- */
+
+static int text_reload(json_t *r)
+{
+        printf("configuration reloaded: %lld schedule%s\n", (long long)jint(r, "schedules"),
+               plural(jint(r, "schedules")));
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r;
+
+        r = ctl_parse_options("reload", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("reload", npos, 0, "");
+        return r ? r : run(o, "reload", NULL, text_reload);
+}
