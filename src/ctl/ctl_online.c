@@ -175,6 +175,8 @@ static int conn_recv_line(struct conn *c, struct kbuf *line)
                                                         line->len - scanned)
                                                : NULL;
                 if (nl) {
+                        if ((size_t)(nl - line->data) > CTL_REPLY_MAX)
+                                return -EMSGSIZE;
                         line->len = (size_t)(nl - line->data);
                         line->data[line->len] = '\0';
                         return 0;

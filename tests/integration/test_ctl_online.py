@@ -1,0 +1,621 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Black-box tests of the online kairosctl commands (DESIGN §12): status,
+list, show, pause, resume, resolve, reload against the real kairosd on a
+temporary state directory (prepared with one WAL per recovery verdict by
+test_daemon.prepare_state), plus the client's failure modes against fake
+servers: nothing listening, not a socket, a server that hangs up, sends
+garbage, a wrong id, a reply over 16 MiB or no reply at all."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import Client, Daemon, NotifySocket, read_records  # noqa: E402
+from test_daemon import EXTRA_REVIEW, prepare_state  # noqa: E402
+
+KAIROSCTL = os.environ.get("KAIROSCTL", "")
+ALL_MANDATES = 6 + EXTRA_REVIEW
+
+
+def ctl_env(extra=None):
+    env = dict(os.environ)
+    env.pop("KAIROS_CONTROL_SOCKET", None)
+    env.pop("KAIROSCTL_TIMEOUT", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_ctl(*args, env=None, timeout=60, **kw):
+    return subprocess.run([KAIROSCTL, *args], capture_output=True, text=True,
+                          env=ctl_env(env), timeout=timeout, **kw)
+
+
+class OnlineCase(unittest.TestCase):
+    """A real kairosd on a prepared state directory."""
+
+    config = None  # a function(self) -> config path, or None for --state-dir
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-ctl-online-")
+        self.state = os.path.join(self.dir, "state")
+        self.wal = os.path.join(self.state, "wal")
+        prepare_state(self.state)
+        self.notify = NotifySocket(self.dir)
+        conf = self.write_config() if self.config else None
+        self.daemon = Daemon(self.state, config=conf, notify=self.notify)
+        self.notify.wait_ready()
+        self.sock = self.daemon.socket_path
+
+    def tearDown(self):
+        self.daemon.kill()
+        self.daemon.proc.stderr.close()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def ctl(self, *args, env=None):
+        return run_ctl("--socket", self.sock, *args, env=env)
+
+    def ok(self, *args, env=None):
+        r = self.ctl(*args, env=env)
+        self.assertEqual(r.returncode, 0, (args, r.stdout, r.stderr))
+        self.assertEqual(r.stderr, "")
+        return r.stdout
+
+    def json_ok(self, *args):
+        return json.loads(self.ok("--json", *args))
+
+    def refused(self, *args):
+        r = self.ctl(*args)
+        self.assertEqual(r.returncode, 1, (args, r.stdout, r.stderr))
+        return r
+
+    def raw(self, cmd, **args):
+        c = Client(self.sock)
+        try:
+            return c.call(cmd, **args)
+        finally:
+            c.close()
+
+    def wal_bytes(self, mandate):
+        with open(os.path.join(self.wal, mandate + ".wal.jsonl"), "rb") as f:
+            return f.read()
+
+    def records(self, mandate):
+        return read_records(os.path.join(self.wal, mandate + ".wal.jsonl"))
+
+    def list_rows(self):
+        """`kairosctl list` parsed: {id: (status, cycle, rest)}."""
+        lines = self.ok("list").splitlines()
+        self.assertEqual(lines[0].split(), ["ID", "STATUS", "CYCLE", "REASON/REVIEW"])
+        rows = {}
+        for line in lines[1:]:
+            parts = line.split(None, 3)
+            rows[parts[0]] = (parts[1], parts[2], parts[3] if len(parts) > 3 else "")
+        return rows
+
+
+class TestStatus(OnlineCase):
+    def test_status_text(self):
+        out = self.ok("status")
+        lines = out.splitlines()
+        self.assertRegex(lines[0], r"^kairosd \S+ \(pid %d\), up \d+s, ready$" % self.daemon.proc.pid)
+        self.assertIn("State directory: " + self.state, lines)
+        self.assertIn("Configuration:   (built-in defaults)", lines)
+        mandates = [l for l in lines if l.startswith("Mandates:")]
+        self.assertEqual(len(mandates), 1, out)
+        self.assertIn(" %d (" % ALL_MANDATES, mandates[0])
+        self.assertIn("%d paused_review" % (1 + EXTRA_REVIEW), mandates[0])
+        self.assertIn("1 quarantined", mandates[0])
+        self.assertNotIn(" 0 ", mandates[0], "zero counts are left out")
+        rec = [l for l in lines if l.startswith("Recovery:")][0]
+        self.assertIn("paused for review", rec)
+        self.assertIn("1 torn tail repaired", rec)
+        self.assertIn("%d files" % ALL_MANDATES, rec)
+        st = self.raw("status")["result"]
+        self.assertIn("fdatasync calls: %d" % st["fdatasync_calls"], lines)
+
+    def test_status_json(self):
+        got = self.json_ok("status")
+        want = self.raw("status")["result"]
+        for k in ("uptime_sec", "fdatasync_calls"):
+            got.pop(k)
+            want.pop(k)
+        self.assertEqual(got, want)
+        self.assertTrue(got["ready"])
+        self.assertEqual(got["mandates"], ALL_MANDATES)
+        self.assertEqual(got["recovery"]["quarantined"], 1)
+
+
+class TestListShow(OnlineCase):
+    def test_list_text_is_an_aligned_table(self):
+        out = self.ok("list")
+        lines = out.splitlines()
+        self.assertEqual(len(lines), 1 + ALL_MANDATES)
+        for col in ("STATUS", "CYCLE", "REASON/REVIEW"):
+            start = lines[0].index(col)
+            for line in lines[1:]:
+                if len(line) <= start:
+                    self.assertEqual(col, "REASON/REVIEW", line)  # an empty last column
+                    continue
+                self.assertEqual(line[start - 2:start], "  ", (col, line))
+                self.assertNotEqual(line[start], " ", (col, line))
+        self.assertFalse(any(l.endswith(" ") for l in lines), "no trailing blanks")
+        rows = self.list_rows()
+        self.assertEqual(list(rows), sorted(rows))
+        self.assertEqual(rows["mnd_r"], ("paused_review", "1",
+                                         "step observe_001: interrupted_during_execution"))
+        self.assertEqual(rows["mnd_c"], ("quarantined", "0", "wal_corrupt"))
+        self.assertEqual(rows["mnd_s"][0], "runnable")
+
+    def test_list_json(self):
+        got = self.json_ok("list")
+        self.assertEqual(got, self.raw("list")["result"])
+        self.assertEqual(len(got["mandates"]), ALL_MANDATES)
+
+    def test_show_text(self):
+        out = self.ok("show", "mnd_f")
+        self.assertTrue(out.startswith("Mandate mnd_f\n"), out)
+        self.assertRegex(out, r"\n  status: +idle\n")
+        self.assertRegex(out, r"\n  WAL: +clean, 5 records\n")
+        self.assertIn("\nPlan plan_f (cycle 1): finalized failed: step_failed\n", out)
+        self.assertRegex(out, r"\n +STEP +STATUS +EXECUTIONS +RECOVERED +REASON/ERROR\n")
+        self.assertRegex(out, r"\n +observe_001 +failed +1 +no +error: exit_status: exit 1\n")
+        self.assertRegex(out, r"\n +orient_001 +planned +0 +no\n")
+        out = self.ok("show", "mnd_a")
+        self.assertRegex(out, r"\n +observe_001 +completed +1 +yes +operator_flag\n")
+        self.assertIn("(cycle 1): open\n", out)
+        out = self.ok("show", "mnd_c")
+        self.assertRegex(out, r"\n  status: +quarantined\n  reason: +wal_corrupt\n")
+        self.assertRegex(out, r"\n  WAL: +corrupt, 1 record\n")
+
+    def test_show_json(self):
+        got = self.json_ok("show", "mnd_r")
+        self.assertEqual(got, self.raw("show", mandate="mnd_r")["result"])
+        self.assertEqual(got["plans"][0]["steps"][0]["status"], "needs_review")
+
+    def test_show_unknown_mandate(self):
+        r = self.refused("show", "mnd_nope")
+        self.assertEqual(r.stderr, "kairosctl: no mandate mnd_nope\n")
+        self.assertEqual(r.stdout, "")
+        r = self.refused("show", "mnd_nope", "--json")
+        self.assertEqual(json.loads(r.stdout), {"code": "not_found", "message": "no mandate mnd_nope"})
+
+    def test_usage_errors_do_not_connect(self):
+        cases = [("show",), ("show", "a", "b"), ("status", "x"), ("list", "x"), ("reload", "x"),
+                 ("pause",), ("resume",), ("resume", "a", "b"), ("pause", "a", "--reason", ""),
+                 ("pause", "a", "--frob"), ("show", "-x")]
+        for args in cases:
+            r = run_ctl("--socket", os.path.join(self.dir, "nothing-here"), *args)
+            self.assertEqual(r.returncode, 64, (args, r.stderr))
+            self.assertTrue(r.stderr.startswith("kairosctl: "), r.stderr)
+            self.assertNotIn("cannot connect", r.stderr)
+
+    def test_daemon_strings_are_escaped(self):
+        evil = "maint\x1b[31mRED\x07 window"
+        self.ok("pause", "mnd_s", "--reason", evil)
+        self.assertEqual(self.records("mnd_s")[-1]["reason"], evil, "stored as given")
+        for args in (("list",), ("show", "mnd_s")):
+            out = self.ok(*args)
+            self.assertNotIn("\x1b", out)
+            self.assertNotIn("\x07", out)
+            self.assertIn("maint\\x1b[31mRED\\x07 window", out)
+        self.assertEqual(self.json_ok("show", "mnd_s")["reason"], evil)
+
+
+class TestOperatorCommands(OnlineCase):
+    def test_pause_and_resume(self):
+        before = len(self.records("mnd_s"))
+        self.assertEqual(self.ok("pause", "mnd_s", "--reason", "maintenance window"),
+                         "mnd_s: paused\n")
+        recs = self.records("mnd_s")
+        self.assertEqual(len(recs), before + 1)
+        self.assertEqual((recs[-1]["op"], recs[-1]["action"], recs[-1]["reason"], recs[-1]["uid"]),
+                         ("operator", "pause", "maintenance window", os.getuid()))
+        self.assertEqual(self.list_rows()["mnd_s"], ("paused", "1", "maintenance window"))
+        r = self.refused("pause", "mnd_s")
+        self.assertEqual(r.stderr, "kairosctl: mandate mnd_s is paused: cannot pause it\n")
+        self.assertEqual(self.json_ok("resume", "mnd_s"), {"mandate": "mnd_s", "status": "runnable"})
+        self.assertEqual(self.records("mnd_s")[-1]["action"], "resume")
+        self.assertEqual(self.list_rows()["mnd_s"][0], "runnable")
+        self.assertEqual(self.json_ok("pause", "mnd_s"), {"mandate": "mnd_s", "status": "paused"})
+        self.assertEqual(self.records("mnd_s")[-1]["reason"], "paused by operator")
+        self.assertEqual(self.ok("show", "mnd_s").count(" uid %d " % os.getuid()), 3,
+                         "show lists the operator actions")
+
+    def test_resume_review_paused_points_to_resolve(self):
+        r = self.refused("resume", "mnd_r")
+        self.assertIn("kairosctl resolve mnd_r observe_001", r.stderr)
+
+    def test_pause_quarantined(self):
+        before = self.wal_bytes("mnd_c")
+        r = self.refused("pause", "mnd_c", "--reason", "x")
+        self.assertEqual(r.stderr, "kairosctl: mandate mnd_c is quarantined (its WAL is corrupt); "
+                         "inspect it with kairosctl wal verify %s\n"
+                         % os.path.join(self.wal, "mnd_c.wal.jsonl"))
+        self.assertEqual(r.stdout, "")
+        r = self.refused("--json", "pause", "mnd_c")
+        self.assertEqual(json.loads(r.stdout)["code"], "quarantined")
+        self.assertEqual(self.wal_bytes("mnd_c"), before)
+
+    def test_resolve_retry(self):
+        self.assertEqual(self.ok("resolve", "mnd_r", "observe_001", "--retry", "--reason",
+                                 "checked: the handler did nothing"),
+                         "mnd_r: step observe_001 resolve_retry: runnable\n")
+        recs = self.records("mnd_r")
+        self.assertEqual((recs[-2]["op"], recs[-2]["action"], recs[-2]["step_id"], recs[-2]["uid"],
+                          recs[-2]["reason"]),
+                         ("operator", "resolve_retry", "observe_001", os.getuid(),
+                          "checked: the handler did nothing"))
+        self.assertEqual((recs[-1]["step_id"], recs[-1]["status"], recs[-1]["reset"]),
+                         ("observe_001", "pending", True))
+        self.assertEqual(self.list_rows()["mnd_r"], ("runnable", "1", ""))
+        out = self.ok("show", "mnd_r")
+        self.assertRegex(out, r"\n +observe_001 +pending +1 +no")
+        self.assertRegex(out, r"\nOperator actions:\n  \S+Z  uid %d  resolve_retry observe_001: "
+                              r"checked: the handler did nothing\n" % os.getuid())
+        # resolved once: a second resolve is refused and writes nothing
+        before = self.wal_bytes("mnd_r")
+        r = self.refused("resolve", "mnd_r", "observe_001", "--done", "--reason", "x")
+        self.assertEqual(r.stderr, "kairosctl: step observe_001 is pending, not needs_review: "
+                                   "nothing to resolve\n")
+        self.assertEqual(self.wal_bytes("mnd_r"), before)
+
+    def test_resolve_done(self):
+        got = self.json_ok("resolve", "mnd_x000", "observe_001", "--done", "--reason", "verified by hand")
+        self.assertEqual(got, {"mandate": "mnd_x000", "step": "observe_001", "action": "resolve_done",
+                               "status": "runnable"})
+        recs = self.records("mnd_x000")
+        self.assertEqual(recs[-2]["action"], "resolve_done")
+        self.assertEqual((recs[-1]["status"], recs[-1]["post_hash"]), ("completed", "sha256-post-observe"))
+        self.assertEqual(self.list_rows()["mnd_x000"][0], "runnable")
+
+    def test_resolve_abandon(self):
+        out = self.ok("resolve", "mnd_x001", "observe_001", "--abandon", "--reason=obsolete")
+        self.assertEqual(out, "mnd_x001: step observe_001 resolve_abandon: abandoned\n")
+        recs = self.records("mnd_x001")
+        self.assertEqual(recs[-2]["action"], "resolve_abandon")
+        self.assertEqual((recs[-1]["op"], recs[-1]["status"], recs[-1]["reason"]),
+                         ("plan_finalize", "abandoned", "obsolete"))
+        self.assertEqual(self.list_rows()["mnd_x001"], ("abandoned", "1", "obsolete"))
+        self.assertIn("finalized abandoned: obsolete", self.ok("show", "mnd_x001"))
+
+    def test_resolve_usage(self):
+        before = self.wal_bytes("mnd_r")
+        cases = [
+            ("resolve", "mnd_r", "observe_001", "--reason", "x"),
+            ("resolve", "mnd_r", "observe_001", "--retry", "--done", "--reason", "x"),
+            ("resolve", "mnd_r", "observe_001", "--retry", "--abandon", "--done", "--reason", "x"),
+            ("resolve", "mnd_r", "observe_001", "--retry"),
+            ("resolve", "mnd_r", "observe_001", "--retry", "--reason", ""),
+            ("resolve", "mnd_r", "observe_001", "--retry", "--reason"),
+            ("resolve", "mnd_r", "--retry", "--reason", "x"),
+            ("resolve", "mnd_r", "observe_001", "extra", "--retry", "--reason", "x"),
+            ("resolve", "mnd_r", "observe_001", "--retry=yes", "--reason", "x"),
+        ]
+        for args in cases:
+            r = self.ctl(*args)
+            self.assertEqual(r.returncode, 64, (args, r.stderr))
+            self.assertTrue(r.stderr.startswith("kairosctl: resolve: "), r.stderr)
+        r = self.ctl("resolve", "mnd_r", "observe_001", "--reason", "x")
+        self.assertIn("exactly one of --done, --retry, --abandon", r.stderr)
+        r = self.ctl("resolve", "mnd_r", "observe_001", "--retry")
+        self.assertIn("--reason", r.stderr)
+        self.assertEqual(self.wal_bytes("mnd_r"), before)
+        self.assertEqual(self.list_rows()["mnd_r"][0], "paused_review")
+
+    def test_resolve_refused(self):
+        r = self.refused("resolve", "mnd_r", "nope_001", "--retry", "--reason", "x")
+        self.assertEqual(r.stderr, "kairosctl: mandate mnd_r has no step nope_001\n")
+        r = self.refused("resolve", "mnd_c", "observe_001", "--retry", "--reason", "x")
+        self.assertIn("quarantined", r.stderr)
+
+    def test_permission_denied(self):
+        if os.getuid() != 0:
+            self.skipTest("needs root to run kairosctl as nobody")
+        for p in (self.dir, self.state):
+            os.chmod(p, 0o755)
+        os.chmod(self.sock, 0o666)
+
+        def as_nobody():
+            os.setgid(65534)
+            os.setgroups([])
+            os.setuid(65534)
+
+        r = run_ctl("--socket", self.sock, "status", preexec_fn=as_nobody)
+        if r.returncode == 126 or "Permission denied" in r.stderr and "uid" not in r.stderr:
+            self.skipTest("kairosctl not executable by nobody: %s" % r.stderr)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("uid 65534 is not allowed", r.stderr)
+        self.assertEqual(r.stdout, "")
+
+
+class TestSocketSelection(OnlineCase):
+    def test_environment_variable(self):
+        r = run_ctl("list", env={"KAIROS_CONTROL_SOCKET": self.sock})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("mnd_r", r.stdout)
+        # --socket wins over the environment, either way round
+        bad = os.path.join(self.dir, "absent.sock")
+        r = run_ctl("--socket", self.sock, "list", env={"KAIROS_CONTROL_SOCKET": bad})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run_ctl("--socket", bad, "list", env={"KAIROS_CONTROL_SOCKET": self.sock})
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("cannot connect to " + bad + ": ", r.stderr)
+        # an empty variable means the default
+        r = run_ctl("status", env={"KAIROS_CONTROL_SOCKET": ""})
+        if not os.path.exists("/run/kairos/control.sock"):
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("/run/kairos/control.sock", r.stderr)
+
+    def test_global_options_after_the_command(self):
+        for args in (("list", "--json", "--socket", self.sock),
+                     ("list", "--socket=" + self.sock, "--json"),
+                     ("--json", "show", "--socket", self.sock, "mnd_r")):
+            r = run_ctl(*args)
+            self.assertEqual(r.returncode, 0, (args, r.stderr))
+            json.loads(r.stdout)
+
+
+class TestReload(OnlineCase):
+    config = True
+
+    def write_config(self, extra="", schedule=None):
+        path = os.path.join(self.dir, "kairosd.conf")
+        with open(path, "w") as f:
+            f.write("[Daemon]\nStateDirectory=%s\nControlSocket=%s/control.sock\nLogLevel=info\n%s"
+                    % (self.state, self.state, extra))
+        if schedule is not None:
+            sd = os.path.join(self.dir, "schedules.d")
+            os.makedirs(sd, exist_ok=True)
+            with open(os.path.join(sd, "nightly.conf"), "w") as f:
+                f.write(schedule)
+        self.conf = path
+        return path
+
+    def test_reload(self):
+        self.assertIn("Configuration:   " + self.conf + "\n", self.ok("status"))
+        self.assertEqual(self.ok("reload"), "configuration reloaded: 0 schedules\n")
+        self.write_config("Bogus=1\nMaxConcurrentMandates=zero\n")
+        r = self.refused("reload")
+        lines = r.stderr.splitlines()
+        self.assertTrue(lines[0].startswith("kairosctl: configuration invalid, kept the running one"),
+                        r.stderr)
+        errs = self.raw("reload")["error"]["detail"]["errors"]
+        self.assertEqual(len(errs), 2, errs)
+        self.assertEqual(lines[1:], ["  " + e for e in errs])
+        self.assertTrue(errs[0].startswith(self.conf + ":5: Bogus="), errs)
+        self.assertTrue(errs[1].startswith(self.conf + ":6: MaxConcurrentMandates="), errs)
+        r = self.refused("--json", "reload")
+        err = json.loads(r.stdout)
+        self.assertEqual(err["code"], "config_invalid")
+        self.assertEqual(err["detail"]["errors"], errs)
+        # still serving, on the old config
+        self.assertIn("ready", self.ok("status"))
+        # fixed: applied
+        self.write_config(schedule="[Schedule]\nCron=0 3 * * *\n")
+        self.assertEqual(self.ok("reload"), "configuration reloaded: 1 schedule\n")
+        self.assertEqual(self.json_ok("reload"), {"reloaded": True, "schedules": 1})
+
+
+# ---- the client against fake servers ------------------------------------
+
+class FakeServer:
+    """Listens on a socket; for each connection reads the request line and
+    calls respond(conn, request_bytes).  The request lines are kept."""
+
+    def __init__(self, path, respond):
+        self.path = path
+        self.respond = respond
+        self.requests = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                line = buf.split(b"\n", 1)[0]
+                self.requests.append(line)
+                try:
+                    self.respond(conn, line)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(10)
+
+
+def reply(conn, obj):
+    conn.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def wait_for_eof(conn):
+    """Hold the connection open until the client goes away."""
+    while conn.recv(65536):
+        pass
+
+
+class TestClient(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-ctl-client-")
+        self.path = os.path.join(self.dir, "fake.sock")
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            s.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def serve(self, respond):
+        s = FakeServer(self.path, respond)
+        self.servers.append(s)
+        return s
+
+    def ctl(self, *args, env=None):
+        return run_ctl("--socket", self.path, *args, env=env)
+
+    def unreachable(self, *args, env=None):
+        r = self.ctl(*args, env=env)
+        self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
+        self.assertEqual(r.stdout, "")
+        self.assertIn(self.path, r.stderr, "names the socket")
+        return r.stderr
+
+    def test_daemon_not_running(self):
+        err = self.unreachable("status")
+        self.assertEqual(err, "kairosctl: cannot connect to %s: No such file or directory "
+                              "(is kairosd running?)\n" % self.path)
+        for cmd in (("list",), ("show", "m"), ("pause", "m"), ("resume", "m"), ("reload",),
+                    ("resolve", "m", "s", "--done", "--reason", "r")):
+            self.unreachable(*cmd)
+
+    def test_default_socket(self):
+        if os.path.exists("/run/kairos/control.sock"):
+            self.skipTest("a kairosd runs on this machine")
+        r = run_ctl("status")
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(r.stderr, "kairosctl: cannot connect to /run/kairos/control.sock: "
+                                   "No such file or directory (is kairosd running?)\n")
+
+    def test_regular_file(self):
+        with open(self.path, "w") as f:
+            f.write("not a socket\n")
+        err = self.unreachable("status")
+        self.assertIn("cannot connect to %s: Connection refused (not a socket)" % self.path, err)
+
+    def test_stale_socket(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(self.path)  # bound, never listening: what a crashed daemon leaves
+        try:
+            err = self.unreachable("list")
+        finally:
+            s.close()
+        self.assertIn("Connection refused (is kairosd running?)", err)
+
+    def test_path_too_long(self):
+        long_path = "/tmp/" + "x" * 120
+        r = run_ctl("--socket", long_path, "status")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("cannot connect to %s: File name too long" % long_path, r.stderr)
+
+    def test_request_format(self):
+        srv = self.serve(lambda c, line: reply(c, {"v": 1, "id": json.loads(line)["id"], "ok": True,
+                                                   "result": {"mandate": "m1", "status": "paused"}}))
+        self.assertEqual(self.ctl("pause", "m1").returncode, 0)
+        self.assertEqual(self.ctl("pause", "m1", "--reason", "r é").returncode, 0)
+        self.assertEqual(self.ctl("resolve", "m1", "s1", "--abandon", "--reason", "why").returncode, 0)
+        self.assertEqual(self.ctl("status", "--json").returncode, 0)
+        reqs = [json.loads(r) for r in srv.requests]
+        for r in reqs:
+            self.assertEqual((r["v"], type(r["id"])), (1, int))
+        self.assertEqual([(r["cmd"], r["args"]) for r in reqs], [
+            ("pause", {"mandate": "m1"}),
+            ("pause", {"mandate": "m1", "reason": "r é"}),
+            ("resolve", {"mandate": "m1", "step": "s1", "action": "abandon", "reason": "why"}),
+            ("status", {}),
+        ])
+        for line in srv.requests:
+            self.assertNotIn(b"\n", line)
+
+    def test_closed_without_reply(self):
+        self.serve(lambda c, line: None)
+        err = self.unreachable("status")
+        self.assertEqual(err, "kairosctl: %s closed the connection without a reply\n" % self.path)
+
+    def test_closed_mid_reply(self):
+        self.serve(lambda c, line: c.sendall(b'{"v":1,"id":1,"ok":tr'))
+        self.assertIn("in the middle of a reply", self.unreachable("status"))
+
+    def test_malformed_replies(self):
+        replies = [b"this is not json\n", b"[1,2]\n", b'{"v":2,"id":1,"ok":true,"result":{}}\n',
+                   b'{"v":1,"id":99,"ok":true,"result":{}}\n', b'{"v":1,"id":1,"ok":true}\n',
+                   b'{"v":1,"id":1,"ok":"yes","result":{}}\n', b'{"v":1,"id":1,"ok":false}\n',
+                   b'{"v":1,"id":1,"ok":false,"error":{"code":"x"}}\n']
+        it = iter(replies)
+        self.serve(lambda c, line: c.sendall(next(it)))
+        for data in replies:
+            err = self.unreachable("list")
+            self.assertIn("malformed reply from " + self.path, err, data)
+
+    def test_error_reply_with_null_id(self):
+        self.serve(lambda c, line: reply(c, {"v": 1, "id": None, "ok": False,
+                                             "error": {"code": "bad_request", "message": "nope"}}))
+        r = self.ctl("status")
+        self.assertEqual((r.returncode, r.stderr), (1, "kairosctl: nope\n"))
+
+    def test_refusal_message_is_escaped(self):
+        self.serve(lambda c, line: reply(c, {"v": 1, "id": 1, "ok": False, "error": {
+            "code": "config_invalid", "message": "bad\x1b[2J",
+            "detail": {"errors": ["a.conf:1: X=\x1b]0;t\x07", 7, "b.conf:2: Y="]}}}))
+        r = self.ctl("reload")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(r.stderr, "kairosctl: bad\\x1b[2J\n  a.conf:1: X=\\x1b]0;t\\x07\n"
+                                   "  b.conf:2: Y=\n")
+
+    def test_no_reply_times_out(self):
+        self.serve(lambda c, line: wait_for_eof(c))
+        err = self.unreachable("status", env={"KAIROSCTL_TIMEOUT": "0.3"})
+        self.assertEqual(err, "kairosctl: no reply from %s within 0.300 s\n" % self.path)
+
+    def test_bad_timeout(self):
+        for bad in ("0", "-1", "abc", "1e9", "nan", "inf", "5s"):
+            r = self.ctl("status", env={"KAIROSCTL_TIMEOUT": bad})
+            self.assertEqual(r.returncode, 64, bad)
+            self.assertIn("KAIROSCTL_TIMEOUT", r.stderr)
+
+    def test_reply_size_bound(self):
+        limit = 16 * 1024 * 1024
+        head = b'{"v":1,"id":1,"ok":true,"result":{"pad":"'
+        tail = b'"}}'
+        sizes = iter([limit - len(head) - len(tail), limit + 1 - len(head) - len(tail)])
+
+        def respond(c, line):
+            n = next(sizes)
+            c.sendall(head + b"x" * n + tail + b"\n")
+
+        self.serve(respond)
+        r = self.ctl("--json", "status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(json.loads(r.stdout)["pad"]), limit - len(head) - len(tail))
+        err = self.unreachable("status")
+        self.assertEqual(err, "kairosctl: the reply from %s is larger than 16 MiB\n" % self.path)
+
+    def test_endless_reply_is_cut_off(self):
+        def respond(c, line):
+            chunk = b"x" * 65536
+            try:
+                while True:
+                    c.sendall(chunk)
+            except OSError:
+                pass
+
+        self.serve(respond)
+        self.assertIn("larger than 16 MiB", self.unreachable("status"))
+
+
+if __name__ == "__main__":
+    if not KAIROSCTL:
+        sys.exit("KAIROSCTL is not set")
+    unittest.main(verbosity=2)
