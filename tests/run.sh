@@ -10,16 +10,22 @@ cd "$src"
 bash tests/install-deps.sh || { echo "dependency installation failed" >&2; exit 1; }
 
 builddir=${KAIROS_BUILD_DIR:-$src/build-test}
+mkdir -p "$builddir"
 rc=0
 logs=()
+broken=0   # builds that did not get as far as running their tests
 
 run_suite() {
         local dir=$1; shift
         if [ ! -f "$dir/build.ninja" ]; then
-                meson setup "$dir" "$src" "$@" >"$dir.setup.log" 2>&1 || {
-                        mkdir -p "$dir"; cat "$dir.setup.log" >&2; rc=1; return; }
+                if ! meson setup "$dir" "$src" "$@" >"$dir.setup.log" 2>&1; then
+                        cat "$dir.setup.log" >&2
+                        rc=1; broken=$((broken + 1)); return
+                fi
         fi
-        ninja -C "$dir" || { rc=1; return; }
+        if ! ninja -C "$dir"; then
+                rc=1; broken=$((broken + 1)); return
+        fi
         meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=1
         logs+=("$dir/meson-logs/testlog.json")
 }
@@ -29,10 +35,11 @@ san='-fno-sanitize-recover=all'
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=abort_on_error=1 \
         run_suite "$builddir/asan" -Db_sanitize=address,undefined -Dc_args="$san" -Dc_link_args="$san"
 
-python3 - "${logs[@]}" <<'PY' || rc=1
+python3 - "$broken" "${logs[@]}" <<'PY' || rc=1
 import json, sys
-passed = failed = skipped = 0
-for path in sys.argv[1:]:
+passed = skipped = 0
+failed = int(sys.argv[1])  # a build that failed counts as one failure
+for path in sys.argv[2:]:
     try:
         lines = open(path).read().splitlines()
     except OSError as e:

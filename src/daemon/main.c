@@ -447,9 +447,10 @@ int main(int argc, char **argv)
                 d->state_dir_override = strdup(state_dir);
         log_setup(d->cfg->log_level);
         d->socket_gid = lookup_group(d->cfg->socket_group);
+        int exit_code = 1;
         if (prepare_dirs(d) < 0 || take_lock(d) < 0) {
                 notify_stopping();
-                return 1;
+                goto out;
         }
         /* Parallel fdatasyncs during recovery; a busy disk should not starve the loop. */
         setenv("UV_THREADPOOL_SIZE", "16", 0);
@@ -493,10 +494,11 @@ int main(int argc, char **argv)
         notify_stopping();
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
-        int exit_code = d->exit_code;
+        exit_code = d->exit_code;
         log_event(LOG_INFO, MSGID_STOPPING, NULL, 0, "stopped (exit %d)", exit_code);
         uv_loop_close(d->loop);
         mandates_free(d);
+out:
         config_free(d->cfg);
         free(d->config_path);
         free(d->state_dir_override);
