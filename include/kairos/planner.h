@@ -3,12 +3,16 @@
  * the five-step plan of that cycle (DESIGN §3, §5).  Pure, no I/O. */
 #pragma once
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "kairos/canon.h"
 
 #define PLANNER_PHASES 5
 #define PLANNER_ID_MAX 24          /* "plan_" + 12 hex + NUL, "mnd_plan_" + 12 hex + NUL */
 #define PLANNER_STEP_ID_MAX 16     /* "reflect_010" */
 #define PLANNER_MAX_CYCLE 999
+#define PLANNER_FIRED_AT_LEN 21      /* "2026-04-20T12:00:00Z" + NUL */
 
 enum planner_phase {
         PHASE_OBSERVE,
@@ -55,3 +59,12 @@ int planner_build(const char *name, const char *fired_at, int cycle, struct plan
  * plan_hash.  (The WAL's plan_commit line writes the same steps in its own
  * key order.) */
 int planner_steps_json(const struct planner_plan *p, struct kbuf *out);
+
+/* Identifiers (DESIGN §3). */
+/* A schedule name: [A-Za-z0-9_-]{1,64}. */
+bool planner_valid_name(const char *name);
+/* fired_at "YYYY-MM-DDTHH:MM:SSZ" (UTC, a real date, year >= 1970) → Unix
+ * seconds.  -EINVAL otherwise. */
+int planner_parse_fired_at(const char *s, int64_t *unix_seconds);
+/* Unix seconds → "YYYY-MM-DDTHH:MM:SSZ".  -EINVAL for negative times. */
+int planner_format_fired_at(int64_t unix_seconds, char out[PLANNER_FIRED_AT_LEN]);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <sodium.h>
 
@@ -208,4 +209,77 @@ int planner_steps_json(const struct planner_plan *p, struct kbuf *out)
                         out->data[start] = '\0';
         }
         return r;
+}
+
+bool planner_valid_name(const char *name)
+{
+        size_t n = strlen(name);
+        if (n < 1 || n > 64)
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                char c = name[i];
+                if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-'))
+                        return false;
+        }
+        return true;
+}
+
+static bool parse_digits(const char *s, size_t n, int *out)
+{
+        int v = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (s[i] < '0' || s[i] > '9')
+                        return false;
+                v = v * 10 + (s[i] - '0');
+        }
+        *out = v;
+        return true;
+}
+
+/* Days since 1970-01-01 of a civil date (proleptic Gregorian). */
+static int64_t days_from_civil(int64_t y, int m, int d)
+{
+        y -= m <= 2;
+        int64_t era = (y >= 0 ? y : y - 399) / 400;
+        int64_t yoe = y - era * 400;
+        int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+        int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        return era * 146097 + doe - 719468;
+}
+
+int planner_parse_fired_at(const char *s, int64_t *unix_seconds)
+{
+        static const int mdays[] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+        int y, mo, d, h, mi, se;
+        if (strlen(s) != 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' ||
+            s[16] != ':' || s[19] != 'Z')
+                return -EINVAL;
+        if (!parse_digits(s, 4, &y) || !parse_digits(s + 5, 2, &mo) ||
+            !parse_digits(s + 8, 2, &d) || !parse_digits(s + 11, 2, &h) ||
+            !parse_digits(s + 14, 2, &mi) || !parse_digits(s + 17, 2, &se))
+                return -EINVAL;
+        if (y < 1970 || mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || se > 59)
+                return -EINVAL;
+        int dim = mdays[mo - 1];
+        if (mo == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0))
+                dim = 29;
+        if (d > dim)
+                return -EINVAL;
+        if (unix_seconds)
+                *unix_seconds = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se;
+        return 0;
+}
+
+int planner_format_fired_at(int64_t t, char out[PLANNER_FIRED_AT_LEN])
+{
+        if (t < 0)
+                return -EINVAL;
+        struct tm tm;
+        time_t tt = (time_t)t;
+        if (!gmtime_r(&tt, &tm) || tm.tm_year + 1900 > 9999)
+                return -EINVAL;
+        /* every field is in range after gmtime_r: the text is exactly 20 bytes */
+        strftime(out, PLANNER_FIRED_AT_LEN, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        return 0;
 }

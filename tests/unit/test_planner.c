@@ -289,6 +289,48 @@ static void test_parse_step_id(void **state)
         assert_int_equal(planner_parse_step_id(NULL, &ph, &cycle), -EINVAL);
 }
 
+static void test_identifiers(void **state)
+{
+        (void)state;
+        assert_true(planner_valid_name("daily"));
+        assert_true(planner_valid_name("a-b_C9"));
+        char long_name[66];
+        memset(long_name, 'x', 65);
+        long_name[65] = '\0';
+        assert_false(planner_valid_name(long_name));
+        long_name[64] = '\0';
+        assert_true(planner_valid_name(long_name));
+        assert_false(planner_valid_name(""));
+        assert_false(planner_valid_name("../etc"));
+        assert_false(planner_valid_name("a b"));
+        assert_false(planner_valid_name("a/b"));
+
+        int64_t t = 0;
+        assert_int_equal(planner_parse_fired_at("2026-04-20T12:00:00Z", &t), 0);
+        assert_int_equal(t, 1776686400);
+        assert_int_equal(planner_parse_fired_at("1970-01-01T00:00:00Z", &t), 0);
+        assert_int_equal(t, 0);
+        assert_int_equal(planner_parse_fired_at("2028-02-29T23:59:59Z", &t), 0);
+        static const char *const bad[] = {
+                "2026-02-29T00:00:00Z", "2026-04-20 12:00:00Z", "2026-04-20T12:00:00",
+                "2026-04-20T24:00:00Z", "2026-13-01T00:00:00Z", "1969-12-31T23:59:59Z",
+                "2026-04-20T12:00:00.000Z", "", "2026-4-20T12:00:00Z", "2100-02-29T00:00:00Z",
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                assert_int_equal(planner_parse_fired_at(bad[i], &t), -EINVAL);
+
+        char buf[PLANNER_FIRED_AT_LEN];
+        assert_int_equal(planner_format_fired_at(1776686400, buf), 0);
+        assert_string_equal(buf, "2026-04-20T12:00:00Z");
+        assert_int_equal(planner_format_fired_at(-1, buf), -EINVAL);
+        /* round trip */
+        for (int64_t x = 0; x < 4102444800; x += 7777777) {
+                assert_int_equal(planner_format_fired_at(x, buf), 0);
+                assert_int_equal(planner_parse_fired_at(buf, &t), 0);
+                assert_int_equal(t, x);
+        }
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -302,6 +344,7 @@ int main(void)
                 cmocka_unit_test(test_steps_json),
                 cmocka_unit_test(test_phase_names),
                 cmocka_unit_test(test_parse_step_id),
+                cmocka_unit_test(test_identifiers),
         };
         if (canon_init() < 0)
                 return 1;
