@@ -35,6 +35,7 @@ enum wal_op {
         WAL_OP_RESET,
         WAL_OP_FINALIZE,
         WAL_OP_OPERATOR,
+        WAL_OP_MANDATE,         /* kairos: who fired the mandate (first record of a WAL) */
 };
 
 struct wal_step {
@@ -78,6 +79,10 @@ struct wal_record {
         /* operator: {"op":"operator","mandate_id","action"[,"step_id"],"uid","reason","ts"} */
         const char *action;
         long long uid;
+        /* mandate: {"op":"mandate","mandate_id","schedule","fired_at"[,"goal"],"ts"} */
+        const char *schedule;
+        const char *fired_at;
+        const char *goal;
 };
 
 /* Encode one record as a full line: JSON, crc field, '\n'.  ts_ms is the
@@ -167,6 +172,8 @@ int wal_finalize_plan(struct wal *w, const char *plan_id, const char *status,
                       const char *reason);
 int wal_operator(struct wal *w, const char *mandate_id, const char *action,
                  const char *step_id, long long uid, const char *reason);
+int wal_mandate(struct wal *w, const char *mandate_id, const char *schedule, const char *fired_at,
+                const char *goal);
 
 /* Archive: gzip <wal> into <archive_dir>/<basename>.gz (written as .tmp,
  * fdatasync, rename, fsync of archive_dir), then unlink the WAL and fsync its

@@ -289,6 +289,12 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_int(e, "uid", rec->uid);
                 enc_str(e, "reason", rec->reason, "operator needs reason");
                 break;
+        case WAL_OP_MANDATE:
+                enc_str(e, "mandate_id", rec->mandate_id, "mandate needs mandate_id");
+                enc_str(e, "schedule", rec->schedule, "mandate needs schedule");
+                enc_str(e, "fired_at", rec->fired_at, "mandate needs fired_at");
+                enc_opt_str(e, "goal", rec->goal);
+                break;
         default:
                 enc_fail(e, -EINVAL, "unknown op");
                 break;
@@ -306,6 +312,8 @@ static const char *op_name(enum wal_op op)
                 return "plan_finalize";
         case WAL_OP_OPERATOR:
                 return "operator";
+        case WAL_OP_MANDATE:
+                return "mandate";
         default:
                 return "transition";
         }
@@ -860,6 +868,19 @@ int wal_operator(struct wal *w, const char *mandate_id, const char *action,
                 .step_id = step_id,
                 .uid = uid,
                 .reason = reason,
+        };
+        return wal_append(w, &r);
+}
+
+int wal_mandate(struct wal *w, const char *mandate_id, const char *schedule, const char *fired_at,
+                const char *goal)
+{
+        struct wal_record r = {
+                .op = WAL_OP_MANDATE,
+                .mandate_id = mandate_id,
+                .schedule = schedule,
+                .fired_at = fired_at,
+                .goal = goal,
         };
         return wal_append(w, &r);
 }

@@ -455,6 +455,21 @@ static void test_encode_every_op(void **state)
         expect_encoded(&r, "{\"op\":\"operator\",\"mandate_id\":\"mnd_x\",\"action\":"
                            "\"mark_done\",\"step_id\":\"act_001\",\"uid\":0,\"reason\":"
                            "\"checked by hand\",\"ts\":\"" TS "\"}");
+
+        r = (struct wal_record){ .op = WAL_OP_MANDATE, .mandate_id = "mnd_plan_ae607245ac43",
+                                 .schedule = "daily", .fired_at = "2026-04-20T12:00:00Z" };
+        expect_encoded(&r, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_plan_ae607245ac43\","
+                           "\"schedule\":\"daily\",\"fired_at\":\"2026-04-20T12:00:00Z\","
+                           "\"ts\":\"" TS "\"}");
+        r.goal = "ship the \"report\"";
+        expect_encoded(&r, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_plan_ae607245ac43\","
+                           "\"schedule\":\"daily\",\"fired_at\":\"2026-04-20T12:00:00Z\","
+                           "\"goal\":\"ship the \\\"report\\\"\",\"ts\":\"" TS "\"}");
+        struct kbuf b = KBUF_INIT;
+        r.schedule = NULL;
+        assert_int_equal(wal_encode(&r, 0, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "mandate needs schedule");
+        kbuf_free(&b);
 }
 
 static void test_encode_escaping(void **state)
