@@ -73,7 +73,18 @@ struct fold_operator {
         size_t line;
 };
 
+/* The mandate record (kairos): who fired it.  All NULL if the WAL has none
+ * (written by the original, or by a test). */
+struct fold_mandate {
+        const char *mandate_id;
+        const char *schedule;
+        const char *fired_at;
+        const char *goal;
+        size_t line;                     /* 0: none */
+};
+
 struct fold {
+        struct fold_mandate mandate;
         struct fold_plan *plans;         /* in order of first commit */
         size_t nplans;
         struct fold_step *steps;

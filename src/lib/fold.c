@@ -134,7 +134,8 @@ struct fold_internal {
 struct rec {
         const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
                 *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
-                *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts;
+                *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts,
+                *schedule, *fired_at, *goal;
 };
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
@@ -189,6 +190,12 @@ static void rec_collect(const struct kjson *obj, struct rec *r)
                         r->action = v;
                 else if (KEY_IS(m, "uid"))
                         r->uid = v;
+                else if (KEY_IS(m, "schedule"))
+                        r->schedule = v;
+                else if (KEY_IS(m, "fired_at"))
+                        r->fired_at = v;
+                else if (KEY_IS(m, "goal"))
+                        r->goal = v;
         }
 }
 
@@ -514,6 +521,20 @@ static int op_operator(struct fold *f, const struct rec *rc, size_t line)
         return 0;
 }
 
+/* kairos's first record: who fired the mandate.  The last one wins. */
+static int op_mandate(struct fold *f, const struct rec *rc, size_t line)
+{
+        struct fold_mandate *md = &f->mandate;
+        int r;
+        *md = (struct fold_mandate){ .line = line };
+        if ((r = keep_str(f, rc->mandate_id, &md->mandate_id)) < 0 ||
+            (r = keep_str(f, rc->schedule, &md->schedule)) < 0 ||
+            (r = keep_str(f, rc->fired_at, &md->fired_at)) < 0 ||
+            (r = keep_str(f, rc->goal, &md->goal)) < 0)
+                return r;
+        return 0;
+}
+
 static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
 {
         struct rec rc;
@@ -529,6 +550,8 @@ static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
                 return op_finalize(f, &rc);
         if (str_eq(rc.op, "operator"))
                 return op_operator(f, &rc, line);
+        if (str_eq(rc.op, "mandate"))
+                return op_mandate(f, &rc, line);
         f->unknown_ops++;
         return 0;
 }

@@ -375,6 +375,30 @@ static void test_unknown_step_and_plan_ignored(void **state)
         kbuf_free(&b);
 }
 
+static void test_mandate_record(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        struct fold *f = fold_kbuf(&b, 0);
+        assert_int_equal(f->mandate.line, 0);
+        assert_null(f->mandate.schedule);
+        fold_free(f);
+        rec(&b, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_x\",\"schedule\":\"daily\","
+                "\"fired_at\":\"2026-04-20T12:00:00Z\",\"goal\":\"g\",\"ts\":\"t\"}");
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_int_equal(f->unknown_ops, 0);
+        assert_int_equal(f->mandate.line, 1);
+        assert_string_equal(f->mandate.mandate_id, "mnd_x");
+        assert_string_equal(f->mandate.schedule, "daily");
+        assert_string_equal(f->mandate.fired_at, "2026-04-20T12:00:00Z");
+        assert_string_equal(f->mandate.goal, "g");
+        assert_int_equal(f->nplans, 1);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
 static void test_multi_cycle(void **state)
 {
         (void)state;
@@ -980,6 +1004,7 @@ int main(void)
                 cmocka_unit_test(test_fields_applied_only_when_present),
                 cmocka_unit_test(test_crlf_and_blank_lines),
                 cmocka_unit_test(test_legacy_lines),
+                cmocka_unit_test(test_mandate_record),
                 cmocka_unit_test(test_bad_lines),
                 cmocka_unit_test(test_crc_line_with_two_crc_fields),
                 cmocka_unit_test(test_reset_clears_hashes),
