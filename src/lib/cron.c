@@ -550,7 +550,8 @@ size_t cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
         size_t noffs = 0;
         int64_t t = local - 2 * 86400, end = local + 2 * 86400;
         offs[noffs++] = cron_tz_utc_offset(tz, t);
-        while (noffs < 64) {
+        /* (bounded even for a crafted file with a transition every second) */
+        for (int steps = 0; noffs < 64 && steps < 4096; steps++) {
                 t = next_transition(tz, t);
                 if (t > end)
                         break;
