@@ -8,11 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "control.h"
+#include "executor.h"
 #include "kairos/canon.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
+#include "kairos/planner.h"
+#include <time.h>
 #include "kairos/wal.h"
 #include "log.h"
 
@@ -85,7 +89,7 @@ static void cmd_list(struct control_request *req)
 
 /* ---- jobs on a mandate's queue ---- */
 
-enum op_kind { OP_SHOW, OP_PAUSE, OP_RESUME, OP_RESOLVE };
+enum op_kind { OP_SHOW, OP_PAUSE, OP_RESUME, OP_RESOLVE, OP_APPROVE };
 enum resolve_mode { RESOLVE_DONE, RESOLVE_RETRY, RESOLVE_ABANDON };
 
 struct mandate_op {
@@ -103,6 +107,33 @@ struct mandate_op {
         uint64_t flushes_before, flushes_after;
         bool wal_failed;
 };
+
+/* Fold an archived (gzipped) WAL. */
+static int fold_gzip_file(const char *path, struct fold **out)
+{
+        gzFile gz = gzopen(path, "rb");
+        if (!gz)
+                return errno ? -errno : -ENOMEM;
+        struct kbuf b = KBUF_INIT;
+        int r = 0;
+        for (;;) {
+                if ((r = kbuf_reserve(&b, 65536)) < 0)
+                        break;
+                int n = gzread(gz, b.data + b.len, 65536);
+                if (n < 0) {
+                        r = -EIO;
+                        break;
+                }
+                if (n == 0)
+                        break;
+                b.len += (size_t)n;
+        }
+        gzclose(gz);
+        if (r == 0)
+                r = fold_buffer(b.data ? b.data : "", b.len, out);
+        kbuf_free(&b);
+        return r;
+}
 
 static json_t *str_or_null(const char *s)
 {
@@ -248,7 +279,11 @@ static void op_work(void *arg)
         switch (op->kind) {
         case OP_SHOW: {
                 struct fold *f = NULL;
-                if ((r = fold_file(m->wal_path, &f)) < 0) {
+                if (m->archived)
+                        r = fold_gzip_file(m->wal_path, &f);
+                else
+                        r = fold_file(m->wal_path, &f);
+                if (r < 0) {
                         op_fail(op, r == -ENOENT ? "not_found" : "wal_io_error",
                                 "cannot read %s: %s", m->wal_path, strerror(-r));
                         return;
@@ -259,9 +294,13 @@ static void op_work(void *arg)
         }
         case OP_PAUSE:
         case OP_RESUME:
+        case OP_APPROVE:
                 if ((r = mandate_wal_open(m)) < 0 ||
-                    (r = wal_operator(m->wal, m->id, op->kind == OP_PAUSE ? "pause" : "resume",
-                                      NULL, (long long)op->uid, op->reason)) < 0 ||
+                    (r = wal_operator(m->wal, m->id,
+                                      op->kind == OP_PAUSE    ? "pause"
+                                      : op->kind == OP_RESUME ? "resume"
+                                                              : "approve",
+                                      op->step, (long long)op->uid, op->reason)) < 0 ||
                     (r = wal_flush(m->wal)) < 0) {
                         op_wal_error(op, r);
                         break;
@@ -305,9 +344,12 @@ static void op_done(void *arg)
         char uid[32];
         snprintf(uid, sizeof uid, "%u", (unsigned)op->uid);
         switch (op->kind) {
-        case OP_SHOW:
-                json_object_update_missing(op->result, mandate_json(m));
+        case OP_SHOW: {
+                json_t *mj = mandate_json(m);
+                json_object_update_missing(op->result, mj);
+                json_decref(mj);
                 break;
+        }
         case OP_PAUSE:
                 mandate_set_status(m, MANDATE_PAUSED, op->reason ? op->reason : "operator");
                 log_event(LOG_NOTICE, MSGID_OPERATOR,
@@ -316,17 +358,23 @@ static void op_done(void *arg)
                           op->reason ? op->reason : "");
                 break;
         case OP_RESUME:
-                mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                executor_enqueue(m);
                 log_event(LOG_NOTICE, MSGID_OPERATOR,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "OPERATOR_UID", uid }),
                           "mandate %s resumed by uid %s", m->id, uid);
                 break;
+        case OP_APPROVE:
+                executor_enqueue(m);
+                log_event(LOG_NOTICE, MSGID_OPERATOR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", op->step },
+                                     { "OPERATOR_UID", uid }),
+                          "mandate %s approved by uid %s", m->id, uid);
+                break;
         case OP_RESOLVE: {
                 static const char *const modes[] = { "done", "retry", "abandon" };
-                if (op->mode == RESOLVE_ABANDON)
-                        mandate_set_status(m, MANDATE_ABANDONED, op->reason);
-                else
-                        mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                /* The executor decides from the WAL what comes next (for an
+                 * abandoned plan: the end of the mandate). */
+                executor_enqueue(m);
                 log_event(LOG_NOTICE, MSGID_OPERATOR,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", op->step },
                                      { "OPERATOR_UID", uid }),
@@ -339,6 +387,7 @@ static void op_done(void *arg)
         control_reply_ok(op->req, op->result);
         op->result = NULL;
         daemon_update_status(d);
+        executor_kick(d);
 out:
         json_decref(op->result);
         free(op->reason);
@@ -434,6 +483,10 @@ static void cmd_pause(struct control_request *req)
         const char *reason = control_arg_string(req, "reason", false, &failed);
         if (failed)
                 return;
+        if (reason && !*reason) {
+                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
         if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||
             is_final(m->status)) {
                 control_reply_error(req, "conflict", "mandate %s is %s: cannot pause it", m->id,
@@ -499,6 +552,56 @@ static void cmd_resolve(struct control_request *req)
         submit_op(req, m, OP_RESOLVE, mode, reason, step);
 }
 
+static void cmd_fire(struct control_request *req)
+{
+        bool failed;
+        if (refuse_if_stopping(req))
+                return;
+        const char *schedule = control_arg_string(req, "schedule", true, &failed);
+        if (failed)
+                return;
+        const char *at = control_arg_string(req, "at", false, &failed);
+        if (failed)
+                return;
+        if (!planner_valid_name(schedule)) {
+                control_reply_error(req, "bad_argument",
+                                    "args.schedule: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})",
+                                    schedule);
+                return;
+        }
+        char now[PLANNER_FIRED_AT_LEN];
+        if (at) {
+                if (planner_parse_fired_at(at, NULL) < 0) {
+                        control_reply_error(req, "bad_argument",
+                                            "args.at: '%s' is not a UTC time YYYY-MM-DDTHH:MM:SSZ",
+                                            at);
+                        return;
+                }
+        } else {
+                planner_format_fired_at((int64_t)time(NULL), now);
+                at = now;
+        }
+        executor_fire(req->d, schedule, at, req);
+}
+
+static void cmd_approve(struct control_request *req)
+{
+        struct mandate *m = arg_mandate(req);
+        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+                return;
+        if (m->status != MANDATE_AWAITING_APPROVAL) {
+                control_reply_error(req, "conflict", "mandate %s is %s, not awaiting approval",
+                                    m->id, mandate_status_name(m->status));
+                return;
+        }
+        bool failed;
+        const char *reason = control_arg_string(req, "reason", false, &failed);
+        if (failed)
+                return;
+        submit_op(req, m, OP_APPROVE, 0, reason && *reason ? reason : "approved by operator",
+                  m->review_step);
+}
+
 static void cmd_reload(struct control_request *req)
 {
         if (refuse_if_stopping(req))
@@ -514,7 +617,7 @@ struct command {
 static const struct command commands[] = {
         { "status", cmd_status }, { "list", cmd_list },     { "show", cmd_show },
         { "pause", cmd_pause },   { "resume", cmd_resume }, { "resolve", cmd_resolve },
-        { "reload", cmd_reload },
+        { "reload", cmd_reload }, { "fire", cmd_fire },     { "approve", cmd_approve },
 };
 
 void commands_dispatch(struct control_request *req)

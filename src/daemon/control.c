@@ -369,11 +369,19 @@ static void on_connection(uv_stream_t *server, int status)
         if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
                 ngroups = glen / sizeof(gid_t);
         if (!control_peer_allowed(c->uid, c->gid, groups, ngroups, srv->d->socket_gid)) {
-                char msg[200];
-                snprintf(msg, sizeof msg,
-                         "uid %u is not allowed: the control socket serves root, uid %u and "
-                         "members of group %s",
-                         (unsigned)c->uid, (unsigned)geteuid(), srv->d->cfg->socket_group);
+                char msg[256];
+                if (srv->d->socket_gid != (gid_t)-1)
+                        snprintf(msg, sizeof msg,
+                                 "uid %u is not allowed: the control socket serves root, uid %u "
+                                 "and members of group %s",
+                                 (unsigned)c->uid, (unsigned)geteuid(),
+                                 srv->d->cfg->socket_group);
+                else
+                        snprintf(msg, sizeof msg,
+                                 "uid %u is not allowed: the control socket serves root and uid "
+                                 "%u (group %s does not exist)",
+                                 (unsigned)c->uid, (unsigned)geteuid(),
+                                 srv->d->cfg->socket_group);
                 log_warning("control: refused a connection from uid %u pid %d", (unsigned)c->uid,
                             (int)c->pid);
                 c->refusal = strdup(msg);

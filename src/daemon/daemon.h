@@ -47,6 +47,15 @@ struct mandate {
         char *schedule;            /* NULL when unknown */
         uint64_t flushes;          /* fdatasync calls on this mandate's WAL */
         unsigned busy;             /* commands in flight (keeps it alive) */
+        char *fired_at;
+        char *goal;
+        bool archived;             /* finished: WAL gzipped to archive/ */
+        /* executor */
+        bool queued;               /* in the runnable queue */
+        struct mandate *next_queued;
+        bool holds_slot;           /* counted in running (MaxConcurrentMandates) */
+        struct exec_run *run;      /* the handler being run, if any */
+        char *step_id;             /* the step being run */
 };
 
 struct recovery_summary {
@@ -79,6 +88,14 @@ struct daemon {
         struct control_server *control;
         struct recovery_summary recovery;
         uint64_t flushes_total;
+        uint64_t cycles_completed;
+
+        /* executor */
+        struct mandate *queue_head, *queue_tail;  /* runnable, FIFO */
+        unsigned running;                          /* mandates holding a slot */
+        void (*executor_idle)(struct daemon *d);   /* shutdown: nothing runs any more */
+        uv_timer_t grace_timer;
+        char *mandates_dir;                        /* <state>/mandates: summaries of finished ones */
 
         uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
         uv_timer_t extend_timer;
@@ -107,7 +124,9 @@ void mandate_wal_close(struct mandate *m);
 /* Counts by status. */
 void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX]);
 
-/* recover.c: startup recovery; calls done(d) on the loop when finished. */
+/* recover.c: startup recovery; calls done(d) on the loop when finished.
+ * recover_load_finished first registers finished mandates from their summaries. */
+int recover_load_finished(struct daemon *d);
 int recover_start(struct daemon *d, void (*done)(struct daemon *d));
 
 /* control.c */

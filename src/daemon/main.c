@@ -14,6 +14,7 @@
 
 #include "control.h"
 #include "daemon.h"
+#include "executor.h"
 #include "kairos/canon.h"
 #include "kairos/kio.h"
 #include "log.h"
@@ -156,10 +157,10 @@ static void reload_done(void *arg)
                 log_event(LOG_ERR, MSGID_RELOAD_FAILED, NULL, 0,
                           "reload failed, keeping the running configuration: %s", all.data);
                 if (j->req)
-                        control_reply_error_detail(j->req, "config_invalid",
-                                                   json_pack("{s:o}", "errors", list),
-                                                   "configuration invalid, kept the running one: %s",
-                                                   all.data);
+                        control_reply_error_detail(
+                                j->req, "config_invalid", json_pack("{s:o}", "errors", list),
+                                "configuration invalid (%zu error%s), kept the running one",
+                                j->errs.n, j->errs.n == 1 ? "" : "s");
                 else
                         json_decref(list);
                 kbuf_free(&all);
@@ -225,7 +226,7 @@ void daemon_reload(struct daemon *d, struct control_request *req)
 static void on_jobs_drained(void *ctx)
 {
         struct daemon *d = ctx;
-        if (d->stopping)
+        if (d->stopping && d->running == 0)
                 uv_stop(d->loop);
 }
 
@@ -239,9 +240,15 @@ static void close_handle(uv_handle_t *h, void *arg)
 static void on_stop_timeout(uv_timer_t *t)
 {
         struct daemon *d = t->data;
-        log_warning("graceful stop timed out after %llus with %u jobs in flight",
-                    (unsigned long long)d->cfg->graceful_timeout_sec, d->jobs.inflight);
+        log_warning("stop timed out with %u jobs in flight", d->jobs.inflight);
         uv_stop(d->loop);
+}
+
+static void on_executor_idle(struct daemon *d)
+{
+        /* Nothing runs any more: let the queued file work finish, then stop. */
+        if (d->jobs.inflight == 0)
+                uv_stop(d->loop);
 }
 
 void daemon_stop(struct daemon *d, int exit_code)
@@ -251,18 +258,18 @@ void daemon_stop(struct daemon *d, int exit_code)
         d->stopping = true;
         d->exit_code = exit_code;
         notify_stopping();
-        log_event(LOG_NOTICE, MSGID_STOPPING, NULL, 0, "stopping (%u jobs in flight)",
-                  d->jobs.inflight);
+        log_event(LOG_NOTICE, MSGID_STOPPING, NULL, 0,
+                  "stopping: %u mandate%s running, %u jobs in flight", d->running,
+                  d->running == 1 ? "" : "s", d->jobs.inflight);
         control_stop(d);
         notify_watchdog_stop(&d->watchdog);
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
         uv_timer_stop(&d->extend_timer);
-        if (d->jobs.inflight == 0) {
-                uv_stop(d->loop);
-                return;
-        }
-        uv_timer_start(&d->stop_timer, on_stop_timeout, d->cfg->graceful_timeout_sec * 1000, 0);
+        /* A backstop in case a job hangs in the kernel. */
+        uv_timer_start(&d->stop_timer, on_stop_timeout,
+                       (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
+        executor_shutdown(d, on_executor_idle);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -317,6 +324,7 @@ static void on_recovered(struct daemon *d)
                   "%u quarantined; control socket %s",
                   r->files, (unsigned long long)r->duration_ms, r->resumed, r->paused_review,
                   r->quarantined, d->cfg->control_socket);
+        executor_kick(d);
 }
 
 static int take_lock(struct daemon *d)
@@ -358,7 +366,8 @@ static int prepare_dirs(struct daemon *d)
 {
         const struct kio *io = kio_posix();
         if (asprintf(&d->wal_dir, "%s/wal", d->cfg->state_directory) < 0 ||
-            asprintf(&d->archive_dir, "%s/archive", d->cfg->state_directory) < 0)
+            asprintf(&d->archive_dir, "%s/archive", d->cfg->state_directory) < 0 ||
+            asprintf(&d->mandates_dir, "%s/mandates", d->cfg->state_directory) < 0)
                 return -ENOMEM;
         int r;
         if ((r = kio_mkdir_p(io, d->cfg->state_directory, 0750)) < 0) {
@@ -367,7 +376,8 @@ static int prepare_dirs(struct daemon *d)
                 return r;
         }
         if ((r = kio_mkdir_p(io, d->wal_dir, 0750)) < 0 ||
-            (r = kio_mkdir_p(io, d->archive_dir, 0750)) < 0) {
+            (r = kio_mkdir_p(io, d->archive_dir, 0750)) < 0 ||
+            (r = kio_mkdir_p(io, d->mandates_dir, 0750)) < 0) {
                 fprintf(stderr, "kairosd: cannot create %s: %s\n", d->wal_dir, strerror(-r));
                 return r;
         }
@@ -376,6 +386,10 @@ static int prepare_dirs(struct daemon *d)
 
 int main(int argc, char **argv)
 {
+        /* kairosd re-executes itself as the handlers' exec shim. */
+        if (argc >= 2 && strcmp(argv[1], "--exec-shim") == 0)
+                return executor_shim_main(argc, argv);
+
         static const struct option opts[] = {
                 { "config", required_argument, NULL, 'c' },
                 { "state-dir", required_argument, NULL, 's' },
@@ -481,6 +495,8 @@ int main(int argc, char **argv)
         notify_status("recovering");
         notify_extend_timeout(10 * 1000 * 1000);
         uv_timer_start(&d->extend_timer, on_extend, 5000, 5000);
+        if (d->mandates && (r = recover_load_finished(d)) < 0)
+                log_warning("cannot read %s: %s", d->mandates_dir, strerror(-r));
         if (!d->mandates || (r = recover_start(d, on_recovered)) < 0) {
                 log_error("recovery cannot start: %s", strerror(r < 0 ? -r : ENOMEM));
                 daemon_stop(d, 1);
@@ -504,6 +520,7 @@ out:
         free(d->state_dir_override);
         free(d->wal_dir);
         free(d->archive_dir);
+        free(d->mandates_dir);
         if (d->lock_fd >= 0)
                 close(d->lock_fd);
         return exit_code;

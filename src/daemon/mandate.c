@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "executor.h"
 #include "kairos/wal.h"
 
 static const char *const status_names[MANDATE__STATUS_MAX] = {
@@ -111,6 +112,7 @@ void mandates_free(struct daemon *d)
                 free(m->review_step);
                 free(m->plan_id);
                 free(m->schedule);
+                executor_free_mandate(m);
                 free(m);
         }
         strmap_free(d->mandates);

@@ -10,11 +10,14 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "executor.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/recovery.h"
 #include "kairos/wal.h"
 #include "log.h"
+
+#include <jansson.h>
 
 #define WAL_SUFFIX ".wal.jsonl"
 
@@ -46,6 +49,7 @@ struct recover_job {
         char *plan_id;
         long long cycle;
         uint64_t flushes;
+        char *schedule, *fired_at, *goal;   /* from the mandate record */
 };
 
 static void (*recovery_done_cb)(struct daemon *d);
@@ -93,7 +97,13 @@ static int keep_decision(struct recover_job *j, const struct fold *f,
 /* Derive the mandate's state from the plans after recovery. */
 static void settle_status(struct recover_job *j, const struct fold *f, const struct recovery *rec)
 {
-        j->status = MANDATE_IDLE;
+        j->status = MANDATE_RUNNABLE;  /* the executor decides what comes next */
+        if (f->mandate.schedule)
+                j->schedule = strdup(f->mandate.schedule);
+        if (f->mandate.fired_at)
+                j->fired_at = strdup(f->mandate.fired_at);
+        if (f->mandate.goal)
+                j->goal = strdup(f->mandate.goal);
         if (f->nplans > 0) {
                 const struct fold_plan *last = &f->plans[f->nplans - 1];
                 j->plan_id = strdup(last->plan_id ? last->plan_id : "");
@@ -109,8 +119,6 @@ static void settle_status(struct recover_job *j, const struct fold *f, const str
                         j->reason = strdup(rp->pause_reason ? rp->pause_reason : "needs_review");
                         return;
                 }
-                if (rp->outcome == RECOVERY_RESUME)
-                        j->status = MANDATE_RUNNABLE;
         }
 }
 
@@ -137,6 +145,12 @@ static void recover_work(void *arg)
                 snprintf(j->bad_reason, sizeof j->bad_reason, "%s", info.bad_reason);
                 j->status = MANDATE_QUARANTINED;
                 j->reason = strdup("wal_corrupt");
+                /* What came before the bad line, for list and show. */
+                if (fold_file(j->m->wal_path, &f) == 0 && f->nplans > 0) {
+                        const struct fold_plan *last = &f->plans[f->nplans - 1];
+                        j->plan_id = last->plan_id ? strdup(last->plan_id) : NULL;
+                        j->cycle = last->cycle;
+                }
                 goto out;
         }
         if ((r = fold_file(j->m->wal_path, &f)) < 0) {
@@ -232,6 +246,10 @@ static void recover_done(void *arg)
         } else if (j->corrupt) {
                 s->quarantined++;
                 mandate_set_status(m, MANDATE_QUARANTINED, "wal_corrupt");
+                free(m->plan_id);
+                m->plan_id = j->plan_id;
+                j->plan_id = NULL;
+                m->cycle = j->cycle;
                 char where[64];
                 snprintf(where, sizeof where, "%zu", j->bad_line);
                 log_event(LOG_ERR, MSGID_WAL_CORRUPT,
@@ -250,6 +268,10 @@ static void recover_done(void *arg)
                           m->wal_path, strerror(-j->io_error));
         } else {
                 mandate_set_status(m, j->status, j->reason);
+                m->schedule = j->schedule;
+                m->fired_at = j->fired_at;
+                m->goal = j->goal;
+                j->schedule = j->fired_at = j->goal = NULL;
                 free(m->plan_id);
                 m->plan_id = j->plan_id;
                 j->plan_id = NULL;
@@ -265,8 +287,9 @@ static void recover_done(void *arg)
                                   "kairosctl resolve %s %s --done|--retry|--abandon --reason TEXT",
                                   m->id, m->review_step, m->reason ? m->reason : "", m->id,
                                   m->review_step);
-                } else if (j->ndecisions > 0 || j->status == MANDATE_RUNNABLE) {
+                } else {
                         s->resumed++;
+                        executor_enqueue(m);
                 }
         }
 
@@ -280,6 +303,9 @@ static void recover_done(void *arg)
         free(j->reason);
         free(j->review_step);
         free(j->plan_id);
+        free(j->schedule);
+        free(j->fired_at);
+        free(j->goal);
         free(j);
 
         if (--pending_jobs == 0) {
@@ -302,6 +328,57 @@ static bool is_wal_name(const char *name, char *id, size_t idlen)
 static int cmp_str(const void *a, const void *b)
 {
         return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Finished mandates are known by their summaries (mandates/ID.json), so
+ * `list` and `show` find them and firing them again is a no-op. */
+static void load_summary(struct daemon *d, const char *path)
+{
+        json_error_t err;
+        json_t *j = json_load_file(path, 0, &err);
+        const char *id = json_string_value(json_object_get(j, "mandate_id"));
+        const char *status = json_string_value(json_object_get(j, "status"));
+        const char *archive = json_string_value(json_object_get(j, "archive"));
+        if (!j || !id || !status || !archive) {
+                log_warning("ignoring the mandate summary %s: %s", path,
+                            j ? "missing fields" : err.text);
+                json_decref(j);
+                return;
+        }
+        struct mandate *m = mandate_find(d, id) ? NULL : mandate_add(d, id, archive);
+        if (m) {
+                enum mandate_status st = MANDATE_DONE;
+                for (int i = 0; i < MANDATE__STATUS_MAX; i++)
+                        if (strcmp(mandate_status_name(i), status) == 0)
+                                st = i;
+                mandate_set_status(m, st, json_string_value(json_object_get(j, "reason")));
+                const char *v;
+                if ((v = json_string_value(json_object_get(j, "schedule"))))
+                        m->schedule = strdup(v);
+                if ((v = json_string_value(json_object_get(j, "fired_at"))))
+                        m->fired_at = strdup(v);
+                m->cycle = json_integer_value(json_object_get(j, "cycles"));
+                m->archived = true;
+        }
+        json_decref(j);
+}
+
+int recover_load_finished(struct daemon *d)
+{
+        DIR *dir = opendir(d->mandates_dir);
+        if (!dir)
+                return errno == ENOENT ? 0 : -errno;
+        struct dirent *de;
+        while ((de = readdir(dir))) {
+                size_t n = strlen(de->d_name);
+                if (n <= 5 || strcmp(de->d_name + n - 5, ".json") != 0 || de->d_name[0] == '.')
+                        continue;
+                char path[4096];
+                snprintf(path, sizeof path, "%s/%s", d->mandates_dir, de->d_name);
+                load_summary(d, path);
+        }
+        closedir(dir);
+        return 0;
 }
 
 int recover_start(struct daemon *d, void (*done)(struct daemon *d))
@@ -343,7 +420,18 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
                 char id[256], path[4096];
                 is_wal_name(names[i], id, sizeof id);
                 snprintf(path, sizeof path, "%s/%s", d->wal_dir, names[i]);
-                struct mandate *m = mandate_add(d, id, path);
+                /* A WAL next to a summary: the end was recorded but the WAL
+                 * not yet archived.  The WAL wins; the executor ends it again. */
+                struct mandate *m = mandate_find(d, id);
+                if (m) {
+                        free(m->wal_path);
+                        m->wal_path = strdup(path);
+                        m->archived = false;
+                        if (!m->wal_path)
+                                m = NULL;
+                } else {
+                        m = mandate_add(d, id, path);
+                }
                 struct recover_job *j = calloc(1, sizeof(*j));
                 if (!m || !j) {
                         free(j);

@@ -1,0 +1,1275 @@
+/* SPDX-License-Identifier: MIT */
+/* The executor: mandates run here.  Everything a mandate does is decided from
+ * its WAL (the source of truth) by one kind of job, `advance`, which runs on
+ * the mandate's serial queue: append the records of what just happened, fold
+ * the WAL, decide what comes next, append the records of that, and make all
+ * of it durable with ONE fdatasync.  Only then does the loop act on it
+ * (spawn the next handler, pause, or finish).  So completed(N) and
+ * executing(N+1) share a flush, as do completed(reflect), plan_finalize and
+ * the next cycle's plan_commit + executing(observe). */
+#include "executor.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "control.h"
+#include "kairos/canon.h"
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/kio.h"
+#include "kairos/kjson.h"
+#include "kairos/planner.h"
+#include "kairos/wal.h"
+#include "log.h"
+
+#define MAX_OUTPUT (1024 * 1024)
+#define STDERR_TAIL 2048
+#define KILL_GRACE_MS 5000
+#define MAX_BATCH 8
+
+/* ------------------------------------------------------------------------ */
+/* The advance job                                                          */
+/* ------------------------------------------------------------------------ */
+
+enum next_kind {
+        NEXT_NONE,           /* stop here (shutdown, or nothing to decide) */
+        NEXT_RUN_STEP,       /* spawn the handler of `step` */
+        NEXT_AWAIT_APPROVAL, /* act asked for approval */
+        NEXT_REVIEW,         /* a step needs a human */
+        NEXT_PAUSE,          /* cannot go on (schedule missing, ...) */
+        NEXT_END,            /* the mandate is over: archived */
+};
+
+struct advance {
+        struct mandate *m;
+        struct control_request *req;  /* fire: reply when durable */
+        bool decide;                  /* fold + decide + act (false: only append + flush) */
+        /* records to append first (strings owned by `owned`) */
+        struct wal_record pre[MAX_BATCH];
+        size_t npre;
+        struct planner_plan plan;     /* storage for a plan_commit in pre */
+        struct wal_step wsteps[PLANNER_PHASES];
+        char *owned[32];
+        size_t nowned;
+        /* configuration snapshot */
+        unsigned max_cycles;
+        char *schedule;
+        char *fired_at;
+        char *goal;
+        bool schedule_known;
+        /* results */
+        int error;                    /* WAL failure (negative errno) */
+        char errmsg[256];
+        enum next_kind next;
+        enum mandate_status end_status;
+        char *reason;
+        long long cycle;
+        char *plan_id;
+        char *step_id;
+        char *idem_key;
+        char *expected_post;
+        char *archive_path;           /* NEXT_END: where the WAL went */
+        unsigned attempt;
+        int phase;
+        struct kbuf stdin_doc;
+        uint64_t flushes;
+        bool cycle_finished;
+};
+
+static char *own(struct advance *a, const char *s)
+{
+        if (!s || a->nowned == sizeof a->owned / sizeof a->owned[0])
+                return NULL;
+        char *c = strdup(s);
+        if (c)
+                a->owned[a->nowned++] = c;
+        return c;
+}
+
+static void advance_free(struct advance *a)
+{
+        for (size_t i = 0; i < a->nowned; i++)
+                free(a->owned[i]);
+        free(a->schedule);
+        free(a->fired_at);
+        free(a->goal);
+        free(a->reason);
+        free(a->plan_id);
+        free(a->step_id);
+        free(a->idem_key);
+        free(a->expected_post);
+        free(a->archive_path);
+        kbuf_free(&a->stdin_doc);
+        free(a);
+}
+
+static struct advance *advance_new(struct mandate *m)
+{
+        struct advance *a = calloc(1, sizeof(*a));
+        if (!a)
+                return NULL;
+        a->m = m;
+        a->decide = true;
+        a->phase = -1;
+        struct daemon *d = m->d;
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; m->schedule && i < d->cfg->nschedules; i++)
+                if (strcmp(d->cfg->schedules[i].name, m->schedule) == 0)
+                        sc = &d->cfg->schedules[i];
+        a->schedule_known = sc != NULL;
+        a->max_cycles = sc ? sc->max_cycles : 1;
+        a->schedule = m->schedule ? strdup(m->schedule) : NULL;
+        a->fired_at = m->fired_at ? strdup(m->fired_at) : NULL;
+        a->goal = m->goal ? strdup(m->goal) : NULL;
+        return a;
+}
+
+static void set_plan_records(struct advance *a, struct wal_record *r, const struct planner_plan *p)
+{
+        a->plan = *p;
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                a->wsteps[i] = (struct wal_step){ a->plan.steps[i].step_id, a->plan.steps[i].tool,
+                                                  a->plan.steps[i].params_hash,
+                                                  a->plan.steps[i].pre_hash,
+                                                  a->plan.steps[i].expected_post_hash };
+        *r = (struct wal_record){ .op = WAL_OP_PLAN_COMMIT, .plan_id = a->plan.plan_id,
+                                  .mandate_id = a->plan.mandate_id, .cycle = a->plan.cycle,
+                                  .steps = a->wsteps, .nsteps = PLANNER_PHASES };
+}
+
+/* ---- deciding from the fold (pool thread) ---- */
+
+static const struct fold_step *plan_step(const struct fold *f, const struct fold_plan *p,
+                                         size_t i)
+{
+        return &f->steps[p->steps[i]];
+}
+
+static bool is_status(const char *s, const char *want)
+{
+        return s && strcmp(s, want) == 0;
+}
+
+/* Does a result ask for something: {"kairos":{key:…}}?  Returns the value's
+ * JSON node (in arena a), or NULL. */
+static const struct kjson *control_field(struct kjson_arena *ar, const char *result_json,
+                                         const char *key)
+{
+        if (!result_json)
+                return NULL;
+        struct kjson *v;
+        struct kjson_error err;
+        if (kjson_parse(ar, result_json, strlen(result_json), &v, &err) < 0 ||
+            v->type != KJSON_OBJECT)
+                return NULL;
+        const struct kjson *k = kjson_get(v, "kairos");
+        if (!k || k->type != KJSON_OBJECT)
+                return NULL;
+        return kjson_get(k, key);
+}
+
+static const struct fold_plan *plan_of_cycle(const struct fold *f, long long cycle)
+{
+        for (size_t i = f->nplans; i-- > 0;)
+                if (f->plans[i].cycle == cycle && !f->plans[i].orphan_reason)
+                        return &f->plans[i];
+        return NULL;
+}
+
+static const char *reflect_result(const struct fold *f, const struct fold_plan *p)
+{
+        if (!p || p->nsteps < PLANNER_PHASES)
+                return NULL;
+        const struct fold_step *s = plan_step(f, p, PLANNER_PHASES - 1);
+        return is_status(s->status, "completed") ? s->result_json : NULL;
+}
+
+static int append_rec(struct advance *a, struct wal *w, const struct wal_record *r)
+{
+        int e = wal_append(w, r);
+        if (e < 0 && !a->error) {
+                a->error = e;
+                snprintf(a->errmsg, sizeof a->errmsg, "appending to %s: %s (%s)", wal_path(w),
+                         strerror(-e), wal_encode_error());
+        }
+        return e;
+}
+
+/* The stdin document of a step: mandate, plan, step, goal, the results of
+ * the earlier phases of this cycle and the previous cycle's reflect. */
+static void build_stdin(struct advance *a, const struct fold *f, const struct fold_plan *p,
+                        size_t idx)
+{
+        struct kbuf *b = &a->stdin_doc;
+        kbuf_reset(b);
+        kbuf_puts(b, "{\"mandate\":{\"id\":");
+        kbuf_json_string_lossy(b, a->m->id, strlen(a->m->id), 0);
+        kbuf_puts(b, ",\"schedule\":");
+        if (a->schedule)
+                kbuf_json_string_lossy(b, a->schedule, strlen(a->schedule), 0);
+        else
+                kbuf_puts(b, "null");
+        kbuf_puts(b, ",\"fired_at\":");
+        if (a->fired_at)
+                kbuf_json_string_lossy(b, a->fired_at, strlen(a->fired_at), 0);
+        else
+                kbuf_puts(b, "null");
+        kbuf_printf(b, ",\"max_cycles\":%u},\"goal\":", a->max_cycles);
+        const char *goal = a->goal ? a->goal : (a->schedule ? a->schedule : "");
+        kbuf_json_string_lossy(b, goal, strlen(goal), 0);
+        kbuf_puts(b, ",\"plan\":{\"plan_id\":");
+        kbuf_json_string_lossy(b, p->plan_id, strlen(p->plan_id), 0);
+        kbuf_printf(b, ",\"cycle\":%lld},\"step\":{\"step_id\":", p->cycle);
+        const struct fold_step *s = plan_step(f, p, idx);
+        kbuf_json_string_lossy(b, s->step_id, strlen(s->step_id), 0);
+        kbuf_printf(b, ",\"phase\":\"%s\",\"attempt\":%u,\"idem_key\":",
+                    planner_phase_name((enum planner_phase)idx), a->attempt);
+        kbuf_json_string_lossy(b, a->idem_key, strlen(a->idem_key), 0);
+        kbuf_puts(b, "},\"results\":{");
+        bool first = true;
+        for (size_t i = 0; i < idx; i++) {
+                const struct fold_step *e = plan_step(f, p, i);
+                if (!is_status(e->status, "completed"))
+                        continue;
+                kbuf_printf(b, "%s\"%s\":%s", first ? "" : ",",
+                            planner_phase_name((enum planner_phase)i),
+                            e->result_json ? e->result_json : "null");
+                first = false;
+        }
+        kbuf_puts(b, "},\"previous_reflect\":");
+        const char *prev = reflect_result(f, plan_of_cycle(f, p->cycle - 1));
+        kbuf_puts(b, prev ? prev : "null");
+        kbuf_puts(b, "}\n");
+}
+
+static void decide_end(struct advance *a, enum mandate_status st, const char *reason)
+{
+        a->next = NEXT_END;
+        a->end_status = st;
+        free(a->reason);
+        a->reason = reason ? strdup(reason) : NULL;
+}
+
+/* Start cycle `cycle`: plan_commit + append + executing(observe). */
+static void decide_new_cycle(struct advance *a, struct wal *w, long long cycle)
+{
+        if (!a->schedule || !a->fired_at) {
+                a->next = NEXT_PAUSE;
+                a->reason = strdup("no mandate record: schedule unknown, cannot plan a new cycle");
+                return;
+        }
+        struct planner_plan p;
+        if (planner_build(a->schedule, a->fired_at, (int)cycle, &p) < 0) {
+                a->next = NEXT_PAUSE;
+                a->reason = strdup("cannot plan the next cycle");
+                return;
+        }
+        struct wal_record r;
+        set_plan_records(a, &r, &p);
+        append_rec(a, w, &r);
+        /* the rest (append + executing of observe) is done by the caller's
+         * second decide pass over the refolded WAL */
+}
+
+/* Count the failed plans at the end of the WAL (consecutive). */
+static unsigned trailing_failed(const struct fold *f)
+{
+        unsigned n = 0;
+        for (size_t i = f->nplans; i-- > 0;) {
+                const struct fold_plan *p = &f->plans[i];
+                if (p->orphan_reason)
+                        continue;
+                if (!p->finalized || !is_status(p->final_status, "failed"))
+                        break;
+                n++;
+        }
+        return n;
+}
+
+static bool approved(const struct fold *f, const char *act_step)
+{
+        for (size_t i = 0; i < f->noperators; i++)
+                if (is_status(f->operators[i].action, "approve") &&
+                    is_status(f->operators[i].step_id, act_step))
+                        return true;
+        return false;
+}
+
+/* One decision over the fold.  Returns true if it appended a record that
+ * needs another pass (a plan_finalize or a plan_commit). */
+static bool decide_once(struct advance *a, struct wal *w, const struct fold *f,
+                        struct kjson_arena *ar)
+{
+        const struct fold_plan *last = NULL;
+        for (size_t i = f->nplans; i-- > 0;)
+                if (!f->plans[i].orphan_reason) {
+                        last = &f->plans[i];
+                        break;
+                }
+        if (!last) {
+                decide_new_cycle(a, w, 1);
+                return a->next == NEXT_NONE;
+        }
+        a->cycle = last->cycle;
+        free(a->plan_id);
+        a->plan_id = strdup(last->plan_id);
+        if (last->finalized) {
+                const char *fs = last->final_status ? last->final_status : "";
+                if (strcmp(fs, "abandoned") == 0) {
+                        decide_end(a, MANDATE_ABANDONED, last->final_reason);
+                } else if (strcmp(fs, "failed") == 0) {
+                        if (trailing_failed(f) >= 2)
+                                decide_end(a, MANDATE_TERMINATED, "two consecutive failed cycles");
+                        else if (last->cycle >= (long long)a->max_cycles)
+                                decide_end(a, MANDATE_FAILED, "the last cycle failed");
+                        else {
+                                decide_new_cycle(a, w, last->cycle + 1);
+                                return a->next == NEXT_NONE;
+                        }
+                } else {
+                        const struct kjson *done =
+                                control_field(ar, reflect_result(f, last), "done");
+                        if (done && done->type == KJSON_TRUE)
+                                decide_end(a, MANDATE_DONE, "reflect said done");
+                        else if (last->cycle >= (long long)a->max_cycles)
+                                decide_end(a, MANDATE_DONE, "MaxCycles reached");
+                        else {
+                                decide_new_cycle(a, w, last->cycle + 1);
+                                return a->next == NEXT_NONE;
+                        }
+                }
+                return false;
+        }
+        /* The open plan: its first step that is not completed. */
+        size_t idx = last->nsteps;
+        for (size_t i = 0; i < last->nsteps; i++)
+                if (!is_status(plan_step(f, last, i)->status, "completed")) {
+                        idx = i;
+                        break;
+                }
+        if (idx == last->nsteps) {
+                struct wal_record r = { .op = WAL_OP_FINALIZE, .plan_id = last->plan_id,
+                                        .status = "succeeded" };
+                append_rec(a, w, &r);
+                a->cycle_finished = true;
+                return !a->error;
+        }
+        const struct fold_step *s = plan_step(f, last, idx);
+        if (is_status(s->status, "failed")) {
+                struct wal_record r = { .op = WAL_OP_FINALIZE, .plan_id = last->plan_id,
+                                        .status = "failed", .reason = "step_failed" };
+                append_rec(a, w, &r);
+                a->cycle_finished = true;
+                return !a->error;
+        }
+        free(a->step_id);
+        a->step_id = strdup(s->step_id);
+        if (is_status(s->status, "needs_review") || is_status(s->status, "executing")) {
+                a->next = NEXT_REVIEW;
+                a->reason = strdup(s->reason ? s->reason : "needs_review");
+                return false;
+        }
+        if (idx == PHASE_REFLECT && idx > 0) {
+                const struct fold_step *act = plan_step(f, last, PHASE_ACT);
+                const struct kjson *pause = control_field(ar, act->result_json, "pause");
+                if (pause && !approved(f, act->step_id)) {
+                        a->next = NEXT_AWAIT_APPROVAL;
+                        const struct kjson *why = NULL;
+                        struct kjson *v;
+                        struct kjson_error err;
+                        if (kjson_parse(ar, act->result_json, strlen(act->result_json), &v,
+                                        &err) == 0)
+                                why = kjson_get(kjson_get(v, "kairos"), "reason");
+                        a->reason = strdup(why && why->type == KJSON_STRING ? why->u.str.ptr
+                                                                            : "awaiting_approval");
+                        free(a->step_id);
+                        a->step_id = strdup(act->step_id);
+                        return false;
+                }
+        }
+        if (!a->schedule_known) {
+                a->next = NEXT_PAUSE;
+                a->reason = strdup(a->schedule ? "schedule_missing: not in the configuration"
+                                                : "schedule_unknown: the WAL has no mandate record");
+                return false;
+        }
+        /* Run it: append (pending) + executing, durable before the spawn. */
+        char key[256];
+        snprintf(key, sizeof key, "%s/%s", a->m->id, s->step_id);
+        free(a->idem_key);
+        a->idem_key = strdup(key);
+        a->attempt = s->executions + 1;
+        a->phase = (int)idx;
+        free(a->expected_post);
+        a->expected_post = strdup(s->expected_post_hash ? s->expected_post_hash : "");
+        struct wal_record r1 = { .op = WAL_OP_APPEND, .step_id = s->step_id,
+                                 .plan_id = last->plan_id, .idem_key = key };
+        struct wal_record r2 = { .op = WAL_OP_EXECUTING, .step_id = s->step_id,
+                                 .pre_hash = s->pre_hash ? s->pre_hash : "" };
+        if (append_rec(a, w, &r1) == 0 && append_rec(a, w, &r2) == 0) {
+                a->attempt = s->executions + 1;
+                build_stdin(a, f, last, idx);
+                a->next = NEXT_RUN_STEP;
+        }
+        return false;
+}
+
+static int write_summary(struct advance *a, const char *mandates_dir, const char *archive)
+{
+        struct kbuf b = KBUF_INIT;
+        kbuf_puts(&b, "{\"mandate_id\":");
+        kbuf_json_string_lossy(&b, a->m->id, strlen(a->m->id), 0);
+        kbuf_puts(&b, ",\"schedule\":");
+        a->schedule ? (void)kbuf_json_string_lossy(&b, a->schedule, strlen(a->schedule), 0)
+                    : (void)kbuf_puts(&b, "null");
+        kbuf_puts(&b, ",\"fired_at\":");
+        a->fired_at ? (void)kbuf_json_string_lossy(&b, a->fired_at, strlen(a->fired_at), 0)
+                    : (void)kbuf_puts(&b, "null");
+        kbuf_printf(&b, ",\"status\":\"%s\",\"reason\":", mandate_status_name(a->end_status));
+        a->reason ? (void)kbuf_json_string_lossy(&b, a->reason, strlen(a->reason), 0)
+                  : (void)kbuf_puts(&b, "null");
+        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"archive\":", a->cycle,
+                    (long long)time(NULL));
+        kbuf_json_string_lossy(&b, archive, strlen(archive), 0);
+        kbuf_puts(&b, "}\n");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.json", mandates_dir, a->m->id);
+        int r = kio_mkdir_p(kio_posix(), mandates_dir, 0750);
+        if (r == 0)
+                r = kio_write_file_atomic(kio_posix(), path, b.data, b.len, 0640);
+        kbuf_free(&b);
+        return r;
+}
+
+static void advance_work(void *arg)
+{
+        struct advance *a = arg;
+        struct mandate *m = a->m;
+        struct kjson_arena *ar = NULL;
+        struct fold *f = NULL;
+        int r = mandate_wal_open(m);
+        if (r < 0) {
+                a->error = r;
+                snprintf(a->errmsg, sizeof a->errmsg, "opening %s: %s", m->wal_path,
+                         r == -EBADMSG ? "the WAL is corrupt" : strerror(-r));
+                return;
+        }
+        uint64_t flushes_before = wal_flush_count(m->wal);
+        for (size_t i = 0; i < a->npre && !a->error; i++)
+                append_rec(a, m->wal, &a->pre[i]);
+        if (a->decide && !a->error) {
+                ar = kjson_arena_new();
+                /* At most: finalize, then plan_commit, then the step. */
+                for (int pass = 0; pass < 4 && !a->error; pass++) {
+                        fold_free(f);
+                        f = NULL;
+                        if ((r = fold_file(m->wal_path, &f)) < 0 || f->status == FOLD_CORRUPT) {
+                                a->error = r < 0 ? r : -EBADMSG;
+                                snprintf(a->errmsg, sizeof a->errmsg, "folding %s: %s",
+                                         m->wal_path, r < 0 ? strerror(-r) : f->bad_reason);
+                                break;
+                        }
+                        if (!decide_once(a, m->wal, f, ar))
+                                break;
+                }
+        }
+        if (!a->error && (r = wal_flush(m->wal)) < 0) {
+                a->error = r;
+                snprintf(a->errmsg, sizeof a->errmsg, "fdatasync of %s: %s", m->wal_path,
+                         strerror(-r));
+        }
+        a->flushes = wal_flush_count(m->wal) - flushes_before;
+        if (!a->error && a->next == NEXT_END) {
+                char *dest = NULL;
+                const char *archive_dir = m->d->archive_dir;
+                char *arch_path = NULL;
+                if (asprintf(&arch_path, "%s/%s.wal.jsonl.gz", archive_dir, m->id) < 0)
+                        arch_path = NULL;
+                /* The summary first: if we die before the WAL is archived, the
+                 * WAL is still there and the end is decided again. */
+                if (!arch_path || (r = write_summary(a, m->d->mandates_dir, arch_path)) < 0) {
+                        r = arch_path ? r : -ENOMEM;
+                        a->error = r;
+                        snprintf(a->errmsg, sizeof a->errmsg, "writing the summary of %s: %s",
+                                 m->id, strerror(-r));
+                } else {
+                        struct wal *w = m->wal;
+                        m->wal = NULL;
+                        if ((r = wal_archive(w, archive_dir, &dest)) < 0) {
+                                a->error = r;
+                                snprintf(a->errmsg, sizeof a->errmsg, "archiving %s: %s",
+                                         m->wal_path, strerror(-r));
+                        }
+                        free(dest);
+                        a->archive_path = arch_path;
+                        arch_path = NULL;
+                }
+                free(arch_path);
+        }
+        fold_free(f);
+        kjson_arena_free(ar);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Handlers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+struct exec_run {
+        struct mandate *m;
+        uv_process_t proc;
+        uv_pipe_t in, out, err;
+        uv_timer_t timer;
+        unsigned open_handles;
+        char *stdin_doc;
+        size_t stdin_len;
+        uv_write_t stdin_req;
+        struct kbuf out_buf;
+        struct kbuf err_line;
+        char err_tail[STDERR_TAIL];
+        size_t err_tail_len;
+        bool exited, out_eof, err_eof, finished;
+        int64_t exit_status;
+        int term_signal;
+        bool overflow, timed_out, killed_for_shutdown, spawn_failed;
+        char spawn_error[256];
+        unsigned timeout_sec;
+        pid_t pid;
+        int phase;
+        char *step_id;
+        char *expected_post;
+};
+
+static void start_advance(struct mandate *m, struct advance *a);
+static void run_finished(struct exec_run *run);
+
+static void release_slot(struct mandate *m)
+{
+        if (m->holds_slot) {
+                m->holds_slot = false;
+                m->d->running--;
+        }
+}
+
+static void check_idle(struct daemon *d)
+{
+        if (d->stopping && d->running == 0 && d->executor_idle) {
+                void (*cb)(struct daemon *) = d->executor_idle;
+                d->executor_idle = NULL;
+                cb(d);
+        }
+}
+
+static void on_run_handle_closed(uv_handle_t *h)
+{
+        struct exec_run *run = h->data;
+        if (--run->open_handles > 0)
+                return;
+        kbuf_free(&run->out_buf);
+        kbuf_free(&run->err_line);
+        free(run->stdin_doc);
+        free(run->step_id);
+        free(run->expected_post);
+        free(run);
+}
+
+static void run_close_handles(struct exec_run *run)
+{
+        uv_handle_t *hs[] = { (uv_handle_t *)&run->in, (uv_handle_t *)&run->out,
+                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer,
+                              (uv_handle_t *)&run->proc };
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+                if (hs[i]->data == run && !uv_is_closing(hs[i]))
+                        uv_close(hs[i], on_run_handle_closed);
+}
+
+static void run_maybe_finish(struct exec_run *run)
+{
+        if (run->finished || !run->exited || !run->out_eof || !run->err_eof)
+                return;
+        run->finished = true;
+        uv_timer_stop(&run->timer);
+        run_finished(run);
+}
+
+static void kill_group(struct exec_run *run, int sig)
+{
+        if (run->pid > 0 && !run->exited)
+                kill(-run->pid, sig);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+        struct exec_run *run = t->data;
+        kill_group(run, SIGKILL);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+        struct exec_run *run = t->data;
+        run->timed_out = true;
+        kill_group(run, SIGTERM);
+        uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t exit_status, int term_signal)
+{
+        struct exec_run *run = p->data;
+        run->exited = true;
+        run->exit_status = exit_status;
+        run->term_signal = term_signal;
+        /* The group may live on (a handler's children): end it. */
+        if (run->pid > 0)
+                kill(-run->pid, SIGKILL);
+        run_maybe_finish(run);
+}
+
+static void on_alloc_out(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+        (void)suggested;
+        struct exec_run *run = h->data;
+        struct kbuf *b = (uv_pipe_t *)h == &run->out ? &run->out_buf : &run->err_line;
+        if (kbuf_reserve(b, 65536) < 0) {
+                *buf = uv_buf_init(NULL, 0);
+                return;
+        }
+        *buf = uv_buf_init(b->data + b->len, 65536);
+}
+
+static void on_read_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+        (void)buf;
+        struct exec_run *run = s->data;
+        if (n < 0) {
+                run->out_eof = true;
+                uv_read_stop(s);
+                run_maybe_finish(run);
+                return;
+        }
+        run->out_buf.len += (size_t)n;
+        run->out_buf.data[run->out_buf.len] = '\0';
+        if (run->out_buf.len > MAX_OUTPUT && !run->overflow) {
+                run->overflow = true;
+                kill_group(run, SIGKILL);
+        }
+        if (run->overflow)
+                run->out_buf.len = MAX_OUTPUT; /* keep memory bounded */
+}
+
+static void tail_add(struct exec_run *run, const char *p, size_t n)
+{
+        if (n >= STDERR_TAIL) {
+                memcpy(run->err_tail, p + n - STDERR_TAIL, STDERR_TAIL);
+                run->err_tail_len = STDERR_TAIL;
+                return;
+        }
+        if (run->err_tail_len + n > STDERR_TAIL) {
+                size_t drop = run->err_tail_len + n - STDERR_TAIL;
+                memmove(run->err_tail, run->err_tail + drop, run->err_tail_len - drop);
+                run->err_tail_len -= drop;
+        }
+        memcpy(run->err_tail + run->err_tail_len, p, n);
+        run->err_tail_len += n;
+}
+
+static void log_stderr_line(struct exec_run *run, const char *p, size_t n)
+{
+        if (n && p[n - 1] == '\r')
+                n--;
+        char *line = strndup(p, n);
+        if (!line)
+                return;
+        log_event(LOG_INFO, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", run->m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: %s", run->m->id, run->step_id, line);
+        free(line);
+}
+
+static void on_read_err(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+        (void)buf;
+        struct exec_run *run = s->data;
+        struct kbuf *b = &run->err_line;
+        if (n < 0) {
+                if (b->len)
+                        log_stderr_line(run, b->data, b->len);
+                b->len = 0;
+                run->err_eof = true;
+                uv_read_stop(s);
+                run_maybe_finish(run);
+                return;
+        }
+        tail_add(run, b->data + b->len, (size_t)n);
+        b->len += (size_t)n;
+        size_t start = 0;
+        for (;;) {
+                char *nl = memchr(b->data + start, '\n', b->len - start);
+                if (!nl)
+                        break;
+                log_stderr_line(run, b->data + start, (size_t)(nl - (b->data + start)));
+                start = (size_t)(nl - b->data) + 1;
+        }
+        /* A line longer than 64 KiB is logged in pieces. */
+        if (b->len - start > 65536) {
+                log_stderr_line(run, b->data + start, b->len - start);
+                start = b->len;
+        }
+        memmove(b->data, b->data + start, b->len - start);
+        b->len -= start;
+}
+
+static void on_stdin_written(uv_write_t *req, int status)
+{
+        (void)status; /* a handler that does not read stdin is fine */
+        struct exec_run *run = req->data;
+        if (!uv_is_closing((uv_handle_t *)&run->in))
+                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
+}
+
+static char *env_entry(const char *k, const char *v)
+{
+        char *e = NULL;
+        if (asprintf(&e, "%s=%s", k, v ? v : "") < 0)
+                return NULL;
+        return e;
+}
+
+static void spawn_handler(struct mandate *m, struct advance *a)
+{
+        struct daemon *d = m->d;
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; i < d->cfg->nschedules; i++)
+                if (strcmp(d->cfg->schedules[i].name, m->schedule) == 0)
+                        sc = &d->cfg->schedules[i];
+        struct exec_run *run = calloc(1, sizeof(*run));
+        if (!run) {
+                log_error("out of memory starting %s %s", m->id, a->step_id);
+                release_slot(m);
+                return;
+        }
+        run->m = m;
+        run->phase = a->phase;
+        run->step_id = strdup(a->step_id);
+        run->expected_post = a->expected_post ? strdup(a->expected_post) : NULL;
+        m->run = run;
+        free(m->step_id);
+        m->step_id = strdup(a->step_id);
+        const char *cmdline = sc ? sc->exec[a->phase] : NULL;
+        if (!cmdline || !*cmdline) {
+                /* No command: the phase completes at once with a null result. */
+                run->exited = run->out_eof = run->err_eof = true;
+                run->finished = true;
+                run_finished(run);
+                free(run->step_id);
+                free(run->expected_post);
+                free(run);
+                return;
+        }
+        char **argv = NULL;
+        size_t argc = 0;
+        int r = config_split_command(cmdline, &argv, &argc);
+        if (r < 0 || argc == 0) {
+                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot split %s=: %s",
+                         config_phase_key(a->phase), strerror(r < 0 ? -r : EINVAL));
+                run->spawn_failed = true;
+                run->exited = run->out_eof = run->err_eof = run->finished = true;
+                config_strv_free(argv);
+                run_finished(run);
+                free(run->step_id);
+                free(run->expected_post);
+                free(run);
+                return;
+        }
+        /* argv: kairosd --exec-shim PPID -- CMD ARGS… */
+        char ppid[32];
+        snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+        char **args = calloc(argc + 5, sizeof(char *));
+        /* environment */
+        char attempt[16], cycle[24];
+        snprintf(attempt, sizeof attempt, "%u", a->attempt);
+        snprintf(cycle, sizeof cycle, "%lld", a->cycle);
+        const char *path = getenv("PATH");
+        struct {
+                const char *k, *v;
+        } kv[] = {
+                { "PATH", path ? path : "/usr/local/bin:/usr/bin:/bin" },
+                { "LANG", getenv("LANG") },
+                { "KAIROS_MANDATE_ID", m->id },
+                { "KAIROS_PLAN_ID", a->plan_id },
+                { "KAIROS_STEP_ID", a->step_id },
+                { "KAIROS_PHASE", planner_phase_name((enum planner_phase)a->phase) },
+                { "KAIROS_CYCLE", cycle },
+                { "KAIROS_IDEM_KEY", a->idem_key },
+                { "KAIROS_SCHEDULE", m->schedule },
+                { "KAIROS_FIRED_AT", m->fired_at },
+                { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
+                { "KAIROS_ATTEMPT", attempt },
+                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
+        };
+        size_t nkv = sizeof kv / sizeof kv[0];
+        char **env = calloc(nkv + (sc ? sc->nenvironment : 0) + 1, sizeof(char *));
+        size_t ne = 0;
+        if (args && env) {
+                for (size_t i = 0; i < nkv; i++)
+                        if (kv[i].v && (env[ne] = env_entry(kv[i].k, kv[i].v)))
+                                ne++;
+                for (size_t i = 0; sc && i < sc->nenvironment; i++)
+                        if ((env[ne] = strdup(sc->environment[i])))
+                                ne++;
+                args[0] = "kairosd-exec";
+                args[1] = "--exec-shim";
+                args[2] = ppid;
+                args[3] = "--";
+                for (size_t i = 0; i < argc; i++)
+                        args[4 + i] = argv[i];
+        }
+        run->stdin_doc = a->stdin_doc.data ? kbuf_steal(&a->stdin_doc) : strdup("{}\n");
+        run->stdin_len = strlen(run->stdin_doc);
+        run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
+
+        uv_pipe_init(d->loop, &run->in, 0);
+        uv_pipe_init(d->loop, &run->out, 0);
+        uv_pipe_init(d->loop, &run->err, 0);
+        uv_timer_init(d->loop, &run->timer);
+        run->in.data = run->out.data = run->err.data = run->timer.data = run;
+        run->open_handles = 4;
+        uv_stdio_container_t stdio[3] = {
+                { .flags = UV_CREATE_PIPE | UV_READABLE_PIPE, .data.stream = (uv_stream_t *)&run->in },
+                { .flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&run->out },
+                { .flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&run->err },
+        };
+        const char *cwd = sc && sc->working_directory ? sc->working_directory
+                                                      : d->cfg->state_directory;
+        uv_process_options_t o = {
+                .exit_cb = on_exit_cb,
+                .file = "/proc/self/exe",
+                .args = args,
+                .env = env,
+                .cwd = cwd,
+                .flags = UV_PROCESS_DETACHED, /* own session = own process group */
+                .stdio_count = 3,
+                .stdio = stdio,
+        };
+        run->proc.data = run;
+        r = (args && env) ? uv_spawn(d->loop, &run->proc, &o) : UV_ENOMEM;
+        for (size_t i = 0; env && i < ne; i++)
+                free(env[i]);
+        free(env);
+        free(args);
+        config_strv_free(argv);
+        if (r < 0) {
+                run->proc.data = NULL; /* not a live handle */
+                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot start %s: %s",
+                         cmdline, uv_strerror(r));
+                run->spawn_failed = true;
+                run->exited = run->out_eof = run->err_eof = run->finished = true;
+                run_finished(run);
+                run_close_handles(run);
+                return;
+        }
+        run->open_handles++;
+        run->pid = run->proc.pid;
+        uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
+        uv_read_start((uv_stream_t *)&run->err, on_alloc_out, on_read_err);
+        uv_buf_t buf = uv_buf_init(run->stdin_doc, (unsigned)run->stdin_len);
+        run->stdin_req.data = run;
+        if (uv_write(&run->stdin_req, (uv_stream_t *)&run->in, &buf, 1, on_stdin_written) < 0)
+                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
+        uv_timer_start(&run->timer, on_timeout, (uint64_t)run->timeout_sec * 1000, 0);
+        log_event(LOG_INFO, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
+                  "%s %s: started %s (pid %d, attempt %u)", m->id, a->step_id, cmdline,
+                  (int)run->pid, a->attempt);
+}
+
+/* The handler is over: turn what happened into the records of the step. */
+static void run_finished(struct exec_run *run)
+{
+        struct mandate *m = run->m;
+        struct daemon *d = m->d;
+        m->run = NULL;
+        struct advance *a = advance_new(m);
+        if (!a) {
+                log_error("out of memory finishing %s %s", m->id, run->step_id);
+                release_slot(m);
+                return;
+        }
+        /* While stopping, a finished step is recorded but nothing new starts. */
+        a->decide = !d->stopping;
+        struct wal_record *r = &a->pre[a->npre++];
+        const char *step = own(a, run->step_id);
+        char tail[520] = "";
+        if (run->err_tail_len) {
+                size_t n = run->err_tail_len > 500 ? 500 : run->err_tail_len;
+                memcpy(tail, run->err_tail + run->err_tail_len - n, n);
+                tail[n] = '\0';
+                for (size_t i = strlen(tail); i > 0 && (tail[i - 1] == '\n' || tail[i - 1] == ' ');)
+                        tail[--i] = '\0';
+        }
+        char msg[1024];
+        if (run->killed_for_shutdown) {
+                *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
+                                          .reason = "killed_at_shutdown",
+                                          .evidence_json = "{\"reason\":\"killed_at_shutdown\"}" };
+        } else if (run->spawn_failed) {
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "spawn_error",
+                                          .error_msg = own(a, run->spawn_error) };
+        } else if (run->overflow) {
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "output_too_large",
+                                          .error_msg = "the handler wrote more than 1 MiB to stdout" };
+        } else if (run->timed_out) {
+                snprintf(msg, sizeof msg, "no exit within TimeoutSec=%u%s%s", run->timeout_sec,
+                         *tail ? ": " : "", tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "timeout", .error_msg = own(a, msg) };
+        } else if (run->term_signal) {
+                snprintf(msg, sizeof msg, "killed by signal %d (%s)%s%s", run->term_signal,
+                         strsignal(run->term_signal), *tail ? ": " : "", tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "signal", .error_msg = own(a, msg) };
+        } else if (run->exit_status != 0) {
+                snprintf(msg, sizeof msg, "exit status %lld%s%s", (long long)run->exit_status,
+                         *tail ? ": " : "", tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "exit_status", .error_msg = own(a, msg) };
+        } else {
+                /* Completed: stdout is the result (JSON, or text kept as a string). */
+                struct kbuf res = KBUF_INIT;
+                size_t n = run->out_buf.len;
+                const char *out = run->out_buf.data ? run->out_buf.data : "";
+                while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
+                        n--;
+                char hash[CANON_HASH_STRLEN];
+                if (n == 0) {
+                        kbuf_puts(&res, "null");
+                } else {
+                        struct kbuf canon = KBUF_INIT;
+                        if (canon_json(out, n, &canon, NULL) == 0)
+                                kbuf_append(&res, out, n);
+                        else
+                                kbuf_json_string_lossy(&res, out, n, 0);
+                        kbuf_free(&canon);
+                }
+                if (canon_hash_json(res.data, res.len, hash, NULL) < 0)
+                        canon_hash_bytes(res.data, res.len, hash);
+                *r = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = step,
+                                          .post_hash = own(a, run->expected_post ? run->expected_post : ""),
+                                          .result_hash = own(a, hash),
+                                          .result_json = own(a, res.data) };
+                kbuf_free(&res);
+        }
+        if (r->op == WAL_OP_COMPLETED && !r->result_json) {
+                a->npre = 0;
+                log_error("out of memory recording %s %s", m->id, run->step_id);
+        }
+        log_event(r->op == WAL_OP_COMPLETED ? LOG_INFO : LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: %s%s%s", m->id, run->step_id,
+                  r->op == WAL_OP_COMPLETED ? "completed"
+                  : r->op == WAL_OP_FAILED  ? "failed"
+                                            : "needs review",
+                  r->error_msg ? ": " : "", r->error_msg ? r->error_msg : "");
+        if (run->proc.data == run || run->in.data == run)
+                run_close_handles(run);
+        start_advance(m, a);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Mandate flow on the loop                                                  */
+/* ------------------------------------------------------------------------ */
+
+static void finish_fire_reply(struct advance *a, bool fired)
+{
+        if (!a->req)
+                return;
+        if (a->error) {
+                control_reply_error(a->req, "wal_io_error", "%s", a->errmsg);
+        } else {
+                control_reply_ok(a->req, json_pack("{s:s, s:s, s:s, s:b, s:s}", "mandate",
+                                                   a->m->id, "schedule", a->m->schedule,
+                                                   "fired_at", a->m->fired_at, "fired", fired,
+                                                   "status",
+                                                   mandate_status_name(a->m->status)));
+        }
+        a->req = NULL;
+}
+
+static void advance_done(void *arg)
+{
+        struct advance *a = arg;
+        struct mandate *m = a->m;
+        struct daemon *d = m->d;
+        m->flushes += a->flushes;
+        d->flushes_total += a->flushes;
+        m->busy--;
+        if (a->plan_id) {
+                free(m->plan_id);
+                m->plan_id = strdup(a->plan_id);
+                m->cycle = a->cycle;
+        }
+        if (a->error) {
+                bool corrupt = a->error == -EBADMSG;
+                mandate_set_status(m, corrupt ? MANDATE_QUARANTINED : MANDATE_WAL_IO_ERROR,
+                                   corrupt ? "wal_corrupt" : "wal_io_error");
+                log_event(LOG_ERR, corrupt ? MSGID_WAL_CORRUPT : MSGID_WAL_IO_ERROR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s paused (%s): %s", m->id, m->reason, a->errmsg);
+                mandate_wal_close(m);
+                finish_fire_reply(a, true);
+                release_slot(m);
+                goto out;
+        }
+        finish_fire_reply(a, true);
+        if (a->cycle_finished)
+                d->cycles_completed++;
+        if (!a->decide || d->stopping) {
+                /* recorded; the mandate goes on after the restart */
+                if (m->status == MANDATE_RUNNING)
+                        mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                release_slot(m);
+                goto out;
+        }
+        switch (a->next) {
+        case NEXT_RUN_STEP:
+                mandate_set_status(m, MANDATE_RUNNING, NULL);
+                spawn_handler(m, a);
+                break;
+        case NEXT_AWAIT_APPROVAL:
+                mandate_set_status(m, MANDATE_AWAITING_APPROVAL, a->reason);
+                free(m->review_step);
+                m->review_step = a->step_id ? strdup(a->step_id) : NULL;
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s awaits approval (%s): kairosctl approve %s", m->id,
+                          a->reason, m->id);
+                release_slot(m);
+                break;
+        case NEXT_REVIEW:
+                mandate_set_status(m, MANDATE_PAUSED_REVIEW, a->reason);
+                m->review_step = a->step_id ? strdup(a->step_id) : NULL;
+                log_event(LOG_WARNING, MSGID_PAUSED_REVIEW,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", m->review_step }),
+                          "mandate %s paused for review at step %s (%s)", m->id,
+                          m->review_step ? m->review_step : "?", a->reason);
+                release_slot(m);
+                break;
+        case NEXT_PAUSE:
+                mandate_set_status(m, MANDATE_PAUSED, a->reason);
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s paused: %s", m->id, a->reason);
+                release_slot(m);
+                break;
+        case NEXT_END:
+                m->archived = true;
+                if (a->archive_path) {
+                        free(m->wal_path);
+                        m->wal_path = a->archive_path;
+                        a->archive_path = NULL;
+                }
+                mandate_set_status(m, a->end_status, a->reason);
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s %s after %lld cycle%s (%s); WAL archived", m->id,
+                          mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",
+                          a->reason ? a->reason : "");
+                release_slot(m);
+                break;
+        case NEXT_NONE:
+                release_slot(m);
+                break;
+        }
+out:
+        advance_free(a);
+        daemon_update_status(d);
+        executor_kick(d);
+        check_idle(d);
+}
+
+static void start_advance(struct mandate *m, struct advance *a)
+{
+        m->busy++;
+        if (serialq_submit(&m->q, advance_work, advance_done, a) < 0) {
+                m->busy--;
+                log_error("out of memory: cannot advance %s", m->id);
+                finish_fire_reply(a, false);
+                advance_free(a);
+                release_slot(m);
+        }
+}
+
+unsigned executor_running(const struct daemon *d)
+{
+        return d->running;
+}
+
+void executor_enqueue(struct mandate *m)
+{
+        if (m->queued || m->holds_slot)
+                return;
+        mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+        m->queued = true;
+        m->next_queued = NULL;
+        struct daemon *d = m->d;
+        if (d->queue_tail)
+                d->queue_tail->next_queued = m;
+        else
+                d->queue_head = m;
+        d->queue_tail = m;
+}
+
+void executor_kick(struct daemon *d)
+{
+        while (!d->stopping && d->ready && d->running < d->cfg->max_concurrent_mandates &&
+               d->queue_head) {
+                struct mandate *m = d->queue_head;
+                d->queue_head = m->next_queued;
+                if (!d->queue_head)
+                        d->queue_tail = NULL;
+                m->queued = false;
+                if (m->status != MANDATE_RUNNABLE)
+                        continue; /* paused meanwhile */
+                struct advance *a = advance_new(m);
+                if (!a) {
+                        log_error("out of memory: cannot start %s", m->id);
+                        continue;
+                }
+                m->holds_slot = true;
+                d->running++;
+                mandate_set_status(m, MANDATE_RUNNING, NULL);
+                start_advance(m, a);
+        }
+}
+
+void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
+                   struct control_request *req)
+{
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; i < d->cfg->nschedules; i++)
+                if (strcmp(d->cfg->schedules[i].name, schedule) == 0)
+                        sc = &d->cfg->schedules[i];
+        if (!sc) {
+                control_reply_error(req, "not_found", "no schedule named '%s'", schedule);
+                return;
+        }
+        struct planner_plan p;
+        if (planner_build(schedule, fired_at, 1, &p) < 0) {
+                control_reply_error(req, "bad_argument", "cannot plan %s at %s", schedule,
+                                    fired_at);
+                return;
+        }
+        struct mandate *m = mandate_find(d, p.mandate_id);
+        if (m) {
+                control_reply_ok(req, json_pack("{s:s, s:s, s:s, s:b, s:s, s:s}", "mandate",
+                                                m->id, "schedule", schedule, "fired_at",
+                                                fired_at, "fired", 0, "status",
+                                                mandate_status_name(m->status), "message",
+                                                "already fired: nothing to do"));
+                return;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.wal.jsonl", d->wal_dir, p.mandate_id);
+        m = mandate_add(d, p.mandate_id, path);
+        if (!m) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        m->schedule = strdup(schedule);
+        m->fired_at = strdup(fired_at);
+        m->goal = sc->goal ? strdup(sc->goal) : NULL;
+        struct advance *a = advance_new(m);
+        if (!a) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        a->req = req;
+        a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_MANDATE, .mandate_id = own(a, m->id),
+                                                 .schedule = own(a, schedule),
+                                                 .fired_at = own(a, fired_at),
+                                                 .goal = own(a, m->goal) };
+        set_plan_records(a, &a->pre[a->npre++], &p);
+        /* With a free slot the first step's executing record shares the flush
+         * of the plan_commit; otherwise the plan waits in the queue. */
+        if (!d->stopping && d->running < d->cfg->max_concurrent_mandates && !d->queue_head) {
+                m->holds_slot = true;
+                d->running++;
+                mandate_set_status(m, MANDATE_RUNNING, NULL);
+        } else {
+                a->decide = false;
+                mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                m->queued = true;
+                if (d->queue_tail)
+                        d->queue_tail->next_queued = m;
+                else
+                        d->queue_head = m;
+                d->queue_tail = m;
+        }
+        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
+                  "fired %s at %s: mandate %s", schedule, fired_at, m->id);
+        start_advance(m, a);
+}
+
+/* ---- graceful stop ---- */
+
+static void on_grace_timeout(uv_timer_t *t)
+{
+        struct daemon *d = t->data;
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                struct mandate *m = v;
+                if (m->run && !m->run->finished) {
+                        log_warning("%s %s: still running after GracefulTimeoutSec=%llu: killed",
+                                    m->id, m->run->step_id,
+                                    (unsigned long long)d->cfg->graceful_timeout_sec);
+                        m->run->killed_for_shutdown = true;
+                        kill_group(m->run, SIGKILL);
+                }
+        }
+}
+
+void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
+{
+        d->executor_idle = done;
+        if (d->running == 0) {
+                check_idle(d);
+                return;
+        }
+        log_info("waiting up to %llus for %u running mandate%s",
+                 (unsigned long long)d->cfg->graceful_timeout_sec, d->running,
+                 d->running == 1 ? "" : "s");
+        uv_timer_init(d->loop, &d->grace_timer);
+        d->grace_timer.data = d;
+        uv_timer_start(&d->grace_timer, on_grace_timeout, d->cfg->graceful_timeout_sec * 1000, 0);
+}
+
+void executor_free_mandate(struct mandate *m)
+{
+        free(m->fired_at);
+        free(m->goal);
+        free(m->step_id);
+}
+
+/* ---- the exec shim ---- */
+
+int executor_shim_main(int argc, char **argv)
+{
+        /* argv: kairosd-exec --exec-shim PPID -- CMD ARGS… */
+        if (argc < 5 || strcmp(argv[3], "--") != 0) {
+                fprintf(stderr, "kairosd: bad --exec-shim invocation\n");
+                return 127;
+        }
+        pid_t parent = (pid_t)atoi(argv[2]);
+        /* No handler outlives the daemon: die with it, and if it is already
+         * gone (it died between fork and here), do not start at all. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                return 127;
+        execvp(argv[4], argv + 4);
+        fprintf(stderr, "kairosd: cannot execute '%s': %s\n", argv[4], strerror(errno));
+        return 127;
+}

@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* executor: runs mandates.  Each cycle is the planner's five steps; each
+ * step's handler program runs in its own process group with the environment,
+ * stdin document and output handling of DESIGN §10.  Every transition goes to
+ * the WAL first, on the mandate's serial queue: the executing record is
+ * durable before the handler is spawned, and completed(N) shares one flush
+ * with executing(N+1).  The WAL is the source of truth: a mandate (re)starts
+ * by folding its WAL and going on from its first unfinished step. */
+#pragma once
+
+#include "daemon.h"
+
+struct control_request;
+
+/* Fire SCHEDULE at fired_at: plan committed durably, then the reply (or a
+ * no-op reply if that (schedule, fired_at) was fired before). */
+void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
+                   struct control_request *req);
+
+/* A mandate became runnable (recovery, resume, resolve, approve): queue it. */
+void executor_enqueue(struct mandate *m);
+/* Start queued mandates while fewer than MaxConcurrentMandates run. */
+void executor_kick(struct daemon *d);
+
+/* Graceful stop: no new steps; running handlers get GracefulTimeoutSec, then
+ * are killed and their steps marked needs_review (killed_at_shutdown).
+ * Calls done(d) once nothing runs any more. */
+void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d));
+
+unsigned executor_running(const struct daemon *d);
+
+/* kairosd --exec-shim PPID -- CMD ARGS…: set PR_SET_PDEATHSIG, then exec. */
+int executor_shim_main(int argc, char **argv);
+
+void executor_free_mandate(struct mandate *m);
