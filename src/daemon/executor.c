@@ -899,8 +899,9 @@ static void run_finished(struct exec_run *run)
                 release_slot(m);
                 return;
         }
-        /* While stopping, a finished step is recorded but nothing new starts. */
-        a->decide = !d->stopping;
+        /* While stopping, or paused by an operator, a finished step is
+         * recorded but nothing new starts. */
+        a->decide = !d->stopping && m->status != MANDATE_PAUSED;
         struct wal_record *r = &a->pre[a->npre++];
         const char *step = own(a, run->step_id);
         char tail[520] = "";
@@ -1109,8 +1110,15 @@ unsigned executor_running(const struct daemon *d)
 
 void executor_enqueue(struct mandate *m)
 {
-        if (m->queued || m->holds_slot)
+        if (m->holds_slot) {
+                /* resumed while its handler still runs: it simply goes on */
+                mandate_set_status(m, MANDATE_RUNNING, NULL);
                 return;
+        }
+        if (m->queued) {
+                mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                return;
+        }
         mandate_set_status(m, MANDATE_RUNNABLE, NULL);
         m->queued = true;
         m->next_queued = NULL;

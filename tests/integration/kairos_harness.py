@@ -219,3 +219,27 @@ class Client:
 
     def close(self):
         self.sock.close()
+
+
+def write_config(directory, state, schedules=None, daemon_extra=""):
+    """kairosd.conf in `directory` with the state in `state`, plus one
+    schedules.d/NAME.conf per entry of schedules: {name: {"Section": {key: value}}}."""
+    path = os.path.join(directory, "kairosd.conf")
+    with open(path, "w") as f:
+        f.write("[Daemon]\nStateDirectory=%s\nControlSocket=%s/control.sock\n%s"
+                % (state, state, daemon_extra))
+    sdir = os.path.join(directory, "schedules.d")
+    os.makedirs(sdir, exist_ok=True)
+    for name, sections in (schedules or {}).items():
+        with open(os.path.join(sdir, name + ".conf"), "w") as f:
+            for section, keys in sections.items():
+                f.write("[%s]\n" % section)
+                for k, v in keys.items():
+                    for item in (v if isinstance(v, list) else [v]):
+                        f.write("%s=%s\n" % (k, item))
+    return path
+
+
+# A schedule whose observe step runs until it is killed: a mandate that stays
+# "running" for as long as a test needs it.
+SLOW_SCHEDULE = {"Schedule": {"Cron": "0 0 1 1 *"}, "Exec": {"Observe": "sleep 600"}}

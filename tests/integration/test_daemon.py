@@ -15,8 +15,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kairos_harness import (Client, Daemon, NotifySocket, append, completed, executing,  # noqa: E402
-                            failed, plan_commit, read_records, wal_line)
+from kairos_harness import (SLOW_SCHEDULE, Client, Daemon, NotifySocket, append,  # noqa: E402
+                            completed, executing, failed, plan_commit, read_records, wal_line,
+                            write_config)
 
 EXTRA_REVIEW = 100  # extra WALs that need a record, so READY ordering is observable
 
@@ -74,7 +75,10 @@ class DaemonCase(unittest.TestCase):
 
     def tearDown(self):
         for d in self.daemons:
-            d.kill()
+            if d.proc.poll() is None:
+                self.assertEqual(d.stop(), 0, d.log()[-3000:])
+            else:
+                d.kill()
         self.notify.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -143,13 +147,22 @@ class TestRecovery(DaemonCase):
         self.assertEqual(rec["paused_review"], 1 + EXTRA_REVIEW)
         self.assertEqual(rec["torn_repaired"], 1)
         self.assertIn("paused for review", rec["summary"])
+        # These WALs have no mandate record (as the original wrote them): the
+        # executor cannot know their schedule and pauses them, saying why.
+        settle(d)
         lst = {m["id"]: m for m in c.call("list")["result"]["mandates"]}
         self.assertEqual(lst["mnd_r"]["status"], "paused_review")
         self.assertEqual(lst["mnd_r"]["review_step"], "observe_001")
         self.assertEqual(lst["mnd_c"]["status"], "quarantined")
         self.assertEqual(lst["mnd_c"]["reason"], "wal_corrupt")
-        self.assertEqual(lst["mnd_s"]["status"], "runnable")
-        self.assertEqual(lst["mnd_a"]["status"], "runnable")
+        self.assertEqual(lst["mnd_c"]["plan_id"], "plan_c")
+        for m in ("mnd_s", "mnd_a", "mnd_t"):
+            self.assertEqual(lst[m]["status"], "paused")
+            self.assertTrue(lst[m]["reason"].startswith("schedule_unknown"), lst[m])
+        # The failed plan was its only cycle: the mandate failed, its WAL is archived.
+        self.assertEqual(lst["mnd_f"]["status"], "failed")
+        self.assertFalse(os.path.exists(os.path.join(wal, "mnd_f.wal.jsonl")))
+        self.assertTrue(os.path.exists(os.path.join(self.state, "archive", "mnd_f.wal.jsonl.gz")))
         log = d.log()
         self.assertIn("mnd_r observe_001: manual_review (interrupted_during_execution)", log)
         self.assertIn("corrupt at line 2", log)
@@ -159,9 +172,22 @@ class TestRecovery(DaemonCase):
         self.assertEqual(d.stop(), 0)
         sizes = {n: os.path.getsize(os.path.join(wal, n)) for n in os.listdir(wal)}
         self.notify.clear()
-        self.start()
+        d = self.start()
         self.notify.wait_ready()
+        settle(d, failed=False)
         self.assertEqual({n: os.path.getsize(os.path.join(wal, n)) for n in os.listdir(wal)}, sizes)
+        c = self.client()
+        lst = {m["id"]: m for m in c.call("list")["result"]["mandates"]}
+        self.assertEqual(lst["mnd_f"]["status"], "failed", "known from its summary")
+        c.close()
+
+
+def settle(d, failed=True):
+    """Wait for the executor's decisions on the prepared mandates."""
+    for m in ("mnd_s", "mnd_a", "mnd_t"):
+        d.wait_log("mandate %s paused: schedule_unknown" % m)
+    if failed:
+        d.wait_log("mandate mnd_f failed")
 
 
 class TestLifecycle(DaemonCase):
@@ -290,8 +316,11 @@ class TestControl(DaemonCase):
     def setUp(self):
         super().setUp()
         prepare_state(self.state)
-        self.d = self.start()
+        conf = write_config(self.dir, self.state, {"slow": SLOW_SCHEDULE},
+                            daemon_extra="GracefulTimeoutSec=1\n")
+        self.d = self.start(config=conf)
         self.notify.wait_ready()
+        settle(self.d)
         self.c = self.client()
 
     def tearDown(self):
@@ -302,6 +331,8 @@ class TestControl(DaemonCase):
         st = self.c.call("status")["result"]
         self.assertTrue(st["ready"])
         self.assertEqual(st["mandates"], 6 + EXTRA_REVIEW)
+        self.assertEqual(st["by_status"]["paused"], 3)
+        self.assertEqual(st["by_status"]["failed"], 1)
         self.assertGreaterEqual(st["fdatasync_calls"], 3 + EXTRA_REVIEW)
         ids = [m["id"] for m in self.c.call("list")["result"]["mandates"]]
         self.assertEqual(ids, sorted(ids))
@@ -313,22 +344,31 @@ class TestControl(DaemonCase):
         self.assertEqual(steps[0]["step_id"], "observe_001")
         self.assertEqual(steps[0]["status"], "completed")
         self.assertTrue(steps[0]["recovered"])
-        self.assertEqual(r["result"]["status"], "runnable")
+        self.assertEqual(r["result"]["status"], "paused")
         self.assertEqual(self.c.call("show", mandate="mnd_nope")["error"]["code"], "not_found")
+        # An archived mandate is still shown (from its gzipped WAL).
+        r = self.c.call("show", mandate="mnd_f")
+        self.assertTrue(r["ok"], r)
+        self.assertEqual(r["result"]["plans"][0]["status"], "failed")
 
     def test_pause_resume(self):
-        r = self.c.call("pause", mandate="mnd_s", reason="maintenance window")
+        r = self.c.call("fire", schedule="slow", at="2026-04-20T12:00:00Z")
+        self.assertTrue(r["ok"], r)
+        m = r["result"]["mandate"]
+        self.d.wait_log("%s observe_001: started sleep 600" % m)
+        r = self.c.call("pause", mandate=m, reason="maintenance window")
         self.assertTrue(r["ok"], r)
         self.assertEqual(r["result"]["status"], "paused")
-        recs = read_records(os.path.join(self.state, "wal", "mnd_s.wal.jsonl"))
+        recs = read_records(os.path.join(self.state, "wal", m + ".wal.jsonl"))
         self.assertEqual(recs[-1]["op"], "operator")
         self.assertEqual(recs[-1]["action"], "pause")
         self.assertEqual(recs[-1]["uid"], os.getuid())
         self.assertEqual(recs[-1]["reason"], "maintenance window")
-        self.assertEqual(self.c.call("pause", mandate="mnd_s")["error"]["code"], "conflict")
-        r = self.c.call("resume", mandate="mnd_s")
+        self.assertEqual(self.c.call("pause", mandate=m)["error"]["code"], "conflict")
+        self.assertEqual(self.c.call("pause", mandate=m, reason="")["error"]["code"], "bad_argument")
+        r = self.c.call("resume", mandate=m)
         self.assertTrue(r["ok"], r)
-        self.assertEqual(r["result"]["status"], "runnable")
+        self.assertEqual(r["result"]["status"], "running", "its handler never stopped")
         r = self.c.call("resume", mandate="mnd_r")
         self.assertEqual(r["error"]["code"], "conflict")
         self.assertIn("kairosctl resolve mnd_r observe_001", r["error"]["message"])
@@ -364,12 +404,17 @@ class TestControl(DaemonCase):
         recs = read_records(os.path.join(self.state, "wal", "mnd_x000.wal.jsonl"))
         self.assertEqual(recs[-1]["status"], "completed")
         self.assertEqual(recs[-1]["post_hash"], "sha256-post-observe")
+        recs_path = os.path.join(self.state, "wal", "mnd_x001.wal.jsonl")
         r = self.c.call("resolve", mandate="mnd_x001", step="observe_001", action="abandon", reason="obsolete")
         self.assertTrue(r["ok"], r)
-        self.assertEqual(r["result"]["status"], "abandoned")
-        recs = read_records(os.path.join(self.state, "wal", "mnd_x001.wal.jsonl"))
+        recs = read_records(recs_path)
         self.assertEqual(recs[-1]["op"], "plan_finalize")
         self.assertEqual(recs[-1]["status"], "abandoned")
+        self.d.wait_log("mandate mnd_x001 abandoned")
+        self.assertFalse(os.path.exists(recs_path), "archived")
+        lst = {m["id"]: m for m in self.c.call("list")["result"]["mandates"]}
+        self.assertEqual(lst["mnd_x001"]["status"], "abandoned")
+        self.assertEqual(lst["mnd_x001"]["reason"], "obsolete")
 
     def test_bad_requests(self):
         c = self.c
