@@ -453,6 +453,7 @@ int main(int argc, char **argv)
                 if (errs.n == 0)
                         fprintf(stderr, "kairosd: %s: %s\n", config_path, strerror(-r));
                 config_errors_free(&errs);
+                notify_stopping();
                 return 1;
         }
         if (config_path)
