@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "chronos.h"
 #include "control.h"
 #include "executor.h"
 #include "kairos/canon.h"
@@ -474,9 +475,37 @@ static void cmd_show(struct control_request *req)
                 submit_op(req, m, OP_SHOW, 0, NULL, NULL);
 }
 
+/* pause/resume --schedule NAME */
+static bool schedule_pause(struct control_request *req, bool pause)
+{
+        bool failed;
+        if (!json_object_get(req->args, "schedule"))
+                return false;
+        const char *name = control_arg_string(req, "schedule", true, &failed);
+        if (failed)
+                return true;
+        const char *reason = NULL;
+        if (pause) {
+                reason = control_arg_string(req, "reason", false, &failed);
+                if (failed)
+                        return true;
+        }
+        int r = chronos_set_paused(req->d, name, pause, reason);
+        if (r == -ENOENT)
+                control_reply_error(req, "not_found", "no schedule named '%s'", name);
+        else if (r == 1)
+                control_reply_error(req, "conflict", "schedule %s is already %s", name,
+                                    pause ? "paused" : "running");
+        else
+                control_reply_ok(req, json_pack("{s:s, s:b}", "schedule", name, "paused", pause));
+        return true;
+}
+
 static void cmd_pause(struct control_request *req)
 {
         bool failed;
+        if (schedule_pause(req, true))
+                return;
         struct mandate *m = arg_mandate(req);
         if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
                 return;
@@ -498,6 +527,8 @@ static void cmd_pause(struct control_request *req)
 
 static void cmd_resume(struct control_request *req)
 {
+        if (schedule_pause(req, false))
+                return;
         struct mandate *m = arg_mandate(req);
         if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
                 return;
@@ -602,6 +633,47 @@ static void cmd_approve(struct control_request *req)
                   m->review_step);
 }
 
+static void cmd_schedules(struct control_request *req)
+{
+        bool failed;
+        const char *next = control_arg_string(req, "next", false, &failed);
+        if (failed)
+                return;
+        if (!next) {
+                control_reply_ok(req, chronos_list_json(req->d));
+                return;
+        }
+        json_t *nv = json_object_get(req->args, "n");
+        json_int_t n = 5;
+        if (nv && (!json_is_integer(nv) || json_integer_value(nv) < 1 ||
+                   json_integer_value(nv) > 1000)) {
+                control_reply_error(req, "bad_argument", "args.n: must be an integer 1..1000");
+                return;
+        }
+        if (nv)
+                n = json_integer_value(nv);
+        json_t *out;
+        if (chronos_next_json(req->d, next, (unsigned)n, &out) < 0) {
+                control_reply_error(req, "not_found", "no schedule named '%s'", next);
+                return;
+        }
+        control_reply_ok(req, out);
+}
+
+#ifdef KAIROS_TEST_HOOKS
+/* Test hook: set chronos's clock (seconds since the epoch). */
+static void cmd_test_clock(struct control_request *req)
+{
+        json_t *v = json_object_get(req->args, "now");
+        if (!json_is_integer(v) || json_integer_value(v) < 0) {
+                control_reply_error(req, "bad_argument", "args.now: must be a non-negative integer");
+                return;
+        }
+        chronos_test_set_clock(req->d, (int64_t)json_integer_value(v));
+        control_reply_ok(req, json_pack("{s:I}", "now", json_integer_value(v)));
+}
+#endif
+
 static void cmd_reload(struct control_request *req)
 {
         if (refuse_if_stopping(req))
@@ -618,6 +690,10 @@ static const struct command commands[] = {
         { "status", cmd_status }, { "list", cmd_list },     { "show", cmd_show },
         { "pause", cmd_pause },   { "resume", cmd_resume }, { "resolve", cmd_resolve },
         { "reload", cmd_reload }, { "fire", cmd_fire },     { "approve", cmd_approve },
+        { "schedules", cmd_schedules },
+#ifdef KAIROS_TEST_HOOKS
+        { "test-clock", cmd_test_clock },
+#endif
 };
 
 void commands_dispatch(struct control_request *req)

@@ -14,6 +14,7 @@
 #include "serialq.h"
 
 struct control_server;
+struct chronos;
 
 enum mandate_status {
         MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
@@ -86,6 +87,7 @@ struct daemon {
         struct serialq_group jobs;
         struct serialq admin_q;    /* config reloads and other non-mandate file work */
         struct control_server *control;
+        struct chronos *chronos;
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

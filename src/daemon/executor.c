@@ -1130,26 +1130,82 @@ void executor_enqueue(struct mandate *m)
         d->queue_tail = m;
 }
 
+static const struct config_schedule *schedule_cfg(const struct daemon *d, const char *name)
+{
+        for (size_t i = 0; name && i < d->cfg->nschedules; i++)
+                if (strcmp(d->cfg->schedules[i].name, name) == 0)
+                        return &d->cfg->schedules[i];
+        return NULL;
+}
+
+static bool is_final_status(enum mandate_status s)
+{
+        return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
+               s == MANDATE_ABANDONED;
+}
+
+/* Another mandate of the same schedule that is (running) or (not finished). */
+static struct mandate *sibling(const struct daemon *d, const struct mandate *self,
+                               const char *schedule, bool running_only)
+{
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                struct mandate *o = v;
+                if (o == self || !o->schedule || strcmp(o->schedule, schedule) != 0)
+                        continue;
+                if (running_only ? o->holds_slot : !is_final_status(o->status))
+                        return o;
+        }
+        return NULL;
+}
+
+static void start_mandate(struct mandate *m)
+{
+        struct daemon *d = m->d;
+        struct advance *a = advance_new(m);
+        if (!a) {
+                log_error("out of memory: cannot start %s", m->id);
+                return;
+        }
+        m->holds_slot = true;
+        d->running++;
+        mandate_set_status(m, MANDATE_RUNNING, NULL);
+        start_advance(m, a);
+}
+
 void executor_kick(struct daemon *d)
 {
-        while (!d->stopping && d->ready && d->running < d->cfg->max_concurrent_mandates &&
-               d->queue_head) {
-                struct mandate *m = d->queue_head;
-                d->queue_head = m->next_queued;
-                if (!d->queue_head)
-                        d->queue_tail = NULL;
-                m->queued = false;
-                if (m->status != MANDATE_RUNNABLE)
-                        continue; /* paused meanwhile */
-                struct advance *a = advance_new(m);
-                if (!a) {
-                        log_error("out of memory: cannot start %s", m->id);
+        if (d->stopping || !d->ready)
+                return;
+        /* FIFO, except that a mandate of a Concurrency=queue schedule waits
+         * while another mandate of its schedule runs. */
+        struct mandate **link = &d->queue_head, *last = NULL;
+        while (*link && d->running < d->cfg->max_concurrent_mandates) {
+                struct mandate *m = *link;
+                bool drop = m->status != MANDATE_RUNNABLE; /* paused meanwhile */
+                const struct config_schedule *sc = schedule_cfg(d, m->schedule);
+                if (!drop && sc && sc->concurrency == CONCURRENCY_QUEUE &&
+                    sibling(d, m, m->schedule, true)) {
+                        last = m;
+                        link = &m->next_queued;
                         continue;
                 }
-                m->holds_slot = true;
-                d->running++;
-                mandate_set_status(m, MANDATE_RUNNING, NULL);
-                start_advance(m, a);
+                *link = m->next_queued;
+                m->queued = false;
+                m->next_queued = NULL;
+                if (!drop)
+                        start_mandate(m);
+        }
+        /* the tail is the last mandate left in the list */
+        if (!*link) {
+                d->queue_tail = last;
+        } else {
+                struct mandate *t = *link;
+                while (t->next_queued)
+                        t = t->next_queued;
+                d->queue_tail = t;
         }
 }
 
@@ -1161,16 +1217,23 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                 if (strcmp(d->cfg->schedules[i].name, schedule) == 0)
                         sc = &d->cfg->schedules[i];
         if (!sc) {
-                control_reply_error(req, "not_found", "no schedule named '%s'", schedule);
+                if (req)
+                        control_reply_error(req, "not_found", "no schedule named '%s'", schedule);
                 return;
         }
         struct planner_plan p;
         if (planner_build(schedule, fired_at, 1, &p) < 0) {
-                control_reply_error(req, "bad_argument", "cannot plan %s at %s", schedule,
-                                    fired_at);
+                if (req)
+                        control_reply_error(req, "bad_argument", "cannot plan %s at %s", schedule,
+                                            fired_at);
                 return;
         }
         struct mandate *m = mandate_find(d, p.mandate_id);
+        if (m && !req) {
+                log_info("schedule %s at %s: mandate %s exists already (%s): nothing to do",
+                         schedule, fired_at, m->id, mandate_status_name(m->status));
+                return;
+        }
         if (m) {
                 control_reply_ok(req, json_pack("{s:s, s:s, s:s, s:b, s:s, s:s}", "mandate",
                                                 m->id, "schedule", schedule, "fired_at",
@@ -1179,11 +1242,26 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                                                 "already fired: nothing to do"));
                 return;
         }
+        struct mandate *busy = sc->concurrency == CONCURRENCY_REJECT
+                                       ? sibling(d, NULL, schedule, false)
+                                       : NULL;
+        if (busy) {
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", schedule }),
+                          "fire of %s at %s rejected: mandate %s is still %s (Concurrency=reject)",
+                          schedule, fired_at, busy->id, mandate_status_name(busy->status));
+                if (req)
+                        control_reply_error(req, "rejected",
+                                            "schedule %s has Concurrency=reject and mandate %s "
+                                            "is still %s",
+                                            schedule, busy->id, mandate_status_name(busy->status));
+                return;
+        }
         char path[4096];
         snprintf(path, sizeof path, "%s/%s.wal.jsonl", d->wal_dir, p.mandate_id);
         m = mandate_add(d, p.mandate_id, path);
         if (!m) {
-                control_reply_error(req, "internal", "out of memory");
+                if (req)
+                        control_reply_error(req, "internal", "out of memory");
                 return;
         }
         m->schedule = strdup(schedule);
@@ -1191,7 +1269,8 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
         m->goal = sc->goal ? strdup(sc->goal) : NULL;
         struct advance *a = advance_new(m);
         if (!a) {
-                control_reply_error(req, "internal", "out of memory");
+                if (req)
+                        control_reply_error(req, "internal", "out of memory");
                 return;
         }
         a->req = req;
@@ -1202,7 +1281,9 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
         set_plan_records(a, &a->pre[a->npre++], &p);
         /* With a free slot the first step's executing record shares the flush
          * of the plan_commit; otherwise the plan waits in the queue. */
-        if (!d->stopping && d->running < d->cfg->max_concurrent_mandates && !d->queue_head) {
+        bool wait_turn = sc->concurrency == CONCURRENCY_QUEUE && sibling(d, m, schedule, true);
+        if (!d->stopping && d->ready && !wait_turn &&
+            d->running < d->cfg->max_concurrent_mandates && !d->queue_head) {
                 m->holds_slot = true;
                 d->running++;
                 mandate_set_status(m, MANDATE_RUNNING, NULL);

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chronos.h"
 #include "control.h"
 #include "daemon.h"
 #include "executor.h"
@@ -181,6 +182,7 @@ static void reload_done(void *arg)
                 config_free(old);
                 log_set_level(d->cfg->log_level);
                 d->socket_gid = lookup_group(d->cfg->socket_group);
+                chronos_reload(d);
                 log_event(LOG_NOTICE, MSGID_RELOAD_OK, NULL, 0,
                           "configuration reloaded: %zu schedules", d->cfg->nschedules);
                 if (j->req)
@@ -262,6 +264,7 @@ void daemon_stop(struct daemon *d, int exit_code)
                   "stopping: %u mandate%s running, %u jobs in flight", d->running,
                   d->running == 1 ? "" : "s", d->jobs.inflight);
         control_stop(d);
+        chronos_stop(d);
         notify_watchdog_stop(&d->watchdog);
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
@@ -325,6 +328,10 @@ static void on_recovered(struct daemon *d)
                   r->files, (unsigned long long)r->duration_ms, r->resumed, r->paused_review,
                   r->quarantined, d->cfg->control_socket);
         executor_kick(d);
+        if ((rc = chronos_start(d)) < 0)
+                log_error("the scheduler cannot start: %s; schedules do not fire (kairosctl fire "
+                          "still works)",
+                          strerror(rc < 0 ? -rc : rc));
 }
 
 static int take_lock(struct daemon *d)
@@ -514,6 +521,7 @@ int main(int argc, char **argv)
         exit_code = d->exit_code;
         log_event(LOG_INFO, MSGID_STOPPING, NULL, 0, "stopped (exit %d)", exit_code);
         uv_loop_close(d->loop);
+        chronos_free(d);
         mandates_free(d);
 out:
         config_free(d->cfg);

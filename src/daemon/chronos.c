@@ -1,0 +1,590 @@
+/* SPDX-License-Identifier: MIT */
+#include "chronos.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "executor.h"
+#include "kairos/cron.h"
+#include "kairos/kio.h"
+#include "kairos/planner.h"
+#include "log.h"
+
+/* A tick at most this late is on time; older ones were missed (downtime,
+ * suspend) and go through the schedule's MissedPolicy=. */
+#define ON_TIME_GRACE 60
+/* Counting missed ticks stops here (a minutely schedule over 2 years). */
+#define MAX_TICKS_COUNTED 1100000
+#define NEVER INT64_MIN
+
+struct sched {
+        char *name;
+        struct cron_expr expr;
+        struct cron_tz *tz;
+        const struct config_schedule *cfg;  /* in d->cfg (refreshed on reload) */
+        int64_t last_evaluated;             /* NEVER: first sight */
+        int64_t last_fire;
+        int64_t next_fire;                  /* NEVER: none */
+        bool paused;
+        char *pause_reason;
+};
+
+struct chronos {
+        struct daemon *d;
+        struct sched *s;
+        size_t n;
+        int tfd;
+        uv_poll_t poll;
+        bool poll_active;
+        bool fake;                          /* test clock */
+        int64_t fake_now;
+        bool writing, dirty;
+        bool stopped;
+};
+
+static struct chronos *C(const struct daemon *d)
+{
+        return d->chronos;
+}
+
+int64_t chronos_now(const struct daemon *d)
+{
+        if (C(d) && C(d)->fake)
+                return C(d)->fake_now;
+        return (int64_t)time(NULL);
+}
+
+static void fmt_time(int64_t t, char out[PLANNER_FIRED_AT_LEN])
+{
+        if (t == NEVER || planner_format_fired_at(t, out) < 0)
+                snprintf(out, PLANNER_FIRED_AT_LEN, "-");
+}
+
+static json_t *time_json(int64_t t)
+{
+        char buf[PLANNER_FIRED_AT_LEN];
+        if (t == NEVER || planner_format_fired_at(t, buf) < 0)
+                return json_null();
+        return json_string(buf);
+}
+
+static int64_t json_time(json_t *v)
+{
+        int64_t t;
+        if (!json_is_string(v) || planner_parse_fired_at(json_string_value(v), &t) < 0)
+                return NEVER;
+        return t;
+}
+
+/* ---- chronos.json ---- */
+
+struct save_job {
+        struct chronos *c;
+        char *path;
+        char *text;
+        int r;
+};
+
+static void save_work(void *arg)
+{
+        struct save_job *j = arg;
+        j->r = kio_write_file_atomic(kio_posix(), j->path, j->text, strlen(j->text), 0640);
+}
+
+static void save_state(struct chronos *c);
+
+static void save_done(void *arg)
+{
+        struct save_job *j = arg;
+        struct chronos *c = j->c;
+        if (j->r < 0)
+                log_error("cannot write %s: %s", j->path, strerror(-j->r));
+        free(j->path);
+        free(j->text);
+        free(j);
+        c->writing = false;
+        if (c->dirty && !c->stopped)
+                save_state(c);
+}
+
+static json_t *state_json(struct chronos *c)
+{
+        json_t *all = json_object();
+        for (size_t i = 0; i < c->n; i++) {
+                struct sched *s = &c->s[i];
+                json_t *o = json_pack("{s:o, s:o, s:o, s:b}", "last_evaluated_at",
+                                      time_json(s->last_evaluated), "last_fire_at",
+                                      time_json(s->last_fire), "next_fire_at",
+                                      time_json(s->next_fire), "paused", s->paused);
+                if (s->pause_reason)
+                        json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
+                json_object_set_new(all, s->name, o);
+        }
+        return json_pack("{s:i, s:o}", "version", 1, "schedules", all);
+}
+
+static void save_state(struct chronos *c)
+{
+        struct daemon *d = c->d;
+        if (c->writing) {
+                c->dirty = true;
+                return;
+        }
+        c->dirty = false;
+        struct save_job *j = calloc(1, sizeof(*j));
+        json_t *st = state_json(c);
+        char *text = json_dumps(st, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        json_decref(st);
+        if (!j || !text || asprintf(&j->path, "%s/chronos.json", d->cfg->state_directory) < 0) {
+                free(j);
+                free(text);
+                log_error("out of memory saving chronos.json");
+                return;
+        }
+        size_t n = strlen(text);
+        j->text = realloc(text, n + 2);
+        if (!j->text) {
+                j->text = text;
+        } else {
+                j->text[n] = '\n';
+                j->text[n + 1] = '\0';
+        }
+        j->c = c;
+        c->writing = true;
+        if (serialq_submit(&d->admin_q, save_work, save_done, j) < 0) {
+                c->writing = false;
+                free(j->path);
+                free(j->text);
+                free(j);
+        }
+}
+
+/* ---- schedules ---- */
+
+static void sched_clear(struct sched *s)
+{
+        free(s->name);
+        free(s->pause_reason);
+        cron_tz_free(s->tz);
+        memset(s, 0, sizeof(*s));
+}
+
+static int sched_build(struct sched *s, const struct config_schedule *cfg)
+{
+        char err[256];
+        memset(s, 0, sizeof(*s));
+        s->last_evaluated = s->last_fire = s->next_fire = NEVER;
+        int r = cron_parse(cfg->cron, &s->expr, err, sizeof err);
+        if (r < 0)
+                return r; /* the config parser validated it already */
+        if (cfg->time_zone && strcmp(cfg->time_zone, "UTC") != 0 &&
+            (r = cron_tz_load(cfg->time_zone, &s->tz)) < 0)
+                return r;
+        s->name = strdup(cfg->name);
+        s->cfg = cfg;
+        return s->name ? 0 : -ENOMEM;
+}
+
+static struct sched *find(struct chronos *c, const char *name)
+{
+        for (size_t i = 0; i < c->n; i++)
+                if (strcmp(c->s[i].name, name) == 0)
+                        return &c->s[i];
+        return NULL;
+}
+
+/* ---- evaluation ---- */
+
+static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why)
+{
+        char at[PLANNER_FIRED_AT_LEN];
+        fmt_time(t, at);
+        log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                  "schedule %s: tick %s fires%s", s->name, at, why);
+        executor_fire(c->d, s->name, at, NULL);
+        if (s->last_fire == NEVER || t > s->last_fire)
+                s->last_fire = t;
+}
+
+static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
+{
+        const struct config_schedule *cfg = s->cfg;
+        if (s->last_evaluated == NEVER) {
+                /* First sight: never fire retroactively. */
+                s->last_evaluated = now;
+                return;
+        }
+        if (now < s->last_evaluated) {
+                char from[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
+                fmt_time(s->last_evaluated, from);
+                fmt_time(now, to);
+                log_notice("schedule %s: the clock went back from %s to %s; ticks already "
+                           "fired are not fired again",
+                           s->name, from, to);
+                s->last_evaluated = now;
+                return;
+        }
+        if (!cfg->enabled || s->paused) {
+                s->last_evaluated = now;
+                return;
+        }
+        /* Ticks in (last_evaluated, now]: the on-time ones (within the grace)
+         * fire; the missed ones go through the policy. */
+        unsigned keep = 0;
+        switch (cfg->missed_policy) {
+        case MISSED_SKIP:
+                keep = 0;
+                break;
+        case MISSED_CATCH_UP_ONCE:
+                keep = 1;
+                break;
+        case MISSED_CATCH_UP_BOUNDED:
+                keep = cfg->max_catch_up_runs;
+                if (s->last_fire != NEVER && now - s->last_fire > (int64_t)cfg->stale_after_sec)
+                        keep = 1;
+                break;
+        }
+        int64_t ring[1001];
+        size_t ring_cap = keep < 1000 ? keep : 1000, ring_n = 0, ring_head = 0;
+        int64_t ontime[64];
+        size_t n_ontime = 0;
+        size_t missed = 0;
+        int64_t t = s->last_evaluated, next;
+        while (missed < MAX_TICKS_COUNTED && cron_next(&s->expr, s->tz, t, &next) == 0 &&
+               next <= now) {
+                t = next;
+                if (now - next <= ON_TIME_GRACE && n_ontime < 64) {
+                        ontime[n_ontime++] = next;
+                        continue;
+                }
+                missed++;
+                if (ring_cap) {
+                        ring[(ring_head + ring_n) % ring_cap] = next;
+                        if (ring_n < ring_cap)
+                                ring_n++;
+                        else
+                                ring_head = (ring_head + 1) % ring_cap;
+                }
+        }
+        /* Only one run for a stale schedule, counting an on-time tick too. */
+        if (n_ontime && cfg->missed_policy == MISSED_CATCH_UP_BOUNDED && keep == 1)
+                ring_n = 0;
+        if (missed > ring_n) {
+                char from[PLANNER_FIRED_AT_LEN];
+                fmt_time(s->last_evaluated, from);
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                          "schedule %s: %zu missed tick%s since %s dropped (MissedPolicy=%s%s)",
+                          s->name, missed - ring_n, missed - ring_n == 1 ? "" : "s", from,
+                          cfg->missed_policy == MISSED_SKIP            ? "skip"
+                          : cfg->missed_policy == MISSED_CATCH_UP_ONCE ? "catch_up_once"
+                                                                       : "catch_up_bounded",
+                          keep == 1 && cfg->missed_policy == MISSED_CATCH_UP_BOUNDED
+                                  ? ", stale"
+                                  : "");
+        }
+        for (size_t i = 0; i < ring_n; i++)
+                fire_tick(c, s, ring[(ring_head + i) % ring_cap], " (catch-up)");
+        for (size_t i = 0; i < n_ontime; i++)
+                fire_tick(c, s, ontime[i], "");
+        s->last_evaluated = now;
+}
+
+static void arm(struct chronos *c);
+
+static void evaluate(struct chronos *c)
+{
+        int64_t now = chronos_now(c->d);
+        for (size_t i = 0; i < c->n; i++) {
+                struct sched *s = &c->s[i];
+                evaluate_one(c, s, now);
+                if (cron_next(&s->expr, s->tz, now, &s->next_fire) < 0)
+                        s->next_fire = NEVER;
+        }
+        save_state(c);
+        arm(c);
+}
+
+static void on_timer(uv_poll_t *p, int status, int events)
+{
+        (void)events;
+        struct chronos *c = p->data;
+        if (status < 0)
+                return;
+        uint64_t expirations;
+        ssize_t n = read(c->tfd, &expirations, sizeof expirations);
+        if (n < 0 && errno == ECANCELED)
+                log_notice("the wall clock was set: recomputing the next fires");
+        else if (n < 0 && errno == EAGAIN)
+                return;
+        evaluate(c);
+}
+
+static void arm(struct chronos *c)
+{
+        if (c->tfd < 0 || c->stopped)
+                return;
+        int64_t next = NEVER;
+        for (size_t i = 0; i < c->n; i++) {
+                const struct sched *s = &c->s[i];
+                if (s->next_fire == NEVER || !s->cfg->enabled || s->paused)
+                        continue;
+                if (next == NEVER || s->next_fire < next)
+                        next = s->next_fire;
+        }
+        struct itimerspec its = { 0 };
+        if (c->fake)
+                next = NEVER; /* the test drives the clock */
+        if (next != NEVER) {
+                its.it_value.tv_sec = (time_t)next;
+        } else {
+                /* Nothing to fire: still watch for clock steps, far away. */
+                its.it_value.tv_sec = (time_t)chronos_now(c->d) + 365 * 86400;
+        }
+        if (timerfd_settime(c->tfd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &its, NULL) < 0)
+                log_error("timerfd_settime: %s", strerror(errno));
+}
+
+/* ---- lifecycle ---- */
+
+static void load_state(struct chronos *c)
+{
+        char *path = NULL;
+        if (asprintf(&path, "%s/chronos.json", c->d->cfg->state_directory) < 0)
+                return;
+        json_error_t err;
+        json_t *root = json_load_file(path, 0, &err);
+        if (!root) {
+                if (access(path, F_OK) == 0)
+                        log_error("%s: %s (line %d): starting the schedules afresh", path,
+                                  err.text, err.line);
+                free(path);
+                return;
+        }
+        json_t *all = json_object_get(root, "schedules");
+        for (size_t i = 0; i < c->n; i++) {
+                struct sched *s = &c->s[i];
+                json_t *o = json_object_get(all, s->name);
+                if (!json_is_object(o))
+                        continue;
+                s->last_evaluated = json_time(json_object_get(o, "last_evaluated_at"));
+                s->last_fire = json_time(json_object_get(o, "last_fire_at"));
+                s->paused = json_is_true(json_object_get(o, "paused"));
+                const char *why = json_string_value(json_object_get(o, "pause_reason"));
+                s->pause_reason = why ? strdup(why) : NULL;
+        }
+        json_decref(root);
+        free(path);
+}
+
+static int build_all(struct chronos *c, struct sched **out, size_t *nout)
+{
+        const struct config *cfg = c->d->cfg;
+        struct sched *s = calloc(cfg->nschedules ? cfg->nschedules : 1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        size_t n = 0;
+        for (size_t i = 0; i < cfg->nschedules; i++) {
+                int r = sched_build(&s[n], &cfg->schedules[i]);
+                if (r < 0) {
+                        log_error("schedule %s: cannot use Cron=%s TimeZone=%s: %s",
+                                  cfg->schedules[i].name, cfg->schedules[i].cron,
+                                  cfg->schedules[i].time_zone, strerror(-r));
+                        sched_clear(&s[n]);
+                        continue;
+                }
+                n++;
+        }
+        *out = s;
+        *nout = n;
+        return 0;
+}
+
+int chronos_start(struct daemon *d)
+{
+        struct chronos *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        c->d = d;
+        c->tfd = -1;
+        d->chronos = c;
+#ifdef KAIROS_TEST_HOOKS
+        const char *fake = getenv("KAIROS_TEST_CLOCK");
+        if (fake) {
+                c->fake = true;
+                c->fake_now = strtoll(fake, NULL, 10);
+                log_warning("test hook: chronos runs on a fake clock starting at %s", fake);
+        }
+#endif
+        int r = build_all(c, &c->s, &c->n);
+        if (r < 0)
+                return r;
+        load_state(c);
+        c->tfd = timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
+        if (c->tfd < 0)
+                return -errno;
+        if ((r = uv_poll_init(d->loop, &c->poll, c->tfd)) < 0)
+                return r;
+        c->poll.data = c;
+        c->poll_active = true;
+        if ((r = uv_poll_start(&c->poll, UV_READABLE, on_timer)) < 0)
+                return r;
+        evaluate(c);
+        return 0;
+}
+
+void chronos_reload(struct daemon *d)
+{
+        struct chronos *c = C(d);
+        if (!c || c->stopped)
+                return;
+        struct sched *s;
+        size_t n;
+        if (build_all(c, &s, &n) < 0) {
+                log_error("out of memory reloading the schedules");
+                return;
+        }
+        /* Keep the state of schedules that stay. */
+        for (size_t i = 0; i < n; i++) {
+                struct sched *old = find(c, s[i].name);
+                if (!old)
+                        continue;
+                s[i].last_evaluated = old->last_evaluated;
+                s[i].last_fire = old->last_fire;
+                s[i].paused = old->paused;
+                s[i].pause_reason = old->pause_reason;
+                old->pause_reason = NULL;
+        }
+        for (size_t i = 0; i < c->n; i++)
+                sched_clear(&c->s[i]);
+        free(c->s);
+        c->s = s;
+        c->n = n;
+        evaluate(c);
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+        struct chronos *c = h->data;
+        if (c->tfd >= 0)
+                close(c->tfd);
+        c->tfd = -1;
+}
+
+void chronos_stop(struct daemon *d)
+{
+        struct chronos *c = C(d);
+        if (!c || c->stopped)
+                return;
+        c->stopped = true;
+        if (c->poll_active) {
+                uv_poll_stop(&c->poll);
+                uv_close((uv_handle_t *)&c->poll, on_poll_closed);
+                c->poll_active = false;
+        } else if (c->tfd >= 0) {
+                close(c->tfd);
+                c->tfd = -1;
+        }
+}
+
+void chronos_free(struct daemon *d)
+{
+        struct chronos *c = C(d);
+        if (!c)
+                return;
+        if (c->tfd >= 0)
+                close(c->tfd);
+        for (size_t i = 0; i < c->n; i++)
+                sched_clear(&c->s[i]);
+        free(c->s);
+        free(c);
+        d->chronos = NULL;
+}
+
+/* ---- queries and operator actions ---- */
+
+static const char *policy_name(enum config_missed_policy p)
+{
+        return p == MISSED_SKIP ? "skip" : p == MISSED_CATCH_UP_ONCE ? "catch_up_once"
+                                                                    : "catch_up_bounded";
+}
+
+static const char *concurrency_name(enum config_concurrency cc)
+{
+        return cc == CONCURRENCY_QUEUE ? "queue" : cc == CONCURRENCY_ALLOW ? "allow" : "reject";
+}
+
+json_t *chronos_list_json(struct daemon *d)
+{
+        struct chronos *c = C(d);
+        json_t *arr = json_array();
+        for (size_t i = 0; c && i < c->n; i++) {
+                const struct sched *s = &c->s[i];
+                json_t *o = json_pack("{s:s, s:s, s:s, s:o, s:o, s:s, s:s, s:b, s:b}", "name",
+                                      s->name, "cron", s->cfg->cron, "time_zone",
+                                      s->cfg->time_zone ? s->cfg->time_zone : "UTC",
+                                      "next_fire_at",
+                                      time_json(s->cfg->enabled && !s->paused ? s->next_fire
+                                                                              : NEVER),
+                                      "last_fire_at", time_json(s->last_fire), "missed_policy",
+                                      policy_name(s->cfg->missed_policy), "concurrency",
+                                      concurrency_name(s->cfg->concurrency), "enabled",
+                                      s->cfg->enabled, "paused", s->paused);
+                if (s->pause_reason)
+                        json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
+                json_array_append_new(arr, o);
+        }
+        return json_pack("{s:o}", "schedules", arr);
+}
+
+int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out)
+{
+        struct chronos *c = C(d);
+        struct sched *s = c ? find(c, name) : NULL;
+        if (!s)
+                return -ENOENT;
+        json_t *arr = json_array();
+        int64_t t = chronos_now(d), next;
+        for (unsigned i = 0; i < n && cron_next(&s->expr, s->tz, t, &next) == 0; i++) {
+                json_array_append_new(arr, time_json(next));
+                t = next;
+        }
+        *out = json_pack("{s:s, s:s, s:s, s:o}", "name", s->name, "cron", s->cfg->cron,
+                         "time_zone", s->cfg->time_zone ? s->cfg->time_zone : "UTC", "next",
+                         arr);
+        return 0;
+}
+
+int chronos_set_paused(struct daemon *d, const char *name, bool paused, const char *reason)
+{
+        struct chronos *c = C(d);
+        struct sched *s = c ? find(c, name) : NULL;
+        if (!s)
+                return -ENOENT;
+        if (s->paused == paused)
+                return 1;
+        s->paused = paused;
+        free(s->pause_reason);
+        s->pause_reason = paused && reason ? strdup(reason) : NULL;
+        log_event(LOG_NOTICE, MSGID_OPERATOR, LOG_FIELDS({ "SCHEDULE", name }),
+                  "schedule %s %s%s%s", name, paused ? "paused" : "resumed",
+                  paused && reason ? ": " : "", paused && reason ? reason : "");
+        /* Ticks while paused are not fired later: evaluation starts now. */
+        evaluate(c);
+        return 0;
+}
+
+void chronos_test_set_clock(struct daemon *d, int64_t now)
+{
+        struct chronos *c = C(d);
+        if (!c)
+                return;
+        c->fake = true;
+        c->fake_now = now;
+        evaluate(c);
+}

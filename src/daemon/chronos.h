@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/* chronos: the scheduler (DESIGN §9).  Schedules follow the wall clock: one
+ * timerfd on CLOCK_REALTIME armed at the next fire with
+ * TFD_TIMER_CANCEL_ON_SET, so a clock step is noticed at once and the next
+ * fire recomputed.  Missed ticks after downtime go through the schedule's
+ * policy (skip, catch_up_once, catch_up_bounded + StaleAfter); every fire
+ * has its own fired_at and goes through the same entry point as
+ * `kairosctl fire`.  State (last evaluated, last fire, next fire, paused) is
+ * kept in <state>/chronos.json, replaced atomically. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct daemon;
+
+/* Load chronos.json, build the schedules of the current configuration,
+ * evaluate (missed ticks) and arm the timer.  Call once, after recovery. */
+int chronos_start(struct daemon *d);
+/* The configuration changed (reload): add, remove and change schedules,
+ * keeping the state of those that stay. */
+void chronos_reload(struct daemon *d);
+void chronos_stop(struct daemon *d);
+void chronos_free(struct daemon *d);
+
+/* The clock chronos uses (seconds since the epoch). */
+int64_t chronos_now(const struct daemon *d);
+
+/* kairosctl schedules [next NAME -n N] */
+json_t *chronos_list_json(struct daemon *d);
+/* -ENOENT: no such schedule. */
+int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out);
+/* kairosctl pause/resume --schedule NAME.  -ENOENT, or 1 if nothing changed. */
+int chronos_set_paused(struct daemon *d, const char *name, bool paused, const char *reason);
+
+/* Test hook (only with -Dtest_hooks=true): replace the clock by `now` and
+ * evaluate as if the wall clock had been set to it. */
+void chronos_test_set_clock(struct daemon *d, int64_t now);
