@@ -672,6 +672,22 @@ static void cmd_test_clock(struct control_request *req)
         chronos_test_set_clock(req->d, (int64_t)json_integer_value(v));
         control_reply_ok(req, json_pack("{s:I}", "now", json_integer_value(v)));
 }
+
+/* Test hook: block the event loop for `seconds` (the watchdog must notice). */
+static void cmd_test_stall(struct control_request *req)
+{
+        json_t *v = json_object_get(req->args, "seconds");
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 3600) {
+                control_reply_error(req, "bad_argument", "args.seconds: must be 0..3600");
+                return;
+        }
+        log_warning("test hook: stalling the event loop for %lld s",
+                    (long long)json_integer_value(v));
+        control_reply_ok(req, json_pack("{s:I}", "stalling", json_integer_value(v)));
+        struct timespec ts = { (time_t)json_integer_value(v), 0 };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
 #endif
 
 static void cmd_reload(struct control_request *req)
@@ -692,7 +708,7 @@ static const struct command commands[] = {
         { "reload", cmd_reload }, { "fire", cmd_fire },     { "approve", cmd_approve },
         { "schedules", cmd_schedules },
 #ifdef KAIROS_TEST_HOOKS
-        { "test-clock", cmd_test_clock },
+        { "test-clock", cmd_test_clock }, { "test-stall", cmd_test_stall },
 #endif
 };
 
