@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The built-in demo: install what is missing, build, write a demo
+# configuration under a local directory and run kairosd on it in the
+# foreground (Ctrl-C stops it gracefully).
+#
+#   config/demo.sh
+#
+# Environment:
+#   KAIROS_DEMO_DIR  the demo directory (default: ./demo-state under the
+#                    current directory); holds kairosd.conf, schedules.d/,
+#                    the state (state/), the control socket (control.sock)
+#                    and the outbox the demo's act phase writes to
+#   KAIROSD          a kairosd binary to use: skips installing and building
+#   KAIROS_BUILD_DIR the build directory (default: build in the source tree)
+#
+# Then, from another terminal (in the same directory):
+#   build/src/ctl/kairosctl --socket demo-state/control.sock fire demo
+#   build/src/ctl/kairosctl --socket demo-state/control.sock list
+#   build/src/ctl/kairosctl --socket demo-state/control.sock show MANDATE
+set -euo pipefail
+
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+demo=${KAIROS_DEMO_DIR:-$PWD/demo-state}
+mkdir -p "$demo"
+demo=$(cd "$demo" && pwd)
+
+if [ -z "${KAIROSD:-}" ]; then
+        bash "$src/tests/install-deps.sh"
+        build=${KAIROS_BUILD_DIR:-$src/build}
+        if [ ! -f "$build/build.ninja" ]; then
+                meson setup "$build" "$src"
+        fi
+        ninja -C "$build" src/daemon/kairosd src/ctl/kairosctl
+        KAIROSD=$build/src/daemon/kairosd
+        ctl=$build/src/ctl/kairosctl
+else
+        ctl=kairosctl
+fi
+
+# The control socket path must fit in sockaddr_un (108 bytes).
+if [ ${#demo} -gt 90 ]; then
+        echo "demo.sh: $demo is too long a path for the control socket; set KAIROS_DEMO_DIR" >&2
+        exit 1
+fi
+
+# systemd-style quoting of one word of a command line or Environment= entry.
+q() {
+        local s=${1//\\/\\\\}
+        printf '"%s"' "${s//\"/\\\"}"
+}
+
+mkdir -p "$demo/schedules.d" "$demo/state" "$demo/outbox"
+
+# Rewritten on every start (the state is kept): they follow the checkout.
+cat >"$demo/kairosd.conf" <<CONF
+# kairos demo configuration, written by config/demo.sh (rewritten on every
+# start).  See config/examples/kairosd.conf for every key.
+[Daemon]
+StateDirectory=$demo/state
+ControlSocket=$demo/control.sock
+SocketGroup=$(id -gn)
+MaxConcurrentMandates=4
+GracefulTimeoutSec=10
+LogLevel=info
+CONF
+
+ex=$src/config/examples
+cat >"$demo/schedules.d/demo.conf" <<CONF
+# The demo schedule, written by config/demo.sh (rewritten on every start).
+# Fire it by hand: kairosctl --socket $demo/control.sock fire demo
+# See config/examples/demo.conf for every key.
+[Schedule]
+Cron=0 6 * * *
+TimeZone=UTC
+
+[Mandate]
+Goal=write two reports to the outbox
+MaxCycles=3
+
+[Exec]
+Observe=$(q "$ex/observe.sh")
+Orient=$(q "$ex/orient.sh")
+Decide=$(q "$ex/decide.sh")
+Act=$(q "$ex/act.sh")
+Reflect=$(q "$ex/reflect.sh")
+TimeoutSec=30
+Environment=DEMO_OUTBOX=$demo/outbox
+WorkingDirectory=$demo
+CONF
+
+rel=$demo
+case $demo in "$PWD"/*) rel=${demo#"$PWD"/} ;; esac
+case $ctl in "$PWD"/*) ctl=${ctl#"$PWD"/} ;; esac
+cat >&2 <<MSG
+kairos demo: configuration in $demo, reports go to $rel/outbox/
+From another terminal in $PWD:
+    $ctl --socket $rel/control.sock fire demo
+    $ctl --socket $rel/control.sock list
+    $ctl --socket $rel/control.sock show MANDATE
+Ctrl-C stops the daemon.
+MSG
+
+exec "$KAIROSD" -c "$demo/kairosd.conf"
