@@ -93,8 +93,10 @@ int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_fire(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_approve(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv);
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* kairosctl online commands (DESIGN §12): status, list, show, pause, resume,
- * resolve, reload.  Each one is a single request over kairosd's control
+/* kairosctl online commands (DESIGN §12): status, list, show, fire, pause,
+ * resume, approve, resolve, reload.  Each one is a single request over kairosd's control
  * socket (AF_UNIX stream, one JSON object per line) answered by one reply
  * line.  The client is blocking with a deadline: every wait is a poll()
  * bounded by the time left, every system call is restarted on EINTR, and a
@@ -20,6 +20,7 @@
 
 #include "ctl.h"
 #include "kairos/kbuf.h"
+#include "kairos/planner.h"
 
 #define CTL_REPLY_MAX (16u * 1024 * 1024)
 #define CTL_TIMEOUT_MS_DEFAULT 30000
@@ -881,6 +882,87 @@ int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv)
                    json_pack("{s:s, s:s, s:s, s:s}", "mandate", argv[0], "step", argv[1],
                              "action", action, "reason", reason),
                    text_mandate_status);
+}
+
+/* ---- fire / approve ---------------------------------------------------- */
+
+/* "fired S at T: mandate M (STATUS)", or for a (schedule, fired_at) fired
+ * before "S at T: already fired (mandate M, STATUS)". */
+static int text_fire(json_t *r)
+{
+        bool fired = json_is_true(json_object_get(r, "fired"));
+
+        if (fired)
+                fputs("fired ", stdout);
+        ctl_put_safe(stdout, jstr(r, "schedule"));
+        fputs(" at ", stdout);
+        ctl_put_safe(stdout, jstr(r, "fired_at"));
+        fputs(fired ? ": mandate " : ": already fired (mandate ", stdout);
+        ctl_put_safe(stdout, jstr(r, "mandate"));
+        fputs(fired ? " (" : ", ", stdout);
+        ctl_put_safe(stdout, jstr(r, "status"));
+        fputs(")\n", stdout);
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_fire(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *at = NULL;
+        const struct ctl_option opts[] = { { "at", true, &at, NULL }, { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("fire", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("fire", npos, 1, "SCHEDULE");
+        if (r)
+                return r;
+        if (!planner_valid_name(argv[0])) {
+                char *name = safe_str(argv[0]);
+                r = ctl_usage_error("fire: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})",
+                                    name ? name : "?");
+                free(name);
+                return r;
+        }
+        if (at && planner_parse_fired_at(at, NULL) < 0) {
+                char *t = safe_str(at);
+                r = ctl_usage_error("fire: --at '%s' is not a UTC time YYYY-MM-DDTHH:MM:SSZ",
+                                    t ? t : "?");
+                free(t);
+                return r;
+        }
+        return run(o, "fire",
+                   at ? json_pack("{s:s, s:s}", "schedule", argv[0], "at", at)
+                      : json_pack("{s:s}", "schedule", argv[0]),
+                   text_fire);
+}
+
+/* "M: approved (STATUS)" */
+static int text_approve(json_t *r)
+{
+        ctl_put_safe(stdout, jstr(r, "mandate"));
+        fputs(": approved (", stdout);
+        ctl_put_safe(stdout, jstr(r, "status"));
+        fputs(")\n", stdout);
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_approve(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *reason = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("approve", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("approve", npos, 1, "MANDATE");
+        if (r == 0 && reason && !*reason)
+                r = ctl_usage_error("approve: --reason must not be empty");
+        if (r)
+                return r;
+        return run(o, "approve",
+                   reason ? json_pack("{s:s, s:s}", "mandate", argv[0], "reason", reason)
+                          : json_pack("{s:s}", "mandate", argv[0]),
+                   text_approve);
 }
 
 /* ---- reload ----------------------------------------------------------- */

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Black-box tests of the online kairosctl commands (DESIGN §12): status,
-list, show, pause, resume, resolve, reload against the real kairosd on a
-temporary state directory (prepared with one WAL per recovery verdict by
-test_daemon.prepare_state), plus the client's failure modes against fake
-servers: nothing listening, not a socket, a server that hangs up, sends
-garbage, a wrong id, a reply over 16 MiB or no reply at all."""
+list, show, fire, pause, resume, approve, resolve, reload against the real
+kairosd on a temporary state directory (prepared with one WAL per recovery
+verdict by test_daemon.prepare_state), plus the client's failure modes against
+fake servers: nothing listening, not a socket, a server that hangs up, sends
+garbage, a wrong id, a reply over 16 MiB or no reply at all.
+
+The prepared WALs have no mandate record (the original wrote none), so once
+the daemon is ready the executor settles them (test_daemon.settle): mnd_s,
+mnd_a and mnd_t are paused "schedule_unknown: ...", mnd_f (its only cycle
+failed) ends "failed" and is archived.  A mandate that really runs comes from
+firing the "slow" schedule (its observe step sleeps until it is killed)."""
+import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -14,14 +22,23 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kairos_harness import Client, Daemon, NotifySocket, read_records  # noqa: E402
-from test_daemon import EXTRA_REVIEW, prepare_state  # noqa: E402
+from kairos_harness import (SLOW_SCHEDULE, Client, Daemon, NotifySocket, read_records,  # noqa: E402
+                            write_config)
+from test_daemon import EXTRA_REVIEW, prepare_state, settle  # noqa: E402
 
 KAIROSCTL = os.environ.get("KAIROSCTL", "")
 ALL_MANDATES = 6 + EXTRA_REVIEW
+SCHEDULE_UNKNOWN = "schedule_unknown: the WAL has no mandate record"
+AT = "2026-04-20T12:00:00Z"
+
+
+def mandate_id(schedule, fired_at):
+    """DESIGN §3: mnd_ + plan_ + 12 hex of SHA-256 of NAME|FIRED_AT."""
+    return "mnd_plan_" + hashlib.sha256(("%s|%s" % (schedule, fired_at)).encode()).hexdigest()[:12]
 
 
 def ctl_env(extra=None):
@@ -41,7 +58,7 @@ def run_ctl(*args, env=None, timeout=60, **kw):
 class OnlineCase(unittest.TestCase):
     """A real kairosd on a prepared state directory."""
 
-    config = None  # a function(self) -> config path, or None for --state-dir
+    config = False  # True: self.write_config() (schedules "slow" and "approval"); else --state-dir
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-ctl-online-")
@@ -52,13 +69,49 @@ class OnlineCase(unittest.TestCase):
         conf = self.write_config() if self.config else None
         self.daemon = Daemon(self.state, config=conf, notify=self.notify)
         self.notify.wait_ready()
+        settle(self.daemon)
         self.sock = self.daemon.socket_path
 
     def tearDown(self):
-        self.daemon.kill()
+        # A graceful stop, so the sanitizer build's LeakSanitizer runs at exit.
+        rc = self.daemon.stop()
         self.daemon.proc.stderr.close()
         self.notify.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.assertEqual(rc, 0, self.daemon.log()[-3000:])
+
+    def write_config(self):
+        """Schedules: "slow" (observe sleeps until killed) and "approval"
+        (act asks for approval; one cycle)."""
+        act = os.path.join(self.dir, "act.sh")
+        with open(act, "w") as f:
+            f.write("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
+                    "\"reason\":\"needs a human\"}}'\n")
+        self.conf = write_config(self.dir, self.state, {
+            "slow": SLOW_SCHEDULE,
+            "approval": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"},
+                         "Exec": {"Act": "/bin/sh " + act}},
+        }, daemon_extra="GracefulTimeoutSec=1\n")
+        return self.conf
+
+    def fire_slow(self):
+        """A mandate whose observe handler runs (status running)."""
+        r = self.raw("fire", schedule="slow", at=AT)
+        self.assertTrue(r["ok"], r)
+        m = r["result"]["mandate"]
+        self.daemon.wait_log("%s observe_001: started sleep 600" % m)
+        return m
+
+    def wait_log_count(self, text, n, timeout=30.0):
+        """Wait until n log lines contain text."""
+        d = self.daemon
+        deadline = time.monotonic() + timeout
+        with d.cond:
+            while sum(1 for line in d.lines if line is not None and text in line) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or (d.lines and d.lines[-1] is None):
+                    self.fail("fewer than %d log lines with %r:\n%s" % (n, text, d.log()[-3000:]))
+                d.cond.wait(left)
 
     def ctl(self, *args, env=None):
         return run_ctl("--socket", self.sock, *args, env=env)
@@ -90,6 +143,11 @@ class OnlineCase(unittest.TestCase):
 
     def records(self, mandate):
         return read_records(os.path.join(self.wal, mandate + ".wal.jsonl"))
+
+    def archived_records(self, mandate):
+        """The records of a finished mandate, from its gzipped archive."""
+        with gzip.open(os.path.join(self.state, "archive", mandate + ".wal.jsonl.gz")) as gz:
+            return [json.loads(line) for line in gz.read().splitlines() if line.strip()]
 
     def list_rows(self):
         """`kairosctl list` parsed: {id: (status, cycle, rest)}."""
@@ -135,6 +193,8 @@ class TestStatus(OnlineCase):
 
 
 class TestListShow(OnlineCase):
+    config = True
+
     def test_list_text_is_an_aligned_table(self):
         out = self.ok("list")
         lines = out.splitlines()
@@ -152,8 +212,10 @@ class TestListShow(OnlineCase):
         self.assertEqual(list(rows), sorted(rows))
         self.assertEqual(rows["mnd_r"], ("paused_review", "1",
                                          "step observe_001: interrupted_during_execution"))
-        self.assertEqual(rows["mnd_c"], ("quarantined", "0", "wal_corrupt"))
-        self.assertEqual(rows["mnd_s"][0], "runnable")
+        # (the plan before the bad line is plan_c, cycle 1)
+        self.assertEqual(rows["mnd_c"], ("quarantined", "1", "wal_corrupt"))
+        self.assertEqual(rows["mnd_s"], ("paused", "1", SCHEDULE_UNKNOWN))
+        self.assertEqual(rows["mnd_f"], ("failed", "1", "the last cycle failed"))
 
     def test_list_json(self):
         got = self.json_ok("list")
@@ -161,16 +223,20 @@ class TestListShow(OnlineCase):
         self.assertEqual(len(got["mandates"]), ALL_MANDATES)
 
     def test_show_text(self):
+        # mnd_f ended (failed) and its WAL is archived: shown from the gzip
+        self.assertFalse(os.path.exists(os.path.join(self.wal, "mnd_f.wal.jsonl")))
         out = self.ok("show", "mnd_f")
         self.assertTrue(out.startswith("Mandate mnd_f\n"), out)
-        self.assertRegex(out, r"\n  status: +idle\n")
+        self.assertRegex(out, r"\n  status: +failed\n  reason: +the last cycle failed\n")
         self.assertRegex(out, r"\n  WAL: +clean, 5 records\n")
         self.assertIn("\nPlan plan_f (cycle 1): finalized failed: step_failed\n", out)
         self.assertRegex(out, r"\n +STEP +STATUS +EXECUTIONS +RECOVERED +REASON/ERROR\n")
         self.assertRegex(out, r"\n +observe_001 +failed +1 +no +error: exit_status: exit 1\n")
         self.assertRegex(out, r"\n +orient_001 +planned +0 +no\n")
         out = self.ok("show", "mnd_a")
+        self.assertRegex(out, r"\n  status: +paused\n  reason: +%s\n" % SCHEDULE_UNKNOWN)
         self.assertRegex(out, r"\n +observe_001 +completed +1 +yes +operator_flag\n")
+        self.assertRegex(out, r"\n +orient_001 +planned +0 +no\n", "nothing ran")
         self.assertIn("(cycle 1): open\n", out)
         out = self.ok("show", "mnd_c")
         self.assertRegex(out, r"\n  status: +quarantined\n  reason: +wal_corrupt\n")
@@ -191,44 +257,140 @@ class TestListShow(OnlineCase):
     def test_usage_errors_do_not_connect(self):
         cases = [("show",), ("show", "a", "b"), ("status", "x"), ("list", "x"), ("reload", "x"),
                  ("pause",), ("resume",), ("resume", "a", "b"), ("pause", "a", "--reason", ""),
-                 ("pause", "a", "--frob"), ("show", "-x")]
+                 ("pause", "a", "--frob"), ("show", "-x"),
+                 ("fire",), ("fire", "a", "b"), ("fire", "a", "--frob"), ("fire", "../etc"),
+                 ("fire", "x" * 65), ("fire", ""), ("fire", "a b"), ("fire", "a", "--at"),
+                 ("fire", "a", "--at", ""), ("fire", "a", "--at", "now"),
+                 ("fire", "a", "--at", "2026-02-30T00:00:00Z"), ("fire", "a", "--at", "2026-04-20 12:00:00"),
+                 ("fire", "a", "--at", "2026-04-20T12:00:00.000Z"),
+                 ("approve",), ("approve", "a", "b"), ("approve", "a", "--reason", ""),
+                 ("approve", "a", "--frob")]
         for args in cases:
             r = run_ctl("--socket", os.path.join(self.dir, "nothing-here"), *args)
             self.assertEqual(r.returncode, 64, (args, r.stderr))
             self.assertTrue(r.stderr.startswith("kairosctl: "), r.stderr)
             self.assertNotIn("cannot connect", r.stderr)
+        r = run_ctl("--socket", os.path.join(self.dir, "nothing-here"), "fire", "a/b")
+        self.assertEqual(r.stderr.splitlines()[0],
+                         "kairosctl: fire: 'a/b' is not a schedule name ([A-Za-z0-9_-]{1,64}) "
+                         "(see kairosctl --help)")
+        r = run_ctl("--socket", os.path.join(self.dir, "nothing-here"), "fire", "a", "--at", "x\x1b")
+        self.assertEqual(r.stderr.splitlines()[0],
+                         "kairosctl: fire: --at 'x\\x1b' is not a UTC time YYYY-MM-DDTHH:MM:SSZ "
+                         "(see kairosctl --help)")
 
     def test_daemon_strings_are_escaped(self):
+        m = self.fire_slow()
         evil = "maint\x1b[31mRED\x07 window"
-        self.ok("pause", "mnd_s", "--reason", evil)
-        self.assertEqual(self.records("mnd_s")[-1]["reason"], evil, "stored as given")
-        for args in (("list",), ("show", "mnd_s")):
+        self.ok("pause", m, "--reason", evil)
+        self.assertEqual(self.records(m)[-1]["reason"], evil, "stored as given")
+        for args in (("list",), ("show", m)):
             out = self.ok(*args)
             self.assertNotIn("\x1b", out)
             self.assertNotIn("\x07", out)
             self.assertIn("maint\\x1b[31mRED\\x07 window", out)
-        self.assertEqual(self.json_ok("show", "mnd_s")["reason"], evil)
+        self.assertEqual(self.json_ok("show", m)["reason"], evil)
 
 
 class TestOperatorCommands(OnlineCase):
+    config = True
+
     def test_pause_and_resume(self):
-        before = len(self.records("mnd_s"))
-        self.assertEqual(self.ok("pause", "mnd_s", "--reason", "maintenance window"),
-                         "mnd_s: paused\n")
-        recs = self.records("mnd_s")
+        m = self.fire_slow()
+        before = len(self.records(m))
+        self.assertEqual(self.ok("pause", m, "--reason", "maintenance window"), m + ": paused\n")
+        recs = self.records(m)
         self.assertEqual(len(recs), before + 1)
         self.assertEqual((recs[-1]["op"], recs[-1]["action"], recs[-1]["reason"], recs[-1]["uid"]),
                          ("operator", "pause", "maintenance window", os.getuid()))
-        self.assertEqual(self.list_rows()["mnd_s"], ("paused", "1", "maintenance window"))
-        r = self.refused("pause", "mnd_s")
-        self.assertEqual(r.stderr, "kairosctl: mandate mnd_s is paused: cannot pause it\n")
-        self.assertEqual(self.json_ok("resume", "mnd_s"), {"mandate": "mnd_s", "status": "runnable"})
-        self.assertEqual(self.records("mnd_s")[-1]["action"], "resume")
-        self.assertEqual(self.list_rows()["mnd_s"][0], "runnable")
-        self.assertEqual(self.json_ok("pause", "mnd_s"), {"mandate": "mnd_s", "status": "paused"})
-        self.assertEqual(self.records("mnd_s")[-1]["reason"], "paused by operator")
-        self.assertEqual(self.ok("show", "mnd_s").count(" uid %d " % os.getuid()), 3,
+        self.assertEqual(self.list_rows()[m], ("paused", "1", "maintenance window"))
+        r = self.refused("pause", m)
+        self.assertEqual(r.stderr, "kairosctl: mandate %s is paused: cannot pause it\n" % m)
+        # its handler never stopped: resumed, it is running again
+        self.assertEqual(self.json_ok("resume", m), {"mandate": m, "status": "running"})
+        self.assertEqual(self.records(m)[-1]["action"], "resume")
+        self.assertEqual(self.list_rows()[m], ("running", "1", ""))
+        r = self.refused("resume", m)
+        self.assertEqual(r.stderr, "kairosctl: mandate %s is running, not paused\n" % m)
+        self.assertEqual(self.json_ok("pause", m), {"mandate": m, "status": "paused"})
+        self.assertEqual(self.records(m)[-1]["reason"], "paused by operator")
+        self.assertEqual(self.ok("show", m).count(" uid %d " % os.getuid()), 3,
                          "show lists the operator actions")
+
+    def test_fire(self):
+        m = mandate_id("slow", AT)
+        self.assertEqual(self.ok("fire", "slow", "--at", AT),
+                         "fired slow at %s: mandate %s (running)\n" % (AT, m))
+        self.daemon.wait_log("%s observe_001: started sleep 600" % m)
+        self.assertEqual(self.records(m)[0], {**self.records(m)[0], "op": "mandate", "mandate_id": m,
+                                              "schedule": "slow", "fired_at": AT})
+        # the same (schedule, fired_at) again: a no-op that says so
+        before = self.wal_bytes(m)
+        self.assertEqual(self.ok("fire", "slow", "--at=" + AT),
+                         "slow at %s: already fired (mandate %s, running)\n" % (AT, m))
+        self.assertEqual(self.json_ok("fire", "slow", "--at", AT),
+                         {"mandate": m, "schedule": "slow", "fired_at": AT, "fired": False,
+                          "status": "running", "message": "already fired: nothing to do"})
+        self.assertEqual(self.wal_bytes(m), before)
+        # without --at: the current second
+        t0 = time.time()
+        got = self.json_ok("fire", "slow")
+        t1 = time.time()
+        self.assertTrue(got["fired"], got)
+        self.assertRegex(got["fired_at"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        t = time.mktime(time.strptime(got["fired_at"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        self.assertTrue(int(t0) <= t <= t1, (t0, got["fired_at"], t1))
+        self.assertEqual(got["mandate"], mandate_id("slow", got["fired_at"]))
+        self.assertEqual((got["schedule"], got["status"]), ("slow", "running"))
+        self.assertNotIn("message", got)
+
+    def test_fire_refused(self):
+        r = self.refused("fire", "nope", "--at", AT)
+        self.assertEqual((r.stdout, r.stderr), ("", "kairosctl: no schedule named 'nope'\n"))
+        r = self.refused("--json", "fire", "nope")
+        self.assertEqual(json.loads(r.stdout), {"code": "not_found",
+                                                "message": "no schedule named 'nope'"})
+        self.assertFalse(os.path.exists(os.path.join(self.wal, mandate_id("nope", AT) + ".wal.jsonl")))
+
+    def test_approve(self):
+        m = mandate_id("approval", AT)
+        self.ok("fire", "approval", "--at", AT)
+        self.daemon.wait_log("mandate %s awaits approval (needs a human): kairosctl approve %s" % (m, m))
+        self.assertEqual(self.list_rows()[m], ("awaiting_approval", "1", "step act_001: needs a human"))
+        # refused while not awaiting approval, and for a bad request
+        r = self.refused("approve", "mnd_s")
+        self.assertEqual(r.stderr, "kairosctl: mandate mnd_s is paused, not awaiting approval\n")
+        r = self.refused("--json", "approve", "mnd_nope")
+        self.assertEqual(json.loads(r.stdout)["code"], "not_found")
+        self.assertEqual(self.ok("approve", m, "--reason", "looks right"),
+                         "%s: approved (runnable)\n" % m)
+        # it goes on: reflect (no command), then MaxCycles=1 ends it
+        self.daemon.wait_log("mandate %s done" % m)
+        self.assertEqual(self.list_rows()[m], ("done", "1", "MaxCycles reached"))
+        ops = [r for r in self.archived_records(m) if r["op"] == "operator"]
+        self.assertEqual([(o["action"], o["step_id"], o["reason"], o["uid"]) for o in ops],
+                         [("approve", "act_001", "looks right", os.getuid())])
+        r = self.refused("approve", m)
+        self.assertEqual(r.stderr, "kairosctl: mandate %s is done, not awaiting approval\n" % m)
+        # --json, and the default reason
+        at2 = "2026-04-20T13:00:00Z"
+        m2 = mandate_id("approval", at2)
+        self.ok("fire", "approval", "--at", at2)
+        self.daemon.wait_log("mandate %s awaits approval" % m2)
+        self.assertEqual(self.json_ok("approve", m2), {"mandate": m2, "status": "runnable"})
+        self.daemon.wait_log("mandate %s done" % m2)
+        ops = [r for r in self.archived_records(m2) if r["op"] == "operator"]
+        self.assertEqual([o["reason"] for o in ops], ["approved by operator"])
+
+    def test_resume_without_schedule_pauses_again(self):
+        # mnd_s has no mandate record: resumed, it is queued, and the executor
+        # pauses it again because it cannot know what to run.
+        before = len(self.records("mnd_s"))
+        self.assertEqual(self.ok("resume", "mnd_s"), "mnd_s: runnable\n")
+        self.assertEqual(self.records("mnd_s")[-1]["action"], "resume")
+        self.wait_log_count("mandate mnd_s paused: schedule_unknown", 2)
+        self.assertEqual(self.list_rows()["mnd_s"], ("paused", "1", SCHEDULE_UNKNOWN))
+        self.assertEqual(len(self.records("mnd_s")), before + 1, "nothing ran")
 
     def test_resume_review_paused_points_to_resolve(self):
         r = self.refused("resume", "mnd_r")
@@ -256,7 +418,10 @@ class TestOperatorCommands(OnlineCase):
                           "checked: the handler did nothing"))
         self.assertEqual((recs[-1]["step_id"], recs[-1]["status"], recs[-1]["reset"]),
                          ("observe_001", "pending", True))
-        self.assertEqual(self.list_rows()["mnd_r"], ("runnable", "1", ""))
+        # queued; with no mandate record the executor cannot run it: paused
+        self.daemon.wait_log("mandate mnd_r paused: schedule_unknown")
+        self.assertEqual(self.list_rows()["mnd_r"], ("paused", "1", SCHEDULE_UNKNOWN))
+        self.assertEqual(self.records("mnd_r"), recs, "nothing ran")
         out = self.ok("show", "mnd_r")
         self.assertRegex(out, r"\n +observe_001 +pending +1 +no")
         self.assertRegex(out, r"\nOperator actions:\n  \S+Z  uid %d  resolve_retry observe_001: "
@@ -275,12 +440,17 @@ class TestOperatorCommands(OnlineCase):
         recs = self.records("mnd_x000")
         self.assertEqual(recs[-2]["action"], "resolve_done")
         self.assertEqual((recs[-1]["status"], recs[-1]["post_hash"]), ("completed", "sha256-post-observe"))
-        self.assertEqual(self.list_rows()["mnd_x000"][0], "runnable")
+        self.daemon.wait_log("mandate mnd_x000 paused: schedule_unknown")
+        self.assertEqual(self.list_rows()["mnd_x000"], ("paused", "1", SCHEDULE_UNKNOWN))
+        self.assertEqual(self.records("mnd_x000"), recs, "nothing ran")
 
     def test_resolve_abandon(self):
         out = self.ok("resolve", "mnd_x001", "observe_001", "--abandon", "--reason=obsolete")
-        self.assertEqual(out, "mnd_x001: step observe_001 resolve_abandon: abandoned\n")
-        recs = self.records("mnd_x001")
+        # queued: the executor reads the abandoned plan and ends the mandate
+        self.assertEqual(out, "mnd_x001: step observe_001 resolve_abandon: runnable\n")
+        self.daemon.wait_log("mandate mnd_x001 abandoned")
+        self.assertFalse(os.path.exists(os.path.join(self.wal, "mnd_x001.wal.jsonl")), "archived")
+        recs = self.archived_records("mnd_x001")
         self.assertEqual(recs[-2]["action"], "resolve_abandon")
         self.assertEqual((recs[-1]["op"], recs[-1]["status"], recs[-1]["reason"]),
                          ("plan_finalize", "abandoned", "obsolete"))
@@ -386,8 +556,8 @@ class TestReload(OnlineCase):
         self.write_config("Bogus=1\nMaxConcurrentMandates=zero\n")
         r = self.refused("reload")
         lines = r.stderr.splitlines()
-        self.assertTrue(lines[0].startswith("kairosctl: configuration invalid, kept the running one"),
-                        r.stderr)
+        self.assertEqual(lines[0], "kairosctl: configuration invalid (2 errors), kept the running one",
+                         r.stderr)
         errs = self.raw("reload")["error"]["detail"]["errors"]
         self.assertEqual(len(errs), 2, errs)
         self.assertEqual(lines[1:], ["  " + e for e in errs])
@@ -488,7 +658,8 @@ class TestClient(unittest.TestCase):
         self.assertEqual(err, "kairosctl: cannot connect to %s: No such file or directory "
                               "(is kairosd running?)\n" % self.path)
         for cmd in (("list",), ("show", "m"), ("pause", "m"), ("resume", "m"), ("reload",),
-                    ("resolve", "m", "s", "--done", "--reason", "r")):
+                    ("resolve", "m", "s", "--done", "--reason", "r"), ("fire", "s"),
+                    ("fire", "s", "--at", AT), ("approve", "m")):
             self.unreachable(*cmd)
 
     def test_default_socket(self):
@@ -527,6 +698,10 @@ class TestClient(unittest.TestCase):
         self.assertEqual(self.ctl("pause", "m1", "--reason", "r é").returncode, 0)
         self.assertEqual(self.ctl("resolve", "m1", "s1", "--abandon", "--reason", "why").returncode, 0)
         self.assertEqual(self.ctl("status", "--json").returncode, 0)
+        self.assertEqual(self.ctl("fire", "daily").returncode, 0)
+        self.assertEqual(self.ctl("fire", "daily", "--at", AT).returncode, 0)
+        self.assertEqual(self.ctl("approve", "m1").returncode, 0)
+        self.assertEqual(self.ctl("approve", "m1", "--reason", "ok").returncode, 0)
         reqs = [json.loads(r) for r in srv.requests]
         for r in reqs:
             self.assertEqual((r["v"], type(r["id"])), (1, int))
@@ -535,6 +710,10 @@ class TestClient(unittest.TestCase):
             ("pause", {"mandate": "m1", "reason": "r é"}),
             ("resolve", {"mandate": "m1", "step": "s1", "action": "abandon", "reason": "why"}),
             ("status", {}),
+            ("fire", {"schedule": "daily"}),
+            ("fire", {"schedule": "daily", "at": AT}),
+            ("approve", {"mandate": "m1"}),
+            ("approve", {"mandate": "m1", "reason": "ok"}),
         ])
         for line in srv.requests:
             self.assertNotIn(b"\n", line)
