@@ -887,6 +887,46 @@ static void spawn_handler(struct mandate *m, struct advance *a)
                   (int)run->pid, a->attempt);
 }
 
+/* The end of the handler's stderr, trailing blank lines and spaces trimmed
+ * (NUL bytes shown as '?' so they do not end the text early). */
+static void stderr_tail(const struct exec_run *run, char out[STDERR_TAIL + 1])
+{
+        size_t n = run->err_tail_len;
+        while (n && (run->err_tail[n - 1] == '\n' || run->err_tail[n - 1] == '\r' ||
+                     run->err_tail[n - 1] == ' '))
+                n--;
+        for (size_t i = 0; i < n; i++)
+                out[i] = run->err_tail[i] ? run->err_tail[i] : '?';
+        out[n] = '\0';
+}
+
+/* Keep the last `max` UTF-8 characters of s, starting at a character. */
+static void keep_last_chars(char *s, size_t max)
+{
+        size_t len = strlen(s), start = len, n = 0;
+        for (size_t i = len; i-- > 0;) {
+                if (((unsigned char)s[i] & 0xc0) == 0x80)
+                        continue;
+                if (n == max)
+                        break;
+                n++;
+                start = i;
+        }
+        memmove(s, s + start, len - start + 1);
+}
+
+/* msg (ASCII) + ": " + the end of tail, WAL_ERROR_MSG_MAX_CHARS characters
+ * at most in all: the WAL cuts a longer error_msg at its end, and the end of
+ * stderr is where the reason is. */
+static void append_tail(char *msg, size_t size, char *tail)
+{
+        size_t used = strlen(msg);
+        if (!*tail || used + 2 >= WAL_ERROR_MSG_MAX_CHARS)
+                return;
+        keep_last_chars(tail, WAL_ERROR_MSG_MAX_CHARS - used - 2);
+        snprintf(msg + used, size - used, ": %s", tail);
+}
+
 /* The handler is over: turn what happened into the records of the step. */
 static void run_finished(struct exec_run *run)
 {
@@ -904,15 +944,9 @@ static void run_finished(struct exec_run *run)
         a->decide = !d->stopping && m->status != MANDATE_PAUSED;
         struct wal_record *r = &a->pre[a->npre++];
         const char *step = own(a, run->step_id);
-        char tail[520] = "";
-        if (run->err_tail_len) {
-                size_t n = run->err_tail_len > 500 ? 500 : run->err_tail_len;
-                memcpy(tail, run->err_tail + run->err_tail_len - n, n);
-                tail[n] = '\0';
-                for (size_t i = strlen(tail); i > 0 && (tail[i - 1] == '\n' || tail[i - 1] == ' ');)
-                        tail[--i] = '\0';
-        }
-        char msg[1024];
+        char tail[STDERR_TAIL + 1];
+        stderr_tail(run, tail);
+        char msg[STDERR_TAIL + 256];
         if (run->killed_for_shutdown) {
                 *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
                                           .reason = "killed_at_shutdown",
@@ -926,18 +960,19 @@ static void run_finished(struct exec_run *run)
                                           .error_class = "output_too_large",
                                           .error_msg = "the handler wrote more than 1 MiB to stdout" };
         } else if (run->timed_out) {
-                snprintf(msg, sizeof msg, "no exit within TimeoutSec=%u%s%s", run->timeout_sec,
-                         *tail ? ": " : "", tail);
+                snprintf(msg, sizeof msg, "no exit within TimeoutSec=%u", run->timeout_sec);
+                append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "timeout", .error_msg = own(a, msg) };
         } else if (run->term_signal) {
-                snprintf(msg, sizeof msg, "killed by signal %d (%s)%s%s", run->term_signal,
-                         strsignal(run->term_signal), *tail ? ": " : "", tail);
+                snprintf(msg, sizeof msg, "killed by signal %d (%s)", run->term_signal,
+                         strsignal(run->term_signal));
+                append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "signal", .error_msg = own(a, msg) };
         } else if (run->exit_status != 0) {
-                snprintf(msg, sizeof msg, "exit status %lld%s%s", (long long)run->exit_status,
-                         *tail ? ": " : "", tail);
+                snprintf(msg, sizeof msg, "exit status %lld", (long long)run->exit_status);
+                append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "exit_status", .error_msg = own(a, msg) };
         } else {

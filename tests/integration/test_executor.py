@@ -1,0 +1,695 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Black-box tests of the executor (DESIGN §6, §10; issue 4): the real kairosd
+runs real handler programs (small sh scripts written into the test's temporary
+directory) for the five phases of each cycle.  Checked from the outside: the
+environment and stdin document of every handler, results feeding later phases,
+the WAL records and their order, fdatasync calls per cycle, MaxCycles, reflect
+"done", approval, every way a step fails (exit status, signal, timeout, output
+over 1 MiB, a missing program), phases without a command, two failed cycles,
+firing twice, MaxConcurrentMandates, the archive, a graceful stop in the middle
+of a step and a kill -9 of the daemon.
+
+No sleeps as synchronization: the tests wait on log lines, replies, and
+handlers that block on a FIFO the test opens when it wants them to go on."""
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import Client, Daemon, NotifySocket, read_records, write_config  # noqa: E402
+
+KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
+AT = "2026-04-20T12:00:00Z"
+PHASES = ("observe", "orient", "decide", "act", "reflect")
+PHASE_KEYS = ("Observe", "Orient", "Decide", "Act", "Reflect")
+CRON = {"Cron": "0 0 1 1 *"}
+
+
+def plan_id(schedule, fired_at, cycle=1):
+    """DESIGN §3."""
+    key = "%s|%s" % (schedule, fired_at) if cycle == 1 else "%s|%s|%d" % (schedule, fired_at, cycle)
+    return "plan_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def mandate_id(schedule, fired_at):
+    return "mnd_" + plan_id(schedule, fired_at)
+
+
+def canon_hash(text):
+    """The canonical hash of a JSON text, as kairosctl computes it."""
+    out = subprocess.run([KAIROSCTL, "canon", "--hash", "-"], input=text, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+# Records the environment, working directory and stdin document of the step
+# in OUT/<step>.<attempt>.{env,cwd,stdin}, then prints a result: JSON for most
+# phases, plain text (with trailing blanks) for orient, nothing for decide.
+REC_SH = r"""#!/bin/sh
+base="$1/$KAIROS_STEP_ID.$KAIROS_ATTEMPT"
+env > "$base.env"
+pwd > "$base.cwd"
+cat > "$base.stdin"
+case "$KAIROS_PHASE" in
+orient) printf 'plain text, not JSON  \n\n' ;;
+decide) ;;
+*) printf '{"phase":"%s","cycle":%s}\n' "$KAIROS_PHASE" "$KAIROS_CYCLE" ;;
+esac
+"""
+
+
+class ExecCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-exec-")
+        self.state = os.path.join(self.dir, "state")
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+        self.notify = NotifySocket(self.dir)
+        self.daemons = []
+        self.clients = []
+        self.conf = None
+
+    def tearDown(self):
+        for c in self.clients:
+            c.close()
+        for d in self.daemons:
+            if d.proc.poll() is None:
+                # graceful: the sanitizer build's LeakSanitizer runs at exit
+                self.assertEqual(d.stop(), 0, d.log()[-3000:])
+            else:
+                d.kill()
+            d.proc.stderr.close()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- set-up helpers ----
+
+    def script(self, name, body):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + body if not body.startswith("#!") else body)
+        return path
+
+    def configure(self, schedules, daemon_extra=""):
+        self.conf = write_config(self.dir, self.state, schedules,
+                                 daemon_extra="GracefulTimeoutSec=1\n" + daemon_extra)
+
+    def start(self, env=None):
+        self.notify.clear()
+        d = Daemon(self.state, config=self.conf, notify=self.notify, env=env)
+        self.daemons.append(d)
+        self.notify.wait_ready()
+        self.d = d
+        self.c = Client(d.socket_path)
+        self.clients.append(self.c)
+        return d
+
+    def restart(self):
+        self.assertEqual(self.d.stop(), 0, self.d.log()[-3000:])
+        return self.start()
+
+    # ---- control helpers ----
+
+    def call_ok(self, cmd, **args):
+        r = self.c.call(cmd, **args)
+        self.assertTrue(r["ok"], (cmd, args, r))
+        return r["result"]
+
+    def fire(self, schedule, at=AT):
+        r = self.call_ok("fire", schedule=schedule, at=at)
+        self.assertEqual(r["mandate"], mandate_id(schedule, at))
+        return r["mandate"]
+
+    def mandate(self, m):
+        return {x["id"]: x for x in self.call_ok("list")["mandates"]}[m]
+
+    def ctl(self, *args):
+        return subprocess.run([KAIROSCTL, "--socket", self.d.socket_path, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    # ---- files ----
+
+    def wal_path(self, m):
+        return os.path.join(self.state, "wal", m + ".wal.jsonl")
+
+    def archive_path(self, m):
+        return os.path.join(self.state, "archive", m + ".wal.jsonl.gz")
+
+    def archived(self, m):
+        with gzip.open(self.archive_path(m)) as gz:
+            return [json.loads(line) for line in gz.read().splitlines() if line.strip()]
+
+    def step_records(self, recs, step):
+        return [r for r in recs if r.get("step_id") == step and r["op"] in ("append", "transition")]
+
+    def last_status(self, recs, step):
+        return [r for r in recs if r.get("step_id") == step and r["op"] == "transition"][-1]
+
+    def read_out(self, step, what, attempt=1):
+        with open(os.path.join(self.out, "%s.%d.%s" % (step, attempt, what))) as f:
+            return f.read()
+
+    def env_of(self, step, attempt=1):
+        env = {}
+        for line in self.read_out(step, "env", attempt).splitlines():
+            k, _, v = line.partition("=")
+            env[k] = v
+        return env
+
+    def wait_log_count(self, text, n, timeout=30.0):
+        """Wait until n log lines contain text."""
+        d = self.d
+        deadline = time.monotonic() + timeout
+        with d.cond:
+            while sum(1 for line in d.lines if line is not None and text in line) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or (d.lines and d.lines[-1] is None):
+                    self.fail("fewer than %d log lines with %r:\n%s" % (n, text, d.log()[-3000:]))
+                d.cond.wait(left)
+
+    def log_index(self, text):
+        lines = self.d.log().splitlines()
+        for i, line in enumerate(lines):
+            if text in line:
+                return i
+        self.fail("no log line with %r" % text)
+
+    def fifo(self, name):
+        path = os.path.join(self.dir, name)
+        os.mkfifo(path)
+        return path
+
+    def release(self, path):
+        """Let a handler blocked reading the FIFO go on (open blocks until
+        the handler has opened its end)."""
+        with open(path, "w") as f:
+            f.write("go\n")
+
+
+class TestCycle(ExecCase):
+    def test_full_cycles_environment_stdin_results_and_wal(self):
+        rec = self.script("rec.sh", REC_SH)
+        exec_keys = {k: "/bin/sh %s %s" % (rec, self.out) for k in PHASE_KEYS}
+        exec_keys["Environment"] = ["GREETING=hello", "SECOND=two words"]
+        self.configure({"full": {"Schedule": CRON,
+                                 "Mandate": {"Goal": "keep the lights on", "MaxCycles": "2"},
+                                 "Exec": exec_keys}})
+        self.start(env={"LANG": "C.UTF-8", "KAIROS_TEST_LEAK": "1"})
+        m = self.fire("full")
+        self.d.wait_log("mandate %s done after 2 cycles (MaxCycles reached); WAL archived" % m)
+        self.assertEqual(self.mandate(m)["status"], "done")
+        self.assertEqual(self.mandate(m)["reason"], "MaxCycles reached")
+        sock = os.path.join(self.state, "control.sock")
+
+        # every KAIROS_* variable, the Environment= entries, nothing else of
+        # the daemon's environment
+        for cycle in (1, 2):
+            for phase in PHASES:
+                step = "%s_%03d" % (phase, cycle)
+                env = self.env_of(step)
+                want = {
+                    "KAIROS_MANDATE_ID": m, "KAIROS_PLAN_ID": plan_id("full", AT, cycle),
+                    "KAIROS_STEP_ID": step, "KAIROS_PHASE": phase, "KAIROS_CYCLE": str(cycle),
+                    "KAIROS_IDEM_KEY": m + "/" + step, "KAIROS_SCHEDULE": "full",
+                    "KAIROS_FIRED_AT": AT, "KAIROS_GOAL": "keep the lights on",
+                    "KAIROS_ATTEMPT": "1", "KAIROS_CONTROL_SOCKET": sock,
+                    "GREETING": "hello", "SECOND": "two words", "LANG": "C.UTF-8",
+                }
+                for k, v in want.items():
+                    self.assertEqual(env.get(k), v, (step, k))
+                self.assertIn("PATH", env)
+                extra = set(env) - set(want) - {"PATH", "PWD", "SHLVL", "_", "OLDPWD"}
+                self.assertEqual(extra, set(), "only the documented environment (%s)" % step)
+                self.assertEqual(self.read_out(step, "cwd").strip(), self.state,
+                                 "cwd = the state directory")
+                self.assertFalse(os.path.exists(os.path.join(self.out, step + ".2.env")),
+                                 "each step ran once")
+
+        # the stdin document of reflect: earlier results, previous reflect
+        doc1 = json.loads(self.read_out("reflect_001", "stdin"))
+        doc2 = json.loads(self.read_out("reflect_002", "stdin"))
+        self.assertEqual(doc2, {
+            "mandate": {"id": m, "schedule": "full", "fired_at": AT, "max_cycles": 2},
+            "goal": "keep the lights on",
+            "plan": {"plan_id": plan_id("full", AT, 2), "cycle": 2},
+            "step": {"step_id": "reflect_002", "phase": "reflect", "attempt": 1,
+                     "idem_key": m + "/reflect_002"},
+            "results": {"observe": {"phase": "observe", "cycle": 2},
+                        "orient": "plain text, not JSON",
+                        "decide": None,
+                        "act": {"phase": "act", "cycle": 2}},
+            "previous_reflect": {"phase": "reflect", "cycle": 1},
+        })
+        self.assertIsNone(doc1["previous_reflect"])
+        self.assertEqual(doc1["results"]["act"], {"phase": "act", "cycle": 1})
+        self.assertEqual(json.loads(self.read_out("observe_001", "stdin"))["results"], {})
+        self.assertEqual(json.loads(self.read_out("decide_002", "stdin"))["results"],
+                         {"observe": {"phase": "observe", "cycle": 2},
+                          "orient": "plain text, not JSON"})
+
+        # the WAL, in order
+        self.assertFalse(os.path.exists(self.wal_path(m)), "archived")
+        recs = self.archived(m)
+        self.assertEqual(recs[0]["op"], "mandate")
+        self.assertEqual((recs[0]["mandate_id"], recs[0]["schedule"], recs[0]["fired_at"],
+                          recs[0]["goal"]), (m, "full", AT, "keep the lights on"))
+        want = [("mandate", None, None)]
+        for cycle in (1, 2):
+            want.append(("plan_commit", plan_id("full", AT, cycle), None))
+            for phase in PHASES:
+                step = "%s_%03d" % (phase, cycle)
+                want += [("append", step, "pending"), ("transition", step, "executing"),
+                         ("transition", step, "completed")]
+            want.append(("plan_finalize", plan_id("full", AT, cycle), "succeeded"))
+        got = [(r["op"], r.get("step_id", r.get("plan_id")) if r["op"] != "mandate" else None,
+                r.get("status")) for r in recs]
+        self.assertEqual(got, want)
+        for r in recs:
+            self.assertRegex(r.get("crc", ""), r"^[0-9a-f]{8}$", r)
+            if r["op"] == "append":
+                self.assertEqual(r["idem_key"], m + "/" + r["step_id"])
+        commit = recs[1]
+        self.assertEqual([s["step_id"] for s in commit["steps"]],
+                         ["%s_001" % p for p in PHASES])
+        results = {r["step_id"]: r for r in recs if r.get("status") == "completed"}
+        self.assertEqual(results["observe_001"]["result"], {"phase": "observe", "cycle": 1})
+        self.assertEqual(results["orient_001"]["result"], "plain text, not JSON")
+        self.assertIsNone(results["decide_001"]["result"])
+        self.assertEqual(results["observe_001"]["result_hash"],
+                         canon_hash('{"phase":"observe","cycle":1}'))
+        self.assertEqual(results["orient_001"]["result_hash"], canon_hash('"plain text, not JSON"'))
+        self.assertEqual(results["decide_001"]["result_hash"], canon_hash("null"))
+        for s in commit["steps"]:
+            self.assertEqual(results[s["step_id"]]["post_hash"], s["expected_post_hash"])
+
+        # durability barrier: at most 6 fdatasync calls per cycle
+        flushes = self.call_ok("status")["fdatasync_calls"]
+        self.assertGreater(flushes, 0)
+        self.assertLessEqual(flushes / 2, 6, "%d fdatasync calls for 2 cycles" % flushes)
+
+        # the stderr lines and the step lines are in the log
+        self.assertIn("%s observe_001: started /bin/sh %s %s (pid " % (m, rec, self.out),
+                      self.d.log())
+        self.assertIn("%s reflect_002: completed" % m, self.d.log())
+
+    def test_reflect_done_ends_early(self):
+        done = self.script("done.sh", "echo '{\"kairos\":{\"done\":true},\"note\":\"enough\"}'\n")
+        self.configure({"early": {"Schedule": CRON, "Mandate": {"MaxCycles": "3"},
+                                  "Exec": {"Reflect": "/bin/sh " + done}}})
+        self.start()
+        m = self.fire("early")
+        self.d.wait_log("mandate %s done after 1 cycle (reflect said done)" % m)
+        recs = self.archived(m)
+        self.assertEqual([r["cycle"] for r in recs if r["op"] == "plan_commit"], [1])
+        self.assertEqual((recs[-1]["op"], recs[-1]["status"]), ("plan_finalize", "succeeded"))
+        self.assertEqual(self.mandate(m)["status"], "done")
+        self.assertEqual(self.mandate(m)["cycle"], 1)
+
+    def test_max_cycles_one(self):
+        self.configure({"once": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}}})
+        self.start()
+        m = self.fire("once")
+        self.d.wait_log("mandate %s done after 1 cycle (MaxCycles reached)" % m)
+        self.assertEqual([r["cycle"] for r in self.archived(m) if r["op"] == "plan_commit"], [1])
+
+    def test_phase_without_command_has_null_result(self):
+        rec = self.script("rec.sh", REC_SH)
+        work = os.path.join(self.dir, "work")
+        os.makedirs(work)
+        self.configure({"sparse": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Act": "/bin/sh %s %s" % (rec, self.out),
+                                            "WorkingDirectory": work}}})
+        self.start()
+        m = self.fire("sparse")
+        self.d.wait_log("mandate %s done" % m)
+        log = self.d.log()
+        for phase in ("observe", "orient", "decide", "reflect"):
+            self.assertNotIn("%s %s_001: started" % (m, phase), log, "no process")
+            self.assertFalse(os.path.exists(os.path.join(self.out, "%s_001.1.env" % phase)))
+        self.assertIn("%s act_001: started" % m, log)
+        recs = self.archived(m)
+        null_hash = canon_hash("null")
+        for phase in ("observe", "orient", "decide", "reflect"):
+            done = self.last_status(recs, phase + "_001")
+            self.assertEqual(done["status"], "completed")
+            self.assertIn("result", done)
+            self.assertIsNone(done["result"])
+            self.assertEqual(done["result_hash"], null_hash)
+        doc = json.loads(self.read_out("act_001", "stdin"))
+        self.assertEqual(doc["results"], {"observe": None, "orient": None, "decide": None})
+        self.assertEqual(doc["goal"], "sparse", "Goal= defaults to the schedule name")
+        self.assertEqual(self.env_of("act_001")["KAIROS_GOAL"], "sparse")
+        self.assertEqual(self.read_out("act_001", "cwd").strip(), work, "WorkingDirectory=")
+
+
+class TestApproval(ExecCase):
+    def test_pause_approve_goes_on(self):
+        act = self.script("act.sh", "cat > /dev/null\n"
+                          "echo '{\"kairos\":{\"pause\":\"awaiting_approval\",\"reason\":\"delete 3 files?\"}}'\n")
+        rec = self.script("rec.sh", REC_SH)
+        self.configure({"ask": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Act": "/bin/sh " + act,
+                                         "Reflect": "/bin/sh %s %s" % (rec, self.out)}}})
+        self.start()
+        m = self.fire("ask")
+        self.d.wait_log("mandate %s awaits approval (delete 3 files?): kairosctl approve %s" % (m, m))
+        row = self.mandate(m)
+        self.assertEqual((row["status"], row["reason"], row["review_step"]),
+                         ("awaiting_approval", "delete 3 files?", "act_001"))
+        recs = read_records(self.wal_path(m))
+        self.assertEqual(self.last_status(recs, "act_001")["status"], "completed")
+        self.assertEqual(self.step_records(recs, "reflect_001"), [], "reflect waits")
+        self.assertFalse(os.path.exists(os.path.join(self.out, "reflect_001.1.env")))
+        # approve on something that does not await approval: refused
+        r = self.c.call("approve", mandate="mnd_nope")
+        self.assertEqual(r["error"]["code"], "not_found")
+        r = self.call_ok("approve", mandate=m, reason="checked the list")
+        self.assertEqual(r, {"mandate": m, "status": "runnable"})
+        r = self.c.call("approve", mandate=m)
+        self.assertEqual(r["error"]["code"], "conflict", r)
+        self.assertIn("not awaiting approval", r["error"]["message"])
+        self.d.wait_log("mandate %s done after 1 cycle" % m)
+        recs = self.archived(m)
+        ops = [r for r in recs if r["op"] == "operator"]
+        self.assertEqual([(o["action"], o["step_id"], o["reason"], o["uid"]) for o in ops],
+                         [("approve", "act_001", "checked the list", os.getuid())])
+        # the approval comes after completed(act), before reflect starts
+        i_op = recs.index(ops[0])
+        self.assertLess(recs.index(self.last_status(recs, "act_001")), i_op)
+        self.assertLess(i_op, recs.index(self.step_records(recs, "reflect_001")[0]))
+        doc = json.loads(self.read_out("reflect_001", "stdin"))
+        self.assertEqual(doc["results"]["act"],
+                         {"kairos": {"pause": "awaiting_approval", "reason": "delete 3 files?"}})
+        r = self.c.call("approve", mandate=m)
+        self.assertEqual(r["error"]["code"], "conflict", "done: nothing to approve")
+
+
+class TestFailures(ExecCase):
+    def run_failing(self, body, extra=None, max_cycles="1"):
+        """Run a schedule whose observe handler is `body`; return (mandate, failed record)."""
+        h = self.script("observe.sh", body)
+        ex = {"Observe": "/bin/sh " + h}
+        ex.update(extra or {})
+        self.configure({"bad": {"Schedule": CRON, "Mandate": {"MaxCycles": max_cycles}, "Exec": ex}})
+        self.start()
+        m = self.fire("bad")
+        self.d.wait_log("mandate %s " % m + ("failed after" if max_cycles == "1" else "terminated"))
+        recs = self.archived(m)
+        rec = self.last_status(recs, "observe_001")
+        self.assertEqual(rec["status"], "failed", rec)
+        self.assertEqual(self.step_records(recs, "orient_001"), [], "nothing after a failed step")
+        self.assertEqual(self.mandate(m)["status"], "failed" if max_cycles == "1" else "terminated")
+        return m, rec
+
+    def test_exit_status_with_stderr_tail(self):
+        m, rec = self.run_failing("echo 'first line' >&2\necho 'the reason it broke' >&2\nexit 3\n")
+        self.assertEqual(rec["error_class"], "exit_status")
+        self.assertEqual(rec["error_msg"], "exit status 3: first line\nthe reason it broke")
+        self.assertIn("%s observe_001: first line" % m, self.d.log(), "stderr goes to the log")
+        self.assertIn("%s observe_001: the reason it broke" % m, self.d.log())
+        self.assertEqual(self.mandate(m)["reason"], "the last cycle failed")
+        recs = self.archived(m)
+        self.assertEqual((recs[-1]["op"], recs[-1]["status"], recs[-1]["reason"]),
+                         ("plan_finalize", "failed", "step_failed"))
+
+    def test_long_stderr_keeps_its_end(self):
+        # error_msg holds at most 500 characters: the end of stderr (where the
+        # reason is) must be in it, not cut off.
+        # (multi-byte characters: counted as characters, never cut in two)
+        m, rec = self.run_failing("head -c 3000 /dev/zero | tr '\\0' x >&2\n"
+                                  "echo '%s' >&2\necho 'the reason it broke' >&2\n"
+                                  "echo >&2\nexit 1\n" % ("\u00e9" * 700))
+        msg = rec["error_msg"]
+        self.assertEqual(rec["error_class"], "exit_status")
+        self.assertEqual(len(msg), 500)
+        self.assertEqual(msg, "exit status 1: " + ("\u00e9" * 700 + "\nthe reason it broke")[-485:])
+        self.assertNotIn("\ufffd", msg)
+
+    def test_signal(self):
+        m, rec = self.run_failing("echo 'going down' >&2\nkill -KILL $$\n")
+        self.assertEqual(rec["error_class"], "signal")
+        self.assertEqual(rec["error_msg"], "killed by signal 9 (Killed): going down")
+
+    def test_timeout(self):
+        m, rec = self.run_failing("echo 'hanging' >&2\nexec sleep 600\n", {"TimeoutSec": "1"})
+        self.assertEqual(rec["error_class"], "timeout")
+        self.assertEqual(rec["error_msg"], "no exit within TimeoutSec=1: hanging")
+        self.assertIn("%s observe_001: failed: no exit within TimeoutSec=1" % m, self.d.log())
+
+    def test_output_too_large(self):
+        m, rec = self.run_failing("exec head -c 2000000 /dev/zero\n")
+        self.assertEqual(rec["error_class"], "output_too_large")
+        self.assertIn("1 MiB", rec["error_msg"])
+
+    def test_output_just_under_the_limit_is_a_result(self):
+        h = self.script("observe.sh", "head -c %d /dev/zero | tr '\\0' x\n" % (1024 * 1024 - 2))
+        self.configure({"big": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/sh " + h}}})
+        self.start()
+        m = self.fire("big")
+        self.d.wait_log("mandate %s done" % m)
+        rec = self.last_status(self.archived(m), "observe_001")
+        self.assertEqual(rec["status"], "completed")
+        self.assertEqual(rec["result"], "x" * (1024 * 1024 - 2))
+
+    def test_missing_program(self):
+        h = os.path.join(self.dir, "no-such-program")
+        self.configure({"bad": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": h + " --flag"}}})
+        self.start()
+        m = self.fire("bad")
+        self.d.wait_log("mandate %s failed" % m)
+        rec = self.last_status(self.archived(m), "observe_001")
+        self.assertEqual((rec["status"], rec["error_class"]), ("failed", "exit_status"))
+        self.assertEqual(rec["error_msg"], "exit status 127: kairosd: cannot execute '%s': "
+                                           "No such file or directory" % h)
+        self.assertEqual(self.call_ok("status")["ready"], True, "not a daemon error")
+
+    def test_not_executable(self):
+        h = self.script("plain.sh", "echo hi\n")
+        os.chmod(h, 0o644)
+        m, rec = None, None
+        self.configure({"bad": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": h}}})
+        self.start()
+        m = self.fire("bad")
+        self.d.wait_log("mandate %s failed" % m)
+        rec = self.last_status(self.archived(m), "observe_001")
+        if os.getuid() == 0:
+            # root may execute nothing without an x bit either
+            self.assertIn("cannot execute '%s': Permission denied" % h, rec["error_msg"])
+        self.assertEqual(rec["error_class"], "exit_status")
+
+    def test_two_failed_cycles_terminate(self):
+        m, rec = self.run_failing("exit 1\n", max_cycles="3")
+        self.assertEqual(self.mandate(m)["reason"], "two consecutive failed cycles")
+        recs = self.archived(m)
+        self.assertEqual([(r["plan_id"], r["status"]) for r in recs if r["op"] == "plan_finalize"],
+                         [(plan_id("bad", AT, 1), "failed"), (plan_id("bad", AT, 2), "failed")])
+        self.assertEqual([r["cycle"] for r in recs if r["op"] == "plan_commit"], [1, 2])
+        self.d.wait_log("mandate %s terminated after 2 cycles (two consecutive failed cycles)" % m)
+
+
+class TestMandates(ExecCase):
+    def test_fire_twice_is_a_noop(self):
+        self.configure({"twice": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}}})
+        self.start()
+        r = self.call_ok("fire", schedule="twice", at=AT)
+        m = r["mandate"]
+        self.assertTrue(r["fired"])
+        self.assertNotIn("message", r)
+        self.d.wait_log("mandate %s done" % m)
+        archive = read_bytes(self.archive_path(m))
+        for _ in range(2):
+            r = self.call_ok("fire", schedule="twice", at=AT)
+            self.assertEqual(r, {"mandate": m, "schedule": "twice", "fired_at": AT, "fired": False,
+                                 "status": "done", "message": "already fired: nothing to do"})
+            self.restart()
+        self.assertEqual(read_bytes(self.archive_path(m)), archive)
+        self.assertFalse(os.path.exists(self.wal_path(m)), "no new WAL")
+        self.assertEqual(self.d.log().count("fired twice"), 0)
+        # another time is another mandate
+        r = self.call_ok("fire", schedule="twice", at="2026-04-20T12:00:01Z")
+        self.assertTrue(r["fired"])
+        self.assertNotEqual(r["mandate"], m)
+
+    def test_fire_twice_while_running(self):
+        gate = self.script("gate.sh", 'cat "$1.$KAIROS_MANDATE_ID" > /dev/null\n')
+        self.configure({"gated": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                  "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir)}}})
+        m = mandate_id("gated", AT)
+        fifo = self.fifo("gate." + m)
+        self.start()
+        self.fire("gated")
+        self.d.wait_log("%s observe_001: started" % m)
+        before = read_bytes(self.wal_path(m))
+        r = self.call_ok("fire", schedule="gated", at=AT)
+        self.assertEqual((r["fired"], r["status"]), (False, "running"))
+        self.assertEqual(read_bytes(self.wal_path(m)), before)
+        self.release(fifo)
+        self.d.wait_log("mandate %s done" % m)
+        self.assertEqual(self.d.log().count("%s observe_001: started" % m), 1)
+
+    def test_max_concurrent_mandates(self):
+        gate = self.script("gate.sh", 'cat "$1.$KAIROS_MANDATE_ID" > /dev/null\n')
+        self.configure({"gated": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                  "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir)}}},
+                       daemon_extra="MaxConcurrentMandates=1\n")
+        at2 = "2026-04-20T12:00:01Z"
+        m1, m2 = mandate_id("gated", AT), mandate_id("gated", at2)
+        f1, f2 = self.fifo("gate." + m1), self.fifo("gate." + m2)
+        self.start()
+        r1 = self.call_ok("fire", schedule="gated", at=AT)
+        self.assertEqual(r1["status"], "running")
+        self.d.wait_log("%s observe_001: started" % m1)
+        r2 = self.call_ok("fire", schedule="gated", at=at2)
+        self.assertEqual((r2["mandate"], r2["fired"], r2["status"]), (m2, True, "runnable"))
+        # the second one's plan is durable, nothing of it runs
+        self.assertEqual([r["op"] for r in read_records(self.wal_path(m2))], ["mandate", "plan_commit"])
+        self.assertEqual((self.mandate(m1)["status"], self.mandate(m2)["status"]),
+                         ("running", "runnable"))
+        st = self.call_ok("status")["by_status"]
+        self.assertEqual((st["running"], st["runnable"]), (1, 1))
+        self.release(f1)
+        self.d.wait_log("%s observe_001: started" % m2)
+        self.assertLess(self.log_index("mandate %s done" % m1),
+                        self.log_index("%s observe_001: started" % m2),
+                        "the second starts only after the first finished")
+        self.assertEqual(self.mandate(m2)["status"], "running")
+        self.release(f2)
+        self.d.wait_log("mandate %s done" % m2)
+
+    def test_archive_is_a_clean_wal_and_show_works(self):
+        rec = self.script("rec.sh", REC_SH)
+        self.configure({"arch": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Observe": "/bin/sh %s %s" % (rec, self.out)}}})
+        self.start()
+        m = self.fire("arch")
+        self.d.wait_log("mandate %s done" % m)
+        self.assertFalse(os.path.exists(self.wal_path(m)))
+        plain = os.path.join(self.dir, "unpacked.wal.jsonl")
+        with gzip.open(self.archive_path(m)) as gz, open(plain, "wb") as f:
+            data = gz.read()
+            f.write(data)
+        self.assertTrue(data.endswith(b"}\n"))
+        out = subprocess.run([KAIROSCTL, "wal", "verify", plain], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        nrec = len(data.splitlines())
+        self.assertEqual(out.stdout, "%s: ok (%d records, 0 legacy unchecked)\n" % (plain, nrec))
+        summary = json.loads(read_bytes(os.path.join(self.state, "mandates", m + ".json")))
+        self.assertEqual((summary["mandate_id"], summary["status"], summary["schedule"],
+                          summary["fired_at"], summary["archive"]),
+                         (m, "done", "arch", AT, self.archive_path(m)))
+
+        def check_show():
+            r = self.call_ok("show", mandate=m)
+            self.assertEqual((r["status"], r["records"], r["wal_status"]), ("done", nrec, "clean"))
+            self.assertEqual(r["plans"][0]["steps"][0]["result"], {"phase": "observe", "cycle": 1})
+            out = self.ctl("show", m)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("finalized succeeded", out.stdout)
+
+        check_show()
+        self.restart()
+        check_show()
+        self.assertEqual(self.mandate(m)["status"], "done")
+        self.assertEqual(self.mandate(m)["reason"], "MaxCycles reached")
+
+
+class TestStopAndCrash(ExecCase):
+    def test_graceful_stop_then_review_and_retry(self):
+        # attempt 1 hangs (until killed at shutdown); attempt 2 finishes
+        h = self.script("long.sh", 'echo "$KAIROS_ATTEMPT $KAIROS_IDEM_KEY" >> "$1"\n'
+                        'cat > /dev/null\n'
+                        '[ "$KAIROS_ATTEMPT" = 1 ] && exec sleep 600\n'
+                        'echo \'"second time"\'\n')
+        runs = os.path.join(self.out, "runs")
+        self.configure({"long": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Observe": "/bin/sh %s %s" % (h, runs)}}})
+        self.start()
+        m = self.fire("long")
+        self.d.wait_log("%s observe_001: started" % m)
+        t0 = time.monotonic()
+        self.assertEqual(self.d.stop(signal.SIGTERM), 0, self.d.log()[-3000:])
+        self.assertLess(time.monotonic() - t0, 10, "GracefulTimeoutSec=1, then killed")
+        self.notify.wait_for(lambda msg: "STOPPING=1" in msg)
+        self.assertIn("still running after GracefulTimeoutSec=1: killed", self.d.log())
+        recs = read_records(self.wal_path(m))
+        last = recs[-1]
+        self.assertEqual((last["op"], last["step_id"], last["status"], last["reason"]),
+                         ("transition", "observe_001", "needs_review", "killed_at_shutdown"))
+        self.assertEqual(self.step_records(recs, "orient_001"), [])
+
+        self.start()
+        row = self.mandate(m)
+        self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
+        out = self.ctl("resolve", m, "observe_001", "--retry", "--reason", "the sleep did nothing")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.d.wait_log("mandate %s done" % m)
+        with open(runs) as f:
+            self.assertEqual(f.read().splitlines(),
+                             ["1 %s/observe_001" % m, "2 %s/observe_001" % m])
+        self.assertIn("%s observe_001: started /bin/sh %s %s (pid " % (m, h, runs), self.d.log())
+        self.assertRegex(self.d.log(), r"%s observe_001: started .*attempt 2\)" % m)
+        rec = self.last_status(self.archived(m), "observe_001")
+        self.assertEqual((rec["status"], rec["result"]), ("completed", "second time"))
+
+    def test_no_handler_outlives_kill_9(self):
+        h = self.script("sleeper.sh", 'echo $$ > "$1"\nexec sleep 600\n')
+        pidfile = os.path.join(self.out, "pid")
+        self.configure({"sleepy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Observe": "/bin/sh %s %s" % (h, pidfile)}}})
+        self.start()
+        m = self.fire("sleepy")
+        line = self.d.wait_log("%s observe_001: started" % m)
+        pid = int(re.search(r"\(pid (\d+), attempt 1\)", line).group(1))
+        self.assertTrue(alive(pid), "the handler runs")
+        self.d.kill()  # SIGKILL: no chance to clean up
+        # There is no event to wait on for the death of an unrelated process
+        # (it is not our child, so no waitpid, and pidfd_open would need
+        # Python 3.9 + a kernel that has it): poll /proc with a bounded
+        # deadline.  PDEATHSIG kills it at once, so this takes milliseconds.
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(alive(pid), "handler %d outlived kairosd" % pid)
+        # (the pid the handler recorded is the one the daemon logged)
+        if os.path.exists(pidfile):
+            with open(pidfile) as f:
+                self.assertEqual(f.read().strip(), str(pid))
+        # after the restart, recovery sees an interrupted step
+        self.start()
+        row = self.mandate(m)
+        self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
+        self.assertIn("interrupted_during_execution", row["reason"])
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def alive(pid):
+    """Running (a zombie no longer runs; a container's init may be slow to reap it)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
