@@ -109,7 +109,9 @@ static void save_done(void *arg)
         free(j->text);
         free(j);
         c->writing = false;
-        if (c->dirty && !c->stopped)
+        /* Also while stopping: the daemon waits for its file jobs, and the
+         * newest state (a pause, the last evaluation) must not be lost. */
+        if (c->dirty)
                 save_state(c);
 }
 
@@ -343,8 +345,10 @@ static void arm(struct chronos *c)
         if (next != NEVER) {
                 its.it_value.tv_sec = (time_t)next;
         } else {
-                /* Nothing to fire: still watch for clock steps, far away. */
-                its.it_value.tv_sec = (time_t)chronos_now(c->d) + 365 * 86400;
+                /* Nothing to fire: still watch for clock steps, far away on
+                 * the real clock (a fake clock in the past would make it
+                 * expire at once, again and again). */
+                its.it_value.tv_sec = time(NULL) + 365 * 86400;
         }
         if (timerfd_settime(c->tfd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &its, NULL) < 0)
                 log_error("timerfd_settime: %s", strerror(errno));

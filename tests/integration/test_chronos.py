@@ -1,0 +1,717 @@
+# SPDX-License-Identifier: MIT
+"""Black-box tests of chronos, the scheduler of kairosd (DESIGN §9, issue 5).
+
+Everything runs on the fake clock of the test hooks (kairosd built with
+-Dtest_hooks=true): KAIROS_TEST_CLOCK=<unix seconds> at start, then the
+control command `test-clock` {now} steps it and evaluates at once, as a wall
+clock step would.  No test waits for real minutes: they wait on log lines and
+replies.  Without the hooks every test is skipped (exit code 77)."""
+import calendar
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
+
+MARKER = "zz_marker"  # a disabled schedule, paused and resumed to sync the log
+HOOKS = None          # None: not probed yet; else True/False
+
+
+def T(iso):
+    """'2026-04-01T10:30:00Z' -> unix seconds."""
+    return calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def iso(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def hourly(policy="skip", **extra):
+    sched = {"Cron": "0 * * * *", "MissedPolicy": policy}
+    sched.update(extra)
+    return {"Schedule": sched, "Mandate": {"MaxCycles": "1"}}
+
+
+FIRED_RE = re.compile(r"fired (\S+) at (\S+): mandate (\S+)")
+
+
+def probe_hooks():
+    """Does this kairosd have the test hooks?  Asks a throwaway daemon."""
+    global HOOKS
+    if HOOKS is not None:
+        return HOOKS
+    d = tempfile.mkdtemp(prefix="kairos-chronos-probe-")
+    try:
+        state = os.path.join(d, "state")
+        notify = NotifySocket(d)
+        daemon = Daemon(state, write_config(d, state), notify=notify,
+                        env={"KAIROS_TEST_CLOCK": str(T("2026-04-01T00:00:00Z"))})
+        try:
+            notify.wait_ready()
+            c = Client(daemon.socket_path)
+            r = c.call("test-clock", now=T("2026-04-01T00:00:00Z"))
+            c.close()
+            if r["ok"]:
+                HOOKS = True
+            elif r["error"]["code"] == "unknown_command":
+                HOOKS = False
+            else:
+                raise AssertionError("test-clock: unexpected reply %r" % r)
+        finally:
+            daemon.stop()
+            daemon.proc.stderr.close()
+            notify.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return HOOKS
+
+
+class ChronosCase(unittest.TestCase):
+    def setUp(self):
+        if not probe_hooks():
+            self.skipTest("kairosd was built without -Dtest_hooks=true: test-clock answers "
+                          "unknown_command, the fake clock is not available")
+        self.dir = tempfile.mkdtemp(prefix="kairos-chronos-")
+        self.state = os.path.join(self.dir, "state")
+        self.notify = NotifySocket(self.dir)
+        self.daemon = None
+        self.client = None
+        self.syncs = 0
+        self.config = None
+
+    def tearDown(self):
+        if self.client:
+            self.client.close()
+        if self.daemon and self.daemon.proc.poll() is None:
+            self.assertEqual(self.daemon.stop(), 0, self.daemon.log()[-3000:])
+        if self.daemon:
+            self.daemon.proc.stderr.close()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- helpers ----
+
+    def configure(self, schedules, daemon_extra=""):
+        """(Re)write kairosd.conf and schedules.d/ (files of schedules that
+        are gone are removed); the marker schedule is always there."""
+        sdir = os.path.join(self.dir, "schedules.d")
+        if os.path.isdir(sdir):
+            shutil.rmtree(sdir)
+        all_schedules = dict(schedules)
+        all_schedules[MARKER] = {"Schedule": {"Cron": "0 0 1 1 *", "Enabled": "no"}}
+        self.config = write_config(self.dir, self.state, all_schedules, daemon_extra)
+
+    def start(self, clock, schedules=None, daemon_extra=""):
+        if schedules is not None:
+            self.configure(schedules, daemon_extra)
+        if self.client:
+            self.client.close()
+            self.client = None
+        self.notify.clear()
+        self.daemon = Daemon(self.state, self.config, notify=self.notify,
+                             env={"KAIROS_TEST_CLOCK": str(T(clock))})
+        self.notify.wait_ready()
+        self.client = Client(self.daemon.socket_path)
+        return self.daemon
+
+    def stop(self):
+        self.client.close()
+        self.client = None
+        self.assertEqual(self.daemon.stop(), 0, self.daemon.log()[-3000:])
+        self.daemon.proc.stderr.close()
+
+    def call(self, cmd, **args):
+        return self.client.call(cmd, **args)
+
+    def ok(self, cmd, **args):
+        r = self.call(cmd, **args)
+        self.assertTrue(r["ok"], r)
+        return r["result"]
+
+    def clock(self, when):
+        self.assertEqual(self.ok("test-clock", now=T(when)), {"now": T(when)})
+
+    def sync(self):
+        """Every log line written before this call is in self.daemon.lines
+        afterwards (the pause line comes after them on the same stderr)."""
+        self.syncs += 1
+        tag = "sync-%d" % self.syncs
+        self.ok("pause", schedule=MARKER, reason=tag)
+        self.daemon.wait_log("schedule %s paused: %s" % (MARKER, tag))
+        self.ok("resume", schedule=MARKER)
+
+    def fires(self, name):
+        """[(fired_at, mandate)] of the mandates created for schedule name."""
+        out = []
+        for line in self.daemon.log().splitlines():
+            m = FIRED_RE.search(line)
+            if m and m.group(1) == name:
+                out.append((m.group(2), m.group(3)))
+        return out
+
+    def fired_at(self, name):
+        return [f for f, _ in self.fires(name)]
+
+    def log_lines(self, text):
+        return [line for line in self.daemon.log().splitlines() if text in line]
+
+    def wait_count(self, text, n, timeout=30.0):
+        """Wait until n log lines contain text."""
+        deadline = time.monotonic() + timeout
+        d = self.daemon
+        with d.cond:
+            while sum(1 for line in d.lines if line is not None and text in line) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or (d.lines and d.lines[-1] is None):
+                    raise AssertionError("fewer than %d log lines with %r:\n%s"
+                                         % (n, text, d.log()[-3000:]))
+                d.cond.wait(left)
+
+    def wait_done(self, mandates):
+        for m in mandates:
+            self.daemon.wait_log("mandate %s done" % m)
+
+    def schedules(self):
+        return {s["name"]: s for s in self.ok("schedules")["schedules"]}
+
+    def mandates(self, schedule):
+        return {m["id"]: m for m in self.ok("list")["mandates"] if m.get("schedule") == schedule}
+
+    def chronos_json(self):
+        with open(os.path.join(self.state, "chronos.json")) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["version"], 1)
+        return doc["schedules"]
+
+    def make_gate(self):
+        """A FIFO: a handler `cat GATE` blocks until release() is called."""
+        path = os.path.join(self.dir, "gate")
+        os.mkfifo(path)
+        return path
+
+    def release(self, gate):
+        fd = os.open(gate, os.O_WRONLY)  # blocks until the handler has it open
+        os.write(fd, b'{"released":true}\n')
+        os.close(fd)
+
+
+class FirstStart(ChronosCase):
+    def test_first_start_does_not_fire_retroactively(self):
+        # 10:00 is 30 s before the start: on time if chronos had seen the
+        # schedule before, but a first sight never fires.
+        self.start("2026-04-01T10:00:30Z", {
+            "h": hourly("catch_up_once"),
+            "m": {"Schedule": {"Cron": "* * * * *", "MissedPolicy": "catch_up_bounded"}},
+        })
+        self.sync()
+        self.assertEqual(self.fired_at("h"), [])
+        self.assertEqual(self.fired_at("m"), [])
+        self.assertEqual(self.log_lines("missed tick"), [])
+        s = self.schedules()
+        self.assertEqual(s["h"]["next_fire_at"], "2026-04-01T11:00:00Z")
+        self.assertIsNone(s["h"]["last_fire_at"])
+        self.assertEqual(s["m"]["next_fire_at"], "2026-04-01T10:01:00Z")
+        self.stop()
+        st = self.chronos_json()
+        self.assertEqual(st["h"], {"last_evaluated_at": "2026-04-01T10:00:30Z",
+                                   "last_fire_at": None,
+                                   "next_fire_at": "2026-04-01T11:00:00Z", "paused": False})
+        self.assertEqual(st["m"]["next_fire_at"], "2026-04-01T10:01:00Z")
+        # Known from now on: the next start evaluates from 10:00:30.
+        self.start("2026-04-01T10:01:20Z")
+        self.daemon.wait_log("schedule m: tick 2026-04-01T10:01:00Z fires")
+        self.sync()
+        self.assertEqual(self.fired_at("m"), ["2026-04-01T10:01:00Z"])
+        self.assertEqual(self.fired_at("h"), [])
+
+    def test_fake_clock_in_the_past_does_not_spin(self):
+        # Regression: with a fake clock, the real timerfd was armed at
+        # fake now + 1 year; in the past, it expired again and again (busy loop).
+        self.start("2020-01-01T00:00:00Z", {"h": hourly()})
+        self.sync()
+        pid = self.daemon.proc.pid
+
+        def cpu_ticks():
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])
+
+        def switches():
+            with open("/proc/%d/status" % pid) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        return int(line.split()[1])
+            return 0
+
+        c0, s0 = cpu_ticks(), switches()
+        time.sleep(1.0)  # a measurement window, not a synchronization
+        c1, s1 = cpu_ticks(), switches()
+        hz = os.sysconf("SC_CLK_TCK")
+        self.assertLess(c1 - c0, hz // 5, "kairosd used %d ticks of CPU in 1 s idle" % (c1 - c0))
+        self.assertLess(s1 - s0, 50, "kairosd woke up %d times in 1 s idle" % (s1 - s0))
+
+
+class MissedPolicies(ChronosCase):
+    SCHEDULES = {
+        "p_skip": hourly("skip"),
+        "p_once": hourly("catch_up_once"),
+        "p_bounded": hourly("catch_up_bounded", MaxCatchUpRuns="3", StaleAfter="48h"),
+        "p_stale": hourly("catch_up_bounded", MaxCatchUpRuns="3", StaleAfter="24h"),
+        "p_all": hourly("catch_up_bounded", MaxCatchUpRuns="40", StaleAfter="2d",
+                        Concurrency="allow"),
+    }
+
+    def test_each_policy_after_a_30h_outage(self):
+        self.start("2026-03-01T10:30:00Z", self.SCHEDULES)
+        self.clock("2026-03-01T11:00:10Z")  # on time: every schedule fires 11:00
+        for name in self.SCHEDULES:
+            self.daemon.wait_log("schedule %s: tick 2026-03-01T11:00:00Z fires" % name)
+        self.sync()
+        first = {name: self.fires(name) for name in self.SCHEDULES}
+        for name, f in first.items():
+            self.assertEqual([a for a, _ in f], ["2026-03-01T11:00:00Z"], name)
+        self.wait_done([f[0][1] for f in first.values()])
+        self.clock("2026-03-01T11:30:00Z")
+        self.stop()
+        st = self.chronos_json()
+        for name in self.SCHEDULES:
+            self.assertEqual(st[name]["last_evaluated_at"], "2026-03-01T11:30:00Z")
+            self.assertEqual(st[name]["last_fire_at"], "2026-03-01T11:00:00Z")
+
+        # 30 hours later: ticks 2026-03-01T12:00 .. 2026-03-02T17:00 (30) were
+        # missed; 17:00 is 30 min late, so none is on time.
+        self.start("2026-03-02T17:30:00Z")
+        since = "since 2026-03-01T11:30:00Z dropped"
+        self.daemon.wait_log("schedule p_skip: 30 missed ticks %s (MissedPolicy=skip)" % since)
+        self.daemon.wait_log("schedule p_once: 29 missed ticks %s (MissedPolicy=catch_up_once)"
+                             % since)
+        self.daemon.wait_log("schedule p_bounded: 27 missed ticks %s (MissedPolicy=catch_up_bounded)"
+                             % since)
+        self.daemon.wait_log("schedule p_stale: 29 missed ticks %s "
+                             "(MissedPolicy=catch_up_bounded, stale)" % since)
+        self.daemon.wait_log("schedule p_all: tick 2026-03-02T17:00:00Z fires (catch-up)")
+        self.sync()
+        self.assertEqual(self.fired_at("p_skip"), [])
+        self.assertEqual(self.fired_at("p_once"), ["2026-03-02T17:00:00Z"])
+        self.assertEqual(self.fired_at("p_bounded"), ["2026-03-02T15:00:00Z",
+                                                      "2026-03-02T16:00:00Z",
+                                                      "2026-03-02T17:00:00Z"])
+        self.assertEqual(self.fired_at("p_stale"), ["2026-03-02T17:00:00Z"])
+        all_missed = [iso(T("2026-03-01T12:00:00Z") + 3600 * i) for i in range(30)]
+        self.assertEqual(self.fired_at("p_all"), all_missed)
+        self.assertEqual([x for x in self.log_lines("schedule p_all: ") if "missed" in x], [])
+        # Catch-up lines say so.
+        lines = self.log_lines("schedule p_bounded: tick")
+        self.assertEqual(len(lines), 3)
+        for line in lines:
+            self.assertIn("fires (catch-up)", line)
+        # Distinct mandates, one per fired_at (plus the 11:00 one).
+        for name in self.SCHEDULES:
+            ids = [m for _, m in self.fires(name)]
+            self.assertEqual(len(set(ids)), len(ids), name)
+            self.assertNotIn(first[name][0][1], ids, name)
+            listed = self.mandates(name)
+            self.assertEqual(set(listed), set(ids) | {first[name][0][1]}, name)
+        s = self.schedules()
+        self.assertEqual(s["p_skip"]["last_fire_at"], "2026-03-01T11:00:00Z")
+        for name in ("p_once", "p_bounded", "p_stale", "p_all"):
+            self.assertEqual(s[name]["last_fire_at"], "2026-03-02T17:00:00Z", name)
+        for name in self.SCHEDULES:
+            self.assertEqual(s[name]["next_fire_at"], "2026-03-02T18:00:00Z", name)
+        self.stop()
+        st = self.chronos_json()
+        self.assertEqual(st["p_skip"], {"last_evaluated_at": "2026-03-02T17:30:00Z",
+                                        "last_fire_at": "2026-03-01T11:00:00Z",
+                                        "next_fire_at": "2026-03-02T18:00:00Z",
+                                        "paused": False})
+        self.assertEqual(st["p_bounded"]["last_fire_at"], "2026-03-02T17:00:00Z")
+
+
+class ClockSteps(ChronosCase):
+    def test_step_forward(self):
+        scheds = {
+            "f_skip": hourly("skip"),
+            "f_once": hourly("catch_up_once"),
+            "f_bounded": hourly("catch_up_bounded", MaxCatchUpRuns="2"),
+        }
+        self.start("2026-04-01T10:30:00Z", scheds)
+        self.clock("2026-04-01T15:30:00Z")  # 11:00 .. 15:00 missed
+        since = "since 2026-04-01T10:30:00Z dropped"
+        self.daemon.wait_log("schedule f_skip: 5 missed ticks %s (MissedPolicy=skip)" % since)
+        self.daemon.wait_log("schedule f_once: 4 missed ticks %s" % since)
+        self.daemon.wait_log("schedule f_bounded: 3 missed ticks %s" % since)
+        self.sync()
+        self.assertEqual(self.fired_at("f_skip"), [])
+        self.assertEqual(self.fired_at("f_once"), ["2026-04-01T15:00:00Z"])
+        self.assertEqual(self.fired_at("f_bounded"), ["2026-04-01T14:00:00Z",
+                                                      "2026-04-01T15:00:00Z"])
+        # A step that lands within a minute of a tick: it is on time for all.
+        self.clock("2026-04-01T16:00:30Z")
+        for name in scheds:
+            self.daemon.wait_log("schedule %s: tick 2026-04-01T16:00:00Z fires" % name)
+        self.sync()
+        for name in scheds:
+            self.assertEqual(self.fired_at(name)[-1], "2026-04-01T16:00:00Z")
+            line = self.log_lines("schedule %s: tick 2026-04-01T16:00:00Z" % name)
+            self.assertEqual(len(line), 1)
+            self.assertNotIn("catch-up", line[0])
+        self.assertEqual(len(self.log_lines("missed tick")), 3, "no new drops")
+        # 61 s late is missed: skip drops it.
+        self.clock("2026-04-01T17:01:01Z")
+        self.daemon.wait_log("schedule f_skip: 1 missed tick since 2026-04-01T16:00:30Z dropped")
+        self.sync()
+        self.assertEqual(self.fired_at("f_skip"), ["2026-04-01T16:00:00Z"])
+        self.assertEqual(self.fired_at("f_once")[-1], "2026-04-01T17:00:00Z")
+        s = self.schedules()
+        for name in scheds:
+            self.assertEqual(s[name]["next_fire_at"], "2026-04-01T18:00:00Z")
+        self.assertEqual(s["f_skip"]["last_fire_at"], "2026-04-01T16:00:00Z")
+        self.assertEqual(s["f_once"]["last_fire_at"], "2026-04-01T17:00:00Z")
+
+    def test_step_backward_fires_nothing_again(self):
+        self.start("2026-04-01T10:30:00Z", {"back": hourly("catch_up_once")})
+        self.clock("2026-04-01T11:00:05Z")
+        self.clock("2026-04-01T12:00:05Z")
+        self.daemon.wait_log("schedule back: tick 2026-04-01T12:00:00Z fires")
+        self.sync()
+        self.assertEqual(self.fired_at("back"), ["2026-04-01T11:00:00Z", "2026-04-01T12:00:00Z"])
+        self.clock("2026-04-01T10:30:00Z")
+        self.daemon.wait_log("schedule back: the clock went back from 2026-04-01T12:00:05Z to "
+                             "2026-04-01T10:30:00Z")
+        self.sync()
+        self.assertEqual(len(self.fires("back")), 2)
+        s = self.schedules()["back"]
+        self.assertEqual(s["last_fire_at"], "2026-04-01T12:00:00Z")
+        self.assertEqual(s["next_fire_at"], "2026-04-01T11:00:00Z")
+        # Forward again over the ticks already fired: no second mandate.
+        self.clock("2026-04-01T11:00:05Z")
+        self.clock("2026-04-01T12:00:05Z")
+        self.sync()
+        self.assertEqual(len(self.fires("back")), 2, self.daemon.log()[-2000:])
+        self.assertEqual(len(self.mandates("back")), 2)
+        self.clock("2026-04-01T13:00:05Z")
+        self.daemon.wait_log("fired back at 2026-04-01T13:00:00Z")
+        self.sync()
+        ids = [m for _, m in self.fires("back")]
+        self.assertEqual(self.fired_at("back"), ["2026-04-01T11:00:00Z", "2026-04-01T12:00:00Z",
+                                                 "2026-04-01T13:00:00Z"])
+        self.assertEqual(len(set(ids)), 3)
+        self.assertEqual(set(self.mandates("back")), set(ids))
+        self.assertEqual(self.schedules()["back"]["last_fire_at"], "2026-04-01T13:00:00Z")
+
+
+class EnabledAndPause(ChronosCase):
+    def test_enabled_no(self):
+        dis = {"Schedule": {"Cron": "* * * * *", "Enabled": "no",
+                            "MissedPolicy": "catch_up_bounded"},
+               "Mandate": {"MaxCycles": "1"}}
+        self.start("2026-04-01T10:30:00Z", {"dis": dis})
+        s = self.schedules()["dis"]
+        self.assertFalse(s["enabled"])
+        self.assertIsNone(s["next_fire_at"])
+        self.clock("2026-04-01T10:35:10Z")  # 10:35 would be on time
+        self.sync()
+        self.assertEqual(self.fired_at("dis"), [])
+        self.assertEqual(self.log_lines("schedule dis:"), [])
+        # Enabled again: the ticks while disabled are not caught up.
+        dis["Schedule"]["Enabled"] = "yes"
+        self.configure({"dis": dis})
+        self.assertTrue(self.ok("reload")["reloaded"])
+        self.sync()
+        self.assertEqual(self.fired_at("dis"), [])
+        s = self.schedules()["dis"]
+        self.assertTrue(s["enabled"])
+        self.assertEqual(s["next_fire_at"], "2026-04-01T10:36:00Z")
+        self.clock("2026-04-01T10:36:10Z")
+        self.daemon.wait_log("fired dis at 2026-04-01T10:36:00Z")
+        self.sync()
+        self.assertEqual(self.fired_at("dis"), ["2026-04-01T10:36:00Z"])
+
+    def test_pause_resume_schedule_persisted(self):
+        self.start("2026-04-01T10:30:00Z", {"p": hourly("catch_up_once"), "q": hourly()})
+        r = self.ok("pause", schedule="p", reason="maintenance window")
+        self.assertEqual(r, {"schedule": "p", "paused": True})
+        r = self.call("pause", schedule="p")
+        self.assertEqual(r["error"]["code"], "conflict", r)
+        r = self.call("pause", schedule="nope")
+        self.assertEqual(r["error"]["code"], "not_found", r)
+        s = self.schedules()["p"]
+        self.assertTrue(s["paused"])
+        self.assertEqual(s["pause_reason"], "maintenance window")
+        self.assertIsNone(s["next_fire_at"])
+        self.assertFalse(self.schedules()["q"]["paused"])
+        self.clock("2026-04-01T11:00:05Z")
+        self.daemon.wait_log("fired q at 2026-04-01T11:00:00Z")
+        self.clock("2026-04-01T12:30:00Z")
+        self.sync()
+        self.assertEqual(self.fired_at("p"), [])
+        self.assertEqual(self.log_lines("schedule p:"), [])
+        self.stop()
+        st = self.chronos_json()
+        self.assertTrue(st["p"]["paused"])
+        self.assertEqual(st["p"]["pause_reason"], "maintenance window")
+        self.assertFalse(st["q"]["paused"])
+        self.assertNotIn("pause_reason", st["q"])
+
+        # Still paused after a restart; catch_up_once would fire 14:00 else.
+        self.start("2026-04-01T14:30:00Z")
+        s = self.schedules()["p"]
+        self.assertTrue(s["paused"])
+        self.assertEqual(s["pause_reason"], "maintenance window")
+        self.assertEqual(self.ok("resume", schedule="p"), {"schedule": "p", "paused": False})
+        r = self.call("resume", schedule="p")
+        self.assertEqual(r["error"]["code"], "conflict", r)
+        self.sync()
+        self.assertEqual(self.fired_at("p"), [], "paused ticks never fire")
+        s = self.schedules()["p"]
+        self.assertFalse(s["paused"])
+        self.assertNotIn("pause_reason", s)
+        self.assertEqual(s["next_fire_at"], "2026-04-01T15:00:00Z")
+        self.clock("2026-04-01T15:00:05Z")
+        self.daemon.wait_log("fired p at 2026-04-01T15:00:00Z")
+        self.sync()
+        self.assertEqual(self.fired_at("p"), ["2026-04-01T15:00:00Z"])
+        self.stop()
+        st = self.chronos_json()
+        self.assertFalse(st["p"]["paused"])
+        self.assertNotIn("pause_reason", st["p"])
+        self.assertEqual(st["p"]["last_fire_at"], "2026-04-01T15:00:00Z")
+
+    def test_state_of_the_last_change_survives_a_quick_stop(self):
+        # pause and resume in one burst, then SIGTERM at once: the resume
+        # must reach chronos.json even if the pause's write was still running.
+        self.start("2026-04-01T10:30:00Z", {"p": hourly()})
+        for i in range(5):
+            msgs = [{"v": 1, "id": 100 + 2 * i, "cmd": "pause",
+                     "args": {"schedule": "p", "reason": "r%d" % i}},
+                    {"v": 1, "id": 101 + 2 * i, "cmd": "resume", "args": {"schedule": "p"}}]
+            self.client.send_raw(b"".join(json.dumps(m).encode() + b"\n" for m in msgs))
+            self.assertTrue(self.client.recv_reply()["ok"])
+            self.assertTrue(self.client.recv_reply()["ok"])
+        self.ok("pause", schedule="p", reason="final")
+        self.daemon.proc.send_signal(signal.SIGTERM)
+        self.stop()
+        st = self.chronos_json()
+        self.assertTrue(st["p"]["paused"])
+        self.assertEqual(st["p"]["pause_reason"], "final")
+
+
+class Concurrency(ChronosCase):
+    EXTRA = "GracefulTimeoutSec=1\n"
+
+    def gated(self, concurrency, gate):
+        return {"Schedule": {"Cron": "0 * * * *", "Concurrency": concurrency},
+                "Mandate": {"MaxCycles": "1"}, "Exec": {"Observe": "cat " + gate}}
+
+    def test_reject(self):
+        gate = self.make_gate()
+        self.start("2026-04-01T10:30:00Z", {"r": self.gated("reject", gate)}, self.EXTRA)
+        self.clock("2026-04-01T11:00:05Z")
+        line = self.daemon.wait_log("fired r at 2026-04-01T11:00:00Z")
+        m1 = FIRED_RE.search(line).group(3)
+        self.daemon.wait_log("%s observe_001: started" % m1)
+        self.clock("2026-04-01T12:00:05Z")
+        self.daemon.wait_log("fire of r at 2026-04-01T12:00:00Z rejected: mandate %s is still "
+                             "running (Concurrency=reject)" % m1)
+        self.sync()
+        self.assertEqual(self.fired_at("r"), ["2026-04-01T11:00:00Z"])
+        self.assertEqual(set(self.mandates("r")), {m1})
+        self.assertEqual(self.schedules()["r"]["concurrency"], "reject")
+        # Once the first mandate is finished, the next tick fires again.
+        self.release(gate)
+        self.wait_done([m1])
+        self.clock("2026-04-01T13:00:05Z")
+        line = self.daemon.wait_log("fired r at 2026-04-01T13:00:00Z")
+        m3 = FIRED_RE.search(line).group(3)
+        self.daemon.wait_log("%s observe_001: started" % m3)
+        self.release(gate)
+        self.wait_done([m3])
+        self.assertEqual(len(self.mandates("r")), 2)
+
+    def test_queue(self):
+        gate = self.make_gate()
+        self.start("2026-04-01T10:30:00Z", {"q": self.gated("queue", gate)}, self.EXTRA)
+        self.clock("2026-04-01T11:00:05Z")
+        m1 = FIRED_RE.search(self.daemon.wait_log("fired q at 2026-04-01T11:00:00Z")).group(3)
+        self.daemon.wait_log("%s observe_001: started" % m1)
+        self.clock("2026-04-01T12:00:05Z")
+        m2 = FIRED_RE.search(self.daemon.wait_log("fired q at 2026-04-01T12:00:00Z")).group(3)
+        self.sync()
+        self.assertNotEqual(m1, m2)
+        listed = self.mandates("q")
+        self.assertEqual(listed[m1]["status"], "running")
+        self.assertEqual(listed[m2]["status"], "runnable", "waits for its schedule's mandate")
+        self.assertEqual(self.log_lines("%s observe_001: started" % m2), [])
+        self.assertEqual(self.log_lines("rejected"), [])
+        self.release(gate)
+        started = self.daemon.wait_log("%s observe_001: started" % m2)
+        log = self.daemon.log()
+        self.assertLess(log.index("%s observe_001: completed" % m1), log.index(started))
+        self.release(gate)
+        self.wait_done([m1, m2])
+
+    def test_allow(self):
+        self.start("2026-04-01T10:30:00Z", {"a": {
+            "Schedule": {"Cron": "0 * * * *", "Concurrency": "allow"},
+            "Mandate": {"MaxCycles": "1"}, "Exec": {"Observe": "sleep 600"}}}, self.EXTRA)
+        self.clock("2026-04-01T11:00:05Z")
+        m1 = FIRED_RE.search(self.daemon.wait_log("fired a at 2026-04-01T11:00:00Z")).group(3)
+        self.clock("2026-04-01T12:00:05Z")
+        m2 = FIRED_RE.search(self.daemon.wait_log("fired a at 2026-04-01T12:00:00Z")).group(3)
+        self.daemon.wait_log("%s observe_001: started" % m1)
+        self.daemon.wait_log("%s observe_001: started" % m2)
+        listed = self.mandates("a")
+        self.assertEqual(listed[m1]["status"], "running")
+        self.assertEqual(listed[m2]["status"], "running")
+
+
+class Reload(ChronosCase):
+    def test_reload_keeps_state_adds_and_removes(self):
+        self.start("2026-04-01T10:30:00Z", {"a": hourly(), "b": hourly()})
+        self.clock("2026-04-01T11:00:05Z")
+        self.daemon.wait_log("fired a at 2026-04-01T11:00:00Z")
+        self.daemon.wait_log("fired b at 2026-04-01T11:00:00Z")
+        self.wait_done([m for _, m in self.fires("a") + self.fires("b")])
+        # a stays (policy changed), b goes, c comes: its tick 11:00 is 5 s
+        # old, which would be on time for a schedule chronos knew.
+        self.configure({"a": hourly("catch_up_once"),
+                        "c": {"Schedule": {"Cron": "0 11 * * *"}}})
+        r = self.ok("reload")
+        self.assertEqual(r["schedules"], 3)
+        self.sync()
+        s = self.schedules()
+        self.assertEqual(set(s), {"a", "c", MARKER})
+        self.assertEqual(s["a"]["last_fire_at"], "2026-04-01T11:00:00Z")
+        self.assertEqual(s["a"]["missed_policy"], "catch_up_once")
+        self.assertIsNone(s["c"]["last_fire_at"])
+        self.assertEqual(s["c"]["next_fire_at"], "2026-04-02T11:00:00Z")
+        self.assertEqual(self.fired_at("c"), [])
+        self.assertEqual(self.fired_at("a"), ["2026-04-01T11:00:00Z"])
+        r = self.call("schedules", next="b")
+        self.assertEqual(r["error"]["code"], "not_found")
+        # SIGHUP reloads the same way; the state still stays.
+        self.daemon.proc.send_signal(signal.SIGHUP)
+        self.wait_count("configuration reloaded: 3 schedules", 2)
+        self.clock("2026-04-01T12:00:05Z")
+        self.daemon.wait_log("fired a at 2026-04-01T12:00:00Z")
+        self.sync()
+        self.assertEqual(self.fired_at("a"), ["2026-04-01T11:00:00Z", "2026-04-01T12:00:00Z"])
+        self.assertEqual(self.fired_at("c"), [])
+        self.stop()
+        st = self.chronos_json()
+        self.assertEqual(set(st), {"a", "c", MARKER})
+        self.assertEqual(st["a"]["last_fire_at"], "2026-04-01T12:00:00Z")
+        self.assertEqual(st["c"]["last_evaluated_at"], "2026-04-01T12:00:05Z")
+        self.assertIsNone(st["c"]["last_fire_at"])
+
+    def test_broken_schedule_file_is_reported_and_the_others_keep_running(self):
+        self.start("2026-04-01T10:30:00Z", {"a": hourly()})
+        bad = os.path.join(self.dir, "schedules.d", "bad.conf")
+        with open(bad, "w") as f:
+            f.write("[Schedule]\nCron=61 * * * *\n")
+        r = self.call("reload")
+        self.assertFalse(r["ok"])
+        self.assertEqual(r["error"]["code"], "config_invalid", r)
+        errors = json.dumps(r["error"])
+        self.assertIn("bad.conf:2", errors)
+        self.assertIn("61", errors)
+        self.daemon.proc.send_signal(signal.SIGHUP)
+        self.daemon.wait_log("bad.conf:2")
+        self.sync()
+        self.assertEqual(set(self.schedules()), {"a", MARKER})
+        self.clock("2026-04-01T11:00:05Z")
+        self.daemon.wait_log("fired a at 2026-04-01T11:00:00Z")
+        self.sync()
+        self.assertEqual(self.fired_at("a"), ["2026-04-01T11:00:00Z"])
+
+
+@unittest.skipUnless(os.path.exists("/usr/share/zoneinfo/Europe/Berlin")
+                     or os.environ.get("TZDIR"), "no tzdata (Europe/Berlin)")
+class TimeZones(ChronosCase):
+    def test_berlin_spring_forward_and_fall_back(self):
+        sched = {"Schedule": {"Cron": "30 2 * * *", "TimeZone": "Europe/Berlin",
+                              "MissedPolicy": "catch_up_once"},
+                 "Mandate": {"MaxCycles": "1"}}
+        self.start("2026-03-28T12:00:00Z", {"berlin": sched})
+        s = self.schedules()["berlin"]
+        self.assertEqual(s["time_zone"], "Europe/Berlin")
+        self.assertEqual(s["next_fire_at"], "2026-03-30T00:30:00Z", "02:30 does not exist on 03-29")
+        # Walk over the night of 03-29 (02:00 CET -> 03:00 CEST) in steps.
+        for t in ("2026-03-29T00:29:00Z", "2026-03-29T00:31:00Z", "2026-03-29T01:00:30Z",
+                  "2026-03-29T01:30:30Z", "2026-03-29T12:00:00Z"):
+            self.clock(t)
+        self.sync()
+        self.assertEqual(self.fired_at("berlin"), [])
+        self.assertEqual(self.log_lines("missed tick"), [])
+        self.clock("2026-03-30T00:30:30Z")  # 02:30:30 CEST
+        self.daemon.wait_log("fired berlin at 2026-03-30T00:30:00Z")
+        # Fall back on 10-25: 02:30 happens at 00:30Z (CEST) and 01:30Z (CET).
+        self.clock("2026-10-24T12:00:00Z")
+        self.daemon.wait_log("fired berlin at 2026-10-24T00:30:00Z")  # catch_up_once
+        self.sync()
+        before = len(self.fires("berlin"))
+        self.assertEqual(self.schedules()["berlin"]["next_fire_at"], "2026-10-25T00:30:00Z")
+        self.clock("2026-10-25T00:30:30Z")
+        self.daemon.wait_log("fired berlin at 2026-10-25T00:30:00Z")
+        for t in ("2026-10-25T01:00:30Z", "2026-10-25T01:30:30Z", "2026-10-25T02:30:00Z",
+                  "2026-10-25T12:00:00Z"):
+            self.clock(t)
+        self.sync()
+        on_the_25th = [f for f in self.fired_at("berlin") if f.startswith("2026-10-25")]
+        self.assertEqual(on_the_25th, ["2026-10-25T00:30:00Z"])
+        self.assertEqual(len(self.fires("berlin")), before + 1)
+        self.assertEqual(self.schedules()["berlin"]["next_fire_at"], "2026-10-26T01:30:00Z")
+        self.clock("2026-10-26T01:30:30Z")  # 02:30:30 CET
+        self.daemon.wait_log("fired berlin at 2026-10-26T01:30:00Z")
+
+
+class Previews(ChronosCase):
+    def test_schedules_list_and_next(self):
+        self.start("2026-03-06T10:30:00Z", {  # a Friday
+            "w": {"Schedule": {"Cron": "*/20 9-10 * * 1-5"}},
+            "ny": {"Schedule": {"Cron": "30 2 * * *", "TimeZone": "America/New_York",
+                                "MissedPolicy": "catch_up_bounded", "Concurrency": "allow"}},
+        })
+        w = self.schedules()["w"]
+        self.assertEqual(w, {"name": "w", "cron": "*/20 9-10 * * 1-5", "time_zone": "UTC",
+                             "next_fire_at": "2026-03-06T10:40:00Z", "last_fire_at": None,
+                             "missed_policy": "skip", "concurrency": "queue", "enabled": True,
+                             "paused": False})
+        r = self.ok("schedules", next="w", n=5)
+        self.assertEqual(r, {"name": "w", "cron": "*/20 9-10 * * 1-5", "time_zone": "UTC",
+                             "next": ["2026-03-06T10:40:00Z", "2026-03-09T09:00:00Z",
+                                      "2026-03-09T09:20:00Z", "2026-03-09T09:40:00Z",
+                                      "2026-03-09T10:00:00Z"]})
+        self.assertEqual(len(self.ok("schedules", next="w")["next"]), 5, "default n")
+        self.assertEqual(len(self.ok("schedules", next="w", n=1000)["next"]), 1000)
+        for n in (0, 1001, "3"):
+            r = self.call("schedules", next="w", n=n)
+            self.assertEqual(r["error"]["code"], "bad_argument", (n, r))
+        self.assertEqual(self.call("schedules", next="nope")["error"]["code"], "not_found")
+        ny = self.schedules()["ny"]
+        self.assertEqual((ny["time_zone"], ny["missed_policy"], ny["concurrency"]),
+                         ("America/New_York", "catch_up_bounded", "allow"))
+        if os.path.exists("/usr/share/zoneinfo/America/New_York") or os.environ.get("TZDIR"):
+            # 2026-03-08: 02:00 EST -> 03:00 EDT, 02:30 does not exist.
+            r = self.ok("schedules", next="ny", n=3)
+            self.assertEqual(r["next"], ["2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z",
+                                         "2026-03-10T06:30:00Z"])
+        # The preview follows the (fake) clock.
+        self.clock("2026-03-09T09:20:00Z")
+        self.assertEqual(self.ok("schedules", next="w", n=2)["next"],
+                         ["2026-03-09T09:40:00Z", "2026-03-09T10:00:00Z"])
+
+
+if __name__ == "__main__":
+    prog = unittest.main(verbosity=2, exit=False)
+    res = prog.result
+    if res.testsRun and len(res.skipped) == res.testsRun:
+        sys.exit(77)
+    sys.exit(0 if res.wasSuccessful() else 1)
