@@ -141,6 +141,14 @@ static json_t *str_or_null(const char *s)
         return s ? json_string(s) : json_null();
 }
 
+/* JSON text from the WAL as a value; what jansson cannot hold (an integer
+ * beyond 64 bits, a \u0000 in a key) is kept as a string, never dropped. */
+static json_t *raw_json(const char *text)
+{
+        json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        return v ? v : json_string(text);
+}
+
 static json_t *fold_json(const struct fold *f)
 {
         json_t *plans = json_array();
@@ -161,12 +169,9 @@ static json_t *fold_json(const struct fold *f)
                         if (s->error_msg)
                                 json_object_set_new(js, "error_msg", json_string(s->error_msg));
                         if (s->evidence_json)
-                                json_object_set_new(js, "evidence",
-                                                    json_loads(s->evidence_json, 0, NULL));
+                                json_object_set_new(js, "evidence", raw_json(s->evidence_json));
                         if (s->result_json)
-                                json_object_set_new(js, "result",
-                                                    json_loads(s->result_json,
-                                                               JSON_DECODE_ANY, NULL));
+                                json_object_set_new(js, "result", raw_json(s->result_json));
                         json_array_append_new(steps, js);
                 }
                 json_array_append_new(

@@ -927,6 +927,24 @@ static void append_tail(char *msg, size_t size, char *tail)
         snprintf(msg + used, size - used, ": %s", tail);
 }
 
+/* Is the handler's output JSON that the completed record can hold?  The
+ * record nests it one level deeper, and a record nested deeper than
+ * KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt): such
+ * output is kept as text, like any other non-JSON output. */
+static bool result_is_json(const char *out, size_t n)
+{
+        struct kbuf wrapped = KBUF_INIT, canon = KBUF_INIT;
+        bool ok = canon_json(out, n, &canon, NULL) == 0;
+        kbuf_reset(&canon);
+        if (ok)
+                ok = kbuf_putc(&wrapped, '[') == 0 && kbuf_append(&wrapped, out, n) == 0 &&
+                     kbuf_putc(&wrapped, ']') == 0 &&
+                     canon_json(wrapped.data, wrapped.len, &canon, NULL) == 0;
+        kbuf_free(&wrapped);
+        kbuf_free(&canon);
+        return ok;
+}
+
 /* The handler is over: turn what happened into the records of the step. */
 static void run_finished(struct exec_run *run)
 {
@@ -986,12 +1004,10 @@ static void run_finished(struct exec_run *run)
                 if (n == 0) {
                         kbuf_puts(&res, "null");
                 } else {
-                        struct kbuf canon = KBUF_INIT;
-                        if (canon_json(out, n, &canon, NULL) == 0)
+                        if (result_is_json(out, n))
                                 kbuf_append(&res, out, n);
                         else
                                 kbuf_json_string_lossy(&res, out, n, 0);
-                        kbuf_free(&canon);
                 }
                 if (canon_hash_json(res.data, res.len, hash, NULL) < 0)
                         canon_hash_bytes(res.data, res.len, hash);

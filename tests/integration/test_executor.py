@@ -353,6 +353,44 @@ class TestCycle(ExecCase):
         self.assertEqual(self.read_out("act_001", "cwd").strip(), work, "WorkingDirectory=")
 
 
+class TestResults(ExecCase):
+    # What a handler prints becomes the result: JSON as it is, anything
+    # else as a JSON string.  Every one must leave a readable WAL and be
+    # shown by `show`.
+    OUTPUTS = {
+        "deep127": ("[" * 127 + "]" * 127, json.loads("[" * 127 + "]" * 127)),
+        # one level more would make the completed record too deep to read back
+        "deep128": ("[" * 128 + "]" * 128, "[" * 128 + "]" * 128),
+        "bigint": ("123456789012345678901234567890", "123456789012345678901234567890"),
+        "nul": ('"a\\u0000b"', "a\u0000b"),
+        "spaced": (' \t {"a" : [ 1 , 2 ] } ', {"a": [1, 2]}),
+        "text": ("\x01 not json", "\x01 not json"),
+    }
+
+    def test_result_kinds(self):
+        schedules = {}
+        for name, (out, _) in self.OUTPUTS.items():
+            h = self.script(name + ".sh", "cat <<'EOF'\n%s\nEOF\n" % out)
+            schedules[name] = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                               "Exec": {"Observe": "/bin/sh " + h}}
+        self.configure(schedules)
+        self.start()
+        for name, (_, want) in self.OUTPUTS.items():
+            m = self.fire(name)
+            self.d.wait_log("mandate %s done" % m)
+            r = self.call_ok("show", mandate=m)
+            self.assertEqual(r["wal_status"], "clean", name)
+            step = r["plans"][0]["steps"][0]
+            self.assertEqual(step["status"], "completed", name)
+            self.assertEqual(step.get("result", "<missing>"), want, name)
+            plain = os.path.join(self.dir, name + ".wal.jsonl")
+            with gzip.open(self.archive_path(m)) as gz, open(plain, "wb") as f:
+                f.write(gz.read())
+            out = subprocess.run([KAIROSCTL, "wal", "verify", plain], capture_output=True,
+                                 text=True, timeout=30)
+            self.assertEqual(out.returncode, 0, (name, out.stdout, out.stderr))
+
+
 class TestApproval(ExecCase):
     def test_pause_approve_goes_on(self):
         act = self.script("act.sh", "cat > /dev/null\n"
