@@ -608,6 +608,42 @@ class TestMandates(ExecCase):
         self.release(f2)
         self.d.wait_log("mandate %s done" % m2)
 
+    def test_pause_while_a_step_runs(self):
+        gate = self.script("gate.sh", 'cat "$1.$KAIROS_MANDATE_ID" > /dev/null\necho \'"out"\'\n')
+        self.configure({"gated": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                  "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir)}}})
+        m = mandate_id("gated", AT)
+        fifo = self.fifo("gate." + m)
+        self.start()
+        self.fire("gated")
+        self.d.wait_log("%s observe_001: started" % m)
+        self.assertEqual(self.call_ok("pause", mandate=m, reason="hold on")["status"], "paused")
+        self.release(fifo)
+        self.d.wait_log("%s observe_001: completed" % m)
+        # show runs on the mandate's queue after the records of the step
+        r = self.call_ok("show", mandate=m)
+        self.assertEqual((r["status"], r["reason"]), ("paused", "hold on"))
+        steps = {s["step_id"]: s for s in r["plans"][0]["steps"]}
+        self.assertEqual((steps["observe_001"]["status"], steps["observe_001"]["result"]),
+                         ("completed", "out"), "the running step's result is recorded")
+        self.assertIsNone(steps["orient_001"]["status"], "nothing new starts while paused")
+        self.assertEqual(self.call_ok("resume", mandate=m)["status"], "runnable")
+        self.d.wait_log("mandate %s done" % m)
+        self.assertEqual(self.d.log().count("%s observe_001: started" % m), 1)
+
+    def test_big_stdin_not_read(self):
+        # observe's result (900 kB) goes into orient's stdin; orient exits
+        # without reading it: the daemon does not mind (no SIGPIPE, no error).
+        big = self.script("big.sh", "head -c 900000 /dev/zero | tr '\\0' x\n")
+        quick = self.script("quick.sh", "echo '\"quick\"'\n")
+        self.configure({"big": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/sh " + big, "Orient": "/bin/sh " + quick}}})
+        self.start()
+        m = self.fire("big")
+        self.d.wait_log("mandate %s done" % m)
+        rec = self.last_status(self.archived(m), "orient_001")
+        self.assertEqual((rec["status"], rec["result"]), ("completed", "quick"))
+
     def test_archive_is_a_clean_wal_and_show_works(self):
         rec = self.script("rec.sh", REC_SH)
         self.configure({"arch": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
@@ -712,6 +748,37 @@ class TestStopAndCrash(ExecCase):
         row = self.mandate(m)
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
+
+    # KNOWN BUG (reported, not fixed here): the exec shim sets PR_SET_PDEATHSIG
+    # and then execs the handler, so only the handler process itself dies with
+    # kairosd; a process the handler started (same process group) is
+    # reparented to init and goes on, so after a crash an "executing" step may
+    # still be doing its side effect while recovery treats it as interrupted.
+    # Outside systemd (no cgroup to kill) nothing ends it.  A fix: the shim
+    # forks instead of exec'ing, waits for the handler and mirrors its exit,
+    # and on its parent-death signal kills its whole process group.  Remove
+    # expectedFailure when that is done.
+    @unittest.expectedFailure
+    def test_no_handler_child_outlives_kill_9(self):
+        fifo = self.fifo("childpid")
+        h = self.script("parent.sh", 'sleep 600 &\necho $! > "$1"\nwait\n')
+        self.configure({"sleepy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Observe": "/bin/sh %s %s" % (h, fifo)}}})
+        self.start()
+        self.fire("sleepy")
+        with open(fifo) as f:  # blocks until the handler wrote its child's pid
+            pid = int(f.read())
+        try:
+            self.assertTrue(alive(pid))
+            self.d.kill()
+            # polling /proc with a bounded deadline: see test_no_handler_outlives_kill_9
+            deadline = time.monotonic() + 5
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertFalse(alive(pid), "the handler's child %d outlived kairosd" % pid)
+        finally:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)  # the test's own leftover
 
 
 def read_bytes(path):
