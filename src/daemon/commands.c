@@ -686,10 +686,11 @@ static void cmd_test_stall(struct control_request *req)
                 control_reply_error(req, "bad_argument", "args.seconds: must be 0..3600");
                 return;
         }
-        log_warning("test hook: stalling the event loop for %lld s",
-                    (long long)json_integer_value(v));
-        control_reply_ok(req, json_pack("{s:I}", "stalling", json_integer_value(v)));
-        struct timespec ts = { (time_t)json_integer_value(v), 0 };
+        /* Read it before replying: the reply frees req and its args. */
+        json_int_t seconds = json_integer_value(v);
+        log_warning("test hook: stalling the event loop for %lld s", (long long)seconds);
+        control_reply_ok(req, json_pack("{s:I}", "stalling", seconds));
+        struct timespec ts = { (time_t)seconds, 0 };
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
                 ;
 }
