@@ -277,7 +277,8 @@ struct idem_log;
  * produced).  A torn tail is kept in idem.jsonl.torn.<unix-seconds> and cut
  * off (ftruncate + fdatasync) before anything is appended.  A corrupt file
  * quarantines log and store (info->corrupt; returns 0).  io NULL: kio_posix.
- * info may be NULL.  -EFBIG for a log over 1 GiB. */
+ * info may be NULL.  -EFBIG for a log over 1 GiB.  On failure s may hold a
+ * partial load: free it, do not use it. */
 int idem_log_open(const char *dir, const struct kio *io, struct idem_store *s,
                   struct idem_log **out, struct idem_load_info *info);
 /* Close (NULL ok).  Does not flush: records not appended are not durable. */
