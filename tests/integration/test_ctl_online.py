@@ -341,7 +341,8 @@ class TestOperatorCommands(OnlineCase):
         t = time.mktime(time.strptime(got["fired_at"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
         self.assertTrue(int(t0) <= t <= t1, (t0, got["fired_at"], t1))
         self.assertEqual(got["mandate"], mandate_id("slow", got["fired_at"]))
-        self.assertEqual((got["schedule"], got["status"]), ("slow", "running"))
+        # (Concurrency=queue, the default: it waits for the running "slow" one)
+        self.assertEqual((got["schedule"], got["status"]), ("slow", "runnable"))
         self.assertNotIn("message", got)
 
     def test_fire_refused(self):

@@ -580,18 +580,20 @@ class TestMandates(ExecCase):
         self.assertEqual(self.d.log().count("%s observe_001: started" % m), 1)
 
     def test_max_concurrent_mandates(self):
+        # two schedules (mandates of one schedule also wait for each other:
+        # Concurrency=queue), one slot
         gate = self.script("gate.sh", 'cat "$1.$KAIROS_MANDATE_ID" > /dev/null\n')
-        self.configure({"gated": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
-                                  "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir)}}},
+        gated = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                 "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir)}}
+        self.configure({"gated1": gated, "gated2": gated},
                        daemon_extra="MaxConcurrentMandates=1\n")
-        at2 = "2026-04-20T12:00:01Z"
-        m1, m2 = mandate_id("gated", AT), mandate_id("gated", at2)
+        m1, m2 = mandate_id("gated1", AT), mandate_id("gated2", AT)
         f1, f2 = self.fifo("gate." + m1), self.fifo("gate." + m2)
         self.start()
-        r1 = self.call_ok("fire", schedule="gated", at=AT)
+        r1 = self.call_ok("fire", schedule="gated1", at=AT)
         self.assertEqual(r1["status"], "running")
         self.d.wait_log("%s observe_001: started" % m1)
-        r2 = self.call_ok("fire", schedule="gated", at=at2)
+        r2 = self.call_ok("fire", schedule="gated2", at=AT)
         self.assertEqual((r2["mandate"], r2["fired"], r2["status"]), (m2, True, "runnable"))
         # the second one's plan is durable, nothing of it runs
         self.assertEqual([r["op"] for r in read_records(self.wal_path(m2))], ["mandate", "plan_commit"])
