@@ -119,6 +119,9 @@ void daemon_stop(struct daemon *d, int exit_code);
 struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path);
 struct mandate *mandate_find(struct daemon *d, const char *id);
 void mandate_set_status(struct mandate *m, enum mandate_status s, const char *reason);
+/* Forget a mandate that has nothing in flight (no command, no job, no
+ * handler, not queued) and free it: -EBUSY otherwise. */
+int mandate_remove(struct mandate *m);
 void mandates_free(struct daemon *d);
 /* Open the mandate's WAL if needed (pool thread, inside a job of m->q). */
 int mandate_wal_open(struct mandate *m);

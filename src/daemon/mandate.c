@@ -97,24 +97,36 @@ void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX])
         }
 }
 
+static void mandate_free(struct mandate *m)
+{
+        if (m->wal)
+                wal_close(m->wal);
+        free(m->id);
+        free(m->wal_path);
+        free(m->reason);
+        free(m->review_step);
+        free(m->plan_id);
+        free(m->schedule);
+        executor_free_mandate(m);
+        free(m);
+}
+
+int mandate_remove(struct mandate *m)
+{
+        if (m->busy || m->queued || m->holds_slot || m->run || !serialq_idle(&m->q))
+                return -EBUSY;
+        strmap_remove(m->d->mandates, m->id);
+        mandate_free(m);
+        return 0;
+}
+
 void mandates_free(struct daemon *d)
 {
         size_t pos = 0;
         const char *k;
         void *v;
-        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
-                struct mandate *m = v;
-                if (m->wal)
-                        wal_close(m->wal);
-                free(m->id);
-                free(m->wal_path);
-                free(m->reason);
-                free(m->review_step);
-                free(m->plan_id);
-                free(m->schedule);
-                executor_free_mandate(m);
-                free(m);
-        }
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0)
+                mandate_free(v);
         strmap_free(d->mandates);
         d->mandates = NULL;
 }

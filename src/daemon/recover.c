@@ -13,6 +13,7 @@
 #include "executor.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
+#include "kairos/kio.h"
 #include "kairos/recovery.h"
 #include "kairos/wal.h"
 #include "log.h"
@@ -37,6 +38,9 @@ struct recover_job {
         bool corrupt;
         size_t bad_line, bad_offset;
         char bad_reason[128];
+        bool had_summary;            /* the mandate ended before (summary loaded) */
+        bool empty;                  /* no record at all: removed (see recover_work) */
+        int unlink_error;
         bool torn;
         size_t torn_bytes;
         char torn_path[4096];
@@ -157,6 +161,24 @@ static void recover_work(void *arg)
                 j->error = r;
                 goto out;
         }
+        /* Not one record (an empty file, or only a torn fragment that was
+         * just cut off): a kill between creating the WAL and the first flush
+         * of a fire.  That fire was never acknowledged (its reply waits for
+         * the flush), so nothing is lost; the file goes, and the same
+         * (schedule, fired_at) can be fired again.  Kept, it would hold an
+         * id nobody can plan under ("schedule unknown") and turn every later
+         * fire of that tick into "already fired". */
+        if (f->records == 0 && !j->had_summary) {
+                j->empty = true;
+                j->flushes = wal_flush_count(w);
+                wal_close(w);
+                w = NULL;
+                const struct kio *io = kio_posix();
+                if ((r = io->unlink(io->ctx, j->m->wal_path)) < 0 ||
+                    (r = kio_fsync_parent(io, j->m->wal_path)) < 0)
+                        j->unlink_error = r;
+                goto out;
+        }
         if ((r = recovery_plan_fold(f, &rec)) < 0) {
                 j->error = r;
                 goto out;
@@ -236,7 +258,23 @@ static void recover_done(void *arg)
                 else
                         s->manual_review++;
         }
-        if (j->error) {
+        if (j->empty && !j->unlink_error) {
+                log_event(LOG_NOTICE, MSGID_RECOVERY,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
+                          "recovery: %s holds no record (a fire that was never acknowledged): "
+                          "removed", m->wal_path);
+                if (mandate_remove(m) < 0)
+                        mandate_set_status(m, MANDATE_PAUSED, "wal_empty: no record; fire again");
+                m = NULL;
+        } else if (j->empty) {
+                s->io_errors++;
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
+                          "recovery: %s holds no record and cannot be removed: %s; mandate "
+                          "paused (wal_io_error)",
+                          m->wal_path, strerror(-j->unlink_error));
+        } else if (j->error) {
                 s->io_errors++;
                 mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
                 log_event(LOG_ERR, MSGID_WAL_IO_ERROR,
@@ -423,6 +461,7 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
                 /* A WAL next to a summary: the end was recorded but the WAL
                  * not yet archived.  The WAL wins; the executor ends it again. */
                 struct mandate *m = mandate_find(d, id);
+                bool had_summary = m != NULL;
                 if (m) {
                         free(m->wal_path);
                         m->wal_path = strdup(path);
@@ -440,6 +479,7 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
                 }
                 j->m = m;
                 j->d = d;
+                j->had_summary = had_summary;
                 d->recovery.files++;
                 pending_jobs++;
                 if ((r = serialq_submit(&m->q, recover_work, recover_done, j)) < 0) {
