@@ -301,7 +301,7 @@ Enabled=no
 Goal=systemd test
 MaxCycles=2
 [Exec]
-Observe=/bin/sh -c 'echo observing >&2; echo "{\\"seen\\": 1}"'
+Observe=/bin/sh -c 'echo observing >&2; (echo x > /srv/kairos-denied/f) 2>/dev/null; echo "{\\"seen\\": 1}"'
 Orient=/bin/echo oriented
 Decide=/bin/echo decided
 Act=/bin/sh -c 'echo acting >&2; echo "$KAIROS_IDEM_KEY" > /srv/kairos-out/report.$KAIROS_STEP_ID && echo written'
@@ -326,6 +326,28 @@ def mandate_done(mid):
 
 
 def test(c, src):
+    # --- what meson install put there ------------------------------------
+    conf = c.path("/etc/kairos/kairosd.conf")
+    with open(os.path.join(src, "config/examples/kairosd.conf")) as f:
+        example = f.read()
+    with open(conf) as f:
+        check(f.read() == example, "meson install put the example kairosd.conf in /etc/kairos")
+    with open(conf, "a") as f:
+        f.write("# edited by the admin\n")
+    install(src, c.merged)
+    with open(conf) as f:
+        check(f.read().endswith("# edited by the admin\n"),
+              "a second meson install keeps an existing /etc/kairos/kairosd.conf")
+    for p in ("/usr/share/man/man8/kairosd.8", "/usr/share/man/man5/kairosd.conf.5",
+              "/usr/share/man/man5/kairos.schedule.5", "/usr/share/man/man1/kairosctl.1",
+              "/usr/lib/sysusers.d/kairos.conf", "/usr/lib/tmpfiles.d/kairos.conf",
+              "/usr/share/kairos/examples/demo.conf"):
+        check(os.path.exists(c.path(p)), f"installed {p}")
+    r = c.sh(["bash", "-c", "source /usr/share/bash-completion/completions/kairosctl && "
+              "COMP_WORDS=(kairosctl wal ''); COMP_CWORD=2; _kairosctl; "
+              "echo ${COMPREPLY[*]}"])
+    check(r.stdout.split() == ["dump", "verify"], "bash completion: kairosctl wal <TAB>")
+
     # --- install the test configuration -----------------------------------
     c.sh(["systemd-sysusers"])
     c.sh(["systemd-tmpfiles", "--create", "kairos.conf"])
@@ -334,7 +356,8 @@ def test(c, src):
     c.write("/etc/kairos/kairosd.conf.d/test.conf", "[Idempotency]\nWriteRoots=/srv/kairos-out\n")
     c.write("/etc/systemd/system/kairosd.service.d/write-roots.conf",
             "[Service]\nReadWritePaths=/srv/kairos-out\n")
-    c.sh(["install", "-d", "-o", "kairos", "-g", "kairos", "-m", "0750", "/srv/kairos-out"])
+    c.sh(["install", "-d", "-o", "kairos", "-g", "kairos", "-m", "0750", "/srv/kairos-out",
+          "/srv/kairos-denied"])
     c.sh(["systemctl", "daemon-reload"])
 
     # --- 1. start: READY=1 and our STATUS= -------------------------------
@@ -371,6 +394,9 @@ def test(c, src):
     out = c.sh(["cat", "/srv/kairos-out/report.act_001"], check=False).stdout.strip()
     check(out == f"{mid}/act_001", "the act handler wrote into its WriteRoots= directory "
           "(ReadWritePaths= drop-in)")
+    check(not os.path.exists(c.path("/srv/kairos-denied/f")),
+          "a handler cannot write outside the state directory and ReadWritePaths= "
+          "(ProtectSystem=strict), even where the kairos user may")
     _, shown = c.ctl("show", mid)
     check(shown["status"] == "done", "kairosctl show: status done")
 
@@ -481,14 +507,20 @@ def test(c, src):
           "systemctl stop: inactive, result success")
 
 
-def build_and_install(src, work, dest):
-    build = os.path.join(work, "build-usr")
-    if not os.path.exists(os.path.join(build, "build.ninja")):
-        run(["meson", "setup", build, src, "--prefix=/usr", "-Dtest_hooks=true",
+BUILD = None
+
+
+def build(src, work):
+    global BUILD
+    BUILD = os.path.join(work, "build-usr")
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        run(["meson", "setup", BUILD, src, "--prefix=/usr", "-Dtest_hooks=true",
              "-Dtests=false", "-Dbuildtype=debugoptimized"])
-    run(["ninja", "-C", build])
-    r = run(["meson", "install", "-C", build, "--no-rebuild", "--destdir", dest])
-    return r.stdout
+    run(["ninja", "-C", BUILD])
+
+
+def install(src, dest):
+    return run(["meson", "install", "-C", BUILD, "--no-rebuild", "--destdir", dest]).stdout
 
 
 def main():
@@ -523,7 +555,8 @@ def main():
     try:
         c.prepare()
         t = time.monotonic()
-        build_and_install(src, work, c.merged)
+        build(src, work)
+        install(src, c.merged)
         log(f"built and installed into the container ({time.monotonic() - t:.1f} s)")
         c.boot()
         test(c, src)
