@@ -373,6 +373,16 @@ def test(c, src):
     kairos_uid = c.sh(["id", "-u", "kairos"]).stdout.strip()
     check(uid == kairos_uid, f"kairosd runs as user kairos (uid {uid})")
 
+    c.sh(["useradd", "-M", "-G", "kairos", "alice"])
+    r = c.sh(["setpriv", "--reuid=alice", "--regid=alice", "--init-groups",
+              "kairosctl", "status"], check=False)
+    check(r.returncode == 0, "a member of group kairos may use kairosctl under PrivateUsers= "
+          f"(exit {r.returncode}{': ' + r.stderr.strip() if r.returncode else ''})")
+    c.sh(["useradd", "-M", "bob"])
+    r = c.sh(["setpriv", "--reuid=bob", "--regid=bob", "--init-groups",
+              "kairosctl", "status"], check=False)
+    check(r.returncode == 2, f"a user outside group kairos may not (exit {r.returncode})")
+
     # --- 2. a mandate fires, finishes, and its records are in the journal --
     cur = c.cursor()
     _, fired = c.ctl("fire", "quick")
@@ -399,6 +409,25 @@ def test(c, src):
           "(ProtectSystem=strict), even where the kairos user may")
     _, shown = c.ctl("show", mid)
     check(shown["status"] == "done", "kairosctl show: status done")
+
+    # The README's first schedule, verbatim.
+    with open(os.path.join(src, "README.md")) as f:
+        readme = f.read()
+    m = re.search(r"Write `/etc/kairos/schedules.d/hello.conf`.*?:\n\n((?:       [^\n]*\n|\n)+)",
+                  readme, re.S)
+    check(m is not None, "README: the hello.conf example found")
+    hello = "\n".join(line[7:] for line in m.group(1).splitlines()).strip() + "\n"
+    c.write("/etc/kairos/schedules.d/hello.conf", hello)
+    c.sh(["kairosd", "--check-config"])
+    c.sh(["systemctl", "reload", UNIT])
+    cur = c.cursor()
+    _, fired = c.ctl("fire", "hello")
+    hid = fired["mandate"]
+    rec = c.wait_journal(mandate_done(hid), "the README's hello mandate",
+                         matches=[f"MANDATE_ID={hid}"], after=cur)
+    out = c.sh(["cat", "/var/lib/kairos/hello.txt"]).stdout
+    check("reflect said done" in rec["MESSAGE"] and out == f"hello from {hid}\n",
+          f"README: hello.conf works as described ({rec['MESSAGE']!r})")
 
     # --- 3. reload: a good configuration, then a broken one ---------------
     pid_before = c.show("MainPID")["MainPID"]
