@@ -125,7 +125,7 @@ class Campaign:
         self.kills_target = kills
         self.budget = budget
         self.min_kills = min_kills
-        self.dir = tempfile.mkdtemp(prefix="kairos-crash-")
+        self.dir = tempfile.mkdtemp(prefix="kairos-campaign-")
         self.state = os.path.join(self.dir, "state")
         self.side_log = os.path.join(self.dir, "side.log")
         self.handler = os.path.join(self.dir, "handler.sh")
@@ -133,7 +133,10 @@ class Campaign:
             f.write(HANDLER)
         os.chmod(self.handler, 0o755)
         open(self.side_log, "w").close()
-        self.notify = NotifySocket(self.dir)
+        # Created by run() only: a closed NotifySocket's reader thread can
+        # end up in recv() on a later socket that reuses its fd number and
+        # steal its READY=1, so a process must not close one and open another.
+        self.notify = None
         self.daemon = None
         self.round = 0
         # figures
@@ -143,6 +146,7 @@ class Campaign:
         self.verdicts = {v: 0 for v in VERDICTS}
         self.torn_repaired = 0
         self.safe_resets = 0
+        self.new_reviews = 0        # manual_review that wrote a needs_review record
         self.kill_points = {}       # last record of each unfinished WAL at a kill
         self.torn_seen = 0
         self.resolved = 0
@@ -162,6 +166,8 @@ class Campaign:
         self.retry_by_recovery = {}     # (mandate, step) -> count of recovery resets
         self.violations = []
         self.last_snap = {}
+        self.archive_cache = {}         # path -> (identity, records)
+        self.side, self.side_offset = [], 0
         self.killed = threading.Event()
         self.final_status = {}
         self.handler_starts = self.reruns = 0
@@ -170,7 +176,13 @@ class Campaign:
     def fail(self, what):
         msg = "seed %d, round %d (kill %d): %s" % (self.seed, self.round, self.kills, what)
         self.violations.append(msg)
-        raise Violation(msg + "\n(state kept in %s)" % self.dir)
+        ids = set(re.findall(r"mnd_[A-Za-z0-9_]+", what))
+        if self.daemon and ids:
+            lines = [line for line in self.daemon.log().splitlines()
+                     if any(i in line for i in ids)]
+            msg += "\nthe daemon's log about %s:\n%s" % (" ".join(sorted(ids)),
+                                                       "\n".join(lines[-30:]))
+        raise Violation(msg + "\n(state and every daemon's log kept in %s)" % self.dir)
 
     def ctl(self, *args, timeout=30):
         return subprocess.run([KAIROSCTL, "--socket", os.path.join(self.state, "control.sock"),
@@ -211,17 +223,24 @@ class Campaign:
         try:
             self.notify.wait_ready(timeout=120 if SANITIZED else 60)
         except TimeoutError:
-            self.fail("invariant 5: no READY=1 after the restart; log tail:\n%s"
-                      % self.daemon.log()[-4000:])
+            self.fail("invariant 5: no READY=1 after the restart (notify reader alive: %s, "
+                      "messages: %r); log tail:\n%s"
+                      % (self.notify.thread.is_alive(), self.notify.messages[-5:],
+                         self.daemon.log()[-4000:]))
         self.ready_max = max(self.ready_max, time.monotonic() - t0)
 
     def collect_log(self, d):
         """Recovery verdicts and torn-tail repairs of one daemon run."""
         d.proc.stderr.close()
+        with open(os.path.join(self.dir, "daemon.log"), "a") as f:
+            f.write("==== round %d, kill %d, exit %s\n%s" % (self.round, self.kills,
+                                                           d.proc.returncode, d.log()))
         for line in d.log().splitlines():
             m = RECOVERY_RE.search(line)
             if m:
                 self.verdicts[m.group(3)] += 1
+                if m.group(3) == "manual_review" and m.group(4).startswith("marked"):
+                    self.new_reviews += 1
                 if m.group(3) == "safe_to_retry" and m.group(4).startswith("reset"):
                     self.safe_resets += 1
                     k = (m.group(1), m.group(2))
@@ -250,26 +269,32 @@ class Campaign:
             mid = os.path.basename(path)[:-len(".wal.jsonl.gz")]
             if mid in out:
                 continue  # the WAL wins until it is archived again
+            st = os.stat(path)
+            cached = self.archive_cache.get(path)
+            if cached and cached[0] == (st.st_ino, st.st_size, st.st_mtime_ns):
+                out[mid] = cached[1]
+                continue
             with gzip.open(path, "rb") as f:
                 recs, torn = parse_wal_bytes(f.read())
             if torn:
                 self.fail("invariant 4: the archive %s ends in a torn record" % path)
+            self.archive_cache[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), recs)
             out[mid] = recs
         return out, wals
 
     def side_lines(self):
-        with open(self.side_log) as f:
+        """The side log so far, parsed (read on from where it was read last)."""
+        with open(self.side_log, "rb") as f:
+            f.seek(self.side_offset)
             data = f.read()
-        lines = data.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        out = []
-        for i, line in enumerate(lines):
+        end = data.rfind(b"\n") + 1  # a line being written is read next time
+        self.side_offset += end
+        for line in data[:end].decode().split("\n")[:-1]:
             p = line.split()
             if len(p) < 4 or p[0] not in ("S", "F") or (p[0] == "F" and len(p) != 5):
-                self.fail("side log line %d is malformed: %r" % (i + 1, line))
-            out.append(p)
-        return out
+                self.fail("side log line %d is malformed: %r" % (len(self.side) + 1, line))
+            self.side.append(p)
+        return self.side
 
     # -- checks after a kill (the daemon and its handlers are dead) ----------------
     def wait_handlers_gone(self, side):
@@ -644,6 +669,7 @@ class Campaign:
               % (self.seed, self.kills_target, self.budget,
                  ", sanitizer build" if SANITIZED else ""), flush=True)
         t0 = time.monotonic()
+        self.notify = NotifySocket(self.dir)
         try:
             while self.kills < self.kills_target:
                 if self.budget and time.monotonic() - t0 > self.budget:
@@ -672,7 +698,9 @@ class Campaign:
               "%.2f s)" % (self.restarts, self.ready_max))
         print("  recovery verdicts:    " + ", ".join("%s %d" % (k, self.verdicts[k])
                                                      for k in VERDICTS)
-              + " (safe_to_retry that reset an executed step: %d)" % self.safe_resets)
+              + " (manual_review that marked a step: %d, the rest were marked before; "
+              "safe_to_retry that reset an executed step: %d)"
+              % (self.new_reviews, self.safe_resets))
         print("  last WAL record of the unfinished WALs at the kills: "
               + json.dumps(self.kill_points, sort_keys=True))
         print("  torn tails:           %d seen after a kill, %d repaired at startup"
@@ -688,6 +716,94 @@ class Campaign:
               flush=True)
 
 
+def tr(step, status, **kw):
+    return dict({"op": "transition", "step_id": step, "status": status}, **kw)
+
+
+class TestCheckers(unittest.TestCase):
+    """Every check of the campaign can fail: synthetic WAL images and side logs."""
+
+    def setUp(self):
+        self.c = Campaign(self, 7, 0, 0, 0)
+
+    def tearDown(self):
+        shutil.rmtree(self.c.dir, ignore_errors=True)
+
+    def steps(self, recs, side, msg=None):
+        snap = {"mnd_m": recs}
+        sl = [line.split() for line in side]
+        if msg is None:
+            self.c.check_steps(snap, sl)
+            return
+        with self.assertRaises(Violation) as cm:
+            self.c.check_steps(snap, sl)
+        self.assertIn(msg, str(cm.exception))
+        self.assertIn("seed 7", str(cm.exception))
+
+    def test_clean_history_passes(self):
+        self.c.side_marks = [0, 1]  # killed after the first start
+        self.steps([tr("a", "executing"), tr("a", "needs_review"),
+                    {"op": "operator", "action": "resolve_retry", "step_id": "a"},
+                    tr("a", "pending", reset=True), tr("a", "executing"), tr("a", "completed")],
+                   ["S mnd_m/a 1 10", "S mnd_m/a 2 11", "F mnd_m/a 2 11 0"])
+
+    def test_reset_of_a_completed_step(self):
+        self.steps([tr("a", "executing"), tr("a", "completed"),
+                    {"op": "operator", "action": "resolve_retry", "step_id": "a"},
+                    tr("a", "pending", reset=True)], [], "invariant 1")
+
+    def test_start_after_durable_completion(self):
+        self.c.completed_at["mnd_m/a"] = 0
+        self.steps([tr("a", "executing")], ["S mnd_m/a 1 10"], "invariant 1")
+
+    def test_executing_again_without_reset(self):
+        self.steps([tr("a", "executing"), tr("a", "needs_review"), tr("a", "executing")], [],
+                   "invariant 2")
+
+    def test_reset_without_operator_or_recovery(self):
+        self.steps([tr("a", "executing"), tr("a", "needs_review"), tr("a", "pending", reset=True)],
+                   [], "invariant 2")
+        self.c.retry_by_recovery[("mnd_m", "a")] = 1
+        self.steps([tr("a", "executing"), tr("a", "pending", reset=True)], [])
+
+    def test_start_without_executing_record(self):
+        self.steps([tr("a", "executing")], ["S mnd_m/a 1 10", "F mnd_m/a 1 10 0",
+                                            "S mnd_m/a 1 11"], "barrier")
+
+    def test_second_start_in_the_same_run(self):
+        self.steps([tr("a", "executing"), tr("a", "needs_review"),
+                    {"op": "operator", "action": "resolve_retry", "step_id": "a"},
+                    tr("a", "pending", reset=True), tr("a", "executing")],
+                   ["S mnd_m/a 1 10", "S mnd_m/a 2 11"], "same daemon run")
+
+    def test_acknowledged_records_exist(self):
+        self.c.acked["mnd_m"] = ("alpha", "2030-01-01T00:00:00Z")
+        with self.assertRaisesRegex(Violation, "invariant 4"):
+            self.c.check_acked({})
+        with self.assertRaisesRegex(Violation, "invariant 4"):
+            self.c.check_acked({"mnd_m": [{"op": "mandate", "schedule": "alpha",
+                                            "fired_at": "2030-01-01T00:00:00Z"}]})
+        good = [{"op": "mandate", "schedule": "alpha", "fired_at": "2030-01-01T00:00:00Z"},
+                {"op": "plan_commit", "cycle": 1}]
+        self.c.check_acked({"mnd_m": good})
+        self.c.acked_ops[("mnd_m", "resolve_retry", "act_001")] = 1
+        with self.assertRaisesRegex(Violation, "invariant 4"):
+            self.c.check_acked({"mnd_m": good})
+
+    def test_no_silent_strand(self):
+        ok = {"mnd_m": {"status": "paused_review", "reason": "x", "review_step": "act_001"}}
+        self.c.check_listing(ok, {"mnd_m": [{}]})
+        for bad, msg in [({"status": "paused_review", "reason": None}, "invariant 3"),
+                         ({"status": "paused", "reason": "schedule_unknown"}, "invariant 3"),
+                         ({"status": "quarantined", "reason": "wal_corrupt"}, "corruption"),
+                         ({"status": "idle", "reason": None}, "invariant 3")]:
+            with self.assertRaisesRegex(Violation, msg):
+                self.c.check_listing({"mnd_m": bad}, {})
+        with self.assertRaisesRegex(Violation, "invariant 3"):
+            self.c.check_listing({}, {"mnd_m": [{}]})
+        self.c.check_listing({}, {"mnd_m": []})  # a WAL without records is removed
+
+
 class TestEmptyWal(unittest.TestCase):
     """Found by the campaign (seed 2): a kill between the creation of a
     fired mandate's WAL and its first flush left an empty file; the restarted
@@ -695,7 +811,7 @@ class TestEmptyWal(unittest.TestCase):
     every later fire of that tick with "already fired"."""
 
     def test_wal_without_records_is_removed_and_can_be_fired_again(self):
-        tmp = tempfile.mkdtemp(prefix="kairos-crash-empty-")
+        tmp = tempfile.mkdtemp(prefix="kairos-campaign-empty-")
         try:
             state = os.path.join(tmp, "state")
             os.makedirs(os.path.join(state, "wal"))
@@ -707,10 +823,9 @@ class TestEmptyWal(unittest.TestCase):
             open(empty, "wb").close()
             with open(torn, "wb") as f:
                 f.write(b'{"op":"mandate","mandate_id":"mnd_pl')
-            notify = NotifySocket(tmp)
-            d = Daemon(state, config=cfg, notify=notify)
+            d = Daemon(state, config=cfg)  # no NotifySocket: see Campaign.__init__
             try:
-                notify.wait_ready()
+                d.wait_log("ready: recovered")
                 d.wait_log("recovery: %s holds no record" % empty)
                 d.wait_log("recovery: %s holds no record" % torn)
                 self.assertFalse(os.path.exists(empty))
@@ -727,7 +842,6 @@ class TestEmptyWal(unittest.TestCase):
             finally:
                 self.assertEqual(d.stop(), 0, d.log())
                 d.proc.stderr.close()
-                notify.close()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
