@@ -1926,9 +1926,11 @@ struct stats {
         uint64_t violations;    /* violation messages */
         uint64_t bad_states;
         uint64_t quarantined;   /* WAL files quarantined by recovery */
+        uint64_t q_avoidable;   /* ... with no complete record after the bad bytes */
         uint64_t repaired;      /* torn tails repaired */
         uint64_t recovered;     /* WALs recovery appended records to */
         uint64_t absent;        /* WALs absent in the state */
+        uint64_t rearchived;    /* finished WALs archived again */
         uint64_t attempts;
 };
 
@@ -2102,6 +2104,38 @@ static int plan_recovery(struct checker *c, const char *what, const struct fold 
         return e;
 }
 
+static int gunzip(const struct bytes *in, struct bytes *out);
+
+/* A finished mandate whose WAL survived (the crash came before its archive,
+ * or undid the unlink) is archived again at the next start: over a leftover
+ * .gz.tmp and over an existing archive. */
+static void rearchive(struct checker *c, const char *path, const struct fold *f)
+{
+        if (!f->nplans)
+                return;
+        for (size_t i = 0; i < f->nplans; i++)
+                if (!f->plans[i].finalized)
+                        return;
+        char adir[PATH_MAX * 2], apath[PATH_MAX * 2];
+        snprintf(adir, sizeof(adir), "%s/state/archive", c->dir);
+        snprintf(apath, sizeof(apath), "%s/%s", c->dir, c->x->arch_rel);
+        struct bytes wal = { 0 }, gz = { 0 }, out = { 0 };
+        if (read_whole(path, &wal) < 0)
+                die("read %s", path);
+        c->st->rearchived++;
+        int e = wal_archive_file(&c->nosync, path, adir, NULL);
+        if (e < 0)
+                violation(c, "archiving the finished WAL again failed: %s", strerror(-e));
+        else if (access(path, F_OK) == 0)
+                violation(c, "the WAL is still there after archiving it again");
+        else if (read_whole(apath, &gz) < 0 || gunzip(&gz, &out) < 0 ||
+                 !b_eq(&out, wal.p, wal.n))
+                violation(c, "the archive written again does not hold the WAL");
+        b_free(&wal);
+        b_free(&gz);
+        b_free(&out);
+}
+
 /* The full recovery of one WAL, and the WAL invariants. */
 static void check_wal(struct checker *c, int W)
 {
@@ -2202,6 +2236,20 @@ static void check_wal(struct checker *c, int W)
                 die("read %s", path);
         if (f0->status == FOLD_CORRUPT) {
                 c->st->quarantined++;
+                bool later = false;
+                for (size_t i = pb; i < C0->n && !later;) {
+                        const unsigned char *nl = memchr(C0->p + i, '\n', C0->n - i);
+                        if (!nl)
+                                break;
+                        size_t len = (size_t)(nl - (C0->p + i)) + 1;
+                        /* a written record, possibly behind garbage on its line */
+                        for (size_t k = i; k < i + len && !later; k++)
+                                later = C0->p[k] == '{' &&
+                                        is_written_line(E, C0->p + k, i + len - k);
+                        i += len;
+                }
+                if (!later)
+                        c->st->q_avoidable++;
                 if (!info.corrupt || wal_state(w) != WAL_STATE_QUARANTINED)
                         violation(c, "WAL %s: corrupt (%s) but not quarantined", nm,
                                   f0->bad_reason);
@@ -2253,7 +2301,7 @@ static void check_wal(struct checker *c, int W)
                 goto out;
         encode_recovery(f1, r1, &k1);
         encode_recovery(f1b, r1b, &k2);
-        if (k1.len != k2.len || memcmp(k1.data, k2.data, k1.len) != 0)
+        if (k1.len != k2.len || (k1.len && memcmp(k1.data, k2.data, k1.len) != 0))
                 violation(c, "WAL %s: recovery planned twice on the same state differs", nm);
 
         /* completed stays completed; executing never becomes completed */
@@ -2325,6 +2373,8 @@ static void check_wal(struct checker *c, int W)
                                 violation(c, "WAL %s: step %s had a durable completed record "
                                              "but is not completed after recovery", nm,
                                           fd->steps[i].step_id);
+        if (W == 0)
+                rearchive(c, path, f2);
 out:
         if (w)
                 wal_close(w);
@@ -2678,7 +2728,7 @@ struct run_result {
         double secs;
 };
 
-static void run_one(const struct opts *o, const char *run, const char *wlbase,
+static void run_one(const struct opts *o, bool exhaustive, const char *run, const char *wlbase,
                     const char *tmpbase, int fail_sync,
                     int fail_dirsync, int fail_write, uint64_t target, struct run_result *res,
                     int *nsync, int *ndirsync, int *nwrite, bool *injected)
@@ -2707,10 +2757,18 @@ static void run_one(const struct opts *o, const char *run, const char *wlbase,
         res->driver_violations = x.violations;
         res->ops = R.nops;
 
-        /* crash points: before every mutating operation, and at the end */
+        /* crash points: before every mutating operation, and at the end; a
+         * variant's log equals the main run's up to its injected failure, so
+         * only the points after it are new */
+        size_t first = 0;
+        if (fail_sync || fail_dirsync || fail_write)
+                for (first = 0; first < R.nops; first++)
+                        if (R.ops[first].k == K_SYNCFAIL || R.ops[first].k == K_WRITEFAIL ||
+                            R.ops[first].k == K_DIRSYNCFAIL)
+                                break;
         size_t npts = 0;
         size_t *pts = xmalloc((R.nops + 1) * sizeof(*pts));
-        for (size_t i = 0; i < R.nops; i++)
+        for (size_t i = first; i < R.nops; i++)
                 if (op_mutates(&R.ops[i]))
                         pts[npts++] = i;
         pts[npts++] = R.nops;
@@ -2781,8 +2839,14 @@ static void run_one(const struct opts *o, const char *run, const char *wlbase,
                               ((uint64_t)(fail_sync * 7919 + fail_dirsync * 104729 +
                                           fail_write * 1299709) << 20);
                 uint64_t before = res->st.states;
-                if (o->exhaustive) {
+                if (exhaustive) {
                         gen_exhaustive(&c, &S, &seen, &rs);
+                        if (!o->quiet)
+                                printf("  point %zu/%zu (before op #%zu, %zu choices): %" PRIu64
+                                       " states, %" PRIu64 " so far, %" PRIu64
+                                       " violations, %.0f s\n",
+                                       p + 1, npts, pts[p], P.nit, res->st.states - before,
+                                       res->st.states, res->st.violations, now_s() - t0);
                 } else {
                         /* a point with fewer distinct states than its share
                          * passes the rest on */
@@ -2840,9 +2904,11 @@ static void add_stats(struct stats *a, const struct stats *b)
         a->violations += b->violations;
         a->bad_states += b->bad_states;
         a->quarantined += b->quarantined;
+        a->q_avoidable += b->q_avoidable;
         a->repaired += b->repaired;
         a->recovered += b->recovered;
         a->absent += b->absent;
+        a->rearchived += b->rearchived;
         a->attempts += b->attempts;
 }
 
@@ -2895,7 +2961,7 @@ int main(int argc, char **argv)
                                ? "/dev/shm"
                                : (tmp && *tmp ? tmp : "/tmp");
         char base[PATH_MAX], sbase[PATH_MAX];
-        snprintf(base, sizeof(base), "%s/kairos-crash-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        snprintf(base, sizeof(base), "%s/kairos-crash-states-wl-XXXXXX", tmp && *tmp ? tmp : "/tmp");
         snprintf(sbase, sizeof(sbase), "%s/kairos-crash-states-XXXXXX", fast);
         if (!mkdtemp(base) || !mkdtemp(sbase))
                 die("mkdtemp: %s", strerror(errno));
@@ -2908,7 +2974,7 @@ int main(int argc, char **argv)
         bool inj;
         printf("crash_states: seed %" PRIu64 ", %s\n", o.seed,
                o.exhaustive ? "exhaustive" : "sampled");
-        run_one(&o, "main", base, sbase, 0, 0, 0, o.states, &res, &nsync, &ndirsync, &nwrite, &inj);
+        run_one(&o, o.exhaustive, "main", base, sbase, 0, 0, 0, o.states, &res, &nsync, &ndirsync, &nwrite, &inj);
         add_stats(&total, &res.st);
         driver += res.driver_violations;
         printf("main run: %zu operations (%d file syncs, %d dir syncs, %d writes), %zu crash "
@@ -2919,7 +2985,7 @@ int main(int argc, char **argv)
 
         if (o.variants) {
                 /* one injected failure per run, for every n */
-                uint64_t per = o.exhaustive ? 2000 : (o.states / 200 < 10 ? 10 : o.states / 200);
+                uint64_t per = o.exhaustive ? 5000 : o.states / 100 < 20 ? 20 : o.states / 100;
                 int counts[3] = { nsync, ndirsync, nwrite };
                 static const char *const kinds[3] = { "fdatasync", "dir fsync", "write" };
                 for (int kind = 0; kind < 3; kind++) {
@@ -2931,7 +2997,7 @@ int main(int argc, char **argv)
                                 char name[64];
                                 snprintf(name, sizeof(name), "fail %s #%d", kinds[kind], n);
                                 int a, b, d;
-                                run_one(&o, name, sbase, sbase, kind == 0 ? n : 0, kind == 1 ? n : 0,
+                                run_one(&o, false, name, sbase, sbase, kind == 0 ? n : 0, kind == 1 ? n : 0,
                                         kind == 2 ? n : 0, per, &res, &a, &b, &d, &inj);
                                 if (!inj)
                                         die("%s: the failure was never injected", name);
@@ -2949,9 +3015,12 @@ int main(int argc, char **argv)
         rm_rf(base);
         rm_rf(sbase);
 
-        printf("quarantined WALs: %" PRIu64 ", torn tails repaired: %" PRIu64
-               ", WALs recovery appended to: %" PRIu64 ", absent WALs: %" PRIu64 "\n",
-               total.quarantined, total.repaired, total.recovered, total.absent);
+        printf("quarantined WALs: %" PRIu64 " (%" PRIu64 " with no complete record after the "
+               "bad bytes), torn tails repaired: %" PRIu64
+               ", WALs recovery appended to: %" PRIu64 ", absent WALs: %" PRIu64
+               ", finished WALs archived again: %" PRIu64 "\n",
+               total.quarantined, total.q_avoidable, total.repaired, total.recovered, total.absent,
+               total.rearchived);
         printf("crash states: %" PRIu64 " checked, %" PRIu64 " violations (%.1f s)\n",
                total.states, total.violations + driver, now_s() - t0);
         if (total.violations + driver)
