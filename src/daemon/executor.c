@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1397,6 +1398,19 @@ void executor_free_mandate(struct mandate *m)
 
 /* ---- the exec shim ---- */
 
+static pid_t shim_parent;
+
+/* The shim gets SIGTERM when kairosd dies (PR_SET_PDEATHSIG) — and also when
+ * kairosd terminates the group itself (TimeoutSec=), which is not ours to
+ * escalate.  Only the first ends the whole group at once. */
+static void shim_on_term(int sig)
+{
+        if (getppid() != shim_parent) {
+                kill(0, SIGKILL);
+                _exit(128 + sig);
+        }
+}
+
 int executor_shim_main(int argc, char **argv)
 {
         /* argv: kairosd-exec --exec-shim PPID -- CMD ARGS… */
@@ -1404,12 +1418,44 @@ int executor_shim_main(int argc, char **argv)
                 fprintf(stderr, "kairosd: bad --exec-shim invocation\n");
                 return 127;
         }
-        pid_t parent = (pid_t)atoi(argv[2]);
-        /* No handler outlives the daemon: die with it, and if it is already
-         * gone (it died between fork and here), do not start at all. */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+        shim_parent = (pid_t)atoi(argv[2]);
+        struct sigaction sa = { .sa_handler = shim_on_term };
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGTERM, &sa, NULL) < 0)
                 return 127;
-        execvp(argv[4], argv + 4);
-        fprintf(stderr, "kairosd: cannot execute '%s': %s\n", argv[4], strerror(errno));
-        return 127;
+        /* No handler outlives the daemon: when it dies the shim ends the
+         * handler's whole process group (its children included); if the
+         * daemon is already gone (it died between fork and here), nothing
+         * starts at all. */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != shim_parent)
+                return 127;
+        pid_t child = fork();
+        if (child < 0) {
+                fprintf(stderr, "kairosd: cannot start '%s': %s\n", argv[4], strerror(errno));
+                return 127;
+        }
+        if (child == 0) {
+                signal(SIGTERM, SIG_DFL);
+                /* and if the shim itself is killed, the handler goes too */
+                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)
+                        _exit(127);
+                execvp(argv[4], argv + 4);
+                fprintf(stderr, "kairosd: cannot execute '%s': %s\n", argv[4], strerror(errno));
+                _exit(127);
+        }
+        int st;
+        while (waitpid(child, &st, 0) < 0)
+                if (errno != EINTR)
+                        return 127;
+        if (WIFEXITED(st))
+                return WEXITSTATUS(st);
+        /* Die of the same signal, so kairosd records it as such. */
+        int sig = WTERMSIG(st);
+        signal(sig, SIG_DFL);
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, sig);
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
+        raise(sig);
+        return 128 + sig;
 }

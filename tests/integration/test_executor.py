@@ -724,43 +724,37 @@ class TestStopAndCrash(ExecCase):
 
     def test_no_handler_outlives_kill_9(self):
         h = self.script("sleeper.sh", 'echo $$ > "$1"\nexec sleep 600\n')
-        pidfile = os.path.join(self.out, "pid")
+        pidfile = self.fifo("handlerpid")
         self.configure({"sleepy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
                                    "Exec": {"Observe": "/bin/sh %s %s" % (h, pidfile)}}})
         self.start()
         m = self.fire("sleepy")
         line = self.d.wait_log("%s observe_001: started" % m)
         pid = int(re.search(r"\(pid (\d+), attempt 1\)", line).group(1))
-        self.assertTrue(alive(pid), "the handler runs")
+        with open(pidfile) as f:  # blocks until the handler has written it
+            handler = int(f.read().strip())
+        self.assertTrue(alive(pid) and alive(handler), "the handler runs")
         self.d.kill()  # SIGKILL: no chance to clean up
         # There is no event to wait on for the death of an unrelated process
         # (it is not our child, so no waitpid, and pidfd_open would need
         # Python 3.9 + a kernel that has it): poll /proc with a bounded
         # deadline.  PDEATHSIG kills it at once, so this takes milliseconds.
+        # The logged pid is the exec shim's; the handler is its child and
+        # wrote its own pid into the FIFO (read before the kill, see below).
         deadline = time.monotonic() + 10
-        while alive(pid) and time.monotonic() < deadline:
+        while (alive(pid) or alive(handler)) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.assertFalse(alive(pid), "handler %d outlived kairosd" % pid)
-        # (the pid the handler recorded is the one the daemon logged)
-        if os.path.exists(pidfile):
-            with open(pidfile) as f:
-                self.assertEqual(f.read().strip(), str(pid))
+        self.assertFalse(alive(pid), "shim %d outlived kairosd" % pid)
+        self.assertFalse(alive(handler), "handler %d outlived kairosd" % handler)
         # after the restart, recovery sees an interrupted step
         self.start()
         row = self.mandate(m)
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
 
-    # KNOWN BUG (reported, not fixed here): the exec shim sets PR_SET_PDEATHSIG
-    # and then execs the handler, so only the handler process itself dies with
-    # kairosd; a process the handler started (same process group) is
-    # reparented to init and goes on, so after a crash an "executing" step may
-    # still be doing its side effect while recovery treats it as interrupted.
-    # Outside systemd (no cgroup to kill) nothing ends it.  A fix: the shim
-    # forks instead of exec'ing, waits for the handler and mirrors its exit,
-    # and on its parent-death signal kills its whole process group.  Remove
-    # expectedFailure when that is done.
-    @unittest.expectedFailure
+    # The exec shim keeps running as the parent of the handler: when kairosd
+    # dies (PR_SET_PDEATHSIG) it kills the handler's whole process group, so
+    # not even a child of the handler goes on after a crash.
     def test_no_handler_child_outlives_kill_9(self):
         fifo = self.fifo("childpid")
         h = self.script("parent.sh", 'sleep 600 &\necho $! > "$1"\nwait\n')
