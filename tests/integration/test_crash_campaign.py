@@ -16,6 +16,9 @@ violation fails the test with the seed.
   4. every WAL is readable (`kairosctl wal verify` exit 0, or 1 = torn tail)
      and every record the daemon acknowledged (fire, resolve, approve) exists;
   5. the daemon reaches READY=1 after every restart (within a bound).
+Some rounds stop the daemon with SIGTERM instead (GracefulTimeoutSec 0 or 5),
+and SIGKILL it if the stop takes longer than a random bound; 6% of the kills
+land before READY=1 (during startup and recovery).
 Besides: every handler start follows a durable `executing` record (the
 barrier of DESIGN §6), handlers never outlive a killed daemon (DESIGN §10), no
 mandate is quarantined or fails its WAL I/O.
@@ -142,6 +145,9 @@ class Campaign:
         # figures
         self.kills = 0
         self.early_kills = 0        # landed before READY=1 (during recovery)
+        self.graceful_stops = 0     # SIGTERM rounds that ended with exit 0
+        self.killed_at_shutdown = 0 # handlers killed by a graceful stop
+        self.term_then_kill = 0     # SIGTERM rounds that ended with a SIGKILL
         self.restarts = 0
         self.verdicts = {v: 0 for v in VERDICTS}
         self.torn_repaired = 0
@@ -208,12 +214,13 @@ class Campaign:
             "queued": sched(2, 20, 60, 0, 0, concurrency="queue"),
         }
 
-    def write_config(self, max_concurrent):
+    def write_config(self, max_concurrent, graceful):
         return write_config(self.dir, self.state, self.schedules(),
-                            "MaxConcurrentMandates=%d\nGracefulTimeoutSec=5\n" % max_concurrent)
+                            "MaxConcurrentMandates=%d\nGracefulTimeoutSec=%d\n"
+                            % (max_concurrent, graceful))
 
-    def start(self, max_concurrent, wait_ready=True):
-        cfg = self.write_config(max_concurrent)
+    def start(self, max_concurrent, wait_ready=True, graceful=5):
+        cfg = self.write_config(max_concurrent, graceful)
         self.notify.clear()
         self.restarts += 1
         t0 = time.monotonic()
@@ -247,6 +254,8 @@ class Campaign:
                     self.retry_by_recovery[k] = self.retry_by_recovery.get(k, 0) + 1
             if "torn tail of" in line:
                 self.torn_repaired += 1
+            if "still running after GracefulTimeoutSec" in line:
+                self.killed_at_shutdown += 1
             if "AddressSanitizer" in line or "runtime error:" in line:
                 self.fail("sanitizer report in the daemon log:\n%s" % d.log()[-4000:])
 
@@ -568,7 +577,13 @@ class Campaign:
             self.collect_log(d)
             self.after_kill()
             return
-        self.start(max_conc)
+        # Some rounds stop with SIGTERM (GracefulTimeoutSec=0 kills the
+        # running handlers at once: needs_review killed_at_shutdown), and a
+        # SIGKILL follows if the stop takes longer than a random bound.
+        term = self.rng.random() < 0.08
+        graceful = self.rng.choice([0, 5]) if term else 5
+        term_wait = self.rng.uniform(0.0, 0.3)
+        self.start(max_conc, graceful=graceful)
         d = self.daemon
         snap = self.last_snap  # taken while no daemon ran
         lst = self.listing()
@@ -579,6 +594,13 @@ class Campaign:
 
         def kill():
             self.killed.set()
+            if term:
+                d.proc.terminate()
+                try:
+                    d.proc.wait(term_wait)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
             d.proc.kill()
         timer = threading.Timer(self.kill_delay(), kill)
         timer.start()
@@ -596,7 +618,14 @@ class Campaign:
                 client.close()
             timer.join()
         d.kill()
-        self.kills += 1
+        if d.proc.returncode == -9:
+            self.kills += 1
+            self.term_then_kill += term
+        elif d.proc.returncode == 0 and term:
+            self.graceful_stops += 1
+        else:
+            self.fail("kairosd exited with %s (%s)" % (d.proc.returncode, "after SIGTERM"
+                                                        if term else "before the SIGKILL"))
         self.collect_log(d)
         self.after_kill()
 
@@ -689,11 +718,16 @@ class Campaign:
         if self.kills < self.min_kills:
             self.fail("only %d kills within the budget of %s s (at least %d needed)"
                       % (self.kills, self.budget, self.min_kills))
+        if self.min_kills >= 100 and len(self.acked) < 20:
+            self.fail("only %d mandates fired (at least 20 needed)" % len(self.acked))
 
     def report(self, loop_s, total_s):
         print("crash campaign report (seed %d)" % self.seed)
         print("  kills done:           %d (%d before READY=1, during startup/recovery)"
               % (self.kills, self.early_kills))
+        print("  SIGTERM rounds:       %d clean stops (exit 0; %d handlers killed at shutdown), "
+              "%d killed during the stop"
+              % (self.graceful_stops, self.killed_at_shutdown, self.term_then_kill))
         print("  restarts:             %d (READY=1 after each that was waited on; slowest "
               "%.2f s)" % (self.restarts, self.ready_max))
         print("  recovery verdicts:    " + ", ".join("%s %d" % (k, self.verdicts[k])
