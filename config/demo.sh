@@ -12,6 +12,7 @@
 #                    the state (state/), the control socket (control.sock)
 #                    and the outbox the demo's act phase writes to
 #   KAIROSD          a kairosd binary to use: skips installing and building
+#   KAIROSCTL        the kairosctl to use with it (default: kairosctl on PATH)
 #   KAIROS_BUILD_DIR the build directory (default: build in the source tree)
 #
 # Then, from another terminal (in the same directory):
@@ -35,7 +36,7 @@ if [ -z "${KAIROSD:-}" ]; then
         KAIROSD=$build/src/daemon/kairosd
         ctl=$build/src/ctl/kairosctl
 else
-        ctl=kairosctl
+        ctl=${KAIROSCTL:-kairosctl}
 fi
 
 # The control socket path must fit in sockaddr_un (108 bytes).
@@ -52,6 +53,16 @@ q() {
 
 mkdir -p "$demo/schedules.d" "$demo/state" "$demo/outbox"
 
+# The act handler writes its reports through `kairosctl tool write`, which
+# kairosd allows within WriteRoots= only.  WriteRoots= is a space-separated
+# list: a demo directory with blanks in its path writes directly instead.
+ctl_abs=$(command -v "$ctl" || true)
+case $ctl_abs in "" | /*) ;; *) ctl_abs=$PWD/$ctl_abs ;; esac
+case $demo in
+*[[:space:]]*) write_roots="" ctl_abs="" ;;
+*) write_roots="WriteRoots=$demo/outbox" ;;
+esac
+
 # Rewritten on every start (the state is kept): they follow the checkout.
 cat >"$demo/kairosd.conf" <<CONF
 # kairos demo configuration, written by config/demo.sh (rewritten on every
@@ -63,6 +74,10 @@ SocketGroup=$(id -gn)
 MaxConcurrentMandates=4
 GracefulTimeoutSec=10
 LogLevel=info
+
+[Idempotency]
+# kairosctl tool write may write here (the act handler's reports)
+$write_roots
 CONF
 
 ex=$src/config/examples
@@ -86,6 +101,7 @@ Act=$(q "$ex/act.sh")
 Reflect=$(q "$ex/reflect.sh")
 TimeoutSec=30
 Environment=DEMO_OUTBOX=$demo/outbox
+Environment=KAIROSCTL=$ctl_abs
 WorkingDirectory=$demo
 CONF
 

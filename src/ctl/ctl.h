@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include <jansson.h>
@@ -24,6 +25,8 @@ enum {
         CTL_EXIT_SOFTWARE = 70,   /* EX_SOFTWARE: internal error */
         CTL_EXIT_OSERR = 71,      /* EX_OSERR: out of memory and the like */
         CTL_EXIT_IOERR = 74,      /* EX_IOERR: writing the output failed */
+        CTL_EXIT_TEMPFAIL = 75,   /* EX_TEMPFAIL: tool run/write: the key is in progress
+                                   * or interrupted (try again / see an operator) */
 };
 
 #define CTL_DEFAULT_SOCKET "/run/kairos/control.sock"
@@ -88,6 +91,7 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_canon(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_cron_next(const struct ctl_opts *o, int argc, char **argv);
 
 /* Online commands (ctl_online.c): one request over the control socket. */
 int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv);
@@ -99,6 +103,15 @@ int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_approve(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_schedules(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_schedules_next(const struct ctl_opts *o, int argc, char **argv);
+
+/* The idempotency store (ctl_tool.c). */
+int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_idem_stats(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_idem_get(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_idem_forget(const struct ctl_opts *o, int argc, char **argv);
 
 /* The control socket: --socket, else $KAIROS_CONTROL_SOCKET (non-empty),
  * else CTL_DEFAULT_SOCKET. */
@@ -113,6 +126,33 @@ const char *ctl_socket_path(const struct ctl_opts *o);
  * could not be reached or its reply was not valid, CTL_EXIT_USAGE for a bad
  * $KAIROSCTL_TIMEOUT. */
 int ctl_call(const struct ctl_opts *o, const char *cmd, json_t *args, json_t **result);
+
+/* A connection for several requests in turn (tool run keeps its claim on
+ * the key for as long as the connection is open).  ctl_session_open returns
+ * CTL_EXIT_OK or an exit status after printing why (like ctl_call).
+ * ctl_session_call: like ctl_call, each request with its own
+ * $KAIROSCTL_TIMEOUT; if error is not NULL, a refusal is not printed but
+ * returned there (a new reference) with CTL_EXIT_REFUSED. */
+struct ctl_session;
+int ctl_session_open(const struct ctl_opts *o, struct ctl_session **out);
+int ctl_session_call(struct ctl_session *s, const char *cmd, json_t *args, json_t **result,
+                     json_t **error);
+void ctl_session_close(struct ctl_session *s);
+/* Print a refusal as ctl_call does (message on stderr; with --json the error
+ * object on stdout).  Returns CTL_EXIT_REFUSED. */
+int ctl_print_refusal(const struct ctl_opts *o, json_t *error);
+
+/* "-n N" / "-nN" / "--count N" (1..1000) taken out of argv (up to a "--"),
+ * compacting the rest; *given tells whether it was there.  Returns 0 or
+ * CTL_EXIT_USAGE after printing why. */
+int ctl_take_count(const char *cmd, int *argc, char **argv, int *count, bool *given);
+/* Local time of t in tz (NULL = UTC) as YYYY-MM-DDTHH:MM:SS+HH:MM; offset
+ * receives "+HH:MM".  -ERANGE for an absurd t. */
+struct cron_tz;
+int ctl_format_local(const struct cron_tz *tz, int64_t t, char *buf, size_t len,
+                     char offset[7]);
+/* cron_tz_load with messages: 0, or an exit status (65 bad or unknown zone). */
+int ctl_load_tz(const char *cmd, const char *name, struct cron_tz **out);
 
 /* Validation used by the offline and online commands. */
 bool ctl_valid_schedule_name(const char *name);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "kairos/cron.h"
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
 
@@ -296,7 +297,7 @@ static int print_refusal(const struct ctl_opts *o, json_t *error)
 }
 
 /* Check the reply's shape; returns NULL or what is wrong with it. */
-static const char *check_reply(json_t *reply)
+static const char *check_reply(json_t *reply, json_int_t want_id)
 {
         json_t *v = json_object_get(reply, "v"), *id = json_object_get(reply, "id");
         json_t *ok = json_object_get(reply, "ok"), *error;
@@ -308,7 +309,7 @@ static const char *check_reply(json_t *reply)
         if (!json_is_boolean(ok))
                 return "ok is not true or false";
         if (json_is_true(ok)) {
-                if (!json_is_integer(id) || json_integer_value(id) != CTL_REQUEST_ID)
+                if (!json_is_integer(id) || json_integer_value(id) != want_id)
                         return "id does not match the request";
                 if (!json_is_object(json_object_get(reply, "result")))
                         return "result is not an object";
@@ -316,8 +317,7 @@ static const char *check_reply(json_t *reply)
         }
         /* An error may carry a null id (the daemon could not read one); the
          * connection carried this request only. */
-        if (!(json_is_null(id) || (json_is_integer(id) &&
-                                   json_integer_value(id) == CTL_REQUEST_ID)))
+        if (!(json_is_null(id) || (json_is_integer(id) && json_integer_value(id) == want_id)))
                 return "id does not match the request";
         error = json_object_get(reply, "error");
         if (!json_is_object(error) || !json_is_string(json_object_get(error, "code")) ||
@@ -326,73 +326,134 @@ static const char *check_reply(json_t *reply)
         return NULL;
 }
 
-int ctl_call(const struct ctl_opts *o, const char *cmd, json_t *args, json_t **result)
+struct ctl_session {
+        const struct ctl_opts *o;
+        struct conn c;
+        json_int_t next_id;
+};
+
+int ctl_session_open(const struct ctl_opts *o, struct ctl_session **out)
 {
-        struct conn c = { .path = ctl_socket_path(o), .fd = -1 };
+        struct ctl_session *s;
+        int status, r;
+
+        *out = NULL;
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        s->o = o;
+        s->c = (struct conn){ .path = ctl_socket_path(o), .fd = -1 };
+        s->next_id = CTL_REQUEST_ID;
+        status = timeout_ms(&s->c.timeout_ms);
+        if (status != 0) {
+                free(s);
+                return status;
+        }
+        s->c.deadline = now_ms() + s->c.timeout_ms;
+        r = conn_open(&s->c);
+        if (r < 0) {
+                status = connect_error(s->c.path, r);
+                ctl_session_close(s);
+                return status;
+        }
+        *out = s;
+        return CTL_EXIT_OK;
+}
+
+void ctl_session_close(struct ctl_session *s)
+{
+        if (!s)
+                return;
+        if (s->c.fd >= 0)
+                close(s->c.fd);
+        free(s);
+}
+
+int ctl_session_call(struct ctl_session *s, const char *cmd, json_t *args, json_t **result,
+                     json_t **error)
+{
+        struct conn *c = &s->c;
         struct kbuf line = KBUF_INIT;
         json_t *req = NULL, *reply = NULL;
         json_error_t jerr;
         char *text = NULL;
         const char *why;
+        json_int_t id = s->next_id++;
         int status, r;
 
         *result = NULL;
-        status = timeout_ms(&c.timeout_ms);
-        if (status != 0) {
-                json_decref(args);
-                return status;
-        }
-        c.deadline = now_ms() + c.timeout_ms;
-        req = json_pack("{s:i, s:i, s:s, s:o}", "v", 1, "id", CTL_REQUEST_ID, "cmd", cmd, "args",
+        if (error)
+                *error = NULL;
+        c->deadline = now_ms() + c->timeout_ms;
+        req = json_pack("{s:i, s:I, s:s, s:o}", "v", 1, "id", id, "cmd", cmd, "args",
                         args ? args : json_object());
         text = req ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (!text || kbuf_puts(&line, text) < 0 || kbuf_putc(&line, '\n') < 0) {
                 status = ctl_error(CTL_EXIT_OSERR, "out of memory");
                 goto out;
         }
-        r = conn_open(&c);
-        if (r < 0) {
-                status = connect_error(c.path, r);
-                goto out;
-        }
-        r = conn_send(&c, line.data, line.len);
+        r = conn_send(c, line.data, line.len);
         if (r < 0) {
                 char rest[256];
                 snprintf(rest, sizeof(rest), ": %s",
                          r == -ETIMEDOUT ? "timed out" : strerror(-r));
-                status = unreachable("cannot send the request to ", c.path, rest);
+                status = unreachable("cannot send the request to ", c->path, rest);
                 goto out;
         }
         kbuf_reset(&line);
-        r = conn_recv_line(&c, &line);
+        r = conn_recv_line(c, &line);
         if (r < 0) {
-                status = recv_error(&c, r);
+                status = recv_error(c, r);
                 goto out;
         }
         reply = json_loadb(line.data, line.len, 0, &jerr);
         if (!reply) {
-                status = bad_reply(&c, jerr.text);
+                status = bad_reply(c, jerr.text);
                 goto out;
         }
-        why = check_reply(reply);
+        why = check_reply(reply, id);
         if (why) {
-                status = bad_reply(&c, why);
+                status = bad_reply(c, why);
                 goto out;
         }
         if (json_is_false(json_object_get(reply, "ok"))) {
-                status = print_refusal(o, json_object_get(reply, "error"));
+                if (error) {
+                        *error = json_incref(json_object_get(reply, "error"));
+                        status = CTL_EXIT_REFUSED;
+                } else {
+                        status = print_refusal(s->o, json_object_get(reply, "error"));
+                }
                 goto out;
         }
         *result = json_incref(json_object_get(reply, "result"));
         status = CTL_EXIT_OK;
 out:
-        if (c.fd >= 0)
-                close(c.fd);
         json_decref(reply);
         json_decref(req);
         free(text);
         kbuf_free(&line);
         return status;
+}
+
+int ctl_call(const struct ctl_opts *o, const char *cmd, json_t *args, json_t **result)
+{
+        struct ctl_session *s;
+        int status;
+
+        *result = NULL;
+        status = ctl_session_open(o, &s);
+        if (status != CTL_EXIT_OK) {
+                json_decref(args);
+                return status;
+        }
+        status = ctl_session_call(s, cmd, args, result, NULL);
+        ctl_session_close(s);
+        return status;
+}
+
+int ctl_print_refusal(const struct ctl_opts *o, json_t *error)
+{
+        return print_refusal(o, error);
 }
 
 /* ---- text output helpers ---------------------------------------------- */
@@ -826,19 +887,53 @@ static int text_mandate_status(json_t *r)
         return CTL_EXIT_OK;
 }
 
+/* "schedule NAME paused" / "schedule NAME resumed" */
+static int text_schedule_paused(json_t *r)
+{
+        fputs("schedule ", stdout);
+        ctl_put_safe(stdout, jstr(r, "schedule"));
+        puts(json_is_true(json_object_get(r, "paused")) ? " paused" : " resumed");
+        return CTL_EXIT_OK;
+}
+
+static int check_schedule_name(const char *cmd, const char *name)
+{
+        char *safe;
+        int r;
+
+        if (ctl_valid_schedule_name(name))
+                return 0;
+        safe = safe_str(name);
+        r = ctl_usage_error("%s: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})", cmd,
+                            safe ? safe : "?");
+        free(safe);
+        return r;
+}
+
 int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv)
 {
-        const char *reason = NULL;
-        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        const char *reason = NULL, *schedule = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL },
+                                           { "schedule", true, &schedule, NULL },
+                                           { NULL } };
         int npos, r;
 
         r = ctl_parse_options("pause", argc, argv, opts, &npos);
         if (r == 0)
-                r = want_args("pause", npos, 1, "MANDATE");
+                r = schedule ? want_args("pause --schedule", npos, 0, "")
+                             : want_args("pause", npos, 1, "MANDATE");
         if (r == 0 && reason && !*reason)
                 r = ctl_usage_error("pause: --reason must not be empty");
+        if (r == 0 && schedule)
+                r = check_schedule_name("pause", schedule);
         if (r)
                 return r;
+        if (schedule)
+                return run(o, "pause",
+                           reason ? json_pack("{s:s, s:s}", "schedule", schedule, "reason",
+                                              reason)
+                                  : json_pack("{s:s}", "schedule", schedule),
+                           text_schedule_paused);
         return run(o, "pause",
                    reason ? json_pack("{s:s, s:s}", "mandate", argv[0], "reason", reason)
                           : json_pack("{s:s}", "mandate", argv[0]),
@@ -847,13 +942,21 @@ int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv)
 
 int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv)
 {
+        const char *schedule = NULL;
+        const struct ctl_option opts[] = { { "schedule", true, &schedule, NULL }, { NULL } };
         int npos, r;
 
-        r = ctl_parse_options("resume", argc, argv, NULL, &npos);
+        r = ctl_parse_options("resume", argc, argv, opts, &npos);
         if (r == 0)
-                r = want_args("resume", npos, 1, "MANDATE");
+                r = schedule ? want_args("resume --schedule", npos, 0, "")
+                             : want_args("resume", npos, 1, "MANDATE");
+        if (r == 0 && schedule)
+                r = check_schedule_name("resume", schedule);
         if (r)
                 return r;
+        if (schedule)
+                return run(o, "resume", json_pack("{s:s}", "schedule", schedule),
+                           text_schedule_paused);
         return run(o, "resume", json_pack("{s:s}", "mandate", argv[0]), text_mandate_status);
 }
 
@@ -982,4 +1085,103 @@ int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv)
         if (r == 0)
                 r = want_args("reload", npos, 0, "");
         return r ? r : run(o, "reload", NULL, text_reload);
+}
+
+/* ---- schedules ---------------------------------------------------------- */
+
+static const char *schedule_state(json_t *s)
+{
+        if (json_is_false(json_object_get(s, "enabled")))
+                return "disabled";
+        if (json_is_true(json_object_get(s, "paused")))
+                return "paused";
+        return "enabled";
+}
+
+static int text_schedules(json_t *r)
+{
+        static const char *const head[] = { "NAME",   "CRON",   "ZONE",        "NEXT",
+                                            "LAST",   "POLICY", "CONCURRENCY", "STATE" };
+        json_t *list = json_object_get(r, "schedules"), *s;
+        struct table t;
+        size_t i;
+        int rc = 0;
+
+        if (json_array_size(list) == 0) {
+                puts("no schedules");
+                return CTL_EXIT_OK;
+        }
+        rc = table_init(&t, 8, json_array_size(list) + 1);
+        for (size_t col = 0; rc == 0 && col < 8; col++)
+                rc = table_set(&t, 0, col, head[col]);
+        json_array_foreach(list, i, s) {
+                const char *next = jstr(s, "next_fire_at"), *last = jstr(s, "last_fire_at");
+                const char *cells[] = { jstr(s, "name"),  jstr(s, "cron"),
+                                        jstr(s, "time_zone"), next ? next : "-",
+                                        last ? last : "-", jstr(s, "missed_policy"),
+                                        jstr(s, "concurrency"), schedule_state(s) };
+                for (size_t col = 0; rc == 0 && col < 8; col++)
+                        rc = table_set(&t, i + 1, col, cells[col] ? cells[col] : "-");
+        }
+        if (rc == 0)
+                table_print(&t, "");
+        table_free(&t);
+        return rc == 0 ? CTL_EXIT_OK : ctl_error(CTL_EXIT_OSERR, "out of memory");
+}
+
+int ctl_cmd_schedules(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r;
+
+        r = ctl_parse_options("schedules", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("schedules", npos, 0, "");
+        return r ? r : run(o, "schedules", NULL, text_schedules);
+}
+
+/* One line per time: UTC, and for a schedule in another zone its local time. */
+static int text_schedules_next(json_t *r)
+{
+        const char *zone = jstr(r, "time_zone");
+        struct cron_tz *tz = NULL;
+        json_t *t;
+        size_t i;
+
+        if (zone && strcmp(zone, "UTC") != 0 && cron_tz_load(zone, &tz) < 0)
+                tz = NULL; /* the daemon knows it; this host may not: UTC only */
+        json_array_foreach(json_object_get(r, "next"), i, t) {
+                int64_t when;
+                char local[64], offset[7];
+                ctl_put_safe(stdout, json_string_value(t));
+                if (tz && json_string_value(t) &&
+                    planner_parse_fired_at(json_string_value(t), &when) == 0 &&
+                    ctl_format_local(tz, when, local, sizeof local, offset) == 0)
+                        printf("  %s", local);
+                putchar('\n');
+        }
+        if (json_array_size(json_object_get(r, "next")) == 0) {
+                fputs("kairosctl: schedule ", stderr);
+                ctl_put_safe(stderr, jstr(r, "name"));
+                fputs(" has no fire time ahead\n", stderr);
+        }
+        cron_tz_free(tz);
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_schedules_next(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, count = 5, r;
+        bool given;
+
+        r = ctl_take_count("schedules next", &argc, argv, &count, &given);
+        if (r == 0)
+                r = ctl_parse_options("schedules next", argc, argv, NULL, &npos);
+        if (r == 0)
+                r = want_args("schedules next", npos, 1, "NAME");
+        if (r == 0)
+                r = check_schedule_name("schedules next", argv[0]);
+        if (r)
+                return r;
+        return run(o, "schedules", json_pack("{s:s, s:i}", "next", argv[0], "n", count),
+                   text_schedules_next);
 }

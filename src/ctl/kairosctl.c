@@ -17,28 +17,28 @@ struct ctl_command {
 static const struct ctl_command commands[] = {
         /* online (control socket) */
         { "status", ctl_cmd_status, true, "" },
-        { "schedules", NULL, true, "" },
-        { "schedules next", NULL, true, "NAME [-n N]" },
+        { "schedules", ctl_cmd_schedules, true, "" },
+        { "schedules next", ctl_cmd_schedules_next, true, "NAME [-n N]" },
         { "list", ctl_cmd_list, true, "" },
         { "show", ctl_cmd_show, true, "MANDATE" },
         { "fire", ctl_cmd_fire, true, "SCHEDULE [--at TIME]" },
-        { "pause", ctl_cmd_pause, true, "MANDATE [--reason T]" },
-        { "resume", ctl_cmd_resume, true, "MANDATE" },
+        { "pause", ctl_cmd_pause, true, "MANDATE [--reason T] | --schedule NAME [--reason T]" },
+        { "resume", ctl_cmd_resume, true, "MANDATE | --schedule NAME" },
         { "approve", ctl_cmd_approve, true, "MANDATE [--reason T]" },
         { "resolve", ctl_cmd_resolve, true, "MANDATE STEP --done|--retry|--abandon --reason T" },
         { "reload", ctl_cmd_reload, true, "" },
-        { "tool run", NULL, true, "--key K -- CMD ARGS..." },
-        { "tool write", NULL, true, "--key K PATH" },
-        { "idem stats", NULL, true, "" },
-        { "idem get", NULL, true, "KEY" },
-        { "idem forget", NULL, true, "KEY" },
+        { "tool run", ctl_cmd_tool_run, true, "--key K [--tool NAME] -- CMD ARGS..." },
+        { "tool write", ctl_cmd_tool_write, true, "--key K PATH" },
+        { "idem stats", ctl_cmd_idem_stats, true, "" },
+        { "idem get", ctl_cmd_idem_get, true, "KEY" },
+        { "idem forget", ctl_cmd_idem_forget, true, "KEY --reason T" },
         /* offline (no daemon) */
         { "wal dump", ctl_cmd_wal_dump, false, "FILE" },
         { "wal verify", ctl_cmd_wal_verify, false, "FILE..." },
         { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D]" },
         { "canon", ctl_cmd_canon, false, "[--hash] [FILE|-]" },
         { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C]" },
-        { "cron next", NULL, false, "EXPR [--from T] [-n N] [--tz Z]" },
+        { "cron next", ctl_cmd_cron_next, false, "EXPR [--from T] [-n N] [--tz Z]" },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))

@@ -13,6 +13,7 @@
 #include "chronos.h"
 #include "control.h"
 #include "executor.h"
+#include "idem_service.h"
 #include "kairos/canon.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
@@ -713,8 +714,12 @@ static const struct command commands[] = {
         { "pause", cmd_pause },   { "resume", cmd_resume }, { "resolve", cmd_resolve },
         { "reload", cmd_reload }, { "fire", cmd_fire },     { "approve", cmd_approve },
         { "schedules", cmd_schedules },
+        { "tool-begin", idem_cmd_tool_begin }, { "tool-finish", idem_cmd_tool_finish },
+        { "tool-write", idem_cmd_tool_write }, { "idem-stats", idem_cmd_stats },
+        { "idem-get", idem_cmd_get },           { "idem-forget", idem_cmd_forget },
 #ifdef KAIROS_TEST_HOOKS
         { "test-clock", cmd_test_clock }, { "test-stall", cmd_test_stall },
+        { "test-idem-clock", idem_cmd_test_clock },
 #endif
 };
 

@@ -33,6 +33,7 @@ struct control_client {
         struct control_server *srv;
         struct control_client *prev, *next;
         char *refusal;         /* peer not allowed: every request gets this */
+        struct control_claim *claims;  /* kept on behalf of this connection */
 };
 
 struct write_req {
@@ -56,11 +57,22 @@ static void on_client_closed(uv_handle_t *h)
         client_unref(h->data);
 }
 
+/* The connection is gone: hand every claim back to its owner. */
+static void client_drop_claims(struct control_client *c)
+{
+        while (c->claims) {
+                struct control_claim *cl = c->claims;
+                control_claim_release(cl);
+                cl->on_close(cl);
+        }
+}
+
 static void client_close(struct control_client *c)
 {
         if (c->closing)
                 return;
         c->closing = true;
+        client_drop_claims(c);
         if (c->srv) {
                 if (c->prev)
                         c->prev->next = c->next;
@@ -202,6 +214,42 @@ int control_arg_bool(struct control_request *req, const char *name, bool *out, b
         }
         *out = json_is_true(v);
         return 0;
+}
+
+bool control_claim_attach(struct control_request *req, struct control_claim *cl,
+                          void (*on_close)(struct control_claim *c))
+{
+        struct control_client *c = req->client;
+        if (c->closing)
+                return false;
+        cl->on_close = on_close;
+        cl->client = c;
+        cl->prev = NULL;
+        cl->next = c->claims;
+        if (c->claims)
+                c->claims->prev = cl;
+        c->claims = cl;
+        return true;
+}
+
+void control_claim_release(struct control_claim *cl)
+{
+        struct control_client *c = cl->client;
+        if (!c)
+                return;
+        if (cl->prev)
+                cl->prev->next = cl->next;
+        else
+                c->claims = cl->next;
+        if (cl->next)
+                cl->next->prev = cl->prev;
+        cl->prev = cl->next = NULL;
+        cl->client = NULL;
+}
+
+bool control_claim_owned_by(const struct control_claim *cl, const struct control_request *req)
+{
+        return cl->client && cl->client == req->client;
 }
 
 bool control_peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,

@@ -43,6 +43,25 @@ const char *control_arg_string(struct control_request *req, const char *name, bo
                                bool *failed);
 int control_arg_bool(struct control_request *req, const char *name, bool *out, bool *failed);
 
+/* Something a command keeps on behalf of the connection a request came on
+ * (e.g. an idempotency claim, which must not outlive its caller).  When the
+ * connection closes, every claim still attached to it is detached and its
+ * on_close runs, once, on the loop thread; control_claim_release detaches
+ * a claim without calling on_close.  The claim's memory belongs to its
+ * owner (on_close may free it). */
+struct control_claim {
+        struct control_claim *prev, *next;
+        struct control_client *client;   /* NULL: not attached */
+        void (*on_close)(struct control_claim *c);
+};
+/* Attach c to req's connection.  false (nothing attached) if the connection
+ * is already closing: the caller is gone. */
+bool control_claim_attach(struct control_request *req, struct control_claim *c,
+                          void (*on_close)(struct control_claim *c));
+void control_claim_release(struct control_claim *c);
+/* Is c attached to the connection req came on? */
+bool control_claim_owned_by(const struct control_claim *c, const struct control_request *req);
+
 /* The peer check: root, the daemon's uid, or a member of group gid. */
 bool control_peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,
                           gid_t socket_gid);

@@ -15,6 +15,7 @@
 
 struct control_server;
 struct chronos;
+struct idem_service;
 
 enum mandate_status {
         MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
@@ -88,6 +89,7 @@ struct daemon {
         struct serialq admin_q;    /* config reloads and other non-mandate file work */
         struct control_server *control;
         struct chronos *chronos;
+        struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

@@ -16,6 +16,7 @@
 #include "control.h"
 #include "daemon.h"
 #include "executor.h"
+#include "idem_service.h"
 #include "kairos/canon.h"
 #include "kairos/kio.h"
 #include "log.h"
@@ -178,6 +179,7 @@ static void reload_done(void *arg)
                 j->cfg->control_socket = old->control_socket;
                 old->state_directory = sd;
                 old->control_socket = cs;
+                idem_service_reload(d, j->cfg);
                 d->cfg = j->cfg;
                 config_free(old);
                 log_set_level(d->cfg->log_level);
@@ -332,6 +334,15 @@ static void on_recovered(struct daemon *d)
                 log_error("the scheduler cannot start: %s; schedules do not fire (kairosctl fire "
                           "still works)",
                           strerror(rc < 0 ? -rc : rc));
+}
+
+/* READY waits for the WAL recovery and the idempotency store's load. */
+static unsigned startup_pending;
+
+static void on_startup_part_done(struct daemon *d)
+{
+        if (--startup_pending == 0)
+                on_recovered(d);
 }
 
 static int take_lock(struct daemon *d)
@@ -505,7 +516,12 @@ int main(int argc, char **argv)
         uv_timer_start(&d->extend_timer, on_extend, 5000, 5000);
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->mandates_dir, strerror(-r));
-        if (!d->mandates || (r = recover_start(d, on_recovered)) < 0) {
+        startup_pending = 2;
+        if ((r = idem_service_start(d, on_startup_part_done)) < 0) {
+                log_error("the idempotency store cannot start: %s", strerror(-r));
+                startup_pending--;
+        }
+        if (!d->mandates || (r = recover_start(d, on_startup_part_done)) < 0) {
                 log_error("recovery cannot start: %s", strerror(r < 0 ? -r : ENOMEM));
                 daemon_stop(d, 1);
         }
@@ -522,6 +538,7 @@ int main(int argc, char **argv)
         log_event(LOG_INFO, MSGID_STOPPING, NULL, 0, "stopped (exit %d)", exit_code);
         uv_loop_close(d->loop);
         chronos_free(d);
+        idem_service_free(d);
         mandates_free(d);
 out:
         config_free(d->cfg);

@@ -8,6 +8,7 @@ crc computed with zlib.crc32, independently of the C encoder.  Hashes and
 plan ids are recomputed here from the spec, independently of the C planner.
 """
 
+import calendar
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zlib
 
@@ -218,12 +220,19 @@ class TestGlobal(Case):
         self.assertEqual(out, out2)
 
     def test_online_commands_need_daemon(self):
-        # (status, list, show, fire, pause, resume, approve, resolve and reload
-        # are implemented: test_ctl_online.py)
-        for args, name in ((["--json", "schedules"], "schedules"), (["idem", "stats"], "idem stats"),
-                           (["schedules", "next", "daily"], "schedules next")):
-            _, err = self.check(args, 64)
-            self.assertEqual(err, f"kairosctl: {name} needs the daemon (not yet implemented)\n")
+        # Every online command is implemented (test_ctl_online.py,
+        # test_idem_service.py); without a daemon they exit 2.
+        sock = os.path.join(self.tmp, "none.sock")
+        for args in (["--json", "schedules"], ["idem", "stats"], ["schedules", "next", "daily"],
+                     ["idem", "get", "k"], ["idem", "forget", "k", "--reason", "r"],
+                     ["pause", "--schedule", "daily"], ["resume", "--schedule", "daily"],
+                     ["tool", "run", "--key", "k", "--", "true"]):
+            _, err = self.check(["--socket", sock] + args, 2)
+            self.assertEqual(err, f"kairosctl: cannot connect to {sock}: No such file or "
+                                  f"directory (is kairosd running?)\n")
+        # tool write reads stdin first
+        _, err = self.check(["--socket", sock, "tool", "write", "--key", "k", "/x"], 2, stdin=b"x")
+        self.assertIn("cannot connect", err)
 
     def test_usage_errors(self):
         self.usage(contains="no command")
@@ -747,6 +756,110 @@ class TestRecover(Case):
 
 
 # ---- robustness -----------------------------------------------------------
+
+class TestCronNext(Case):
+    """cron next EXPR [--from T] [-n N] [--tz Z] (offline; DESIGN §9, issue 5)."""
+
+    def times(self, *args):
+        out, err = self.check(["cron", "next", *args], 0)
+        self.assertEqual(err, "")
+        return out.splitlines()
+
+    def test_issue_examples(self):
+        self.assertEqual(self.times("* * * * *", "--from", "2026-04-20T08:00:30Z", "-n", "3"),
+                         ["2026-04-20T08:01:00Z", "2026-04-20T08:02:00Z", "2026-04-20T08:03:00Z"])
+        # Mon-Fri 09:00 from a Friday afternoon: the next Monday (and on)
+        self.assertEqual(self.times("0 9 * * 1-5", "--from", "2026-04-17T10:00:00Z", "-n", "3"),
+                         ["2026-04-20T09:00:00Z", "2026-04-21T09:00:00Z", "2026-04-22T09:00:00Z"])
+        self.assertEqual(self.times("*/15 * * * *", "--from", "2026-04-20T07:59:00Z", "-n", "5"),
+                         ["2026-04-20T08:%02d:00Z" % m for m in (0, 15, 30, 45)]
+                         + ["2026-04-20T09:00:00Z"])
+        self.assertEqual(self.times("0 0,12 * * *", "--from", "2026-04-20T00:00:00Z", "-n", "3"),
+                         ["2026-04-20T12:00:00Z", "2026-04-21T00:00:00Z", "2026-04-21T12:00:00Z"])
+        self.assertEqual(self.times("1-7/2 * * * *", "--from", "2026-04-20T08:00:00Z", "-n", "5"),
+                         ["2026-04-20T08:0%d:00Z" % m for m in (1, 3, 5, 7)]
+                         + ["2026-04-20T09:01:00Z"])
+        # the OR rule: day 1 of the month or a Monday
+        got = self.times("0 0 1 * 1", "--from", "2026-03-31T00:00:00Z", "-n", "4")
+        self.assertEqual(got, ["2026-04-01T00:00:00Z", "2026-04-06T00:00:00Z",
+                               "2026-04-13T00:00:00Z", "2026-04-20T00:00:00Z"])
+        self.assertNotIn("2026-04-15T00:00:00Z", got)
+        # same day and wrap to the next year
+        self.assertEqual(self.times("30 23 31 12 *", "--from", "2026-12-31T23:29:59Z", "-n", "2"),
+                         ["2026-12-31T23:30:00Z", "2027-12-31T23:30:00Z"])
+        self.assertEqual(self.times("@yearly", "--from", "2026-06-01T00:00:00Z", "-n", "1"),
+                         ["2027-01-01T00:00:00Z"])
+        # the expression may come as separate words
+        self.assertEqual(self.times("0", "9", "*", "*", "1-5", "--from", "2026-04-17T10:00:00Z",
+                                    "-n1"), ["2026-04-20T09:00:00Z"])
+
+    def test_default_count_and_from(self):
+        got = self.times("*/5 * * * *")
+        self.assertEqual(len(got), 5)
+        now = time.time()
+        stamps = [calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")) for t in got]
+        self.assertTrue(now - 1 <= stamps[0] <= now + 300, (got, now))
+        self.assertEqual([b - a for a, b in zip(stamps, stamps[1:])], [300] * 4)
+
+    def test_bad_expressions(self):
+        for expr, msg in (("* * * *", "expected 5 fields, got 4"),
+                          ("60 * * * *", "minute: 60 out of range 0-59"),
+                          ("0 0 * * 1..5", "day-of-week: bad token '1..5'"),
+                          ("@foo", "unknown macro '@foo'")):
+            out, err = self.check(["cron", "next", expr], 65)
+            self.assertEqual((out, err), ("", "kairosctl: %s\n" % msg), expr)
+        _, err = self.check(["cron", "next", "0 0 31 2 *", "--from", "2026-01-01T00:00:00Z"], 65)
+        self.assertIn("never matches", err)
+
+    def test_usage(self):
+        self.usage("cron", "next", contains="missing EXPR")
+        self.usage("cron", "next", "* * * * *", "--from", "2026-04-20 08:00", contains="--from")
+        self.usage("cron", "next", "* * * * *", "-n", "0", contains="-n")
+        self.usage("cron", "next", "* * * * *", "-n", "1001")
+        self.usage("cron", "next", "* * * * *", "-n")
+        self.usage("cron", "next", "* * * * *", "--bogus")
+        out, err = self.check(["cron", "next", "* * * * *", "--tz", "Mars/Olympus"], 65)
+        self.assertEqual(err, "kairosctl: cron next: unknown time zone 'Mars/Olympus'\n")
+        out, err = self.check(["cron", "next", "* * * * *", "--tz", "../etc/passwd"], 65)
+        self.assertIn("not a time zone name", err)
+
+    def test_tz_berlin_across_dst(self):
+        if not os.path.exists("/usr/share/zoneinfo/Europe/Berlin"):
+            self.skipTest("no tzdata")
+        # spring forward 2026-03-29: 02:30 local does not exist that day
+        got = self.times("30 2 * * *", "--tz", "Europe/Berlin", "--from", "2026-03-27T00:00:00Z",
+                         "-n", "4")
+        self.assertEqual(got, ["2026-03-27T01:30:00Z  2026-03-27T02:30:00+01:00",
+                               "2026-03-28T01:30:00Z  2026-03-28T02:30:00+01:00",
+                               "2026-03-30T00:30:00Z  2026-03-30T02:30:00+02:00",
+                               "2026-03-31T00:30:00Z  2026-03-31T02:30:00+02:00"])
+        # fall back 2026-10-25: 02:30 local happens twice, fires once (the first)
+        got = self.times("30 2 * * *", "--tz", "Europe/Berlin", "--from", "2026-10-24T00:00:00Z",
+                         "-n", "3")
+        self.assertEqual(got, ["2026-10-24T00:30:00Z  2026-10-24T02:30:00+02:00",
+                               "2026-10-25T00:30:00Z  2026-10-25T02:30:00+02:00",
+                               "2026-10-26T01:30:00Z  2026-10-26T02:30:00+01:00"])
+        # hourly across the gap: 01:00 then 03:00 local (one real hour apart)
+        got = self.times("0 * * * *", "--tz", "Europe/Berlin", "--from", "2026-03-28T23:30:00Z",
+                         "-n", "3")
+        self.assertEqual(got, ["2026-03-29T00:00:00Z  2026-03-29T01:00:00+01:00",
+                               "2026-03-29T01:00:00Z  2026-03-29T03:00:00+02:00",
+                               "2026-03-29T02:00:00Z  2026-03-29T04:00:00+02:00"])
+
+    def test_json(self):
+        out, _ = self.check(["--json", "cron", "next", "0 9 * * *", "--tz", "Europe/Berlin",
+                             "--from", "2026-03-28T12:00:00Z", "-n", "2"], 0)
+        self.assertEqual(json.loads(out), {
+            "expr": "0 9 * * *", "time_zone": "Europe/Berlin", "from": "2026-03-28T12:00:00Z",
+            "next": [{"utc": "2026-03-29T07:00:00Z", "local": "2026-03-29T09:00:00+02:00",
+                      "utc_offset": "+02:00"},
+                     {"utc": "2026-03-30T07:00:00Z", "local": "2026-03-30T09:00:00+02:00",
+                      "utc_offset": "+02:00"}]})
+        out, _ = self.check(["cron", "next", "--json", "0 9 * * *", "--from",
+                             "2026-03-28T12:00:00Z", "-n", "1"], 0)
+        self.assertEqual(json.loads(out)["time_zone"], "UTC")
+        self.assertEqual(json.loads(out)["next"][0]["utc_offset"], "+00:00")
+
 
 class TestNeverCrash(Case):
     def test_garbage_inputs(self):

@@ -141,6 +141,10 @@ class TestDemo(unittest.TestCase):
             rep = json.loads(before[name][0])
             self.assertEqual((rep["idem_key"], rep["mandate"], rep["fired_at"]),
                              (a["idem_key"], m, fired["fired_at"]))
+            # written by kairosd (kairosctl tool write), once per idem key
+            entry = ctl_json(sock, "idem", "get", "kairos.write:" + a["idem_key"])
+            self.assertEqual(entry["state"], "completed", entry)
+            self.assertEqual(entry["result"]["path"], os.path.join(os.path.realpath(outbox), name))
 
         # The same time again: nothing to do, nothing runs, the outbox is as it was.
         starts = self.d.log().count(": started ")
@@ -166,6 +170,11 @@ class TestDemo(unittest.TestCase):
         fired = ctl_json(os.path.join(demo, "control.sock"), "fire", "demo")
         self.d.wait_log("mandate %s done" % fired["mandate"], timeout=120)
         self.assertEqual(len(os.listdir(os.path.join(demo, "outbox"))), 2)
+        # WriteRoots= cannot name a directory with a blank: the act handler
+        # wrote directly, not through kairosd
+        self.assertNotIn("WriteRoots=", conf)
+        st = ctl_json(os.path.join(demo, "control.sock"), "idem", "stats")
+        self.assertEqual(st["size"], 0, st)
 
 
 def run_handler(phase, doc, env, cwd):

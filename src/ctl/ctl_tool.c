@@ -1,0 +1,712 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosctl tool run / tool write / idem stats|get|forget: the idempotency
+ * store of kairosd (DESIGN §11).
+ *
+ * tool run --key K [--tool NAME] -- CMD ARGS...
+ *   claims "NAME:K" from the daemon (tool-begin) on a connection that stays
+ *   open while CMD runs: the daemon answers "proceed" only once the claim is
+ *   durable; a connection that closes before tool-finish leaves the key
+ *   interrupted.  CMD runs here with our stdin; its stdout and stderr are
+ *   passed through and captured; tool-finish reports the exit status and
+ *   both streams (base64), and is answered once that record is durable.  A
+ *   duplicate replays the cached exit status, stdout and stderr byte for
+ *   byte without running CMD.
+ * tool write --key K PATH
+ *   stdin → PATH, written atomically by the daemon (within WriteRoots=),
+ *   once per key. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "kairos/kbuf.h"
+
+/* The control socket takes requests up to 1 MiB: stdout + stderr of a run
+ * (or the content of a write) are kept up to this many bytes, which fit
+ * base64-encoded in one request. */
+#define CTL_TOOL_CAPTURE_MAX (700u * 1024)
+#define CTL_TOOL_DEFAULT "cmd"
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static json_t *b64_json(const void *data, size_t len)
+{
+        size_t n = sodium_base64_ENCODED_LEN(len, sodium_base64_VARIANT_ORIGINAL);
+        char *buf = malloc(n);
+        json_t *v;
+
+        if (!buf)
+                return NULL;
+        sodium_bin2base64(buf, n, data, len, sodium_base64_VARIANT_ORIGINAL);
+        v = json_string(buf);
+        free(buf);
+        return v;
+}
+
+/* Decode a base64 string member (absent: empty).  -EINVAL when malformed. */
+static int b64_member(json_t *obj, const char *name, unsigned char **out, size_t *len)
+{
+        const char *s = json_string_value(json_object_get(obj, name));
+        size_t n = s ? strlen(s) : 0;
+
+        *out = malloc(n / 4 * 3 + 3);
+        *len = 0;
+        if (!*out)
+                return -ENOMEM;
+        if (n && sodium_base642bin(*out, n / 4 * 3 + 3, s, n, NULL, len, NULL,
+                                   sodium_base64_VARIANT_ORIGINAL) != 0) {
+                free(*out);
+                *out = NULL;
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int write_all(int fd, const void *data, size_t len)
+{
+        const char *p = data;
+
+        while (len > 0) {
+                ssize_t n = write(fd, p, len);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                p += n;
+                len -= (size_t)n;
+        }
+        return 0;
+}
+
+static const char *jstr(json_t *obj, const char *key)
+{
+        return json_string_value(json_object_get(obj, key));
+}
+
+/* The key: --key, else $KAIROS_IDEM_KEY (what kairosd gives a handler). */
+static const char *pick_key(const char *key)
+{
+        const char *env;
+
+        if (key)
+                return key;
+        env = getenv("KAIROS_IDEM_KEY");
+        return env && *env ? env : NULL;
+}
+
+/* The daemon said no to a claim: in_progress / interrupted / store_full →
+ * 75 (try again later, or an operator must look), mismatch → 65, anything
+ * else → 1.  The message is the daemon's; for interrupted it names what to
+ * do.  With --json the error object is printed on stdout too. */
+static int claim_refused(const struct ctl_opts *o, json_t *error)
+{
+        const char *code = jstr(error, "code");
+        int status;
+
+        if (!code)
+                code = "";
+        if (strcmp(code, "in_progress") == 0 || strcmp(code, "interrupted") == 0 ||
+            strcmp(code, "store_full") == 0)
+                status = CTL_EXIT_TEMPFAIL;
+        else if (strcmp(code, "mismatch") == 0)
+                status = CTL_EXIT_DATAERR;
+        else
+                return ctl_print_refusal(o, error);
+        fprintf(stderr, "kairosctl: %s: ", code);
+        ctl_put_safe(stderr, jstr(error, "message"));
+        fputc('\n', stderr);
+        if (o->json && ctl_json_print(json_incref(error)) != 0)
+                return CTL_EXIT_IOERR;
+        return status;
+}
+
+/* ---- tool run: the child ------------------------------------------------ */
+
+struct capture {
+        struct kbuf out, err;
+        size_t total;           /* bytes seen on both streams */
+        bool too_large;
+        bool pass;              /* pass through to our stdout/stderr */
+};
+
+static void take(struct capture *cap, struct kbuf *b, int fd_out, const char *data, size_t n)
+{
+        cap->total += n;
+        if (cap->pass)
+                (void)write_all(fd_out, data, n); /* a closed stdout is not the tool's fault */
+        if (cap->too_large)
+                return;
+        if (cap->out.len + cap->err.len + n > CTL_TOOL_CAPTURE_MAX || kbuf_append(b, data, n) < 0) {
+                cap->too_large = true;
+                kbuf_free(&cap->out);
+                kbuf_free(&cap->err);
+        }
+}
+
+/* Run argv with our stdin; stdout/stderr captured (and passed through).
+ * Returns 0 with *wstatus, or the errno of a failed exec as a positive
+ * number in *exec_errno (then *wstatus is meaningless), or -errno. */
+static int run_child(char **argv, struct capture *cap, int *wstatus, int *exec_errno)
+{
+        int out[2] = { -1, -1 }, err[2] = { -1, -1 }, ex[2] = { -1, -1 };
+        int r = 0;
+        pid_t pid;
+
+        *exec_errno = 0;
+        if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(ex, O_CLOEXEC) < 0) {
+                r = -errno;
+                goto out;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        if (pid < 0) {
+                r = -errno;
+                goto out;
+        }
+        if (pid == 0) {
+                signal(SIGPIPE, SIG_DFL);
+                if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0)
+                        _exit(127);
+                execvp(argv[0], argv);
+                int e = errno;
+                (void)!write(ex[1], &e, sizeof e);
+                _exit(127);
+        }
+        close(out[1]);
+        close(err[1]);
+        close(ex[1]);
+        out[1] = err[1] = ex[1] = -1;
+
+        struct pollfd p[2] = { { .fd = out[0], .events = POLLIN },
+                               { .fd = err[0], .events = POLLIN } };
+        char buf[65536];
+        while (p[0].fd >= 0 || p[1].fd >= 0) {
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        break;
+                }
+                for (int i = 0; i < 2; i++) {
+                        if (p[i].fd < 0 || !p[i].revents)
+                                continue;
+                        ssize_t n = read(p[i].fd, buf, sizeof buf);
+                        if (n < 0 && errno == EINTR)
+                                continue;
+                        if (n <= 0) {
+                                close(p[i].fd);
+                                if (i == 0)
+                                        out[0] = -1;
+                                else
+                                        err[0] = -1;
+                                p[i].fd = -1;
+                                continue;
+                        }
+                        take(cap, i == 0 ? &cap->out : &cap->err,
+                             i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf, (size_t)n);
+                }
+        }
+        while (waitpid(pid, wstatus, 0) < 0) {
+                if (errno != EINTR) {
+                        if (r == 0)
+                                r = -errno;
+                        break;
+                }
+        }
+        int e = 0;
+        ssize_t n;
+        while ((n = read(ex[0], &e, sizeof e)) < 0 && errno == EINTR)
+                ;
+        if (n == (ssize_t)sizeof e)
+                *exec_errno = e;
+out:
+        for (int i = 0; i < 2; i++) {
+                if (out[i] >= 0)
+                        close(out[i]);
+                if (err[i] >= 0)
+                        close(err[i]);
+                if (ex[i] >= 0)
+                        close(ex[i]);
+        }
+        return r;
+}
+
+/* ---- tool run --------------------------------------------------------- */
+
+/* Replay a finished entry: its stdout and stderr byte for byte, then its
+ * exit status.  A cached failure also says so on stderr. */
+static int replay(const struct ctl_opts *o, json_t *res)
+{
+        unsigned char *out = NULL, *err = NULL;
+        size_t nout = 0, nerr = 0;
+        json_t *st = json_object_get(res, "exit_status");
+        bool failed = strcmp(jstr(res, "outcome") ? jstr(res, "outcome") : "", "failed") == 0;
+        int status = json_is_integer(st) ? (int)json_integer_value(st) : 1;
+
+        if (status < 0 || status > 255)
+                status = 1;
+        if (o->json)
+                return ctl_json_print(json_incref(res)) ? CTL_EXIT_IOERR : status;
+        if (b64_member(res, "stdout", &out, &nout) < 0 ||
+            b64_member(res, "stderr", &err, &nerr) < 0) {
+                free(out);
+                return ctl_error(CTL_EXIT_UNREACHABLE, "the cached output of %s is not base64",
+                                 jstr(res, "key"));
+        }
+        fflush(stdout);
+        (void)write_all(STDOUT_FILENO, out, nout);
+        (void)write_all(STDERR_FILENO, err, nerr);
+        free(out);
+        free(err);
+        if (failed) {
+                fputs("kairosctl: ", stderr);
+                ctl_put_safe(stderr, jstr(res, "key"));
+                fputs(": cached error from the first run (", stderr);
+                ctl_put_safe(stderr, jstr(res, "error_class"));
+                fputs("): ", stderr);
+                ctl_put_safe(stderr, jstr(res, "error_msg"));
+                fputc('\n', stderr);
+        }
+        return status;
+}
+
+/* {"argv":[...]}: each word a string, or {"b64":...} if not UTF-8. */
+static json_t *argv_input(int argc, char **argv)
+{
+        json_t *list = json_array();
+
+        for (int i = 0; list && i < argc; i++) {
+                json_t *w = json_string(argv[i]);
+                if (!w)
+                        w = json_pack("{s:o}", "b64", b64_json(argv[i], strlen(argv[i])));
+                if (!w || json_array_append_new(list, w) < 0) {
+                        json_decref(list);
+                        return NULL;
+                }
+        }
+        return list ? json_pack("{s:o}", "argv", list) : NULL;
+}
+
+static json_t *finish_args(const char *key, const struct capture *cap, int wstatus,
+                           int exec_errno, const char *prog, int *exit_status)
+{
+        json_t *a = json_pack("{s:s}", "key", key);
+        char msg[512];
+
+        if (!a)
+                return NULL;
+        if (exec_errno) {
+                *exit_status = 127;
+                snprintf(msg, sizeof msg, "cannot execute '%s': %s", prog, strerror(exec_errno));
+                json_object_set_new(a, "error_class", json_string("exec_failed"));
+                json_object_set_new(a, "error_msg", json_string(msg));
+        } else if (WIFSIGNALED(wstatus)) {
+                int sig = WTERMSIG(wstatus);
+                *exit_status = 128 + sig;
+                snprintf(msg, sizeof msg, "killed by signal %d (SIG%s)", sig,
+                         sigabbrev_np(sig) ? sigabbrev_np(sig) : "?");
+                json_object_set_new(a, "error_class", json_string("signal"));
+                json_object_set_new(a, "error_msg", json_string(msg));
+        } else {
+                *exit_status = WEXITSTATUS(wstatus);
+        }
+        if (cap->too_large && !exec_errno) {
+                snprintf(msg, sizeof msg,
+                         "stdout and stderr were %zu bytes, more than the %u that are kept; "
+                         "the exit status was %d",
+                         cap->total, CTL_TOOL_CAPTURE_MAX, *exit_status);
+                json_object_set_new(a, "error_class", json_string("output_too_large"));
+                json_object_set_new(a, "error_msg", json_string(msg));
+        }
+        json_object_set_new(a, "exit_status", json_integer(*exit_status));
+        json_object_set_new(a, "stdout", b64_json(cap->out.data ? cap->out.data : "",
+                                                  cap->out.len));
+        json_object_set_new(a, "stderr", b64_json(cap->err.data ? cap->err.data : "",
+                                                  cap->err.len));
+        return a;
+}
+
+int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *key = NULL, *tool = CTL_TOOL_DEFAULT;
+        struct ctl_session *s = NULL;
+        json_t *res = NULL, *err = NULL, *fin = NULL;
+        struct capture cap = { .out = KBUF_INIT, .err = KBUF_INIT, .pass = !o->json };
+        int i, status;
+
+        /* Options up to "--" or the first word of CMD. */
+        for (i = 0; i < argc; i++) {
+                const char *a = argv[i];
+                if (strcmp(a, "--") == 0) {
+                        i++;
+                        break;
+                }
+                if (a[0] != '-')
+                        break;
+                const char **dst = NULL;
+                const char *name = NULL;
+                if (strncmp(a, "--key", 5) == 0 && (a[5] == '\0' || a[5] == '='))
+                        dst = &key, name = "key";
+                else if (strncmp(a, "--tool", 6) == 0 && (a[6] == '\0' || a[6] == '='))
+                        dst = &tool, name = "tool";
+                else
+                        return ctl_usage_error("tool run: unknown option '%s' (put CMD after "
+                                               "--)",
+                                               a);
+                const char *eq = strchr(a, '=');
+                if (eq) {
+                        *dst = eq + 1;
+                } else {
+                        if (i + 1 >= argc)
+                                return ctl_usage_error("tool run: option '--%s' needs a value",
+                                                       name);
+                        *dst = argv[++i];
+                }
+        }
+        key = pick_key(key);
+        if (!key)
+                return ctl_usage_error("tool run needs --key K (or $KAIROS_IDEM_KEY)");
+        if (!*key || !*tool)
+                return ctl_usage_error("tool run: --key and --tool must not be empty");
+        if (i >= argc)
+                return ctl_usage_error("tool run: missing CMD (tool run --key K -- CMD ARGS...)");
+        char **cmd = argv + i;
+        int ncmd = argc - i;
+
+        json_t *input = argv_input(ncmd, cmd);
+        if (!input)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        status = ctl_session_open(o, &s);
+        if (status != CTL_EXIT_OK) {
+                json_decref(input);
+                return status;
+        }
+        status = ctl_session_call(s, "tool-begin",
+                                  json_pack("{s:s, s:s, s:o}", "tool", tool, "key", key, "input",
+                                            input),
+                                  &res, &err);
+        if (status == CTL_EXIT_REFUSED) {
+                status = claim_refused(o, err);
+                goto out;
+        }
+        if (status != CTL_EXIT_OK)
+                goto out;
+        const char *outcome = jstr(res, "outcome");
+        if (!outcome || strcmp(outcome, "proceed") != 0) {
+                status = replay(o, res);
+                goto out;
+        }
+        const char *full = jstr(res, "key");
+        if (!full) {
+                status = ctl_error(CTL_EXIT_UNREACHABLE, "tool-begin: the reply has no key");
+                goto out;
+        }
+
+        int wstatus = 0, exec_errno = 0, exit_status = 0;
+        signal(SIGPIPE, SIG_IGN);
+        int r = run_child(cmd, &cap, &wstatus, &exec_errno);
+        if (r < 0) {
+                /* Nothing ran: leave the key to the daemon (our connection
+                 * closes, the claim becomes interrupted). */
+                status = ctl_errno_error("running CMD", r);
+                goto out;
+        }
+        if (exec_errno) {
+                fputs("kairosctl: cannot execute '", stderr);
+                ctl_put_safe(stderr, cmd[0]);
+                fprintf(stderr, "': %s\n", strerror(exec_errno));
+        }
+        fin = finish_args(full, &cap, wstatus, exec_errno, cmd[0], &exit_status);
+        if (!fin) {
+                status = ctl_error(CTL_EXIT_OSERR, "out of memory");
+                goto out;
+        }
+        json_decref(res);
+        res = NULL;
+        status = ctl_session_call(s, "tool-finish", json_incref(fin), &res, &err);
+        if (status == CTL_EXIT_REFUSED) {
+                fputs("kairosctl: ", stderr);
+                ctl_put_safe(stderr, full);
+                fputs(": the result could not be recorded: ", stderr);
+                ctl_put_safe(stderr, jstr(err, "message"));
+                fputc('\n', stderr);
+                if (o->json)
+                        ctl_json_print(json_incref(err));
+                goto out;
+        }
+        if (status != CTL_EXIT_OK)
+                goto out;
+        if (o->json) {
+                json_object_set_new(fin, "outcome", json_string(jstr(res, "outcome")
+                                                                         ? jstr(res, "outcome")
+                                                                         : "completed"));
+                json_object_set_new(fin, "cached", json_false());
+                if (ctl_json_print(json_incref(fin)) != 0) {
+                        status = CTL_EXIT_IOERR;
+                        goto out;
+                }
+        } else if (cap.too_large) {
+                fputs("kairosctl: ", stderr);
+                ctl_put_safe(stderr, full);
+                fprintf(stderr,
+                        ": the output (%zu bytes) is too large to keep: a duplicate gets "
+                        "the exit status only\n",
+                        cap.total);
+        }
+        status = exit_status;
+out:
+        kbuf_free(&cap.out);
+        kbuf_free(&cap.err);
+        json_decref(fin);
+        json_decref(res);
+        json_decref(err);
+        ctl_session_close(s);
+        return status;
+}
+
+/* ---- tool write ------------------------------------------------------- */
+
+static void text_write(json_t *r)
+{
+        printf("wrote %lld bytes to ", (long long)json_integer_value(json_object_get(r, "bytes")));
+        ctl_put_safe(stdout, jstr(r, "path"));
+        if (json_is_true(json_object_get(r, "cached"))) {
+                fputs(" (key ", stdout);
+                ctl_put_safe(stdout, jstr(r, "key"));
+                fputs(" was done before: not written again)", stdout);
+        }
+        putchar('\n');
+}
+
+int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *key = NULL;
+        const struct ctl_option opts[] = { { "key", true, &key, NULL }, { NULL } };
+        json_t *res = NULL, *err = NULL, *content;
+        struct ctl_session *s = NULL;
+        char *data = NULL;
+        size_t len = 0;
+        int npos, status;
+
+        status = ctl_parse_options("tool write", argc, argv, opts, &npos);
+        if (status)
+                return status;
+        if (npos != 1)
+                return ctl_usage_error(npos ? "tool write: expected only PATH"
+                                            : "tool write: missing PATH");
+        key = pick_key(key);
+        if (!key || !*key)
+                return ctl_usage_error("tool write needs --key K (or $KAIROS_IDEM_KEY)");
+        int r = ctl_read_file("-", &data, &len);
+        if (r < 0)
+                return ctl_file_error("-", r);
+        if (len > CTL_TOOL_CAPTURE_MAX) {
+                free(data);
+                return ctl_error(CTL_EXIT_DATAERR,
+                                 "tool write: stdin has %zu bytes; at most %u can be written",
+                                 len, CTL_TOOL_CAPTURE_MAX);
+        }
+        content = b64_json(data, len);
+        free(data);
+        if (!content)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        status = ctl_session_open(o, &s);
+        if (status != CTL_EXIT_OK) {
+                json_decref(content);
+                return status;
+        }
+        status = ctl_session_call(s, "tool-write",
+                                  json_pack("{s:s, s:s, s:o}", "key", key, "path", argv[0],
+                                            "content", content),
+                                  &res, &err);
+        if (status == CTL_EXIT_REFUSED)
+                status = claim_refused(o, err);
+        else if (status == CTL_EXIT_OK && o->json)
+                status = ctl_json_print(json_incref(res));
+        else if (status == CTL_EXIT_OK)
+                text_write(res);
+        json_decref(res);
+        json_decref(err);
+        ctl_session_close(s);
+        return status;
+}
+
+/* ---- idem stats / get / forget ---------------------------------------- */
+
+static long long jint(json_t *obj, const char *key)
+{
+        return (long long)json_integer_value(json_object_get(obj, key));
+}
+
+static int text_stats(json_t *r)
+{
+        if (json_is_false(json_object_get(r, "available"))) {
+                fputs("Store:       unavailable: ", stdout);
+                ctl_put_safe(stdout, jstr(r, "error"));
+                putchar('\n');
+                return CTL_EXIT_OK;
+        }
+        printf("Entries:     %lld of %lld (%lld processing, %lld completed, %lld failed, "
+               "%lld interrupted)\n",
+               jint(r, "size"), jint(r, "capacity"), jint(r, "processing"),
+               jint(r, "completed"), jint(r, "failed"), jint(r, "interrupted"));
+        printf("TTL:         %lld s\n", jint(r, "ttl_sec"));
+        printf("Lookups:     %lld hits, %lld misses, %lld conflicts, %lld mismatches\n",
+               jint(r, "hits"), jint(r, "misses"), jint(r, "conflicts"), jint(r, "mismatches"));
+        printf("Dropped:     %lld evicted, %lld expired, %lld forgotten; %lld refused "
+               "(store full)\n",
+               jint(r, "evictions"), jint(r, "expirations"), jint(r, "forgets"),
+               jint(r, "store_full"));
+        fputs("Log:         ", stdout);
+        ctl_put_safe(stdout, jstr(r, "log_path"));
+        printf(", %lld records, %lld fdatasync calls, %lld compactions\n", jint(r, "log_records"),
+               jint(r, "log_flushes"), jint(r, "compactions"));
+        fputs("State:       ", stdout);
+        if (json_is_true(json_object_get(r, "quarantined")))
+                fputs("quarantined (the log is corrupt; lookups only)", stdout);
+        else if (jstr(r, "error"))
+                ctl_put_safe(stdout, jstr(r, "error"));
+        else
+                fputs("ok", stdout);
+        putchar('\n');
+        fputs("WriteRoots:  ", stdout);
+        json_t *roots = json_object_get(r, "write_roots"), *v;
+        size_t i;
+        if (json_array_size(roots) == 0)
+                fputs("(none: tool write is refused)", stdout);
+        json_array_foreach(roots, i, v) {
+                if (i)
+                        putchar(' ');
+                ctl_put_safe(stdout, json_string_value(v));
+        }
+        putchar('\n');
+        return CTL_EXIT_OK;
+}
+
+static int call_print(const struct ctl_opts *o, const char *cmd, json_t *args,
+                      int (*text)(json_t *))
+{
+        json_t *res;
+        int status = ctl_call(o, cmd, args, &res);
+
+        if (status != CTL_EXIT_OK)
+                return status;
+        status = o->json ? ctl_json_print(json_incref(res)) : text(res);
+        json_decref(res);
+        return status;
+}
+
+int ctl_cmd_idem_stats(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r = ctl_parse_options("idem stats", argc, argv, NULL, &npos);
+
+        if (r)
+                return r;
+        if (npos)
+                return ctl_usage_error("idem stats: unexpected argument(s)");
+        return call_print(o, "idem-stats", NULL, text_stats);
+}
+
+static void field(const char *label, const char *value)
+{
+        if (!value)
+                return;
+        printf("  %-12s ", label);
+        ctl_put_safe(stdout, value);
+        putchar('\n');
+}
+
+static int text_get(json_t *r)
+{
+        json_t *res = json_object_get(r, "result");
+        char num[64];
+
+        fputs("Key ", stdout);
+        ctl_put_safe(stdout, jstr(r, "key"));
+        putchar('\n');
+        field("state:", jstr(r, "state"));
+        field("tool:", jstr(r, "tool"));
+        field("fingerprint:", jstr(r, "fingerprint"));
+        field("created:", jstr(r, "created_at"));
+        field("finished:", jstr(r, "finished_at"));
+        field("expires:", jstr(r, "expires_at"));
+        field("reason:", jstr(r, "reason"));
+        field("error:", jstr(r, "error_class"));
+        field("message:", jstr(r, "error_msg"));
+        field("durable:", json_is_true(json_object_get(r, "durable")) ? "yes" : "no");
+        if (json_is_integer(json_object_get(res, "exit_status"))) {
+                snprintf(num, sizeof num, "%lld", jint(res, "exit_status"));
+                field("exit status:", num);
+        }
+        static const char *const streams[] = { "stdout", "stderr" };
+        for (int i = 0; i < 2; i++) {
+                unsigned char *data;
+                size_t n;
+                if (!json_is_string(json_object_get(res, streams[i])))
+                        continue;
+                if (b64_member(res, streams[i], &data, &n) == 0) {
+                        snprintf(num, sizeof num, "%zu bytes", n);
+                        printf("  %-12s %s\n", streams[i][3] == 'o' ? "stdout:" : "stderr:", num);
+                        free(data);
+                }
+        }
+        if (jstr(res, "path")) {
+                field("path:", jstr(res, "path"));
+                snprintf(num, sizeof num, "%lld bytes", jint(res, "bytes"));
+                field("written:", num);
+        }
+        if (strcmp(jstr(r, "state") ? jstr(r, "state") : "", "interrupted") == 0) {
+                fputs("\nIts caller vanished before reporting a result: find out whether the "
+                      "side effect happened, then\n  kairosctl idem forget ",
+                      stdout);
+                ctl_put_safe(stdout, jstr(r, "key"));
+                fputs(" --reason TEXT\n", stdout);
+        }
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_idem_get(const struct ctl_opts *o, int argc, char **argv)
+{
+        int npos, r = ctl_parse_options("idem get", argc, argv, NULL, &npos);
+
+        if (r)
+                return r;
+        if (npos != 1)
+                return ctl_usage_error(npos ? "idem get: expected only KEY"
+                                            : "idem get: missing KEY");
+        return call_print(o, "idem-get", json_pack("{s:s}", "key", argv[0]), text_get);
+}
+
+static int text_forget(json_t *r)
+{
+        fputs("forgot ", stdout);
+        ctl_put_safe(stdout, jstr(r, "key"));
+        printf(" (was %s)\n", jstr(r, "state") ? jstr(r, "state") : "?");
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_idem_forget(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *reason = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        int npos, r = ctl_parse_options("idem forget", argc, argv, opts, &npos);
+
+        if (r)
+                return r;
+        if (npos != 1)
+                return ctl_usage_error(npos ? "idem forget: expected only KEY"
+                                            : "idem forget: missing KEY");
+        if (!reason || !*reason)
+                return ctl_usage_error("idem forget: --reason TEXT is required (why it is safe)");
+        return call_print(o, "idem-forget", json_pack("{s:s, s:s}", "key", argv[0], "reason",
+                                                      reason),
+                          text_forget);
+}

@@ -1,0 +1,1368 @@
+/* SPDX-License-Identifier: MIT */
+/* idem_service: the idempotency store behind the control socket.  See
+ * idem_service.h. */
+#include "idem_service.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kairos/idem.h"
+#include "kairos/kbuf.h"
+#include "kairos/kio.h"
+#include "log.h"
+
+#define B64 sodium_base64_VARIANT_ORIGINAL
+/* The tool name of tool-write entries (tool-begin may not use kairos.*). */
+#define WRITE_TOOL "kairos.write"
+#define INTERRUPT_REASON "the caller's connection closed before tool-finish"
+#define STOP_REASON "kairosd stopped while the caller ran the tool"
+
+/* Someone waiting for records to become durable. */
+struct waiter {
+        struct waiter *next;
+        uint64_t lsn;
+        void (*done)(struct waiter *w, int err);
+};
+
+/* A tool-begin claim held by a client connection. */
+struct claim {
+        struct control_claim cc;
+        struct idem_service *svc;
+        struct claim *prev, *next;
+        char key[IDEM_FULL_KEY_SIZE];
+};
+
+struct idem_service {
+        struct daemon *d;
+        struct idem_store *store;
+        struct idem_log *log;
+        char *dir;
+        struct serialq log_q;      /* load, appends + fdatasync, compaction: in order */
+        struct serialq write_q;    /* tool-write: path checks and file writes */
+        void (*loaded_cb)(struct daemon *d);
+        bool loaded;
+        int load_error;
+        struct idem_load_info info;
+        bool busy;                 /* a log job in flight */
+        struct waiter *waiters;
+        struct claim *claims;
+        size_t nclaims;
+        uint64_t flushes;          /* fdatasync calls of the log (copied after each job) */
+        uint64_t compactions;
+        uint64_t compact_not_before; /* log records: retry a failed compaction later */
+        int64_t clock_offset_ms;   /* test hook */
+};
+
+static struct idem_service *SVC(struct daemon *d)
+{
+        return d->idem;
+}
+
+/* ---- clock, formatting ---- */
+
+static int64_t svc_now_ms(void *ctx)
+{
+        struct idem_service *svc = ctx;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + svc->clock_offset_ms;
+}
+
+static json_t *ms_json(int64_t ms)
+{
+        if (ms <= 0)
+                return json_null();
+        time_t t = (time_t)(ms / 1000);
+        struct tm tm;
+        char buf[96];
+        if (!gmtime_r(&t, &tm))
+                return json_null();
+        snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+        return json_string(buf);
+}
+
+static json_t *b64_json(const void *data, size_t len)
+{
+        size_t n = sodium_base64_ENCODED_LEN(len, B64);
+        char *buf = malloc(n);
+        if (!buf)
+                return NULL;
+        sodium_bin2base64(buf, n, data, len, B64);
+        json_t *v = json_string(buf);
+        free(buf);
+        return v;
+}
+
+/* Decode base64 text; -EINVAL if malformed. */
+static int b64_decode(const char *s, unsigned char **out, size_t *len)
+{
+        size_t n = strlen(s);
+        *len = 0;
+        *out = malloc(n / 4 * 3 + 3);
+        if (!*out)
+                return -ENOMEM;
+        if (n && sodium_base642bin(*out, n / 4 * 3 + 3, s, n, NULL, len, NULL, B64) != 0) {
+                free(*out);
+                *out = NULL;
+                return -EINVAL;
+        }
+        return 0;
+}
+
+/* ---- the log: flushes, durability, compaction ---- */
+
+struct log_job {
+        struct idem_service *svc;
+        struct kbuf data;
+        uint64_t upto;
+        bool compact;
+        struct idem_snapshot snap;
+        int r;
+};
+
+static void kick(struct idem_service *svc);
+
+static void log_work(void *arg)
+{
+        struct log_job *j = arg;
+        if (j->compact)
+                j->r = idem_log_compact(j->svc->log, j->data.data, j->data.len);
+        else
+                j->r = idem_log_append(j->svc->log, j->data.data, j->data.len);
+}
+
+/* Answer every waiter whose records are durable, or all of them once the
+ * log failed.  Callbacks may add waiters: collect first, then call. */
+static void wake(struct idem_service *svc)
+{
+        struct idem_stats st;
+        idem_stats(svc->store, &st);
+        struct waiter *ready = NULL, **pp = &svc->waiters;
+        while (*pp) {
+                struct waiter *w = *pp;
+                if (w->lsn <= st.durable_lsn || st.error) {
+                        *pp = w->next;
+                        w->next = ready;
+                        ready = w;
+                } else {
+                        pp = &w->next;
+                }
+        }
+        while (ready) {
+                struct waiter *w = ready;
+                ready = w->next;
+                w->done(w, w->lsn <= st.durable_lsn ? 0 : st.error);
+        }
+}
+
+static void log_done(void *arg)
+{
+        struct log_job *j = arg;
+        struct idem_service *svc = j->svc;
+        svc->busy = false;
+        svc->flushes = idem_log_flush_count(svc->log);
+        if (j->compact) {
+                if (j->r == 0) {
+                        idem_compacted(svc->store, &j->snap);
+                        svc->compactions++;
+                        log_info("idempotency log compacted: %llu records",
+                                 (unsigned long long)j->snap.records);
+                } else {
+                        struct idem_stats st;
+                        idem_stats(svc->store, &st);
+                        svc->compact_not_before = st.log_records * 2;
+                        log_warning("compacting the idempotency log %s failed: %s",
+                                    idem_log_path(svc->log), strerror(-j->r));
+                        int e = idem_log_error(svc->log);
+                        if (e < 0)
+                                idem_set_failed(svc->store, e);
+                }
+        } else if (j->r == 0) {
+                idem_durable(svc->store, j->upto);
+        } else {
+                log_error("writing the idempotency log %s failed: %s; tool calls are refused "
+                          "until kairosd is restarted",
+                          idem_log_path(svc->log), strerror(-j->r));
+                idem_set_failed(svc->store, j->r);
+        }
+        kbuf_free(&j->data);
+        free(j);
+        wake(svc);
+        kick(svc);
+}
+
+/* Start the next log job if none runs: pending records first, else a due
+ * compaction. */
+static void kick(struct idem_service *svc)
+{
+        if (svc->busy || !svc->log || !svc->store)
+                return;
+        struct log_job *j = calloc(1, sizeof(*j));
+        if (!j)
+                goto oom;
+        j->svc = svc;
+        if (idem_pending_bytes(svc->store) > 0) {
+                if (idem_take_pending(svc->store, &j->data, &j->upto) < 0)
+                        goto oom;
+        } else {
+                struct idem_stats st;
+                idem_stats(svc->store, &st);
+                if (!idem_needs_compaction(svc->store) ||
+                    st.log_records < svc->compact_not_before ||
+                    idem_snapshot(svc->store, &j->data, &j->snap) < 0) {
+                        kbuf_free(&j->data);
+                        free(j);
+                        return;
+                }
+                j->compact = true;
+        }
+        svc->busy = true;
+        if (serialq_submit(&svc->log_q, log_work, log_done, j) < 0) {
+                svc->busy = false;
+                kbuf_free(&j->data);
+                free(j);
+                goto oom;
+        }
+        return;
+oom:
+        free(j);
+        log_error("out of memory writing the idempotency log");
+        idem_set_failed(svc->store, -ENOMEM);
+        wake(svc);
+}
+
+/* Call w->done once every record up to lsn is durable (at once if it is). */
+static void wait_durable(struct idem_service *svc, struct waiter *w, uint64_t lsn,
+                         void (*done)(struct waiter *w, int err))
+{
+        w->lsn = lsn;
+        w->done = done;
+        w->next = svc->waiters;
+        svc->waiters = w;
+        kick(svc);
+        wake(svc);
+}
+
+/* ---- errors ---- */
+
+static bool unavailable(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        if (svc && svc->store && svc->loaded)
+                return false;
+        if (svc && svc->load_error)
+                control_reply_error(req, "unavailable",
+                                    "the idempotency store could not be loaded from %s: %s",
+                                    svc->dir, strerror(-svc->load_error));
+        else
+                control_reply_error(req, "unavailable", "the idempotency store is not loaded");
+        return true;
+}
+
+/* A store error of a mutation. */
+static void reply_store_error(struct control_request *req, int r)
+{
+        struct idem_service *svc = SVC(req->d);
+        if (r == -EBADMSG)
+                control_reply_error(req, "quarantined",
+                                    "the idempotency log %s is corrupt: the store is "
+                                    "quarantined (lookups only) until it is repaired",
+                                    svc->log ? idem_log_path(svc->log) : svc->dir);
+        else if (r == -ENOMEM)
+                control_reply_error(req, "internal", "out of memory");
+        else
+                control_reply_error(req, "io_error", "the idempotency log failed: %s",
+                                    strerror(-r));
+}
+
+/* The answer to a begin that found an entry: a cached result (ok reply) or
+ * a conflict (error reply).  v is the store's view (valid until the next
+ * mutation: used at once). */
+static void reply_existing(struct control_request *req, enum idem_outcome o,
+                           const struct idem_view *v, const char *given_fp)
+{
+        switch (o) {
+        case IDEM_HIT_COMPLETED:
+        case IDEM_HIT_FAILED: {
+                json_t *res = NULL;
+                if (v->result_len > 0)
+                        res = json_loadb(v->result, v->result_len, 0, NULL);
+                if (!json_is_object(res)) {
+                        json_decref(res);
+                        res = json_object();
+                        if (v->result_len > 0)
+                                json_object_set_new(res, "result_b64",
+                                                    b64_json(v->result, v->result_len));
+                }
+                json_object_set_new(res, "outcome",
+                                    json_string(o == IDEM_HIT_COMPLETED ? "completed" : "failed"));
+                json_object_set_new(res, "cached", json_true());
+                json_object_set_new(res, "key", json_string(v->key));
+                json_object_set_new(res, "tool", json_string(v->tool));
+                json_object_set_new(res, "created_at", ms_json(v->created_ms));
+                json_object_set_new(res, "finished_at", ms_json(v->finished_ms));
+                if (o == IDEM_HIT_FAILED) {
+                        json_object_set_new(res, "error_class",
+                                            json_string(v->error_class ? v->error_class : ""));
+                        json_object_set_new(res, "error_msg",
+                                            json_string(v->error_msg ? v->error_msg : ""));
+                }
+                control_reply_ok(req, res);
+                return;
+        }
+        case IDEM_IN_PROGRESS:
+                control_reply_error_detail(
+                        req, "in_progress", json_pack("{s:s}", "key", v->key),
+                        "key %s is in progress: another caller is running it (or its result is "
+                        "not durable yet); try again later",
+                        v->key);
+                return;
+        case IDEM_INTERRUPTED:
+                control_reply_error_detail(
+                        req, "interrupted",
+                        json_pack("{s:s, s:s?}", "key", v->key, "reason", v->reason),
+                        "key %s is interrupted (%s): its caller vanished before reporting a "
+                        "result; find out whether the side effect happened, then run "
+                        "'kairosctl idem forget %s --reason TEXT'",
+                        v->key, v->reason ? v->reason : "no reason recorded", v->key);
+                return;
+        case IDEM_MISMATCH:
+                control_reply_error_detail(
+                        req, "mismatch",
+                        json_pack("{s:s, s:s, s:s?}", "key", v->key, "fingerprint",
+                                  v->fingerprint, "given", given_fp),
+                        "key %s was used with another input (stored %s, this call %s): the "
+                        "same key must mean the same call",
+                        v->key, v->fingerprint, given_fp ? given_fp : "?");
+                return;
+        case IDEM_STORE_FULL: {
+                struct idem_stats st;
+                idem_stats(SVC(req->d)->store, &st);
+                control_reply_error(req, "store_full",
+                                    "the idempotency store is full: %zu entries (MaxEntries=%zu), "
+                                    "none of them finished (%zu processing, %zu interrupted); "
+                                    "finish or forget some",
+                                    st.size, st.capacity, st.processing, st.interrupted);
+                return;
+        }
+        default:
+                control_reply_error(req, "internal", "unexpected outcome %s",
+                                    idem_outcome_name(o));
+                return;
+        }
+}
+
+/* ---- claims ---- */
+
+static void claim_free(struct claim *c)
+{
+        struct idem_service *svc = c->svc;
+        control_claim_release(&c->cc);
+        if (c->prev)
+                c->prev->next = c->next;
+        else
+                svc->claims = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        svc->nclaims--;
+        free(c);
+}
+
+static void claim_closed(struct control_claim *cc)
+{
+        struct claim *c = (struct claim *)cc;
+        struct idem_service *svc = c->svc;
+        uint64_t lsn;
+        bool stopping = svc->d->stopping;
+        int r = idem_interrupt(svc->store, c->key, stopping ? STOP_REASON : INTERRUPT_REASON,
+                               &lsn);
+        if (r == 0)
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "IDEM_KEY", c->key }),
+                          "idempotency key %s interrupted: %s; review it with kairosctl idem "
+                          "get %s",
+                          c->key, stopping ? STOP_REASON : INTERRUPT_REASON, c->key);
+        else if (r != -ESTALE && r != -ENOENT)
+                log_error("cannot mark %s interrupted: %s", c->key, strerror(-r));
+        claim_free(c);
+        kick(svc);
+}
+
+static struct claim *claim_find(struct idem_service *svc, const char *key)
+{
+        for (struct claim *c = svc->claims; c; c = c->next)
+                if (strcmp(c->key, key) == 0)
+                        return c;
+        return NULL;
+}
+
+/* ---- tool-begin / tool-finish ---- */
+
+struct begin_op {
+        struct waiter w;
+        struct control_request *req;
+        char key[IDEM_FULL_KEY_SIZE];
+        char fp[CANON_HASH_STRLEN];
+        char tool[IDEM_TOOL_MAX + 1];
+};
+
+static void begin_durable(struct waiter *w, int err)
+{
+        struct begin_op *op = (struct begin_op *)w;
+        if (err)
+                reply_store_error(op->req, err);
+        else
+                control_reply_ok(op->req, json_pack("{s:s, s:s, s:s, s:s}", "outcome", "proceed",
+                                                    "key", op->key, "tool", op->tool,
+                                                    "fingerprint", op->fp));
+        free(op);
+}
+
+/* The request's identity: tool, key or input, fingerprint.  Replies and
+ * returns false on a bad argument. */
+static bool parse_identity(struct control_request *req, const char *tool, const char *key,
+                           char full[IDEM_FULL_KEY_SIZE], char fp[CANON_HASH_STRLEN])
+{
+        bool failed;
+        const char *given_fp = control_arg_string(req, "fingerprint", false, &failed);
+        if (failed)
+                return false;
+        json_t *input = json_object_get(req->args, "input");
+        char *text = NULL;
+        if (input)
+                text = json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY);
+        else if (!given_fp && !key) {
+                control_reply_error(req, "bad_argument",
+                                    "give args.key or args.input (for a content key)");
+                return false;
+        }
+        struct idem_request ir = { .tool = tool,
+                                   .key = key,
+                                   .input_json = text ? text : "null",
+                                   .input_len = text ? strlen(text) : 4,
+                                   .fingerprint = given_fp };
+        int r = idem_make_key(&ir, full, fp);
+        free(text);
+        if (r < 0) {
+                control_reply_error(req, "bad_argument",
+                                    "bad identity: the tool must be 1..64 of [A-Za-z0-9_.-], the "
+                                    "key 1..512 bytes of UTF-8 without control characters, not "
+                                    "starting with 'content:', a fingerprint 'sha256-<64 hex>'");
+                return false;
+        }
+        return true;
+}
+
+void idem_cmd_tool_begin(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        bool failed;
+        if (unavailable(req))
+                return;
+        const char *tool = control_arg_string(req, "tool", true, &failed);
+        if (failed)
+                return;
+        const char *key = control_arg_string(req, "key", false, &failed);
+        if (failed)
+                return;
+        if (strncmp(tool, "kairos.", 7) == 0) {
+                control_reply_error(req, "bad_argument",
+                                    "args.tool: names starting with 'kairos.' are reserved");
+                return;
+        }
+        struct begin_op *op = calloc(1, sizeof(*op));
+        struct claim *c = calloc(1, sizeof(*c));
+        if (!op || !c) {
+                free(op);
+                free(c);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        if (!parse_identity(req, tool, key, op->key, op->fp))
+                goto out;
+        snprintf(op->tool, sizeof op->tool, "%s", tool);
+        struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp };
+        struct idem_view v;
+        uint64_t lsn = 0;
+        int r = idem_begin(svc->store, &ir, &v, &lsn);
+        if (r < 0) {
+                reply_store_error(req, r);
+                goto out;
+        }
+        if (r != IDEM_PROCEED) {
+                reply_existing(req, (enum idem_outcome)r, &v, op->fp);
+                goto out;
+        }
+        /* The claim is this connection's from now on. */
+        c->svc = svc;
+        snprintf(c->key, sizeof c->key, "%s", op->key);
+        c->next = svc->claims;
+        if (svc->claims)
+                svc->claims->prev = c;
+        svc->claims = c;
+        svc->nclaims++;
+        if (!control_claim_attach(req, &c->cc, claim_closed)) {
+                /* the caller is already gone */
+                claim_closed(&c->cc);
+                c = NULL;
+        } else {
+                c = NULL;
+        }
+        op->req = req;
+        wait_durable(svc, &op->w, lsn, begin_durable);
+        return;
+out:
+        free(op);
+        free(c);
+}
+
+struct finish_op {
+        struct waiter w;
+        struct control_request *req;
+        char key[IDEM_FULL_KEY_SIZE];
+        bool failed;
+};
+
+static void finish_durable(struct waiter *w, int err)
+{
+        struct finish_op *op = (struct finish_op *)w;
+        if (err)
+                reply_store_error(op->req, err);
+        else
+                control_reply_ok(op->req,
+                                 json_pack("{s:s, s:s, s:b}", "key", op->key, "outcome",
+                                           op->failed ? "failed" : "completed", "durable", 1));
+        free(op);
+}
+
+/* A base64 argument, validated; returns false after replying. */
+static bool arg_b64(struct control_request *req, const char *name, const char **out)
+{
+        bool failed;
+        const char *s = control_arg_string(req, name, false, &failed);
+        if (failed)
+                return false;
+        unsigned char *bin;
+        size_t n;
+        int r = b64_decode(s ? s : "", &bin, &n);
+        if (r < 0) {
+                control_reply_error(req, "bad_argument", "args.%s: %s", name,
+                                    r == -EINVAL ? "not base64" : "out of memory");
+                return false;
+        }
+        free(bin);
+        *out = s ? s : "";
+        return true;
+}
+
+void idem_cmd_tool_finish(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        bool failed;
+        if (unavailable(req))
+                return;
+        const char *key = control_arg_string(req, "key", true, &failed);
+        if (failed)
+                return;
+        json_t *es = json_object_get(req->args, "exit_status");
+        if (!json_is_integer(es) || json_integer_value(es) < 0 ||
+            json_integer_value(es) > 255) {
+                control_reply_error(req, "bad_argument", "args.exit_status: must be 0..255");
+                return;
+        }
+        const char *out, *err;
+        if (!arg_b64(req, "stdout", &out) || !arg_b64(req, "stderr", &err))
+                return;
+        const char *eclass = control_arg_string(req, "error_class", false, &failed);
+        if (failed)
+                return;
+        const char *emsg = control_arg_string(req, "error_msg", false, &failed);
+        if (failed)
+                return;
+        struct claim *c = claim_find(svc, key);
+        if (!c || !control_claim_owned_by(&c->cc, req)) {
+                control_reply_error(req, "conflict",
+                                    "key %s is not claimed on this connection: send tool-begin "
+                                    "first (on the same connection)",
+                                    key);
+                return;
+        }
+        json_t *payload = json_pack("{s:I, s:s, s:s}", "exit_status", json_integer_value(es),
+                                    "stdout", out, "stderr", err);
+        char *text = payload ? json_dumps(payload, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(payload);
+        struct finish_op *op = calloc(1, sizeof(*op));
+        if (!text || !op) {
+                free(text);
+                free(op);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        uint64_t lsn = 0;
+        int r;
+        if (eclass)
+                r = idem_fail(svc->store, key, eclass, emsg ? emsg : "", text, strlen(text),
+                              &lsn);
+        else
+                r = idem_complete(svc->store, key, text, strlen(text), &lsn);
+        free(text);
+        if (r == -EINVAL) {
+                free(op);
+                control_reply_error(req, "bad_argument",
+                                    "args.error_class: 1..64 of [A-Za-z0-9_.-]");
+                return;
+        }
+        if (r < 0) {
+                free(op);
+                reply_store_error(req, r);
+                return;
+        }
+        claim_free(c);
+        op->req = req;
+        op->failed = eclass != NULL;
+        snprintf(op->key, sizeof op->key, "%s", key);
+        wait_durable(svc, &op->w, lsn, finish_durable);
+}
+
+/* ---- tool-write ---- */
+
+struct write_op {
+        struct waiter w;
+        struct idem_service *svc;
+        struct control_request *req;
+        char key[IDEM_FULL_KEY_SIZE];
+        char fp[CANON_HASH_STRLEN];
+        char *explicit_key;
+        char *path;              /* as given */
+        char **roots;            /* WriteRoots= when the request came */
+        size_t nroots;
+        unsigned char *content;
+        size_t len;
+        /* results of the pool jobs */
+        char *dir;               /* the resolved directory */
+        char *base;              /* the file name */
+        char *resolved;          /* dir/base */
+        const char *code;        /* refused: error code */
+        char msg[2048];
+        bool checked;
+        uint64_t lsn;
+};
+
+static void write_op_free(struct write_op *op)
+{
+        for (size_t i = 0; i < op->nroots; i++)
+                free(op->roots[i]);
+        free(op->roots);
+        free(op->explicit_key);
+        free(op->path);
+        free(op->content);
+        free(op->dir);
+        free(op->base);
+        free(op->resolved);
+        free(op);
+}
+
+static void refuse(struct write_op *op, const char *code, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static void refuse(struct write_op *op, const char *code, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(op->msg, sizeof op->msg, fmt, ap);
+        va_end(ap);
+        op->code = code;
+}
+
+static void roots_text(const struct write_op *op, char *buf, size_t len)
+{
+        size_t used = 0;
+        buf[0] = '\0';
+        if (op->nroots == 0) {
+                snprintf(buf, len, "(none configured)");
+                return;
+        }
+        for (size_t i = 0; i < op->nroots && used < len; i++)
+                used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "",
+                                         op->roots[i]);
+}
+
+/* Pool thread: is op->path a file within a WriteRoots= directory?  Fills
+ * dir/base/resolved, or refuses. */
+static void check_path(struct write_op *op)
+{
+        char roots[1024], rdir[PATH_MAX];
+        roots_text(op, roots, sizeof roots);
+        const char *p = op->path;
+        op->code = NULL;
+        if (p[0] != '/') {
+                refuse(op, "path_refused",
+                       "%s: not an absolute path; tool write takes an absolute path within "
+                       "WriteRoots= (%s)",
+                       p, roots);
+                return;
+        }
+        for (const char *s = p; *s;) {
+                while (*s == '/')
+                        s++;
+                size_t n = strcspn(s, "/");
+                if (n == 2 && s[0] == '.' && s[1] == '.') {
+                        refuse(op, "path_refused",
+                               "%s: '..' is not allowed in the path; write within WriteRoots= "
+                               "(%s)",
+                               p, roots);
+                        return;
+                }
+                s += n;
+        }
+        const char *slash = strrchr(p, '/');
+        const char *base = slash + 1;
+        if (!*base || strcmp(base, ".") == 0) {
+                refuse(op, "path_refused", "%s: names a directory, not a file", p);
+                return;
+        }
+        char *dir = strndup(p, (size_t)(slash - p));
+        if (!dir) {
+                refuse(op, "internal", "out of memory");
+                return;
+        }
+        if (!realpath(*dir ? dir : "/", rdir)) {
+                refuse(op, "path_refused", "%s: its directory %s cannot be resolved: %s", p,
+                       *dir ? dir : "/", strerror(errno));
+                free(dir);
+                return;
+        }
+        free(dir);
+        /* Within a root (each resolved too)? */
+        bool inside = false, any_root = false;
+        char why[1024] = "";
+        size_t wused = 0;
+        for (size_t i = 0; i < op->nroots && !inside; i++) {
+                char rroot[PATH_MAX];
+                if (!realpath(op->roots[i], rroot)) {
+                        if (wused < sizeof why)
+                                wused += (size_t)snprintf(why + wused, sizeof why - wused,
+                                                          "; WriteRoots= %s: %s", op->roots[i],
+                                                          strerror(errno));
+                        continue;
+                }
+                any_root = true;
+                size_t n = strlen(rroot);
+                if (strcmp(rroot, "/") == 0 ||
+                    (strncmp(rdir, rroot, n) == 0 && (rdir[n] == '\0' || rdir[n] == '/')))
+                        inside = true;
+        }
+        if (!inside) {
+                if (op->nroots == 0)
+                        refuse(op, "path_refused",
+                               "%s: tool write is not enabled: no WriteRoots= in the "
+                               "[Idempotency] section of the configuration",
+                               p);
+                else if (!any_root)
+                        refuse(op, "path_refused",
+                               "%s: no WriteRoots= directory exists (%s)%s", p, roots, why);
+                else
+                        refuse(op, "path_refused",
+                               "%s: resolves to %s/%s, which is not within WriteRoots= (%s)%s",
+                               p, rdir, base, roots, why);
+                return;
+        }
+        char full[PATH_MAX + 256];
+        snprintf(full, sizeof full, "%s%s%s", rdir, strcmp(rdir, "/") ? "/" : "", base);
+        struct stat st;
+        if (lstat(full, &st) == 0) {
+                if (S_ISLNK(st.st_mode)) {
+                        refuse(op, "path_refused", "%s: is a symbolic link (to write through it, "
+                               "name its target)", p);
+                        return;
+                }
+                if (!S_ISREG(st.st_mode)) {
+                        refuse(op, "path_refused", "%s: exists and is not a regular file", p);
+                        return;
+                }
+        } else if (errno != ENOENT) {
+                refuse(op, "path_refused", "%s: %s", p, strerror(errno));
+                return;
+        }
+        free(op->dir);
+        free(op->base);
+        free(op->resolved);
+        op->dir = strdup(rdir);
+        op->base = strdup(base);
+        op->resolved = strdup(full);
+        if (!op->dir || !op->base || !op->resolved)
+                refuse(op, "internal", "out of memory");
+}
+
+static void check_work(void *arg)
+{
+        check_path(arg);
+}
+
+/* Pool thread: check again (the directory may have changed), then tmp in
+ * the same directory, write, fdatasync, rename, fsync of the directory. */
+static void write_work(void *arg)
+{
+        struct write_op *op = arg;
+        check_path(op);
+        if (op->code)
+                return;
+        int dfd = open(op->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0) {
+                refuse(op, "write_failed", "%s: cannot open %s: %s", op->path, op->dir,
+                       strerror(errno));
+                return;
+        }
+        char tmp[NAME_MAX + 64];
+        int fd = -1;
+        for (int i = 0; i < 100 && fd < 0; i++) {
+                uint32_t rnd = randombytes_random();
+                snprintf(tmp, sizeof tmp, ".%.200s.kairos-tmp.%08x", op->base, rnd);
+                fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                            0644);
+                if (fd < 0 && errno != EEXIST)
+                        break;
+        }
+        if (fd < 0) {
+                refuse(op, "write_failed", "%s: cannot create a temporary file in %s: %s",
+                       op->path, op->dir, strerror(errno));
+                close(dfd);
+                return;
+        }
+        const unsigned char *p = op->content;
+        size_t left = op->len;
+        int e = 0;
+        while (left > 0 && !e) {
+                ssize_t n = write(fd, p, left);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        e = errno;
+                else {
+                        p += n;
+                        left -= (size_t)n;
+                }
+        }
+        if (!e && fdatasync(fd) < 0)
+                e = errno;
+        if (close(fd) < 0 && !e)
+                e = errno;
+        if (!e && renameat(dfd, tmp, dfd, op->base) < 0)
+                e = errno;
+        if (e) {
+                unlinkat(dfd, tmp, 0);
+                refuse(op, "write_failed", "%s: writing failed: %s", op->path, strerror(e));
+                close(dfd);
+                return;
+        }
+        if (fsync(dfd) < 0)
+                refuse(op, "write_failed", "%s: written, but the directory %s could not be "
+                       "synced: %s", op->path, op->dir, strerror(errno));
+        close(dfd);
+}
+
+static void write_reply(struct write_op *op, bool cached)
+{
+        control_reply_ok(op->req, json_pack("{s:s, s:s, s:s, s:I, s:b}", "outcome",
+                                            cached ? "completed" : "written", "key", op->key,
+                                            "path", op->resolved ? op->resolved : op->path,
+                                            "bytes", (json_int_t)op->len, "cached", cached));
+}
+
+static void write_finished_durable(struct waiter *w, int err)
+{
+        struct write_op *op = (struct write_op *)w;
+        if (err)
+                reply_store_error(op->req, err);
+        else if (op->code)
+                control_reply_error_detail(op->req, op->code,
+                                           json_pack("{s:s, s:b}", "key", op->key, "cached", 0),
+                                           "%s", op->msg);
+        else
+                write_reply(op, false);
+        write_op_free(op);
+}
+
+static void write_done(void *arg)
+{
+        struct write_op *op = arg;
+        struct idem_service *svc = op->svc;
+        uint64_t lsn = 0;
+        int r;
+        if (op->code) {
+                r = idem_fail(svc->store, op->key, strcmp(op->code, "path_refused") == 0
+                                                           ? "path_refused"
+                                                           : "write_failed",
+                              op->msg, NULL, 0, &lsn);
+        } else {
+                json_t *pl = json_pack("{s:s, s:I}", "path", op->resolved, "bytes",
+                                       (json_int_t)op->len);
+                char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                json_decref(pl);
+                r = text ? idem_complete(svc->store, op->key, text, strlen(text), &lsn)
+                         : -ENOMEM;
+                free(text);
+        }
+        if (r < 0) {
+                log_error("cannot record the write of %s (%s): %s", op->path, op->key,
+                          strerror(-r));
+                reply_store_error(op->req, r);
+                write_op_free(op);
+                return;
+        }
+        if (op->code)
+                log_warning("tool write %s (%s) failed: %s", op->path, op->key, op->msg);
+        wait_durable(svc, &op->w, lsn, write_finished_durable);
+}
+
+static void write_begin_durable(struct waiter *w, int err)
+{
+        struct write_op *op = (struct write_op *)w;
+        if (err) {
+                reply_store_error(op->req, err);
+                write_op_free(op);
+                return;
+        }
+        if (serialq_submit(&op->svc->write_q, write_work, write_done, op) < 0) {
+                refuse(op, "write_failed", "out of memory");
+                write_done(op);
+        }
+}
+
+/* A duplicate of a write: answer as the first time. */
+static void write_existing(struct write_op *op, enum idem_outcome o, const struct idem_view *v)
+{
+        if (o == IDEM_HIT_COMPLETED) {
+                json_t *pl = json_loadb(v->result, v->result_len, 0, NULL);
+                const char *path = json_string_value(json_object_get(pl, "path"));
+                free(op->resolved);
+                op->resolved = path ? strdup(path) : NULL;
+                op->len = (size_t)json_integer_value(json_object_get(pl, "bytes"));
+                json_decref(pl);
+                write_reply(op, true);
+        } else if (o == IDEM_HIT_FAILED) {
+                control_reply_error_detail(op->req,
+                                           v->error_class &&
+                                                           strcmp(v->error_class,
+                                                                  "path_refused") == 0
+                                                   ? "path_refused"
+                                                   : "write_failed",
+                                           json_pack("{s:s, s:b}", "key", v->key, "cached", 1),
+                                           "%s (cached: the first write with key %s failed)",
+                                           v->error_msg ? v->error_msg : "", v->key);
+        } else {
+                reply_existing(op->req, o, v, op->fp);
+        }
+        write_op_free(op);
+}
+
+/* Loop: claim the key (after the path check, so a refused path is not
+ * claimed), then write once the begin record is durable. */
+static void begin_write(struct write_op *op)
+{
+        struct idem_service *svc = op->svc;
+        struct idem_request ir = { .tool = WRITE_TOOL, .key = op->explicit_key,
+                                   .fingerprint = op->fp };
+        struct idem_view v;
+        uint64_t lsn = 0;
+        int r = idem_begin(svc->store, &ir, &v, &lsn);
+        if (r < 0) {
+                reply_store_error(op->req, r);
+                write_op_free(op);
+                return;
+        }
+        if (r != IDEM_PROCEED) {
+                write_existing(op, (enum idem_outcome)r, &v);
+                return;
+        }
+        wait_durable(svc, &op->w, lsn, write_begin_durable);
+}
+
+static void check_done(void *arg)
+{
+        struct write_op *op = arg;
+        if (op->code) {
+                control_reply_error_detail(op->req, op->code,
+                                           json_pack("{s:s, s:s, s:b}", "key", op->key, "path",
+                                                     op->path, "cached", 0),
+                                           "%s", op->msg);
+                write_op_free(op);
+                return;
+        }
+        if (SVC(op->req->d)->load_error || !SVC(op->req->d)->store) {
+                unavailable(op->req);
+                write_op_free(op);
+                return;
+        }
+        begin_write(op);
+}
+
+void idem_cmd_tool_write(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        bool failed;
+        if (unavailable(req))
+                return;
+        const char *key = control_arg_string(req, "key", true, &failed);
+        if (failed)
+                return;
+        const char *path = control_arg_string(req, "path", true, &failed);
+        if (failed)
+                return;
+        const char *content = control_arg_string(req, "content", true, &failed);
+        if (failed)
+                return;
+        struct write_op *op = calloc(1, sizeof(*op));
+        if (!op) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        op->svc = svc;
+        op->req = req;
+        int r = b64_decode(content, &op->content, &op->len);
+        if (r < 0) {
+                control_reply_error(req, "bad_argument", "args.content: %s",
+                                    r == -EINVAL ? "not base64" : "out of memory");
+                write_op_free(op);
+                return;
+        }
+        /* The identity is the key and the path: content may differ on a
+         * retry (a timestamp) and is still the same write. */
+        json_t *input = json_pack("{s:s}", "path", path);
+        char *text = input ? json_dumps(input, JSON_COMPACT) : NULL;
+        json_decref(input);
+        struct idem_request ir = { .tool = WRITE_TOOL, .key = key, .input_json = text,
+                                   .input_len = text ? strlen(text) : 0 };
+        r = text ? idem_make_key(&ir, op->key, op->fp) : -ENOMEM;
+        free(text);
+        op->explicit_key = strdup(key);
+        op->path = strdup(path);
+        op->roots = calloc(req->d->cfg->nwrite_roots + 1, sizeof(char *));
+        if (r == 0 && (!op->explicit_key || !op->path || !op->roots))
+                r = -ENOMEM;
+        for (size_t i = 0; r == 0 && i < req->d->cfg->nwrite_roots; i++) {
+                if (!(op->roots[i] = strdup(req->d->cfg->write_roots[i])))
+                        r = -ENOMEM;
+                else
+                        op->nroots++;
+        }
+        if (r < 0) {
+                if (r == -ENOMEM)
+                        control_reply_error(req, "internal", "out of memory");
+                else
+                        control_reply_error(req, "bad_argument",
+                                            "args.key: 1..512 bytes of UTF-8 without control "
+                                            "characters, not starting with 'content:'");
+                write_op_free(op);
+                return;
+        }
+        /* Known key: a duplicate is answered without touching the path. */
+        struct idem_view v;
+        if (idem_get(svc->store, op->key, &v) == 0) {
+                begin_write(op);
+                return;
+        }
+        if (serialq_submit(&svc->write_q, check_work, check_done, op) < 0) {
+                control_reply_error(req, "internal", "out of memory");
+                write_op_free(op);
+        }
+}
+
+/* ---- operator commands ---- */
+
+void idem_cmd_stats(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        json_t *roots = json_array();
+        for (size_t i = 0; i < req->d->cfg->nwrite_roots; i++)
+                json_array_append_new(roots, json_string(req->d->cfg->write_roots[i]));
+        if (!svc || !svc->store || !svc->loaded) {
+                char why[512];
+                snprintf(why, sizeof why, "cannot load %s: %s", svc ? svc->dir : "?",
+                         strerror(svc && svc->load_error ? -svc->load_error : EAGAIN));
+                control_reply_ok(req, json_pack("{s:b, s:s, s:o}", "available", 0, "error", why,
+                                                "write_roots", roots));
+                return;
+        }
+        struct idem_stats st;
+        idem_stats(svc->store, &st);
+        json_t *res = json_pack(
+                "{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+                "s:I, s:I, s:I, s:b}",
+                "available", 1, "size", (json_int_t)st.size, "capacity",
+                (json_int_t)st.capacity, "ttl_sec", (json_int_t)st.ttl_sec, "processing",
+                (json_int_t)st.processing, "completed", (json_int_t)st.completed, "failed",
+                (json_int_t)st.failed, "interrupted", (json_int_t)st.interrupted, "hits",
+                (json_int_t)st.hits, "misses", (json_int_t)st.misses, "conflicts",
+                (json_int_t)st.conflicts, "mismatches", (json_int_t)st.mismatches, "evictions",
+                (json_int_t)st.evictions, "expirations", (json_int_t)st.expirations,
+                "store_full", (json_int_t)st.store_full, "forgets", (json_int_t)st.forgets,
+                "log_records", (json_int_t)st.log_records, "lsn", (json_int_t)st.lsn,
+                "quarantined", st.quarantined);
+        json_object_set_new(res, "durable_lsn", json_integer((json_int_t)st.durable_lsn));
+        json_object_set_new(res, "error", st.error ? json_string(strerror(-st.error))
+                                                   : json_null());
+        json_object_set_new(res, "log_path", json_string(idem_log_path(svc->log)));
+        json_object_set_new(res, "log_flushes", json_integer((json_int_t)svc->flushes));
+        json_object_set_new(res, "compactions", json_integer((json_int_t)svc->compactions));
+        json_object_set_new(res, "claims", json_integer((json_int_t)svc->nclaims));
+        json_object_set_new(res, "write_roots", roots);
+        control_reply_ok(req, res);
+}
+
+/* The entry named by args.key: the full key "TOOL:KEY", or KEY alone for
+ * a tool run ("cmd:KEY") or a tool write ("kairos.write:KEY").  Replies
+ * not_found and returns -ENOENT. */
+static int find_entry(struct control_request *req, const char *key, struct idem_view *v,
+                      char full[IDEM_FULL_KEY_SIZE])
+{
+        static const char *const prefixes[] = { "", "cmd:", WRITE_TOOL ":" };
+        struct idem_service *svc = SVC(req->d);
+        for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+                if (strlen(prefixes[i]) + strlen(key) >= IDEM_FULL_KEY_SIZE)
+                        continue;
+                snprintf(full, IDEM_FULL_KEY_SIZE, "%s%s", prefixes[i], key);
+                if (idem_get(svc->store, full, v) == 0)
+                        return 0;
+        }
+        control_reply_error(req, "not_found",
+                            "no idempotency entry %s (nor cmd:%s, " WRITE_TOOL ":%s)", key, key,
+                            key);
+        return -ENOENT;
+}
+
+void idem_cmd_get(struct control_request *req)
+{
+        bool failed;
+        if (unavailable(req))
+                return;
+        const char *key = control_arg_string(req, "key", true, &failed);
+        if (failed)
+                return;
+        struct idem_view v;
+        char full[IDEM_FULL_KEY_SIZE];
+        if (find_entry(req, key, &v, full) < 0)
+                return;
+        json_t *res = json_pack("{s:s, s:s, s:s, s:s, s:b, s:o, s:o, s:o}", "key", v.key, "tool",
+                                v.tool, "fingerprint", v.fingerprint, "state",
+                                idem_state_name(v.state), "durable", v.durable, "created_at",
+                                ms_json(v.created_ms), "finished_at", ms_json(v.finished_ms),
+                                "expires_at", ms_json(v.expires_ms));
+        if (v.error_class)
+                json_object_set_new(res, "error_class", json_string(v.error_class));
+        if (v.error_msg)
+                json_object_set_new(res, "error_msg", json_string(v.error_msg));
+        if (v.reason)
+                json_object_set_new(res, "reason", json_string(v.reason));
+        if (v.result_len > 0) {
+                json_t *pl = json_loadb(v.result, v.result_len, 0, NULL);
+                json_object_set_new(res, "result", pl ? pl : json_pack("{s:o}", "result_b64",
+                                                                      b64_json(v.result,
+                                                                               v.result_len)));
+        }
+        control_reply_ok(req, res);
+}
+
+struct forget_op {
+        struct waiter w;
+        struct control_request *req;
+        char key[IDEM_FULL_KEY_SIZE];
+        const char *state;
+};
+
+static void forget_durable(struct waiter *w, int err)
+{
+        struct forget_op *op = (struct forget_op *)w;
+        if (err)
+                reply_store_error(op->req, err);
+        else
+                control_reply_ok(op->req, json_pack("{s:s, s:s, s:b, s:I}", "key", op->key,
+                                                    "state", op->state, "forgotten", 1, "uid",
+                                                    (json_int_t)op->req->uid));
+        free(op);
+}
+
+void idem_cmd_forget(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        bool failed;
+        if (unavailable(req))
+                return;
+        const char *key = control_arg_string(req, "key", true, &failed);
+        if (failed)
+                return;
+        const char *reason = control_arg_string(req, "reason", true, &failed);
+        if (failed)
+                return;
+        if (!*reason) {
+                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        struct idem_view v;
+        char full[IDEM_FULL_KEY_SIZE];
+        if (find_entry(req, key, &v, full) < 0)
+                return;
+        struct forget_op *op = calloc(1, sizeof(*op));
+        if (!op) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        op->state = idem_state_name(v.state);
+        uint64_t lsn = 0;
+        int r = idem_forget(svc->store, full, (long long)req->uid, reason, &lsn);
+        if (r == -EBUSY) {
+                free(op);
+                control_reply_error(req, "conflict",
+                                    "key %s is processing: its caller may still be running "
+                                    "the tool; it can be forgotten once it is finished or "
+                                    "interrupted",
+                                    full);
+                return;
+        }
+        if (r < 0) {
+                free(op);
+                reply_store_error(req, r);
+                return;
+        }
+        char uid[32];
+        snprintf(uid, sizeof uid, "%u", (unsigned)req->uid);
+        log_event(LOG_NOTICE, MSGID_OPERATOR,
+                  LOG_FIELDS({ "IDEM_KEY", full }, { "OPERATOR_UID", uid }),
+                  "idempotency key %s (%s) forgotten by uid %s: %s", full, op->state, uid,
+                  reason);
+        op->req = req;
+        snprintf(op->key, sizeof op->key, "%s", full);
+        wait_durable(svc, &op->w, lsn, forget_durable);
+}
+
+#ifdef KAIROS_TEST_HOOKS
+void idem_cmd_test_clock(struct control_request *req)
+{
+        struct idem_service *svc = SVC(req->d);
+        json_t *v = json_object_get(req->args, "advance_sec");
+        if (!svc || !json_is_integer(v) || json_integer_value(v) < 0) {
+                control_reply_error(req, "bad_argument",
+                                    "args.advance_sec: must be a non-negative integer");
+                return;
+        }
+        svc->clock_offset_ms += (int64_t)json_integer_value(v) * 1000;
+        log_warning("test hook: the idempotency store's clock is %lld s ahead",
+                    (long long)(svc->clock_offset_ms / 1000));
+        control_reply_ok(req, json_pack("{s:I}", "offset_sec",
+                                        (json_int_t)(svc->clock_offset_ms / 1000)));
+}
+#endif
+
+/* ---- start / stop ---- */
+
+static void load_work(void *arg)
+{
+        struct idem_service *svc = arg;
+        svc->load_error = idem_log_open(svc->dir, NULL, svc->store, &svc->log, &svc->info);
+}
+
+static void load_done(void *arg)
+{
+        struct idem_service *svc = arg;
+        const struct idem_load_info *in = &svc->info;
+        if (svc->load_error < 0) {
+                log_error("the idempotency store cannot be loaded from %s: %s; tool run and "
+                          "tool write are refused until this is fixed and kairosd restarted",
+                          svc->dir, strerror(-svc->load_error));
+                idem_store_free(svc->store);
+                svc->store = NULL;
+                svc->log = NULL;
+        } else {
+                svc->loaded = true;
+                svc->flushes = idem_log_flush_count(svc->log);
+                if (in->torn_repaired)
+                        log_warning("idempotency log %s: torn tail of %zu bytes repaired (kept "
+                                    "in %s)",
+                                    idem_log_path(svc->log), in->torn_bytes, in->torn_path);
+                if (in->corrupt)
+                        log_error("idempotency log %s is corrupt at line %zu (byte %zu: %s; %zu "
+                                  "bad lines): the store is quarantined, lookups only",
+                                  idem_log_path(svc->log), in->bad_line, in->bad_offset,
+                                  in->bad_reason, in->bad_lines);
+                log_info("idempotency store: %zu entries loaded from %s (%zu records, %zu "
+                         "interrupted, %zu expired)",
+                         in->entries, idem_log_path(svc->log), in->records, in->interrupted,
+                         in->expired);
+                if (in->interrupted)
+                        log_warning("%zu idempotency key%s came back interrupted (their "
+                                    "callers were running when kairosd stopped): review them "
+                                    "with kairosctl idem get KEY",
+                                    in->interrupted, in->interrupted == 1 ? "" : "s");
+        }
+        void (*cb)(struct daemon *d) = svc->loaded_cb;
+        svc->loaded_cb = NULL;
+        if (cb)
+                cb(svc->d);
+        kick(svc);
+}
+
+int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d))
+{
+        struct idem_service *svc = calloc(1, sizeof(*svc));
+        if (!svc)
+                return -ENOMEM;
+        svc->d = d;
+        svc->loaded_cb = loaded;
+        serialq_init(&svc->log_q, d->loop, &d->jobs);
+        serialq_init(&svc->write_q, d->loop, &d->jobs);
+        struct idem_options opt = { .ttl_sec = (int64_t)d->cfg->idem_ttl_sec,
+                                    .capacity = d->cfg->idem_max_entries,
+                                    .now_ms = svc_now_ms,
+                                    .clock_ctx = svc };
+        int r;
+        if (asprintf(&svc->dir, "%s/idem", d->cfg->state_directory) < 0) {
+                svc->dir = NULL;
+                r = -ENOMEM;
+                goto fail;
+        }
+        if ((r = idem_store_new(&opt, &svc->store)) < 0)
+                goto fail;
+        d->idem = svc;
+        if ((r = serialq_submit(&svc->log_q, load_work, load_done, svc)) < 0) {
+                d->idem = NULL;
+                goto fail;
+        }
+        return 0;
+fail:
+        idem_store_free(svc->store);
+        free(svc->dir);
+        free(svc);
+        return r;
+}
+
+void idem_service_reload(struct daemon *d, const struct config *cfg)
+{
+        if (!SVC(d))
+                return;
+        if (cfg->idem_ttl_sec != d->cfg->idem_ttl_sec ||
+            cfg->idem_max_entries != d->cfg->idem_max_entries)
+                log_warning("reload: [Idempotency] TTLSec= and MaxEntries= changes take effect "
+                            "at the next restart");
+}
+
+void idem_service_free(struct daemon *d)
+{
+        struct idem_service *svc = SVC(d);
+        if (!svc)
+                return;
+        while (svc->claims)
+                claim_free(svc->claims);
+        idem_log_close(svc->log);
+        idem_store_free(svc->store);
+        free(svc->dir);
+        free(svc);
+        d->idem = NULL;
+}
