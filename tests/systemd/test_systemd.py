@@ -127,6 +127,8 @@ class Container:
             log("container booted degraded: " +
                 self.sh(["systemctl", "--failed", "--no-legend"], check=False).stdout.strip())
         log(f"container booted, its systemd is pid {self.pid}")
+        with open(os.path.join(self.work, "init.pid"), "w") as f:
+            f.write(f"{self.pid}\n")
 
     def find_init(self):
         try:
@@ -429,6 +431,26 @@ def test(c, src):
     check("reflect said done" in rec["MESSAGE"] and out == f"hello from {hid}\n",
           f"README: hello.conf works as described ({rec['MESSAGE']!r})")
 
+    # The README's demo as a service (its act writes through kairosctl tool
+    # write: a handler talking to the daemon under the sandbox), verbatim.
+    m = re.search(r"^4\. The demo schedule.*?:\n\n((?:       [^\n]*\n)+)", readme, re.S | re.M)
+    check(m is not None, "README: the demo-as-a-service commands found")
+    # (without its final `ls`: a person types it later, the mandate may still run now)
+    script = "\n".join(line[7:] for line in m.group(1).splitlines()
+                       if not line[7:].startswith("ls "))
+    cur = c.cursor()
+    r = c.sh(["sh", "-ec", script], check=False)
+    fm = re.search(r"mandate (mnd_plan_[0-9a-f]{12})", r.stdout)
+    check(r.returncode == 0 and fm is not None,
+          f"README: the demo commands run (exit {r.returncode})"
+          + ("" if r.returncode == 0 else f"\n{r.stdout}{r.stderr}"))
+    did = fm.group(1)
+    rec = c.wait_journal(mandate_done(did), "the README's demo mandate",
+                         matches=[f"MANDATE_ID={did}"], after=cur)
+    outbox = sorted(os.listdir(c.path("/var/lib/kairos/demo-outbox")))
+    check(f"mandate {did} done" in rec["MESSAGE"] and f"{did}_act_001" in outbox,
+          f"README: the demo is done, reports via kairosctl tool write: {outbox}")
+
     # --- 3. reload: a good configuration, then a broken one ---------------
     pid_before = c.show("MainPID")["MainPID"]
     c.write("/etc/kairos/schedules.d/extra.conf", "[Schedule]\nCron=@daily\nEnabled=no\n"
@@ -552,6 +574,28 @@ def install(src, dest):
     return run(["meson", "install", "-C", BUILD, "--no-rebuild", "--destdir", dest]).stdout
 
 
+def cleanup_stale():
+    """Containers of runs that were killed before their teardown (we hold the
+    lock, so no other run is using them): kill their init, unmount, remove."""
+    for d in os.listdir("/var/tmp"):
+        if not d.startswith("kairos-nspawn-"):
+            continue
+        work = os.path.join("/var/tmp", d)
+        try:
+            with open(os.path.join(work, "init.pid")) as f:
+                pid = int(f.read())
+            root = os.readlink(f"/proc/{pid}/root")
+            if root == os.path.join(work, "merged"):
+                os.kill(pid, signal.SIGKILL)
+                log(f"killed the stale container in {work} (pid {pid})")
+        except (OSError, ValueError):
+            pass
+        merged = os.path.join(work, "merged")
+        if os.path.ismount(merged):
+            run(["umount", "-l", merged], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -579,6 +623,9 @@ def main():
     lock = open(os.path.join(cache, "test.lock"), "w")
     import fcntl
     fcntl.flock(lock, fcntl.LOCK_EX)
+    cleanup_stale()
+    # meson test's timeout sends SIGTERM: tear the container down on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("FAIL: terminated (timeout?)"))
     tmp = tempfile.mkdtemp(prefix="kairos-nspawn-", dir="/var/tmp")
     c = Container(root, tmp)
     try:
