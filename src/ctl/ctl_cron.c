@@ -68,7 +68,14 @@ int ctl_format_local(const struct cron_tz *tz, int64_t t, char *buf, size_t len,
         char sign = off < 0 ? '-' : '+';
         if (off < 0)
                 off = -off;
-        snprintf(offset, 7, "%c%02ld:%02ld", sign, (off / 3600) % 100, off % 3600 / 60);
+        unsigned hh = (unsigned)(off / 3600) % 100, mm = (unsigned)(off % 3600 / 60);
+        offset[0] = sign;
+        offset[1] = (char)('0' + hh / 10);
+        offset[2] = (char)('0' + hh % 10);
+        offset[3] = ':';
+        offset[4] = (char)('0' + mm / 10);
+        offset[5] = (char)('0' + mm % 10);
+        offset[6] = '\0';
         snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d%s", tm.tm_year + 1900, tm.tm_mon + 1,
                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, offset);
         return 0;

@@ -340,6 +340,7 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         struct ctl_session *s = NULL;
         json_t *res = NULL, *err = NULL, *fin = NULL;
         struct capture cap = { .out = KBUF_INIT, .err = KBUF_INIT, .pass = !o->json };
+        char *full = NULL;
         int i, status;
 
         /* Options up to "--" or the first word of CMD. */
@@ -404,7 +405,7 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                 status = replay(o, res);
                 goto out;
         }
-        const char *full = jstr(res, "key");
+        full = jstr(res, "key") ? strdup(jstr(res, "key")) : NULL;
         if (!full) {
                 status = ctl_error(CTL_EXIT_UNREACHABLE, "tool-begin: the reply has no key");
                 goto out;
@@ -463,6 +464,7 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         }
         status = exit_status;
 out:
+        free(full);
         kbuf_free(&cap.out);
         kbuf_free(&cap.err);
         json_decref(fin);

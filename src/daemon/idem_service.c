@@ -1127,9 +1127,11 @@ static int find_entry(struct control_request *req, const char *key, struct idem_
         static const char *const prefixes[] = { "", "cmd:", WRITE_TOOL ":" };
         struct idem_service *svc = SVC(req->d);
         for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
-                if (strlen(prefixes[i]) + strlen(key) >= IDEM_FULL_KEY_SIZE)
+                size_t pl = strlen(prefixes[i]), kl = strlen(key);
+                if (pl + kl >= IDEM_FULL_KEY_SIZE)
                         continue;
-                snprintf(full, IDEM_FULL_KEY_SIZE, "%s%s", prefixes[i], key);
+                memcpy(full, prefixes[i], pl);
+                memcpy(full + pl, key, kl + 1);
                 if (idem_get(svc->store, full, v) == 0)
                         return 0;
         }

@@ -59,6 +59,7 @@ class OnlineCase(unittest.TestCase):
     """A real kairosd on a prepared state directory."""
 
     config = False  # True: self.write_config() (schedules "slow" and "approval"); else --state-dir
+    daemon_env = None  # extra environment of kairosd
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-ctl-online-")
@@ -67,7 +68,7 @@ class OnlineCase(unittest.TestCase):
         prepare_state(self.state)
         self.notify = NotifySocket(self.dir)
         conf = self.write_config() if self.config else None
-        self.daemon = Daemon(self.state, config=conf, notify=self.notify)
+        self.daemon = Daemon(self.state, config=conf, notify=self.notify, env=self.daemon_env)
         self.notify.wait_ready()
         settle(self.daemon)
         self.sock = self.daemon.socket_path
@@ -574,6 +575,97 @@ class TestReload(OnlineCase):
         self.write_config(schedule="[Schedule]\nCron=0 3 * * *\n")
         self.assertEqual(self.ok("reload"), "configuration reloaded: 1 schedule\n")
         self.assertEqual(self.json_ok("reload"), {"reloaded": True, "schedules": 1})
+
+
+class TestSchedules(OnlineCase):
+    """schedules, schedules next, pause/resume --schedule on chronos's fake
+    clock (KAIROS_TEST_CLOCK; kairosd built with -Dtest_hooks=true, else
+    skipped): Friday 2026-04-17 10:00 UTC."""
+    config = True
+    daemon_env = {"KAIROS_TEST_CLOCK": "1776420000"}  # 2026-04-17T10:00:00Z
+
+    def setUp(self):
+        super().setUp()
+        r = self.raw("test-clock", now=1776420000)
+        if not r["ok"]:
+            self.assertEqual(r["error"]["code"], "unknown_command", r)
+            self.skipTest("kairosd was built without -Dtest_hooks=true (no fake clock)")
+
+    def write_config(self):
+        self.conf = write_config(self.dir, self.state, {
+            "daily": {"Schedule": {"Cron": "0 9 * * 1-5", "TimeZone": "Europe/Berlin",
+                                   "MissedPolicy": "catch_up_once", "Concurrency": "reject"}},
+            "hourly": {"Schedule": {"Cron": "0 * * * *"}},
+            "off": {"Schedule": {"Cron": "@yearly", "Enabled": "no"}},
+        }, daemon_extra="GracefulTimeoutSec=1\n")
+        return self.conf
+
+    def rows(self):
+        lines = self.ok("schedules").splitlines()
+        head = lines[0]
+        self.assertEqual(head.split(), ["NAME", "CRON", "ZONE", "NEXT", "LAST", "POLICY",
+                                        "CONCURRENCY", "STATE"])
+        cols = [head.index(c) for c in ("NAME", "CRON", "ZONE", "NEXT", "LAST", "POLICY",
+                                         "CONCURRENCY", "STATE")]
+        rows = {}
+        for line in lines[1:]:
+            cells = [line[a:b].strip() for a, b in zip(cols, cols[1:] + [None])]
+            rows[cells[0]] = cells[1:]
+        self.assertFalse(any(l.endswith(" ") for l in lines), "no trailing blanks")
+        return rows
+
+    def test_schedules_table_and_json(self):
+        rows = self.rows()
+        self.assertEqual(list(rows), ["daily", "hourly", "off"])
+        self.assertEqual(rows["daily"], ["0 9 * * 1-5", "Europe/Berlin", "2026-04-20T07:00:00Z", "-",
+                                         "catch_up_once", "reject", "enabled"])
+        self.assertEqual(rows["hourly"], ["0 * * * *", "UTC", "2026-04-17T11:00:00Z", "-", "skip",
+                                          "queue", "enabled"])
+        self.assertEqual(rows["off"], ["@yearly", "UTC", "-", "-", "skip", "queue", "disabled"])
+        got = self.json_ok("schedules")
+        self.assertEqual(got, self.raw("schedules")["result"])
+        self.assertEqual([s["name"] for s in got["schedules"]], ["daily", "hourly", "off"])
+
+    def test_schedules_next(self):
+        self.assertEqual(self.ok("schedules", "next", "daily", "-n", "3"),
+                         "2026-04-20T07:00:00Z  2026-04-20T09:00:00+02:00\n"
+                         "2026-04-21T07:00:00Z  2026-04-21T09:00:00+02:00\n"
+                         "2026-04-22T07:00:00Z  2026-04-22T09:00:00+02:00\n")
+        out = self.ok("schedules", "next", "hourly")
+        self.assertEqual(out.splitlines(), ["2026-04-17T%02d:00:00Z" % h for h in range(11, 16)])
+        got = self.json_ok("schedules", "next", "hourly", "-n2")
+        self.assertEqual(got, {"name": "hourly", "cron": "0 * * * *", "time_zone": "UTC",
+                               "next": ["2026-04-17T11:00:00Z", "2026-04-17T12:00:00Z"]})
+        r = self.refused("schedules", "next", "nosuch")
+        self.assertEqual(r.stderr, "kairosctl: no schedule named 'nosuch'\n")
+        for args in (["schedules", "next"], ["schedules", "next", "daily", "-n", "0"],
+                     ["schedules", "next", "daily", "-n", "x"], ["schedules", "next", "a b"],
+                     ["schedules", "next", "daily", "extra"], ["schedules", "extra"]):
+            r = self.ctl(*args)
+            self.assertEqual(r.returncode, 64, (args, r.stderr))
+
+    def test_pause_and_resume_schedule(self):
+        self.assertEqual(self.ok("pause", "--schedule", "hourly", "--reason", "maintenance"),
+                         "schedule hourly paused\n")
+        self.assertEqual(self.rows()["hourly"][2:], ["-", "-", "skip", "queue", "paused"])
+        listed = {s["name"]: s for s in self.raw("schedules")["result"]["schedules"]}
+        self.assertEqual(listed["hourly"]["pause_reason"], "maintenance")
+        r = self.refused("pause", "--schedule", "hourly")
+        self.assertEqual(r.stderr, "kairosctl: schedule hourly is already paused\n")
+        self.assertEqual(self.json_ok("resume", "--schedule", "hourly"),
+                         {"schedule": "hourly", "paused": False})
+        self.assertEqual(self.rows()["hourly"][2], "2026-04-17T11:00:00Z")
+        self.assertEqual(self.refused("resume", "--schedule", "hourly").stderr,
+                         "kairosctl: schedule hourly is already running\n")
+        self.assertEqual(self.refused("pause", "--schedule", "nosuch").stderr,
+                         "kairosctl: no schedule named 'nosuch'\n")
+        for args in (["pause", "--schedule", "bad name"], ["pause", "--schedule", "hourly", "mnd_x"],
+                     ["resume", "--schedule"], ["pause", "--schedule", "hourly", "--reason", ""]):
+            r = self.ctl(*args)
+            self.assertEqual(r.returncode, 64, (args, r.stderr))
+        # persisted in chronos.json
+        with open(os.path.join(self.state, "chronos.json")) as f:
+            self.assertFalse(json.load(f)["schedules"]["hourly"]["paused"])
 
 
 # ---- the client against fake servers ------------------------------------
