@@ -128,7 +128,7 @@ class Container:
                 self.sh(["systemctl", "--failed", "--no-legend"], check=False).stdout.strip())
         log(f"container booted, its systemd is pid {self.pid}")
         with open(os.path.join(self.work, "init.pid"), "w") as f:
-            f.write(f"{self.pid}\n")
+            f.write(f"{self.nspawn.pid} {self.pid}\n")
 
     def find_init(self):
         try:
@@ -583,10 +583,17 @@ def cleanup_stale():
         work = os.path.join("/var/tmp", d)
         try:
             with open(os.path.join(work, "init.pid")) as f:
-                pid = int(f.read())
-            root = os.readlink(f"/proc/{pid}/root")
-            if root == os.path.join(work, "merged"):
-                os.kill(pid, signal.SIGKILL)
+                nspawn, pid = (int(x) for x in f.read().split())
+            with open(f"/proc/{nspawn}/cmdline", "rb") as f:
+                ours = f"\0{work}/merged\0".encode() in f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                ours = ours and int(f.read().rsplit(")", 1)[1].split()[1]) == nspawn
+            if ours:
+                os.kill(pid, signal.SIGKILL)  # ends the container's pid namespace
+                for _ in range(100):  # bounded: nspawn exits once its child is gone
+                    if not os.path.exists(f"/proc/{nspawn}"):
+                        break
+                    time.sleep(0.1)
                 log(f"killed the stale container in {work} (pid {pid})")
         except (OSError, ValueError):
             pass
