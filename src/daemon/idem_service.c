@@ -229,12 +229,12 @@ static void kick(struct idem_service *svc)
         svc->busy = true;
         if (serialq_submit(&svc->log_q, log_work, log_done, j) < 0) {
                 svc->busy = false;
-                kbuf_free(&j->data);
-                free(j);
                 goto oom;
         }
         return;
 oom:
+        if (j)
+                kbuf_free(&j->data);
         free(j);
         log_error("out of memory writing the idempotency log");
         idem_set_failed(svc->store, -ENOMEM);
