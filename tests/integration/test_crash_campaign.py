@@ -20,7 +20,9 @@ Some rounds stop the daemon with SIGTERM instead (GracefulTimeoutSec 0 or 5),
 and SIGKILL it if the stop takes longer than a random bound; 6% of the kills
 land before READY=1 (during startup and recovery).
 Besides: every handler start follows a durable `executing` record (the
-barrier of DESIGN §6), handlers never outlive a killed daemon (DESIGN §10), no
+barrier of DESIGN §6); no handler outlives a killed daemon (DESIGN §10: once
+the killed daemon is reaped the harness appends a marker "K RUN" to the side
+log, and a line after it from a handler that run started is a violation); no
 mandate is quarantined or fails its WAL I/O.
 
 Run it longer by hand:
@@ -59,6 +61,7 @@ BUGGY = {"quarantined", "wal_io_error"}
 VERDICTS = ("already_done", "safe_to_retry", "manual_review")
 RECOVERY_RE = re.compile(r"recovery: (\S+) (\S+): (already_done|safe_to_retry|manual_review) "
                          r"\([^)]*\): (.*?)(?: MANDATE_ID=|$)")
+STARTED_RE = re.compile(r"(mnd_\S+) (\S+): started .*\(pid \d+, attempt (\d+)\)")
 FIRED_AT_BASE = 1893456000  # 2030-01-01T00:00:00Z
 
 # The handler of every phase.  One line at start and one at the end, each a
@@ -168,12 +171,14 @@ class Campaign:
         # invariant state
         self.completed_at = {}          # idem_key -> side-log line index once durable
         self.side_checked = 0
-        self.side_marks = [0]           # side-log line count at each kill
+        self.side_marks = [0]           # side-log line count at each marker
         self.retry_by_recovery = {}     # (mandate, step) -> count of recovery resets
         self.violations = []
         self.last_snap = {}
         self.archive_cache = {}         # path -> (identity, records)
         self.side, self.side_offset = [], 0
+        self.run_no = 0                 # daemon runs started so far
+        self.started_by = {}            # (idem_key, attempt) -> run that spawned it
         self.killed = threading.Event()
         self.final_status = {}
         self.handler_starts = self.reruns = 0
@@ -223,6 +228,7 @@ class Campaign:
         cfg = self.write_config(max_concurrent, graceful)
         self.notify.clear()
         self.restarts += 1
+        self.run_no += 1
         t0 = time.monotonic()
         self.daemon = Daemon(self.state, config=cfg, notify=self.notify)
         if not wait_ready:
@@ -238,11 +244,15 @@ class Campaign:
 
     def collect_log(self, d):
         """Recovery verdicts and torn-tail repairs of one daemon run."""
+        self.mark_dead()
         d.proc.stderr.close()
         with open(os.path.join(self.dir, "daemon.log"), "a") as f:
             f.write("==== round %d, kill %d, exit %s\n%s" % (self.round, self.kills,
                                                            d.proc.returncode, d.log()))
         for line in d.log().splitlines():
+            m = STARTED_RE.search(line)
+            if m:
+                self.started_by[("%s/%s" % (m.group(1), m.group(2)), m.group(3))] = self.run_no
             m = RECOVERY_RE.search(line)
             if m:
                 self.verdicts[m.group(3)] += 1
@@ -300,41 +310,52 @@ class Campaign:
         self.side_offset += end
         for line in data[:end].decode().split("\n")[:-1]:
             p = line.split()
-            if len(p) < 4 or p[0] not in ("S", "F") or (p[0] == "F" and len(p) != 5):
+            if p[:1] == ["K"] and len(p) == 2:
+                self.side_marks.append(len(self.side))  # daemon run p[1] was dead here
+            elif len(p) < 4 or p[0] not in ("S", "F") or (p[0] == "F" and len(p) != 5):
                 self.fail("side log line %d is malformed: %r" % (len(self.side) + 1, line))
             self.side.append(p)
         return self.side
 
     # -- checks after a kill (the daemon and its handlers are dead) ----------------
-    def wait_handlers_gone(self, side):
-        """DESIGN §10: no handler outlives the daemon (PR_SET_PDEATHSIG)."""
-        open_pid = {}
-        for p in side[self.side_marks[-1]:]:
-            if p[0] == "S":
-                open_pid[(p[1], p[3])] = p[3]
-            else:
-                open_pid.pop((p[1], p[3]), None)
+    def handler_procs(self):
+        """Live (not zombie) processes running this campaign's handler (the
+        shell, or an exec shim in front of it)."""
+        out = []
+        me = self.handler.encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    cmd = f.read()
+                if me not in cmd:
+                    continue
+                with open("/proc/%s/stat" % pid) as f:
+                    st = f.read().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if st and st[0] not in ("Z", "X"):
+                out.append((pid, cmd.replace(b"\0", b" ").decode(errors="replace")))
+        return out
+
+    def mark_dead(self):
+        """The daemon is reaped: every handler line after this marker that a
+        handler of this run writes is a handler outliving its daemon."""
+        with open(self.side_log, "a") as f:
+            f.write("K %d\n" % self.run_no)
+
+    def wait_handlers_gone(self):
+        """DESIGN §10: no handler outlives the daemon; they must be gone
+        within a bound (their late lines are caught by check_steps)."""
         deadline = time.monotonic() + 10
-        for pid in open_pid.values():
-            while True:
-                try:
-                    with open("/proc/%s/stat" % pid) as f:
-                        st = f.read()
-                except OSError:
-                    break
-                fields = st.rsplit(")", 1)[-1].split()
-                if fields and fields[0] in ("Z", "X"):
-                    break
-                try:
-                    with open("/proc/%s/cmdline" % pid, "rb") as f:
-                        cmd = f.read()
-                except OSError:
-                    break
-                if b"handler.sh" not in cmd:
-                    break  # pid reused by something else
-                if time.monotonic() > deadline:
-                    self.fail("handler pid %s outlived the killed daemon" % pid)
-                time.sleep(0.01)
+        while True:
+            left = self.handler_procs()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                self.fail("handlers outlived the killed daemon by 10 s: %s" % left)
+            time.sleep(0.01)
 
     def check_wal_verify(self, wals):
         if not wals:
@@ -427,19 +448,27 @@ class Campaign:
                 self.fail("invariant 1: %s started again (side log line %d, attempt %s) after "
                           "its completed record was durable (line %d)"
                           % (p[1], i + 1, p[2], self.completed_at[p[1]]))
-        # an open start (no finish) is only followed by another start of the
-        # same step in a later daemon run
-        open_run = {}
-        mark_i, marks = 0, self.side_marks + [len(side) + 1]
+        # A line written after the marker of a dead run by a handler that run
+        # started: the handler outlived its daemon (DESIGN §10), and may run
+        # next to the step's next attempt.  And an open start (no finish) is
+        # only followed by another start of the same step in a later run.
+        open_run, run = {}, 1
         for i, p in enumerate(side):
-            while i >= marks[mark_i + 1]:
-                mark_i += 1
+            if p[0] == "K":
+                run = int(p[1]) + 1
+                continue
+            by = self.started_by.get((p[1], p[2]))
+            if i >= self.side_checked and by is not None and by < run:
+                self.fail("DESIGN §10 / invariant 2: side log line %d (%s) was written by a "
+                          "handler that daemon run %d started, after that daemon was killed "
+                          "and reaped (marker K %d): a handler outlived its daemon"
+                          % (i + 1, " ".join(p), by, run - 1))
             if p[0] == "S":
-                if p[1] in open_run and open_run[p[1]] == mark_i:
+                if p[1] in open_run and open_run[p[1]] == run:
                     self.fail("invariant 2: %s started again (side log line %d) in the same "
                               "daemon run while its earlier start is unaccounted for"
                               % (p[1], i + 1))
-                open_run[p[1]] = mark_i
+                open_run[p[1]] = run
             else:
                 open_run.pop(p[1], None)
         for key in completed_keys:
@@ -447,10 +476,8 @@ class Campaign:
         self.side_checked = len(side)
 
     def after_kill(self):
+        self.wait_handlers_gone()
         side = self.side_lines()
-        self.wait_handlers_gone(side)
-        side = self.side_lines()
-        self.side_marks.append(len(side))
         snap, wals = self.snapshot()
         for path in wals:
             recs = snap[os.path.basename(path)[:-len(".wal.jsonl")]]
@@ -643,6 +670,10 @@ class Campaign:
             r = client.call("fire", schedule=sched, at=at)
             if not r.get("ok"):
                 self.fail("fire %s at %s refused: %r" % (sched, at, r))
+            if r["result"]["fired"]:
+                self.fires_acked += 1
+            else:
+                self.refires_noop += 1
             self.acked[r["result"]["mandate"]] = (sched, at)
         self.unacked_fires = []
         deadline = time.monotonic() + (240 if SANITIZED else 120)
@@ -775,11 +806,15 @@ class TestCheckers(unittest.TestCase):
         self.assertIn("seed 7", str(cm.exception))
 
     def test_clean_history_passes(self):
-        self.c.side_marks = [0, 1]  # killed after the first start
+        self.c.started_by = {("mnd_m/a", "1"): 1, ("mnd_m/a", "2"): 2}
         self.steps([tr("a", "executing"), tr("a", "needs_review"),
                     {"op": "operator", "action": "resolve_retry", "step_id": "a"},
                     tr("a", "pending", reset=True), tr("a", "executing"), tr("a", "completed")],
-                   ["S mnd_m/a 1 10", "S mnd_m/a 2 11", "F mnd_m/a 2 11 0"])
+                   ["S mnd_m/a 1 10", "K 1", "S mnd_m/a 2 11", "F mnd_m/a 2 11 0"])
+
+    def test_handler_writing_after_its_daemon_died(self):
+        self.c.started_by = {("mnd_m/a", "1"): 1}
+        self.steps([tr("a", "executing")], ["K 1", "S mnd_m/a 1 10"], "outlived its daemon")
 
     def test_reset_of_a_completed_step(self):
         self.steps([tr("a", "executing"), tr("a", "completed"),
