@@ -40,7 +40,7 @@
  * further appends and flushes, and samples crash states of its own log.
  *
  * Usage: crash_states [--exhaustive] [--seed S] [--states N] [--point K]
- *                     [--no-variants] [--verbose] [--quiet]
+ *                     [--no-variants] [--variant K:N] [--verbose] [--quiet]
  * Environment: KAIROS_CRASH_STATES=N (sampled states of the main run,
  * default 6000), KAIROS_CRASH_SEED=S, TMPDIR. */
 #include <errno.h>
@@ -1942,6 +1942,8 @@ struct opts {
         bool verbose;
         bool quiet;
         long point;             /* -1: all */
+        int only_kind;          /* --variant: 0 none, 1 fdatasync, 2 dir fsync, 3 write */
+        int only_n;
 };
 
 struct checker {
@@ -2886,14 +2888,16 @@ static uint64_t env_u64(const char *name, uint64_t def)
 static void usage(void)
 {
         fputs("usage: crash_states [--exhaustive] [--seed S] [--states N] [--point K]\n"
-              "                    [--no-variants] [--verbose] [--quiet]\n"
+              "                    [--no-variants] [--variant K:N] [--verbose] [--quiet]\n"
               "  --states N     crash states of the main run (sampled mode; default 6000,\n"
               "                 or KAIROS_CRASH_STATES)\n"
               "  --exhaustive   every combination of every crash point (capped at 200000 per\n"
               "                 point, sampled beyond) plus every byte of every torn write\n"
               "  --seed S       the sampling seed (default: KAIROS_CRASH_SEED or 1)\n"
               "  --point K      only the crash point before operation K\n"
-              "  --no-variants  skip the injected-failure variants\n",
+              "  --no-variants  skip the injected-failure variants\n"
+              "  --variant K:N  only the variant whose N-th call of K fails\n"
+              "                 (K = fdatasync, dirsync or write), with the whole budget\n",
               stderr);
         exit(64);
 }
@@ -2936,6 +2940,20 @@ int main(int argc, char **argv)
                         o.states = strtoull(argv[++i], NULL, 0);
                 else if (!strcmp(a, "--point") && i + 1 < argc)
                         o.point = strtol(argv[++i], NULL, 0);
+                else if (!strcmp(a, "--variant") && i + 1 < argc) {
+                        const char *v = argv[++i];
+                        const char *colon = strchr(v, ':');
+                        if (!colon)
+                                usage();
+                        size_t kl = (size_t)(colon - v);
+                        o.only_kind = !strncmp(v, "fdatasync", kl) && kl == 9 ? 1
+                                      : !strncmp(v, "dirsync", kl) && kl == 7 ? 2
+                                      : !strncmp(v, "write", kl) && kl == 5   ? 3
+                                                                              : 0;
+                        o.only_n = atoi(colon + 1);
+                        if (!o.only_kind || o.only_n < 1)
+                                usage();
+                }
                 else
                         usage();
         }
@@ -2974,6 +2992,19 @@ int main(int argc, char **argv)
         bool inj;
         printf("crash_states: seed %" PRIu64 ", %s\n", o.seed,
                o.exhaustive ? "exhaustive" : "sampled");
+        if (o.only_kind) {
+                /* one variant only, with the whole budget (a reproducer) */
+                char name[64];
+                snprintf(name, sizeof(name), "variant %d:%d", o.only_kind, o.only_n);
+                run_one(&o, o.exhaustive, name, sbase, sbase, o.only_kind == 1 ? o.only_n : 0,
+                        o.only_kind == 2 ? o.only_n : 0, o.only_kind == 3 ? o.only_n : 0,
+                        o.states, &res, &nsync, &ndirsync, &nwrite, &inj);
+                rm_rf(base);
+                rm_rf(sbase);
+                printf("crash states: %" PRIu64 " checked, %" PRIu64 " violations (%.1f s)\n",
+                       res.st.states, res.st.violations + res.driver_violations, now_s() - t0);
+                return res.st.violations + res.driver_violations || !inj ? 1 : 0;
+        }
         run_one(&o, o.exhaustive, "main", base, sbase, 0, 0, 0, o.states, &res, &nsync, &ndirsync, &nwrite, &inj);
         add_stats(&total, &res.st);
         driver += res.driver_violations;
