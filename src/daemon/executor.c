@@ -10,6 +10,7 @@
 #include "executor.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1261,6 +1262,34 @@ void executor_kick(struct daemon *d)
         }
 }
 
+struct fire_dup {
+        struct control_request *req;
+        struct mandate *m;
+};
+
+static void fire_dup_work(void *arg)
+{
+        (void)arg; /* nothing: only its place in the mandate's queue matters */
+}
+
+static void fire_dup_done(void *arg)
+{
+        struct fire_dup *dup = arg;
+        struct mandate *m = dup->m;
+        m->busy--;
+        if (m->status == MANDATE_WAL_IO_ERROR || m->status == MANDATE_QUARANTINED)
+                control_reply_error(dup->req, mandate_status_name(m->status),
+                                    "mandate %s of this fire is %s: %s", m->id,
+                                    mandate_status_name(m->status), m->reason ? m->reason : "");
+        else
+                control_reply_ok(dup->req,
+                                 json_pack("{s:s, s:s?, s:s?, s:b, s:s, s:s}", "mandate", m->id,
+                                           "schedule", m->schedule, "fired_at", m->fired_at,
+                                           "fired", 0, "status", mandate_status_name(m->status),
+                                           "message", "already fired: nothing to do"));
+        free(dup);
+}
+
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                    struct control_request *req)
 {
@@ -1287,11 +1316,22 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                 return;
         }
         if (m) {
-                control_reply_ok(req, json_pack("{s:s, s:s, s:s, s:b, s:s, s:s}", "mandate",
-                                                m->id, "schedule", schedule, "fired_at",
-                                                fired_at, "fired", 0, "status",
-                                                mandate_status_name(m->status), "message",
-                                                "already fired: nothing to do"));
+                /* Answer after the jobs already queued for it — above all the
+                 * first fire's own flush — so "already fired" is never said
+                 * of a plan that is not durable yet. */
+                struct fire_dup *dup = calloc(1, sizeof(*dup));
+                if (!dup) {
+                        control_reply_error(req, "internal", "out of memory");
+                        return;
+                }
+                dup->req = req;
+                dup->m = m;
+                m->busy++;
+                if (serialq_submit(&m->q, fire_dup_work, fire_dup_done, dup) < 0) {
+                        m->busy--;
+                        free(dup);
+                        control_reply_error(req, "internal", "out of memory");
+                }
                 return;
         }
         struct mandate *busy = sc->concurrency == CONCURRENCY_REJECT
@@ -1398,17 +1438,39 @@ void executor_free_mandate(struct mandate *m)
 
 /* ---- the exec shim ---- */
 
-static pid_t shim_parent;
+static pid_t shim_handler;
 
-/* The shim gets SIGTERM when kairosd dies (PR_SET_PDEATHSIG) — and also when
- * kairosd terminates the group itself (TimeoutSec=), which is not ours to
- * escalate.  Only the first ends the whole group at once. */
-static void shim_on_term(int sig)
+/* The watcher gets SIGTERM when the handler dies (PR_SET_PDEATHSIG) — and
+ * also when kairosd terminates the group itself (TimeoutSec=), which is not
+ * its business.  Only the first ends what is left of the group. */
+static void watcher_on_term(int sig)
 {
-        if (getppid() != shim_parent) {
+        (void)sig;
+        if (getppid() != shim_handler) {
                 kill(0, SIGKILL);
-                _exit(128 + sig);
+                _exit(0);
         }
+}
+
+/* A tiny process left behind in the handler's process group: when the
+ * handler dies — of PR_SET_PDEATHSIG when kairosd crashed, or normally — it
+ * kills the rest of the group, so not even a child of the handler outlives
+ * a crashed kairosd (under systemd the cgroup does the same). */
+static void watcher_main(void)
+{
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        for (int fd = 0; fd < 3; fd++)
+                if (null >= 0)
+                        dup2(null, fd); /* the daemon sees EOF when the handler is done */
+        struct sigaction sa = { .sa_handler = watcher_on_term };
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != shim_handler) {
+                kill(0, SIGKILL);
+                _exit(0);
+        }
+        for (;;)
+                pause();
 }
 
 int executor_shim_main(int argc, char **argv)
@@ -1418,44 +1480,19 @@ int executor_shim_main(int argc, char **argv)
                 fprintf(stderr, "kairosd: bad --exec-shim invocation\n");
                 return 127;
         }
-        shim_parent = (pid_t)atoi(argv[2]);
-        struct sigaction sa = { .sa_handler = shim_on_term };
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(SIGTERM, &sa, NULL) < 0)
-                return 127;
-        /* No handler outlives the daemon: when it dies the shim ends the
-         * handler's whole process group (its children included); if the
-         * daemon is already gone (it died between fork and here), nothing
+        pid_t parent = (pid_t)atoi(argv[2]);
+        /* The handler dies with kairosd, by the kernel's hand and at once; if
+         * kairosd is already gone (it died between fork and here), nothing
          * starts at all. */
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != shim_parent)
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
                 return 127;
-        pid_t child = fork();
-        if (child < 0) {
-                fprintf(stderr, "kairosd: cannot start '%s': %s\n", argv[4], strerror(errno));
-                return 127;
-        }
-        if (child == 0) {
-                signal(SIGTERM, SIG_DFL);
-                /* and if the shim itself is killed, the handler goes too */
-                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)
-                        _exit(127);
-                execvp(argv[4], argv + 4);
-                fprintf(stderr, "kairosd: cannot execute '%s': %s\n", argv[4], strerror(errno));
-                _exit(127);
-        }
-        int st;
-        while (waitpid(child, &st, 0) < 0)
-                if (errno != EINTR)
-                        return 127;
-        if (WIFEXITED(st))
-                return WEXITSTATUS(st);
-        /* Die of the same signal, so kairosd records it as such. */
-        int sig = WTERMSIG(st);
-        signal(sig, SIG_DFL);
-        sigset_t set;
-        sigemptyset(&set);
-        sigaddset(&set, sig);
-        sigprocmask(SIG_UNBLOCK, &set, NULL);
-        raise(sig);
-        return 128 + sig;
+        shim_handler = getpid();
+        pid_t w = fork();
+        if (w == 0)
+                watcher_main(); /* does not return */
+        /* (without a watcher the handler still dies with kairosd; only its
+         * own children would not) */
+        execvp(argv[4], argv + 4);
+        fprintf(stderr, "kairosd: cannot execute '%s': %s\n", argv[4], strerror(errno));
+        return 127;
 }

@@ -168,7 +168,11 @@ static void recover_work(void *arg)
          * (schedule, fired_at) can be fired again.  Kept, it would hold an
          * id nobody can plan under ("schedule unknown") and turn every later
          * fire of that tick into "already fired". */
-        if (f->records == 0 && !j->had_summary) {
+        /* The same for a WAL that holds the mandate record but no plan: the
+         * kill fell between the fire's two appends, before their flush. */
+        if ((f->records == 0 || (f->nplans == 0 && f->noperators == 0 &&
+                                 f->records == (f->mandate.line ? 1u : 0u))) &&
+            !j->had_summary) {
                 j->empty = true;
                 j->flushes = wal_flush_count(w);
                 wal_close(w);

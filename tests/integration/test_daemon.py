@@ -260,7 +260,7 @@ class TestLifecycle(DaemonCase):
         self.write_config("LogLevel=debug\n")
         r = c.call("reload")
         self.assertTrue(r["ok"], r)
-        self.assertIn("configuration reloaded", d.log())
+        d.wait_log("configuration reloaded")
         c.close()
 
     def test_usr1_dumps_status(self):

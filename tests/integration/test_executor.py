@@ -739,8 +739,8 @@ class TestStopAndCrash(ExecCase):
         # (it is not our child, so no waitpid, and pidfd_open would need
         # Python 3.9 + a kernel that has it): poll /proc with a bounded
         # deadline.  PDEATHSIG kills it at once, so this takes milliseconds.
-        # The logged pid is the exec shim's; the handler is its child and
-        # wrote its own pid into the FIFO (read before the kill, see below).
+        # The handler wrote its own pid into the FIFO (read before the kill);
+        # the exec shim became the handler, so it is the pid kairosd logged.
         deadline = time.monotonic() + 10
         while (alive(pid) or alive(handler)) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -752,9 +752,9 @@ class TestStopAndCrash(ExecCase):
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
 
-    # The exec shim keeps running as the parent of the handler: when kairosd
-    # dies (PR_SET_PDEATHSIG) it kills the handler's whole process group, so
-    # not even a child of the handler goes on after a crash.
+    # The exec shim leaves a watcher in the handler's process group: when the
+    # handler dies with kairosd (PR_SET_PDEATHSIG) the watcher kills the rest
+    # of the group, so not even a child of the handler goes on after a crash.
     def test_no_handler_child_outlives_kill_9(self):
         fifo = self.fifo("childpid")
         h = self.script("parent.sh", 'sleep 600 &\necho $! > "$1"\nwait\n')
