@@ -399,6 +399,19 @@ static int prepare_dirs(struct daemon *d)
                 fprintf(stderr, "kairosd: cannot create %s: %s\n", d->wal_dir, strerror(-r));
                 return r;
         }
+        /* kio_mkdir_p fsyncs the parent of a directory it creates, but not of
+         * one that already exists — and a previous run may have created it
+         * and then failed that fsync.  So every directory the daemon relies
+         * on gets its entry made durable at each start, before anything is
+         * acknowledged (a handful of fsyncs, once). */
+        const char *dirs[] = { d->wal_dir, d->archive_dir, d->mandates_dir,
+                               d->cfg->state_directory };
+        for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
+                if ((r = kio_fsync_parent(io, dirs[i])) < 0) {
+                        fprintf(stderr, "kairosd: cannot fsync the directory holding %s: %s\n",
+                                dirs[i], strerror(-r));
+                        return r;
+                }
         return 0;
 }
 
