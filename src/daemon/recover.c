@@ -265,7 +265,7 @@ static void recover_done(void *arg)
         if (j->empty && !j->unlink_error) {
                 log_event(LOG_NOTICE, MSGID_RECOVERY,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
-                          "recovery: %s holds no record (a fire that was never acknowledged): "
+                          "recovery: %s holds no plan (a fire that was never acknowledged): "
                           "removed", m->wal_path);
                 if (mandate_remove(m) < 0)
                         mandate_set_status(m, MANDATE_PAUSED, "wal_empty: no record; fire again");
@@ -275,7 +275,7 @@ static void recover_done(void *arg)
                 mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
                 log_event(LOG_ERR, MSGID_WAL_IO_ERROR,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
-                          "recovery: %s holds no record and cannot be removed: %s; mandate "
+                          "recovery: %s holds no plan and cannot be removed: %s; mandate "
                           "paused (wal_io_error)",
                           m->wal_path, strerror(-j->unlink_error));
         } else if (j->error) {

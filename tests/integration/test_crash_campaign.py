@@ -48,7 +48,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
+from kairos_harness import Client, Daemon, NotifySocket, wal_line, write_config  # noqa: E402
 
 KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
 SANITIZED = (os.environ.get("KAIROS_SANITIZED", "") not in ("", "0")
@@ -519,9 +519,11 @@ class Campaign:
                     self.fail("invariant 3: %s is paused (%s), nobody paused it" % (mid, reason))
                 continue
             self.fail("invariant 3: %s has the unknown status %r" % (mid, st))
-        # (a WAL without one record is a fire that was never acknowledged:
-        # recovery removes it)
-        for mid in [k for k, recs in snap.items() if recs] + list(self.acked):
+        # (a WAL without a plan — no record at all, or only the mandate
+        # record — is a fire that was never acknowledged: recovery removes it)
+        planned = [k for k, recs in snap.items()
+                   if any(r.get("op") not in (None, "mandate") for r in recs)]
+        for mid in planned + list(self.acked):
             if mid not in lst:
                 self.fail("invariant 3: mandate %s (WAL, archive or acknowledged fire) is not "
                           "listed after the restart" % mid)
@@ -892,17 +894,27 @@ class TestEmptyWal(unittest.TestCase):
             open(empty, "wb").close()
             with open(torn, "wb") as f:
                 f.write(b'{"op":"mandate","mandate_id":"mnd_pl')
+            # the kill fell between the fire's two appends (mandate record,
+            # plan_commit), before their flush: never acknowledged either
+            at3 = fired_at(3)
+            only_mandate = os.path.join(state, "wal", mandate_id("quick", at3) + ".wal.jsonl")
+            with open(only_mandate, "w") as f:
+                f.write(wal_line({"op": "mandate", "mandate_id": mandate_id("quick", at3),
+                                  "schedule": "quick", "fired_at": at3, "goal": "quick",
+                                  "ts": "2026-04-20T12:00:00.000Z"}))
             d = Daemon(state, config=cfg)  # no NotifySocket: see Campaign.__init__
             try:
                 d.wait_log("ready: recovered")
-                d.wait_log("recovery: %s holds no record" % empty)
-                d.wait_log("recovery: %s holds no record" % torn)
+                d.wait_log("recovery: %s holds no plan" % empty)
+                d.wait_log("recovery: %s holds no plan" % torn)
+                d.wait_log("recovery: %s holds no plan" % only_mandate)
+                self.assertFalse(os.path.exists(only_mandate))
                 self.assertFalse(os.path.exists(empty))
                 self.assertFalse(os.path.exists(torn))
                 self.assertTrue(glob.glob(torn + ".torn.*"), "torn bytes kept for forensics")
                 c = Client(d.socket_path)
                 self.assertEqual(c.call("list")["result"]["mandates"], [])
-                for at in (at1, at2):
+                for at in (at1, at2, at3):
                     r = c.call("fire", schedule="quick", at=at)
                     self.assertTrue(r["ok"], r)
                     self.assertTrue(r["result"]["fired"], r)
