@@ -12,6 +12,7 @@
 
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
+#include "control_proto.h"
 #include "log.h"
 
 struct control_server {
@@ -269,61 +270,34 @@ bool control_peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngro
 
 static void handle_line(struct control_client *c, const char *line, size_t len)
 {
-        json_error_t jerr;
-        json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
-        if (!root && c->refusal) {
-                client_send(c, error_reply(NULL, "permission_denied", c->refusal, NULL), true);
-                return;
-        }
-        if (!root) {
-                char msg[300];
-                snprintf(msg, sizeof msg, "malformed JSON at byte %d: %s", jerr.position,
-                         jerr.text);
-                client_send(c, error_reply(NULL, "bad_request", msg, NULL), false);
-                return;
-        }
-        json_t *id = json_object_get(root, "id");
+        struct control_parsed pr;
+        char problem[300];
+        int r = control_parse_request(line, len, &pr, problem, sizeof problem);
         if (c->refusal) {
-                /* Answer the request it sent, then hang up. */
-                client_send(c, error_reply(json_is_integer(id) ? id : NULL, "permission_denied",
-                                           c->refusal, NULL),
-                            true);
-                json_decref(root);
+                /* Answer the request it sent (naming its id if it has
+                 * one), then hang up. */
+                client_send(c, error_reply(pr.id, "permission_denied", c->refusal, NULL), true);
+                control_parsed_clear(&pr);
                 return;
         }
-        const char *problem = NULL;
-        if (!json_is_object(root))
-                problem = "a request must be a JSON object";
-        else if (!json_is_integer(json_object_get(root, "v")) ||
-                 json_integer_value(json_object_get(root, "v")) != 1)
-                problem = "v: must be 1";
-        else if (!json_is_integer(id))
-                problem = "id: must be an integer";
-        else if (!json_is_string(json_object_get(root, "cmd")))
-                problem = "cmd: must be a string";
-        else if (json_object_get(root, "args") && !json_is_object(json_object_get(root, "args")))
-                problem = "args: must be an object";
-        if (problem) {
-                client_send(c, error_reply(json_is_integer(id) ? id : NULL, "bad_request",
-                                           problem, NULL),
-                            false);
-                json_decref(root);
+        if (r < 0) {
+                client_send(c, error_reply(pr.id, "bad_request", problem, NULL), false);
+                control_parsed_clear(&pr);
                 return;
         }
         struct control_request *req = calloc(1, sizeof(*req));
         if (!req) {
-                json_decref(root);
-                client_send(c, error_reply(id, "internal", "out of memory", NULL), false);
+                client_send(c, error_reply(pr.id, "internal", "out of memory", NULL), false);
+                control_parsed_clear(&pr);
                 return;
         }
         req->d = c->d;
         req->client = c;
         c->refs++;
-        req->root = root;
-        req->id = id;
-        req->cmd = json_string_value(json_object_get(root, "cmd"));
-        json_t *args = json_object_get(root, "args");
-        req->args = args ? json_incref(args) : json_object();
+        req->root = pr.root;    /* taken over; id, cmd and args point into it */
+        req->id = pr.id;
+        req->cmd = pr.cmd;
+        req->args = pr.args ? json_incref(pr.args) : json_object();
         req->uid = c->uid;
         req->gid = c->gid;
         req->pid = c->pid;
