@@ -88,6 +88,14 @@ int config_builtin(const char *state_dir, struct config **out);
  * NULL) / -ENOMEM, with *out left zeroed. */
 int config_parse_schedule(const char *name, const char *path, const char *text, size_t len,
                           struct config_schedule *out, struct config_errors *errs);
+/* Parse the text of a main configuration file (kairosd.conf or one drop-in)
+ * over the built-in defaults, as config_load does with PATH's own text, but
+ * without drop-ins or schedules (exposed for tests/fuzzing).  path is
+ * config_path and is used in messages; schedules_dir stays NULL.  Returns 0
+ * with *out (free with config_free), or -EINVAL (errors appended to errs,
+ * which may be NULL) / -ENOMEM, with *out set to NULL. */
+int config_parse_main(const char *path, const char *text, size_t len, struct config **out,
+                      struct config_errors *errs);
 /* Free the contents of a schedule (not the struct itself) and zero it. */
 void config_schedule_clear(struct config_schedule *s);
 

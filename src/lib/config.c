@@ -1286,6 +1286,16 @@ int config_builtin(const char *state_dir, struct config **out)
         return 0;
 }
 
+/* Parse the text of one main or drop-in file into c. */
+static void parse_main_text(struct config *c, const char *path, const char *text, size_t len,
+                            struct errctx *ec)
+{
+        struct parser p = {
+                .file = path, .kind = &main_kind, .target = c, .ec = ec, .section = -1,
+        };
+        parse_text(&p, text, len);
+}
+
 /* Parse one main or drop-in file into c.  Returns -errno if unreadable. */
 static int load_main_file(struct config *c, const char *path, struct errctx *ec)
 {
@@ -1299,11 +1309,32 @@ static int load_main_file(struct config *c, const char *path, struct errctx *ec)
                         file_error(ec, path, r);
                 return r;
         }
-        struct parser p = {
-                .file = path, .kind = &main_kind, .target = c, .ec = ec, .section = -1,
-        };
-        parse_text(&p, text, len);
+        parse_main_text(c, path, text, len, ec);
         free(text);
+        return 0;
+}
+
+int config_parse_main(const char *path, const char *text, size_t len, struct config **out,
+                      struct config_errors *errs)
+{
+        if (!path || (!text && len) || !out)
+                return -EINVAL;
+        *out = NULL;
+        struct errctx ec = { .errs = errs };
+        struct config *c = config_new();
+        if (!c)
+                return -ENOMEM;
+        c->config_path = strdup(path);
+        if (!c->config_path) {
+                config_free(c);
+                return -ENOMEM;
+        }
+        parse_main_text(c, path, text ? text : "", len, &ec);
+        if (ec.oom || ec.n > 0) {
+                config_free(c);
+                return ec.oom ? -ENOMEM : -EINVAL;
+        }
+        *out = c;
         return 0;
 }
 

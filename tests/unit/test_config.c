@@ -383,6 +383,49 @@ static void test_parse_schedule_errors_without_list(void **state)
         assert_null(s.environment);
 }
 
+/* config_parse_main: the text of one main file, no files read. */
+static void test_parse_main_text(void **state)
+{
+        (void)state;
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_parse_main("/etc/k.conf", main_conf, strlen(main_conf), &c,
+                                           &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_string_equal(c->config_path, "/etc/k.conf");
+        assert_null(c->schedules_dir);
+        assert_int_equal(c->nschedules, 0);
+        assert_string_equal(c->state_directory, "/srv/kairos/state");
+        assert_string_equal(c->control_socket, "/run/k/ctl.sock");
+        assert_int_equal(c->log_level, 7);
+        assert_int_equal(c->idem_max_entries, 10000000);
+        assert_int_equal(c->nwrite_roots, 3);
+        assert_string_equal(c->write_roots[2], "/srv/c");
+        config_free(c);
+
+        /* empty text (NULL with length 0): the defaults */
+        assert_int_equal(config_parse_main("/etc/k.conf", NULL, 0, &c, &errs), 0);
+        assert_string_equal(c->state_directory, "/var/lib/kairos");
+        assert_int_equal(c->max_concurrent_mandates, 4);
+        config_free(c);
+
+        /* errors name the path and the line; nothing is returned */
+        c = (struct config *)&c;
+        static const char bad[] = "[Daemon]\nLogLevel=loud\n[Schedule]\n";
+        assert_int_equal(config_parse_main("/etc/k.conf", bad, strlen(bad), &c, &errs), -EINVAL);
+        assert_null(c);
+        assert_int_equal(errs.n, 2);
+        assert_string_equal(errs.msgs[0], "/etc/k.conf:2: LogLevel=: \"loud\" is not one of: "
+                            "emerg, alert, crit, err, warning, notice, info, debug");
+        assert_string_equal(errs.msgs[1], "/etc/k.conf:3: unknown section [Schedule] "
+                            "(expected [Daemon] or [Idempotency])");
+        config_errors_free(&errs);
+        assert_int_equal(config_parse_main("/etc/k.conf", bad, strlen(bad), &c, NULL), -EINVAL);
+        assert_int_equal(config_parse_main(NULL, "", 0, &c, NULL), -EINVAL);
+        assert_int_equal(config_parse_main("/k", NULL, 1, &c, NULL), -EINVAL);
+        assert_int_equal(config_parse_main("/k", "", 0, NULL, NULL), -EINVAL);
+}
+
 static void test_bool_words(void **state)
 {
         (void)state;
@@ -1027,6 +1070,7 @@ int main(void)
                 T(test_schedules_sorted_by_name),
                 T(test_lists_reset_and_last_wins),
                 T(test_parse_schedule_errors_without_list),
+                T(test_parse_main_text),
                 T(test_bool_words),
                 T(test_log_levels),
                 T(test_err_unknown_section),
