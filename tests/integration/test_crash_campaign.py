@@ -863,7 +863,7 @@ class TestCheckers(unittest.TestCase):
 
     def test_no_silent_strand(self):
         ok = {"mnd_m": {"status": "paused_review", "reason": "x", "review_step": "act_001"}}
-        self.c.check_listing(ok, {"mnd_m": [{}]})
+        self.c.check_listing(ok, {"mnd_m": [{"op": "plan_commit"}]})
         for bad, msg in [({"status": "paused_review", "reason": None}, "invariant 3"),
                          ({"status": "paused", "reason": "schedule_unknown"}, "invariant 3"),
                          ({"status": "quarantined", "reason": "wal_corrupt"}, "corruption"),
@@ -871,8 +871,9 @@ class TestCheckers(unittest.TestCase):
             with self.assertRaisesRegex(Violation, msg):
                 self.c.check_listing({"mnd_m": bad}, {})
         with self.assertRaisesRegex(Violation, "invariant 3"):
-            self.c.check_listing({}, {"mnd_m": [{}]})
+            self.c.check_listing({}, {"mnd_m": [{"op": "mandate"}, {"op": "plan_commit"}]})
         self.c.check_listing({}, {"mnd_m": []})  # a WAL without records is removed
+        self.c.check_listing({}, {"mnd_m": [{"op": "mandate"}]})  # nor one without a plan
 
 
 class TestEmptyWal(unittest.TestCase):
