@@ -154,7 +154,3 @@ int ctl_format_local(const struct cron_tz *tz, int64_t t, char *buf, size_t len,
 /* cron_tz_load with messages: 0, or an exit status (65 bad or unknown zone). */
 int ctl_load_tz(const char *cmd, const char *name, struct cron_tz **out);
 
-/* Validation used by the offline and online commands. */
-bool ctl_valid_schedule_name(const char *name);
-/* YYYY-MM-DDTHH:MM:SSZ naming a real UTC time. */
-bool ctl_valid_fired_at(const char *s);

@@ -135,7 +135,7 @@ int ctl_cmd_cron_next(const struct ctl_opts *o, int argc, char **argv)
         if (npos == 0)
                 return ctl_usage_error("cron next: missing EXPR (e.g. '0 9 * * 1-5')");
         if (from_s) {
-                if (!ctl_valid_fired_at(from_s) || planner_parse_fired_at(from_s, &from) < 0)
+                if (planner_parse_fired_at(from_s, &from) < 0)
                         return ctl_usage_error("cron next: --from '%s' is not a UTC time "
                                                "YYYY-MM-DDTHH:MM:SSZ",
                                                from_s);

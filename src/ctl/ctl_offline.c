@@ -1031,10 +1031,10 @@ int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv)
                 return ctl_usage_error("plan needs --name NAME");
         if (!fired_at)
                 return ctl_usage_error("plan needs --fired-at YYYY-MM-DDTHH:MM:SSZ");
-        if (!ctl_valid_schedule_name(name))
+        if (!planner_valid_name(name))
                 return ctl_usage_error("plan: invalid schedule name '%s': use 1 to 64 of "
                                        "A-Z a-z 0-9 _ -", name);
-        if (!ctl_valid_fired_at(fired_at))
+        if (planner_parse_fired_at(fired_at, NULL) < 0)
                 return ctl_usage_error("plan: invalid --fired-at '%s': need a real UTC time "
                                        "as YYYY-MM-DDTHH:MM:SSZ, e.g. 2026-04-20T12:00:00Z",
                                        fired_at);

@@ -901,7 +901,7 @@ static int check_schedule_name(const char *cmd, const char *name)
         char *safe;
         int r;
 
-        if (ctl_valid_schedule_name(name))
+        if (planner_valid_name(name))
                 return 0;
         safe = safe_str(name);
         r = ctl_usage_error("%s: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})", cmd,

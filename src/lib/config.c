@@ -7,6 +7,7 @@
  *   "FILE:LINE: what is wrong"         (a line without a key)
  *   "FILE: what is wrong"              (file-level) */
 #include "kairos/config.h"
+#include "kairos/planner.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -140,14 +141,7 @@ static bool is_alpha(char c)
 
 bool config_valid_schedule_name(const char *name)
 {
-        if (!name)
-                return false;
-        size_t n = 0;
-        for (const char *p = name; *p; p++, n++) {
-                if (!(is_alpha(*p) || is_digit(*p) || *p == '_' || *p == '-'))
-                        return false;
-        }
-        return n >= 1 && n <= 64;
+        return name && planner_valid_name(name);
 }
 
 static const char *const phase_keys[CONFIG_PHASES] = {
