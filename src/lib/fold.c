@@ -893,7 +893,9 @@ int fold_file(const char *path, struct fold **out)
         int fd, r;
 
         *out = NULL;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        do
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+        while (fd < 0 && errno == EINTR);
         if (fd < 0)
                 return -errno;
         if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size < SIZE_MAX / 2) {

@@ -1,12 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -950,6 +958,98 @@ static void test_fold_file(void **state)
         kbuf_free(&b);
 }
 
+/* fold_file retries an open interrupted by a signal (found by the fault
+ * injection of issue 8: an EINTR from open paused the mandate wal_io_error).
+ * The WAL is a FIFO, so open blocks until a writer comes; a helper thread
+ * waits until the test thread is inside openat (per /proc), interrupts it
+ * with a signal whose handler has no SA_RESTART, and only then opens the
+ * writing end and writes one record. */
+struct eintr_ctx {
+        const char *path;
+        pid_t tid;
+        const char *line;
+        _Atomic bool done;
+};
+
+static volatile sig_atomic_t eintr_signals;
+
+static void eintr_handler(int sig)
+{
+        (void)sig;
+        eintr_signals++;
+}
+
+static bool in_syscall(pid_t tid, long nr)
+{
+        char p[64], buf[64];
+        snprintf(p, sizeof p, "/proc/self/task/%d/syscall", (int)tid);
+        FILE *f = fopen(p, "r");
+        if (!f)
+                return false;
+        bool yes = fgets(buf, sizeof buf, f) && strtol(buf, NULL, 10) == nr;
+        fclose(f);
+        return yes;
+}
+
+static void *eintr_writer(void *arg)
+{
+        struct eintr_ctx *c = arg;
+        while (!in_syscall(c->tid, SYS_openat))
+                sched_yield();
+        while (eintr_signals == 0) {
+                syscall(SYS_tgkill, getpid(), c->tid, SIGUSR1);
+                sched_yield();
+        }
+        /* non-blocking: fails (ENXIO) while no reader has the FIFO open,
+         * so a fold_file that gave up on EINTR cannot hang the test */
+        int fd;
+        while ((fd = open(c->path, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0 && !c->done)
+                sched_yield();
+        if (fd >= 0) {
+                ssize_t w = write(fd, c->line, strlen(c->line));
+                (void)w;
+                close(fd);
+        }
+        return NULL;
+}
+
+static void test_fold_file_eintr(void **state)
+{
+        (void)state;
+        char dir[] = "/tmp/kairos-test-fold-XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        char path[256];
+        snprintf(path, sizeof(path), "%s/fifo.wal.jsonl", dir);
+        assert_int_equal(mkfifo(path, 0600), 0);
+        struct kbuf b = KBUF_INIT;
+        rec(&b, "{\"op\":\"mandate\",\"mandate_id\":\"m\",\"schedule\":\"s\","
+                "\"fired_at\":\"2026-04-20T12:00:00Z\",\"ts\":\"2026-04-20T12:00:00.000Z\"}");
+
+        struct sigaction sa = { .sa_handler = eintr_handler }, old;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = 0; /* no SA_RESTART: the blocked open returns EINTR */
+        assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+        eintr_signals = 0;
+        struct eintr_ctx c = { .path = path, .tid = (pid_t)syscall(SYS_gettid), .line = b.data,
+                               .done = false };
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, eintr_writer, &c), 0);
+
+        struct fold *f = NULL;
+        int r = fold_file(path, &f);
+        c.done = true;
+        assert_int_equal(pthread_join(t, NULL), 0);
+        assert_int_equal(sigaction(SIGUSR1, &old, NULL), 0);
+        assert_true(eintr_signals > 0);
+        assert_int_equal(r, 0);
+        assert_non_null(f);
+        assert_int_equal(f->records, 1);
+        fold_free(f);
+        kbuf_free(&b);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(rmdir(dir), 0);
+}
+
 static void test_many_plans(void **state)
 {
         (void)state;
@@ -1015,6 +1115,7 @@ int main(void)
                 cmocka_unit_test(test_flip_every_bit),
                 cmocka_unit_test(test_wal_encode_round_trip),
                 cmocka_unit_test(test_fold_file),
+                cmocka_unit_test(test_fold_file_eintr),
                 cmocka_unit_test(test_many_plans),
                 cmocka_unit_test(test_names),
         };
