@@ -7,7 +7,7 @@ pkgs=(
         meson ninja-build pkg-config gcc python3
         libuv1-dev libsodium-dev zlib1g-dev libsystemd-dev libjansson-dev
         libcmocka-dev libsqlite3-dev clang scdoc tzdata
-        debootstrap systemd-container
+        debootstrap systemd-container strace
 )
 
 missing=()

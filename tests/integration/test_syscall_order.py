@@ -1,0 +1,428 @@
+# SPDX-License-Identifier: MIT
+"""Syscall-order check (issue 8, part 3): one mandate's whole life (fire, the
+five phases with real handler programs, two cycles, the archive) under
+
+  strace -f -tt -v -e trace=%file,write,...,fdatasync,fsync,rename*,execve,clone*,...
+
+and, from the trace, in the daemon's threads:
+
+  1. every handler spawn (the fork of the process that execs the exec shim)
+     comes after the write of its step's `executing` record to the WAL and a
+     successful fdatasync of the WAL fd after that write;
+  2. every new file's directory is fsynced before the file is relied on: the
+     WAL's creation -> fsync of wal/ before the fire is acknowledged and before
+     the first spawn; every O_EXCL creation -> fsync of its directory before
+     the file's first fdatasync; every directory the daemon creates -> fsync
+     of its parent before anything is created inside it; every rename -> fsync
+     of the target's directory after it (the archive .gz and the summary:
+     before the WAL is unlinked); the WAL's unlink -> fsync of wal/ after it;
+  3. every rename is preceded by a successful fdatasync/fsync of the renamed
+     file after its last write.
+
+fds are mapped to paths through the trace (open/openat/creat results, dup,
+dup2, dup3, fcntl F_DUPFD, close), per process.  A self-test first removes
+single syscalls from the real trace and checks that each rule notices.
+Skipped (77) without strace.  Standard library only."""
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kairos_harness  # noqa: E402
+from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
+
+REAL_KAIROSD = os.environ.get("KAIROSD", "kairosd")
+AT = "2026-04-20T12:00:00Z"
+TRACED = ("%file,write,writev,sendmsg,sendto,fdatasync,fsync,rename,renameat,renameat2,"
+          "execve,clone,clone3,fork,vfork,close,dup,dup2,dup3,fcntl")
+
+HANDLER = r"""#!/bin/sh
+cat > /dev/null
+printf '{"phase":"%s","cycle":%s}\n' "$KAIROS_PHASE" "$KAIROS_CYCLE"
+"""
+
+LINE_RE = re.compile(r"^(\d+)\s+\d\d:\d\d:\d\d\.\d+\s+(.*)$")
+UNFINISHED = " <unfinished ...>"
+RESUMED_RE = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
+STR_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
+# name(args) = ret ...; strace pads before "=", and the last ") =" is the one
+CALL_RE = re.compile(r"^(\w+)\((.*)\)\s+=\s+(\S+)", re.S)
+
+
+class Event:
+    """One syscall: start = the trace line where it began, seq = the line
+    where it returned (the order used for "happened before")."""
+    __slots__ = ("start", "seq", "tid", "name", "args", "ret")
+
+    def __init__(self, start, seq, tid, name, args, ret):
+        self.start, self.seq = start, seq
+        self.tid, self.name, self.args, self.ret = tid, name, args, ret
+
+    def strings(self):
+        return [unescape(s) for s in STR_RE.findall(self.args)]
+
+    def ints(self):
+        """The leading integer arguments (fds)."""
+        out = []
+        for part in self.args.split(","):
+            part = part.strip()
+            if re.fullmatch(r"-?\d+", part):
+                out.append(int(part))
+            else:
+                break
+        return out
+
+    def __repr__(self):
+        return "#%d [%d] %s(%s) = %s" % (self.seq, self.tid, self.name, self.args[:160], self.ret)
+
+
+def unescape(s):
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}.get(
+        m.group(1), m.group(1)), s)
+
+
+def parse_trace(text):
+    """strace -f output -> [Event] in completion order (unfinished calls are
+    joined with their resumption)."""
+    events = []
+    pending = {}
+    for lineno, raw in enumerate(text.splitlines()):
+        m = LINE_RE.match(raw)
+        if not m:
+            continue
+        tid, rest = int(m.group(1)), m.group(2)
+        if rest.startswith("+++") or rest.startswith("---"):
+            continue
+        r = RESUMED_RE.match(rest)
+        if r:
+            head = pending.pop(tid, None)
+            if head is None:
+                continue
+            start, rest = head[0], head[1] + r.group(2)
+        elif rest.endswith(UNFINISHED):
+            pending[tid] = (lineno, rest[:-len(UNFINISHED)])
+            continue
+        else:
+            start = lineno
+        m = CALL_RE.match(rest)
+        if not m:
+            continue
+        name, args, ret = m.group(1), m.group(2), m.group(3)
+        try:
+            ret = int(ret, 0)
+        except ValueError:
+            ret = -1 if ret.startswith("-") or ret == "?" else ret
+        events.append(Event(start, lineno, tid, name, args, ret))
+    return events
+
+
+class Trace:
+    """The daemon's threads, its children, and its fd table over time."""
+
+    def __init__(self, events, state):
+        self.events = events
+        self.state = state.rstrip("/")
+        self.root = min(events, key=lambda e: e.start).tid
+        self.threads = {self.root}
+        self.child_clone = {}          # child pid -> the clone that made it
+        self.fdpath = {}               # seq -> path of the fd argument (daemon calls)
+        self.shim_execs = []           # (event, env dict)
+        # who is a thread of the daemon, who a child process (in start order:
+        # a child may exec before its parent's clone returns)
+        for e in sorted(events, key=lambda x: x.start):
+            if e.name in ("clone", "clone3", "fork", "vfork") and e.tid in self.threads \
+                    and isinstance(e.ret, int) and e.ret > 0:
+                if "CLONE_THREAD" in e.args:
+                    self.threads.add(e.ret)
+                else:
+                    self.child_clone[e.ret] = e
+        fds = {}
+        for e in events:
+            if e.name in ("clone", "clone3", "fork", "vfork"):
+                continue
+            if e.name == "execve" and e.tid in self.child_clone and e.ret == 0 and \
+                    '"--exec-shim"' in e.args:
+                env = dict(s.split("=", 1) for s in e.strings() if "=" in s and
+                           s.startswith("KAIROS_"))
+                self.shim_execs.append((e, env))
+                continue
+            if e.tid not in self.threads:
+                continue
+            if e.name in ("open", "openat", "creat") and isinstance(e.ret, int) and e.ret >= 0:
+                fds[e.ret] = self.resolve(e, fds)
+            elif e.name in ("dup", "dup2", "dup3") and isinstance(e.ret, int) and e.ret >= 0:
+                fds[e.ret] = fds.get(e.ints()[0]) if e.ints() else None
+            elif e.name == "fcntl" and "F_DUPFD" in e.args and isinstance(e.ret, int) \
+                    and e.ret >= 0:
+                fds[e.ret] = fds.get(e.ints()[0]) if e.ints() else None
+            elif e.name in ("write", "writev", "fdatasync", "fsync", "close") and e.ints():
+                self.fdpath[e.seq] = fds.get(e.ints()[0])
+                if e.name == "close":
+                    fds.pop(e.ints()[0], None)
+
+    def resolve(self, e, fds):
+        """The path an open/rename/unlink names (absolute; *at with a dir fd)."""
+        s = e.strings()
+        if not s:
+            return None
+        path = s[0]
+        if e.name.endswith("at") and not e.args.startswith("AT_FDCWD") and e.ints():
+            base = fds.get(e.ints()[0])
+            if base and not path.startswith("/"):
+                path = base + "/" + path
+        return os.path.normpath(path)
+
+    def daemon(self, names=None):
+        for e in self.events:
+            if e.tid in self.threads and (names is None or e.name in names):
+                yield e
+
+    def in_state(self, path):
+        return path is not None and (path == self.state or path.startswith(self.state + "/"))
+
+
+def rename_paths(e):
+    s = e.strings()
+    return (os.path.normpath(s[0]), os.path.normpath(s[1])) if len(s) >= 2 else (None, None)
+
+
+def check(trace, mandate):
+    """All rules; returns (counts of what was checked, [violations])."""
+    T = trace
+    bad = []
+    wal = os.path.join(T.state, "wal", mandate + ".wal.jsonl")
+    n = {"spawns": 0, "wal fdatasyncs": sum(1 for e in T.daemon(("fdatasync",))
+                                            if T.fdpath.get(e.seq) == wal),
+         "wal creations": 0, "excl creations": 0, "mkdirs": 0,
+         "renames synced": 0, "renames dir-fsynced": 0, "unlinks dir-fsynced": 0}
+
+    def fsync_of_dir(d, after, before=None):
+        for e in T.daemon(("fsync", "fdatasync")):
+            if e.seq > after and (before is None or e.seq < before) and \
+                    T.fdpath.get(e.seq) == d and e.ret == 0:
+                return e
+        return None
+
+    # --- 1. every spawn follows its durable executing record
+    for ex, env in T.shim_execs:
+        n["spawns"] += 1
+        ce = T.child_clone[ex.tid]
+        clone = ce.start               # the spawn: where the clone began
+        m, step = env.get("KAIROS_MANDATE_ID"), env.get("KAIROS_STEP_ID")
+        wpath = os.path.join(T.state, "wal", "%s.wal.jsonl" % m)
+        needle = '"step_id":"%s","status":"executing"' % step
+        writes = [e for e in T.daemon(("write",)) if e.seq < clone and
+                  T.fdpath.get(e.seq) == wpath and any(needle in s for s in e.strings())]
+        if not writes:
+            bad.append("spawn of %s %s (%r): no write of its executing record before it"
+                       % (m, step, ce))
+            continue
+        w = writes[-1]
+        if not isinstance(w.ret, int) or w.ret <= 0:
+            bad.append("spawn of %s %s: the executing record's write failed: %r" % (m, step, w))
+        sync = [e for e in T.daemon(("fdatasync", "fsync")) if w.seq < e.seq < clone and
+                T.fdpath.get(e.seq) == wpath and e.ret == 0]
+        if not sync:
+            bad.append("spawn of %s %s (%r): no fdatasync of %s between the executing record "
+                       "(%r) and the spawn" % (m, step, ce, wpath, w))
+
+    # --- 2. new files and directories
+    first_ack = None
+    for e in T.daemon(("write", "writev", "sendmsg", "sendto")):
+        if any('"fired":true' in s and '"mandate":"%s"' % mandate in s for s in e.strings()):
+            first_ack = e.seq
+            break
+    if first_ack is None:
+        bad.append("no acknowledgement of the fire of %s in the trace" % mandate)
+    for e in T.daemon(("open", "openat", "creat")):
+        if not (isinstance(e.ret, int) and e.ret >= 0 and "O_CREAT" in e.args):
+            continue
+        path = T.resolve(e, {})
+        if not T.in_state(path):
+            continue
+        d = os.path.dirname(path)
+        if path.endswith(".wal.jsonl") and "O_EXCL" in e.args:
+            n["wal creations"] += 1
+            m = os.path.basename(path)[:-len(".wal.jsonl")]
+            spawns = [T.child_clone[x.tid].start for x, env in T.shim_execs
+                      if env.get("KAIROS_MANDATE_ID") == m]
+            limits = [s for s in spawns + ([first_ack] if m == mandate and first_ack else [])]
+            before = min(limits) if limits else None
+            if not fsync_of_dir(d, e.seq, before):
+                bad.append("WAL %s created (%r) but %s not fsynced before it was relied on "
+                           "(#%s)" % (path, e, d, before))
+        if "O_EXCL" in e.args:
+            n["excl creations"] += 1
+            first_sync = next((x.seq for x in T.daemon(("fdatasync", "fsync"))
+                               if x.seq > e.seq and T.fdpath.get(x.seq) == path), None)
+            if not fsync_of_dir(d, e.seq, first_sync):
+                bad.append("%s created with O_EXCL (%r); %s not fsynced before its first "
+                           "fdatasync (#%s)" % (path, e, d, first_sync))
+    for e in T.daemon(("mkdir", "mkdirat")):
+        path = T.resolve(e, {})
+        if e.ret != 0 or not T.in_state(path):
+            continue
+        n["mkdirs"] += 1
+        inside = next((x.seq for x in T.daemon(("open", "openat", "creat", "mkdir", "mkdirat"))
+                       if x.seq > e.seq and
+                       (x.name.startswith("mkdir") or "O_CREAT" in x.args) and
+                       (T.resolve(x, {}) or "").startswith(path + "/")), None)
+        if not fsync_of_dir(os.path.dirname(path), e.seq, inside):
+            bad.append("directory %s created (%r); its parent not fsynced before something "
+                       "was created inside (#%s)" % (path, e, inside))
+    unlink_wal = next((e for e in T.daemon(("unlink", "unlinkat"))
+                       if T.resolve(e, {}) == wal and e.ret == 0), None)
+    if unlink_wal is None:
+        bad.append("the WAL %s was never unlinked (not archived?)" % wal)
+    for e in T.daemon(("rename", "renameat", "renameat2")):
+        src, dst = rename_paths(e)
+        if e.ret != 0 or not T.in_state(dst):
+            continue
+        n["renames dir-fsynced"] += 1
+        before = None
+        if unlink_wal and (dst.endswith("/archive/%s.wal.jsonl.gz" % mandate) or
+                           dst.endswith("/mandates/%s.json" % mandate)):
+            before = unlink_wal.seq
+            if e.seq > before:
+                bad.append("%s renamed into place after the WAL was unlinked: %r" % (dst, e))
+        if not fsync_of_dir(os.path.dirname(dst), e.seq, before):
+            bad.append("rename to %s (%r): %s not fsynced after it%s" % (
+                dst, e, os.path.dirname(dst),
+                " before the WAL was unlinked (#%d)" % before if before else ""))
+    for e in T.daemon(("unlink", "unlinkat")):
+        path = T.resolve(e, {})
+        if e.ret == 0 and path and path.endswith(".wal.jsonl") and T.in_state(path):
+            n["unlinks dir-fsynced"] += 1
+            if not fsync_of_dir(os.path.dirname(path), e.seq):
+                bad.append("WAL %s unlinked (%r); wal/ never fsynced after it" % (path, e))
+
+    # --- 3. every rename follows an fdatasync/fsync of the renamed file
+    state = {}          # path -> "dirty" | "synced"
+    for e in T.daemon():
+        if e.name in ("open", "openat", "creat") and isinstance(e.ret, int) and e.ret >= 0 \
+                and ("O_TRUNC" in e.args or "O_CREAT" in e.args or e.name == "creat"):
+            p = T.resolve(e, {})
+            if "O_TRUNC" in e.args or p not in state:
+                state[p] = "dirty"
+        elif e.name in ("write", "writev") and T.fdpath.get(e.seq):
+            state[T.fdpath[e.seq]] = "dirty"
+        elif e.name in ("fdatasync", "fsync") and T.fdpath.get(e.seq) and e.ret == 0:
+            state[T.fdpath[e.seq]] = "synced"
+        elif e.name in ("rename", "renameat", "renameat2") and e.ret == 0:
+            src, dst = rename_paths(e)
+            if not T.in_state(dst):
+                continue
+            n["renames synced"] += 1
+            if state.get(src) != "synced":
+                bad.append("rename %s -> %s (%r) without an fdatasync of the file after its "
+                           "last write (%s)" % (src, dst, e, state.get(src, "never opened")))
+            state[dst] = state.pop(src, None)
+    return n, bad
+
+
+def self_test(trace, mandate):
+    """Each rule must notice a missing syscall: drop one and re-check."""
+    T = trace
+
+    def without(pred):
+        return check(Trace([e for e in T.events if not pred(e)], T.state), mandate)[1]
+
+    wal = os.path.join(T.state, "wal", mandate + ".wal.jsonl")
+    cases = {
+        "fdatasync before a spawn": lambda e: e.name == "fdatasync" and
+        T.fdpath.get(e.seq) == wal,
+        "fsync of wal/": lambda e: e.name == "fsync" and
+        T.fdpath.get(e.seq) == os.path.join(T.state, "wal"),
+        "fsync of archive/": lambda e: e.name == "fsync" and
+        T.fdpath.get(e.seq) == os.path.join(T.state, "archive"),
+        "fsync of mandates/": lambda e: e.name == "fsync" and
+        T.fdpath.get(e.seq) == os.path.join(T.state, "mandates"),
+        "fsync of the state directory": lambda e: e.name == "fsync" and
+        T.fdpath.get(e.seq) == T.state,
+        "fdatasync of a file renamed": lambda e: e.name == "fdatasync" and
+        (T.fdpath.get(e.seq) or "").endswith(".tmp"),
+    }
+    missed = []
+    for what, pred in cases.items():
+        if not without(pred):
+            missed.append(what)
+    return len(cases), missed
+
+
+def main():
+    strace = shutil.which("strace")
+    if not strace:
+        print("strace not installed: skipped")
+        return 77
+    t0 = time.monotonic()
+    tmp = tempfile.mkdtemp(prefix="kairos-sysorder-")
+    keep = os.environ.get("KAIROS_SYSORDER_KEEP", "") not in ("", "0")
+    state = os.path.join(tmp, "state")
+    trace_file = os.path.join(tmp, "trace.txt")
+    wrapper = os.path.join(tmp, "kairosd-straced")
+    with open(wrapper, "w") as f:
+        f.write('#!/bin/sh\nexec %s -f -tt -v -s 4096 -e signal=none -e trace=%s -o %s %s "$@"\n'
+                % (strace, TRACED, trace_file, REAL_KAIROSD))
+    os.chmod(wrapper, 0o755)
+    handler = os.path.join(tmp, "handler.sh")
+    with open(handler, "w") as f:
+        f.write(HANDLER)
+    os.chmod(handler, 0o755)
+    conf = write_config(tmp, state, {"life": {
+        "Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "2"},
+        "Exec": {k: handler for k in ("Observe", "Orient", "Decide", "Act", "Reflect")}}})
+    notify = NotifySocket(tmp)
+    kairos_harness.KAIROSD = wrapper
+    d = Daemon(state, config=conf, notify=notify)
+    ok = False
+    try:
+        notify.wait_ready(timeout=120)
+        c = Client(d.socket_path, timeout=120)
+        r = c.call("fire", schedule="life", at=AT)
+        assert r.get("ok") and r["result"]["fired"], r
+        mandate = r["result"]["mandate"]
+        d.wait_log("mandate %s done after 2 cycles" % mandate, timeout=120)
+        c.close()
+        # strace does not pass SIGTERM on: signal the daemon itself
+        with open(os.path.join(state, "kairosd.pid")) as f:
+            os.kill(int(f.read().split()[0]), signal.SIGTERM)
+        rc = d.proc.wait(120)
+        d.reader.join(30)
+        assert rc == 0, "kairosd (under strace) exited %d:\n%s" % (rc, d.log()[-3000:])
+        t_run = time.monotonic() - t0
+        with open(trace_file, errors="replace") as f:
+            events = parse_trace(f.read())
+        trace = Trace(events, os.path.realpath(state))
+        counts, bad = check(trace, mandate)
+        print("traced one mandate life (%d syscalls of the daemon and its children, %d daemon "
+              "threads, %.1f s)" % (len(events), len(trace.threads), t_run))
+        print("checked: %s" % ", ".join("%s %d" % kv for kv in counts.items()))
+        if counts["spawns"] != 10:
+            bad.append("expected 10 handler spawns (5 phases x 2 cycles), saw %d"
+                       % counts["spawns"])
+        n_self, missed = self_test(trace, mandate)
+        print("self-test: %d syscall kinds dropped from the trace, %d noticed"
+              % (n_self, n_self - len(missed)))
+        for what in missed:
+            bad.append("self-test: dropping every %s went unnoticed" % what)
+        for b in bad:
+            print("VIOLATION: " + b)
+        print("violations: %d (%.1f s)" % (len(bad), time.monotonic() - t0))
+        ok = not bad
+        return 0 if ok else 1
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+        notify.close()
+        if ok and not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print("kept: %s" % tmp)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
