@@ -310,6 +310,10 @@ static void recover_done(void *arg)
                           m->wal_path, strerror(-j->io_error));
         } else {
                 mandate_set_status(m, j->status, j->reason);
+                /* a mandate with a summary (loaded before) has these already */
+                free(m->schedule);
+                free(m->fired_at);
+                free(m->goal);
                 m->schedule = j->schedule;
                 m->fired_at = j->fired_at;
                 m->goal = j->goal;
