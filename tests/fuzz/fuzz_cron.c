@@ -1,0 +1,324 @@
+/* SPDX-License-Identifier: MIT */
+/* Fuzz target for the cron parser and the next-occurrence search.
+ *
+ * Input: the expression, optionally followed by a NUL byte, one byte that
+ * selects a time zone and a decimal Unix time `after` (e.g.
+ * "0 2 * * *\0\x01" "1774742400").  Without the tail every zone is tried
+ * from two instants around DST changes.
+ *
+ * Invariants (any violation aborts):
+ *   - parsing gives 0 or -EINVAL; an error has a message (NUL-terminated,
+ *     truncated cleanly to any errlen) and leaves *out untouched; a parsed
+ *     expression has no bit outside its field's range and "restricted" flags
+ *     that say whether a day field is the full range;
+ *   - the parse ignores letter case and the kind of blank, and the
+ *     expression written back as plain lists of numbers parses to the same;
+ *   - cron_next: next > after; its local time in the zone is on a minute,
+ *     matches the expression and is the first occurrence of that local time;
+ *     no minute in (after, next) (checked up to a bound) matches except a
+ *     repeat of a local time seen earlier; from any instant in [after, next)
+ *     the answer is the same next; -ENOENT only for an expression no date can
+ *     match (in UTC); it terminates (libFuzzer's -timeout catches a loop). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kairos/cron.h"
+#include "kairos/kbuf.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                                           \
+        do {                                                                                  \
+                if (!(cond)) {                                                                \
+                        fprintf(stderr, "fuzz_cron: invariant violated: %s (line %d)\n",      \
+                                #cond, __LINE__);                                             \
+                        abort();                                                              \
+                }                                                                             \
+        } while (0)
+
+#define TIME_LIMIT ((int64_t)1 << 48)
+#define DAYS_ALL UINT32_C(0xFFFFFFFE)
+
+static const char *const zone_names[] = {
+        NULL /* built-in UTC */, "Europe/Berlin", "America/New_York", "Australia/Lord_Howe",
+        "Asia/Kathmandu", "Pacific/Apia", "Europe/Dublin", "America/Sao_Paulo",
+        "Africa/Casablanca", "Europe/Amsterdam", "America/St_Johns",
+};
+#define NZONES (sizeof(zone_names) / sizeof(zone_names[0]))
+static struct cron_tz *zones[NZONES];
+static bool zone_ok[NZONES];
+
+static void load_zones(void)
+{
+        static bool loaded;
+        if (loaded)
+                return;
+        loaded = true;
+        zone_ok[0] = true;
+        for (size_t i = 1; i < NZONES; i++) {
+                int r = cron_tz_load(zone_names[i], &zones[i]);
+                /* a system without tzdata: those zones are skipped */
+                CHECK(r == 0 || r == -ENOENT);
+                zone_ok[i] = r == 0;
+        }
+}
+
+static bool is_blank(char c)
+{
+        return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static void check_expr(const struct cron_expr *e)
+{
+        CHECK((e->minutes >> 60) == 0 && e->minutes);
+        CHECK((e->hours >> 24) == 0 && e->hours);
+        CHECK((e->days & 1) == 0 && e->days);
+        CHECK((e->months & ~UINT16_C(0x1FFE)) == 0 && e->months);
+        CHECK((e->weekdays & 0x80) == 0 && e->weekdays);
+        CHECK(e->dom_restricted == (e->days != DAYS_ALL));
+        CHECK(e->dow_restricted == (e->weekdays != 0x7F));
+}
+
+static bool same_expr(const struct cron_expr *a, const struct cron_expr *b)
+{
+        return a->minutes == b->minutes && a->hours == b->hours && a->days == b->days &&
+               a->months == b->months && a->weekdays == b->weekdays &&
+               a->dom_restricted == b->dom_restricted && a->dow_restricted == b->dow_restricted;
+}
+
+static int parse_check(const char *text, struct cron_expr *out)
+{
+        char err[256], small[6];
+        struct cron_expr e, sentinel;
+        memset(&sentinel, 0xa5, sizeof(sentinel));
+        e = sentinel;
+        memset(err, 'x', sizeof(err));
+        int r = cron_parse(text, &e, err, sizeof(err));
+        CHECK(r == 0 || r == -EINVAL);
+        CHECK(memchr(err, '\0', sizeof(err)));
+        if (r < 0) {
+                CHECK(err[0] != '\0');
+                CHECK(memcmp(&e, &sentinel, sizeof(e)) == 0);
+        } else {
+                CHECK(err[0] == '\0');
+                check_expr(&e);
+        }
+        struct cron_expr e2 = sentinel;
+        memset(small, 'x', sizeof(small));
+        CHECK(cron_parse(text, &e2, small, sizeof(small)) == r);
+        CHECK(memchr(small, '\0', sizeof(small)) && strncmp(small, err, strlen(small)) == 0);
+        CHECK(strlen(small) == (strlen(err) < sizeof(small) ? strlen(err) : sizeof(small) - 1));
+        CHECK(memcmp(&e, &e2, sizeof(e)) == 0);
+        e2 = sentinel;
+        CHECK(cron_parse(text, &e2, NULL, 0) == r);
+        CHECK(memcmp(&e, &e2, sizeof(e)) == 0);
+        *out = e;
+        return r;
+}
+
+/* Upper case, every blank a space: the same result. */
+static void check_variants(const char *text, int r, const struct cron_expr *e)
+{
+        size_t n = strlen(text);
+        char *v = malloc(n + 1);
+        CHECK(v);
+        for (size_t i = 0; i <= n; i++) {
+                char c = text[i];
+                v[i] = c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : is_blank(c) ? ' ' : c;
+        }
+        struct cron_expr e2;
+        CHECK(cron_parse(v, &e2, NULL, 0) == r);
+        if (r == 0)
+                CHECK(same_expr(e, &e2));
+        free(v);
+}
+
+static int put_field(struct kbuf *b, uint64_t mask, int lo, int hi, bool last)
+{
+        bool first = true;
+        for (int i = lo; i <= hi; i++) {
+                if (!((mask >> i) & 1))
+                        continue;
+                if (kbuf_printf(b, "%s%d", first ? "" : ",", i) < 0)
+                        return -ENOMEM;
+                first = false;
+        }
+        return kbuf_puts(b, last ? "" : " ");
+}
+
+/* Written back as lists of numbers, it parses to the same expression. */
+static void check_rewrite(const struct cron_expr *e)
+{
+        struct kbuf b = KBUF_INIT;
+        if (put_field(&b, e->minutes, 0, 59, false) == 0 &&
+            put_field(&b, e->hours, 0, 23, false) == 0 &&
+            put_field(&b, e->days, 1, 31, false) == 0 &&
+            put_field(&b, e->months, 1, 12, false) == 0 &&
+            put_field(&b, e->weekdays, 0, 6, true) == 0) {
+                struct cron_expr e2;
+                char err[256];
+                int r = cron_parse(b.data, &e2, err, sizeof(err));
+                if (r != 0)
+                        fprintf(stderr, "rewrite '%s': %s\n", b.data, err);
+                CHECK(r == 0 && same_expr(e, &e2));
+        }
+        kbuf_free(&b);
+}
+
+/* Can any date match (some year)?  Only then may UTC say -ENOENT not. */
+static bool some_date_matches(const struct cron_expr *e)
+{
+        static const unsigned mdays[13] = { 0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+        if (e->dow_restricted)
+                return true; /* every month has every weekday */
+        for (unsigned m = 1; m <= 12; m++) {
+                if (!((e->months >> m) & 1))
+                        continue;
+                for (unsigned d = 1; d <= mdays[m]; d++)
+                        if ((e->days >> d) & 1)
+                                return true;
+        }
+        return false;
+}
+
+static bool local_matches(const struct cron_expr *e, const struct cron_tz *tz, int64_t t,
+                          bool *on_minute)
+{
+        struct tm tm;
+        CHECK(cron_tz_localtime(tz, t, &tm) == 0);
+        *on_minute = tm.tm_sec == 0;
+        return cron_matches(e, tm.tm_min, tm.tm_hour, tm.tm_mday, tm.tm_mon + 1, tm.tm_wday);
+}
+
+/* t fires: on a local minute, matching, the first occurrence of its local time. */
+static void check_fires(const struct cron_expr *e, const struct cron_tz *tz, int64_t t)
+{
+        bool on_minute;
+        CHECK(local_matches(e, tz, t, &on_minute));
+        CHECK(on_minute);
+        int64_t cand[CRON_TZ_MAX_CANDIDATES];
+        size_t nc = cron_tz_local_to_utc(tz, t + cron_tz_utc_offset(tz, t), cand);
+        CHECK(nc >= 1 && nc <= CRON_TZ_MAX_CANDIDATES && cand[0] == t);
+}
+
+/* Every local minute in (after, min(next, after + span)) that matches must be
+ * a repeat of an earlier occurrence of the same local time. */
+static void check_none_between(const struct cron_expr *e, const struct cron_tz *tz,
+                               int64_t after, int64_t next, int64_t span)
+{
+        int64_t end = next - after > span ? after + span : next;
+        int64_t t = after + 1;
+        while (t < end) {
+                int32_t o = cron_tz_utc_offset(tz, t);
+                int64_t l = t + o;
+                int64_t lm = l % 60 == 0 ? l : l - ((l % 60) + 60) % 60 + 60;
+                int64_t u = lm - o;
+                if (cron_tz_utc_offset(tz, u) != o) {
+                        t++; /* a transition in (t, u]: step over it */
+                        continue;
+                }
+                if (u >= end)
+                        break;
+                bool on_minute;
+                if (local_matches(e, tz, u, &on_minute)) {
+                        CHECK(on_minute);
+                        int64_t cand[CRON_TZ_MAX_CANDIDATES];
+                        size_t nc = cron_tz_local_to_utc(tz, lm, cand);
+                        CHECK(nc >= 2 && cand[0] < u);
+                }
+                t = u + 1;
+        }
+}
+
+static void check_next(const struct cron_expr *e, size_t zi, int64_t after, int64_t span)
+{
+        const struct cron_tz *tz = zones[zi];
+        int64_t next = 0;
+        int r = cron_next(e, tz, after, &next);
+        if (after < -TIME_LIMIT || after > TIME_LIMIT) {
+                CHECK(r == -ERANGE);
+                return;
+        }
+        if (r == -ENOENT) {
+                if (zi == 0)
+                        CHECK(!some_date_matches(e));
+                return;
+        }
+        CHECK(r == 0);
+        CHECK(next > after);
+        if (next > TIME_LIMIT)
+                return; /* past the supported range: local time undefined */
+        check_fires(e, tz, next);
+        check_none_between(e, tz, after, next, span);
+
+        /* the same answer from any instant in [after, next) */
+        int64_t mid = after + (next - after) / 2, n2;
+        CHECK(cron_next(e, tz, mid, &n2) == 0 && n2 == next);
+        CHECK(cron_next(e, tz, next - 1, &n2) == 0 && n2 == next);
+
+        /* and the one after it */
+        r = cron_next(e, tz, next, &n2);
+        if (r == 0) {
+                CHECK(n2 > next);
+                if (n2 <= TIME_LIMIT)
+                        check_fires(e, tz, n2);
+        } else {
+                CHECK(r == -ENOENT || (r == -ERANGE && next > TIME_LIMIT));
+        }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+        load_zones();
+
+        /* the expression: up to the first NUL */
+        const uint8_t *nul = memchr(data ? data : (const uint8_t *)"", '\0', size);
+        size_t elen = nul ? (size_t)(nul - data) : size;
+        char *text = malloc(elen + 1);
+        CHECK(text);
+        if (elen)
+                memcpy(text, data, elen);
+        text[elen] = '\0';
+
+        struct cron_expr e;
+        int r = parse_check(text, &e);
+        check_variants(text, r, &e);
+        if (r < 0) {
+                free(text);
+                return 0;
+        }
+        check_rewrite(&e);
+        CHECK(!cron_matches(&e, 60, 0, 1, 1, 0) && !cron_matches(&e, 0, 24, 1, 1, 0));
+        CHECK(!cron_matches(&e, 0, 0, 0, 1, 0) && !cron_matches(&e, 0, 0, 1, 13, 0));
+        CHECK(!cron_matches(NULL, 0, 0, 1, 1, 0));
+
+        if (nul && size - elen >= 2) {
+                /* one zone, one instant, a long check */
+                size_t zi = data[elen + 1] % NZONES;
+                size_t tl = size - elen - 2;
+                char num[32];
+                if (tl >= sizeof(num))
+                        tl = sizeof(num) - 1;
+                memcpy(num, data + elen + 2, tl);
+                num[tl] = '\0';
+                char *end;
+                errno = 0;
+                long long after = strtoll(num, &end, 10);
+                if (zone_ok[zi] && end != num && errno == 0)
+                        check_next(&e, zi, (int64_t)after, 2 * 86400);
+        } else {
+                /* every zone, around two DST changes (Europe, US), briefly */
+                static const int64_t afters[] = { 1774742400, 1793509200 };
+                for (size_t zi = 0; zi < NZONES; zi++) {
+                        if (!zone_ok[zi])
+                                continue;
+                        for (size_t k = 0; k < 2; k++)
+                                check_next(&e, zi, afters[k], 3 * 3600);
+                }
+        }
+        free(text);
+        return 0;
+}
