@@ -4,7 +4,10 @@
  * Input: the expression, optionally followed by a NUL byte, one byte that
  * selects a time zone and a decimal Unix time `after` (e.g.
  * "0 2 * * *\0\x01" "1774742400").  Without the tail every zone is tried
- * from two instants around DST changes.
+ * from two instants around DST changes.  An input starting with "TZif" is a
+ * zone file instead: it is loaded with cron_tz_load (through a private
+ * TZDIR) and, if accepted, a few expressions are checked in it as below, and
+ * its offsets and local-to-UTC mapping are checked for consistency.
  *
  * Invariants (any violation aborts):
  *   - parsing gives 0 or -EINVAL; an error has a message (NUL-terminated,
@@ -20,10 +23,13 @@
  *     the answer is the same next; -ENOENT only for an expression no date can
  *     match (in UTC); it terminates (libFuzzer's -timeout catches a loop). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kairos/cron.h"
 #include "kairos/kbuf.h"
@@ -51,6 +57,19 @@ static const char *const zone_names[] = {
 static struct cron_tz *zones[NZONES];
 static bool zone_ok[NZONES];
 
+/* A private TZDIR for the zone files under test. */
+static char tzdir[] = "/tmp/kairos-fuzz-cron-XXXXXX";
+static char tzfile[sizeof(tzdir) + 16];
+
+static char tzsub[sizeof(tzdir) + 4];
+
+static void remove_tzdir(void)
+{
+        unlink(tzfile);
+        rmdir(tzsub);
+        rmdir(tzdir);
+}
+
 static void load_zones(void)
 {
         static bool loaded;
@@ -64,6 +83,13 @@ static void load_zones(void)
                 CHECK(r == 0 || r == -ENOENT);
                 zone_ok[i] = r == 0;
         }
+        /* the system zones are loaded: from now on TZDIR is ours */
+        CHECK(mkdtemp(tzdir));
+        snprintf(tzsub, sizeof(tzsub), "%s/Fz", tzdir);
+        snprintf(tzfile, sizeof(tzfile), "%s/Zone", tzsub);
+        CHECK(mkdir(tzsub, 0700) == 0);
+        CHECK(setenv("TZDIR", tzdir, 1) == 0);
+        atexit(remove_tzdir);
 }
 
 static bool is_blank(char c)
@@ -270,9 +296,70 @@ static void check_next(const struct cron_expr *e, size_t zi, int64_t after, int6
         }
 }
 
+/* The zone's own consistency: offsets in range, and every local time maps
+ * to the instants that show it. */
+static void check_zone_mapping(const struct cron_tz *tz, int64_t t)
+{
+        int32_t o = cron_tz_utc_offset(tz, t);
+        CHECK(o >= -100000 && o <= 100000);
+        int64_t cand[CRON_TZ_MAX_CANDIDATES];
+        size_t nc = cron_tz_local_to_utc(tz, t + o, cand);
+        CHECK(nc <= CRON_TZ_MAX_CANDIDATES);
+        bool found = false;
+        for (size_t i = 0; i < nc; i++) {
+                CHECK(cand[i] + cron_tz_utc_offset(tz, cand[i]) == t + o);
+                CHECK(i == 0 || cand[i] > cand[i - 1]);
+                found = found || cand[i] == t;
+        }
+        CHECK(found);
+}
+
+static void fuzz_zone_file(const uint8_t *data, size_t size)
+{
+        int fd = open(tzfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        CHECK(fd >= 0);
+        CHECK(write(fd, data, size) == (ssize_t)size);
+        CHECK(close(fd) == 0);
+
+        struct cron_tz *tz = NULL;
+        int r = cron_tz_load("Fz/Zone", &tz);
+        CHECK(r == 0 || r == -EBADMSG || r == -ENOENT || r == -ENOMEM);
+        if (r < 0) {
+                CHECK(!tz);
+                return;
+        }
+        CHECK(tz && strcmp(cron_tz_name(tz), "Fz/Zone") == 0);
+
+        static const char *const exprs[] = { "* * * * *", "30 2 * * *", "0 0 29 2 *",
+                                             "*/7 1,13 * * SUN" };
+        static const int64_t afters[] = { -2147483648LL, 0, 1774742400, 1793509200,
+                                          4102444800LL };
+        size_t slot = NZONES - 1;
+        struct cron_tz *saved = zones[slot];
+        bool saved_ok = zone_ok[slot];
+        zones[slot] = tz;
+        zone_ok[slot] = true;
+        for (size_t k = 0; k < sizeof(afters) / sizeof(afters[0]); k++) {
+                for (int64_t d = 0; d < 4 * 86400; d += 3 * 3600 + 61)
+                        check_zone_mapping(tz, afters[k] + d);
+                for (size_t i = 0; i < sizeof(exprs) / sizeof(exprs[0]); i++) {
+                        struct cron_expr e;
+                        CHECK(cron_parse(exprs[i], &e, NULL, 0) == 0);
+                        check_next(&e, slot, afters[k], 3 * 3600);
+                }
+        }
+        zones[slot] = saved;
+        zone_ok[slot] = saved_ok;
+        cron_tz_free(tz);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         load_zones();
+        if (size >= 4 && memcmp(data, "TZif", 4) == 0) {
+                fuzz_zone_file(data, size);
+                return 0;
+        }
 
         /* the expression: up to the first NUL */
         const uint8_t *nul = memchr(data ? data : (const uint8_t *)"", '\0', size);
