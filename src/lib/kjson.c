@@ -550,6 +550,25 @@ static int mpush(struct parser *P, const char *key, size_t key_len, struct kjson
         return 0;
 }
 
+/* After an item of an array or object: 1 at ',' (another item follows),
+ * 0 at `close`, -1 (error set) otherwise. */
+static int next_item(struct parser *P, char close)
+{
+        skip_ws(P);
+        if (P->p >= P->end) {
+                fail_eof(P);
+                return -1;
+        }
+        if (*P->p == ',') {
+                P->p++;
+                return 1;
+        }
+        if (*P->p == close)
+                return 0;
+        fail_at(P, KJSON_E_SYNTAX, P->p);
+        return -1;
+}
+
 static int parse_array(struct parser *P, int depth, struct kjson **out)
 {
         if (depth > KJSON_MAX_DEPTH)
@@ -571,19 +590,11 @@ static int parse_array(struct parser *P, int depth, struct kjson **out)
                         struct kjson *item;
                         if (parse_value(P, depth, &item) < 0 || vpush(P, item) < 0)
                                 goto out;
-                        skip_ws(P);
-                        if (P->p >= P->end) {
-                                fail_eof(P);
+                        int more = next_item(P, ']');
+                        if (more < 0)
                                 goto out;
-                        }
-                        if (*P->p == ',') {
-                                P->p++;
-                                continue;
-                        }
-                        if (*P->p == ']')
+                        if (!more)
                                 break;
-                        fail_at(P, KJSON_E_SYNTAX, P->p);
-                        goto out;
                 }
         }
         P->p++;
@@ -651,19 +662,11 @@ static int parse_object(struct parser *P, int depth, struct kjson **out)
                         P->p++;
                         if (parse_value(P, depth, &item) < 0 || mpush(P, key, key_len, item) < 0)
                                 goto out;
-                        skip_ws(P);
-                        if (P->p >= P->end) {
-                                fail_eof(P);
+                        int more = next_item(P, '}');
+                        if (more < 0)
                                 goto out;
-                        }
-                        if (*P->p == ',') {
-                                P->p++;
-                                continue;
-                        }
-                        if (*P->p == '}')
+                        if (!more)
                                 break;
-                        fail_at(P, KJSON_E_SYNTAX, P->p);
-                        goto out;
                 }
         }
         P->p++;
