@@ -404,8 +404,8 @@ static int prepare_dirs(struct daemon *d)
          * and then failed that fsync.  So every directory the daemon relies
          * on gets its entry made durable at each start, before anything is
          * acknowledged (a handful of fsyncs, once). */
-        const char *dirs[] = { d->wal_dir, d->archive_dir, d->mandates_dir,
-                               d->cfg->state_directory };
+        /* the state directory holds wal/, archive/ and mandates/ */
+        const char *dirs[] = { d->wal_dir, d->cfg->state_directory };
         for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
                 if ((r = kio_fsync_parent(io, dirs[i])) < 0) {
                         fprintf(stderr, "kairosd: cannot fsync the directory holding %s: %s\n",
