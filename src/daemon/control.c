@@ -200,23 +200,6 @@ const char *control_arg_string(struct control_request *req, const char *name, bo
         return json_string_value(v);
 }
 
-int control_arg_bool(struct control_request *req, const char *name, bool *out, bool *failed)
-{
-        json_t *v = json_object_get(req->args, name);
-        *failed = false;
-        if (!v || json_is_null(v)) {
-                *out = false;
-                return 0;
-        }
-        if (!json_is_boolean(v)) {
-                *failed = true;
-                control_reply_error(req, "bad_argument", "args.%s: must be true or false", name);
-                return -EINVAL;
-        }
-        *out = json_is_true(v);
-        return 0;
-}
-
 bool control_claim_attach(struct control_request *req, struct control_claim *cl,
                           void (*on_close)(struct control_claim *c))
 {

@@ -37,11 +37,10 @@ void control_reply_error(struct control_request *req, const char *code, const ch
 void control_reply_error_detail(struct control_request *req, const char *code, json_t *detail,
                                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* Argument helpers: return the value or NULL after replying with an error
- * ("bad_argument", naming the field).  *failed is set when they replied. */
+/* Argument helper: return the value or NULL after replying with an error
+ * ("bad_argument", naming the field).  *failed is set when it replied. */
 const char *control_arg_string(struct control_request *req, const char *name, bool required,
                                bool *failed);
-int control_arg_bool(struct control_request *req, const char *name, bool *out, bool *failed);
 
 /* Something a command keeps on behalf of the connection a request came on
  * (e.g. an idempotency claim, which must not outlive its caller).  When the

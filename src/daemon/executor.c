@@ -1156,11 +1156,6 @@ static void start_advance(struct mandate *m, struct advance *a)
         }
 }
 
-unsigned executor_running(const struct daemon *d)
-{
-        return d->running;
-}
-
 void executor_enqueue(struct mandate *m)
 {
         if (m->holds_slot) {

@@ -27,7 +27,6 @@ void executor_kick(struct daemon *d);
  * Calls done(d) once nothing runs any more. */
 void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d));
 
-unsigned executor_running(const struct daemon *d);
 
 /* kairosd --exec-shim PPID -- CMD ARGS…: set PR_SET_PDEATHSIG, then exec. */
 int executor_shim_main(int argc, char **argv);
