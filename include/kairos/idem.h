@@ -207,6 +207,11 @@ int idem_fail(struct idem_store *s, const char *key, const char *error_class,
               const char *error_msg, const void *result, size_t len, uint64_t *lsn);
 /* processing → interrupted (the caller vanished).  reason may be NULL. */
 int idem_interrupt(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn);
+/* The caller itself: drop a processing entry whose call did nothing at all
+ * (e.g. a tool write refused before any file was touched), so that a retry
+ * with the key runs again.  Recorded like a forget with uid -1 and the
+ * reason; not counted as a forget.  -ENOENT, -ESTALE not processing. */
+int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn);
 /* Operator: drop an entry (recorded with uid and reason).  -EBUSY while
  * processing (its caller may still be running the tool), -ENOENT. */
 int idem_forget(struct idem_store *s, const char *key, long long uid, const char *reason,

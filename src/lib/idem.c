@@ -790,6 +790,27 @@ int idem_forget(struct idem_store *s, const char *key, long long uid, const char
         return 0;
 }
 
+int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn)
+{
+        struct entry *e;
+        if (lsn)
+                *lsn = 0;
+        if (!s)
+                return -EINVAL;
+        int r = processing_entry(s, key, &e);
+        if (r < 0)
+                return r;
+        char *why = clean_text(reason ? reason : "", IDEM_TEXT_MAX_CHARS);
+        if (!why)
+                return -ENOMEM;
+        r = emit(s, e, "forget", -1, why, lsn);
+        free(why);
+        if (r < 0)
+                return r;
+        entry_drop(s, e);
+        return 0;
+}
+
 int idem_get(struct idem_store *s, const char *key, struct idem_view *v)
 {
         if (!s || !key)

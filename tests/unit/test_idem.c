@@ -778,6 +778,42 @@ static void test_reload_after_begin_only_is_interrupted(void **state)
         assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
 }
 
+/* A call that did nothing is dropped by its caller: a retry proceeds, the
+ * drop is logged as a forget (uid -1) and survives a reload. */
+static void test_abandon(void **state)
+{
+        struct fx *f = *state;
+        struct idem_request r = rq("kairos.write", "k", "{}");
+        struct idem_view v;
+        uint64_t lsn;
+        open_fresh(f);
+        assert_int_equal(idem_abandon(f->s, "kairos.write:k", "x", &lsn), -ENOENT);
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_abandon(f->s, "kairos.write:k", "nothing written: EACCES", &lsn),
+                         0);
+        assert_true(lsn > 0);
+        assert_int_equal(idem_get(f->s, "kairos.write:k", &v), -ENOENT);
+        struct idem_stats st;
+        idem_stats(f->s, &st);
+        assert_int_equal(st.forgets, 0);
+        assert_int_equal(st.processing, 0);
+        assert_int_equal(st.size, 0);
+        /* only processing entries: a finished one is the caller's answer */
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_complete(f->s, "kairos.write:k", "{}", 2, &lsn), 0);
+        assert_int_equal(idem_abandon(f->s, "kairos.write:k", "x", &lsn), -ESTALE);
+        assert_int_equal(idem_get(f->s, "kairos.write:k", &v), 0);
+        struct idem_request r2 = rq("kairos.write", "k2", "{}");
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_abandon(f->s, "kairos.write:k2", "refused", &lsn), 0);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(f->info.interrupted, 0);
+        assert_int_equal(idem_get(f->s, "kairos.write:k2", &v), -ENOENT);
+        assert_int_equal(idem_get(f->s, "kairos.write:k", &v), 0);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+}
+
 static void test_reload_after_finish_replays_bytes(void **state)
 {
         struct fx *f = *state;
@@ -1439,6 +1475,7 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_explicit_key_two_tools_no_collision, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_mismatch_detected, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_interrupted_and_forget, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_abandon, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_reload_after_begin_only_is_interrupted, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_reload_after_finish_replays_bytes, setup, teardown),
