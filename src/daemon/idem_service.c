@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kairos/beneath.h"
 #include "kairos/idem.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -60,7 +61,12 @@ struct idem_service {
         uint64_t compactions;
         uint64_t compact_not_before; /* log records: retry a failed compaction later */
         int64_t clock_offset_ms;   /* test hook */
+        struct write_roots *roots; /* WriteRoots= opened; NULL until the first tool write */
+        unsigned beneath_flags;    /* BENEATH_NO_OPENAT2 (test hook) */
 };
+
+struct write_roots;
+static void roots_unref(struct write_roots *rs);
 
 static struct idem_service *SVC(struct daemon *d)
 {
@@ -635,6 +641,76 @@ void idem_cmd_tool_finish(struct control_request *req)
 
 /* ---- tool-write ---- */
 
+/* WriteRoots=: one descriptor per configured root, opened (O_PATH) by the
+ * first tool write after start or reload and kept until the next reload,
+ * so a root's own path is resolved once; everything below it is walked
+ * with beneath_open_dir (no symbolic link, never out of the tree).  A set
+ * is shared by the write_ops that use it (refs on the loop thread); its
+ * descriptors and paths are touched only by jobs of write_q, which run one
+ * at a time. */
+struct write_root {
+        char *path;             /* as configured, without a trailing '/' ("/" stays) */
+        char *real;             /* its resolved path, once opened */
+        int fd;                 /* -1 until opened */
+        int error;              /* errno of the last failed open */
+};
+
+struct write_roots {
+        unsigned refs;
+        size_t n;
+        struct write_root r[];
+};
+
+static void roots_unref(struct write_roots *rs)
+{
+        if (!rs || --rs->refs > 0)
+                return;
+        for (size_t i = 0; i < rs->n; i++) {
+                if (rs->r[i].fd >= 0)
+                        close(rs->r[i].fd);
+                free(rs->r[i].path);
+                free(rs->r[i].real);
+        }
+        free(rs);
+}
+
+/* Loop: the set for cfg (nothing opened yet). */
+static struct write_roots *roots_new(const struct config *cfg)
+{
+        struct write_roots *rs = calloc(1, sizeof(*rs) + cfg->nwrite_roots * sizeof(rs->r[0]));
+        if (!rs)
+                return NULL;
+        rs->refs = 1;
+        for (size_t i = 0; i < cfg->nwrite_roots; i++) {
+                struct write_root *r = &rs->r[rs->n];
+                size_t len = strlen(cfg->write_roots[i]);
+                while (len > 1 && cfg->write_roots[i][len - 1] == '/')
+                        len--;
+                if (!(r->path = strndup(cfg->write_roots[i], len))) {
+                        roots_unref(rs);
+                        return NULL;
+                }
+                r->fd = -1;
+                rs->n++;
+        }
+        return rs;
+}
+
+/* Pool (write_q): open the roots not open yet (a root that did not exist
+ * is tried again at the next write). */
+static void roots_open(struct write_roots *rs)
+{
+        for (size_t i = 0; i < rs->n; i++) {
+                struct write_root *r = &rs->r[i];
+                if (r->fd >= 0)
+                        continue;
+                r->fd = open(r->path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+                r->error = r->fd < 0 ? errno : 0;
+                if (r->fd >= 0 && !r->real)
+                        r->real = realpath(r->path, NULL);
+        }
+}
+
 struct write_op {
         struct waiter w;
         struct idem_service *svc;
@@ -643,31 +719,30 @@ struct write_op {
         char fp[CANON_HASH_STRLEN];
         char *explicit_key;
         char *path;              /* as given */
-        char **roots;            /* WriteRoots= when the request came */
-        size_t nroots;
+        struct write_roots *roots; /* WriteRoots= when the request came */
+        unsigned beneath_flags;
         unsigned char *content;
         size_t len;
         /* results of the pool jobs */
-        char *dir;               /* the resolved directory */
-        char *base;              /* the file name */
-        char *resolved;          /* dir/base */
+        int dfd;                 /* the verified directory, or -1 */
+        char *base;              /* the file name in it */
+        char *shown;             /* the path as reported: root + '/' + the rest */
         const char *code;        /* refused: error code */
         char msg[2048];
-        bool checked;
+        bool renamed;            /* the file may have been replaced */
         uint64_t lsn;
 };
 
 static void write_op_free(struct write_op *op)
 {
-        for (size_t i = 0; i < op->nroots; i++)
-                free(op->roots[i]);
-        free(op->roots);
+        roots_unref(op->roots);
         free(op->explicit_key);
         free(op->path);
         free(op->content);
-        free(op->dir);
+        if (op->dfd >= 0)
+                close(op->dfd);
         free(op->base);
-        free(op->resolved);
+        free(op->shown);
         free(op);
 }
 
@@ -682,27 +757,68 @@ static void refuse(struct write_op *op, const char *code, const char *fmt, ...)
         op->code = code;
 }
 
-static void roots_text(const struct write_op *op, char *buf, size_t len)
+static void roots_text(const struct write_roots *rs, char *buf, size_t len)
 {
         size_t used = 0;
         buf[0] = '\0';
-        if (op->nroots == 0) {
+        if (rs->n == 0) {
                 snprintf(buf, len, "(none configured)");
                 return;
         }
-        for (size_t i = 0; i < op->nroots && used < len; i++)
+        for (size_t i = 0; i < rs->n && used < len; i++)
                 used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "",
-                                         op->roots[i]);
+                                         rs->r[i].path);
 }
 
-/* Pool thread: is op->path a file within a WriteRoots= directory?  Fills
- * dir/base/resolved, or refuses. */
+/* The length of root if path is root itself or below it, else 0. */
+static size_t under(const char *path, const char *root)
+{
+        if (!root)
+                return 0;
+        if (strcmp(root, "/") == 0)
+                return 1;
+        size_t n = strlen(root);
+        return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/') ? n : 0;
+}
+
+/* path without empty and "." components and without a trailing '/';
+ * *ret_dir: it ended in '/' or "/.".  -EINVAL for a ".." component. */
+static int normalize(const char *path, char *out, size_t size, bool *ret_dir)
+{
+        size_t o = 0;
+        *ret_dir = false;
+        for (const char *s = path; *s;) {
+                while (*s == '/')
+                        s++;
+                size_t n = strcspn(s, "/");
+                if (n == 2 && s[0] == '.' && s[1] == '.')
+                        return -EINVAL;
+                *ret_dir = n == 0 || (n == 1 && s[0] == '.');
+                if (!*ret_dir) {
+                        if (o + 1 + n >= size)
+                                return -ENAMETOOLONG;
+                        out[o++] = '/';
+                        memcpy(out + o, s, n);
+                        o += n;
+                }
+                s += n;
+        }
+        if (o == 0)
+                out[o++] = '/';
+        out[o] = '\0';
+        return 0;
+}
+
+/* Pool (write_q): is op->path a file within a WriteRoots= directory?  Opens
+ * its directory beneath the root (op->dfd, op->base, op->shown) or refuses;
+ * the file itself is checked by check_file. */
 static void check_path(struct write_op *op)
 {
-        char roots[1024], rdir[PATH_MAX];
-        roots_text(op, roots, sizeof roots);
+        char roots[1024], norm[PATH_MAX];
         const char *p = op->path;
+        bool dir_only;
         op->code = NULL;
+        roots_text(op->roots, roots, sizeof roots);
         if (p[0] != '/') {
                 refuse(op, "path_refused",
                        "%s: not an absolute path; tool write takes an absolute path within "
@@ -710,117 +826,159 @@ static void check_path(struct write_op *op)
                        p, roots);
                 return;
         }
-        for (const char *s = p; *s;) {
-                while (*s == '/')
-                        s++;
-                size_t n = strcspn(s, "/");
-                if (n == 2 && s[0] == '.' && s[1] == '.') {
-                        refuse(op, "path_refused",
-                               "%s: '..' is not allowed in the path; write within WriteRoots= "
-                               "(%s)",
-                               p, roots);
-                        return;
-                }
-                s += n;
-        }
-        const char *slash = strrchr(p, '/');
-        const char *base = slash + 1;
-        if (!*base || strcmp(base, ".") == 0) {
-                refuse(op, "path_refused", "%s: names a directory, not a file", p);
+        int r = normalize(p, norm, sizeof norm, &dir_only);
+        if (r == -EINVAL) {
+                refuse(op, "path_refused",
+                       "%s: '..' is not allowed in the path; write within WriteRoots= (%s)", p,
+                       roots);
                 return;
         }
-        char *dir = strndup(p, (size_t)(slash - p));
-        if (!dir) {
-                refuse(op, "internal", "out of memory");
+        if (r < 0) {
+                refuse(op, "path_refused", "%s: %s", p, strerror(-r));
                 return;
         }
-        if (!realpath(*dir ? dir : "/", rdir)) {
-                refuse(op, "path_refused", "%s: its directory %s cannot be resolved: %s", p,
-                       *dir ? dir : "/", strerror(errno));
-                free(dir);
-                return;
-        }
-        free(dir);
-        /* Within a root (each resolved too)? */
-        bool inside = false, any_root = false;
+        /* The root: the longest that holds the path, as configured or
+         * resolved. */
+        struct write_roots *rs = op->roots;
+        roots_open(rs);
+        const struct write_root *root = NULL;
+        size_t best = 0;
+        bool any_root = false;
         char why[1024] = "";
         size_t wused = 0;
-        for (size_t i = 0; i < op->nroots && !inside; i++) {
-                char rroot[PATH_MAX];
-                if (!realpath(op->roots[i], rroot)) {
+        for (size_t i = 0; i < rs->n; i++) {
+                const struct write_root *w = &rs->r[i];
+                if (w->fd < 0) {
                         if (wused < sizeof why)
                                 wused += (size_t)snprintf(why + wused, sizeof why - wused,
-                                                          "; WriteRoots= %s: %s", op->roots[i],
-                                                          strerror(errno));
+                                                          "; WriteRoots= %s: %s", w->path,
+                                                          strerror(w->error));
                         continue;
                 }
                 any_root = true;
-                size_t n = strlen(rroot);
-                if (strcmp(rroot, "/") == 0 ||
-                    (strncmp(rdir, rroot, n) == 0 && (rdir[n] == '\0' || rdir[n] == '/')))
-                        inside = true;
+                size_t n = under(norm, w->path), m = under(norm, w->real);
+                if (m > n)
+                        n = m;
+                if (n > best) {
+                        best = n;
+                        root = w;
+                }
         }
-        if (!inside) {
-                if (op->nroots == 0)
+        if (!root) {
+                if (rs->n == 0)
                         refuse(op, "path_refused",
                                "%s: tool write is not enabled: no WriteRoots= in the "
                                "[Idempotency] section of the configuration",
                                p);
                 else if (!any_root)
+                        refuse(op, "path_refused", "%s: no WriteRoots= directory exists (%s)%s",
+                               p, roots, why);
+                else
+                        refuse(op, "path_refused", "%s: not within WriteRoots= (%s)%s", p,
+                               roots, why);
+                return;
+        }
+        const char *rel = norm + best;
+        while (*rel == '/')
+                rel++;
+        if (!*rel) {
+                refuse(op, "path_refused",
+                       "%s: names a directory (the WriteRoots= directory %s itself), not a file",
+                       p, root->path);
+                return;
+        }
+        if (dir_only) {
+                refuse(op, "path_refused", "%s: names a directory, not a file", p);
+                return;
+        }
+        const char *slash = strrchr(rel, '/');
+        const char *base = slash ? slash + 1 : rel;
+        size_t dlen = slash ? (size_t)(slash - rel) : 0;
+        char dir[PATH_MAX];
+        memcpy(dir, rel, dlen);
+        dir[dlen] = '\0';
+        /* Reported paths start with the root as the caller named it. */
+        size_t plen = best;
+        int dfd = -1;
+        size_t bad = 0;
+        r = beneath_open_dir(root->fd, dir, op->beneath_flags, &dfd, &bad);
+        if (r < 0) {
+                int blen = (int)(plen + (bad ? 1 + bad : 0));
+                if (r == -ELOOP && bad)
                         refuse(op, "path_refused",
-                               "%s: no WriteRoots= directory exists (%s)%s", p, roots, why);
+                               "%s: %.*s is a symbolic link; tool write follows no symbolic "
+                               "link below a WriteRoots= directory (name the real path)",
+                               p, blen, norm);
+                else if (r == -ELOOP)
+                        refuse(op, "path_refused",
+                               "%s: a directory on the path is a symbolic link; tool write "
+                               "follows no symbolic link below a WriteRoots= directory (name "
+                               "the real path)",
+                               p);
+                else if (r == -ENOTDIR && bad)
+                        refuse(op, "path_refused", "%s: %.*s is not a directory", p, blen,
+                               norm);
+                else if (r == -ENOENT && bad)
+                        refuse(op, "path_refused",
+                               "%s: its directory cannot be resolved: %.*s does not exist", p,
+                               blen, norm);
                 else
                         refuse(op, "path_refused",
-                               "%s: resolves to %s/%s, which is not within WriteRoots= (%s)%s",
-                               p, rdir, base, roots, why);
+                               "%s: its directory cannot be resolved below WriteRoots= %s: %s",
+                               p, root->path, strerror(-r));
                 return;
         }
-        char full[PATH_MAX + 256];
-        snprintf(full, sizeof full, "%s%s%s", rdir, strcmp(rdir, "/") ? "/" : "", base);
-        struct stat st;
-        if (lstat(full, &st) == 0) {
-                if (S_ISLNK(st.st_mode)) {
-                        refuse(op, "path_refused", "%s: is a symbolic link (to write through it, "
-                               "name its target)", p);
-                        return;
-                }
-                if (!S_ISREG(st.st_mode)) {
-                        refuse(op, "path_refused", "%s: exists and is not a regular file", p);
-                        return;
-                }
-        } else if (errno != ENOENT) {
-                refuse(op, "path_refused", "%s: %s", p, strerror(errno));
-                return;
-        }
-        free(op->dir);
+        if (op->dfd >= 0)
+                close(op->dfd);
+        op->dfd = dfd;
         free(op->base);
-        free(op->resolved);
-        op->dir = strdup(rdir);
+        free(op->shown);
         op->base = strdup(base);
-        op->resolved = strdup(full);
-        if (!op->dir || !op->base || !op->resolved)
+        op->shown = strdup(norm);
+        if (!op->base || !op->shown)
                 refuse(op, "internal", "out of memory");
+}
+
+/* Pool (write_q): the file in the verified directory is absent or a
+ * regular file (a symbolic link is never replaced). */
+static void check_file(struct write_op *op)
+{
+        struct stat st;
+        if (fstatat(op->dfd, op->base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                if (S_ISLNK(st.st_mode))
+                        refuse(op, "path_refused",
+                               "%s: is a symbolic link (tool write replaces no symbolic "
+                               "link; name its target)",
+                               op->path);
+                else if (!S_ISREG(st.st_mode))
+                        refuse(op, "path_refused", "%s: exists and is not a regular file",
+                               op->path);
+        } else if (errno != ENOENT) {
+                refuse(op, "path_refused", "%s: %s", op->path, strerror(errno));
+        }
 }
 
 static void check_work(void *arg)
 {
-        check_path(arg);
+        struct write_op *op = arg;
+        check_path(op);
+        if (!op->code)
+                check_file(op);
 }
 
-/* Pool thread: check again (the directory may have changed), then tmp in
- * the same directory, write, fdatasync, rename, fsync of the directory. */
+/* Pool thread: in the directory verified by check_work (never by its path
+ * again): the file is still absent or regular, then a temporary file,
+ * write, fdatasync, rename, fsync of the directory. */
 static void write_work(void *arg)
 {
         struct write_op *op = arg;
-        check_path(op);
+        if (op->dfd < 0)
+                check_path(op);
+        if (!op->code)
+                check_file(op);
         if (op->code)
                 return;
-        int dfd = open(op->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) {
-                refuse(op, "write_failed", "%s: cannot open %s: %s", op->path, op->dir,
-                       strerror(errno));
-                return;
-        }
+        int dfd = op->dfd;
         char tmp[NAME_MAX + 64];
         int fd = -1;
         for (int i = 0; i < 100 && fd < 0; i++) {
@@ -832,9 +990,8 @@ static void write_work(void *arg)
                         break;
         }
         if (fd < 0) {
-                refuse(op, "write_failed", "%s: cannot create a temporary file in %s: %s",
-                       op->path, op->dir, strerror(errno));
-                close(dfd);
+                refuse(op, "write_failed", "%s: cannot create a temporary file in its "
+                       "directory: %s", op->path, strerror(errno));
                 return;
         }
         const unsigned char *p = op->content;
@@ -860,20 +1017,19 @@ static void write_work(void *arg)
         if (e) {
                 unlinkat(dfd, tmp, 0);
                 refuse(op, "write_failed", "%s: writing failed: %s", op->path, strerror(e));
-                close(dfd);
                 return;
         }
+        op->renamed = true;
         if (fsync(dfd) < 0)
-                refuse(op, "write_failed", "%s: written, but the directory %s could not be "
-                       "synced: %s", op->path, op->dir, strerror(errno));
-        close(dfd);
+                refuse(op, "write_failed", "%s: written, but its directory could not be "
+                       "synced: %s", op->path, strerror(errno));
 }
 
 static void write_reply(struct write_op *op, bool cached)
 {
         control_reply_ok(op->req, json_pack("{s:s, s:s, s:s, s:I, s:b}", "outcome",
                                             cached ? "completed" : "written", "key", op->key,
-                                            "path", op->resolved ? op->resolved : op->path,
+                                            "path", op->shown ? op->shown : op->path,
                                             "bytes", (json_int_t)op->len, "cached", cached));
 }
 
@@ -884,26 +1040,32 @@ static void write_finished_durable(struct waiter *w, int err)
                 reply_store_error(op->req, err);
         else if (op->code)
                 control_reply_error_detail(op->req, op->code,
-                                           json_pack("{s:s, s:b}", "key", op->key, "cached", 0),
+                                           json_pack("{s:s, s:b}", "key", op->key, "cached",
+                                                     op->renamed),
                                            "%s", op->msg);
         else
                 write_reply(op, false);
         write_op_free(op);
 }
 
+/* Loop: record the outcome.  A write that failed before its rename
+ * changed nothing: its entry is dropped (a retry with the key writes);
+ * one that may have replaced the file is kept, failed or completed. */
 static void write_done(void *arg)
 {
         struct write_op *op = arg;
         struct idem_service *svc = op->svc;
         uint64_t lsn = 0;
         int r;
-        if (op->code) {
+        if (op->code && !op->renamed) {
+                r = idem_abandon(svc->store, op->key, op->msg, &lsn);
+        } else if (op->code) {
                 r = idem_fail(svc->store, op->key, strcmp(op->code, "path_refused") == 0
                                                            ? "path_refused"
                                                            : "write_failed",
                               op->msg, NULL, 0, &lsn);
         } else {
-                json_t *pl = json_pack("{s:s, s:I}", "path", op->resolved, "bytes",
+                json_t *pl = json_pack("{s:s, s:I}", "path", op->shown, "bytes",
                                        (json_int_t)op->len);
                 char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
                 json_decref(pl);
@@ -919,7 +1081,8 @@ static void write_done(void *arg)
                 return;
         }
         if (op->code)
-                log_warning("tool write %s (%s) failed: %s", op->path, op->key, op->msg);
+                log_warning("tool write %s (%s) failed%s: %s", op->path, op->key,
+                            op->renamed ? "" : ", nothing written, not kept", op->msg);
         wait_durable(svc, &op->w, lsn, write_finished_durable);
 }
 
@@ -943,8 +1106,8 @@ static void write_existing(struct write_op *op, enum idem_outcome o, const struc
         if (o == IDEM_HIT_COMPLETED) {
                 json_t *pl = json_loadb(v->result, v->result_len, 0, NULL);
                 const char *path = json_string_value(json_object_get(pl, "path"));
-                free(op->resolved);
-                op->resolved = path ? strdup(path) : NULL;
+                free(op->shown);
+                op->shown = path ? strdup(path) : NULL;
                 op->len = (size_t)json_integer_value(json_object_get(pl, "bytes"));
                 json_decref(pl);
                 write_reply(op, true);
@@ -1020,6 +1183,10 @@ void idem_cmd_tool_write(struct control_request *req)
         const char *content = control_arg_string(req, "content", true, &failed);
         if (failed)
                 return;
+        if (!svc->roots && !(svc->roots = roots_new(req->d->cfg))) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
         struct write_op *op = calloc(1, sizeof(*op));
         if (!op) {
                 control_reply_error(req, "internal", "out of memory");
@@ -1027,6 +1194,10 @@ void idem_cmd_tool_write(struct control_request *req)
         }
         op->svc = svc;
         op->req = req;
+        op->dfd = -1;
+        op->roots = svc->roots;
+        op->roots->refs++;
+        op->beneath_flags = svc->beneath_flags;
         int r = b64_decode(content, &op->content, &op->len);
         if (r < 0) {
                 control_reply_error(req, "bad_argument", "args.content: %s",
@@ -1045,15 +1216,8 @@ void idem_cmd_tool_write(struct control_request *req)
         free(text);
         op->explicit_key = strdup(key);
         op->path = strdup(path);
-        op->roots = calloc(req->d->cfg->nwrite_roots + 1, sizeof(char *));
-        if (r == 0 && (!op->explicit_key || !op->path || !op->roots))
+        if (r == 0 && (!op->explicit_key || !op->path))
                 r = -ENOMEM;
-        for (size_t i = 0; r == 0 && i < req->d->cfg->nwrite_roots; i++) {
-                if (!(op->roots[i] = strdup(req->d->cfg->write_roots[i])))
-                        r = -ENOMEM;
-                else
-                        op->nroots++;
-        }
         if (r < 0) {
                 if (r == -ENOMEM)
                         control_reply_error(req, "internal", "out of memory");
@@ -1320,6 +1484,11 @@ int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d))
         svc->loaded_cb = loaded;
         serialq_init(&svc->log_q, d->loop, &d->jobs);
         serialq_init(&svc->write_q, d->loop, &d->jobs);
+#ifdef KAIROS_TEST_HOOKS
+        /* walk below WriteRoots= as where the kernel has no openat2 */
+        if (getenv("KAIROS_TEST_NO_OPENAT2"))
+                svc->beneath_flags = BENEATH_NO_OPENAT2;
+#endif
         struct idem_options opt = { .ttl_sec = (int64_t)d->cfg->idem_ttl_sec,
                                     .capacity = d->cfg->idem_max_entries,
                                     .now_ms = svc_now_ms,
@@ -1349,6 +1518,9 @@ void idem_service_reload(struct daemon *d, const struct config *cfg)
 {
         if (!SVC(d))
                 return;
+        /* WriteRoots= are opened again at the next tool write */
+        roots_unref(SVC(d)->roots);
+        SVC(d)->roots = NULL;
         if (cfg->idem_ttl_sec != d->cfg->idem_ttl_sec ||
             cfg->idem_max_entries != d->cfg->idem_max_entries)
                 log_warning("reload: [Idempotency] TTLSec= and MaxEntries= changes take effect "
@@ -1362,6 +1534,7 @@ void idem_service_free(struct daemon *d)
                 return;
         while (svc->claims)
                 claim_free(svc->claims);
+        roots_unref(svc->roots);
         idem_log_close(svc->log);
         idem_store_free(svc->store);
         free(svc->dir);

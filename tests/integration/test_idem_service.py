@@ -48,6 +48,7 @@ def wait_for(pred, what, timeout=30.0):
 
 class IdemCase(unittest.TestCase):
     idem_conf = None  # extra [Idempotency] lines; None: WriteRoots= the root
+    daemon_env = None  # extra environment of kairosd
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-idem-")
@@ -69,7 +70,8 @@ class IdemCase(unittest.TestCase):
 
     def start(self):
         self.notify.clear()
-        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify,
+                             env=self.daemon_env)
         self.notify.wait_ready()
         self.sock = self.daemon.socket_path
 
@@ -547,35 +549,157 @@ class TestToolWrite(IdemCase):
         with open(target, "rb") as f:
             self.assertEqual(f.read(), b"v2")
 
+    def tree(self):
+        names = []
+        for d in (self.outside, self.root):
+            for top, dirs, files in os.walk(d):
+                names += [os.path.join(top, n) for n in dirs + files]
+        return sorted(names)
+
     def refused(self, path, *expect):
+        before = self.tree()
         p = self.write(path, key="r-" + str(abs(hash(path))))
         self.assertEqual(p.returncode, 1, (path, p.stdout, p.stderr))
         err = p.stderr.decode()
         self.assertTrue(err.startswith("kairosctl: " + path + ": "), err)
         for e in expect:
             self.assertIn(e, err)
-        self.assert_nothing_written()
+        self.assertEqual(self.tree(), before, "nothing written")
         return err
 
     def test_path_checks(self):
         roots = "(%s %s/linkroot %s/gone)" % (self.root, self.dir, self.dir)
+        sub = os.path.join(self.root, "sub")
+        os.makedirs(sub)
         self.refused(os.path.join(self.root, "..", "outside", "x"), "'..' is not allowed", roots)
-        self.refused(os.path.join(self.root, "escape", "x"),
-                     "resolves to %s/x, which is not within WriteRoots= %s" % (self.outside, roots),
-                     "WriteRoots= %s/gone: No such file or directory" % self.dir)
+        self.refused(os.path.join(sub, "..", "x"), "'..' is not allowed", roots)
         self.refused("relative/x", "not an absolute path", roots)
-        self.refused(os.path.join(self.outside, "x"), "not within WriteRoots=")
-        self.refused(os.path.join(self.root, "missing", "x"), "cannot be resolved")
+        self.refused(os.path.join(self.outside, "x"), "not within WriteRoots= %s" % roots,
+                     "WriteRoots= %s/gone: No such file or directory" % self.dir)
+        self.refused("/", "not within WriteRoots=")
+        # a root itself, with or without a final slash, and a directory below it
+        for p in (self.root, self.root + "/", self.root + "/.", self.root + "//"):
+            self.refused(p, "names a directory (the WriteRoots= directory %s itself), "
+                         "not a file" % self.root)
+        self.refused(sub + "/", "names a directory, not a file")
+        # no symbolic link below a root: out of it, or within it, anywhere on the path
+        self.refused(os.path.join(self.root, "escape", "x"),
+                     "%s is a symbolic link; tool write follows no symbolic link below a "
+                     "WriteRoots= directory (name the real path)"
+                     % os.path.join(self.root, "escape"))
+        os.symlink(sub, os.path.join(self.root, "inlink"))
+        os.symlink("sub", os.path.join(self.root, "rellink"))
+        os.makedirs(os.path.join(sub, "deeper"))
+        for link in ("inlink", "rellink"):
+            self.refused(os.path.join(self.root, link, "deeper", "x"),
+                         "%s is a symbolic link" % os.path.join(self.root, link))
         os.symlink(os.path.join(self.outside, "t"), os.path.join(self.root, "filelink"))
-        self.refused(os.path.join(self.root, "filelink"), "is a symbolic link")
-        os.unlink(os.path.join(self.root, "filelink"))
-        self.refused(self.root + "/", "names a directory")
+        os.symlink("sub/t", os.path.join(sub, "filelink"))
+        self.refused(os.path.join(self.root, "filelink"), "is a symbolic link (tool write "
+                     "replaces no symbolic link; name its target)")
+        self.refused(os.path.join(sub, "filelink"), "is a symbolic link")
+        for n in ("filelink", "inlink", "rellink"):
+            os.unlink(os.path.join(self.root, n))
+        os.unlink(os.path.join(sub, "filelink"))
+        # not a directory, missing, not a regular file
+        with open(os.path.join(sub, "plain"), "w"):
+            pass
+        self.refused(os.path.join(sub, "plain", "x"), "%s is not a directory"
+                     % os.path.join(sub, "plain"))
+        self.refused(os.path.join(self.root, "missing", "more", "x"),
+                     "its directory cannot be resolved: %s does not exist"
+                     % os.path.join(self.root, "missing"))
+        self.refused(os.path.join(sub, "deeper"), "exists and is not a regular file")
+        os.unlink(os.path.join(sub, "plain"))
+        os.rmdir(os.path.join(sub, "deeper"))
+        os.rmdir(sub)
         # nothing was claimed for a refused path
         self.assertEqual(self.ok("idem-stats")["size"], 0)
+        # the resolved path of a root that is a symlink is within it too; "." and
+        # "//" are fine
+        p = self.write(os.path.join(self.dir, "real", ".", "y"), key="real")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = self.write(self.root + "//./z", key="dots", json_out=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["path"], os.path.join(self.root, "z"))
+        os.unlink(os.path.join(self.root, "z"))
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "real", "y")))
         # too much input: refused before connecting
         p = self.write(os.path.join(self.root, "big"), b"x" * (800 * 1024))
         self.assertEqual(p.returncode, 65)
         self.assert_nothing_written()
+
+    def test_a_failed_write_is_not_kept(self):
+        """Nothing written: a retry with the key writes (issue 14 item 7)."""
+        if os.geteuid() == 0:
+            self.skipTest("root writes into a mode 0555 directory")
+        ro = os.path.join(self.root, "ro")
+        os.makedirs(ro, mode=0o555)
+        target = os.path.join(ro, "f")
+        p = self.write(target, b"one", key="perm")
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("cannot create a temporary file in its directory: Permission denied",
+                      p.stderr.decode())
+        self.assertEqual(self.ok("idem-stats")["size"], 0)
+        os.chmod(ro, 0o755)
+        p = self.write(target, b"two", key="perm")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), b"two")
+
+
+class TestToolWriteWalk(TestToolWrite):
+    """The same, walking component by component as where openat2 is missing."""
+    daemon_env = {"KAIROS_TEST_NO_OPENAT2": "1"}
+
+    def setUp(self):
+        super().setUp()
+        if not self.hooks():
+            self.skipTest("needs -Dtest_hooks=true")
+
+
+class TestToolWriteFaults(IdemCase):
+    """A write that failed before its rename is not kept: the retry writes.
+    Disk errors come from tests/fault/fault_inject.so on the temporary file."""
+    SHIM = os.environ.get("KAIROS_FAULT_SHIM", "")
+
+    def setUp(self):
+        if not self.SHIM:
+            self.skipTest("KAIROS_FAULT_SHIM not set")
+        self.daemon_env = {
+            "LD_PRELOAD": self.SHIM, "KAIROS_FAULT_PATH": ".kairos-tmp.",
+            "KAIROS_FAULT": "open:1:eio,write:1:enospc,fdatasync:1:eio,rename:1:eio",
+            "ASAN_OPTIONS": (os.environ.get("ASAN_OPTIONS", "") +
+                             ":verify_asan_link_order=0").lstrip(":")}
+        super().setUp()
+
+    def test_retry_after_an_error_writes(self):
+        target = os.path.join(self.root, "out.txt")
+        errors = ["cannot create a temporary file in its directory: Input/output error",
+                  "writing failed: No space left on device",
+                  "writing failed: Input/output error",
+                  "writing failed: Input/output error"]
+        for i, want in enumerate(errors):
+            p = self.ctl("--json", "tool", "write", "--key", "k", target,
+                         stdin=b"attempt %d" % i)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("%s: %s" % (target, want), p.stderr.decode())
+            self.assertEqual(os.listdir(self.root), [], "nothing written, no temporary left")
+            self.assertEqual(self.ok("idem-stats")["size"], 0)
+            self.daemon.wait_log("tool write %s (kairos.write:k) failed, nothing written, "
+                                 "not kept: %s: %s" % (target, target, want))
+        p = self.ctl("tool", "write", "--key", "k", target, stdin=b"last")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), b"last")
+        # the dropped claims are in the log as forgets by uid -1, and stay dropped
+        forgets = [r for r in self.log_records() if r["op"] == "forget"]
+        self.assertEqual(len(forgets), 4)
+        self.assertTrue(all(r["uid"] == -1 for r in forgets), forgets)
+        self.kill9()
+        self.start()
+        st = self.ok("idem-stats")
+        self.assertEqual((st["size"], st["completed"], st["interrupted"]), (1, 1, 0))
 
 
 class TestWriteRootsMissing(IdemCase):
