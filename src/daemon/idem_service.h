@@ -18,7 +18,8 @@
  *               (only on the connection holding the claim; answered once the
  *               finish record is durable)
  *   tool-write  {key, path, content (base64)} → atomic write within
- *               WriteRoots=, once per key
+ *               WriteRoots= (no symbolic link below a root), once per key;
+ *               one that failed before the rename is not kept
  *   idem-stats, idem-get {key}, idem-forget {key, reason}
  *   test-idem-clock {advance_sec} (test hooks only) */
 #pragma once
@@ -31,7 +32,7 @@
  * failed (the daemon runs on; tool commands then answer "unavailable"). */
 int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d));
 /* A reload is about to take cfg: TTLSec= and MaxEntries= changes need a
- * restart (logged); WriteRoots= is read at every tool-write. */
+ * restart (logged); WriteRoots= are opened again at the next tool-write. */
 void idem_service_reload(struct daemon *d, const struct config *cfg);
 /* After the loop has stopped. */
 void idem_service_free(struct daemon *d);

@@ -648,6 +648,32 @@ class TestToolWrite(IdemCase):
             self.assertEqual(f.read(), b"two")
 
 
+    def test_roots_are_opened_again_at_reload(self):
+        """A root is opened once: one replaced under it keeps its old
+        directory until a reload opens the roots again."""
+        p = self.write(os.path.join(self.root, "a"), key="a")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        old = self.root + ".old"
+        os.rename(self.root, old)
+        os.makedirs(self.root)
+        p = self.write(os.path.join(self.root, "b"), key="b")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(sorted(os.listdir(old)), ["a", "b", "escape"])
+        self.assertEqual(os.listdir(self.root), [])
+        self.assertTrue(self.raw("reload")["ok"])
+        p = self.write(os.path.join(self.root, "c"), key="c")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(os.listdir(self.root), ["c"])
+        # a root that did not exist is tried again at every write
+        gone = os.path.join(self.dir, "gone")
+        p = self.write(os.path.join(gone, "d"), key="d")
+        self.assertIn("not within WriteRoots=", p.stderr.decode())
+        os.makedirs(gone)
+        p = self.write(os.path.join(gone, "d"), key="d")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(os.listdir(gone), ["d"])
+
+
 class TestToolWriteWalk(TestToolWrite):
     """The same, walking component by component as where openat2 is missing."""
     daemon_env = {"KAIROS_TEST_NO_OPENAT2": "1"}
