@@ -12,8 +12,9 @@
  *   duplicate replays the cached exit status, stdout and stderr byte for
  *   byte without running CMD.
  * tool write --key K PATH
- *   stdin → PATH, written atomically by the daemon (within WriteRoots=),
- *   once per key. */
+ *   stdin → PATH, written atomically by the daemon (within WriteRoots=,
+ *   following no symbolic link below a root), once per key; a write that
+ *   failed before the file was replaced is not kept under its key. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
