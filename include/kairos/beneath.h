@@ -2,11 +2,11 @@
 /* beneath: open a directory below a directory descriptor without following
  * any symbolic link and without ever leaving that directory's tree, however
  * the tree changes meanwhile (renames, symlink swaps).  Used by tool write to
- * stay within WriteRoots= (docs/ in this repository describes the rule).
+ * stay within WriteRoots=.
  *
  * openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) does the walk where the
- * kernel has it; elsewhere each component is opened with
- * O_PATH | O_DIRECTORY | O_NOFOLLOW relative to the previous one. */
+ * kernel has it; elsewhere each component is opened with O_PATH | O_NOFOLLOW
+ * relative to the previous one and must be a directory (fstat). */
 #pragma once
 
 #include <stddef.h>

@@ -33,8 +33,9 @@ static int check_rel(const char *rel)
         return 0;
 }
 
-/* One component at a time: O_PATH | O_DIRECTORY | O_NOFOLLOW from the
- * previous directory, then the last one reopened for reading. */
+/* One component at a time, each opened (O_PATH | O_NOFOLLOW) from the
+ * previous directory and checked to be one; the last reopened for
+ * reading. */
 static int walk(int root_fd, const char *rel, int *ret_fd, size_t *ret_bad_len)
 {
         int cur = root_fd;
@@ -52,16 +53,23 @@ static int walk(int root_fd, const char *rel, int *ret_fd, size_t *ret_bad_len)
                 char name[NAME_LEN_MAX + 1];
                 memcpy(name, s, n);
                 name[n] = '\0';
-                int fd = openat(cur, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                /* O_PATH | O_NOFOLLOW opens whatever the name is (a
+                 * symbolic link itself); fstat of that very object then
+                 * tells what it is, whatever the name points to by now */
+                int fd = openat(cur, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
                 if (fd < 0) {
                         r = -errno;
-                        struct stat st;
-                        /* O_PATH | O_NOFOLLOW on a symbolic link finds the
-                         * link, and O_DIRECTORY then says ENOTDIR */
-                        if ((r == -ENOTDIR || r == -ELOOP) &&
-                            fstatat(cur, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                            S_ISLNK(st.st_mode))
-                                r = -ELOOP;
+                        goto bad;
+                }
+                struct stat st;
+                if (fstat(fd, &st) < 0)
+                        r = -errno;
+                else if (S_ISLNK(st.st_mode))
+                        r = -ELOOP;
+                else if (!S_ISDIR(st.st_mode))
+                        r = -ENOTDIR;
+                if (r < 0) {
+                        close(fd);
                         goto bad;
                 }
                 if (cur != root_fd)
@@ -128,11 +136,11 @@ int beneath_open_dir(int root_fd, const char *rel, unsigned flags, int *ret_fd,
                         if (r < 0 && ret_bad_len) {
                                 /* which component?  the walk says (unless the
                                  * tree changed meanwhile) */
-                                int fd;
-                                if (walk(root_fd, rel, &fd, ret_bad_len) == 0) {
+                                int fd, w = walk(root_fd, rel, &fd, ret_bad_len);
+                                if (w == 0)
                                         close(fd);
+                                if (w != r)
                                         *ret_bad_len = 0;
-                                }
                         }
                         return r;
                 }

@@ -17,11 +17,18 @@ so its key is cached, then measures for --seconds each:
      (two fdatasync'ed records per key, one client at a time, so no group
      commit helps);
   5. the same with 8 clients in parallel (group commit: records produced
-     while a flush runs go out in the next one).
+     while a flush runs go out in the next one);
+  6. tool-write of new keys to ROOT/a/b/fN on one connection (the walk below
+     the root, temporary file, fdatasync, rename, directory fsync, and the
+     two log records), against a floor measured in the same run: the same
+     file work done here by hand (ratio printed);
+  7. tool-write refused for a missing directory below the root (the path
+     check only, nothing claimed).
 
 The in-process store benchmark (lookups/s, durable pairs/s vs raw
 fdatasync) is build/tests/bench/bench_idem."""
 import argparse
+import base64
 import os
 import shutil
 import subprocess
@@ -60,7 +67,10 @@ def main():
     d = tempfile.mkdtemp(prefix="kairos-bench-idem-", dir=a.dir)
     notify = NotifySocket(d)
     state = os.path.join(d, "state")
-    daemon = Daemon(state, write_config(d, state), notify=notify)
+    root = os.path.join(d, "root")
+    os.makedirs(os.path.join(root, "a", "b"))
+    daemon = Daemon(state, write_config(d, state, daemon_extra="\n[Idempotency]\nWriteRoots=%s\n"
+                                        % root), notify=notify)
     try:
         notify.wait_ready()
         sock = daemon.socket_path
@@ -132,6 +142,42 @@ def main():
         print("5. durable begin+finish, 8 clients:       %9.0f pairs/s" % rate(sum(counts), dt))
         print("   store: %d entries, %d log records, %d fdatasync calls, %d compactions"
               % (stats["size"], stats["log_records"], stats["log_flushes"], stats["compactions"]))
+
+        c = Client(sock)
+        content = base64.b64encode(b"x" * 200).decode()
+
+        def write_new(i):
+            r = c.call("tool-write", key="tw%d" % i, path=os.path.join(root, "a", "b", "f%d" % i),
+                       content=content)
+            assert r["ok"], r
+
+        def write_floor(i):
+            dd = os.path.join(root, "a", "b")
+            tmp = os.path.join(dd, ".g%d.tmp" % i)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"x" * 200)
+            os.fdatasync(fd)
+            os.close(fd)
+            os.rename(tmp, os.path.join(dd, "g%d" % i))
+            dfd = os.open(dd, os.O_RDONLY | os.O_DIRECTORY)
+            os.fsync(dfd)
+            os.close(dfd)
+
+        fn, fdt = timed(a.seconds, write_floor)
+        n, dt = timed(a.seconds, write_new)
+        print("6. tool-write, new key, one connection:   %9.0f writes/s      (%.3f ms each; floor "
+              "%.3f ms = file work by hand: ratio %.2f)"
+              % (rate(n, dt), 1000 * dt / n, 1000 * fdt / fn, (dt / n) / (fdt / fn)))
+
+        def write_refused(i):
+            r = c.call("tool-write", key="tr%d" % i, path=os.path.join(root, "a", "nope", "f"),
+                       content=content)
+            assert not r["ok"] and r["error"]["code"] == "path_refused", r
+
+        n, dt = timed(a.seconds, write_refused)
+        print("7. tool-write refused (missing directory): %8.0f requests/s    (%.3f ms each)"
+              % (rate(n, dt), 1000 * dt / n))
+        c.close()
     finally:
         daemon.stop()
         daemon.proc.stderr.close()
