@@ -898,12 +898,12 @@ static void check_path(struct write_op *op)
         memcpy(dir, rel, dlen);
         dir[dlen] = '\0';
         /* Reported paths start with the root as the caller named it. */
-        size_t plen = best;
+        size_t plen = (size_t)(rel - norm);
         int dfd = -1;
         size_t bad = 0;
         r = beneath_open_dir(root->fd, dir, op->beneath_flags, &dfd, &bad);
         if (r < 0) {
-                int blen = (int)(plen + (bad ? 1 + bad : 0));
+                int blen = (int)(plen + bad);
                 if (r == -ELOOP && bad)
                         refuse(op, "path_refused",
                                "%s: %.*s is a symbolic link; tool write follows no symbolic "
@@ -1041,7 +1041,7 @@ static void write_finished_durable(struct waiter *w, int err)
         else if (op->code)
                 control_reply_error_detail(op->req, op->code,
                                            json_pack("{s:s, s:b}", "key", op->key, "cached",
-                                                     op->renamed),
+                                                     0),
                                            "%s", op->msg);
         else
                 write_reply(op, false);

@@ -728,6 +728,26 @@ class TestToolWriteFaults(IdemCase):
         self.assertEqual((st["size"], st["completed"], st["interrupted"]), (1, 1, 0))
 
 
+class TestWriteRootSlash(IdemCase):
+    """WriteRoots=/: every absolute path is below it, still no symbolic link."""
+    idem_conf = "WriteRoots=/\n"
+
+    def test_root_slash(self):
+        base = os.path.realpath(self.root)
+        p = self.ctl("tool", "write", "--key", "a", os.path.join(base, "x"), stdin=b"x")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        os.symlink(self.outside, os.path.join(base, "escape"))
+        target = os.path.join(base, "escape", "y")
+        p = self.ctl("tool", "write", "--key", "b", target, stdin=b"y")
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.stderr.decode(), "kairosctl: %s: %s is a symbolic link; tool write "
+                         "follows no symbolic link below a WriteRoots= directory (name the "
+                         "real path)\n" % (target, os.path.join(base, "escape")))
+        p = self.ctl("tool", "write", "--key", "c", "/", stdin=b"y")
+        self.assertIn("names a directory (the WriteRoots= directory / itself)", p.stderr.decode())
+        self.assertEqual(os.listdir(self.outside), [])
+
+
 class TestWriteRootsMissing(IdemCase):
     idem_conf = "WriteRoots=DIR/gone\n"
 
