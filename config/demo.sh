@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The built-in demo: install what is missing, build, write a demo
-# configuration under a local directory and run kairosd on it in the
-# foreground (Ctrl-C stops it gracefully).
+# The built-in demo: install what building needs (tests/install-deps.sh
+# --build), build, write a demo configuration under a local directory and
+# run kairosd on it in the foreground (Ctrl-C stops it gracefully).
 #
 #   config/demo.sh
 #
@@ -27,10 +27,11 @@ mkdir -p "$demo"
 demo=$(cd "$demo" && pwd)
 
 if [ -z "${KAIROSD:-}" ]; then
-        bash "$src/tests/install-deps.sh"
+        # What building needs, not the test tools (tests/run.sh installs those).
+        bash "$src/tests/install-deps.sh" --build
         build=${KAIROS_BUILD_DIR:-$src/build}
         if [ ! -f "$build/build.ninja" ]; then
-                meson setup "$build" "$src"
+                meson setup "$build" "$src" -Dtests=false
         fi
         ninja -C "$build" src/daemon/kairosd src/ctl/kairosctl
         KAIROSD=$build/src/daemon/kairosd

@@ -1,17 +1,58 @@
 #!/usr/bin/env bash
-# Install the Debian 12 packages kairos needs to build, test and run.
-# Idempotent: installs only what is missing.  Needs root (uses sudo if not root).
+# SPDX-License-Identifier: MIT
+# Install the Debian 12 packages kairos needs, by purpose:
+#
+#   tests/install-deps.sh [--runtime] [--build] [--test]
+#
+#   --runtime  the shared libraries kairosd and kairosctl run with (and the
+#              time zone data of TimeZone=); what a machine that only runs a
+#              build made elsewhere needs
+#   --build    everything to build and install a release from source
+#              (meson setup -Dtests=false): compiler, meson, the -dev
+#              packages, scdoc for the man pages, bash-completion so that meson
+#              finds the completion directory; includes --runtime
+#   --test     everything the test suite needs on top of --build: cmocka, clang
+#              (fuzz targets), debootstrap and systemd-container (the systemd
+#              and Debian package tests), strace, gzip, the Debian packaging
+#              tools (dpkg-buildpackage, debhelper, lintian), git
+#
+# Several may be given; none means all three (what CI and tests/run.sh need).
+# Idempotent: installs only what is missing.  Needs root (uses sudo if not
+# root).  --list prints the packages instead of installing them.
 set -euo pipefail
 
-pkgs=(
-        meson ninja-build pkg-config gcc python3
-        libuv1-dev libsodium-dev zlib1g-dev libsystemd-dev libjansson-dev
-        libcmocka-dev libsqlite3-dev clang scdoc tzdata
-        debootstrap systemd-container strace
-)
+runtime=(libuv1 libsodium23 libjansson4 zlib1g libsystemd0 tzdata)
+build=(meson ninja-build pkgconf gcc libc6-dev libuv1-dev libsodium-dev zlib1g-dev
+       libsystemd-dev libjansson-dev scdoc bash-completion)
+test=(python3 libcmocka-dev libsqlite3-dev clang debootstrap systemd-container strace
+      util-linux gzip git dpkg-dev debhelper lintian)
+
+usage() {
+        sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+        exit 64
+}
+
+want=() list=0
+for a in "$@"; do
+        case $a in
+        --runtime) want+=("${runtime[@]}") ;;
+        --build) want+=("${runtime[@]}" "${build[@]}") ;;
+        --test) want+=("${runtime[@]}" "${build[@]}" "${test[@]}") ;;
+        --list) list=1 ;;
+        -h | --help) usage ;;
+        *) echo "install-deps.sh: unknown option $a" >&2; usage ;;
+        esac
+done
+[ ${#want[@]} -eq 0 ] && want=("${runtime[@]}" "${build[@]}" "${test[@]}")
+mapfile -t want < <(printf '%s\n' "${want[@]}" | awk '!seen[$0]++')
+
+if [ $list -eq 1 ]; then
+        printf '%s\n' "${want[@]}"
+        exit 0
+fi
 
 missing=()
-for p in "${pkgs[@]}"; do
+for p in "${want[@]}"; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
                 missing+=("$p")
         fi
