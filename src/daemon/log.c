@@ -8,6 +8,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+/* CODE_FILE=/CODE_LINE=/CODE_FUNC= are the caller's (log_event_at's
+ * arguments), not the location of the sd_journal_sendv call below. */
+#define SD_JOURNAL_SUPPRESS_LOCATION
 #include <systemd/sd-journal.h>
 #include <unistd.h>
 
@@ -48,11 +51,25 @@ int log_level_from_string(const char *s)
         return -1;
 }
 
-static void log_journal(int priority, const char *message_id, const struct log_field *fields,
-                        size_t n, const char *msg)
+/* __FILE__ as the compiler saw it, relative to the build directory
+ * ("../src/daemon/main.c"): name it from the top of the source tree. */
+static const char *source_path(const char *file)
 {
-        struct iovec iov[32];
-        char *owned[32];
+        while (strncmp(file, "../", 3) == 0)
+                file += 3;
+        while (strncmp(file, "./", 2) == 0)
+                file += 2;
+        return file;
+}
+
+#define JOURNAL_MAX_FIELDS 40
+
+static void log_journal(const char *file, int line, const char *func, int priority,
+                        const char *message_id, const struct log_field *fields, size_t n,
+                        const char *msg)
+{
+        struct iovec iov[JOURNAL_MAX_FIELDS];
+        char *owned[JOURNAL_MAX_FIELDS];
         size_t k = 0;
         char *m = NULL;
         if (asprintf(&m, "MESSAGE=%s", msg) < 0)
@@ -71,7 +88,19 @@ static void log_journal(int priority, const char *message_id, const struct log_f
                         iov[k++] = (struct iovec){ id, strlen(id) };
                 }
         }
-        for (size_t i = 0; i < n && k < 32; i++) {
+        char *loc[3] = { NULL, NULL, NULL };
+        if (asprintf(&loc[0], "CODE_FILE=%s", source_path(file)) < 0)
+                loc[0] = NULL;
+        if (asprintf(&loc[1], "CODE_LINE=%d", line) < 0)
+                loc[1] = NULL;
+        if (asprintf(&loc[2], "CODE_FUNC=%s", func) < 0)
+                loc[2] = NULL;
+        for (size_t i = 0; i < 3; i++)
+                if (loc[i]) {
+                        owned[k] = loc[i];
+                        iov[k++] = (struct iovec){ loc[i], strlen(loc[i]) };
+                }
+        for (size_t i = 0; i < n && k < JOURNAL_MAX_FIELDS; i++) {
                 if (!fields[i].value)
                         continue;
                 char *f = NULL;
@@ -106,8 +135,9 @@ static void log_stderr(int priority, const struct log_field *fields, size_t n, c
         kbuf_free(&b);
 }
 
-void log_event(int priority, const char *message_id, const struct log_field *fields, size_t n,
-               const char *fmt, ...)
+void log_event_at(const char *file, int line, const char *func, int priority,
+                  const char *message_id, const struct log_field *fields, size_t n,
+                  const char *fmt, ...)
 {
         if (priority > level)
                 return;
@@ -119,7 +149,7 @@ void log_event(int priority, const char *message_id, const struct log_field *fie
         if (r < 0)
                 return;
         if (use_journal)
-                log_journal(priority, message_id, fields, n, msg);
+                log_journal(file, line, func, priority, message_id, fields, n, msg);
         else
                 log_stderr(priority, fields, n, msg);
         free(msg);

@@ -8,18 +8,22 @@
 #include <stddef.h>
 #include <syslog.h>
 
-/* Stable message ids (sd-id128 style, 32 hex). */
-#define MSGID_STARTED          "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a60"
-#define MSGID_READY            "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a61"
-#define MSGID_RECOVERY         "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a62"
-#define MSGID_PAUSED_REVIEW    "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a63"
-#define MSGID_WAL_CORRUPT      "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a64"
-#define MSGID_RELOAD_OK        "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a65"
-#define MSGID_RELOAD_FAILED    "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a66"
-#define MSGID_STOPPING         "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a67"
-#define MSGID_WAL_IO_ERROR     "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a68"
-#define MSGID_OPERATOR         "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a69"
-#define MSGID_STATUS_DUMP      "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a6a"
+/* Message ids of key events: random 128-bit ids (made once with
+ * `systemd-id128 new`; never reuse one for another meaning).  Each has an
+ * entry in systemd/kairos.catalog (what happened, what to do), shown by
+ * `journalctl -x`; kairosd(8), LOGGING, lists them.  tests/integration/
+ * test_docs.py checks that the three agree. */
+#define MSGID_STARTED          "afcbab5dc471480bb88d5790de91807c"
+#define MSGID_READY            "75ab7998df7543c4bd827aa194c7e80a"
+#define MSGID_RECOVERY         "18bdc554e03d428190b39e2f450603bf"
+#define MSGID_PAUSED_REVIEW    "abdc88397616471ab4cb13c8364bd754"
+#define MSGID_WAL_CORRUPT      "6590912e75784dc9b4e8097c3b0e6e2f"
+#define MSGID_RELOAD_OK        "8e0fa489eeb3436dbb812bc34c236b22"
+#define MSGID_RELOAD_FAILED    "f80dd3277a284c3699dd59af11f30286"
+#define MSGID_STOPPING         "86d3ca1379414226ac96748c6127f9ee"
+#define MSGID_WAL_IO_ERROR     "531e30fa417e4b69900c11758b19b06e"
+#define MSGID_OPERATOR         "38b3d666a44e47ada15e4ea48e911887"
+#define MSGID_STATUS_DUMP      "ba3294abc1f74f65a1ac7951ab543039"
 
 /* One structured field; value NULL = field omitted. */
 struct log_field {
@@ -33,9 +37,13 @@ void log_set_level(int max_level);
 int log_get_level(void);
 int log_level_from_string(const char *s);
 
-/* Log one record.  message_id may be NULL.  fields may be NULL (n = 0). */
-void log_event(int priority, const char *message_id, const struct log_field *fields, size_t n,
-               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Log one record.  message_id may be NULL.  fields may be NULL (n = 0).
+ * A macro, so that the journal's CODE_FILE=, CODE_LINE= and CODE_FUNC= name
+ * the caller, not this module. */
+#define log_event(...) log_event_at(__FILE__, __LINE__, __func__, __VA_ARGS__)
+void log_event_at(const char *file, int line, const char *func, int priority,
+                  const char *message_id, const struct log_field *fields, size_t n,
+                  const char *fmt, ...) __attribute__((format(printf, 8, 9)));
 
 #define log_error(...) log_event(LOG_ERR, NULL, NULL, 0, __VA_ARGS__)
 #define log_warning(...) log_event(LOG_WARNING, NULL, NULL, 0, __VA_ARGS__)

@@ -213,9 +213,23 @@ class KairosdPage(unittest.TestCase):
         with open(os.path.join(SRC, "src/daemon/log.h")) as f:
             ids = re.findall(r'#define MSGID_\w+\s+"([0-9a-f]{32})"', f.read())
         self.assertGreaterEqual(len(ids), 5)
+        self.assertEqual(len(set(ids)), len(ids), "a MESSAGE_ID used twice in log.h")
         for i in ids:
             with self.subTest(message_id=i):
                 self.assertIn(i, self.sec["LOGGING"])
+                # random 128-bit ids (systemd-id128 new): version 4, variant 1
+                self.assertRegex(i, r"^[0-9a-f]{12}4[0-9a-f]{3}[89ab][0-9a-f]{15}$")
+        # The journal catalog explains each id, and only those.
+        with open(os.path.join(SRC, "systemd/kairos.catalog")) as f:
+            catalog = f.read()
+        entries = re.findall(r"(?m)^-- ([0-9a-f]{32})\n((?:.+\n)+)\n(.+)", catalog)
+        self.assertEqual(sorted(e[0] for e in entries), sorted(ids),
+                         "systemd/kairos.catalog has one entry per MESSAGE_ID of log.h")
+        for mid, header, body in entries:
+            with self.subTest(catalog_entry=mid):
+                self.assertRegex(header, r"(?m)^Subject: \S")
+                self.assertRegex(header, r"(?m)^Defined-By: kairos$")
+                self.assertTrue(body.strip(), "an entry without text")
 
     def test_unit_settings_documented(self):
         with open(os.path.join(SRC, "systemd/kairosd.service.in")) as f:

@@ -30,6 +30,9 @@ import time
 SKIP = 77
 UNIT = "kairosd.service"
 MAX_EXPOSURE = 2.0
+MSGID_READY = "75ab7998df7543c4bd827aa194c7e80a"
+# The first line of its entry in systemd/kairos.catalog.
+READY_CATALOG_SUBJECT = "kairosd finished recovery and is ready"
 
 
 class Skip(Exception):
@@ -322,6 +325,31 @@ Reflect=/bin/echo '{"kairos":{"done":true}}'
 }
 
 
+def check_journal_record(c, src):
+    """The last "ready" record: journalctl -x shows its catalog entry, and
+    CODE_FILE=/CODE_LINE=/CODE_FUNC= name the log_event call in kairosd's
+    source that logged it (not the logging module)."""
+    r = c.sh(["journalctl", "-u", "kairosd", f"MESSAGE_ID={MSGID_READY}", "-o", "json",
+              "-n", "1", "-q"])
+    rec = json.loads(r.stdout.splitlines()[-1])
+    path, line, func = rec.get("CODE_FILE", ""), int(rec.get("CODE_LINE", 0)), rec.get("CODE_FUNC")
+    try:
+        with open(os.path.join(src, path)) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    call = "\n".join(lines[max(0, line - 6):line])
+    # The function around that line: the last definition starting at column 0.
+    defs = [m.group(1) for x in lines[:line] for m in [re.match(r"^\w[\w\s\*]*?\b(\w+)\(", x)] if m]
+    check(path == "src/daemon/main.c" and "log_event(" in call and "MSGID_READY" in call and
+          defs and defs[-1] == func,
+          f"CODE_FILE={path} CODE_LINE={line} CODE_FUNC={func}: the call site of the ready record")
+    r = c.sh(["journalctl", "-x", "-u", "kairosd", f"MESSAGE_ID={MSGID_READY}", "-n", "1",
+              "--no-pager"])
+    check(f"Subject: {READY_CATALOG_SUBJECT}" in r.stdout,
+          "journalctl -x shows the catalog entry of the ready record")
+
+
 def mandate_done(mid):
     return lambda r: r.get("MANDATE_ID") == mid and re.search(
         rf"mandate {mid} (done|failed|terminated|abandoned)", r.get("MESSAGE", ""))
@@ -353,6 +381,7 @@ def test(c, src):
     # --- install the test configuration -----------------------------------
     c.sh(["systemd-sysusers"])
     c.sh(["systemd-tmpfiles", "--create", "kairos.conf"])
+    c.sh(["journalctl", "--update-catalog"])
     for name, text in SCHEDULES.items():
         c.write(f"/etc/kairos/schedules.d/{name}.conf", text)
     c.write("/etc/kairos/kairosd.conf.d/test.conf", "[Idempotency]\nWriteRoots=/srv/kairos-out\n")
@@ -370,6 +399,7 @@ def test(c, src):
     check(re.match(r"\d+ mandates running, \d+ runnable, \d+ paused for review",
                    st["StatusText"]) is not None,
           f"StatusText is kairosd's STATUS= ({st['StatusText']!r})")
+    check_journal_record(c, src)
     uid = re.search(r"^Uid:\s+(\d+)", c.sh(["cat", f"/proc/{st['MainPID']}/status"]).stdout,
                     re.M).group(1)
     kairos_uid = c.sh(["id", "-u", "kairos"]).stdout.strip()
@@ -487,7 +517,7 @@ def test(c, src):
     c.wait_journal(lambda x: "Failed with result 'watchdog'" in x.get("MESSAGE", ""),
                    "systemd's watchdog verdict", matches=["-u", "kairosd"], after=cur,
                    timeout=30)
-    c.wait_journal(lambda x: x.get("MESSAGE_ID") == "3a1f5e0c6b2d4e8f9a7b1c2d3e4f5a61" or
+    c.wait_journal(lambda x: x.get("MESSAGE_ID") == "75ab7998df7543c4bd827aa194c7e80a" or
                    "ready: recovered" in x.get("MESSAGE", ""),
                    "kairosd ready again", matches=["-u", "kairosd"], after=cur, timeout=30)
     st2 = c.wait_active("after the watchdog restart")
