@@ -88,7 +88,9 @@ def build_package(src, work):
     t = time.monotonic()
     blog = os.path.join(pkgdir, "dpkg-buildpackage.log")
     with open(blog, "w") as out:
-        r = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=tree,
+        # parallel=: dh builds with one job unless told
+        env = dict(os.environ, DEB_BUILD_OPTIONS=f"parallel={os.cpu_count() or 1}")
+        r = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=tree, env=env,
                            stdout=out, stderr=subprocess.STDOUT)
     if r.returncode != 0:
         with open(blog) as f:
