@@ -19,12 +19,14 @@ enum {
         CTL_EXIT_OK = 0,
         CTL_EXIT_REFUSED = 1,     /* online: the daemon said no */
         CTL_EXIT_UNREACHABLE = 2, /* online: cannot reach the daemon (or no valid reply) */
+        CTL_EXIT_OPERATOR = 4,    /* wait: the mandate is paused for an operator */
         CTL_EXIT_USAGE = 64,      /* EX_USAGE */
         CTL_EXIT_DATAERR = 65,    /* EX_DATAERR: bad input data */
         CTL_EXIT_NOINPUT = 66,    /* EX_NOINPUT: a file could not be read */
         CTL_EXIT_SOFTWARE = 70,   /* EX_SOFTWARE: internal error */
         CTL_EXIT_OSERR = 71,      /* EX_OSERR: out of memory and the like */
         CTL_EXIT_IOERR = 74,      /* EX_IOERR: writing the output failed */
+        CTL_EXIT_TIMEOUT = 124,   /* wait: timed out (as timeout(1)) */
         CTL_EXIT_TEMPFAIL = 75,   /* EX_TEMPFAIL: tool run/write: the key is in progress
                                    * or interrupted (try again / see an operator) */
 };
@@ -97,6 +99,8 @@ int ctl_cmd_cron_next(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_fire(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv);

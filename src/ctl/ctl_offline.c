@@ -4,10 +4,12 @@
  * never change a file. */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <zlib.h>
 
 #include "ctl.h"
 #include "kairos/canon.h"
@@ -37,15 +39,131 @@ static void loaded_wal_free(struct loaded_wal *w)
         w->data = NULL;
 }
 
+/* An archive (<state>/archive/ID.wal.jsonl.gz) is read like the WAL it
+ * holds.  Recognised by its magic bytes, not its name. */
+#define GZIP_OUT_MAX ((size_t)1 << 30)
+
+static bool is_gzip(const char *data, size_t len)
+{
+        return len >= 2 && (unsigned char)data[0] == 0x1f && (unsigned char)data[1] == 0x8b;
+}
+
+/* Inflate every gzip member of in[0..len) into *out (NUL-terminated).
+ * Returns 0, or -EBADMSG with *why describing the damage, or -ENOMEM /
+ * -EFBIG (more than GZIP_OUT_MAX bytes). */
+static int gunzip(const char *in, size_t len, struct kbuf *out, const char **why)
+{
+        z_stream z = { 0 };
+        int zr, r = 0;
+
+        *why = NULL;
+        if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
+                return -ENOMEM;
+        z.next_in = (Bytef *)in;
+        z.avail_in = (uInt)(len > UINT_MAX ? UINT_MAX : len);
+        size_t left = len - z.avail_in;
+        for (;;) {
+                if ((r = kbuf_reserve(out, 65536 + 1)) < 0)
+                        break;
+                z.next_out = (Bytef *)out->data + out->len;
+                z.avail_out = (uInt)(out->cap - out->len - 1);
+                uInt before = z.avail_out;
+                zr = inflate(&z, Z_NO_FLUSH);
+                out->len += before - z.avail_out;
+                out->data[out->len] = '\0';
+                if (out->len > GZIP_OUT_MAX) {
+                        r = -EFBIG;
+                        break;
+                }
+                if (z.avail_in == 0 && left > 0) {
+                        z.avail_in = (uInt)(left > UINT_MAX ? UINT_MAX : left);
+                        left -= z.avail_in;
+                }
+                if (zr == Z_STREAM_END) {
+                        if (z.avail_in == 0)
+                                break;
+                        /* another member follows */
+                        if (inflateReset(&z) != Z_OK) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        continue;
+                }
+                if (zr == Z_MEM_ERROR) {
+                        r = -ENOMEM;
+                        break;
+                }
+                if (zr == Z_DATA_ERROR || zr == Z_NEED_DICT || zr == Z_STREAM_ERROR) {
+                        *why = z.msg ? z.msg : "invalid compressed data";
+                        r = -EBADMSG;
+                        break;
+                }
+                if (zr == Z_BUF_ERROR && z.avail_in == 0) {
+                        *why = "truncated: the compressed data ends before the end of the "
+                               "gzip stream";
+                        r = -EBADMSG;
+                        break;
+                }
+        }
+        inflateEnd(&z);
+        return r;
+}
+
+/* Read a WAL, plain or gzip-compressed.  Returns 0 or a printed error's
+ * exit status: CTL_EXIT_NOINPUT (unreadable), CTL_EXIT_DATAERR (a damaged
+ * gzip file). */
+static int read_wal(const char *path, char **ret_data, size_t *ret_len)
+{
+        struct kbuf b = KBUF_INIT;
+        const char *why;
+        char *data;
+        size_t len;
+        int r;
+
+        r = ctl_read_file(path, &data, &len);
+        if (r < 0)
+                return ctl_file_error(path, r);
+        if (!is_gzip(data, len)) {
+                *ret_data = data;
+                *ret_len = len;
+                return 0;
+        }
+        r = gunzip(data, len, &b, &why);
+        free(data);
+        if (r < 0) {
+                kbuf_free(&b);
+                fputs("kairosctl: ", stderr);
+                ctl_put_safe(stderr, path);
+                if (r == -EBADMSG) {
+                        fputs(": damaged gzip file: ", stderr);
+                        ctl_put_safe(stderr, why);
+                        fputc('\n', stderr);
+                        return CTL_EXIT_DATAERR;
+                }
+                if (r == -EFBIG) {
+                        fputs(": gzip file expands beyond 1 GiB\n", stderr);
+                        return CTL_EXIT_DATAERR;
+                }
+                fprintf(stderr, ": %s\n", strerror(-r));
+                return CTL_EXIT_OSERR;
+        }
+        if (!b.data && kbuf_reserve(&b, 1) < 0)
+                return ctl_errno_error("gzip", -ENOMEM);
+        b.data[b.len] = '\0';
+        *ret_len = b.len;
+        *ret_data = kbuf_steal(&b);
+        return 0;
+}
+
 /* Read and fold a WAL.  Returns 0 or a printed error's exit status. */
 static int load_wal(const char *path, struct loaded_wal *w)
 {
         int r;
 
         memset(w, 0, sizeof(*w));
-        r = ctl_read_file(path, &w->data, &w->len);
-        if (r < 0)
-                return ctl_file_error(path, r);
+        r = read_wal(path, &w->data, &w->len);
+        if (r)
+                return r;
         r = fold_buffer(w->data, w->len, &w->fold);
         if (r < 0) {
                 free(w->data);
@@ -461,7 +579,23 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
                 const struct fold *f;
 
                 fflush(stdout);
-                if (load_wal(argv[i], &w) != 0) {
+                r = load_wal(argv[i], &w);
+                if (r == CTL_EXIT_DATAERR) {
+                        /* a damaged archive: its content is corrupt */
+                        worst = 2;
+                        if (files)
+                                json_array_append_new(
+                                        files, json_pack("{s:o,s:s,s:{s:s}}", "file",
+                                                         ctl_json_str(argv[i]), "status",
+                                                         "corrupt", "problem", "reason",
+                                                         "damaged gzip file"));
+                        else {
+                                ctl_put_safe(stdout, argv[i]);
+                                printf(": corrupt: damaged gzip file\n");
+                        }
+                        continue;
+                }
+                if (r != 0) {
                         unreadable = true;
                         if (files)
                                 json_array_append_new(

@@ -406,7 +406,8 @@ int ctl_session_call(struct ctl_session *s, const char *cmd, json_t *args, json_
                 status = recv_error(c, r);
                 goto out;
         }
-        reply = json_loadb(line.data, line.len, 0, &jerr);
+        /* A handler's result may hold "\u0000": keep it (printed escaped). */
+        reply = json_loadb(line.data, line.len, JSON_ALLOW_NUL, &jerr);
         if (!reply) {
                 status = bad_reply(c, jerr.text);
                 goto out;
@@ -868,6 +869,154 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
         if (r)
                 return r;
         return run(o, "show", json_pack("{s:s}", "mandate", argv[0]), text_show);
+}
+
+/* ---- retry ------------------------------------------------------------ */
+
+/* "MANDATE retried as NEW (retry N, STATUS)" */
+static int text_retry(json_t *r)
+{
+        ctl_put_safe(stdout, jstr(r, "retry_of"));
+        fputs(" retried as ", stdout);
+        ctl_put_safe(stdout, jstr(r, "mandate"));
+        printf(" (retry %lld, ", (long long)jint(r, "retry"));
+        ctl_put_safe(stdout, jstr(r, "status"));
+        fputs(")\n", stdout);
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *reason = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("retry", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("retry", npos, 1, "MANDATE");
+        if (r == 0 && reason && !*reason)
+                r = ctl_usage_error("retry: --reason must not be empty");
+        if (r)
+                return r;
+        return run(o, "retry",
+                   reason ? json_pack("{s:s, s:s}", "mandate", argv[0], "reason", reason)
+                          : json_pack("{s:s}", "mandate", argv[0]),
+                   text_retry);
+}
+
+/* ---- wait ------------------------------------------------------------- */
+
+/* What `wait` makes of a mandate status: -1 not settled yet, else the exit
+ * status. */
+static int wait_outcome(const char *status)
+{
+        static const char *const going[] = { "runnable", "running", "idle", NULL };
+        static const char *const operator[] = { "paused", "paused_review", "awaiting_approval",
+                                                "quarantined", "wal_io_error", NULL };
+
+        if (!status)
+                return -1;
+        for (size_t i = 0; going[i]; i++)
+                if (strcmp(status, going[i]) == 0)
+                        return -1;
+        if (strcmp(status, "done") == 0)
+                return CTL_EXIT_OK;
+        for (size_t i = 0; operator[i]; i++)
+                if (strcmp(status, operator[i]) == 0)
+                        return CTL_EXIT_OPERATOR;
+        return CTL_EXIT_REFUSED; /* failed, terminated, abandoned, cancelled, ... */
+}
+
+static void sleep_ms(int64_t ms)
+{
+        struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
+
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
+static int wait_report(const struct ctl_opts *o, json_t *r, int outcome, bool timed_out)
+{
+        if (o->json) {
+                json_t *out = json_pack("{s:O?, s:O?, s:O?, s:O?, s:b, s:i}", "mandate",
+                                        json_object_get(r, "id"), "status",
+                                        json_object_get(r, "status"), "reason",
+                                        json_object_get(r, "reason"), "review_step",
+                                        json_object_get(r, "review_step"), "timed_out",
+                                        timed_out, "exit", outcome);
+                int st = ctl_json_print(out);
+                return st ? st : outcome;
+        }
+        FILE *f = timed_out ? stderr : stdout;
+        if (timed_out)
+                fputs("kairosctl: wait: timed out: ", f);
+        ctl_put_safe(f, jstr(r, "id"));
+        fputs(": ", f);
+        ctl_put_safe(f, jstr(r, "status"));
+        if (jstr(r, "review_step")) {
+                fputs(" (step ", f);
+                ctl_put_safe(f, jstr(r, "review_step"));
+                fputc(')', f);
+        }
+        if (jstr(r, "reason")) {
+                fputs(": ", f);
+                ctl_put_safe(f, jstr(r, "reason"));
+        }
+        fputc('\n', f);
+        return outcome;
+}
+
+/* Poll `show` with a growing pause (50 ms doubling to 2 s) until the
+ * mandate settles or the timeout passes. */
+int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *timeout = NULL;
+        const struct ctl_option opts[] = { { "timeout", true, &timeout, NULL }, { NULL } };
+        int64_t deadline = -1, pause_ms = 50;
+        int npos, r;
+
+        r = ctl_parse_options("wait", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("wait", npos, 1, "MANDATE");
+        if (r)
+                return r;
+        if (timeout) {
+                char *end;
+                errno = 0;
+                double sec = strtod(timeout, &end);
+                if (errno != 0 || end == timeout || *end != '\0' || !isfinite(sec) || sec < 0 ||
+                    sec > 31536000) {
+                        char *t = safe_str(timeout);
+                        r = ctl_usage_error("wait: --timeout '%s' is not a number of seconds "
+                                            "(0..31536000)",
+                                            t ? t : "?");
+                        free(t);
+                        return r;
+                }
+                deadline = now_ms() + (int64_t)(sec * 1000);
+        }
+        for (;;) {
+                json_t *res;
+                int status = ctl_call(o, "show", json_pack("{s:s}", "mandate", argv[0]), &res);
+                if (status != CTL_EXIT_OK)
+                        return status;
+                int outcome = wait_outcome(jstr(res, "status"));
+                if (outcome >= 0) {
+                        status = wait_report(o, res, outcome, false);
+                        json_decref(res);
+                        return status;
+                }
+                int64_t now = now_ms();
+                if (deadline >= 0 && now >= deadline) {
+                        status = wait_report(o, res, CTL_EXIT_TIMEOUT, true);
+                        json_decref(res);
+                        return status;
+                }
+                json_decref(res);
+                sleep_ms(deadline >= 0 && deadline - now < pause_ms ? deadline - now : pause_ms);
+                if (pause_ms < 2000)
+                        pause_ms = pause_ms * 2 > 2000 ? 2000 : pause_ms * 2;
+        }
 }
 
 /* ---- pause / resume / resolve ----------------------------------------- */

@@ -12,33 +12,79 @@ struct ctl_command {
         ctl_command_fn fn;      /* NULL: declared, not implemented yet */
         bool online;            /* talks to kairosd over the control socket */
         const char *usage;      /* arguments, for --help */
+        const char *help;       /* what it does, for "help CMD" and "CMD --help" */
 };
+
+static int cmd_help(const struct ctl_opts *o, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
         /* online (control socket) */
-        { "status", ctl_cmd_status, true, "" },
-        { "schedules", ctl_cmd_schedules, true, "" },
-        { "schedules next", ctl_cmd_schedules_next, true, "NAME [-n N]" },
-        { "list", ctl_cmd_list, true, "" },
-        { "show", ctl_cmd_show, true, "MANDATE" },
-        { "fire", ctl_cmd_fire, true, "SCHEDULE [--at TIME]" },
-        { "pause", ctl_cmd_pause, true, "MANDATE [--reason T] | --schedule NAME [--reason T]" },
-        { "resume", ctl_cmd_resume, true, "MANDATE | --schedule NAME" },
-        { "approve", ctl_cmd_approve, true, "MANDATE [--reason T]" },
-        { "resolve", ctl_cmd_resolve, true, "MANDATE STEP --done|--retry|--abandon --reason T" },
-        { "reload", ctl_cmd_reload, true, "" },
-        { "tool run", ctl_cmd_tool_run, true, "--key K [--tool NAME] -- CMD ARGS..." },
-        { "tool write", ctl_cmd_tool_write, true, "--key K PATH" },
-        { "idem stats", ctl_cmd_idem_stats, true, "" },
-        { "idem get", ctl_cmd_idem_get, true, "KEY" },
-        { "idem forget", ctl_cmd_idem_forget, true, "KEY --reason T" },
+        { "status", ctl_cmd_status, true, "",
+          "The daemon's version, pid, uptime and state, its state directory and\n"
+          "configuration, mandates per status and the summary of the last recovery." },
+        { "schedules", ctl_cmd_schedules, true, "",
+          "Every configured schedule: cron expression, time zone, next and last fire,\n"
+          "missed-tick policy, concurrency and state." },
+        { "schedules next", ctl_cmd_schedules_next, true, "NAME [-n N]",
+          "The next N fire times (default 5, at most 1000) of schedule NAME, in UTC\n"
+          "and in the schedule's time zone." },
+        { "list", ctl_cmd_list, true, "",
+          "All mandates: id, status, cycle and the reason or the step under review." },
+        { "show", ctl_cmd_show, true, "MANDATE",
+          "One mandate: status, reason, schedule, plan, cycle, its WAL, each plan with\n"
+          "its steps, the operator actions, and the retries linked to it." },
+        { "retry", ctl_cmd_retry, true, "MANDATE [--reason T]",
+          "Run a mandate that ended again: a new mandate for the same schedule and tick\n"
+          "(id from NAME|FIRED_AT|retry:N).  Refused while MANDATE has not ended; a\n"
+          "mandate that ended done needs --reason." },
+        { "wait", ctl_cmd_wait, true, "MANDATE [--timeout S]",
+          "Wait until a mandate ends or waits for an operator.  Exit 0 done, 1 ended\n"
+          "otherwise, 4 paused for an operator, 124 timed out after S seconds." },
+        { "fire", ctl_cmd_fire, true, "SCHEDULE [--at TIME]",
+          "Fire a schedule now, or for the tick TIME (UTC, YYYY-MM-DDTHH:MM:SSZ).\n"
+          "Firing the same tick again does nothing." },
+        { "pause", ctl_cmd_pause, true, "MANDATE [--reason T] | --schedule NAME [--reason T]",
+          "Pause a mandate (a running handler finishes, no further step starts), or\n"
+          "with --schedule a schedule (it does not fire on its own until resumed)." },
+        { "resume", ctl_cmd_resume, true, "MANDATE | --schedule NAME",
+          "Resume a mandate paused by an operator, or a paused schedule." },
+        { "approve", ctl_cmd_approve, true, "MANDATE [--reason T]",
+          "Let a mandate that awaits approval go on." },
+        { "resolve", ctl_cmd_resolve, true, "MANDATE STEP --done|--retry|--abandon --reason T",
+          "Decide a step that recovery paused for review: --done (its effect happened),\n"
+          "--retry (safe to run again), --abandon (end the mandate abandoned)." },
+        { "reload", ctl_cmd_reload, true, "",
+          "Re-read and validate the configuration and schedules (like SIGHUP); on an\n"
+          "error the daemon keeps the running configuration." },
+        { "tool run", ctl_cmd_tool_run, true, "--key K [--tool NAME] -- CMD ARGS...",
+          "For handlers: run CMD at most once per key; a duplicate replays the stored\n"
+          "exit status, output and error." },
+        { "tool write", ctl_cmd_tool_write, true, "--key K PATH",
+          "For handlers: the daemon writes standard input to PATH atomically, at most\n"
+          "once per key, only inside its WriteRoots=." },
+        { "idem stats", ctl_cmd_idem_stats, true, "",
+          "Statistics of the idempotency store." },
+        { "idem get", ctl_cmd_idem_get, true, "KEY",
+          "One entry of the idempotency store (KEY as TOOL:K, or K alone)." },
+        { "idem forget", ctl_cmd_idem_forget, true, "KEY --reason T",
+          "Remove an entry of the idempotency store so that the key runs again." },
         /* offline (no daemon) */
-        { "wal dump", ctl_cmd_wal_dump, false, "FILE" },
-        { "wal verify", ctl_cmd_wal_verify, false, "FILE..." },
-        { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D]" },
-        { "canon", ctl_cmd_canon, false, "[--hash] [FILE|-]" },
-        { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C]" },
-        { "cron next", ctl_cmd_cron_next, false, "EXPR [--from T] [-n N] [--tz Z]" },
+        { "help", cmd_help, false, "[CMD]",
+          "The commands, or the usage of command CMD." },
+        { "wal dump", ctl_cmd_wal_dump, false, "FILE",
+          "Print a WAL (plain or gzip-compressed, e.g. an archive) one record per line." },
+        { "wal verify", ctl_cmd_wal_verify, false, "FILE...",
+          "Check WAL files (plain or gzip-compressed).  Exit 0 all clean, 1 a torn\n"
+          "tail, 2 corruption (also a damaged gzip file), 66 a file cannot be read." },
+        { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D]",
+          "Show what recovery would decide for every WAL in D/wal (default\n"
+          CTL_DEFAULT_STATE_DIR "); changes nothing." },
+        { "canon", ctl_cmd_canon, false, "[--hash] [FILE|-]",
+          "Print the canonical JSON of a document, or with --hash its hash." },
+        { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C]",
+          "Print the plan kairosd would write for schedule N fired at T." },
+        { "cron next", ctl_cmd_cron_next, false, "EXPR [--from T] [-n N] [--tz Z]",
+          "The next N fire times of a cron expression after T, in time zone Z." },
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -67,9 +113,19 @@ static void print_help(void)
         }
         printf("\nExit status: 0 success, 64 usage error, 65 bad input data, 66 unreadable\n"
                "file; wal verify: 1 torn tail, 2 corruption; commands that need the daemon:\n"
-               "1 the daemon refused, 2 the daemon cannot be reached.\n"
+               "1 the daemon refused, 2 the daemon cannot be reached; wait: 1 ended other\n"
+               "than done, 4 paused for an operator, 124 timed out.\n"
+               "\"kairosctl help CMD\" or \"kairosctl CMD --help\": the usage of one command.\n"
                "Environment: KAIROS_CONTROL_SOCKET (socket path), KAIROSCTL_TIMEOUT (seconds\n"
                "to wait for the daemon, default 30).\n");
+}
+
+static void print_command_help(const struct ctl_command *c)
+{
+        printf("Usage: kairosctl [--socket PATH] [--json] %s%s%s\n\n%s\n", c->name,
+               *c->usage ? " " : "", c->usage, c->help);
+        printf("\n%s\nSee kairosctl(1).\n",
+               c->online ? "Needs the daemon (the control socket)." : "Needs no daemon.");
 }
 
 /* Number of words of `name` if they equal argv[0..], else 0. */
@@ -104,6 +160,48 @@ static const struct ctl_command *find_command(int argc, char **argv, int *words)
         return best;
 }
 
+/* help [CMD]: the overview, the usage of CMD, or of every subcommand of a
+ * group ("help wal"). */
+static int cmd_help(const struct ctl_opts *o, int argc, char **argv)
+{
+        const struct ctl_command *c;
+        int words;
+        bool any = false;
+
+        (void)o;
+        if (argc == 0) {
+                print_help();
+                return CTL_EXIT_OK;
+        }
+        c = find_command(argc, argv, &words);
+        if (c) { /* "show MANDATE --help" is the help of show */
+                print_command_help(c);
+                return CTL_EXIT_OK;
+        }
+        if (argc == 1) {
+                size_t len = strlen(argv[0]);
+                for (size_t i = 0; i < N_COMMANDS; i++) {
+                        if (strncmp(commands[i].name, argv[0], len) != 0 ||
+                            commands[i].name[len] != ' ')
+                                continue;
+                        if (any)
+                                putchar('\n');
+                        print_command_help(&commands[i]);
+                        any = true;
+                }
+                if (any)
+                        return CTL_EXIT_OK;
+        }
+        fputs("kairosctl: help: unknown command '", stderr);
+        for (int i = 0; i < argc; i++) {
+                if (i)
+                        fputc(' ', stderr);
+                ctl_put_safe(stderr, argv[i]);
+        }
+        fputs("' (see kairosctl help)\n", stderr);
+        return CTL_EXIT_USAGE;
+}
+
 /* "wal" alone or "wal frob": name the known subcommands. */
 static int unknown_command(int argc, char **argv)
 {
@@ -129,10 +227,10 @@ static int unknown_command(int argc, char **argv)
 
 /* Take the global options out of argv (up to a "--"), compacting the rest
  * in place.  Returns -1 to continue, else an exit status. */
-static int parse_global(int *argc, char **argv, struct ctl_opts *o)
+static int parse_global(int *argc, char **argv, struct ctl_opts *o, bool *help)
 {
         int out = 1;
-        bool help = false, version = false;
+        bool version = false;
 
         for (int i = 1; i < *argc; i++) {
                 const char *a = argv[i];
@@ -144,7 +242,7 @@ static int parse_global(int *argc, char **argv, struct ctl_opts *o)
                 if (strcmp(a, "--json") == 0) {
                         o->json = true;
                 } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-                        help = true;
+                        *help = true;
                 } else if (strcmp(a, "--version") == 0) {
                         version = true;
                 } else if (strcmp(a, "--socket") == 0) {
@@ -161,11 +259,7 @@ static int parse_global(int *argc, char **argv, struct ctl_opts *o)
         argv[out] = NULL;
         if (o->socket_path && !*o->socket_path)
                 return ctl_usage_error("--socket needs a non-empty PATH");
-        if (help) {
-                print_help();
-                return CTL_EXIT_OK;
-        }
-        if (version) {
+        if (version && !*help) {
                 printf("kairosctl %s\n", KAIROS_VERSION);
                 return CTL_EXIT_OK;
         }
@@ -187,10 +281,13 @@ int main(int argc, char **argv)
         struct ctl_opts o = { .socket_path = NULL, .json = false };
         const struct ctl_command *cmd;
         int words, r;
+        bool help = false;
 
-        r = parse_global(&argc, argv, &o);
+        r = parse_global(&argc, argv, &o, &help);
         if (r >= 0)
                 return finish(r);
+        if (help) /* "--help", or "CMD --help": that command's usage */
+                return finish(cmd_help(&o, argc - 1, argv + 1));
         if (argc < 2)
                 return ctl_usage_error("no command given");
         if (argv[1][0] == '-' && argv[1][1] != '\0' && strcmp(argv[1], "--") != 0)
