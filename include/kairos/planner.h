@@ -49,9 +49,23 @@ int planner_plan_id(const char *name, const char *fired_at, int cycle,
 /* "mnd_" + cycle-1 plan_id. */
 int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_ID_MAX]);
 
+/* Retries (kairosctl retry): retry N >= 1 of the tick (name, fired_at) is a
+ * mandate of its own.  Its plan ids hash "NAME|FIRED_AT|retry:N" (cycle 1)
+ * and "NAME|FIRED_AT|retry:N|c" (cycle c >= 2); its mandate id is "mnd_" +
+ * its cycle-1 plan id.  Retry 0 is the tick's first mandate (the functions
+ * above).  -EINVAL for a retry outside 0..PLANNER_MAX_RETRY. */
+#define PLANNER_MAX_RETRY 999
+int planner_retry_plan_id(const char *name, const char *fired_at, int retry, int cycle,
+                          char out[PLANNER_ID_MAX]);
+int planner_retry_mandate_id(const char *name, const char *fired_at, int retry,
+                             char out[PLANNER_ID_MAX]);
+
 /* Build the plan.  -EINVAL for a cycle outside 1..PLANNER_MAX_CYCLE, an empty
  * name or fired_at. */
 int planner_build(const char *name, const char *fired_at, int cycle, struct planner_plan *out);
+/* The plan of cycle `cycle` of retry `retry` (0: the first mandate). */
+int planner_build_retry(const char *name, const char *fired_at, int retry, int cycle,
+                        struct planner_plan *out);
 
 /* Append the canonical JSON array of the plan's steps: exactly the five keys
  * step_id, tool, params_hash, pre_hash, expected_post_hash, in canonical

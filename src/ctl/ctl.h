@@ -72,6 +72,10 @@ int ctl_read_file(const char *path, char **data, size_t *len);
 /* Print s with control characters and invalid bytes escaped (\xNN), so
  * untrusted WAL content cannot drive the terminal.  NULL prints "-". */
 void ctl_put_safe(FILE *f, const char *s);
+/* The same for a text of several lines: each line escaped, the lines on
+ * lines of their own, every line after the first starting with `indent`
+ * (a trailing newline and a "\r" before "\n" are dropped). */
+void ctl_put_safe_lines(FILE *f, const char *s, const char *indent);
 
 /* JSON output helpers (jansson).  ctl_json_str: a string or null (invalid
  * UTF-8 becomes null, never a failure).  ctl_json_raw: parse JSON text into a

@@ -621,7 +621,8 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
                 } else {
                         ctl_put_safe(stdout, argv[i]);
                         if (f->status == FOLD_CLEAN)
-                                printf(": ok (%zu records, %zu legacy unchecked)", f->records,
+                                printf(": ok (%zu record%s, %zu legacy unchecked)",
+                                       f->records, f->records == 1 ? "" : "s",
                                        f->legacy_records);
                         else
                                 printf(": ");

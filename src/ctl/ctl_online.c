@@ -281,7 +281,8 @@ static int print_refusal(const struct ctl_opts *o, json_t *error)
         json_t *e;
 
         fputs("kairosctl: ", stderr);
-        ctl_put_safe(stderr, json_string_value(json_object_get(error, "message")));
+        ctl_put_safe_lines(stderr, json_string_value(json_object_get(error, "message")),
+                           "  ");
         fputc('\n', stderr);
         if (code && strcmp(code, "config_invalid") == 0 && json_is_array(errors))
                 json_array_foreach(errors, i, e) {
@@ -486,6 +487,23 @@ static char *safe_str(const char *s)
         return buf;
 }
 
+/* As safe_str, a text of several lines kept as lines (joined by '\n'). */
+static char *safe_str_lines(const char *s)
+{
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+
+        if (!f)
+                return NULL;
+        ctl_put_safe_lines(f, s, "");
+        if (fclose(f) != 0) {
+                free(buf);
+                return NULL;
+        }
+        return buf;
+}
+
 /* Columns counted in code points (escaped text is ASCII or valid UTF-8). */
 static size_t text_width(const char *s)
 {
@@ -536,11 +554,36 @@ static int table_set(struct table *t, size_t row, size_t col, const char *s)
         return 0;
 }
 
+/* The last column may hold several lines (table_set_lines): the lines
+ * after the first start under the column. */
+static int table_set_lines(struct table *t, size_t row, size_t col, const char *s)
+{
+        char *e = safe_str_lines(s);
+
+        if (!e)
+                return -ENOMEM;
+        free(t->cells[row * t->ncols + col]);
+        t->cells[row * t->ncols + col] = e;
+        return 0;
+}
+
+static void put_last_cell(const char *s, const char *indent, size_t offset)
+{
+        for (; *s; s++) {
+                putchar(*s);
+                if (*s != '\n')
+                        continue;
+                fputs(indent, stdout);
+                for (size_t i = 0; i < offset; i++)
+                        putchar(' ');
+        }
+}
+
 static void table_print(const struct table *t, const char *indent)
 {
         for (size_t r = 0; r < t->nrows; r++) {
                 fputs(indent, stdout);
-                size_t last = t->ncols;
+                size_t last = t->ncols, offset = 0;
                 /* no padding after the last non-empty cell */
                 while (last > 1 && !(t->cells[r * t->ncols + last - 1] &&
                                      *t->cells[r * t->ncols + last - 1]))
@@ -548,8 +591,9 @@ static void table_print(const struct table *t, const char *indent)
                 for (size_t col = 0; col < last; col++) {
                         const char *s = t->cells[r * t->ncols + col];
                         if (col + 1 == last) {
-                                fputs(s ? s : "", stdout);
+                                put_last_cell(s ? s : "", indent, offset);
                         } else {
+                                offset += t->width[col] + 2;
                                 put_padded(s ? s : "", t->width[col]);
                                 fputs("  ", stdout);
                         }
@@ -708,7 +752,8 @@ static int text_list(json_t *r)
                 snprintf(cycle, sizeof(cycle), "%lld", (long long)jint(m, "cycle"));
                 if (!review || table_set(&t, i + 1, 0, jstr(m, "id")) < 0 ||
                     table_set(&t, i + 1, 1, jstr(m, "status")) < 0 ||
-                    table_set(&t, i + 1, 2, cycle) < 0 || table_set(&t, i + 1, 3, review) < 0) {
+                    table_set(&t, i + 1, 2, cycle) < 0 ||
+                    table_set_lines(&t, i + 1, 3, review) < 0) {
                         free(review);
                         goto oom;
                 }
@@ -738,7 +783,7 @@ int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv)
 static void put_field(const char *label, const char *value)
 {
         printf("  %-10s ", label);
-        ctl_put_safe(stdout, value);
+        ctl_put_safe_lines(stdout, value, "             ");
         putchar('\n');
 }
 
@@ -762,7 +807,24 @@ static char *step_detail(json_t *s)
         return kbuf_steal(&b);
 }
 
-static int print_steps(json_t *steps)
+/* RECOVERED column: "operator" for a step an operator resolved (resolve
+ * --done/--retry/--abandon), else whether recovery completed it. */
+static const char *recovered_text(json_t *s, json_t *ops)
+{
+        const char *step = jstr(s, "step_id");
+        json_t *op;
+        size_t i;
+
+        json_array_foreach(ops, i, op) {
+                const char *action = jstr(op, "action"), *id = jstr(op, "step_id");
+                if (step && id && action && strncmp(action, "resolve_", 8) == 0 &&
+                    strcmp(id, step) == 0)
+                        return "operator";
+        }
+        return json_is_true(json_object_get(s, "recovered")) ? "yes" : "no";
+}
+
+static int print_steps(json_t *steps, json_t *ops)
 {
         static const char *const head[] = { "STEP", "STATUS", "EXECUTIONS", "RECOVERED",
                                             "REASON/ERROR" };
@@ -783,9 +845,8 @@ static int print_steps(json_t *steps)
                 if (!detail || table_set(&t, i + 1, 0, jstr(s, "step_id")) < 0 ||
                     table_set(&t, i + 1, 1, status ? status : "planned") < 0 ||
                     table_set(&t, i + 1, 2, execs) < 0 ||
-                    table_set(&t, i + 1, 3,
-                              json_is_true(json_object_get(s, "recovered")) ? "yes" : "no") < 0 ||
-                    table_set(&t, i + 1, 4, detail) < 0)
+                    table_set(&t, i + 1, 3, recovered_text(s, ops)) < 0 ||
+                    table_set_lines(&t, i + 1, 4, detail) < 0)
                         r = -ENOMEM;
                 free(detail);
         }
@@ -835,7 +896,7 @@ static int text_show(json_t *r)
                         fputs("open", stdout);
                 }
                 putchar('\n');
-                if (print_steps(json_object_get(p, "steps")) < 0)
+                if (print_steps(json_object_get(p, "steps"), ops) < 0)
                         return ctl_error(CTL_EXIT_OSERR, "out of memory");
         }
         if (json_array_size(ops) == 0)

@@ -192,6 +192,31 @@ void ctl_put_safe(FILE *f, const char *s)
         }
 }
 
+void ctl_put_safe_lines(FILE *f, const char *s, const char *indent)
+{
+        if (!s) {
+                fputc('-', f);
+                return;
+        }
+        size_t n = strlen(s);
+        while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r'))
+                n--; /* no empty last line */
+        for (;;) {
+                const char *nl = memchr(s, '\n', n);
+                size_t len = nl ? (size_t)(nl - s) : n;
+                size_t keep = len > 0 && s[len - 1] == '\r' ? len - 1 : len;
+                char *line = strndup(s, keep);
+                ctl_put_safe(f, line ? line : "?");
+                free(line);
+                if (!nl)
+                        break;
+                fputc('\n', f);
+                fputs(indent, f);
+                s = nl + 1;
+                n -= len + 1;
+        }
+}
+
 json_t *ctl_json_str(const char *s)
 {
         json_t *v;

@@ -390,7 +390,12 @@ static void op_done(void *arg)
                 break;
         }
         }
-        json_object_set_new(op->result, "status", json_string(mandate_status_name(m->status)));
+        /* An abandoned plan ends the mandate: that is the state it goes to
+         * (the executor archives it next), not the "runnable" of its way there. */
+        bool abandoned = op->kind == OP_RESOLVE && op->mode == RESOLVE_ABANDON;
+        json_object_set_new(op->result, "status",
+                            json_string(abandoned ? mandate_status_name(MANDATE_ABANDONED)
+                                                  : mandate_status_name(m->status)));
         control_reply_ok(op->req, op->result);
         op->result = NULL;
         daemon_update_status(d);

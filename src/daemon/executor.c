@@ -196,9 +196,11 @@ static int append_rec(struct advance *a, struct wal *w, const struct wal_record 
 {
         int e = wal_append(w, r);
         if (e < 0 && !a->error) {
+                /* an encoding problem has a detail; an I/O error (ENOSPC) has none */
+                const char *detail = e == -EINVAL ? wal_encode_error() : "";
                 a->error = e;
-                snprintf(a->errmsg, sizeof a->errmsg, "appending to %s: %s (%s)", wal_path(w),
-                         strerror(-e), wal_encode_error());
+                snprintf(a->errmsg, sizeof a->errmsg, "appending to %s: %s%s%s%s", wal_path(w),
+                         strerror(-e), *detail ? " (" : "", detail, *detail ? ")" : "");
         }
         return e;
 }

@@ -52,12 +52,13 @@ void daemon_update_status(struct daemon *d)
         mandates_count(d, c);
         char buf[256];
         if (!d->ready) {
-                snprintf(buf, sizeof buf, "recovering: %u WAL files", d->recovery.files);
+                snprintf(buf, sizeof buf, "recovering: %u WAL file%s", d->recovery.files,
+                         d->recovery.files == 1 ? "" : "s");
         } else {
                 snprintf(buf, sizeof buf,
-                         "%u mandates running, %u runnable, %u paused for review, %u paused, "
+                         "%u mandate%s running, %u runnable, %u paused for review, %u paused, "
                          "%u quarantined",
-                         c[MANDATE_RUNNING], c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
+                         c[MANDATE_RUNNING], c[MANDATE_RUNNING] == 1 ? "" : "s", c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
                          c[MANDATE_PAUSED], c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
         }
         notify_status(buf);
@@ -72,11 +73,11 @@ static void status_dump(struct daemon *d)
                 if (c[s])
                         kbuf_printf(&b, "%s%s=%u", b.len ? " " : "", mandate_status_name(s), c[s]);
         log_event(LOG_INFO, MSGID_STATUS_DUMP, NULL, 0,
-                  "status: %zu mandates (%s); recovery: %u resumed, %u paused for review, %u "
-                  "quarantined; %llu fdatasync calls; config %s",
-                  strmap_size(d->mandates), b.data ? b.data : "none", d->recovery.resumed,
+                  "status: %zu mandate%s (%s); recovery: %u resumed, %u paused for review, %u "
+                  "quarantined; %llu fdatasync call%s; config %s",
+                  strmap_size(d->mandates), strmap_size(d->mandates) == 1 ? "" : "s", b.data ? b.data : "none", d->recovery.resumed,
                   d->recovery.paused_review, d->recovery.quarantined,
-                  (unsigned long long)d->flushes_total,
+                  (unsigned long long)d->flushes_total, d->flushes_total == 1 ? "" : "s",
                   d->config_path ? d->config_path : "built-in");
         kbuf_free(&b);
 }
@@ -186,7 +187,8 @@ static void reload_done(void *arg)
                 d->socket_gid = lookup_group(d->cfg->socket_group);
                 chronos_reload(d);
                 log_event(LOG_NOTICE, MSGID_RELOAD_OK, NULL, 0,
-                          "configuration reloaded: %zu schedules", d->cfg->nschedules);
+                          "configuration reloaded: %zu schedule%s", d->cfg->nschedules,
+                          d->cfg->nschedules == 1 ? "" : "s");
                 if (j->req)
                         control_reply_ok(j->req,
                                          json_pack("{s:b, s:i}", "reloaded", 1, "schedules",

@@ -63,19 +63,22 @@ static bool valid_args(const char *name, const char *fired_at)
         return name && *name && fired_at && *fired_at;
 }
 
-int planner_plan_id(const char *name, const char *fired_at, int cycle, char out[PLANNER_ID_MAX])
+int planner_retry_plan_id(const char *name, const char *fired_at, int retry, int cycle,
+                          char out[PLANNER_ID_MAX])
 {
         static const char hex[] = "0123456789abcdef";
         unsigned char h[crypto_hash_sha256_BYTES];
         struct kbuf b = KBUF_INIT;
         int r;
 
-        if (!valid_args(name, fired_at) || cycle < 1 || cycle > PLANNER_MAX_CYCLE)
+        if (!valid_args(name, fired_at) || cycle < 1 || cycle > PLANNER_MAX_CYCLE || retry < 0 ||
+            retry > PLANNER_MAX_RETRY)
                 return -EINVAL;
-        if (cycle == 1)
-                r = kbuf_printf(&b, "%s|%s", name, fired_at);
-        else
-                r = kbuf_printf(&b, "%s|%s|%d", name, fired_at, cycle);
+        r = kbuf_printf(&b, "%s|%s", name, fired_at);
+        if (r == 0 && retry > 0)
+                r = kbuf_printf(&b, "|retry:%d", retry);
+        if (r == 0 && cycle > 1)
+                r = kbuf_printf(&b, "|%d", cycle);
         if (r < 0) {
                 kbuf_free(&b);
                 return r;
@@ -91,15 +94,26 @@ int planner_plan_id(const char *name, const char *fired_at, int cycle, char out[
         return 0;
 }
 
-int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_ID_MAX])
+int planner_plan_id(const char *name, const char *fired_at, int cycle, char out[PLANNER_ID_MAX])
+{
+        return planner_retry_plan_id(name, fired_at, 0, cycle, out);
+}
+
+int planner_retry_mandate_id(const char *name, const char *fired_at, int retry,
+                             char out[PLANNER_ID_MAX])
 {
         char pid[PLANNER_ID_MAX];
-        int r = planner_plan_id(name, fired_at, 1, pid);
+        int r = planner_retry_plan_id(name, fired_at, retry, 1, pid);
         if (r < 0)
                 return r;
         memcpy(out, "mnd_", 4);
         memcpy(out + 4, pid, strlen(pid) + 1);      /* 4 + 17 + 1 <= PLANNER_ID_MAX */
         return 0;
+}
+
+int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_ID_MAX])
+{
+        return planner_retry_mandate_id(name, fired_at, 0, out);
 }
 
 /* Canonical hash of a small object built as JSON text. */
@@ -142,6 +156,12 @@ static int marker_hash(const char *phase, int cycle, const char *state,
 
 int planner_build(const char *name, const char *fired_at, int cycle, struct planner_plan *out)
 {
+        return planner_build_retry(name, fired_at, 0, cycle, out);
+}
+
+int planner_build_retry(const char *name, const char *fired_at, int retry, int cycle,
+                        struct planner_plan *out)
+{
         int r;
 
         if (!out || !valid_args(name, fired_at) || cycle < 1 || cycle > PLANNER_MAX_CYCLE)
@@ -150,8 +170,8 @@ int planner_build(const char *name, const char *fired_at, int cycle, struct plan
         if (!utf8_valid(name, strlen(name)))
                 return -EINVAL;
         memset(out, 0, sizeof(*out));
-        if ((r = planner_plan_id(name, fired_at, cycle, out->plan_id)) < 0 ||
-            (r = planner_mandate_id(name, fired_at, out->mandate_id)) < 0)
+        if ((r = planner_retry_plan_id(name, fired_at, retry, cycle, out->plan_id)) < 0 ||
+            (r = planner_retry_mandate_id(name, fired_at, retry, out->mandate_id)) < 0)
                 return r;
         out->cycle = cycle;
         for (int i = 0; i < PLANNER_PHASES; i++) {

@@ -396,7 +396,7 @@ def test(c, src):
     st = c.show("ActiveState", "SubState", "StatusText", "MainPID", "User")
     check(st["ActiveState"] == "active" and st["SubState"] == "running",
           f"systemctl start: active/running ({st['ActiveState']}/{st['SubState']})")
-    check(re.match(r"\d+ mandates running, \d+ runnable, \d+ paused for review",
+    check(re.match(r"\d+ mandates? running, \d+ runnable, \d+ paused for review",
                    st["StatusText"]) is not None,
           f"StatusText is kairosd's STATUS= ({st['StatusText']!r})")
     check_journal_record(c, src)

@@ -82,6 +82,46 @@ static void test_plan_id_cycles(void **state)
         assert_string_not_equal(c1, c2);
 }
 
+/* Retry N of a tick: ids over NAME|FIRED_AT|retry:N (and |c for c >= 2). */
+static void test_retry_ids(void **state)
+{
+        (void)state;
+        char id[PLANNER_ID_MAX], first[PLANNER_ID_MAX], m[PLANNER_ID_MAX], h[CANON_HASH_STRLEN];
+        struct planner_plan p;
+
+        /* retry 0 is the tick's first mandate */
+        assert_int_equal(planner_retry_mandate_id(NAME, FIRED, 0, id), 0);
+        assert_string_equal(id, "mnd_plan_ae607245ac43");
+        assert_int_equal(planner_plan_id(NAME, FIRED, 2, first), 0);
+        assert_int_equal(planner_retry_plan_id(NAME, FIRED, 0, 2, id), 0);
+        assert_string_equal(id, first);
+
+        assert_int_equal(planner_retry_plan_id(NAME, FIRED, 1, 1, id), 0);
+        canon_hash_bytes(NAME "|" FIRED "|retry:1", strlen(NAME "|" FIRED "|retry:1"), h);
+        assert_memory_equal(id + 5, h + 7, 12);
+        assert_int_equal(planner_retry_mandate_id(NAME, FIRED, 1, m), 0);
+        assert_string_equal(m + 4, id);
+        assert_string_not_equal(m, "mnd_plan_ae607245ac43");
+        assert_int_equal(planner_retry_plan_id(NAME, FIRED, 1, 3, id), 0);
+        canon_hash_bytes(NAME "|" FIRED "|retry:1|3", strlen(NAME "|" FIRED "|retry:1|3"), h);
+        assert_memory_equal(id + 5, h + 7, 12);
+        assert_int_equal(planner_retry_mandate_id(NAME, FIRED, 2, id), 0);
+        assert_string_not_equal(id, m);
+
+        /* the plan of a retry carries its own ids in every cycle */
+        assert_int_equal(planner_build_retry(NAME, FIRED, 1, 2, &p), 0);
+        assert_string_equal(p.mandate_id, m);
+        assert_int_equal(planner_retry_plan_id(NAME, FIRED, 1, 2, id), 0);
+        assert_string_equal(p.plan_id, id);
+        assert_string_equal(p.steps[0].step_id, "observe_002");
+
+        assert_int_equal(planner_retry_plan_id(NAME, FIRED, -1, 1, id), -EINVAL);
+        assert_int_equal(planner_retry_plan_id(NAME, FIRED, PLANNER_MAX_RETRY + 1, 1, id),
+                         -EINVAL);
+        assert_int_equal(planner_build_retry(NAME, FIRED, PLANNER_MAX_RETRY + 1, 1, &p), -EINVAL);
+        assert_int_equal(planner_retry_mandate_id(NAME, FIRED, PLANNER_MAX_RETRY, id), 0);
+}
+
 static void test_bad_arguments(void **state)
 {
         (void)state;
@@ -336,6 +376,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_id_example),
                 cmocka_unit_test(test_plan_id_cycles),
+                cmocka_unit_test(test_retry_ids),
                 cmocka_unit_test(test_bad_arguments),
                 cmocka_unit_test(test_build_cycle1),
                 cmocka_unit_test(test_pre_hash_is_golden),
