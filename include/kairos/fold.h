@@ -80,6 +80,8 @@ struct fold_mandate {
         const char *schedule;
         const char *fired_at;
         const char *goal;
+        const char *retry_of;            /* a retry: the mandate it retries, else NULL */
+        long long retry;                 /* ... and its number (>= 1); 0 otherwise */
         size_t line;                     /* 0: none */
 };
 

@@ -79,10 +79,14 @@ struct wal_record {
         /* operator: {"op":"operator","mandate_id","action"[,"step_id"],"uid","reason","ts"} */
         const char *action;
         long long uid;
-        /* mandate: {"op":"mandate","mandate_id","schedule","fired_at"[,"goal"],"ts"} */
+        /* mandate: {"op":"mandate","mandate_id","schedule","fired_at"[,"goal"]
+         * [,"retry_of","retry"],"ts"}: a retry (kairosctl retry) names the
+         * mandate it retries and its number N >= 1 (planner.h) */
         const char *schedule;
         const char *fired_at;
         const char *goal;
+        const char *retry_of;
+        long long retry;
 };
 
 /* Encode one record as a full line: JSON, crc field, '\n'.  ts_ms is the

@@ -873,6 +873,23 @@ static int text_show(json_t *r)
                 put_field("review:", jstr(r, "review_step"));
         if (jstr(r, "schedule"))
                 put_field("schedule:", jstr(r, "schedule"));
+        if (jstr(r, "fired_at"))
+                put_field("fired at:", jstr(r, "fired_at"));
+        if (jstr(r, "retry_of")) {
+                printf("  %-10s ", "retry of:");
+                ctl_put_safe(stdout, jstr(r, "retry_of"));
+                printf(" (retry %lld)\n", (long long)jint(r, "retry"));
+        }
+        if (json_array_size(json_object_get(r, "retried_by")) > 0) {
+                json_t *id;
+                size_t k;
+                printf("  %-10s", "retried by:");
+                json_array_foreach(json_object_get(r, "retried_by"), k, id) {
+                        fputs(k ? ", " : " ", stdout);
+                        ctl_put_safe(stdout, json_string_value(id));
+                }
+                putchar('\n');
+        }
         if (jstr(r, "plan_id"))
                 put_field("plan:", jstr(r, "plan_id"));
         snprintf(num, sizeof(num), "%lld", (long long)jint(r, "cycle"));

@@ -62,10 +62,42 @@ static int cmp_mandate(const void *a, const void *b)
 
 static json_t *mandate_json(const struct mandate *m)
 {
-        return json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?}", "id", m->id, "status",
-                         mandate_status_name(m->status), "reason", m->reason, "review_step",
-                         m->review_step, "plan_id", m->plan_id, "cycle", (json_int_t)m->cycle,
-                         "schedule", m->schedule);
+        json_t *j = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?}", "id", m->id, "status",
+                              mandate_status_name(m->status), "reason", m->reason,
+                              "review_step", m->review_step, "plan_id", m->plan_id, "cycle",
+                              (json_int_t)m->cycle, "schedule", m->schedule);
+        if (j && m->retry_of) {
+                json_object_set_new(j, "retry_of", json_string(m->retry_of));
+                json_object_set_new(j, "retry", json_integer(m->retry));
+        }
+        return j;
+}
+
+/* The retries of m (mandates whose retry_of is m), for show: sorted by
+ * retry number. */
+static json_t *retried_by_json(struct daemon *d, const struct mandate *m)
+{
+        json_t *arr = json_array();
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        int best_prev = 0;
+        /* a few retries at most: repeated scans keep it simple */
+        for (;;) {
+                const struct mandate *next = NULL;
+                pos = 0;
+                while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                        const struct mandate *o = v;
+                        if (o->retry_of && strcmp(o->retry_of, m->id) == 0 &&
+                            o->retry > best_prev && (!next || o->retry < next->retry))
+                                next = o;
+                }
+                if (!next)
+                        break;
+                json_array_append_new(arr, json_string(next->id));
+                best_prev = next->retry;
+        }
+        return arr;
 }
 
 static void cmd_list(struct control_request *req)
@@ -353,6 +385,8 @@ static void op_done(void *arg)
         switch (op->kind) {
         case OP_SHOW: {
                 json_t *mj = mandate_json(m);
+                json_object_set_new(mj, "retried_by", retried_by_json(d, m));
+                json_object_set_new(mj, "fired_at", str_or_null(m->fired_at));
                 json_object_update_missing(op->result, mj);
                 json_decref(mj);
                 break;
@@ -594,6 +628,68 @@ static void cmd_resolve(struct control_request *req)
         submit_op(req, m, OP_RESOLVE, mode, reason, step);
 }
 
+static bool can_retry(enum mandate_status s)
+{
+        return s == MANDATE_FAILED || s == MANDATE_TERMINATED || s == MANDATE_ABANDONED ||
+               s == MANDATE_DONE || strcmp(mandate_status_name(s), "cancelled") == 0;
+}
+
+/* retry MANDATE [--reason T]: a new mandate for the same tick (retry N, the
+ * first N not taken), refused unless MANDATE has ended; one that ended done
+ * needs a reason. */
+static void cmd_retry(struct control_request *req)
+{
+        bool failed;
+        struct mandate *m = arg_mandate(req);
+        if (!m || refuse_if_stopping(req))
+                return;
+        const char *reason = control_arg_string(req, "reason", false, &failed);
+        if (failed)
+                return;
+        if (reason && !*reason) {
+                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        if (!can_retry(m->status)) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s is %s: only a mandate that has ended can be "
+                                    "retried",
+                                    m->id, mandate_status_name(m->status));
+                return;
+        }
+        if (m->status == MANDATE_DONE && !reason) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s ended done: retrying it repeats its work; give "
+                                    "--reason to do it anyway",
+                                    m->id);
+                return;
+        }
+        if (!m->schedule || !m->fired_at) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s has no mandate record: its schedule and tick are "
+                                    "unknown",
+                                    m->id);
+                return;
+        }
+        char id[PLANNER_ID_MAX];
+        int n = 1;
+        for (; n <= PLANNER_MAX_RETRY; n++)
+                if (planner_retry_mandate_id(m->schedule, m->fired_at, n, id) < 0 ||
+                    !mandate_find(req->d, id))
+                        break;
+        if (n > PLANNER_MAX_RETRY) {
+                control_reply_error(req, "conflict", "the tick of %s has been retried %d times",
+                                    m->id, PLANNER_MAX_RETRY);
+                return;
+        }
+        struct executor_retry rt = {
+                .schedule = m->schedule, .fired_at = m->fired_at, .retry_of = m->id,
+                .reason = reason ? reason : "retried by operator", .retry = n,
+                .uid = (long long)req->uid,
+        };
+        executor_retry(req->d, &rt, req);
+}
+
 static void cmd_fire(struct control_request *req)
 {
         bool failed;
@@ -718,7 +814,7 @@ static const struct command commands[] = {
         { "status", cmd_status }, { "list", cmd_list },     { "show", cmd_show },
         { "pause", cmd_pause },   { "resume", cmd_resume }, { "resolve", cmd_resolve },
         { "reload", cmd_reload }, { "fire", cmd_fire },     { "approve", cmd_approve },
-        { "schedules", cmd_schedules },
+        { "schedules", cmd_schedules }, { "retry", cmd_retry },
         { "tool-begin", idem_cmd_tool_begin }, { "tool-finish", idem_cmd_tool_finish },
         { "tool-write", idem_cmd_tool_write }, { "idem-stats", idem_cmd_stats },
         { "idem-get", idem_cmd_get },           { "idem-forget", idem_cmd_forget },

@@ -51,6 +51,8 @@ struct mandate {
         unsigned busy;             /* commands in flight (keeps it alive) */
         char *fired_at;
         char *goal;
+        char *retry_of;            /* a retry (kairosctl retry): the mandate it retries */
+        int retry;                 /* ... and its number N >= 1 (planner.h); 0 otherwise */
         bool archived;             /* finished: WAL gzipped to archive/ */
         /* executor */
         bool queued;               /* in the runnable queue */

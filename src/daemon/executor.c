@@ -64,6 +64,7 @@ struct advance {
         char *schedule;
         char *fired_at;
         char *goal;
+        int retry;                 /* the mandate's retry number (planner.h) */
         bool schedule_known;
         /* results */
         int error;                    /* WAL failure (negative errno) */
@@ -129,6 +130,7 @@ static struct advance *advance_new(struct mandate *m)
         a->schedule = m->schedule ? strdup(m->schedule) : NULL;
         a->fired_at = m->fired_at ? strdup(m->fired_at) : NULL;
         a->goal = m->goal ? strdup(m->goal) : NULL;
+        a->retry = m->retry;
         return a;
 }
 
@@ -269,7 +271,7 @@ static void decide_new_cycle(struct advance *a, struct wal *w, long long cycle)
                 return;
         }
         struct planner_plan p;
-        if (planner_build(a->schedule, a->fired_at, (int)cycle, &p) < 0) {
+        if (planner_build_retry(a->schedule, a->fired_at, a->retry, (int)cycle, &p) < 0) {
                 a->next = NEXT_PAUSE;
                 a->reason = strdup("cannot plan the next cycle");
                 return;
@@ -438,6 +440,11 @@ static int write_summary(struct advance *a, const char *mandates_dir, const char
         kbuf_printf(&b, ",\"status\":\"%s\",\"reason\":", mandate_status_name(a->end_status));
         a->reason ? (void)kbuf_json_string_lossy(&b, a->reason, strlen(a->reason), 0)
                   : (void)kbuf_puts(&b, "null");
+        if (a->m->retry_of) {
+                kbuf_puts(&b, ",\"retry_of\":");
+                kbuf_json_string_lossy(&b, a->m->retry_of, strlen(a->m->retry_of), 0);
+                kbuf_printf(&b, ",\"retry\":%d", a->m->retry);
+        }
         kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"archive\":", a->cycle,
                     (long long)time(NULL));
         kbuf_json_string_lossy(&b, archive, strlen(archive), 0);
@@ -1048,11 +1055,15 @@ static void finish_fire_reply(struct advance *a, bool fired)
         if (a->error) {
                 control_reply_error(a->req, "wal_io_error", "%s", a->errmsg);
         } else {
-                control_reply_ok(a->req, json_pack("{s:s, s:s, s:s, s:b, s:s}", "mandate",
-                                                   a->m->id, "schedule", a->m->schedule,
-                                                   "fired_at", a->m->fired_at, "fired", fired,
-                                                   "status",
-                                                   mandate_status_name(a->m->status)));
+                json_t *res = json_pack("{s:s, s:s, s:s, s:b, s:s}", "mandate", a->m->id,
+                                        "schedule", a->m->schedule, "fired_at",
+                                        a->m->fired_at, "fired", fired, "status",
+                                        mandate_status_name(a->m->status));
+                if (res && a->m->retry_of) {
+                        json_object_set_new(res, "retry_of", json_string(a->m->retry_of));
+                        json_object_set_new(res, "retry", json_integer(a->m->retry));
+                }
+                control_reply_ok(a->req, res);
         }
         a->req = NULL;
 }
@@ -1287,8 +1298,25 @@ static void fire_dup_done(void *arg)
         free(dup);
 }
 
+static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
+                      const struct executor_retry *rt, struct control_request *req);
+
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                    struct control_request *req)
+{
+        fire_tick(d, schedule, fired_at, 0, NULL, req);
+}
+
+void executor_retry(struct daemon *d, const struct executor_retry *rt,
+                    struct control_request *req)
+{
+        fire_tick(d, rt->schedule, rt->fired_at, rt->retry, rt, req);
+}
+
+/* Fire (schedule, fired_at): its first mandate (retry 0), or with rt a
+ * retry of it (kairosctl retry). */
+static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
+                      const struct executor_retry *rt, struct control_request *req)
 {
         const struct config_schedule *sc = NULL;
         for (size_t i = 0; i < d->cfg->nschedules; i++)
@@ -1300,7 +1328,7 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                 return;
         }
         struct planner_plan p;
-        if (planner_build(schedule, fired_at, 1, &p) < 0) {
+        if (planner_build_retry(schedule, fired_at, retry, 1, &p) < 0) {
                 if (req)
                         control_reply_error(req, "bad_argument", "cannot plan %s at %s", schedule,
                                             fired_at);
@@ -1356,6 +1384,10 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
         m->schedule = strdup(schedule);
         m->fired_at = strdup(fired_at);
         m->goal = sc->goal ? strdup(sc->goal) : NULL;
+        if (rt) {
+                m->retry_of = strdup(rt->retry_of);
+                m->retry = retry;
+        }
         struct advance *a = advance_new(m);
         if (!a) {
                 if (req)
@@ -1366,7 +1398,14 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
         a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_MANDATE, .mandate_id = own(a, m->id),
                                                  .schedule = own(a, schedule),
                                                  .fired_at = own(a, fired_at),
-                                                 .goal = own(a, m->goal) };
+                                                 .goal = own(a, m->goal),
+                                                 .retry_of = own(a, m->retry_of),
+                                                 .retry = m->retry };
+        if (rt)
+                a->pre[a->npre++] = (struct wal_record){
+                        .op = WAL_OP_OPERATOR, .mandate_id = own(a, m->id), .action = "retry",
+                        .uid = rt->uid, .reason = own(a, rt->reason),
+                };
         set_plan_records(a, &a->pre[a->npre++], &p);
         /* With a free slot the first step's executing record shares the flush
          * of the plan_commit; otherwise the plan waits in the queue. */
@@ -1386,8 +1425,15 @@ void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                         d->queue_head = m;
                 d->queue_tail = m;
         }
-        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
-                  "fired %s at %s: mandate %s", schedule, fired_at, m->id);
+        if (rt)
+                log_event(LOG_NOTICE, MSGID_OPERATOR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
+                          "retry %d of %s at %s by uid %lld: mandate %s (retries %s): %s", retry,
+                          schedule, fired_at, (long long)rt->uid, m->id, rt->retry_of, rt->reason);
+        else
+                log_event(LOG_NOTICE, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
+                          "fired %s at %s: mandate %s", schedule, fired_at, m->id);
         start_advance(m, a);
 }
 
@@ -1430,6 +1476,7 @@ void executor_free_mandate(struct mandate *m)
 {
         free(m->fired_at);
         free(m->goal);
+        free(m->retry_of);
         free(m->step_id);
 }
 

@@ -12,6 +12,16 @@
 
 struct control_request;
 
+/* kairosctl retry: retry number `retry` (>= 1) of the tick (schedule,
+ * fired_at), a new mandate whose mandate record names retry_of; the reply
+ * (like fire's) comes once its first records are durable. */
+struct executor_retry {
+        const char *schedule, *fired_at, *retry_of, *reason;
+        int retry;
+        long long uid;
+};
+void executor_retry(struct daemon *d, const struct executor_retry *rt,
+                    struct control_request *req);
 /* Fire SCHEDULE at fired_at: plan committed durably, then the reply (or a
  * no-op reply if that (schedule, fired_at) was fired before). */
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,

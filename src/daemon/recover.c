@@ -14,6 +14,7 @@
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
+#include "kairos/planner.h"
 #include "kairos/recovery.h"
 #include "kairos/wal.h"
 #include "log.h"
@@ -54,6 +55,8 @@ struct recover_job {
         long long cycle;
         uint64_t flushes;
         char *schedule, *fired_at, *goal;   /* from the mandate record */
+        char *retry_of;                     /* ... a retry's, with its number */
+        int retry;
 };
 
 static void (*recovery_done_cb)(struct daemon *d);
@@ -108,6 +111,10 @@ static void settle_status(struct recover_job *j, const struct fold *f, const str
                 j->fired_at = strdup(f->mandate.fired_at);
         if (f->mandate.goal)
                 j->goal = strdup(f->mandate.goal);
+        if (f->mandate.retry_of && f->mandate.retry >= 1 && f->mandate.retry <= PLANNER_MAX_RETRY) {
+                j->retry_of = strdup(f->mandate.retry_of);
+                j->retry = (int)f->mandate.retry;
+        }
         if (f->nplans > 0) {
                 const struct fold_plan *last = &f->plans[f->nplans - 1];
                 j->plan_id = strdup(last->plan_id ? last->plan_id : "");
@@ -318,6 +325,10 @@ static void recover_done(void *arg)
                 m->fired_at = j->fired_at;
                 m->goal = j->goal;
                 j->schedule = j->fired_at = j->goal = NULL;
+                free(m->retry_of);
+                m->retry_of = j->retry_of;
+                m->retry = j->retry;
+                j->retry_of = NULL;
                 free(m->plan_id);
                 m->plan_id = j->plan_id;
                 j->plan_id = NULL;
@@ -352,6 +363,7 @@ static void recover_done(void *arg)
         free(j->schedule);
         free(j->fired_at);
         free(j->goal);
+        free(j->retry_of);
         free(j);
 
         if (--pending_jobs == 0) {
@@ -403,6 +415,12 @@ static void load_summary(struct daemon *d, const char *path)
                         m->schedule = strdup(v);
                 if ((v = json_string_value(json_object_get(j, "fired_at"))))
                         m->fired_at = strdup(v);
+                json_int_t n = json_integer_value(json_object_get(j, "retry"));
+                if ((v = json_string_value(json_object_get(j, "retry_of"))) && n >= 1 &&
+                    n <= PLANNER_MAX_RETRY) {
+                        m->retry_of = strdup(v);
+                        m->retry = (int)n;
+                }
                 m->cycle = json_integer_value(json_object_get(j, "cycles"));
                 m->archived = true;
         }

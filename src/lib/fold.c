@@ -135,7 +135,7 @@ struct rec {
         const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
                 *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
                 *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts,
-                *schedule, *fired_at, *goal;
+                *schedule, *fired_at, *goal, *retry_of, *retry;
 };
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
@@ -196,6 +196,10 @@ static void rec_collect(const struct kjson *obj, struct rec *r)
                         r->fired_at = v;
                 else if (KEY_IS(m, "goal"))
                         r->goal = v;
+                else if (KEY_IS(m, "retry_of"))
+                        r->retry_of = v;
+                else if (KEY_IS(m, "retry"))
+                        r->retry = v;
         }
 }
 
@@ -530,8 +534,10 @@ static int op_mandate(struct fold *f, const struct rec *rc, size_t line)
         if ((r = keep_str(f, rc->mandate_id, &md->mandate_id)) < 0 ||
             (r = keep_str(f, rc->schedule, &md->schedule)) < 0 ||
             (r = keep_str(f, rc->fired_at, &md->fired_at)) < 0 ||
-            (r = keep_str(f, rc->goal, &md->goal)) < 0)
+            (r = keep_str(f, rc->goal, &md->goal)) < 0 ||
+            (r = keep_str(f, rc->retry_of, &md->retry_of)) < 0)
                 return r;
+        md->retry = md->retry_of ? num_ll(rc->retry) : 0;
         return 0;
 }
 

@@ -294,6 +294,12 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_str(e, "schedule", rec->schedule, "mandate needs schedule");
                 enc_str(e, "fired_at", rec->fired_at, "mandate needs fired_at");
                 enc_opt_str(e, "goal", rec->goal);
+                if (rec->retry_of) {
+                        if (rec->retry < 1)
+                                enc_fail(e, -EINVAL, "mandate retry_of needs retry >= 1");
+                        enc_str(e, "retry_of", rec->retry_of, NULL);
+                        enc_int(e, "retry", rec->retry);
+                }
                 break;
         default:
                 enc_fail(e, -EINVAL, "unknown op");

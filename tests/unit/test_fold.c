@@ -402,7 +402,18 @@ static void test_mandate_record(void **state)
         assert_string_equal(f->mandate.schedule, "daily");
         assert_string_equal(f->mandate.fired_at, "2026-04-20T12:00:00Z");
         assert_string_equal(f->mandate.goal, "g");
+        assert_null(f->mandate.retry_of);
+        assert_int_equal(f->mandate.retry, 0);
         assert_int_equal(f->nplans, 1);
+        fold_free(f);
+        /* a retry names the mandate it retries and its number */
+        rec(&b, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_y\",\"schedule\":\"daily\","
+                "\"fired_at\":\"2026-04-20T12:00:00Z\",\"retry_of\":\"mnd_x\",\"retry\":3,"
+                "\"ts\":\"t\"}");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(f->status, FOLD_CLEAN);
+        assert_string_equal(f->mandate.retry_of, "mnd_x");
+        assert_int_equal(f->mandate.retry, 3);
         fold_free(f);
         kbuf_free(&b);
 }

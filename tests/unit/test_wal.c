@@ -465,7 +465,18 @@ static void test_encode_every_op(void **state)
         expect_encoded(&r, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_plan_ae607245ac43\","
                            "\"schedule\":\"daily\",\"fired_at\":\"2026-04-20T12:00:00Z\","
                            "\"goal\":\"ship the \\\"report\\\"\",\"ts\":\"" TS "\"}");
+        r.goal = NULL;
+        r.retry_of = "mnd_plan_ae607245ac43";
+        r.retry = 2;
+        expect_encoded(&r, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_plan_ae607245ac43\","
+                           "\"schedule\":\"daily\",\"fired_at\":\"2026-04-20T12:00:00Z\","
+                           "\"retry_of\":\"mnd_plan_ae607245ac43\",\"retry\":2,"
+                           "\"ts\":\"" TS "\"}");
         struct kbuf b = KBUF_INIT;
+        r.retry = 0;
+        assert_int_equal(wal_encode(&r, 0, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "mandate retry_of needs retry >= 1");
+        r.retry_of = NULL;
         r.schedule = NULL;
         assert_int_equal(wal_encode(&r, 0, &b), -EINVAL);
         assert_string_equal(wal_encode_error(), "mandate needs schedule");
