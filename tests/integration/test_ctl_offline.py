@@ -9,6 +9,7 @@ plan ids are recomputed here from the spec, independently of the C planner.
 """
 
 import calendar
+import gzip
 import hashlib
 import json
 import os
@@ -216,8 +217,56 @@ class TestGlobal(Case):
         out, _ = self.check(["--help"], 0)
         for cmd in ["wal dump", "wal verify", "recover", "canon", "plan", "status", "fire"]:
             self.assertIn(cmd, out)
-        out2, _ = self.check(["canon", "--help"], 0)   # also after the command
+        out2, _ = self.check(["help"], 0)   # "help" alone: the same overview
         self.assertEqual(out, out2)
+        out3, _ = self.check(["--json", "--help"], 0)
+        self.assertEqual(out, out3)
+
+    def commands(self):
+        out, _ = self.check(["--help"], 0)
+        cmds, on = [], False
+        for line in out.splitlines():
+            if line.endswith("commands (no daemon needed):") or line.startswith("Commands ("):
+                on = True
+                continue
+            if on and not line.strip():
+                on = False
+            if on:
+                words = []
+                for w in line.split():
+                    if not re.match(r"^[a-z][a-z-]*$", w):
+                        break
+                    words.append(w)
+                cmds.append(" ".join(words))
+        return cmds
+
+    def test_help_of_every_command(self):
+        # "help CMD" and "CMD --help" print that command's usage, exit 0
+        cmds = self.commands()
+        self.assertGreaterEqual(len(cmds), 20)
+        for want in ("retry", "wait", "help", "wal verify", "schedules next"):
+            self.assertIn(want, cmds)
+        for cmd in cmds:
+            with self.subTest(command=cmd):
+                out, err = self.check(["help"] + cmd.split(), 0)
+                self.assertEqual(err, "")
+                self.assertRegex(out, r"^Usage: kairosctl \[--socket PATH\] \[--json\] "
+                                      + re.escape(cmd) + r"( |\n)")
+                self.assertIn("See kairosctl(1).", out)
+                self.assertEqual(len(re.findall(r"(?m)^Usage:", out)), 1, out)
+                out2, _ = self.check(cmd.split() + ["--help"], 0)
+                self.assertEqual(out2, out)
+        # with arguments, --help still names the command and runs nothing
+        out, _ = self.check(["show", "mnd_x", "--help"], 0)
+        self.assertTrue(out.startswith("Usage: kairosctl [--socket PATH] [--json] show MANDATE\n"))
+        out, _ = self.check(["wait", "mnd_x", "--timeout", "1", "-h"], 0)
+        self.assertIn("124 timed out", out)
+        # a group: the usage of each of its commands
+        out, _ = self.check(["help", "wal"], 0)
+        self.assertIn("wal dump FILE", out)
+        self.assertIn("wal verify FILE...", out)
+        _, err = self.check(["help", "frobnicate"], 64)
+        self.assertEqual(err, "kairosctl: help: unknown command 'frobnicate' (see kairosctl help)\n")
 
     def test_online_commands_need_daemon(self):
         # Every online command is implemented (test_ctl_online.py,
@@ -478,6 +527,60 @@ class TestWalVerify(Case):
             os.chmod(locked, 0)
             _, err = self.check(["wal", "verify", locked], 66)
             self.assertIn("Permission denied", err)
+
+
+class TestWalGzip(Case):
+    """Archives (<state>/archive/ID.wal.jsonl.gz) are read like the WAL they
+    hold; a damaged one is corruption with a clear message."""
+
+    def test_archive_verifies_and_dumps_like_the_wal(self):
+        w, _, _ = clean_wal()
+        plain = self.write("a.wal.jsonl", w.data())
+        gz = self.write("archive/a.wal.jsonl.gz", gzip.compress(w.data()))
+        out, _ = self.check(["wal", "verify", gz], 0)
+        self.assertEqual(out, f"{gz}: ok ({len(w.lines)} records, 0 legacy unchecked)\n")
+        want, _ = self.check(["wal", "dump", plain], 0)
+        got, _ = self.check(["wal", "dump", gz], 0)
+        self.assertEqual(got, want.replace(plain, gz))
+        want, _ = self.check(["--json", "wal", "dump", plain], 0)
+        got, _ = self.check(["--json", "wal", "dump", gz], 0)
+        self.assertEqual(json.loads(got)["records"], json.loads(want)["records"])
+        # the content decides, not the name; two gzip members are one WAL
+        half = len(w.lines) // 2
+        two = (gzip.compress("".join(l + "\n" for l in w.lines[:half]).encode())
+               + gzip.compress("".join(l + "\n" for l in w.lines[half:]).encode()))
+        other = self.write("b.wal.jsonl", two)
+        out, _ = self.check(["wal", "verify", other], 0)
+        self.assertIn(f"ok ({len(w.lines)} records", out)
+
+    def test_torn_wal_inside_an_archive_is_torn(self):
+        w, _, _ = clean_wal()
+        gz = self.write("t.wal.jsonl.gz", gzip.compress(w.data()[:-10]))
+        out, _ = self.check(["wal", "verify", gz], 1)
+        self.assertIn("torn tail", out)
+
+    def test_damaged_gzip(self):
+        w, _, _ = clean_wal()
+        data = gzip.compress(w.data())
+        trunc = self.write("trunc.wal.jsonl.gz", data[:len(data) // 2])
+        out, err = self.check(["wal", "verify", trunc], 2)
+        self.assertEqual(out, f"{trunc}: corrupt: damaged gzip file\n")
+        self.assertEqual(err, f"kairosctl: {trunc}: damaged gzip file: truncated: the "
+                              f"compressed data ends before the end of the gzip stream\n")
+        out, _ = self.check(["--json", "wal", "verify", trunc], 2)
+        self.assertEqual(json.loads(out)["files"][0]["status"], "corrupt")
+        _, err = self.check(["wal", "dump", trunc], 65)
+        self.assertIn("damaged gzip file: truncated", err)
+        bad = bytearray(data)
+        bad[len(bad) // 2] ^= 0xff
+        flipped = self.write("flip.wal.jsonl.gz", bytes(bad))
+        _, err = self.check(["wal", "verify", flipped], 2)
+        self.assertIn(f"kairosctl: {flipped}: damaged gzip file: ", err)
+        # the worst of several files wins; an unreadable one still exits 66
+        w2, _, _ = clean_wal()
+        good = self.write("g.wal.jsonl", w2.data())
+        self.check(["wal", "verify", good, trunc], 2)
+        self.check(["wal", "verify", trunc, os.path.join(self.tmp, "nope")], 66)
 
 
 class TestWalDump(Case):
