@@ -930,7 +930,7 @@ static int text_show(json_t *r)
                 }
                 if (jstr(op, "reason")) {
                         fputs(": ", stdout);
-                        ctl_put_safe(stdout, jstr(op, "reason"));
+                        ctl_put_safe_lines(stdout, jstr(op, "reason"), "    ");
                 }
                 putchar('\n');
         }

@@ -425,7 +425,7 @@ class TestOperatorCommands(OnlineCase):
         self.assertEqual(self.list_rows()["mnd_r"], ("paused", "1", SCHEDULE_UNKNOWN))
         self.assertEqual(self.records("mnd_r"), recs, "nothing ran")
         out = self.ok("show", "mnd_r")
-        self.assertRegex(out, r"\n +observe_001 +pending +1 +no")
+        self.assertRegex(out, r"\n +observe_001 +pending +1 +operator +interrupted_during_execution\n", "resolved by an operator")
         self.assertRegex(out, r"\nOperator actions:\n  \S+Z  uid %d  resolve_retry observe_001: "
                               r"checked: the handler did nothing\n" % os.getuid())
         # resolved once: a second resolve is refused and writes nothing
@@ -445,11 +445,14 @@ class TestOperatorCommands(OnlineCase):
         self.daemon.wait_log("mandate mnd_x000 paused: schedule_unknown")
         self.assertEqual(self.list_rows()["mnd_x000"], ("paused", "1", SCHEDULE_UNKNOWN))
         self.assertEqual(self.records("mnd_x000"), recs, "nothing ran")
+        out = self.ok("show", "mnd_x000")
+        self.assertRegex(out, r"\n +observe_001 +completed +1 +operator +interrupted_during_execution\n")
+        self.assertRegex(out, r"\n +orient_001 +planned +0 +no\n")
 
     def test_resolve_abandon(self):
         out = self.ok("resolve", "mnd_x001", "observe_001", "--abandon", "--reason=obsolete")
         # queued: the executor reads the abandoned plan and ends the mandate
-        self.assertEqual(out, "mnd_x001: step observe_001 resolve_abandon: runnable\n")
+        self.assertEqual(out, "mnd_x001: step observe_001 resolve_abandon: abandoned\n")
         self.daemon.wait_log("mandate mnd_x001 abandoned")
         self.assertFalse(os.path.exists(os.path.join(self.wal, "mnd_x001.wal.jsonl")), "archived")
         recs = self.archived_records("mnd_x001")
@@ -507,6 +510,205 @@ class TestOperatorCommands(OnlineCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("uid 65534 is not allowed", r.stderr)
         self.assertEqual(r.stdout, "")
+
+
+def plan_hex(text):
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class TestRetryWait(OnlineCase):
+    """retry, wait, results with NUL, multi-line texts, archives read by the
+    offline commands: with real handlers."""
+    config = True
+
+    def write_config(self):
+        nul = os.path.join(self.dir, "nul.sh")
+        with open(nul, "w") as f:
+            f.write("#!/bin/sh\nprintf '\"a\\\\u0000b\"\\n'\n")
+        act = os.path.join(self.dir, "act.sh")
+        with open(act, "w") as f:
+            f.write("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
+                    "\"reason\":\"needs a human\"}}'\n")
+        one = {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"}}
+        self.conf = write_config(self.dir, self.state, {
+            "slow": SLOW_SCHEDULE,
+            "approval": dict(one, Exec={"Act": "/bin/sh " + act}),
+            "nul": dict(one, Exec={"Act": "/bin/sh " + nul}),
+            "fail": dict(one, Exec={"Act": "/bin/false"}),
+            "ok": dict(one, Exec={"Act": "/bin/true"}),
+        }, daemon_extra="GracefulTimeoutSec=1\n")
+        return self.conf
+
+    def fire(self, schedule, at=AT):
+        r = self.raw("fire", schedule=schedule, at=at)
+        self.assertTrue(r["ok"], r)
+        return r["result"]["mandate"]
+
+    def wait(self, m, *extra):
+        return self.ctl("wait", m, *extra)
+
+    def test_nul_in_a_result(self):
+        m = self.fire("nul")
+        r = self.wait(m, "--timeout", "60")
+        self.assertEqual((r.returncode, r.stderr), (0, ""), r.stdout)
+        self.assertEqual(r.stdout, "%s: done: MaxCycles reached\n" % m)
+        out = self.ok("show", m)
+        self.assertRegex(out, r"\n +act_001 +completed +1 +no\n")
+        got = self.json_ok("show", m)
+        act = [s for s in got["plans"][0]["steps"] if s["step_id"] == "act_001"][0]
+        self.assertEqual(act["result"], "a\x00b")
+        raw = self.ok("--json", "show", m)
+        self.assertIn('"a\\u0000b"', raw, "printed escaped")
+
+    def test_wait_exit_codes(self):
+        ok = self.fire("ok")
+        r = self.wait(ok)
+        self.assertEqual(r.returncode, 0, r)
+        self.assertEqual(r.stdout, "%s: done: MaxCycles reached\n" % ok)
+        got = json.loads(self.ok("--json", "wait", ok))
+        self.assertEqual((got["mandate"], got["status"], got["exit"], got["timed_out"]),
+                         (ok, "done", 0, False))
+        failed = self.fire("fail")
+        r = self.wait(failed)
+        self.assertEqual(r.returncode, 1, r)
+        self.assertEqual(r.stdout, "%s: failed: the last cycle failed\n" % failed)
+        appr = self.fire("approval")
+        r = self.wait(appr)
+        self.assertEqual(r.returncode, 4, r)
+        self.assertTrue(r.stdout.startswith("%s: awaiting_approval" % appr), r.stdout)
+        r = self.wait("mnd_r")                    # paused for review by recovery
+        self.assertEqual(r.returncode, 4, r)
+        self.assertEqual(r.stdout, "mnd_r: paused_review (step observe_001): "
+                                   "interrupted_during_execution\n")
+        slow = self.fire_slow()
+        t0 = time.monotonic()
+        r = self.wait(slow, "--timeout", "0.5")
+        took = time.monotonic() - t0
+        self.assertEqual(r.returncode, 124, r)
+        self.assertEqual(r.stdout, "")
+        self.assertEqual(r.stderr, "kairosctl: wait: timed out: %s: running\n" % slow)
+        self.assertGreaterEqual(took, 0.5)
+        self.assertLess(took, 10)
+        r = self.ctl("--json", "wait", slow, "--timeout=0")
+        self.assertEqual(r.returncode, 124, r)
+        self.assertEqual(json.loads(r.stdout)["timed_out"], True)
+        # a mandate that ends while wait waits: wait sees it
+        proc = subprocess.Popen([KAIROSCTL, "--socket", self.sock, "wait", slow, "--timeout", "60"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ctl_env())
+        self.ok("pause", slow, "--reason", "look")
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual((proc.returncode, err), (4, ""))
+        self.assertEqual(out, "%s: paused: look\n" % slow)
+        r = self.refused("wait", "mnd_nope")
+        self.assertEqual(r.stderr, "kairosctl: no mandate mnd_nope\n")
+        for bad in ("x", "-1", "nan", "1e99", ""):
+            r = self.ctl("wait", ok, "--timeout", bad)
+            self.assertEqual(r.returncode, 64, (bad, r))
+
+    def test_retry_a_failed_mandate(self):
+        old = self.fire("fail")
+        self.assertEqual(self.wait(old).returncode, 1)
+        out = self.ok("retry", old, "--reason", "the disk is back")
+        new = "mnd_plan_" + plan_hex("fail|%s|retry:1" % AT)
+        self.assertRegex(out, r"^%s retried as %s \(retry 1, (running|runnable)\)\n$" % (old, new))
+        self.assertEqual(self.wait(new).returncode, 1)
+        # the new mandate's first records: who and why
+        recs = self.archived_records(new)
+        self.assertEqual({k: recs[0][k] for k in ("op", "mandate_id", "schedule", "fired_at",
+                                                  "retry_of", "retry")},
+                         {"op": "mandate", "mandate_id": new, "schedule": "fail",
+                          "fired_at": AT, "retry_of": old, "retry": 1})
+        self.assertEqual((recs[1]["op"], recs[1]["action"], recs[1]["uid"], recs[1]["reason"]),
+                         ("operator", "retry", os.getuid(), "the disk is back"))
+        self.assertEqual(recs[2]["plan_id"], "plan_" + plan_hex("fail|%s|retry:1" % AT))
+        # linked both ways
+        out = self.ok("show", new)
+        self.assertIn("\n  retry of:  %s (retry 1)\n" % old, out)
+        self.assertIn("\n  fired at:  %s\n" % AT, out)
+        out = self.ok("show", old)
+        self.assertIn("\n  retried by: %s\n" % new, out)
+        self.assertEqual(self.json_ok("show", new)["retry_of"], old)
+        self.assertEqual(self.json_ok("show", old)["retried_by"], [new])
+        # a second retry (of the first retry) is retry 2 of the same tick
+        got = self.json_ok("retry", new)
+        new2 = "mnd_plan_" + plan_hex("fail|%s|retry:2" % AT)
+        self.assertEqual((got["mandate"], got["retry_of"], got["retry"], got["fired_at"]),
+                         (new2, new, 2, AT))
+        self.assertEqual(self.wait(new2).returncode, 1)
+        self.assertEqual(self.json_ok("show", new)["retried_by"], [new2])
+        # the links survive a restart (from the summaries of finished mandates)
+        self.assertEqual(self.daemon.stop(), 0)
+        self.daemon.proc.stderr.close()
+        self.notify.clear()
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        self.notify.wait_ready()
+        self.sock = self.daemon.socket_path
+        self.assertEqual(self.json_ok("show", old)["retried_by"], [new])
+        self.assertEqual(self.json_ok("show", new2)["retry_of"], new)
+
+    def test_retry_refused(self):
+        slow = self.fire_slow()
+        before = self.wal_bytes(slow)
+        r = self.refused("retry", slow)
+        self.assertEqual(r.stderr, "kairosctl: mandate %s is running: only a mandate that has "
+                                   "ended can be retried\n" % slow)
+        self.assertEqual(self.wal_bytes(slow), before)
+        r = self.refused("retry", "mnd_r")
+        self.assertIn("is paused_review", r.stderr)
+        ok = self.fire("ok")
+        self.assertEqual(self.wait(ok).returncode, 0)
+        r = self.refused("retry", ok)
+        self.assertEqual(r.stderr, "kairosctl: mandate %s ended done: retrying it repeats its "
+                                   "work; give --reason to do it anyway\n" % ok)
+        out = self.ok("retry", ok, "--reason", "run it once more")
+        self.assertIn(" retried as mnd_plan_" + plan_hex("ok|%s|retry:1" % AT), out)
+        r = self.refused("retry", "mnd_nope")
+        self.assertEqual(r.stderr, "kairosctl: no mandate mnd_nope\n")
+        for args in (("retry",), ("retry", "a", "b"), ("retry", "a", "--reason", ""),
+                     ("retry", "a", "--frob")):
+            r = self.ctl(*args)
+            self.assertEqual(r.returncode, 64, args)
+
+    def test_multi_line_texts_are_lines(self):
+        m = self.fire_slow()
+        self.ok("pause", m, "--reason", "first line\nsecond line\x1b")
+        out = self.ok("show", m)
+        self.assertIn("\n  reason:    first line\n             second line\\x1b\n", out)
+        self.assertIn("  pause: first line\n    second line\\x1b\n", out)
+        self.assertNotIn("\\x0a", out)
+        out = self.ok("list")
+        row = [l for l in out.splitlines() if l.startswith(m)]
+        self.assertTrue(row[0].endswith("first line"), out)
+        start = row[0].index("first line")
+        nxt = out.splitlines()[out.splitlines().index(row[0]) + 1]
+        self.assertEqual(nxt, " " * start + "second line\\x1b")
+
+    def test_archives_are_read_by_the_offline_commands(self):
+        # mnd_f ended failed at startup: the daemon archived its WAL
+        arch = os.path.join(self.state, "archive", "mnd_f.wal.jsonl.gz")
+        self.assertTrue(os.path.exists(arch))
+        r = run_ctl("wal", "verify", arch)
+        self.assertEqual((r.returncode, r.stderr), (0, ""), r.stdout)
+        self.assertRegex(r.stdout, r"^%s: ok \(\d+ records, " % arch)
+        r = run_ctl("wal", "dump", arch)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("status: clean", r.stdout)
+        ok = self.fire("ok")
+        self.assertEqual(self.wait(ok).returncode, 0)
+        arch = os.path.join(self.state, "archive", ok + ".wal.jsonl.gz")
+        r = run_ctl("--json", "wal", "dump", arch)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["records"], len(self.archived_records(ok)))
+        with open(arch, "rb") as f:
+            data = f.read()
+        cut = os.path.join(self.dir, "cut.wal.jsonl.gz")
+        with open(cut, "wb") as f:
+            f.write(data[:len(data) - 12])
+        r = run_ctl("wal", "verify", cut)
+        self.assertEqual(r.returncode, 2, r)
+        self.assertEqual(r.stdout, "%s: corrupt: damaged gzip file\n" % cut)
+        self.assertIn("damaged gzip file: truncated", r.stderr)
 
 
 class TestSocketSelection(OnlineCase):
@@ -845,6 +1047,13 @@ class TestClient(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertEqual(r.stderr, "kairosctl: bad\\x1b[2J\n  a.conf:1: X=\\x1b]0;t\\x07\n"
                                    "  b.conf:2: Y=\n")
+
+    def test_multi_line_refusal_is_printed_as_lines(self):
+        self.serve(lambda c, line: reply(c, {"v": 1, "id": 1, "ok": False, "error": {
+            "code": "conflict", "message": "first line\nsecond\x1b line\r\n"}}))
+        r = self.ctl("status")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(r.stderr, "kairosctl: first line\n  second\\x1b line\n")
 
     def test_no_reply_times_out(self):
         self.serve(lambda c, line: wait_for_eof(c))
