@@ -299,6 +299,8 @@ class Run:
             if STRERROR[kind] not in line:
                 raise Violation("the journal line does not say why (%s): %s"
                                 % (STRERROR[kind], line.strip()))
+            if "()" in line:
+                raise Violation("an empty detail '()' in the journal line: %s" % line.strip())
             if st.get(A, {}).get("status") != "wal_io_error":
                 raise Violation("list: A is %r, not wal_io_error" % st.get(A))
             # no acknowledgement after a failed sync
