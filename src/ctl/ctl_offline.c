@@ -1147,15 +1147,16 @@ static bool parse_cycle(const char *s, int *out)
 
 int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv)
 {
-        const char *name = NULL, *fired_at = NULL, *cycle_s = NULL;
+        const char *name = NULL, *fired_at = NULL, *cycle_s = NULL, *retry_s = NULL;
         const struct ctl_option opts[] = {
                 { "name", true, &name, NULL },
                 { "fired-at", true, &fired_at, NULL },
                 { "cycle", true, &cycle_s, NULL },
+                { "retry", true, &retry_s, NULL },
                 { NULL, false, NULL, NULL },
         };
         struct planner_plan p;
-        int npos, cycle = 1, r;
+        int npos, cycle = 1, retry = 0, r;
 
         r = ctl_parse_options("plan", argc, argv, opts, &npos);
         if (r)
@@ -1176,10 +1177,13 @@ int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv)
         if (cycle_s && !parse_cycle(cycle_s, &cycle))
                 return ctl_usage_error("plan: invalid --cycle '%s': need an integer 1..%d",
                                        cycle_s, PLANNER_MAX_CYCLE);
+        if (retry_s && !parse_cycle(retry_s, &retry)) /* the same range: 1..999 */
+                return ctl_usage_error("plan: invalid --retry '%s': need an integer 1..%d",
+                                       retry_s, PLANNER_MAX_RETRY);
         r = canon_init();
         if (r < 0)
                 return ctl_errno_error("canon_init", r);
-        r = planner_build(name, fired_at, cycle, &p);
+        r = planner_build_retry(name, fired_at, retry, cycle, &p);
         if (r < 0)
                 return ctl_errno_error("planner", r);
 
@@ -1193,10 +1197,11 @@ int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv)
                                                  "pre_hash", s->pre_hash, "expected_post_hash",
                                                  s->expected_post_hash));
                 }
-                return ctl_json_print(json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:o}", "name", name,
-                                                "fired_at", fired_at, "plan_id", p.plan_id,
-                                                "mandate_id", p.mandate_id, "cycle", p.cycle,
-                                                "plan_hash", p.plan_hash, "steps", steps));
+                return ctl_json_print(json_pack("{s:s,s:s,s:i,s:s,s:s,s:i,s:s,s:o}", "name",
+                                                name, "fired_at", fired_at, "retry", retry,
+                                                "plan_id", p.plan_id, "mandate_id",
+                                                p.mandate_id, "cycle", p.cycle, "plan_hash",
+                                                p.plan_hash, "steps", steps));
         }
         printf("plan_id     %s\nmandate_id  %s\ncycle       %d\nplan_hash   %s\nsteps:\n",
                p.plan_id, p.mandate_id, p.cycle, p.plan_hash);

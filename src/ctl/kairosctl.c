@@ -81,8 +81,9 @@ static const struct ctl_command commands[] = {
           CTL_DEFAULT_STATE_DIR "); changes nothing." },
         { "canon", ctl_cmd_canon, false, "[--hash] [FILE|-]",
           "Print the canonical JSON of a document, or with --hash its hash." },
-        { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C]",
-          "Print the plan kairosd would write for schedule N fired at T." },
+        { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C] [--retry R]",
+          "Print the plan kairosd would write for schedule N fired at T (cycle C,\n"
+          "default 1; with --retry R, of retry R of that tick: kairosctl retry)." },
         { "cron next", ctl_cmd_cron_next, false, "EXPR [--from T] [-n N] [--tz Z]",
           "The next N fire times of a cron expression after T, in time zone Z." },
 };

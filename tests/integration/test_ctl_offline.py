@@ -396,6 +396,22 @@ class TestPlan(Case):
             for k in ("plan_id", "mandate_id", "plan_hash", "steps"):
                 self.assertEqual(got[k], want[k], k)
 
+    def test_retry(self):
+        # retry N of a tick: ids over NAME|FIRED_AT|retry:N (and |c for cycle c >= 2)
+        for retry, cycle in ((1, 1), (2, 1), (1, 3), (999, 2)):
+            out, _ = self.check(["--json", "plan", "--name", "daily", "--fired-at",
+                                 "2026-04-20T12:00:00Z", "--retry", str(retry), "--cycle",
+                                 str(cycle)], 0)
+            got = json.loads(out)
+            base = f"daily|2026-04-20T12:00:00Z|retry:{retry}"
+            pid = "plan_" + hashlib.sha256((base if cycle == 1 else f"{base}|{cycle}")
+                                           .encode()).hexdigest()[:12]
+            mid = "mnd_plan_" + hashlib.sha256(base.encode()).hexdigest()[:12]
+            self.assertEqual((got["plan_id"], got["mandate_id"], got["retry"]), (pid, mid, retry))
+        for r in ("0", "-1", "1000", "x", ""):
+            self.usage("plan", "--name", "daily", "--fired-at", "2026-04-20T12:00:00Z",
+                       "--retry", r, contains="retry")
+
     def test_invalid(self):
         base = ["plan", "--name", "daily", "--fired-at", "2026-04-20T12:00:00Z"]
         for name in ("", "a/b", "..", "x" * 65, "sp ace", "é"):
