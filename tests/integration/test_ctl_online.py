@@ -536,6 +536,12 @@ class TestRetryWait(OnlineCase):
             "nul": dict(one, Exec={"Act": "/bin/sh " + nul}),
             "fail": dict(one, Exec={"Act": "/bin/false"}),
             "ok": dict(one, Exec={"Act": "/bin/true"}),
+            "fail2": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "2"},
+                      "Exec": {"Act": "/bin/false"}},
+            # observe fails the first time, then runs until killed
+            "once": dict(one, Exec={"Observe": "/bin/sh -c 'if [ -e %s ]; then exec sleep 600; "
+                                               "fi; touch %s; exit 1'"
+                                               % ((os.path.join(self.dir, "once.mark"),) * 2)}),
         }, daemon_extra="GracefulTimeoutSec=1\n")
         return self.conf
 
@@ -646,6 +652,31 @@ class TestRetryWait(OnlineCase):
         self.sock = self.daemon.socket_path
         self.assertEqual(self.json_ok("show", old)["retried_by"], [new])
         self.assertEqual(self.json_ok("show", new2)["retry_of"], new)
+
+    def test_retry_plans_its_own_cycles(self):
+        old = self.fire("fail2")
+        self.assertEqual(self.wait(old).returncode, 1)
+        new = self.json_ok("retry", old)["mandate"]
+        self.assertEqual(self.wait(new).returncode, 1)
+        base = "fail2|%s|retry:1" % AT
+        plans = [p["plan_id"] for p in self.json_ok("show", new)["plans"]]
+        self.assertEqual(plans, ["plan_" + plan_hex(base), "plan_" + plan_hex(base + "|2")])
+        self.assertEqual(self.json_ok("show", new)["status"], "terminated")
+
+    def test_a_retry_survives_kill_9(self):
+        old = self.fire("once")
+        self.assertEqual(self.wait(old).returncode, 1)
+        new = self.json_ok("retry", old, "--reason", "again")["mandate"]
+        self.daemon.wait_log("%s observe_001: started" % new)
+        self.daemon.kill()
+        self.daemon.proc.stderr.close()
+        self.notify.clear()
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        self.notify.wait_ready()
+        self.sock = self.daemon.socket_path
+        got = self.json_ok("show", new)
+        self.assertEqual((got["retry_of"], got["retry"]), (old, 1))
+        self.assertEqual(self.json_ok("show", old)["retried_by"], [new])
 
     def test_retry_refused(self):
         slow = self.fire_slow()
