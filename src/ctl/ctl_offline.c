@@ -49,14 +49,14 @@ static bool is_gzip(const char *data, size_t len)
 }
 
 /* Inflate every gzip member of in[0..len) into *out (NUL-terminated).
- * Returns 0, or -EBADMSG with *why describing the damage, or -ENOMEM /
+ * Returns 0, or -EBADMSG with *ret_why describing the damage, or -ENOMEM /
  * -EFBIG (more than GZIP_OUT_MAX bytes). */
-static int gunzip(const char *in, size_t len, struct kbuf *out, const char **why)
+static int gunzip(const char *in, size_t len, struct kbuf *out, const char **ret_why)
 {
         z_stream z = { 0 };
         int zr, r = 0;
 
-        *why = NULL;
+        *ret_why = NULL;
         if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
                 return -ENOMEM;
         z.next_in = (Bytef *)in;
@@ -94,12 +94,12 @@ static int gunzip(const char *in, size_t len, struct kbuf *out, const char **why
                         break;
                 }
                 if (zr == Z_DATA_ERROR || zr == Z_NEED_DICT || zr == Z_STREAM_ERROR) {
-                        *why = z.msg ? z.msg : "invalid compressed data";
+                        *ret_why = z.msg ? z.msg : "invalid compressed data";
                         r = -EBADMSG;
                         break;
                 }
                 if (zr == Z_BUF_ERROR && z.avail_in == 0) {
-                        *why = "truncated: the compressed data ends before the end of the "
+                        *ret_why = "truncated: the compressed data ends before the end of the "
                                "gzip stream";
                         r = -EBADMSG;
                         break;
