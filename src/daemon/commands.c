@@ -485,7 +485,7 @@ static bool refuse_if_stopping(struct control_request *req)
 {
         if (!req->d->stopping)
                 return false;
-        control_reply_error(req, "stopping", "kairosd is shutting down");
+        control_reply_error(req, "shutting_down", "kairosd is shutting down");
         return true;
 }
 
@@ -808,19 +808,29 @@ static void cmd_reload(struct control_request *req)
 struct command {
         const char *name;
         void (*fn)(struct control_request *req);
+        bool while_stopping;   /* answered during a graceful stop */
 };
 
+/* While kairosd stops (up to GracefulTimeoutSec=), the commands that only
+ * read are still answered, and so are a running handler's tool calls; every
+ * other command is refused with "shutting_down". */
 static const struct command commands[] = {
-        { "status", cmd_status }, { "list", cmd_list },     { "show", cmd_show },
-        { "pause", cmd_pause },   { "resume", cmd_resume }, { "resolve", cmd_resolve },
-        { "reload", cmd_reload }, { "fire", cmd_fire },     { "approve", cmd_approve },
-        { "schedules", cmd_schedules }, { "retry", cmd_retry },
-        { "tool-begin", idem_cmd_tool_begin }, { "tool-finish", idem_cmd_tool_finish },
-        { "tool-write", idem_cmd_tool_write }, { "idem-stats", idem_cmd_stats },
-        { "idem-get", idem_cmd_get },           { "idem-forget", idem_cmd_forget },
+        { "status", cmd_status, true },        { "list", cmd_list, true },
+        { "show", cmd_show, true },            { "schedules", cmd_schedules, true },
+        { "pause", cmd_pause, false },         { "resume", cmd_resume, false },
+        { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
+        { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
+        { "retry", cmd_retry, false },
+        { "tool-begin", idem_cmd_tool_begin, true },
+        { "tool-finish", idem_cmd_tool_finish, true },
+        { "tool-write", idem_cmd_tool_write, true },
+        { "idem-stats", idem_cmd_stats, true },
+        { "idem-get", idem_cmd_get, true },
+        { "idem-forget", idem_cmd_forget, false },
 #ifdef KAIROS_TEST_HOOKS
-        { "test-clock", cmd_test_clock }, { "test-stall", cmd_test_stall },
-        { "test-idem-clock", idem_cmd_test_clock },
+        { "test-clock", cmd_test_clock, false },
+        { "test-stall", cmd_test_stall, false },
+        { "test-idem-clock", idem_cmd_test_clock, false },
 #endif
 };
 
@@ -828,7 +838,14 @@ void commands_dispatch(struct control_request *req)
 {
         for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
                 if (strcmp(req->cmd, commands[i].name) == 0) {
-                        commands[i].fn(req);
+                        if (req->d->stopping && !commands[i].while_stopping)
+                                control_reply_error(req, "shutting_down",
+                                                    "kairosd is shutting down: %s is refused; "
+                                                    "status, list, show, schedules and idem "
+                                                    "stats/get still answer until it exits",
+                                                    req->cmd);
+                        else
+                                commands[i].fn(req);
                         return;
                 }
         control_reply_error(req, "unknown_command", "unknown command '%s'", req->cmd);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,35 +21,86 @@ struct control_server {
         char *path;
         struct daemon *d;
         struct control_client *clients;  /* open connections */
+        struct control_limits lim;
+        unsigned nclients;     /* admitted connections */
+        unsigned nrefusing;    /* refused connections waiting for their first request */
+        size_t queued;         /* reply bytes of every client not yet written */
+        uv_timer_t linger;     /* closes refused connections that send nothing */
+        uv_idle_t turns;       /* runs while a connection has lines left for its next turn */
+        unsigned open_handles; /* pipe, linger, turns: freed when all are closed */
 };
 
 struct control_client {
         uv_pipe_t pipe;
         struct daemon *d;
-        struct kbuf in;
-        unsigned refs;         /* 1 for the connection + 1 per pending request */
+        struct kbuf in;        /* bytes read and not yet handled */
+        struct kbuf out;       /* replies gathered while a write runs */
+        unsigned refs;         /* 1 for the connection + 1 per pending request and write */
+        unsigned inflight;     /* requests dispatched and not yet answered */
+        size_t queued;         /* bytes of replies not yet written (out + the write) */
+        bool writing;          /* a write is in flight */
+        bool close_when_written;
         bool closing;
+        bool hangup;           /* answered for the last time: handle nothing more */
+        bool reading;
+        bool pumping;          /* inside client_pump */
+        bool has_line;         /* `in` holds a whole line not yet handled */
+        bool admitted;         /* counted in srv->nclients */
+        bool refusing;         /* counted in srv->nrefusing */
         uid_t uid;
         gid_t gid;
         pid_t pid;
+        uint64_t refused_ms;   /* when it was refused (monotonic) */
         struct control_server *srv;
         struct control_client *prev, *next;
-        char *refusal;         /* peer not allowed: every request gets this */
+        char *refusal;         /* not served: the next request gets this error, then hang up */
+        const char *refusal_code;
         struct control_claim *claims;  /* kept on behalf of this connection */
 };
 
 struct write_req {
         uv_write_t req;
         char *data;
+        size_t len;
         struct control_client *client;
-        bool close_after;
 };
+
+static void client_pump(struct control_client *c);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* ---- limits ---- */
+
+void control_limits_compute(unsigned long fd_limit, unsigned max_concurrent_mandates,
+                            struct control_limits *ret)
+{
+        unsigned long reserve = CONTROL_FD_RESERVE_BASE +
+                                (unsigned long)CONTROL_FD_RESERVE_PER_MANDATE *
+                                        max_concurrent_mandates;
+        /* connections + refusals + reserve < fd_limit */
+        unsigned long room = fd_limit > reserve + CONTROL_MAX_REFUSING + 1 ?
+                                     fd_limit - reserve - CONTROL_MAX_REFUSING - 1 :
+                                     0;
+        unsigned long max = room < CONTROL_MAX_CLIENTS ? room : CONTROL_MAX_CLIENTS;
+        if (max < CONTROL_MIN_CLIENTS)
+                max = CONTROL_MIN_CLIENTS;
+        ret->fd_limit = fd_limit;
+        ret->fd_reserve = reserve;
+        ret->max_clients = (unsigned)max;
+        ret->max_per_uid = max < CONTROL_MAX_CLIENTS_PER_UID ? (unsigned)max :
+                                                               CONTROL_MAX_CLIENTS_PER_UID;
+        ret->reserved = (unsigned)(max / 16 ? max / 16 : 1);
+        ret->fits = (unsigned long)max + CONTROL_MAX_REFUSING + reserve < fd_limit;
+}
+
+/* ---- connections ---- */
 
 static void client_unref(struct control_client *c)
 {
         if (--c->refs == 0) {
                 free(c->refusal);
                 kbuf_free(&c->in);
+                kbuf_free(&c->out);
                 free(c);
         }
 }
@@ -68,65 +120,140 @@ static void client_drop_claims(struct control_client *c)
         }
 }
 
+static void client_unlink(struct control_client *c)
+{
+        struct control_server *srv = c->srv;
+        if (!srv)
+                return;
+        if (c->prev)
+                c->prev->next = c->next;
+        else
+                srv->clients = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        if (c->admitted)
+                srv->nclients--;
+        if (c->refusing)
+                srv->nrefusing--;
+        srv->queued -= c->queued;
+        c->srv = NULL;
+}
+
 static void client_close(struct control_client *c)
 {
         if (c->closing)
                 return;
         c->closing = true;
+        c->hangup = true;
         client_drop_claims(c);
-        if (c->srv) {
-                if (c->prev)
-                        c->prev->next = c->next;
-                else
-                        c->srv->clients = c->next;
-                if (c->next)
-                        c->next->prev = c->prev;
-                c->srv = NULL;
-        }
+        client_unlink(c);
+        /* Nothing more is read or sent: give the buffers back now. */
+        kbuf_free(&c->in);
+        c->queued -= c->out.len;
+        kbuf_free(&c->out);
+        c->has_line = false;
         uv_read_stop((uv_stream_t *)&c->pipe);
+        c->reading = false;
         uv_close((uv_handle_t *)&c->pipe, on_client_closed);
 }
+
+static bool over_total(const struct control_server *srv)
+{
+        return srv && srv->queued > CONTROL_MAX_QUEUED_TOTAL;
+}
+
+static void client_flush(struct control_client *c);
 
 static void on_written(uv_write_t *req, int status)
 {
         struct write_req *w = (struct write_req *)req;
-        if (status < 0 || w->close_after)
-                client_close(w->client);
+        struct control_client *c = w->client;
+        struct control_server *srv = c->srv;
+        bool was_over = over_total(srv);
+        c->writing = false;
+        c->queued -= w->len;
+        if (srv)
+                srv->queued -= w->len;
         free(w->data);
-        client_unref(w->client);
         free(w);
+        if (status < 0)
+                client_close(c);
+        else if (c->out.len > 0)
+                client_flush(c);
+        else if (c->close_when_written)
+                client_close(c);
+        else
+                client_pump(c);
+        /* Below the budget of all connections again: wake the ones it paused. */
+        if (srv && was_over && !over_total(srv) && c->srv == srv) {
+                struct control_client *next;
+                for (struct control_client *o = srv->clients; o; o = next) {
+                        next = o->next;
+                        if (o != c)
+                                client_pump(o);
+                }
+        }
+        client_unref(c);
+}
+
+/* Hand what has gathered in c->out to one write; the next gathers while it
+ * runs.  Replies are copied into one growing buffer (big ones come straight
+ * from the kernel and go back to it when freed) rather than kept as many
+ * small allocations. */
+static void client_flush(struct control_client *c)
+{
+        if (c->writing || c->closing || c->out.len == 0)
+                return;
+        struct write_req *w = calloc(1, sizeof(*w));
+        if (!w) {
+                client_close(c);
+                return;
+        }
+        w->len = c->out.len;
+        w->data = kbuf_steal(&c->out);
+        w->client = c;
+        c->refs++;
+        c->writing = true;
+        uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
+        if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written) < 0) {
+                c->writing = false;
+                c->queued -= w->len;
+                if (c->srv)
+                        c->srv->queued -= w->len;
+                free(w->data);
+                free(w);
+                client_unref(c);
+                client_close(c);
+        }
 }
 
 static void client_send(struct control_client *c, json_t *reply, bool close_after)
 {
         char *text = json_dumps(reply, JSON_COMPACT);
         json_decref(reply);
+        if (close_after) {
+                c->hangup = true;
+                c->close_when_written = true;
+        }
         if (!text || c->closing) {
                 free(text);
+                if (!c->closing && close_after && !c->writing)
+                        client_close(c);
                 return;
         }
         size_t n = strlen(text);
-        char *line = realloc(text, n + 2);
-        struct write_req *w = calloc(1, sizeof(*w));
-        if (!line || !w) {
-                free(line ? line : text);
-                free(w);
+        int r = kbuf_append(&c->out, text, n);
+        if (r == 0)
+                r = kbuf_putc(&c->out, '\n');
+        free(text);
+        if (r < 0) {
                 client_close(c);
                 return;
         }
-        line[n] = '\n';
-        line[n + 1] = '\0';
-        w->data = line;
-        w->client = c;
-        w->close_after = close_after;
-        c->refs++;
-        uv_buf_t buf = uv_buf_init(line, (unsigned)(n + 1));
-        if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written) < 0) {
-                free(line);
-                free(w);
-                client_unref(c);
-                client_close(c);
-        }
+        c->queued += n + 1;
+        if (c->srv)
+                c->srv->queued += n + 1;
+        client_flush(c);
 }
 
 static json_t *error_reply(json_t *id, const char *code, const char *message, json_t *detail)
@@ -140,10 +267,13 @@ static json_t *error_reply(json_t *id, const char *code, const char *message, js
 
 static void request_free(struct control_request *req)
 {
+        struct control_client *c = req->client;
         json_decref(req->root);
         json_decref(req->args);
-        client_unref(req->client);
         free(req);
+        c->inflight--;
+        client_pump(c);
+        client_unref(c);
 }
 
 void control_reply_ok(struct control_request *req, json_t *result)
@@ -259,7 +389,7 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
         if (c->refusal) {
                 /* Answer the request it sent (naming its id if it has
                  * one), then hang up. */
-                client_send(c, error_reply(pr.id, "permission_denied", c->refusal, NULL), true);
+                client_send(c, error_reply(pr.id, c->refusal_code, c->refusal, NULL), true);
                 control_parsed_clear(&pr);
                 return;
         }
@@ -277,6 +407,7 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
         req->d = c->d;
         req->client = c;
         c->refs++;
+        c->inflight++;
         req->root = pr.root;    /* taken over; id, cmd and args point into it */
         req->id = pr.id;
         req->cmd = pr.cmd;
@@ -287,63 +418,223 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
         commands_dispatch(req);
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* May the connection take another request now?  Not while it has
+ * CONTROL_MAX_INFLIGHT requests being worked on, nor while more than
+ * CONTROL_MAX_QUEUED bytes of its replies wait for it to read them, nor,
+ * with replies of its own waiting, while all connections together have more
+ * than CONTROL_MAX_QUEUED_TOTAL bytes waiting. */
+static bool client_may_take(const struct control_client *c)
 {
-        (void)suggested;
-        struct control_client *c = h->data;
-        if (kbuf_reserve(&c->in, 65536) < 0) {
-                *buf = uv_buf_init(NULL, 0);
-                return;
-        }
-        *buf = uv_buf_init(c->in.data + c->in.len, 65536);
+        if (c->hangup)
+                return false;
+        if (c->inflight >= CONTROL_MAX_INFLIGHT || c->queued > CONTROL_MAX_QUEUED)
+                return false;
+        return c->queued == 0 || !over_total(c->srv);
 }
 
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+static void client_update_reading(struct control_client *c)
 {
-        (void)buf;
-        struct control_client *c = s->data;
-        if (nread < 0) {
-                client_close(c);
+        bool want = !c->closing && !c->has_line && client_may_take(c);
+        if (want == c->reading)
                 return;
-        }
-        c->in.len += (size_t)nread;
-        c->in.data[c->in.len] = '\0';
-        size_t start = 0;
-        for (;;) {
-                char *nl = memchr(c->in.data + start, '\n', c->in.len - start);
-                if (!nl)
-                        break;
-                size_t len = (size_t)(nl - (c->in.data + start));
-                if (len > CONTROL_MAX_REQUEST) {
-                        start = c->in.len;
-                        goto too_large;
+        if (want) {
+                if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) < 0) {
+                        client_close(c);
+                        return;
                 }
-                if (len > 0 && !c->closing)
-                        handle_line(c, c->in.data + start, len);
-                start += len + 1;
+        } else {
+                uv_read_stop((uv_stream_t *)&c->pipe);
         }
-        if (c->in.len - start > CONTROL_MAX_REQUEST)
-                goto too_large;
-        memmove(c->in.data, c->in.data + start, c->in.len - start);
-        c->in.len -= start;
-        return;
-too_large:
-        kbuf_reset(&c->in);
-        uv_read_stop(s);
+        c->reading = want;
+}
+
+static void too_large(struct control_client *c)
+{
+        kbuf_free(&c->in);
+        c->has_line = false;
         client_send(c,
                     error_reply(NULL, "too_large", "request larger than 1 MiB; connection closed",
                                 NULL),
                     true);
 }
 
-static void on_connection(uv_stream_t *server, int status)
+static void on_turn(uv_idle_t *h)
 {
-        struct control_server *srv = server->data;
-        if (status < 0)
+        struct control_server *srv = h->data;
+        bool more = false;
+        struct control_client *next;
+        for (struct control_client *o = srv->clients; o; o = next) {
+                next = o->next;
+                if (o->has_line && client_may_take(o))
+                        client_pump(o);
+                if (!o->closing && o->has_line && client_may_take(o))
+                        more = true;
+        }
+        if (!more)
+                uv_idle_stop(&srv->turns);
+}
+
+/* Handle the whole lines read so far, as far as the limits allow and at
+ * most CONTROL_BATCH of them (the rest in a later turn of the loop, after
+ * the other connections had theirs), then read on or pause. */
+static void client_pump(struct control_client *c)
+{
+        if (c->pumping || c->closing)
                 return;
+        c->pumping = true;
+        size_t start = 0;
+        unsigned handled = 0;
+        bool large = false;
+        while (client_may_take(c) && start < c->in.len && handled < CONTROL_BATCH) {
+                char *nl = memchr(c->in.data + start, '\n', c->in.len - start);
+                if (!nl)
+                        break;
+                size_t len = (size_t)(nl - (c->in.data + start));
+                if (len > CONTROL_MAX_REQUEST) {
+                        large = true;
+                        break;
+                }
+                if (len > 0) {
+                        handle_line(c, c->in.data + start, len);
+                        handled++;
+                }
+                start += len + 1;
+        }
+        if (c->closing) {
+                c->pumping = false;
+                return;
+        }
+        if (!large && start > 0) {
+                memmove(c->in.data, c->in.data + start, c->in.len - start);
+                c->in.len -= start;
+                c->in.data[c->in.len] = '\0';
+        }
+        c->has_line = c->in.len > 0 && memchr(c->in.data, '\n', c->in.len) != NULL;
+        if (large || (!c->has_line && c->in.len > CONTROL_MAX_REQUEST))
+                too_large(c);
+        else if (c->in.len == 0 && c->in.cap > CONTROL_READ_SIZE)
+                kbuf_free(&c->in);    /* keep no big buffer for an idle connection */
+        c->pumping = false;
+        client_update_reading(c);
+        if (c->has_line && c->srv && client_may_take(c))
+                uv_idle_start(&c->srv->turns, on_turn);
+}
+
+/* One read buffer for every connection: what a read brings is handled or
+ * copied into the connection's own buffer before the next read. */
+static char read_buf[CONTROL_READ_SIZE];
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+        (void)h;
+        (void)suggested;
+        *buf = uv_buf_init(read_buf, sizeof read_buf);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+        struct control_client *c = s->data;
+        if (nread < 0) {
+                client_close(c);
+                return;
+        }
+        if (nread == 0 || c->hangup)
+                return;
+        if (kbuf_append(&c->in, buf->base, (size_t)nread) < 0) {
+                client_close(c);
+                return;
+        }
+        client_pump(c);
+}
+
+/* ---- admission ---- */
+
+static unsigned count_uid(const struct control_server *srv, uid_t uid)
+{
+        unsigned n = 0;
+        for (const struct control_client *o = srv->clients; o; o = o->next)
+                if (o->admitted && o->uid == uid)
+                        n++;
+        return n;
+}
+
+static void on_linger(uv_timer_t *t)
+{
+        struct control_server *srv = t->data;
+        uint64_t now = now_ms_monotonic();
+        struct control_client *next;
+        for (struct control_client *o = srv->clients; o; o = next) {
+                next = o->next;
+                if (o->refusing && !o->hangup && now - o->refused_ms >= CONTROL_REFUSE_LINGER_MS)
+                        client_send(o, error_reply(NULL, o->refusal_code, o->refusal, NULL),
+                                    true);
+        }
+        if (srv->nrefusing == 0)
+                uv_timer_stop(&srv->linger);
+}
+
+/* Refuse the connection: its first request gets the error (with the
+ * request's id), then it is closed.  A refused connection that sends
+ * nothing gets the error without an id after CONTROL_REFUSE_LINGER_MS, and
+ * beyond CONTROL_MAX_REFUSING of them, at once. */
+static void client_refuse(struct control_client *c, const char *code, const char *msg)
+{
+        struct control_server *srv = c->srv;
+        c->refusal_code = code;
+        c->refusal = strdup(msg);
+        if (!c->refusal) {
+                client_close(c);
+                return;
+        }
+        if (srv->nrefusing >= CONTROL_MAX_REFUSING) {
+                client_send(c, error_reply(NULL, code, msg, NULL), true);
+                return;
+        }
+        c->refusing = true;
+        c->refused_ms = now_ms_monotonic();
+        if (srv->nrefusing++ == 0)
+                uv_timer_start(&srv->linger, on_linger, CONTROL_REFUSE_LINGER_MS / 4,
+                               CONTROL_REFUSE_LINGER_MS / 4);
+        client_update_reading(c);
+}
+
+/* The peer is allowed on the socket: is there room for one more connection?
+ * Each uid may hold max_per_uid connections; all together max_clients, of
+ * which the last `reserved` only root and kairosd's own user may take. */
+static void client_admit(struct control_client *c)
+{
+        struct control_server *srv = c->srv;
+        const struct control_limits *lim = &srv->lim;
+        bool privileged = c->uid == 0 || c->uid == geteuid();
+        unsigned cap = privileged ? lim->max_clients : lim->max_clients - lim->reserved;
+        char msg[300];
+        if (count_uid(srv, c->uid) >= lim->max_per_uid) {
+                snprintf(msg, sizeof msg,
+                         "too many connections: uid %u already has %u open, the most one user "
+                         "may have; close some and try again",
+                         (unsigned)c->uid, lim->max_per_uid);
+        } else if (srv->nclients >= cap) {
+                snprintf(msg, sizeof msg,
+                         "too many connections: %u open, the most kairosd serves%s; try again "
+                         "later",
+                         srv->nclients,
+                         privileged ? "" : " to users other than root and its own");
+        } else {
+                c->admitted = true;
+                srv->nclients++;
+                client_update_reading(c);
+                return;
+        }
+        log_warning("control: refused a connection from uid %u pid %d: %s", (unsigned)c->uid,
+                    (int)c->pid, msg);
+        client_refuse(c, "too_many_clients", msg);
+}
+
+static struct control_client *client_new(struct control_server *srv)
+{
         struct control_client *c = calloc(1, sizeof(*c));
         if (!c)
-                return;
+                return NULL;
         c->d = srv->d;
         c->refs = 1;
         uv_pipe_init(srv->d->loop, &c->pipe, 0);
@@ -353,10 +644,13 @@ static void on_connection(uv_stream_t *server, int status)
         if (srv->clients)
                 srv->clients->prev = c;
         srv->clients = c;
-        if (uv_accept(server, (uv_stream_t *)&c->pipe) < 0) {
-                client_close(c);
-                return;
-        }
+        return c;
+}
+
+/* A new connection: check who it is, then admit or refuse it. */
+static void client_start(struct control_client *c)
+{
+        struct control_server *srv = c->srv;
         uv_os_fd_t fd;
         struct ucred cred;
         socklen_t len = sizeof cred;
@@ -373,34 +667,94 @@ static void on_connection(uv_stream_t *server, int status)
         size_t ngroups = 0;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
                 ngroups = glen / sizeof(gid_t);
-        if (!control_peer_allowed(c->uid, c->gid, groups, ngroups, srv->d->socket_gid)) {
-                char msg[256];
-                if (srv->d->socket_gid != (gid_t)-1)
-                        snprintf(msg, sizeof msg,
-                                 "uid %u is not allowed: the control socket serves root, uid %u "
-                                 "and members of group %s",
-                                 (unsigned)c->uid, (unsigned)geteuid(),
-                                 srv->d->cfg->socket_group);
-                else
-                        snprintf(msg, sizeof msg,
-                                 "uid %u is not allowed: the control socket serves root and uid "
-                                 "%u (group %s does not exist)",
-                                 (unsigned)c->uid, (unsigned)geteuid(),
-                                 srv->d->cfg->socket_group);
-                log_warning("control: refused a connection from uid %u pid %d", (unsigned)c->uid,
-                            (int)c->pid);
-                c->refusal = strdup(msg);
-                if (!c->refusal)
-                        client_close(c);
+        if (control_peer_allowed(c->uid, c->gid, groups, ngroups, srv->d->socket_gid)) {
+                client_admit(c);
+                return;
         }
-        uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+        char msg[256];
+        if (srv->d->socket_gid != (gid_t)-1)
+                snprintf(msg, sizeof msg,
+                         "uid %u is not allowed: the control socket serves root, uid %u "
+                         "and members of group %s",
+                         (unsigned)c->uid, (unsigned)geteuid(), srv->d->cfg->socket_group);
+        else
+                snprintf(msg, sizeof msg,
+                         "uid %u is not allowed: the control socket serves root and uid "
+                         "%u (group %s does not exist)",
+                         (unsigned)c->uid, (unsigned)geteuid(), srv->d->cfg->socket_group);
+        log_warning("control: refused a connection from uid %u pid %d", (unsigned)c->uid,
+                    (int)c->pid);
+        client_refuse(c, "permission_denied", msg);
 }
+
+static void on_connection(uv_stream_t *server, int status)
+{
+        struct control_server *srv = server->data;
+        if (status < 0)
+                return;
+        struct control_client *c = client_new(srv);
+        if (!c)
+                return;
+        if (uv_accept(server, (uv_stream_t *)&c->pipe) < 0) {
+                client_close(c);
+                return;
+        }
+        client_start(c);
+}
+
+void control_set_limits(struct daemon *d, const struct control_limits *lim)
+{
+        if (d->control)
+                d->control->lim = *lim;
+}
+
+int control_adopt_fd(struct daemon *d, int fd)
+{
+        struct control_server *srv = d->control;
+        if (!srv)
+                return -ENOTCONN;
+        struct control_client *c = client_new(srv);
+        if (!c)
+                return -ENOMEM;
+        int r = uv_pipe_open(&c->pipe, fd);
+        if (r < 0) {
+                close(fd);
+                client_close(c);
+                return r;
+        }
+        client_start(c);
+        return 0;
+}
+
+/* ---- the server ---- */
 
 static void on_server_closed(uv_handle_t *h)
 {
         struct control_server *srv = h->data;
+        if (--srv->open_handles > 0)
+                return;
         free(srv->path);
         free(srv);
+}
+
+static void server_free(struct control_server *srv)
+{
+        srv->open_handles = 3;
+        uv_close((uv_handle_t *)&srv->linger, on_server_closed);
+        uv_close((uv_handle_t *)&srv->turns, on_server_closed);
+        uv_close((uv_handle_t *)&srv->pipe, on_server_closed);
+}
+
+static void limits_log(const struct control_limits *lim)
+{
+        log_info("control: at most %u connections (%u per user, the last %u for root and "
+                 "kairosd's user); open-file limit %lu, %lu kept for WALs and handlers",
+                 lim->max_clients, lim->max_per_uid, lim->reserved, lim->fd_limit,
+                 lim->fd_reserve);
+        if (!lim->fits)
+                log_warning("control: the open-file limit %lu is too low for %u connections "
+                            "and %lu descriptors for WALs and handlers; raise LimitNOFILE=",
+                            lim->fd_limit, lim->max_clients, lim->fd_reserve);
 }
 
 int control_start(struct daemon *d, const char *path)
@@ -417,6 +771,11 @@ int control_start(struct daemon *d, const char *path)
                 free(srv);
                 return -ENOMEM;
         }
+        struct rlimit rl;
+        unsigned long fd_limit = 1024;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+                fd_limit = (unsigned long)rl.rlim_cur;
+        control_limits_compute(fd_limit, d->cfg->max_concurrent_mandates, &srv->lim);
         char *slash = strrchr(dir, '/');
         if (slash && slash != dir) {
                 *slash = '\0';
@@ -427,13 +786,17 @@ int control_start(struct daemon *d, const char *path)
         unlink(path);
         uv_pipe_init(d->loop, &srv->pipe, 0);
         srv->pipe.data = srv;
+        uv_timer_init(d->loop, &srv->linger);
+        srv->linger.data = srv;
+        uv_idle_init(d->loop, &srv->turns);
+        srv->turns.data = srv;
         mode_t old = umask(0117);
         int r = uv_pipe_bind(&srv->pipe, path);
         umask(old);
         if (r == 0)
                 r = uv_listen((uv_stream_t *)&srv->pipe, 128, on_connection);
         if (r < 0) {
-                uv_close((uv_handle_t *)&srv->pipe, on_server_closed);
+                server_free(srv);
                 return r;
         }
         if (chmod(path, 0660) < 0)
@@ -441,6 +804,7 @@ int control_start(struct daemon *d, const char *path)
         if (d->socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, d->socket_gid) < 0)
                 log_warning("control: chown %s to group %s: %s", path, d->cfg->socket_group,
                             strerror(errno));
+        limits_log(&srv->lim);
         d->control = srv;
         return 0;
 }
@@ -454,5 +818,5 @@ void control_stop(struct daemon *d)
         while (srv->clients)
                 client_close(srv->clients);
         unlink(srv->path);
-        uv_close((uv_handle_t *)&srv->pipe, on_server_closed);
+        server_free(srv);
 }

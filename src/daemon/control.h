@@ -15,6 +15,53 @@
 
 #define CONTROL_MAX_REQUEST (1024 * 1024)
 
+/* Limits of the control socket (kairosd(8), LIMITS).  A connection takes
+ * no new request while CONTROL_MAX_INFLIGHT of its requests are being
+ * worked on (a request waiting for a durable write counts), nor while more
+ * than CONTROL_MAX_QUEUED bytes of its replies wait for it to read them,
+ * nor, having replies waiting, while all connections together have more
+ * than CONTROL_MAX_QUEUED_TOTAL waiting: it is simply not read until they
+ * drain, so what it pipelines waits in its own socket. */
+#define CONTROL_MAX_INFLIGHT 64
+#define CONTROL_MAX_QUEUED (4u << 20)
+#define CONTROL_MAX_QUEUED_TOTAL (32u << 20)
+#define CONTROL_READ_SIZE 65536
+/* Lines of one connection handled in one turn of the loop. */
+#define CONTROL_BATCH 32
+/* Connections: at most CONTROL_MAX_CLIENTS (fewer when the open-file limit
+ * is low, never fewer than CONTROL_MIN_CLIENTS), CONTROL_MAX_CLIENTS_PER_UID
+ * per user; the last 1/16 of them are kept for root and kairosd's own user.
+ * A refused connection gets a "too_many_clients" error for its first request
+ * and is closed; at most CONTROL_MAX_REFUSING wait for that request (for
+ * CONTROL_REFUSE_LINGER_MS), beyond that they get the error at once. */
+#define CONTROL_MAX_CLIENTS 256
+#define CONTROL_MIN_CLIENTS 8
+#define CONTROL_MAX_CLIENTS_PER_UID 64
+#define CONTROL_MAX_REFUSING 32
+#define CONTROL_REFUSE_LINGER_MS 2000
+/* File descriptors kept out of the connections' reach: a base for the
+ * daemon itself (lock, listening socket, idempotency log, state
+ * directories, the loop's own descriptors, thread pool work) and a share per
+ * concurrently running mandate (its WAL, the handler's pipes and pidfd, the
+ * exec shim's). */
+#define CONTROL_FD_RESERVE_BASE 64
+#define CONTROL_FD_RESERVE_PER_MANDATE 16
+
+struct control_limits {
+        unsigned long fd_limit;     /* RLIMIT_NOFILE (soft) */
+        unsigned long fd_reserve;   /* kept for everything but connections */
+        unsigned max_clients;
+        unsigned max_per_uid;
+        unsigned reserved;          /* of max_clients, for root and kairosd's user only */
+        bool fits;                  /* max_clients + refusing + reserve < fd_limit */
+};
+
+/* max_clients = min(CONTROL_MAX_CLIENTS, fd_limit - reserve -
+ * CONTROL_MAX_REFUSING - 1), at least CONTROL_MIN_CLIENTS: the connections,
+ * the refused ones and the reserve stay below fd_limit. */
+void control_limits_compute(unsigned long fd_limit, unsigned max_concurrent_mandates,
+                            struct control_limits *ret);
+
 struct control_client;
 
 struct control_request {
@@ -64,6 +111,15 @@ bool control_claim_owned_by(const struct control_claim *c, const struct control_
 /* The peer check: root, the daemon's uid, or a member of group gid. */
 bool control_peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,
                           gid_t socket_gid);
+
+/* Replace the limits control_start computed (the fuzz target uses small
+ * ones); connections already open are not affected. */
+void control_set_limits(struct daemon *d, const struct control_limits *lim);
+
+/* Serve an already connected socket (e.g. one end of a socketpair) as a
+ * control connection, exactly like an accepted one: peer check, limits.
+ * The server must be running (control_start).  fd is taken over. */
+int control_adopt_fd(struct daemon *d, int fd);
 
 /* commands.c */
 void commands_dispatch(struct control_request *req);

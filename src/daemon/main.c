@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -267,7 +268,8 @@ void daemon_stop(struct daemon *d, int exit_code)
         log_event(LOG_NOTICE, MSGID_STOPPING, NULL, 0,
                   "stopping: %u mandate%s running, %u jobs in flight", d->running,
                   d->running == 1 ? "" : "s", d->jobs.inflight);
-        control_stop(d);
+        /* The control socket stays: read-only commands are answered until
+         * the loop ends (commands.c refuses the others). */
         chronos_stop(d);
         notify_watchdog_stop(&d->watchdog);
         uv_signal_stop(&d->sig_hup);
@@ -345,6 +347,29 @@ static void on_startup_part_done(struct daemon *d)
 {
         if (--startup_pending == 0)
                 on_recovered(d);
+}
+
+/* Connections, WALs and handlers' pipes all take file descriptors: use
+ * the whole hard limit (the control socket sizes its limits from it). */
+static void raise_fd_limit(void)
+{
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+                log_warning("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+                return;
+        }
+        unsigned long long old = (unsigned long long)rl.rlim_cur;
+        if (rl.rlim_cur == rl.rlim_max) {
+                log_info("open-file limit: %llu", old);
+                return;
+        }
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                log_warning("cannot raise the open-file limit from %llu to %llu: %s", old,
+                            (unsigned long long)rl.rlim_max, strerror(errno));
+        else
+                log_info("open-file limit raised from %llu to %llu", old,
+                         (unsigned long long)rl.rlim_max);
 }
 
 static int take_lock(struct daemon *d)
@@ -494,6 +519,7 @@ int main(int argc, char **argv)
         if (state_dir)
                 d->state_dir_override = strdup(state_dir);
         log_setup(d->cfg->log_level);
+        raise_fd_limit();
         d->socket_gid = lookup_group(d->cfg->socket_group);
         int exit_code = 1;
         if (prepare_dirs(d) < 0 || take_lock(d) < 0) {
@@ -546,7 +572,7 @@ int main(int argc, char **argv)
         /* Close every handle and let the pool finish what it runs. */
         if (!d->stopping)
                 daemon_stop(d, d->exit_code);
-        notify_stopping();
+        control_stop(d);
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
         exit_code = d->exit_code;

@@ -46,6 +46,11 @@ void notify_reloading(void)
 
 void notify_stopping(void)
 {
+        /* Once: the manager needs it once, whichever exit path comes first. */
+        static bool sent;
+        if (sent)
+                return;
+        sent = true;
         notify_send("STOPPING=1");
 }
 

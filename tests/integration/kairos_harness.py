@@ -116,8 +116,10 @@ class NotifySocket:
 
 
 class Daemon:
-    def __init__(self, state_dir, config=None, env=None, notify=None, extra_args=()):
+    def __init__(self, state_dir, config=None, env=None, notify=None, extra_args=(),
+                 preexec_fn=None, socket_path=None):
         self.state_dir = state_dir
+        self._socket_path = socket_path
         args = [KAIROSD]
         if config:
             args += ["-c", config]
@@ -135,7 +137,7 @@ class Daemon:
         if env:
             e.update(env)
         self.proc = subprocess.Popen(args, env=e, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, preexec_fn=preexec_fn)
         self.lines = []
         self.cond = threading.Condition()
         self.reader = threading.Thread(target=self._read_stderr, daemon=True)
@@ -167,7 +169,7 @@ class Daemon:
 
     @property
     def socket_path(self):
-        return os.path.join(self.state_dir, "control.sock")
+        return self._socket_path or os.path.join(self.state_dir, "control.sock")
 
     def log(self):
         with self.cond:

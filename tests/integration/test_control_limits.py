@@ -1,0 +1,399 @@
+# SPDX-License-Identifier: MIT
+"""Black-box tests of the control socket's limits and of the graceful stop
+(issue 11): a client that pipelines requests and never reads its replies
+does not grow kairosd's memory; thousands of held connections are capped
+(per user and in all) without starving a running mandate or root's status;
+during a graceful stop read-only commands still answer, the others get
+"shutting_down", and STOPPING=1 is sent once.  Standard library only."""
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import KAIROSCTL, Client, Daemon, NotifySocket  # noqa: E402
+
+SANITIZED = os.environ.get("KAIROS_SANITIZED", "") not in ("", "0")
+MIB = 1024 * 1024
+RSS_LIMIT = 64 * MIB
+ATTACK_SEC = float(os.environ.get("KAIROS_ATTACK_SEC", "10" if SANITIZED else "30"))
+
+
+def rss(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for pid %d" % pid)
+
+
+def nfds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def write_conf(directory, state, socket, schedules, extra=""):
+    path = os.path.join(directory, "kairosd.conf")
+    with open(path, "w") as f:
+        f.write("[Daemon]\nStateDirectory=%s\nControlSocket=%s\n%s" % (state, socket, extra))
+    sdir = os.path.join(directory, "schedules.d")
+    os.makedirs(sdir, exist_ok=True)
+    for name, text in schedules.items():
+        with open(os.path.join(sdir, name + ".conf"), "w") as f:
+            f.write(text)
+    return path
+
+
+# The attacker: pipelines status/schedules/list requests on a few
+# connections as fast as the sockets take them and never reads a reply.
+ATTACKER = r"""
+import os, socket, sys, time
+path, secs, conns = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+cmds = [b'status', b'schedules', b'list']
+chunk = b''.join(b'{"v":1,"id":%d,"cmd":"%s"}\n' % (i, cmds[i % 3]) for i in range(300))
+socks = []
+for _ in range(conns):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.setblocking(False)
+    socks.append(s)
+sent = 0
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    progress = False
+    for s in socks:
+        try:
+            sent += s.send(chunk)
+            progress = True
+        except BlockingIOError:
+            pass
+    if not progress:
+        time.sleep(0.01)
+print(sent, flush=True)
+sys.stdin.readline()   # hold the connections until told to leave
+"""
+
+# One user's connections: as uid argv[2] (a member of group argv[3]) open
+# argv[4] connections, send a status on each and read its reply; print the
+# counts of each outcome as JSON, hold the admitted ones until stdin closes.
+HOLDER = r"""
+import json, os, resource, socket, sys
+path, uid, gid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+os.setgroups([gid]); os.setgid(gid); os.setuid(uid)
+held, counts, messages = [], {}, {}
+for i in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(path)
+    s.sendall(b'{"v":1,"id":%d,"cmd":"status"}\n' % i)
+    f = s.makefile('rb')
+    line = f.readline()
+    r = json.loads(line)
+    if r.get("ok"):
+        key = "ok"
+        held.append((s, f))
+    else:
+        key = r["error"]["code"]
+        messages[key] = r["error"]["message"]
+        rest = f.read()          # then the daemon hangs up
+        if rest:
+            key += "+more"
+        f.close()
+        s.close()
+    counts[key] = counts.get(key, 0) + 1
+print(json.dumps({"counts": counts, "messages": messages}), flush=True)
+sys.stdin.readline()
+"""
+
+
+class LimitCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-limits-")
+        self.state = os.path.join(self.dir, "state")
+        self.notify = NotifySocket(self.dir)
+        self.daemons = []
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for f in (p.stdin, p.stdout):
+                if f and not f.closed:
+                    f.close()
+        for d in self.daemons:
+            if d.proc.poll() is None:
+                self.assertEqual(d.stop(timeout=120), 0, d.log()[-3000:])
+            else:
+                d.kill()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, conf, socket, **kw):
+        d = Daemon(self.state, config=conf, notify=self.notify, socket_path=socket, **kw)
+        self.daemons.append(d)
+        self.notify.wait_ready()
+        return d
+
+    def script(self, name, body):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + body)
+        os.chmod(path, 0o755)
+        return path
+
+    def ctl(self, d, *args):
+        return subprocess.run([KAIROSCTL, "--socket", d.socket_path, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def timed_status(self, d):
+        t0 = time.monotonic()
+        c = Client(d.socket_path, timeout=30)
+        try:
+            r = c.call("status")
+        finally:
+            c.close()
+        self.assertTrue(r["ok"], r)
+        return time.monotonic() - t0
+
+    def wait_done(self, c, m, timeout=120):
+        deadline = time.monotonic() + timeout
+        while True:
+            r = c.call("show", mandate=m)
+            self.assertTrue(r["ok"], r)
+            if r["result"]["status"] in ("done", "failed", "terminated", "abandoned"):
+                return r["result"]
+            self.assertLess(time.monotonic(), deadline, r)
+            time.sleep(0.1)
+
+
+class TestReplyQueue(LimitCase):
+    def test_pipelining_client_that_never_reads(self):
+        sock = os.path.join(self.state, "control.sock")
+        conf = write_conf(self.dir, self.state, sock, {
+            "a": "[Schedule]\nCron=0 0 1 1 *\n", "b": "[Schedule]\nCron=*/5 * * * *\n"})
+        env = {}
+        if SANITIZED:
+            # AddressSanitizer keeps freed memory in a quarantine (256 MiB by
+            # default): keep it small so RSS shows what kairosd holds.
+            env["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") +
+                                   ":quarantine_size_mb=8").lstrip(":")
+        d = self.start(conf, sock, env=env)
+        pid = d.proc.pid
+        base = rss(pid)
+        limit = RSS_LIMIT if not SANITIZED else base + RSS_LIMIT
+        attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, sock, str(ATTACK_SEC), "4"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(attacker)
+        peak, slowest, answered = base, 0.0, 0
+        while attacker.poll() is None:
+            peak = max(peak, rss(pid))
+            self.assertLess(peak, limit, "kairosd RSS %d MiB under the attack" % (peak // MIB))
+            slowest = max(slowest, self.timed_status(d))
+            answered += 1
+            # the attacker prints when its time is up
+            if attacker.stdout and self._readable(attacker.stdout):
+                break
+            time.sleep(0.25)
+        sent = int(attacker.stdout.readline())
+        peak = max(peak, rss(pid))
+        self.assertGreater(sent, 256 * 1024, "the attacker could not even fill the socket buffers")
+        self.assertLess(peak, limit)
+        self.assertLess(slowest, 10.0 if SANITIZED else 5.0,
+                        "status took %.1f s during the attack" % slowest)
+        self.assertGreater(answered, 5)
+        attacker.stdin.write("\n")
+        attacker.stdin.close()
+        attacker.wait(30)
+        # Gone: the daemon lets go of what it held for it.
+        deadline = time.monotonic() + 10
+        while nfds(pid) > 64 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.timed_status(d)
+        after = rss(pid)
+        self.assertLess(after, limit)
+        if not SANITIZED:
+            # what it held for the attacker went back to the system
+            self.assertLess(after, base + 16 * MIB, "RSS %d MiB after the attacker left" %
+                            (after // MIB))
+        print("attack %.0f s: %d MiB sent, RSS base %.1f peak %.1f after %.1f MiB, slowest "
+              "status %.2f s (%d asked)" % (ATTACK_SEC, sent // MIB, base / MIB, peak / MIB,
+                                             after / MIB, slowest, answered), file=sys.stderr)
+
+    @staticmethod
+    def _readable(f):
+        import select
+        r, _, _ = select.select([f], [], [], 0)
+        return bool(r)
+
+
+class TestConnections(LimitCase):
+    def test_two_thousand_connections(self):
+        if os.getuid() != 0:
+            self.skipTest("needs root to connect as other users")
+        # A socket directory and group that users other than root may reach.
+        os.chmod(self.dir, 0o755)
+        run = os.path.join(self.dir, "run")
+        sock = os.path.join(run, "control.sock")
+        out = os.path.join(self.dir, "out")
+        os.makedirs(out)
+        phase = self.script("phase.sh", 'echo "$KAIROS_PHASE" >> %s/ran\necho "{}"\n' % out)
+        conf = write_conf(self.dir, self.state, sock, {"work": (
+            "[Schedule]\nCron=0 0 1 1 *\n[Mandate]\nMaxCycles=1\n[Exec]\n" +
+            "".join("%s=%s\n" % (p, phase)
+                    for p in ("Observe", "Orient", "Decide", "Act", "Reflect")))},
+            "SocketGroup=nogroup\nGracefulTimeoutSec=5\n")
+
+        def low_limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+        d = self.start(conf, sock, preexec_fn=low_limit)
+        pid = d.proc.pid
+        # 5 users x 400 connections, one user after the other.
+        users = [(70001 + i, 400) for i in range(5)]
+        results = []
+        for uid, n in users:
+            p = subprocess.Popen([sys.executable, "-c", HOLDER, sock, str(uid), "65534", str(n)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.procs.append(p)
+            line = p.stdout.readline()
+            self.assertTrue(line, "holder for uid %d died" % uid)
+            results.append(json.loads(line))
+        counts = [r["counts"] for r in results]
+        d.wait_log("control: at most 256 connections (64 per user, the last 16 for root")
+        # 64 per user; 256 in all, of which 16 only root and kairosd's user get.
+        self.assertEqual([c.get("ok", 0) for c in counts], [64, 64, 64, 48, 0], counts)
+        self.assertEqual(sum(sum(c.values()) for c in counts), 2000)
+        for c in counts:
+            self.assertEqual(set(c) - {"ok"}, {"too_many_clients"}, counts)
+        msgs = {m for r in results for m in r["messages"].values()}
+        self.assertTrue(any("the most one user may have" in m and "64" in m for m in msgs), msgs)
+        self.assertTrue(any("240 open" in m for m in msgs), msgs)
+        self.assertLess(nfds(pid), 1024 - 64)
+        # root still gets an answer, through kairosctl too
+        self.timed_status(d)
+        st = self.ctl(d, "status")
+        self.assertEqual(st.returncode, 0, st.stdout + st.stderr)
+        # and a mandate with handlers runs to its end while they are held
+        c = Client(sock)
+        try:
+            r = c.call("fire", schedule="work", at="2026-04-20T12:00:00Z")
+            self.assertTrue(r["ok"], r)
+            m = r["result"]["mandate"]
+            res = self.wait_done(c, m)
+            self.assertEqual(res["status"], "done", res)
+        finally:
+            c.close()
+        with open(os.path.join(out, "ran")) as f:
+            self.assertEqual(f.read().split(), ["observe", "orient", "decide", "act", "reflect"])
+        for p in self.procs:
+            p.stdin.close()
+            p.wait(30)
+        # the slots come back
+        deadline = time.monotonic() + 10
+        while nfds(pid) > 64:
+            self.assertLess(time.monotonic(), deadline, "descriptors not released")
+            time.sleep(0.1)
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, sock, "70001", "65534", "3"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        self.assertEqual(json.loads(p.stdout.readline())["counts"], {"ok": 3})
+
+
+    def test_low_fd_limit_shrinks_the_cap(self):
+        if os.getuid() != 0:
+            self.skipTest("needs root to connect as another user")
+        os.chmod(self.dir, 0o755)
+        sock = os.path.join(self.dir, "run", "control.sock")
+        conf = write_conf(self.dir, self.state, sock, {}, "SocketGroup=nogroup\n")
+
+        def low_limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+        d = self.start(conf, sock, preexec_fn=low_limit)
+        # below 200 - (64 + 16 x 4 for the daemon) - 32 for refusals
+        d.wait_log("control: at most 39 connections (39 per user, the last 2 for root")
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, sock, "70001", "65534", "45"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        r = json.loads(p.stdout.readline())
+        self.assertEqual(r["counts"], {"ok": 37, "too_many_clients": 8}, r)
+        self.assertLess(nfds(d.proc.pid), 200 - 64)
+        self.timed_status(d)    # root gets one of the last two
+        self.assertNotIn("too low", d.log())
+
+
+class TestGracefulStop(LimitCase):
+    def test_status_answers_while_stopping(self):
+        sock = os.path.join(self.state, "control.sock")
+        gate = os.path.join(self.dir, "gate")
+        started = os.path.join(self.dir, "started")
+        hold = self.script("hold.sh", 'touch %s\nwhile [ ! -e %s ]; do sleep 0.05; done\n'
+                           'echo "{}"\n' % (started, gate))
+        conf = write_conf(self.dir, self.state, sock, {
+            "hold": "[Schedule]\nCron=0 0 1 1 *\n[Exec]\nObserve=%s\n" % hold},
+            "GracefulTimeoutSec=60\n")
+        d = self.start(conf, sock)
+        c = Client(sock)
+        try:
+            r = c.call("fire", schedule="hold", at="2026-04-20T12:00:00Z")
+            self.assertTrue(r["ok"], r)
+            m = r["result"]["mandate"]
+            deadline = time.monotonic() + 30
+            while not os.path.exists(started):
+                self.assertLess(time.monotonic(), deadline, "the handler never started")
+                time.sleep(0.05)
+            d.proc.send_signal(signal.SIGTERM)
+            d.wait_log("stopping:")
+            # a connection made before the stop and a new one both answer
+            r = c.call("status")
+            self.assertTrue(r["ok"], r)
+            self.assertTrue(r["result"]["stopping"])
+            st = self.ctl(d, "status")
+            self.assertEqual(st.returncode, 0, st.stdout + st.stderr)
+            self.assertIn("stopping", st.stdout)
+            for cmd, args in (("list", {}), ("show", {"mandate": m}), ("schedules", {}),
+                              ("idem-stats", {})):
+                r = c.call(cmd, **args)
+                self.assertTrue(r["ok"], (cmd, r))
+            for cmd, args in (("fire", {"schedule": "hold"}), ("reload", {}),
+                              ("pause", {"schedule": "hold"}),
+                              ("resolve", {"mandate": m, "step": "observe_001",
+                                           "action": "done", "reason": "x"})):
+                r = c.call(cmd, **args)
+                self.assertFalse(r["ok"], (cmd, r))
+                self.assertEqual(r["error"]["code"], "shutting_down", (cmd, r))
+                self.assertIn("shutting down", r["error"]["message"])
+            fire = self.ctl(d, "fire", "hold")
+            self.assertNotEqual(fire.returncode, 0)
+            self.assertIn("shutting down", fire.stdout + fire.stderr)
+            self.assertIsNone(d.proc.poll(), "kairosd waits for its handler")
+        finally:
+            c.close()
+        # let the handler finish: kairosd then exits, once
+        with open(gate, "w"):
+            pass
+        self.assertEqual(d.proc.wait(60), 0, d.log()[-3000:])
+        # A marker sent after kairosd exited: once the reader has it, it has
+        # read everything kairosd sent.
+        import socket as socketmod
+        s = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_DGRAM)
+        s.sendto(b"TEST_MARKER=1", self.notify.path)
+        s.close()
+        self.notify.wait_for(lambda msg: msg == "TEST_MARKER=1", 10)
+        self.assertEqual(self.notify.count(lambda msg: "STOPPING=1" in msg.split("\n")), 1,
+                         self.notify.messages)
+        self.assertFalse(os.path.exists(sock))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
