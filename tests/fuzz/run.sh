@@ -2,9 +2,10 @@
 # Build a real libFuzzer binary with clang and run it.
 #   tests/fuzz/run.sh TARGET [SECONDS] [libFuzzer options...]
 #   e.g. tests/fuzz/run.sh canon 600
-# TARGET is canon, fold, config, cron or control (tests/fuzz/fuzz_TARGET.c;
-# control also builds src/daemon/control_proto.c and links jansson; a
-# dictionary tests/fuzz/TARGET.dict is used when there is one).  The build
+# TARGET is canon, fold, config, cron, control or conn (tests/fuzz/fuzz_TARGET.c;
+# control also builds src/daemon/control_proto.c and links jansson, conn
+# builds src/daemon/control.c and control_proto.c and links jansson and
+# libuv; a dictionary tests/fuzz/TARGET.dict is used when there is one).  The build
 # goes to $FUZZ_BUILD_DIR (default: build-fuzz/ in the source tree).  New inputs are
 # collected in $FUZZ_BUILD_DIR/corpus-TARGET (the seed corpus in
 # tests/fuzz/corpus/TARGET is read, never written); crashes are written to
@@ -43,6 +44,10 @@ case $target in
 control)
         extra="$root/src/daemon/control_proto.c"
         pkgs="$pkgs jansson"
+        ;;
+conn)
+        extra="$root/src/daemon/control.c $root/src/daemon/control_proto.c"
+        pkgs="$pkgs jansson libuv"
         ;;
 esac
 
