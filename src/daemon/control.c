@@ -120,11 +120,22 @@ static void client_drop_claims(struct control_client *c)
         }
 }
 
+static void on_turn(uv_idle_t *h);
+
+/* All connections together were over their budget and no longer are: wake
+ * the ones it paused (in the next turn of the loop). */
+static void server_wake(struct control_server *srv, bool was_over)
+{
+        if (srv && was_over && srv->queued <= CONTROL_MAX_QUEUED_TOTAL)
+                uv_idle_start(&srv->turns, on_turn);
+}
+
 static void client_unlink(struct control_client *c)
 {
         struct control_server *srv = c->srv;
         if (!srv)
                 return;
+        bool was_over = srv->queued > CONTROL_MAX_QUEUED_TOTAL;
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -137,6 +148,7 @@ static void client_unlink(struct control_client *c)
                 srv->nrefusing--;
         srv->queued -= c->queued;
         c->srv = NULL;
+        server_wake(srv, was_over);
 }
 
 static void client_close(struct control_client *c)
@@ -184,15 +196,7 @@ static void on_written(uv_write_t *req, int status)
                 client_close(c);
         else
                 client_pump(c);
-        /* Below the budget of all connections again: wake the ones it paused. */
-        if (srv && was_over && !over_total(srv) && c->srv == srv) {
-                struct control_client *next;
-                for (struct control_client *o = srv->clients; o; o = next) {
-                        next = o->next;
-                        if (o != c)
-                                client_pump(o);
-                }
-        }
+        server_wake(srv, was_over);
         client_unref(c);
 }
 
@@ -465,7 +469,8 @@ static void on_turn(uv_idle_t *h)
         struct control_client *next;
         for (struct control_client *o = srv->clients; o; o = next) {
                 next = o->next;
-                if (o->has_line && client_may_take(o))
+                /* lines left from its last turn, or paused and free to go on */
+                if ((o->has_line || !o->reading) && client_may_take(o))
                         client_pump(o);
                 if (!o->closing && o->has_line && client_may_take(o))
                         more = true;

@@ -50,7 +50,7 @@ def write_conf(directory, state, socket, schedules, extra=""):
     return path
 
 
-# The attacker: pipelines status/schedules/list requests on a few
+# The attacker: pipelines status/schedules/list requests on 12
 # connections as fast as the sockets take them and never reads a reply.
 ATTACKER = r"""
 import os, socket, sys, time
@@ -191,7 +191,7 @@ class TestReplyQueue(LimitCase):
         pid = d.proc.pid
         base = rss(pid)
         limit = RSS_LIMIT if not SANITIZED else base + RSS_LIMIT
-        attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, sock, str(ATTACK_SEC), "4"],
+        attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, sock, str(ATTACK_SEC), "12"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.procs.append(attacker)
         peak, slowest, answered = base, 0.0, 0
