@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 import signal
+import socket as socketmod
 import subprocess
 import sys
 import tempfile
@@ -332,6 +333,46 @@ class TestConnections(LimitCase):
         self.assertNotIn("too low", d.log())
 
 
+    def test_refused_connections_that_send_nothing(self):
+        sock = os.path.join(self.state, "control.sock")
+        conf = write_conf(self.dir, self.state, sock, {})
+
+        def low_limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+        d = self.start(conf, sock, preexec_fn=low_limit)
+        held = [Client(sock) for _ in range(39)]   # every slot
+        try:
+            for c in held:
+                self.assertTrue(c.call("status")["ok"])
+            # 40 more that never send a request: 32 wait for one (2 s), the
+            # others are answered at once; all get the error, then EOF.
+            t0 = time.monotonic()
+            extra = []
+            for _ in range(40):
+                s = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+                s.settimeout(30)
+                s.connect(sock)
+                extra.append(s)
+            took = []
+            for s in extra:
+                f = s.makefile("rb")
+                r = json.loads(f.readline())
+                took.append(time.monotonic() - t0)
+                self.assertEqual((r["id"], r["ok"], r["error"]["code"]),
+                                 (None, False, "too_many_clients"), r)
+                self.assertEqual(f.read(), b"")
+                f.close()
+                s.close()
+            took.sort()
+            self.assertGreaterEqual(took[-32], 2.0, took)
+            self.assertLess(nfds(d.proc.pid), 200 - 64)
+        finally:
+            for c in held:
+                c.close()
+        self.timed_status(d)
+
+
 class TestGracefulStop(LimitCase):
     def test_status_answers_while_stopping(self):
         sock = os.path.join(self.state, "control.sock")
@@ -385,7 +426,6 @@ class TestGracefulStop(LimitCase):
         self.assertEqual(d.proc.wait(60), 0, d.log()[-3000:])
         # A marker sent after kairosd exited: once the reader has it, it has
         # read everything kairosd sent.
-        import socket as socketmod
         s = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_DGRAM)
         s.sendto(b"TEST_MARKER=1", self.notify.path)
         s.close()
