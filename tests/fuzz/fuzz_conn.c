@@ -27,7 +27,7 @@
 #include "kairos/kbuf.h"
 #include "log.h"
 
-#define MAX_CONNS 8
+#define MAX_CONNS 48   /* more than CONTROL_MAX_REFUSING refused at once */
 #define MAX_PENDING 512
 #define MAX_CLAIMS 256
 #define BIG_MAX (256 * 1024)
