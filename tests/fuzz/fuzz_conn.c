@@ -34,9 +34,13 @@
 
 /* ---- what the control module needs from the rest of kairosd ---- */
 
-void log_event(int priority, const char *message_id, const struct log_field *fields, size_t n,
-               const char *fmt, ...)
+void log_event_at(const char *file, int line, const char *func, int priority,
+                  const char *message_id, const struct log_field *fields, size_t n,
+                  const char *fmt, ...)
 {
+        (void)file;
+        (void)line;
+        (void)func;
         (void)priority;
         (void)message_id;
         (void)fields;

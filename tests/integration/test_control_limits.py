@@ -407,7 +407,7 @@ class TestGracefulStop(LimitCase):
                 r = c.call(cmd, **args)
                 self.assertTrue(r["ok"], (cmd, r))
             for cmd, args in (("fire", {"schedule": "hold"}), ("reload", {}),
-                              ("pause", {"schedule": "hold"}),
+                              ("pause", {"schedule": "hold"}), ("retry", {"mandate": m}),
                               ("resolve", {"mandate": m, "step": "observe_001",
                                            "action": "done", "reason": "x"})):
                 r = c.call(cmd, **args)
