@@ -47,6 +47,8 @@ struct config {
         unsigned max_concurrent_mandates; /* [4] */
         uint64_t graceful_timeout_sec; /* [120] */
         int log_level;                 /* syslog priority, [info] = 6 */
+        char *metrics_file;            /* MetricsFile= absolute path or NULL [none] */
+        uint64_t metrics_interval_sec; /* MetricsIntervalSec= [15] */
         /* [Idempotency] */
         uint64_t idem_ttl_sec;         /* [86400] */
         unsigned idem_max_entries;     /* [10000] */

@@ -1412,3 +1412,29 @@ int ctl_cmd_schedules_next(const struct ctl_opts *o, int argc, char **argv)
         return run(o, "schedules", json_pack("{s:s, s:i}", "next", argv[0], "n", count),
                    text_schedules_next);
 }
+
+/* ---- metrics ------------------------------------------------------------ */
+
+/* The text as kairosd rendered it, byte for byte. */
+static int text_metrics(json_t *r)
+{
+        const char *t = jstr(r, "text");
+        if (t)
+                fputs(t, stdout);
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_metrics(const struct ctl_opts *o, int argc, char **argv)
+{
+        bool om = false;
+        const struct ctl_option opts[] = { { "openmetrics", false, NULL, &om }, { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("metrics", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("metrics", npos, 0, "");
+        return r ? r
+                 : run(o, "metrics",
+                       json_pack("{s:s}", "format", om ? "openmetrics" : "prometheus"),
+                       text_metrics);
+}

@@ -56,6 +56,9 @@ static const struct ctl_command commands[] = {
         { "reload", ctl_cmd_reload, true, "",
           "Re-read and validate the configuration and schedules (like SIGHUP); on an\n"
           "error the daemon keeps the running configuration." },
+        { "metrics", ctl_cmd_metrics, true, "[--openmetrics]",
+          "kairosd's metrics in the Prometheus text format (the format of MetricsFile=),\n"
+          "or with --openmetrics in OpenMetrics 1.0." },
         { "tool run", ctl_cmd_tool_run, true, "--key K [--tool NAME] -- CMD ARGS...",
           "For handlers: run CMD at most once per key; a duplicate replays the stored\n"
           "exit status, output and error." },

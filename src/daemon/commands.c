@@ -21,6 +21,7 @@
 #include <time.h>
 #include "kairos/wal.h"
 #include "log.h"
+#include "metrics.h"
 
 /* ---- status / list ---- */
 
@@ -827,12 +828,21 @@ static const struct command commands[] = {
         { "idem-stats", idem_cmd_stats, true },
         { "idem-get", idem_cmd_get, true },
         { "idem-forget", idem_cmd_forget, false },
+        { "metrics", metrics_cmd, true },
 #ifdef KAIROS_TEST_HOOKS
         { "test-clock", cmd_test_clock, false },
         { "test-stall", cmd_test_stall, false },
         { "test-idem-clock", idem_cmd_test_clock, false },
 #endif
 };
+
+bool commands_known(const char *cmd)
+{
+        for (size_t i = 0; cmd && i < sizeof commands / sizeof commands[0]; i++)
+                if (strcmp(cmd, commands[i].name) == 0)
+                        return true;
+        return false;
+}
 
 void commands_dispatch(struct control_request *req)
 {

@@ -15,6 +15,7 @@
 #include "kairos/kio.h"
 #include "control_proto.h"
 #include "log.h"
+#include "metrics.h"
 
 struct control_server {
         uv_pipe_t pipe;
@@ -280,8 +281,15 @@ static void request_free(struct control_request *req)
         client_unref(c);
 }
 
+/* Counted by command (unknown ones as "unknown") and code ("ok"). */
+static void count_reply(const struct control_request *req, const char *code)
+{
+        metrics_control(req->d->metrics, commands_known(req->cmd) ? req->cmd : NULL, code);
+}
+
 void control_reply_ok(struct control_request *req, json_t *result)
 {
+        count_reply(req, NULL);
         json_t *reply = json_pack("{s:i, s:O, s:b, s:o}", "v", 1, "id", req->id, "ok", 1,
                                   "result", result ? result : json_object());
         client_send(req->client, reply, false);
@@ -293,6 +301,7 @@ static void reply_error_v(struct control_request *req, const char *code, json_t 
 {
         char msg[1024];
         vsnprintf(msg, sizeof msg, fmt, ap);
+        count_reply(req, code);
         client_send(req->client, error_reply(req->id, code, msg, detail), false);
         request_free(req);
 }
@@ -393,11 +402,13 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
         if (c->refusal) {
                 /* Answer the request it sent (naming its id if it has
                  * one), then hang up. */
+                metrics_control(c->d->metrics, NULL, c->refusal_code);
                 client_send(c, error_reply(pr.id, c->refusal_code, c->refusal, NULL), true);
                 control_parsed_clear(&pr);
                 return;
         }
         if (r < 0) {
+                metrics_control(c->d->metrics, NULL, "bad_request");
                 client_send(c, error_reply(pr.id, "bad_request", problem, NULL), false);
                 control_parsed_clear(&pr);
                 return;

@@ -123,3 +123,5 @@ int control_adopt_fd(struct daemon *d, int fd);
 
 /* commands.c */
 void commands_dispatch(struct control_request *req);
+/* Is cmd the name of a command? */
+bool commands_known(const char *cmd);

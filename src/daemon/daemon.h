@@ -16,6 +16,7 @@
 struct control_server;
 struct chronos;
 struct idem_service;
+struct metrics;
 
 enum mandate_status {
         MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
@@ -92,6 +93,7 @@ struct daemon {
         struct control_server *control;
         struct chronos *chronos;
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
+        struct metrics *metrics;    /* metrics.h */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

@@ -29,6 +29,7 @@
 #include "kairos/planner.h"
 #include "kairos/wal.h"
 #include "log.h"
+#include "metrics.h"
 
 #define MAX_OUTPUT (1024 * 1024)
 #define STDERR_TAIL 2048
@@ -554,6 +555,7 @@ struct exec_run {
         int phase;
         char *step_id;
         char *expected_post;
+        uint64_t started_ms;       /* now_ms_monotonic() at the spawn */
 };
 
 static void start_advance(struct mandate *m, struct advance *a);
@@ -885,6 +887,7 @@ static void spawn_handler(struct mandate *m, struct advance *a)
         }
         run->open_handles++;
         run->pid = run->proc.pid;
+        run->started_ms = now_ms_monotonic();
         uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
         uv_read_start((uv_stream_t *)&run->err, on_alloc_out, on_read_err);
         uv_buf_t buf = uv_buf_init(run->stdin_doc, (unsigned)run->stdin_len);
@@ -1028,6 +1031,7 @@ static void run_finished(struct exec_run *run)
                                           .result_json = own(a, res.data) };
                 kbuf_free(&res);
         }
+        metrics_step(d->metrics, run->phase, r->op, run->pid ? run->started_ms : 0);
         if (r->op == WAL_OP_COMPLETED && !r->result_json) {
                 a->npre = 0;
                 log_error("out of memory recording %s %s", m->id, run->step_id);
@@ -1434,6 +1438,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 log_event(LOG_NOTICE, NULL,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
                           "fired %s at %s: mandate %s", schedule, fired_at, m->id);
+        metrics_fire(d->metrics, schedule, req != NULL);
         start_advance(m, a);
 }
 

@@ -1242,6 +1242,15 @@ void idem_cmd_tool_write(struct control_request *req)
 
 /* ---- operator commands ---- */
 
+int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats)
+{
+        struct idem_service *svc = SVC(d);
+        if (!svc || !svc->store || !svc->loaded)
+                return -EAGAIN;
+        idem_stats(svc->store, ret_stats);
+        return 0;
+}
+
 void idem_cmd_stats(struct control_request *req)
 {
         struct idem_service *svc = SVC(req->d);

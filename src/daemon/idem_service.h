@@ -26,6 +26,7 @@
 
 #include "control.h"
 #include "daemon.h"
+#include "kairos/idem.h"
 
 /* Create the store (TTLSec=, MaxEntries=) and load <state>/idem/ on the
  * service's queue; loaded(d) runs on the loop when done, also when the load
@@ -36,6 +37,8 @@ int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d));
 void idem_service_reload(struct daemon *d, const struct config *cfg);
 /* After the loop has stopped. */
 void idem_service_free(struct daemon *d);
+/* The store's counters; -EAGAIN while it is not loaded. */
+int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 
 void idem_cmd_tool_begin(struct control_request *req);
 void idem_cmd_tool_finish(struct control_request *req);

@@ -21,6 +21,7 @@
 #include "kairos/canon.h"
 #include "kairos/kio.h"
 #include "log.h"
+#include "metrics.h"
 
 #define DEFAULT_CONFIG "/etc/kairos/kairosd.conf"
 
@@ -186,6 +187,7 @@ static void reload_done(void *arg)
                 config_free(old);
                 log_set_level(d->cfg->log_level);
                 d->socket_gid = lookup_group(d->cfg->socket_group);
+                metrics_reload(d->metrics);
                 chronos_reload(d);
                 log_event(LOG_NOTICE, MSGID_RELOAD_OK, NULL, 0,
                           "configuration reloaded: %zu schedule%s", d->cfg->nschedules,
@@ -271,6 +273,7 @@ void daemon_stop(struct daemon *d, int exit_code)
         /* The control socket stays: read-only commands are answered until
          * the loop ends (commands.c refuses the others). */
         chronos_stop(d);
+        metrics_stop(d->metrics);
         notify_watchdog_stop(&d->watchdog);
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
@@ -334,6 +337,7 @@ static void on_recovered(struct daemon *d)
                   r->files, (unsigned long long)r->duration_ms, r->resumed, r->paused_review,
                   r->quarantined, d->cfg->control_socket);
         executor_kick(d);
+        metrics_start(d->metrics);
         if ((rc = chronos_start(d)) < 0)
                 log_error("the scheduler cannot start: %s; schedules do not fire (kairosctl fire "
                           "still works)",
@@ -534,6 +538,8 @@ int main(int argc, char **argv)
         d->mandates = strmap_new();
         d->jobs = (struct serialq_group){ .drained = on_jobs_drained, .ctx = d };
         serialq_init(&d->admin_q, d->loop, &d->jobs);
+        if (!(d->metrics = metrics_new(d)))
+                log_warning("out of memory: no metrics");
         uv_signal_t *sigs[] = { &d->sig_term, &d->sig_int, &d->sig_hup, &d->sig_usr1 };
         int signums[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1 };
         for (int i = 0; i < 4; i++) {
@@ -581,6 +587,7 @@ int main(int argc, char **argv)
         chronos_free(d);
         idem_service_free(d);
         mandates_free(d);
+        metrics_free(d->metrics);
 out:
         config_free(d->cfg);
         free(d->config_path);

@@ -7,6 +7,7 @@
 #include "daemon.h"
 #include "executor.h"
 #include "kairos/wal.h"
+#include "metrics.h"
 
 static const char *const status_names[MANDATE__STATUS_MAX] = {
         [MANDATE_RUNNABLE] = "runnable",
@@ -68,7 +69,7 @@ int mandate_wal_open(struct mandate *m)
         if (m->wal)
                 return 0;
         struct wal_open_info info;
-        int r = wal_open(m->wal_path, NULL, &m->wal, &info);
+        int r = wal_open(m->wal_path, metrics_wal_options(m->d->metrics), &m->wal, &info);
         if (r < 0)
                 return r;
         if (wal_state(m->wal) == WAL_STATE_QUARANTINED)

@@ -18,6 +18,7 @@
 #include "kairos/recovery.h"
 #include "kairos/wal.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <jansson.h>
 
@@ -141,7 +142,7 @@ static void recover_work(void *arg)
         struct recovery *rec = NULL;
         struct wal_open_info info;
 
-        int r = wal_open(j->m->wal_path, NULL, &w, &info);
+        int r = wal_open(j->m->wal_path, metrics_wal_options(j->d->metrics), &w, &info);
         if (r < 0) {
                 j->error = r;
                 return;
@@ -261,6 +262,7 @@ static void recover_done(void *arg)
         for (size_t i = 0; i < j->ndecisions; i++) {
                 struct recover_decision *rd = &j->decisions[i];
                 log_decision(m, rd);
+                metrics_verdict(d->metrics, verdict_kind_name(rd->kind), rd->reason);
                 s->decisions++;
                 if (rd->kind == VERDICT_ALREADY_DONE)
                         s->already_done++;

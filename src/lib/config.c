@@ -496,6 +496,9 @@ static const struct key_def daemon_keys[] = {
         { .name = "GracefulTimeoutSec", .type = KT_DURATION,
           .offset = DFIELD(graceful_timeout_sec), .min = 0, .max = CONFIG_DURATION_MAX },
         { .name = "LogLevel", .type = KT_ENUM, .offset = DFIELD(log_level), .words = log_levels },
+        { .name = "MetricsFile", .type = KT_OPT_PATH, .offset = DFIELD(metrics_file) },
+        { .name = "MetricsIntervalSec", .type = KT_DURATION,
+          .offset = DFIELD(metrics_interval_sec), .min = 1, .max = 86400 },
         { .name = NULL },
 };
 
@@ -1230,6 +1233,7 @@ void config_free(struct config *c)
         free(c->state_directory);
         free(c->control_socket);
         free(c->socket_group);
+        free(c->metrics_file);
         config_strv_free(c->write_roots);
         for (size_t i = 0; i < c->nschedules; i++)
                 config_schedule_clear(&c->schedules[i]);
@@ -1248,6 +1252,7 @@ static struct config *config_new(void)
         c->max_concurrent_mandates = 4;
         c->graceful_timeout_sec = 120;
         c->log_level = 6; /* info */
+        c->metrics_interval_sec = 15;
         c->idem_ttl_sec = 86400;
         c->idem_max_entries = 10000;
         if (!c->state_directory || !c->control_socket || !c->socket_group) {

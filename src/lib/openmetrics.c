@@ -57,6 +57,15 @@ void om_format_double(double v, char out[32])
                 strcpy(out, v > 0 ? "+Inf" : "-Inf");
                 return;
         }
+        /* Plain decimals where they are short ("10", "0.0001"), else %g. */
+        double a = fabs(v);
+        if (v == 0 || (a >= 1e-6 && a < 1e15)) {
+                for (int prec = 0; prec <= 17; prec++) {
+                        snprintf(out, 32, "%.*f", prec, v);
+                        if (strtod(out, NULL) == v)
+                                return;
+                }
+        }
         for (int prec = 1; prec <= 17; prec++) {
                 snprintf(out, 32, "%.*g", prec, v);
                 if (strtod(out, NULL) == v)

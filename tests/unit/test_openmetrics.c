@@ -104,6 +104,14 @@ static void test_format_double_round_trips(void **state)
         }
         om_format_double(0.1, s);
         assert_string_equal(s, "0.1");
+        om_format_double(10, s);
+        assert_string_equal(s, "10");
+        om_format_double(3600, s);
+        assert_string_equal(s, "3600");
+        om_format_double(0.0001, s);
+        assert_string_equal(s, "0.0001");
+        om_format_double(1e-9, s);
+        assert_string_equal(s, "1e-09");
         om_format_double(INFINITY, s);
         assert_string_equal(s, "+Inf");
         om_format_double(NAN, s);
