@@ -25,7 +25,8 @@ runtime=(libuv1 libsodium23 libjansson4 zlib1g libsystemd0 tzdata)
 build=(meson ninja-build pkgconf gcc libc6-dev libuv1-dev libsodium-dev zlib1g-dev
        libsystemd-dev libjansson-dev scdoc bash-completion)
 test=(python3 libcmocka-dev libsqlite3-dev clang debootstrap systemd-container strace
-      util-linux gzip git dpkg-dev debhelper lintian)
+      util-linux gzip git dpkg-dev debhelper lintian
+      prometheus-node-exporter prometheus)
 
 usage() {
         sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//' >&2

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -345,8 +346,14 @@ static void mwrite_work(void *arg)
                 w->stage = "create";
                 return;
         }
+        /* Readable by node_exporter's user whatever the umask (the unit's
+         * is 0027). */
+        if (fchmod(fd, 0644) < 0) {
+                w->error = -errno;
+                w->stage = "chmod";
+        }
         size_t done = 0;
-        while (done < w->text.len) {
+        while (!w->error && done < w->text.len) {
                 ssize_t n = write(fd, w->text.data + done, w->text.len - done);
                 if (n < 0 && errno == EINTR)
                         continue;

@@ -142,7 +142,11 @@ class MetricsCase(unittest.TestCase):
     # ------------------------------------------------------------------
 
     def test_values_move(self):
-        self.start(self.prom)
+        old = os.umask(0o027)  # the shipped unit's UMask=: the file must stay readable
+        try:
+            self.start(self.prom)
+        finally:
+            os.umask(old)
         before = parse(self.metrics())
         self.assertEqual(val(before, "kairos_build_info", version=self.version()), 1)
         self.assertGreater(val(before, "kairos_process_start_time_seconds"), 1.6e9)
@@ -279,6 +283,21 @@ class MetricsCase(unittest.TestCase):
             f.write("MetricsFile=%s\n" % other)
         self.ctl("reload")
         wait_for(lambda: os.path.exists(other), "the new metrics file after reload")
+
+    def test_every_metric_documented(self):
+        self.start()
+        src = os.environ.get("KAIROS_SRCDIR",
+                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        with open(os.path.join(src, "man", "kairosd.8.scd"), encoding="utf-8") as f:
+            man = f.read()
+        section = man[man.index("# METRICS\n"):]
+        section = section[:section.index("\n# ", 1)].replace("\\", "")
+        families = re.findall(r"^# TYPE (\S+) (\S+)$", self.metrics(), re.M)
+        self.assertGreaterEqual(len(families), 12)
+        for name, kind in families:
+            m = re.search(r"^\*%s\*(\{[^}]*\})? \((\w+)\)$" % re.escape(name), section, re.M)
+            self.assertIsNotNone(m, "%s is not in kairosd(8), METRICS" % name)
+            self.assertEqual(m.group(2), kind, name)
 
     def test_config_checked(self):
         for bad, why in (("MetricsIntervalSec=0", "MetricsIntervalSec"),
