@@ -25,11 +25,11 @@
 #define MSET_MAX_ROWS 512
 
 struct mrow {
-        char *a, *b;
+        char *l[3];
         uint64_t v;
 };
 
-/* A counter with two labels. */
+/* A counter with two or three labels. */
 struct mset {
         struct mrow *rows;
         size_t n, cap;
@@ -67,23 +67,29 @@ struct metrics {
 
 static void mset_free(struct mset *s)
 {
-        for (size_t i = 0; i < s->n; i++) {
-                free(s->rows[i].a);
-                free(s->rows[i].b);
-        }
+        for (size_t i = 0; i < s->n; i++)
+                for (int k = 0; k < 3; k++)
+                        free(s->rows[i].l[k]);
         free(s->rows);
         *s = (struct mset){ 0 };
 }
 
-static void mset_inc(struct mset *s, const char *a, const char *b)
+static bool same(const char *x, const char *y)
+{
+        return x && y ? strcmp(x, y) == 0 : x == y;
+}
+
+/* c is NULL for a counter with two labels. */
+static void mset_inc(struct mset *s, const char *a, const char *b, const char *c)
 {
         for (size_t i = 0; i < s->n; i++)
-                if (strcmp(s->rows[i].a, a) == 0 && strcmp(s->rows[i].b, b) == 0) {
+                if (same(s->rows[i].l[0], a) && same(s->rows[i].l[1], b) &&
+                    same(s->rows[i].l[2], c)) {
                         s->rows[i].v++;
                         return;
                 }
         if (s->n >= MSET_MAX_ROWS && strcmp(a, "other") != 0) {
-                mset_inc(s, "other", "other");
+                mset_inc(s, "other", "other", c ? "other" : NULL);
                 return;
         }
         if (s->n == s->cap) {
@@ -94,10 +100,10 @@ static void mset_inc(struct mset *s, const char *a, const char *b)
                 s->rows = r;
                 s->cap = cap;
         }
-        struct mrow row = { strdup(a), strdup(b), 1 };
-        if (!row.a || !row.b) {
-                free(row.a);
-                free(row.b);
+        struct mrow row = { { strdup(a), strdup(b), c ? strdup(c) : NULL }, 1 };
+        if (!row.l[0] || !row.l[1] || (c && !row.l[2])) {
+                for (int k = 0; k < 3; k++)
+                        free(row.l[k]);
                 return;
         }
         s->rows[s->n++] = row;
@@ -106,7 +112,7 @@ static void mset_inc(struct mset *s, const char *a, const char *b)
 void metrics_fire(struct metrics *mx, const char *schedule, bool manual)
 {
         if (mx)
-                mset_inc(&mx->fires, schedule ? schedule : "", manual ? "manual" : "timer");
+                mset_inc(&mx->fires, schedule ? schedule : "", manual ? "manual" : "timer", NULL);
 }
 
 void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_ms)
@@ -116,7 +122,7 @@ void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handle
         const char *outcome = op == WAL_OP_COMPLETED ? "completed"
                               : op == WAL_OP_FAILED  ? "failed"
                                                      : "needs_review";
-        mset_inc(&mx->steps, planner_phase_name((enum planner_phase)phase), outcome);
+        mset_inc(&mx->steps, planner_phase_name((enum planner_phase)phase), outcome, NULL);
         if (!handler_started_ms)
                 return;
         uint64_t now = now_ms_monotonic();
@@ -125,16 +131,18 @@ void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handle
         mx->handler_sum[phase] += sec;
 }
 
-void metrics_verdict(struct metrics *mx, const char *verdict, const char *reason)
+void metrics_verdict(struct metrics *mx, const char *verdict, const char *source,
+                     const char *reason)
 {
         if (mx)
-                mset_inc(&mx->verdicts, verdict ? verdict : "", reason ? reason : "");
+                mset_inc(&mx->verdicts, verdict ? verdict : "", source ? source : "",
+                         reason ? reason : "");
 }
 
 void metrics_control(struct metrics *mx, const char *command, const char *code)
 {
         if (mx)
-                mset_inc(&mx->control, command ? command : "unknown", code ? code : "ok");
+                mset_inc(&mx->control, command ? command : "unknown", code ? code : "ok", NULL);
 }
 
 /* ---- fdatasync timing (pool threads) ---- */
@@ -162,13 +170,17 @@ const struct wal_options *metrics_wal_options(struct metrics *mx)
 
 /* ---- rendering ---- */
 
+/* names: the label names, NULL-terminated (two or three). */
 static int render_mset(struct kbuf *out, enum om_format f, const char *name, const char *help,
-                       const struct mset *s, const char *la, const char *lb)
+                       const struct mset *s, const char *const *names)
 {
         int r = om_family(out, f, name, OM_COUNTER, NULL, help);
+        size_t n = names[2] ? 3 : 2;
         for (size_t i = 0; r >= 0 && i < s->n; i++) {
-                struct om_label l[] = { { la, s->rows[i].a }, { lb, s->rows[i].b } };
-                r = om_sample_u64(out, name, OM_COUNTER, l, 2, s->rows[i].v);
+                struct om_label l[3];
+                for (size_t k = 0; k < n; k++)
+                        l[k] = (struct om_label){ names[k], s->rows[i].l[k] };
+                r = om_sample_u64(out, name, OM_COUNTER, l, n, s->rows[i].v);
         }
         return r;
 }
@@ -267,18 +279,19 @@ int metrics_render(struct metrics *mx, enum om_format f, struct kbuf *out)
         if ((r = render_state(mx, f, out)) < 0 ||
             (r = render_mset(out, f, "kairos_fires", "Mandates fired, by schedule and source "
                              "(timer: the schedule's clock; manual: kairosctl fire).",
-                             &mx->fires, "schedule", "source")) < 0 ||
+                             &mx->fires, (const char *const[]){ "schedule", "source", NULL })) < 0 ||
             (r = render_mset(out, f, "kairos_steps", "Steps ended, by phase and outcome.",
-                             &mx->steps, "phase", "outcome")) < 0 ||
+                             &mx->steps, (const char *const[]){ "phase", "outcome", NULL })) < 0 ||
             (r = render_mset(out, f, "kairos_recovery_verdicts",
-                             "Recovery decisions about interrupted steps, by verdict and the "
-                             "reason (evidence) it rests on.",
-                             &mx->verdicts, "verdict", "reason")) < 0 ||
+                             "Recovery decisions about interrupted steps, by verdict, the source "
+                             "of the evidence and the reason.",
+                             &mx->verdicts,
+                             (const char *const[]){ "verdict", "source", "reason", NULL })) < 0 ||
             (r = render_histograms(mx, f, out)) < 0 || (r = render_idem(mx, f, out)) < 0 ||
             (r = render_mset(out, f, "kairos_control_requests",
                              "Control requests answered, by command and reply code (ok or the "
                              "error code).",
-                             &mx->control, "command", "code")) < 0)
+                             &mx->control, (const char *const[]){ "command", "code", NULL })) < 0)
                 return r;
         return om_end(out, f);
 }

@@ -40,7 +40,10 @@ void metrics_fire(struct metrics *mx, const char *schedule, bool manual);
 /* A step ended with record op (completed, failed, needs_review);
  * handler_started_ms: now_ms_monotonic() at its spawn, 0 if no handler ran. */
 void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_ms);
-void metrics_verdict(struct metrics *mx, const char *verdict, const char *reason);
+/* source: where the evidence came from ("wal": the step's records and
+ * hashes); reason: the evidence's reason. */
+void metrics_verdict(struct metrics *mx, const char *verdict, const char *source,
+                     const char *reason);
 /* A control reply: command NULL when unknown or unparsable, code NULL for ok. */
 void metrics_control(struct metrics *mx, const char *command, const char *code);
 

@@ -262,7 +262,7 @@ static void recover_done(void *arg)
         for (size_t i = 0; i < j->ndecisions; i++) {
                 struct recover_decision *rd = &j->decisions[i];
                 log_decision(m, rd);
-                metrics_verdict(d->metrics, verdict_kind_name(rd->kind), rd->reason);
+                metrics_verdict(d->metrics, verdict_kind_name(rd->kind), "wal", rd->reason);
                 s->decisions++;
                 if (rd->kind == VERDICT_ALREADY_DONE)
                         s->already_done++;

@@ -26,7 +26,8 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kairos_harness import KAIROSCTL, Client, Daemon, NotifySocket, write_config  # noqa: E402
+from kairos_harness import (KAIROSCTL, Client, Daemon, NotifySocket, append,  # noqa: E402
+                            executing, plan_commit, wal_line, write_config)
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 PROMTOOL = shutil.which("promtool")
@@ -192,6 +193,26 @@ class MetricsCase(unittest.TestCase):
         self.assertNotIn("# EOF", text)
         self.assertNotIn("# UNIT", text)
         self.assertIn("# TYPE kairos_fires_total counter\n", text)
+
+    def test_recovery_verdicts(self):
+        wal = os.path.join(self.state, "wal")
+        os.makedirs(wal)
+        # Interrupted during execution (manual_review) and never started (safe_to_retry).
+        for mid, recs in (("mnd_r", [plan_commit("plan_r", "mnd_r"),
+                                     append("observe_001", "plan_r", "mnd_r"),
+                                     executing("observe_001")]),
+                          ("mnd_s", [plan_commit("plan_s", "mnd_s"),
+                                     append("observe_001", "plan_s", "mnd_s")])):
+            with open(os.path.join(wal, mid + ".wal.jsonl"), "w") as f:
+                f.write("".join(wal_line(r) for r in recs))
+        self.start()
+        s = parse(self.metrics())
+        self.assertEqual(val(s, "kairos_recovery_verdicts_total", verdict="manual_review",
+                             source="wal", reason="interrupted_during_execution"), 1, s)
+        self.assertEqual(val(s, "kairos_reviews_waiting"), 1)
+        self.assertEqual(val(s, "kairos_mandates", status="paused_review"), 1)
+        verdicts = {dict(k[1])["verdict"] for k in s if k[0] == "kairos_recovery_verdicts_total"}
+        self.assertIn("safe_to_retry", verdicts)
 
     def test_idempotency_counts(self):
         self.start()
