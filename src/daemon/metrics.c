@@ -353,7 +353,9 @@ static void mwrite_free(struct mwrite *w)
 static void mwrite_work(void *arg)
 {
         struct mwrite *w = arg;
-        int fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        /* A fresh file: never write through a link someone left there. */
+        (void)unlink(w->tmp);
+        int fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
         if (fd < 0) {
                 w->error = -errno;
                 w->stage = "create";

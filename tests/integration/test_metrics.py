@@ -194,6 +194,17 @@ class MetricsCase(unittest.TestCase):
         self.assertNotIn("# UNIT", text)
         self.assertIn("# TYPE kairos_fires_total counter\n", text)
 
+    def test_stale_temporary_link_not_followed(self):
+        victim = os.path.join(self.dir, "victim")
+        with open(victim, "w") as f:
+            f.write("keep me\n")
+        os.symlink(victim, os.path.join(self.textfile_dir, ".kairos.prom.tmp"))
+        self.start(self.prom)
+        wait_for(self.file_samples, "the metrics file")
+        with open(victim) as f:
+            self.assertEqual(f.read(), "keep me\n")
+        self.assertTrue(stat.S_ISREG(os.lstat(self.prom).st_mode))
+
     def test_recovery_verdicts(self):
         wal = os.path.join(self.state, "wal")
         os.makedirs(wal)
