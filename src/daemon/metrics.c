@@ -278,7 +278,7 @@ int metrics_render(struct metrics *mx, enum om_format f, struct kbuf *out)
         int r;
         if ((r = render_state(mx, f, out)) < 0 ||
             (r = render_mset(out, f, "kairos_fires", "Mandates fired, by schedule and source "
-                             "(timer: the schedule's clock; manual: kairosctl fire).",
+                             "(timer: the schedule's clock; manual: kairosctl fire or retry).",
                              &mx->fires, (const char *const[]){ "schedule", "source", NULL })) < 0 ||
             (r = render_mset(out, f, "kairos_steps", "Steps ended, by phase and outcome.",
                              &mx->steps, (const char *const[]){ "phase", "outcome", NULL })) < 0 ||
