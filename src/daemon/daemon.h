@@ -60,6 +60,7 @@ struct mandate {
         struct mandate *next_queued;
         bool holds_slot;           /* counted in running (MaxConcurrentMandates) */
         struct exec_run *run;      /* the handler being run, if any */
+        struct spawn_retry *spawn_retry; /* its start failed for want of fds/memory: retried */
         char *step_id;             /* the step being run */
 };
 

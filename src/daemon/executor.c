@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <pwd.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,8 +37,12 @@
 
 #define MAX_OUTPUT (1024 * 1024)
 #define STDERR_TAIL 2048
+#define STDERR_LOG_MAX (64 * 1024)  /* bytes of a step's stderr that are logged */
+#define STDERR_LINE_MAX 4096        /* bytes of one logged line */
 #define KILL_GRACE_MS 5000
 #define MAX_BATCH 8
+#define SPAWN_RETRY_MIN_MS 100
+#define SPAWN_RETRY_MAX_MS 5000
 
 /* ------------------------------------------------------------------------ */
 /* The advance job                                                          */
@@ -545,6 +553,7 @@ struct exec_run {
         struct kbuf err_line;
         char err_tail[STDERR_TAIL];
         size_t err_tail_len;
+        size_t err_accepted, err_dropped; /* stderr bytes logged / not logged */
         bool exited, out_eof, err_eof, finished;
         int64_t exit_status;
         int term_signal;
@@ -690,7 +699,7 @@ static void tail_add(struct exec_run *run, const char *p, size_t n)
         run->err_tail_len += n;
 }
 
-static void log_stderr_line(struct exec_run *run, const char *p, size_t n)
+static void log_stderr_line(struct exec_run *run, const char *p, size_t n, const char *mark)
 {
         if (n && p[n - 1] == '\r')
                 n--;
@@ -699,8 +708,59 @@ static void log_stderr_line(struct exec_run *run, const char *p, size_t n)
                 return;
         log_event(LOG_INFO, NULL,
                   LOG_FIELDS({ "MANDATE_ID", run->m->id }, { "STEP_ID", run->step_id }),
-                  "%s %s: %s", run->m->id, run->step_id, line);
+                  "%s %s: %s%s", run->m->id, run->step_id, line, mark);
         free(line);
+}
+
+/* A piece of at most STDERR_LINE_MAX bytes of b that does not end inside a
+ * UTF-8 character (unless it is not UTF-8 at all). */
+static size_t piece_len(const char *b, size_t n)
+{
+        if (n <= STDERR_LINE_MAX)
+                return n;
+        size_t k = STDERR_LINE_MAX;
+        for (int back = 0; back < 4 && k > 0; back++, k--)
+                if (((unsigned char)b[k] & 0xc0) != 0x80)
+                        return k;
+        return STDERR_LINE_MAX;
+}
+
+/* stderr goes to the log line by line: the first STDERR_LOG_MAX bytes of a
+ * step, in lines of at most STDERR_LINE_MAX bytes (a longer line is logged
+ * in pieces, each but the last ending in "…"); what comes after is counted
+ * and reported in one line at the end.  The tail for the error message sees
+ * everything. */
+static void stderr_consume(struct exec_run *run, size_t n)
+{
+        struct kbuf *b = &run->err_line;
+        tail_add(run, b->data + b->len, n);
+        size_t room = STDERR_LOG_MAX - run->err_accepted;
+        size_t take = n < room ? n : room;
+        run->err_accepted += take;
+        run->err_dropped += n - take;
+        b->len += take;
+        size_t start = 0;
+        for (;;) {
+                char *nl = memchr(b->data + start, '\n', b->len - start);
+                size_t len = nl ? (size_t)(nl - (b->data + start)) : b->len - start;
+                if (len > STDERR_LINE_MAX) {
+                        size_t k = piece_len(b->data + start, len);
+                        log_stderr_line(run, b->data + start, k, "\u2026");
+                        start += k;
+                        continue;
+                }
+                if (!nl)
+                        break;
+                log_stderr_line(run, b->data + start, len, "");
+                start += len + 1;
+        }
+        /* Nothing more will be logged: do not keep a partial line waiting. */
+        if (run->err_accepted == STDERR_LOG_MAX && b->len > start) {
+                log_stderr_line(run, b->data + start, b->len - start, "");
+                start = b->len;
+        }
+        memmove(b->data, b->data + start, b->len - start);
+        b->len -= start;
 }
 
 static void on_read_err(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -710,30 +770,21 @@ static void on_read_err(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         struct kbuf *b = &run->err_line;
         if (n < 0) {
                 if (b->len)
-                        log_stderr_line(run, b->data, b->len);
+                        log_stderr_line(run, b->data, b->len, "");
                 b->len = 0;
+                if (run->err_dropped)
+                        log_event(LOG_WARNING, NULL,
+                                  LOG_FIELDS({ "MANDATE_ID", run->m->id },
+                                             { "STEP_ID", run->step_id }),
+                                  "%s %s: \u2026 %zu bytes of stderr dropped (only the first %d "
+                                  "bytes of a step are logged)",
+                                  run->m->id, run->step_id, run->err_dropped, STDERR_LOG_MAX);
                 run->err_eof = true;
                 uv_read_stop(s);
                 run_maybe_finish(run);
                 return;
         }
-        tail_add(run, b->data + b->len, (size_t)n);
-        b->len += (size_t)n;
-        size_t start = 0;
-        for (;;) {
-                char *nl = memchr(b->data + start, '\n', b->len - start);
-                if (!nl)
-                        break;
-                log_stderr_line(run, b->data + start, (size_t)(nl - (b->data + start)));
-                start = (size_t)(nl - b->data) + 1;
-        }
-        /* A line longer than 64 KiB is logged in pieces. */
-        if (b->len - start > 65536) {
-                log_stderr_line(run, b->data + start, b->len - start);
-                start = b->len;
-        }
-        memmove(b->data, b->data + start, b->len - start);
-        b->len -= start;
+        stderr_consume(run, (size_t)n);
 }
 
 static void on_stdin_written(uv_write_t *req, int status)
@@ -744,6 +795,88 @@ static void on_stdin_written(uv_write_t *req, int status)
                 uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
 }
 
+/* What every handler's environment has besides the step's own variables:
+ * the daemon user's identity and where kairosctl is.  Found once at start
+ * (getpwuid may ask NSS, which can block). */
+static struct {
+        char *home, *user;   /* of the daemon's user (getpwuid), NULL if unknown */
+        char *kairosctl;     /* absolute path of kairosctl, NULL if not found */
+        char *path;          /* PATH: kairosctl's directory, then kairosd's PATH */
+} henv;
+
+static bool is_executable_file(const char *path)
+{
+        struct stat st;
+        return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* The kairosctl that belongs to this kairosd: next to it (a build tree
+ * with both in one directory), ../ctl (the build tree: src/daemon and
+ * src/ctl), ../bin (installed: /usr/sbin/kairosd and /usr/bin/kairosctl),
+ * then the first one on PATH.  An absolute path without symlinks, or NULL. */
+static char *find_kairosctl(void)
+{
+        char exe[PATH_MAX], cand[PATH_MAX + 32];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+                exe[n] = '\0';
+                char *slash = strrchr(exe, '/');
+                if (slash)
+                        *slash = '\0';
+                static const char *const rel[] = { "kairosctl", "../ctl/kairosctl",
+                                                   "../bin/kairosctl" };
+                for (size_t i = 0; slash && i < sizeof rel / sizeof rel[0]; i++) {
+                        snprintf(cand, sizeof cand, "%s/%s", exe, rel[i]);
+                        if (is_executable_file(cand))
+                                return realpath(cand, NULL);
+                }
+        }
+        const char *path = getenv("PATH");
+        while (path && *path) {
+                size_t len = strcspn(path, ":");
+                if (len > 0 && len < PATH_MAX) {
+                        snprintf(cand, sizeof cand, "%.*s/kairosctl", (int)len, path);
+                        if (cand[0] == '/' && is_executable_file(cand))
+                                return realpath(cand, NULL);
+                }
+                path += len + (path[len] == ':');
+        }
+        return NULL;
+}
+
+void executor_init(struct daemon *d)
+{
+        (void)d;
+        struct passwd *pw = getpwuid(getuid());
+        if (pw) {
+                henv.home = strdup(pw->pw_dir);
+                henv.user = strdup(pw->pw_name);
+        } else {
+                log_warning("uid %u has no passwd entry: handlers get no HOME, USER, LOGNAME",
+                            (unsigned)getuid());
+        }
+        const char *path = getenv("PATH");
+        if (!path || !*path)
+                path = "/usr/local/bin:/usr/bin:/bin";
+        henv.kairosctl = find_kairosctl();
+        char *dir = henv.kairosctl ? strdup(henv.kairosctl) : NULL;
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash)
+                *(slash == dir ? slash + 1 : slash) = '\0';
+        size_t dlen = dir ? strlen(dir) : 0;
+        if (dir && !(strncmp(path, dir, dlen) == 0 && (path[dlen] == ':' || !path[dlen]))) {
+                if (asprintf(&henv.path, "%s:%s", dir, path) < 0)
+                        henv.path = NULL;
+        }
+        if (!henv.path)
+                henv.path = strdup(path);
+        free(dir);
+        if (henv.kairosctl)
+                log_debug("handlers get KAIROSCTL=%s", henv.kairosctl);
+        else
+                log_warning("no kairosctl next to kairosd or on PATH: handlers get no KAIROSCTL");
+}
+
 static char *env_entry(const char *k, const char *v)
 {
         char *e = NULL;
@@ -752,7 +885,105 @@ static char *env_entry(const char *k, const char *v)
         return e;
 }
 
-static void spawn_handler(struct mandate *m, struct advance *a)
+/* Starting a handler can fail for want of a resource that comes back:
+ * file descriptors (EMFILE, ENFILE: e.g. many control connections), process
+ * slots or memory for fork (EAGAIN, ENOMEM).  That is not the step's fault:
+ * the step is started again after a pause (doubling from SPAWN_RETRY_MIN_MS
+ * to SPAWN_RETRY_MAX_MS), logged, with nothing more in the WAL — its
+ * executing record is already durable and stays the only one, so
+ * KAIROS_ATTEMPT does not grow, and a crash meanwhile is seen at restart as
+ * what it might be (interrupted during execution: a human decides). */
+struct spawn_retry {
+        uv_timer_t timer;
+        struct mandate *m;
+        struct advance *a;   /* what to start */
+        unsigned delay_ms;
+        unsigned tries;
+};
+
+static bool spawn_handler(struct mandate *m, struct advance *a);
+
+static bool spawn_error_is_transient(int uv_err)
+{
+        return uv_err == UV_EMFILE || uv_err == UV_ENFILE || uv_err == UV_EAGAIN ||
+               uv_err == UV_ENOMEM;
+}
+
+static void on_spawn_retry_closed(uv_handle_t *h)
+{
+        free(h->data);
+}
+
+static void spawn_retry_end(struct mandate *m)
+{
+        struct spawn_retry *sr = m->spawn_retry;
+        if (!sr)
+                return;
+        m->spawn_retry = NULL;
+        if (sr->a)
+                advance_free(sr->a);
+        uv_close((uv_handle_t *)&sr->timer, on_spawn_retry_closed);
+}
+
+/* Stopping: the step was never started; its executing record stays open and
+ * the next start of kairosd treats it as interrupted. */
+static void spawn_retry_give_up(struct mandate *m)
+{
+        log_warning("%s %s: not started (no resources to start it) before the stop", m->id,
+                    m->step_id ? m->step_id : "?");
+        spawn_retry_end(m);
+        if (m->status == MANDATE_RUNNING)
+                mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+        release_slot(m);
+        check_idle(m->d);
+}
+
+static void on_spawn_retry(uv_timer_t *t)
+{
+        struct spawn_retry *sr = t->data;
+        struct mandate *m = sr->m;
+        if (m->d->stopping) {
+                spawn_retry_give_up(m);
+                return;
+        }
+        struct advance *a = sr->a;
+        sr->a = NULL;
+        if (!spawn_handler(m, a))
+                advance_free(a);
+}
+
+/* Keeps a for a later try: true.  Returns false when the error is not
+ * transient (the caller then fails the step). */
+static bool spawn_retry_later(struct mandate *m, struct advance *a, const char *cmdline, int err)
+{
+        if (!spawn_error_is_transient(err))
+                return false;
+        struct spawn_retry *sr = m->spawn_retry;
+        if (!sr) {
+                sr = calloc(1, sizeof(*sr));
+                if (!sr)
+                        return false;
+                uv_timer_init(m->d->loop, &sr->timer);
+                sr->timer.data = sr;
+                sr->m = m;
+                sr->delay_ms = SPAWN_RETRY_MIN_MS;
+                m->spawn_retry = sr;
+        } else {
+                sr->delay_ms = sr->delay_ms * 2 > SPAWN_RETRY_MAX_MS ? SPAWN_RETRY_MAX_MS
+                                                                     : sr->delay_ms * 2;
+        }
+        sr->tries++;
+        sr->a = a;
+        log_event(LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
+                  "%s %s: cannot start %s now: %s; trying again in %u ms (try %u; the handler "
+                  "did not run)",
+                  m->id, a->step_id, cmdline, uv_strerror(err), sr->delay_ms, sr->tries);
+        uv_timer_start(&sr->timer, on_spawn_retry, sr->delay_ms, 0);
+        return true;
+}
+
+static bool spawn_handler(struct mandate *m, struct advance *a)
 {
         struct daemon *d = m->d;
         const struct config_schedule *sc = NULL;
@@ -762,8 +993,9 @@ static void spawn_handler(struct mandate *m, struct advance *a)
         struct exec_run *run = calloc(1, sizeof(*run));
         if (!run) {
                 log_error("out of memory starting %s %s", m->id, a->step_id);
+                spawn_retry_end(m);
                 release_slot(m);
-                return;
+                return false;
         }
         run->m = m;
         run->phase = a->phase;
@@ -775,13 +1007,14 @@ static void spawn_handler(struct mandate *m, struct advance *a)
         const char *cmdline = sc ? sc->exec[a->phase] : NULL;
         if (!cmdline || !*cmdline) {
                 /* No command: the phase completes at once with a null result. */
+                spawn_retry_end(m);
                 run->exited = run->out_eof = run->err_eof = true;
                 run->finished = true;
                 run_finished(run);
                 free(run->step_id);
                 free(run->expected_post);
                 free(run);
-                return;
+                return false;
         }
         char **argv = NULL;
         size_t argc = 0;
@@ -792,11 +1025,12 @@ static void spawn_handler(struct mandate *m, struct advance *a)
                 run->spawn_failed = true;
                 run->exited = run->out_eof = run->err_eof = run->finished = true;
                 config_strv_free(argv);
+                spawn_retry_end(m);
                 run_finished(run);
                 free(run->step_id);
                 free(run->expected_post);
                 free(run);
-                return;
+                return false;
         }
         /* argv: kairosd --exec-shim PPID -- CMD ARGS… */
         char ppid[32];
@@ -806,12 +1040,15 @@ static void spawn_handler(struct mandate *m, struct advance *a)
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", a->attempt);
         snprintf(cycle, sizeof cycle, "%lld", a->cycle);
-        const char *path = getenv("PATH");
         struct {
                 const char *k, *v;
         } kv[] = {
-                { "PATH", path ? path : "/usr/local/bin:/usr/bin:/bin" },
+                { "PATH", henv.path ? henv.path : "/usr/local/bin:/usr/bin:/bin" },
                 { "LANG", getenv("LANG") },
+                { "HOME", henv.home },
+                { "USER", henv.user },
+                { "LOGNAME", henv.user },
+                { "KAIROSCTL", henv.kairosctl },
                 { "KAIROS_MANDATE_ID", m->id },
                 { "KAIROS_PLAN_ID", a->plan_id },
                 { "KAIROS_STEP_ID", a->step_id },
@@ -841,8 +1078,8 @@ static void spawn_handler(struct mandate *m, struct advance *a)
                 for (size_t i = 0; i < argc; i++)
                         args[4 + i] = argv[i];
         }
-        run->stdin_doc = a->stdin_doc.data ? kbuf_steal(&a->stdin_doc) : strdup("{}\n");
-        run->stdin_len = strlen(run->stdin_doc);
+        run->stdin_doc = strdup(a->stdin_doc.data ? a->stdin_doc.data : "{}\n");
+        run->stdin_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
         run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
 
         uv_pipe_init(d->loop, &run->in, 0);
@@ -869,23 +1106,40 @@ static void spawn_handler(struct mandate *m, struct advance *a)
                 .stdio = stdio,
         };
         run->proc.data = run;
-        r = (args && env) ? uv_spawn(d->loop, &run->proc, &o) : UV_ENOMEM;
+        r = (args && env && run->stdin_doc) ? uv_spawn(d->loop, &run->proc, &o) : UV_ENOMEM;
         for (size_t i = 0; env && i < ne; i++)
                 free(env[i]);
         free(env);
         free(args);
         config_strv_free(argv);
+        /* A process handle is initialized even when uv_spawn fails: it is
+         * closed like the others. */
+        if (args && env && run->stdin_doc)
+                run->open_handles++;
+        else
+                run->proc.data = NULL;
+        if (r < 0 && spawn_retry_later(m, a, cmdline, r)) {
+                m->run = NULL;
+                run_close_handles(run);
+                return true;
+        }
+        if (m->spawn_retry) {
+                log_event(LOG_INFO, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
+                          "%s %s: %s after %u tr%s", m->id, a->step_id,
+                          r < 0 ? "cannot start it either" : "started", m->spawn_retry->tries,
+                          m->spawn_retry->tries == 1 ? "y" : "ies");
+                spawn_retry_end(m);
+        }
         if (r < 0) {
-                run->proc.data = NULL; /* not a live handle */
                 snprintf(run->spawn_error, sizeof run->spawn_error, "cannot start %s: %s",
                          cmdline, uv_strerror(r));
                 run->spawn_failed = true;
                 run->exited = run->out_eof = run->err_eof = run->finished = true;
                 run_finished(run);
                 run_close_handles(run);
-                return;
+                return false;
         }
-        run->open_handles++;
         run->pid = run->proc.pid;
         run->started_ms = now_ms_monotonic();
         uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
@@ -899,6 +1153,7 @@ static void spawn_handler(struct mandate *m, struct advance *a)
                   LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
                   "%s %s: started %s (pid %d, attempt %u)", m->id, a->step_id, cmdline,
                   (int)run->pid, a->attempt);
+        return false;
 }
 
 /* The end of the handler's stderr, trailing blank lines and spaces trimmed
@@ -941,22 +1196,27 @@ static void append_tail(char *msg, size_t size, char *tail)
         snprintf(msg + used, size - used, ": %s", tail);
 }
 
-/* Is the handler's output JSON that the completed record can hold?  The
- * record nests it one level deeper, and a record nested deeper than
- * KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt): such
- * output is kept as text, like any other non-JSON output. */
-static bool result_is_json(const char *out, size_t n)
+/* Is the handler's output JSON that the completed record can hold?  It is
+ * read with the exact reader of canonical JSON (kjson: numbers keep their
+ * digits, integers of any size and numbers beyond double range included).
+ * The record nests the result one level deeper, and a record nested deeper
+ * than KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt):
+ * such output is kept as text, like any other non-JSON output.  Returns 0,
+ * or -EINVAL with why it is not (err), or -ENOMEM. */
+static int result_json_check(const char *out, size_t n, struct kjson_error *err)
 {
-        struct kbuf wrapped = KBUF_INIT, canon = KBUF_INIT;
-        bool ok = canon_json(out, n, &canon, NULL) == 0;
-        kbuf_reset(&canon);
-        if (ok)
-                ok = kbuf_putc(&wrapped, '[') == 0 && kbuf_append(&wrapped, out, n) == 0 &&
-                     kbuf_putc(&wrapped, ']') == 0 &&
-                     canon_json(wrapped.data, wrapped.len, &canon, NULL) == 0;
+        struct kbuf wrapped = KBUF_INIT;
+        struct kjson_arena *ar = kjson_arena_new();
+        struct kjson *v;
+        int r = -ENOMEM;
+        if (ar && kbuf_putc(&wrapped, '[') == 0 && kbuf_append(&wrapped, out, n) == 0 &&
+            kbuf_putc(&wrapped, ']') == 0)
+                r = kjson_parse(ar, wrapped.data, wrapped.len, &v, err);
+        if (r == -EINVAL && err->offset > 0)
+                err->offset--; /* an offset in the output, not in the wrapper */
+        kjson_arena_free(ar);
         kbuf_free(&wrapped);
-        kbuf_free(&canon);
-        return ok;
+        return r;
 }
 
 /* The handler is over: turn what happened into the records of the step. */
@@ -1018,10 +1278,21 @@ static void run_finished(struct exec_run *run)
                 if (n == 0) {
                         kbuf_puts(&res, "null");
                 } else {
-                        if (result_is_json(out, n))
+                        struct kjson_error jerr = { 0 };
+                        int jr = result_json_check(out, n, &jerr);
+                        if (jr == 0) {
                                 kbuf_append(&res, out, n);
-                        else
+                        } else {
                                 kbuf_json_string_lossy(&res, out, n, 0);
+                                if (jr == -EINVAL)
+                                        log_event(LOG_INFO, NULL,
+                                                  LOG_FIELDS({ "MANDATE_ID", m->id },
+                                                             { "STEP_ID", run->step_id }),
+                                                  "%s %s: the output is not JSON (%s at byte "
+                                                  "%zu): kept as text",
+                                                  m->id, run->step_id,
+                                                  kjson_error_string(jerr.code), jerr.offset);
+                        }
                 }
                 if (canon_hash_json(res.data, res.len, hash, NULL) < 0)
                         canon_hash_bytes(res.data, res.len, hash);
@@ -1110,7 +1381,8 @@ static void advance_done(void *arg)
         switch (a->next) {
         case NEXT_RUN_STEP:
                 mandate_set_status(m, MANDATE_RUNNING, NULL);
-                spawn_handler(m, a);
+                if (spawn_handler(m, a))
+                        a = NULL; /* kept for another try */
                 break;
         case NEXT_AWAIT_APPROVAL:
                 mandate_set_status(m, MANDATE_AWAITING_APPROVAL, a->reason);
@@ -1155,7 +1427,8 @@ static void advance_done(void *arg)
                 break;
         }
 out:
-        advance_free(a);
+        if (a)
+                advance_free(a);
         daemon_update_status(d);
         executor_kick(d);
         check_idle(d);
@@ -1465,6 +1738,12 @@ static void on_grace_timeout(uv_timer_t *t)
 void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
 {
         d->executor_idle = done;
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0)
+                if (((struct mandate *)v)->spawn_retry)
+                        spawn_retry_give_up(v);
         if (d->running == 0) {
                 check_idle(d);
                 return;
@@ -1486,6 +1765,21 @@ void executor_free_mandate(struct mandate *m)
 }
 
 /* ---- the exec shim ---- */
+
+/* Close every fd from lowfd up: a handler gets stdin, stdout and stderr and
+ * nothing else of the daemon (nor of whatever started the daemon). */
+static void close_fds_from(int lowfd)
+{
+#ifdef SYS_close_range
+        if (syscall(SYS_close_range, (unsigned)lowfd, ~0U, 0) == 0)
+                return;
+#endif
+        long max = sysconf(_SC_OPEN_MAX);
+        if (max < 0 || max > 1 << 20)
+                max = 1 << 20;
+        for (long fd = lowfd; fd < max; fd++)
+                close((int)fd);
+}
 
 static pid_t shim_handler;
 
@@ -1535,6 +1829,7 @@ int executor_shim_main(int argc, char **argv)
          * starts at all. */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
                 return 127;
+        close_fds_from(3);
         shim_handler = getpid();
         pid_t w = fork();
         if (w == 0)

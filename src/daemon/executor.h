@@ -42,3 +42,7 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d));
 int executor_shim_main(int argc, char **argv);
 
 void executor_free_mandate(struct mandate *m);
+
+/* Once at start, before the loop runs: what every handler's environment
+ * gets besides its step's variables (HOME, USER, LOGNAME, KAIROSCTL, PATH). */
+void executor_init(struct daemon *d);

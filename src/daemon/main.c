@@ -561,6 +561,7 @@ int main(int argc, char **argv)
         notify_status("recovering");
         notify_extend_timeout(10 * 1000 * 1000);
         uv_timer_start(&d->extend_timer, on_extend, 5000, 5000);
+        executor_init(d);
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->mandates_dir, strerror(-r));
         startup_pending = 2;

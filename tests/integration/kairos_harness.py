@@ -117,7 +117,7 @@ class NotifySocket:
 
 class Daemon:
     def __init__(self, state_dir, config=None, env=None, notify=None, extra_args=(),
-                 preexec_fn=None, socket_path=None):
+                 preexec_fn=None, socket_path=None, pass_fds=()):
         self.state_dir = state_dir
         self._socket_path = socket_path
         args = [KAIROSD]
@@ -137,7 +137,8 @@ class Daemon:
         if env:
             e.update(env)
         self.proc = subprocess.Popen(args, env=e, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, preexec_fn=preexec_fn)
+                                     stderr=subprocess.PIPE, preexec_fn=preexec_fn,
+                                     pass_fds=pass_fds)
         self.lines = []
         self.cond = threading.Condition()
         self.reader = threading.Thread(target=self._read_stderr, daemon=True)

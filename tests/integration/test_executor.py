@@ -16,7 +16,9 @@ import gzip
 import hashlib
 import json
 import os
+import pwd
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -29,6 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kairos_harness import Client, Daemon, NotifySocket, read_records, write_config  # noqa: E402
 
 KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
+# the kairosctl that kairosd finds for its handlers: the one of this build
+KAIROSCTL_PATH = os.path.realpath(shutil.which(KAIROSCTL) or KAIROSCTL)
+PW = pwd.getpwuid(os.getuid())
 AT = "2026-04-20T12:00:00Z"
 PHASES = ("observe", "orient", "decide", "act", "reflect")
 PHASE_KEYS = ("Observe", "Orient", "Decide", "Act", "Reflect")
@@ -105,9 +110,9 @@ class ExecCase(unittest.TestCase):
         self.conf = write_config(self.dir, self.state, schedules,
                                  daemon_extra="GracefulTimeoutSec=1\n" + daemon_extra)
 
-    def start(self, env=None):
+    def start(self, env=None, pass_fds=()):
         self.notify.clear()
-        d = Daemon(self.state, config=self.conf, notify=self.notify, env=env)
+        d = Daemon(self.state, config=self.conf, notify=self.notify, env=env, pass_fds=pass_fds)
         self.daemons.append(d)
         self.notify.wait_ready()
         self.d = d
@@ -225,6 +230,8 @@ class TestCycle(ExecCase):
                     "KAIROS_FIRED_AT": AT, "KAIROS_GOAL": "keep the lights on",
                     "KAIROS_ATTEMPT": "1", "KAIROS_CONTROL_SOCKET": sock,
                     "GREETING": "hello", "SECOND": "two words", "LANG": "C.UTF-8",
+                    "HOME": PW.pw_dir, "USER": PW.pw_name, "LOGNAME": PW.pw_name,
+                    "KAIROSCTL": KAIROSCTL_PATH,
                 }
                 for k, v in want.items():
                     self.assertEqual(env.get(k), v, (step, k))
@@ -389,6 +396,215 @@ class TestResults(ExecCase):
             out = subprocess.run([KAIROSCTL, "wal", "verify", plain], capture_output=True,
                                  text=True, timeout=30)
             self.assertEqual(out.returncode, 0, (name, out.stdout, out.stderr))
+
+
+class TestResultNumbers(ExecCase):
+    # issue 11 item 5: handler output is read with the exact reader of
+    # canonical JSON: integers of any size and numbers beyond double range are
+    # JSON, kept digit for digit in the completed record.
+    OUTPUTS = {
+        "bigobj": '{"x":123456789012345678901234567890123456789}',
+        "huge": '{"x":1e999}',
+        "negbig": '[-98765432109876543210987654321, 1.5e-400]',
+    }
+    DIGITS = {"bigobj": "123456789012345678901234567890123456789", "huge": "1e999",
+              "negbig": "-98765432109876543210987654321"}
+
+    def test_exact_numbers_are_json(self):
+        schedules = {}
+        for name, out in self.OUTPUTS.items():
+            h = self.script(name + ".sh", "cat <<'EOF'\n%s\nEOF\n" % out)
+            schedules[name] = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                               "Exec": {"Observe": "/bin/sh " + h}}
+        t = self.script("text.sh", "echo '{\"x\": nope}'\n")
+        schedules["text"] = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                             "Exec": {"Observe": "/bin/sh " + t}}
+        self.configure(schedules)
+        self.start()
+        for name, out in self.OUTPUTS.items():
+            m = self.fire(name)
+            self.d.wait_log("mandate %s done" % m)
+            with gzip.open(self.archive_path(m)) as gz:
+                data = gz.read().decode()
+            compact = out.replace(" ", "")
+            self.assertIn('"status":"completed","post_hash"', data)
+            self.assertIn('"result":%s' % compact, data, name)
+            self.assertNotIn("%s observe_001: the output is not JSON" % m, self.d.log())
+            # the offline reader keeps the digits too
+            plain = os.path.join(self.dir, name + ".wal.jsonl")
+            with open(plain, "w") as f:
+                f.write(data)
+            js = subprocess.run([KAIROSCTL, "wal", "dump", plain], capture_output=True,
+                                text=True, timeout=30)
+            self.assertEqual(js.returncode, 0, js.stderr)
+            self.assertIn(self.DIGITS[name], js.stdout, name)
+        m = self.fire("text")
+        self.d.wait_log("mandate %s done" % m)
+        self.assertIn("%s observe_001: the output is not JSON (" % m, self.d.log())
+        self.assertIn("): kept as text", self.d.log())
+        rec = self.last_status(self.archived(m), "observe_001")
+        self.assertEqual(rec["result"], '{"x": nope}')
+
+
+class TestHandlerProcess(ExecCase):
+    def test_no_stray_fds(self):
+        # issue 11 item 7: fds kairosd inherited (10 and 251 here) do not
+        # reach the handlers; only stdin, stdout and stderr do.
+        stray = os.path.join(self.dir, "stray")
+        fds = []
+        for want in (10, 251):
+            fd = os.open(stray + str(want), os.O_CREAT | os.O_RDWR, 0o600)
+            os.dup2(fd, want, inheritable=True)
+            os.close(fd)
+            fds.append(want)
+        lister = ("import os, json\n"
+                  "fds = {}\n"
+                  "for f in os.listdir('/proc/self/fd'):\n"
+                  "    try: fds[f] = os.readlink('/proc/self/fd/' + f)\n"
+                  "    except OSError: pass\n"
+                  "print(json.dumps(fds))\n")
+        h = self.script("fds.py", lister)
+        self.configure({"fds": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "%s %s" % (sys.executable, h)}}})
+        try:
+            d = self.start(pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        kfds = os.listdir("/proc/%d/fd" % d.proc.pid)
+        self.assertIn("251", kfds, "kairosd itself got the stray fd")
+        m = self.fire("fds")
+        self.d.wait_log("mandate %s done" % m)
+        got = self.last_status(self.archived(m), "observe_001")["result"]
+        leaked = {fd: t for fd, t in got.items() if t.startswith(stray)}
+        self.assertEqual(leaked, {}, got)
+        self.assertTrue({"0", "1", "2"} <= set(got), got)
+        # nothing but stdio and what python opened itself (the listing)
+        self.assertLessEqual(len(got), 4, got)
+
+    def test_identity_and_kairosctl(self):
+        # issue 11 item 11, issue 14 item 7: HOME, USER, LOGNAME of the
+        # daemon's user; KAIROSCTL and its directory first on PATH, so a
+        # handler can call kairosctl by name.
+        rec = self.script("rec.sh", REC_SH)
+        ctl = self.script("ctl.sh", 'kairosctl status > "$1/status.out" || exit 9\n'
+                          'echo \'"asked"\'\n')
+        self.configure({"who": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/sh %s %s" % (rec, self.out),
+                                         "Orient": "/bin/sh %s %s" % (ctl, self.out)}}})
+        self.start(env={"HOME": "/nonexistent-daemon-home", "USER": "someone-else",
+                        "PATH": "/usr/bin:/bin"})
+        m = self.fire("who")
+        self.d.wait_log("mandate %s done" % m)
+        env = self.env_of("observe_001")
+        self.assertEqual((env["HOME"], env["USER"], env["LOGNAME"]),
+                         (PW.pw_dir, PW.pw_name, PW.pw_name))
+        self.assertEqual(env["KAIROSCTL"], KAIROSCTL_PATH)
+        self.assertTrue(os.path.isabs(env["KAIROSCTL"]))
+        self.assertEqual(env["PATH"], os.path.dirname(KAIROSCTL_PATH) + ":/usr/bin:/bin")
+        rec = self.last_status(self.archived(m), "orient_001")
+        self.assertEqual((rec["status"], rec.get("result")), ("completed", "asked"), rec)
+        with open(os.path.join(self.out, "status.out")) as f:
+            self.assertIn("running", f.read())
+
+    def test_stderr_is_capped(self):
+        # issue 11 item 8: 50 MiB of stderr without a newline: the first
+        # 64 KiB are logged in lines of at most 4 KiB, then one line says how
+        # much was dropped; the step still completes.
+        h = self.script("loud.sh", "head -c 52428800 /dev/zero | tr '\\0' x >&2\n"
+                        "echo 'last words' >&2\necho '\"ok\"'\n")
+        self.configure({"loud": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Observe": "/bin/sh " + h}}})
+        self.start()
+        m = self.fire("loud")
+        self.d.wait_log("mandate %s done" % m, timeout=120)
+        prefix = "%s observe_001: " % m
+        lines = [message(line, prefix) for line in self.d.log().splitlines() if prefix in line]
+        pieces = [line for line in lines if line.startswith("xxx")]
+        text = "".join(line.rstrip("\u2026") for line in pieces)
+        self.assertEqual(text, "x" * 65536, "exactly the first 64 KiB are logged")
+        self.assertEqual(len(pieces), 16)
+        for line in pieces:
+            self.assertLessEqual(len(line.encode()), 4096 + 3)
+        for line in pieces[:-1]:
+            self.assertTrue(line.endswith("\u2026"), line[-20:])
+        dropped = [line for line in lines if "bytes of stderr dropped" in line]
+        self.assertEqual(len(dropped), 1, lines[-5:])
+        # the rest of the x's and "last words\n"
+        self.assertIn("\u2026 %d bytes of stderr dropped" % (52428800 - 65536 + 11), dropped[0])
+        self.assertLess(len(lines), 16 + 8, "not hundreds of lines")
+        rec = self.last_status(self.archived(m), "observe_001")
+        self.assertEqual((rec["status"], rec["result"]), ("completed", "ok"))
+
+    def test_long_lines_are_split(self):
+        # a 10,000-byte line: three pieces of at most 4 KiB, never cut inside
+        # a UTF-8 character
+        h = self.script("long.py", "import sys\nsys.stderr.buffer.write(b'a' * 4095 + "
+                        "'\\u00e9'.encode() * 2953 + b'\\nshort\\n')\n")
+        self.configure({"long": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Observe": "%s %s" % (sys.executable, h)}}})
+        self.start()
+        m = self.fire("long")
+        self.d.wait_log("mandate %s done" % m)
+        prefix = "%s observe_001: " % m
+        lines = [message(line, prefix) for line in self.d.log().splitlines()
+                 if prefix in line and "started" not in line and "completed" not in line]
+        self.assertEqual(lines[-1], "short")
+        pieces = lines[:-1]
+        self.assertEqual(len(pieces), 3, [len(p) for p in pieces])
+        self.assertEqual(pieces[0], "a" * 4095 + "\u2026", "4 KiB, not a half é")
+        self.assertEqual("".join(p.rstrip("\u2026") for p in pieces),
+                         "a" * 4095 + "\u00e9" * 2953)
+        self.assertNotIn("\ufffd", "".join(pieces))
+
+
+class TestSpawnRetry(ExecCase):
+    def test_emfile_at_spawn_is_retried(self):
+        # issue 11 item 3: no fd left when a step's handler is to start (the
+        # daemon's fd limit lowered with prlimit and filled with idle control
+        # connections): the step is started later, not failed; once fds are
+        # back the mandate ends done, the step ran once, attempt 1.
+        gate = self.script("gate.sh", 'cat "$1.$KAIROS_MANDATE_ID" > /dev/null\n')
+        rec = self.script("rec.sh", REC_SH)
+        self.configure({"fdless": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir),
+                                            "Orient": "/bin/sh %s %s" % (rec, self.out)}}})
+        m = mandate_id("fdless", AT)
+        fifo = self.fifo("gate." + m)
+        d = self.start()
+        self.fire("fdless")
+        self.d.wait_log("%s observe_001: started" % m)
+        pid = d.proc.pid
+        old = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        held = []
+        try:
+            top = max(int(fd) for fd in os.listdir("/proc/%d/fd" % pid))
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (top + 1, old[1]))
+            # fill every free fd below the limit with idle connections
+            for _ in range(top + 2):
+                c = Client(d.socket_path, timeout=10)
+                try:
+                    c.call("status")
+                except (EOFError, OSError):
+                    c.close()
+                    break
+                held.append(c)
+            self.release(fifo)
+            self.d.wait_log("%s orient_001: cannot start" % m)
+            line = self.d.wait_log("trying again in 100 ms (try 1; the handler did not run)")
+            self.assertIn("too many open files", line.lower())
+        finally:
+            for c in held:
+                c.close()
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, old)
+        self.d.wait_log("mandate %s done" % m)
+        self.assertRegex(self.d.log(), r"%s orient_001: started after \d+ tr" % m)
+        self.assertEqual(self.d.log().count("%s orient_001: started /bin/sh" % m), 1)
+        self.assertEqual(self.env_of("orient_001")["KAIROS_ATTEMPT"], "1")
+        recs = self.archived(m)
+        self.assertEqual([r["status"] for r in self.step_records(recs, "orient_001")],
+                         ["pending", "executing", "completed"], "no record of the failed tries")
+        self.assertEqual(self.mandate(m)["status"], "done")
 
 
 class TestApproval(ExecCase):
@@ -775,6 +991,13 @@ class TestStopAndCrash(ExecCase):
         finally:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)  # the test's own leftover
+
+
+def message(line, prefix):
+    """The text of a log line after prefix, without the journal fields that
+    are appended to it outside the journal."""
+    text = line.split(prefix, 1)[1].rstrip("\n")
+    return re.sub(r" MANDATE_ID=\S+ STEP_ID=\S+$", "", text)
 
 
 def read_bytes(path):
