@@ -17,6 +17,7 @@ struct control_server;
 struct chronos;
 struct idem_service;
 struct metrics;
+struct runner;
 
 enum mandate_status {
         MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
@@ -60,7 +61,6 @@ struct mandate {
         struct mandate *next_queued;
         bool holds_slot;           /* counted in running (MaxConcurrentMandates) */
         struct exec_run *run;      /* the handler being run, if any */
-        struct spawn_retry *spawn_retry; /* its start failed for want of fds/memory: retried */
         char *step_id;             /* the step being run */
 };
 
@@ -95,6 +95,7 @@ struct daemon {
         struct chronos *chronos;
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct metrics *metrics;    /* metrics.h */
+        struct runner *runner;      /* runner.h: starts handlers */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

@@ -34,6 +34,7 @@
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
+#include "runner.h"
 
 #define MAX_OUTPUT (1024 * 1024)
 #define STDERR_TAIL 2048
@@ -542,7 +543,14 @@ static void advance_work(void *arg)
 
 struct exec_run {
         struct mandate *m;
-        uv_process_t proc;
+        struct runner_job job;        /* the process (runner.h) */
+        char **argv, **env;           /* owned: the job's argv and environment */
+        char *cwd;
+        char *cmdline;
+        bool starting;                /* handed to the runner, not started yet */
+        bool waiting_retry;           /* its start failed for want of resources */
+        bool started;
+        unsigned retry_ms, tries;
         uv_pipe_t in, out, err;
         uv_timer_t timer;
         unsigned open_handles;
@@ -560,6 +568,7 @@ struct exec_run {
         bool overflow, timed_out, killed_for_shutdown, spawn_failed;
         char spawn_error[256];
         unsigned timeout_sec;
+        unsigned attempt;
         pid_t pid;
         int phase;
         char *step_id;
@@ -587,11 +596,23 @@ static void check_idle(struct daemon *d)
         }
 }
 
+static void run_free_spawn_args(struct exec_run *run)
+{
+        config_strv_free(run->argv);
+        run->argv = NULL;
+        config_strv_free(run->env);
+        run->env = NULL;
+        free(run->cwd);
+        run->cwd = NULL;
+}
+
 static void on_run_handle_closed(uv_handle_t *h)
 {
         struct exec_run *run = h->data;
         if (--run->open_handles > 0)
                 return;
+        run_free_spawn_args(run);
+        free(run->cmdline);
         kbuf_free(&run->out_buf);
         kbuf_free(&run->err_line);
         free(run->stdin_doc);
@@ -603,8 +624,7 @@ static void on_run_handle_closed(uv_handle_t *h)
 static void run_close_handles(struct exec_run *run)
 {
         uv_handle_t *hs[] = { (uv_handle_t *)&run->in, (uv_handle_t *)&run->out,
-                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer,
-                              (uv_handle_t *)&run->proc };
+                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer };
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
                 if (hs[i]->data == run && !uv_is_closing(hs[i]))
                         uv_close(hs[i], on_run_handle_closed);
@@ -621,8 +641,8 @@ static void run_maybe_finish(struct exec_run *run)
 
 static void kill_group(struct exec_run *run, int sig)
 {
-        if (run->pid > 0 && !run->exited)
-                kill(-run->pid, sig);
+        if (run->started && !run->exited)
+                runner_kill(&run->job, sig);
 }
 
 static void on_kill_timer(uv_timer_t *t)
@@ -639,15 +659,13 @@ static void on_timeout(uv_timer_t *t)
         uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
 }
 
-static void on_exit_cb(uv_process_t *p, int64_t exit_status, int term_signal)
+/* The runner reaped the handler (and killed what was left of its group). */
+static void on_job_exited(struct runner_job *job, int exit_status, int term_signal)
 {
-        struct exec_run *run = p->data;
+        struct exec_run *run = job->data;
         run->exited = true;
         run->exit_status = exit_status;
         run->term_signal = term_signal;
-        /* The group may live on (a handler's children): end it. */
-        if (run->pid > 0)
-                kill(-run->pid, SIGKILL);
         run_maybe_finish(run);
 }
 
@@ -844,9 +862,17 @@ static char *find_kairosctl(void)
         return NULL;
 }
 
-void executor_init(struct daemon *d)
+void executor_free(struct daemon *d)
 {
-        (void)d;
+        runner_free(d->runner);
+        d->runner = NULL;
+}
+
+int executor_init(struct daemon *d)
+{
+        int r = runner_new(d->loop, &d->runner);
+        if (r < 0)
+                return r;
         struct passwd *pw = getpwuid(getuid());
         if (pw) {
                 henv.home = strdup(pw->pw_dir);
@@ -875,6 +901,7 @@ void executor_init(struct daemon *d)
                 log_debug("handlers get KAIROSCTL=%s", henv.kairosctl);
         else
                 log_warning("no kairosctl next to kairosd or on PATH: handlers get no KAIROSCTL");
+        return 0;
 }
 
 static char *env_entry(const char *k, const char *v)
@@ -887,103 +914,139 @@ static char *env_entry(const char *k, const char *v)
 
 /* Starting a handler can fail for want of a resource that comes back:
  * file descriptors (EMFILE, ENFILE: e.g. many control connections), process
- * slots or memory for fork (EAGAIN, ENOMEM).  That is not the step's fault:
- * the step is started again after a pause (doubling from SPAWN_RETRY_MIN_MS
- * to SPAWN_RETRY_MAX_MS), logged, with nothing more in the WAL — its
- * executing record is already durable and stays the only one, so
- * KAIROS_ATTEMPT does not grow, and a crash meanwhile is seen at restart as
- * what it might be (interrupted during execution: a human decides). */
-struct spawn_retry {
-        uv_timer_t timer;
-        struct mandate *m;
-        struct advance *a;   /* what to start */
-        unsigned delay_ms;
-        unsigned tries;
-};
-
-static bool spawn_handler(struct mandate *m, struct advance *a);
-
-static bool spawn_error_is_transient(int uv_err)
+ * slots or memory for the child (EAGAIN, ENOMEM).  That is not the step's
+ * fault: the step is started again after a pause (doubling from
+ * SPAWN_RETRY_MIN_MS to SPAWN_RETRY_MAX_MS), logged, with nothing more in
+ * the WAL — its executing record is already durable and stays the only one,
+ * so KAIROS_ATTEMPT does not grow, and a crash meanwhile is seen at restart
+ * as what it might be (interrupted during execution: a human decides). */
+static bool spawn_error_is_transient(int err)
 {
-        return uv_err == UV_EMFILE || uv_err == UV_ENFILE || uv_err == UV_EAGAIN ||
-               uv_err == UV_ENOMEM;
+        return err == -EMFILE || err == -ENFILE || err == -EAGAIN || err == -ENOMEM;
 }
 
-static void on_spawn_retry_closed(uv_handle_t *h)
+static void run_start(struct exec_run *run);
+
+static void on_spawn_retry(uv_timer_t *t)
 {
-        free(h->data);
+        struct exec_run *run = t->data;
+        run->waiting_retry = false;
+        run_start(run);
 }
 
-static void spawn_retry_end(struct mandate *m)
+static void spawn_retry_later(struct exec_run *run, int err)
 {
-        struct spawn_retry *sr = m->spawn_retry;
-        if (!sr)
-                return;
-        m->spawn_retry = NULL;
-        if (sr->a)
-                advance_free(sr->a);
-        uv_close((uv_handle_t *)&sr->timer, on_spawn_retry_closed);
+        struct mandate *m = run->m;
+        run->retry_ms = run->retry_ms ? run->retry_ms * 2 : SPAWN_RETRY_MIN_MS;
+        if (run->retry_ms > SPAWN_RETRY_MAX_MS)
+                run->retry_ms = SPAWN_RETRY_MAX_MS;
+        run->tries++;
+        run->waiting_retry = true;
+        log_event(LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: cannot start %s now: %s; trying again in %u ms (try %u; the handler "
+                  "did not run)",
+                  m->id, run->step_id, run->cmdline, strerror(-err), run->retry_ms, run->tries);
+        uv_timer_start(&run->timer, on_spawn_retry, run->retry_ms, 0);
 }
 
-/* Stopping: the step was never started; its executing record stays open and
- * the next start of kairosd treats it as interrupted. */
-static void spawn_retry_give_up(struct mandate *m)
+/* Stopping while a start waits for resources: the step was never started;
+ * its executing record stays open and the next start of kairosd treats it
+ * as interrupted. */
+static void spawn_retry_give_up(struct exec_run *run)
 {
+        struct mandate *m = run->m;
         log_warning("%s %s: not started (no resources to start it) before the stop", m->id,
-                    m->step_id ? m->step_id : "?");
-        spawn_retry_end(m);
+                    run->step_id);
+        uv_timer_stop(&run->timer);
+        m->run = NULL;
+        run->finished = true;
+        run_close_handles(run);
         if (m->status == MANDATE_RUNNING)
                 mandate_set_status(m, MANDATE_RUNNABLE, NULL);
         release_slot(m);
         check_idle(m->d);
 }
 
-static void on_spawn_retry(uv_timer_t *t)
+/* The step cannot start at all: it fails (spawn_error), or — a program that
+ * cannot be executed — it fails as the shell's "exit status 127" would. */
+static void run_start_failed(struct exec_run *run, int err, const char *what)
 {
-        struct spawn_retry *sr = t->data;
-        struct mandate *m = sr->m;
-        if (m->d->stopping) {
-                spawn_retry_give_up(m);
+        if (what && strcmp(what, "execute") == 0) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "kairosd: cannot execute '%s': %s",
+                         run->argv ? run->argv[0] : "?", strerror(-err));
+                log_stderr_line(run, msg, strlen(msg), "");
+                tail_add(run, msg, strlen(msg));
+                run->exit_status = 127;
+        } else {
+                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot start %s: %s%s%s",
+                         run->cmdline, what ? what : "", what ? ": " : "", strerror(-err));
+                run->spawn_failed = true;
+        }
+        run->exited = run->out_eof = run->err_eof = run->finished = true;
+        run_finished(run);
+}
+
+static void on_job_started(struct runner_job *job)
+{
+        struct exec_run *run = job->data;
+        struct mandate *m = run->m;
+        run->starting = false;
+        if (job->err && spawn_error_is_transient(job->err) && !m->d->stopping) {
+                spawn_retry_later(run, job->err);
                 return;
         }
-        struct advance *a = sr->a;
-        sr->a = NULL;
-        if (!spawn_handler(m, a))
-                advance_free(a);
-}
-
-/* Keeps a for a later try: true.  Returns false when the error is not
- * transient (the caller then fails the step). */
-static bool spawn_retry_later(struct mandate *m, struct advance *a, const char *cmdline, int err)
-{
-        if (!spawn_error_is_transient(err))
-                return false;
-        struct spawn_retry *sr = m->spawn_retry;
-        if (!sr) {
-                sr = calloc(1, sizeof(*sr));
-                if (!sr)
-                        return false;
-                uv_timer_init(m->d->loop, &sr->timer);
-                sr->timer.data = sr;
-                sr->m = m;
-                sr->delay_ms = SPAWN_RETRY_MIN_MS;
-                m->spawn_retry = sr;
-        } else {
-                sr->delay_ms = sr->delay_ms * 2 > SPAWN_RETRY_MAX_MS ? SPAWN_RETRY_MAX_MS
-                                                                     : sr->delay_ms * 2;
+        if (run->tries)
+                log_event(LOG_INFO, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                          "%s %s: %s after %u tr%s", m->id, run->step_id,
+                          job->err ? "cannot start it either" : "started", run->tries,
+                          run->tries == 1 ? "y" : "ies");
+        if (job->err) {
+                run_start_failed(run, job->err, job->err_what);
+                return;
         }
-        sr->tries++;
-        sr->a = a;
-        log_event(LOG_WARNING, NULL,
-                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
-                  "%s %s: cannot start %s now: %s; trying again in %u ms (try %u; the handler "
-                  "did not run)",
-                  m->id, a->step_id, cmdline, uv_strerror(err), sr->delay_ms, sr->tries);
-        uv_timer_start(&sr->timer, on_spawn_retry, sr->delay_ms, 0);
-        return true;
+        run->started = true;
+        run->pid = job->pid;
+        run->started_ms = now_ms_monotonic();
+        uv_pipe_open(&run->in, job->fd_in);
+        uv_pipe_open(&run->out, job->fd_out);
+        uv_pipe_open(&run->err, job->fd_err);
+        run_free_spawn_args(run);
+        uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
+        uv_read_start((uv_stream_t *)&run->err, on_alloc_out, on_read_err);
+        uv_buf_t buf = uv_buf_init(run->stdin_doc, (unsigned)run->stdin_len);
+        run->stdin_req.data = run;
+        if (uv_write(&run->stdin_req, (uv_stream_t *)&run->in, &buf, 1, on_stdin_written) < 0)
+                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
+        uv_timer_start(&run->timer, on_timeout, (uint64_t)run->timeout_sec * 1000, 0);
+        log_event(LOG_INFO, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: started %s (pid %d, attempt %u)", m->id, run->step_id, run->cmdline,
+                  (int)run->pid, run->attempt);
+        if (run->killed_for_shutdown)
+                kill_group(run, SIGKILL); /* started after GracefulTimeoutSec= ran out */
 }
 
-static bool spawn_handler(struct mandate *m, struct advance *a)
+static void run_start(struct exec_run *run)
+{
+        run->job = (struct runner_job){ .argv = run->argv, .envp = run->env, .cwd = run->cwd,
+                                        .started = on_job_started, .exited = on_job_exited,
+                                        .data = run };
+        int r = runner_spawn(run->m->d->runner, &run->job);
+        if (r == 0) {
+                run->starting = true;
+                return;
+        }
+        if (spawn_error_is_transient(r) && !run->m->d->stopping) {
+                spawn_retry_later(run, r);
+                return;
+        }
+        run_start_failed(run, r, "pipe");
+}
+
+static void spawn_handler(struct mandate *m, struct advance *a)
 {
         struct daemon *d = m->d;
         const struct config_schedule *sc = NULL;
@@ -993,12 +1056,12 @@ static bool spawn_handler(struct mandate *m, struct advance *a)
         struct exec_run *run = calloc(1, sizeof(*run));
         if (!run) {
                 log_error("out of memory starting %s %s", m->id, a->step_id);
-                spawn_retry_end(m);
                 release_slot(m);
-                return false;
+                return;
         }
         run->m = m;
         run->phase = a->phase;
+        run->attempt = a->attempt;
         run->step_id = strdup(a->step_id);
         run->expected_post = a->expected_post ? strdup(a->expected_post) : NULL;
         m->run = run;
@@ -1007,14 +1070,13 @@ static bool spawn_handler(struct mandate *m, struct advance *a)
         const char *cmdline = sc ? sc->exec[a->phase] : NULL;
         if (!cmdline || !*cmdline) {
                 /* No command: the phase completes at once with a null result. */
-                spawn_retry_end(m);
                 run->exited = run->out_eof = run->err_eof = true;
                 run->finished = true;
                 run_finished(run);
                 free(run->step_id);
                 free(run->expected_post);
                 free(run);
-                return false;
+                return;
         }
         char **argv = NULL;
         size_t argc = 0;
@@ -1025,17 +1087,13 @@ static bool spawn_handler(struct mandate *m, struct advance *a)
                 run->spawn_failed = true;
                 run->exited = run->out_eof = run->err_eof = run->finished = true;
                 config_strv_free(argv);
-                spawn_retry_end(m);
                 run_finished(run);
                 free(run->step_id);
                 free(run->expected_post);
                 free(run);
-                return false;
+                return;
         }
-        /* argv: kairosd --exec-shim PPID -- CMD ARGS… */
-        char ppid[32];
-        snprintf(ppid, sizeof ppid, "%d", (int)getpid());
-        char **args = calloc(argc + 5, sizeof(char *));
+        run->argv = argv;
         /* environment */
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", a->attempt);
@@ -1064,20 +1122,17 @@ static bool spawn_handler(struct mandate *m, struct advance *a)
         size_t nkv = sizeof kv / sizeof kv[0];
         char **env = calloc(nkv + (sc ? sc->nenvironment : 0) + 1, sizeof(char *));
         size_t ne = 0;
-        if (args && env) {
-                for (size_t i = 0; i < nkv; i++)
-                        if (kv[i].v && (env[ne] = env_entry(kv[i].k, kv[i].v)))
-                                ne++;
-                for (size_t i = 0; sc && i < sc->nenvironment; i++)
-                        if ((env[ne] = strdup(sc->environment[i])))
-                                ne++;
-                args[0] = "kairosd-exec";
-                args[1] = "--exec-shim";
-                args[2] = ppid;
-                args[3] = "--";
-                for (size_t i = 0; i < argc; i++)
-                        args[4 + i] = argv[i];
-        }
+        for (size_t i = 0; env && i < nkv; i++)
+                if (kv[i].v && (env[ne] = env_entry(kv[i].k, kv[i].v)))
+                        ne++;
+        for (size_t i = 0; env && sc && i < sc->nenvironment; i++)
+                if ((env[ne] = strdup(sc->environment[i])))
+                        ne++;
+        run->env = env;
+        const char *cwd = sc && sc->working_directory ? sc->working_directory
+                                                      : d->cfg->state_directory;
+        run->cwd = strdup(cwd);
+        run->cmdline = strdup(cmdline);
         run->stdin_doc = strdup(a->stdin_doc.data ? a->stdin_doc.data : "{}\n");
         run->stdin_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
         run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
@@ -1088,72 +1143,13 @@ static bool spawn_handler(struct mandate *m, struct advance *a)
         uv_timer_init(d->loop, &run->timer);
         run->in.data = run->out.data = run->err.data = run->timer.data = run;
         run->open_handles = 4;
-        uv_stdio_container_t stdio[3] = {
-                { .flags = UV_CREATE_PIPE | UV_READABLE_PIPE, .data.stream = (uv_stream_t *)&run->in },
-                { .flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&run->out },
-                { .flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&run->err },
-        };
-        const char *cwd = sc && sc->working_directory ? sc->working_directory
-                                                      : d->cfg->state_directory;
-        uv_process_options_t o = {
-                .exit_cb = on_exit_cb,
-                .file = "/proc/self/exe",
-                .args = args,
-                .env = env,
-                .cwd = cwd,
-                .flags = UV_PROCESS_DETACHED, /* own session = own process group */
-                .stdio_count = 3,
-                .stdio = stdio,
-        };
-        run->proc.data = run;
-        r = (args && env && run->stdin_doc) ? uv_spawn(d->loop, &run->proc, &o) : UV_ENOMEM;
-        for (size_t i = 0; env && i < ne; i++)
-                free(env[i]);
-        free(env);
-        free(args);
-        config_strv_free(argv);
-        /* A process handle is initialized even when uv_spawn fails: it is
-         * closed like the others. */
-        if (args && env && run->stdin_doc)
-                run->open_handles++;
-        else
-                run->proc.data = NULL;
-        if (r < 0 && spawn_retry_later(m, a, cmdline, r)) {
-                m->run = NULL;
-                run_close_handles(run);
-                return true;
+        if (!env || !run->cwd || !run->cmdline || !run->stdin_doc) {
+                if (!run->cmdline)
+                        run->cmdline = strdup("?");
+                run_start_failed(run, -ENOMEM, NULL);
+                return;
         }
-        if (m->spawn_retry) {
-                log_event(LOG_INFO, NULL,
-                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
-                          "%s %s: %s after %u tr%s", m->id, a->step_id,
-                          r < 0 ? "cannot start it either" : "started", m->spawn_retry->tries,
-                          m->spawn_retry->tries == 1 ? "y" : "ies");
-                spawn_retry_end(m);
-        }
-        if (r < 0) {
-                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot start %s: %s",
-                         cmdline, uv_strerror(r));
-                run->spawn_failed = true;
-                run->exited = run->out_eof = run->err_eof = run->finished = true;
-                run_finished(run);
-                run_close_handles(run);
-                return false;
-        }
-        run->pid = run->proc.pid;
-        run->started_ms = now_ms_monotonic();
-        uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
-        uv_read_start((uv_stream_t *)&run->err, on_alloc_out, on_read_err);
-        uv_buf_t buf = uv_buf_init(run->stdin_doc, (unsigned)run->stdin_len);
-        run->stdin_req.data = run;
-        if (uv_write(&run->stdin_req, (uv_stream_t *)&run->in, &buf, 1, on_stdin_written) < 0)
-                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
-        uv_timer_start(&run->timer, on_timeout, (uint64_t)run->timeout_sec * 1000, 0);
-        log_event(LOG_INFO, NULL,
-                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
-                  "%s %s: started %s (pid %d, attempt %u)", m->id, a->step_id, cmdline,
-                  (int)run->pid, a->attempt);
-        return false;
+        run_start(run);
 }
 
 /* The end of the handler's stderr, trailing blank lines and spaces trimmed
@@ -1314,7 +1310,7 @@ static void run_finished(struct exec_run *run)
                   : r->op == WAL_OP_FAILED  ? "failed"
                                             : "needs review",
                   r->error_msg ? ": " : "", r->error_msg ? r->error_msg : "");
-        if (run->proc.data == run || run->in.data == run)
+        if (run->in.data == run)
                 run_close_handles(run);
         start_advance(m, a);
 }
@@ -1381,8 +1377,7 @@ static void advance_done(void *arg)
         switch (a->next) {
         case NEXT_RUN_STEP:
                 mandate_set_status(m, MANDATE_RUNNING, NULL);
-                if (spawn_handler(m, a))
-                        a = NULL; /* kept for another try */
+                spawn_handler(m, a);
                 break;
         case NEXT_AWAIT_APPROVAL:
                 mandate_set_status(m, MANDATE_AWAITING_APPROVAL, a->reason);
@@ -1427,8 +1422,7 @@ static void advance_done(void *arg)
                 break;
         }
 out:
-        if (a)
-                advance_free(a);
+        advance_free(a);
         daemon_update_status(d);
         executor_kick(d);
         check_idle(d);
@@ -1741,9 +1735,11 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
         size_t pos = 0;
         const char *k;
         void *v;
-        while (strmap_next(d->mandates, &pos, &k, &v) == 0)
-                if (((struct mandate *)v)->spawn_retry)
-                        spawn_retry_give_up(v);
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                struct mandate *m = v;
+                if (m->run && m->run->waiting_retry)
+                        spawn_retry_give_up(m->run);
+        }
         if (d->running == 0) {
                 check_idle(d);
                 return;
@@ -1762,81 +1758,4 @@ void executor_free_mandate(struct mandate *m)
         free(m->goal);
         free(m->retry_of);
         free(m->step_id);
-}
-
-/* ---- the exec shim ---- */
-
-/* Close every fd from lowfd up: a handler gets stdin, stdout and stderr and
- * nothing else of the daemon (nor of whatever started the daemon). */
-static void close_fds_from(int lowfd)
-{
-#ifdef SYS_close_range
-        if (syscall(SYS_close_range, (unsigned)lowfd, ~0U, 0) == 0)
-                return;
-#endif
-        long max = sysconf(_SC_OPEN_MAX);
-        if (max < 0 || max > 1 << 20)
-                max = 1 << 20;
-        for (long fd = lowfd; fd < max; fd++)
-                close((int)fd);
-}
-
-static pid_t shim_handler;
-
-/* The watcher gets SIGTERM when the handler dies (PR_SET_PDEATHSIG) — and
- * also when kairosd terminates the group itself (TimeoutSec=), which is not
- * its business.  Only the first ends what is left of the group. */
-static void watcher_on_term(int sig)
-{
-        (void)sig;
-        if (getppid() != shim_handler) {
-                kill(0, SIGKILL);
-                _exit(0);
-        }
-}
-
-/* A tiny process left behind in the handler's process group: when the
- * handler dies — of PR_SET_PDEATHSIG when kairosd crashed, or normally — it
- * kills the rest of the group, so not even a child of the handler outlives
- * a crashed kairosd (under systemd the cgroup does the same). */
-static void watcher_main(void)
-{
-        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-        for (int fd = 0; fd < 3; fd++)
-                if (null >= 0)
-                        dup2(null, fd); /* the daemon sees EOF when the handler is done */
-        struct sigaction sa = { .sa_handler = watcher_on_term };
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, NULL);
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != shim_handler) {
-                kill(0, SIGKILL);
-                _exit(0);
-        }
-        for (;;)
-                pause();
-}
-
-int executor_shim_main(int argc, char **argv)
-{
-        /* argv: kairosd-exec --exec-shim PPID -- CMD ARGS… */
-        if (argc < 5 || strcmp(argv[3], "--") != 0) {
-                fprintf(stderr, "kairosd: bad --exec-shim invocation\n");
-                return 127;
-        }
-        pid_t parent = (pid_t)atoi(argv[2]);
-        /* The handler dies with kairosd, by the kernel's hand and at once; if
-         * kairosd is already gone (it died between fork and here), nothing
-         * starts at all. */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
-                return 127;
-        close_fds_from(3);
-        shim_handler = getpid();
-        pid_t w = fork();
-        if (w == 0)
-                watcher_main(); /* does not return */
-        /* (without a watcher the handler still dies with kairosd; only its
-         * own children would not) */
-        execvp(argv[4], argv + 4);
-        fprintf(stderr, "kairosd: cannot execute '%s': %s\n", argv[4], strerror(errno));
-        return 127;
 }

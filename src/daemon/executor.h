@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* executor: runs mandates.  Each cycle is the planner's five steps; each
- * step's handler program runs in its own process group with the environment,
- * stdin document and output handling of DESIGN §10.  Every transition goes to
+ * step's handler program runs in its own process group (runner.h) with the
+ * environment, stdin document and output handling of kairosd(8), HANDLERS.  Every transition goes to
  * the WAL first, on the mandate's serial queue: the executing record is
  * durable before the handler is spawned, and completed(N) shares one flush
  * with executing(N+1).  The WAL is the source of truth: a mandate (re)starts
@@ -38,11 +38,11 @@ void executor_kick(struct daemon *d);
 void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d));
 
 
-/* kairosd --exec-shim PPID -- CMD ARGS…: set PR_SET_PDEATHSIG, then exec. */
-int executor_shim_main(int argc, char **argv);
-
 void executor_free_mandate(struct mandate *m);
 
-/* Once at start, before the loop runs: what every handler's environment
- * gets besides its step's variables (HOME, USER, LOGNAME, KAIROSCTL, PATH). */
-void executor_init(struct daemon *d);
+/* Once at start, before the loop runs: the process runner (runner.h) and
+ * what every handler's environment gets besides its step's variables (HOME,
+ * USER, LOGNAME, KAIROSCTL, PATH).  -errno if the runner cannot start. */
+int executor_init(struct daemon *d);
+/* After the loop has ended: stop the runner. */
+void executor_free(struct daemon *d);

@@ -448,10 +448,6 @@ static int prepare_dirs(struct daemon *d)
 
 int main(int argc, char **argv)
 {
-        /* kairosd re-executes itself as the handlers' exec shim. */
-        if (argc >= 2 && strcmp(argv[1], "--exec-shim") == 0)
-                return executor_shim_main(argc, argv);
-
         static const struct option opts[] = {
                 { "config", required_argument, NULL, 'c' },
                 { "state-dir", required_argument, NULL, 's' },
@@ -530,7 +526,9 @@ int main(int argc, char **argv)
                 notify_stopping();
                 goto out;
         }
-        /* Parallel fdatasyncs during recovery; a busy disk should not starve the loop. */
+        /* Parallel fdatasyncs during recovery; a busy disk should not starve the
+         * loop.  (Handlers are started by the runner's own thread with
+         * clone(CLONE_VM): the number of pool threads costs nothing there.) */
         setenv("UV_THREADPOOL_SIZE", "16", 0);
 
         d->loop = uv_default_loop();
@@ -561,7 +559,12 @@ int main(int argc, char **argv)
         notify_status("recovering");
         notify_extend_timeout(10 * 1000 * 1000);
         uv_timer_start(&d->extend_timer, on_extend, 5000, 5000);
-        executor_init(d);
+        if ((r = executor_init(d)) < 0) {
+                log_error("cannot start the process runner: %s", strerror(-r));
+                notify_stopping();
+                uv_loop_close(d->loop);
+                goto out;
+        }
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->mandates_dir, strerror(-r));
         startup_pending = 2;
@@ -585,6 +588,7 @@ int main(int argc, char **argv)
         exit_code = d->exit_code;
         log_event(LOG_INFO, MSGID_STOPPING, NULL, 0, "stopped (exit %d)", exit_code);
         uv_loop_close(d->loop);
+        executor_free(d);
         chronos_free(d);
         idem_service_free(d);
         mandates_free(d);

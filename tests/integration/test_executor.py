@@ -955,12 +955,13 @@ class TestStopAndCrash(ExecCase):
         # (it is not our child, so no waitpid, and pidfd_open would need
         # Python 3.9 + a kernel that has it): poll /proc with a bounded
         # deadline.  PDEATHSIG kills it at once, so this takes milliseconds.
-        # The handler wrote its own pid into the FIFO (read before the kill);
-        # the exec shim became the handler, so it is the pid kairosd logged.
+        # The handler wrote its own pid into the FIFO (read before the kill):
+        # the runner execs the handler itself, so it is the pid kairosd logged.
         deadline = time.monotonic() + 10
         while (alive(pid) or alive(handler)) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.assertFalse(alive(pid), "shim %d outlived kairosd" % pid)
+        self.assertEqual(pid, handler, "no process between kairosd and the handler")
+        self.assertFalse(alive(pid), "handler %d outlived kairosd" % pid)
         self.assertFalse(alive(handler), "handler %d outlived kairosd" % handler)
         # after the restart, recovery sees an interrupted step
         self.start()
@@ -968,9 +969,9 @@ class TestStopAndCrash(ExecCase):
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
 
-    # The exec shim leaves a watcher in the handler's process group: when the
-    # handler dies with kairosd (PR_SET_PDEATHSIG) the watcher kills the rest
-    # of the group, so not even a child of the handler goes on after a crash.
+    # The keeper (runner.h) holds the handlers' process groups: when kairosd
+    # dies it kills them, so not even a child of the handler goes on after a
+    # crash (the handler itself dies of PR_SET_PDEATHSIG).
     def test_no_handler_child_outlives_kill_9(self):
         fifo = self.fifo("childpid")
         h = self.script("parent.sh", 'sleep 600 &\necho $! > "$1"\nwait\n')

@@ -6,8 +6,8 @@ five phases with real handler programs, two cycles, the archive) under
 
 and, from the trace, in the daemon's threads:
 
-  1. every handler spawn (the fork of the process that execs the exec shim)
-     comes after the write of its step's `executing` record to the WAL and a
+  1. every handler spawn (the clone, by the runner's thread, of the process
+     that execs the handler) comes after the write of its step's `executing` record to the WAL and a
      successful fdatasync of the WAL fd after that write;
   2. every new file's directory is fsynced before the file is relied on: the
      WAL's creation -> fsync of wal/ before the fire is acknowledged and before
@@ -145,7 +145,7 @@ class Trace:
             if e.name in ("clone", "clone3", "fork", "vfork"):
                 continue
             if e.name == "execve" and e.tid in self.child_clone and e.ret == 0 and \
-                    '"--exec-shim"' in e.args:
+                    '"KAIROS_STEP_ID=' in e.args:
                 env = dict(s.split("=", 1) for s in e.strings() if "=" in s and
                            s.startswith("KAIROS_"))
                 self.shim_execs.append((e, env))

@@ -1,0 +1,561 @@
+/* SPDX-License-Identifier: MIT */
+/* runner: see runner.h. */
+#include "runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+
+#define CHILD_STACK (256 * 1024)
+#define KEEPER_MAX_GROUPS 65536
+
+enum { STAGE_SETUP = 1, STAGE_CHDIR, STAGE_EXEC };
+
+struct runner {
+        uv_loop_t *loop;
+        pid_t self;
+        /* the thread */
+        pthread_t thread;
+        bool thread_started;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        struct runner_job *todo_head, *todo_tail;  /* loop -> thread */
+        struct runner_job *done_head, *done_tail;  /* thread -> loop */
+        bool quit;
+        void *stack;
+        uv_async_t async;
+        /* the loop */
+        uv_signal_t sigchld;
+        struct runner_job **live;  /* started, not reaped */
+        size_t nlive, cap;
+        int keeper_fd;
+        pid_t keeper;
+        unsigned long spawns;
+};
+
+/* ---- the keeper ---- */
+
+static void close_from(int lowfd)
+{
+#ifdef SYS_close_range
+        if (syscall(SYS_close_range, (unsigned)lowfd, ~0U, 0) == 0)
+                return;
+#endif
+        long max = sysconf(_SC_OPEN_MAX);
+        if (max < 0 || max > 1 << 20)
+                max = 1 << 20;
+        for (long fd = lowfd; fd < max; fd++)
+                close((int)fd);
+}
+
+/* Forked from the daemon; only async-signal-safe calls, no allocation. */
+static void keeper_main(int sock)
+{
+        static const int ignore[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE, SIGQUIT };
+        for (size_t i = 0; i < sizeof ignore / sizeof ignore[0]; i++)
+                signal(ignore[i], SIG_IGN);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        int null = open("/dev/null", O_RDWR);
+        if (sock != 3) {
+                if (dup2(sock, 3) < 0)
+                        _exit(1);
+                sock = 3;
+        }
+        for (int fd = 0; fd < 3 && null >= 0; fd++)
+                dup2(null, fd);
+        close_from(4);
+        prctl(PR_SET_NAME, "kairosd-keeper");
+        int32_t *groups = mmap(NULL, KEEPER_MAX_GROUPS * sizeof(int32_t), PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (groups == MAP_FAILED)
+                _exit(1);
+        size_t n = 0;
+        for (;;) {
+                int32_t v;
+                ssize_t k = recv(sock, &v, sizeof v, 0);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k != (ssize_t)sizeof v)
+                        break; /* end of file: kairosd is gone (or a broken socket) */
+                if (v > 0) {
+                        /* forget groups that are empty (missed removals) */
+                        for (size_t i = 0; i < n;)
+                                if (kill(-groups[i], 0) < 0 && errno == ESRCH)
+                                        groups[i] = groups[--n];
+                                else
+                                        i++;
+                        if (n < KEEPER_MAX_GROUPS)
+                                groups[n++] = v;
+                } else if (v < 0) {
+                        for (size_t i = 0; i < n; i++)
+                                if (groups[i] == -v) {
+                                        groups[i] = groups[--n];
+                                        break;
+                                }
+                }
+        }
+        for (size_t i = 0; i < n; i++)
+                kill(-groups[i], SIGKILL);
+        _exit(0);
+}
+
+static int keeper_start(struct runner *r)
+{
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+                return -errno;
+        pid_t pid = fork();
+        if (pid < 0) {
+                int e = errno;
+                close(sv[0]);
+                close(sv[1]);
+                return -e;
+        }
+        if (pid == 0)
+                keeper_main(sv[1]); /* does not return */
+        close(sv[1]);
+        r->keeper = pid;
+        r->keeper_fd = sv[0];
+        return 0;
+}
+
+static void keeper_forget(struct runner *r, pid_t pgid)
+{
+        int32_t v = -(int32_t)pgid;
+        if (r->keeper_fd >= 0)
+                (void)send(r->keeper_fd, &v, sizeof v, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* ---- the child (between clone and exec) ---- */
+
+/* Runs on its own stack in the daemon's memory while the runner's thread
+ * waits (CLONE_VFORK): async-signal-safe calls only, nothing allocated,
+ * nothing of the daemon's memory changed but the job's child_* fields. */
+__attribute__((no_sanitize("address", "undefined"))) static int child_main(void *arg)
+{
+        struct runner_job *j = arg;
+        struct runner *r = j->r;
+        j->child_stage = STAGE_SETUP;
+        /* every signal is blocked (the runner's thread blocks them all):
+         * reset the handlers first, so none of the daemon's runs here */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        for (int sig = 1; sig < NSIG; sig++)
+                if (sig != SIGKILL && sig != SIGSTOP)
+                        (void)sigaction(sig, &dfl, NULL);
+        if (setpgid(0, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+                goto fail;
+        if (getppid() != r->self) {
+                errno = ESRCH; /* kairosd died before we were ready */
+                goto fail;
+        }
+        int32_t me = (int32_t)getpid();
+        if (r->keeper_fd >= 0 && send(r->keeper_fd, &me, sizeof me, MSG_NOSIGNAL) < 0)
+                goto fail;
+        for (int fd = 0; fd < 3; fd++) {
+                if (j->child_fd[fd] == fd) {
+                        if (fcntl(fd, F_SETFD, 0) < 0)
+                                goto fail;
+                } else if (dup2(j->child_fd[fd], fd) < 0) {
+                        goto fail;
+                }
+        }
+        close_from(3);
+        j->child_stage = STAGE_CHDIR;
+        if (j->cwd && chdir(j->cwd) < 0)
+                goto fail;
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        j->child_stage = STAGE_EXEC;
+        int err = ENOENT;
+        for (char **c = j->cands; *c; c++) {
+                execve(*c, j->argv, j->envp);
+                if (errno == ENOEXEC) {
+                        j->sh_argv[1] = *c;
+                        execve("/bin/sh", j->sh_argv, j->envp);
+                }
+                /* as execvp: remember a permission problem, go on for the
+                 * ones that mean "not here" */
+                if (errno == EACCES)
+                        err = EACCES;
+                else if (errno != ENOENT && errno != ENOTDIR && errno != ENOEXEC) {
+                        err = errno;
+                        break;
+                }
+        }
+        errno = err;
+fail:
+        j->child_errno = errno ? errno : EIO;
+        _exit(127);
+}
+
+/* ---- the runner's thread ---- */
+
+static void thread_spawn(struct runner *r, struct runner_job *j)
+{
+        j->child_errno = 0;
+        j->child_stage = 0;
+        pid_t pid = clone(child_main, (char *)r->stack + CHILD_STACK,
+                          CLONE_VM | CLONE_VFORK | SIGCHLD, j);
+        if (pid < 0) {
+                j->err = -errno;
+                j->err_what = "clone";
+        } else if (j->child_errno) {
+                /* the child could not exec: it is gone (_exit), reap it here */
+                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
+                j->err = -j->child_errno;
+                j->err_what = j->child_stage == STAGE_CHDIR  ? "chdir"
+                              : j->child_stage == STAGE_EXEC ? "execute"
+                                                             : "setup";
+        } else {
+                j->pid = pid;
+        }
+        for (int i = 0; i < 3; i++) {
+                close(j->child_fd[i]);
+                j->child_fd[i] = -1;
+        }
+}
+
+static void *thread_main(void *arg)
+{
+        struct runner *r = arg;
+        pthread_mutex_lock(&r->lock);
+        for (;;) {
+                while (!r->todo_head && !r->quit)
+                        pthread_cond_wait(&r->cond, &r->lock);
+                if (!r->todo_head && r->quit)
+                        break;
+                struct runner_job *j = r->todo_head;
+                r->todo_head = j->next;
+                if (!r->todo_head)
+                        r->todo_tail = NULL;
+                pthread_mutex_unlock(&r->lock);
+                thread_spawn(r, j);
+                pthread_mutex_lock(&r->lock);
+                j->next = NULL;
+                if (r->done_tail)
+                        r->done_tail->next = j;
+                else
+                        r->done_head = j;
+                r->done_tail = j;
+                uv_async_send(&r->async);
+        }
+        pthread_mutex_unlock(&r->lock);
+        return NULL;
+}
+
+/* ---- the loop ---- */
+
+static void job_free_prep(struct runner_job *j)
+{
+        free(j->cands);
+        j->cands = NULL;
+        free(j->sh_argv);
+        j->sh_argv = NULL;
+}
+
+static int live_add(struct runner *r, struct runner_job *j)
+{
+        if (r->nlive == r->cap) {
+                size_t cap = r->cap ? r->cap * 2 : 16;
+                struct runner_job **n = realloc(r->live, cap * sizeof(*n));
+                if (!n)
+                        return -ENOMEM;
+                r->live = n;
+                r->cap = cap;
+        }
+        r->live[r->nlive++] = j;
+        j->live = true;
+        return 0;
+}
+
+/* Has j exited?  Then kill what is left of its group, reap it, report. */
+static bool check_exit(struct runner *r, size_t i)
+{
+        struct runner_job *j = r->live[i];
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)j->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid == 0)
+                return false;
+        /* the zombie still holds the group id: no other group can have it */
+        kill(-j->pid, SIGKILL);
+        keeper_forget(r, j->pid);
+        int status = 0;
+        while (waitpid(j->pid, &status, 0) < 0 && errno == EINTR)
+                ;
+        r->live[i] = r->live[--r->nlive];
+        j->live = false;
+        j->exited(j, WIFEXITED(status) ? WEXITSTATUS(status) : 0,
+                  WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        return true;
+}
+
+static void on_sigchld(uv_signal_t *h, int sig)
+{
+        (void)sig;
+        struct runner *r = h->data;
+        for (size_t i = 0; i < r->nlive;)
+                if (!check_exit(r, i))
+                        i++;
+}
+
+static void on_async(uv_async_t *h)
+{
+        struct runner *r = h->data;
+        pthread_mutex_lock(&r->lock);
+        struct runner_job *j = r->done_head;
+        r->done_head = r->done_tail = NULL;
+        pthread_mutex_unlock(&r->lock);
+        while (j) {
+                struct runner_job *next = j->next;
+                j->next = NULL;
+                job_free_prep(j);
+                if (j->err == 0 && live_add(r, j) < 0) {
+                        /* cannot watch it: end it now (it has not read its stdin) */
+                        kill(-j->pid, SIGKILL);
+                        keeper_forget(r, j->pid);
+                        while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
+                                ;
+                        j->err = -ENOMEM;
+                        j->err_what = "watch";
+                }
+                if (j->err) {
+                        close(j->fd_in);
+                        close(j->fd_out);
+                        close(j->fd_err);
+                        j->fd_in = j->fd_out = j->fd_err = -1;
+                } else {
+                        r->spawns++;
+                }
+                j->started(j);
+                /* it may have exited before we watched it */
+                if (j->err == 0 && j->live)
+                        for (size_t i = 0; i < r->nlive; i++)
+                                if (r->live[i] == j) {
+                                        check_exit(r, i);
+                                        break;
+                                }
+                j = next;
+        }
+}
+
+/* The paths to try for argv[0]: itself if it has a '/', else each
+ * directory of PATH (from envp; an empty entry is the working directory). */
+static int prepare_candidates(struct runner_job *j)
+{
+        const char *name = j->argv[0];
+        size_t argc = 0;
+        while (j->argv[argc])
+                argc++;
+        j->sh_argv = calloc(argc + 2, sizeof(char *));
+        if (!j->sh_argv)
+                return -ENOMEM;
+        j->sh_argv[0] = "/bin/sh";
+        for (size_t i = 1; i < argc; i++)
+                j->sh_argv[i + 1] = j->argv[i];
+        if (strchr(name, '/')) {
+                j->cands = calloc(2, sizeof(char *));
+                if (!j->cands)
+                        return -ENOMEM;
+                j->cands[0] = (char *)name;
+                return 0;
+        }
+        const char *path = "/usr/local/bin:/usr/bin:/bin";
+        for (char **e = j->envp; e && *e; e++)
+                if (strncmp(*e, "PATH=", 5) == 0)
+                        path = *e + 5;
+        size_t ndirs = 1, nlen = strlen(name), plen = strlen(path);
+        for (const char *p = path; *p; p++)
+                ndirs += *p == ':';
+        /* one block: the pointers, then the strings */
+        size_t size = (ndirs + 1) * sizeof(char *) + plen + ndirs * (nlen + 3);
+        char **c = malloc(size);
+        if (!c)
+                return -ENOMEM;
+        char *s = (char *)(c + ndirs + 1);
+        size_t k = 0;
+        for (const char *p = path;;) {
+                size_t len = strcspn(p, ":");
+                c[k++] = s;
+                if (len == 0) {
+                        s += sprintf(s, "%s", name) + 1;
+                } else {
+                        memcpy(s, p, len);
+                        s += len;
+                        s += sprintf(s, "/%s", name) + 1;
+                }
+                if (!p[len])
+                        break;
+                p += len + 1;
+        }
+        c[k] = NULL;
+        j->cands = c;
+        return 0;
+}
+
+int runner_spawn(struct runner *r, struct runner_job *j)
+{
+        int p[3][2] = { { -1, -1 }, { -1, -1 }, { -1, -1 } };
+        int e = 0;
+        j->r = r;
+        j->err = 0;
+        j->err_what = NULL;
+        j->pid = 0;
+        j->fd_in = j->fd_out = j->fd_err = -1;
+        j->next = NULL;
+        j->live = false;
+        if (!j->argv || !j->argv[0])
+                return -EINVAL;
+        for (int i = 0; i < 3; i++)
+                if (pipe2(p[i], O_CLOEXEC) < 0) {
+                        e = -errno;
+                        goto fail;
+                }
+        if ((e = prepare_candidates(j)) < 0)
+                goto fail;
+        /* stdin: the child reads p[0][0]; stdout, stderr: the child writes [1] */
+        j->child_fd[0] = p[0][0];
+        j->child_fd[1] = p[1][1];
+        j->child_fd[2] = p[2][1];
+        j->fd_in = p[0][1];
+        j->fd_out = p[1][0];
+        j->fd_err = p[2][0];
+        pthread_mutex_lock(&r->lock);
+        if (r->todo_tail)
+                r->todo_tail->next = j;
+        else
+                r->todo_head = j;
+        r->todo_tail = j;
+        pthread_cond_signal(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+        return 0;
+fail:
+        job_free_prep(j);
+        for (int i = 0; i < 3; i++)
+                for (int k = 0; k < 2; k++)
+                        if (p[i][k] >= 0)
+                                close(p[i][k]);
+        j->fd_in = j->fd_out = j->fd_err = -1;
+        return e;
+}
+
+void runner_kill(struct runner_job *j, int sig)
+{
+        if (j->live && j->pid > 0)
+                kill(-j->pid, sig);
+}
+
+unsigned long runner_spawn_count(const struct runner *r)
+{
+        return r->spawns;
+}
+
+/* fds 0-2 must be open: a pipe made later must never get one of them. */
+static void ensure_stdio(void)
+{
+        for (int fd = 0; fd < 3; fd++)
+                if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+                        int n = open("/dev/null", O_RDWR);
+                        if (n >= 0 && n != fd) {
+                                dup2(n, fd);
+                                close(n);
+                        }
+                }
+}
+
+int runner_new(uv_loop_t *loop, struct runner **ret)
+{
+        ensure_stdio();
+        struct runner *r = calloc(1, sizeof(*r));
+        if (!r)
+                return -ENOMEM;
+        r->loop = loop;
+        r->self = getpid();
+        r->keeper_fd = -1;
+        pthread_mutex_init(&r->lock, NULL);
+        pthread_cond_init(&r->cond, NULL);
+        int e;
+        r->stack = mmap(NULL, CHILD_STACK, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (r->stack == MAP_FAILED) {
+                e = -errno;
+                r->stack = NULL;
+                goto fail;
+        }
+        if ((e = keeper_start(r)) < 0)
+                goto fail;
+        uv_async_init(loop, &r->async, on_async);
+        r->async.data = r;
+        uv_signal_init(loop, &r->sigchld);
+        r->sigchld.data = r;
+        uv_signal_start(&r->sigchld, on_sigchld, SIGCHLD);
+        /* the thread blocks every signal: the daemon's handlers never run on
+         * it, and a child starts with every signal blocked */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        e = -pthread_create(&r->thread, NULL, thread_main, r);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (e < 0) {
+                uv_close((uv_handle_t *)&r->async, NULL);
+                uv_close((uv_handle_t *)&r->sigchld, NULL);
+                goto fail;
+        }
+        r->thread_started = true;
+        *ret = r;
+        return 0;
+fail:
+        runner_free(r);
+        return e;
+}
+
+void runner_close(struct runner *r)
+{
+        if (!r)
+                return;
+        if (!uv_is_closing((uv_handle_t *)&r->async))
+                uv_close((uv_handle_t *)&r->async, NULL);
+        if (!uv_is_closing((uv_handle_t *)&r->sigchld))
+                uv_close((uv_handle_t *)&r->sigchld, NULL);
+}
+
+void runner_free(struct runner *r)
+{
+        if (!r)
+                return;
+        if (r->thread_started) {
+                pthread_mutex_lock(&r->lock);
+                r->quit = true;
+                pthread_cond_signal(&r->cond);
+                pthread_mutex_unlock(&r->lock);
+                pthread_join(r->thread, NULL);
+        }
+        if (r->keeper_fd >= 0)
+                close(r->keeper_fd); /* the keeper sees end-of-file and exits */
+        if (r->keeper > 0)
+                while (waitpid(r->keeper, NULL, 0) < 0 && errno == EINTR)
+                        ;
+        if (r->stack)
+                munmap(r->stack, CHILD_STACK);
+        pthread_mutex_destroy(&r->lock);
+        pthread_cond_destroy(&r->cond);
+        free(r->live);
+        free(r);
+}

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/* runner: starts handler processes and tells when they end, without
+ * re-executing kairosd and without blocking the loop.
+ *
+ * A spawn: the loop makes the three stdio pipes and hands the job to the
+ * runner's own thread, which starts the child with clone(CLONE_VM |
+ * CLONE_VFORK) — no copy of the daemon's page tables, the thread waits only
+ * until the child has exec'd — and reports back through a uv_async.  The
+ * child, before exec: its own process group, PR_SET_PDEATHSIG SIGKILL (then
+ * getppid() to close the race with a daemon that died meanwhile), reports
+ * its group to the keeper, takes the pipes as fds 0-2, closes every other
+ * fd, resets signal dispositions and mask, changes directory and execs
+ * (searching the handler's PATH, /bin/sh for a file without #!).
+ *
+ * Exit: SIGCHLD on the loop; an exited handler is seen with
+ * waitid(WNOWAIT), its whole process group is killed (SIGKILL) while the
+ * zombie still holds the group id, then it is reaped.
+ *
+ * No handler and no child of it outlives kairosd:
+ *  - a handler dies with kairosd by PR_SET_PDEATHSIG (set on the runner's
+ *    thread, which lives as long as the daemon);
+ *  - the keeper, a small process forked once at start (not an exec of
+ *    kairosd), holds the list of handler process groups; each child adds its
+ *    own group before it execs, kairosd removes it at the step's end.  When
+ *    kairosd dies, however (kill -9 included), the keeper reads end-of-file
+ *    on its socket and SIGKILLs every group it holds, then exits.
+ *  A grandchild that leaves the handler's process group (setsid, setpgid)
+ *  escapes both; under systemd the service's cgroup catches it
+ *  (KillMode=control-group).  See docs/ and kairosd(8), HANDLERS. */
+#pragma once
+
+#include <stdbool.h>
+#include <sys/types.h>
+#include <uv.h>
+
+struct runner;
+struct runner_job;
+
+typedef void (*runner_started_cb)(struct runner_job *job);
+typedef void (*runner_exited_cb)(struct runner_job *job, int exit_status, int term_signal);
+
+struct runner_job {
+        /* set by the caller; argv, envp and cwd must live until started */
+        char **argv;                /* argv[0]: a path, or a name searched on envp's PATH */
+        char **envp;
+        const char *cwd;
+        runner_started_cb started;  /* on the loop: err or pid + fds */
+        runner_exited_cb exited;    /* on the loop: the handler was reaped */
+        void *data;
+        /* results (valid in started) */
+        int err;                    /* 0, or a negative errno: nothing runs */
+        const char *err_what;       /* what failed: "pipe", "clone", "chdir", "execute" */
+        pid_t pid;                  /* also the process group id */
+        int fd_in, fd_out, fd_err;  /* the daemon's ends, owned by the caller after started */
+        /* private */
+        struct runner *r;
+        struct runner_job *next;
+        int child_fd[3];
+        char **cands;               /* the paths to try, NULL-terminated */
+        char **sh_argv;             /* /bin/sh CAND ARGS… for a file without #! */
+        int child_errno;
+        int child_stage;
+        bool live;
+};
+
+/* Start the runner: its thread, the keeper and the SIGCHLD watch. */
+int runner_new(uv_loop_t *loop, struct runner **ret);
+/* Close its handles (the loop then ends) and stop its thread and the keeper
+ * (after the loop has ended: runner_free). */
+void runner_close(struct runner *r);
+void runner_free(struct runner *r);
+
+/* Start job.  0: started() will be called; a negative errno: nothing
+ * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM). */
+int runner_spawn(struct runner *r, struct runner_job *job);
+
+/* Signal the job's process group (nothing once it was reaped). */
+void runner_kill(struct runner_job *job, int sig);
+
+/* Test and bench support: spawns so far. */
+unsigned long runner_spawn_count(const struct runner *r);
