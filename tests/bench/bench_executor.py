@@ -16,6 +16,16 @@
 2. Memory (VmRSS of /proc/PID/status), MaxConcurrentMandates=100: idle after
    READY=1; after 1,000 finished mandates (one /bin/true cycle each); with
    100 more running (observe is `sleep 600`).
+3. Spawn cost: a five-step cycle with `/bin/sh -c :` handlers (median of
+   --cycles) against the floor measured in the same run: 5 direct
+   posix_spawn+wait of the same command from here + the cycle's fdatasync
+   calls x the median fdatasync latency of the disk (target <= 1.3x); CPU of
+   kairosd + its handlers per cycle against the CPU of the 5 direct spawns
+   (target <= 1.5x).
+4. Bursts: --burst mandates fired together (pipelined) with
+   MaxConcurrentMandates 1, 4, 16, 64, 256: cycles/s, the longest gap
+   between WATCHDOG=1 pings (WATCHDOG_USEC=1 s: a ping every 0.5 s; target
+   gap <= 1 s), `status` latency on another connection (p99 target 100 ms).
 Run by hand on a disk directory (default /var/tmp), not tmpfs; prints the figures."""
 import argparse
 import os
@@ -224,6 +234,156 @@ def memory(base, args):
     finally:
         r.close()
 
+SH = "/bin/sh -c :"
+
+
+def proc_cpu(pid):
+    """(own CPU, CPU of reaped children) of a process, in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return ((int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick)
+
+
+def direct_spawns(n):
+    """Wall and CPU time of n fork+exec+wait of `/bin/sh -c :` from here."""
+    before = os.times()
+    t0 = time.monotonic()
+    for _ in range(n):
+        pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", ":"], {})
+        os.waitpid(pid, 0)
+    wall = time.monotonic() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system -
+                                                          before.children_system)
+    return wall, cpu
+
+
+def spawn_ratio(base, args):
+    """A five-step cycle with /bin/sh handlers against the floor of five
+    direct spawns + the cycle's fdatasyncs, measured in the same run."""
+    sched = {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
+             "Mandate": {"MaxCycles": "1"}, "Exec": {p: SH for p in PHASES}}
+    r = Run(base, "ratio", {"sh": sched}, "LogLevel=%s\n" % args.log_level)
+    try:
+        done = LogCounter(r.d, "done after 1 cycle")
+        n = args.cycles
+        for i in range(3):  # warm up
+            r.fire("sh", 900000 + i)
+            done.wait(done.n + 1, timeout=60)
+        f0 = r.flushes()
+        cpu0 = proc_cpu(r.d.proc.pid)
+        walls = []
+        for i in range(n):
+            t0 = time.monotonic()
+            r.fire("sh", 800000 + i)
+            t1 = done.wait(done.n + 1, timeout=60)
+            walls.append(t1 - t0)
+        cpu1 = proc_cpu(r.d.proc.pid)
+        syncs = (r.flushes() - f0) / n
+        sync_ms = fdatasync_ms(r.dir)
+        floor_walls, floor_cpus = [], []
+        for _ in range(n):
+            w, c = direct_spawns(5)
+            floor_walls.append(w)
+            floor_cpus.append(c)
+        floor = statistics.median(floor_walls) + syncs * sync_ms / 1000
+        cycle = statistics.median(walls)
+        own = statistics.median(floor_cpus) if statistics.median(floor_cpus) > 0 else \
+            sum(floor_cpus) / n
+        daemon_cpu = (cpu1[0] - cpu0[0]) / n
+        child_cpu = (cpu1[1] - cpu0[1]) / n
+        print("five-step cycle, /bin/sh handlers: %.2f ms (median of %d); floor %.2f ms "
+              "(5 direct spawns %.2f ms + %.2f fdatasyncs x %.2f ms): ratio %.2f (target <= 1.3)"
+              % (cycle * 1000, n, floor * 1000, statistics.median(floor_walls) * 1000, syncs,
+                 sync_ms, cycle / floor))
+        print("CPU per cycle: kairosd %.2f ms + handlers %.2f ms; handlers run directly: "
+              "%.2f ms: ratio %.2f (target <= 1.5)"
+              % (daemon_cpu * 1000, child_cpu * 1000, own * 1000,
+                 (daemon_cpu + child_cpu) / own if own else float("nan")))
+    finally:
+        r.close()
+
+
+class TimedNotify(NotifySocket):
+    """A notify socket that keeps when each WATCHDOG=1 arrived."""
+
+    def __init__(self, directory):
+        self.pings = []
+        super().__init__(directory)
+
+    def _reader(self):
+        while True:
+            try:
+                data = self.sock.recv(65536).decode()
+            except OSError:
+                return
+            if "WATCHDOG=1" in data.split("\n"):
+                self.pings.append(time.monotonic())
+            with self.cond:
+                self.messages.append(data)
+                self.cond.notify_all()
+
+
+def burst(base, args, concurrency, n, watchdog_usec=1000000):
+    """n mandates fired together, MaxConcurrentMandates=concurrency: cycles/s,
+    the longest gap between watchdog pings, `status` latency meanwhile."""
+    import threading
+    name = "burst%d" % concurrency
+    d = os.path.join(base, name)
+    state = os.path.join(d, "state")
+    os.makedirs(state)
+    sched = {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
+             "Mandate": {"MaxCycles": "1"}, "Exec": {p: SH for p in PHASES}}
+    conf = write_config(d, state, {"sh": sched},
+                        "MaxConcurrentMandates=%d\nLogLevel=%s\n" % (concurrency, args.log_level))
+    notify = TimedNotify(d)
+    daemon = Daemon(state, config=conf, notify=notify, env={"WATCHDOG_USEC": str(watchdog_usec)})
+    try:
+        notify.wait_ready(timeout=120)
+        c = Client(daemon.socket_path, timeout=600)
+        probe = Client(daemon.socket_path, timeout=600)
+        done = LogCounter(daemon, "done after 1 cycle")
+        lat = []
+        stop = threading.Event()
+
+        def prober():
+            while not stop.is_set():
+                t = time.monotonic()
+                probe.call("status")
+                lat.append(time.monotonic() - t)
+                stop.wait(0.02)
+
+        th = threading.Thread(target=prober)
+        t0 = time.monotonic()
+        th.start()
+        # all n requests pipelined, then the replies
+        for i in range(n):
+            c.send_raw(('{"v":1,"id":%d,"cmd":"fire","args":{"schedule":"sh","at":"%s"}}\n'
+                        % (i + 1, at(i))).encode())
+        for i in range(n):
+            c.recv_reply()
+        t1 = done.wait(n, timeout=1800)
+        stop.set()
+        th.join()
+        pings = [p for p in notify.pings if t0 <= p <= t1 + 0.5]
+        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        lat.sort()
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+        print("%4d mandates, MaxConcurrentMandates=%-4d %6.1f cycles/s; watchdog (every %.2f s): "
+              "max gap %.3f s over %d pings; status p99 %.1f ms, max %.1f ms (%d calls)"
+              % (n, concurrency, n / (t1 - t0), watchdog_usec / 2e6,
+                 max(gaps) if gaps else float("nan"), len(pings),
+                 p99 * 1000, (lat[-1] if lat else float("nan")) * 1000, len(lat)))
+        c.close()
+        probe.close()
+    finally:
+        rc = daemon.stop(timeout=120)
+        notify.close()
+        if rc != 0:
+            raise RuntimeError("kairosd exit %d:\n%s" % (rc, daemon.log()[-3000:]))
+
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -235,6 +395,10 @@ def main():
     ap.add_argument("--finished", type=int, default=1000)
     ap.add_argument("--running", type=int, default=100)
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--cycles", type=int, default=40, help="cycles of the spawn ratio")
+    ap.add_argument("--burst", type=int, default=256, help="mandates due together")
+    ap.add_argument("--only", choices=("ratio", "burst", "throughput", "memory"), action="append",
+                    help="run only these parts (repeatable)")
     args = ap.parse_args()
     kairos_harness.KAIROSD = os.path.abspath(args.kairosd)
 
@@ -246,8 +410,16 @@ def main():
         print("machine: %d CPUs, load average %s; disk: append+fdatasync %.2f ms (median of 50)"
               % (os.cpu_count(), " ".join(open("/proc/loadavg").read().split()[:3]),
                  fdatasync_ms(base)))
-        throughput(base, args)
-        memory(base, args)
+        parts = args.only or ("ratio", "burst", "throughput", "memory")
+        if "ratio" in parts:
+            spawn_ratio(base, args)
+        if "burst" in parts:
+            for conc in (1, 4, 16, 64, 256):
+                burst(base, args, conc, args.burst)
+        if "throughput" in parts:
+            throughput(base, args)
+        if "memory" in parts:
+            memory(base, args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
