@@ -109,6 +109,7 @@ int ctl_cmd_fire(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_approve(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_cancel(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_metrics(const struct ctl_opts *o, int argc, char **argv);

@@ -1295,6 +1295,38 @@ int ctl_cmd_approve(const struct ctl_opts *o, int argc, char **argv)
                    text_approve);
 }
 
+/* ---- cancel ----------------------------------------------------------- */
+
+static int text_cancel(json_t *r)
+{
+        ctl_put_safe(stdout, jstr(r, "mandate"));
+        fputs(": cancelled", stdout);
+        if (json_is_string(json_object_get(r, "interrupted"))) {
+                fputs(" (its handler of step ", stdout);
+                ctl_put_safe(stdout, jstr(r, "interrupted"));
+                fputs(" was stopped)", stdout);
+        }
+        fputc('\n', stdout);
+        return CTL_EXIT_OK;
+}
+
+int ctl_cmd_cancel(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *reason = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("cancel", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("cancel", npos, 1, "MANDATE");
+        if (r == 0 && (!reason || !*reason))
+                r = ctl_usage_error("cancel: --reason T is required");
+        if (r)
+                return r;
+        return run(o, "cancel", json_pack("{s:s, s:s}", "mandate", argv[0], "reason", reason),
+                   text_cancel);
+}
+
 /* ---- reload ----------------------------------------------------------- */
 
 static int text_reload(json_t *r)

@@ -50,6 +50,9 @@ static const struct ctl_command commands[] = {
           "Resume a mandate paused by an operator, or a paused schedule." },
         { "approve", ctl_cmd_approve, true, "MANDATE [--reason T]",
           "Let a mandate that awaits approval go on." },
+        { "cancel", ctl_cmd_cancel, true, "MANDATE --reason T",
+          "End a mandate that has not ended as cancelled: a running handler gets\n"
+          "SIGTERM, SIGKILL 5 s later; its step is recorded failed (cancelled)." },
         { "resolve", ctl_cmd_resolve, true, "MANDATE STEP --done|--retry|--abandon --reason T",
           "Decide a step that recovery paused for review: --done (its effect happened),\n"
           "--retry (safe to run again), --abandon (end the mandate abandoned)." },

@@ -511,7 +511,7 @@ static bool refuse_unwritable(struct control_request *req, struct mandate *m)
 static bool is_final(enum mandate_status s)
 {
         return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
-               s == MANDATE_ABANDONED;
+               s == MANDATE_ABANDONED || s == MANDATE_CANCELLED;
 }
 
 static void cmd_show(struct control_request *req)
@@ -569,6 +569,32 @@ static void cmd_pause(struct control_request *req)
                 return;
         }
         submit_op(req, m, OP_PAUSE, 0, reason ? reason : "paused by operator", NULL);
+}
+
+static void cmd_cancel(struct control_request *req)
+{
+        bool failed;
+        struct mandate *m = arg_mandate(req);
+        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+                return;
+        const char *reason = control_arg_string(req, "reason", true, &failed);
+        if (failed)
+                return;
+        if (!*reason) {
+                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        if (is_final(m->status)) {
+                control_reply_error(req, "conflict", "mandate %s is %s: nothing to cancel", m->id,
+                                    mandate_status_name(m->status));
+                return;
+        }
+        if (m->cancel) {
+                control_reply_error(req, "conflict", "mandate %s is being cancelled already",
+                                    m->id);
+                return;
+        }
+        executor_cancel(m, reason, req);
 }
 
 static void cmd_resume(struct control_request *req)
@@ -632,7 +658,7 @@ static void cmd_resolve(struct control_request *req)
 static bool can_retry(enum mandate_status s)
 {
         return s == MANDATE_FAILED || s == MANDATE_TERMINATED || s == MANDATE_ABANDONED ||
-               s == MANDATE_DONE || strcmp(mandate_status_name(s), "cancelled") == 0;
+               s == MANDATE_DONE || s == MANDATE_CANCELLED;
 }
 
 /* retry MANDATE [--reason T]: a new mandate for the same tick (retry N, the
@@ -821,7 +847,7 @@ static const struct command commands[] = {
         { "pause", cmd_pause, false },         { "resume", cmd_resume, false },
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
         { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
-        { "retry", cmd_retry, false },
+        { "retry", cmd_retry, false },        { "cancel", cmd_cancel, false },
         { "tool-begin", idem_cmd_tool_begin, true },
         { "tool-finish", idem_cmd_tool_finish, true },
         { "tool-write", idem_cmd_tool_write, true },

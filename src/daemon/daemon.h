@@ -32,6 +32,7 @@ enum mandate_status {
         MANDATE_FAILED,
         MANDATE_TERMINATED,
         MANDATE_ABANDONED,
+        MANDATE_CANCELLED,         /* ended by kairosctl cancel */
         MANDATE__STATUS_MAX,
 };
 
@@ -62,6 +63,7 @@ struct mandate {
         bool holds_slot;           /* counted in running (MaxConcurrentMandates) */
         struct exec_run *run;      /* the handler being run, if any */
         char *step_id;             /* the step being run */
+        struct mandate_cancel *cancel; /* kairosctl cancel in progress */
 };
 
 struct recovery_summary {

@@ -93,6 +93,19 @@ struct advance {
         struct kbuf stdin_doc;
         uint64_t flushes;
         bool cycle_finished;
+        /* kairosctl cancel: record the end instead of deciding */
+        bool cancel, cancel_too_late;
+        char *cancel_reason;
+        long long cancel_uid;
+        struct control_request *cancel_req;
+        char *interrupted;            /* the step whose handler the cancel stopped */
+};
+
+struct mandate_cancel {
+        char *reason;
+        uid_t uid;
+        struct control_request *req;
+        bool submitted;               /* its advance job is queued */
 };
 
 static char *own(struct advance *a, const char *s)
@@ -118,6 +131,8 @@ static void advance_free(struct advance *a)
         free(a->idem_key);
         free(a->expected_post);
         free(a->archive_path);
+        free(a->cancel_reason);
+        free(a->interrupted);
         kbuf_free(&a->stdin_doc);
         free(a);
 }
@@ -338,7 +353,11 @@ static bool decide_once(struct advance *a, struct wal *w, const struct fold *f,
         if (last->finalized) {
                 const char *fs = last->final_status ? last->final_status : "";
                 if (strcmp(fs, "abandoned") == 0) {
-                        decide_end(a, MANDATE_ABANDONED, last->final_reason);
+                        bool cancelled = false;
+                        for (size_t i = 0; i < f->noperators; i++)
+                                cancelled |= is_status(f->operators[i].action, "cancel");
+                        decide_end(a, cancelled ? MANDATE_CANCELLED : MANDATE_ABANDONED,
+                                   last->final_reason);
                 } else if (strcmp(fs, "failed") == 0) {
                         if (trailing_failed(f) >= 2)
                                 decide_end(a, MANDATE_TERMINATED, "two consecutive failed cycles");
@@ -468,12 +487,67 @@ static int write_summary(struct advance *a, const char *mandates_dir, const char
         return r;
 }
 
+/* The records of a cancel (pool thread): a step left executing (its
+ * handler stopped, or never started) failed with error_class cancelled, the
+ * operator record, the open plan finalized abandoned; then the end. */
+static void cancel_work(struct advance *a, struct wal *w)
+{
+        struct fold *f = NULL;
+        int r = fold_file(a->m->wal_path, &f);
+        if (r < 0 || f->status == FOLD_CORRUPT) {
+                a->error = r < 0 ? r : -EBADMSG;
+                snprintf(a->errmsg, sizeof a->errmsg, "folding %s: %s", a->m->wal_path,
+                         r < 0 ? strerror(-r) : f->bad_reason);
+                fold_free(f);
+                return;
+        }
+        char msg[600];
+        snprintf(msg, sizeof msg, "cancelled by uid %lld before the handler started: %s",
+                 a->cancel_uid, a->cancel_reason);
+        const struct fold_plan *open = NULL;
+        for (size_t i = f->nplans; i-- > 0;)
+                if (!f->plans[i].orphan_reason) {
+                        open = f->plans[i].finalized ? NULL : &f->plans[i];
+                        break;
+                }
+        for (size_t i = 0; open && i < open->nsteps && !a->error; i++) {
+                const struct fold_step *s = plan_step(f, open, i);
+                if (!is_status(s->status, "executing"))
+                        continue;
+                struct wal_record rec = { .op = WAL_OP_FAILED, .step_id = s->step_id,
+                                          .error_class = "cancelled", .error_msg = msg };
+                append_rec(a, w, &rec);
+        }
+        struct wal_record op = { .op = WAL_OP_OPERATOR, .mandate_id = a->m->id,
+                                 .action = "cancel", .step_id = a->interrupted,
+                                 .uid = a->cancel_uid, .reason = a->cancel_reason };
+        append_rec(a, w, &op);
+        char why[600];
+        snprintf(why, sizeof why, "cancelled: %s", a->cancel_reason);
+        if (open) {
+                struct wal_record fin = { .op = WAL_OP_FINALIZE, .plan_id = open->plan_id,
+                                          .status = "abandoned", .reason = why };
+                append_rec(a, w, &fin);
+                a->cycle = open->cycle;
+                free(a->plan_id);
+                a->plan_id = strdup(open->plan_id);
+        } else if (f->nplans) {
+                a->cycle = f->plans[f->nplans - 1].cycle;
+        }
+        decide_end(a, MANDATE_CANCELLED, why);
+        fold_free(f);
+}
+
 static void advance_work(void *arg)
 {
         struct advance *a = arg;
         struct mandate *m = a->m;
         struct kjson_arena *ar = NULL;
         struct fold *f = NULL;
+        if (a->cancel && m->archived) {
+                a->cancel_too_late = true; /* it ended by itself just before */
+                return;
+        }
         int r = mandate_wal_open(m);
         if (r < 0) {
                 a->error = r;
@@ -484,7 +558,9 @@ static void advance_work(void *arg)
         uint64_t flushes_before = wal_flush_count(m->wal);
         for (size_t i = 0; i < a->npre && !a->error; i++)
                 append_rec(a, m->wal, &a->pre[i]);
-        if (a->decide && !a->error) {
+        if (a->cancel && !a->error)
+                cancel_work(a, m->wal);
+        else if (a->decide && !a->error) {
                 ar = kjson_arena_new();
                 /* At most: finalize, then plan_commit, then the step. */
                 for (int pass = 0; pass < 4 && !a->error; pass++) {
@@ -577,6 +653,8 @@ struct exec_run {
 };
 
 static void start_advance(struct mandate *m, struct advance *a);
+static void mandate_cancel_free(struct mandate *m);
+static void submit_cancel(struct mandate *m, struct advance *a);
 static void run_finished(struct exec_run *run);
 
 static void release_slot(struct mandate *m)
@@ -927,6 +1005,13 @@ static bool spawn_error_is_transient(int err)
 
 static void run_start(struct exec_run *run);
 
+static void cancel_stop_handler(struct exec_run *run)
+{
+        kill_group(run, SIGTERM);
+        uv_timer_stop(&run->timer);
+        uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
+}
+
 static void on_spawn_retry(uv_timer_t *t)
 {
         struct exec_run *run = t->data;
@@ -1027,6 +1112,8 @@ static void on_job_started(struct runner_job *job)
                   (int)run->pid, run->attempt);
         if (run->killed_for_shutdown)
                 kill_group(run, SIGKILL); /* started after GracefulTimeoutSec= ran out */
+        else if (m->cancel)
+                cancel_stop_handler(run);
 }
 
 static void run_start(struct exec_run *run)
@@ -1298,6 +1385,19 @@ static void run_finished(struct exec_run *run)
                                           .result_json = own(a, res.data) };
                 kbuf_free(&res);
         }
+        if (m->cancel && r->op != WAL_OP_COMPLETED && !run->killed_for_shutdown) {
+                /* stopped by the cancel: an interrupted step, recorded as such */
+                char how[64];
+                if (run->term_signal)
+                        snprintf(how, sizeof how, "signal %d", run->term_signal);
+                else
+                        snprintf(how, sizeof how, "exit status %lld",
+                                 (long long)run->exit_status);
+                snprintf(msg, sizeof msg, "cancelled by uid %u while it ran: %s (the handler "
+                         "was stopped: %s)", (unsigned)m->cancel->uid, m->cancel->reason, how);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "cancelled", .error_msg = own(a, msg) };
+        }
         metrics_step(d->metrics, run->phase, r->op, run->pid ? run->started_ms : 0);
         if (r->op == WAL_OP_COMPLETED && !r->result_json) {
                 a->npre = 0;
@@ -1312,6 +1412,11 @@ static void run_finished(struct exec_run *run)
                   r->error_msg ? ": " : "", r->error_msg ? r->error_msg : "");
         if (run->in.data == run)
                 run_close_handles(run);
+        if (m->cancel && !run->killed_for_shutdown) {
+                a->interrupted = strdup(run->step_id);
+                submit_cancel(m, a);
+                return;
+        }
         start_advance(m, a);
 }
 
@@ -1361,13 +1466,42 @@ static void advance_done(void *arg)
                           "mandate %s paused (%s): %s", m->id, m->reason, a->errmsg);
                 mandate_wal_close(m);
                 finish_fire_reply(a, true);
+                if (a->cancel_req)
+                        control_reply_error(a->cancel_req, "wal_io_error", "%s", a->errmsg);
+                a->cancel_req = NULL;
+                if (a->cancel)
+                        mandate_cancel_free(m);
                 release_slot(m);
                 goto out;
         }
         finish_fire_reply(a, true);
+        if (a->cancel && a->cancel_too_late) {
+                control_reply_error(a->cancel_req, "conflict",
+                                    "mandate %s ended (%s) before the cancel took effect", m->id,
+                                    mandate_status_name(m->status));
+                a->cancel_req = NULL;
+                mandate_cancel_free(m);
+                goto out;
+        }
+        if (a->cancel_req) {
+                control_reply_ok(a->cancel_req,
+                                 json_pack("{s:s, s:s, s:s?}", "mandate", m->id, "status",
+                                           mandate_status_name(MANDATE_CANCELLED), "interrupted",
+                                           a->interrupted));
+                a->cancel_req = NULL;
+        }
+        if (a->cancel) {
+                mandate_cancel_free(m);
+        } else if (m->cancel && a->next != NEXT_END) {
+                /* a cancel came while this was decided: it ends here */
+                if (a->cycle_finished)
+                        d->cycles_completed++;
+                submit_cancel(m, NULL);
+                goto out;
+        }
         if (a->cycle_finished)
                 d->cycles_completed++;
-        if (!a->decide || d->stopping) {
+        if (!a->cancel && (!a->decide || d->stopping)) {
                 /* recorded; the mandate goes on after the restart */
                 if (m->status == MANDATE_RUNNING)
                         mandate_set_status(m, MANDATE_RUNNABLE, NULL);
@@ -1435,9 +1569,97 @@ static void start_advance(struct mandate *m, struct advance *a)
                 m->busy--;
                 log_error("out of memory: cannot advance %s", m->id);
                 finish_fire_reply(a, false);
+                if (a->cancel_req)
+                        control_reply_error(a->cancel_req, "internal", "out of memory");
+                if (a->cancel)
+                        mandate_cancel_free(m);
                 advance_free(a);
                 release_slot(m);
         }
+}
+
+static void mandate_cancel_free(struct mandate *m)
+{
+        struct mandate_cancel *c = m->cancel;
+        if (!c)
+                return;
+        m->cancel = NULL;
+        if (c->req)
+                control_reply_error(c->req, "internal", "the cancel of %s was dropped", m->id);
+        free(c->reason);
+        free(c);
+}
+
+/* Queue the cancel's records (a: a job that already holds the interrupted
+ * step's record, or NULL). */
+static void submit_cancel(struct mandate *m, struct advance *a)
+{
+        struct mandate_cancel *c = m->cancel;
+        if (c->submitted) {
+                if (a)
+                        start_advance(m, a);
+                return;
+        }
+        if (!a && !(a = advance_new(m))) {
+                log_error("out of memory: cannot cancel %s", m->id);
+                mandate_cancel_free(m);
+                return;
+        }
+        c->submitted = true;
+        a->cancel = true;
+        a->decide = false;
+        a->cancel_reason = strdup(c->reason);
+        a->cancel_uid = (long long)c->uid;
+        a->cancel_req = c->req;
+        c->req = NULL;
+        if (!a->cancel_reason) {
+                control_reply_error(a->cancel_req, "internal", "out of memory");
+                a->cancel_req = NULL;
+                advance_free(a);
+                mandate_cancel_free(m);
+                return;
+        }
+        start_advance(m, a);
+}
+
+void executor_cancel(struct mandate *m, const char *reason, struct control_request *req)
+{
+        struct mandate_cancel *c = calloc(1, sizeof(*c));
+        if (!c || !(c->reason = strdup(reason))) {
+                free(c);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        c->uid = req->uid;
+        c->req = req;
+        m->cancel = c;
+        char uid[32];
+        snprintf(uid, sizeof uid, "%u", (unsigned)req->uid);
+        log_event(LOG_NOTICE, MSGID_OPERATOR,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "OPERATOR_UID", uid }),
+                  "mandate %s cancelled by uid %s: %s%s", m->id, uid, reason,
+                  m->run && (m->run->started || m->run->starting) && !m->run->exited
+                          ? " (stopping its handler)"
+                          : "");
+        struct exec_run *run = m->run;
+        if (run && run->waiting_retry) {
+                /* never started: the cancel records it */
+                uv_timer_stop(&run->timer);
+                run->waiting_retry = false;
+                m->run = NULL;
+                run->finished = true;
+                run_close_handles(run);
+                run = NULL;
+        }
+        if (run && run->started && !run->exited) {
+                cancel_stop_handler(run); /* run_finished submits the cancel */
+                return;
+        }
+        if (run)
+                return; /* starting (on_job_started stops it) or ending: run_finished submits */
+        /* (an advance in flight runs first: its result is recorded, nothing
+         * new starts after it) */
+        submit_cancel(m, NULL);
 }
 
 void executor_enqueue(struct mandate *m)
@@ -1473,7 +1695,7 @@ static const struct config_schedule *schedule_cfg(const struct daemon *d, const 
 static bool is_final_status(enum mandate_status s)
 {
         return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
-               s == MANDATE_ABANDONED;
+               s == MANDATE_ABANDONED || s == MANDATE_CANCELLED;
 }
 
 /* Another mandate of the same schedule that is (running) or (not finished). */
@@ -1516,7 +1738,8 @@ void executor_kick(struct daemon *d)
         struct mandate **link = &d->queue_head, *last = NULL;
         while (*link && d->running < d->cfg->max_concurrent_mandates) {
                 struct mandate *m = *link;
-                bool drop = m->status != MANDATE_RUNNABLE; /* paused meanwhile */
+                /* paused or cancelled meanwhile */
+                bool drop = m->status != MANDATE_RUNNABLE || m->cancel;
                 const struct config_schedule *sc = schedule_cfg(d, m->schedule);
                 if (!drop && sc && sc->concurrency == CONCURRENCY_QUEUE &&
                     sibling(d, m, m->schedule, true)) {
@@ -1754,6 +1977,7 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
 
 void executor_free_mandate(struct mandate *m)
 {
+        mandate_cancel_free(m);
         free(m->fired_at);
         free(m->goal);
         free(m->retry_of);

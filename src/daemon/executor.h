@@ -27,6 +27,13 @@ void executor_retry(struct daemon *d, const struct executor_retry *rt,
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                    struct control_request *req);
 
+/* kairosctl cancel: a running handler gets SIGTERM (its process group),
+ * SIGKILL 5 s later; its step is recorded failed (error_class cancelled) —
+ * an act that was interrupted stays visible as such — then an operator
+ * record (action cancel), the open plan finalized abandoned, and the
+ * mandate ends cancelled (archived).  Replies to req when that is durable. */
+void executor_cancel(struct mandate *m, const char *reason, struct control_request *req);
+
 /* A mandate became runnable (recovery, resume, resolve, approve): queue it. */
 void executor_enqueue(struct mandate *m);
 /* Start queued mandates while fewer than MaxConcurrentMandates run. */

@@ -22,6 +22,7 @@ static const char *const status_names[MANDATE__STATUS_MAX] = {
         [MANDATE_FAILED] = "failed",
         [MANDATE_TERMINATED] = "terminated",
         [MANDATE_ABANDONED] = "abandoned",
+        [MANDATE_CANCELLED] = "cancelled",
 };
 
 const char *mandate_status_name(enum mandate_status s)

@@ -900,6 +900,77 @@ class TestMandates(ExecCase):
         self.assertEqual(self.mandate(m)["reason"], "MaxCycles reached")
 
 
+class TestCancel(ExecCase):
+    # issue 14 item 3: kairosctl cancel MANDATE --reason T
+    def test_cancel_during_act(self):
+        # the act ignores SIGTERM (so does its child): SIGKILL 5 s later
+        act = self.script("act.sh", "trap '' TERM\necho $$ > \"$1\"\nsleep 600 &\nwait\nwait\n")
+        rec = self.script("rec.sh", REC_SH)
+        pidfile = self.fifo("actpid")
+        self.configure({"risky": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                  "Exec": {"Act": "/bin/sh %s %s" % (act, pidfile),
+                                           "Reflect": "/bin/sh %s %s" % (rec, self.out)}}})
+        self.start()
+        m = self.fire("risky")
+        with open(pidfile) as f:
+            pid = int(f.read())
+        self.assertTrue(alive(pid))
+        t0 = time.monotonic()
+        out = self.ctl("cancel", m, "--reason", "wrong target")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertGreater(time.monotonic() - t0, 4.5, "TERM was ignored: KILL after 5 s")
+        self.assertEqual(out.stdout, "%s: cancelled (its handler of step act_001 was stopped)\n"
+                         % m)
+        self.assertFalse(alive(pid), "the handler is gone")
+        row = self.mandate(m)
+        self.assertEqual((row["status"], row["reason"]), ("cancelled", "cancelled: wrong target"))
+        recs = self.archived(m)
+        act_rec = self.last_status(recs, "act_001")
+        self.assertEqual((act_rec["status"], act_rec["error_class"]), ("failed", "cancelled"))
+        self.assertIn("wrong target", act_rec["error_msg"])
+        self.assertIn("signal 9", act_rec["error_msg"])
+        ops = [r for r in recs if r["op"] == "operator"]
+        self.assertEqual([(o["action"], o["step_id"], o["reason"], o["uid"]) for o in ops],
+                         [("cancel", "act_001", "wrong target", os.getuid())])
+        self.assertEqual((recs[-1]["op"], recs[-1]["status"], recs[-1]["reason"]),
+                         ("plan_finalize", "abandoned", "cancelled: wrong target"))
+        self.assertEqual(self.step_records(recs, "reflect_001"), [], "nothing after the cancel")
+        shown = json.loads(self.ctl("show", "--json", m).stdout)
+        steps = {s["step_id"]: s for s in shown["plans"][0]["steps"]}
+        self.assertEqual((steps["act_001"]["status"], steps["act_001"]["error_class"]),
+                         ("failed", "cancelled"), "the interrupted act stays visible")
+        again = self.ctl("cancel", m, "--reason", "twice")
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("nothing to cancel", again.stderr)
+        self.restart()
+        self.assertEqual(self.mandate(m)["status"], "cancelled")
+
+    def test_cancel_queued_and_missing_reason(self):
+        gate = self.script("gate.sh", 'cat "$1.$KAIROS_MANDATE_ID" > /dev/null\n')
+        gated = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                 "Exec": {"Observe": "/bin/sh %s %s/gate" % (gate, self.dir)}}
+        self.configure({"g1": gated, "g2": gated}, daemon_extra="MaxConcurrentMandates=1\n")
+        m1, m2 = mandate_id("g1", AT), mandate_id("g2", AT)
+        f1 = self.fifo("gate." + m1)
+        self.start()
+        self.fire("g1")
+        self.d.wait_log("%s observe_001: started" % m1)
+        self.fire("g2")
+        self.assertEqual(self.mandate(m2)["status"], "runnable")
+        out = self.ctl("cancel", m2)
+        self.assertEqual(out.returncode, 64, out.stderr)
+        self.assertIn("--reason", out.stderr)
+        r = self.call_ok("cancel", mandate=m2, reason="not needed")
+        self.assertEqual(r, {"mandate": m2, "status": "cancelled", "interrupted": None})
+        recs = self.archived(m2)
+        self.assertEqual([r["op"] for r in recs],
+                         ["mandate", "plan_commit", "operator", "plan_finalize"])
+        self.release(f1)
+        self.d.wait_log("mandate %s done" % m1)
+        self.assertNotIn("%s observe_001: started" % m2, self.d.log())
+        self.assertEqual(self.mandate(m2)["status"], "cancelled")
+
+
 class TestStopAndCrash(ExecCase):
     def test_graceful_stop_then_review_and_retry(self):
         # attempt 1 hangs (until killed at shutdown); attempt 2 finishes
