@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "log.h"
+
 
 #define CHILD_STACK (256 * 1024)
 #define KEEPER_MAX_GROUPS 65536
@@ -40,8 +42,9 @@ struct runner {
         uv_signal_t sigchld;
         struct runner_job **live;  /* started, not reaped */
         size_t nlive, cap;
-        int keeper_fd;
+        int keeper_fd;             /* changed by the thread only, under lock */
         pid_t keeper;
+        bool keeper_gone;          /* under lock: the thread starts a new one */
         unsigned long spawns;
 };
 
@@ -136,8 +139,30 @@ static int keeper_start(struct runner *r)
 static void keeper_forget(struct runner *r, pid_t pgid)
 {
         int32_t v = -(int32_t)pgid;
+        pthread_mutex_lock(&r->lock);
         if (r->keeper_fd >= 0)
                 (void)send(r->keeper_fd, &v, sizeof v, MSG_DONTWAIT | MSG_NOSIGNAL);
+        pthread_mutex_unlock(&r->lock);
+}
+
+/* The keeper died (someone killed it): the runner's thread starts another
+ * before its next spawn.  Groups the old one held are not known to the new
+ * one; they still die with kairosd by PR_SET_PDEATHSIG (their leaders). */
+static void keeper_check(struct runner *r)
+{
+        int status;
+        pthread_mutex_lock(&r->lock);
+        pid_t k = r->keeper;
+        pthread_mutex_unlock(&r->lock);
+        if (k <= 0 || waitpid(k, &status, WNOHANG) != k)
+                return;
+        log_warning("the handler keeper (pid %d) died (%s %d): starting another", (int)k,
+                    WIFSIGNALED(status) ? "signal" : "exit status",
+                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        pthread_mutex_lock(&r->lock);
+        r->keeper = 0;
+        r->keeper_gone = true;
+        pthread_mutex_unlock(&r->lock);
 }
 
 /* ---- the child (between clone and exec) ---- */
@@ -164,9 +189,10 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                 errno = ESRCH; /* kairosd died before we were ready */
                 goto fail;
         }
+        /* best effort: without a keeper the handler still dies with kairosd */
         int32_t me = (int32_t)getpid();
-        if (r->keeper_fd >= 0 && send(r->keeper_fd, &me, sizeof me, MSG_NOSIGNAL) < 0)
-                goto fail;
+        if (r->keeper_fd >= 0)
+                (void)send(r->keeper_fd, &me, sizeof me, MSG_NOSIGNAL);
         for (int fd = 0; fd < 3; fd++) {
                 if (j->child_fd[fd] == fd) {
                         if (fcntl(fd, F_SETFD, 0) < 0)
@@ -246,6 +272,13 @@ static void *thread_main(void *arg)
                 r->todo_head = j->next;
                 if (!r->todo_head)
                         r->todo_tail = NULL;
+                if (r->keeper_gone) {
+                        r->keeper_gone = false;
+                        if (r->keeper_fd >= 0)
+                                close(r->keeper_fd);
+                        r->keeper_fd = -1;
+                        (void)keeper_start(r);
+                }
                 pthread_mutex_unlock(&r->lock);
                 thread_spawn(r, j);
                 pthread_mutex_lock(&r->lock);
@@ -314,6 +347,7 @@ static void on_sigchld(uv_signal_t *h, int sig)
         for (size_t i = 0; i < r->nlive;)
                 if (!check_exit(r, i))
                         i++;
+        keeper_check(r);
 }
 
 static void on_async(uv_async_t *h)

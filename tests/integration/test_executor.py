@@ -1040,6 +1040,35 @@ class TestStopAndCrash(ExecCase):
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
 
+    def test_keeper_killed_is_replaced(self):
+        # someone kills the keeper: handlers still start, a new keeper takes
+        # over, and a kill -9 of kairosd still takes the handler's children
+        fifo = self.fifo("childpid")
+        h = self.script("parent.sh", 'sleep 600 &\necho $! > "$1"\nwait\n')
+        self.configure({"sleepy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Observe": "/bin/sh %s %s" % (h, fifo)}}})
+        d = self.start()
+        keepers = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+        self.assertEqual(len(keepers), 1, [(p, comm(p)) for p in children(d.proc.pid)])
+        os.kill(keepers[0], signal.SIGKILL)
+        self.d.wait_log("the handler keeper (pid %d) died (signal 9): starting another"
+                        % keepers[0])
+        self.fire("sleepy")
+        with open(fifo) as f:
+            pid = int(f.read())
+        try:
+            new = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+            self.assertEqual(len(new), 1)
+            self.assertNotEqual(new[0], keepers[0])
+            self.d.kill()
+            deadline = time.monotonic() + 5
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertFalse(alive(pid), "the handler's child %d outlived kairosd" % pid)
+        finally:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
     # The keeper (runner.h) holds the handlers' process groups: when kairosd
     # dies it kills them, so not even a child of the handler goes on after a
     # crash (the handler itself dies of PR_SET_PDEATHSIG).
@@ -1063,6 +1092,28 @@ class TestStopAndCrash(ExecCase):
         finally:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)  # the test's own leftover
+
+
+def children(pid):
+    """The pids whose parent is pid."""
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open("/proc/%s/stat" % p) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(p))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def message(line, prefix):
