@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -47,6 +48,18 @@ struct runner {
         bool keeper_gone;          /* under lock: the thread starts a new one */
         unsigned long spawns;
 };
+
+/* The open-file limit kairosd started with.  kairosd raises its own soft
+ * limit (many connections and WALs); its handlers get the one it was given,
+ * as any program started by the same parent would (a program using select()
+ * breaks with descriptors above 1023).  Read before main() can change it. */
+static struct rlimit initial_nofile;
+static bool initial_nofile_known;
+
+__attribute__((constructor)) static void note_initial_nofile(void)
+{
+        initial_nofile_known = getrlimit(RLIMIT_NOFILE, &initial_nofile) == 0;
+}
 
 /* ---- the keeper ---- */
 
@@ -202,6 +215,8 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                 }
         }
         close_from(3);
+        if (j->reset_nofile && setrlimit(RLIMIT_NOFILE, &j->nofile) < 0)
+                goto fail;
         j->child_stage = STAGE_CHDIR;
         if (j->cwd && chdir(j->cwd) < 0)
                 goto fail;
@@ -237,6 +252,12 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
 {
         j->child_errno = 0;
         j->child_stage = 0;
+        struct rlimit cur;
+        j->reset_nofile = initial_nofile_known && getrlimit(RLIMIT_NOFILE, &cur) == 0 &&
+                          cur.rlim_cur != initial_nofile.rlim_cur &&
+                          initial_nofile.rlim_cur <= cur.rlim_max;
+        if (j->reset_nofile)
+                j->nofile = (struct rlimit){ initial_nofile.rlim_cur, cur.rlim_max };
         pid_t pid = clone(child_main, (char *)r->stack + CHILD_STACK,
                           CLONE_VM | CLONE_VFORK | SIGCHLD, j);
         if (pid < 0) {

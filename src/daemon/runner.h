@@ -9,7 +9,8 @@
  * child, before exec: its own process group, PR_SET_PDEATHSIG SIGKILL (then
  * getppid() to close the race with a daemon that died meanwhile), reports
  * its group to the keeper, takes the pipes as fds 0-2, closes every other
- * fd, resets signal dispositions and mask, changes directory and execs
+ * fd, gets back the open-file soft limit kairosd started with, resets signal
+ * dispositions and mask, changes directory and execs
  * (searching the handler's PATH, /bin/sh for a file without #!).
  *
  * Exit: SIGCHLD on the loop; an exited handler is seen with
@@ -30,6 +31,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <uv.h>
 
@@ -60,6 +62,8 @@ struct runner_job {
         char **sh_argv;             /* /bin/sh CAND ARGS… for a file without #! */
         int child_errno;
         int child_stage;
+        bool reset_nofile;          /* the handler gets the open-file limit kairosd started with */
+        struct rlimit nofile;
         bool live;
 };
 

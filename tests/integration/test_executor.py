@@ -482,6 +482,29 @@ class TestHandlerProcess(ExecCase):
         # nothing but stdio and what python opened itself (the listing)
         self.assertLessEqual(len(got), 4, got)
 
+    def test_open_file_limit_of_the_start(self):
+        # kairosd may raise its own soft open-file limit; its handlers get the
+        # one kairosd started with
+        h = self.script("lim.sh", "ulimit -n\n")
+        self.configure({"lim": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/sh " + h}}})
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = min(soft, 512)
+        if hard <= want:
+            self.skipTest("the hard open-file limit (%d) leaves nothing to raise" % hard)
+        orig = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        try:
+            d = self.start()
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, orig)
+        resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (hard, hard))
+        m = self.fire("lim")
+        self.d.wait_log("mandate %s done" % m)
+        got = self.last_status(self.archived(m), "observe_001")["result"]
+        self.assertEqual(got, want)
+        self.assertEqual(resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE), (hard, hard))
+
     def test_identity_and_kairosctl(self):
         # issue 11 item 11, issue 14 item 7: HOME, USER, LOGNAME of the
         # daemon's user; KAIROSCTL and its directory first on PATH, so a
