@@ -1078,6 +1078,14 @@ static void on_job_started(struct runner_job *job)
         struct exec_run *run = job->data;
         struct mandate *m = run->m;
         run->starting = false;
+        if (job->err && m->cancel) {
+                /* cancelled before it could start: the cancel records it */
+                m->run = NULL;
+                run->finished = true;
+                run_close_handles(run);
+                submit_cancel(m, NULL);
+                return;
+        }
         if (job->err && spawn_error_is_transient(job->err) && !m->d->stopping) {
                 spawn_retry_later(run, job->err);
                 return;
@@ -1416,6 +1424,16 @@ static void run_finished(struct exec_run *run)
                 a->interrupted = strdup(run->step_id);
                 submit_cancel(m, a);
                 return;
+        }
+        if (m->cancel) {
+                /* the stop came first: the step is recorded for review */
+                if (m->cancel->req)
+                        control_reply_error(m->cancel->req, "stopping",
+                                            "kairosd is stopping: the cancel of %s was not "
+                                            "completed (its step is recorded for review)",
+                                            m->id);
+                m->cancel->req = NULL;
+                mandate_cancel_free(m);
         }
         start_advance(m, a);
 }
@@ -1977,6 +1995,8 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
 
 void executor_free_mandate(struct mandate *m)
 {
+        if (m->cancel)
+                m->cancel->req = NULL; /* the loop is gone: nobody to answer */
         mandate_cancel_free(m);
         free(m->fired_at);
         free(m->goal);
