@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* config: kairosd.conf (+ kairosd.conf.d/ drop-ins) and schedules.d/NAME.conf
- * (DESIGN §9, §10, §12).  systemd-style INI, table-driven; every error names
+ *.  systemd-style INI, table-driven; every error names
  * file:line and the key.  Pure: no libuv, no logging. */
 #pragma once
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* cron: 5-field cron expressions (DESIGN §9) and next-occurrence computation
+/* cron: 5-field cron expressions and next-occurrence computation
  * in UTC or an IANA time zone.  Pure, no libuv; time zones are read from the
  * system's TZif files once and then used without touching global state. */
 #pragma once
@@ -36,6 +36,15 @@ int cron_parse(const char *text, struct cron_expr *out, char *err, size_t errlen
 bool cron_matches(const struct cron_expr *e, int minute, int hour, int mday, int month,
                   int wday);
 
+/* The range of every time function below: the instants (Unix seconds) from
+ * 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z.  Outside it they return
+ * -ERANGE; no answer of theirs lies outside it. */
+#define CRON_TIME_MIN INT64_C(0)
+#define CRON_TIME_MAX INT64_C(253402300799)
+/* Naive local times (cron_tz_local_to_utc) may lie this far beyond the range
+ * (more than any UTC offset), so that every instant in it can be mapped. */
+#define CRON_LOCAL_SLACK INT64_C(172800)
+
 /* A loaded time zone. */
 struct cron_tz;
 
@@ -49,25 +58,29 @@ int cron_tz_load(const char *name, struct cron_tz **out);
 void cron_tz_free(struct cron_tz *tz);
 const char *cron_tz_name(const struct cron_tz *tz);  /* NULL tz: "UTC" */
 
-/* UTC offset (seconds east of Greenwich) in force at Unix time t; tz NULL = UTC. */
-int32_t cron_tz_utc_offset(const struct cron_tz *tz, int64_t t);
+/* UTC offset (seconds east of Greenwich) in force at Unix time t; tz NULL =
+ * UTC.  -ERANGE if t is outside [CRON_TIME_MIN, CRON_TIME_MAX]. */
+int cron_tz_utc_offset(const struct cron_tz *tz, int64_t t, int32_t *ret_off);
 
 /* The Unix times at which the local wall-clock time `local` (Unix seconds
  * of the naive local date-time, i.e. UTC + offset) occurs, ascending: 0 in a
- * DST gap, 2 in a fall-back overlap, else 1.  Returns the count. */
+ * DST gap, 2 in a fall-back overlap, else 1; only those within
+ * [CRON_TIME_MIN, CRON_TIME_MAX] are given.  The count in *ret_n.  -ERANGE if
+ * local is more than CRON_LOCAL_SLACK outside the range. */
 #define CRON_TZ_MAX_CANDIDATES 4
-size_t cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
-                            int64_t out[CRON_TZ_MAX_CANDIDATES]);
+int cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
+                         int64_t out[CRON_TZ_MAX_CANDIDATES], size_t *ret_n);
 
 /* Broken-down local time of t in tz (NULL = UTC), like localtime_r but
  * thread-safe and without global state; tm_gmtoff set, tm_zone = "".
- * -ERANGE if t is absurdly far (beyond +-2^48 s). */
+ * -ERANGE if t is outside [CRON_TIME_MIN, CRON_TIME_MAX]. */
 int cron_tz_localtime(const struct cron_tz *tz, int64_t t, struct tm *out);
 
 /* The first matching time strictly after `after` (Unix seconds), in zone tz
  * (NULL = UTC).  Local times that do not exist (DST gap) are skipped; a local
  * time that occurs twice fires once (its first occurrence).  Does not iterate
  * minute by minute over long gaps.  -ENOENT if nothing matches within 8 years
- * (e.g. "0 0 31 2 *"); -ERANGE if `after` is beyond +-2^48 s. */
+ * (e.g. "0 0 31 2 *") or before the end of CRON_TIME_MAX; -ERANGE if `after`
+ * is outside [CRON_TIME_MIN, CRON_TIME_MAX]. */
 int cron_next(const struct cron_expr *e, const struct cron_tz *tz, int64_t after,
               int64_t *next);

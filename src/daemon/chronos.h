@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* chronos: the scheduler (DESIGN §9).  Schedules follow the wall clock: one
+/* chronos: the scheduler.  Schedules follow the wall clock: one
  * timerfd on CLOCK_REALTIME armed at the next fire with
  * TFD_TIMER_CANCEL_ON_SET, so a clock step is noticed at once and the next
  * fire recomputed.  Missed ticks after downtime go through the schedule's

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* config: a strict, table-driven systemd-style INI parser for kairosd.conf,
- * its drop-ins and schedules.d/NAME.conf (DESIGN §9, §10, §12).
+ * its drop-ins and schedules.d/NAME.conf.
  *
  * Every error is collected (never only the first) as one message
  *   "FILE:LINE: Key=: what is wrong"   (a bad assignment)

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* cron: parser, matcher, TZif reader and next-occurrence search (DESIGN §9).
+/* cron: parser, matcher, TZif reader and next-occurrence search.
  *
  * Times are handled as Unix seconds (int64).  A zone is a sorted table of
  * transitions (from the TZif file) followed by the footer's POSIX TZ rule;
@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Supported instants: roughly +-8.9 million years, far from int64 overflow
- * in every computation below. */
+/* Internal computations clamp to +-8.9 million years, far from int64
+ * overflow; the public functions accept only [CRON_TIME_MIN, CRON_TIME_MAX]. */
 #define TIME_LIMIT ((int64_t)1 << 48)
 #define SEARCH_SPAN ((int64_t)8 * 366 * 86400)
 /* Offsets beyond this are rejected when loading a zone (RFC 8536 suggests
@@ -479,7 +479,12 @@ static int64_t clamp_time(int64_t t)
         return t < -TIME_LIMIT ? -TIME_LIMIT : t > TIME_LIMIT ? TIME_LIMIT : t;
 }
 
-int32_t cron_tz_utc_offset(const struct cron_tz *tz, int64_t t)
+static bool in_range(int64_t t)
+{
+        return t >= CRON_TIME_MIN && t <= CRON_TIME_MAX;
+}
+
+static int32_t utc_offset(const struct cron_tz *tz, int64_t t)
 {
         if (!tz)
                 return 0;
@@ -501,6 +506,16 @@ int32_t cron_tz_utc_offset(const struct cron_tz *tz, int64_t t)
                         hi = mid;
         }
         return tz->offs[lo];
+}
+
+int cron_tz_utc_offset(const struct cron_tz *tz, int64_t t, int32_t *ret_off)
+{
+        if (!ret_off)
+                return -EINVAL;
+        if (!in_range(t))
+                return -ERANGE;
+        *ret_off = utc_offset(tz, t);
+        return 0;
 }
 
 /* The first instant > t at which the offset may change; INT64_MAX if none. */
@@ -536,8 +551,8 @@ static int64_t next_transition(const struct cron_tz *tz, int64_t t)
         return best;
 }
 
-size_t cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
-                            int64_t out[CRON_TZ_MAX_CANDIDATES])
+static size_t local_to_utc(const struct cron_tz *tz, int64_t local,
+                           int64_t out[CRON_TZ_MAX_CANDIDATES])
 {
         local = clamp_time(local);
         if (!tz) {
@@ -549,13 +564,13 @@ size_t cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
         int32_t offs[64];
         size_t noffs = 0;
         int64_t t = local - 2 * 86400, end = local + 2 * 86400;
-        offs[noffs++] = cron_tz_utc_offset(tz, t);
+        offs[noffs++] = utc_offset(tz, t);
         /* (bounded even for a crafted file with a transition every second) */
         for (int steps = 0; noffs < 64 && steps < 4096; steps++) {
                 t = next_transition(tz, t);
                 if (t > end)
                         break;
-                int32_t o = cron_tz_utc_offset(tz, t);
+                int32_t o = utc_offset(tz, t);
                 bool seen = false;
                 for (size_t k = 0; k < noffs; k++)
                         seen = seen || offs[k] == o;
@@ -565,7 +580,7 @@ size_t cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
         size_t n = 0;
         for (size_t k = 0; k < noffs && n < CRON_TZ_MAX_CANDIDATES; k++) {
                 int64_t u = local - offs[k];
-                if (cron_tz_utc_offset(tz, u) != offs[k])
+                if (utc_offset(tz, u) != offs[k])
                         continue;
                 size_t j = n;
                 while (j > 0 && out[j - 1] > u) {
@@ -578,13 +593,29 @@ size_t cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
         return n;
 }
 
+int cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
+                         int64_t out[CRON_TZ_MAX_CANDIDATES], size_t *ret_n)
+{
+        if (!out || !ret_n)
+                return -EINVAL;
+        if (local < CRON_TIME_MIN - CRON_LOCAL_SLACK || local > CRON_TIME_MAX + CRON_LOCAL_SLACK)
+                return -ERANGE;
+        int64_t all[CRON_TZ_MAX_CANDIDATES];
+        size_t n = local_to_utc(tz, local, all), k = 0;
+        for (size_t i = 0; i < n; i++)
+                if (in_range(all[i]))
+                        out[k++] = all[i];
+        *ret_n = k;
+        return 0;
+}
+
 int cron_tz_localtime(const struct cron_tz *tz, int64_t t, struct tm *out)
 {
         if (!out)
                 return -EINVAL;
-        if (t < -TIME_LIMIT || t > TIME_LIMIT)
+        if (!in_range(t))
                 return -ERANGE;
-        int32_t off = cron_tz_utc_offset(tz, t);
+        int32_t off = utc_offset(tz, t);
         int64_t l = t + off, days = floor_div(l, 86400), secs = l - days * 86400, y;
         unsigned m, d;
         civil_from_days(days, &y, &m, &d);
@@ -1110,15 +1141,17 @@ int cron_next(const struct cron_expr *e, const struct cron_tz *tz, int64_t after
 {
         if (!e || !next)
                 return -EINVAL;
-        if (after < -TIME_LIMIT || after > TIME_LIMIT)
+        if (!in_range(after))
                 return -ERANGE;
-        const int64_t limit = after + SEARCH_SPAN;
+        /* nothing after the end of the supported range */
+        const int64_t limit = after > CRON_TIME_MAX - SEARCH_SPAN ? CRON_TIME_MAX
+                                                                   : after + SEARCH_SPAN;
 
         /* Walk the UTC timeline segment by segment; within a segment the
          * offset is constant, so local time is monotonic in UTC there. */
         int64_t t = after + 1;
         for (;;) {
-                int32_t o = cron_tz_utc_offset(tz, t);
+                int32_t o = utc_offset(tz, t);
                 int64_t seg_end = next_transition(tz, t);
                 if (seg_end > limit + 1)
                         seg_end = limit + 1;
@@ -1128,7 +1161,7 @@ int cron_next(const struct cron_expr *e, const struct cron_tz *tz, int64_t after
                         /* A repeated local time fires only at its first
                          * occurrence; an earlier occurrence would lie in an
                          * earlier segment, hence at or before `after`. */
-                        size_t nc = tz ? cron_tz_local_to_utc(tz, l, cand) : 0;
+                        size_t nc = tz ? local_to_utc(tz, l, cand) : 0;
                         if (nc == 0 || cand[0] >= u) {
                                 *next = u;
                                 return 0;

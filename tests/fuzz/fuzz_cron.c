@@ -10,6 +10,11 @@
  * its offsets and local-to-UTC mapping are checked for consistency.
  *
  * Invariants (any violation aborts):
+ *   - the domain: for an instant outside [CRON_TIME_MIN, CRON_TIME_MAX]
+ *     (years 1970-9999) cron_next, cron_tz_utc_offset and cron_tz_localtime
+ *     answer -ERANGE and write nothing, cron_tz_local_to_utc too beyond
+ *     CRON_LOCAL_SLACK; inside it, the invariants below, and no answer lies
+ *     outside it;
  *   - parsing gives 0 or -EINVAL; an error has a message (NUL-terminated,
  *     truncated cleanly to any errlen) and leaves *out untouched; a parsed
  *     expression has no bit outside its field's range and "restricted" flags
@@ -45,7 +50,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
                 }                                                                             \
         } while (0)
 
-#define TIME_LIMIT ((int64_t)1 << 48)
 #define DAYS_ALL UINT32_C(0xFFFFFFFE)
 
 static const char *const zone_names[] = {
@@ -210,6 +214,47 @@ static bool some_date_matches(const struct cron_expr *e)
         return false;
 }
 
+static bool in_range(int64_t t)
+{
+        return t >= CRON_TIME_MIN && t <= CRON_TIME_MAX;
+}
+
+/* The offset at an instant in range. */
+static int32_t off_at(const struct cron_tz *tz, int64_t t)
+{
+        int32_t o = INT32_MIN;
+        CHECK(cron_tz_utc_offset(tz, t, &o) == 0);
+        return o;
+}
+
+/* The instants showing a local time, all in range and ascending. */
+static size_t to_utc(const struct cron_tz *tz, int64_t local, int64_t cand[CRON_TZ_MAX_CANDIDATES])
+{
+        size_t nc = 99;
+        CHECK(cron_tz_local_to_utc(tz, local, cand, &nc) == 0);
+        CHECK(nc <= CRON_TZ_MAX_CANDIDATES);
+        for (size_t i = 0; i < nc; i++)
+                CHECK(in_range(cand[i]) && (i == 0 || cand[i] > cand[i - 1]));
+        return nc;
+}
+
+/* Every time function answers -ERANGE for an instant outside the range. */
+static void check_out_of_range(const struct cron_expr *e, const struct cron_tz *tz, int64_t t)
+{
+        int32_t o = 7;
+        int64_t next = 7, cand[CRON_TZ_MAX_CANDIDATES];
+        size_t nc = 7;
+        struct tm tm;
+        CHECK(cron_tz_utc_offset(tz, t, &o) == -ERANGE && o == 7);
+        CHECK(cron_tz_localtime(tz, t, &tm) == -ERANGE);
+        CHECK(cron_next(e, tz, t, &next) == -ERANGE && next == 7);
+        int r = cron_tz_local_to_utc(tz, t, cand, &nc);
+        if (t < CRON_TIME_MIN - CRON_LOCAL_SLACK || t > CRON_TIME_MAX + CRON_LOCAL_SLACK)
+                CHECK(r == -ERANGE && nc == 7);
+        else
+                CHECK(r == 0 && nc <= CRON_TZ_MAX_CANDIDATES);
+}
+
 static bool local_matches(const struct cron_expr *e, const struct cron_tz *tz, int64_t t,
                           bool *on_minute)
 {
@@ -226,8 +271,8 @@ static void check_fires(const struct cron_expr *e, const struct cron_tz *tz, int
         CHECK(local_matches(e, tz, t, &on_minute));
         CHECK(on_minute);
         int64_t cand[CRON_TZ_MAX_CANDIDATES];
-        size_t nc = cron_tz_local_to_utc(tz, t + cron_tz_utc_offset(tz, t), cand);
-        CHECK(nc >= 1 && nc <= CRON_TZ_MAX_CANDIDATES && cand[0] == t);
+        size_t nc = to_utc(tz, t + off_at(tz, t), cand);
+        CHECK(nc >= 1 && cand[0] == t);
 }
 
 /* Every local minute in (after, min(next, after + span)) that matches must be
@@ -238,11 +283,13 @@ static void check_none_between(const struct cron_expr *e, const struct cron_tz *
         int64_t end = next - after > span ? after + span : next;
         int64_t t = after + 1;
         while (t < end) {
-                int32_t o = cron_tz_utc_offset(tz, t);
+                int32_t o = off_at(tz, t);
                 int64_t l = t + o;
                 int64_t lm = l % 60 == 0 ? l : l - ((l % 60) + 60) % 60 + 60;
                 int64_t u = lm - o;
-                if (cron_tz_utc_offset(tz, u) != o) {
+                if (u > CRON_TIME_MAX)
+                        break; /* (end is at most CRON_TIME_MAX) */
+                if (off_at(tz, u) != o) {
                         t++; /* a transition in (t, u]: step over it */
                         continue;
                 }
@@ -252,7 +299,7 @@ static void check_none_between(const struct cron_expr *e, const struct cron_tz *
                 if (local_matches(e, tz, u, &on_minute)) {
                         CHECK(on_minute);
                         int64_t cand[CRON_TZ_MAX_CANDIDATES];
-                        size_t nc = cron_tz_local_to_utc(tz, lm, cand);
+                        size_t nc = to_utc(tz, lm, cand);
                         CHECK(nc >= 2 && cand[0] < u);
                 }
                 t = u + 1;
@@ -264,19 +311,21 @@ static void check_next(const struct cron_expr *e, size_t zi, int64_t after, int6
         const struct cron_tz *tz = zones[zi];
         int64_t next = 0;
         int r = cron_next(e, tz, after, &next);
-        if (after < -TIME_LIMIT || after > TIME_LIMIT) {
+        if (!in_range(after)) {
                 CHECK(r == -ERANGE);
+                check_out_of_range(e, tz, after);
                 return;
         }
         if (r == -ENOENT) {
-                if (zi == 0)
+                /* never, or not before the end of the range */
+                if (zi == 0 && after < CRON_TIME_MAX - 8 * 366 * 86400)
                         CHECK(!some_date_matches(e));
+                if (CRON_TIME_MAX - after <= span)
+                        check_none_between(e, tz, after, CRON_TIME_MAX + 1, span);
                 return;
         }
         CHECK(r == 0);
-        CHECK(next > after);
-        if (next > TIME_LIMIT)
-                return; /* past the supported range: local time undefined */
+        CHECK(next > after && next <= CRON_TIME_MAX);
         check_fires(e, tz, next);
         check_none_between(e, tz, after, next, span);
 
@@ -288,11 +337,10 @@ static void check_next(const struct cron_expr *e, size_t zi, int64_t after, int6
         /* and the one after it */
         r = cron_next(e, tz, next, &n2);
         if (r == 0) {
-                CHECK(n2 > next);
-                if (n2 <= TIME_LIMIT)
-                        check_fires(e, tz, n2);
+                CHECK(n2 > next && n2 <= CRON_TIME_MAX);
+                check_fires(e, tz, n2);
         } else {
-                CHECK(r == -ENOENT || (r == -ERANGE && next > TIME_LIMIT));
+                CHECK(r == -ENOENT);
         }
 }
 
@@ -300,15 +348,19 @@ static void check_next(const struct cron_expr *e, size_t zi, int64_t after, int6
  * to the instants that show it. */
 static void check_zone_mapping(const struct cron_tz *tz, int64_t t)
 {
-        int32_t o = cron_tz_utc_offset(tz, t);
+        if (!in_range(t)) {
+                struct cron_expr e;
+                CHECK(cron_parse("* * * * *", &e, NULL, 0) == 0);
+                check_out_of_range(&e, tz, t);
+                return;
+        }
+        int32_t o = off_at(tz, t);
         CHECK(o >= -100000 && o <= 100000);
         int64_t cand[CRON_TZ_MAX_CANDIDATES];
-        size_t nc = cron_tz_local_to_utc(tz, t + o, cand);
-        CHECK(nc <= CRON_TZ_MAX_CANDIDATES);
+        size_t nc = to_utc(tz, t + o, cand);
         bool found = false;
         for (size_t i = 0; i < nc; i++) {
-                CHECK(cand[i] + cron_tz_utc_offset(tz, cand[i]) == t + o);
-                CHECK(i == 0 || cand[i] > cand[i - 1]);
+                CHECK(cand[i] + off_at(tz, cand[i]) == t + o);
                 found = found || cand[i] == t;
         }
         CHECK(found);
@@ -333,7 +385,7 @@ static void fuzz_zone_file(const uint8_t *data, size_t size)
         static const char *const exprs[] = { "* * * * *", "30 2 * * *", "0 0 29 2 *",
                                              "*/7 1,13 * * SUN" };
         static const int64_t afters[] = { -2147483648LL, 0, 1774742400, 1793509200,
-                                          4102444800LL };
+                                          4102444800LL, CRON_TIME_MAX - 3 * 86400 };
         size_t slot = NZONES - 1;
         struct cron_tz *saved = zones[slot];
         bool saved_ok = zone_ok[slot];

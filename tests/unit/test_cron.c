@@ -27,11 +27,27 @@ static int64_t U(int y, int mo, int d, int h, int mi)
         return (int64_t)timegm(&tm);
 }
 
+/* The UTC offset at t (asserts t is in range). */
+static int32_t OFF(const struct cron_tz *tz, int64_t t)
+{
+        int32_t off = INT32_MIN;
+        assert_int_equal(cron_tz_utc_offset(tz, t, &off), 0);
+        return off;
+}
+
+/* The count of instants showing the local time (asserts it is in range). */
+static size_t L2U(const struct cron_tz *tz, int64_t local, int64_t c[CRON_TZ_MAX_CANDIDATES])
+{
+        size_t n = 99;
+        assert_int_equal(cron_tz_local_to_utc(tz, local, c, &n), 0);
+        return n;
+}
+
 /* First UTC instant of the local wall time in tz (asserts it exists). */
 static int64_t L(const struct cron_tz *tz, int y, int mo, int d, int h, int mi)
 {
         int64_t c[CRON_TZ_MAX_CANDIDATES];
-        size_t n = cron_tz_local_to_utc(tz, U(y, mo, d, h, mi), c);
+        size_t n = L2U(tz, U(y, mo, d, h, mi), c);
         assert_true(n >= 1);
         return c[0];
 }
@@ -435,8 +451,70 @@ static void test_next_same_day_and_wrap(void **state)
         assert_int_equal(next_of("0 0 13 * 5", NULL, U(2026, 1, 1, 0, 0)), U(2026, 1, 2, 0, 0));
         assert_int_equal(next_of("0 0 13 * 5", NULL, U(2026, 1, 9, 0, 0)), U(2026, 1, 13, 0, 0));
         assert_int_equal(next_of("0 0 1-31/1 * 5", NULL, U(2026, 1, 9, 0, 0)), U(2026, 1, 16, 0, 0));
-        /* before 1970 works too */
-        assert_int_equal(next_of("0 0 1 1 *", NULL, U(1969, 6, 1, 0, 0)), U(1970, 1, 1, 0, 0));
+        assert_int_equal(next_of("0 0 1 1 *", NULL, 0), U(1971, 1, 1, 0, 0));
+        assert_int_equal(next_of("* * * * *", NULL, 0), 60);
+}
+
+/* One range for every time function: 1970-01-01T00:00:00Z to
+ * 9999-12-31T23:59:59Z, -ERANGE outside, nothing answered beyond it. */
+static void test_time_range(void **state)
+{
+        (void)state;
+        assert_int_equal(CRON_TIME_MAX, U(9999, 12, 31, 23, 59) + 59);
+        struct cron_tz *tz = TZ("America/New_York");
+        const struct cron_tz *zones[] = { NULL, tz };
+        struct cron_expr e = P("0 * * * *"), yearly = P("59 23 31 12 *");
+        static const int64_t outside[] = { -1, CRON_TIME_MAX + 1, -281474976710000LL,
+                                           (int64_t)1 << 40, INT64_MIN, INT64_MAX };
+        for (size_t z = 0; z < 2; z++) {
+                for (size_t i = 0; i < sizeof(outside) / sizeof(*outside); i++) {
+                        int64_t n = 42, c[CRON_TZ_MAX_CANDIDATES];
+                        int32_t off = 42;
+                        size_t nc = 42;
+                        struct tm tm;
+                        assert_int_equal(cron_next(&e, zones[z], outside[i], &n), -ERANGE);
+                        assert_int_equal(n, 42);
+                        assert_int_equal(cron_tz_utc_offset(zones[z], outside[i], &off), -ERANGE);
+                        assert_int_equal(off, 42);
+                        assert_int_equal(cron_tz_localtime(zones[z], outside[i], &tm), -ERANGE);
+                        if (outside[i] != -1 && outside[i] != CRON_TIME_MAX + 1) {
+                                assert_int_equal(cron_tz_local_to_utc(zones[z], outside[i], c,
+                                                                      &nc), -ERANGE);
+                                assert_int_equal(nc, 42);
+                        }
+                }
+                /* the last fire of the range, then nothing */
+                int64_t n;
+                assert_int_equal(cron_next(&yearly, zones[z], CRON_TIME_MAX - 86400 * 400, &n), 0);
+                assert_int_equal(n, L(zones[z], 9998, 12, 31, 23, 59));
+                if (z == 0) {
+                        assert_int_equal(cron_next(&yearly, NULL, n, &n), 0);
+                        assert_int_equal(n, CRON_TIME_MAX - 59);
+                }
+                assert_int_equal(cron_next(&yearly, zones[z], CRON_TIME_MAX - 59, &n), -ENOENT);
+                assert_int_equal(cron_next(&e, zones[z], CRON_TIME_MAX, &n), -ENOENT);
+                assert_int_equal(cron_next(&e, zones[z], CRON_TIME_MAX - 3600, &n), 0);
+                assert_true(n <= CRON_TIME_MAX);
+                /* the edges themselves are in range */
+                int32_t off;
+                struct tm tm;
+                assert_int_equal(cron_tz_utc_offset(zones[z], CRON_TIME_MIN, &off), 0);
+                assert_int_equal(cron_tz_utc_offset(zones[z], CRON_TIME_MAX, &off), 0);
+                assert_int_equal(cron_tz_localtime(zones[z], CRON_TIME_MAX, &tm), 0);
+                assert_int_equal(tm.tm_year + 1900, 9999);
+        }
+        /* a local time just before 1970 in New York maps to an instant in range;
+         * candidates outside the range are not given */
+        int64_t c[CRON_TZ_MAX_CANDIDATES];
+        size_t nc = 0;
+        assert_int_equal(cron_tz_local_to_utc(tz, U(1969, 12, 31, 20, 0), c, &nc), 0);
+        assert_int_equal(nc, 1);
+        assert_int_equal(c[0], U(1970, 1, 1, 1, 0));
+        assert_int_equal(cron_tz_local_to_utc(tz, U(1969, 12, 31, 18, 0), c, &nc), 0);
+        assert_int_equal(nc, 0);
+        assert_int_equal(cron_tz_local_to_utc(NULL, -1, c, &nc), 0);
+        assert_int_equal(nc, 0);
+        cron_tz_free(tz);
 }
 
 static void test_next_enoent_and_args(void **state)
@@ -706,7 +784,7 @@ static int64_t ref_next_zone(const struct gen *g, const struct cron_tz *tz, int6
 {
         int64_t t = (after / 60) * 60 + 60;
         for (int64_t k = 0; k < max_minutes; k++, t += 60) {
-                int64_t l = t + cron_tz_utc_offset(tz, t);
+                int64_t l = t + OFF(tz, t);
                 time_t lt = (time_t)l;
                 struct tm tm;
                 gmtime_r(&lt, &tm);
@@ -715,7 +793,7 @@ static int64_t ref_next_zone(const struct gen *g, const struct cron_tz *tz, int6
                         continue;
                 bool seen = false;
                 for (int64_t back = 60; back <= 3 * 3600 && !seen; back += 60)
-                        seen = (t - back) + cron_tz_utc_offset(tz, t - back) == l;
+                        seen = (t - back) + OFF(tz, t - back) == l;
                 if (!seen)
                         return t;
         }
@@ -784,8 +862,8 @@ static void test_dst_berlin(void **state)
         int64_t c[CRON_TZ_MAX_CANDIDATES];
 
         /* spring forward 2026-03-29 02:00 CET -> 03:00 CEST (01:00 UTC) */
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2026, 3, 29, 2, 30), c), 0);
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2026, 3, 29, 3, 0), c), 1);
+        assert_int_equal(L2U(tz, U(2026, 3, 29, 2, 30), c), 0);
+        assert_int_equal(L2U(tz, U(2026, 3, 29, 3, 0), c), 1);
         assert_int_equal(c[0], U(2026, 3, 29, 1, 0));
         int64_t t = next_of("30 2 * * *", tz, L(tz, 2026, 3, 28, 12, 0));
         assert_int_equal(t, U(2026, 3, 30, 0, 30));     /* 29th skipped: 02:30 does not exist */
@@ -800,7 +878,7 @@ static void test_dst_berlin(void **state)
 
         /* fall back 2026-10-25 03:00 CEST -> 02:00 CET (01:00 UTC):
          * 02:00-02:59 happen twice (00:00-00:59 UTC and 01:00-01:59 UTC). */
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2026, 10, 25, 2, 30), c), 2);
+        assert_int_equal(L2U(tz, U(2026, 10, 25, 2, 30), c), 2);
         assert_int_equal(c[0], U(2026, 10, 25, 0, 30));
         assert_int_equal(c[1], U(2026, 10, 25, 1, 30));
         day0 = L(tz, 2026, 10, 25, 0, 0);
@@ -826,8 +904,8 @@ static void test_dst_berlin(void **state)
         /* far future uses the footer rule (CET-1CEST,M3.5.0,M10.5.0/3) */
         assert_int_equal(next_of("30 2 * * *", tz, L(tz, 2090, 3, 25, 12, 0)),
                          L(tz, 2090, 3, 27, 2, 30));    /* 2090-03-26 is the change */
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2090, 3, 26, 2, 30), c), 0);
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2090, 10, 29, 2, 30), c), 2);
+        assert_int_equal(L2U(tz, U(2090, 3, 26, 2, 30), c), 0);
+        assert_int_equal(L2U(tz, U(2090, 10, 29, 2, 30), c), 2);
         cron_tz_free(tz);
 }
 
@@ -845,7 +923,7 @@ static void test_dst_new_york(void **state)
         assert_int_equal(next_of("30 2 * * *", tz, day0), U(2026, 3, 9, 6, 30));
         assert_int_equal(next_of("0 2 * * *", tz, U(2026, 3, 7, 12, 0)), U(2026, 3, 9, 6, 0));
         /* fall back 2026-11-01 02:00 EDT -> 01:00 EST (06:00 UTC) */
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2026, 11, 1, 1, 30), c), 2);
+        assert_int_equal(L2U(tz, U(2026, 11, 1, 1, 30), c), 2);
         assert_int_equal(c[0], U(2026, 11, 1, 5, 30));
         assert_int_equal(c[1], U(2026, 11, 1, 6, 30));
         day0 = L(tz, 2026, 11, 1, 0, 0);
@@ -870,7 +948,7 @@ static void test_dst_missing_midnight(void **state)
         (void)state;
         struct cron_tz *tz = TZ("America/Santiago");
         int64_t c[CRON_TZ_MAX_CANDIDATES];
-        assert_int_equal(cron_tz_local_to_utc(tz, U(2026, 9, 6, 0, 0), c), 0);
+        assert_int_equal(L2U(tz, U(2026, 9, 6, 0, 0), c), 0);
         int64_t t = next_of("@daily", tz, L(tz, 2026, 9, 5, 0, 0));
         assert_int_equal(t, L(tz, 2026, 9, 7, 0, 0));
         assert_int_equal(next_of("@daily", tz, L(tz, 2026, 9, 5, 0, 0) - 1), L(tz, 2026, 9, 5, 0, 0));
@@ -902,10 +980,10 @@ static void test_tz_names(void **state)
         assert_int_equal(cron_tz_load("Europe", &tz), -ENOENT);        /* a directory */
         assert_int_equal(cron_tz_load("Europe/Berlin/x", &tz), -ENOENT);
         tz = TZ("Etc/GMT+5");   /* POSIX sign: 5 hours west */
-        assert_int_equal(cron_tz_utc_offset(tz, 0), -5 * 3600);
+        assert_int_equal(OFF(tz, 0), -5 * 3600);
         cron_tz_free(tz);
         assert_string_equal(cron_tz_name(NULL), "UTC");
-        assert_int_equal(cron_tz_utc_offset(NULL, 12345), 0);
+        assert_int_equal(OFF(NULL, 12345), 0);
         cron_tz_free(NULL);
 }
 
@@ -954,11 +1032,11 @@ static void test_tz_utc_without_tzdata(void **state)
         assert_int_equal(setenv("TZDIR", dir, 1), 0);
         struct cron_tz *tz = TZ("UTC");
         assert_string_equal(cron_tz_name(tz), "UTC");
-        assert_int_equal(cron_tz_utc_offset(tz, U(2026, 7, 1, 0, 0)), 0);
+        assert_int_equal(OFF(tz, U(2026, 7, 1, 0, 0)), 0);
         assert_int_equal(next_of("0 9 * * *", tz, U(2026, 4, 1, 8, 0)), U(2026, 4, 1, 9, 0));
         cron_tz_free(tz);
         tz = TZ("Etc/UTC");
-        assert_int_equal(cron_tz_utc_offset(tz, 0), 0);
+        assert_int_equal(OFF(tz, 0), 0);
         cron_tz_free(tz);
         assert_int_equal(cron_tz_load("Europe/Berlin", &tz), -ENOENT);
         unsetenv("TZDIR");
@@ -1033,9 +1111,9 @@ static void test_tz_crafted_files(void **state)
         size_t n = build_tzif(buf, 1, tr, idx, 1, offs, 2, NULL);
         write_bytes(dir, "Test/V1", buf, n);
         tz = TZ("Test/V1");
-        assert_int_equal(cron_tz_utc_offset(tz, 999999999), 0);
-        assert_int_equal(cron_tz_utc_offset(tz, 1000000000), 3600);
-        assert_int_equal(cron_tz_utc_offset(tz, INT64_MAX), 3600);
+        assert_int_equal(OFF(tz, 999999999), 0);
+        assert_int_equal(OFF(tz, 1000000000), 3600);
+        assert_int_equal(OFF(tz, CRON_TIME_MAX), 3600);
         cron_tz_free(tz);
 
         /* v2 with 64-bit times before 1901 and a footer after them */
@@ -1045,10 +1123,9 @@ static void test_tz_crafted_files(void **state)
         n = build_tzif(buf, 2, tr2, idx2, 2, offs2, 2, "<+0530>-5:30");
         write_bytes(dir, "Test/V2", buf, n);
         tz = TZ("Test/V2");
-        assert_int_equal(cron_tz_utc_offset(tz, -3000000001LL), 19800);
-        assert_int_equal(cron_tz_utc_offset(tz, -3000000000LL), 20700);
-        assert_int_equal(cron_tz_utc_offset(tz, 100000), 19800);
-        assert_int_equal(cron_tz_utc_offset(tz, U(2030, 1, 1, 0, 0)), 19800);
+        assert_int_equal(OFF(tz, 0), 20700);
+        assert_int_equal(OFF(tz, 100000), 19800);
+        assert_int_equal(OFF(tz, U(2030, 1, 1, 0, 0)), 19800);
         cron_tz_free(tz);
 
         /* footer forms compared against glibc's own POSIX TZ parser */
@@ -1071,7 +1148,7 @@ static void test_tz_crafted_files(void **state)
                         time_t tt = (time_t)t;
                         struct tm tm;
                         localtime_r(&tt, &tm);
-                        int32_t mine = cron_tz_utc_offset(tz, t);
+                        int32_t mine = OFF(tz, t);
                         if (mine != tm.tm_gmtoff)
                                 print_message("%s at %" PRId64 ": %d vs libc %ld\n", footers[i], t,
                                               mine, tm.tm_gmtoff);
@@ -1089,7 +1166,7 @@ static void test_tz_crafted_files(void **state)
         write_bytes(dir, "Test/AllDst", buf, n);
         tz = TZ("Test/AllDst");
         for (int64_t t = U(1999, 12, 31, 0, 0); t < U(2001, 1, 2, 0, 0); t += 1800)
-                assert_int_equal(cron_tz_utc_offset(tz, t), -4 * 3600);
+                assert_int_equal(OFF(tz, t), -4 * 3600);
         cron_tz_free(tz);
 
         /* bad footers and bad files */
@@ -1207,7 +1284,10 @@ static void test_tz_vs_libc(void **state)
                 assert_int_equal(setenv("TZ", tzenv, 1), 0);
                 tzset();
                 int64_t step = 86400 * 3 + 3607;
-                for (int64_t t = U(1890, 1, 1, 0, 0); t < U(2150, 1, 1, 0, 0); t += step) {
+                struct tm before;
+                assert_int_equal(cron_tz_localtime(tz, U(1969, 12, 31, 23, 59), &before),
+                                 -ERANGE);
+                for (int64_t t = U(1970, 1, 1, 0, 0); t < U(2150, 1, 1, 0, 0); t += step) {
                         int64_t tt2 = t;
                         /* dense around 2026 */
                         if (t > U(2025, 12, 1, 0, 0) && t < U(2027, 1, 1, 0, 0))
@@ -1386,6 +1466,7 @@ int main(void)
                 cmocka_unit_test(test_windows),
                 cmocka_unit_test(test_next_same_day_and_wrap),
                 cmocka_unit_test(test_next_enoent_and_args),
+                cmocka_unit_test(test_time_range),
                 cmocka_unit_test(test_differential_utc),
                 cmocka_unit_test(test_differential_berlin),
                 cmocka_unit_test(test_differential_new_york),
