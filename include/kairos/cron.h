@@ -38,7 +38,7 @@ bool cron_matches(const struct cron_expr *e, int minute, int hour, int mday, int
 
 /* The range of every time function below: the instants (Unix seconds) from
  * 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z.  Outside it they return
- * -ERANGE; no answer of theirs lies outside it. */
+ * -ERANGE; cron_next never answers outside it. */
 #define CRON_TIME_MIN INT64_C(0)
 #define CRON_TIME_MAX INT64_C(253402300799)
 /* Naive local times (cron_tz_local_to_utc) may lie this far beyond the range
@@ -64,9 +64,9 @@ int cron_tz_utc_offset(const struct cron_tz *tz, int64_t t, int32_t *ret_off);
 
 /* The Unix times at which the local wall-clock time `local` (Unix seconds
  * of the naive local date-time, i.e. UTC + offset) occurs, ascending: 0 in a
- * DST gap, 2 in a fall-back overlap, else 1; only those within
- * [CRON_TIME_MIN, CRON_TIME_MAX] are given.  The count in *ret_n.  -ERANGE if
- * local is more than CRON_LOCAL_SLACK outside the range. */
+ * DST gap, 2 in a fall-back overlap, else 1 (near the ends of the range they
+ * may lie up to a day outside it).  The count in *ret_n.  -ERANGE if local is
+ * more than CRON_LOCAL_SLACK outside the range. */
 #define CRON_TZ_MAX_CANDIDATES 4
 int cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
                          int64_t out[CRON_TZ_MAX_CANDIDATES], size_t *ret_n);

@@ -600,12 +600,7 @@ int cron_tz_local_to_utc(const struct cron_tz *tz, int64_t local,
                 return -EINVAL;
         if (local < CRON_TIME_MIN - CRON_LOCAL_SLACK || local > CRON_TIME_MAX + CRON_LOCAL_SLACK)
                 return -ERANGE;
-        int64_t all[CRON_TZ_MAX_CANDIDATES];
-        size_t n = local_to_utc(tz, local, all), k = 0;
-        for (size_t i = 0; i < n; i++)
-                if (in_range(all[i]))
-                        out[k++] = all[i];
-        *ret_n = k;
+        *ret_n = local_to_utc(tz, local, out);
         return 0;
 }
 

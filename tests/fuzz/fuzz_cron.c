@@ -227,14 +227,15 @@ static int32_t off_at(const struct cron_tz *tz, int64_t t)
         return o;
 }
 
-/* The instants showing a local time, all in range and ascending. */
+/* The instants showing a local time, ascending, within a day or so of it. */
 static size_t to_utc(const struct cron_tz *tz, int64_t local, int64_t cand[CRON_TZ_MAX_CANDIDATES])
 {
         size_t nc = 99;
         CHECK(cron_tz_local_to_utc(tz, local, cand, &nc) == 0);
         CHECK(nc <= CRON_TZ_MAX_CANDIDATES);
         for (size_t i = 0; i < nc; i++)
-                CHECK(in_range(cand[i]) && (i == 0 || cand[i] > cand[i - 1]));
+                CHECK(cand[i] - local <= 100000 && local - cand[i] <= 100000 &&
+                      (i == 0 || cand[i] > cand[i - 1]));
         return nc;
 }
 
@@ -360,7 +361,8 @@ static void check_zone_mapping(const struct cron_tz *tz, int64_t t)
         size_t nc = to_utc(tz, t + o, cand);
         bool found = false;
         for (size_t i = 0; i < nc; i++) {
-                CHECK(cand[i] + off_at(tz, cand[i]) == t + o);
+                if (in_range(cand[i]))
+                        CHECK(cand[i] + off_at(tz, cand[i]) == t + o);
                 found = found || cand[i] == t;
         }
         CHECK(found);
