@@ -10,9 +10,18 @@
 
 enum config_missed_policy { MISSED_SKIP, MISSED_CATCH_UP_ONCE, MISSED_CATCH_UP_BOUNDED };
 enum config_concurrency { CONCURRENCY_QUEUE, CONCURRENCY_ALLOW, CONCURRENCY_REJECT };
-enum config_risk { RISK_LOW, RISK_MEDIUM };
 
 #define CONFIG_PHASES 5  /* Observe Orient Decide Act Reflect */
+
+/* Error or warning list: each entry a full message "FILE:LINE: Key=: what is
+ * wrong", "FILE:LINE: what is wrong" (lines without a key) or "FILE: ..."
+ * (file-level).  Zero-initialize before the first use; functions append to
+ * it. */
+struct config_errors {
+        char **msgs;
+        size_t n;
+};
+void config_errors_free(struct config_errors *e);
 
 struct config_schedule {
         char *name;                    /* from the file name, [A-Za-z0-9_-]{1,64} */
@@ -21,20 +30,31 @@ struct config_schedule {
         char *time_zone;               /* TimeZone= [UTC], validated with cron_tz_load */
         bool enabled;                  /* Enabled= [yes] */
         enum config_missed_policy missed_policy;
-        unsigned max_catch_up_runs;    /* [5] */
+        unsigned max_catch_up_runs;    /* [5] 1..1000 */
         uint64_t stale_after_sec;      /* [48h] */
+        uint64_t missed_grace_sec;     /* MissedGraceSec= [300] 0..3600 */
         enum config_concurrency concurrency;
         char *goal;                    /* [the schedule name] */
-        unsigned max_cycles;           /* [3] 1..10 */
-        unsigned checkpoint_every;     /* [1] 1..3 */
-        enum config_risk risk_budget;  /* [low] */
+        unsigned max_cycles;           /* [1] 1..10 */
         char *exec[CONFIG_PHASES];     /* command lines, NULL = none */
         uint64_t timeout_sec;          /* [300] */
-        char **environment;            /* "K=V", repeatable, one per line; NULL-terminated
+        char **environment;            /* "K=V", repeatable, several per line split and
+                                        * unquoted as systemd does; NULL-terminated
                                         * (NULL when empty); a later K replaces an earlier */
         size_t nenvironment;
         char *working_directory;       /* absolute path or NULL */
         char *probe;                   /* command line or NULL */
+        struct config_errors warnings; /* what is suspicious but valid, "FILE:LINE: Key=: ..." */
+        bool retained;                 /* the file is broken now: this is the configuration
+                                        * it had before (config_retain_broken), kept for its
+                                        * running mandates; it does not fire */
+};
+
+/* A schedule file with errors: skipped, the others run. */
+struct config_broken {
+        char *name;                    /* from the file name (may be an invalid name) */
+        char *path;
+        struct config_errors errors;   /* at least one */
 };
 
 struct config {
@@ -58,27 +78,38 @@ struct config {
         /* schedules, sorted by name */
         struct config_schedule *schedules;
         size_t nschedules;
+        /* schedule files with errors, sorted by name */
+        struct config_broken *broken;
+        size_t nbroken;
 };
 
-/* Error list: each entry a full message "FILE:LINE: Key=: what is wrong",
- * "FILE:LINE: what is wrong" (lines without a key) or "FILE: ..." (file-level).
- * Zero-initialize before the first use; functions append to it. */
-struct config_errors {
-        char **msgs;
-        size_t n;
-};
-void config_errors_free(struct config_errors *e);
 
 /* Load PATH, its drop-ins PATH.d/NAME.conf (e.g. kairosd.conf.d/, lexical
  * order, later files override earlier keys) and the schedules
  * <dir of PATH>/schedules.d/NAME.conf (only *.conf; sorted by name).  A
  * missing drop-in or schedules directory is fine.  state_dir, if not NULL,
- * overrides StateDirectory=.  Returns 0, or -EINVAL with every error of every
- * file collected in errs (may be NULL; nothing returned), or -errno if PATH
- * itself cannot be read (also described in errs, with the other files'
- * errors). */
+ * overrides StateDirectory=.
+ * A schedule file with errors does not fail the load: it is listed in
+ * (*out)->broken with its errors, and the other schedules are loaded.
+ * Returns 0 (broken schedules or not), or -EINVAL if the main file, a
+ * drop-in or the schedules directory has errors, with every error of every
+ * file (broken schedules' after the others) collected in errs (may be NULL;
+ * nothing returned), or -errno if PATH itself cannot be read (also described
+ * in errs).  config_load_main_only does not read schedules.d at all. */
 int config_load(const char *path, const char *state_dir, struct config **out,
                 struct config_errors *errs);
+int config_load_main_only(const char *path, const char *state_dir, struct config **out,
+                          struct config_errors *errs);
+
+/* After a reload: for every schedule broken in new_cfg that old_cfg ran (or
+ * retained), move its old configuration into new_cfg->schedules marked
+ * `retained`, so that its running mandates keep the configuration they had.
+ * Returns the number moved, or -ENOMEM (new_cfg unchanged). */
+int config_retain_broken(struct config *new_cfg, struct config *old_cfg);
+/* The schedule named `name`, retained ones included, or NULL. */
+const struct config_schedule *config_find_schedule(const struct config *c, const char *name);
+/* The broken schedule file named `name`, or NULL. */
+const struct config_broken *config_find_broken(const struct config *c, const char *name);
 
 /* The built-in configuration: defaults, StateDirectory=state_dir,
  * ControlSocket=state_dir/control.sock, no schedules. */
@@ -86,8 +117,8 @@ int config_builtin(const char *state_dir, struct config **out);
 
 /* Parse one schedule file (used by config_load; exposed for tests/fuzzing).
  * path is only used in messages.  Returns 0 with *out filled (free it with
- * config_schedule_clear), or -EINVAL (errors appended to errs, which may be
- * NULL) / -ENOMEM, with *out left zeroed. */
+ * config_schedule_clear; warnings in out->warnings), or -EINVAL (errors
+ * appended to errs, which may be NULL) / -ENOMEM, with *out left zeroed. */
 int config_parse_schedule(const char *name, const char *path, const char *text, size_t len,
                           struct config_schedule *out, struct config_errors *errs);
 /* Parse the text of a main configuration file (kairosd.conf or one drop-in)
@@ -112,6 +143,11 @@ int config_parse_duration(const char *s, uint64_t *out_sec);
 bool config_valid_schedule_name(const char *name);
 
 const char *config_phase_key(int phase); /* "Observe" ... "Reflect", NULL out of range */
+
+/* Split the value of one Environment= line as systemd does: blank-separated
+ * NAME=VALUE words, with the quoting of config_split_command
+ * ("A=1 2" B=3 gives "A=1 2" and "B=3").  -EINVAL on bad quoting. */
+int config_split_environment(const char *line, char ***argv_out, size_t *argc_out);
 
 /* Split a command line like systemd (no shell): words separated by blanks;
  * "double quotes" with backslash escapes inside, 'single quotes' literal,

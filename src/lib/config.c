@@ -23,13 +23,13 @@
 
 #include "kairos/cron.h"
 #include "kairos/kbuf.h"
+#include "kairos/missed.h"
 
 #define CONFIG_FILE_MAX (1024 * 1024)
 #define MAX_SECTIONS 8
 
 _Static_assert(sizeof(enum config_missed_policy) == sizeof(int), "enum stored as int");
 _Static_assert(sizeof(enum config_concurrency) == sizeof(int), "enum stored as int");
-_Static_assert(sizeof(enum config_risk) == sizeof(int), "enum stored as int");
 
 /* ---- error collection ------------------------------------------------- */
 
@@ -380,6 +380,11 @@ fail:
         return r;
 }
 
+int config_split_environment(const char *line, char ***argv_out, size_t *argc_out)
+{
+        return config_split_command(line, argv_out, argc_out);
+}
+
 int config_split_command(const char *cmdline, char ***argv_out, size_t *argc_out)
 {
         const char *why;
@@ -421,6 +426,7 @@ struct key_def {
 struct section_def {
         const char *name;
         const struct key_def *keys;
+        const char *const *removed;     /* NULL-terminated, or NULL */
 };
 
 struct file_kind {
@@ -484,7 +490,6 @@ static const char *const log_levels[] = {
 };
 static const char *const missed_words[] = { "skip", "catch_up_once", "catch_up_bounded", NULL };
 static const char *const concurrency_words[] = { "queue", "allow", "reject", NULL };
-static const char *const risk_words[] = { "low", "medium", NULL };
 
 static const struct key_def daemon_keys[] = {
         { .name = "StateDirectory", .type = KT_PATH, .offset = DFIELD(state_directory) },
@@ -513,9 +518,9 @@ static const struct key_def idempotency_keys[] = {
 };
 
 static const struct section_def main_sections[] = {
-        { "Daemon", daemon_keys },
-        { "Idempotency", idempotency_keys },
-        { NULL, NULL },
+        { "Daemon", daemon_keys, NULL },
+        { "Idempotency", idempotency_keys, NULL },
+        { NULL, NULL, NULL },
 };
 
 static const struct key_def schedule_keys[] = {
@@ -527,9 +532,11 @@ static const struct key_def schedule_keys[] = {
         { .name = "MissedPolicy", .type = KT_ENUM, .offset = SFIELD(missed_policy),
           .words = missed_words },
         { .name = "MaxCatchUpRuns", .type = KT_UNSIGNED, .offset = SFIELD(max_catch_up_runs),
-          .min = 1, .max = 1000 },
+          .min = 1, .max = MISSED_CATCH_UP_MAX },
         { .name = "StaleAfter", .type = KT_DURATION, .offset = SFIELD(stale_after_sec),
           .min = 0, .max = CONFIG_DURATION_MAX },
+        { .name = "MissedGraceSec", .type = KT_DURATION, .offset = SFIELD(missed_grace_sec),
+          .min = 0, .max = MISSED_GRACE_MAX_SEC },
         { .name = "Concurrency", .type = KT_ENUM, .offset = SFIELD(concurrency),
           .words = concurrency_words },
         { .name = NULL },
@@ -539,12 +546,10 @@ static const struct key_def mandate_keys[] = {
         { .name = "Goal", .type = KT_OPT_STRING, .offset = SFIELD(goal) },
         { .name = "MaxCycles", .type = KT_UNSIGNED, .offset = SFIELD(max_cycles),
           .min = 1, .max = 10 },
-        { .name = "CheckpointEvery", .type = KT_UNSIGNED, .offset = SFIELD(checkpoint_every),
-          .min = 1, .max = 3 },
-        { .name = "RiskBudget", .type = KT_ENUM, .offset = SFIELD(risk_budget),
-          .words = risk_words },
         { .name = NULL },
 };
+/* Keys kairos once accepted and that never had an effect: an error, never ignored. */
+static const char *const mandate_removed[] = { "CheckpointEvery", "RiskBudget", NULL };
 
 static const struct key_def exec_keys[] = {
         { .name = "Observe", .type = KT_COMMAND, .offset = SFIELD(exec[0]) },
@@ -562,10 +567,10 @@ static const struct key_def exec_keys[] = {
 };
 
 static const struct section_def schedule_sections[] = {
-        { "Schedule", schedule_keys },
-        { "Mandate", mandate_keys },
-        { "Exec", exec_keys },
-        { NULL, NULL },
+        { "Schedule", schedule_keys, NULL },
+        { "Mandate", mandate_keys, mandate_removed },
+        { "Exec", exec_keys, NULL },
+        { NULL, NULL, NULL },
 };
 
 static const struct file_kind main_kind = {
@@ -582,6 +587,7 @@ struct parser {
         const struct file_kind *kind;
         void *target;
         struct errctx *ec;
+        struct errctx *wc;              /* warnings, or NULL: not collected */
         int section;                    /* index, or -1 none yet, -2 unknown */
         unsigned seen[MAX_SECTIONS];    /* line of the first header, 0 = not seen */
         uint64_t assigned[MAX_SECTIONS]; /* bit i: keys[i] was given (even if bad) */
@@ -601,6 +607,19 @@ static void perr(struct parser *p, unsigned line, const char *key, const char *f
                 err_add(p->ec, "%s:%u: %s", p->file, line, what);
 }
 
+__attribute__((format(printf, 4, 5)))
+static void pwarn(struct parser *p, unsigned line, const char *key, const char *fmt, ...)
+{
+        if (!p->wc)
+                return;
+        char what[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(what, sizeof(what), fmt, ap);
+        va_end(ap);
+        err_add(p->wc, "%s:%u: %s=: %s", p->file, line, key, what);
+}
+
 static void join_words(const char *const *w, char *buf, size_t len)
 {
         size_t off = 0;
@@ -613,8 +632,9 @@ static void join_words(const char *const *w, char *buf, size_t len)
         }
 }
 
-static void set_env(struct parser *p, unsigned line, const struct key_def *k, char *base,
-                    const char *v)
+/* One NAME=VALUE word of an Environment= line. */
+static void set_env_word(struct parser *p, unsigned line, const struct key_def *k, char *base,
+                         const char *v)
 {
         char ***list = (char ***)(base + k->offset);
         size_t *n = (size_t *)(base + k->count_offset);
@@ -622,7 +642,8 @@ static void set_env(struct parser *p, unsigned line, const struct key_def *k, ch
         size_t nlen = eq ? (size_t)(eq - v) : 0;
         if (!eq || !valid_env_name(v, nlen)) {
                 perr(p, line, k->name, "\"%s\" is not a valid assignment (expected NAME=VALUE, "
-                     "NAME of A-Z a-z 0-9 _ not starting with a digit)", v);
+                     "NAME of A-Z a-z 0-9 _ not starting with a digit; quote a value with "
+                     "blanks: \"NAME=a b\")", v);
                 return;
         }
         if (nlen >= 7 && strncmp(v, "KAIROS_", 7) == 0) {
@@ -646,6 +667,27 @@ static void set_env(struct parser *p, unsigned line, const struct key_def *k, ch
                 free(d);
                 p->ec->oom = true;
         }
+}
+
+/* Environment=: several NAME=VALUE words on a line, quoted as systemd does. */
+static void set_env(struct parser *p, unsigned line, const struct key_def *k, char *base,
+                    const char *v)
+{
+        char **words;
+        size_t nwords;
+        const char *why;
+        int r = split_command(v, &words, &nwords, &why);
+        if (r == -ENOMEM) {
+                p->ec->oom = true;
+                return;
+        }
+        if (r < 0) {
+                perr(p, line, k->name, "cannot split \"%s\": %s", v, why);
+                return;
+        }
+        for (size_t i = 0; i < nwords && !p->ec->oom; i++)
+                set_env_word(p, line, k, base, words[i]);
+        config_strv_free(words);
 }
 
 static void set_path_list(struct parser *p, unsigned line, const struct key_def *k,
@@ -696,6 +738,24 @@ out:
         for (size_t i = 0; i < nadd; i++)
                 free(add[i]);
         free(add);
+}
+
+/* An argument like {kairos:{done:true}} from Reflect=/bin/echo {"kairos":...}:
+ * JSON whose double quotes the command-line quoting removed. */
+static void warn_eaten_quotes(struct parser *p, unsigned line, const char *key,
+                              const char *cmdline, char **argv, size_t argc)
+{
+        if (!strchr(cmdline, '"'))
+                return;
+        for (size_t i = 1; i < argc; i++) {
+                const char *a = argv[i];
+                if ((a[0] != '{' && a[0] != '[') || strchr(a, '"') || !strchr(a, ':'))
+                        continue;
+                pwarn(p, line, key, "argument %zu '%s' looks like JSON whose double quotes were "
+                      "removed by the command-line quoting; put it in single quotes, e.g. "
+                      "'{\"kairos\":{\"done\":true}}'", i, a);
+                return;
+        }
 }
 
 static void assign(struct parser *p, unsigned line, const struct key_def *k, const char *v)
@@ -813,6 +873,8 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                         return;
                 }
                 bool empty = argc == 0 || argv[0][0] == '\0';
+                if (!empty)
+                        warn_eaten_quotes(p, line, k->name, v, argv, argc);
                 config_strv_free(argv);
                 if (empty) {
                         perr(p, line, k->name, "empty command name");
@@ -896,6 +958,13 @@ static void process_line(struct parser *p, unsigned line, char *s)
                 if (strcmp(sec->keys[i].name, key) == 0) {
                         p->assigned[p->section] |= UINT64_C(1) << i;
                         assign(p, line, &sec->keys[i], value);
+                        return;
+                }
+        }
+        for (size_t i = 0; sec->removed && sec->removed[i]; i++) {
+                if (strcmp(sec->removed[i], key) == 0) {
+                        perr(p, line, key, "not supported (it never had an effect and was "
+                             "removed; delete the line)");
                         return;
                 }
         }
@@ -1145,6 +1214,7 @@ void config_schedule_clear(struct config_schedule *s)
         config_strv_free(s->environment);
         free(s->working_directory);
         free(s->probe);
+        config_errors_free(&s->warnings);
         memset(s, 0, sizeof(*s));
 }
 
@@ -1159,9 +1229,8 @@ static int schedule_defaults(struct config_schedule *s, const char *name, const 
         s->max_catch_up_runs = 5;
         s->stale_after_sec = 48 * 3600;
         s->concurrency = CONCURRENCY_QUEUE;
-        s->max_cycles = 3;
-        s->checkpoint_every = 1;
-        s->risk_budget = RISK_LOW;
+        s->missed_grace_sec = 300;
+        s->max_cycles = 1;
         s->timeout_sec = 300;
         if (!s->name || !s->path || !s->time_zone)
                 return -ENOMEM;
@@ -1179,10 +1248,14 @@ static int parse_schedule(const char *name, const char *path, const char *text, 
                 err_add(ec, "%s: invalid schedule name \"%s\" (1 to 64 of A-Z a-z 0-9 _ -)",
                         path, name);
 
+        struct errctx wc = { .errs = &out->warnings };
         struct parser p = {
-                .file = path, .kind = &schedule_kind, .target = out, .ec = ec, .section = -1,
+                .file = path, .kind = &schedule_kind, .target = out, .ec = ec, .wc = &wc,
+                .section = -1,
         };
         parse_text(&p, text, len);
+        if (wc.oom)
+                ec->oom = true;
         if (ec->oom) {
                 r = -ENOMEM;
                 goto fail;
@@ -1222,6 +1295,67 @@ static int cmp_schedule(const void *a, const void *b)
         return strcmp(x->name, y->name);
 }
 
+static int cmp_broken(const void *a, const void *b)
+{
+        const struct config_broken *x = a, *y = b;
+        return strcmp(x->name, y->name);
+}
+
+static void broken_clear(struct config_broken *b)
+{
+        free(b->name);
+        free(b->path);
+        config_errors_free(&b->errors);
+        memset(b, 0, sizeof(*b));
+}
+
+const struct config_schedule *config_find_schedule(const struct config *c, const char *name)
+{
+        for (size_t i = 0; c && name && i < c->nschedules; i++)
+                if (c->schedules[i].name && strcmp(c->schedules[i].name, name) == 0)
+                        return &c->schedules[i];
+        return NULL;
+}
+
+const struct config_broken *config_find_broken(const struct config *c, const char *name)
+{
+        for (size_t i = 0; c && name && i < c->nbroken; i++)
+                if (strcmp(c->broken[i].name, name) == 0)
+                        return &c->broken[i];
+        return NULL;
+}
+
+int config_retain_broken(struct config *new_cfg, struct config *old_cfg)
+{
+        if (!new_cfg || !old_cfg)
+                return -EINVAL;
+        size_t add = 0;
+        for (size_t i = 0; i < new_cfg->nbroken; i++)
+                if (config_find_schedule(old_cfg, new_cfg->broken[i].name))
+                        add++;
+        if (add == 0)
+                return 0;
+        struct config_schedule *v = realloc(new_cfg->schedules,
+                                            (new_cfg->nschedules + add) * sizeof(*v));
+        if (!v)
+                return -ENOMEM;
+        new_cfg->schedules = v;
+        for (size_t i = 0; i < new_cfg->nbroken; i++) {
+                struct config_schedule *o =
+                        (struct config_schedule *)config_find_schedule(old_cfg,
+                                                                       new_cfg->broken[i].name);
+                if (!o)
+                        continue;
+                v[new_cfg->nschedules] = *o;
+                v[new_cfg->nschedules].retained = true;
+                new_cfg->nschedules++;
+                /* taken over: the old entry stays, empty (no name) */
+                memset(o, 0, sizeof(*o));
+        }
+        qsort(new_cfg->schedules, new_cfg->nschedules, sizeof(*v), cmp_schedule);
+        return (int)add;
+}
+
 /* ---- the whole configuration ------------------------------------------- */
 
 void config_free(struct config *c)
@@ -1238,6 +1372,9 @@ void config_free(struct config *c)
         for (size_t i = 0; i < c->nschedules; i++)
                 config_schedule_clear(&c->schedules[i]);
         free(c->schedules);
+        for (size_t i = 0; i < c->nbroken; i++)
+                broken_clear(&c->broken[i]);
+        free(c->broken);
         free(c);
 }
 
@@ -1380,6 +1517,24 @@ static char *schedules_dir_of(const char *path)
         return kbuf_steal(&k);
 }
 
+/* A schedule file with errors: recorded in c->broken with them (taken over). */
+static void add_broken(struct config *c, const char *name, const char *path,
+                       struct config_errors *errs, struct errctx *ec)
+{
+        struct config_broken *b = &c->broken[c->nbroken];
+        b->name = strdup(name);
+        b->path = strdup(path);
+        if (!b->name || !b->path) {
+                broken_clear(b);
+                config_errors_free(errs);
+                ec->oom = true;
+                return;
+        }
+        b->errors = *errs;
+        *errs = (struct config_errors){ 0 };
+        c->nbroken++;
+}
+
 static void load_schedules(struct config *c, struct errctx *ec)
 {
         char **names = NULL;
@@ -1387,7 +1542,8 @@ static void load_schedules(struct config *c, struct errctx *ec)
         if (list_conf(c->schedules_dir, ec, &names, &n) < 0 || n == 0)
                 goto out;
         c->schedules = calloc(n, sizeof(*c->schedules));
-        if (!c->schedules) {
+        c->broken = calloc(n, sizeof(*c->broken));
+        if (!c->schedules || !c->broken) {
                 ec->oom = true;
                 goto out;
         }
@@ -1396,31 +1552,41 @@ static void load_schedules(struct config *c, struct errctx *ec)
                 char *name = strndup(names[i], strlen(names[i]) - 5);
                 char *text = NULL;
                 size_t len = 0;
+                /* each file's errors on their own: a broken file is skipped */
+                struct config_errors ferrs = { 0 };
+                struct errctx fec = { .errs = &ferrs };
                 int r = (!f || !name) ? -ENOMEM : read_file(f, &text, &len);
                 if (r == -ENOMEM) {
-                        ec->oom = true;
+                        fec.oom = true;
                 } else if (r < 0) {
                         if (!config_valid_schedule_name(name))
-                                err_add(ec, "%s: invalid schedule name \"%s\" "
+                                err_add(&fec, "%s: invalid schedule name \"%s\" "
                                         "(1 to 64 of A-Z a-z 0-9 _ -)", f, name);
-                        file_error(ec, f, r);
+                        file_error(&fec, f, r);
                 } else if (r == 1) {
                         /* masked with a symlink to /dev/null: no schedule */
                 } else if (parse_schedule(name, f, text, len,
-                                          &c->schedules[c->nschedules], ec) == 0) {
+                                          &c->schedules[c->nschedules], &fec) == 0) {
                         c->nschedules++;
                 }
+                if (fec.oom)
+                        ec->oom = true;
+                else if (fec.n > 0)
+                        add_broken(c, name, f, &ferrs, ec);
+                config_errors_free(&ferrs);
                 free(text);
                 free(name);
                 free(f);
         }
         if (c->nschedules > 1)
                 qsort(c->schedules, c->nschedules, sizeof(*c->schedules), cmp_schedule);
+        if (c->nbroken > 1)
+                qsort(c->broken, c->nbroken, sizeof(*c->broken), cmp_broken);
 out:
         config_strv_free(names);
 }
 
-int config_load(const char *path, const char *state_dir, struct config **out,
+static int load(const char *path, const char *state_dir, bool main_only, struct config **out,
                 struct config_errors *errs)
 {
         if (!path || !path[0] || !out || (state_dir && !state_dir[0]))
@@ -1440,7 +1606,7 @@ int config_load(const char *path, const char *state_dir, struct config **out,
         int rmain = load_main_file(c, path, &ec);
         if (!ec.oom)
                 load_dropins(c, path, &ec);
-        if (!ec.oom)
+        if (!ec.oom && !main_only)
                 load_schedules(c, &ec);
         if (!ec.oom && state_dir && set_str(&c->state_directory, state_dir) < 0)
                 ec.oom = true;
@@ -1450,9 +1616,27 @@ int config_load(const char *path, const char *state_dir, struct config **out,
                 return -ENOMEM;
         }
         if (ec.n > 0) {
+                /* every error of every file: the broken schedules' too */
+                for (size_t i = 0; i < c->nbroken && !ec.oom; i++)
+                        for (size_t k = 0; k < c->broken[i].errors.n; k++)
+                                err_add(&ec, "%s", c->broken[i].errors.msgs[k]);
                 config_free(c);
+                if (ec.oom)
+                        return -ENOMEM;
                 return rmain < 0 ? rmain : -EINVAL;
         }
         *out = c;
         return 0;
+}
+
+int config_load(const char *path, const char *state_dir, struct config **out,
+                struct config_errors *errs)
+{
+        return load(path, state_dir, false, out, errs);
+}
+
+int config_load_main_only(const char *path, const char *state_dir, struct config **out,
+                          struct config_errors *errs)
+{
+        return load(path, state_dir, true, out, errs);
 }

@@ -41,7 +41,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char *const missed_words[] = { "skip", "catch_up_once", "catch_up_bounded" };
 static const char *const concurrency_words[] = { "queue", "allow", "reject" };
-static const char *const risk_words[] = { "low", "medium" };
 static const char *const log_levels[] = {
         "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
 };
@@ -143,11 +142,13 @@ static void check_schedule(const struct config_schedule *s)
         cron_tz_free(tz);
         CHECK((unsigned)s->missed_policy <= MISSED_CATCH_UP_BOUNDED);
         CHECK((unsigned)s->concurrency <= CONCURRENCY_REJECT);
-        CHECK((unsigned)s->risk_budget <= RISK_MEDIUM);
         CHECK(s->max_catch_up_runs >= 1 && s->max_catch_up_runs <= 1000);
         CHECK(s->stale_after_sec <= CONFIG_DURATION_MAX);
         CHECK(s->max_cycles >= 1 && s->max_cycles <= 10);
-        CHECK(s->checkpoint_every >= 1 && s->checkpoint_every <= 3);
+        CHECK(s->missed_grace_sec <= 3600);
+        CHECK(!s->retained);
+        for (size_t i = 0; i < s->warnings.n; i++)
+                CHECK(strncmp(s->warnings.msgs[i], SCHED_PATH ":", strlen(SCHED_PATH) + 1) == 0);
         CHECK(s->timeout_sec >= 1 && s->timeout_sec <= CONFIG_DURATION_MAX);
         check_value(s->goal);
         for (int i = 0; i < CONFIG_PHASES; i++) {
@@ -186,7 +187,7 @@ static void check_same_schedule(const struct config_schedule *a, const struct co
         CHECK(a->max_catch_up_runs == b->max_catch_up_runs);
         CHECK(a->stale_after_sec == b->stale_after_sec);
         CHECK(same_str(a->goal, b->goal) && a->max_cycles == b->max_cycles);
-        CHECK(a->checkpoint_every == b->checkpoint_every && a->risk_budget == b->risk_budget);
+        CHECK(a->missed_grace_sec == b->missed_grace_sec);
         for (int i = 0; i < CONFIG_PHASES; i++)
                 CHECK(same_str(a->exec[i], b->exec[i]));
         CHECK(a->timeout_sec == b->timeout_sec && a->nenvironment == b->nenvironment);
@@ -201,19 +202,33 @@ static int write_schedule(const struct config_schedule *s, struct kbuf *b)
 {
         int r = kbuf_printf(b, "[Schedule]\nCron=%s\nTimeZone=%s\nEnabled=%s\n"
                             "MissedPolicy=%s\nMaxCatchUpRuns=%u\nStaleAfter=%llu\n"
-                            "Concurrency=%s\n[Mandate]\nGoal=%s\nMaxCycles=%u\n"
-                            "CheckpointEvery=%u\nRiskBudget=%s\n[Exec]\nTimeoutSec=%llu\n",
+                            "MissedGraceSec=%llu\nConcurrency=%s\n[Mandate]\nGoal=%s\n"
+                            "MaxCycles=%u\n[Exec]\nTimeoutSec=%llu\n",
                             s->cron, s->time_zone, s->enabled ? "yes" : "no",
                             missed_words[s->missed_policy], s->max_catch_up_runs,
                             (unsigned long long)s->stale_after_sec,
+                            (unsigned long long)s->missed_grace_sec,
                             concurrency_words[s->concurrency], s->goal, s->max_cycles,
-                            s->checkpoint_every, risk_words[s->risk_budget],
                             (unsigned long long)s->timeout_sec);
         for (int i = 0; r >= 0 && i < CONFIG_PHASES; i++)
                 if (s->exec[i])
                         r = kbuf_printf(b, "%s=%s\n", config_phase_key(i), s->exec[i]);
-        for (size_t i = 0; r >= 0 && i < s->nenvironment; i++)
-                r = kbuf_printf(b, "Environment=%s\n", s->environment[i]);
+        for (size_t i = 0; r >= 0 && i < s->nenvironment; i++) {
+                /* one quoted word per line, escaped as the splitter reads it */
+                r = kbuf_puts(b, "Environment=\"");
+                for (const char *c = s->environment[i]; r >= 0 && *c; c++) {
+                        switch (*c) {
+                        case '\\': r = kbuf_puts(b, "\\\\"); break;
+                        case '"': r = kbuf_puts(b, "\\\""); break;
+                        case '\n': r = kbuf_puts(b, "\\n"); break;
+                        case '\t': r = kbuf_puts(b, "\\t"); break;
+                        case '\r': r = kbuf_puts(b, "\\r"); break;
+                        default: r = kbuf_putc(b, *c); break;
+                        }
+                }
+                if (r >= 0)
+                        r = kbuf_puts(b, "\"\n");
+        }
         if (r >= 0 && s->working_directory)
                 r = kbuf_printf(b, "WorkingDirectory=%s\n", s->working_directory);
         if (r >= 0 && s->probe)

@@ -79,14 +79,38 @@ static char *rooted(const char *rel)
 }
 
 /* Load root/kairosd.conf and expect it to fail with rc and exactly the
- * messages in want (each is appended to the temp dir path). */
+ * messages in want (each is appended to the temp dir path), as
+ * kairosd --check-config sees them: a load that succeeds with broken
+ * schedules counts as -EINVAL with their errors. */
 static void expect_load_errors(int rc, const char *const *want)
 {
         struct config *c = (struct config *)0x1;
         struct config_errors errs = { 0 };
         char main_path[PATH_MAX];
         XSNPRINTF(main_path, "%s/kairosd.conf", root);
-        assert_int_equal(config_load(main_path, NULL, &c, &errs), rc);
+        int got = config_load(main_path, NULL, &c, &errs);
+        if (got == 0) {
+                assert_non_null(c);
+                assert_int_equal(errs.n, 0);
+                for (size_t i = 0; i < c->nbroken; i++) {
+                        assert_true(c->broken[i].errors.n > 0);
+                        for (size_t k = 0; k < c->broken[i].errors.n; k++) {
+                                char **m = realloc(errs.msgs, (errs.n + 1) * sizeof(*m));
+                                assert_non_null(m);
+                                errs.msgs = m;
+                                m[errs.n] = strdup(c->broken[i].errors.msgs[k]);
+                                assert_non_null(m[errs.n++]);
+                        }
+                        /* a broken schedule is not among the schedules */
+                        for (size_t j = 0; j < c->nschedules; j++)
+                                assert_string_not_equal(c->schedules[j].name, c->broken[i].name);
+                }
+                if (c->nbroken)
+                        got = -EINVAL;
+                config_free(c);
+                c = NULL;
+        }
+        assert_int_equal(got, rc);
         assert_null(c);
         size_t n = 0;
         while (want[n])
@@ -158,6 +182,7 @@ static const char full_schedule[] =
         "MissedPolicy=catch_up_bounded\n"
         "MaxCatchUpRuns=7\n"
         "StaleAfter=12h\n"
+        "MissedGraceSec=2min\n"
         "Concurrency=reject\n"
         "\n"
         "[Mandate]\n"
@@ -165,8 +190,6 @@ static const char full_schedule[] =
         "   ; skipped\n"
         "  nightly report\n"
         "MaxCycles=10\n"
-        "CheckpointEvery=3\n"
-        "RiskBudget=medium\n"
         "\n"
         "[Exec]\n"
         "Observe=/usr/bin/obs --all\n"
@@ -176,7 +199,7 @@ static const char full_schedule[] =
         "Reflect=/usr/bin/reflect -v\n"
         "TimeoutSec=1h30min\n"
         "Environment=A=1\n"
-        "Environment=B=two words\n"
+        "Environment=\"B=two words\" D=4 'E=\"q\"' F=a\\ b\n"
         "Environment=A=3\n"
         "Environment=C=\n"
         "WorkingDirectory=/srv/work\n"
@@ -231,9 +254,10 @@ static void test_full_valid_set(void **state)
         assert_int_equal(a->stale_after_sec, 48 * 3600);
         assert_int_equal(a->concurrency, CONCURRENCY_QUEUE);
         assert_string_equal(a->goal, "alpha");
-        assert_int_equal(a->max_cycles, 3);
-        assert_int_equal(a->checkpoint_every, 1);
-        assert_int_equal(a->risk_budget, RISK_LOW);
+        assert_int_equal(a->max_cycles, 1);
+        assert_int_equal(a->missed_grace_sec, 300);
+        assert_int_equal(a->warnings.n, 0);
+        assert_false(a->retained);
         for (int i = 0; i < CONFIG_PHASES; i++)
                 assert_null(a->exec[i]);
         assert_int_equal(a->timeout_sec, 300);
@@ -255,19 +279,21 @@ static void test_full_valid_set(void **state)
         /* "Write the \" + "  nightly report": the backslash became a space */
         assert_string_equal(s->goal, "Write the    nightly report");
         assert_int_equal(s->max_cycles, 10);
-        assert_int_equal(s->checkpoint_every, 3);
-        assert_int_equal(s->risk_budget, RISK_MEDIUM);
+        assert_int_equal(s->missed_grace_sec, 120);
         assert_string_equal(s->exec[0], "/usr/bin/obs --all");
         assert_string_equal(s->exec[1], "/usr/bin/orient \"a b\"");
         assert_string_equal(s->exec[2], "decide");
         assert_string_equal(s->exec[3], "/usr/bin/act");
         assert_string_equal(s->exec[4], "/usr/bin/reflect -v");
         assert_int_equal(s->timeout_sec, 5400);
-        assert_int_equal(s->nenvironment, 3);
+        assert_int_equal(s->nenvironment, 6);
         assert_string_equal(s->environment[0], "A=3");
         assert_string_equal(s->environment[1], "B=two words");
-        assert_string_equal(s->environment[2], "C=");
-        assert_null(s->environment[3]);
+        assert_string_equal(s->environment[2], "D=4");
+        assert_string_equal(s->environment[3], "E=\"q\"");
+        assert_string_equal(s->environment[4], "F=a b");
+        assert_string_equal(s->environment[5], "C=");
+        assert_null(s->environment[6]);
         assert_string_equal(s->working_directory, "/srv/work");
         assert_string_equal(s->probe, "/usr/bin/probe --quick");
 
@@ -566,8 +592,9 @@ static void test_err_number_out_of_range(void **state)
                           "1..10000000");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nMaxCycles=11\n",
                               "/schedules.d/x.conf:4: MaxCycles=: 11 out of range 1..10");
-        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nCheckpointEvery=4\n",
-                              "/schedules.d/x.conf:4: CheckpointEvery=: 4 out of range 1..3");
+        expect_schedule_error("[Schedule]\nCron=@daily\nMissedGraceSec=3601\n",
+                              "/schedules.d/x.conf:3: MissedGraceSec=: 3601 out of range "
+                              "0..3600 seconds");
         expect_schedule_error("[Schedule]\nCron=@daily\nMaxCatchUpRuns=1001\n",
                               "/schedules.d/x.conf:3: MaxCatchUpRuns=: 1001 out of range "
                               "1..1000");
@@ -607,9 +634,15 @@ static void test_err_bad_enum(void **state)
         expect_schedule_error("[Schedule]\nCron=@daily\nConcurrency=Queue\n",
                               "/schedules.d/x.conf:3: Concurrency=: \"Queue\" is not one of: "
                               "queue, allow, reject");
-        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nRiskBudget=high\n",
-                              "/schedules.d/x.conf:4: RiskBudget=: \"high\" is not one of: "
-                              "low, medium");
+        /* keys that never had an effect are refused, never ignored */
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nRiskBudget=low\n",
+                              "/schedules.d/x.conf:4: RiskBudget=: not supported (it never had "
+                              "an effect and was removed; delete the line)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nCheckpointEvery=1\n",
+                              "/schedules.d/x.conf:4: CheckpointEvery=: not supported (it never "
+                              "had an effect and was removed; delete the line)");
+        expect_schedule_error("[Schedule]\nCron=@daily\nRiskBudget=low\n",
+                              "/schedules.d/x.conf:3: RiskBudget=: unknown key in [Schedule]");
 }
 
 static void test_err_relative_path(void **state)
@@ -808,11 +841,31 @@ static void test_err_bad_environment(void **state)
         expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=1A=x\n",
                               "/schedules.d/x.conf:4: Environment=: \"1A=x\" is not a valid "
                               "assignment (expected NAME=VALUE, NAME of A-Z a-z 0-9 _ not "
-                              "starting with a digit)");
+                              "starting with a digit; quote a value with blanks: "
+                              "\"NAME=a b\")");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=NOVALUE\n",
                               "/schedules.d/x.conf:4: Environment=: \"NOVALUE\" is not a valid "
                               "assignment (expected NAME=VALUE, NAME of A-Z a-z 0-9 _ not "
-                              "starting with a digit)");
+                              "starting with a digit; quote a value with blanks: "
+                              "\"NAME=a b\")");
+        /* several on a line: each bad one named, the line split as systemd does */
+        put("kairosd.conf", "");
+        put("schedules.d/x.conf", "[Schedule]\nCron=@daily\n[Exec]\n"
+            "Environment=\"A=1 2\" B=3 hello \"C=x\" 9=z\n"
+            "Environment=\"D=unterminated\n"
+            "Environment=E=1 KAIROS_X=2\n");
+        expect_load_errors(-EINVAL, (const char *const[]){
+                "/schedules.d/x.conf:4: Environment=: \"hello\" is not a valid assignment "
+                "(expected NAME=VALUE, NAME of A-Z a-z 0-9 _ not starting with a digit; quote "
+                "a value with blanks: \"NAME=a b\")",
+                "/schedules.d/x.conf:4: Environment=: \"9=z\" is not a valid assignment "
+                "(expected NAME=VALUE, NAME of A-Z a-z 0-9 _ not starting with a digit; quote "
+                "a value with blanks: \"NAME=a b\")",
+                "/schedules.d/x.conf:5: Environment=: cannot split \"\"D=unterminated\": "
+                "unbalanced double quote",
+                "/schedules.d/x.conf:6: Environment=: \"KAIROS_X\" is reserved (KAIROS_* "
+                "variables are set by kairosd)",
+                NULL });
         expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=KAIROS_GOAL=x\n",
                               "/schedules.d/x.conf:4: Environment=: \"KAIROS_GOAL\" is reserved "
                               "(KAIROS_* variables are set by kairosd)");
@@ -904,6 +957,116 @@ static void test_errors_collected_across_files(void **state)
                 "(e.g. 30, 30s, 5min, 2h, 1d, 1h30min)",
                 "/schedules.d/zz.conf: Cron=: missing (required in [Schedule])",
                 NULL });
+}
+
+/* A schedule file with errors is skipped: the others load, the main file is
+ * fine, the broken one is listed with its errors. */
+static void test_broken_schedule_skipped(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "[Daemon]\nLogLevel=err\n");
+        put("schedules.d/a.conf", "[Schedule]\nCron=@daily\n");
+        put("schedules.d/b.conf", "[Schedule]\nCron=61 * * * *\nBogus=1\n");
+        put("schedules.d/c.conf", "[Schedule]\nCron=@hourly\n");
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_int_equal(c->nschedules, 2);
+        assert_string_equal(c->schedules[0].name, "a");
+        assert_string_equal(c->schedules[1].name, "c");
+        assert_int_equal(c->nbroken, 1);
+        assert_string_equal(c->broken[0].name, "b");
+        assert_string_equal(c->broken[0].path, rooted("schedules.d/b.conf"));
+        assert_int_equal(c->broken[0].errors.n, 2);
+        char want[PATH_MAX + 128];
+        XSNPRINTF(want, "%s:2: Cron=: invalid expression \"61 * * * *\": minute: 61 out of "
+                  "range 0-59", rooted("schedules.d/b.conf"));
+        assert_string_equal(c->broken[0].errors.msgs[0], want);
+        assert_non_null(config_find_broken(c, "b"));
+        assert_null(config_find_broken(c, "a"));
+        assert_null(config_find_schedule(c, "b"));
+        assert_non_null(config_find_schedule(c, "c"));
+        config_free(c);
+
+        /* main-only: schedules are not read at all */
+        assert_int_equal(config_load_main_only(rooted("kairosd.conf"), NULL, &c, &errs), 0);
+        assert_int_equal(c->nschedules, 0);
+        assert_int_equal(c->nbroken, 0);
+        assert_int_equal(c->log_level, 3);
+        config_free(c);
+
+        /* a broken main file still fails, with the schedules' errors after its own */
+        put("kairosd.conf", "[Daemon]\nLogLevel=loud\n");
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, &errs), -EINVAL);
+        assert_null(c);
+        assert_int_equal(errs.n, 3);
+        assert_non_null(strstr(errs.msgs[0], "/kairosd.conf:2: LogLevel=:"));
+        assert_non_null(strstr(errs.msgs[1], "/schedules.d/b.conf:2: Cron=:"));
+        assert_non_null(strstr(errs.msgs[2], "/schedules.d/b.conf:3: Bogus=: unknown key"));
+        config_errors_free(&errs);
+        assert_int_equal(config_load_main_only(rooted("kairosd.conf"), NULL, &c, &errs),
+                         -EINVAL);
+        assert_int_equal(errs.n, 1);
+        config_errors_free(&errs);
+}
+
+/* After a reload that breaks a schedule, its old configuration stays (for
+ * its running mandates), marked retained; a schedule new and broken has none. */
+static void test_retain_broken(void **state)
+{
+        (void)state;
+        put("kairosd.conf", "");
+        put("schedules.d/a.conf", "[Schedule]\nCron=@daily\n[Exec]\nAct=/bin/old\n");
+        put("schedules.d/b.conf", "[Schedule]\nCron=@hourly\n");
+        struct config *old = NULL, *neu = NULL, *third = NULL;
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &old, NULL), 0);
+        put("schedules.d/a.conf", "[Schedule]\nCron=@daily\n[Exec]\nAct=/bin/new \"\n");
+        put("schedules.d/n.conf", "[Schedule]\n");
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &neu, NULL), 0);
+        assert_int_equal(neu->nbroken, 2);
+        assert_int_equal(neu->nschedules, 1);
+        assert_int_equal(config_retain_broken(neu, old), 1);
+        assert_int_equal(neu->nschedules, 2);
+        const struct config_schedule *a = config_find_schedule(neu, "a");
+        assert_non_null(a);
+        assert_true(a->retained);
+        assert_string_equal(a->exec[3], "/bin/old");
+        assert_string_equal(neu->schedules[0].name, "a"); /* still sorted */
+        assert_false(config_find_schedule(neu, "b")->retained);
+        assert_null(config_find_schedule(neu, "n"));
+        assert_null(config_find_schedule(old, "a")); /* moved, not copied */
+        config_free(old);
+        /* broken again at the next reload: retained again */
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &third, NULL), 0);
+        assert_int_equal(config_retain_broken(third, neu), 1);
+        assert_string_equal(config_find_schedule(third, "a")->exec[3], "/bin/old");
+        config_free(neu);
+        config_free(third);
+        assert_int_equal(config_retain_broken(NULL, NULL), -EINVAL);
+}
+
+/* A command-line argument that looks like JSON whose quotes were eaten: a
+ * warning with file:line, the schedule is valid all the same. */
+static void test_warn_eaten_json_quotes(void **state)
+{
+        (void)state;
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        const char *text = "[Schedule]\nCron=@daily\n[Exec]\n"
+                           "Reflect=/bin/echo {\"kairos\":{\"done\":true}}\n"
+                           "Act=/bin/echo '{\"kairos\":{\"done\":true}}'\n"
+                           "Observe=/bin/echo [1,2] {a:b}\n";
+        assert_int_equal(config_parse_schedule("x", "/s/x.conf", text, strlen(text), &s, &errs),
+                         0);
+        assert_int_equal(errs.n, 0);
+        assert_int_equal(s.warnings.n, 1);
+        assert_string_equal(s.warnings.msgs[0],
+                            "/s/x.conf:4: Reflect=: argument 1 '{kairos:{done:true}}' looks like "
+                            "JSON whose double quotes were removed by the command-line quoting; "
+                            "put it in single quotes, e.g. '{\"kairos\":{\"done\":true}}'");
+        config_schedule_clear(&s);
+        assert_int_equal(s.warnings.n, 0);
 }
 
 /* ---- durations ---------------------------------------------------------- */
@@ -1104,6 +1267,10 @@ int main(void)
                 T(test_builtin),
                 T(test_phase_keys),
                 T(test_split_command),
+                cmocka_unit_test_setup_teardown(test_broken_schedule_skipped, setup_root,
+                                                teardown_root),
+                cmocka_unit_test_setup_teardown(test_retain_broken, setup_root, teardown_root),
+                cmocka_unit_test(test_warn_eaten_json_quotes),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
