@@ -699,6 +699,23 @@ static int text_status(json_t *r)
                (long long)jint(rec, "io_errors"), plural(jint(rec, "io_errors")),
                (long long)jint(rec, "duration_ms"));
         printf("fdatasync calls: %lld\n", (long long)jint(r, "fdatasync_calls"));
+        json_t *sc = json_object_get(r, "schedules"), *names = json_object_get(sc, "broken_names");
+        if (json_is_object(sc)) {
+                printf("Schedules:       %lld", (long long)jint(sc, "total"));
+                if (jint(sc, "broken") > 0) {
+                        printf(" (%lld broken:", (long long)jint(sc, "broken"));
+                        size_t i;
+                        json_t *nm;
+                        json_array_foreach(names, i, nm) {
+                                if (!json_is_string(nm))
+                                        continue;
+                                putchar(' ');
+                                ctl_put_safe(stdout, json_string_value(nm));
+                        }
+                        putchar(')');
+                }
+                putchar('\n');
+        }
         return CTL_EXIT_OK;
 }
 
@@ -1331,8 +1348,12 @@ int ctl_cmd_cancel(const struct ctl_opts *o, int argc, char **argv)
 
 static int text_reload(json_t *r)
 {
-        printf("configuration reloaded: %lld schedule%s\n", (long long)jint(r, "schedules"),
+        printf("configuration reloaded: %lld schedule%s", (long long)jint(r, "schedules"),
                plural(jint(r, "schedules")));
+        if (jint(r, "broken") > 0)
+                printf(", %lld broken (skipped; see kairosctl schedules)",
+                       (long long)jint(r, "broken"));
+        putchar('\n');
         return CTL_EXIT_OK;
 }
 
@@ -1350,6 +1371,9 @@ int ctl_cmd_reload(const struct ctl_opts *o, int argc, char **argv)
 
 static const char *schedule_state(json_t *s)
 {
+        const char *state = jstr(s, "state");
+        if (state && strcmp(state, "broken") == 0)
+                return "broken";
         if (json_is_false(json_object_get(s, "enabled")))
                 return "disabled";
         if (json_is_true(json_object_get(s, "paused")))
@@ -1385,6 +1409,16 @@ static int text_schedules(json_t *r)
         if (rc == 0)
                 table_print(&t, "");
         table_free(&t);
+        /* each broken schedule's first error, below the table */
+        json_array_foreach(list, i, s) {
+                const char *err = jstr(s, "error");
+                if (rc != 0 || strcmp(schedule_state(s), "broken") != 0)
+                        continue;
+                ctl_put_safe(stdout, jstr(s, "name"));
+                fputs(": broken: ", stdout);
+                ctl_put_safe(stdout, err ? err : "?");
+                putchar('\n');
+        }
         return rc == 0 ? CTL_EXIT_OK : ctl_error(CTL_EXIT_OSERR, "out of memory");
 }
 

@@ -13,21 +13,23 @@
 #include "executor.h"
 #include "kairos/cron.h"
 #include "kairos/kio.h"
+#include "kairos/missed.h"
 #include "kairos/planner.h"
 #include "log.h"
 
-/* A tick at most this late is on time; older ones were missed (downtime,
- * suspend) and go through the schedule's MissedPolicy=. */
-#define ON_TIME_GRACE 60
-/* Counting missed ticks stops here (a minutely schedule over 2 years). */
-#define MAX_TICKS_COUNTED 1100000
 #define NEVER INT64_MIN
+_Static_assert(NEVER == MISSED_NEVER, "one value for never");
 
 struct sched {
         char *name;
         struct cron_expr expr;
         struct cron_tz *tz;
-        const struct config_schedule *cfg;  /* in d->cfg (refreshed on reload) */
+        const struct config_schedule *cfg;  /* in d->cfg (refreshed on reload); NULL for a
+                                             * broken schedule without a retained one */
+        const char *error;                  /* broken: its first error (in d->cfg) */
+        bool broken;                        /* its file has errors: never fires */
+        bool frozen;                        /* its next fire cannot be represented (the
+                                             * clock is beyond year 9999): state kept */
         int64_t last_evaluated;             /* NEVER: first sight */
         int64_t last_fire;
         int64_t next_fire;                  /* NEVER: none */
@@ -46,6 +48,7 @@ struct chronos {
         int64_t fake_now;
         bool writing, dirty;
         bool stopped;
+        bool clock_absurd;                  /* the last evaluation refused the clock */
 };
 
 static struct chronos *C(const struct daemon *d)
@@ -177,6 +180,19 @@ static void sched_clear(struct sched *s)
         memset(s, 0, sizeof(*s));
 }
 
+/* A broken schedule: a name and its first error, no expression. */
+static int sched_build_broken(struct sched *s, const struct config_broken *b,
+                              const struct config_schedule *retained)
+{
+        memset(s, 0, sizeof(*s));
+        s->last_evaluated = s->last_fire = s->next_fire = NEVER;
+        s->broken = true;
+        s->error = b->errors.n ? b->errors.msgs[0] : "broken";
+        s->cfg = retained;
+        s->name = strdup(b->name);
+        return s->name ? 0 : -ENOMEM;
+}
+
 static int sched_build(struct sched *s, const struct config_schedule *cfg)
 {
         char err[256];
@@ -214,9 +230,17 @@ static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char 
                 s->last_fire = t;
 }
 
+static const char *policy_name(enum config_missed_policy p)
+{
+        return p == MISSED_SKIP ? "skip" : p == MISSED_CATCH_UP_ONCE ? "catch_up_once"
+                                                                    : "catch_up_bounded";
+}
+
 static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
 {
         const struct config_schedule *cfg = s->cfg;
+        if (s->broken)
+                return; /* its ticks count as missed when its file is fixed */
         if (s->last_evaluated == NEVER) {
                 /* First sight: never fire retroactively. */
                 s->last_evaluated = now;
@@ -236,77 +260,90 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
                 s->last_evaluated = now;
                 return;
         }
-        /* Ticks in (last_evaluated, now]: the on-time ones (within the grace)
-         * fire; the missed ones go through the policy. */
-        unsigned keep = 0;
-        switch (cfg->missed_policy) {
-        case MISSED_SKIP:
-                keep = 0;
-                break;
-        case MISSED_CATCH_UP_ONCE:
-                keep = 1;
-                break;
-        case MISSED_CATCH_UP_BOUNDED:
-                keep = cfg->max_catch_up_runs;
-                if (s->last_fire != NEVER && now - s->last_fire > (int64_t)cfg->stale_after_sec)
-                        keep = 1;
-                break;
+        /* Ticks in (last_evaluated, now]: the pure rule says which fire. */
+        struct missed_rule rule = { .policy = cfg->missed_policy,
+                                    .max_catch_up_runs = cfg->max_catch_up_runs,
+                                    .stale_after_sec = cfg->stale_after_sec,
+                                    .grace_sec = cfg->missed_grace_sec };
+        struct missed_plan *p = malloc(sizeof(*p));
+        if (!p) {
+                log_error("schedule %s: out of memory evaluating its ticks", s->name);
+                return;
         }
-        int64_t ring[1001];
-        size_t ring_cap = keep < 1000 ? keep : 1000, ring_n = 0, ring_head = 0;
-        int64_t ontime[64];
-        size_t n_ontime = 0;
-        size_t missed = 0;
-        int64_t t = s->last_evaluated, next;
-        while (missed < MAX_TICKS_COUNTED && cron_next(&s->expr, s->tz, t, &next) == 0 &&
-               next <= now) {
-                t = next;
-                if (now - next <= ON_TIME_GRACE && n_ontime < 64) {
-                        ontime[n_ontime++] = next;
-                        continue;
-                }
-                missed++;
-                if (ring_cap) {
-                        ring[(ring_head + ring_n) % ring_cap] = next;
-                        if (ring_n < ring_cap)
-                                ring_n++;
-                        else
-                                ring_head = (ring_head + 1) % ring_cap;
-                }
+        int r = missed_plan(&s->expr, s->tz, &rule, s->last_evaluated, s->last_fire, now, p);
+        if (r < 0) {
+                log_error("schedule %s: cannot evaluate its ticks: %s", s->name, strerror(-r));
+                free(p);
+                return;
         }
-        /* Only one run for a stale schedule, counting an on-time tick too. */
-        if (n_ontime && cfg->missed_policy == MISSED_CATCH_UP_BOUNDED && keep == 1)
-                ring_n = 0;
-        if (missed > ring_n) {
+        if (p->dropped) {
                 char from[PLANNER_FIRED_AT_LEN];
                 fmt_time(s->last_evaluated, from);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                          "schedule %s: %zu missed tick%s since %s dropped (MissedPolicy=%s%s)",
-                          s->name, missed - ring_n, missed - ring_n == 1 ? "" : "s", from,
-                          cfg->missed_policy == MISSED_SKIP            ? "skip"
-                          : cfg->missed_policy == MISSED_CATCH_UP_ONCE ? "catch_up_once"
-                                                                       : "catch_up_bounded",
-                          keep == 1 && cfg->missed_policy == MISSED_CATCH_UP_BOUNDED
-                                  ? ", stale"
-                                  : "");
+                          "schedule %s: %s%llu missed tick%s since %s dropped "
+                          "(MissedPolicy=%s%s, MissedGraceSec=%llu)",
+                          s->name, p->dropped_more ? "more than " : "",
+                          (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
+                          policy_name(cfg->missed_policy), p->stale ? ", stale" : "",
+                          (unsigned long long)cfg->missed_grace_sec);
         }
-        for (size_t i = 0; i < ring_n; i++)
-                fire_tick(c, s, ring[(ring_head + i) % ring_cap], " (catch-up)");
-        for (size_t i = 0; i < n_ontime; i++)
-                fire_tick(c, s, ontime[i], "");
+        for (size_t i = 0; i < p->nfire; i++) {
+                bool late = now - p->fire[i] > MISSED_ON_TIME_SEC;
+                fire_tick(c, s, p->fire[i],
+                          i < p->ncatch_up ? " (catch-up)" : late ? " (late, within MissedGraceSec=)"
+                                                                  : "");
+        }
+        free(p);
         s->last_evaluated = now;
 }
 
 static void arm(struct chronos *c);
 
+/* A clock kairos cannot schedule on (before 1970 or after year 9999, e.g. a
+ * fake or broken RTC): nothing is evaluated and chronos.json keeps its values. */
+static bool clock_usable(struct chronos *c, int64_t now)
+{
+        bool ok = now >= CRON_TIME_MIN && now <= CRON_TIME_MAX;
+        if (!ok && !c->clock_absurd)
+                log_event(LOG_ERR, NULL, NULL, 0,
+                          "the wall clock says %lld s since 1970, outside what kairos can "
+                          "schedule (years 1970 to 9999): no schedule is evaluated and "
+                          "chronos.json keeps its values until the clock is set right",
+                          (long long)now);
+        else if (ok && c->clock_absurd)
+                log_notice("the wall clock is usable again: evaluating the schedules");
+        c->clock_absurd = !ok;
+        return ok;
+}
+
 static void evaluate(struct chronos *c)
 {
         int64_t now = chronos_now(c->d);
+        if (!clock_usable(c, now)) {
+                arm(c);
+                return;
+        }
         for (size_t i = 0; i < c->n; i++) {
                 struct sched *s = &c->s[i];
+                if (s->broken)
+                        continue;
+                /* The next fire first: if it cannot be represented (nothing
+                 * matches before the end of year 9999), keep the state as is. */
+                int64_t next;
+                bool can = cron_next(&s->expr, s->tz, now, &next) == 0;
+                if (!can) {
+                        if (!s->frozen)
+                                log_event(LOG_ERR, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                                          "schedule %s: no fire can be represented after "
+                                          "the clock's %lld s (nothing after year 9999): "
+                                          "not evaluated, its state kept",
+                                          s->name, (long long)now);
+                        s->frozen = true;
+                        continue;
+                }
+                s->frozen = false;
                 evaluate_one(c, s, now);
-                if (cron_next(&s->expr, s->tz, now, &s->next_fire) < 0)
-                        s->next_fire = NEVER;
+                s->next_fire = next;
         }
         save_state(c);
         arm(c);
@@ -334,7 +371,8 @@ static void arm(struct chronos *c)
         int64_t next = NEVER;
         for (size_t i = 0; i < c->n; i++) {
                 const struct sched *s = &c->s[i];
-                if (s->next_fire == NEVER || !s->cfg->enabled || s->paused)
+                if (s->broken || s->frozen || s->next_fire == NEVER || !s->cfg->enabled ||
+                    s->paused)
                         continue;
                 if (next == NEVER || s->next_fire < next)
                         next = s->next_fire;
@@ -386,14 +424,22 @@ static void load_state(struct chronos *c)
         free(path);
 }
 
+static int cmp_sched(const void *a, const void *b)
+{
+        return strcmp(((const struct sched *)a)->name, ((const struct sched *)b)->name);
+}
+
 static int build_all(struct chronos *c, struct sched **out, size_t *nout)
 {
         const struct config *cfg = c->d->cfg;
-        struct sched *s = calloc(cfg->nschedules ? cfg->nschedules : 1, sizeof(*s));
+        size_t cap = cfg->nschedules + cfg->nbroken;
+        struct sched *s = calloc(cap ? cap : 1, sizeof(*s));
         if (!s)
                 return -ENOMEM;
         size_t n = 0;
         for (size_t i = 0; i < cfg->nschedules; i++) {
+                if (cfg->schedules[i].retained)
+                        continue; /* listed with the broken ones */
                 int r = sched_build(&s[n], &cfg->schedules[i]);
                 if (r < 0) {
                         log_error("schedule %s: cannot use Cron=%s TimeZone=%s: %s",
@@ -404,6 +450,16 @@ static int build_all(struct chronos *c, struct sched **out, size_t *nout)
                 }
                 n++;
         }
+        for (size_t i = 0; i < cfg->nbroken; i++) {
+                const struct config_schedule *kept = config_find_schedule(cfg, cfg->broken[i].name);
+                if (sched_build_broken(&s[n], &cfg->broken[i], kept) < 0) {
+                        sched_clear(&s[n]);
+                        continue;
+                }
+                n++;
+        }
+        if (n > 1)
+                qsort(s, n, sizeof(*s), cmp_sched);
         *out = s;
         *nout = n;
         return 0;
@@ -460,6 +516,9 @@ void chronos_reload(struct daemon *d)
                         continue;
                 s[i].last_evaluated = old->last_evaluated;
                 s[i].last_fire = old->last_fire;
+                s[i].frozen = old->frozen;
+                if (s[i].broken)
+                        s[i].next_fire = old->next_fire;
                 s[i].paused = old->paused;
                 s[i].pause_reason = old->pause_reason;
                 old->pause_reason = NULL;
@@ -512,38 +571,45 @@ void chronos_free(struct daemon *d)
 
 /* ---- queries and operator actions ---- */
 
-static const char *policy_name(enum config_missed_policy p)
-{
-        return p == MISSED_SKIP ? "skip" : p == MISSED_CATCH_UP_ONCE ? "catch_up_once"
-                                                                    : "catch_up_bounded";
-}
-
 static const char *concurrency_name(enum config_concurrency cc)
 {
         return cc == CONCURRENCY_QUEUE ? "queue" : cc == CONCURRENCY_ALLOW ? "allow" : "reject";
+}
+
+static const char *sched_state(const struct sched *s)
+{
+        return s->broken ? "broken" : !s->cfg->enabled ? "disabled" : s->paused ? "paused"
+                                                                                : "enabled";
 }
 
 json_t *chronos_list_json(struct daemon *d)
 {
         struct chronos *c = C(d);
         json_t *arr = json_array();
+        size_t nbroken = 0;
         for (size_t i = 0; c && i < c->n; i++) {
                 const struct sched *s = &c->s[i];
-                json_t *o = json_pack("{s:s, s:s, s:s, s:o, s:o, s:s, s:s, s:b, s:b}", "name",
-                                      s->name, "cron", s->cfg->cron, "time_zone",
-                                      s->cfg->time_zone ? s->cfg->time_zone : "UTC",
-                                      "next_fire_at",
-                                      time_json(s->cfg->enabled && !s->paused ? s->next_fire
-                                                                              : NEVER),
-                                      "last_fire_at", time_json(s->last_fire), "missed_policy",
-                                      policy_name(s->cfg->missed_policy), "concurrency",
-                                      concurrency_name(s->cfg->concurrency), "enabled",
-                                      s->cfg->enabled, "paused", s->paused);
+                const struct config_schedule *cfg = s->cfg;
+                bool fires = !s->broken && !s->frozen && cfg->enabled && !s->paused;
+                json_t *o = json_pack(
+                        "{s:s, s:s?, s:s?, s:o, s:o, s:s?, s:s?, s:b, s:b, s:s}", "name",
+                        s->name, "cron", cfg ? cfg->cron : NULL, "time_zone",
+                        cfg ? (cfg->time_zone ? cfg->time_zone : "UTC") : NULL, "next_fire_at",
+                        time_json(fires ? s->next_fire : NEVER), "last_fire_at",
+                        time_json(s->last_fire), "missed_policy",
+                        cfg ? policy_name(cfg->missed_policy) : NULL, "concurrency",
+                        cfg ? concurrency_name(cfg->concurrency) : NULL, "enabled",
+                        cfg && cfg->enabled && !s->broken, "paused", s->paused, "state",
+                        sched_state(s));
                 if (s->pause_reason)
                         json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
+                if (s->broken) {
+                        json_object_set_new(o, "error", json_string(s->error));
+                        nbroken++;
+                }
                 json_array_append_new(arr, o);
         }
-        return json_pack("{s:o}", "schedules", arr);
+        return json_pack("{s:o, s:I}", "schedules", arr, "broken", (json_int_t)nbroken);
 }
 
 int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out)
@@ -552,6 +618,8 @@ int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **o
         struct sched *s = c ? find(c, name) : NULL;
         if (!s)
                 return -ENOENT;
+        if (s->broken)
+                return -EBADR;
         json_t *arr = json_array();
         int64_t t = chronos_now(d), next;
         for (unsigned i = 0; i < n && cron_next(&s->expr, s->tz, t, &next) == 0; i++) {

@@ -45,13 +45,23 @@ static void cmd_status(struct control_request *req)
         snprintf(summary, sizeof summary, "%u resumed, %u paused for review, %u quarantined",
                  r->resumed, r->paused_review, r->quarantined);
         json_object_set_new(rec, "summary", json_string(summary));
-        json_t *res = json_pack("{s:s, s:i, s:I, s:b, s:b, s:s, s:s?, s:i, s:o, s:o, s:I}",
+        size_t nsched = 0;
+        for (size_t i = 0; i < d->cfg->nschedules; i++)
+                nsched += !d->cfg->schedules[i].retained;
+        json_t *broken = json_array();
+        for (size_t i = 0; i < d->cfg->nbroken; i++)
+                json_array_append_new(broken, json_string(d->cfg->broken[i].name));
+        json_t *sched = json_pack("{s:I, s:I, s:o}", "total",
+                                  (json_int_t)(nsched + d->cfg->nbroken), "broken",
+                                  (json_int_t)d->cfg->nbroken, "broken_names", broken);
+        json_t *res = json_pack("{s:s, s:i, s:I, s:b, s:b, s:s, s:s?, s:i, s:o, s:o, s:I, s:o}",
                                 "version", KAIROS_VERSION, "pid", (int)getpid(), "uptime_sec",
                                 (json_int_t)((now_ms_monotonic() - d->started_ms) / 1000),
                                 "ready", d->ready, "stopping", d->stopping, "state_directory",
                                 d->cfg->state_directory, "config", d->config_path, "mandates",
                                 (int)strmap_size(d->mandates), "by_status", by, "recovery", rec,
-                                "fdatasync_calls", (json_int_t)d->flushes_total);
+                                "fdatasync_calls", (json_int_t)d->flushes_total, "schedules",
+                                sched);
         control_reply_ok(req, res);
 }
 
@@ -787,7 +797,14 @@ static void cmd_schedules(struct control_request *req)
         if (nv)
                 n = json_integer_value(nv);
         json_t *out;
-        if (chronos_next_json(req->d, next, (unsigned)n, &out) < 0) {
+        int r = chronos_next_json(req->d, next, (unsigned)n, &out);
+        if (r == -EBADR) {
+                const struct config_broken *b = config_find_broken(req->d->cfg, next);
+                control_reply_error(req, "schedule_broken", "schedule '%s' is broken: %s", next,
+                                    b && b->errors.n ? b->errors.msgs[0] : "?");
+                return;
+        }
+        if (r < 0) {
                 control_reply_error(req, "not_found", "no schedule named '%s'", next);
                 return;
         }

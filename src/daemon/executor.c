@@ -1834,6 +1834,16 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         for (size_t i = 0; i < d->cfg->nschedules; i++)
                 if (strcmp(d->cfg->schedules[i].name, schedule) == 0)
                         sc = &d->cfg->schedules[i];
+        const struct config_broken *broken = config_find_broken(d->cfg, schedule);
+        if (broken) {
+                /* (a retained configuration only serves mandates already running) */
+                if (req)
+                        control_reply_error(req, "schedule_broken",
+                                            "schedule '%s' is broken, fix its file and reload: %s",
+                                            schedule, broken->errors.n ? broken->errors.msgs[0]
+                                                                       : "?");
+                return;
+        }
         if (!sc) {
                 if (req)
                         control_reply_error(req, "not_found", "no schedule named '%s'", schedule);

@@ -42,6 +42,8 @@ static void usage(FILE *f)
                 "                       configuration (no files under /etc needed)\n"
                 "      --check-config   validate the configuration and schedules, print a\n"
                 "                       summary or every error, exit 0 or 1\n"
+                "      --main-only      with --check-config: only kairosd.conf and its\n"
+                "                       drop-ins (a broken schedule does not stop kairosd)\n"
                 "      --version        print the version\n"
                 "  -h, --help           this help\n");
 }
@@ -52,16 +54,21 @@ void daemon_update_status(struct daemon *d)
 {
         unsigned c[MANDATE__STATUS_MAX];
         mandates_count(d, c);
-        char buf[256];
+        char buf[320];
         if (!d->ready) {
                 snprintf(buf, sizeof buf, "recovering: %u WAL file%s", d->recovery.files,
                          d->recovery.files == 1 ? "" : "s");
         } else {
-                snprintf(buf, sizeof buf,
-                         "%u mandate%s running, %u runnable, %u paused for review, %u paused, "
-                         "%u quarantined",
-                         c[MANDATE_RUNNING], c[MANDATE_RUNNING] == 1 ? "" : "s", c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
-                         c[MANDATE_PAUSED], c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
+                int n = snprintf(buf, sizeof buf,
+                                 "%u mandate%s running, %u runnable, %u paused for review, "
+                                 "%u paused, %u quarantined",
+                                 c[MANDATE_RUNNING], c[MANDATE_RUNNING] == 1 ? "" : "s",
+                                 c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
+                                 c[MANDATE_PAUSED],
+                                 c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
+                if (d->cfg->nbroken && n > 0 && (size_t)n < sizeof buf)
+                        snprintf(buf + n, sizeof buf - (size_t)n, "; %zu schedule%s broken",
+                                 d->cfg->nbroken, d->cfg->nbroken == 1 ? "" : "s");
         }
         notify_status(buf);
 }
@@ -100,11 +107,47 @@ static int load_config(const char *path, const char *state_dir, struct config **
         return config_load(path, state_dir, out, errs);
 }
 
-static int check_config(const char *path, const char *state_dir)
+/* Into the journal: every error of each broken schedule file (it is skipped,
+ * the others run) and every warning. */
+static void log_schedule_problems(const struct config *c)
+{
+        for (size_t i = 0; i < c->nbroken; i++) {
+                const struct config_broken *b = &c->broken[i];
+                for (size_t k = 0; k < b->errors.n; k++)
+                        log_event(LOG_ERR, NULL, LOG_FIELDS({ "SCHEDULE", b->name }), "%s",
+                                  b->errors.msgs[k]);
+                log_event(LOG_ERR, NULL, LOG_FIELDS({ "SCHEDULE", b->name }),
+                          "schedule %s is broken (%zu error%s in %s): skipped, the other "
+                          "schedules run",
+                          b->name, b->errors.n, b->errors.n == 1 ? "" : "s", b->path);
+        }
+        for (size_t i = 0; i < c->nschedules; i++)
+                for (size_t k = 0; !c->schedules[i].retained && k < c->schedules[i].warnings.n;
+                     k++)
+                        log_event(LOG_WARNING, NULL,
+                                  LOG_FIELDS({ "SCHEDULE", c->schedules[i].name }),
+                                  "warning: %s", c->schedules[i].warnings.msgs[k]);
+}
+
+static int check_config(const char *path, const char *state_dir, bool main_only)
 {
         struct config *c = NULL;
         struct config_errors errs = { 0 };
-        int r = load_config(path, state_dir, &c, &errs);
+        int r = path && main_only ? config_load_main_only(path, state_dir, &c, &errs)
+                                  : load_config(path, state_dir, &c, &errs);
+        if (r == 0 && c->nbroken) {
+                /* the strict gate: a broken schedule is an error here */
+                size_t n = 0;
+                for (size_t i = 0; i < c->nbroken; i++)
+                        for (size_t k = 0; k < c->broken[i].errors.n; k++, n++)
+                                fprintf(stderr, "%s\n", c->broken[i].errors.msgs[k]);
+                fprintf(stderr, "kairosd: %zu schedule%s broken (%zu error%s); kairosd would "
+                        "skip %s and run the others\n",
+                        c->nbroken, c->nbroken == 1 ? "" : "s", n, n == 1 ? "" : "s",
+                        c->nbroken == 1 ? "it" : "them");
+                config_free(c);
+                return 1;
+        }
         if (r < 0) {
                 for (size_t i = 0; i < errs.n; i++)
                         fprintf(stderr, "%s\n", errs.msgs[i]);
@@ -119,11 +162,17 @@ static int check_config(const char *path, const char *state_dir)
         printf("configuration %s: ok\n", path ? path : "(built-in)");
         printf("state directory: %s\ncontrol socket: %s\n", c->state_directory,
                c->control_socket);
-        printf("schedules: %zu\n", c->nschedules);
-        for (size_t i = 0; i < c->nschedules; i++) {
-                const struct config_schedule *s = &c->schedules[i];
-                printf("  %s: %s (%s)%s\n", s->name, s->cron, s->time_zone,
-                       s->enabled ? "" : " disabled");
+        if (main_only) {
+                printf("schedules: not checked (--main-only)\n");
+        } else {
+                printf("schedules: %zu\n", c->nschedules);
+                for (size_t i = 0; i < c->nschedules; i++) {
+                        const struct config_schedule *s = &c->schedules[i];
+                        printf("  %s: %s (%s)%s\n", s->name, s->cron, s->time_zone,
+                               s->enabled ? "" : " disabled");
+                        for (size_t k = 0; k < s->warnings.n; k++)
+                                fprintf(stderr, "warning: %s\n", s->warnings.msgs[k]);
+                }
         }
         config_free(c);
         return 0;
@@ -160,7 +209,8 @@ static void reload_done(void *arg)
                 if (j->errs.n == 0)
                         kbuf_printf(&all, "%s", strerror(-j->r));
                 log_event(LOG_ERR, MSGID_RELOAD_FAILED, NULL, 0,
-                          "reload failed, keeping the running configuration: %s", all.data);
+                          "reload failed, keeping the running configuration: %s",
+                          all.data ? all.data : "");
                 if (j->req)
                         control_reply_error_detail(
                                 j->req, "config_invalid", json_pack("{s:o}", "errors", list),
@@ -182,6 +232,11 @@ static void reload_done(void *arg)
                 j->cfg->control_socket = old->control_socket;
                 old->state_directory = sd;
                 old->control_socket = cs;
+                /* A schedule broken now keeps, for its running mandates, the
+                 * configuration it had; it does not fire. */
+                if (config_retain_broken(j->cfg, old) < 0)
+                        log_error("out of memory keeping the configuration of broken schedules");
+                log_schedule_problems(j->cfg);
                 idem_service_reload(d, j->cfg);
                 d->cfg = j->cfg;
                 config_free(old);
@@ -189,13 +244,16 @@ static void reload_done(void *arg)
                 d->socket_gid = lookup_group(d->cfg->socket_group);
                 metrics_reload(d->metrics);
                 chronos_reload(d);
+                size_t good = 0;
+                for (size_t i = 0; i < d->cfg->nschedules; i++)
+                        good += !d->cfg->schedules[i].retained;
                 log_event(LOG_NOTICE, MSGID_RELOAD_OK, NULL, 0,
-                          "configuration reloaded: %zu schedule%s", d->cfg->nschedules,
-                          d->cfg->nschedules == 1 ? "" : "s");
+                          "configuration reloaded: %zu schedule%s, %zu broken", good,
+                          good == 1 ? "" : "s", d->cfg->nbroken);
                 if (j->req)
                         control_reply_ok(j->req,
-                                         json_pack("{s:b, s:i}", "reloaded", 1, "schedules",
-                                                   (int)d->cfg->nschedules));
+                                         json_pack("{s:b, s:i, s:i}", "reloaded", 1, "schedules",
+                                                   (int)good, "broken", (int)d->cfg->nbroken));
         }
         notify_ready();
         daemon_update_status(d);
@@ -452,12 +510,13 @@ int main(int argc, char **argv)
                 { "config", required_argument, NULL, 'c' },
                 { "state-dir", required_argument, NULL, 's' },
                 { "check-config", no_argument, NULL, 'k' },
+                { "main-only", no_argument, NULL, 'm' },
                 { "version", no_argument, NULL, 'V' },
                 { "help", no_argument, NULL, 'h' },
                 { 0 },
         };
         const char *config_path = NULL, *state_dir = NULL;
-        bool check = false, explicit_config = false;
+        bool check = false, explicit_config = false, main_only = false;
         int c;
         while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
                 switch (c) {
@@ -470,6 +529,9 @@ int main(int argc, char **argv)
                         break;
                 case 'k':
                         check = true;
+                        break;
+                case 'm':
+                        main_only = true;
                         break;
                 case 'V':
                         printf("kairosd %s\n", KAIROS_VERSION);
@@ -499,8 +561,13 @@ int main(int argc, char **argv)
                 fprintf(stderr, "kairosd: libsodium initialisation failed\n");
                 return 1;
         }
+        if (main_only && !check) {
+                fprintf(stderr, "kairosd: --main-only goes with --check-config\n"
+                        "Try 'kairosd --help'.\n");
+                return 64;
+        }
         if (check)
-                return check_config(config_path, state_dir);
+                return check_config(config_path, state_dir, main_only);
 
         struct daemon dd = { .lock_fd = -1 }, *d = &dd;
         struct config_errors errs = { 0 };
@@ -554,6 +621,7 @@ int main(int argc, char **argv)
         log_event(LOG_INFO, MSGID_STARTED, NULL, 0,
                   "kairosd %s starting: config %s, state directory %s", KAIROS_VERSION,
                   d->config_path ? d->config_path : "built-in", d->cfg->state_directory);
+        log_schedule_problems(d->cfg);
         if (notify_watchdog_start(d->loop, &d->watchdog, loop_healthy, d) < 0)
                 log_warning("cannot start the watchdog timer");
         notify_status("recovering");
