@@ -281,11 +281,10 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
                 fmt_time(s->last_evaluated, from);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
                           "schedule %s: %s%llu missed tick%s since %s dropped "
-                          "(MissedPolicy=%s%s, MissedGraceSec=%llu)",
+                          "(MissedPolicy=%s%s)",
                           s->name, p->dropped_more ? "more than " : "",
                           (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
-                          policy_name(cfg->missed_policy), p->stale ? ", stale" : "",
-                          (unsigned long long)cfg->missed_grace_sec);
+                          policy_name(cfg->missed_policy), p->stale ? ", stale" : "");
         }
         for (size_t i = 0; i < p->nfire; i++) {
                 bool late = now - p->fire[i] > MISSED_ON_TIME_SEC;

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Black-box tests of chronos, the scheduler of kairosd (DESIGN §9, issue 5).
+"""Black-box tests of chronos, the scheduler of kairosd.
 
 Everything runs on the fake clock of the test hooks (kairosd built with
 -Dtest_hooks=true): KAIROS_TEST_CLOCK=<unix seconds> at start, then the
@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -363,8 +364,8 @@ class ClockSteps(ChronosCase):
             self.assertEqual(len(line), 1)
             self.assertNotIn("catch-up", line[0])
         self.assertEqual(len(self.log_lines("missed tick")), 3, "no new drops")
-        # 61 s late is missed: skip drops it.
-        self.clock("2026-04-01T17:01:01Z")
+        # 301 s late is beyond the default MissedGraceSec=300: skip drops it.
+        self.clock("2026-04-01T17:05:01Z")
         self.daemon.wait_log("schedule f_skip: 1 missed tick since 2026-04-01T16:00:30Z dropped")
         self.sync()
         self.assertEqual(self.fired_at("f_skip"), ["2026-04-01T16:00:00Z"])
@@ -611,25 +612,194 @@ class Reload(ChronosCase):
         self.assertEqual(st["c"]["last_evaluated_at"], "2026-04-01T12:00:05Z")
         self.assertIsNone(st["c"]["last_fire_at"])
 
-    def test_broken_schedule_file_is_reported_and_the_others_keep_running(self):
+    def test_reload_with_a_broken_file_skips_it_and_the_others_keep_running(self):
         self.start("2026-04-01T10:30:00Z", {"a": hourly()})
         bad = os.path.join(self.dir, "schedules.d", "bad.conf")
         with open(bad, "w") as f:
             f.write("[Schedule]\nCron=61 * * * *\n")
-        r = self.call("reload")
-        self.assertFalse(r["ok"])
-        self.assertEqual(r["error"]["code"], "config_invalid", r)
-        errors = json.dumps(r["error"])
-        self.assertIn("bad.conf:2", errors)
-        self.assertIn("61", errors)
+        r = self.ok("reload")
+        self.assertEqual((r["schedules"], r["broken"]), (2, 1))
+        self.daemon.wait_log("bad.conf:2: Cron=: invalid expression")
+        self.daemon.wait_log("schedule bad is broken (1 error in %s): skipped" % bad)
+        s = self.schedules()
+        self.assertEqual(set(s), {"a", "bad", MARKER})
+        self.assertEqual(s["bad"]["state"], "broken")
+        self.assertIn("bad.conf:2: Cron=: invalid expression \"61 * * * *\"", s["bad"]["error"])
+        self.assertIsNone(s["bad"]["next_fire_at"])
+        self.assertEqual(s["a"]["state"], "enabled")
+        st = self.ok("status")["schedules"]
+        self.assertEqual((st["total"], st["broken"], st["broken_names"]), (3, 1, ["bad"]))
+        # A broken schedule cannot be fired by hand either.
+        r = self.call("fire", schedule="bad")
+        self.assertEqual(r["error"]["code"], "schedule_broken", r)
+        self.assertIn("bad.conf:2", r["error"]["message"])
+        r = self.call("schedules", next="bad")
+        self.assertEqual(r["error"]["code"], "schedule_broken", r)
+        # SIGHUP reloads the same way; the good schedule fires.
         self.daemon.proc.send_signal(signal.SIGHUP)
-        self.daemon.wait_log("bad.conf:2")
-        self.sync()
-        self.assertEqual(set(self.schedules()), {"a", MARKER})
+        self.wait_count("configuration reloaded: 2 schedules, 1 broken", 2)
         self.clock("2026-04-01T11:00:05Z")
         self.daemon.wait_log("fired a at 2026-04-01T11:00:00Z")
         self.sync()
         self.assertEqual(self.fired_at("a"), ["2026-04-01T11:00:00Z"])
+        self.assertEqual(self.fired_at("bad"), [])
+        # kairosctl shows it (text): the state column and the first error.
+        out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
+                              "schedules"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"(?m)^bad .* broken$")
+        self.assertIn("bad: broken: %s:2: Cron=" % bad, out.stdout)
+        out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
+                              "status"], capture_output=True, text=True, timeout=30)
+        self.assertIn("Schedules:       3 (1 broken: bad)", out.stdout)
+        # Fixed: it runs again, its state kept meanwhile.
+        with open(bad, "w") as f:
+            f.write("[Schedule]\nCron=30 * * * *\n[Mandate]\nMaxCycles=1\n")
+        r = self.ok("reload")
+        self.assertEqual((r["schedules"], r["broken"]), (3, 0))
+        self.assertEqual(self.schedules()["bad"]["state"], "enabled")
+        self.clock("2026-04-01T11:30:05Z")
+        self.daemon.wait_log("fired bad at 2026-04-01T11:30:00Z")
+
+    def test_a_running_mandate_keeps_the_configuration_of_its_broken_schedule(self):
+        gate = self.make_gate()
+        mark = os.path.join(self.dir, "act-ran")
+        sched = {"Schedule": {"Cron": "0 * * * *"}, "Mandate": {"MaxCycles": "1"},
+                 "Exec": {"Observe": "cat " + gate,
+                          "Act": "/bin/sh -c 'echo old >> %s'" % mark}}
+        self.start("2026-04-01T10:30:00Z", {"g": sched})
+        self.clock("2026-04-01T11:00:05Z")
+        self.daemon.wait_log("fired g at 2026-04-01T11:00:00Z")
+        m = self.fires("g")[0][1]
+        path = os.path.join(self.dir, "schedules.d", "g.conf")
+        with open(path, "w") as f:
+            f.write("[Schedule]\nCron=0 * * * *\n[Exec]\nAct=/bin/sh -c 'echo new >> %s\n"
+                    % mark)
+        r = self.ok("reload")
+        self.assertEqual(r["broken"], 1)
+        self.assertEqual(self.schedules()["g"]["state"], "broken")
+        self.release(gate)
+        self.daemon.wait_log("mandate %s done" % m)
+        with open(mark) as f:
+            self.assertEqual(f.read(), "old\n")
+        # ... and the broken schedule does not fire.
+        self.clock("2026-04-01T12:00:05Z")
+        self.sync()
+        self.assertEqual(self.fired_at("g"), ["2026-04-01T11:00:00Z"])
+
+
+class BrokenAtStart(ChronosCase):
+    def test_restart_with_a_broken_schedule_file_present(self):
+        self.start("2026-04-01T10:30:00Z", {"a": hourly(), "b": hourly()})
+        self.stop()
+        bad = os.path.join(self.dir, "schedules.d", "b.conf")
+        with open(bad, "w") as f:
+            f.write("[Schedule]\nCron=0 * * * *\n[Mandate]\nRiskBudget=low\n")
+        # The strict gate still fails; the main-only check (the unit's) passes.
+        out = subprocess.run([os.environ["KAIROSD"], "-c", self.config, "--check-config"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        self.assertIn("b.conf:4: RiskBudget=: not supported", out.stderr)
+        out = subprocess.run([os.environ["KAIROSD"], "-c", self.config, "--check-config",
+                              "--main-only"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        # The daemon starts, reports it, and runs the good one.
+        self.start("2026-04-01T10:40:00Z")
+        self.daemon.wait_log("b.conf:4: RiskBudget=: not supported")
+        self.notify.wait_for(lambda m: "STATUS=" in m and "1 schedule broken" in m)
+        s = self.schedules()
+        self.assertEqual(s["b"]["state"], "broken")
+        self.assertEqual(s["a"]["state"], "enabled")
+        self.clock("2026-04-01T11:00:05Z")
+        self.daemon.wait_log("fired a at 2026-04-01T11:00:00Z")
+        self.sync()
+        self.assertEqual(self.fired_at("b"), [])
+        self.stop()
+        # chronos.json keeps the broken schedule's state for when it is fixed
+        st = self.chronos_json()
+        self.assertEqual(st["b"]["last_evaluated_at"], "2026-04-01T10:30:00Z")
+
+
+class Grace(ChronosCase):
+    def test_a_tick_missed_by_a_restart_fires_within_missed_grace_sec(self):
+        self.start("2026-04-01T10:58:00Z", {
+            "g": hourly(),                                   # skip, MissedGraceSec=300
+            "short": hourly(MissedGraceSec="60"),            # 60 s: the tick is dropped
+            "once": hourly("catch_up_once", MissedGraceSec="0"),
+        })
+        self.stop()
+        # down over 11:00; back at 11:03: 180 s late
+        self.start("2026-04-01T11:03:00Z")
+        self.daemon.wait_log("schedule g: tick 2026-04-01T11:00:00Z fires "
+                             "(late, within MissedGraceSec=)")
+        self.daemon.wait_log("schedule short: 1 missed tick since 2026-04-01T10:58:00Z dropped "
+                             "(MissedPolicy=skip)")
+        self.daemon.wait_log("schedule once: tick 2026-04-01T11:00:00Z fires (catch-up)")
+        self.sync()
+        self.assertEqual(self.fired_at("g"), ["2026-04-01T11:00:00Z"])
+        self.assertEqual(self.fired_at("short"), [])
+        # 301 s late is beyond the default grace: dropped under skip
+        self.stop()
+        self.start("2026-04-01T12:05:01Z")
+        self.daemon.wait_log("schedule g: 1 missed tick since 2026-04-01T11:03:00Z dropped "
+                             "(MissedPolicy=skip)")
+        self.sync()
+        self.assertEqual(self.fired_at("g"), [])
+
+
+class AbsurdClocks(ChronosCase):
+    def responsive(self, when_unix):
+        """Step the clock; the step and a status answer within a few seconds."""
+        t0 = time.monotonic()
+        r = self.call("test-clock", now=when_unix)
+        self.assertTrue(r["ok"], r)
+        self.ok("status")
+        took = time.monotonic() - t0
+        self.assertLess(took, 3.0, "the loop was blocked %.1f s" % took)
+
+    def test_clock_beyond_year_9999_or_at_2_40_keeps_the_state(self):
+        self.start("2026-04-01T10:30:00Z", {
+            "h": hourly("catch_up_bounded", MaxCatchUpRuns="1000"),
+            "d": {"Schedule": {"Cron": "0 0 * * *", "MissedPolicy": "catch_up_once"},
+                  "Mandate": {"MaxCycles": "1"}}})
+        self.clock("2026-04-01T10:31:00Z")
+        # 2^40 s (year 36812): nothing can be represented; state kept.
+        self.responsive(1 << 40)
+        self.daemon.wait_log("outside what kairos can schedule (years 1970 to 9999): no "
+                             "schedule is evaluated and chronos.json keeps its values")
+        # the last hour of year 9999: no next fire can be represented
+        self.responsive(T("9999-12-31T23:30:00Z"))
+        self.daemon.wait_log("the wall clock is usable again")
+        self.daemon.wait_log("schedule h: no fire can be represented after the clock's")
+        self.daemon.wait_log("schedule d: no fire can be represented after the clock's")
+        self.sync()
+        self.assertEqual(self.fired_at("h"), [])
+        self.assertEqual(self.fired_at("d"), [])
+        s = self.schedules()
+        self.assertEqual(s["h"]["last_fire_at"], None)
+        self.stop()
+        after = self.chronos_json()
+        self.assertEqual(after["h"], {"last_evaluated_at": "2026-04-01T10:31:00Z",
+                                      "last_fire_at": None,
+                                      "next_fire_at": "2026-04-01T11:00:00Z", "paused": False})
+        self.assertEqual(after["d"], {"last_evaluated_at": "2026-04-01T10:31:00Z",
+                                      "last_fire_at": None,
+                                      "next_fire_at": "2026-04-02T00:00:00Z", "paused": False})
+
+    def test_a_jump_to_year_9999_is_evaluated_without_stalling(self):
+        # A minutely schedule, 8000 years of missed ticks, at most 1000 catch-ups.
+        self.start("2026-04-01T10:30:00Z", {
+            "m": {"Schedule": {"Cron": "* * * * *", "MissedPolicy": "catch_up_bounded",
+                               "MaxCatchUpRuns": "3", "MissedGraceSec": "0",
+                               "StaleAfter": "36500d"},
+                  "Mandate": {"MaxCycles": "1"}}})
+        self.clock("2026-04-01T10:30:30Z")
+        self.responsive(T("9999-06-01T00:00:30Z"))
+        self.daemon.wait_log("schedule m: more than ")
+        for t in ("9999-05-31T23:57:00Z", "9999-05-31T23:58:00Z", "9999-05-31T23:59:00Z",
+                  "9999-06-01T00:00:00Z"):
+            self.daemon.wait_log("fired m at %s" % t)
+        self.assertEqual(self.schedules()["m"]["next_fire_at"], "9999-06-01T00:01:00Z")
 
 
 @unittest.skipUnless(os.path.exists("/usr/share/zoneinfo/Europe/Berlin")
@@ -683,7 +853,7 @@ class Previews(ChronosCase):
         self.assertEqual(w, {"name": "w", "cron": "*/20 9-10 * * 1-5", "time_zone": "UTC",
                              "next_fire_at": "2026-03-06T10:40:00Z", "last_fire_at": None,
                              "missed_policy": "skip", "concurrency": "queue", "enabled": True,
-                             "paused": False})
+                             "paused": False, "state": "enabled"})
         r = self.ok("schedules", next="w", n=5)
         self.assertEqual(r, {"name": "w", "cron": "*/20 9-10 * * 1-5", "time_zone": "UTC",
                              "next": ["2026-03-06T10:40:00Z", "2026-03-09T09:00:00Z",
