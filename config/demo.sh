@@ -101,8 +101,7 @@ Decide=$(q "$ex/decide.sh")
 Act=$(q "$ex/act.sh")
 Reflect=$(q "$ex/reflect.sh")
 TimeoutSec=30
-Environment=DEMO_OUTBOX=$demo/outbox
-Environment=KAIROSCTL=$ctl_abs
+Environment=$(q "DEMO_OUTBOX=$demo/outbox") $(q "KAIROSCTL=$ctl_abs")
 WorkingDirectory=$demo
 CONF
 

@@ -262,15 +262,15 @@ class TestHandlers(unittest.TestCase):
 
 class TestExampleConfig(unittest.TestCase):
     """config/examples/kairosd.conf and demo.conf are valid as shipped and
-    with every commented key uncommented, and name every key of DESIGN §12."""
+    with every commented key uncommented, and name every key of the parser."""
 
     KEYS = {
         "kairosd.conf": ["StateDirectory", "ControlSocket", "SocketGroup",
                          "MaxConcurrentMandates", "GracefulTimeoutSec", "LogLevel", "TTLSec",
                          "MaxEntries", "WriteRoots"],
         "demo.conf": ["Cron", "TimeZone", "Enabled", "MissedPolicy", "MaxCatchUpRuns",
-                      "StaleAfter", "Concurrency", "Goal", "MaxCycles", "CheckpointEvery",
-                      "RiskBudget", "Observe", "Orient", "Decide", "Act", "Reflect",
+                      "StaleAfter", "MissedGraceSec", "Concurrency", "Goal", "MaxCycles",
+                      "Observe", "Orient", "Decide", "Act", "Reflect",
                       "TimeoutSec", "Environment", "WorkingDirectory", "Probe"],
     }
 

@@ -257,7 +257,7 @@ class ConfigPages(unittest.TestCase):
             m = re.search(rf"static const struct section_def {kind}\[\] = \{{(.*?)\n\}};",
                           code, re.S)
             assert m, kind
-            secs = re.findall(r'\{ "(\w+)", (\w+) \}', m.group(1))
+            secs = re.findall(r'\{ "(\w+)", (\w+)(?:, \w+)? \}', m.group(1))
             cls.files[pagename] = {s: tables[t] for s, t in secs}
 
     def test_tables_found(self):
