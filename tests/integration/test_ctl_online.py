@@ -807,7 +807,7 @@ class TestReload(OnlineCase):
         # fixed: applied
         self.write_config(schedule="[Schedule]\nCron=0 3 * * *\n")
         self.assertEqual(self.ok("reload"), "configuration reloaded: 1 schedule\n")
-        self.assertEqual(self.json_ok("reload"), {"reloaded": True, "schedules": 1})
+        self.assertEqual(self.json_ok("reload"), {"reloaded": True, "schedules": 1, "broken": 0})
 
 
 class TestSchedules(OnlineCase):

@@ -206,7 +206,7 @@ class TestCycle(ExecCase):
     def test_full_cycles_environment_stdin_results_and_wal(self):
         rec = self.script("rec.sh", REC_SH)
         exec_keys = {k: "/bin/sh %s %s" % (rec, self.out) for k in PHASE_KEYS}
-        exec_keys["Environment"] = ["GREETING=hello", "SECOND=two words"]
+        exec_keys["Environment"] = ["GREETING=hello", "\"SECOND=two words\""]
         self.configure({"full": {"Schedule": CRON,
                                  "Mandate": {"Goal": "keep the lights on", "MaxCycles": "2"},
                                  "Exec": exec_keys}})
