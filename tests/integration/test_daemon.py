@@ -299,6 +299,33 @@ class TestLifecycle(DaemonCase):
         self.assertIn(bad + ":6: Foo=: unknown key in [Daemon]", out.stderr)
         self.assertFalse(os.path.exists(self.state), "nothing is created for a broken config")
 
+    def test_check_config_schedules_warnings_and_main_only(self):
+        good = self.write_config()
+        sdir = os.path.join(self.dir, "schedules.d")
+        os.makedirs(sdir, exist_ok=True)
+        with open(os.path.join(sdir, "echo.conf"), "w") as f:
+            f.write('[Schedule]\nCron=@daily\n[Exec]\nReflect=/bin/echo {"kairos":{"done":true}}\n')
+        kd = os.environ["KAIROSD"]
+        out = subprocess.run([kd, "-c", good, "--check-config"], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)  # a warning does not fail
+        self.assertIn("warning: %s/echo.conf:4: Reflect=: argument 1 '{kairos:{done:true}}' "
+                      "looks like JSON whose double quotes were removed" % sdir, out.stderr)
+        with open(os.path.join(sdir, "bad.conf"), "w") as f:
+            f.write("[Schedule]\nCron=@daily\n[Mandate]\nCheckpointEvery=1\n")
+        out = subprocess.run([kd, "-c", good, "--check-config"], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("%s/bad.conf:4: CheckpointEvery=: not supported" % sdir, out.stderr)
+        self.assertIn("1 schedule broken", out.stderr)
+        out = subprocess.run([kd, "-c", good, "--check-config", "--main-only"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("schedules: not checked (--main-only)", out.stdout)
+        out = subprocess.run([kd, "-c", good, "--main-only"], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 64)
+
     def test_command_line(self):
         kd = os.environ["KAIROSD"]
         out = subprocess.run([kd, "--version"], capture_output=True, text=True)
