@@ -34,7 +34,7 @@
 /* Missed ticks are counted one by one up to this many; beyond, the count is
  * a lower bound and the latest ticks are found by bisection (bounded work
  * even after a clock jump of thousands of years). */
-#define MISSED_COUNT_MAX 10000
+#define MISSED_COUNT_MAX 1000
 /* "never" for last_fire */
 #define MISSED_NEVER INT64_MIN
 

@@ -135,10 +135,12 @@ int missed_plan(const struct cron_expr *e, const struct cron_tz *tz,
         struct ring r_miss = { ret->fire, keep, 0, 0 };
         uint64_t n_miss = 0;
         if (g > last_evaluated) {
-                if (scan(e, tz, last_evaluated, g, MISSED_COUNT_MAX, &r_miss, &n_miss)) {
+                /* (more than keep + 1 ticks when it stops: see latest_ticks) */
+                uint64_t cap = MISSED_COUNT_MAX > keep + 1 ? MISSED_COUNT_MAX : keep + 2;
+                if (scan(e, tz, last_evaluated, g, cap, &r_miss, &n_miss)) {
                         ret->dropped += n_miss - (n_miss < keep ? n_miss : keep);
                 } else {
-                        ret->dropped += MISSED_COUNT_MAX - keep;
+                        ret->dropped += cap + 1 - keep; /* at least */
                         ret->dropped_more = true;
                         if (keep)
                                 latest_ticks(e, tz, last_evaluated, g, keep, &r_miss);

@@ -245,10 +245,25 @@ static void test_huge_jump(void **state)
         assert_int_equal(plan.fire[0], now - 30 - 86400 * (int64_t)MISSED_CATCH_UP_MAX);
         assert_true(plan.dropped_more);
 
-        /* exact counts below the limit */
-        run("0 * * * *", R(MISSED_SKIP, 5, 172800, 0), T0, T0, T0 + 100 * 86400 + 1800);
-        assert_int_equal(plan.dropped, 2400);
+        /* exact counts up to the limit, a lower bound beyond */
+        run("0 * * * *", R(MISSED_SKIP, 5, 172800, 0), T0, T0, T0 + 40 * 86400 + 1800);
+        assert_int_equal(plan.dropped, 960);
         assert_false(plan.dropped_more);
+        run("0 * * * *", R(MISSED_SKIP, 5, 172800, 0), T0, T0, T0 + 100 * 86400 + 1800);
+        assert_int_equal(plan.dropped, MISSED_COUNT_MAX + 1);
+        assert_true(plan.dropped_more);
+        /* the bound itself: exactly keep + 1 ticks more than the count limit */
+        run("0 * * * *", R(MISSED_CATCH_UP_BOUNDED, MISSED_CATCH_UP_MAX, UINT64_C(3153600000), 0),
+            T0, MISSED_NEVER, T0 + (MISSED_CATCH_UP_MAX + 1) * 3600 + 1800);
+        assert_int_equal(plan.ncatch_up, MISSED_CATCH_UP_MAX);
+        assert_int_equal(plan.fire[0], T0 + 2 * 3600);
+        assert_int_equal(plan.dropped, 1);
+        run("0 * * * *", R(MISSED_CATCH_UP_BOUNDED, MISSED_CATCH_UP_MAX, UINT64_C(3153600000), 0),
+            T0, MISSED_NEVER, T0 + (MISSED_CATCH_UP_MAX + 5) * 3600 + 1800);
+        assert_int_equal(plan.ncatch_up, MISSED_CATCH_UP_MAX);
+        assert_int_equal(plan.fire[0], T0 + 6 * 3600);
+        assert_int_equal(plan.fire[MISSED_CATCH_UP_MAX - 1], T0 + (MISSED_CATCH_UP_MAX + 5) * 3600);
+        assert_true(plan.dropped_more && plan.dropped >= 3 && plan.dropped <= 5);
 }
 
 /* In a zone, a repeated local time fires once (Berlin, 2026-10-25 02:30). */
