@@ -2,6 +2,7 @@
 #include "chronos.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,8 +38,22 @@ struct sched {
         char *pause_reason;
 };
 
+/* A tick that fires: queued, and handed to the executor a few per loop turn,
+ * so that a large catch-up never blocks the loop. */
+#define FIRES_PER_TURN 32
+struct pending_fire {
+        struct pending_fire *next;
+        char *schedule;
+        int64_t t;
+        const char *why;                    /* static text */
+};
+
 struct chronos {
         struct daemon *d;
+        struct pending_fire *fire_head, *fire_tail;
+        size_t nqueued;
+        uv_idle_t idle;
+        bool idle_init;
         struct sched *s;
         size_t n;
         int tfd;
@@ -219,15 +234,59 @@ static struct sched *find(struct chronos *c, const char *name)
 
 /* ---- evaluation ---- */
 
-static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why)
+static void fire_now(struct chronos *c, const char *name, int64_t t, const char *why)
 {
         char at[PLANNER_FIRED_AT_LEN];
         fmt_time(t, at);
-        log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                  "schedule %s: tick %s fires%s", s->name, at, why);
-        executor_fire(c->d, s->name, at, NULL);
+        log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", name }),
+                  "schedule %s: tick %s fires%s", name, at, why);
+        executor_fire(c->d, name, at, NULL);
+}
+
+/* Hand up to max queued fires to the executor, oldest first. */
+static void drain_fires(struct chronos *c, size_t max)
+{
+        for (size_t i = 0; i < max && c->fire_head; i++) {
+                struct pending_fire *f = c->fire_head;
+                c->fire_head = f->next;
+                if (!c->fire_head)
+                        c->fire_tail = NULL;
+                c->nqueued--;
+                fire_now(c, f->schedule, f->t, f->why);
+                free(f->schedule);
+                free(f);
+        }
+}
+
+static void on_idle(uv_idle_t *h)
+{
+        struct chronos *c = h->data;
+        drain_fires(c, FIRES_PER_TURN);
+        if (!c->fire_head)
+                uv_idle_stop(&c->idle);
+}
+
+static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why)
+{
         if (s->last_fire == NEVER || t > s->last_fire)
                 s->last_fire = t;
+        struct pending_fire *f = c->idle_init && !c->stopped ? calloc(1, sizeof(*f)) : NULL;
+        if (f)
+                f->schedule = strdup(s->name);
+        if (!f || !f->schedule) {
+                free(f);
+                fire_now(c, s->name, t, why);
+                return;
+        }
+        f->t = t;
+        f->why = why;
+        if (c->fire_tail)
+                c->fire_tail->next = f;
+        else
+                c->fire_head = f;
+        c->fire_tail = f;
+        c->nqueued++;
+        uv_idle_start(&c->idle, on_idle);
 }
 
 static const char *policy_name(enum config_missed_policy p)
@@ -491,6 +550,10 @@ int chronos_start(struct daemon *d)
                 return r;
         c->poll.data = c;
         c->poll_active = true;
+        if ((r = uv_idle_init(d->loop, &c->idle)) < 0)
+                return r;
+        c->idle.data = c;
+        c->idle_init = true;
         if ((r = uv_poll_start(&c->poll, UV_READABLE, on_timer)) < 0)
                 return r;
         evaluate(c);
@@ -544,6 +607,12 @@ void chronos_stop(struct daemon *d)
         if (!c || c->stopped)
                 return;
         c->stopped = true;
+        /* every tick already evaluated gets its mandate (created, not started) */
+        drain_fires(c, SIZE_MAX);
+        if (c->idle_init) {
+                uv_idle_stop(&c->idle);
+                uv_close((uv_handle_t *)&c->idle, NULL);
+        }
         if (c->poll_active) {
                 uv_poll_stop(&c->poll);
                 uv_close((uv_handle_t *)&c->poll, on_poll_closed);
@@ -561,6 +630,12 @@ void chronos_free(struct daemon *d)
                 return;
         if (c->tfd >= 0)
                 close(c->tfd);
+        while (c->fire_head) {
+                struct pending_fire *f = c->fire_head;
+                c->fire_head = f->next;
+                free(f->schedule);
+                free(f);
+        }
         for (size_t i = 0; i < c->n; i++)
                 sched_clear(&c->s[i]);
         free(c->s);

@@ -801,6 +801,21 @@ class AbsurdClocks(ChronosCase):
             self.daemon.wait_log("fired m at %s" % t)
         self.assertEqual(self.schedules()["m"]["next_fire_at"], "9999-06-01T00:01:00Z")
 
+    def test_a_large_catch_up_does_not_block_the_loop(self):
+        # 100 catch-up fires are handed to the executor a few per loop turn:
+        # the step and a status answer at once, the fires all happen.
+        self.start("2026-04-01T10:30:00Z", {
+            "m": {"Schedule": {"Cron": "* * * * *", "MissedPolicy": "catch_up_bounded",
+                               "MaxCatchUpRuns": "100", "MissedGraceSec": "0"},
+                  "Mandate": {"MaxCycles": "1"}}})
+        self.clock("2026-04-01T10:30:30Z")
+        self.responsive(T("2026-04-03T00:00:30Z"))
+        self.daemon.wait_log("fired m at 2026-04-02T22:20:00Z", timeout=120)  # the oldest
+        self.daemon.wait_log("fired m at 2026-04-03T00:00:00Z", timeout=120)  # the newest
+        self.sync()
+        self.assertEqual(len(self.fired_at("m")), 101)
+        self.assertNotIn("2026-04-02T22:19:00Z", self.fired_at("m"))
+
 
 @unittest.skipUnless(os.path.exists("/usr/share/zoneinfo/Europe/Berlin")
                      or os.environ.get("TZDIR"), "no tzdata (Europe/Berlin)")
