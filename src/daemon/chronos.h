@@ -2,10 +2,12 @@
 /* chronos: the scheduler.  Schedules follow the wall clock: one
  * timerfd on CLOCK_REALTIME armed at the next fire with
  * TFD_TIMER_CANCEL_ON_SET, so a clock step is noticed at once and the next
- * fire recomputed.  Missed ticks after downtime go through the schedule's
- * policy (skip, catch_up_once, catch_up_bounded + StaleAfter); every fire
- * has its own fired_at and goes through the same entry point as
- * `kairosctl fire`.  State (last evaluated, last fire, next fire, paused) is
+ * fire recomputed.  Which ticks of (last evaluation, now] fire is the pure
+ * rule of src/lib/missed.c (MissedPolicy=, StaleAfter=, MissedGraceSec=);
+ * every fire has its own fired_at, is queued and handed to the same entry
+ * point as `kairosctl fire` a few per loop turn.  Broken schedule files are
+ * listed (state broken) and never fire; a clock outside years 1970-9999 is
+ * refused with the state kept.  State (last evaluated, last fire, next fire, paused) is
  * kept in <state>/chronos.json, replaced atomically. */
 #pragma once
 
