@@ -44,6 +44,9 @@ struct config_schedule {
         size_t nenvironment;
         char *working_directory;       /* absolute path or NULL */
         char *probe;                   /* command line or NULL */
+        /* [Notify]: NULL = the daemon's default, "" = none for this schedule */
+        char *on_review;               /* OnReview= */
+        char *on_failure;              /* OnFailure= */
         struct config_errors warnings; /* what is suspicious but valid, "FILE:LINE: Key=: ..." */
         bool retained;                 /* the file is broken now: this is the configuration
                                         * it had before (config_retain_broken), kept for its
@@ -75,6 +78,9 @@ struct config {
         char **write_roots;            /* absolute paths, NULL-terminated (NULL when empty);
                                         * accumulate over lines and drop-ins, "" resets */
         size_t nwrite_roots;
+        /* [Notify]: command lines, NULL = none */
+        char *on_review;               /* OnReview= */
+        char *on_failure;              /* OnFailure= */
         /* schedules, sorted by name */
         struct config_schedule *schedules;
         size_t nschedules;

@@ -421,6 +421,8 @@ struct key_def {
         const char *const *words;       /* KT_ENUM, NULL-terminated */
         value_check_fn check;
         bool required;                  /* a missing key is a file-level error */
+        bool empty_is_set;              /* KT_COMMAND: an empty value stores "" (none here,
+                                         * not "the default"), not NULL */
 };
 
 struct section_def {
@@ -517,9 +519,16 @@ static const struct key_def idempotency_keys[] = {
         { .name = NULL },
 };
 
+static const struct key_def notify_keys[] = {
+        { .name = "OnReview", .type = KT_COMMAND, .offset = DFIELD(on_review) },
+        { .name = "OnFailure", .type = KT_COMMAND, .offset = DFIELD(on_failure) },
+        { .name = NULL },
+};
+
 static const struct section_def main_sections[] = {
         { "Daemon", daemon_keys, NULL },
         { "Idempotency", idempotency_keys, NULL },
+        { "Notify", notify_keys, NULL },
         { NULL, NULL, NULL },
 };
 
@@ -566,18 +575,27 @@ static const struct key_def exec_keys[] = {
         { .name = NULL },
 };
 
+static const struct key_def schedule_notify_keys[] = {
+        { .name = "OnReview", .type = KT_COMMAND, .offset = SFIELD(on_review),
+          .empty_is_set = true },
+        { .name = "OnFailure", .type = KT_COMMAND, .offset = SFIELD(on_failure),
+          .empty_is_set = true },
+        { .name = NULL },
+};
+
 static const struct section_def schedule_sections[] = {
         { "Schedule", schedule_keys, NULL },
         { "Mandate", mandate_keys, mandate_removed },
         { "Exec", exec_keys, NULL },
+        { "Notify", schedule_notify_keys, NULL },
         { NULL, NULL, NULL },
 };
 
 static const struct file_kind main_kind = {
-        main_sections, "[Daemon] or [Idempotency]",
+        main_sections, "[Daemon], [Idempotency] or [Notify]",
 };
 static const struct file_kind schedule_kind = {
-        schedule_sections, "[Schedule], [Mandate] or [Exec]",
+        schedule_sections, "[Schedule], [Mandate], [Exec] or [Notify]",
 };
 
 /* ---- the parser -------------------------------------------------------- */
@@ -775,6 +793,8 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                         char **f = (char **)(base + k->offset);
                         free(*f);
                         *f = NULL;
+                        if (k->empty_is_set && set_str(f, "") < 0)
+                                p->ec->oom = true;
                         return;
                 }
                 case KT_ENV_LIST:
@@ -1215,6 +1235,8 @@ void config_schedule_clear(struct config_schedule *s)
         free(s->working_directory);
         free(s->probe);
         config_errors_free(&s->warnings);
+        free(s->on_review);
+        free(s->on_failure);
         memset(s, 0, sizeof(*s));
 }
 
@@ -1369,6 +1391,8 @@ void config_free(struct config *c)
         free(c->socket_group);
         free(c->metrics_file);
         config_strv_free(c->write_roots);
+        free(c->on_review);
+        free(c->on_failure);
         for (size_t i = 0; i < c->nschedules; i++)
                 config_schedule_clear(&c->schedules[i]);
         free(c->schedules);

@@ -444,7 +444,7 @@ static void test_parse_main_text(void **state)
         assert_string_equal(errs.msgs[0], "/etc/k.conf:2: LogLevel=: \"loud\" is not one of: "
                             "emerg, alert, crit, err, warning, notice, info, debug");
         assert_string_equal(errs.msgs[1], "/etc/k.conf:3: unknown section [Schedule] "
-                            "(expected [Daemon] or [Idempotency])");
+                            "(expected [Daemon], [Idempotency] or [Notify])");
         config_errors_free(&errs);
         assert_int_equal(config_parse_main("/etc/k.conf", bad, strlen(bad), &c, NULL), -EINVAL);
         assert_int_equal(config_parse_main(NULL, "", 0, &c, NULL), -EINVAL);
@@ -500,10 +500,10 @@ static void test_err_unknown_section(void **state)
         /* keys of an unknown section are not reported again */
         expect_main_error("[Daemon]\n[Deamon]\nLogLevel=info\n",
                           "/kairosd.conf:2: unknown section [Deamon] "
-                          "(expected [Daemon] or [Idempotency])");
+                          "(expected [Daemon], [Idempotency] or [Notify])");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Daemon]\n",
                               "/schedules.d/x.conf:3: unknown section [Daemon] "
-                              "(expected [Schedule], [Mandate] or [Exec])");
+                              "(expected [Schedule], [Mandate], [Exec] or [Notify])");
 }
 
 static void test_err_malformed_section(void **state)
@@ -1156,6 +1156,45 @@ static void test_builtin(void **state)
         config_free(NULL);
 }
 
+/* [Notify]: the daemon's defaults (empty = none) and the schedule's
+ * overrides (unset = the default, empty = none for this schedule). */
+static void test_notify(void **state)
+{
+        (void)state;
+        struct config *c = NULL;
+        static const char main_text[] = "[Notify]\nOnReview=/usr/bin/page \"on call\"\n"
+                                        "OnFailure=/bin/mail-me\nOnFailure=\n";
+        assert_int_equal(config_parse_main("/k.conf", main_text, strlen(main_text), &c, NULL), 0);
+        assert_string_equal(c->on_review, "/usr/bin/page \"on call\"");
+        assert_null(c->on_failure);
+        config_free(c);
+        assert_int_equal(config_parse_main("/k.conf", "", 0, &c, NULL), 0);
+        assert_null(c->on_review);
+        assert_null(c->on_failure);
+        config_free(c);
+
+        struct config_schedule s;
+        static const char sched[] = "[Schedule]\nCron=@daily\n[Notify]\nOnReview=\n";
+        assert_int_equal(config_parse_schedule("x", "/x.conf", sched, strlen(sched), &s, NULL), 0);
+        assert_non_null(s.on_review);
+        assert_string_equal(s.on_review, "");
+        assert_null(s.on_failure);
+        config_schedule_clear(&s);
+        static const char sched2[] = "[Schedule]\nCron=@daily\n[Notify]\nOnFailure=hook x\n";
+        assert_int_equal(config_parse_schedule("x", "/x.conf", sched2, strlen(sched2), &s, NULL),
+                         0);
+        assert_null(s.on_review);
+        assert_string_equal(s.on_failure, "hook x");
+        config_schedule_clear(&s);
+
+        expect_main_error("[Notify]\nOnReview=\"unbalanced\n",
+                          "/kairosd.conf:2: OnReview=: cannot split command line: "
+                          "unbalanced double quote");
+        expect_main_error("[Notify]\nOnFail=x\n", "/kairosd.conf:2: OnFail=: unknown key in [Notify]");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Notify]\nOnFailure=\"\"\n",
+                              "/schedules.d/x.conf:4: OnFailure=: empty command name");
+}
+
 static void test_phase_keys(void **state)
 {
         (void)state;
@@ -1265,6 +1304,7 @@ int main(void)
                 T(test_errors_collected_across_files),
                 T(test_durations),
                 T(test_builtin),
+                T(test_notify),
                 T(test_phase_keys),
                 T(test_split_command),
                 cmocka_unit_test_setup_teardown(test_broken_schedule_skipped, setup_root,
