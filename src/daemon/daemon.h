@@ -18,6 +18,7 @@ struct chronos;
 struct idem_service;
 struct metrics;
 struct runner;
+struct hooks;
 
 enum mandate_status {
         MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
@@ -98,6 +99,7 @@ struct daemon {
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct metrics *metrics;    /* metrics.h */
         struct runner *runner;      /* runner.h: starts handlers */
+        struct hooks *hooks;        /* hooks.h: [Notify] commands */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

@@ -8,6 +8,7 @@
  * executing(N+1) share a flush, as do completed(reflect), plan_finalize and
  * the next cycle's plan_commit + executing(observe). */
 #include "executor.h"
+#include "hooks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -940,6 +941,15 @@ static char *find_kairosctl(void)
         return NULL;
 }
 
+void executor_handler_env(const char **ret_path, const char **ret_home, const char **ret_user,
+                          const char **ret_kairosctl)
+{
+        *ret_path = henv.path ? henv.path : "/usr/local/bin:/usr/bin:/bin";
+        *ret_home = henv.home;
+        *ret_user = henv.user;
+        *ret_kairosctl = henv.kairosctl;
+}
+
 void executor_free(struct daemon *d)
 {
         runner_free(d->runner);
@@ -1538,6 +1548,7 @@ static void advance_done(void *arg)
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s awaits approval (%s): kairosctl approve %s", m->id,
                           a->reason, m->id);
+                hooks_event(d, HOOK_APPROVAL, m, m->review_step, NULL);
                 release_slot(m);
                 break;
         case NEXT_REVIEW:
@@ -1547,6 +1558,7 @@ static void advance_done(void *arg)
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", m->review_step }),
                           "mandate %s paused for review at step %s (%s)", m->id,
                           m->review_step ? m->review_step : "?", a->reason);
+                hooks_event(d, HOOK_REVIEW, m, m->review_step, NULL);
                 release_slot(m);
                 break;
         case NEXT_PAUSE:
@@ -1567,6 +1579,8 @@ static void advance_done(void *arg)
                           "mandate %s %s after %lld cycle%s (%s); WAL archived", m->id,
                           mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",
                           a->reason ? a->reason : "");
+                if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
+                        hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
                 release_slot(m);
                 break;
         case NEXT_NONE:

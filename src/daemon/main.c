@@ -17,6 +17,7 @@
 #include "control.h"
 #include "daemon.h"
 #include "executor.h"
+#include "hooks.h"
 #include "idem_service.h"
 #include "kairos/canon.h"
 #include "kairos/kio.h"
@@ -339,6 +340,7 @@ void daemon_stop(struct daemon *d, int exit_code)
         /* A backstop in case a job hangs in the kernel. */
         uv_timer_start(&d->stop_timer, on_stop_timeout,
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
+        hooks_stop(d);
         executor_shutdown(d, on_executor_idle);
 }
 
@@ -388,6 +390,7 @@ static void on_recovered(struct daemon *d)
         }
         d->ready = true;
         notify_ready();
+        hooks_ready(d);
         daemon_update_status(d);
         log_event(LOG_NOTICE, MSGID_READY, NULL, 0,
                   "ready: recovered %u WAL files in %llu ms: %u resumed, %u paused for review, "
@@ -627,7 +630,7 @@ int main(int argc, char **argv)
         notify_status("recovering");
         notify_extend_timeout(10 * 1000 * 1000);
         uv_timer_start(&d->extend_timer, on_extend, 5000, 5000);
-        if ((r = executor_init(d)) < 0) {
+        if ((r = executor_init(d)) < 0 || (r = hooks_init(d)) < 0) {
                 log_error("cannot start the process runner: %s", strerror(-r));
                 notify_stopping();
                 uv_loop_close(d->loop);
@@ -657,6 +660,7 @@ int main(int argc, char **argv)
         log_event(LOG_INFO, MSGID_STOPPING, NULL, 0, "stopped (exit %d)", exit_code);
         uv_loop_close(d->loop);
         executor_free(d);
+        hooks_free(d);
         chronos_free(d);
         idem_service_free(d);
         mandates_free(d);

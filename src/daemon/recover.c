@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "hooks.h"
 #include "executor.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
@@ -346,6 +347,13 @@ static void recover_done(void *arg)
                                   "kairosctl resolve %s %s --done|--retry|--abandon --reason TEXT",
                                   m->id, m->review_step, m->reason ? m->reason : "", m->id,
                                   m->review_step);
+                        /* Notified once per start: sent after READY=1 (hooks.h). */
+                        const char *evidence = NULL;
+                        for (size_t i = 0; m->review_step && i < j->ndecisions; i++)
+                                if (j->decisions[i].step_id &&
+                                    strcmp(j->decisions[i].step_id, m->review_step) == 0)
+                                        evidence = j->decisions[i].evidence;
+                        hooks_event(d, HOOK_REVIEW, m, m->review_step, evidence);
                 } else {
                         s->resumed++;
                         executor_enqueue(m);

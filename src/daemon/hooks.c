@@ -1,0 +1,493 @@
+/* SPDX-License-Identifier: MIT */
+/* hooks: [Notify] commands (hooks.h). */
+#include "hooks.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon.h"
+#include "executor.h"
+#include "kairos/kbuf.h"
+#include "log.h"
+#include "runner.h"
+
+#define HOOK_KILL_GRACE_MS 5000
+#define HOOK_OUTPUT_MAX 2048      /* bytes of stdout + stderr kept for the log */
+
+struct hook_run {
+        struct hooks *h;
+        struct hook_run *next, *prev; /* the queue, then the running list */
+        enum hook_event ev;
+        char *label;                  /* "OnFailure for MANDATE (failure)" */
+        char *mandate;
+        char **argv, **env;
+        char *doc;
+        size_t doc_len;
+        struct runner_job job;
+        uv_pipe_t in, out, err;
+        uv_timer_t timer;
+        unsigned open_handles;
+        uv_write_t write_req;
+        bool started, exited, out_eof, err_eof, finished, timed_out;
+        int exit_status, term_signal;
+        char output[HOOK_OUTPUT_MAX];
+        size_t output_len, output_dropped;
+};
+
+struct hooks {
+        struct daemon *d;
+        bool ready, stopping;
+        struct hook_run *q_head, *q_tail;
+        unsigned queued;
+        struct hook_run *running_list;
+        unsigned running;
+        unsigned long dropped;        /* since the last report */
+        uint64_t timeout_ms;
+        char scratch[65536];          /* read buffer: consumed in the read callback */
+};
+
+static const char *const event_names[] = {
+        [HOOK_REVIEW] = "review", [HOOK_APPROVAL] = "approval", [HOOK_FAILURE] = "failure",
+};
+
+static void hook_free(struct hook_run *run)
+{
+        free(run->label);
+        free(run->mandate);
+        config_strv_free(run->argv);
+        config_strv_free(run->env);
+        free(run->doc);
+        free(run);
+}
+
+static void list_remove(struct hook_run **head, struct hook_run *run)
+{
+        if (run->prev)
+                run->prev->next = run->next;
+        else
+                *head = run->next;
+        if (run->next)
+                run->next->prev = run->prev;
+        run->next = run->prev = NULL;
+}
+
+static void start_next(struct hooks *h);
+
+static void on_handle_closed(uv_handle_t *handle)
+{
+        struct hook_run *run = handle->data;
+        if (--run->open_handles > 0)
+                return;
+        struct hooks *h = run->h;
+        list_remove(&h->running_list, run);
+        h->running--;
+        hook_free(run);
+        start_next(h);
+}
+
+static void close_handles(struct hook_run *run)
+{
+        uv_handle_t *hs[] = { (uv_handle_t *)&run->in, (uv_handle_t *)&run->out,
+                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer };
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+                if (!uv_is_closing(hs[i]))
+                        uv_close(hs[i], on_handle_closed);
+}
+
+/* The output kept, as one line: control characters shown as spaces. */
+static void output_text(const struct hook_run *run, char *out, size_t len)
+{
+        size_t n = run->output_len < len - 1 ? run->output_len : len - 1;
+        while (n && (run->output[n - 1] == '\n' || run->output[n - 1] == ' '))
+                n--;
+        for (size_t i = 0; i < n; i++) {
+                unsigned char c = (unsigned char)run->output[i];
+                out[i] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+        }
+        out[n] = '\0';
+}
+
+static void finish(struct hook_run *run)
+{
+        if (run->finished)
+                return;
+        run->finished = true;
+        uv_timer_stop(&run->timer);
+        char what[128], text[HOOK_OUTPUT_MAX + 1], more[64] = "";
+        bool ok = false;
+        if (run->timed_out)
+                snprintf(what, sizeof what, "timed out after %llu ms (killed)",
+                         (unsigned long long)run->h->timeout_ms);
+        else if (run->term_signal)
+                snprintf(what, sizeof what, "killed by signal %d (%s)", run->term_signal,
+                         strsignal(run->term_signal));
+        else if (run->exit_status != 0)
+                snprintf(what, sizeof what, "failed with exit status %d", run->exit_status);
+        else {
+                snprintf(what, sizeof what, "succeeded");
+                ok = true;
+        }
+        output_text(run, text, sizeof text);
+        if (run->output_dropped)
+                snprintf(more, sizeof more, " (%zu more bytes not logged)", run->output_dropped);
+        log_event(ok ? LOG_INFO : LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", run->mandate }),
+                  "hook %s %s; the mandate is not affected%s%s%s", run->label, what,
+                  text[0] ? "; output: " : "", text, more);
+        close_handles(run);
+}
+
+static void maybe_finish(struct hook_run *run)
+{
+        if (run->exited && run->out_eof && run->err_eof)
+                finish(run);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+        struct hook_run *run = t->data;
+        if (run->exited) {
+                finish(run); /* something else holds its output open: stop reading */
+                return;
+        }
+        runner_kill(&run->job, SIGKILL);
+        uv_timer_start(&run->timer, on_kill_timer, HOOK_KILL_GRACE_MS, 0);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+        struct hook_run *run = t->data;
+        if (run->exited) {
+                finish(run);
+                return;
+        }
+        run->timed_out = true;
+        runner_kill(&run->job, SIGTERM);
+        uv_timer_start(&run->timer, on_kill_timer, HOOK_KILL_GRACE_MS, 0);
+}
+
+static void on_exited(struct runner_job *job, int exit_status, int term_signal)
+{
+        struct hook_run *run = job->data;
+        run->exited = true;
+        run->exit_status = exit_status;
+        run->term_signal = term_signal;
+        maybe_finish(run);
+}
+
+static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+{
+        (void)suggested;
+        struct hook_run *run = handle->data;
+        *buf = uv_buf_init(run->h->scratch, sizeof run->h->scratch);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+        struct hook_run *run = s->data;
+        if (n < 0) {
+                uv_read_stop(s);
+                if ((uv_pipe_t *)s == &run->out)
+                        run->out_eof = true;
+                else
+                        run->err_eof = true;
+                maybe_finish(run);
+                return;
+        }
+        size_t room = sizeof run->output - run->output_len;
+        size_t take = (size_t)n < room ? (size_t)n : room;
+        memcpy(run->output + run->output_len, buf->base, take);
+        run->output_len += take;
+        run->output_dropped += (size_t)n - take;
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+        (void)status; /* a hook that does not read its stdin is fine */
+        struct hook_run *run = req->data;
+        if (!uv_is_closing((uv_handle_t *)&run->in))
+                uv_close((uv_handle_t *)&run->in, on_handle_closed);
+}
+
+static void on_started(struct runner_job *job)
+{
+        struct hook_run *run = job->data;
+        config_strv_free(run->argv);
+        run->argv = NULL;
+        config_strv_free(run->env);
+        run->env = NULL;
+        if (job->err) {
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
+                          "hook %s cannot start: %s%s%s; the mandate is not affected",
+                          run->label, job->err_what ? job->err_what : "",
+                          job->err_what ? ": " : "", strerror(-job->err));
+                run->finished = true;
+                close_handles(run);
+                return;
+        }
+        run->started = true;
+        uv_pipe_open(&run->in, job->fd_in);
+        uv_pipe_open(&run->out, job->fd_out);
+        uv_pipe_open(&run->err, job->fd_err);
+        uv_read_start((uv_stream_t *)&run->out, on_alloc, on_read);
+        uv_read_start((uv_stream_t *)&run->err, on_alloc, on_read);
+        uv_buf_t b = uv_buf_init(run->doc, (unsigned)run->doc_len);
+        run->write_req.data = run;
+        if (uv_write(&run->write_req, (uv_stream_t *)&run->in, &b, 1, on_written) < 0)
+                uv_close((uv_handle_t *)&run->in, on_handle_closed);
+        uv_timer_start(&run->timer, on_timeout, run->h->timeout_ms, 0);
+        log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
+                  "hook %s started (pid %d)", run->label, (int)job->pid);
+        if (run->h->stopping)
+                runner_kill(job, SIGKILL);
+}
+
+static void report_dropped(struct hooks *h)
+{
+        if (!h->dropped)
+                return;
+        log_warning("hooks: %lu event%s dropped (more than %d waiting)", h->dropped,
+                    h->dropped == 1 ? "" : "s", HOOKS_MAX_QUEUED);
+        h->dropped = 0;
+}
+
+static void start_one(struct hooks *h, struct hook_run *run)
+{
+        struct daemon *d = h->d;
+        run->next = h->running_list;
+        if (h->running_list)
+                h->running_list->prev = run;
+        h->running_list = run;
+        h->running++;
+        uv_pipe_init(d->loop, &run->in, 0);
+        uv_pipe_init(d->loop, &run->out, 0);
+        uv_pipe_init(d->loop, &run->err, 0);
+        uv_timer_init(d->loop, &run->timer);
+        run->in.data = run->out.data = run->err.data = run->timer.data = run;
+        run->open_handles = 4;
+        run->job = (struct runner_job){ .argv = run->argv, .envp = run->env,
+                                        .cwd = d->cfg->state_directory,
+                                        .started = on_started, .exited = on_exited,
+                                        .data = run };
+        int r = runner_spawn(d->runner, &run->job);
+        if (r < 0) {
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
+                          "hook %s cannot start: %s; the mandate is not affected", run->label,
+                          strerror(-r));
+                run->finished = true;
+                close_handles(run);
+        }
+}
+
+static void start_next(struct hooks *h)
+{
+        while (h->ready && !h->stopping && h->q_head && h->running < HOOKS_MAX_RUNNING) {
+                struct hook_run *run = h->q_head;
+                h->q_head = run->next;
+                if (!h->q_head)
+                        h->q_tail = NULL;
+                run->next = NULL;
+                h->queued--;
+                start_one(h, run);
+        }
+        if (!h->q_head)
+                report_dropped(h);
+}
+
+int hooks_init(struct daemon *d)
+{
+        struct hooks *h = calloc(1, sizeof(*h));
+        if (!h)
+                return -ENOMEM;
+        h->d = d;
+        h->timeout_ms = (uint64_t)HOOKS_TIMEOUT_SEC * 1000;
+#ifdef KAIROS_TEST_HOOKS
+        const char *t = getenv("KAIROS_TEST_HOOK_TIMEOUT_MS");
+        if (t && *t)
+                h->timeout_ms = strtoull(t, NULL, 10);
+#endif
+        d->hooks = h;
+        return 0;
+}
+
+void hooks_ready(struct daemon *d)
+{
+        struct hooks *h = d->hooks;
+        if (!h)
+                return;
+        h->ready = true;
+        start_next(h);
+}
+
+/* The command for ev: the schedule's [Notify] key if set ("" = none), else
+ * the daemon's. */
+static const char *hook_command(const struct config *cfg, enum hook_event ev,
+                                const char *schedule, const char **ret_key)
+{
+        bool review = ev != HOOK_FAILURE;
+        *ret_key = review ? "OnReview" : "OnFailure";
+        for (size_t i = 0; schedule && i < cfg->nschedules; i++) {
+                const struct config_schedule *s = &cfg->schedules[i];
+                if (strcmp(s->name, schedule) != 0)
+                        continue;
+                const char *v = review ? s->on_review : s->on_failure;
+                if (v)
+                        return *v ? v : NULL;
+        }
+        const char *v = review ? cfg->on_review : cfg->on_failure;
+        return v && *v ? v : NULL;
+}
+
+static void json_field(struct kbuf *b, const char *name, const char *v, bool first)
+{
+        kbuf_printf(b, "%s\"%s\":", first ? "" : ",", name);
+        v ? (void)kbuf_json_string_lossy(b, v, strlen(v), 0) : (void)kbuf_puts(b, "null");
+}
+
+static char *env_entry(const char *k, const char *v)
+{
+        char *e = NULL;
+        return asprintf(&e, "%s=%s", k, v) < 0 ? NULL : e;
+}
+
+void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
+                 const char *step, const char *evidence)
+{
+        struct hooks *h = d->hooks;
+        if (!h || h->stopping)
+                return;
+        const char *key;
+        const char *cmd = hook_command(d->cfg, ev, m->schedule, &key);
+        if (!cmd)
+                return;
+        if (h->queued >= HOOKS_MAX_QUEUED) {
+                if (h->dropped++ == 0)
+                        log_warning("hooks: %u waiting; dropping hook events until the queue "
+                                    "drains (first dropped: %s for %s)",
+                                    h->queued, key, m->id);
+                return;
+        }
+        const char *status = mandate_status_name(m->status);
+        char at[32];
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm);
+
+        struct hook_run *run = calloc(1, sizeof(*run));
+        size_t argc = 0;
+        if (!run || config_split_command(cmd, &run->argv, &argc) < 0 || argc == 0) {
+                log_warning("hook %s for %s: cannot prepare %s: the mandate is not affected",
+                            key, m->id, cmd);
+                if (run)
+                        hook_free(run);
+                return;
+        }
+        run->h = h;
+        run->ev = ev;
+        run->mandate = strdup(m->id);
+        if (asprintf(&run->label, "%s for %s (%s)", key, m->id, event_names[ev]) < 0)
+                run->label = NULL;
+
+        struct kbuf b = KBUF_INIT;
+        kbuf_puts(&b, "{");
+        json_field(&b, "event", event_names[ev], true);
+        json_field(&b, "mandate", m->id, false);
+        json_field(&b, "schedule", m->schedule, false);
+        json_field(&b, "fired_at", m->fired_at, false);
+        json_field(&b, "status", status, false);
+        json_field(&b, "reason", m->reason, false);
+        json_field(&b, "step", step, false);
+        if (evidence && *evidence)
+                kbuf_printf(&b, ",\"evidence\":%s", evidence);
+        json_field(&b, "at", at, false);
+        kbuf_puts(&b, "}\n");
+        run->doc_len = b.len;
+        run->doc = kbuf_steal(&b);
+
+        const char *path, *home, *user, *kairosctl;
+        executor_handler_env(&path, &home, &user, &kairosctl);
+        struct {
+                const char *k, *v;
+        } kv[] = {
+                { "PATH", path },
+                { "LANG", getenv("LANG") },
+                { "HOME", home },
+                { "USER", user },
+                { "LOGNAME", user },
+                { "KAIROSCTL", kairosctl },
+                { "KAIROS_EVENT", event_names[ev] },
+                { "KAIROS_MANDATE_ID", m->id },
+                { "KAIROS_SCHEDULE", m->schedule },
+                { "KAIROS_FIRED_AT", m->fired_at },
+                { "KAIROS_STATUS", status },
+                { "KAIROS_REASON", m->reason },
+                { "KAIROS_STEP_ID", step },
+                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
+        };
+        size_t nkv = sizeof kv / sizeof kv[0], ne = 0;
+        run->env = calloc(nkv + 1, sizeof(char *));
+        bool oom = !run->env || !run->doc || !run->mandate || !run->label;
+        for (size_t i = 0; !oom && i < nkv; i++)
+                if (kv[i].v && !(run->env[ne++] = env_entry(kv[i].k, kv[i].v)))
+                        oom = true;
+        if (oom) {
+                log_warning("hook %s for %s: out of memory; the mandate is not affected", key,
+                            m->id);
+                hook_free(run);
+                return;
+        }
+        if (h->q_tail)
+                h->q_tail->next = run;
+        else
+                h->q_head = run;
+        h->q_tail = run;
+        h->queued++;
+        start_next(h);
+}
+
+void hooks_stop(struct daemon *d)
+{
+        struct hooks *h = d->hooks;
+        if (!h)
+                return;
+        h->stopping = true;
+        unsigned dropped = h->queued;
+        while (h->q_head) {
+                struct hook_run *run = h->q_head;
+                h->q_head = run->next;
+                hook_free(run);
+        }
+        h->q_tail = NULL;
+        h->queued = 0;
+        if (dropped)
+                log_warning("hooks: %u waiting hook%s not run (stopping)", dropped,
+                            dropped == 1 ? "" : "s");
+        for (struct hook_run *run = h->running_list; run; run = run->next)
+                if (run->started && !run->exited)
+                        runner_kill(&run->job, SIGKILL);
+}
+
+void hooks_free(struct daemon *d)
+{
+        struct hooks *h = d->hooks;
+        if (!h)
+                return;
+        while (h->q_head) {
+                struct hook_run *run = h->q_head;
+                h->q_head = run->next;
+                hook_free(run);
+        }
+        while (h->running_list) {
+                struct hook_run *run = h->running_list;
+                h->running_list = run->next;
+                hook_free(run);
+        }
+        free(h);
+        d->hooks = NULL;
+}

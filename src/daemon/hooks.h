@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/* hooks: [Notify] OnReview= and OnFailure= — commands run when a mandate
+ * needs a human or ended badly (kairosd.conf(5), kairosd(8), NOTIFY).
+ *
+ * The executor and the recovery report an event with hooks_event() once the
+ * state it reports is durable; the hook runs later, through the runner
+ * (runner.h), with the mandate's KAIROS_* variables and the event as one
+ * JSON document on stdin.  At most HOOKS_MAX_RUNNING run at once, at most
+ * HOOKS_MAX_QUEUED wait (more are dropped and counted in the log); each is
+ * bounded in time (SIGTERM after HOOKS_TIMEOUT_SEC, SIGKILL 5 s later) and
+ * in the output kept for the log.  A hook never changes a mandate: whatever
+ * it does or however it ends is only logged.  Events reported before
+ * hooks_ready() (the recovery's) wait in the queue until then. */
+#pragma once
+
+#define HOOKS_MAX_RUNNING 4
+#define HOOKS_MAX_QUEUED 64
+#define HOOKS_TIMEOUT_SEC 30
+
+struct daemon;
+struct mandate;
+
+enum hook_event {
+        HOOK_REVIEW,    /* paused_review: OnReview= */
+        HOOK_APPROVAL,  /* awaiting_approval: OnReview= */
+        HOOK_FAILURE,   /* ended failed or terminated: OnFailure= */
+};
+
+int hooks_init(struct daemon *d);
+/* READY=1 was sent: start what waits. */
+void hooks_ready(struct daemon *d);
+/* m's state (status, reason) is durable: run the hook configured for it, if
+ * any.  step: the step concerned, or NULL; evidence: the recovery's evidence
+ * for it (a JSON object), or NULL. */
+void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
+                 const char *step, const char *evidence);
+/* kairosd stops: queued hooks are dropped, running ones killed. */
+void hooks_stop(struct daemon *d);
+/* After the loop ended (its handles closed) and the runner was freed. */
+void hooks_free(struct daemon *d);

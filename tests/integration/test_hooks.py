@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Black-box tests of [Notify] OnReview= and OnFailure= (kairosd.conf(5),
+kairosd(8) NOTIFY): real kairosd, real hook scripts that write what they got
+(environment and stdin) into files the test waits for.  A mandate whose act
+fails, a review found after a kill -9 during act (sent after READY=1), an
+approval, the schedule's override and its empty override, a failing hook and
+a hanging one (killed after its timeout) that change nothing.
+
+No sleeps as synchronization: the tests wait for the hooks' files and for log
+lines."""
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
+
+KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
+KAIROSCTL_PATH = os.path.realpath(shutil.which(KAIROSCTL) or KAIROSCTL)
+AT = "2026-04-20T12:00:00Z"
+CRON = {"Cron": "0 0 1 1 *"}
+
+# OUT/<event>.<mandate>.{env,stdin,tag}: written under temporary names and
+# renamed, stdin last, so a test that sees .stdin sees everything.
+HOOK_SH = r"""#!/bin/sh
+base="$1/$KAIROS_EVENT.$KAIROS_MANDATE_ID"
+env > "$base.env.tmp" && mv "$base.env.tmp" "$base.env"
+echo "$2" > "$base.tag.tmp" && mv "$base.tag.tmp" "$base.tag"
+cat > "$base.stdin.tmp" && mv "$base.stdin.tmp" "$base.stdin"
+"""
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class HookCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-hooks-")
+        self.state = os.path.join(self.dir, "state")
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+        self.notify = NotifySocket(self.dir)
+        self.daemons = []
+        self.clients = []
+        self.hook = self.script("hook.sh", HOOK_SH)
+
+    def tearDown(self):
+        for c in self.clients:
+            c.close()
+        for d in self.daemons:
+            if d.proc.poll() is None:
+                self.assertEqual(d.stop(), 0, d.log()[-3000:])
+            else:
+                d.kill()
+            d.proc.stderr.close()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def script(self, name, body):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(body if body.startswith("#!") else "#!/bin/sh\n" + body)
+        return path
+
+    def hook_cmd(self, tag):
+        return "/bin/sh %s %s %s" % (self.hook, self.out, tag)
+
+    def configure(self, schedules, notify=""):
+        self.conf = write_config(self.dir, self.state, schedules,
+                                 daemon_extra="GracefulTimeoutSec=1\n" +
+                                 ("[Notify]\n" + notify if notify else ""))
+
+    def start(self, env=None):
+        self.notify.clear()
+        d = Daemon(self.state, config=self.conf, notify=self.notify, env=env)
+        self.daemons.append(d)
+        self.notify.wait_ready()
+        self.d = d
+        self.c = Client(d.socket_path)
+        self.clients.append(self.c)
+        return d
+
+    def call_ok(self, cmd, **args):
+        r = self.c.call(cmd, **args)
+        self.assertTrue(r["ok"], (cmd, args, r))
+        return r["result"]
+
+    def fire(self, schedule, at=AT):
+        return self.call_ok("fire", schedule=schedule, at=at)["mandate"]
+
+    def mandate(self, m):
+        return {x["id"]: x for x in self.call_ok("list")["mandates"]}[m]
+
+    def wait_hook(self, event, m, timeout=30.0):
+        """The hook's (env, stdin document, tag) once it has written them."""
+        base = os.path.join(self.out, "%s.%s" % (event, m))
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(base + ".stdin"):
+            if time.monotonic() > deadline:
+                self.fail("no %s hook for %s:\n%s" % (event, m, self.d.log()[-3000:]))
+            time.sleep(0.01)  # polling for a file with a deadline
+        env = {}
+        with open(base + ".env") as f:
+            for line in f.read().splitlines():
+                k, _, v = line.partition("=")
+                env[k] = v
+        with open(base + ".stdin") as f:
+            doc = json.loads(f.read())
+        with open(base + ".tag") as f:
+            tag = f.read().strip()
+        return env, doc, tag
+
+    def failing_schedule(self, notify=None):
+        act = self.script("act_fail.sh", "cat > /dev/null\necho 'disk full' >&2\nexit 3\n")
+        s = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {"Act": "/bin/sh " + act}}
+        if notify is not None:
+            s["Notify"] = notify
+        return s
+
+
+class TestHooks(HookCase):
+    def test_failure_runs_on_failure_with_env_and_event(self):
+        self.configure({"nightly": self.failing_schedule()},
+                       notify="OnFailure=%s\nOnReview=%s\n" % (self.hook_cmd("default"),
+                                                               self.hook_cmd("review")))
+        self.start(env={"LANG": "C.UTF-8"})
+        m = self.fire("nightly")
+        self.d.wait_log("mandate %s failed after 1 cycle" % m)
+        env, doc, tag = self.wait_hook("failure", m)
+        self.assertEqual(tag, "default")
+        self.assertEqual(env["KAIROS_EVENT"], "failure")
+        self.assertEqual(env["KAIROS_MANDATE_ID"], m)
+        self.assertEqual(env["KAIROS_SCHEDULE"], "nightly")
+        self.assertEqual(env["KAIROS_FIRED_AT"], AT)
+        self.assertEqual(env["KAIROS_STATUS"], "failed")
+        self.assertEqual(env["KAIROS_REASON"], "the last cycle failed")
+        self.assertNotIn("KAIROS_STEP_ID", env)
+        self.assertEqual(env["KAIROS_CONTROL_SOCKET"], self.d.socket_path)
+        self.assertEqual(env["KAIROSCTL"], KAIROSCTL_PATH)
+        self.assertEqual(env["PATH"].split(":")[0], os.path.dirname(KAIROSCTL_PATH))
+        self.assertEqual(env["LANG"], "C.UTF-8")
+        self.assertNotIn("KAIROS_PHASE", env, "not a handler's variables")
+        at = doc.pop("at")
+        self.assertRegex(at, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        self.assertEqual(doc, {"event": "failure", "mandate": m, "schedule": "nightly",
+                               "fired_at": AT, "status": "failed",
+                               "reason": "the last cycle failed", "step": None})
+        self.d.wait_log("hook OnFailure for %s (failure) succeeded" % m)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "review.%s.stdin" % m)))
+        # the hook reported a durable state: the archive and summary exist
+        self.assertTrue(os.path.exists(os.path.join(self.state, "archive", m + ".wal.jsonl.gz")))
+        self.assertEqual(self.mandate(m)["status"], "failed")
+
+    def test_review_after_kill_9_during_act_sent_after_ready(self):
+        act = self.script("act_block.sh", 'echo $$ > "$1"\nexec sleep 600\n')
+        pidfile = os.path.join(self.dir, "actpid")
+        os.mkfifo(pidfile)
+        self.configure({"deploy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Act": "/bin/sh %s %s" % (act, pidfile)}}},
+                       notify="OnReview=%s\n" % self.hook_cmd("review"))
+        self.start()
+        m = self.fire("deploy")
+        with open(pidfile) as f:  # blocks until act runs
+            f.read()
+        self.d.kill()
+        self.assertFalse(os.path.exists(os.path.join(self.out, "review.%s.stdin" % m)))
+        self.start()
+        env, doc, tag = self.wait_hook("review", m)
+        self.assertEqual(env["KAIROS_EVENT"], "review")
+        self.assertEqual(env["KAIROS_STATUS"], "paused_review")
+        self.assertEqual(env["KAIROS_STEP_ID"], "act_001")
+        self.assertIn("interrupted_during_execution", env["KAIROS_REASON"])
+        self.assertEqual((doc["event"], doc["mandate"], doc["status"], doc["step"]),
+                         ("review", m, "paused_review", "act_001"))
+        self.assertEqual(doc["reason"], env["KAIROS_REASON"])
+        self.assertIsInstance(doc["evidence"], dict, "the recovery's evidence")
+        # sent after READY=1 (the ready log line comes right after it)
+        self.d.wait_log("hook OnReview for %s (review) succeeded" % m)
+        lines = self.d.log().splitlines()
+        ready = next(i for i, line in enumerate(lines) if "ready: recovered" in line)
+        started = next(i for i, line in enumerate(lines)
+                       if "hook OnReview for %s (review) started" % m in line)
+        self.assertLess(ready, started)
+        self.assertEqual(self.mandate(m)["status"], "paused_review")
+
+    def test_approval_runs_on_review(self):
+        act = self.script("act_ask.sh", "cat > /dev/null\n"
+                          "echo '{\"kairos\":{\"pause\":\"awaiting_approval\",\"reason\":\"delete 3 files?\"}}'\n")
+        self.configure({"ask": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Act": "/bin/sh " + act}}},
+                       notify="OnReview=%s\n" % self.hook_cmd("review"))
+        self.start()
+        m = self.fire("ask")
+        env, doc, _ = self.wait_hook("approval", m)
+        self.assertEqual((env["KAIROS_EVENT"], env["KAIROS_STATUS"], env["KAIROS_REASON"],
+                          env["KAIROS_STEP_ID"]),
+                         ("approval", "awaiting_approval", "delete 3 files?", "act_001"))
+        self.assertEqual((doc["event"], doc["status"], doc["reason"], doc["step"]),
+                         ("approval", "awaiting_approval", "delete 3 files?", "act_001"))
+        self.assertNotIn("evidence", doc)
+        self.call_ok("approve", mandate=m)
+        self.d.wait_log("mandate %s done after 1 cycle" % m)
+
+    def test_schedule_override_and_empty_override(self):
+        self.configure({"own": self.failing_schedule({"OnFailure": self.hook_cmd("own")}),
+                        "quiet": self.failing_schedule({"OnFailure": ""}),
+                        "plain": self.failing_schedule()},
+                       notify="OnFailure=%s\n" % self.hook_cmd("default"))
+        self.start()
+        m_own = self.fire("own")
+        _, doc, tag = self.wait_hook("failure", m_own)
+        self.assertEqual((tag, doc["schedule"]), ("own", "own"))
+        m_quiet = self.fire("quiet")
+        self.d.wait_log("mandate %s failed after 1 cycle" % m_quiet)
+        # a later failure's hook runs: the quiet one would have been queued before it
+        m_plain = self.fire("plain")
+        _, doc, tag = self.wait_hook("failure", m_plain)
+        self.assertEqual((tag, doc["schedule"]), ("default", "plain"))
+        self.d.wait_log("hook OnFailure for %s (failure) succeeded" % m_plain)
+        self.assertNotIn("for %s" % m_quiet, "\n".join(
+            line for line in self.d.log().splitlines() if "hook " in line))
+        self.assertFalse(os.path.exists(os.path.join(self.out, "failure.%s.stdin" % m_quiet)))
+
+    def test_failing_and_hanging_hooks_change_nothing(self):
+        bad = self.script("bad.sh", "cat > /dev/null\necho 'pager down' >&2\nexit 7\n")
+        hang = self.script("hang.sh", "trap '' TERM\nwhile :; do sleep 1; done\n")
+        self.configure({"bad": self.failing_schedule({"OnFailure": "/bin/sh " + bad}),
+                        "hang": self.failing_schedule({"OnFailure": "/bin/sh " + hang})})
+        self.start(env={"KAIROS_TEST_HOOK_TIMEOUT_MS": "500"})
+        m_bad = self.fire("bad")
+        line = self.d.wait_log("hook OnFailure for %s (failure) failed" % m_bad)
+        self.assertIn("failed with exit status 7; the mandate is not affected; output: pager down",
+                      line)
+        self.assertEqual(self.mandate(m_bad)["status"], "failed")
+        m_hang = self.fire("hang")
+        line = self.d.wait_log("hook OnFailure for %s (failure) started" % m_hang)
+        pid = int(re.search(r"\(pid (\d+)\)", line).group(1))
+        # the daemon answers while the hook hangs
+        self.assertEqual(self.mandate(m_hang)["status"], "failed")
+        # 0.5 s with the test hooks' override (30 s without), SIGKILL 5 s later
+        line = self.d.wait_log("hook OnFailure for %s (failure) timed out" % m_hang,
+                               timeout=60)
+        self.assertIn("(killed); the mandate is not affected", line)
+        self.assertFalse(alive(pid), "the hook was killed and reaped")
+        self.assertEqual(self.mandate(m_hang)["status"], "failed")
+        self.assertEqual(self.mandate(m_bad)["status"], "failed")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
