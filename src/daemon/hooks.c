@@ -468,6 +468,7 @@ void hooks_stop(struct daemon *d)
         if (dropped)
                 log_warning("hooks: %u waiting hook%s not run (stopping)", dropped,
                             dropped == 1 ? "" : "s");
+        report_dropped(h);
         for (struct hook_run *run = h->running_list; run; run = run->next)
                 if (run->started && !run->exited)
                         runner_kill(&run->job, SIGKILL);

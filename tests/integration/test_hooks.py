@@ -256,6 +256,33 @@ class TestHooks(HookCase):
         self.assertEqual(self.mandate(m_hang)["status"], "failed")
         self.assertEqual(self.mandate(m_bad)["status"], "failed")
 
+    def test_storm_is_bounded_and_stop_kills_hooks(self):
+        # hooks that wait until the test is done: 4 run, 64 wait, the rest dropped
+        gate = os.path.join(self.dir, "never")
+        block = self.script("block.sh", 'cat > /dev/null\nwhile [ ! -e "%s" ]; do sleep 0.1; done\n'
+                            % gate)
+        self.configure({"storm": self.failing_schedule()},
+                       notify="OnFailure=/bin/sh %s\n" % block)
+        self.start()
+        total = 72
+        ms = [self.fire("storm", at="2026-04-20T12:%02d:%02dZ" % (i // 60, i % 60))
+              for i in range(total)]
+        for m in ms:
+            self.d.wait_log("mandate %s failed after 1 cycle" % m, timeout=120)
+        line = self.d.wait_log("dropping hook events until the queue drains")
+        self.assertIn("64 waiting", line)
+        pids = [int(p) for p in re.findall(r"hook OnFailure for \S+ \(failure\) started \(pid (\d+)\)",
+                                           self.d.log())]
+        self.assertEqual(len(pids), 4, "at most 4 run at once")
+        self.assertTrue(all(alive(p) for p in pids))
+        self.assertEqual(self.call_ok("list")["mandates"][0]["status"], "failed")
+        self.assertEqual(self.d.stop(), 0, self.d.log()[-3000:])
+        log = self.d.log()
+        self.assertIn("hooks: 64 waiting hooks not run (stopping)", log)
+        self.assertIn("hooks: %d events dropped (more than 64 waiting)" % (total - 68), log)
+        for p in pids:
+            self.assertFalse(alive(p), "hook %d outlived kairosd" % p)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
