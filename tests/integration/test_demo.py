@@ -267,11 +267,12 @@ class TestExampleConfig(unittest.TestCase):
     KEYS = {
         "kairosd.conf": ["StateDirectory", "ControlSocket", "SocketGroup",
                          "MaxConcurrentMandates", "GracefulTimeoutSec", "LogLevel", "TTLSec",
-                         "MaxEntries", "WriteRoots"],
+                         "MaxEntries", "WriteRoots", "OnReview", "OnFailure"],
         "demo.conf": ["Cron", "TimeZone", "Enabled", "MissedPolicy", "MaxCatchUpRuns",
                       "StaleAfter", "MissedGraceSec", "Concurrency", "Goal", "MaxCycles",
                       "Observe", "Orient", "Decide", "Act", "Reflect",
-                      "TimeoutSec", "Environment", "WorkingDirectory", "Probe"],
+                      "TimeoutSec", "Environment", "WorkingDirectory", "Probe", "OnReview",
+                      "OnFailure"],
     }
 
     def check(self, transform):

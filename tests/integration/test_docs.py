@@ -261,8 +261,8 @@ class ConfigPages(unittest.TestCase):
             cls.files[pagename] = {s: tables[t] for s, t in secs}
 
     def test_tables_found(self):
-        self.assertEqual(set(self.files["kairosd.conf.5"]), {"Daemon", "Idempotency"})
-        self.assertEqual(set(self.files["kairos.schedule.5"]), {"Schedule", "Mandate", "Exec"})
+        self.assertEqual(set(self.files["kairosd.conf.5"]), {"Daemon", "Idempotency", "Notify"})
+        self.assertEqual(set(self.files["kairos.schedule.5"]), {"Schedule", "Mandate", "Exec", "Notify"})
         self.assertIn("StateDirectory", self.files["kairosd.conf.5"]["Daemon"])
         self.assertIn("Cron", self.files["kairos.schedule.5"]["Schedule"])
 
