@@ -26,6 +26,7 @@ struct hook_run {
         char *label;                  /* "OnFailure for MANDATE (failure)" */
         char *mandate;
         char **argv, **env;
+        char *cwd;                    /* the state directory (a reload may replace cfg) */
         char *doc;
         size_t doc_len;
         struct runner_job job;
@@ -61,6 +62,7 @@ static void hook_free(struct hook_run *run)
         free(run->mandate);
         config_strv_free(run->argv);
         config_strv_free(run->env);
+        free(run->cwd);
         free(run->doc);
         free(run);
 }
@@ -271,7 +273,7 @@ static void start_one(struct hooks *h, struct hook_run *run)
         run->in.data = run->out.data = run->err.data = run->timer.data = run;
         run->open_handles = 4;
         run->job = (struct runner_job){ .argv = run->argv, .envp = run->env,
-                                        .cwd = d->cfg->state_directory,
+                                        .cwd = run->cwd,
                                         .started = on_started, .exited = on_exited,
                                         .data = run };
         int r = runner_spawn(d->runner, &run->job);
@@ -432,7 +434,8 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         };
         size_t nkv = sizeof kv / sizeof kv[0], ne = 0;
         run->env = calloc(nkv + 1, sizeof(char *));
-        bool oom = !run->env || !run->doc || !run->mandate || !run->label;
+        run->cwd = strdup(d->cfg->state_directory);
+        bool oom = !run->env || !run->cwd || !run->doc || !run->mandate || !run->label;
         for (size_t i = 0; !oom && i < nkv; i++)
                 if (kv[i].v && !(run->env[ne++] = env_entry(kv[i].k, kv[i].v)))
                         oom = true;
