@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -284,6 +285,17 @@ class TestHooks(HookCase):
         self.assertIn("hooks: %d events dropped (more than 64 waiting)" % (total - 68), log)
         for p in pids:
             self.assertFalse(alive(p), "hook %d outlived kairosd" % p)
+
+    def test_check_config_validates_notify(self):
+        self.configure({"sched": {"Schedule": CRON, "Notify": {"OnReview": "'unbalanced"}}},
+                       notify="OnFailure=\"\"\nOnPage=x\n")
+        p = subprocess.run([os.environ.get("KAIROSD", "kairosd"), "--check-config", "-c",
+                            self.conf], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("kairosd.conf:6: OnFailure=: empty command name", p.stderr)
+        self.assertIn("kairosd.conf:7: OnPage=: unknown key in [Notify]", p.stderr)
+        self.assertIn("sched.conf:4: OnReview=: cannot split command line: unbalanced single "
+                      "quote", p.stderr)
 
 
 if __name__ == "__main__":
