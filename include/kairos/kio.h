@@ -37,3 +37,15 @@ int kio_mkdir_p(const struct kio *io, const char *path, mode_t mode);
 /* Atomic replace: write path.tmp, fdatasync, close, rename over path, fsync dir. */
 int kio_write_file_atomic(const struct kio *io, const char *path, const void *data, size_t n,
                           mode_t mode);
+
+/* Reading (not a mutation: plain POSIX, never through a struct kio).
+ * The one reader of whole files: *ret_data is NUL-terminated (never NULL on
+ * success; the caller frees), *ret_len excludes the NUL.  max: the most
+ * bytes accepted (0: no limit), -EFBIG beyond it.  KIO_READ_GZIP: a file
+ * that starts with the gzip magic is decompressed (max applies to the
+ * decompressed bytes); -EBADMSG if it is not valid gzip. */
+#define KIO_READ_GZIP 1u
+int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
+                  size_t *ret_len);
+/* The same from an open descriptor (not closed), e.g. standard input. */
+int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "kairos/kio.h"
 #include "kairos/kbuf.h"
 
 int ctl_usage_error(const char *fmt, ...)
@@ -118,45 +119,9 @@ int ctl_parse_options(const char *cmd, int argc, char **argv, const struct ctl_o
 
 int ctl_read_file(const char *path, char **data, size_t *len)
 {
-        struct kbuf b = KBUF_INIT;
-        int fd, r = 0;
-
-        if (strcmp(path, "-") == 0) {
-                fd = STDIN_FILENO;
-        } else {
-                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-                if (fd < 0)
-                        return -errno;
-        }
-        r = kbuf_reserve(&b, 65536);
-        for (;;) {
-                if (r < 0)
-                        break;
-                if (b.cap - b.len < 4096 + 1)
-                        r = kbuf_reserve(&b, b.cap);
-                if (r < 0)
-                        break;
-                ssize_t n = read(fd, b.data + b.len, b.cap - b.len - 1);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        r = -errno;
-                        break;
-                }
-                if (n == 0)
-                        break;
-                b.len += (size_t)n;
-                b.data[b.len] = '\0';
-        }
-        if (fd != STDIN_FILENO)
-                close(fd);
-        if (r < 0) {
-                kbuf_free(&b);
-                return r;
-        }
-        *len = b.len;
-        *data = kbuf_steal(&b);
-        return 0;
+        if (strcmp(path, "-") == 0)
+                return kio_read_fd(STDIN_FILENO, 0, 0, data, len);
+        return kio_read_file(path, 0, 0, data, len);
 }
 
 void ctl_put_safe(FILE *f, const char *s)

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "chronos.h"
 #include "control.h"
@@ -17,6 +16,7 @@
 #include "kairos/canon.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
+#include "kairos/kio.h"
 #include "kairos/planner.h"
 #include <time.h>
 #include "kairos/wal.h"
@@ -156,27 +156,12 @@ struct mandate_op {
 /* Fold an archived (gzipped) WAL. */
 static int fold_gzip_file(const char *path, struct fold **out)
 {
-        gzFile gz = gzopen(path, "rb");
-        if (!gz)
-                return errno ? -errno : -ENOMEM;
-        struct kbuf b = KBUF_INIT;
-        int r = 0;
-        for (;;) {
-                if ((r = kbuf_reserve(&b, 65536)) < 0)
-                        break;
-                int n = gzread(gz, b.data + b.len, 65536);
-                if (n < 0) {
-                        r = -EIO;
-                        break;
-                }
-                if (n == 0)
-                        break;
-                b.len += (size_t)n;
-        }
-        gzclose(gz);
+        char *data = NULL;
+        size_t len = 0;
+        int r = kio_read_file(path, 0, KIO_READ_GZIP, &data, &len);
         if (r == 0)
-                r = fold_buffer(b.data ? b.data : "", b.len, out);
-        kbuf_free(&b);
+                r = fold_buffer(data, len, out);
+        free(data);
         return r;
 }
 

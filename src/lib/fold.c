@@ -30,10 +30,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "kairos/crcline.h"
+#include "kairos/kio.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
-
-#define CRC_SUFFIX_LEN 18 /* ,"crc":"xxxxxxxx"} */
 
 /* ---- string → index hash map (open addressing, linear probing) ---- */
 
@@ -562,269 +562,36 @@ static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
         return 0;
 }
 
-/* ---- line checks ---- */
+/* ---- the scan: lines, crc, torn tail (crcline.c) ---- */
 
-static bool is_lower_hex(unsigned char c)
+static int fold_record(void *ctx, const struct kjson *obj, size_t line, bool legacy)
 {
-        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-}
-
-/* The line ends with ,"crc":"xxxxxxxx"} (8 lowercase hex digits). */
-static bool has_crc_suffix(const char *l, size_t n, uint32_t *crc)
-{
-        if (n < CRC_SUFFIX_LEN + 1)
-                return false;
-        const char *s = l + n - CRC_SUFFIX_LEN;
-        if (memcmp(s, ",\"crc\":\"", 8) != 0 || s[16] != '"' || s[17] != '}')
-                return false;
-        uint32_t v = 0;
-        for (int i = 0; i < 8; i++) {
-                unsigned char c = (unsigned char)s[8 + i];
-                if (!is_lower_hex(c))
-                        return false;
-                v = (v << 4) | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
-        }
-        *crc = v;
-        return true;
-}
-
-static uint32_t line_crc(const char *l, size_t n)
-{
-        uLong c = crc32(0L, Z_NULL, 0);
-        size_t body = n - CRC_SUFFIX_LEN;
-        const unsigned char *p = (const unsigned char *)l;
-
-        while (body > 0) {
-                uInt chunk = body > UINT_MAX ? UINT_MAX : (uInt)body;
-                c = crc32(c, p, chunk);
-                p += chunk;
-                body -= chunk;
-        }
-        c = crc32(c, (const unsigned char *)"}", 1);
-        return (uint32_t)c;
-}
-
-enum line_verdict {
-        LINE_GOOD,
-        LINE_BAD,
-};
-
-/* Check one non-blank line.  Returns LINE_GOOD (with *obj, *legacy), LINE_BAD
- * (with reason), or -ENOMEM. */
-static int check_line(struct fold *f, const char *l, size_t n, const struct kjson **obj,
-                      bool *legacy, char *reason, size_t rlen)
-{
-        struct kjson *v = NULL;
-        struct kjson_error err = { 0 };
-        uint32_t want;
-        size_t ncrc = 0;
-        int r;
-
-        *legacy = !has_crc_suffix(l, n, &want);
-        if (!*legacy && line_crc(l, n) != want) {
-                snprintf(reason, rlen, "crc mismatch");
-                return LINE_BAD;
-        }
-
-        kjson_arena_reset(f->internal->scratch);
-        r = kjson_parse(f->internal->scratch, l, n, &v, &err);
-        if (r == -ENOMEM || (r < 0 && err.code == KJSON_E_NOMEM))
-                return -ENOMEM;
-        if (r < 0) {
-                snprintf(reason, rlen, "invalid JSON at column %zu: %s", err.offset + 1,
-                         kjson_error_string(err.code));
-                return LINE_BAD;
-        }
-        if (v->type != KJSON_OBJECT) {
-                snprintf(reason, rlen, "not a JSON object");
-                return LINE_BAD;
-        }
-        for (size_t i = 0; i < v->u.obj.n; i++)
-                if (KEY_IS(&v->u.obj.members[i], "crc"))
-                        ncrc++;
-        if (!*legacy) {
-                /* the suffix guarantees the last member is the crc */
-                if (ncrc != 1) {
-                        snprintf(reason, rlen, "more than one crc field");
-                        return LINE_BAD;
-                }
-        } else {
-                if (ncrc) {
-                        snprintf(reason, rlen, "malformed crc field");
-                        return LINE_BAD;
-                }
-                if (v->u.obj.n == 0 || !KEY_IS(&v->u.obj.members[v->u.obj.n - 1], "ts")) {
-                        snprintf(reason, rlen, "no crc and last field is not ts");
-                        return LINE_BAD;
-                }
-        }
-        *obj = v;
-        return LINE_GOOD;
-}
-
-static bool is_blank(const char *l, size_t n)
-{
-        for (size_t i = 0; i < n; i++)
-                if (l[i] != ' ' && l[i] != '\t' && l[i] != '\r')
-                        return false;
-        return true;
-}
-
-struct pending_bad {
-        bool set;
-        bool terminated;
-        bool good;          /* a whole good record, only its '\n' missing */
-        const char *l;
-        size_t n;
-        size_t line;
-        size_t offset;
-        char reason[96];
-};
-
-/* Could the last line be a strict prefix of one record (a torn write)? */
-static int torn_prefix(struct fold *f, const struct pending_bad *pb, bool *torn, char *why, size_t wlen)
-{
-        struct kjson *v = NULL;
-        struct kjson_error err = { 0 };
-        size_t n = pb->n;
-
-        *torn = false;
-        if (pb->good) {
-                *torn = true;
-                snprintf(why, wlen, "torn tail: record without its newline");
-                return 0;
-        }
-        while (n > 0 && pb->l[n - 1] == '\0')
-                n--;
-        if (is_blank(pb->l, n)) {
-                *torn = !pb->terminated || n < pb->n;
-                snprintf(why, wlen, "torn tail: %s", n < pb->n ? "NUL bytes" : "partial line");
-                return 0;
-        }
-        if (n < pb->n) {
-                /* a whole record, then zeros where its newline should be */
-                const struct kjson *obj;
-                bool legacy;
-                char reason[96];
-                int c = check_line(f, pb->l, n, &obj, &legacy, reason, sizeof(reason));
-                if (c < 0)
-                        return c;
-                if (c == LINE_GOOD) {
-                        *torn = true;
-                        snprintf(why, wlen, "torn tail: record followed by NUL bytes");
-                        return 0;
-                }
-        }
-        /* every record starts with '{' */
-        size_t i = 0;
-        while (i < n && (pb->l[i] == ' ' || pb->l[i] == '\t'))
-                i++;
-        if (pb->l[i] != '{') {
-                snprintf(why, wlen, "%s", pb->reason);
-                return 0;
-        }
-        kjson_arena_reset(f->internal->scratch);
-        int r = kjson_parse(f->internal->scratch, pb->l, n, &v, &err);
-        if (r == 0) {
-                /* a complete value that is not a good record */
-                snprintf(why, wlen, "%s", pb->reason);
-                return 0;
-        }
-        if (r == -ENOMEM || err.code == KJSON_E_NOMEM)
-                return -ENOMEM;
-        if (err.code == KJSON_E_EOF) {
-                *torn = true;
-                snprintf(why, wlen, "torn tail: incomplete record");
-                return 0;
-        }
-        if (err.code == KJSON_E_TRAILING)
-                snprintf(why, wlen, "complete record followed by more bytes (merged lines)");
-        else
-                snprintf(why, wlen, "%s", pb->reason);
-        return 0;
-}
-
-static void set_bad(struct fold *f, enum fold_status st, const struct pending_bad *pb, const char *why)
-{
-        f->status = st;
-        f->bad_line = pb->line;
-        f->bad_offset = pb->offset;
-        snprintf(f->bad_reason, sizeof(f->bad_reason), "%s", why);
+        (void)legacy;
+        return apply_record(ctx, obj, line);
 }
 
 static int fold_run(struct fold *f, const char *data, size_t len)
 {
-        struct pending_bad pb = { 0 };
-        size_t pos = 0, line = 0;
-        int r;
-
-        while (pos < len) {
-                const char *l = data + pos;
-                const char *nl = memchr(l, '\n', len - pos);
-                size_t n = nl ? (size_t)(nl - l) : len - pos;
-                size_t next = nl ? pos + n + 1 : len;
-                bool terminated = nl != NULL;
-
-                line++;
-                if (n > 0 && l[n - 1] == '\r')
-                        n--;
-                if (is_blank(l, n)) {
-                        if (!terminated && next > pos && !pb.set) {
-                                /* an unterminated run of whitespace: never append after it */
-                                pb = (struct pending_bad){ .set = true, .l = l, .n = n, .line = line,
-                                                           .offset = pos };
-                                snprintf(pb.reason, sizeof(pb.reason), "partial line");
-                        }
-                        pos = next;
-                        continue;
-                }
-                if (pb.set) {
-                        char why[128];
-                        snprintf(why, sizeof(why), "%s (followed by more records)", pb.reason);
-                        set_bad(f, FOLD_CORRUPT, &pb, why);
-                        pb.set = false;
-                        /* count the remaining lines, fold nothing more */
-                        for (pos = next; pos < len; line++) {
-                                const char *q = memchr(data + pos, '\n', len - pos);
-                                pos = q ? (size_t)(q - data) + 1 : len;
-                        }
-                        break;
-                }
-
-                const struct kjson *obj = NULL;
-                bool legacy = false;
-                r = check_line(f, l, n, &obj, &legacy, pb.reason, sizeof(pb.reason));
-                if (r < 0)
-                        return r;
-                if (r == LINE_GOOD && terminated) {
-                        r = apply_record(f, obj, line);
-                        if (r < 0)
-                                return r;
-                        f->records++;
-                        if (legacy)
-                                f->legacy_records++;
-                        f->good_end = next;
-                } else {
-                        pb.set = true;
-                        pb.terminated = terminated;
-                        pb.good = r == LINE_GOOD;
-                        pb.l = l;
-                        pb.n = n;
-                        pb.line = line;
-                        pb.offset = pos;
-                }
-                pos = next;
-        }
-        f->lines = line;
-
-        if (pb.set) {
-                char why[128];
-                bool torn;
-                r = torn_prefix(f, &pb, &torn, why, sizeof(why));
-                if (r < 0)
-                        return r;
-                set_bad(f, torn ? FOLD_TORN : FOLD_CORRUPT, &pb, why);
-        }
+        struct crcline_scan s = {
+                .flags = CRCLINE_LEGACY,
+                .record = fold_record,
+                .ctx = f,
+                .arena = f->internal->scratch,
+        };
+        struct crcline_result res;
+        int r = crcline_scan(&s, data, len, &res);
+        if (r < 0)
+                return r;
+        f->status = res.status == CRCLINE_CLEAN ? FOLD_CLEAN
+                    : res.status == CRCLINE_TORN ? FOLD_TORN
+                                                 : FOLD_CORRUPT;
+        f->lines = res.lines;
+        f->records = res.records;
+        f->legacy_records = res.legacy_records;
+        f->good_end = res.good_end;
+        f->bad_line = res.bad_line;
+        f->bad_offset = res.bad_offset;
+        snprintf(f->bad_reason, sizeof(f->bad_reason), "%s", res.bad_reason);
         return 0;
 }
 
@@ -894,42 +661,14 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
 
 int fold_file(const char *path, struct fold **out)
 {
-        struct kbuf b = KBUF_INIT;
-        struct stat st;
-        int fd, r;
+        char *data = NULL;
+        size_t len = 0;
 
         *out = NULL;
-        do
-                fd = open(path, O_RDONLY | O_CLOEXEC);
-        while (fd < 0 && errno == EINTR);
-        if (fd < 0)
-                return -errno;
-        if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size < SIZE_MAX / 2) {
-                r = kbuf_reserve(&b, (size_t)st.st_size + 1);
-                if (r < 0)
-                        goto out;
-        }
-        for (;;) {
-                if (b.cap - b.len <= 1) {
-                        r = kbuf_reserve(&b, b.cap > 65536 ? b.cap : 65536);
-                        if (r < 0)
-                                goto out;
-                }
-                ssize_t k = read(fd, b.data + b.len, b.cap - b.len - 1);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        r = -errno;
-                        goto out;
-                }
-                if (k == 0)
-                        break;
-                b.len += (size_t)k;
-        }
-        r = fold_buffer(b.data, b.len, out);
-out:
-        close(fd);
-        kbuf_free(&b);
+        int r = kio_read_file(path, 0, 0, &data, &len);
+        if (r == 0)
+                r = fold_buffer(data, len, out);
+        free(data);
         return r;
 }
 

@@ -16,11 +16,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "kairos/crcline.h"
+#include "kairos/kio.h"
 #include "kairos/kjson.h"
 #include "kairos/strmap.h"
 #include "kairos/wal.h"
 
-#define CRC_SUFFIX_LEN 18 /* ,"crc":"xxxxxxxx"} */
 #define LOG_MAX_BYTES ((size_t)1 << 30)
 #define B64 sodium_base64_VARIANT_ORIGINAL
 
@@ -478,11 +479,7 @@ static int encode_record(struct kbuf *b, const char *op, const struct entry *e, 
                 if (e->state == IDEM_ST_INTERRUPTED && (r = put_str(b, "reason", e->reason)) < 0)
                         goto fail;
         }
-        if ((r = kbuf_printf(b, ",\"ts\":\"%s\"}", ts)) < 0)
-                goto fail;
-        uint32_t crc = wal_crc(b->data + start, b->len - start);
-        b->len--; /* the '}' was only for the crc */
-        if ((r = kbuf_printf(b, ",\"crc\":\"%08x\"}\n", crc)) < 0)
+        if ((r = kbuf_printf(b, ",\"ts\":\"%s\"}", ts)) < 0 || (r = crcline_seal(b, start)) < 0)
                 goto fail;
         return 0;
 fail:
@@ -1140,177 +1137,56 @@ static int salvage(struct loader *ld, const char *l, size_t n)
         return 0;
 }
 
-enum { LINE_GOOD = 1, LINE_BAD = 0 };
+/* ---- the scan: lines, crc, torn tail (crcline.c) ---- */
 
-/* A line (without '\n') as written by encode_record: crc suffix, crc match,
- * a JSON object whose only crc member is the last. */
-static int check_line(struct loader *ld, const char *l, size_t n, struct kjson **obj,
-                      char *reason, size_t rlen)
+static int replay_record(void *ctx, const struct kjson *obj, size_t line, bool legacy)
 {
-        struct kjson *v = NULL;
-        struct kjson_error err = { 0 };
-
-        if (n < CRC_SUFFIX_LEN + 1) {
-                snprintf(reason, rlen, "line too short");
-                return LINE_BAD;
-        }
-        const char *sfx = l + n - CRC_SUFFIX_LEN;
-        uint32_t want = 0;
-        if (memcmp(sfx, ",\"crc\":\"", 8) != 0 || sfx[16] != '"' || sfx[17] != '}') {
-                snprintf(reason, rlen, "no crc field");
-                return LINE_BAD;
-        }
-        for (int i = 0; i < 8; i++) {
-                unsigned char c = (unsigned char)sfx[8 + i];
-                if (!is_lower_hex(c)) {
-                        snprintf(reason, rlen, "malformed crc field");
-                        return LINE_BAD;
-                }
-                want = (want << 4) | (uint32_t)(c <= '9' ? c - '0' : c - 'a' + 10);
-        }
-        uLong c = crc32(0L, Z_NULL, 0);
-        const unsigned char *p = (const unsigned char *)l;
-        for (size_t body = n - CRC_SUFFIX_LEN; body > 0;) {
-                uInt chunk = body > UINT_MAX ? UINT_MAX : (uInt)body;
-                c = crc32(c, p, chunk);
-                p += chunk;
-                body -= chunk;
-        }
-        c = crc32(c, (const unsigned char *)"}", 1);
-        if ((uint32_t)c != want) {
-                snprintf(reason, rlen, "crc mismatch");
-                return LINE_BAD;
-        }
-        kjson_arena_reset(ld->arena);
-        int r = kjson_parse(ld->arena, l, n, &v, &err);
-        if (r == -ENOMEM || (r < 0 && err.code == KJSON_E_NOMEM))
-                return -ENOMEM;
-        if (r < 0) {
-                snprintf(reason, rlen, "invalid JSON at column %zu: %s", err.offset + 1,
-                         kjson_error_string(err.code));
-                return LINE_BAD;
-        }
-        if (v->type != KJSON_OBJECT) {
-                snprintf(reason, rlen, "not a JSON object");
-                return LINE_BAD;
-        }
-        size_t ncrc = 0;
-        for (size_t i = 0; i < v->u.obj.n; i++)
-                if (strcmp(v->u.obj.members[i].key, "crc") == 0)
-                        ncrc++;
-        if (ncrc != 1) {
-                snprintf(reason, rlen, "more than one crc field");
-                return LINE_BAD;
-        }
-        *obj = v;
-        return LINE_GOOD;
+        struct loader *ld = ctx;
+        (void)line;
+        (void)legacy;
+        int r = apply(ld, obj);
+        if (r == -ENOMEM)
+                return r;
+        if (r == 0)
+                ld->info->unknown_ops++;
+        return r < 0 ? CRCLINE_REJECT : 0;
 }
 
-static bool is_blank(const char *l, size_t n)
+/* A bad line that still names a key: that entry needs an operator. */
+static int replay_bad(void *ctx, const char *l, size_t n, size_t line, size_t offset,
+                      const char *why)
 {
-        for (size_t i = 0; i < n; i++)
-                if (l[i] != ' ' && l[i] != '\t' && l[i] != '\r')
-                        return false;
-        return true;
-}
-
-/* The last line has no '\n': a torn write if it could be a strict prefix of
- * one record (or is one whole record, possibly followed by NUL bytes). */
-static int tail_is_torn(struct loader *ld, const char *l, size_t n, bool *torn)
-{
-        char reason[96];
-        struct kjson *v = NULL;
-        struct kjson_error err = { 0 };
-
-        *torn = true;
-        while (n > 0 && l[n - 1] == '\0')
-                n--;
-        if (is_blank(l, n))
-                return 0;
-        int c = check_line(ld, l, n, &v, reason, sizeof(reason));
-        if (c < 0)
-                return c;
-        if (c == LINE_GOOD)
-                return 0;
-        *torn = false;
-        if (l[0] != '{')
-                return 0;
-        kjson_arena_reset(ld->arena);
-        int r = kjson_parse(ld->arena, l, n, &v, &err);
-        if (r < 0 && (r == -ENOMEM || err.code == KJSON_E_NOMEM))
-                return -ENOMEM;
-        *torn = r < 0 && err.code == KJSON_E_EOF;
-        return 0;
-}
-
-static void note_bad(struct idem_load_info *info, size_t line, size_t offset, const char *why)
-{
-        if (info->bad_lines++ == 0) {
-                info->bad_line = line;
-                info->bad_offset = offset;
-                snprintf(info->bad_reason, sizeof(info->bad_reason), "%s", why);
-        }
-        info->corrupt = true;
+        (void)line;
+        (void)offset;
+        (void)why;
+        return salvage(ctx, l, n);
 }
 
 /* Replay the log's bytes.  *good_end: end of the last complete line. */
 static int replay(struct loader *ld, const char *data, size_t len, size_t *good_end)
 {
         struct idem_load_info *info = ld->info;
-        size_t pos = 0, line = 0;
-        char reason[96];
-
-        *good_end = 0;
-        while (pos < len) {
-                const char *l = data + pos;
-                const char *nl = memchr(l, '\n', len - pos);
-                size_t n = nl ? (size_t)(nl - l) : len - pos;
-                size_t next = nl ? pos + n + 1 : len;
-                line++;
-                if (!nl) {
-                        bool torn;
-                        int r = tail_is_torn(ld, l, n, &torn);
-                        if (r < 0)
-                                return r;
-                        if (torn) {
-                                info->torn_bytes = n;
-                        } else {
-                                note_bad(info, line, pos, "unterminated line that is not a record prefix");
-                                if ((r = salvage(ld, l, n)) < 0)
-                                        return r;
-                        }
-                        break;
-                }
-                *good_end = next;
-                if (is_blank(l, n)) {
-                        pos = next;
-                        continue;
-                }
-                struct kjson *obj = NULL;
-                int r = check_line(ld, l, n, &obj, reason, sizeof(reason));
-                if (r < 0)
-                        return r;
-                if (r == LINE_GOOD) {
-                        r = apply(ld, obj);
-                        if (r == -ENOMEM)
-                                return r;
-                        if (r == 0)
-                                info->unknown_ops++;
-                        if (r < 0) {
-                                snprintf(reason, sizeof(reason), "record with missing or bad fields");
-                                r = LINE_BAD;
-                        } else {
-                                info->records++;
-                                r = LINE_GOOD;
-                        }
-                }
-                if (r == LINE_BAD) {
-                        note_bad(info, line, pos, reason);
-                        if ((r = salvage(ld, l, n)) < 0)
-                                return r;
-                }
-                pos = next;
+        struct crcline_scan sc = {
+                .flags = CRCLINE_KEEP_GOING,
+                .record = replay_record,
+                .bad = replay_bad,
+                .ctx = ld,
+                .arena = ld->arena,
+        };
+        struct crcline_result res;
+        int r = crcline_scan(&sc, data, len, &res);
+        if (r < 0)
+                return r;
+        info->records = res.records;
+        info->torn_bytes = res.torn_bytes;
+        if (res.bad_lines) {
+                info->corrupt = true;
+                info->bad_lines = res.bad_lines;
+                info->bad_line = res.bad_line;
+                info->bad_offset = res.bad_offset;
+                snprintf(info->bad_reason, sizeof(info->bad_reason), "%s", res.bad_reason);
         }
+        *good_end = res.complete_end;
         return 0;
 }
 
@@ -1342,55 +1218,6 @@ static int finish_load(struct idem_store *s, struct idem_load_info *info)
         return 0;
 }
 
-static int read_file(const char *path, char **data, size_t *len)
-{
-        struct kbuf b = KBUF_INIT;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        int r = 0;
-        if (fd < 0)
-                return -errno;
-        struct stat st;
-        if (fstat(fd, &st) < 0) {
-                r = -errno;
-                goto out;
-        }
-        if ((size_t)st.st_size > LOG_MAX_BYTES) {
-                r = -EFBIG;
-                goto out;
-        }
-        if ((r = kbuf_reserve(&b, (size_t)st.st_size + 1)) < 0)
-                goto out;
-        for (;;) {
-                if (b.len > LOG_MAX_BYTES) {
-                        r = -EFBIG;
-                        goto out;
-                }
-                if ((r = kbuf_reserve(&b, 65536)) < 0)
-                        goto out;
-                ssize_t n = read(fd, b.data + b.len, b.cap - b.len - 1);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0) {
-                        r = -errno;
-                        goto out;
-                }
-                if (n == 0)
-                        break;
-                b.len += (size_t)n;
-                b.data[b.len] = '\0';
-        }
-        *len = b.len;
-        *data = kbuf_steal(&b);
-        if (!*data) {
-                *data = strdup("");
-                if (!*data)
-                        r = -ENOMEM;
-        }
-out:
-        close(fd);
-        kbuf_free(&b);
-        return r;
-}
 
 /* Keep bytes in <path>.<what>.<secs>[.k] (new file, durable). */
 static int save_aside(struct idem_log *l, const char *what, const char *bytes, size_t n,
@@ -1432,7 +1259,7 @@ static int load_existing(struct idem_log *l, struct idem_store *s, struct idem_l
         char *data = NULL;
         size_t len = 0, good_end = 0;
         struct loader ld = { .s = s, .info = info };
-        int r = read_file(l->path, &data, &len);
+        int r = kio_read_file(l->path, LOG_MAX_BYTES, 0, &data, &len);
         if (r < 0)
                 return r;
         ld.arena = kjson_arena_new();
@@ -1595,7 +1422,7 @@ static int copy_corrupt_aside(struct idem_log *l)
         char *data = NULL;
         size_t len = 0;
         char dest[4096];
-        int r = read_file(l->path, &data, &len);
+        int r = kio_read_file(l->path, LOG_MAX_BYTES, 0, &data, &len);
         if (r == 0)
                 r = save_aside(l, "corrupt", data, len, dest, sizeof(dest));
         free(data);

@@ -5,12 +5,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
+
+#include "kairos/kbuf.h"
 
 static int posix_open(void *ctx, const char *path, int flags, mode_t mode)
 {
@@ -263,5 +268,120 @@ int kio_write_file_atomic(const struct kio *io, const char *path, const void *da
         r = kio_fsync_parent(io, path);
 out:
         free(tmp);
+        return r;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+static int read_all(int fd, size_t max, struct kbuf *b)
+{
+        struct stat st;
+        int r;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+                if ((uint64_t)st.st_size > max)
+                        return -EFBIG;
+                if ((r = kbuf_reserve(b, (size_t)st.st_size + 1)) < 0)
+                        return r;
+        }
+        for (;;) {
+                if (b->cap - b->len <= 1 && (r = kbuf_reserve(b, b->cap > 65536 ? b->cap : 65536)) < 0)
+                        return r;
+                ssize_t n = read(fd, b->data + b->len, b->cap - b->len - 1);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        return 0;
+                b->len += (size_t)n;
+                b->data[b->len] = '\0';
+                if (b->len > max)
+                        return -EFBIG;
+        }
+}
+
+static int gunzip(const char *data, size_t len, size_t max, struct kbuf *out)
+{
+        z_stream zs;
+        memset(&zs, 0, sizeof(zs));
+        if (inflateInit2(&zs, 15 + 16) != Z_OK)
+                return -ENOMEM;
+        int r = 0, zr = Z_OK;
+        const unsigned char *in = (const unsigned char *)data;
+        size_t left = len;
+        while (r == 0) {
+                if (zs.avail_in == 0 && left > 0) {
+                        uInt chunk = left > UINT_MAX / 2 ? UINT_MAX / 2 : (uInt)left;
+                        zs.next_in = (unsigned char *)in;
+                        zs.avail_in = chunk;
+                        in += chunk;
+                        left -= chunk;
+                }
+                if ((r = kbuf_reserve(out, 65536)) < 0)
+                        break;
+                zs.next_out = (unsigned char *)out->data + out->len;
+                zs.avail_out = (uInt)(out->cap - out->len - 1);
+                uInt before = zs.avail_out;
+                zr = inflate(&zs, Z_NO_FLUSH);
+                out->len += before - zs.avail_out;
+                out->data[out->len] = '\0';
+                if (out->len > max) {
+                        r = -EFBIG;
+                        break;
+                }
+                if (zr == Z_STREAM_END) {
+                        if (zs.avail_in == 0 && left == 0)
+                                break;
+                        /* concatenated members, as gzip(1) reads them */
+                        if (inflateReset(&zs) != Z_OK)
+                                r = -EBADMSG;
+                        continue;
+                }
+                if (zr == Z_MEM_ERROR)
+                        r = -ENOMEM;
+                else if (zr != Z_OK && !(zr == Z_BUF_ERROR && (zs.avail_in || left)))
+                        r = -EBADMSG; /* corrupt, or truncated: no more input */
+        }
+        inflateEnd(&zs);
+        return r;
+}
+
+int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len)
+{
+        struct kbuf b = KBUF_INIT;
+        if (max == 0 || max > SIZE_MAX / 2)
+                max = SIZE_MAX / 2;
+        int r = read_all(fd, max, &b);
+        if (r == 0 && (flags & KIO_READ_GZIP) && b.len >= 2 &&
+            (unsigned char)b.data[0] == 0x1f && (unsigned char)b.data[1] == 0x8b) {
+                struct kbuf plain = KBUF_INIT;
+                r = gunzip(b.data, b.len, max, &plain);
+                kbuf_free(&b);
+                b = plain;
+        }
+        if (r == 0 && !b.data)
+                r = kbuf_reserve(&b, 1);
+        if (r < 0) {
+                kbuf_free(&b);
+                return r;
+        }
+        b.data[b.len] = '\0';
+        *ret_len = b.len;
+        *ret_data = kbuf_steal(&b);
+        return 0;
+}
+
+int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data, size_t *ret_len)
+{
+        if (!path || !*path)
+                return -EINVAL;
+        int fd;
+        do
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+                return -errno;
+        int r = kio_read_fd(fd, max, flags, ret_data, ret_len);
+        close(fd);
         return r;
 }

@@ -17,6 +17,7 @@
 #include <zlib.h>
 
 #include "kairos/canon.h"
+#include "kairos/crcline.h"
 #include "kairos/fold.h"
 #include "kairos/kjson.h"
 
@@ -343,12 +344,8 @@ int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out)
         enc_str(&e, "ts", ts, NULL);
         if (e.r == 0 && kbuf_putc(out, '}') < 0)
                 enc_fail(&e, -ENOMEM, "out of memory");
-        if (e.r == 0) {
-                uint32_t crc = wal_crc(out->data + start, out->len - start);
-                out->len--; /* drop the '}' again */
-                if (kbuf_printf(out, ",\"crc\":\"%08x\"}\n", crc) < 0)
-                        enc_fail(&e, -ENOMEM, "out of memory");
-        }
+        if (e.r == 0 && crcline_seal(out, start) < 0)
+                enc_fail(&e, -ENOMEM, "out of memory");
         if (e.r) {
                 out->len = start;
                 if (out->data)
@@ -390,43 +387,6 @@ static int64_t wal_now(const struct wal *w)
         return w->now_ms(w->clock_ctx);
 }
 
-/* Read a whole file (reading is not a mutation: plain POSIX). */
-static int read_file(const char *path, char **data, size_t *len)
-{
-        int fd;
-        do
-                fd = open(path, O_RDONLY | O_CLOEXEC);
-        while (fd < 0 && errno == EINTR);
-        if (fd < 0)
-                return -errno;
-        struct kbuf b = KBUF_INIT;
-        int r = 0;
-        struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_size > 0 &&
-            (r = kbuf_reserve(&b, (size_t)st.st_size)) < 0)
-                goto out;
-        for (;;) {
-                if ((r = kbuf_reserve(&b, 65536)) < 0)
-                        goto out;
-                ssize_t n = read(fd, b.data + b.len, b.cap - b.len - 1);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0) {
-                        r = -errno;
-                        goto out;
-                }
-                if (n == 0)
-                        break;
-                b.len += (size_t)n;
-                b.data[b.len] = '\0';
-        }
-        *len = b.len;
-        *data = kbuf_steal(&b);
-out:
-        close(fd);
-        kbuf_free(&b);
-        return r;
-}
 
 /* Keep the torn bytes in <path>.torn.<secs> (or .torn.<secs>.<n> if taken). */
 static int save_torn(struct wal *w, const char *bytes, size_t n, char *torn_path,
@@ -478,7 +438,7 @@ static int open_existing(struct wal *w, struct wal_open_info *info)
         char *data = NULL;
         size_t len = 0;
         struct fold *f = NULL;
-        int r = read_file(w->path, &data, &len);
+        int r = kio_read_file(w->path, 0, 0, &data, &len);
         if (r < 0)
                 goto out;
         if (len == 0) {
@@ -958,7 +918,7 @@ int wal_archive_file(const struct kio *io, const char *wal_path, const char *arc
         size_t len = 0;
         struct kbuf gz = KBUF_INIT;
         int fd = -1;
-        int r = read_file(wal_path, &data, &len);
+        int r = kio_read_file(wal_path, 0, 0, &data, &len);
         if (r < 0)
                 goto out;
         if ((r = gzip_buffer(data, len, &gz)) < 0)

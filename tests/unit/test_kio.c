@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zlib.h>
 
 #include "kairos/kio.h"
 
@@ -516,6 +517,82 @@ static void test_write_file_atomic_failures_remove_tmp(void **state)
         assert_true(exists(p));
 }
 
+/* ---- kio_read_file ------------------------------------------------------- */
+
+static void put_file(const char *path, const void *data, size_t n)
+{
+        FILE *fp = fopen(path, "wb");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(data, 1, n, fp), n);
+        fclose(fp);
+}
+
+static void test_read_file_plain_gzip_and_limits(void **state)
+{
+        struct fx *f = *state;
+        char plain[128], gz[128], bad[128], empty[128];
+        snprintf(plain, sizeof plain, "%s/a.txt", f->dir);
+        snprintf(gz, sizeof gz, "%s/a.txt.gz", f->dir);
+        snprintf(bad, sizeof bad, "%s/bad.gz", f->dir);
+        snprintf(empty, sizeof empty, "%s/empty", f->dir);
+        /* 200 KiB of text, twice as one gzip file of two members */
+        size_t n = 200 * 1024;
+        char *text = malloc(n);
+        assert_non_null(text);
+        for (size_t i = 0; i < n; i++)
+                text[i] = (char)('a' + i % 23);
+        put_file(plain, text, n);
+        gzFile g = gzopen(gz, "wb");
+        assert_non_null(g);
+        assert_int_equal(gzwrite(g, text, (unsigned)n), (int)n);
+        gzclose(g);
+        g = gzopen(gz, "ab");
+        assert_int_equal(gzwrite(g, text, (unsigned)n), (int)n);
+        gzclose(g);
+        put_file(empty, "", 0);
+
+        char *data = NULL;
+        size_t len = 0;
+        assert_int_equal(kio_read_file(plain, 0, 0, &data, &len), 0);
+        assert_int_equal(len, n);
+        assert_memory_equal(data, text, n);
+        assert_int_equal(data[len], '\0');
+        free(data);
+        /* without the flag a gzip file is bytes */
+        assert_int_equal(kio_read_file(gz, 0, 0, &data, &len), 0);
+        assert_int_equal((unsigned char)data[0], 0x1f);
+        free(data);
+        assert_int_equal(kio_read_file(gz, 0, KIO_READ_GZIP, &data, &len), 0);
+        assert_int_equal(len, 2 * n);
+        assert_memory_equal(data, text, n);
+        assert_memory_equal(data + n, text, n);
+        free(data);
+        /* plain files pass through the gzip flag unchanged */
+        assert_int_equal(kio_read_file(plain, 0, KIO_READ_GZIP, &data, &len), 0);
+        assert_int_equal(len, n);
+        free(data);
+        /* limits: on the file and on what it decompresses to */
+        assert_int_equal(kio_read_file(plain, n - 1, 0, &data, &len), -EFBIG);
+        assert_int_equal(kio_read_file(gz, n, KIO_READ_GZIP, &data, &len), -EFBIG);
+        /* a truncated gzip file is an error, never a short read */
+        size_t gzlen = 0;
+        char *raw = NULL;
+        assert_int_equal(kio_read_file(gz, 0, 0, &raw, &gzlen), 0);
+        put_file(bad, raw, gzlen / 3);
+        free(raw);
+        assert_int_equal(kio_read_file(bad, 0, KIO_READ_GZIP, &data, &len), -EBADMSG);
+        /* an empty file is an empty string, not NULL */
+        data = NULL;
+        assert_int_equal(kio_read_file(empty, 0, 0, &data, &len), 0);
+        assert_non_null(data);
+        assert_int_equal(len, 0);
+        free(data);
+        char missing[160];
+        snprintf(missing, sizeof missing, "%s/missing", f->dir);
+        assert_int_equal(kio_read_file(missing, 0, 0, &data, &len), -ENOENT);
+        free(text);
+}
+
 int main(void)
 {
         umask(022);
@@ -530,6 +607,8 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_mkdir_p_fsyncs_each_created_parent, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_write_file_atomic_sequence, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_read_file_plain_gzip_and_limits, setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_write_file_atomic_failures_remove_tmp, setup,
                                                 teardown),
         };
