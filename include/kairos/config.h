@@ -72,6 +72,8 @@ struct config {
         int log_level;                 /* syslog priority, [info] = 6 */
         char *metrics_file;            /* MetricsFile= absolute path or NULL [none] */
         uint64_t metrics_interval_sec; /* MetricsIntervalSec= [15] */
+        unsigned keep_finished;        /* [1000] finished mandates kept; 0: no count limit */
+        uint64_t keep_finished_sec;    /* [30d] age of the oldest kept; 0: no age limit */
         /* [Idempotency] */
         uint64_t idem_ttl_sec;         /* [86400] */
         unsigned idem_max_entries;     /* [10000] */

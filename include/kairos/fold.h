@@ -44,6 +44,8 @@ struct fold_step {
         const char *error_msg;
         const char *reason;
         bool recovered;
+        const char *started_ts;          /* ts of the last executing record */
+        const char *ended_ts;            /* ts of the completed/failed/needs_review after it */
         unsigned executions;             /* executing records seen */
         unsigned resets;
         size_t plan;                     /* index into fold.plans */
@@ -82,6 +84,7 @@ struct fold_mandate {
         const char *goal;
         const char *retry_of;            /* a retry: the mandate it retries, else NULL */
         long long retry;                 /* ... and its number (>= 1); 0 otherwise */
+        const char *ts;                  /* when it was written */
         size_t line;                     /* 0: none */
 };
 
@@ -93,6 +96,8 @@ struct fold {
         size_t nsteps;
         struct fold_operator *operators;
         size_t noperators;
+        const char *first_ts;            /* ts of the first and last good record */
+        const char *last_ts;
 
         enum fold_status status;
         size_t lines;                    /* lines seen (incl. blank and bad) */

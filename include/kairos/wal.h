@@ -103,6 +103,9 @@ uint32_t wal_crc(const char *line_without_crc, size_t len);
 
 /* Format ms since the epoch as YYYY-MM-DDTHH:MM:SS.mmmZ (25 bytes incl. NUL). */
 void wal_format_ts(int64_t ts_ms, char out[32]);
+/* The inverse (also without milliseconds: YYYY-MM-DDTHH:MM:SSZ).  -EINVAL
+ * (and *ret_ms = 0) for anything else, NULL included. */
+int wal_parse_ts(const char *ts, int64_t *ret_ms);
 
 enum wal_state {
         WAL_STATE_OK,
@@ -115,6 +118,7 @@ struct wal_options {
         const struct kio *io;                 /* NULL: kio_posix() */
         int64_t (*now_ms)(void *ctx);         /* NULL: CLOCK_REALTIME */
         void *clock_ctx;
+        bool dir_exists;                      /* the caller made the directory: no mkdir -p */
 };
 
 struct wal_open_info {
@@ -130,12 +134,22 @@ struct wal_open_info {
 
 struct wal;
 
-/* Open or create (mode 0600, O_APPEND, never truncating good data).  On
+/* Mode of WALs, torn-tail copies and archives (group-readable for the
+ * offline commands; see statedir.h). */
+#define WAL_FILE_MODE 0640
+
+/* Open or create (mode WAL_FILE_MODE, O_APPEND, never truncating good data).  On
  * creation the parent directory is fsynced.  An existing file is scanned: a
  * torn tail is saved to <path>.torn.<unix-seconds> and truncated away (then
  * fsynced); a corrupt file opens QUARANTINED.  info may be NULL. */
 int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
              struct wal_open_info *info);
+/* The same, and *ret_fold (may be NULL: not wanted) receives the fold of an
+ * existing file as it was read to open it (NULL for a new file): its good
+ * records, what the file holds after a torn tail is cut.  Caller frees. */
+struct fold;
+int wal_open_folded(const char *path, const struct wal_options *opt, struct wal **out,
+                    struct wal_open_info *info, struct fold **ret_fold);
 /* Close (idempotent on NULL).  Does not flush: unflushed records are not durable. */
 int wal_close(struct wal *w);
 /* Close the descriptor but keep the object: the WAL is CLOSED and every later
@@ -186,3 +200,5 @@ int wal_mandate(struct wal *w, const char *mandate_id, const char *schedule, con
 int wal_archive(struct wal *w, const char *archive_dir, char **dest);
 int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
                      char **dest);
+/* Where wal_archive_file puts wal_path: <archive_dir>/<basename>.gz. */
+int wal_archive_path(const char *wal_path, const char *archive_dir, char **ret_path);

@@ -749,8 +749,41 @@ static char *review_text(json_t *m)
         return kbuf_steal(&b);
 }
 
+/* "2026-04-20T12:00:00.123Z" → "2026-04-20 12:00:00" (UTC). */
+static void short_time(const char *ts, char out[24])
+{
+        if (!ts || strlen(ts) < 19) {
+                snprintf(out, 24, "-");
+                return;
+        }
+        snprintf(out, 24, "%.10s %.8s", ts, ts + 11);
+}
+
+/* A duration in ms as "850ms", "12.3s", "4m05s", "2h03m", "3d04h". */
+static void human_duration(json_t *v, char out[32])
+{
+        if (!json_is_integer(v)) {
+                snprintf(out, 32, "-");
+                return;
+        }
+        long long ms = json_integer_value(v), s = ms / 1000;
+        if (ms < 1000)
+                snprintf(out, 32, "%lldms", ms);
+        else if (s < 60)
+                snprintf(out, 32, "%lld.%llds", s, (ms % 1000) / 100);
+        else if (s < 3600)
+                snprintf(out, 32, "%lldm%02llds", s / 60, s % 60);
+        else if (s < 86400)
+                snprintf(out, 32, "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+        else
+                snprintf(out, 32, "%lldd%02lldh", s / 86400, (s % 86400) / 3600);
+}
+
 static int text_list(json_t *r)
 {
+        static const char *const head[] = { "ID",    "SCHEDULE", "FIRED AT", "STATUS", "CYCLE",
+                                            "STARTED", "ENDED", "DURATION", "REASON" };
+        enum { NCOL = sizeof head / sizeof head[0] };
         json_t *ms = json_object_get(r, "mandates"), *m;
         struct table t;
         size_t i;
@@ -760,23 +793,38 @@ static int text_list(json_t *r)
                 puts("no mandates");
                 return CTL_EXIT_OK;
         }
-        if (table_init(&t, 4, json_array_size(ms) + 1) < 0 || table_set(&t, 0, 0, "ID") < 0 ||
-            table_set(&t, 0, 1, "STATUS") < 0 || table_set(&t, 0, 2, "CYCLE") < 0 ||
-            table_set(&t, 0, 3, "REASON/REVIEW") < 0)
+        if (table_init(&t, NCOL, json_array_size(ms) + 1) < 0)
                 goto oom;
-        json_array_foreach(ms, i, m) {
-                char cycle[32], *review = review_text(m);
-                snprintf(cycle, sizeof(cycle), "%lld", (long long)jint(m, "cycle"));
-                if (!review || table_set(&t, i + 1, 0, jstr(m, "id")) < 0 ||
-                    table_set(&t, i + 1, 1, jstr(m, "status")) < 0 ||
-                    table_set(&t, i + 1, 2, cycle) < 0 ||
-                    table_set_lines(&t, i + 1, 3, review) < 0) {
-                        free(review);
+        for (size_t c = 0; c < NCOL; c++)
+                if (table_set(&t, 0, c, head[c]) < 0)
                         goto oom;
-                }
+        json_array_foreach(ms, i, m) {
+                char cycle[32], started[24], ended[24], dur[32], *review = review_text(m);
+                snprintf(cycle, sizeof(cycle), "%lld", (long long)jint(m, "cycle"));
+                short_time(jstr(m, "started_at"), started);
+                short_time(jstr(m, "ended_at"), ended);
+                human_duration(json_object_get(m, "duration_ms"), dur);
+                const char *cells[NCOL] = { jstr(m, "id"),   jstr(m, "schedule"),
+                                            jstr(m, "fired_at"), jstr(m, "status"),
+                                            cycle,           started,
+                                            ended,           dur,
+                                            review };
+                for (size_t c = 0; review && c < NCOL; c++)
+                        if ((c + 1 == NCOL ? table_set_lines(&t, i + 1, c, cells[c])
+                                           : table_set(&t, i + 1, c, cells[c] ? cells[c] : "-")) <
+                            0) {
+                                free(review);
+                                goto oom;
+                        }
+                if (!review)
+                        goto oom;
                 free(review);
         }
         table_print(&t, "");
+        long long total = jint(r, "total");
+        if (json_is_true(json_object_get(r, "more")))
+                printf("(%zu of %lld shown; the next page: --after %s, or --limit 0 for all)\n",
+                       json_array_size(ms), total, jstr(r, "next") ? jstr(r, "next") : "?");
         goto out;
 oom:
         status = ctl_error(CTL_EXIT_OSERR, "out of memory");
@@ -785,14 +833,77 @@ out:
         return status;
 }
 
+/* --since: a time YYYY-MM-DDTHH:MM:SSZ, or a duration ago (30min, 2h, 7d). */
+static int since_arg(const char *v, char out[PLANNER_FIRED_AT_LEN])
+{
+        if (planner_parse_fired_at(v, NULL) == 0) {
+                snprintf(out, PLANNER_FIRED_AT_LEN, "%s", v);
+                return 0;
+        }
+        char *end;
+        errno = 0;
+        long long n = strtoll(v, &end, 10);
+        if (errno || end == v || n < 0)
+                return -EINVAL;
+        long long unit;
+        if (!strcmp(end, "") || !strcmp(end, "s"))
+                unit = 1;
+        else if (!strcmp(end, "min") || !strcmp(end, "m"))
+                unit = 60;
+        else if (!strcmp(end, "h"))
+                unit = 3600;
+        else if (!strcmp(end, "d"))
+                unit = 86400;
+        else
+                return -EINVAL;
+        if (n > (long long)(time(NULL) / unit))
+                return -EINVAL;
+        return planner_format_fired_at((int64_t)time(NULL) - n * unit, out);
+}
+
 int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv)
 {
+        const char *status = NULL, *schedule = NULL, *since = NULL, *limit = NULL, *after = NULL;
+        const struct ctl_option opts[] = {
+                { "status", true, &status, NULL },     { "schedule", true, &schedule, NULL },
+                { "since", true, &since, NULL },       { "limit", true, &limit, NULL },
+                { "after", true, &after, NULL },       { NULL },
+        };
         int npos, r;
 
-        r = ctl_parse_options("list", argc, argv, NULL, &npos);
+        r = ctl_parse_options("list", argc, argv, opts, &npos);
         if (r == 0)
                 r = want_args("list", npos, 0, "");
-        return r ? r : run(o, "list", NULL, text_list);
+        if (r)
+                return r;
+        json_t *args = json_object();
+        long long lim = 1000;
+        if (limit) {
+                char *end;
+                errno = 0;
+                lim = strtoll(limit, &end, 10);
+                if (errno || end == limit || *end || lim < 0 || lim > 100000) {
+                        json_decref(args);
+                        return ctl_usage_error("list: --limit must be 0..100000 (0: all)");
+                }
+        }
+        json_object_set_new(args, "limit", json_integer(lim));
+        char since_abs[PLANNER_FIRED_AT_LEN];
+        if (since) {
+                if (since_arg(since, since_abs) < 0) {
+                        json_decref(args);
+                        return ctl_usage_error("list: --since needs YYYY-MM-DDTHH:MM:SSZ or a "
+                                               "duration such as 30min, 2h, 7d");
+                }
+                json_object_set_new(args, "since", json_string(since_abs));
+        }
+        if (status)
+                json_object_set_new(args, "status", json_string(status));
+        if (schedule)
+                json_object_set_new(args, "schedule", json_string(schedule));
+        if (after)
+                json_object_set_new(args, "after", json_string(after));
+        return run(o, "list", args, text_list);
 }
 
 /* ---- show ------------------------------------------------------------- */
@@ -843,14 +954,14 @@ static const char *recovered_text(json_t *s, json_t *ops)
 
 static int print_steps(json_t *steps, json_t *ops)
 {
-        static const char *const head[] = { "STEP", "STATUS", "EXECUTIONS", "RECOVERED",
-                                            "REASON/ERROR" };
+        static const char *const head[] = { "STEP",    "STATUS", "EXECUTIONS", "RECOVERED",
+                                            "STARTED", "ENDED",  "DURATION",   "REASON/ERROR" };
         struct table t;
         json_t *s;
         size_t i;
-        int r = table_init(&t, 5, json_array_size(steps) + 1);
+        int r = table_init(&t, 8, json_array_size(steps) + 1);
 
-        for (size_t col = 0; r == 0 && col < 5; col++)
+        for (size_t col = 0; r == 0 && col < 8; col++)
                 r = table_set(&t, 0, col, head[col]);
         json_array_foreach(steps, i, s) {
                 char execs[32], *detail;
@@ -858,12 +969,17 @@ static int print_steps(json_t *steps, json_t *ops)
                 if (r < 0)
                         break;
                 snprintf(execs, sizeof(execs), "%lld", (long long)jint(s, "executions"));
+                char started[24], ended[24], dur[32];
+                short_time(jstr(s, "started_at"), started);
+                short_time(jstr(s, "ended_at"), ended);
+                human_duration(json_object_get(s, "duration_ms"), dur);
                 detail = step_detail(s);
                 if (!detail || table_set(&t, i + 1, 0, jstr(s, "step_id")) < 0 ||
                     table_set(&t, i + 1, 1, status ? status : "planned") < 0 ||
                     table_set(&t, i + 1, 2, execs) < 0 ||
                     table_set(&t, i + 1, 3, recovered_text(s, ops)) < 0 ||
-                    table_set_lines(&t, i + 1, 4, detail) < 0)
+                    table_set(&t, i + 1, 4, started) < 0 || table_set(&t, i + 1, 5, ended) < 0 ||
+                    table_set(&t, i + 1, 6, dur) < 0 || table_set_lines(&t, i + 1, 7, detail) < 0)
                         r = -ENOMEM;
                 free(detail);
         }
@@ -907,6 +1023,10 @@ static int text_show(json_t *r)
                 }
                 putchar('\n');
         }
+        if (jstr(r, "started_at"))
+                put_field("started:", jstr(r, "started_at"));
+        if (jstr(r, "ended_at"))
+                put_field("ended:", jstr(r, "ended_at"));
         if (jstr(r, "plan_id"))
                 put_field("plan:", jstr(r, "plan_id"));
         snprintf(num, sizeof(num), "%lld", (long long)jint(r, "cycle"));

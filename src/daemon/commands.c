@@ -65,23 +65,29 @@ static void cmd_status(struct control_request *req)
         control_reply_ok(req, res);
 }
 
-static int cmp_mandate(const void *a, const void *b)
+static json_t *ms_or_null(int64_t ms)
 {
-        const struct mandate *x = *(struct mandate *const *)a, *y = *(struct mandate *const *)b;
-        return strcmp(x->id, y->id);
+        char ts[32];
+        if (ms <= 0)
+                return json_null();
+        wal_format_ts(ms, ts);
+        return json_string(ts);
 }
 
 static json_t *mandate_json(const struct mandate *m)
 {
-        json_t *j = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?}", "id", m->id, "status",
-                              mandate_status_name(m->status), "reason", m->reason,
+        json_t *o = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:s?}", "id", m->id,
+                              "status", mandate_status_name(m->status), "reason", m->reason,
                               "review_step", m->review_step, "plan_id", m->plan_id, "cycle",
-                              (json_int_t)m->cycle, "schedule", m->schedule);
-        if (j && m->retry_of) {
-                json_object_set_new(j, "retry_of", json_string(m->retry_of));
-                json_object_set_new(j, "retry", json_integer(m->retry));
+                              (json_int_t)m->cycle, "schedule", m->schedule, "fired_at",
+                              m->fired_at);
+        json_object_set_new(o, "started_at", ms_or_null(m->started_ms));
+        json_object_set_new(o, "ended_at", ms_or_null(m->ended_ms));
+        if (o && m->retry_of) {
+                json_object_set_new(o, "retry_of", json_string(m->retry_of));
+                json_object_set_new(o, "retry", json_integer(m->retry));
         }
-        return j;
+        return o;
 }
 
 /* The retries of m (mandates whose retry_of is m), for show: sorted by
@@ -109,27 +115,6 @@ static json_t *retried_by_json(struct daemon *d, const struct mandate *m)
                 best_prev = next->retry;
         }
         return arr;
-}
-
-static void cmd_list(struct control_request *req)
-{
-        struct daemon *d = req->d;
-        size_t n = strmap_size(d->mandates), i = 0, pos = 0;
-        struct mandate **all = calloc(n ? n : 1, sizeof(*all));
-        if (!all) {
-                control_reply_error(req, "internal", "out of memory");
-                return;
-        }
-        const char *k;
-        void *v;
-        while (i < n && strmap_next(d->mandates, &pos, &k, &v) == 0)
-                all[i++] = v;
-        qsort(all, i, sizeof(*all), cmp_mandate);
-        json_t *arr = json_array();
-        for (size_t j = 0; j < i; j++)
-                json_array_append_new(arr, mandate_json(all[j]));
-        free(all);
-        control_reply_ok(req, json_pack("{s:o}", "mandates", arr));
 }
 
 /* ---- jobs on a mandate's queue ---- */
@@ -193,6 +178,15 @@ static json_t *fold_json(const struct fold *f)
                                 "result_hash", str_or_null(s->result_hash), "reason",
                                 str_or_null(s->reason), "executions", (int)s->executions,
                                 "recovered", s->recovered);
+                        int64_t t0 = 0, t1 = 0;
+                        json_object_set_new(js, "started_at", str_or_null(s->started_ts));
+                        json_object_set_new(js, "ended_at", str_or_null(s->ended_ts));
+                        json_object_set_new(js, "duration_ms",
+                                            wal_parse_ts(s->started_ts, &t0) == 0 &&
+                                                            wal_parse_ts(s->ended_ts, &t1) == 0 &&
+                                                            t1 >= t0
+                                                    ? json_integer(t1 - t0)
+                                                    : json_null());
                         if (s->error_class)
                                 json_object_set_new(js, "error_class", json_string(s->error_class));
                         if (s->error_msg)
@@ -443,9 +437,25 @@ static struct mandate *arg_mandate(struct control_request *req)
         const char *id = control_arg_string(req, "mandate", true, &failed);
         if (failed)
                 return NULL;
-        struct mandate *m = mandate_find(req->d, id);
-        if (!m)
+        /* an id or a unique prefix of one */
+        struct mandate *m;
+        const struct mandate *cand[11];
+        int r = history_resolve(req->d, id, &m, cand, sizeof cand / sizeof cand[0]);
+        if (r == -EEXIST) {
+                json_t *list = json_array();
+                struct kbuf b = KBUF_INIT;
+                for (size_t i = 0; cand[i]; i++) {
+                        json_array_append_new(list, json_string(cand[i]->id));
+                        kbuf_printf(&b, "\n  %s", cand[i]->id);
+                }
+                control_reply_error_detail(req, "ambiguous", json_pack("{s:o}", "candidates", list),
+                                           "mandate prefix '%s' is ambiguous; candidates:%s%s", id,
+                                           b.data ? b.data : "",
+                                           json_array_size(list) >= 10 ? "\n  ..." : "");
+                kbuf_free(&b);
+        } else if (r < 0) {
                 control_reply_error(req, "not_found", "no mandate %s", id);
+        }
         return m;
 }
 
@@ -806,6 +816,7 @@ static void cmd_test_clock(struct control_request *req)
                 return;
         }
         chronos_test_set_clock(req->d, (int64_t)json_integer_value(v));
+        history_prune_now(req->d);
         control_reply_ok(req, json_pack("{s:I}", "now", json_integer_value(v)));
 }
 
@@ -844,7 +855,7 @@ struct command {
  * read are still answered, and so are a running handler's tool calls; every
  * other command is refused with "shutting_down". */
 static const struct command commands[] = {
-        { "status", cmd_status, true },        { "list", cmd_list, true },
+        { "status", cmd_status, true },        { "list", history_cmd_list, true },
         { "show", cmd_show, true },            { "schedules", cmd_schedules, true },
         { "pause", cmd_pause, false },         { "resume", cmd_resume, false },
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "kairos/config.h"
+#include "kairos/statedir.h"
 #include "kairos/strmap.h"
 #include "notify.h"
 #include "serialq.h"
@@ -57,6 +58,8 @@ struct mandate {
         char *goal;
         char *retry_of;            /* a retry (kairosctl retry): the mandate it retries */
         int retry;                 /* ... and its number N >= 1 (planner.h); 0 otherwise */
+        int64_t started_ms;        /* wall clock: fired (or its WAL's first record); 0 unknown */
+        int64_t ended_ms;          /* wall clock: finished; 0 while it runs */
         bool archived;             /* finished: WAL gzipped to archive/ */
         /* executor */
         bool queued;               /* in the runnable queue */
@@ -85,8 +88,7 @@ struct daemon {
         struct config *cfg;
         char *config_path;         /* NULL: built-in configuration */
         char *state_dir_override;  /* --state-dir */
-        char *wal_dir;
-        char *archive_dir;
+        struct statedir paths;     /* the state directory's layout */
         int lock_fd;
         gid_t socket_gid;          /* (gid_t)-1: the group does not exist */
         uint64_t started_ms;
@@ -109,7 +111,6 @@ struct daemon {
         unsigned running;                          /* mandates holding a slot */
         void (*executor_idle)(struct daemon *d);   /* shutdown: nothing runs any more */
         uv_timer_t grace_timer;
-        char *mandates_dir;                        /* <state>/mandates: summaries of finished ones */
 
         uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
         uv_timer_t extend_timer;
@@ -122,6 +123,7 @@ struct daemon {
 };
 
 uint64_t now_ms_monotonic(void);
+int64_t now_ms_realtime(void);
 
 /* STATUS= text and the status dump. */
 void daemon_update_status(struct daemon *d);
@@ -145,6 +147,22 @@ void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX]);
  * recover_load_finished first registers finished mandates from their summaries. */
 int recover_load_finished(struct daemon *d);
 int recover_start(struct daemon *d, void (*done)(struct daemon *d));
+
+/* history.c: list, mandate prefixes, retention of finished mandates. */
+/* Resolve a MANDATE argument: an id or a unique prefix of one.  -ENOENT
+ * (none), -EEXIST (ambiguous: *ret_candidates, up to max, NULL-terminated,
+ * owned by the registry), 0 with *ret. */
+int history_resolve(struct daemon *d, const char *arg, struct mandate **ret,
+                    const struct mandate **ret_candidates, size_t max);
+/* A mandate finished: retention may prune older ones. */
+void history_finished(struct mandate *m);
+/* After startup: prune what retention allows, start the age timer. */
+void history_start(struct daemon *d);
+void history_stop(struct daemon *d);
+/* Prune now (test hook after moving the fake clock). */
+void history_prune_now(struct daemon *d);
+struct control_request;
+void history_cmd_list(struct control_request *req);
 
 /* control.c */
 int control_start(struct daemon *d, const char *path);

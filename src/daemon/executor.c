@@ -456,7 +456,7 @@ static bool decide_once(struct advance *a, struct wal *w, const struct fold *f,
         return false;
 }
 
-static int write_summary(struct advance *a, const char *mandates_dir, const char *archive)
+static int write_summary(struct advance *a, const struct statedir *paths, const char *archive)
 {
         struct kbuf b = KBUF_INIT;
         kbuf_puts(&b, "{\"mandate_id\":");
@@ -475,15 +475,17 @@ static int write_summary(struct advance *a, const char *mandates_dir, const char
                 kbuf_json_string_lossy(&b, a->m->retry_of, strlen(a->m->retry_of), 0);
                 kbuf_printf(&b, ",\"retry\":%d", a->m->retry);
         }
-        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"archive\":", a->cycle,
-                    (long long)time(NULL));
+        int64_t ended_ms = now_ms_realtime();
+        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"started_ms\":%lld,\"ended_ms\":%lld,"
+                    "\"archive\":", a->cycle, (long long)(ended_ms / 1000),
+                    (long long)a->m->started_ms, (long long)ended_ms);
         kbuf_json_string_lossy(&b, archive, strlen(archive), 0);
         kbuf_puts(&b, "}\n");
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s.json", mandates_dir, a->m->id);
-        int r = kio_mkdir_p(kio_posix(), mandates_dir, 0750);
+        char *path = NULL;
+        int r = statedir_summary_path(paths, a->m->id, &path);
         if (r == 0)
-                r = kio_write_file_atomic(kio_posix(), path, b.data, b.len, 0640);
+                r = kio_write_file_atomic(kio_posix(), path, b.data, b.len, STATEDIR_FILE_MODE);
+        free(path);
         kbuf_free(&b);
         return r;
 }
@@ -585,13 +587,13 @@ static void advance_work(void *arg)
         a->flushes = wal_flush_count(m->wal) - flushes_before;
         if (!a->error && a->next == NEXT_END) {
                 char *dest = NULL;
-                const char *archive_dir = m->d->archive_dir;
+                const char *archive_dir = m->d->paths.archive;
                 char *arch_path = NULL;
-                if (asprintf(&arch_path, "%s/%s.wal.jsonl.gz", archive_dir, m->id) < 0)
+                if (statedir_archive_path(&m->d->paths, m->id, &arch_path) < 0)
                         arch_path = NULL;
                 /* The summary first: if we die before the WAL is archived, the
                  * WAL is still there and the end is decided again. */
-                if (!arch_path || (r = write_summary(a, m->d->mandates_dir, arch_path)) < 0) {
+                if (!arch_path || (r = write_summary(a, &m->d->paths, arch_path)) < 0) {
                         r = arch_path ? r : -ENOMEM;
                         a->error = r;
                         snprintf(a->errmsg, sizeof a->errmsg, "writing the summary of %s: %s",
@@ -1569,12 +1571,14 @@ static void advance_done(void *arg)
                 break;
         case NEXT_END:
                 m->archived = true;
+                m->ended_ms = now_ms_realtime();
                 if (a->archive_path) {
                         free(m->wal_path);
                         m->wal_path = a->archive_path;
                         a->archive_path = NULL;
                 }
                 mandate_set_status(m, a->end_status, a->reason);
+                history_finished(m);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s %s after %lld cycle%s (%s); WAL archived", m->id,
                           mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",
@@ -1909,9 +1913,11 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                                             schedule, busy->id, mandate_status_name(busy->status));
                 return;
         }
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s.wal.jsonl", d->wal_dir, p.mandate_id);
-        m = mandate_add(d, p.mandate_id, path);
+        char *path = NULL;
+        m = statedir_wal_path(&d->paths, p.mandate_id, &path) < 0
+                    ? NULL
+                    : mandate_add(d, p.mandate_id, path);
+        free(path);
         if (!m) {
                 if (req)
                         control_reply_error(req, "internal", "out of memory");
@@ -1924,6 +1930,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 m->retry_of = strdup(rt->retry_of);
                 m->retry = retry;
         }
+        m->started_ms = now_ms_realtime();
         struct advance *a = advance_new(m);
         if (!a) {
                 if (req)

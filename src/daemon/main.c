@@ -33,6 +33,13 @@ uint64_t now_ms_monotonic(void)
         return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+int64_t now_ms_realtime(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static void usage(FILE *f)
 {
         fprintf(f,
@@ -333,6 +340,7 @@ void daemon_stop(struct daemon *d, int exit_code)
          * the loop ends (commands.c refuses the others). */
         chronos_stop(d);
         metrics_stop(d->metrics);
+        history_stop(d);
         notify_watchdog_stop(&d->watchdog);
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
@@ -399,6 +407,7 @@ static void on_recovered(struct daemon *d)
                   r->quarantined, d->cfg->control_socket);
         executor_kick(d);
         metrics_start(d->metrics);
+        history_start(d);
         if ((rc = chronos_start(d)) < 0)
                 log_error("the scheduler cannot start: %s; schedules do not fire (kairosctl fire "
                           "still works)",
@@ -472,38 +481,41 @@ static int take_lock(struct daemon *d)
         return 0;
 }
 
+/* The state directories belong to SocketGroup= with the setgid bit, so the
+ * WALs and archives created in them (mode 0640) carry that group and its
+ * members can run the offline commands (kairosctl wal verify, recover
+ * --dry-run).  Best effort: a daemon that may not chgrp says so and goes on. */
+static void share_with_group(struct daemon *d)
+{
+        const char *dirs[] = { d->paths.root, d->paths.wal, d->paths.archive, d->paths.mandates };
+        for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+                struct stat st;
+                if (stat(dirs[i], &st) < 0)
+                        continue;
+                if (d->socket_gid != (gid_t)-1 && st.st_gid != d->socket_gid &&
+                    chown(dirs[i], (uid_t)-1, d->socket_gid) < 0) {
+                        log_warning("cannot give %s to the group %s: %s", dirs[i],
+                                    d->cfg->socket_group, strerror(errno));
+                        continue;
+                }
+                mode_t want = STATEDIR_DIR_MODE | (d->socket_gid != (gid_t)-1 ? S_ISGID : 0);
+                if ((st.st_mode & 07777) != want && chmod(dirs[i], want) < 0)
+                        log_warning("cannot set the mode of %s: %s", dirs[i], strerror(errno));
+        }
+}
+
 static int prepare_dirs(struct daemon *d)
 {
-        const struct kio *io = kio_posix();
-        if (asprintf(&d->wal_dir, "%s/wal", d->cfg->state_directory) < 0 ||
-            asprintf(&d->archive_dir, "%s/archive", d->cfg->state_directory) < 0 ||
-            asprintf(&d->mandates_dir, "%s/mandates", d->cfg->state_directory) < 0)
-                return -ENOMEM;
-        int r;
-        if ((r = kio_mkdir_p(io, d->cfg->state_directory, 0750)) < 0) {
-                fprintf(stderr, "kairosd: cannot create state directory %s: %s\n",
-                        d->cfg->state_directory, strerror(-r));
+        const char *failed = NULL;
+        int r = statedir_init(&d->paths, d->cfg->state_directory);
+        if (r == 0)
+                r = statedir_create(&d->paths, kio_posix(), &failed);
+        if (r < 0) {
+                fprintf(stderr, "kairosd: cannot create %s: %s\n",
+                        failed ? failed : d->cfg->state_directory, strerror(-r));
                 return r;
         }
-        if ((r = kio_mkdir_p(io, d->wal_dir, 0750)) < 0 ||
-            (r = kio_mkdir_p(io, d->archive_dir, 0750)) < 0 ||
-            (r = kio_mkdir_p(io, d->mandates_dir, 0750)) < 0) {
-                fprintf(stderr, "kairosd: cannot create %s: %s\n", d->wal_dir, strerror(-r));
-                return r;
-        }
-        /* kio_mkdir_p fsyncs the parent of a directory it creates, but not of
-         * one that already exists — and a previous run may have created it
-         * and then failed that fsync.  So every directory the daemon relies
-         * on gets its entry made durable at each start, before anything is
-         * acknowledged (a handful of fsyncs, once). */
-        /* the state directory holds wal/, archive/ and mandates/ */
-        const char *dirs[] = { d->wal_dir, d->cfg->state_directory };
-        for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
-                if ((r = kio_fsync_parent(io, dirs[i])) < 0) {
-                        fprintf(stderr, "kairosd: cannot fsync the directory holding %s: %s\n",
-                                dirs[i], strerror(-r));
-                        return r;
-                }
+        share_with_group(d);
         return 0;
 }
 
@@ -637,7 +649,7 @@ int main(int argc, char **argv)
                 goto out;
         }
         if (d->mandates && (r = recover_load_finished(d)) < 0)
-                log_warning("cannot read %s: %s", d->mandates_dir, strerror(-r));
+                log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
         startup_pending = 2;
         if ((r = idem_service_start(d, on_startup_part_done)) < 0) {
                 log_error("the idempotency store cannot start: %s", strerror(-r));
@@ -669,9 +681,7 @@ out:
         config_free(d->cfg);
         free(d->config_path);
         free(d->state_dir_override);
-        free(d->wal_dir);
-        free(d->archive_dir);
-        free(d->mandates_dir);
+        statedir_free(&d->paths);
         if (d->lock_fd >= 0)
                 close(d->lock_fd);
         return exit_code;

@@ -70,7 +70,11 @@ int mandate_wal_open(struct mandate *m)
         if (m->wal)
                 return 0;
         struct wal_open_info info;
-        int r = wal_open(m->wal_path, metrics_wal_options(m->d->metrics), &m->wal, &info);
+        /* the daemon made wal/ at start: no mkdir -p per open */
+        const struct wal_options *mo = metrics_wal_options(m->d->metrics);
+        struct wal_options opt = mo ? *mo : (struct wal_options){ 0 };
+        opt.dir_exists = true;
+        int r = wal_open(m->wal_path, &opt, &m->wal, &info);
         if (r < 0)
                 return r;
         if (wal_state(m->wal) == WAL_STATE_QUARANTINED)

@@ -17,6 +17,7 @@
 #include "kairos/kio.h"
 #include "kairos/planner.h"
 #include "kairos/recovery.h"
+#include "kairos/statedir.h"
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
@@ -46,7 +47,7 @@ struct recover_job {
         int unlink_error;
         bool torn;
         size_t torn_bytes;
-        char torn_path[4096];
+        char *torn_path;             /* where the torn bytes were kept */
         int io_error;                /* append/flush failure */
         struct recover_decision *decisions;
         size_t ndecisions;
@@ -59,10 +60,12 @@ struct recover_job {
         char *schedule, *fired_at, *goal;   /* from the mandate record */
         char *retry_of;                     /* ... a retry's, with its number */
         int retry;
+        int64_t started_ms;                 /* its ts (or the first record's) */
 };
 
 static void (*recovery_done_cb)(struct daemon *d);
 static unsigned pending_jobs;
+static unsigned recover_inflight;       /* jobs on the pool (RECOVER_WINDOW) */
 
 static const char *action_for(const struct recovery_decision *dec)
 {
@@ -117,6 +120,7 @@ static void settle_status(struct recover_job *j, const struct fold *f, const str
                 j->retry_of = strdup(f->mandate.retry_of);
                 j->retry = (int)f->mandate.retry;
         }
+        wal_parse_ts(f->mandate.ts ? f->mandate.ts : f->first_ts, &j->started_ms);
         if (f->nplans > 0) {
                 const struct fold_plan *last = &f->plans[f->nplans - 1];
                 j->plan_id = strdup(last->plan_id ? last->plan_id : "");
@@ -143,14 +147,20 @@ static void recover_work(void *arg)
         struct recovery *rec = NULL;
         struct wal_open_info info;
 
-        int r = wal_open(j->m->wal_path, metrics_wal_options(j->d->metrics), &w, &info);
+        /* The directory was made at start: no mkdir -p per WAL.  The file is
+         * read once: the fold that opening it made is the one planned on. */
+        const struct wal_options *mo = metrics_wal_options(j->d->metrics);
+        struct wal_options wopt = mo ? *mo : (struct wal_options){ 0 };
+        wopt.dir_exists = true;
+        int r = wal_open_folded(j->m->wal_path, &wopt, &w, &info, &f);
         if (r < 0) {
                 j->error = r;
                 return;
         }
         j->torn = info.torn_repaired;
         j->torn_bytes = info.torn_bytes;
-        snprintf(j->torn_path, sizeof j->torn_path, "%s", info.torn_path);
+        if (j->torn)
+                j->torn_path = strdup(info.torn_path);
         if (info.corrupt) {
                 j->corrupt = true;
                 j->bad_line = info.bad_line;
@@ -159,14 +169,14 @@ static void recover_work(void *arg)
                 j->status = MANDATE_QUARANTINED;
                 j->reason = strdup("wal_corrupt");
                 /* What came before the bad line, for list and show. */
-                if (fold_file(j->m->wal_path, &f) == 0 && f->nplans > 0) {
+                if (f && f->nplans > 0) {
                         const struct fold_plan *last = &f->plans[f->nplans - 1];
                         j->plan_id = last->plan_id ? strdup(last->plan_id) : NULL;
                         j->cycle = last->cycle;
                 }
                 goto out;
         }
-        if ((r = fold_file(j->m->wal_path, &f)) < 0) {
+        if (!f && (r = fold_file(j->m->wal_path, &f)) < 0) {
                 j->error = r;
                 goto out;
         }
@@ -244,6 +254,8 @@ static void log_decision(const struct mandate *m, const struct recover_decision 
                   rd->reason, rd->action);
 }
 
+static void submit_more(struct daemon *d);
+
 static void recover_done(void *arg)
 {
         struct recover_job *j = arg;
@@ -258,7 +270,7 @@ static void recover_done(void *arg)
                 log_event(LOG_WARNING, NULL,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
                           "recovery: %s: torn tail of %zu bytes cut off (kept in %s)",
-                          m->wal_path, j->torn_bytes, j->torn_path);
+                          m->wal_path, j->torn_bytes, j->torn_path ? j->torn_path : "?");
         }
         for (size_t i = 0; i < j->ndecisions; i++) {
                 struct recover_decision *rd = &j->decisions[i];
@@ -332,6 +344,8 @@ static void recover_done(void *arg)
                 m->retry_of = j->retry_of;
                 m->retry = j->retry;
                 j->retry_of = NULL;
+                if (j->started_ms > 0)
+                        m->started_ms = j->started_ms;
                 free(m->plan_id);
                 m->plan_id = j->plan_id;
                 j->plan_id = NULL;
@@ -367,6 +381,7 @@ static void recover_done(void *arg)
                 free(j->decisions[i].evidence);
         }
         free(j->decisions);
+        free(j->torn_path);
         free(j->reason);
         free(j->review_step);
         free(j->plan_id);
@@ -376,21 +391,13 @@ static void recover_done(void *arg)
         free(j->retry_of);
         free(j);
 
+        recover_inflight--;
+        submit_more(d);
         if (--pending_jobs == 0) {
                 s->complete = true;
                 s->duration_ms = now_ms_monotonic() - s->started_ms;
                 recovery_done_cb(d);
         }
-}
-
-static bool is_wal_name(const char *name, char *id, size_t idlen)
-{
-        size_t n = strlen(name), sl = strlen(WAL_SUFFIX);
-        if (n <= sl || strcmp(name + n - sl, WAL_SUFFIX) != 0 || n - sl >= idlen)
-                return false;
-        memcpy(id, name, n - sl);
-        id[n - sl] = '\0';
-        return true;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -432,6 +439,10 @@ static void load_summary(struct daemon *d, const char *path)
                         m->retry = (int)n;
                 }
                 m->cycle = json_integer_value(json_object_get(j, "cycles"));
+                m->started_ms = json_integer_value(json_object_get(j, "started_ms"));
+                m->ended_ms = json_integer_value(json_object_get(j, "ended_ms"));
+                if (!m->ended_ms)
+                        m->ended_ms = json_integer_value(json_object_get(j, "ended_at")) * 1000;
                 m->archived = true;
         }
         json_decref(j);
@@ -439,27 +450,66 @@ static void load_summary(struct daemon *d, const char *path)
 
 int recover_load_finished(struct daemon *d)
 {
-        DIR *dir = opendir(d->mandates_dir);
+        DIR *dir = opendir(d->paths.mandates);
         if (!dir)
                 return errno == ENOENT ? 0 : -errno;
         struct dirent *de;
         while ((de = readdir(dir))) {
-                size_t n = strlen(de->d_name);
-                if (n <= 5 || strcmp(de->d_name + n - 5, ".json") != 0 || de->d_name[0] == '.')
+                char id[256], *path = NULL;
+                if (!statedir_entry_id(de->d_name, STATEDIR_SUMMARY_SUFFIX, id, sizeof id) ||
+                    statedir_summary_path(&d->paths, id, &path) < 0)
                         continue;
-                char path[4096];
-                snprintf(path, sizeof path, "%s/%s", d->mandates_dir, de->d_name);
                 load_summary(d, path);
+                free(path);
         }
         closedir(dir);
         return 0;
+}
+
+/* The WALs found at start, opened a window at a time: a job (and its
+ * buffers) exists only while it is in flight, so memory does not grow with
+ * the number of WALs. */
+#define RECOVER_WINDOW 64
+
+static struct {
+        struct mandate **todo;
+        size_t n, next;
+} pend;
+
+static void submit_more(struct daemon *d)
+{
+        while (pend.next < pend.n && recover_inflight < RECOVER_WINDOW) {
+                struct mandate *m = pend.todo[pend.next];
+                struct recover_job *j = calloc(1, sizeof(*j));
+                if (!j)
+                        break;
+                j->m = m;
+                j->d = d;
+                j->had_summary = m->archived;
+                m->archived = false;
+                pend.next++;
+                pending_jobs++;
+                recover_inflight++;
+                if (serialq_submit(&m->q, recover_work, recover_done, j) < 0) {
+                        pending_jobs--;
+                        recover_inflight--;
+                        free(j);
+                        mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                        d->recovery.io_errors++;
+                }
+        }
+        if (pend.next == pend.n) {
+                free(pend.todo);
+                pend.todo = NULL;
+                pend.n = pend.next = 0;
+        }
 }
 
 int recover_start(struct daemon *d, void (*done)(struct daemon *d))
 {
         recovery_done_cb = done;
         d->recovery.started_ms = now_ms_monotonic();
-        DIR *dir = opendir(d->wal_dir);
+        DIR *dir = opendir(d->paths.wal);
         if (!dir)
                 return -errno;
         char **names = NULL;
@@ -468,7 +518,7 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
         struct dirent *de;
         while ((de = readdir(dir))) {
                 char id[256];
-                if (!is_wal_name(de->d_name, id, sizeof id))
+                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id))
                         continue;
                 if (n == cap) {
                         cap = cap ? cap * 2 : 64;
@@ -479,7 +529,7 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
                         }
                         names = nn;
                 }
-                if (!(names[n] = strdup(de->d_name))) {
+                if (!(names[n] = strdup(id))) {
                         r = -ENOMEM;
                         break;
                 }
@@ -488,46 +538,48 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
         closedir(dir);
         if (r == 0 && n > 1)
                 qsort(names, n, sizeof(*names), cmp_str);
+        if (r == 0 && n && !(pend.todo = calloc(n, sizeof(*pend.todo))))
+                r = -ENOMEM;
 
-        pending_jobs = 1; /* held until every job is queued */
+        /* Register every mandate first (list, show and fire know them during
+         * recovery), then open their WALs a window at a time. */
         for (size_t i = 0; r == 0 && i < n; i++) {
-                char id[256], path[4096];
-                is_wal_name(names[i], id, sizeof id);
-                snprintf(path, sizeof path, "%s/%s", d->wal_dir, names[i]);
+                char *path = NULL;
+                if ((r = statedir_wal_path(&d->paths, names[i], &path)) < 0)
+                        break;
                 /* A WAL next to a summary: the end was recorded but the WAL
-                 * not yet archived.  The WAL wins; the executor ends it again. */
-                struct mandate *m = mandate_find(d, id);
-                bool had_summary = m != NULL;
+                 * not yet archived.  The WAL wins; the executor ends it again.
+                 * (archived stays true until the job starts: it says "had a
+                 * summary".) */
+                struct mandate *m = mandate_find(d, names[i]);
                 if (m) {
                         free(m->wal_path);
-                        m->wal_path = strdup(path);
-                        m->archived = false;
-                        if (!m->wal_path)
-                                m = NULL;
+                        m->wal_path = path;
+                        path = NULL;
                 } else {
-                        m = mandate_add(d, id, path);
+                        m = mandate_add(d, names[i], path);
+                        if (m)
+                                m->archived = false;
                 }
-                struct recover_job *j = calloc(1, sizeof(*j));
-                if (!m || !j) {
-                        free(j);
+                free(path);
+                if (!m) {
                         r = -ENOMEM;
                         break;
                 }
-                j->m = m;
-                j->d = d;
-                j->had_summary = had_summary;
+                pend.todo[pend.n++] = m;
                 d->recovery.files++;
-                pending_jobs++;
-                if ((r = serialq_submit(&m->q, recover_work, recover_done, j)) < 0) {
-                        pending_jobs--;
-                        free(j);
-                }
         }
         for (size_t i = 0; i < n; i++)
                 free(names[i]);
         free(names);
-        if (r < 0)
+        if (r < 0) {
+                free(pend.todo);
+                pend.todo = NULL;
+                pend.n = 0;
                 return r;
+        }
+        pending_jobs = 1; /* held until every job is queued */
+        submit_more(d);
         if (--pending_jobs == 0) {
                 d->recovery.complete = true;
                 d->recovery.duration_ms = now_ms_monotonic() - d->recovery.started_ms;

@@ -506,6 +506,10 @@ static const struct key_def daemon_keys[] = {
         { .name = "MetricsFile", .type = KT_OPT_PATH, .offset = DFIELD(metrics_file) },
         { .name = "MetricsIntervalSec", .type = KT_DURATION,
           .offset = DFIELD(metrics_interval_sec), .min = 1, .max = 86400 },
+        { .name = "KeepFinished", .type = KT_UNSIGNED, .offset = DFIELD(keep_finished),
+          .min = 0, .max = 100000000 },
+        { .name = "KeepFinishedSec", .type = KT_DURATION, .offset = DFIELD(keep_finished_sec),
+          .min = 0, .max = CONFIG_DURATION_MAX },
         { .name = NULL },
 };
 
@@ -1414,6 +1418,8 @@ static struct config *config_new(void)
         c->graceful_timeout_sec = 120;
         c->log_level = 6; /* info */
         c->metrics_interval_sec = 15;
+        c->keep_finished = 1000;
+        c->keep_finished_sec = 30 * 86400;
         c->idem_ttl_sec = 86400;
         c->idem_max_entries = 10000;
         if (!c->state_directory || !c->control_socket || !c->socket_group) {

@@ -478,8 +478,16 @@ static int op_transition(struct fold *f, const struct rec *rc)
                 return r;
         if (rc->recovered && (rc->recovered->type == KJSON_TRUE || rc->recovered->type == KJSON_FALSE))
                 s->recovered = rc->recovered->type == KJSON_TRUE;
-        if (str_eq(rc->status, "executing"))
+        if (str_eq(rc->status, "executing")) {
                 s->executions++;
+                s->ended_ts = NULL;
+                if ((r = apply_str(f, rc->ts, &s->started_ts)) < 0)
+                        return r;
+        } else if (str_eq(rc->status, "completed") || str_eq(rc->status, "failed") ||
+                   str_eq(rc->status, "needs_review")) {
+                if ((r = apply_str(f, rc->ts, &s->ended_ts)) < 0)
+                        return r;
+        }
         if (str_eq(rc->status, "pending") && rc->reset && rc->reset->type == KJSON_TRUE) {
                 /* FIX: a reset forgets the interrupted execution */
                 s->observed_pre_hash = NULL;
@@ -535,7 +543,8 @@ static int op_mandate(struct fold *f, const struct rec *rc, size_t line)
             (r = keep_str(f, rc->schedule, &md->schedule)) < 0 ||
             (r = keep_str(f, rc->fired_at, &md->fired_at)) < 0 ||
             (r = keep_str(f, rc->goal, &md->goal)) < 0 ||
-            (r = keep_str(f, rc->retry_of, &md->retry_of)) < 0)
+            (r = keep_str(f, rc->retry_of, &md->retry_of)) < 0 ||
+            (r = keep_str(f, rc->ts, &md->ts)) < 0)
                 return r;
         md->retry = md->retry_of ? num_ll(rc->retry) : 0;
         return 0;
@@ -546,6 +555,13 @@ static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
         struct rec rc;
 
         rec_collect(obj, &rc);
+        if (is_str(rc.ts)) {
+                int r = keep_str(f, rc.ts, &f->last_ts);
+                if (r < 0)
+                        return r;
+                if (!f->first_ts)
+                        f->first_ts = f->last_ts;
+        }
         if (str_eq(rc.op, "plan_commit"))
                 return op_plan_commit(f, &rc, line);
         if (str_eq(rc.op, "append"))

@@ -19,6 +19,7 @@
 #include "kairos/crcline.h"
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
+#include "kairos/statedir.h"
 #include "kairos/strmap.h"
 #include "kairos/wal.h"
 
@@ -1333,7 +1334,7 @@ int idem_log_open(const char *dir, const struct kio *io, struct idem_store *s,
         if (!l->dir || !l->path)
                 goto fail;
         snprintf(l->path, need, "%s/%s", dir, IDEM_LOG_NAME);
-        if ((r = kio_mkdir_p(l->io, dir, 0700)) < 0)
+        if ((r = kio_mkdir_p(l->io, dir, STATEDIR_DIR_MODE)) < 0)
                 goto fail;
         int fd = l->io->open(l->io->ctx, l->path,
                              O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -20,6 +20,7 @@
 #include "kairos/crcline.h"
 #include "kairos/fold.h"
 #include "kairos/kjson.h"
+#include "kairos/statedir.h"
 
 /* ------------------------------------------------------------------------ */
 /* Encoder                                                                   */
@@ -58,6 +59,34 @@ void wal_format_ts(int64_t ts_ms, char out[32])
         size_t n = strnlen(buf, 31);
         memcpy(out, buf, n);
         out[n] = '\0';
+}
+
+int wal_parse_ts(const char *ts, int64_t *ret_ms)
+{
+        *ret_ms = 0;
+        if (!ts)
+                return -EINVAL;
+        size_t n = strlen(ts);
+        int ms = 0;
+        if (n == 24 && ts[19] == '.' && ts[23] == 'Z') {
+                for (int i = 20; i < 23; i++) {
+                        if (ts[i] < '0' || ts[i] > '9')
+                                return -EINVAL;
+                        ms = ms * 10 + (ts[i] - '0');
+                }
+        } else if (n != 20) {
+                return -EINVAL;
+        }
+        char base[21];
+        memcpy(base, ts, 19);
+        base[19] = 'Z';
+        base[20] = '\0';
+        int64_t secs;
+        int r = planner_parse_fired_at(base, &secs);
+        if (r < 0)
+                return r;
+        *ret_ms = secs * 1000 + ms;
+        return 0;
 }
 
 /* Field writer: the first error sticks, later calls do nothing. */
@@ -372,6 +401,7 @@ struct wal {
         off_t size;          /* end of the last whole record */
         size_t pending;      /* appended since the last flush */
         uint64_t flush_count;
+        bool dir_exists;
 };
 
 static int64_t realtime_ms(void *ctx)
@@ -403,7 +433,8 @@ static int save_torn(struct wal *w, const char *bytes, size_t n, char *torn_path
                                             w->path, secs, k);
                 if (len < 0 || (size_t)len >= torn_path_size)
                         return -ENAMETOOLONG;
-                fd = io->open(io->ctx, torn_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+                fd = io->open(io->ctx, torn_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                              WAL_FILE_MODE);
         }
         if (fd < 0)
                 return fd;
@@ -421,7 +452,7 @@ static int save_torn(struct wal *w, const char *bytes, size_t n, char *torn_path
 static int open_append(struct wal *w, int extra_flags)
 {
         return w->io->open(w->io->ctx, w->path,
-                           O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | extra_flags, 0600);
+                           O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | extra_flags, WAL_FILE_MODE);
 }
 
 static void set_info_bad(struct wal_open_info *info, const struct fold *f)
@@ -432,7 +463,7 @@ static void set_info_bad(struct wal_open_info *info, const struct fold *f)
 }
 
 /* An existing file: scan it, repair a torn tail or quarantine. */
-static int open_existing(struct wal *w, struct wal_open_info *info)
+static int open_existing(struct wal *w, struct wal_open_info *info, struct fold **ret_fold)
 {
         const struct kio *io = w->io;
         char *data = NULL;
@@ -488,12 +519,17 @@ static int open_existing(struct wal *w, struct wal_open_info *info)
         w->size = st.st_size;
         r = 0;
 out:
+        if (r == 0 && ret_fold) {
+                *ret_fold = f;
+                f = NULL;
+        }
         fold_free(f);
         free(data);
         return r;
 }
 
-static int open_new_or_existing(struct wal *w, struct wal_open_info *info)
+static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
+                                struct fold **ret_fold)
 {
         const struct kio *io = w->io;
         char *dir = strdup(w->path);
@@ -501,9 +537,9 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info)
                 return -ENOMEM;
         char *slash = strrchr(dir, '/');
         int r = 0;
-        if (slash && slash != dir) {
+        if (slash && slash != dir && !w->dir_exists) {
                 *slash = '\0';
-                r = kio_mkdir_p(io, dir, 0700);
+                r = kio_mkdir_p(io, dir, STATEDIR_DIR_MODE);
         }
         free(dir);
         if (r < 0)
@@ -512,7 +548,7 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info)
         /* O_EXCL tells creation from an existing file without a race. */
         int fd = open_append(w, O_EXCL);
         if (fd == -EEXIST)
-                return open_existing(w, info);
+                return open_existing(w, info, ret_fold);
         if (fd < 0)
                 return fd;
         w->fd = fd;
@@ -523,6 +559,12 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info)
 
 int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
              struct wal_open_info *info)
+{
+        return wal_open_folded(path, opt, out, info, NULL);
+}
+
+int wal_open_folded(const char *path, const struct wal_options *opt, struct wal **out,
+                    struct wal_open_info *info, struct fold **ret_fold)
 {
         struct wal_open_info dummy;
         if (!path || !*path || !out)
@@ -539,6 +581,7 @@ int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
         w->io = opt && opt->io ? opt->io : kio_posix();
         w->now_ms = opt && opt->now_ms ? opt->now_ms : realtime_ms;
         w->clock_ctx = opt ? opt->clock_ctx : NULL;
+        w->dir_exists = opt && opt->dir_exists;
         w->state = WAL_STATE_OK;
         w->path = strdup(path);
         if (!w->path) {
@@ -550,8 +593,14 @@ int wal_open(const char *path, const struct wal_options *opt, struct wal **out,
                 free(w);
                 return -ENOMEM;
         }
-        int r = open_new_or_existing(w, info);
+        if (ret_fold)
+                *ret_fold = NULL;
+        int r = open_new_or_existing(w, info, ret_fold);
         if (r < 0) {
+                if (ret_fold) {
+                        fold_free(*ret_fold);
+                        *ret_fold = NULL;
+                }
                 if (w->fd >= 0)
                         w->io->close(w->io->ctx, w->fd);
                 pthread_mutex_destroy(&w->lock);
@@ -891,13 +940,21 @@ static int gzip_buffer(const char *data, size_t len, struct kbuf *out)
         return r;
 }
 
-static char *path_join(const char *dir, const char *name, const char *suffix)
+int wal_archive_path(const char *wal_path, const char *archive_dir, char **ret_path)
 {
-        size_t n = strlen(dir) + 1 + strlen(name) + strlen(suffix) + 1;
+        if (!wal_path || !archive_dir || !*archive_dir)
+                return -EINVAL;
+        const char *base = strrchr(wal_path, '/');
+        base = base ? base + 1 : wal_path;
+        if (!*base)
+                return -EINVAL;
+        size_t n = strlen(archive_dir) + 1 + strlen(base) + sizeof(".gz");
         char *p = malloc(n);
-        if (p)
-                snprintf(p, n, "%s/%s%s", dir, name, suffix);
-        return p;
+        if (!p)
+                return -ENOMEM;
+        snprintf(p, n, "%s/%s.gz", archive_dir, base);
+        *ret_path = p;
+        return 0;
 }
 
 int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
@@ -909,29 +966,25 @@ int wal_archive_file(const struct kio *io, const char *wal_path, const char *arc
                 io = kio_posix();
         if (dest)
                 *dest = NULL;
-        const char *base = strrchr(wal_path, '/');
-        base = base ? base + 1 : wal_path;
-        if (!*base)
-                return -EINVAL;
-
         char *data = NULL, *tmp = NULL, *final = NULL;
         size_t len = 0;
         struct kbuf gz = KBUF_INIT;
         int fd = -1;
-        int r = kio_read_file(wal_path, 0, 0, &data, &len);
+        int r = wal_archive_path(wal_path, archive_dir, &final);
         if (r < 0)
+                return r;
+        if ((r = kio_read_file(wal_path, 0, 0, &data, &len)) < 0)
                 goto out;
         if ((r = gzip_buffer(data, len, &gz)) < 0)
                 goto out;
-        tmp = path_join(archive_dir, base, ".gz.tmp");
-        final = path_join(archive_dir, base, ".gz");
-        if (!tmp || !final) {
+        if (asprintf(&tmp, "%s.tmp", final) < 0) {
+                tmp = NULL;
                 r = -ENOMEM;
                 goto out;
         }
-        if ((r = kio_mkdir_p(io, archive_dir, 0700)) < 0)
+        if ((r = kio_mkdir_p(io, archive_dir, STATEDIR_DIR_MODE)) < 0)
                 goto out;
-        fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, WAL_FILE_MODE);
         if (fd < 0) {
                 r = fd;
                 goto out;

@@ -32,6 +32,8 @@ from test_daemon import EXTRA_REVIEW, prepare_state, settle  # noqa: E402
 
 KAIROSCTL = os.environ.get("KAIROSCTL", "")
 ALL_MANDATES = 6 + EXTRA_REVIEW
+LIST_HEADER = ["ID", "SCHEDULE", "FIRED", "AT", "STATUS", "CYCLE", "STARTED", "ENDED", "DURATION",
+               "REASON"]
 SCHEDULE_UNKNOWN = "schedule_unknown: the WAL has no mandate record"
 AT = "2026-04-20T12:00:00Z"
 
@@ -150,15 +152,27 @@ class OnlineCase(unittest.TestCase):
         with gzip.open(os.path.join(self.state, "archive", mandate + ".wal.jsonl.gz")) as gz:
             return [json.loads(line) for line in gz.read().splitlines() if line.strip()]
 
-    def list_rows(self):
-        """`kairosctl list` parsed: {id: (status, cycle, rest)}."""
-        lines = self.ok("list").splitlines()
-        self.assertEqual(lines[0].split(), ["ID", "STATUS", "CYCLE", "REASON/REVIEW"])
-        rows = {}
+    def list_table(self, *args):
+        """`kairosctl list` parsed by its header's columns: [{column: value}] in order."""
+        lines = self.ok("list", *args).splitlines()
+        self.assertEqual(lines[0].split(), LIST_HEADER)
+        cols = ["ID", "SCHEDULE", "FIRED AT", "STATUS", "CYCLE", "STARTED", "ENDED",
+                "DURATION", "REASON"]
+        starts = [lines[0].index(c) for c in cols]
+        out = []
         for line in lines[1:]:
-            parts = line.split(None, 3)
-            rows[parts[0]] = (parts[1], parts[2], parts[3] if len(parts) > 3 else "")
-        return rows
+            if line.startswith("("):
+                continue  # the "more" footer
+            row = {}
+            for k, c in enumerate(cols):
+                end = starts[k + 1] if k + 1 < len(cols) else None
+                row[c] = line[starts[k]:end].strip()
+            out.append(row)
+        return out
+
+    def list_rows(self):
+        """`kairosctl list` parsed: {id: (status, cycle, reason)}."""
+        return {r["ID"]: (r["STATUS"], r["CYCLE"], r["REASON"]) for r in self.list_table()}
 
 
 class TestStatus(OnlineCase):
@@ -200,17 +214,18 @@ class TestListShow(OnlineCase):
         out = self.ok("list")
         lines = out.splitlines()
         self.assertEqual(len(lines), 1 + ALL_MANDATES)
-        for col in ("STATUS", "CYCLE", "REASON/REVIEW"):
+        for col in ("STATUS", "CYCLE", "REASON"):
             start = lines[0].index(col)
             for line in lines[1:]:
                 if len(line) <= start:
-                    self.assertEqual(col, "REASON/REVIEW", line)  # an empty last column
+                    self.assertEqual(col, "REASON", line)  # an empty last column
                     continue
                 self.assertEqual(line[start - 2:start], "  ", (col, line))
                 self.assertNotEqual(line[start], " ", (col, line))
         self.assertFalse(any(l.endswith(" ") for l in lines), "no trailing blanks")
         rows = self.list_rows()
-        self.assertEqual(list(rows), sorted(rows))
+        # newest first: these WALs have no fired_at, so by id, descending
+        self.assertEqual(list(rows), sorted(rows, reverse=True))
         self.assertEqual(rows["mnd_r"], ("paused_review", "1",
                                          "step observe_001: interrupted_during_execution"))
         # (the plan before the bad line is plan_c, cycle 1)
@@ -231,7 +246,7 @@ class TestListShow(OnlineCase):
         self.assertRegex(out, r"\n  status: +failed\n  reason: +the last cycle failed\n")
         self.assertRegex(out, r"\n  WAL: +clean, 5 records\n")
         self.assertIn("\nPlan plan_f (cycle 1): finalized failed: step_failed\n", out)
-        self.assertRegex(out, r"\n +STEP +STATUS +EXECUTIONS +RECOVERED +REASON/ERROR\n")
+        self.assertRegex(out, r"\n +STEP +STATUS +EXECUTIONS +RECOVERED +STARTED +ENDED +DURATION +REASON/ERROR\n")
         self.assertRegex(out, r"\n +observe_001 +failed +1 +no +error: exit_status: exit 1\n")
         self.assertRegex(out, r"\n +orient_001 +planned +0 +no\n")
         out = self.ok("show", "mnd_a")

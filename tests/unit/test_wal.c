@@ -669,7 +669,8 @@ static void test_create_fsyncs_parent(void **state)
 
         struct stat st;
         assert_int_equal(stat(f->wal, &st), 0);
-        assert_int_equal(st.st_mode & 0777, 0600);
+        /* group-readable: members of the daemon's group run the offline commands */
+        assert_int_equal(st.st_mode & 0777, 0640);
         assert_int_equal(st.st_size, 0);
 
         /* mkdir <dir>/wal (fsync of <dir>), open with O_APPEND and never

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/* statedir: the one owner of the state directory's layout and modes.
+ *
+ *   <root>/wal/<id>.wal.jsonl            open mandates' WALs
+ *   <root>/archive/<id>.wal.jsonl.gz     finished mandates' WALs
+ *   <root>/mandates/<id>.json            finished mandates' summaries
+ *   <root>/idem/                          the idempotency log
+ *   <root>/<name>                         chronos.json, kairosd.pid, ...
+ *
+ * Directories are STATEDIR_DIR_MODE (group may traverse and read), WALs,
+ * archives and summaries STATEDIR_FILE_MODE, so members of the daemon's
+ * group can run the offline commands on them. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "kairos/kio.h"
+
+#define STATEDIR_DIR_MODE 0750
+#define STATEDIR_FILE_MODE 0640
+#define STATEDIR_WAL_SUFFIX ".wal.jsonl"
+#define STATEDIR_SUMMARY_SUFFIX ".json"
+
+struct statedir {
+        char *root;
+        char *wal;
+        char *archive;
+        char *mandates;
+        char *idem;
+};
+
+/* Compute the layout below root (nothing touched on disk). */
+int statedir_init(struct statedir *sd, const char *root);
+void statedir_free(struct statedir *sd);
+
+/* Paths of one mandate's files (the caller frees *ret_path). */
+int statedir_wal_path(const struct statedir *sd, const char *id, char **ret_path);
+int statedir_archive_path(const struct statedir *sd, const char *id, char **ret_path);
+int statedir_summary_path(const struct statedir *sd, const char *id, char **ret_path);
+/* <root>/<name>. */
+int statedir_file_path(const struct statedir *sd, const char *name, char **ret_path);
+
+/* The mandate id of a directory entry NAME<suffix> (false: not one). */
+bool statedir_entry_id(const char *name, const char *suffix, char *ret_id, size_t idlen);
+
+/* Create root, wal/, archive/, mandates/ (mkdir -p, STATEDIR_DIR_MODE) and
+ * make every entry durable in its parent, also for directories a previous
+ * run created and then failed to fsync. *ret_failed names the path that
+ * failed (not owned). */
+int statedir_create(const struct statedir *sd, const struct kio *io, const char **ret_failed);

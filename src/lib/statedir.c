@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+/* statedir: the state directory's layout (see statedir.h). */
+#include "kairos/statedir.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kairos/wal.h"
+
+static int join(const char *dir, const char *name, const char *suffix, char **ret)
+{
+        size_t n = strlen(dir) + 1 + strlen(name) + strlen(suffix) + 1;
+        char *p = malloc(n);
+        if (!p)
+                return -ENOMEM;
+        snprintf(p, n, "%s/%s%s", dir, name, suffix);
+        *ret = p;
+        return 0;
+}
+
+/* An id names one file inside a directory. */
+static bool valid_id(const char *id)
+{
+        return id && *id && !strchr(id, '/') && strcmp(id, ".") != 0 && strcmp(id, "..") != 0;
+}
+
+void statedir_free(struct statedir *sd)
+{
+        if (!sd)
+                return;
+        free(sd->root);
+        free(sd->wal);
+        free(sd->archive);
+        free(sd->mandates);
+        free(sd->idem);
+        memset(sd, 0, sizeof(*sd));
+}
+
+int statedir_init(struct statedir *sd, const char *root)
+{
+        memset(sd, 0, sizeof(*sd));
+        if (!root || !*root)
+                return -EINVAL;
+        sd->root = strdup(root);
+        if (!sd->root || join(root, "wal", "", &sd->wal) < 0 ||
+            join(root, "archive", "", &sd->archive) < 0 ||
+            join(root, "mandates", "", &sd->mandates) < 0 || join(root, "idem", "", &sd->idem) < 0) {
+                statedir_free(sd);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+int statedir_wal_path(const struct statedir *sd, const char *id, char **ret_path)
+{
+        if (!valid_id(id))
+                return -EINVAL;
+        return join(sd->wal, id, STATEDIR_WAL_SUFFIX, ret_path);
+}
+
+int statedir_archive_path(const struct statedir *sd, const char *id, char **ret_path)
+{
+        char *wal = NULL;
+        int r = statedir_wal_path(sd, id, &wal);
+        if (r == 0)
+                r = wal_archive_path(wal, sd->archive, ret_path);
+        free(wal);
+        return r;
+}
+
+int statedir_summary_path(const struct statedir *sd, const char *id, char **ret_path)
+{
+        if (!valid_id(id))
+                return -EINVAL;
+        return join(sd->mandates, id, STATEDIR_SUMMARY_SUFFIX, ret_path);
+}
+
+int statedir_file_path(const struct statedir *sd, const char *name, char **ret_path)
+{
+        if (!valid_id(name))
+                return -EINVAL;
+        return join(sd->root, name, "", ret_path);
+}
+
+bool statedir_entry_id(const char *name, const char *suffix, char *ret_id, size_t idlen)
+{
+        size_t n = strlen(name), sl = strlen(suffix);
+        if (name[0] == '.' || n <= sl || strcmp(name + n - sl, suffix) != 0 || n - sl >= idlen)
+                return false;
+        memcpy(ret_id, name, n - sl);
+        ret_id[n - sl] = '\0';
+        return true;
+}
+
+int statedir_create(const struct statedir *sd, const struct kio *io, const char **ret_failed)
+{
+        const char *dirs[] = { sd->root, sd->wal, sd->archive, sd->mandates };
+        int r = 0;
+        *ret_failed = NULL;
+        if (!io)
+                io = kio_posix();
+        for (size_t i = 0; i < sizeof dirs / sizeof dirs[0] && r == 0; i++)
+                if ((r = kio_mkdir_p(io, dirs[i], STATEDIR_DIR_MODE)) < 0)
+                        *ret_failed = dirs[i];
+        /* kio_mkdir_p fsyncs the parent of a directory it creates, but not of
+         * one that already exists, and a previous run may have created it and
+         * then failed that fsync: make the entries durable at each start
+         * (the state directory in its parent, the subdirectories in it). */
+        const char *durable[] = { sd->wal, sd->root };
+        for (size_t i = 0; i < sizeof durable / sizeof durable[0] && r == 0; i++)
+                if ((r = kio_fsync_parent(io, durable[i])) < 0)
+                        *ret_failed = durable[i];
+        return r;
+}
