@@ -48,6 +48,7 @@ class HistoryCase(unittest.TestCase):
         schedules = {
             "good": {"Schedule": CRON, "Mandate": ONE, "Exec": {"Observe": "/bin/true"}},
             "bad": {"Schedule": CRON, "Mandate": ONE, "Exec": {"Observe": "/bin/false"}},
+            "slow": {"Schedule": CRON, "Mandate": ONE, "Exec": {"Observe": "sleep 600"}},
         }
         group = grp.getgrgid(os.getgid()).gr_name
         conf = write_config(self.dir, self.state, schedules,
@@ -192,7 +193,7 @@ class TestRetention(HistoryCase):
         self.start("KeepFinishedSec=1d\n")
         ms = [self.fire_and_end("good", at(i)) for i in range(2)]
         self.assertEqual(len(self.call("list")["mandates"]), 2)
-        r = self.c.call("test_clock", now=int(__import__("time").time()) + 2 * 86400)
+        r = self.c.call("test-clock", now=int(__import__("time").time()) + 2 * 86400)
         if not r["ok"]:
             self.skipTest("no test hooks")
         self.d.wait_log("retention: pruned 2 finished mandates (0 beyond KeepFinished=1000, "
@@ -217,13 +218,13 @@ class TestModes(HistoryCase):
         self.assertEqual(st.st_gid, gid)
         with gzip.open(os.path.join(self.state, "archive", m + ".wal.jsonl.gz")) as f:
             self.assertIn(b'"op":"mandate"', f.read())
-        # an open WAL: a mandate that waits for approval would do; a fire of a
-        # long handler is simpler
-        slow = os.path.join(self.state, "wal")
         self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.state, "mandates",
                                                            m + ".json")).st_mode), 0o640)
-        self.assertTrue(os.path.isdir(slow))
-
+        # an open WAL, while its handler runs
+        slow = self.call("fire", schedule="slow", at=at(1))["mandate"]
+        st = os.stat(os.path.join(self.state, "wal", slow + ".wal.jsonl"))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o640)
+        self.assertEqual(st.st_gid, gid)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
