@@ -64,6 +64,9 @@ struct chronos {
         bool writing, dirty;
         bool stopped;
         bool clock_absurd;                  /* the last evaluation refused the clock */
+        char *list_text;                    /* the `schedules` result as JSON text */
+        size_t list_len;
+        uint64_t list_fp;                   /* ... for this state of the schedules */
 };
 
 static struct chronos *C(const struct daemon *d)
@@ -590,6 +593,8 @@ void chronos_reload(struct daemon *d)
         free(c->s);
         c->s = s;
         c->n = n;
+        free(c->list_text); /* a reload: never trust the fingerprint across it */
+        c->list_text = NULL;
         evaluate(c);
 }
 
@@ -639,6 +644,7 @@ void chronos_free(struct daemon *d)
         for (size_t i = 0; i < c->n; i++)
                 sched_clear(&c->s[i]);
         free(c->s);
+        free(c->list_text);
         free(c);
         d->chronos = NULL;
 }
@@ -684,6 +690,54 @@ json_t *chronos_list_json(struct daemon *d)
                 json_array_append_new(arr, o);
         }
         return json_pack("{s:o, s:I}", "schedules", arr, "broken", (json_int_t)nbroken);
+}
+
+static uint64_t fp_mix(uint64_t h, uint64_t v)
+{
+        h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+        return h * 1099511628211ULL;
+}
+
+/* Everything chronos_list_json shows, hashed: a cheap loop over integers. */
+static uint64_t list_fingerprint(const struct chronos *c)
+{
+        uint64_t h = fp_mix(1469598103934665603ULL, c->n);
+        h = fp_mix(h, (uint64_t)(uintptr_t)c->s);
+        for (size_t i = 0; i < c->n; i++) {
+                const struct sched *s = &c->s[i];
+                h = fp_mix(h, (uint64_t)(uintptr_t)s->cfg);
+                h = fp_mix(h, (uint64_t)s->next_fire);
+                h = fp_mix(h, (uint64_t)s->last_fire);
+                h = fp_mix(h, (uint64_t)s->paused << 1 | (uint64_t)(s->cfg && s->cfg->enabled) |
+                                      (uint64_t)s->broken << 2 | (uint64_t)s->frozen << 3);
+                h = fp_mix(h, (uint64_t)(uintptr_t)s->error);
+                for (const char *p = s->pause_reason; p && *p; p++)
+                        h = fp_mix(h, (unsigned char)*p);
+        }
+        return h;
+}
+
+const char *chronos_list_text(struct daemon *d, size_t *ret_len)
+{
+        struct chronos *c = C(d);
+        if (!c) {
+                *ret_len = strlen("{\"schedules\":[]}");
+                return "{\"schedules\":[]}";
+        }
+        uint64_t fp = list_fingerprint(c);
+        if (!c->list_text || fp != c->list_fp) {
+                json_t *j = chronos_list_json(d);
+                char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+                json_decref(j);
+                if (!text)
+                        return NULL;
+                free(c->list_text);
+                c->list_text = text;
+                c->list_len = strlen(text);
+                c->list_fp = fp;
+        }
+        *ret_len = c->list_len;
+        return c->list_text;
 }
 
 int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out)

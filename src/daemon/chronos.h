@@ -31,6 +31,9 @@ int64_t chronos_now(const struct daemon *d);
 
 /* kairosctl schedules [next NAME -n N] */
 json_t *chronos_list_json(struct daemon *d);
+/* The same as JSON text, kept until a schedule changes (owned by chronos;
+ * valid until the next call or a reload).  NULL: out of memory. */
+const char *chronos_list_text(struct daemon *d, size_t *ret_len);
 /* -ENOENT: no such schedule. */
 int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out);
 /* kairosctl pause/resume --schedule NAME.  -ENOENT, or 1 if nothing changed. */

@@ -779,7 +779,13 @@ static void cmd_schedules(struct control_request *req)
         if (failed)
                 return;
         if (!next) {
-                control_reply_ok(req, chronos_list_json(req->d));
+                /* 10,000 schedules are 2 MB of JSON: built once per change */
+                size_t len;
+                const char *text = chronos_list_text(req->d, &len);
+                if (!text)
+                        control_reply_error(req, "internal", "out of memory");
+                else
+                        control_reply_ok_text(req, text, len);
                 return;
         }
         json_t *nv = json_object_get(req->args, "n");

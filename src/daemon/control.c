@@ -296,6 +296,41 @@ void control_reply_ok(struct control_request *req, json_t *result)
         request_free(req);
 }
 
+void control_reply_ok_text(struct control_request *req, const char *result, size_t len)
+{
+        struct control_client *c = req->client;
+        char *id = json_dumps(req->id ? req->id : json_null(), JSON_ENCODE_ANY | JSON_COMPACT);
+        static const char head[] = "{\"v\":1,\"id\":", mid[] = ",\"ok\":true,\"result\":";
+        size_t n = id ? sizeof head - 1 + strlen(id) + sizeof mid - 1 + len + 2 : 0;
+        char *line = id ? malloc(n + 1) : NULL;
+        struct write_req *w = line ? calloc(1, sizeof(*w)) : NULL;
+        if (!w || c->closing) {
+                free(id);
+                free(line);
+                free(w);
+                if (!c->closing)
+                        client_close(c);
+                request_free(req);
+                return;
+        }
+        snprintf(line, n + 1, "%s%s%s", head, id, mid);
+        size_t off = strlen(line);
+        memcpy(line + off, result, len);
+        memcpy(line + off + len, "}\n", 3);
+        free(id);
+        w->data = line;
+        w->client = c;
+        c->refs++;
+        uv_buf_t buf = uv_buf_init(line, (unsigned)(off + len + 2));
+        if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written) < 0) {
+                free(line);
+                free(w);
+                client_unref(c);
+                client_close(c);
+        }
+        request_free(req);
+}
+
 static void reply_error_v(struct control_request *req, const char *code, json_t *detail,
                           const char *fmt, va_list ap)
 {

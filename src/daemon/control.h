@@ -78,6 +78,8 @@ struct control_request {
 
 /* Reply and free the request (exactly one of these per request). result is stolen. */
 void control_reply_ok(struct control_request *req, json_t *result);
+/* Reply with a result that is already JSON text (not parsed again). */
+void control_reply_ok_text(struct control_request *req, const char *result, size_t len);
 void control_reply_error(struct control_request *req, const char *code, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 /* Error with extra detail object (stolen), e.g. the list of config errors. */
