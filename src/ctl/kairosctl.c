@@ -28,11 +28,16 @@ static const struct ctl_command commands[] = {
         { "schedules next", ctl_cmd_schedules_next, true, "NAME [-n N]",
           "The next N fire times (default 5, at most 1000) of schedule NAME, in UTC\n"
           "and in the schedule's time zone." },
-        { "list", ctl_cmd_list, true, "",
-          "All mandates: id, status, cycle and the reason or the step under review." },
+        { "list", ctl_cmd_list, true,
+          "[--status S] [--schedule N] [--since T] [--limit N] [--after MANDATE]",
+          "Mandates, newest first: id, schedule, fired at, status, cycle, started, ended,\n"
+          "duration and the reason or the step under review.  --status, --schedule and\n"
+          "--since T (YYYY-MM-DDTHH:MM:SSZ or 30min, 2h, 7d ago) filter; --limit N rows\n"
+          "(default 1000, 0: all); --after MANDATE: the page after that row." },
         { "show", ctl_cmd_show, true, "MANDATE",
-          "One mandate: status, reason, schedule, plan, cycle, its WAL, each plan with\n"
-          "its steps, the operator actions, and the retries linked to it." },
+          "One mandate: status, reason, schedule, times, plan, cycle, its WAL, each plan\n"
+          "with its steps (start, end, duration), the operator actions, and the retries\n"
+          "linked to it.  MANDATE: an id or any unique prefix of one." },
         { "retry", ctl_cmd_retry, true, "MANDATE [--reason T]",
           "Run a mandate that ended again: a new mandate for the same schedule and tick\n"
           "(id from NAME|FIRED_AT|retry:N).  Refused while MANDATE has not ended; a\n"
