@@ -341,6 +341,24 @@ static void prune_start(struct daemon *d)
         struct mandate **all = NULL;
         const char *k;
         void *v;
+        int64_t now_ms = chronos_now(d) * 1000;
+        int64_t cutoff = keep_sec ? now_ms - (int64_t)keep_sec * 1000 : INT64_MIN;
+        /* First a count and the oldest end, without sorting: mostly nothing
+         * is due, and a mandate's end must not cost a sort of the history. */
+        size_t nfinished = 0;
+        int64_t oldest = INT64_MAX;
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                const struct mandate *m = v;
+                if (!finished(m))
+                        continue;
+                nfinished++;
+                int64_t e = m->ended_ms ? m->ended_ms : m->started_ms;
+                if (e > 0 && e < oldest)
+                        oldest = e;
+        }
+        if ((!keep || nfinished <= keep) && (!keep_sec || oldest >= cutoff))
+                return;
+        pos = 0;
         while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
                 struct mandate *m = v;
                 if (!finished(m))
@@ -355,8 +373,6 @@ static void prune_start(struct daemon *d)
                 }
                 all[n++] = m;
         }
-        int64_t now_ms = chronos_now(d) * 1000;
-        int64_t cutoff = keep_sec ? now_ms - (int64_t)keep_sec * 1000 : INT64_MIN;
         size_t start = keep && n > keep ? keep : n;
         /* beyond the count, or older than the age (from the newest on) */
         qsort(all, n, sizeof(*all), cmp_ended_desc);

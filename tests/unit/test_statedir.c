@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/* statedir: the state directory's layout and modes. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kairos/statedir.h"
+#include "kairos/wal.h"
+
+static void test_paths(void **state)
+{
+        (void)state;
+        struct statedir sd;
+        char *p = NULL;
+        assert_int_equal(statedir_init(&sd, "/var/lib/kairos"), 0);
+        assert_string_equal(sd.wal, "/var/lib/kairos/wal");
+        assert_string_equal(sd.archive, "/var/lib/kairos/archive");
+        assert_string_equal(sd.mandates, "/var/lib/kairos/mandates");
+        assert_string_equal(sd.idem, "/var/lib/kairos/idem");
+        assert_int_equal(statedir_wal_path(&sd, "mnd_a", &p), 0);
+        assert_string_equal(p, "/var/lib/kairos/wal/mnd_a.wal.jsonl");
+        /* the archive path is the one wal_archive_file writes */
+        char *q = NULL;
+        assert_int_equal(wal_archive_path(p, sd.archive, &q), 0);
+        free(p);
+        assert_int_equal(statedir_archive_path(&sd, "mnd_a", &p), 0);
+        assert_string_equal(p, "/var/lib/kairos/archive/mnd_a.wal.jsonl.gz");
+        assert_string_equal(p, q);
+        free(p);
+        free(q);
+        assert_int_equal(statedir_summary_path(&sd, "mnd_a", &p), 0);
+        assert_string_equal(p, "/var/lib/kairos/mandates/mnd_a.json");
+        free(p);
+        assert_int_equal(statedir_file_path(&sd, "chronos.json", &p), 0);
+        assert_string_equal(p, "/var/lib/kairos/chronos.json");
+        free(p);
+        /* an id names one file inside its directory, nothing else */
+        assert_int_equal(statedir_wal_path(&sd, "../x", &p), -EINVAL);
+        assert_int_equal(statedir_wal_path(&sd, "", &p), -EINVAL);
+        assert_int_equal(statedir_summary_path(&sd, "..", &p), -EINVAL);
+        assert_int_equal(statedir_file_path(&sd, "a/b", &p), -EINVAL);
+        statedir_free(&sd);
+        assert_int_equal(statedir_init(&sd, ""), -EINVAL);
+}
+
+static void test_entry_id(void **state)
+{
+        (void)state;
+        char id[16];
+        assert_true(statedir_entry_id("mnd_a.wal.jsonl", STATEDIR_WAL_SUFFIX, id, sizeof id));
+        assert_string_equal(id, "mnd_a");
+        assert_false(statedir_entry_id(".wal.jsonl", STATEDIR_WAL_SUFFIX, id, sizeof id));
+        assert_false(statedir_entry_id(".hidden.wal.jsonl", STATEDIR_WAL_SUFFIX, id, sizeof id));
+        assert_false(statedir_entry_id("mnd_a.wal.jsonl.torn.1", STATEDIR_WAL_SUFFIX, id,
+                                       sizeof id));
+        assert_false(statedir_entry_id("a_very_long_mandate_id.json", STATEDIR_SUMMARY_SUFFIX, id,
+                                       sizeof id));
+        assert_true(statedir_entry_id("m.json", STATEDIR_SUMMARY_SUFFIX, id, sizeof id));
+        assert_string_equal(id, "m");
+}
+
+static void test_create_modes(void **state)
+{
+        (void)state;
+        char base[] = "/tmp/statedir-test-XXXXXX";
+        assert_non_null(mkdtemp(base));
+        char root[128];
+        snprintf(root, sizeof root, "%s/a/state", base);
+        mode_t old = umask(022);
+        struct statedir sd;
+        const char *failed = NULL;
+        assert_int_equal(statedir_init(&sd, root), 0);
+        assert_int_equal(statedir_create(&sd, NULL, &failed), 0);
+        assert_null(failed);
+        const char *dirs[] = { sd.root, sd.wal, sd.archive, sd.mandates };
+        for (size_t i = 0; i < 4; i++) {
+                struct stat st;
+                assert_int_equal(stat(dirs[i], &st), 0);
+                assert_true(S_ISDIR(st.st_mode));
+                assert_int_equal(st.st_mode & 0777, STATEDIR_DIR_MODE);
+        }
+        /* again: existing directories are fine */
+        assert_int_equal(statedir_create(&sd, NULL, &failed), 0);
+        /* a file where a directory should be names the path */
+        statedir_free(&sd);
+        char file[160];
+        snprintf(file, sizeof file, "%s/plain", base);
+        FILE *fp = fopen(file, "w");
+        assert_non_null(fp);
+        fclose(fp);
+        assert_int_equal(statedir_init(&sd, file), 0);
+        assert_int_equal(statedir_create(&sd, NULL, &failed), -ENOTDIR);
+        assert_string_equal(failed, file);
+        statedir_free(&sd);
+        umask(old);
+        char cmd[160];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+        assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_paths),
+                cmocka_unit_test(test_entry_id),
+                cmocka_unit_test(test_create_modes),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
