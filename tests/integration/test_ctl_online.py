@@ -247,7 +247,9 @@ class TestListShow(OnlineCase):
         self.assertRegex(out, r"\n  WAL: +clean, 5 records\n")
         self.assertIn("\nPlan plan_f (cycle 1): finalized failed: step_failed\n", out)
         self.assertRegex(out, r"\n +STEP +STATUS +EXECUTIONS +RECOVERED +STARTED +ENDED +DURATION +REASON/ERROR\n")
-        self.assertRegex(out, r"\n +observe_001 +failed +1 +no +error: exit_status: exit 1\n")
+        # started, ended (date and time each) and the duration, from the record times
+        self.assertRegex(out, r"\n +observe_001 +failed +1 +no +2026-04-20 12:00:00 +2026-04-20 "
+                              r"12:00:00 +0ms +error: exit_status: exit 1\n")
         self.assertRegex(out, r"\n +orient_001 +planned +0 +no\n")
         out = self.ok("show", "mnd_a")
         self.assertRegex(out, r"\n  status: +paused\n  reason: +%s\n" % SCHEDULE_UNKNOWN)
