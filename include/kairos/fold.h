@@ -25,6 +25,36 @@ enum fold_status {
         FOLD_CORRUPT,
 };
 
+/* A step's status at the library boundary.  The WAL holds it as text
+ * ("pending", "executing", ...); the text as recorded stays in
+ * fold_step.status for display, the enum is what code compares. */
+enum step_status {
+        STEP_NONE,          /* no record set a status yet */
+        STEP_PENDING,
+        STEP_EXECUTING,
+        STEP_COMPLETED,
+        STEP_FAILED,
+        STEP_NEEDS_REVIEW,
+        STEP_ABANDONED,
+        STEP_OTHER,         /* a status kairos does not know (kept as text) */
+};
+
+/* A plan's final status (plan_finalize). */
+enum plan_status {
+        PLAN_OPEN,          /* not finalized */
+        PLAN_SUCCEEDED,
+        PLAN_FAILED,
+        PLAN_ABANDONED,
+        PLAN_OTHER,         /* finalized with a status kairos does not know, or none */
+};
+
+enum step_status step_status_parse(const char *text);
+enum plan_status plan_status_parse(const char *text);
+/* "pending", ...; NULL for STEP_NONE and STEP_OTHER. */
+const char *step_status_name(enum step_status s);
+/* "succeeded", ...; NULL for PLAN_OPEN and PLAN_OTHER. */
+const char *plan_status_name(enum plan_status s);
+
 /* Every string is NUL-terminated and owned by the fold; NULL = absent. */
 struct fold_step {
         const char *step_id;
@@ -34,7 +64,8 @@ struct fold_step {
         const char *pre_hash;            /* expected, from the plan */
         const char *expected_post_hash;
         const char *idem_key;
-        const char *status;              /* last transition status, NULL if none */
+        enum step_status state;          /* last status (append: pending, transitions) */
+        const char *status;              /* ... as recorded (text), NULL if none */
         const char *observed_pre_hash;   /* from the executing record */
         const char *post_hash;
         const char *result_hash;
@@ -59,7 +90,8 @@ struct fold_plan {
         size_t *steps;                   /* indices into fold.steps, plan order */
         size_t nsteps;
         bool finalized;
-        const char *final_status;        /* succeeded | failed | abandoned */
+        enum plan_status final_state;    /* PLAN_OPEN until finalized */
+        const char *final_status;        /* ... as recorded: succeeded | failed | abandoned */
         const char *final_reason;
         const char *orphan_reason;       /* "orphan_steps_detected" for orphan plans */
         size_t line;                     /* 1-based line that created it */
@@ -114,6 +146,16 @@ struct fold {
 
 /* Fold a buffer / a file.  -ENOMEM; fold_file: -errno of open/read. */
 int fold_buffer(const char *data, size_t len, struct fold **out);
+/* An empty fold (CLEAN, no record), to be fed with fold_feed. */
+int fold_new(struct fold **ret_fold);
+/* Fold records appended to the file after f->good_end: data holds the bytes
+ * from f->good_end on.  Only whole ('\n'-terminated) lines are folded; an
+ * unterminated tail is left for a later call.  A bad line makes the fold
+ * CORRUPT (nothing more is folded: every byte fed here was written whole by
+ * one append, so a bad line is never a torn tail).  *ret_used: bytes
+ * consumed (f->good_end advances past the last good record).  -ENOMEM;
+ * -EBADMSG when f is (or becomes) CORRUPT. */
+int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used);
 int fold_file(const char *path, struct fold **out);
 void fold_free(struct fold *f);
 

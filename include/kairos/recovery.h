@@ -5,9 +5,11 @@
  * records (and `kairosctl recover --dry-run` prints them). */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "kairos/fold.h"
+#include "kairos/planner.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
 
@@ -57,6 +59,43 @@ typedef void (*recovery_probe_fn)(void *ctx, const struct fold_step *s, const ch
 /* recovery_plan_fold with a probe (NULL: none). */
 int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void *ctx,
                              struct recovery **out);
+
+/* Evidence beyond the WAL, for steps the WAL alone leaves open (interrupted
+ * during execution).  Sources in order: what the step is (its phase is not
+ * in `effects`, or has no command → safe_to_retry), the idempotency store
+ * (an owned tool call still open → manual_review; none, and the schedule
+ * promises every effect goes through kairosctl → safe_to_retry), the probe's
+ * word.  A NULL evidence pointer: the WAL alone decides. */
+enum recovery_probe {
+        RECOVERY_PROBE_NONE,          /* no probe ran */
+        RECOVERY_PROBE_DONE,          /* {"state":"done","result":…} */
+        RECOVERY_PROBE_NOT_STARTED,   /* {"state":"not_started"} */
+        RECOVERY_PROBE_FAILED,        /* anything else, non-zero exit, timeout */
+};
+
+struct recovery_step_evidence {
+        const char *step_id;
+        /* idempotency store: tool calls owned by this step */
+        unsigned idem_open;           /* entries still processing or interrupted */
+        unsigned idem_finished;
+        const char *idem_json;        /* the entries as a JSON array (evidence), or NULL */
+        /* probe */
+        enum recovery_probe probe;
+        const char *probe_result_json;/* PROBE_DONE: the result (JSON) */
+        const char *probe_output;     /* PROBE_FAILED: what it said (text) */
+};
+
+struct recovery_evidence {
+        unsigned effects;             /* bit (1 << phase): phases that change the world */
+        bool effects_via_kairosctl;   /* every effect goes through kairosctl tool */
+        bool has_command[PLANNER_PHASES];
+        const struct recovery_step_evidence *steps;
+        size_t nsteps;
+};
+
+/* recovery_plan_fold with evidence (NULL: the WAL alone). */
+int recovery_plan_fold_evidence(const struct fold *f, const struct recovery_evidence *ev,
+                                struct recovery **out);
 
 /* All records of the recovery in append order. */
 size_t recovery_record_count(const struct recovery *r);

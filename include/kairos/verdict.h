@@ -3,6 +3,7 @@
  * matching row wins. */
 #pragma once
 
+#include "kairos/fold.h"
 #include "kairos/kbuf.h"
 
 enum verdict_kind {
@@ -13,7 +14,8 @@ enum verdict_kind {
 
 /* The step as folded from the WAL; NULL = absent ("" is present but empty). */
 struct verdict_step {
-        const char *status;
+        enum step_status state;
+        const char *status;              /* as recorded (text), for the evidence */
         const char *pre_hash;            /* expected pre, from the plan */
         const char *expected_post_hash;
         const char *observed_pre_hash;   /* from the executing record */
@@ -39,6 +41,7 @@ struct verdict {
         const char *status;         /* "" when the step had none */
         const char *observed_pre_hash;
         const char *expected_pre_hash;
+        const char *extra_json;     /* more evidence members ("k":v,...), or NULL */
 };
 
 /* current_pre / current_post: world-state hashes at recovery time, or NULL.

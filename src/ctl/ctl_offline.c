@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <zlib.h>
@@ -17,6 +18,7 @@
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
 #include "kairos/planner.h"
+#include "kairos/decide.h"
 #include "kairos/recovery.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
@@ -643,7 +645,7 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
 /* ---- recover --dry-run ------------------------------------------------ */
 
 struct recover_totals {
-        size_t files, unreadable, torn, corrupt, clean;
+        size_t files, unreadable, torn, corrupt, clean, removed;
         size_t unfinished, outcomes[4], records;
 };
 
@@ -856,11 +858,12 @@ static json_t *recover_plan_json(const struct fold *f, const struct recovery_pla
 }
 
 /* One WAL file: print (or add to jfiles) what recovery would do. */
-static void recover_file(const char *dir, const char *name, json_t *jfiles,
-                         struct recover_totals *t)
+static void recover_file(const char *state_dir, const char *dir, const char *name,
+                         json_t *jfiles, struct recover_totals *t)
 {
         struct loaded_wal w;
-        struct recovery *rec = NULL;
+        struct decide_recovery dr = { .recovery = NULL };
+        const struct recovery *rec = NULL;
         json_t *jf = NULL, *jplans = NULL;
         char *path;
         int r;
@@ -915,7 +918,15 @@ static void recover_file(const char *dir, const char *name, json_t *jfiles,
                 t->clean++;
         }
 
-        r = recovery_plan_fold(f, &rec);
+        /* A summary (mandates/ID.json) says the mandate ran and ended. */
+        char *summary = NULL;
+        size_t nl = strlen(name) - strlen(WAL_SUFFIX);
+        bool had_summary = false;
+        if (asprintf(&summary, "%s/mandates/%.*s.json", state_dir, (int)nl, name) >= 0) {
+                had_summary = access(summary, F_OK) == 0;
+                free(summary);
+        }
+        r = decide_recover(f, had_summary, NULL, &dr);
         if (r < 0) {
                 if (jfiles)
                         json_object_set_new(jf, "error", json_string(strerror(-r)));
@@ -923,6 +934,16 @@ static void recover_file(const char *dir, const char *name, json_t *jfiles,
                         printf("  cannot plan recovery: %s\n", strerror(-r));
                 goto out;
         }
+        if (dr.file == DECIDE_FILE_REMOVE) {
+                t->removed++;
+                if (jfiles)
+                        json_object_set_new(jf, "action", json_string("remove"));
+                else
+                        printf("  would remove the file: no plan, a fire that was never "
+                               "acknowledged\n");
+                goto out;
+        }
+        rec = dr.recovery;
         if (!jfiles && rec->nplans == 0)
                 printf("  nothing to recover (%zu plan%s, all finalized)\n", f->nplans,
                        f->nplans == 1 ? "" : "s");
@@ -944,7 +965,7 @@ out:
         } else {
                 json_decref(jplans);
         }
-        recovery_free(rec);
+        decide_recovery_release(&dr);
         loaded_wal_free(&w);
         free(path);
 }
@@ -1008,15 +1029,15 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
                 printf(")\n");
         }
         for (size_t i = 0; i < n; i++)
-                recover_file(waldir, names[i], jfiles, &t);
+                recover_file(state_dir, waldir, names[i], jfiles, &t);
 
         if (jfiles) {
                 json_t *top = json_pack(
-                        "{s:o,s:b,s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "state_dir",
+                        "{s:o,s:b,s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "state_dir",
                         ctl_json_str(state_dir), "dry_run", 1, "files", jfiles, "summary",
                         "files", (json_int_t)t.files, "unreadable", (json_int_t)t.unreadable,
                         "torn", (json_int_t)t.torn, "corrupt", (json_int_t)t.corrupt,
-                        "unfinished_plans", (json_int_t)t.unfinished, "resume",
+                        "removed", (json_int_t)t.removed, "unfinished_plans", (json_int_t)t.unfinished, "resume",
                         (json_int_t)t.outcomes[RECOVERY_RESUME], "paused_review",
                         (json_int_t)t.outcomes[RECOVERY_PAUSED_REVIEW], "finalized_failed",
                         (json_int_t)t.outcomes[RECOVERY_FINALIZED_FAILED],
@@ -1029,6 +1050,8 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
                 printf("summary: %zu file%s (%zu clean, %zu torn tail%s to repair, %zu corrupt "
                        "to quarantine", t.files, t.files == 1 ? "" : "s", t.clean, t.torn,
                        t.torn == 1 ? "" : "s", t.corrupt);
+                if (t.removed)
+                        printf(", %zu never acknowledged to remove", t.removed);
                 if (t.unreadable)
                         printf(", %zu unreadable", t.unreadable);
                 printf("); %zu unfinished plan%s: %zu resume, %zu paused for review, %zu "

@@ -46,6 +46,7 @@ struct mandate {
         char *wal_path;
         struct serialq q;          /* every WAL access of this mandate */
         struct wal *wal;           /* owned by jobs of q; NULL when closed */
+        struct fold *fold;         /* owned by jobs of q: the WAL folded so far, or NULL */
         enum mandate_status status;
         char *reason;              /* why paused / quarantined / failed */
         char *review_step;         /* PAUSED_REVIEW: the step to resolve */

@@ -27,6 +27,7 @@
 
 #include "control.h"
 #include "kairos/canon.h"
+#include "kairos/decide.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -72,6 +73,7 @@ struct advance {
         size_t nowned;
         /* configuration snapshot */
         unsigned max_cycles;
+        bool has_command[PLANNER_PHASES];
         char *schedule;
         char *fired_at;
         char *goal;
@@ -153,6 +155,8 @@ static struct advance *advance_new(struct mandate *m)
                         sc = &d->cfg->schedules[i];
         a->schedule_known = sc != NULL;
         a->max_cycles = sc ? sc->max_cycles : 1;
+        for (int i = 0; sc && i < PLANNER_PHASES; i++)
+                a->has_command[i] = sc->exec[i] && *sc->exec[i];
         a->schedule = m->schedule ? strdup(m->schedule) : NULL;
         a->fired_at = m->fired_at ? strdup(m->fired_at) : NULL;
         a->goal = m->goal ? strdup(m->goal) : NULL;
@@ -181,29 +185,6 @@ static const struct fold_step *plan_step(const struct fold *f, const struct fold
         return &f->steps[p->steps[i]];
 }
 
-static bool is_status(const char *s, const char *want)
-{
-        return s && strcmp(s, want) == 0;
-}
-
-/* Does a result ask for something: {"kairos":{key:…}}?  Returns the value's
- * JSON node (in arena a), or NULL. */
-static const struct kjson *control_field(struct kjson_arena *ar, const char *result_json,
-                                         const char *key)
-{
-        if (!result_json)
-                return NULL;
-        struct kjson *v;
-        struct kjson_error err;
-        if (kjson_parse(ar, result_json, strlen(result_json), &v, &err) < 0 ||
-            v->type != KJSON_OBJECT)
-                return NULL;
-        const struct kjson *k = kjson_get(v, "kairos");
-        if (!k || k->type != KJSON_OBJECT)
-                return NULL;
-        return kjson_get(k, key);
-}
-
 static const struct fold_plan *plan_of_cycle(const struct fold *f, long long cycle)
 {
         for (size_t i = f->nplans; i-- > 0;)
@@ -217,7 +198,7 @@ static const char *reflect_result(const struct fold *f, const struct fold_plan *
         if (!p || p->nsteps < PLANNER_PHASES)
                 return NULL;
         const struct fold_step *s = plan_step(f, p, PLANNER_PHASES - 1);
-        return is_status(s->status, "completed") ? s->result_json : NULL;
+        return s->state == STEP_COMPLETED ? s->result_json : NULL;
 }
 
 static int append_rec(struct advance *a, struct wal *w, const struct wal_record *r)
@@ -267,7 +248,7 @@ static void build_stdin(struct advance *a, const struct fold *f, const struct fo
         bool first = true;
         for (size_t i = 0; i < idx; i++) {
                 const struct fold_step *e = plan_step(f, p, i);
-                if (!is_status(e->status, "completed"))
+                if (e->state != STEP_COMPLETED)
                         continue;
                 kbuf_printf(b, "%s\"%s\":%s", first ? "" : ",",
                             planner_phase_name((enum planner_phase)i),
@@ -280,180 +261,160 @@ static void build_stdin(struct advance *a, const struct fold *f, const struct fo
         kbuf_puts(b, "}\n");
 }
 
-static void decide_end(struct advance *a, enum mandate_status st, const char *reason)
+/* Bring the mandate's fold up to date with its WAL: fold the bytes after
+ * the last folded record (what was appended since — by this job, a command
+ * or recovery).  Reads each byte of the WAL once over the mandate's life. */
+static int fold_catch_up(struct mandate *m)
 {
-        a->next = NEXT_END;
-        a->end_status = st;
-        free(a->reason);
-        a->reason = reason ? strdup(reason) : NULL;
-}
-
-/* Start cycle `cycle`: plan_commit + append + executing(observe). */
-static void decide_new_cycle(struct advance *a, struct wal *w, long long cycle)
-{
-        if (!a->schedule || !a->fired_at) {
-                a->next = NEXT_PAUSE;
-                a->reason = strdup("no mandate record: schedule unknown, cannot plan a new cycle");
-                return;
-        }
-        struct planner_plan p;
-        if (planner_build_retry(a->schedule, a->fired_at, a->retry, (int)cycle, &p) < 0) {
-                a->next = NEXT_PAUSE;
-                a->reason = strdup("cannot plan the next cycle");
-                return;
-        }
-        struct wal_record r;
-        set_plan_records(a, &r, &p);
-        append_rec(a, w, &r);
-        /* the rest (append + executing of observe) is done by the caller's
-         * second decide pass over the refolded WAL */
-}
-
-/* Count the failed plans at the end of the WAL (consecutive). */
-static unsigned trailing_failed(const struct fold *f)
-{
-        unsigned n = 0;
-        for (size_t i = f->nplans; i-- > 0;) {
-                const struct fold_plan *p = &f->plans[i];
-                if (p->orphan_reason)
+        int r;
+        if (!m->fold && (r = fold_new(&m->fold)) < 0)
+                return r;
+        int fd;
+        do
+                fd = open(m->wal_path, O_RDONLY | O_CLOEXEC);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+                return -errno;
+        struct kbuf b = KBUF_INIT;
+        off_t off = (off_t)m->fold->good_end;
+        r = 0;
+        for (;;) {
+                if ((r = kbuf_reserve(&b, 16384)) < 0)
+                        break;
+                ssize_t k = pread(fd, b.data + b.len, b.cap - b.len - 1, off + (off_t)b.len);
+                if (k < 0 && errno == EINTR)
                         continue;
-                if (!p->finalized || !is_status(p->final_status, "failed"))
+                if (k < 0) {
+                        r = -errno;
                         break;
-                n++;
+                }
+                if (k == 0)
+                        break;
+                b.len += (size_t)k;
         }
-        return n;
+        close(fd);
+        size_t used;
+        if (r == 0 && b.len)
+                r = fold_feed(m->fold, b.data, b.len, &used);
+        kbuf_free(&b);
+        return r;
 }
 
-static bool approved(const struct fold *f, const char *act_step)
+static void drop_fold(struct mandate *m)
 {
-        for (size_t i = 0; i < f->noperators; i++)
-                if (is_status(f->operators[i].action, "approve") &&
-                    is_status(f->operators[i].step_id, act_step))
-                        return true;
-        return false;
+        fold_free(m->fold);
+        m->fold = NULL;
 }
 
-/* One decision over the fold.  Returns true if it appended a record that
- * needs another pass (a plan_finalize or a plan_commit). */
-static bool decide_once(struct advance *a, struct wal *w, const struct fold *f,
-                        struct kjson_arena *ar)
+static enum mandate_status end_status(enum decide_end e)
 {
-        const struct fold_plan *last = NULL;
-        for (size_t i = f->nplans; i-- > 0;)
-                if (!f->plans[i].orphan_reason) {
-                        last = &f->plans[i];
+        switch (e) {
+        case DECIDE_END_DONE:
+                return MANDATE_DONE;
+        case DECIDE_END_FAILED:
+                return MANDATE_FAILED;
+        case DECIDE_END_TERMINATED:
+                return MANDATE_TERMINATED;
+        case DECIDE_END_ABANDONED:
+                return MANDATE_ABANDONED;
+        case DECIDE_END_CANCELLED:
+                return MANDATE_CANCELLED;
+        }
+        return MANDATE_FAILED;
+}
+
+static void set_str(char **dst, const char *src)
+{
+        free(*dst);
+        *dst = src ? strdup(src) : NULL;
+}
+
+/* Decide and append until a decision needs the loop (a spawn, a pause, the
+ * end) or there is nothing to do. */
+static void decide_loop(struct advance *a)
+{
+        struct mandate *m = a->m;
+        struct decide_input in = {
+                .mandate_id = m->id,
+                .schedule = a->schedule,
+                .fired_at = a->fired_at,
+                .schedule_known = a->schedule_known,
+                .max_cycles = a->max_cycles,
+                .retry = a->retry,
+        };
+        memcpy(in.has_command, a->has_command, sizeof in.has_command);
+        struct decide_next *n = malloc(sizeof(*n));
+        if (!n) {
+                a->error = -ENOMEM;
+                snprintf(a->errmsg, sizeof a->errmsg, "deciding %s: out of memory", m->id);
+                return;
+        }
+        /* Bounded: every pass appends a record that moves the mandate on
+         * (MaxCycles <= 10 cycles of at most 7 passes). */
+        for (int pass = 0; pass < 256 && !a->error; pass++) {
+                int r = fold_catch_up(m);
+                if (r == 0)
+                        r = decide_next(m->fold, &in, n);
+                if (r < 0) {
+                        bool corrupt = r == -EBADMSG;
+                        a->error = r;
+                        snprintf(a->errmsg, sizeof a->errmsg, "folding %s: %s", m->wal_path,
+                                 corrupt && m->fold ? m->fold->bad_reason : strerror(-r));
+                        drop_fold(m);
                         break;
                 }
-        if (!last) {
-                decide_new_cycle(a, w, 1);
-                return a->next == NEXT_NONE;
-        }
-        a->cycle = last->cycle;
-        free(a->plan_id);
-        a->plan_id = strdup(last->plan_id);
-        if (last->finalized) {
-                const char *fs = last->final_status ? last->final_status : "";
-                if (strcmp(fs, "abandoned") == 0) {
-                        bool cancelled = false;
-                        for (size_t i = 0; i < f->noperators; i++)
-                                cancelled |= is_status(f->operators[i].action, "cancel");
-                        decide_end(a, cancelled ? MANDATE_CANCELLED : MANDATE_ABANDONED,
-                                   last->final_reason);
-                } else if (strcmp(fs, "failed") == 0) {
-                        if (trailing_failed(f) >= 2)
-                                decide_end(a, MANDATE_TERMINATED, "two consecutive failed cycles");
-                        else if (last->cycle >= (long long)a->max_cycles)
-                                decide_end(a, MANDATE_FAILED, "the last cycle failed");
-                        else {
-                                decide_new_cycle(a, w, last->cycle + 1);
-                                return a->next == NEXT_NONE;
-                        }
-                } else {
-                        const struct kjson *done =
-                                control_field(ar, reflect_result(f, last), "done");
-                        if (done && done->type == KJSON_TRUE)
-                                decide_end(a, MANDATE_DONE, "reflect said done");
-                        else if (last->cycle >= (long long)a->max_cycles)
-                                decide_end(a, MANDATE_DONE, "MaxCycles reached");
-                        else {
-                                decide_new_cycle(a, w, last->cycle + 1);
-                                return a->next == NEXT_NONE;
-                        }
+                if (n->plan_id) {
+                        set_str(&a->plan_id, n->plan_id);
+                        a->cycle = n->cycle;
                 }
-                return false;
-        }
-        /* The open plan: its first step that is not completed. */
-        size_t idx = last->nsteps;
-        for (size_t i = 0; i < last->nsteps; i++)
-                if (!is_status(plan_step(f, last, i)->status, "completed")) {
-                        idx = i;
+                for (size_t i = 0; i < n->nrecords && !a->error; i++)
+                        append_rec(a, m->wal, &n->records[i]);
+                if (a->error)
+                        break;
+                if (n->cycle_finished)
+                        a->cycle_finished = true;
+                if (n->again)
+                        continue;
+                switch (n->kind) {
+                case DECIDE_RUN_STEP:
+                        set_str(&a->step_id, n->step_id);
+                        set_str(&a->idem_key, n->idem_key);
+                        set_str(&a->expected_post, n->expected_post);
+                        a->attempt = n->attempt;
+                        a->phase = n->phase;
+                        /* fold what was just appended, for the stdin document */
+                        if ((r = fold_catch_up(m)) < 0) {
+                                a->error = r;
+                                snprintf(a->errmsg, sizeof a->errmsg, "folding %s: %s",
+                                         m->wal_path, strerror(-r));
+                                drop_fold(m);
+                                break;
+                        }
+                        build_stdin(a, m->fold, &m->fold->plans[n->plan], (size_t)n->phase);
+                        a->next = NEXT_RUN_STEP;
+                        break;
+                case DECIDE_AWAIT_APPROVAL:
+                case DECIDE_REVIEW:
+                        a->next = n->kind == DECIDE_REVIEW ? NEXT_REVIEW : NEXT_AWAIT_APPROVAL;
+                        set_str(&a->step_id, n->step_id);
+                        set_str(&a->reason, n->reason);
+                        break;
+                case DECIDE_PAUSE:
+                        a->next = NEXT_PAUSE;
+                        set_str(&a->reason, n->reason);
+                        break;
+                case DECIDE_END:
+                        a->next = NEXT_END;
+                        a->end_status = end_status(n->end);
+                        set_str(&a->reason, n->reason);
+                        break;
+                default:
+                        a->next = NEXT_NONE;
                         break;
                 }
-        if (idx == last->nsteps) {
-                struct wal_record r = { .op = WAL_OP_FINALIZE, .plan_id = last->plan_id,
-                                        .status = "succeeded" };
-                append_rec(a, w, &r);
-                a->cycle_finished = true;
-                return !a->error;
+                break;
         }
-        const struct fold_step *s = plan_step(f, last, idx);
-        if (is_status(s->status, "failed")) {
-                struct wal_record r = { .op = WAL_OP_FINALIZE, .plan_id = last->plan_id,
-                                        .status = "failed", .reason = "step_failed" };
-                append_rec(a, w, &r);
-                a->cycle_finished = true;
-                return !a->error;
-        }
-        free(a->step_id);
-        a->step_id = strdup(s->step_id);
-        if (is_status(s->status, "needs_review") || is_status(s->status, "executing")) {
-                a->next = NEXT_REVIEW;
-                a->reason = strdup(s->reason ? s->reason : "needs_review");
-                return false;
-        }
-        if (idx == PHASE_REFLECT && idx > 0) {
-                const struct fold_step *act = plan_step(f, last, PHASE_ACT);
-                const struct kjson *pause = control_field(ar, act->result_json, "pause");
-                if (pause && !approved(f, act->step_id)) {
-                        a->next = NEXT_AWAIT_APPROVAL;
-                        const struct kjson *why = NULL;
-                        struct kjson *v;
-                        struct kjson_error err;
-                        if (kjson_parse(ar, act->result_json, strlen(act->result_json), &v,
-                                        &err) == 0)
-                                why = kjson_get(kjson_get(v, "kairos"), "reason");
-                        a->reason = strdup(why && why->type == KJSON_STRING ? why->u.str.ptr
-                                                                            : "awaiting_approval");
-                        free(a->step_id);
-                        a->step_id = strdup(act->step_id);
-                        return false;
-                }
-        }
-        if (!a->schedule_known) {
-                a->next = NEXT_PAUSE;
-                a->reason = strdup(a->schedule ? "schedule_missing: not in the configuration"
-                                                : "schedule_unknown: the WAL has no mandate record");
-                return false;
-        }
-        /* Run it: append (pending) + executing, durable before the spawn. */
-        char key[256];
-        snprintf(key, sizeof key, "%s/%s", a->m->id, s->step_id);
-        free(a->idem_key);
-        a->idem_key = strdup(key);
-        a->attempt = s->executions + 1;
-        a->phase = (int)idx;
-        free(a->expected_post);
-        a->expected_post = strdup(s->expected_post_hash ? s->expected_post_hash : "");
-        struct wal_record r1 = { .op = WAL_OP_APPEND, .step_id = s->step_id,
-                                 .plan_id = last->plan_id, .idem_key = key };
-        struct wal_record r2 = { .op = WAL_OP_EXECUTING, .step_id = s->step_id,
-                                 .pre_hash = s->pre_hash ? s->pre_hash : "" };
-        if (append_rec(a, w, &r1) == 0 && append_rec(a, w, &r2) == 0) {
-                a->attempt = s->executions + 1;
-                build_stdin(a, f, last, idx);
-                a->next = NEXT_RUN_STEP;
-        }
-        return false;
+        free(n);
 }
 
 static int write_summary(struct advance *a, const struct statedir *paths, const char *archive)
@@ -495,13 +456,13 @@ static int write_summary(struct advance *a, const struct statedir *paths, const 
  * operator record, the open plan finalized abandoned; then the end. */
 static void cancel_work(struct advance *a, struct wal *w)
 {
-        struct fold *f = NULL;
-        int r = fold_file(a->m->wal_path, &f);
-        if (r < 0 || f->status == FOLD_CORRUPT) {
+        int r = fold_catch_up(a->m);
+        const struct fold *f = a->m->fold;
+        if (r < 0 || !f || f->status == FOLD_CORRUPT) {
                 a->error = r < 0 ? r : -EBADMSG;
                 snprintf(a->errmsg, sizeof a->errmsg, "folding %s: %s", a->m->wal_path,
-                         r < 0 ? strerror(-r) : f->bad_reason);
-                fold_free(f);
+                         r < 0 || !f ? strerror(r < 0 ? -r : ENOMEM) : f->bad_reason);
+                drop_fold(a->m);
                 return;
         }
         char msg[600];
@@ -515,7 +476,7 @@ static void cancel_work(struct advance *a, struct wal *w)
                 }
         for (size_t i = 0; open && i < open->nsteps && !a->error; i++) {
                 const struct fold_step *s = plan_step(f, open, i);
-                if (!is_status(s->status, "executing"))
+                if (s->state != STEP_EXECUTING)
                         continue;
                 struct wal_record rec = { .op = WAL_OP_FAILED, .step_id = s->step_id,
                                           .error_class = "cancelled", .error_msg = msg };
@@ -537,16 +498,15 @@ static void cancel_work(struct advance *a, struct wal *w)
         } else if (f->nplans) {
                 a->cycle = f->plans[f->nplans - 1].cycle;
         }
-        decide_end(a, MANDATE_CANCELLED, why);
-        fold_free(f);
+        a->next = NEXT_END;
+        a->end_status = MANDATE_CANCELLED;
+        set_str(&a->reason, why);
 }
 
 static void advance_work(void *arg)
 {
         struct advance *a = arg;
         struct mandate *m = a->m;
-        struct kjson_arena *ar = NULL;
-        struct fold *f = NULL;
         if (a->cancel && m->archived) {
                 a->cancel_too_late = true; /* it ended by itself just before */
                 return;
@@ -563,22 +523,8 @@ static void advance_work(void *arg)
                 append_rec(a, m->wal, &a->pre[i]);
         if (a->cancel && !a->error)
                 cancel_work(a, m->wal);
-        else if (a->decide && !a->error) {
-                ar = kjson_arena_new();
-                /* At most: finalize, then plan_commit, then the step. */
-                for (int pass = 0; pass < 4 && !a->error; pass++) {
-                        fold_free(f);
-                        f = NULL;
-                        if ((r = fold_file(m->wal_path, &f)) < 0 || f->status == FOLD_CORRUPT) {
-                                a->error = r < 0 ? r : -EBADMSG;
-                                snprintf(a->errmsg, sizeof a->errmsg, "folding %s: %s",
-                                         m->wal_path, r < 0 ? strerror(-r) : f->bad_reason);
-                                break;
-                        }
-                        if (!decide_once(a, m->wal, f, ar))
-                                break;
-                }
-        }
+        else if (a->decide && !a->error)
+                decide_loop(a);
         if (!a->error && (r = wal_flush(m->wal)) < 0) {
                 a->error = r;
                 snprintf(a->errmsg, sizeof a->errmsg, "fdatasync of %s: %s", m->wal_path,
@@ -612,8 +558,8 @@ static void advance_work(void *arg)
                 }
                 free(arch_path);
         }
-        fold_free(f);
-        kjson_arena_free(ar);
+        if (a->error || a->next == NEXT_END)
+                drop_fold(m);
 }
 
 /* ------------------------------------------------------------------------ */

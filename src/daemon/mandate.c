@@ -6,6 +6,7 @@
 
 #include "daemon.h"
 #include "executor.h"
+#include "kairos/fold.h"
 #include "kairos/wal.h"
 #include "metrics.h"
 
@@ -107,6 +108,7 @@ static void mandate_free(struct mandate *m)
 {
         if (m->wal)
                 wal_close(m->wal);
+        fold_free(m->fold);
         free(m->id);
         free(m->wal_path);
         free(m->reason);

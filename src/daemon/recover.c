@@ -12,6 +12,7 @@
 #include "daemon.h"
 #include "hooks.h"
 #include "executor.h"
+#include "kairos/decide.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -106,8 +107,9 @@ static int keep_decision(struct recover_job *j, const struct fold *f,
         return 0;
 }
 
-/* Derive the mandate's state from the plans after recovery. */
-static void settle_status(struct recover_job *j, const struct fold *f, const struct recovery *rec)
+/* The mandate's state after recovery, as decide_recover said. */
+static void settle_status(struct recover_job *j, const struct fold *f,
+                          const struct decide_recovery *dr)
 {
         j->status = MANDATE_RUNNABLE;  /* the executor decides what comes next */
         if (f->mandate.schedule)
@@ -126,16 +128,10 @@ static void settle_status(struct recover_job *j, const struct fold *f, const str
                 j->plan_id = strdup(last->plan_id ? last->plan_id : "");
                 j->cycle = last->cycle;
         }
-        for (size_t i = 0; i < rec->nplans; i++) {
-                const struct recovery_plan *rp = &rec->plans[i];
-                if (rp->outcome == RECOVERY_PAUSED_REVIEW) {
-                        j->status = MANDATE_PAUSED_REVIEW;
-                        free(j->review_step);
-                        free(j->reason);
-                        j->review_step = strdup(rp->pause_step ? rp->pause_step : "");
-                        j->reason = strdup(rp->pause_reason ? rp->pause_reason : "needs_review");
-                        return;
-                }
+        if (dr->mandate == DECIDE_MANDATE_PAUSED_REVIEW) {
+                j->status = MANDATE_PAUSED_REVIEW;
+                j->review_step = strdup(dr->review_step);
+                j->reason = strdup(dr->review_reason);
         }
 }
 
@@ -144,7 +140,8 @@ static void recover_work(void *arg)
         struct recover_job *j = arg;
         struct wal *w = NULL;
         struct fold *f = NULL;
-        struct recovery *rec = NULL;
+        const struct recovery *rec = NULL;
+        struct decide_recovery dr = { .recovery = NULL };
         struct wal_open_info info;
 
         /* The directory was made at start: no mkdir -p per WAL.  The file is
@@ -180,18 +177,12 @@ static void recover_work(void *arg)
                 j->error = r;
                 goto out;
         }
-        /* Not one record (an empty file, or only a torn fragment that was
-         * just cut off): a kill between creating the WAL and the first flush
-         * of a fire.  That fire was never acknowledged (its reply waits for
-         * the flush), so nothing is lost; the file goes, and the same
-         * (schedule, fired_at) can be fired again.  Kept, it would hold an
-         * id nobody can plan under ("schedule unknown") and turn every later
-         * fire of that tick into "already fired". */
-        /* The same for a WAL that holds the mandate record but no plan: the
-         * kill fell between the fire's two appends, before their flush. */
-        if ((f->records == 0 || (f->nplans == 0 && f->noperators == 0 &&
-                                 f->records == (f->mandate.line ? 1u : 0u))) &&
-            !j->had_summary) {
+        if ((r = decide_recover(f, j->had_summary, NULL, &dr)) < 0) {
+                j->error = r;
+                goto out;
+        }
+        if (dr.file == DECIDE_FILE_REMOVE) {
+                /* a fire that was never acknowledged: the file goes */
                 j->empty = true;
                 j->flushes = wal_flush_count(w);
                 wal_close(w);
@@ -202,10 +193,16 @@ static void recover_work(void *arg)
                         j->unlink_error = r;
                 goto out;
         }
-        if ((r = recovery_plan_fold(f, &rec)) < 0) {
-                j->error = r;
+        if (dr.file == DECIDE_FILE_QUARANTINE) {
+                j->corrupt = true;
+                j->bad_line = f->bad_line;
+                j->bad_offset = f->bad_offset;
+                snprintf(j->bad_reason, sizeof j->bad_reason, "%s", f->bad_reason);
+                j->status = MANDATE_QUARANTINED;
+                j->reason = strdup("wal_corrupt");
                 goto out;
         }
+        rec = dr.recovery;
         size_t appended = 0;
         for (size_t i = 0; i < rec->nplans && r == 0; i++) {
                 const struct recovery_plan *rp = &rec->plans[i];
@@ -233,13 +230,13 @@ static void recover_work(void *arg)
                 j->reason = strdup("wal_io_error");
                 goto out;
         }
-        settle_status(j, f, rec);
+        settle_status(j, f, &dr);
 out:
         if (w) {
                 j->flushes = wal_flush_count(w);
                 wal_close(w);
         }
-        recovery_free(rec);
+        decide_recovery_release(&dr);
         fold_free(f);
 }
 

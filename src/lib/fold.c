@@ -440,6 +440,7 @@ static int op_append(struct fold *f, const struct rec *rc, size_t line)
                         return r;
         }
         s->status = "pending";
+        s->state = STEP_PENDING;
         if (!s->plan_id && is_str(rc->plan_id)) {
                 r = keep_str(f, rc->plan_id, &s->plan_id);
                 if (r < 0)
@@ -472,23 +473,25 @@ static int op_transition(struct fold *f, const struct rec *rc)
             (r = apply_str(f, rc->error_msg, &s->error_msg)) < 0 ||
             (r = apply_str(f, rc->reason, &s->reason)) < 0)
                 return r;
+        if (is_str(rc->status))
+                s->state = step_status_parse(s->status);
         if (rc->result && (r = keep_json(f, rc->result, &s->result_json)) < 0)
                 return r;
         if (rc->evidence && (r = keep_json(f, rc->evidence, &s->evidence_json)) < 0)
                 return r;
         if (rc->recovered && (rc->recovered->type == KJSON_TRUE || rc->recovered->type == KJSON_FALSE))
                 s->recovered = rc->recovered->type == KJSON_TRUE;
-        if (str_eq(rc->status, "executing")) {
+        if (is_str(rc->status) && s->state == STEP_EXECUTING) {
                 s->executions++;
                 s->ended_ts = NULL;
                 if ((r = apply_str(f, rc->ts, &s->started_ts)) < 0)
                         return r;
-        } else if (str_eq(rc->status, "completed") || str_eq(rc->status, "failed") ||
-                   str_eq(rc->status, "needs_review")) {
+        } else if (is_str(rc->status) && (s->state == STEP_COMPLETED || s->state == STEP_FAILED ||
+                                          s->state == STEP_NEEDS_REVIEW)) {
                 if ((r = apply_str(f, rc->ts, &s->ended_ts)) < 0)
                         return r;
         }
-        if (str_eq(rc->status, "pending") && rc->reset && rc->reset->type == KJSON_TRUE) {
+        if (is_str(rc->status) && s->state == STEP_PENDING && rc->reset && rc->reset->type == KJSON_TRUE) {
                 /* FIX: a reset forgets the interrupted execution */
                 s->observed_pre_hash = NULL;
                 s->post_hash = NULL;
@@ -510,6 +513,7 @@ static int op_finalize(struct fold *f, const struct rec *rc)
         if ((r = keep_str(f, rc->status, &p->final_status)) < 0 ||
             (r = keep_str(f, rc->reason, &p->final_reason)) < 0)
                 return r;
+        p->final_state = plan_status_parse(p->final_status);
         return 0;
 }
 
@@ -640,12 +644,11 @@ void fold_free(struct fold *f)
         free(f);
 }
 
-int fold_buffer(const char *data, size_t len, struct fold **out)
+int fold_new(struct fold **ret_fold)
 {
         struct fold *f;
-        int r;
 
-        *out = NULL;
+        *ret_fold = NULL;
         f = calloc(1, sizeof(*f));
         if (!f)
                 return -ENOMEM;
@@ -655,13 +658,28 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
                 return -ENOMEM;
         }
         f->internal->keep = kjson_arena_new();
-        f->internal->scratch = kjson_arena_new();
-        if (!f->internal->keep || !f->internal->scratch) {
+        if (!f->internal->keep) {
                 fold_free(f);
                 return -ENOMEM;
         }
         f->status = FOLD_CLEAN;
+        *ret_fold = f;
+        return 0;
+}
 
+int fold_buffer(const char *data, size_t len, struct fold **out)
+{
+        struct fold *f;
+        int r;
+
+        r = fold_new(&f);
+        if (r < 0)
+                return r;
+        f->internal->scratch = kjson_arena_new();
+        if (!f->internal->scratch) {
+                fold_free(f);
+                return -ENOMEM;
+        }
         r = fold_run(f, data ? data : "", data ? len : 0);
         if (r < 0) {
                 fold_free(f);
@@ -673,6 +691,65 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
         kbuf_free(&f->internal->json);
         *out = f;
         return 0;
+}
+
+int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used)
+{
+        size_t pos = 0;
+        int r = 0;
+
+        *ret_used = 0;
+        if (!f || !f->internal)
+                return -EINVAL;
+        if (f->status == FOLD_CORRUPT)
+                return -EBADMSG;
+        if (!f->internal->scratch && !(f->internal->scratch = kjson_arena_new()))
+                return -ENOMEM;
+        while (pos < len) {
+                const char *l = data + pos;
+                const char *nl = memchr(l, '\n', len - pos);
+                if (!nl)
+                        break; /* an unterminated tail: not yet */
+                size_t n = (size_t)(nl - l), next = pos + n + 1;
+                if (n > 0 && l[n - 1] == '\r')
+                        n--;
+                f->lines++;
+                size_t k = 0;
+                while (k < n && (l[k] == ' ' || l[k] == '\t'))
+                        k++;
+                if (k == n) {
+                        pos = next;
+                        *ret_used = pos;
+                        continue;
+                }
+                const struct kjson *obj = NULL;
+                bool legacy = false;
+                char reason[sizeof(f->bad_reason)];
+                r = crcline_check(f->internal->scratch, CRCLINE_LEGACY, l, n, &obj, &legacy,
+                                  reason, sizeof(reason));
+                if (r < 0)
+                        break;
+                if (r == 0) {
+                        f->status = FOLD_CORRUPT;
+                        f->bad_line = f->lines;
+                        f->bad_offset = f->good_end + pos;
+                        snprintf(f->bad_reason, sizeof(f->bad_reason), "%s", reason);
+                        r = -EBADMSG;
+                        break;
+                }
+                r = apply_record(f, obj, f->lines);
+                if (r < 0)
+                        break;
+                f->records++;
+                if (legacy)
+                        f->legacy_records++;
+                pos = next;
+                *ret_used = pos;
+        }
+        f->good_end += *ret_used;
+        /* bound the memory a long-lived fold keeps between calls */
+        kjson_arena_reset(f->internal->scratch);
+        return r < 0 ? r : 0;
 }
 
 int fold_file(const char *path, struct fold **out)
@@ -708,9 +785,48 @@ const struct fold_plan *fold_find_plan(const struct fold *f, const char *plan_id
 
 bool fold_step_finalized(const struct fold_step *s)
 {
-        return s && s->status &&
-               (strcmp(s->status, "completed") == 0 || strcmp(s->status, "failed") == 0 ||
-                strcmp(s->status, "abandoned") == 0);
+        return s && (s->state == STEP_COMPLETED || s->state == STEP_FAILED ||
+                     s->state == STEP_ABANDONED);
+}
+
+static const char *const step_names[] = {
+        [STEP_PENDING] = "pending",       [STEP_EXECUTING] = "executing",
+        [STEP_COMPLETED] = "completed",   [STEP_FAILED] = "failed",
+        [STEP_NEEDS_REVIEW] = "needs_review", [STEP_ABANDONED] = "abandoned",
+};
+
+static const char *const plan_names[] = {
+        [PLAN_SUCCEEDED] = "succeeded",
+        [PLAN_FAILED] = "failed",
+        [PLAN_ABANDONED] = "abandoned",
+};
+
+enum step_status step_status_parse(const char *text)
+{
+        if (!text)
+                return STEP_NONE;
+        for (size_t i = 0; i < sizeof step_names / sizeof step_names[0]; i++)
+                if (step_names[i] && strcmp(step_names[i], text) == 0)
+                        return (enum step_status)i;
+        return STEP_OTHER;
+}
+
+enum plan_status plan_status_parse(const char *text)
+{
+        for (size_t i = 0; text && i < sizeof plan_names / sizeof plan_names[0]; i++)
+                if (plan_names[i] && strcmp(plan_names[i], text) == 0)
+                        return (enum plan_status)i;
+        return PLAN_OTHER;
+}
+
+const char *step_status_name(enum step_status s)
+{
+        return (size_t)s < sizeof step_names / sizeof step_names[0] ? step_names[s] : NULL;
+}
+
+const char *plan_status_name(enum plan_status s)
+{
+        return (size_t)s < sizeof plan_names / sizeof plan_names[0] ? plan_names[s] : NULL;
 }
 
 const char *fold_status_name(enum fold_status s)

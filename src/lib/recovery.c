@@ -15,9 +15,11 @@
 #include "kairos/recovery.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kairos/canon.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
 
@@ -25,9 +27,100 @@ struct recovery_internal {
         struct kjson_arena *arena; /* evidence texts and probe hashes */
 };
 
-static bool status_is(const struct fold_step *s, const char *st)
+static int keep(struct recovery *r, const char *s, const char **out);
+
+static const struct recovery_step_evidence *step_evidence(const struct recovery_evidence *ev,
+                                                           const char *step_id)
 {
-        return s->status && strcmp(s->status, st) == 0;
+        for (size_t i = 0; ev && i < ev->nsteps; i++)
+                if (ev->steps[i].step_id && strcmp(ev->steps[i].step_id, step_id) == 0)
+                        return &ev->steps[i];
+        return NULL;
+}
+
+/* Sources after the WAL, for a step the WAL leaves open (row 6): what the
+ * step is, the idempotency store, the probe.  Changes *v when one decides.
+ * *extra: more evidence members, in r's arena. */
+static int evidence_sources(struct recovery *r, const struct fold_step *s,
+                            const struct recovery_evidence *ev, struct verdict *v)
+{
+        enum planner_phase phase;
+        int cycle;
+        char *x = NULL;
+
+        if (!ev || v->row != 6)
+                return 0;
+        if (planner_parse_step_id(s->step_id, &phase, &cycle) == 0) {
+                if (!ev->has_command[phase] || !(ev->effects & (1u << phase))) {
+                        v->kind = VERDICT_SAFE_TO_RETRY;
+                        v->row = 0;
+                        v->reason = ev->has_command[phase] ? "declared_rerunnable" : "no_command";
+                        v->evidence = VERDICT_EV_STATUS;
+                        if (asprintf(&x, "\"phase\":\"%s\"", planner_phase_name(phase)) < 0)
+                                return -ENOMEM;
+                        goto keep;
+                }
+        }
+        const struct recovery_step_evidence *se = step_evidence(ev, s->step_id);
+        if (se && se->idem_open) {
+                v->kind = VERDICT_MANUAL_REVIEW;
+                v->row = 0;
+                v->reason = "tool_call_interrupted";
+                v->evidence = VERDICT_EV_STATUS;
+                if (asprintf(&x, "\"tool_calls\":%s", se->idem_json ? se->idem_json : "null") < 0)
+                        return -ENOMEM;
+                goto keep;
+        }
+        if (ev->effects_via_kairosctl) {
+                v->kind = VERDICT_SAFE_TO_RETRY;
+                v->row = 0;
+                v->reason = "effects_journaled";
+                v->evidence = VERDICT_EV_STATUS;
+                if (asprintf(&x, "\"tool_calls\":%s",
+                             se && se->idem_json ? se->idem_json : "[]") < 0)
+                        return -ENOMEM;
+                goto keep;
+        }
+        if (!se || se->probe == RECOVERY_PROBE_NONE)
+                return 0;
+        switch (se->probe) {
+        case RECOVERY_PROBE_DONE:
+                v->kind = VERDICT_ALREADY_DONE;
+                v->row = 2;
+                v->reason = "current_state_matches_expected_post";
+                v->post_hash = s->expected_post_hash ? s->expected_post_hash : "";
+                v->evidence = 0;
+                if (asprintf(&x, "\"source\":\"probe\"") < 0)
+                        return -ENOMEM;
+                break;
+        case RECOVERY_PROBE_NOT_STARTED:
+                v->kind = VERDICT_SAFE_TO_RETRY;
+                v->row = 5;
+                v->reason = "current_pre_matches_expected";
+                v->evidence = 0;
+                if (asprintf(&x, "\"source\":\"probe\"") < 0)
+                        return -ENOMEM;
+                break;
+        default: {
+                struct kbuf b = KBUF_INIT;
+                const char *o = se->probe_output ? se->probe_output : "";
+                v->kind = VERDICT_MANUAL_REVIEW;
+                v->row = 0;
+                v->reason = "probe_inconclusive";
+                v->evidence = VERDICT_EV_STATUS;
+                if (kbuf_puts(&b, "\"probe_output\":") < 0 ||
+                    kbuf_json_string_lossy(&b, o, strlen(o), 0) < 0) {
+                        kbuf_free(&b);
+                        return -ENOMEM;
+                }
+                x = kbuf_steal(&b);
+                break;
+        }
+        }
+keep:;
+        int ret = keep(r, x, &v->extra_json);
+        free(x);
+        return ret;
 }
 
 static int keep(struct recovery *r, const char *s, const char **out)
@@ -66,9 +159,19 @@ static void set_finalize(struct recovery_plan *rp, const struct fold_plan *p, en
         };
 }
 
+/* The result a completed record carries: the probe's when it decided. */
+static const char *se_result(const struct recovery_evidence *ev, const struct fold_step *s)
+{
+        const struct recovery_step_evidence *se = step_evidence(ev, s->step_id);
+        if (se && se->probe == RECOVERY_PROBE_DONE && !s->post_hash)
+                return se->probe_result_json;
+        return s->result_json;
+}
+
 /* Decide one step; *stop when the walk ends here. */
 static int decide_step(struct recovery *r, const struct fold *f, size_t idx, struct recovery_plan *rp,
-                       recovery_probe_fn probe, void *ctx, bool *stop)
+                       recovery_probe_fn probe, void *ctx, const struct recovery_evidence *evi,
+                       bool *stop)
 {
         const struct fold_step *s = &f->steps[idx];
         struct recovery_decision *d = &rp->decisions[rp->ndecisions++];
@@ -83,6 +186,7 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                         return ret;
         }
         struct verdict_step vs = {
+                .state = s->state,
                 .status = s->status,
                 .pre_hash = s->pre_hash,
                 .expected_post_hash = s->expected_post_hash,
@@ -92,6 +196,8 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
         };
         d->step = idx;
         verdict_check(&vs, cur_pre, cur_post, &d->verdict);
+        if ((ret = evidence_sources(r, s, evi, &d->verdict)) < 0)
+                return ret;
         *stop = true;
 
         switch (d->verdict.kind) {
@@ -99,21 +205,28 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                 ret = evidence_json(r, &d->verdict, &ev);
                 if (ret < 0)
                         return ret;
+                const char *res = se_result(evi, s), *rh = s->result_hash ? s->result_hash : "";
+                if (res && res != s->result_json) {
+                        char h[CANON_HASH_STRLEN];
+                        if (canon_hash_json(res, strlen(res), h, NULL) == 0 &&
+                            (ret = keep(r, h, &rh)) < 0)
+                                return ret;
+                }
                 d->has_record = true;
                 d->record = (struct wal_record){
                         .op = WAL_OP_COMPLETED,
                         .step_id = s->step_id,
                         .post_hash = d->verdict.post_hash,
                         /* the writer requires one; "" = no result recorded */
-                        .result_hash = s->result_hash ? s->result_hash : "",
+                        .result_hash = rh,
                         .recovered = true,
                         .evidence_json = ev,
-                        .result_json = s->result_json,
+                        .result_json = res,
                 };
                 *stop = false;
                 return 0;
         case VERDICT_SAFE_TO_RETRY:
-                if (s->observed_pre_hash || status_is(s, "executing")) {
+                if (s->observed_pre_hash || s->state == STEP_EXECUTING) {
                         d->has_record = true;
                         d->record = (struct wal_record){ .op = WAL_OP_RESET, .step_id = s->step_id };
                 }
@@ -123,7 +236,7 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
         case VERDICT_MANUAL_REVIEW:
                 rp->outcome = RECOVERY_PAUSED_REVIEW;
                 rp->pause_step = s->step_id;
-                if (status_is(s, "needs_review")) {
+                if (s->state == STEP_NEEDS_REVIEW) {
                         /* already recorded: no second record */
                         rp->pause_reason = s->reason ? s->reason : d->verdict.reason;
                         return 0;
@@ -145,7 +258,7 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
 }
 
 static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct recovery_plan *rp,
-                    recovery_probe_fn probe, void *ctx)
+                    recovery_probe_fn probe, void *ctx, const struct recovery_evidence *ev)
 {
         const struct fold_plan *p = &f->plans[pi];
         int ret;
@@ -153,14 +266,14 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
         rp->plan = pi;
         for (size_t j = 0; j < p->nsteps; j++) {
                 const struct fold_step *s = &f->steps[p->steps[j]];
-                if (status_is(s, "failed")) {
+                if (s->state == STEP_FAILED) {
                         set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, "failed", "step_failed");
                         return 0;
                 }
         }
         for (size_t j = 0; j < p->nsteps; j++) {
                 const struct fold_step *s = &f->steps[p->steps[j]];
-                if (status_is(s, "abandoned")) {
+                if (s->state == STEP_ABANDONED) {
                         /* an abandoned step never completes: the plan cannot succeed */
                         set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, "failed", "step_abandoned");
                         return 0;
@@ -175,7 +288,7 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
         for (size_t j = 0; j < p->nsteps; j++) {
                 const struct fold_step *s = &f->steps[p->steps[j]];
                 bool stop;
-                if (status_is(s, "completed"))
+                if (s->state == STEP_COMPLETED)
                         continue;
                 if (fold_find_step(f, s->step_id) != s) {
                         /* a later plan_commit took this step_id over: every
@@ -186,7 +299,7 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
                         rp->pause_reason = "step_id_reused";
                         return 0;
                 }
-                ret = decide_step(r, f, p->steps[j], rp, probe, ctx, &stop);
+                ret = decide_step(r, f, p->steps[j], rp, probe, ctx, ev, &stop);
                 if (ret < 0)
                         return ret;
                 if (stop)
@@ -196,8 +309,8 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
         return 0;
 }
 
-int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void *ctx,
-                             struct recovery **out)
+static int plan_fold(const struct fold *f, recovery_probe_fn probe, void *ctx,
+                     const struct recovery_evidence *ev, struct recovery **out)
 {
         struct recovery *r;
         size_t n = 0;
@@ -231,7 +344,7 @@ int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void
         for (size_t i = 0; i < f->nplans; i++) {
                 if (f->plans[i].finalized)
                         continue;
-                ret = plan_one(r, f, i, &r->plans[r->nplans++], probe, ctx);
+                ret = plan_one(r, f, i, &r->plans[r->nplans++], probe, ctx, ev);
                 if (ret < 0) {
                         recovery_free(r);
                         return ret;
@@ -241,9 +354,21 @@ int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void
         return 0;
 }
 
+int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void *ctx,
+                             struct recovery **out)
+{
+        return plan_fold(f, probe, ctx, NULL, out);
+}
+
+int recovery_plan_fold_evidence(const struct fold *f, const struct recovery_evidence *ev,
+                                struct recovery **out)
+{
+        return plan_fold(f, NULL, NULL, ev, out);
+}
+
 int recovery_plan_fold(const struct fold *f, struct recovery **out)
 {
-        return recovery_plan_fold_probe(f, NULL, NULL, out);
+        return plan_fold(f, NULL, NULL, NULL, out);
 }
 
 void recovery_free(struct recovery *r)

@@ -50,14 +50,13 @@ void verdict_check(const struct verdict_step *s, const char *current_pre, const 
                 return;
         }
 
-        if (strcmp(status, "needs_review") == 0) {
+        if (s->state == STEP_NEEDS_REVIEW) {
                 verdict_set(out, VERDICT_MANUAL_REVIEW, 3, "explicitly_marked_needs_review",
                             VERDICT_EV_STATUS);
                 return;
         }
 
-        if (!s->observed_pre_hash && strcmp(status, "executing") != 0 &&
-            strcmp(status, "completed") != 0) {
+        if (!s->observed_pre_hash && s->state != STEP_EXECUTING && s->state != STEP_COMPLETED) {
                 verdict_set(out, VERDICT_SAFE_TO_RETRY, 4, "never_reached_executing",
                             VERDICT_EV_STATUS);
                 return;
@@ -121,6 +120,13 @@ int verdict_evidence_json(const struct verdict *v, struct kbuf *out)
         }
         if (v->evidence & VERDICT_EV_EXPECTED_PRE) {
                 r = put_member(out, "expected_pre_hash", v->expected_pre_hash);
+                if (r < 0)
+                        goto fail;
+        }
+        if (v->extra_json && *v->extra_json) {
+                r = kbuf_putc(out, ',');
+                if (r >= 0)
+                        r = kbuf_puts(out, v->extra_json);
                 if (r < 0)
                         goto fail;
         }

@@ -30,7 +30,7 @@ static void expect(const struct verdict_step *s, const char *cur_pre, const char
 static void test_row1_wal_recorded_completion(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "completed", .pre_hash = "pre", .expected_post_hash = "post",
+        struct verdict_step s = { .state = STEP_COMPLETED, .status = "completed", .pre_hash = "pre", .expected_post_hash = "post",
                                   .observed_pre_hash = "pre", .post_hash = "P", .result_hash = "R" };
         struct verdict v;
 
@@ -53,7 +53,7 @@ static void test_row1_wal_recorded_completion(void **state)
 static void test_needs_review_with_post_hash_is_done(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "needs_review", .observed_pre_hash = "o", .post_hash = "P" };
+        struct verdict_step s = { .state = STEP_NEEDS_REVIEW, .status = "needs_review", .observed_pre_hash = "o", .post_hash = "P" };
 
         expect(&s, NULL, NULL, VERDICT_ALREADY_DONE, 1, "wal_recorded_completion",
                "{\"reason\":\"wal_recorded_completion\",\"result_hash\":null}");
@@ -62,14 +62,14 @@ static void test_needs_review_with_post_hash_is_done(void **state)
 static void test_empty_post_hash_not_done(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "executing", .pre_hash = "pre", .observed_pre_hash = "o",
+        struct verdict_step s = { .state = STEP_EXECUTING, .status = "executing", .pre_hash = "pre", .observed_pre_hash = "o",
                                   .post_hash = "" };
 
         expect(&s, NULL, NULL, VERDICT_MANUAL_REVIEW, 6, "interrupted_during_execution",
                "{\"reason\":\"interrupted_during_execution\",\"status\":\"executing\","
                "\"observed_pre_hash\":\"o\",\"expected_pre_hash\":\"pre\"}");
         /* and with nothing else known it is a plain never-executed step */
-        struct verdict_step t = { .status = "pending", .post_hash = "" };
+        struct verdict_step t = { .state = STEP_PENDING, .status = "pending", .post_hash = "" };
         expect(&t, NULL, NULL, VERDICT_SAFE_TO_RETRY, 4, "never_reached_executing",
                "{\"reason\":\"never_reached_executing\",\"status\":\"pending\"}");
 }
@@ -77,7 +77,7 @@ static void test_empty_post_hash_not_done(void **state)
 static void test_row2_current_post_matches(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "executing", .pre_hash = "pre", .expected_post_hash = "post",
+        struct verdict_step s = { .state = STEP_EXECUTING, .status = "executing", .pre_hash = "pre", .expected_post_hash = "post",
                                   .observed_pre_hash = "pre" };
         struct verdict v;
 
@@ -105,7 +105,7 @@ static void test_row2_current_post_matches(void **state)
 static void test_row2_beats_row3(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "needs_review", .expected_post_hash = "post",
+        struct verdict_step s = { .state = STEP_NEEDS_REVIEW, .status = "needs_review", .expected_post_hash = "post",
                                   .observed_pre_hash = "o" };
 
         expect(&s, NULL, "post", VERDICT_ALREADY_DONE, 2, "current_state_matches_expected_post",
@@ -116,7 +116,7 @@ static void test_row3_needs_review(void **state)
 {
         (void)state;
         /* needs_review wins over row 4 (never executed) and row 5 (current_pre matches) */
-        struct verdict_step s = { .status = "needs_review", .pre_hash = "pre" };
+        struct verdict_step s = { .state = STEP_NEEDS_REVIEW, .status = "needs_review", .pre_hash = "pre" };
 
         expect(&s, "pre", NULL, VERDICT_MANUAL_REVIEW, 3, "explicitly_marked_needs_review",
                "{\"reason\":\"explicitly_marked_needs_review\",\"status\":\"needs_review\"}");
@@ -125,7 +125,7 @@ static void test_row3_needs_review(void **state)
 static void test_row4_never_reached_executing(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "pending", .pre_hash = "pre" };
+        struct verdict_step s = { .state = STEP_PENDING, .status = "pending", .pre_hash = "pre" };
 
         expect(&s, NULL, NULL, VERDICT_SAFE_TO_RETRY, 4, "never_reached_executing",
                "{\"reason\":\"never_reached_executing\",\"status\":\"pending\"}");
@@ -134,7 +134,7 @@ static void test_row4_never_reached_executing(void **state)
 static void test_failed_never_executed_is_retry(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "failed", .pre_hash = "pre" };
+        struct verdict_step s = { .state = STEP_FAILED, .status = "failed", .pre_hash = "pre" };
 
         expect(&s, NULL, NULL, VERDICT_SAFE_TO_RETRY, 4, "never_reached_executing",
                "{\"reason\":\"never_reached_executing\",\"status\":\"failed\"}");
@@ -143,7 +143,7 @@ static void test_failed_never_executed_is_retry(void **state)
 static void test_failed_after_executing_is_review(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "failed", .pre_hash = "pre", .observed_pre_hash = "obs" };
+        struct verdict_step s = { .state = STEP_FAILED, .status = "failed", .pre_hash = "pre", .observed_pre_hash = "obs" };
 
         expect(&s, NULL, NULL, VERDICT_MANUAL_REVIEW, 6, "interrupted_during_execution",
                "{\"reason\":\"interrupted_during_execution\",\"status\":\"failed\","
@@ -165,7 +165,7 @@ static void test_status_null_is_retry(void **state)
 static void test_observed_pre_empty_counts_as_present(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "pending", .pre_hash = "pre", .observed_pre_hash = "" };
+        struct verdict_step s = { .state = STEP_PENDING, .status = "pending", .pre_hash = "pre", .observed_pre_hash = "" };
 
         expect(&s, NULL, NULL, VERDICT_MANUAL_REVIEW, 6, "interrupted_during_execution",
                "{\"reason\":\"interrupted_during_execution\",\"status\":\"pending\","
@@ -175,8 +175,8 @@ static void test_observed_pre_empty_counts_as_present(void **state)
 static void test_executing_without_observed_pre_is_not_row4(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "executing" };
-        struct verdict_step c = { .status = "completed" };
+        struct verdict_step s = { .state = STEP_EXECUTING, .status = "executing" };
+        struct verdict_step c = { .state = STEP_COMPLETED, .status = "completed" };
 
         expect(&s, NULL, NULL, VERDICT_MANUAL_REVIEW, 6, "interrupted_during_execution",
                "{\"reason\":\"interrupted_during_execution\",\"status\":\"executing\","
@@ -190,7 +190,7 @@ static void test_executing_without_observed_pre_is_not_row4(void **state)
 static void test_row5_current_pre_matches(void **state)
 {
         (void)state;
-        struct verdict_step s = { .status = "executing", .pre_hash = "pre", .observed_pre_hash = "pre" };
+        struct verdict_step s = { .state = STEP_EXECUTING, .status = "executing", .pre_hash = "pre", .observed_pre_hash = "pre" };
 
         expect(&s, "pre", NULL, VERDICT_SAFE_TO_RETRY, 5, "current_pre_matches_expected",
                "{\"reason\":\"current_pre_matches_expected\"}");
