@@ -20,6 +20,9 @@ struct kio {
         int (*mkdir)(void *ctx, const char *path, mode_t mode);
         /* open the directory, fsync it, close it */
         int (*fsync_dir)(void *ctx, const char *path);
+        /* make everything on the file system that holds path durable
+         * (syncfs); NULL: not offered (kio_syncfs says -ENOSYS) */
+        int (*syncfs)(void *ctx, const char *path);
         void *ctx;
 };
 
@@ -30,6 +33,13 @@ const struct kio *kio_posix(void);
 /* Write all n bytes (retrying partial writes and EINTR).  On failure returns
  * -errno and *written (if non-NULL) tells how many bytes did land. */
 int kio_write_all(const struct kio *io, int fd, const void *buf, size_t n, size_t *written);
+/* syncfs of the file system that holds path: one call makes every file,
+ * rename and unlink on it durable.  -ENOSYS when io offers none. */
+int kio_syncfs(const struct kio *io, const char *path);
+/* Replace path by data (path.tmp, rename) without any sync: durable only
+ * after a later kio_syncfs (or fsyncs). */
+int kio_write_file_nosync(const struct kio *io, const char *path, const void *data, size_t n,
+                          mode_t mode);
 /* fsync the directory that contains path. */
 int kio_fsync_parent(const struct kio *io, const char *path);
 /* mkdir -p; fsyncs the parent of every directory it creates. */

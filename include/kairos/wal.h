@@ -202,3 +202,9 @@ int wal_archive_file(const struct kio *io, const char *wal_path, const char *arc
                      char **dest);
 /* Where wal_archive_file puts wal_path: <archive_dir>/<basename>.gz. */
 int wal_archive_path(const char *wal_path, const char *archive_dir, char **ret_path);
+/* The first half of an archive, for batches: gzip the WAL into
+ * <archive_dir>/<basename>.gz (.tmp, rename) with no sync at all and keep
+ * the WAL.  The caller makes the archive durable (kio_syncfs) before it
+ * unlinks the WAL; until then the WAL is the truth. */
+int wal_archive_stage(const struct kio *io, const char *wal_path, const char *archive_dir,
+                      char **dest);

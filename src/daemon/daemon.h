@@ -112,6 +112,17 @@ struct daemon {
         unsigned running;                          /* mandates holding a slot */
         void (*executor_idle)(struct daemon *d);   /* shutdown: nothing runs any more */
         uv_timer_t grace_timer;
+        /* finished mandates whose archives wait for one syncfs (executor.c) */
+        struct mandate **arch_pending;
+        char **arch_paths;                         /* their archive paths */
+        size_t arch_npending, arch_cap;
+        char **arch_batch_paths;                   /* of the batch being synced */
+        bool arch_syncing;                         /* a batch's syncfs is running */
+        unsigned arch_unlinking;                   /* WAL unlinks in flight */
+        bool arch_unsynced;                        /* WALs unlinked since the last syncfs */
+        uv_timer_t arch_timer;
+        bool arch_timer_init;
+        uint64_t syncfs_calls;
 
         uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
         uv_timer_t extend_timer;

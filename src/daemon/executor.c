@@ -445,7 +445,7 @@ static int write_summary(struct advance *a, const struct statedir *paths, const 
         char *path = NULL;
         int r = statedir_summary_path(paths, a->m->id, &path);
         if (r == 0)
-                r = kio_write_file_atomic(kio_posix(), path, b.data, b.len, STATEDIR_FILE_MODE);
+                r = kio_write_file_nosync(kio_posix(), path, b.data, b.len, STATEDIR_FILE_MODE);
         free(path);
         kbuf_free(&b);
         return r;
@@ -537,17 +537,22 @@ static void advance_work(void *arg)
                 char *arch_path = NULL;
                 if (statedir_archive_path(&m->d->paths, m->id, &arch_path) < 0)
                         arch_path = NULL;
-                /* The summary first: if we die before the WAL is archived, the
-                 * WAL is still there and the end is decided again. */
+                /* The summary first, then the archive, neither synced: the
+                 * finalized WAL stays the truth until one syncfs for a batch
+                 * of finished mandates has made both durable (archive_*
+                 * below); only then does the WAL go.  A crash before that
+                 * finds the WAL at the next start, and the end is decided
+                 * and archived again. */
                 if (!arch_path || (r = write_summary(a, &m->d->paths, arch_path)) < 0) {
                         r = arch_path ? r : -ENOMEM;
                         a->error = r;
                         snprintf(a->errmsg, sizeof a->errmsg, "writing the summary of %s: %s",
                                  m->id, strerror(-r));
                 } else {
-                        struct wal *w = m->wal;
+                        wal_close(m->wal);
                         m->wal = NULL;
-                        if ((r = wal_archive(w, archive_dir, &dest)) < 0) {
+                        if ((r = wal_archive_stage(kio_posix(), m->wal_path, archive_dir,
+                                                   &dest)) < 0) {
                                 a->error = r;
                                 snprintf(a->errmsg, sizeof a->errmsg, "archiving %s: %s",
                                          m->wal_path, strerror(-r));
@@ -614,9 +619,218 @@ static void release_slot(struct mandate *m)
         }
 }
 
+/* ---- archiving finished mandates, in batches ----
+ *
+ * A finished mandate's summary and archive are written (not synced) by its
+ * last advance job; the WAL stays.  Finished mandates gather here until
+ * ARCHIVE_BATCH of them wait or ARCHIVE_DELAY_MS passed (or the daemon
+ * stops); then ONE syncfs makes every archive and summary of the batch
+ * durable, and only then is each WAL unlinked (a job on the mandate's own
+ * queue, which also points the mandate at its archive).  The unlinks need
+ * no sync of their own: the next batch's syncfs (or the last one at
+ * shutdown) covers them, and a WAL that comes back after a crash is
+ * finalized, so the next start ends and archives it again. */
+
+#define ARCHIVE_BATCH 64
+#define ARCHIVE_DELAY_MS 200
+
+struct archive_batch {
+        struct daemon *d;
+        struct mandate **m;
+        size_t n;
+        int error;
+};
+
+struct archive_unlink {
+        struct mandate *m;
+        char *archive_path;
+        int error;
+};
+
+static void check_idle(struct daemon *d);
+static void archive_flush(struct daemon *d);
+
+static bool archive_busy(const struct daemon *d)
+{
+        return d->arch_npending || d->arch_syncing || d->arch_unlinking || d->arch_unsynced;
+}
+
+static void on_archive_timer(uv_timer_t *t)
+{
+        archive_flush(t->data);
+}
+
+static void archive_enqueue(struct mandate *m, char *archive_path)
+{
+        struct daemon *d = m->d;
+        if (!archive_path) {
+                /* (out of memory in the job: the WAL stays; the next start ends it again) */
+                log_error("mandate %s: no archive path; its WAL stays", m->id);
+                return;
+        }
+        if (d->arch_npending == d->arch_cap) {
+                size_t cap = d->arch_cap ? d->arch_cap * 2 : 16;
+                struct mandate **pm = realloc(d->arch_pending, cap * sizeof(*pm));
+                char **pp = realloc(d->arch_paths, cap * sizeof(*pp));
+                if (pm)
+                        d->arch_pending = pm;
+                if (pp)
+                        d->arch_paths = pp;
+                if (!pm || !pp) {
+                        log_error("mandate %s: out of memory; its WAL stays", m->id);
+                        free(archive_path);
+                        return;
+                }
+                d->arch_cap = cap;
+        }
+        m->busy++; /* alive until its WAL is gone */
+        d->arch_pending[d->arch_npending] = m;
+        d->arch_paths[d->arch_npending++] = archive_path;
+        if (d->arch_npending >= ARCHIVE_BATCH || d->stopping) {
+                archive_flush(d);
+                return;
+        }
+        if (!d->arch_timer_init) {
+                uv_timer_init(d->loop, &d->arch_timer);
+                d->arch_timer.data = d;
+                d->arch_timer_init = true;
+        }
+        if (!uv_is_active((uv_handle_t *)&d->arch_timer))
+                uv_timer_start(&d->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
+}
+
+static void archive_unlink_work(void *arg)
+{
+        struct archive_unlink *u = arg;
+        const struct kio *io = kio_posix();
+        u->error = io->unlink(io->ctx, u->m->wal_path);
+        if (u->error == -ENOENT)
+                u->error = 0; /* gone already */
+}
+
+static void archive_unlink_done(void *arg)
+{
+        struct archive_unlink *u = arg;
+        struct mandate *m = u->m;
+        struct daemon *d = m->d;
+        if (u->error) {
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s paused (%s): removing %s after archiving: %s", m->id,
+                          m->reason, m->wal_path, strerror(-u->error));
+                free(u->archive_path);
+        } else {
+                free(m->wal_path);
+                m->wal_path = u->archive_path;
+                m->archived = true;
+                d->arch_unsynced = true;
+        }
+        m->busy--;
+        d->arch_unlinking--;
+        free(u);
+        daemon_update_status(d);
+        if (d->arch_unlinking == 0)
+                check_idle(d);
+}
+
+static void archive_sync_work(void *arg)
+{
+        struct archive_batch *b = arg;
+        b->error = kio_syncfs(kio_posix(), b->d->cfg->state_directory);
+}
+
+static void archive_sync_done(void *arg)
+{
+        struct archive_batch *b = arg;
+        struct daemon *d = b->d;
+        d->arch_syncing = false;
+        d->syncfs_calls++;
+        if (b->error) {
+                /* Nothing is unlinked: the WALs stay the truth; a later batch
+                 * (or the next start) tries again. */
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, NULL, 0,
+                          "syncfs of %s failed: %s; %zu finished WAL%s kept", d->cfg->state_directory,
+                          strerror(-b->error), b->n, b->n == 1 ? "" : "s");
+                for (size_t i = 0; i < b->n; i++)
+                        b->m[i]->busy--;
+        } else {
+                d->arch_unsynced = false;
+                for (size_t i = 0; i < b->n; i++) {
+                        struct archive_unlink *u = calloc(1, sizeof(*u));
+                        struct mandate *m = b->m[i];
+                        if (u) {
+                                u->m = m;
+                                u->archive_path = d->arch_batch_paths[i];
+                                d->arch_batch_paths[i] = NULL;
+                        }
+                        if (!u || serialq_submit(&m->q, archive_unlink_work, archive_unlink_done,
+                                                 u) < 0) {
+                                log_error("mandate %s: out of memory; its WAL stays", m->id);
+                                if (u)
+                                        free(u->archive_path);
+                                free(u);
+                                m->busy--;
+                                continue;
+                        }
+                        d->arch_unlinking++;
+                }
+        }
+        for (size_t i = 0; i < b->n; i++)
+                free(d->arch_batch_paths[i]);
+        free(d->arch_batch_paths);
+        d->arch_batch_paths = NULL;
+        free(b->m);
+        free(b);
+        if (d->arch_npending >= ARCHIVE_BATCH || (d->stopping && d->arch_npending))
+                archive_flush(d);
+        else if (d->arch_npending && d->arch_timer_init &&
+                 !uv_is_active((uv_handle_t *)&d->arch_timer))
+                uv_timer_start(&d->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
+        check_idle(d);
+}
+
+/* Start a batch: one syncfs for every finished mandate waiting (or, with
+ * none waiting, for the unlinks since the last one). */
+static void archive_flush(struct daemon *d)
+{
+        if (d->arch_syncing)
+                return; /* archive_sync_done starts the next batch */
+        if (d->arch_timer_init)
+                uv_timer_stop(&d->arch_timer);
+        if (!d->arch_npending && !d->arch_unsynced)
+                return;
+        struct archive_batch *b = calloc(1, sizeof(*b));
+        if (!b) {
+                log_error("out of memory: archiving later");
+                return;
+        }
+        b->d = d;
+        b->m = d->arch_pending;
+        b->n = d->arch_npending;
+        d->arch_batch_paths = d->arch_paths;
+        d->arch_pending = NULL;
+        d->arch_paths = NULL;
+        d->arch_npending = d->arch_cap = 0;
+        if (serialq_submit(&d->admin_q, archive_sync_work, archive_sync_done, b) < 0) {
+                log_error("out of memory: archiving later");
+                d->arch_pending = b->m;
+                d->arch_paths = d->arch_batch_paths;
+                d->arch_npending = d->arch_cap = b->n;
+                d->arch_batch_paths = NULL;
+                free(b);
+                return;
+        }
+        d->arch_syncing = true;
+}
+
 static void check_idle(struct daemon *d)
 {
         if (d->stopping && d->running == 0 && d->executor_idle) {
+                if (archive_busy(d)) {
+                        if (!d->arch_syncing && !d->arch_unlinking)
+                                archive_flush(d);
+                        return;
+                }
                 void (*cb)(struct daemon *) = d->executor_idle;
                 d->executor_idle = NULL;
                 cb(d);
@@ -1477,7 +1691,7 @@ static void advance_done(void *arg)
         }
         if (a->cycle_finished)
                 d->cycles_completed++;
-        if (!a->cancel && (!a->decide || d->stopping)) {
+        if (!a->cancel && (!a->decide || d->stopping) && a->next != NEXT_END) {
                 /* recorded; the mandate goes on after the restart */
                 if (m->status == MANDATE_RUNNING)
                         mandate_set_status(m, MANDATE_RUNNABLE, NULL);
@@ -1516,13 +1730,7 @@ static void advance_done(void *arg)
                 release_slot(m);
                 break;
         case NEXT_END:
-                m->archived = true;
                 m->ended_ms = now_ms_realtime();
-                if (a->archive_path) {
-                        free(m->wal_path);
-                        m->wal_path = a->archive_path;
-                        a->archive_path = NULL;
-                }
                 mandate_set_status(m, a->end_status, a->reason);
                 history_finished(m);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
@@ -1532,6 +1740,8 @@ static void advance_done(void *arg)
                 if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
                 release_slot(m);
+                archive_enqueue(m, a->archive_path);
+                a->archive_path = NULL;
                 break;
         case NEXT_NONE:
                 release_slot(m);

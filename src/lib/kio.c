@@ -120,6 +120,20 @@ static int posix_fsync_dir(void *ctx, const char *path)
         return r < 0 ? r : rc;
 }
 
+static int posix_syncfs(void *ctx, const char *path)
+{
+        int fd = posix_open(ctx, path, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0)
+                return fd;
+        int r;
+        do
+                r = syncfs(fd);
+        while (r < 0 && errno == EINTR);
+        r = r < 0 ? -errno : 0;
+        int rc = posix_close(ctx, fd);
+        return r < 0 ? r : rc;
+}
+
 static const struct kio kio_posix_impl = {
         .open = posix_open,
         .write = posix_write,
@@ -131,6 +145,7 @@ static const struct kio kio_posix_impl = {
         .unlink = posix_unlink,
         .mkdir = posix_mkdir,
         .fsync_dir = posix_fsync_dir,
+        .syncfs = posix_syncfs,
         .ctx = NULL,
 };
 
@@ -383,5 +398,32 @@ int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
                 return -errno;
         int r = kio_read_fd(fd, max, flags, ret_data, ret_len);
         close(fd);
+        return r;
+}
+
+int kio_syncfs(const struct kio *io, const char *path)
+{
+        if (!io->syncfs)
+                return -ENOSYS;
+        return io->syncfs(io->ctx, path);
+}
+
+int kio_write_file_nosync(const struct kio *io, const char *path, const void *data, size_t n,
+                          mode_t mode)
+{
+        char tmp[4096];
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+                return -ENAMETOOLONG;
+        int fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+        if (fd < 0)
+                return fd;
+        int r = kio_write_all(io, fd, data, n, NULL);
+        int rc = io->close(io->ctx, fd);
+        if (r == 0)
+                r = rc;
+        if (r == 0)
+                r = io->rename(io->ctx, tmp, path);
+        if (r < 0)
+                io->unlink(io->ctx, tmp);
         return r;
 }

@@ -957,8 +957,8 @@ int wal_archive_path(const char *wal_path, const char *archive_dir, char **ret_p
         return 0;
 }
 
-int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
-                     char **dest)
+static int archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
+                        bool sync, char **dest)
 {
         if (!wal_path || !*wal_path || !archive_dir || !*archive_dir)
                 return -EINVAL;
@@ -990,7 +990,7 @@ int wal_archive_file(const struct kio *io, const char *wal_path, const char *arc
                 goto out;
         }
         r = kio_write_all(io, fd, gz.data, gz.len, NULL);
-        if (r == 0)
+        if (r == 0 && sync)
                 r = io->fdatasync(io->ctx, fd);
         int rc = io->close(io->ctx, fd);
         fd = -1;
@@ -1002,6 +1002,8 @@ int wal_archive_file(const struct kio *io, const char *wal_path, const char *arc
                 io->unlink(io->ctx, tmp);
                 goto out;
         }
+        if (!sync)
+                goto done;
         if ((r = io->fsync_dir(io->ctx, archive_dir)) < 0)
                 goto out;
         /* The archive is durable: only now may the WAL go. */
@@ -1009,6 +1011,7 @@ int wal_archive_file(const struct kio *io, const char *wal_path, const char *arc
                 goto out;
         if ((r = kio_fsync_parent(io, wal_path)) < 0)
                 goto out;
+done:
         if (dest) {
                 *dest = final;
                 final = NULL;
@@ -1019,6 +1022,18 @@ out:
         free(final);
         kbuf_free(&gz);
         return r;
+}
+
+int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
+                     char **dest)
+{
+        return archive_file(io, wal_path, archive_dir, true, dest);
+}
+
+int wal_archive_stage(const struct kio *io, const char *wal_path, const char *archive_dir,
+                      char **dest)
+{
+        return archive_file(io, wal_path, archive_dir, false, dest);
 }
 
 int wal_archive(struct wal *w, const char *archive_dir, char **dest)
