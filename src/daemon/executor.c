@@ -720,6 +720,8 @@ static void archive_unlink_done(void *arg)
                           m->reason, m->wal_path, strerror(-u->error));
                 free(u->archive_path);
         } else {
+                log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s: WAL archived (%s)", m->id, u->archive_path);
                 free(m->wal_path);
                 m->wal_path = u->archive_path;
                 m->archived = true;
@@ -1734,7 +1736,7 @@ static void advance_done(void *arg)
                 mandate_set_status(m, a->end_status, a->reason);
                 history_finished(m);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
-                          "mandate %s %s after %lld cycle%s (%s); WAL archived", m->id,
+                          "mandate %s %s after %lld cycle%s (%s)", m->id,
                           mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",
                           a->reason ? a->reason : "");
                 if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)

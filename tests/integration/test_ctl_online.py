@@ -240,6 +240,7 @@ class TestListShow(OnlineCase):
 
     def test_show_text(self):
         # mnd_f ended (failed) and its WAL is archived: shown from the gzip
+        self.daemon.wait_log("mandate mnd_f: WAL archived")
         self.assertFalse(os.path.exists(os.path.join(self.wal, "mnd_f.wal.jsonl")))
         out = self.ok("show", "mnd_f")
         self.assertTrue(out.startswith("Mandate mnd_f\n"), out)
@@ -471,6 +472,7 @@ class TestOperatorCommands(OnlineCase):
         # queued: the executor reads the abandoned plan and ends the mandate
         self.assertEqual(out, "mnd_x001: step observe_001 resolve_abandon: abandoned\n")
         self.daemon.wait_log("mandate mnd_x001 abandoned")
+        self.daemon.wait_log("mandate mnd_x001: WAL archived")
         self.assertFalse(os.path.exists(os.path.join(self.wal, "mnd_x001.wal.jsonl")), "archived")
         recs = self.archived_records("mnd_x001")
         self.assertEqual(recs[-2]["action"], "resolve_abandon")

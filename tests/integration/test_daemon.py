@@ -165,6 +165,7 @@ class TestRecovery(DaemonCase):
             self.assertTrue(lst[m]["reason"].startswith("schedule_unknown"), lst[m])
         # The failed plan was its only cycle: the mandate failed, its WAL is archived.
         self.assertEqual(lst["mnd_f"]["status"], "failed")
+        d.wait_log("mandate mnd_f: WAL archived")
         self.assertFalse(os.path.exists(os.path.join(wal, "mnd_f.wal.jsonl")))
         self.assertTrue(os.path.exists(os.path.join(self.state, "archive", "mnd_f.wal.jsonl.gz")))
         log = d.log()
@@ -443,6 +444,7 @@ class TestControl(DaemonCase):
         self.assertEqual(recs[-1]["op"], "plan_finalize")
         self.assertEqual(recs[-1]["status"], "abandoned")
         self.d.wait_log("mandate mnd_x001 abandoned")
+        self.d.wait_log("mandate mnd_x001: WAL archived")
         self.assertFalse(os.path.exists(recs_path), "archived")
         lst = {m["id"]: m for m in self.c.call("list")["result"]["mandates"]}
         self.assertEqual(lst["mnd_x001"]["status"], "abandoned")

@@ -14,10 +14,14 @@ and, from the trace, in the daemon's threads:
      the first spawn; every O_EXCL creation -> fsync of its directory before
      the file's first fdatasync; every directory the daemon creates -> fsync
      of its parent before anything is created inside it; every rename -> fsync
-     of the target's directory after it (the archive .gz and the summary:
-     before the WAL is unlinked); the WAL's unlink -> fsync of wal/ after it;
+     of the target's directory after it, or a syncfs of the state directory
+     after it (the archive .gz and the summary: before the WAL is unlinked);
+     the WAL's unlink -> fsync of wal/ or a syncfs after it;
   3. every rename is preceded by a successful fdatasync/fsync of the renamed
-     file after its last write.
+     file after its last write -- except the mandate's archive and summary,
+     which finished mandates write unsynced in batches: a successful syncfs
+     must follow their rename before the WAL is unlinked (until then the WAL
+     is the truth, and a crash makes the next start archive it again).
 
 fds are mapped to paths through the trace (open/openat/creat results, dup,
 dup2, dup3, fcntl F_DUPFD, close), per process.  A self-test first removes
@@ -37,7 +41,7 @@ from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E
 
 REAL_KAIROSD = os.environ.get("KAIROSD", "kairosd")
 AT = "2026-04-20T12:00:00Z"
-TRACED = ("%file,write,writev,sendmsg,sendto,fdatasync,fsync,rename,renameat,renameat2,"
+TRACED = ("%file,write,writev,sendmsg,sendto,fdatasync,fsync,syncfs,rename,renameat,renameat2,"
           "execve,clone,clone3,fork,vfork,close,dup,dup2,dup3,fcntl")
 
 HANDLER = r"""#!/bin/sh
@@ -159,7 +163,7 @@ class Trace:
             elif e.name == "fcntl" and "F_DUPFD" in e.args and isinstance(e.ret, int) \
                     and e.ret >= 0:
                 fds[e.ret] = fds.get(e.ints()[0]) if e.ints() else None
-            elif e.name in ("write", "writev", "fdatasync", "fsync", "close") and e.ints():
+            elif e.name in ("write", "writev", "fdatasync", "fsync", "syncfs", "close") and e.ints():
                 self.fdpath[e.seq] = fds.get(e.ints()[0])
                 if e.name == "close":
                     fds.pop(e.ints()[0], None)
@@ -198,7 +202,16 @@ def check(trace, mandate):
     n = {"spawns": 0, "wal fdatasyncs": sum(1 for e in T.daemon(("fdatasync",))
                                             if T.fdpath.get(e.seq) == wal),
          "wal creations": 0, "excl creations": 0, "mkdirs": 0,
-         "renames synced": 0, "renames dir-fsynced": 0, "unlinks dir-fsynced": 0}
+         "renames synced": 0, "renames synced by syncfs": 0, "renames dir-fsynced": 0,
+         "unlinks dir-fsynced": 0,
+         "syncfs": sum(1 for e in T.daemon(("syncfs",)) if e.ret == 0)}
+
+    def syncfs_between(after, before=None):
+        for e in T.daemon(("syncfs",)):
+            if e.seq > after and (before is None or e.seq < before) and e.ret == 0 and \
+                    T.in_state(T.fdpath.get(e.seq)):
+                return e
+        return None
 
     def fsync_of_dir(d, after, before=None):
         for e in T.daemon(("fsync", "fdatasync")):
@@ -289,7 +302,8 @@ def check(trace, mandate):
             before = unlink_wal.seq
             if e.seq > before:
                 bad.append("%s renamed into place after the WAL was unlinked: %r" % (dst, e))
-        if not fsync_of_dir(os.path.dirname(dst), e.seq, before):
+        if not fsync_of_dir(os.path.dirname(dst), e.seq, before) and \
+                not syncfs_between(e.seq, before):
             bad.append("rename to %s (%r): %s not fsynced after it%s" % (
                 dst, e, os.path.dirname(dst),
                 " before the WAL was unlinked (#%d)" % before if before else ""))
@@ -297,7 +311,7 @@ def check(trace, mandate):
         path = T.resolve(e, {})
         if e.ret == 0 and path and path.endswith(".wal.jsonl") and T.in_state(path):
             n["unlinks dir-fsynced"] += 1
-            if not fsync_of_dir(os.path.dirname(path), e.seq):
+            if not fsync_of_dir(os.path.dirname(path), e.seq) and not syncfs_between(e.seq):
                 bad.append("WAL %s unlinked (%r); wal/ never fsynced after it" % (path, e))
 
     # --- 3. every rename follows an fdatasync/fsync of the renamed file
@@ -316,10 +330,18 @@ def check(trace, mandate):
             src, dst = rename_paths(e)
             if not T.in_state(dst):
                 continue
-            n["renames synced"] += 1
-            if state.get(src) != "synced":
+            batched = unlink_wal and (dst.endswith("/archive/%s.wal.jsonl.gz" % mandate) or
+                                      dst.endswith("/mandates/%s.json" % mandate))
+            if state.get(src) != "synced" and batched:
+                n["renames synced by syncfs"] += 1
+                if not syncfs_between(e.seq, unlink_wal.seq):
+                    bad.append("rename %s -> %s (%r) of an unsynced file, and no syncfs after "
+                               "it before the WAL was unlinked (%r)" % (src, dst, e, unlink_wal))
+            elif state.get(src) != "synced":
                 bad.append("rename %s -> %s (%r) without an fdatasync of the file after its "
                            "last write (%s)" % (src, dst, e, state.get(src, "never opened")))
+            else:
+                n["renames synced"] += 1
             state[dst] = state.pop(src, None)
     return n, bad
 
@@ -337,10 +359,7 @@ def self_test(trace, mandate):
         T.fdpath.get(e.seq) == wal,
         "fsync of wal/": lambda e: e.name == "fsync" and
         T.fdpath.get(e.seq) == os.path.join(T.state, "wal"),
-        "fsync of archive/": lambda e: e.name == "fsync" and
-        T.fdpath.get(e.seq) == os.path.join(T.state, "archive"),
-        "fsync of mandates/": lambda e: e.name == "fsync" and
-        T.fdpath.get(e.seq) == os.path.join(T.state, "mandates"),
+        "syncfs of a batch of finished mandates": lambda e: e.name == "syncfs",
         "fsync of the state directory": lambda e: e.name == "fsync" and
         T.fdpath.get(e.seq) == T.state,
         "fdatasync of a file renamed": lambda e: e.name == "fdatasync" and

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Durability cost per mandate, counted with strace over kairosd's whole life.
+
+    tests/bench/bench_fsyncs.py --kairosd build/src/daemon/kairosd [--dir DIR]
+        [--mandates 100] [--base-kairosd OTHER/kairosd]
+
+1. fsync-family calls (fsync, fdatasync, syncfs, sync, sync_file_range) per
+   one-cycle mandate: N mandates of a schedule with five /bin/true phases,
+   MaxCycles=1, fired at once (distinct --at times), all waited for, then
+   SIGTERM; every call of the daemon's life (start, recovery, the mandates,
+   the stop) divided by N.  The floor is the WAL's own barriers: 6 fdatasyncs
+   per one-cycle mandate (5 spawns + the end); the ratio to it is printed.
+2. WAL bytes read per WAL byte written: one mandate of 3 cycles (five /bin/true
+   phases, MaxCycles=3), read(2)/pread64(2) of its WAL by the daemon (strace
+   -y names the file) against the bytes it wrote there.  Target <= 1.
+
+With --base-kairosd the same runs are made with another build (e.g. the
+previous commit) and both are printed side by side.  Run by hand on a disk
+directory (default /var/tmp), not tmpfs.  Prints `uptime` beside the figures."""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import kairos_harness  # noqa: E402
+from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
+
+PHASES = ("Observe", "Orient", "Decide", "Act", "Reflect")
+SYNCS = ("fsync", "fdatasync", "syncfs", "sync", "sync_file_range")
+LINE_RE = re.compile(r"^(\d+)\s+(\w+)\((\d+)<([^>]*)>.*\)\s+=\s+(-?\d+)")
+SYNC_RE = re.compile(r"^(\d+)\s+(%s)\(" % "|".join(SYNCS))
+
+
+def at(i):
+    t = time.gmtime(1735689600 + i)
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", t)
+
+
+def traced_run(kairosd, base, name, schedules, n_fires, done_text, trace):
+    """Start kairosd under strace, fire n_fires mandates of schedule "bench"
+    at once, wait for n_fires done lines, stop.  Returns the trace file."""
+    strace = shutil.which("strace")
+    d_dir = os.path.join(base, name)
+    state = os.path.join(d_dir, "state")
+    os.makedirs(state)
+    out = os.path.join(d_dir, "trace.txt")
+    wrapper = os.path.join(d_dir, "kairosd-straced")
+    with open(wrapper, "w") as f:
+        f.write('#!/bin/sh\nexec %s -f -y -e signal=none -e trace=%s -o %s %s "$@"\n'
+                % (strace, trace, out, kairosd))
+    os.chmod(wrapper, 0o755)
+    conf = write_config(d_dir, state, schedules, "MaxConcurrentMandates=16\nLogLevel=notice\n")
+    notify = NotifySocket(d_dir)
+    kairos_harness.KAIROSD = wrapper
+    d = Daemon(state, config=conf, notify=notify)
+    try:
+        notify.wait_ready(timeout=120)
+        c = Client(d.socket_path, timeout=600)
+        for i in range(n_fires):
+            r = c.call("fire", schedule="bench", at=at(i))
+            if not r.get("ok") or not r["result"]["fired"]:
+                raise RuntimeError("fire: %s" % r)
+        deadline = time.monotonic() + 600
+        while sum(1 for line in d.log().splitlines() if done_text in line) < n_fires:
+            if time.monotonic() > deadline:
+                raise TimeoutError("mandates did not finish:\n" + d.log()[-2000:])
+            time.sleep(0.05)  # polling a condition with a deadline
+        c.close()
+        with open(os.path.join(state, "kairosd.pid")) as f:
+            os.kill(int(f.read().split()[0]), signal.SIGTERM)
+        rc = d.proc.wait(120)
+        d.reader.join(30)
+        if rc != 0:
+            raise RuntimeError("kairosd exited %d:\n%s" % (rc, d.log()[-3000:]))
+    finally:
+        notify.close()
+        if d.proc.poll() is None:
+            d.proc.kill()
+    return out, os.path.realpath(state)
+
+
+def count_syncs(trace):
+    n = 0
+    with open(trace, errors="replace") as f:
+        for line in f:
+            m = SYNC_RE.match(line)
+            if m and "= -1" not in line:
+                n += 1
+    return n
+
+
+def wal_bytes(trace, state):
+    """(bytes read, bytes written) on WAL files under state/wal."""
+    rd = wr = 0
+    prefix = os.path.join(state, "wal") + "/"
+    with open(trace, errors="replace") as f:
+        for line in f:
+            m = LINE_RE.match(line)
+            if not m or not m.group(4).startswith(prefix) or \
+                    not m.group(4).endswith(".wal.jsonl"):
+                continue
+            ret = int(m.group(5))
+            if ret <= 0:
+                continue
+            if m.group(2) in ("read", "pread64"):
+                rd += ret
+            elif m.group(2) in ("write", "pwrite64"):
+                wr += ret
+    return rd, wr
+
+
+def measure(kairosd, base, label, n):
+    one = {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
+           "Mandate": {"MaxCycles": "1"}, "Exec": {p: "/bin/true" for p in PHASES}}
+    trace, _ = traced_run(kairosd, base, label + "-syncs", {"bench": one}, n,
+                          "done after 1 cycle", ",".join(SYNCS))
+    syncs = count_syncs(trace)
+    three = dict(one, Mandate={"MaxCycles": "3"})
+    trace, state = traced_run(kairosd, base, label + "-reads", {"bench": three}, 1,
+                              "done after 3 cycles", "read,pread64,write,pwrite64")
+    rd, wr = wal_bytes(trace, state)
+    return syncs, rd, wr
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kairosd", required=True)
+    ap.add_argument("--base-kairosd")
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--mandates", type=int, default=100)
+    args = ap.parse_args()
+    if not shutil.which("strace"):
+        print("strace not installed: skipped")
+        return 77
+    base = tempfile.mkdtemp(prefix="kairos-bench-fsyncs-", dir=args.dir)
+    try:
+        builds = [("this", args.kairosd)]
+        if args.base_kairosd:
+            builds.insert(0, ("base", args.base_kairosd))
+        floor = 6  # WAL barriers of a one-cycle mandate: 5 spawns + its end
+        for label, exe in builds:
+            syncs, rd, wr = measure(os.path.abspath(exe), base, label, args.mandates)
+            per = syncs / args.mandates
+            print("%-4s %s: %d fsync-family calls for %d one-cycle mandates = %.2f per mandate "
+                  "(%.2fx the floor of %d WAL barriers; target <= 7: %s)"
+                  % (label, exe, syncs, args.mandates, per, per / floor, floor,
+                     "OK" if per <= 7 else "MISSED"))
+            print("%-4s WAL of a 3-cycle mandate: %d bytes written, %d bytes read = %.2fx "
+                  "(target <= 1: %s)" % (label, wr, rd, rd / wr if wr else 0.0,
+                                          "OK" if rd <= wr else "MISSED"))
+        print("load: %s" % subprocess.run(["uptime"], capture_output=True, text=True)
+              .stdout.strip())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
