@@ -42,6 +42,10 @@ int kio_write_file_nosync(const struct kio *io, const char *path, const void *da
                           mode_t mode);
 /* fsync the directory that contains path. */
 int kio_fsync_parent(const struct kio *io, const char *path);
+/* kio_fsync_parent, shared by concurrent callers (group commit): returns
+ * once an fsync of the directory that began after the call has completed;
+ * threads creating files in one directory at once share one fsync. */
+int kio_fsync_parent_shared(const struct kio *io, const char *path);
 /* mkdir -p; fsyncs the parent of every directory it creates. */
 int kio_mkdir_p(const struct kio *io, const char *path, mode_t mode);
 /* Atomic replace: write path.tmp, fdatasync, close, rename over path, fsync dir. */

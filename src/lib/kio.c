@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -201,6 +203,67 @@ int kio_fsync_parent(const struct kio *io, const char *path)
         if (!dir)
                 return -ENOMEM;
         int r = io->fsync_dir(io->ctx, dir);
+        free(dir);
+        return r;
+}
+
+/* Group commit of directory fsyncs: callers that need "an fsync of this
+ * directory that began after my change" share one.  One fsync runs at a
+ * time; whoever arrives while it runs waits for the next one, which the
+ * first waiter to wake starts for all of them. */
+static struct {
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool running;
+        uint64_t started;        /* fsyncs started so far */
+        uint64_t last_gen;       /* the last one that completed ... */
+        const struct kio *last_io;
+        char last_dir[4096];     /* ... its directory ... */
+        int last_err;            /* ... and its result */
+} group = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+int kio_fsync_parent_shared(const struct kio *io, const char *path)
+{
+        if (!path || !*path)
+                return -EINVAL;
+        char *dir = dir_of(path);
+        if (!dir)
+                return -ENOMEM;
+        if (strlen(dir) >= sizeof group.last_dir) {
+                int r = io->fsync_dir(io->ctx, dir);
+                free(dir);
+                return r;
+        }
+        int r = 0;
+        pthread_mutex_lock(&group.lock);
+        uint64_t need = group.started + 1; /* one that starts after now */
+        for (;;) {
+                if (group.last_gen >= need && group.last_io == io &&
+                    strcmp(group.last_dir, dir) == 0) {
+                        r = group.last_err;
+                        break;
+                }
+                if (group.running) {
+                        pthread_cond_wait(&group.cond, &group.lock);
+                        continue;
+                }
+                group.running = true;
+                uint64_t gen = ++group.started;
+                pthread_mutex_unlock(&group.lock);
+                int e = io->fsync_dir(io->ctx, dir);
+                pthread_mutex_lock(&group.lock);
+                group.running = false;
+                group.last_gen = gen;
+                group.last_io = io;
+                snprintf(group.last_dir, sizeof group.last_dir, "%s", dir);
+                group.last_err = e;
+                pthread_cond_broadcast(&group.cond);
+                if (gen >= need) {
+                        r = e;
+                        break;
+                }
+        }
+        pthread_mutex_unlock(&group.lock);
         free(dir);
         return r;
 }

@@ -554,7 +554,8 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
         w->fd = fd;
         w->size = 0;
         info->created = true;
-        return kio_fsync_parent(io, w->path);
+        /* shared with other WALs created at the same moment */
+        return kio_fsync_parent_shared(io, w->path);
 }
 
 int wal_open(const char *path, const struct wal_options *opt, struct wal **out,

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -593,6 +595,71 @@ static void test_read_file_plain_gzip_and_limits(void **state)
         free(text);
 }
 
+/* ---- the shared (group commit) directory fsync --------------------------- */
+
+struct slow_dir {
+        pthread_mutex_t lock;
+        int calls;
+        int err;
+};
+
+static int slow_fsync_dir(void *ctx, const char *path)
+{
+        struct slow_dir *s = ctx;
+        (void)path;
+        pthread_mutex_lock(&s->lock);
+        s->calls++;
+        int e = s->err;
+        pthread_mutex_unlock(&s->lock);
+        /* the latency of a real directory fsync, so callers overlap */
+        struct timespec ts = { 0, 2 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+        return e;
+}
+
+struct shared_arg {
+        const struct kio *io;
+        int r;
+};
+
+static void *shared_thread(void *p)
+{
+        struct shared_arg *a = p;
+        a->r = kio_fsync_parent_shared(a->io, "/some/dir/file");
+        return NULL;
+}
+
+static void test_fsync_parent_shared(void **state)
+{
+        (void)state;
+        struct slow_dir s = { .lock = PTHREAD_MUTEX_INITIALIZER };
+        struct kio io = { .fsync_dir = slow_fsync_dir, .ctx = &s };
+        /* one after the other: never an fsync that began before the call */
+        assert_int_equal(kio_fsync_parent_shared(&io, "/some/dir/a"), 0);
+        assert_int_equal(kio_fsync_parent_shared(&io, "/some/dir/b"), 0);
+        assert_int_equal(s.calls, 2);
+        /* the error of the fsync that covered the caller */
+        s.err = -EIO;
+        assert_int_equal(kio_fsync_parent_shared(&io, "/some/dir/c"), -EIO);
+        s.err = 0;
+        assert_int_equal(kio_fsync_parent_shared(&io, "/some/dir/c"), 0);
+        /* many at once: each covered, by at most one fsync each */
+        enum { N = 16 };
+        pthread_t t[N];
+        struct shared_arg a[N];
+        s.calls = 0;
+        for (int i = 0; i < N; i++) {
+                a[i] = (struct shared_arg){ .io = &io, .r = 1 };
+                assert_int_equal(pthread_create(&t[i], NULL, shared_thread, &a[i]), 0);
+        }
+        for (int i = 0; i < N; i++) {
+                pthread_join(t[i], NULL);
+                assert_int_equal(a[i].r, 0);
+        }
+        assert_true(s.calls >= 1 && s.calls <= N);
+        printf("16 concurrent callers shared %d directory fsyncs\n", s.calls);
+}
+
 int main(void)
 {
         umask(022);
@@ -611,6 +678,7 @@ int main(void)
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_write_file_atomic_failures_remove_tmp, setup,
                                                 teardown),
+                cmocka_unit_test(test_fsync_parent_shared),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
