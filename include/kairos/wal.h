@@ -208,3 +208,6 @@ int wal_archive_path(const char *wal_path, const char *archive_dir, char **ret_p
  * unlinks the WAL; until then the WAL is the truth. */
 int wal_archive_stage(const struct kio *io, const char *wal_path, const char *archive_dir,
                       char **dest);
+/* The same from the WAL's bytes already in memory (the whole file). */
+int wal_archive_stage_bytes(const struct kio *io, const char *wal_path, const char *bytes,
+                            size_t nbytes, const char *archive_dir, char **dest);

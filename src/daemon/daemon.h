@@ -8,6 +8,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "kairos/kbuf.h"
+
 #include "kairos/config.h"
 #include "kairos/statedir.h"
 #include "kairos/strmap.h"
@@ -47,6 +49,7 @@ struct mandate {
         struct serialq q;          /* every WAL access of this mandate */
         struct wal *wal;           /* owned by jobs of q; NULL when closed */
         struct fold *fold;         /* owned by jobs of q: the WAL folded so far, or NULL */
+        struct kbuf wal_bytes;     /* owned by jobs of q: the bytes folded (for the archive) */
         enum mandate_status status;
         char *reason;              /* why paused / quarantined / failed */
         char *review_step;         /* PAUSED_REVIEW: the step to resolve */

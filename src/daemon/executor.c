@@ -293,9 +293,12 @@ static int fold_catch_up(struct mandate *m)
                 b.len += (size_t)k;
         }
         close(fd);
-        size_t used;
+        size_t used = 0;
         if (r == 0 && b.len)
                 r = fold_feed(m->fold, b.data, b.len, &used);
+        /* keep what was folded: the archive is made from it, not read again */
+        if (used && kbuf_append(&m->wal_bytes, b.data, used) < 0)
+                kbuf_free(&m->wal_bytes);
         kbuf_free(&b);
         return r;
 }
@@ -304,6 +307,7 @@ static void drop_fold(struct mandate *m)
 {
         fold_free(m->fold);
         m->fold = NULL;
+        kbuf_free(&m->wal_bytes);
 }
 
 static enum mandate_status end_status(enum decide_end e)
@@ -551,8 +555,17 @@ static void advance_work(void *arg)
                 } else {
                         wal_close(m->wal);
                         m->wal = NULL;
-                        if ((r = wal_archive_stage(kio_posix(), m->wal_path, archive_dir,
-                                                   &dest)) < 0) {
+                        /* from the bytes folded when they are the whole file */
+                        struct stat st;
+                        bool whole = m->fold && m->wal_bytes.len == m->fold->good_end &&
+                                     stat(m->wal_path, &st) == 0 &&
+                                     (uint64_t)st.st_size == m->wal_bytes.len && m->wal_bytes.data;
+                        r = whole ? wal_archive_stage_bytes(kio_posix(), m->wal_path,
+                                                            m->wal_bytes.data, m->wal_bytes.len,
+                                                            archive_dir, &dest)
+                                  : wal_archive_stage(kio_posix(), m->wal_path, archive_dir,
+                                                      &dest);
+                        if (r < 0) {
                                 a->error = r;
                                 snprintf(a->errmsg, sizeof a->errmsg, "archiving %s: %s",
                                          m->wal_path, strerror(-r));
@@ -623,8 +636,8 @@ static void release_slot(struct mandate *m)
  *
  * A finished mandate's summary and archive are written (not synced) by its
  * last advance job; the WAL stays.  Finished mandates gather here until
- * ARCHIVE_BATCH of them wait or ARCHIVE_DELAY_MS passed (or the daemon
- * stops); then ONE syncfs makes every archive and summary of the batch
+ * ARCHIVE_BATCH of them wait, ARCHIVE_DELAY_MS passed, nothing runs any
+ * more (no mandate holds a slot) or the daemon stops; then ONE syncfs makes every archive and summary of the batch
  * durable, and only then is each WAL unlinked (a job on the mandate's own
  * queue, which also points the mandate at its archive).  The unlinks need
  * no sync of their own: the next batch's syncfs (or the last one at
@@ -632,7 +645,7 @@ static void release_slot(struct mandate *m)
  * finalized, so the next start ends and archives it again. */
 
 #define ARCHIVE_BATCH 64
-#define ARCHIVE_DELAY_MS 200
+#define ARCHIVE_DELAY_MS 1000
 
 struct archive_batch {
         struct daemon *d;
@@ -1753,6 +1766,9 @@ out:
         advance_free(a);
         daemon_update_status(d);
         executor_kick(d);
+        /* nothing runs: no batch would grow, archive now */
+        if (d->running == 0 && d->arch_npending)
+                archive_flush(d);
         check_idle(d);
 }
 

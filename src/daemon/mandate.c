@@ -109,6 +109,7 @@ static void mandate_free(struct mandate *m)
         if (m->wal)
                 wal_close(m->wal);
         fold_free(m->fold);
+        kbuf_free(&m->wal_bytes);
         free(m->id);
         free(m->wal_path);
         free(m->reason);

@@ -958,8 +958,8 @@ int wal_archive_path(const char *wal_path, const char *archive_dir, char **ret_p
         return 0;
 }
 
-static int archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
-                        bool sync, char **dest)
+static int archive_file(const struct kio *io, const char *wal_path, const char *bytes,
+                        size_t nbytes, const char *archive_dir, bool sync, char **dest)
 {
         if (!wal_path || !*wal_path || !archive_dir || !*archive_dir)
                 return -EINVAL;
@@ -974,9 +974,9 @@ static int archive_file(const struct kio *io, const char *wal_path, const char *
         int r = wal_archive_path(wal_path, archive_dir, &final);
         if (r < 0)
                 return r;
-        if ((r = kio_read_file(wal_path, 0, 0, &data, &len)) < 0)
+        if (!bytes && (r = kio_read_file(wal_path, 0, 0, &data, &len)) < 0)
                 goto out;
-        if ((r = gzip_buffer(data, len, &gz)) < 0)
+        if ((r = gzip_buffer(bytes ? bytes : data, bytes ? nbytes : len, &gz)) < 0)
                 goto out;
         if (asprintf(&tmp, "%s.tmp", final) < 0) {
                 tmp = NULL;
@@ -1028,13 +1028,21 @@ out:
 int wal_archive_file(const struct kio *io, const char *wal_path, const char *archive_dir,
                      char **dest)
 {
-        return archive_file(io, wal_path, archive_dir, true, dest);
+        return archive_file(io, wal_path, NULL, 0, archive_dir, true, dest);
 }
 
 int wal_archive_stage(const struct kio *io, const char *wal_path, const char *archive_dir,
                       char **dest)
 {
-        return archive_file(io, wal_path, archive_dir, false, dest);
+        return archive_file(io, wal_path, NULL, 0, archive_dir, false, dest);
+}
+
+int wal_archive_stage_bytes(const struct kio *io, const char *wal_path, const char *bytes,
+                            size_t nbytes, const char *archive_dir, char **dest)
+{
+        if (!bytes)
+                return -EINVAL;
+        return archive_file(io, wal_path, bytes, nbytes, archive_dir, false, dest);
 }
 
 int wal_archive(struct wal *w, const char *archive_dir, char **dest)

@@ -7,7 +7,8 @@
 
 1. fsync-family calls (fsync, fdatasync, syncfs, sync, sync_file_range) per
    one-cycle mandate: N mandates of a schedule with five /bin/true phases,
-   MaxCycles=1, fired at once (distinct --at times), all waited for, then
+   MaxCycles=1, fired at once by 16 clients (distinct --at times, as many
+   schedules due in the same minute), all waited for, then
    SIGTERM; every call of the daemon's life (start, recovery, the mandates,
    the stop) divided by N.  The floor is the WAL's own barriers: 6 fdatasyncs
    per one-cycle mandate (5 spawns + the end); the ratio to it is printed.
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
@@ -35,6 +37,8 @@ from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E
 PHASES = ("Observe", "Orient", "Decide", "Act", "Reflect")
 SYNCS = ("fsync", "fdatasync", "syncfs", "sync", "sync_file_range")
 LINE_RE = re.compile(r"^(\d+)\s+(\w+)\((\d+)<([^>]*)>.*\)\s+=\s+(-?\d+)")
+UNFINISHED_RE = re.compile(r"^(\d+)\s+(\w+)\((\d+)<([^>]*)>.*<unfinished \.\.\.>")
+RESUMED_RE = re.compile(r"^(\d+)\s+<\.\.\. (\w+) resumed>.*\)\s+=\s+(-?\d+)")
 SYNC_RE = re.compile(r"^(\d+)\s+(%s)\(" % "|".join(SYNCS))
 
 
@@ -56,23 +60,40 @@ def traced_run(kairosd, base, name, schedules, n_fires, done_text, trace):
         f.write('#!/bin/sh\nexec %s -f -y -e signal=none -e trace=%s -o %s %s "$@"\n'
                 % (strace, trace, out, kairosd))
     os.chmod(wrapper, 0o755)
-    conf = write_config(d_dir, state, schedules, "MaxConcurrentMandates=16\nLogLevel=notice\n")
+    # every mandate runs at once (one queued for a slot would need one more
+    # barrier: its plan is made durable when fired, its first step later)
+    conf = write_config(d_dir, state, schedules, "MaxConcurrentMandates=%d\nLogLevel=notice\n"
+                        % max(n_fires, 1))
     notify = NotifySocket(d_dir)
     kairos_harness.KAIROSD = wrapper
     d = Daemon(state, config=conf, notify=notify)
     try:
         notify.wait_ready(timeout=120)
-        c = Client(d.socket_path, timeout=600)
-        for i in range(n_fires):
-            r = c.call("fire", schedule="bench", at=at(i))
-            if not r.get("ok") or not r["result"]["fired"]:
-                raise RuntimeError("fire: %s" % r)
+        # all due at once, as many schedules due in the same minute are:
+        # 16 clients fire concurrently
+        errors = []
+
+        def fire(k):
+            c = Client(d.socket_path, timeout=600)
+            try:
+                for i in range(k, n_fires, 16):
+                    r = c.call("fire", schedule="bench", at=at(i))
+                    if not r.get("ok") or not r["result"]["fired"]:
+                        errors.append(r)
+            finally:
+                c.close()
+        threads = [threading.Thread(target=fire, args=(k,)) for k in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError("fire: %s" % errors[:3])
         deadline = time.monotonic() + 600
         while sum(1 for line in d.log().splitlines() if done_text in line) < n_fires:
             if time.monotonic() > deadline:
                 raise TimeoutError("mandates did not finish:\n" + d.log()[-2000:])
             time.sleep(0.05)  # polling a condition with a deadline
-        c.close()
         with open(os.path.join(state, "kairosd.pid")) as f:
             os.kill(int(f.read().split()[0]), signal.SIGTERM)
         rc = d.proc.wait(120)
@@ -100,18 +121,30 @@ def wal_bytes(trace, state):
     """(bytes read, bytes written) on WAL files under state/wal."""
     rd = wr = 0
     prefix = os.path.join(state, "wal") + "/"
+    pending = {}   # pid -> (call, path) of an unfinished call
     with open(trace, errors="replace") as f:
         for line in f:
-            m = LINE_RE.match(line)
-            if not m or not m.group(4).startswith(prefix) or \
-                    not m.group(4).endswith(".wal.jsonl"):
+            u = UNFINISHED_RE.match(line)
+            if u:
+                pending[u.group(1)] = (u.group(2), u.group(4))
                 continue
-            ret = int(m.group(5))
+            r = RESUMED_RE.match(line)
+            if r and r.group(1) in pending:
+                call, path = pending.pop(r.group(1))
+                m = (None, r.group(1), call, None, path, r.group(3))
+            else:
+                m = LINE_RE.match(line)
+                if not m:
+                    continue
+                m = (None,) + m.groups()
+            if not m[4].startswith(prefix) or not m[4].endswith(".wal.jsonl"):
+                continue
+            ret = int(m[5])
             if ret <= 0:
                 continue
-            if m.group(2) in ("read", "pread64"):
+            if m[2] in ("read", "pread64"):
                 rd += ret
-            elif m.group(2) in ("write", "pwrite64"):
+            elif m[2] in ("write", "pwrite64"):
                 wr += ret
     return rd, wr
 
@@ -135,6 +168,7 @@ def main():
     ap.add_argument("--base-kairosd")
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--mandates", type=int, default=100)
+    ap.add_argument("--keep", action="store_true", help="keep the traces")
     args = ap.parse_args()
     if not shutil.which("strace"):
         print("strace not installed: skipped")
@@ -158,7 +192,10 @@ def main():
         print("load: %s" % subprocess.run(["uptime"], capture_output=True, text=True)
               .stdout.strip())
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if args.keep:
+            print("traces kept in %s" % base)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     return 0
 
 
