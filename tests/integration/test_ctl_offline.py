@@ -864,6 +864,32 @@ class TestRecover(Case):
         self.usage("recover", "--dry-run", "extra")
         self.usage("recover", "--dry-run", "--state-dir")
 
+    def test_unacknowledged_fire_is_removed_as_kairosd_does(self):
+        # Only the mandate record: a fire killed before its first flush.
+        # kairosd removes such a WAL at start; the dry run must say so too
+        # (the same decision function), unless a summary says it ran.
+        state = os.path.join(self.tmp, "unacked")
+        os.makedirs(os.path.join(state, "wal"))
+        only = Wal().add([("op", "mandate"), ("mandate_id", "mnd_u"), ("schedule", "u"),
+                          ("fired_at", "2026-04-20T12:00:00Z")])
+        self.write(os.path.join("unacked", "wal", "mnd_u.wal.jsonl"), only.data())
+        self.write(os.path.join("unacked", "wal", "mnd_e.wal.jsonl"), b"")
+        before = snapshot(self.tmp)
+        out, _ = self.check(["recover", "--dry-run", "--state-dir", state], 0)
+        self.assertEqual(snapshot(self.tmp), before, "recover --dry-run changed files")
+        self.assertEqual(out.count("would remove the file: no plan, a fire that was never "
+                                   "acknowledged"), 2, out)
+        self.assertIn("2 never acknowledged to remove", out)
+        out, _ = self.check(["recover", "--json", "--dry-run", "--state-dir", state], 0)
+        j = json.loads(out)
+        self.assertEqual([f["action"] for f in j["files"]], ["remove", "remove"])
+        self.assertEqual(j["summary"]["removed"], 2)
+        # a summary: the mandate ran and ended; its WAL is recovered, not removed
+        self.write(os.path.join("unacked", "mandates", "mnd_u.json"), b"{}")
+        j = json.loads(self.check(["recover", "--json", "--dry-run", "--state-dir", state], 0)[0])
+        self.assertEqual([f["action"] for f in j["files"]], ["remove", None])
+        self.assertEqual(j["summary"]["removed"], 1)
+
     def test_state_dirs(self):
         empty = os.path.join(self.tmp, "empty")
         os.makedirs(empty)
