@@ -1346,6 +1346,52 @@ static void test_archive(void **state)
         free(dest);
 }
 
+/* The first half of a batched archive: the archive written from the bytes
+ * given (or the file), renamed into place, nothing synced, the WAL kept. */
+static void test_archive_stage(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_mark_executing(w, "observe_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        size_t len;
+        char *orig = slurp(f->wal, &len);
+        char arch[200];
+        snprintf(arch, sizeof(arch), "%s/archive", f->dir);
+        assert_int_equal(mkdir(arch, 0700), 0); /* (creating it would sync its parent) */
+        for (int from_bytes = 0; from_bytes < 2; from_bytes++) {
+                rec_init(&f->rec);
+                char *dest = NULL;
+                if (from_bytes)
+                        assert_int_equal(wal_archive_stage_bytes(&f->io, f->wal, orig, len, arch,
+                                                                 &dest), 0);
+                else
+                        assert_int_equal(wal_archive_stage(&f->io, f->wal, arch, &dest), 0);
+                assert_non_null(dest);
+                assert_true(exists(f->wal));
+                for (int i = 0; i < f->rec.n; i++)
+                        if (strncmp(f->rec.log[i], "fdatasync", 9) == 0 ||
+                            strncmp(f->rec.log[i], "fsync", 5) == 0 ||
+                            strncmp(f->rec.log[i], "unlink", 6) == 0)
+                                fail_msg("staging synced or unlinked: %s", f->rec.log[i]);
+                char want[600];
+                snprintf(want, sizeof want, "rename %s.tmp %s", dest, dest);
+                assert_true(log_find(&f->rec, 0, want) >= 0);
+                gzFile gz = gzopen(dest, "rb");
+                assert_non_null(gz);
+                char back[4096];
+                int n = gzread(gz, back, sizeof back);
+                assert_int_equal(n, (int)len);
+                assert_memory_equal(back, orig, len);
+                assert_int_equal(gzclose(gz), Z_OK);
+                free(dest);
+        }
+        assert_int_equal(wal_archive_stage_bytes(&f->io, f->wal, NULL, 0, arch, NULL), -EINVAL);
+        free(orig);
+}
+
 static void test_archive_failure_keeps_wal(void **state)
 {
         struct fx *f = *state;
@@ -1401,6 +1447,7 @@ int main(void)
                 T(test_eintr_write_retried),
                 T(test_open_failures),
                 T(test_archive),
+                T(test_archive_stage),
                 T(test_archive_failure_keeps_wal),
         };
 #undef T
