@@ -248,8 +248,10 @@ class Run:
             r = c.call("fire", schedule=sched, at=AT)
             if not r.get("ok") or not r["result"]["fired"]:
                 raise Violation("clean run: fire %s: %r" % (sched, r))
-        wait_any(d, ["mandate %s done after" % A])
-        wait_any(d, ["mandate %s done after" % B])
+        # the end of a life is its archive (finished mandates are archived in
+        # batches, after "done"): the WAL's unlink is counted too
+        wait_any(d, ["mandate %s: WAL archived" % A])
+        wait_any(d, ["mandate %s: WAL archived" % B])
         counts = {}
         for line in self.fault_log():
             f = line.split()
@@ -271,9 +273,11 @@ class Run:
         rb = c.call("fire", schedule="beta", at=AT)
         if not rb.get("ok") or not rb["result"]["fired"]:
             raise Violation("fire beta: %r" % rb)
-        a_end = ["mandate %s done after" % A, "mandate %s paused (" % A]
+        # A's life ends archived, or paused (also after "done": a failed
+        # unlink of its WAL once the archive is durable)
+        a_end = ["mandate %s: WAL archived" % A, "mandate %s paused (" % A]
         what, line = wait_any(d, a_end)
-        wait_any(d, ["mandate %s done after" % B])
+        wait_any(d, ["mandate %s: WAL archived" % B])
         flog = self.fault_log()
         injected = [i for i, x in enumerate(flog) if x.startswith("inject %s %d " % (op, n))]
         if not injected:
