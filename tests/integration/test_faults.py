@@ -31,8 +31,9 @@ for every (call, N, kind) -- within a time budget, see below -- one run:
     executing record (attempt K => at least K executing records), no attempt
     number repeats, every step completed exactly once.
 
-By default every case runs (311 today: ~40 s on 2 CPUs, ~65 s under
-ASan+UBSan) in a seeded random order until the time budget is spent; the
+By default every case runs (248 today -- phases without a command complete
+without a flush of their own, finished mandates are synced in batches: ~40 s
+on 2 CPUs, ~65 s under ASan+UBSan) in a seeded random order until the time budget is spent; the
 first and last N of every (call, kind) always run.  Environment:
 KAIROS_FAULT_EXHAUSTIVE=1 (every case, no budget), KAIROS_FAULT_RUNS=N (a
 seeded sample of N cases; default all), KAIROS_FAULT_SEED=S,
