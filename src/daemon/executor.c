@@ -1925,6 +1925,18 @@ static struct mandate *sibling(const struct daemon *d, const struct mandate *sel
         return NULL;
 }
 
+void executor_finish(struct mandate *m, enum decide_end end, const char *reason)
+{
+        struct advance *a = advance_new(m);
+        mandate_set_status(m, end_status(end), reason);
+        if (!a) {
+                log_error("out of memory: cannot archive %s; its WAL stays", m->id);
+                return;
+        }
+        /* the advance job decides the end again from the WAL and archives */
+        start_advance(m, a);
+}
+
 static void start_mandate(struct mandate *m)
 {
         struct daemon *d = m->d;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "daemon.h"
+#include "kairos/decide.h"
 
 struct control_request;
 
@@ -36,6 +37,9 @@ void executor_cancel(struct mandate *m, const char *reason, struct control_reque
 
 /* A mandate became runnable (recovery, resume, resolve, approve): queue it. */
 void executor_enqueue(struct mandate *m);
+/* A mandate whose WAL says it is over (found at start before its archive was
+ * durable): shown with its final status at once, and archived (no slot). */
+void executor_finish(struct mandate *m, enum decide_end end, const char *reason);
 /* Start queued mandates while fewer than MaxConcurrentMandates run. */
 void executor_kick(struct daemon *d);
 

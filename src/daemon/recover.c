@@ -62,6 +62,9 @@ struct recover_job {
         char *retry_of;                     /* ... a retry's, with its number */
         int retry;
         int64_t started_ms;                 /* its ts (or the first record's) */
+        bool ended;                         /* the WAL says the mandate is over: */
+        enum decide_end end;                /* ... how, and why */
+        char *end_reason;
 };
 
 static void (*recovery_done_cb)(struct daemon *d);
@@ -231,6 +234,31 @@ static void recover_work(void *arg)
                 goto out;
         }
         settle_status(j, f, &dr);
+        if (j->status == MANDATE_RUNNABLE) {
+                /* Over already (ended before its archive was durable)?  Then
+                 * it only needs its archive finished.  The configuration
+                 * cannot change before READY=1, so reading it here is safe. */
+                const struct config *cfg = j->d->cfg;
+                const struct config_schedule *sc = NULL;
+                for (size_t i = 0; f->mandate.schedule && i < cfg->nschedules; i++)
+                        if (strcmp(cfg->schedules[i].name, f->mandate.schedule) == 0)
+                                sc = &cfg->schedules[i];
+                struct decide_input in = {
+                        .mandate_id = j->m->id, .schedule = f->mandate.schedule,
+                        .fired_at = f->mandate.fired_at, .retry = j->retry,
+                        .schedule_known = sc != NULL, .max_cycles = sc ? sc->max_cycles : 1,
+                };
+                struct decide_next *n = malloc(sizeof(*n));
+                /* (the records recovery just appended are not in f: only a
+                 * plan recovery left alone can be over) */
+                if (n && recovery_record_count(rec) == 0 && decide_next(f, &in, n) == 0 &&
+                    n->kind == DECIDE_END) {
+                        j->ended = true;
+                        j->end = n->end;
+                        j->end_reason = n->reason ? strdup(n->reason) : NULL;
+                }
+                free(n);
+        }
 out:
         if (w) {
                 j->flushes = wal_flush_count(w);
@@ -365,6 +393,9 @@ static void recover_done(void *arg)
                                     strcmp(j->decisions[i].step_id, m->review_step) == 0)
                                         evidence = j->decisions[i].evidence;
                         hooks_event(d, HOOK_REVIEW, m, m->review_step, evidence);
+                } else if (j->ended) {
+                        /* its end is in the WAL: only the archive is left to do */
+                        executor_finish(m, j->end, j->end_reason);
                 } else {
                         s->resumed++;
                         executor_enqueue(m);
@@ -380,6 +411,7 @@ static void recover_done(void *arg)
         free(j->decisions);
         free(j->torn_path);
         free(j->reason);
+        free(j->end_reason);
         free(j->review_step);
         free(j->plan_id);
         free(j->schedule);
