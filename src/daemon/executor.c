@@ -74,6 +74,7 @@ struct advance {
         /* configuration snapshot */
         unsigned max_cycles;
         bool has_command[PLANNER_PHASES];
+        unsigned completed_inline[PLANNER_PHASES]; /* steps without a command, completed */
         char *schedule;
         char *fired_at;
         char *goal;
@@ -377,6 +378,8 @@ static void decide_loop(struct advance *a)
                         break;
                 if (n->cycle_finished)
                         a->cycle_finished = true;
+                if (n->kind == DECIDE_COMPLETE_STEP && n->phase >= 0)
+                        a->completed_inline[n->phase]++;
                 if (n->again)
                         continue;
                 switch (n->kind) {
@@ -1680,6 +1683,9 @@ static void advance_done(void *arg)
                 goto out;
         }
         finish_fire_reply(a, true);
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                for (unsigned k = 0; k < a->completed_inline[i]; k++)
+                        metrics_step(d->metrics, i, WAL_OP_COMPLETED, 0);
         if (a->cancel && a->cancel_too_late) {
                 control_reply_error(a->cancel_req, "conflict",
                                     "mandate %s ended (%s) before the cancel took effect", m->id,
