@@ -742,6 +742,7 @@ static void archive_unlink_done(void *arg)
                 m->wal_path = u->archive_path;
                 m->archived = true;
                 d->arch_unsynced = true;
+                history_finished(m); /* retention counts archived mandates */
         }
         m->busy--;
         d->arch_unlinking--;
@@ -1753,7 +1754,6 @@ static void advance_done(void *arg)
         case NEXT_END:
                 m->ended_ms = now_ms_realtime();
                 mandate_set_status(m, a->end_status, a->reason);
-                history_finished(m);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s %s after %lld cycle%s (%s)", m->id,
                           mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",

@@ -490,6 +490,10 @@ static int op_transition(struct fold *f, const struct rec *rc)
                                           s->state == STEP_NEEDS_REVIEW)) {
                 if ((r = apply_str(f, rc->ts, &s->ended_ts)) < 0)
                         return r;
+                /* a phase without command completes without executing: it
+                 * started and ended at once */
+                if (!s->started_ts && (r = apply_str(f, rc->ts, &s->started_ts)) < 0)
+                        return r;
         }
         if (is_str(rc->status) && s->state == STEP_PENDING && rc->reset && rc->reset->type == KJSON_TRUE) {
                 /* FIX: a reset forgets the interrupted execution */

@@ -106,9 +106,10 @@ class TestDemo(unittest.TestCase):
         self.assertIn("after 2 cycles (reflect said done)", done)
 
         lst = ctl(sock, "list").stdout
+        self.assertRegex(lst.splitlines()[0], r"^ID +SCHEDULE +FIRED AT +STATUS +CYCLE ")
         row = [line for line in lst.splitlines() if line.startswith(m)]
         self.assertEqual(len(row), 1, lst)
-        self.assertEqual(row[0].split()[1:3], ["done", "2"], lst)
+        self.assertEqual(row[0].split()[1:5], ["demo", fired["fired_at"], "done", "2"], lst)
 
         show = ctl_json(sock, "show", m)
         self.assertEqual(show["status"], "done", show)
