@@ -51,6 +51,11 @@ struct config_schedule {
         bool retained;                 /* the file is broken now: this is the configuration
                                         * it had before (config_retain_broken), kept for its
                                         * running mandates; it does not fire */
+        /* per-handler limits, enforced in the handler's own cgroup (only
+         * with a delegated cgroup: kairosd under systemd with Delegate=yes) */
+        uint64_t memory_max;           /* MemoryMax= bytes; 0 unset, CONFIG_LIMIT_INFINITY */
+        uint64_t tasks_max;            /* TasksMax=; 0 unset, CONFIG_LIMIT_INFINITY */
+        uint64_t cpu_quota_pct;        /* CPUQuota= percent of one CPU; 0 unset */
 };
 
 /* A schedule file with errors: skipped, the others run. */
@@ -149,6 +154,17 @@ int config_parse_duration(const char *s, uint64_t *out_sec);
 /* Upper bound the parser accepts for duration keys (100 years, in seconds). */
 #define CONFIG_DURATION_MAX UINT64_C(3153600000)
 bool config_valid_schedule_name(const char *name);
+
+/* Resource limits, parsed like systemd.  "infinity" is CONFIG_LIMIT_INFINITY.
+ * MemoryMax=: bytes with an optional K, M, G or T suffix (base 1024), at
+ * least 1; TasksMax=: a number >= 1; CPUQuota=: "N%" with N >= 1 (100% is
+ * one CPU).  -EINVAL on bad syntax or 0, -ERANGE if too large. */
+#define CONFIG_LIMIT_INFINITY UINT64_MAX
+int config_parse_bytes(const char *s, uint64_t *ret_bytes);
+int config_parse_tasks(const char *s, uint64_t *ret_tasks);
+int config_parse_percent(const char *s, uint64_t *ret_pct);
+/* Does the schedule set MemoryMax=, TasksMax= or CPUQuota= (to anything)? */
+bool config_schedule_has_limits(const struct config_schedule *s);
 
 const char *config_phase_key(int phase); /* "Observe" ... "Reflect", NULL out of range */
 

@@ -182,6 +182,117 @@ static const struct {
         { "s", 1 }, { "sec", 1 }, { "min", 60 }, { "h", 3600 }, { "d", 86400 },
 };
 
+/* A decimal number then, after optional blanks, the rest in *ret_end. */
+static int limit_number(const char *s, uint64_t *ret, const char **ret_end)
+{
+        if (!s || !ret)
+                return -EINVAL;
+        while (is_blank(*s))
+                s++;
+        if (*s < '0' || *s > '9')
+                return -EINVAL;
+        uint64_t n = 0;
+        for (; *s >= '0' && *s <= '9'; s++) {
+                if (n > (UINT64_MAX - 9) / 10)
+                        return -ERANGE;
+                n = n * 10 + (uint64_t)(*s - '0');
+        }
+        while (is_blank(*s))
+                s++;
+        *ret = n;
+        *ret_end = s;
+        return 0;
+}
+
+static bool limit_is_infinity(const char *s)
+{
+        while (is_blank(*s))
+                s++;
+        size_t n = strlen(s);
+        while (n > 0 && is_blank(s[n - 1]))
+                n--;
+        return n == 8 && strncmp(s, "infinity", 8) == 0;
+}
+
+int config_parse_bytes(const char *s, uint64_t *ret_bytes)
+{
+        if (!s || !ret_bytes)
+                return -EINVAL;
+        if (limit_is_infinity(s)) {
+                *ret_bytes = CONFIG_LIMIT_INFINITY;
+                return 0;
+        }
+        uint64_t n, mult = 1;
+        const char *e;
+        int r = limit_number(s, &n, &e);
+        if (r < 0)
+                return r;
+        switch (*e) {
+        case '\0': break;
+        case 'K': mult = UINT64_C(1) << 10; e++; break;
+        case 'M': mult = UINT64_C(1) << 20; e++; break;
+        case 'G': mult = UINT64_C(1) << 30; e++; break;
+        case 'T': mult = UINT64_C(1) << 40; e++; break;
+        default: return -EINVAL;
+        }
+        while (is_blank(*e))
+                e++;
+        if (*e != '\0' || n == 0)
+                return -EINVAL;
+        if (n > (UINT64_MAX - 1) / mult)
+                return -ERANGE;
+        *ret_bytes = n * mult;
+        return 0;
+}
+
+int config_parse_tasks(const char *s, uint64_t *ret_tasks)
+{
+        if (!s || !ret_tasks)
+                return -EINVAL;
+        if (limit_is_infinity(s)) {
+                *ret_tasks = CONFIG_LIMIT_INFINITY;
+                return 0;
+        }
+        uint64_t n;
+        const char *e;
+        int r = limit_number(s, &n, &e);
+        if (r < 0)
+                return r;
+        if (*e != '\0' || n == 0)
+                return -EINVAL;
+        if (n > INT32_MAX) /* pids.max is an int in the kernel */
+                return -ERANGE;
+        *ret_tasks = n;
+        return 0;
+}
+
+int config_parse_percent(const char *s, uint64_t *ret_pct)
+{
+        if (!s || !ret_pct)
+                return -EINVAL;
+        uint64_t n;
+        const char *e;
+        int r = limit_number(s, &n, &e);
+        if (r < 0)
+                return r;
+        if (*e != '%')
+                return -EINVAL;
+        e++;
+        while (is_blank(*e))
+                e++;
+        if (*e != '\0' || n == 0)
+                return -EINVAL;
+        if (n > 100000) /* 1000 CPUs */
+                return -ERANGE;
+        *ret_pct = n;
+        return 0;
+}
+
+bool config_schedule_has_limits(const struct config_schedule *s)
+{
+        return s && (s->memory_max || s->tasks_max || s->cpu_quota_pct);
+}
+
 int config_parse_duration(const char *s, uint64_t *out_sec)
 {
         if (!s || !out_sec)
@@ -407,6 +518,7 @@ enum key_type {
         KT_ENV_LIST,    /* repeatable NAME=VALUE; empty resets */
         KT_PATH_LIST,   /* space-separated absolute paths, accumulating; empty resets */
         KT_COMMAND,     /* command line; empty = none */
+        KT_LIMIT,       /* uint64_t through parse_limit; empty = unset (0) */
 };
 
 /* Extra check of a string value: NULL if fine, else a message in buf. */
@@ -420,6 +532,8 @@ struct key_def {
         uint64_t min, max;              /* KT_UNSIGNED, KT_DURATION */
         const char *const *words;       /* KT_ENUM, NULL-terminated */
         value_check_fn check;
+        int (*parse_limit)(const char *, uint64_t *); /* KT_LIMIT */
+        const char *limit_form;         /* KT_LIMIT: for messages */
         bool required;                  /* a missing key is a file-level error */
         bool empty_is_set;              /* KT_COMMAND: an empty value stores "" (none here,
                                          * not "the default"), not NULL */
@@ -576,6 +690,13 @@ static const struct key_def exec_keys[] = {
           .count_offset = SFIELD(nenvironment) },
         { .name = "WorkingDirectory", .type = KT_OPT_PATH, .offset = SFIELD(working_directory) },
         { .name = "Probe", .type = KT_COMMAND, .offset = SFIELD(probe) },
+        { .name = "MemoryMax", .type = KT_LIMIT, .offset = SFIELD(memory_max),
+          .parse_limit = config_parse_bytes,
+          .limit_form = "bytes with an optional K, M, G or T suffix, or infinity" },
+        { .name = "TasksMax", .type = KT_LIMIT, .offset = SFIELD(tasks_max),
+          .parse_limit = config_parse_tasks, .limit_form = "a number of tasks, or infinity" },
+        { .name = "CPUQuota", .type = KT_LIMIT, .offset = SFIELD(cpu_quota_pct),
+          .parse_limit = config_parse_percent, .limit_form = "a percentage such as 50% or 200%" },
         { .name = NULL },
 };
 
@@ -801,6 +922,9 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                                 p->ec->oom = true;
                         return;
                 }
+                case KT_LIMIT:
+                        *(uint64_t *)(base + k->offset) = 0;
+                        return;
                 case KT_ENV_LIST:
                 case KT_PATH_LIST:
                         strv_reset((char ***)(base + k->offset), (size_t *)(base + k->count_offset));
@@ -864,6 +988,15 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                 if (r < 0 || u < k->min || u > k->max) {
                         perr(p, line, k->name, "%s out of range %llu..%llu seconds", v,
                              (unsigned long long)k->min, (unsigned long long)k->max);
+                        return;
+                }
+                *(uint64_t *)(base + k->offset) = u;
+                return;
+        case KT_LIMIT:
+                r = k->parse_limit(v, &u);
+                if (r < 0) {
+                        perr(p, line, k->name, "\"%s\" is %s (expected %s)", v,
+                             r == -ERANGE ? "too large" : "not valid", k->limit_form);
                         return;
                 }
                 *(uint64_t *)(base + k->offset) = u;

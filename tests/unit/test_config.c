@@ -1262,12 +1262,106 @@ static void test_split_command(void **state)
         config_strv_free(NULL);
 }
 
+/* ---- resource limits ---------------------------------------------------- */
+
+static void test_limit_values(void **state)
+{
+        (void)state;
+        static const struct {
+                int (*fn)(const char *, uint64_t *);
+                const char *s;
+                int r;
+                uint64_t v;
+        } cases[] = {
+                { config_parse_bytes, "1", 0, 1 },
+                { config_parse_bytes, "4096", 0, 4096 },
+                { config_parse_bytes, "20M", 0, UINT64_C(20) << 20 },
+                { config_parse_bytes, "512K", 0, UINT64_C(512) << 10 },
+                { config_parse_bytes, "2G", 0, UINT64_C(2) << 30 },
+                { config_parse_bytes, "3T", 0, UINT64_C(3) << 40 },
+                { config_parse_bytes, "infinity", 0, CONFIG_LIMIT_INFINITY },
+                { config_parse_bytes, "0", -EINVAL, 0 },
+                { config_parse_bytes, "0M", -EINVAL, 0 },
+                { config_parse_bytes, "20m", -EINVAL, 0 },
+                { config_parse_bytes, "20MB", -EINVAL, 0 },
+                { config_parse_bytes, "1.5G", -EINVAL, 0 },
+                { config_parse_bytes, "-1", -EINVAL, 0 },
+                { config_parse_bytes, "M", -EINVAL, 0 },
+                { config_parse_bytes, "", -EINVAL, 0 },
+                { config_parse_bytes, "infinite", -EINVAL, 0 },
+                { config_parse_bytes, "20%", -EINVAL, 0 },
+                { config_parse_bytes, "99999999999T", -ERANGE, 0 },
+                { config_parse_bytes, "99999999999999999999", -ERANGE, 0 },
+                { config_parse_tasks, "1", 0, 1 },
+                { config_parse_tasks, "64", 0, 64 },
+                { config_parse_tasks, "infinity", 0, CONFIG_LIMIT_INFINITY },
+                { config_parse_tasks, "0", -EINVAL, 0 },
+                { config_parse_tasks, "10K", -EINVAL, 0 },
+                { config_parse_tasks, "10%", -EINVAL, 0 },
+                { config_parse_tasks, "x", -EINVAL, 0 },
+                { config_parse_tasks, "4294967296", -ERANGE, 0 },
+                { config_parse_percent, "50%", 0, 50 },
+                { config_parse_percent, "200%", 0, 200 },
+                { config_parse_percent, "1%", 0, 1 },
+                { config_parse_percent, "50", -EINVAL, 0 },
+                { config_parse_percent, "0%", -EINVAL, 0 },
+                { config_parse_percent, "50%%", -EINVAL, 0 },
+                { config_parse_percent, "infinity", -EINVAL, 0 },
+                { config_parse_percent, "0.5%", -EINVAL, 0 },
+                { config_parse_percent, "100001%", -ERANGE, 0 },
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                uint64_t v = 12345;
+                int r = cases[i].fn(cases[i].s, &v);
+                if (r != cases[i].r)
+                        print_message("limit \"%s\": %d, expected %d\n", cases[i].s, r,
+                                      cases[i].r);
+                assert_int_equal(r, cases[i].r);
+                assert_int_equal(v, r == 0 ? cases[i].v : 12345);
+        }
+}
+
+static void test_limit_keys(void **state)
+{
+        (void)state;
+        const char *text = "[Schedule]\nCron=* * * * *\n[Exec]\nAct=/bin/true\n"
+                           "MemoryMax=1G\nMemoryMax=20M\nTasksMax=infinity\nTasksMax=16\n"
+                           "CPUQuota=50%\nCPUQuota=\n";
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_parse_schedule("n", "/n.conf", text, strlen(text), &s, &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_int_equal(s.memory_max, UINT64_C(20) << 20);
+        assert_int_equal(s.tasks_max, 16);
+        assert_int_equal(s.cpu_quota_pct, 0); /* reset by the empty value */
+        assert_true(config_schedule_has_limits(&s));
+        config_schedule_clear(&s);
+
+        text = "[Schedule]\nCron=* * * * *\n[Exec]\nAct=/bin/true\n";
+        assert_int_equal(config_parse_schedule("n", "/n.conf", text, strlen(text), &s, &errs), 0);
+        assert_false(config_schedule_has_limits(&s));
+        config_schedule_clear(&s);
+
+        text = "[Schedule]\nCron=* * * * *\n[Exec]\nMemoryMax=20 MB\nTasksMax=0\n"
+               "CPUQuota=50\n";
+        assert_int_equal(config_parse_schedule("n", "/n.conf", text, strlen(text), &s, &errs),
+                         -EINVAL);
+        assert_int_equal(errs.n, 3);
+        assert_non_null(strstr(errs.msgs[0], "/n.conf:4: MemoryMax=: \"20 MB\" is not valid"));
+        assert_non_null(strstr(errs.msgs[1], "/n.conf:5: TasksMax=: \"0\" is not valid"));
+        assert_non_null(strstr(errs.msgs[2], "/n.conf:6: CPUQuota=: \"50\" is not valid "
+                                             "(expected a percentage such as 50% or 200%)"));
+        config_errors_free(&errs);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_root, teardown_root)
 
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 T(test_full_valid_set),
+                T(test_limit_values),
+                T(test_limit_keys),
                 T(test_defaults_and_state_dir),
                 T(test_schedules_sorted_by_name),
                 T(test_lists_reset_and_last_wins),
