@@ -106,6 +106,8 @@ struct daemon {
         struct metrics *metrics;    /* metrics.h */
         struct runner *runner;      /* runner.h: starts handlers */
         struct hooks *hooks;        /* hooks.h: [Notify] commands */
+        struct cgroup_ctl *cgroup;  /* cgroup.h: handler cgroups; NULL: none */
+        char cgroup_why[256];       /* why there is none */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

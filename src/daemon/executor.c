@@ -611,9 +611,10 @@ struct exec_run {
         bool exited, out_eof, err_eof, finished;
         int64_t exit_status;
         int term_signal;
-        bool overflow, timed_out, killed_for_shutdown, spawn_failed;
+        bool overflow, timed_out, killed_for_shutdown, spawn_failed, oom_killed;
         char spawn_error[256];
         unsigned timeout_sec;
+        struct cgroup_limits limits;  /* the schedule's MemoryMax= etc. */
         unsigned attempt;
         pid_t pid;
         int phase;
@@ -926,6 +927,7 @@ static void on_job_exited(struct runner_job *job, int exit_status, int term_sign
         run->exited = true;
         run->exit_status = exit_status;
         run->term_signal = term_signal;
+        run->oom_killed = job->oom_killed;
         run_maybe_finish(run);
 }
 
@@ -1135,13 +1137,39 @@ void executor_free(struct daemon *d)
 {
         runner_free(d->runner);
         d->runner = NULL;
+        cgroup_ctl_free(d->cgroup);
+        d->cgroup = NULL;
+}
+
+void executor_check_limits(struct daemon *d)
+{
+        if (d->cgroup)
+                return;
+        for (size_t i = 0; i < d->cfg->nschedules; i++) {
+                const struct config_schedule *s = &d->cfg->schedules[i];
+                if (config_schedule_has_limits(s))
+                        log_warning("schedule %s: %s%s%s not enforced: no delegated cgroup (%s)",
+                                    s->name, s->memory_max ? "MemoryMax= " : "",
+                                    s->tasks_max ? "TasksMax= " : "",
+                                    s->cpu_quota_pct ? "CPUQuota= " : "", d->cgroup_why);
+        }
 }
 
 int executor_init(struct daemon *d)
 {
-        int r = runner_new(d->loop, &d->runner);
+        /* before the runner: the keeper is forked into kairosd's leaf */
+        int r = cgroup_ctl_new(&d->cgroup, d->cgroup_why, sizeof d->cgroup_why);
+        if (r < 0)
+                log_warning("handler cgroups: %s; handlers run without", d->cgroup_why);
+        else if (d->cgroup)
+                log_info("handler cgroups below %s", cgroup_ctl_path(d->cgroup));
+        else
+                log_info("no handler cgroups: %s", d->cgroup_why);
+        executor_check_limits(d);
+        r = runner_new(d->loop, &d->runner);
         if (r < 0)
                 return r;
+        runner_set_cgroup(d->runner, d->cgroup);
         struct passwd *pw = getpwuid(getuid());
         if (pw) {
                 henv.home = strdup(pw->pw_dir);
@@ -1319,7 +1347,8 @@ static void run_start(struct exec_run *run)
 {
         run->job = (struct runner_job){ .argv = run->argv, .envp = run->env, .cwd = run->cwd,
                                         .started = on_job_started, .exited = on_job_exited,
-                                        .data = run };
+                                        .data = run, .cg_hint = run->step_id,
+                                        .limits = run->limits };
         int r = runner_spawn(run->m->d->runner, &run->job);
         if (r == 0) {
                 run->starting = true;
@@ -1422,6 +1451,9 @@ static void spawn_handler(struct mandate *m, struct advance *a)
         run->stdin_doc = strdup(a->stdin_doc.data ? a->stdin_doc.data : "{}\n");
         run->stdin_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
         run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
+        if (sc)
+                run->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
+                                                      sc->cpu_quota_pct };
 
         uv_pipe_init(d->loop, &run->in, 0);
         uv_pipe_init(d->loop, &run->out, 0);
@@ -1538,6 +1570,12 @@ static void run_finished(struct exec_run *run)
                 append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "timeout", .error_msg = own(a, msg) };
+        } else if (run->oom_killed && (run->term_signal || run->exit_status != 0)) {
+                snprintf(msg, sizeof msg, "killed by the OOM killer: over MemoryMax= (%s)",
+                         run->term_signal ? strsignal(run->term_signal) : "exit status");
+                append_tail(msg, sizeof msg, tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "oom", .error_msg = own(a, msg) };
         } else if (run->term_signal) {
                 snprintf(msg, sizeof msg, "killed by signal %d (%s)", run->term_signal,
                          strsignal(run->term_signal));

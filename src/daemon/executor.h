@@ -55,6 +55,9 @@ void executor_free_mandate(struct mandate *m);
  * what every handler's environment gets besides its step's variables (HOME,
  * USER, LOGNAME, KAIROSCTL, PATH).  -errno if the runner cannot start. */
 int executor_init(struct daemon *d);
+/* At start and after a reload: warn of each schedule whose MemoryMax=,
+ * TasksMax= or CPUQuota= cannot be enforced (no delegated cgroup). */
+void executor_check_limits(struct daemon *d);
 /* After the loop has ended: stop the runner. */
 void executor_free(struct daemon *d);
 /* What every handler's (and hook's) environment gets: PATH, HOME, USER and

@@ -180,6 +180,11 @@ static int check_config(const char *path, const char *state_dir, bool main_only)
                                s->enabled ? "" : " disabled");
                         for (size_t k = 0; k < s->warnings.n; k++)
                                 fprintf(stderr, "warning: %s\n", s->warnings.msgs[k]);
+                        if (config_schedule_has_limits(s))
+                                printf("    note: MemoryMax=, TasksMax=, CPUQuota= are enforced "
+                                       "only with a delegated cgroup (under systemd, "
+                                       "Delegate=yes); elsewhere kairosd warns and does not "
+                                       "enforce them\n");
                 }
         }
         config_free(c);
@@ -252,6 +257,7 @@ static void reload_done(void *arg)
                 d->socket_gid = lookup_group(d->cfg->socket_group);
                 metrics_reload(d->metrics);
                 chronos_reload(d);
+                executor_check_limits(d);
                 size_t good = 0;
                 for (size_t i = 0; i < d->cfg->nschedules; i++)
                         good += !d->cfg->schedules[i].retained;

@@ -24,7 +24,16 @@
 #define CHILD_STACK (256 * 1024)
 #define KEEPER_MAX_GROUPS 65536
 
-enum { STAGE_SETUP = 1, STAGE_CHDIR, STAGE_EXEC };
+enum { STAGE_SETUP = 1, STAGE_CGROUP, STAGE_CHDIR, STAGE_EXEC };
+
+/* How long the runner's thread waits for a killed handler cgroup to empty
+ * before it gives up removing it. */
+#define CGROUP_EMPTY_MS 5000
+
+struct cg_cleanup {
+        struct cg_cleanup *next;
+        struct cgroup_handler h;
+};
 
 struct runner {
         uv_loop_t *loop;
@@ -36,6 +45,9 @@ struct runner {
         pthread_cond_t cond;
         struct runner_job *todo_head, *todo_tail;  /* loop -> thread */
         struct runner_job *done_head, *done_tail;  /* thread -> loop */
+        struct cg_cleanup *cleanup;                /* loop -> thread: cgroups to remove */
+        struct cgroup_ctl *cg;                     /* NULL: no handler cgroups */
+        unsigned long cg_left;                     /* the thread's: cgroups it could not remove */
         bool quit;
         void *stack;
         uv_async_t async;
@@ -202,6 +214,12 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                 errno = ESRCH; /* kairosd died before we were ready */
                 goto fail;
         }
+        if (j->cgh.procs_fd >= 0) {
+                j->child_stage = STAGE_CGROUP;
+                if (write(j->cgh.procs_fd, "0", 1) < 0)
+                        goto fail;
+                j->child_stage = STAGE_SETUP;
+        }
         /* best effort: without a keeper the handler still dies with kairosd */
         int32_t me = (int32_t)getpid();
         if (r->keeper_fd >= 0)
@@ -258,8 +276,19 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                           initial_nofile.rlim_cur <= cur.rlim_max;
         if (j->reset_nofile)
                 j->nofile = (struct rlimit){ initial_nofile.rlim_cur, cur.rlim_max };
-        pid_t pid = clone(child_main, (char *)r->stack + CHILD_STACK,
-                          CLONE_VM | CLONE_VFORK | SIGCHLD, j);
+        cgroup_handler_init(&j->cgh);
+        pid_t pid = -1;
+        if (r->cg) {
+                const char *what;
+                int e = cgroup_handler_create(r->cg, j->cg_hint, &j->limits, &j->cgh, &what);
+                if (e < 0) {
+                        j->err = e;
+                        j->err_what = what;
+                        goto out;
+                }
+        }
+        pid = clone(child_main, (char *)r->stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                    j);
         if (pid < 0) {
                 j->err = -errno;
                 j->err_what = "clone";
@@ -268,11 +297,20 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 j->err = -j->child_errno;
-                j->err_what = j->child_stage == STAGE_CHDIR  ? "chdir"
-                              : j->child_stage == STAGE_EXEC ? "execute"
-                                                             : "setup";
+                j->err_what = j->child_stage == STAGE_CHDIR    ? "chdir"
+                              : j->child_stage == STAGE_EXEC   ? "execute"
+                              : j->child_stage == STAGE_CGROUP ? "cgroup.procs"
+                                                               : "setup";
         } else {
                 j->pid = pid;
+        }
+out:
+        if (j->err && j->cgh.dir_fd >= 0 &&
+            cgroup_handler_destroy(r->cg, &j->cgh, CGROUP_EMPTY_MS) < 0)
+                r->cg_left++;
+        if (j->cgh.procs_fd >= 0) {
+                close(j->cgh.procs_fd);
+                j->cgh.procs_fd = -1;
         }
         for (int i = 0; i < 3; i++) {
                 close(j->child_fd[i]);
@@ -285,8 +323,18 @@ static void *thread_main(void *arg)
         struct runner *r = arg;
         pthread_mutex_lock(&r->lock);
         for (;;) {
-                while (!r->todo_head && !r->quit)
+                while (!r->todo_head && !r->cleanup && !r->quit)
                         pthread_cond_wait(&r->cond, &r->lock);
+                if (r->cleanup) {
+                        struct cg_cleanup *c = r->cleanup;
+                        r->cleanup = c->next;
+                        pthread_mutex_unlock(&r->lock);
+                        if (cgroup_handler_destroy(r->cg, &c->h, CGROUP_EMPTY_MS) < 0)
+                                r->cg_left++;
+                        free(c);
+                        pthread_mutex_lock(&r->lock);
+                        continue;
+                }
                 if (!r->todo_head && r->quit)
                         break;
                 struct runner_job *j = r->todo_head;
@@ -340,6 +388,32 @@ static int live_add(struct runner *r, struct runner_job *j)
         return 0;
 }
 
+/* The job's cgroup, if any: kill all of it now, remove it on the thread. */
+static void cgroup_end(struct runner *r, struct runner_job *j)
+{
+        if (j->cgh.dir_fd < 0)
+                return;
+        j->oom_killed = cgroup_handler_oom_killed(&j->cgh);
+        int kfd = openat(j->cgh.dir_fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
+        if (kfd >= 0) {
+                (void)!write(kfd, "1", 1);
+                close(kfd);
+        }
+        struct cg_cleanup *c = malloc(sizeof(*c));
+        if (!c) {
+                /* cannot hand it over: leave the (killed) directory behind */
+                close(j->cgh.dir_fd);
+        } else {
+                c->h = j->cgh;
+                pthread_mutex_lock(&r->lock);
+                c->next = r->cleanup;
+                r->cleanup = c;
+                pthread_cond_signal(&r->cond);
+                pthread_mutex_unlock(&r->lock);
+        }
+        cgroup_handler_init(&j->cgh);
+}
+
 /* Has j exited?  Then kill what is left of its group, reap it, report. */
 static bool check_exit(struct runner *r, size_t i)
 {
@@ -350,6 +424,7 @@ static bool check_exit(struct runner *r, size_t i)
                 return false;
         /* the zombie still holds the group id: no other group can have it */
         kill(-j->pid, SIGKILL);
+        cgroup_end(r, j);
         keeper_forget(r, j->pid);
         int status = 0;
         while (waitpid(j->pid, &status, 0) < 0 && errno == EINTR)
@@ -385,6 +460,7 @@ static void on_async(uv_async_t *h)
                 if (j->err == 0 && live_add(r, j) < 0) {
                         /* cannot watch it: end it now (it has not read its stdin) */
                         kill(-j->pid, SIGKILL);
+                        cgroup_end(r, j);
                         keeper_forget(r, j->pid);
                         while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
                                 ;
@@ -476,6 +552,8 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         j->fd_in = j->fd_out = j->fd_err = -1;
         j->next = NULL;
         j->live = false;
+        j->oom_killed = false;
+        cgroup_handler_init(&j->cgh);
         if (!j->argv || !j->argv[0])
                 return -EINVAL;
         for (int i = 0; i < 3; i++)
@@ -513,8 +591,21 @@ fail:
 
 void runner_kill(struct runner_job *j, int sig)
 {
-        if (j->live && j->pid > 0)
-                kill(-j->pid, sig);
+        if (!j->live || j->pid <= 0)
+                return;
+        kill(-j->pid, sig);
+        if (sig == SIGKILL && j->cgh.dir_fd >= 0) {
+                int kfd = openat(j->cgh.dir_fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
+                if (kfd >= 0) {
+                        (void)!write(kfd, "1", 1);
+                        close(kfd);
+                }
+        }
+}
+
+void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)
+{
+        r->cg = c;
 }
 
 unsigned long runner_spawn_count(const struct runner *r)
@@ -609,6 +700,12 @@ void runner_free(struct runner *r)
                         ;
         if (r->stack)
                 munmap(r->stack, CHILD_STACK);
+        while (r->cleanup) { /* only if the thread never ran */
+                struct cg_cleanup *c = r->cleanup;
+                r->cleanup = c->next;
+                close(c->h.dir_fd);
+                free(c);
+        }
         pthread_mutex_destroy(&r->lock);
         pthread_cond_destroy(&r->cond);
         free(r->live);

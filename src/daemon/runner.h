@@ -26,14 +26,22 @@
  *    kairosd dies, however (kill -9 included), the keeper reads end-of-file
  *    on its socket and SIGKILLs every group it holds, then exits.
  *  A grandchild that leaves the handler's process group (setsid, setpgid)
- *  escapes both; under systemd the service's cgroup catches it
- *  (KillMode=control-group).  See docs/ and kairosd(8), HANDLERS. */
+ *  escapes both, unless handlers have cgroups (below).
+ *
+ * With a delegated cgroup (runner_set_cgroup; cgroup.h) the runner's thread
+ * creates the handler's own cgroup with its limits before the clone, the
+ * child joins it (writes to its cgroup.procs) before anything else, and
+ * when the handler exits the loop notes an OOM kill and kills the whole
+ * cgroup (cgroup.kill), setsid grandchildren included; the thread then
+ * waits for it to empty and removes it.  See docs/ and kairosd(8), HANDLERS. */
 #pragma once
 
 #include <stdbool.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <uv.h>
+
+#include "cgroup.h"
 
 struct runner;
 struct runner_job;
@@ -49,10 +57,13 @@ struct runner_job {
         runner_started_cb started;  /* on the loop: err or pid + fds */
         runner_exited_cb exited;    /* on the loop: the handler was reaped */
         void *data;
+        const char *cg_hint;        /* names the handler's cgroup (with a counter) */
+        struct cgroup_limits limits; /* enforced only with a cgroup */
         /* results (valid in started) */
         int err;                    /* 0, or a negative errno: nothing runs */
         const char *err_what;       /* what failed: "pipe", "clone", "chdir", "execute" */
         pid_t pid;                  /* also the process group id */
+        bool oom_killed;            /* valid in exited: the OOM killer killed in its cgroup */
         int fd_in, fd_out, fd_err;  /* the daemon's ends, owned by the caller after started */
         /* private */
         struct runner *r;
@@ -64,6 +75,7 @@ struct runner_job {
         int child_stage;
         bool reset_nofile;          /* the handler gets the open-file limit kairosd started with */
         struct rlimit nofile;
+        struct cgroup_handler cgh;
         bool live;
 };
 
@@ -74,11 +86,15 @@ int runner_new(uv_loop_t *loop, struct runner **ret);
 void runner_close(struct runner *r);
 void runner_free(struct runner *r);
 
+/* Give each handler its own cgroup from now on (c lives longer than r). */
+void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c);
+
 /* Start job.  0: started() will be called; a negative errno: nothing
  * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM). */
 int runner_spawn(struct runner *r, struct runner_job *job);
 
-/* Signal the job's process group (nothing once it was reaped). */
+/* Signal the job's process group (nothing once it was reaped); SIGKILL with
+ * a cgroup kills the whole cgroup. */
 void runner_kill(struct runner_job *job, int sig);
 
 /* Test and bench support: spawns so far. */
