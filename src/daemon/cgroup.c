@@ -27,6 +27,8 @@ struct cgroup_ctl {
         char *path;        /* below CGROUP_ROOT */
         int root_fd;       /* the service cgroup */
         unsigned long counter;
+        unsigned controllers; /* CGROUP_MEMORY | CGROUP_PIDS | CGROUP_CPU enabled */
+        char missing[64];     /* the ones that could not be enabled, "" none */
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -164,13 +166,15 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
                         strerror(-r));
                 goto fail_c;
         }
+        /* a controller missing here fails only the handlers that need it */
         static const char *const ctl[] = { "+memory", "+pids", "+cpu" };
         for (size_t i = 0; i < 3; i++) {
-                r = write_at(fd, "cgroup.subtree_control", ctl[i]);
-                if (r < 0) {
-                        why_set(why, why_len, "cannot enable the %s controller in %s: %s",
-                                ctl[i] + 1, path, strerror(-r));
-                        goto fail_c;
+                if (write_at(fd, "cgroup.subtree_control", ctl[i]) == 0) {
+                        c->controllers |= 1u << i;
+                } else {
+                        size_t n = strlen(c->missing);
+                        snprintf(c->missing + n, sizeof c->missing - n, "%s%s", n ? " " : "",
+                                 ctl[i] + 1);
                 }
         }
         *ret = c;
@@ -198,6 +202,16 @@ void cgroup_ctl_free(struct cgroup_ctl *c)
                 close(c->root_fd);
         free(c->path);
         free(c);
+}
+
+unsigned cgroup_ctl_controllers(const struct cgroup_ctl *c)
+{
+        return c ? c->controllers : 0;
+}
+
+const char *cgroup_ctl_missing(const struct cgroup_ctl *c)
+{
+        return c ? c->missing : "";
 }
 
 const char *cgroup_ctl_path(const struct cgroup_ctl *c)

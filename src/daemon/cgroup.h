@@ -5,7 +5,8 @@
  * manage (cgroup v2 only).  At start cgroup_ctl_new finds it
  * (/proc/self/cgroup), checks it is writable and holds kairosd alone, moves
  * kairosd into the leaf <service>/daemon (a cgroup with processes cannot
- * enable controllers for its children) and enables +memory +pids +cpu in
+ * enable controllers for its children) and enables what it can of
+ * +memory +pids +cpu in
  * <service>/cgroup.subtree_control.  Each handler then gets
  * <service>/h-<step id>-<counter>, with memory.max, pids.max and cpu.max from
  * the schedule's MemoryMax=, TasksMax= and CPUQuota=; the child joins it
@@ -41,6 +42,12 @@ struct cgroup_handler {
  * cgroup that could not be set up (also described in why). */
 int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len);
 void cgroup_ctl_free(struct cgroup_ctl *c);
+enum { CGROUP_MEMORY = 1, CGROUP_PIDS = 2, CGROUP_CPU = 4 };
+/* The controllers enabled for handlers, and the names of those that could
+ * not be ("memory pids", "" none): a handler whose limit needs one fails to
+ * start (spawn_error). */
+unsigned cgroup_ctl_controllers(const struct cgroup_ctl *c);
+const char *cgroup_ctl_missing(const struct cgroup_ctl *c);
 /* The service cgroup's path below /sys/fs/cgroup, e.g. "/system.slice/kairosd.service". */
 const char *cgroup_ctl_path(const struct cgroup_ctl *c);
 

@@ -327,6 +327,40 @@ class TestLifecycle(DaemonCase):
                              timeout=30)
         self.assertEqual(out.returncode, 64)
 
+    def test_limits_without_a_delegated_cgroup_are_warned(self):
+        """MemoryMax=, TasksMax=, CPUQuota= work only in a delegated cgroup
+        (under systemd, Delegate=yes); here there is none: kairosd says so for
+        each schedule that sets them, at start and at reload, and
+        --check-config notes it."""
+        conf = self.write_config()
+        sdir = os.path.join(self.dir, "schedules.d")
+        os.makedirs(sdir)
+        def schedule(name, exec_keys):
+            with open(os.path.join(sdir, name + ".conf"), "w") as f:
+                f.write("[Schedule]\nCron=0 0 1 1 *\n[Exec]\nObserve=true\n" + exec_keys)
+        schedule("capped", "MemoryMax=20M\nTasksMax=16\n")
+        schedule("plain", "")
+        out = subprocess.run([os.environ["KAIROSD"], "-c", conf, "--check-config"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        i = next(k for k, l in enumerate(lines) if l.startswith("  capped:"))
+        self.assertIn("enforced only with a delegated cgroup (under systemd, Delegate=yes)",
+                      lines[i + 1])
+        self.assertFalse(any("note:" in l for l in lines if "plain" in l))
+        self.assertEqual(sum("note:" in l for l in lines), 1, out.stdout)
+        d = self.start(config=conf)
+        self.notify.wait_ready()
+        line = d.wait_log("schedule capped:")
+        self.assertIn("MemoryMax= TasksMax= not enforced: no delegated cgroup", line)
+        self.assertNotIn("CPUQuota=", line)
+        self.assertNotIn("schedule plain:", d.log())
+        schedule("plain", "CPUQuota=50%\n")
+        r = self.client().call("reload")
+        self.assertTrue(r["ok"], r)
+        line = d.wait_log("schedule plain:")
+        self.assertIn("CPUQuota= not enforced: no delegated cgroup", line)
+
     def test_command_line(self):
         kd = os.environ["KAIROSD"]
         out = subprocess.run([kd, "--version"], capture_output=True, text=True)
