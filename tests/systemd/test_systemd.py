@@ -322,6 +322,38 @@ MaxCycles=1
 Act=/bin/sh -c 'if [ "$KAIROS_ATTEMPT" = 1 ]; then echo "act attempt 1 sleeping" >&2; exec sleep 600; fi; echo "{\\"attempt\\": $KAIROS_ATTEMPT}"'
 Reflect=/bin/echo '{"kairos":{"done":true}}'
 """,
+    # Handler cgroups (Delegate=): a grandchild that leaves the handler's
+    # session and process group (it writes to the fifo after setsid; the
+    # handler returns only then) must not outlive the step.
+    "escape": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Observe=/bin/sh -c "setsid /bin/sh -c 'echo >/var/lib/kairos/detached; exec sleep 654321' </dev/null >/dev/null 2>&1 & read x </var/lib/kairos/detached; echo '{}'"
+""",
+    # 200 MB in one line for tail to hold, over MemoryMax=20M: error_class oom.
+    "greedy": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Observe=/bin/sh -c 'head -c 200M /dev/zero | tail; echo "{}"'
+MemoryMax=20M
+""",
+    # Eight background sleeps with TasksMax=4: a fork fails.
+    "forky": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Observe=/bin/sh -c 'for i in 1 2 3 4 5 6 7 8; do sleep 30 & done; echo "{}"'
+TasksMax=4
+CPUQuota=50%
+""",
 }
 
 
@@ -353,6 +385,78 @@ def check_journal_record(c, src):
 def mandate_done(mid):
     return lambda r: r.get("MANDATE_ID") == mid and re.search(
         rf"mandate {mid} (done|failed|terminated|abandoned)", r.get("MESSAGE", ""))
+
+
+def failed_step(c, mid, cur):
+    rec = c.wait_journal(lambda x: x.get("MANDATE_ID") == mid and
+                         ": failed: " in x.get("MESSAGE", ""),
+                         f"the failed step of {mid}", matches=[f"MANDATE_ID={mid}"], after=cur)
+    c.wait_journal(mandate_done(mid), f"mandate {mid} to end", matches=[f"MANDATE_ID={mid}"],
+                   after=cur)
+    return rec["MESSAGE"]
+
+
+def test_handler_cgroups(c):
+    cur = c.cursor()
+    c.sh(["systemctl", "restart", UNIT])
+    rec = c.wait_journal(lambda x: "handler cgroups below" in x.get("MESSAGE", "") or
+                         "no handler cgroups" in x.get("MESSAGE", "") or
+                         "handler cgroups: " in x.get("MESSAGE", ""),
+                         "kairosd's handler cgroup verdict", matches=["-u", "kairosd"],
+                         after=cur)
+    msg = rec["MESSAGE"]
+    log(f"journal: {msg}")
+    cg = "/sys/fs/cgroup/system.slice/kairosd.service"
+    if "handler cgroups below" not in msg:
+        # This host cannot give the container a cgroup v2 hierarchy with
+        # delegation (e.g. a hybrid cgroup v1 host): the limits must then be
+        # warned about, not silently dropped.
+        log(f"NOTE: no handler cgroups in this container ({msg}); checking the warnings only")
+        for name, keys in (("greedy", "MemoryMax= "), ("forky", "TasksMax= CPUQuota= ")):
+            c.wait_journal(lambda x: f"schedule {name}: {keys}not enforced: no delegated "
+                           "cgroup" in x.get("MESSAGE", ""), f"the warning for {name}",
+                           matches=["-u", "kairosd"], after=cur)
+            log(f"ok: schedule {name}: {keys}not enforced (warned)")
+        return
+    main = c.show("MainPID")["MainPID"]
+    procs = c.sh(["cat", f"{cg}/daemon/cgroup.procs"]).stdout.split()
+    check(main in procs, f"kairosd moved itself into {cg}/daemon")
+    missing = msg.partition("controllers not available: ")[2]
+
+    cur = c.cursor()
+    c.sh(["rm", "-f", "/var/lib/kairos/detached"])
+    c.sh(["mkfifo", "-m", "0660", "/var/lib/kairos/detached"])
+    c.sh(["chown", "kairos:kairos", "/var/lib/kairos/detached"])
+    _, fired = c.ctl("fire", "escape")
+    mid = fired["mandate"]
+    rec = c.wait_journal(mandate_done(mid), f"mandate {mid} to finish",
+                         matches=[f"MANDATE_ID={mid}"], after=cur)
+    check(f"mandate {mid} done" in rec["MESSAGE"], f"escape: {rec['MESSAGE']!r}")
+    deadline = time.monotonic() + 20
+    while (c.processes(["sleep", "654321"]) or
+           re.search(r"^h-", c.sh(["ls", cg]).stdout, re.M)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check(not c.processes(["sleep", "654321"]),
+          "a setsid grandchild of a handler does not outlive its step (cgroup.kill)")
+    left = [x for x in c.sh(["ls", cg]).stdout.split() if x.startswith("h-")]
+    check(not left, f"the handler cgroups are removed ({left})")
+
+    if "memory" in missing:
+        log(f"NOTE: no memory controller delegated here ({missing}): MemoryMax= not tested")
+    else:
+        cur = c.cursor()
+        _, fired = c.ctl("fire", "greedy")
+        msg = failed_step(c, fired["mandate"], cur)
+        check("killed by the OOM killer" in msg, f"MemoryMax=20M: error_class oom ({msg!r})")
+    if "pids" in missing:
+        log(f"NOTE: no pids controller delegated here ({missing}): TasksMax= not tested")
+    else:
+        cur = c.cursor()
+        _, fired = c.ctl("fire", "forky")
+        msg = failed_step(c, fired["mandate"], cur)
+        check("fork" in msg.lower(), f"TasksMax=4 stops the fifth task ({msg!r})")
+    left = [x for x in c.sh(["ls", cg]).stdout.split() if x.startswith("h-")]
+    check(not left, f"no handler cgroup left ({left})")
 
 
 def test(c, src):
@@ -583,6 +687,9 @@ def test(c, src):
     _, shown = c.ctl("show", mid)
     check(shown["status"] == "done", f"kairosctl resolve --retry: {mid} done "
           f"({rec['MESSAGE']!r})")
+
+    # --- 5b. handler cgroups (Delegate=) ---------------------------------
+    test_handler_cgroups(c)
 
     # --- 6. systemd-analyze security ----------------------------------
     unit = "/usr/lib/systemd/system/kairosd.service"
