@@ -248,10 +248,16 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
                                     ? *p
                                     : '_';
         safe[n] = '\0';
-        snprintf(h->name, sizeof h->name, "h-%s-%lu", safe, ++c->counter);
-        if (mkdirat(c->root_fd, h->name, 0755) < 0)
-                return -errno;
-        int r;
+        /* a directory left by an earlier kairosd may have the name: the next */
+        int r = -EEXIST;
+        for (int tries = 0; r == -EEXIST && tries < 100; tries++) {
+                snprintf(h->name, sizeof h->name, "h-%s-%lu", safe, ++c->counter);
+                r = mkdirat(c->root_fd, h->name, 0755) < 0 ? -errno : 0;
+        }
+        if (r < 0) {
+                h->name[0] = '\0';
+                return r;
+        }
         h->dir_fd = openat(c->root_fd, h->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (h->dir_fd < 0) {
                 r = -errno;
