@@ -20,11 +20,15 @@
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-#define CGROUP_ROOT "/sys/fs/cgroup"
+/* cgroup v2 at /sys/fs/cgroup, or (a "hybrid" host, controllers on v1)
+ * at /sys/fs/cgroup/unified: there handlers get cgroups for the kill at
+ * the end of their step, without controllers. */
+static const char *const mounts[] = { "/sys/fs/cgroup", "/sys/fs/cgroup/unified" };
 #define CPU_PERIOD_US 100000
 
 struct cgroup_ctl {
-        char *path;        /* below CGROUP_ROOT */
+        char *path;        /* below the mount */
+        const char *mount; /* one of mounts[] */
         int root_fd;       /* the service cgroup */
         unsigned long counter;
         unsigned controllers; /* CGROUP_MEMORY | CGROUP_PIDS | CGROUP_CPU enabled */
@@ -118,8 +122,13 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
 {
         *ret = NULL;
         struct statfs sf;
-        if (statfs(CGROUP_ROOT, &sf) < 0 || sf.f_type != CGROUP2_SUPER_MAGIC) {
-                why_set(why, why_len, "%s is not a cgroup v2 (unified) hierarchy", CGROUP_ROOT);
+        const char *mnt = NULL;
+        for (size_t i = 0; i < sizeof mounts / sizeof mounts[0] && !mnt; i++)
+                if (statfs(mounts[i], &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC)
+                        mnt = mounts[i];
+        if (!mnt) {
+                why_set(why, why_len, "no cgroup v2 hierarchy at %s or %s", mounts[0],
+                        mounts[1]);
                 return 0;
         }
         char *path = NULL;
@@ -128,8 +137,8 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
                 why_set(why, why_len, "no cgroup v2 entry in /proc/self/cgroup");
                 return r == -ENOMEM ? r : 0;
         }
-        char full[4096 + sizeof CGROUP_ROOT];
-        snprintf(full, sizeof full, CGROUP_ROOT "%s", path);
+        char full[4096 + 64];
+        snprintf(full, sizeof full, "%s%s", mnt, path);
         int fd = open(full, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         bool alone = false;
         if (fd < 0 || strcmp(path, "/") == 0 ||
@@ -150,6 +159,7 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
                 goto fail;
         }
         c->path = path;
+        c->mount = mnt;
         c->root_fd = fd;
         /* kairosd into the leaf "daemon" */
         if (mkdirat(fd, "daemon", 0755) < 0 && errno != EEXIST) {
@@ -219,6 +229,11 @@ const char *cgroup_ctl_path(const struct cgroup_ctl *c)
         return c ? c->path : NULL;
 }
 
+const char *cgroup_ctl_mount(const struct cgroup_ctl *c)
+{
+        return c ? c->mount : NULL;
+}
+
 void cgroup_handler_init(struct cgroup_handler *h)
 {
         h->name[0] = '\0';
@@ -264,7 +279,8 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
                 goto fail;
         }
         char buf[64];
-        if (l->memory_max) {
+        /* a limit whose controller is missing is skipped (kairosd warned) */
+        if (l->memory_max && (c->controllers & CGROUP_MEMORY)) {
                 *ret_what = "memory.max";
                 limit_str(l->memory_max, buf, sizeof buf);
                 if ((r = write_at(h->dir_fd, "memory.max", buf)) < 0)
@@ -274,13 +290,13 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
                 if ((r = write_at(h->dir_fd, "memory.oom.group", "1")) < 0)
                         goto fail;
         }
-        if (l->tasks_max) {
+        if (l->tasks_max && (c->controllers & CGROUP_PIDS)) {
                 *ret_what = "pids.max";
                 limit_str(l->tasks_max, buf, sizeof buf);
                 if ((r = write_at(h->dir_fd, "pids.max", buf)) < 0)
                         goto fail;
         }
-        if (l->cpu_quota_pct) {
+        if (l->cpu_quota_pct && (c->controllers & CGROUP_CPU)) {
                 *ret_what = "cpu.max";
                 snprintf(buf, sizeof buf, "%" PRIu64 " %d",
                          l->cpu_quota_pct * (CPU_PERIOD_US / 100), CPU_PERIOD_US);

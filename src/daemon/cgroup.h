@@ -14,7 +14,10 @@
  * every pid in cgroup.procs until it is empty) and removed, so nothing it
  * started outlives its step, setsid or not.
  *
- * Without such a cgroup (not under systemd, no Delegate=yes, cgroup v1)
+ * On a hybrid host (controllers on cgroup v1) the v2 hierarchy at
+ * /sys/fs/cgroup/unified serves for the kill alone.
+ *
+ * Without such a cgroup (not under systemd, no Delegate=yes, cgroup v1 only)
  * cgroup_ctl_new gives NULL and why: handlers run as before, in their own
  * process group, and the limits are not enforced (kairosd warns). */
 #pragma once
@@ -44,12 +47,15 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len);
 void cgroup_ctl_free(struct cgroup_ctl *c);
 enum { CGROUP_MEMORY = 1, CGROUP_PIDS = 2, CGROUP_CPU = 4 };
 /* The controllers enabled for handlers, and the names of those that could
- * not be ("memory pids", "" none): a handler whose limit needs one fails to
- * start (spawn_error). */
+ * not be ("memory pids", "" none): a limit that needs a missing one is not
+ * set (kairosd warns at start and reload). */
 unsigned cgroup_ctl_controllers(const struct cgroup_ctl *c);
 const char *cgroup_ctl_missing(const struct cgroup_ctl *c);
-/* The service cgroup's path below /sys/fs/cgroup, e.g. "/system.slice/kairosd.service". */
+/* The service cgroup's path below the mount, e.g. "/system.slice/kairosd.service". */
 const char *cgroup_ctl_path(const struct cgroup_ctl *c);
+/* The cgroup v2 mount: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a
+ * hybrid host (no controllers there: cgroups only for the kill). */
+const char *cgroup_ctl_mount(const struct cgroup_ctl *c);
 
 /* Create the handler's cgroup, named after hint (sanitized) and a counter,
  * and set its limits.  Not thread-safe against itself (one thread calls it).

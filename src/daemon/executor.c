@@ -1146,12 +1146,15 @@ void executor_check_limits(struct daemon *d)
         unsigned have = cgroup_ctl_controllers(d->cgroup);
         for (size_t i = 0; i < d->cfg->nschedules; i++) {
                 const struct config_schedule *s = &d->cfg->schedules[i];
-                if (d->cgroup && ((s->memory_max && !(have & CGROUP_MEMORY)) ||
-                                  (s->tasks_max && !(have & CGROUP_PIDS)) ||
-                                  (s->cpu_quota_pct && !(have & CGROUP_CPU))))
-                        log_warning("schedule %s: its handlers will fail to start: a limit "
-                                    "needs a controller %s cannot enable (%s)", s->name,
-                                    cgroup_ctl_path(d->cgroup), cgroup_ctl_missing(d->cgroup));
+                bool mem = s->memory_max && !(have & CGROUP_MEMORY);
+                bool pids = s->tasks_max && !(have & CGROUP_PIDS);
+                bool cpu = s->cpu_quota_pct && !(have & CGROUP_CPU);
+                if (d->cgroup && (mem || pids || cpu))
+                        log_warning("schedule %s: %s%s%snot enforced: no such controller in "
+                                    "%s%s (missing: %s)", s->name, mem ? "MemoryMax= " : "",
+                                    pids ? "TasksMax= " : "", cpu ? "CPUQuota= " : "",
+                                    cgroup_ctl_mount(d->cgroup), cgroup_ctl_path(d->cgroup),
+                                    cgroup_ctl_missing(d->cgroup));
                 else if (!d->cgroup && config_schedule_has_limits(s))
                         log_warning("schedule %s: %s%s%snot enforced: no delegated cgroup (%s)",
                                     s->name, s->memory_max ? "MemoryMax= " : "",
@@ -1167,7 +1170,8 @@ int executor_init(struct daemon *d)
         if (r < 0)
                 log_warning("handler cgroups: %s; handlers run without", d->cgroup_why);
         else if (d->cgroup)
-                log_info("handler cgroups below %s%s%s", cgroup_ctl_path(d->cgroup),
+                log_info("handler cgroups below %s%s%s%s", cgroup_ctl_mount(d->cgroup),
+                         cgroup_ctl_path(d->cgroup),
                          *cgroup_ctl_missing(d->cgroup) ? ", controllers not available: " : "",
                          cgroup_ctl_missing(d->cgroup));
         else
