@@ -857,6 +857,106 @@ struct command {
         bool while_stopping;   /* answered during a graceful stop */
 };
 
+/* ---- the idempotency service (idem_service.h) ---- */
+
+/* A claim tied to the connection its tool-begin came on. */
+struct conn_hold {
+        struct control_claim cc;
+        struct idem_claim *claim;
+};
+
+static void hold_closed(struct control_claim *cc)
+{
+        struct conn_hold *h = (struct conn_hold *)cc;
+        struct idem_claim *c = h->claim;
+        free(h);
+        idem_claim_owner_gone(c);
+}
+
+/* Out of memory: as if the connection were gone (the entry is marked
+ * interrupted, never left processing without an owner). */
+static bool hold_attach(void *ctx, struct idem_claim *c, void **ret_hold)
+{
+        struct control_request *req = ctx;
+        struct conn_hold *h = calloc(1, sizeof(*h));
+        if (!h)
+                return false;
+        h->claim = c;
+        if (!control_claim_attach(req, &h->cc, hold_closed)) {
+                free(h);
+                return false;
+        }
+        *ret_hold = h;
+        return true;
+}
+
+static void hold_release(void *hold)
+{
+        struct conn_hold *h = hold;
+        control_claim_release(&h->cc);
+        free(h);
+}
+
+static void idem_done(void *ctx, const struct idem_result *r)
+{
+        struct control_request *req = ctx;
+        if (!r->code)
+                control_reply_ok(req, r->result);
+        else
+                control_reply_error_detail(req, r->code, r->detail, "%s", r->message);
+}
+
+static void idem_call(struct control_request *req, void (*op)(const struct idem_call *call))
+{
+        struct idem_call call = {
+                .d = req->d,
+                .args = req->args,
+                .uid = req->uid,
+                .owner = { .id = req->client, .ctx = req, .attach = hold_attach,
+                           .release = hold_release },
+                .done = idem_done,
+                .ctx = req,
+        };
+        op(&call);
+}
+
+static void cmd_tool_begin(struct control_request *req)
+{
+        idem_call(req, idem_tool_begin);
+}
+
+static void cmd_tool_finish(struct control_request *req)
+{
+        idem_call(req, idem_tool_finish);
+}
+
+static void cmd_tool_write(struct control_request *req)
+{
+        idem_call(req, idem_tool_write);
+}
+
+static void cmd_idem_stats(struct control_request *req)
+{
+        idem_call(req, idem_stats_get);
+}
+
+static void cmd_idem_get(struct control_request *req)
+{
+        idem_call(req, idem_get_entry);
+}
+
+static void cmd_idem_forget(struct control_request *req)
+{
+        idem_call(req, idem_forget_entry);
+}
+
+#ifdef KAIROS_TEST_HOOKS
+static void cmd_test_idem_clock(struct control_request *req)
+{
+        idem_call(req, idem_test_clock);
+}
+#endif
+
 /* While kairosd stops (up to GracefulTimeoutSec=), the commands that only
  * read are still answered, and so are a running handler's tool calls; every
  * other command is refused with "shutting_down". */
@@ -867,17 +967,17 @@ static const struct command commands[] = {
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
         { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
         { "retry", cmd_retry, false },        { "cancel", cmd_cancel, false },
-        { "tool-begin", idem_cmd_tool_begin, true },
-        { "tool-finish", idem_cmd_tool_finish, true },
-        { "tool-write", idem_cmd_tool_write, true },
-        { "idem-stats", idem_cmd_stats, true },
-        { "idem-get", idem_cmd_get, true },
-        { "idem-forget", idem_cmd_forget, false },
+        { "tool-begin", cmd_tool_begin, true },
+        { "tool-finish", cmd_tool_finish, true },
+        { "tool-write", cmd_tool_write, true },
+        { "idem-stats", cmd_idem_stats, true },
+        { "idem-get", cmd_idem_get, true },
+        { "idem-forget", cmd_idem_forget, false },
         { "metrics", metrics_cmd, true },
 #ifdef KAIROS_TEST_HOOKS
         { "test-clock", cmd_test_clock, false },
         { "test-stall", cmd_test_stall, false },
-        { "test-idem-clock", idem_cmd_test_clock, false },
+        { "test-idem-clock", cmd_test_idem_clock, false },
 #endif
 };
 

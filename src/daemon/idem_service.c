@@ -34,11 +34,13 @@ struct waiter {
         void (*done)(struct waiter *w, int err);
 };
 
-/* A tool-begin claim held by a client connection. */
-struct claim {
-        struct control_claim cc;
+/* A tool-begin claim, held by its owner (idem_service.h). */
+struct idem_claim {
+        const void *owner_id;
+        void *hold;                        /* the owner's handle; NULL once released */
+        void (*release)(void *hold);
         struct idem_service *svc;
-        struct claim *prev, *next;
+        struct idem_claim *prev, *next;
         char key[IDEM_FULL_KEY_SIZE];
 };
 
@@ -55,7 +57,7 @@ struct idem_service {
         struct idem_load_info info;
         bool busy;                 /* a log job in flight */
         struct waiter *waiters;
-        struct claim *claims;
+        struct idem_claim *claims;
         size_t nclaims;
         uint64_t flushes;          /* fdatasync calls of the log (copied after each job) */
         uint64_t compactions;
@@ -259,42 +261,115 @@ static void wait_durable(struct idem_service *svc, struct waiter *w, uint64_t ls
         wake(svc);
 }
 
+/* ---- calls and their results ---- */
+
+static struct idem_call *call_dup(const struct idem_call *in)
+{
+        struct idem_call *call = malloc(sizeof(*call));
+        if (!call) {
+                struct idem_result r = { .code = "internal", .message = "out of memory" };
+                in->done(in->ctx, &r);
+                return NULL;
+        }
+        *call = *in;
+        return call;
+}
+
+/* Deliver the result and free the call (exactly one result per call). */
+static void deliver(struct idem_call *call, json_t *result, const char *code, json_t *detail,
+                    const char *message)
+{
+        struct idem_result r = { .result = result, .code = code, .message = message,
+                                 .detail = detail };
+        call->done(call->ctx, &r);
+        free(call);
+}
+
+static void call_ok(struct idem_call *call, json_t *result)
+{
+        deliver(call, result ? result : json_object(), NULL, NULL, NULL);
+}
+
+static void call_error_detail(struct idem_call *call, const char *code, json_t *detail,
+                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void call_error_detail(struct idem_call *call, const char *code, json_t *detail,
+                              const char *fmt, ...)
+{
+        char msg[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        deliver(call, NULL, code, detail, msg);
+}
+
+#define call_error(call, code, ...) call_error_detail(call, code, NULL, __VA_ARGS__)
+
+/* A string argument: NULL when absent (*failed: answered bad_argument). */
+static const char *call_arg_string(struct idem_call *call, const char *name, bool required,
+                                   bool *failed)
+{
+        json_t *v = json_object_get(call->args, name);
+        *failed = false;
+        if (!v || json_is_null(v)) {
+                if (required) {
+                        *failed = true;
+                        call_error(call, "bad_argument", "args.%s: required", name);
+                }
+                return NULL;
+        }
+        if (!json_is_string(v)) {
+                *failed = true;
+                call_error(call, "bad_argument", "args.%s: must be a string", name);
+                return NULL;
+        }
+        return json_string_value(v);
+}
+
+static void claim_closed(struct idem_claim *c);
+
+void idem_claim_owner_gone(struct idem_claim *c)
+{
+        c->hold = NULL;
+        claim_closed(c);
+}
+
 /* ---- errors ---- */
 
-static bool unavailable(struct control_request *req)
+static bool unavailable(struct idem_call *call)
 {
-        struct idem_service *svc = SVC(req->d);
+        struct idem_service *svc = SVC(call->d);
         if (svc && svc->store && svc->loaded)
                 return false;
         if (svc && svc->load_error)
-                control_reply_error(req, "unavailable",
+                call_error(call, "unavailable",
                                     "the idempotency store could not be loaded from %s: %s",
                                     svc->dir, strerror(-svc->load_error));
         else
-                control_reply_error(req, "unavailable", "the idempotency store is not loaded");
+                call_error(call, "unavailable", "the idempotency store is not loaded");
         return true;
 }
 
 /* A store error of a mutation. */
-static void reply_store_error(struct control_request *req, int r)
+static void reply_store_error(struct idem_call *call, int r)
 {
-        struct idem_service *svc = SVC(req->d);
+        struct idem_service *svc = SVC(call->d);
         if (r == -EBADMSG)
-                control_reply_error(req, "quarantined",
+                call_error(call, "quarantined",
                                     "the idempotency log %s is corrupt: the store is "
                                     "quarantined (lookups only) until it is repaired",
                                     svc->log ? idem_log_path(svc->log) : svc->dir);
         else if (r == -ENOMEM)
-                control_reply_error(req, "internal", "out of memory");
+                call_error(call, "internal", "out of memory");
         else
-                control_reply_error(req, "io_error", "the idempotency log failed: %s",
+                call_error(call, "io_error", "the idempotency log failed: %s",
                                     strerror(-r));
 }
 
 /* The answer to a begin that found an entry: a cached result (ok reply) or
  * a conflict (error reply).  v is the store's view (valid until the next
  * mutation: used at once). */
-static void reply_existing(struct control_request *req, enum idem_outcome o,
+static void reply_existing(struct idem_call *call, enum idem_outcome o,
                            const struct idem_view *v, const char *given_fp)
 {
         switch (o) {
@@ -323,19 +398,19 @@ static void reply_existing(struct control_request *req, enum idem_outcome o,
                         json_object_set_new(res, "error_msg",
                                             json_string(v->error_msg ? v->error_msg : ""));
                 }
-                control_reply_ok(req, res);
+                call_ok(call, res);
                 return;
         }
         case IDEM_IN_PROGRESS:
-                control_reply_error_detail(
-                        req, "in_progress", json_pack("{s:s}", "key", v->key),
+                call_error_detail(
+                        call, "in_progress", json_pack("{s:s}", "key", v->key),
                         "key %s is in progress: another caller is running it (or its result is "
                         "not durable yet); try again later",
                         v->key);
                 return;
         case IDEM_INTERRUPTED:
-                control_reply_error_detail(
-                        req, "interrupted",
+                call_error_detail(
+                        call, "interrupted",
                         json_pack("{s:s, s:s?}", "key", v->key, "reason", v->reason),
                         "key %s is interrupted (%s): its caller vanished before reporting a "
                         "result; find out whether the side effect happened, then run "
@@ -343,8 +418,8 @@ static void reply_existing(struct control_request *req, enum idem_outcome o,
                         v->key, v->reason ? v->reason : "no reason recorded", v->key);
                 return;
         case IDEM_MISMATCH:
-                control_reply_error_detail(
-                        req, "mismatch",
+                call_error_detail(
+                        call, "mismatch",
                         json_pack("{s:s, s:s, s:s?}", "key", v->key, "fingerprint",
                                   v->fingerprint, "given", given_fp),
                         "key %s was used with another input (stored %s, this call %s): the "
@@ -353,8 +428,8 @@ static void reply_existing(struct control_request *req, enum idem_outcome o,
                 return;
         case IDEM_STORE_FULL: {
                 struct idem_stats st;
-                idem_stats(SVC(req->d)->store, &st);
-                control_reply_error(req, "store_full",
+                idem_stats(SVC(call->d)->store, &st);
+                call_error(call, "store_full",
                                     "the idempotency store is full: %zu entries (MaxEntries=%zu), "
                                     "none of them finished (%zu processing, %zu interrupted); "
                                     "finish or forget some",
@@ -362,7 +437,7 @@ static void reply_existing(struct control_request *req, enum idem_outcome o,
                 return;
         }
         default:
-                control_reply_error(req, "internal", "unexpected outcome %s",
+                call_error(call, "internal", "unexpected outcome %s",
                                     idem_outcome_name(o));
                 return;
         }
@@ -370,10 +445,11 @@ static void reply_existing(struct control_request *req, enum idem_outcome o,
 
 /* ---- claims ---- */
 
-static void claim_free(struct claim *c)
+static void claim_free(struct idem_claim *c)
 {
         struct idem_service *svc = c->svc;
-        control_claim_release(&c->cc);
+        if (c->hold)
+                c->release(c->hold);
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -384,9 +460,8 @@ static void claim_free(struct claim *c)
         free(c);
 }
 
-static void claim_closed(struct control_claim *cc)
+static void claim_closed(struct idem_claim *c)
 {
-        struct claim *c = (struct claim *)cc;
         struct idem_service *svc = c->svc;
         uint64_t lsn;
         bool stopping = svc->d->stopping;
@@ -403,9 +478,9 @@ static void claim_closed(struct control_claim *cc)
         kick(svc);
 }
 
-static struct claim *claim_find(struct idem_service *svc, const char *key)
+static struct idem_claim *claim_find(struct idem_service *svc, const char *key)
 {
-        for (struct claim *c = svc->claims; c; c = c->next)
+        for (struct idem_claim *c = svc->claims; c; c = c->next)
                 if (strcmp(c->key, key) == 0)
                         return c;
         return NULL;
@@ -415,7 +490,7 @@ static struct claim *claim_find(struct idem_service *svc, const char *key)
 
 struct begin_op {
         struct waiter w;
-        struct control_request *req;
+        struct idem_call *call;
         char key[IDEM_FULL_KEY_SIZE];
         char fp[CANON_HASH_STRLEN];
         char tool[IDEM_TOOL_MAX + 1];
@@ -425,9 +500,9 @@ static void begin_durable(struct waiter *w, int err)
 {
         struct begin_op *op = (struct begin_op *)w;
         if (err)
-                reply_store_error(op->req, err);
+                reply_store_error(op->call, err);
         else
-                control_reply_ok(op->req, json_pack("{s:s, s:s, s:s, s:s}", "outcome", "proceed",
+                call_ok(op->call, json_pack("{s:s, s:s, s:s, s:s}", "outcome", "proceed",
                                                     "key", op->key, "tool", op->tool,
                                                     "fingerprint", op->fp));
         free(op);
@@ -435,19 +510,19 @@ static void begin_durable(struct waiter *w, int err)
 
 /* The request's identity: tool, key or input, fingerprint.  Replies and
  * returns false on a bad argument. */
-static bool parse_identity(struct control_request *req, const char *tool, const char *key,
+static bool parse_identity(struct idem_call *call, const char *tool, const char *key,
                            char full[IDEM_FULL_KEY_SIZE], char fp[CANON_HASH_STRLEN])
 {
         bool failed;
-        const char *given_fp = control_arg_string(req, "fingerprint", false, &failed);
+        const char *given_fp = call_arg_string(call, "fingerprint", false, &failed);
         if (failed)
                 return false;
-        json_t *input = json_object_get(req->args, "input");
+        json_t *input = json_object_get(call->args, "input");
         char *text = NULL;
         if (input)
                 text = json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY);
         else if (!given_fp && !key) {
-                control_reply_error(req, "bad_argument",
+                call_error(call, "bad_argument",
                                     "give args.key or args.input (for a content key)");
                 return false;
         }
@@ -459,7 +534,7 @@ static bool parse_identity(struct control_request *req, const char *tool, const 
         int r = idem_make_key(&ir, full, fp);
         free(text);
         if (r < 0) {
-                control_reply_error(req, "bad_argument",
+                call_error(call, "bad_argument",
                                     "bad identity: the tool must be 1..64 of [A-Za-z0-9_.-], the "
                                     "key 1..512 bytes of UTF-8 without control characters, not "
                                     "starting with 'content:', a fingerprint 'sha256-<64 hex>'");
@@ -468,32 +543,35 @@ static bool parse_identity(struct control_request *req, const char *tool, const 
         return true;
 }
 
-void idem_cmd_tool_begin(struct control_request *req)
+void idem_tool_begin(const struct idem_call *in)
 {
-        struct idem_service *svc = SVC(req->d);
-        bool failed;
-        if (unavailable(req))
+        struct idem_call *call = call_dup(in);
+        if (!call)
                 return;
-        const char *tool = control_arg_string(req, "tool", true, &failed);
+        struct idem_service *svc = SVC(call->d);
+        bool failed;
+        if (unavailable(call))
+                return;
+        const char *tool = call_arg_string(call, "tool", true, &failed);
         if (failed)
                 return;
-        const char *key = control_arg_string(req, "key", false, &failed);
+        const char *key = call_arg_string(call, "key", false, &failed);
         if (failed)
                 return;
         if (strncmp(tool, "kairos.", 7) == 0) {
-                control_reply_error(req, "bad_argument",
+                call_error(call, "bad_argument",
                                     "args.tool: names starting with 'kairos.' are reserved");
                 return;
         }
         struct begin_op *op = calloc(1, sizeof(*op));
-        struct claim *c = calloc(1, sizeof(*c));
+        struct idem_claim *c = calloc(1, sizeof(*c));
         if (!op || !c) {
                 free(op);
                 free(c);
-                control_reply_error(req, "internal", "out of memory");
+                call_error(call, "internal", "out of memory");
                 return;
         }
-        if (!parse_identity(req, tool, key, op->key, op->fp))
+        if (!parse_identity(call, tool, key, op->key, op->fp))
                 goto out;
         snprintf(op->tool, sizeof op->tool, "%s", tool);
         struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp };
@@ -501,11 +579,11 @@ void idem_cmd_tool_begin(struct control_request *req)
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
         if (r < 0) {
-                reply_store_error(req, r);
+                reply_store_error(call, r);
                 goto out;
         }
         if (r != IDEM_PROCEED) {
-                reply_existing(req, (enum idem_outcome)r, &v, op->fp);
+                reply_existing(call, (enum idem_outcome)r, &v, op->fp);
                 goto out;
         }
         /* The claim is this connection's from now on. */
@@ -516,14 +594,17 @@ void idem_cmd_tool_begin(struct control_request *req)
                 svc->claims->prev = c;
         svc->claims = c;
         svc->nclaims++;
-        if (!control_claim_attach(req, &c->cc, claim_closed)) {
+        c->owner_id = call->owner.id;
+        c->release = call->owner.release;
+        if (!call->owner.attach || !call->owner.attach(call->owner.ctx, c, &c->hold)) {
                 /* the caller is already gone */
-                claim_closed(&c->cc);
+                c->hold = NULL;
+                claim_closed(c);
                 c = NULL;
         } else {
                 c = NULL;
         }
-        op->req = req;
+        op->call = call;
         wait_durable(svc, &op->w, lsn, begin_durable);
         return;
 out:
@@ -533,7 +614,7 @@ out:
 
 struct finish_op {
         struct waiter w;
-        struct control_request *req;
+        struct idem_call *call;
         char key[IDEM_FULL_KEY_SIZE];
         bool failed;
 };
@@ -542,26 +623,26 @@ static void finish_durable(struct waiter *w, int err)
 {
         struct finish_op *op = (struct finish_op *)w;
         if (err)
-                reply_store_error(op->req, err);
+                reply_store_error(op->call, err);
         else
-                control_reply_ok(op->req,
+                call_ok(op->call,
                                  json_pack("{s:s, s:s, s:b}", "key", op->key, "outcome",
                                            op->failed ? "failed" : "completed", "durable", 1));
         free(op);
 }
 
 /* A base64 argument, validated; returns false after replying. */
-static bool arg_b64(struct control_request *req, const char *name, const char **out)
+static bool arg_b64(struct idem_call *call, const char *name, const char **out)
 {
         bool failed;
-        const char *s = control_arg_string(req, name, false, &failed);
+        const char *s = call_arg_string(call, name, false, &failed);
         if (failed)
                 return false;
         unsigned char *bin;
         size_t n;
         int r = b64_decode(s ? s : "", &bin, &n);
         if (r < 0) {
-                control_reply_error(req, "bad_argument", "args.%s: %s", name,
+                call_error(call, "bad_argument", "args.%s: %s", name,
                                     r == -EINVAL ? "not base64" : "out of memory");
                 return false;
         }
@@ -570,33 +651,36 @@ static bool arg_b64(struct control_request *req, const char *name, const char **
         return true;
 }
 
-void idem_cmd_tool_finish(struct control_request *req)
+void idem_tool_finish(const struct idem_call *in)
 {
-        struct idem_service *svc = SVC(req->d);
-        bool failed;
-        if (unavailable(req))
+        struct idem_call *call = call_dup(in);
+        if (!call)
                 return;
-        const char *key = control_arg_string(req, "key", true, &failed);
+        struct idem_service *svc = SVC(call->d);
+        bool failed;
+        if (unavailable(call))
+                return;
+        const char *key = call_arg_string(call, "key", true, &failed);
         if (failed)
                 return;
-        json_t *es = json_object_get(req->args, "exit_status");
+        json_t *es = json_object_get(call->args, "exit_status");
         if (!json_is_integer(es) || json_integer_value(es) < 0 ||
             json_integer_value(es) > 255) {
-                control_reply_error(req, "bad_argument", "args.exit_status: must be 0..255");
+                call_error(call, "bad_argument", "args.exit_status: must be 0..255");
                 return;
         }
         const char *out, *err;
-        if (!arg_b64(req, "stdout", &out) || !arg_b64(req, "stderr", &err))
+        if (!arg_b64(call, "stdout", &out) || !arg_b64(call, "stderr", &err))
                 return;
-        const char *eclass = control_arg_string(req, "error_class", false, &failed);
+        const char *eclass = call_arg_string(call, "error_class", false, &failed);
         if (failed)
                 return;
-        const char *emsg = control_arg_string(req, "error_msg", false, &failed);
+        const char *emsg = call_arg_string(call, "error_msg", false, &failed);
         if (failed)
                 return;
-        struct claim *c = claim_find(svc, key);
-        if (!c || !control_claim_owned_by(&c->cc, req)) {
-                control_reply_error(req, "conflict",
+        struct idem_claim *c = claim_find(svc, key);
+        if (!c || !c->owner_id || c->owner_id != call->owner.id) {
+                call_error(call, "conflict",
                                     "key %s is not claimed on this connection: send tool-begin "
                                     "first (on the same connection)",
                                     key);
@@ -610,7 +694,7 @@ void idem_cmd_tool_finish(struct control_request *req)
         if (!text || !op) {
                 free(text);
                 free(op);
-                control_reply_error(req, "internal", "out of memory");
+                call_error(call, "internal", "out of memory");
                 return;
         }
         uint64_t lsn = 0;
@@ -623,17 +707,17 @@ void idem_cmd_tool_finish(struct control_request *req)
         free(text);
         if (r == -EINVAL) {
                 free(op);
-                control_reply_error(req, "bad_argument",
+                call_error(call, "bad_argument",
                                     "args.error_class: 1..64 of [A-Za-z0-9_.-]");
                 return;
         }
         if (r < 0) {
                 free(op);
-                reply_store_error(req, r);
+                reply_store_error(call, r);
                 return;
         }
         claim_free(c);
-        op->req = req;
+        op->call = call;
         op->failed = eclass != NULL;
         snprintf(op->key, sizeof op->key, "%s", key);
         wait_durable(svc, &op->w, lsn, finish_durable);
@@ -714,7 +798,7 @@ static void roots_open(struct write_roots *rs)
 struct write_op {
         struct waiter w;
         struct idem_service *svc;
-        struct control_request *req;
+        struct idem_call *call;
         char key[IDEM_FULL_KEY_SIZE];
         char fp[CANON_HASH_STRLEN];
         char *explicit_key;
@@ -1027,7 +1111,7 @@ static void write_work(void *arg)
 
 static void write_reply(struct write_op *op, bool cached)
 {
-        control_reply_ok(op->req, json_pack("{s:s, s:s, s:s, s:I, s:b}", "outcome",
+        call_ok(op->call, json_pack("{s:s, s:s, s:s, s:I, s:b}", "outcome",
                                             cached ? "completed" : "written", "key", op->key,
                                             "path", op->shown ? op->shown : op->path,
                                             "bytes", (json_int_t)op->len, "cached", cached));
@@ -1037,9 +1121,9 @@ static void write_finished_durable(struct waiter *w, int err)
 {
         struct write_op *op = (struct write_op *)w;
         if (err)
-                reply_store_error(op->req, err);
+                reply_store_error(op->call, err);
         else if (op->code)
-                control_reply_error_detail(op->req, op->code,
+                call_error_detail(op->call, op->code,
                                            json_pack("{s:s, s:b}", "key", op->key, "cached",
                                                      0),
                                            "%s", op->msg);
@@ -1076,7 +1160,7 @@ static void write_done(void *arg)
         if (r < 0) {
                 log_error("cannot record the write of %s (%s): %s", op->path, op->key,
                           strerror(-r));
-                reply_store_error(op->req, r);
+                reply_store_error(op->call, r);
                 write_op_free(op);
                 return;
         }
@@ -1090,7 +1174,7 @@ static void write_begin_durable(struct waiter *w, int err)
 {
         struct write_op *op = (struct write_op *)w;
         if (err) {
-                reply_store_error(op->req, err);
+                reply_store_error(op->call, err);
                 write_op_free(op);
                 return;
         }
@@ -1112,7 +1196,7 @@ static void write_existing(struct write_op *op, enum idem_outcome o, const struc
                 json_decref(pl);
                 write_reply(op, true);
         } else if (o == IDEM_HIT_FAILED) {
-                control_reply_error_detail(op->req,
+                call_error_detail(op->call,
                                            v->error_class &&
                                                            strcmp(v->error_class,
                                                                   "path_refused") == 0
@@ -1122,7 +1206,7 @@ static void write_existing(struct write_op *op, enum idem_outcome o, const struc
                                            "%s (cached: the first write with key %s failed)",
                                            v->error_msg ? v->error_msg : "", v->key);
         } else {
-                reply_existing(op->req, o, v, op->fp);
+                reply_existing(op->call, o, v, op->fp);
         }
         write_op_free(op);
 }
@@ -1138,7 +1222,7 @@ static void begin_write(struct write_op *op)
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
         if (r < 0) {
-                reply_store_error(op->req, r);
+                reply_store_error(op->call, r);
                 write_op_free(op);
                 return;
         }
@@ -1153,54 +1237,57 @@ static void check_done(void *arg)
 {
         struct write_op *op = arg;
         if (op->code) {
-                control_reply_error_detail(op->req, op->code,
+                call_error_detail(op->call, op->code,
                                            json_pack("{s:s, s:s, s:b}", "key", op->key, "path",
                                                      op->path, "cached", 0),
                                            "%s", op->msg);
                 write_op_free(op);
                 return;
         }
-        if (SVC(op->req->d)->load_error || !SVC(op->req->d)->store) {
-                unavailable(op->req);
+        if (SVC(op->call->d)->load_error || !SVC(op->call->d)->store) {
+                unavailable(op->call);
                 write_op_free(op);
                 return;
         }
         begin_write(op);
 }
 
-void idem_cmd_tool_write(struct control_request *req)
+void idem_tool_write(const struct idem_call *in)
 {
-        struct idem_service *svc = SVC(req->d);
+        struct idem_call *call = call_dup(in);
+        if (!call)
+                return;
+        struct idem_service *svc = SVC(call->d);
         bool failed;
-        if (unavailable(req))
+        if (unavailable(call))
                 return;
-        const char *key = control_arg_string(req, "key", true, &failed);
+        const char *key = call_arg_string(call, "key", true, &failed);
         if (failed)
                 return;
-        const char *path = control_arg_string(req, "path", true, &failed);
+        const char *path = call_arg_string(call, "path", true, &failed);
         if (failed)
                 return;
-        const char *content = control_arg_string(req, "content", true, &failed);
+        const char *content = call_arg_string(call, "content", true, &failed);
         if (failed)
                 return;
-        if (!svc->roots && !(svc->roots = roots_new(req->d->cfg))) {
-                control_reply_error(req, "internal", "out of memory");
+        if (!svc->roots && !(svc->roots = roots_new(call->d->cfg))) {
+                call_error(call, "internal", "out of memory");
                 return;
         }
         struct write_op *op = calloc(1, sizeof(*op));
         if (!op) {
-                control_reply_error(req, "internal", "out of memory");
+                call_error(call, "internal", "out of memory");
                 return;
         }
         op->svc = svc;
-        op->req = req;
+        op->call = call;
         op->dfd = -1;
         op->roots = svc->roots;
         op->roots->refs++;
         op->beneath_flags = svc->beneath_flags;
         int r = b64_decode(content, &op->content, &op->len);
         if (r < 0) {
-                control_reply_error(req, "bad_argument", "args.content: %s",
+                call_error(call, "bad_argument", "args.content: %s",
                                     r == -EINVAL ? "not base64" : "out of memory");
                 write_op_free(op);
                 return;
@@ -1220,9 +1307,9 @@ void idem_cmd_tool_write(struct control_request *req)
                 r = -ENOMEM;
         if (r < 0) {
                 if (r == -ENOMEM)
-                        control_reply_error(req, "internal", "out of memory");
+                        call_error(call, "internal", "out of memory");
                 else
-                        control_reply_error(req, "bad_argument",
+                        call_error(call, "bad_argument",
                                             "args.key: 1..512 bytes of UTF-8 without control "
                                             "characters, not starting with 'content:'");
                 write_op_free(op);
@@ -1235,7 +1322,7 @@ void idem_cmd_tool_write(struct control_request *req)
                 return;
         }
         if (serialq_submit(&svc->write_q, check_work, check_done, op) < 0) {
-                control_reply_error(req, "internal", "out of memory");
+                call_error(call, "internal", "out of memory");
                 write_op_free(op);
         }
 }
@@ -1251,17 +1338,20 @@ int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats)
         return 0;
 }
 
-void idem_cmd_stats(struct control_request *req)
+void idem_stats_get(const struct idem_call *in)
 {
-        struct idem_service *svc = SVC(req->d);
+        struct idem_call *call = call_dup(in);
+        if (!call)
+                return;
+        struct idem_service *svc = SVC(call->d);
         json_t *roots = json_array();
-        for (size_t i = 0; i < req->d->cfg->nwrite_roots; i++)
-                json_array_append_new(roots, json_string(req->d->cfg->write_roots[i]));
+        for (size_t i = 0; i < call->d->cfg->nwrite_roots; i++)
+                json_array_append_new(roots, json_string(call->d->cfg->write_roots[i]));
         if (!svc || !svc->store || !svc->loaded) {
                 char why[512];
                 snprintf(why, sizeof why, "cannot load %s: %s", svc ? svc->dir : "?",
                          strerror(svc && svc->load_error ? -svc->load_error : EAGAIN));
-                control_reply_ok(req, json_pack("{s:b, s:s, s:o}", "available", 0, "error", why,
+                call_ok(call, json_pack("{s:b, s:s, s:o}", "available", 0, "error", why,
                                                 "write_roots", roots));
                 return;
         }
@@ -1288,17 +1378,17 @@ void idem_cmd_stats(struct control_request *req)
         json_object_set_new(res, "compactions", json_integer((json_int_t)svc->compactions));
         json_object_set_new(res, "claims", json_integer((json_int_t)svc->nclaims));
         json_object_set_new(res, "write_roots", roots);
-        control_reply_ok(req, res);
+        call_ok(call, res);
 }
 
 /* The entry named by args.key: the full key "TOOL:KEY", or KEY alone for
  * a tool run ("cmd:KEY") or a tool write ("kairos.write:KEY").  Replies
  * not_found and returns -ENOENT. */
-static int find_entry(struct control_request *req, const char *key, struct idem_view *v,
+static int find_entry(struct idem_call *call, const char *key, struct idem_view *v,
                       char full[IDEM_FULL_KEY_SIZE])
 {
         static const char *const prefixes[] = { "", "cmd:", WRITE_TOOL ":" };
-        struct idem_service *svc = SVC(req->d);
+        struct idem_service *svc = SVC(call->d);
         for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
                 size_t pl = strlen(prefixes[i]), kl = strlen(key);
                 if (pl + kl >= IDEM_FULL_KEY_SIZE)
@@ -1308,23 +1398,26 @@ static int find_entry(struct control_request *req, const char *key, struct idem_
                 if (idem_get(svc->store, full, v) == 0)
                         return 0;
         }
-        control_reply_error(req, "not_found",
+        call_error(call, "not_found",
                             "no idempotency entry %s (nor cmd:%s, " WRITE_TOOL ":%s)", key, key,
                             key);
         return -ENOENT;
 }
 
-void idem_cmd_get(struct control_request *req)
+void idem_get_entry(const struct idem_call *in)
 {
-        bool failed;
-        if (unavailable(req))
+        struct idem_call *call = call_dup(in);
+        if (!call)
                 return;
-        const char *key = control_arg_string(req, "key", true, &failed);
+        bool failed;
+        if (unavailable(call))
+                return;
+        const char *key = call_arg_string(call, "key", true, &failed);
         if (failed)
                 return;
         struct idem_view v;
         char full[IDEM_FULL_KEY_SIZE];
-        if (find_entry(req, key, &v, full) < 0)
+        if (find_entry(call, key, &v, full) < 0)
                 return;
         json_t *res = json_pack("{s:s, s:s, s:s, s:s, s:b, s:o, s:o, s:o}", "key", v.key, "tool",
                                 v.tool, "fingerprint", v.fingerprint, "state",
@@ -1343,12 +1436,12 @@ void idem_cmd_get(struct control_request *req)
                                                                       b64_json(v.result,
                                                                                v.result_len)));
         }
-        control_reply_ok(req, res);
+        call_ok(call, res);
 }
 
 struct forget_op {
         struct waiter w;
-        struct control_request *req;
+        struct idem_call *call;
         char key[IDEM_FULL_KEY_SIZE];
         const char *state;
 };
@@ -1357,45 +1450,48 @@ static void forget_durable(struct waiter *w, int err)
 {
         struct forget_op *op = (struct forget_op *)w;
         if (err)
-                reply_store_error(op->req, err);
+                reply_store_error(op->call, err);
         else
-                control_reply_ok(op->req, json_pack("{s:s, s:s, s:b, s:I}", "key", op->key,
+                call_ok(op->call, json_pack("{s:s, s:s, s:b, s:I}", "key", op->key,
                                                     "state", op->state, "forgotten", 1, "uid",
-                                                    (json_int_t)op->req->uid));
+                                                    (json_int_t)op->call->uid));
         free(op);
 }
 
-void idem_cmd_forget(struct control_request *req)
+void idem_forget_entry(const struct idem_call *in)
 {
-        struct idem_service *svc = SVC(req->d);
-        bool failed;
-        if (unavailable(req))
+        struct idem_call *call = call_dup(in);
+        if (!call)
                 return;
-        const char *key = control_arg_string(req, "key", true, &failed);
+        struct idem_service *svc = SVC(call->d);
+        bool failed;
+        if (unavailable(call))
+                return;
+        const char *key = call_arg_string(call, "key", true, &failed);
         if (failed)
                 return;
-        const char *reason = control_arg_string(req, "reason", true, &failed);
+        const char *reason = call_arg_string(call, "reason", true, &failed);
         if (failed)
                 return;
         if (!*reason) {
-                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                call_error(call, "bad_argument", "args.reason: must not be empty");
                 return;
         }
         struct idem_view v;
         char full[IDEM_FULL_KEY_SIZE];
-        if (find_entry(req, key, &v, full) < 0)
+        if (find_entry(call, key, &v, full) < 0)
                 return;
         struct forget_op *op = calloc(1, sizeof(*op));
         if (!op) {
-                control_reply_error(req, "internal", "out of memory");
+                call_error(call, "internal", "out of memory");
                 return;
         }
         op->state = idem_state_name(v.state);
         uint64_t lsn = 0;
-        int r = idem_forget(svc->store, full, (long long)req->uid, reason, &lsn);
+        int r = idem_forget(svc->store, full, (long long)call->uid, reason, &lsn);
         if (r == -EBUSY) {
                 free(op);
-                control_reply_error(req, "conflict",
+                call_error(call, "conflict",
                                     "key %s is processing: its caller may still be running "
                                     "the tool; it can be forgotten once it is finished or "
                                     "interrupted",
@@ -1404,34 +1500,37 @@ void idem_cmd_forget(struct control_request *req)
         }
         if (r < 0) {
                 free(op);
-                reply_store_error(req, r);
+                reply_store_error(call, r);
                 return;
         }
         char uid[32];
-        snprintf(uid, sizeof uid, "%u", (unsigned)req->uid);
+        snprintf(uid, sizeof uid, "%u", (unsigned)call->uid);
         log_event(LOG_NOTICE, MSGID_OPERATOR,
                   LOG_FIELDS({ "IDEM_KEY", full }, { "OPERATOR_UID", uid }),
                   "idempotency key %s (%s) forgotten by uid %s: %s", full, op->state, uid,
                   reason);
-        op->req = req;
+        op->call = call;
         snprintf(op->key, sizeof op->key, "%s", full);
         wait_durable(svc, &op->w, lsn, forget_durable);
 }
 
 #ifdef KAIROS_TEST_HOOKS
-void idem_cmd_test_clock(struct control_request *req)
+void idem_test_clock(const struct idem_call *in)
 {
-        struct idem_service *svc = SVC(req->d);
-        json_t *v = json_object_get(req->args, "advance_sec");
+        struct idem_call *call = call_dup(in);
+        if (!call)
+                return;
+        struct idem_service *svc = SVC(call->d);
+        json_t *v = json_object_get(call->args, "advance_sec");
         if (!svc || !json_is_integer(v) || json_integer_value(v) < 0) {
-                control_reply_error(req, "bad_argument",
+                call_error(call, "bad_argument",
                                     "args.advance_sec: must be a non-negative integer");
                 return;
         }
         svc->clock_offset_ms += (int64_t)json_integer_value(v) * 1000;
         log_warning("test hook: the idempotency store's clock is %lld s ahead",
                     (long long)(svc->clock_offset_ms / 1000));
-        control_reply_ok(req, json_pack("{s:I}", "offset_sec",
+        call_ok(call, json_pack("{s:I}", "offset_sec",
                                         (json_int_t)(svc->clock_offset_ms / 1000)));
 }
 #endif

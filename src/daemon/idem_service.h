@@ -1,21 +1,26 @@
 /* SPDX-License-Identifier: MIT */
-/* idem_service: kairosd's idempotency store (DESIGN §11) behind the control
- * socket.  The store (include/kairos/idem.h) lives on the loop thread; its
+/* idem_service: kairosd's idempotency store.  The store
+ * (include/kairos/idem.h) lives on the loop thread; its
  * log <state>/idem/idem.jsonl is loaded, appended, fdatasync'ed and compacted
  * by jobs of a serial queue of its own on the thread pool, so no fdatasync
  * ever blocks the loop.  Records produced while a flush runs go out together
  * in the next one (group commit).
  *
- * Commands (args → result; errors carry the store's codes in_progress,
+ * It knows nothing of the control protocol: each operation takes a call
+ * (its arguments as a JSON object, who asks) and reports once through the
+ * call's done callback; commands.c turns requests into calls and results
+ * into replies.
+ *
+ * Operations (args → result; errors carry the store's codes in_progress,
  * interrupted, mismatch, store_full, and quarantined, io_error, unavailable):
  *   tool-begin  {tool, key? | input?, fingerprint?}
  *               → {outcome:"proceed", key, ...} once the begin record is
- *                 durable; the claim belongs to the connection: if it closes
+ *                 durable; the claim belongs to the call's owner: if it goes
  *                 before tool-finish the entry becomes interrupted;
  *               → {outcome:"completed"|"failed", cached:true, key,
  *                  exit_status, stdout, stderr (base64), error_class?, ...}
  *   tool-finish {key, exit_status, stdout, stderr, error_class?, error_msg?}
- *               (only on the connection holding the claim; answered once the
+ *               (only by the owner holding the claim; answered once the
  *               finish record is durable)
  *   tool-write  {key, path, content (base64)} → atomic write within
  *               WriteRoots= (no symbolic link below a root), once per key;
@@ -24,9 +29,47 @@
  *   test-idem-clock {advance_sec} (test hooks only) */
 #pragma once
 
-#include "control.h"
+#include <jansson.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
 #include "daemon.h"
 #include "kairos/idem.h"
+
+/* What an operation reports: a result (ok) or an error code, message and
+ * optional detail object.  The done callback takes result and detail. */
+struct idem_result {
+        json_t *result;            /* ok: the result object; NULL on error */
+        const char *code;          /* NULL when ok; else e.g. "bad_argument" */
+        const char *message;       /* error only; valid during the callback */
+        json_t *detail;            /* error only: extra fields, or NULL */
+};
+
+struct idem_claim;
+
+/* Who holds tool-begin claims (commands.c: the connection a request came
+ * on).  A claim is tied to its owner by attach, which returns false (and
+ * ties nothing) when the owner is already gone; when the owner goes away
+ * before tool-finish it calls idem_claim_owner_gone for each claim still
+ * tied (the entry becomes interrupted); release unties a claim that
+ * tool-finish ended.  Only a call with the same id may finish a claim. */
+struct idem_owner {
+        const void *id;
+        void *ctx;
+        bool (*attach)(void *ctx, struct idem_claim *c, void **ret_hold);
+        void (*release)(void *hold);
+};
+
+struct idem_call {
+        struct daemon *d;
+        json_t *args;              /* an object; must stay valid until done runs */
+        uid_t uid;                 /* who asks (idem-forget records it) */
+        struct idem_owner owner;   /* tool-begin, tool-finish */
+        /* Runs exactly once, on the loop thread, possibly before the
+         * operation returns. */
+        void (*done)(void *ctx, const struct idem_result *r);
+        void *ctx;
+};
 
 /* Create the store (TTLSec=, MaxEntries=) and load <state>/idem/ on the
  * service's queue; loaded(d) runs on the loop when done, also when the load
@@ -40,13 +83,15 @@ void idem_service_free(struct daemon *d);
 /* The store's counters; -EAGAIN while it is not loaded. */
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 
-void idem_cmd_tool_begin(struct control_request *req);
-void idem_cmd_tool_finish(struct control_request *req);
-void idem_cmd_tool_write(struct control_request *req);
-void idem_cmd_stats(struct control_request *req);
-void idem_cmd_get(struct control_request *req);
-void idem_cmd_forget(struct control_request *req);
+void idem_tool_begin(const struct idem_call *call);
+void idem_tool_finish(const struct idem_call *call);
+void idem_tool_write(const struct idem_call *call);
+void idem_stats_get(const struct idem_call *call);
+void idem_get_entry(const struct idem_call *call);
+void idem_forget_entry(const struct idem_call *call);
 #ifdef KAIROS_TEST_HOOKS
 /* Move the store's clock forward by advance_sec (TTL tests). */
-void idem_cmd_test_clock(struct control_request *req);
+void idem_test_clock(const struct idem_call *call);
 #endif
+/* The owner of c went away before tool-finish (see struct idem_owner). */
+void idem_claim_owner_gone(struct idem_claim *c);
