@@ -25,6 +25,16 @@
 
 /* ---- status / list ---- */
 
+/* The result of an operation (result.h) as the reply to req. */
+static void reply_result(void *ctx, const struct op_result *r)
+{
+        struct control_request *req = ctx;
+        if (!r->code)
+                control_reply_ok(req, r->result);
+        else
+                control_reply_error_detail(req, r->code, r->detail, "%s", r->message);
+}
+
 static void cmd_status(struct control_request *req)
 {
         struct daemon *d = req->d;
@@ -848,7 +858,7 @@ static void cmd_reload(struct control_request *req)
 {
         if (refuse_if_stopping(req))
                 return;
-        daemon_reload(req->d, req);
+        daemon_reload(req->d, reply_result, req);
 }
 
 struct command {
@@ -897,15 +907,6 @@ static void hold_release(void *hold)
         free(h);
 }
 
-static void idem_done(void *ctx, const struct idem_result *r)
-{
-        struct control_request *req = ctx;
-        if (!r->code)
-                control_reply_ok(req, r->result);
-        else
-                control_reply_error_detail(req, r->code, r->detail, "%s", r->message);
-}
-
 static void idem_call(struct control_request *req, void (*op)(const struct idem_call *call))
 {
         struct idem_call call = {
@@ -914,7 +915,7 @@ static void idem_call(struct control_request *req, void (*op)(const struct idem_
                 .uid = req->uid,
                 .owner = { .id = req->client, .ctx = req, .attach = hold_attach,
                            .release = hold_release },
-                .done = idem_done,
+                .done = reply_result,
                 .ctx = req,
         };
         op(&call);

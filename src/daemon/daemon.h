@@ -14,6 +14,7 @@
 #include "kairos/statedir.h"
 #include "kairos/strmap.h"
 #include "notify.h"
+#include "result.h"
 #include "serialq.h"
 
 struct control_server;
@@ -139,12 +140,29 @@ struct daemon {
         int exit_code;
 };
 
+/* lifecycle.c: the daemon as a whole. */
 uint64_t now_ms_monotonic(void);
 int64_t now_ms_realtime(void);
-
-/* STATUS= text and the status dump. */
+/* STATUS= text. */
 void daemon_update_status(struct daemon *d);
+/* The graceful stop: the scheduler stops, running handlers get their
+ * grace, then the loop ends with exit_code. */
 void daemon_stop(struct daemon *d, int exit_code);
+/* Load the configuration again on the admin queue; done (may be NULL) gets
+ * {reloaded, schedules} or the error "conflict", "config_invalid" (detail:
+ * errors) or "internal". */
+void daemon_reload(struct daemon *d, void (*done)(void *ctx, const struct op_result *r),
+                   void *ctx);
+/* What main.c wires: configuration loading (path NULL: the built-in one),
+ * SocketGroup='s gid, the event sources of the daemon as a whole. */
+int daemon_load_config(const char *path, const char *state_dir, struct config **ret,
+                       struct config_errors *errs);
+gid_t daemon_lookup_group(const char *name);
+/* Into the journal: the errors of broken schedule files and the warnings. */
+void daemon_log_schedule_problems(const struct config *c);
+void daemon_on_signal(uv_signal_t *s, int signum);
+void daemon_on_extend(uv_timer_t *t);
+void daemon_on_jobs_drained(void *ctx);
 
 /* mandate.c */
 struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path);
@@ -184,7 +202,3 @@ void history_cmd_list(struct control_request *req);
 /* control.c */
 int control_start(struct daemon *d, const char *path);
 void control_stop(struct daemon *d);
-
-/* reload */
-struct control_request;
-void daemon_reload(struct daemon *d, struct control_request *req);

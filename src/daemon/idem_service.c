@@ -267,7 +267,7 @@ static struct idem_call *call_dup(const struct idem_call *in)
 {
         struct idem_call *call = malloc(sizeof(*call));
         if (!call) {
-                struct idem_result r = { .code = "internal", .message = "out of memory" };
+                struct op_result r = { .code = "internal", .message = "out of memory" };
                 in->done(in->ctx, &r);
                 return NULL;
         }
@@ -279,7 +279,7 @@ static struct idem_call *call_dup(const struct idem_call *in)
 static void deliver(struct idem_call *call, json_t *result, const char *code, json_t *detail,
                     const char *message)
 {
-        struct idem_result r = { .result = result, .code = code, .message = message,
+        struct op_result r = { .result = result, .code = code, .message = message,
                                  .detail = detail };
         call->done(call->ctx, &r);
         free(call);

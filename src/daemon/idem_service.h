@@ -35,15 +35,8 @@
 
 #include "daemon.h"
 #include "kairos/idem.h"
+#include "result.h"
 
-/* What an operation reports: a result (ok) or an error code, message and
- * optional detail object.  The done callback takes result and detail. */
-struct idem_result {
-        json_t *result;            /* ok: the result object; NULL on error */
-        const char *code;          /* NULL when ok; else e.g. "bad_argument" */
-        const char *message;       /* error only; valid during the callback */
-        json_t *detail;            /* error only: extra fields, or NULL */
-};
 
 struct idem_claim;
 
@@ -67,7 +60,7 @@ struct idem_call {
         struct idem_owner owner;   /* tool-begin, tool-finish */
         /* Runs exactly once, on the loop thread, possibly before the
          * operation returns. */
-        void (*done)(void *ctx, const struct idem_result *r);
+        void (*done)(void *ctx, const struct op_result *r);
         void *ctx;
 };
 
