@@ -867,6 +867,40 @@ struct command {
         bool while_stopping;   /* answered during a graceful stop */
 };
 
+/* ---- metrics ---- */
+
+/* {format?: "prometheus"|"openmetrics"} → {format, content_type, text}. */
+static void cmd_metrics(struct control_request *req)
+{
+        bool failed = false;
+        const char *fmt = control_arg_string(req, "format", false, &failed);
+        if (failed)
+                return;
+        enum om_format f = OM_PROMETHEUS;
+        if (fmt && strcmp(fmt, "openmetrics") == 0) {
+                f = OM_OPENMETRICS;
+        } else if (fmt && strcmp(fmt, "prometheus") != 0) {
+                control_reply_error(req, "bad_argument",
+                                    "args.format: must be \"prometheus\" or \"openmetrics\"");
+                return;
+        }
+        struct kbuf text = KBUF_INIT;
+        if (!req->d->metrics || metrics_render(req->d->metrics, f, &text) < 0) {
+                kbuf_free(&text);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        control_reply_ok(req, json_pack("{s:s, s:s, s:s}", "format",
+                                        f == OM_OPENMETRICS ? "openmetrics" : "prometheus",
+                                        "content_type",
+                                        f == OM_OPENMETRICS
+                                                ? "application/openmetrics-text; version=1.0.0; "
+                                                  "charset=utf-8"
+                                                : "text/plain; version=0.0.4; charset=utf-8",
+                                        "text", text.data ? text.data : ""));
+        kbuf_free(&text);
+}
+
 /* ---- the idempotency service (idem_service.h) ---- */
 
 /* A claim tied to the connection its tool-begin came on. */
@@ -974,7 +1008,7 @@ static const struct command commands[] = {
         { "idem-stats", cmd_idem_stats, true },
         { "idem-get", cmd_idem_get, true },
         { "idem-forget", cmd_idem_forget, false },
-        { "metrics", metrics_cmd, true },
+        { "metrics", cmd_metrics, true },
 #ifdef KAIROS_TEST_HOOKS
         { "test-clock", cmd_test_clock, false },
         { "test-stall", cmd_test_stall, false },

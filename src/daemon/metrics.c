@@ -14,7 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "control.h"
 #include "daemon.h"
 #include "idem_service.h"
 #include "kairos/idem.h"
@@ -294,39 +293,6 @@ int metrics_render(struct metrics *mx, enum om_format f, struct kbuf *out)
                              &mx->control, (const char *const[]){ "command", "code", NULL })) < 0)
                 return r;
         return om_end(out, f);
-}
-
-/* ---- the control command ---- */
-
-void metrics_cmd(struct control_request *req)
-{
-        bool failed = false;
-        const char *fmt = control_arg_string(req, "format", false, &failed);
-        if (failed)
-                return;
-        enum om_format f = OM_PROMETHEUS;
-        if (fmt && strcmp(fmt, "openmetrics") == 0) {
-                f = OM_OPENMETRICS;
-        } else if (fmt && strcmp(fmt, "prometheus") != 0) {
-                control_reply_error(req, "bad_argument",
-                                    "args.format: must be \"prometheus\" or \"openmetrics\"");
-                return;
-        }
-        struct kbuf text = KBUF_INIT;
-        if (!req->d->metrics || metrics_render(req->d->metrics, f, &text) < 0) {
-                kbuf_free(&text);
-                control_reply_error(req, "internal", "out of memory");
-                return;
-        }
-        control_reply_ok(req, json_pack("{s:s, s:s, s:s}", "format",
-                                        f == OM_OPENMETRICS ? "openmetrics" : "prometheus",
-                                        "content_type",
-                                        f == OM_OPENMETRICS
-                                                ? "application/openmetrics-text; version=1.0.0; "
-                                                  "charset=utf-8"
-                                                : "text/plain; version=0.0.4; charset=utf-8",
-                                        "text", text.data ? text.data : ""));
-        kbuf_free(&text);
 }
 
 /* ---- MetricsFile= ---- */

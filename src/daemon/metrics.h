@@ -18,7 +18,6 @@
 #include "kairos/wal.h"
 
 struct daemon;
-struct control_request;
 struct metrics;
 
 /* Needs d->loop and d->jobs; NULL if out of memory (the daemon runs on). */
@@ -49,7 +48,3 @@ void metrics_control(struct metrics *mx, const char *command, const char *code);
 
 /* The whole exposition. */
 int metrics_render(struct metrics *mx, enum om_format f, struct kbuf *out);
-
-/* The control command `metrics` {format?: "prometheus"|"openmetrics"}
- * → {format, content_type, text}. */
-void metrics_cmd(struct control_request *req);
