@@ -567,6 +567,11 @@ class Campaign:
             except (OSError, EOFError, ValueError):
                 self.unacked_fires.extend(todo[i:])
                 return
+            if not r.get("ok") and r.get("error", {}).get("code") == "shutting_down":
+                # a daemon in its graceful stop refuses fires (nothing acknowledged):
+                # fire them again after the restart
+                self.unacked_fires.extend(todo[i:])
+                return
             if not r.get("ok"):
                 self.fail("fire %s at %s refused: %r" % (sched, at, r))
             res = r["result"]
