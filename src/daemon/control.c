@@ -2,6 +2,7 @@
 #include "control.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ struct control_client {
         struct kbuf out;       /* replies gathered while a write runs */
         unsigned refs;         /* 1 for the connection + 1 per pending request and write */
         unsigned inflight;     /* requests dispatched and not yet answered */
+        bool held_big;         /* queued more than CONTROL_TRIM_AFTER at some point */
         size_t queued;         /* bytes of replies not yet written (out + the write) */
         bool writing;          /* a write is in flight */
         bool close_when_written;
@@ -99,10 +101,16 @@ void control_limits_compute(unsigned long fd_limit, unsigned max_concurrent_mand
 static void client_unref(struct control_client *c)
 {
         if (--c->refs == 0) {
+                /* A client that made us hold megabytes (its requests, their
+                 * replies) leaves them in the allocator's free lists: give
+                 * them back to the system once it is gone. */
+                bool big = c->in.cap + c->out.cap > CONTROL_TRIM_AFTER || c->held_big;
                 free(c->refusal);
                 kbuf_free(&c->in);
                 kbuf_free(&c->out);
                 free(c);
+                if (big)
+                        malloc_trim(0);
         }
 }
 
@@ -256,6 +264,8 @@ static void client_send(struct control_client *c, json_t *reply, bool close_afte
                 return;
         }
         c->queued += n + 1;
+        if (c->queued > CONTROL_TRIM_AFTER)
+                c->held_big = true;
         if (c->srv)
                 c->srv->queued += n + 1;
         client_flush(c);

@@ -24,8 +24,10 @@
  * drain, so what it pipelines waits in its own socket. */
 #define CONTROL_MAX_INFLIGHT 64
 #define CONTROL_MAX_QUEUED (4u << 20)
-#define CONTROL_MAX_QUEUED_TOTAL (32u << 20)
+#define CONTROL_MAX_QUEUED_TOTAL (16u << 20)
 #define CONTROL_READ_SIZE 65536
+/* a client that held more than this: memory trimmed when it leaves */
+#define CONTROL_TRIM_AFTER (1u << 20)
 /* Lines of one connection handled in one turn of the loop. */
 #define CONTROL_BATCH 32
 /* Connections: at most CONTROL_MAX_CLIENTS (fewer when the open-file limit

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,14 @@ int main(int argc, char **argv)
         };
         const char *config_path = NULL, *state_dir = NULL;
         bool check = false, explicit_config = false, main_only = false;
+
+        /* Fixed thresholds: a reply buffer of a client (up to the control
+         * module's bounds) is mmapped and goes back to the system when it is
+         * freed.  glibc would otherwise raise the mmap threshold after the
+         * first such free and keep later ones on the heap for good, so a
+         * client that made kairosd queue megabytes would leave them behind. */
+        mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+        mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
         int c;
         while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
                 switch (c) {
