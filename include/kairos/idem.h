@@ -45,11 +45,14 @@
  * Log format: one JSON object per line ending ,"crc":"xxxxxxxx"}\n (crc as
  * wal_crc), keys in this order; every record but forget is self-contained
  * (it carries the entry's whole state), so replay sets state, never merges:
- *   {"op":"begin","key","tool","fp","created","ts"}
- *   {"op":"complete","key","tool","fp","created","finished","result","ts"}
- *   {"op":"fail","key","tool","fp","created","finished","error_class","error_msg","result","ts"}
- *   {"op":"interrupt","key","tool","fp","created","reason","ts"}
+ *   {"op":"begin","key","tool","fp","created"[,"owner"],"ts"}
+ *   {"op":"complete","key","tool","fp","created"[,"owner"],"finished","result","ts"}
+ *   {"op":"fail","key","tool","fp","created"[,"owner"],"finished","error_class","error_msg","result","ts"}
+ *   {"op":"interrupt","key","tool","fp","created"[,"owner"],"reason","ts"}
  *   {"op":"forget","key","uid","reason","ts"}
+ * owner = {"mandate":ID,"step":STEP_ID,"attempt":N}: the step whose handler
+ * made the call (attributed by kairosd from the caller's process group; see
+ * docs/design.md §11); absent for calls from outside any step.
  * created/finished are ms since the epoch, result is the payload in base64,
  * ts the record's time (YYYY-MM-DDTHH:MM:SS.mmmZ).  Unknown ops are ignored.
  *
@@ -123,6 +126,18 @@ struct idem_options {
         void *clock_ctx;
 };
 
+/* The step a call belongs to.  mandate and step are [A-Za-z0-9_.-]{1,64};
+ * attempt >= 1.  An empty mandate means no owner. */
+#define IDEM_OWNER_ID_MAX 64
+struct idem_owner {
+        char mandate[IDEM_OWNER_ID_MAX + 1];
+        char step[IDEM_OWNER_ID_MAX + 1];
+        uint32_t attempt;
+};
+
+/* -EINVAL unless owner is a valid owner (see struct idem_owner). */
+int idem_owner_check(const struct idem_owner *owner);
+
 /* One call's identity. */
 struct idem_request {
         const char *tool;
@@ -132,6 +147,9 @@ struct idem_request {
         const char *fingerprint;      /* canonical hash of the input if already
                                        * known ("sha256-<hex>"); NULL: hashed
                                        * from input_json */
+        const struct idem_owner *owner;    /* NULL: made outside any step; only
+                                            * recorded by idem_begin for a new
+                                            * entry */
 };
 
 /* An entry as seen by a caller.  Pointers are borrowed from the store and
@@ -152,6 +170,7 @@ struct idem_view {
         const char *error_class;     /* failed */
         const char *error_msg;       /* failed */
         const char *reason;          /* interrupted: why */
+        const struct idem_owner *owner; /* NULL: no owner */
 };
 
 struct idem_stats {
@@ -220,6 +239,11 @@ int idem_forget(struct idem_store *s, const char *key, long long uid, const char
 /* Peek by full key (no stats, no LRU touch); the TTL is checked (an expired
  * entry is dropped and -ENOENT returned). */
 int idem_get(struct idem_store *s, const char *key, struct idem_view *v);
+/* Call fn for every live entry (TTL not checked, no stats, no LRU touch;
+ * the store must not be changed from fn).  Stops at the first non-zero
+ * return of fn and returns it; 0 after all entries. */
+int idem_foreach(struct idem_store *s, int (*fn)(const struct idem_view *v, void *ctx), void *ctx);
+
 /* Drop every expired entry now (optional: lookups check the TTL anyway).
  * Returns how many were dropped. */
 size_t idem_sweep(struct idem_store *s);

@@ -40,6 +40,7 @@ struct entry {
         char *reason;
         char tool[IDEM_TOOL_MAX + 1];
         char fp[CANON_HASH_STRLEN];     /* "" if unknown (salvaged from a bad line) */
+        struct idem_owner owner;        /* owner.mandate "" if none */
         char key[];
 };
 
@@ -130,6 +131,16 @@ static bool valid_name(const char *s, size_t n, size_t max)
                 if (!is_name_char((unsigned char)s[i]))
                         return false;
         return true;
+}
+
+int idem_owner_check(const struct idem_owner *o)
+{
+        if (!o || !valid_name(o->mandate, strnlen(o->mandate, sizeof(o->mandate)),
+                              IDEM_OWNER_ID_MAX) ||
+            !valid_name(o->step, strnlen(o->step, sizeof(o->step)), IDEM_OWNER_ID_MAX) ||
+            o->attempt == 0)
+                return -EINVAL;
+        return 0;
 }
 
 static bool valid_explicit_key(const char *k, size_t n)
@@ -467,6 +478,11 @@ static int encode_record(struct kbuf *b, const char *op, const struct entry *e, 
                 if ((r = put_str(b, "tool", e->tool)) < 0 || (r = put_str(b, "fp", e->fp)) < 0 ||
                     (r = kbuf_printf(b, ",\"created\":%lld", (long long)e->created_ms)) < 0)
                         goto fail;
+                if (e->owner.mandate[0] &&
+                    ((r = kbuf_printf(b, ",\"owner\":{\"mandate\":\"%s\",\"step\":\"%s\","
+                                         "\"attempt\":%u}",
+                                      e->owner.mandate, e->owner.step, e->owner.attempt)) < 0))
+                        goto fail;
                 if (is_finished(e) &&
                     (r = kbuf_printf(b, ",\"finished\":%lld", (long long)e->finished_ms)) < 0)
                         goto fail;
@@ -547,6 +563,7 @@ static void fill_view(const struct idem_store *s, const struct entry *e, struct 
                 .error_class = e->error_class,
                 .error_msg = e->error_msg,
                 .reason = e->reason,
+                .owner = e->owner.mandate[0] ? &e->owner : NULL,
         };
         if (is_finished(e)) {
                 v->finished_ms = e->finished_ms;
@@ -624,6 +641,8 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
         int r = idem_make_key(req, key, fp);
         if (r < 0)
                 return r;
+        if (req->owner && idem_owner_check(req->owner) < 0)
+                return -EINVAL;
         struct entry *e = find_live(s, key);
         if (e)
                 return decide(s, e, fp, v);
@@ -637,6 +656,8 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
         r = entry_add(s, key, strlen(req->tool), fp, store_now(s), &e);
         if (r < 0)
                 return r;
+        if (req->owner)
+                e->owner = *req->owner;
         r = emit(s, e, NULL, 0, NULL, lsn);
         if (r < 0) {
                 entry_drop(s, e);
@@ -817,6 +838,23 @@ int idem_get(struct idem_store *s, const char *key, struct idem_view *v)
         if (!e)
                 return -ENOENT;
         fill_view(s, e, v, false);
+        return 0;
+}
+
+int idem_foreach(struct idem_store *s, int (*fn)(const struct idem_view *v, void *ctx), void *ctx)
+{
+        size_t pos = 0;
+        const char *k;
+        void *val;
+        if (!s || !fn)
+                return -EINVAL;
+        while (strmap_next(s->map, &pos, &k, &val) == 0) {
+                struct idem_view v;
+                fill_view(s, val, &v, false);
+                int r = fn(&v, ctx);
+                if (r)
+                        return r;
+        }
         return 0;
 }
 
@@ -1017,8 +1055,29 @@ static int load_entry(struct idem_store *s, const char *key, size_t tool_len, co
         snprintf(e->fp, sizeof(e->fp), "%s", fp ? fp : "");
         e->created_ms = created;
         e->finished_ms = 0;
+        e->owner = (struct idem_owner){ 0 };
         *out = e;
         return 0;
+}
+
+/* The optional owner of a record: 0 (absent: *o cleared, or valid), -EINVAL. */
+static int get_owner(const struct kjson *obj, struct idem_owner *o)
+{
+        *o = (struct idem_owner){ 0 };
+        const struct kjson *v = kjson_get(obj, "owner");
+        if (!v)
+                return 0;
+        if (v->type != KJSON_OBJECT)
+                return -EINVAL;
+        const struct kjson *m = get_cstr(v, "mandate"), *st = get_cstr(v, "step");
+        int64_t attempt = 0;
+        if (!m || !st || m->u.str.len > IDEM_OWNER_ID_MAX || st->u.str.len > IDEM_OWNER_ID_MAX ||
+            !get_i64(v, "attempt", &attempt) || attempt < 1 || attempt > UINT32_MAX)
+                return -EINVAL;
+        memcpy(o->mandate, m->u.str.ptr, m->u.str.len + 1);
+        memcpy(o->step, st->u.str.ptr, st->u.str.len + 1);
+        o->attempt = (uint32_t)attempt;
+        return idem_owner_check(o);
 }
 
 /* Apply one good record.  1: applied, 0: unknown op (ignored), -EINVAL: a
@@ -1067,7 +1126,11 @@ static int apply(struct loader *ld, const struct kjson *obj)
         unsigned char *result = NULL;
         size_t result_len = 0;
         char *cls = NULL, *msg = NULL, *reason = NULL;
-        int r = -EINVAL;
+        struct idem_owner owner;
+        int r = get_owner(obj, &owner);
+        if (r < 0)
+                return r;
+        r = -EINVAL;
         if (st == IDEM_ST_COMPLETED || st == IDEM_ST_FAILED) {
                 const struct kjson *res = get_cstr(obj, "result");
                 if (!get_i64(obj, "finished", &finished) || !res)
@@ -1099,6 +1162,7 @@ static int apply(struct loader *ld, const struct kjson *obj)
         e->error_class = cls;
         e->error_msg = msg;
         e->reason = reason;
+        e->owner = owner;
         e->finished_ms = finished;
         e->lsn = 0;
         set_state(s, e, st);

@@ -1206,6 +1206,154 @@ static void test_load_unknown_ops_and_bad_records(void **state)
 
 /* Compaction keeps every live entry (state, payload, LRU order) and drops
  * forgotten, expired and evicted ones. */
+/* The owner of a call (the step whose handler made it) is kept in the entry,
+ * in every record of it, across a reload and a compaction; a bad owner is
+ * refused; idem_foreach finds a step's calls. */
+struct owned_count {
+        const char *mandate, *step;
+        int n, processing;
+};
+
+static int count_owned(const struct idem_view *v, void *ctx)
+{
+        struct owned_count *c = ctx;
+        if (v->owner && strcmp(v->owner->mandate, c->mandate) == 0 &&
+            strcmp(v->owner->step, c->step) == 0) {
+                c->n++;
+                c->processing += v->state == IDEM_ST_PROCESSING ||
+                                 v->state == IDEM_ST_INTERRUPTED;
+        }
+        return 0;
+}
+
+static void test_owner_recorded_and_reloaded(void **state)
+{
+        struct fx *f = *state;
+        struct idem_owner o = { .mandate = "mnd_plan_0123456789ab", .step = "act_001",
+                                .attempt = 2 };
+        struct idem_request r = rq("cmd_run", "k1", "[\"x\"]");
+        struct idem_request r2 = rq("cmd_run", "k2", "[\"y\"]");
+        struct idem_request r3 = rq("cmd_run", "k3", "[\"z\"]");
+        struct idem_view v;
+        uint64_t lsn;
+
+        open_fresh(f);
+        r.owner = &o;
+        r2.owner = &o;
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
+        assert_non_null(v.owner);
+        assert_string_equal(v.owner->step, "act_001");
+        assert_int_equal(idem_complete(f->s, "cmd_run:k1", "ok", 2, &lsn), 0);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_begin(f->s, &r3, &v, &lsn), IDEM_PROCEED);
+        assert_null(v.owner);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+
+        size_t len;
+        char *log = slurp(f->log, &len);
+        assert_non_null(strstr(log, ",\"owner\":{\"mandate\":\"mnd_plan_0123456789ab\","
+                                    "\"step\":\"act_001\",\"attempt\":2},"));
+        free(log);
+
+        /* the daemon dies: k2 comes back interrupted, still owned */
+        assert_int_equal(reopen(f), 0);
+        assert_false(f->info.corrupt);
+        assert_int_equal(idem_get(f->s, "cmd_run:k1", &v), 0);
+        assert_non_null(v.owner);
+        assert_string_equal(v.owner->mandate, "mnd_plan_0123456789ab");
+        assert_int_equal(v.owner->attempt, 2);
+        assert_int_equal(idem_get(f->s, "cmd_run:k2", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_INTERRUPTED);
+        assert_non_null(v.owner);
+        assert_int_equal(idem_get(f->s, "cmd_run:k3", &v), 0);
+        assert_null(v.owner);
+
+        struct owned_count c = { "mnd_plan_0123456789ab", "act_001", 0, 0 };
+        assert_int_equal(idem_foreach(f->s, count_owned, &c), 0);
+        assert_int_equal(c.n, 2);
+        assert_int_equal(c.processing, 1);
+
+        /* compaction keeps the owners */
+        assert_int_equal(idem_compact_sync(f->s, f->l), 0);
+        assert_int_equal(reopen(f), 0);
+        c = (struct owned_count){ "mnd_plan_0123456789ab", "act_001", 0, 0 };
+        assert_int_equal(idem_foreach(f->s, count_owned, &c), 0);
+        assert_int_equal(c.n, 2);
+        assert_int_equal(c.processing, 1);
+}
+
+static int stop_at_first(const struct idem_view *v, void *ctx)
+{
+        (*(int *)ctx)++;
+        return 7;
+}
+
+static void test_owner_bad_refused(void **state)
+{
+        struct fx *f = *state;
+        struct idem_view v;
+        uint64_t lsn;
+        mem_store(f);
+        struct idem_owner bad[] = {
+                { .mandate = "", .step = "act_001", .attempt = 1 },
+                { .mandate = "m", .step = "", .attempt = 1 },
+                { .mandate = "m", .step = "act_001", .attempt = 0 },
+                { .mandate = "m/..", .step = "act_001", .attempt = 1 },
+                { .mandate = "m", .step = "a\"b", .attempt = 1 },
+        };
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                struct idem_request r = rq("t", "k", "{}");
+                r.owner = &bad[i];
+                assert_int_equal(idem_owner_check(&bad[i]), -EINVAL);
+                assert_int_equal(idem_begin(f->s, &r, &v, &lsn), -EINVAL);
+        }
+        struct idem_stats st;
+        idem_stats(f->s, &st);
+        assert_int_equal(st.size, 0);
+        assert_int_equal(idem_foreach(f->s, NULL, NULL), -EINVAL);
+        run_ok(f, "t", "a", "{}", "x", 1);
+        run_ok(f, "t", "b", "{}", "x", 1);
+        int calls = 0;
+        assert_int_equal(idem_foreach(f->s, stop_at_first, &calls), 7);
+        assert_int_equal(calls, 1);
+}
+
+static void test_owner_bad_in_log_is_corruption(void **state)
+{
+        struct fx *f = *state;
+        struct idem_owner o = { .mandate = "mnd_x", .step = "act_001", .attempt = 1 };
+        struct idem_request r = rq("t", "k", "{}");
+        struct idem_view v;
+        uint64_t lsn;
+        r.owner = &o;
+        open_fresh(f);
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_complete(f->s, "t:k", "ok", 2, &lsn), 0);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        /* rewrite the first record's owner with attempt 0 and a valid crc */
+        size_t len;
+        char *log = slurp(f->log, &len);
+        char *nl = memchr(log, '\n', len);
+        assert_non_null(nl);
+        char *p = strstr(log, "\"attempt\":1}");
+        assert_true(p && p < nl);
+        p[10] = '0';
+        char *crc = strstr(log, ",\"crc\":\"");
+        assert_true(crc && crc < nl);
+        char line[4096];
+        size_t head = (size_t)(crc - log);
+        memcpy(line, log, head);
+        line[head] = '}';
+        char hex[9];
+        snprintf(hex, sizeof(hex), "%08x", wal_crc(line, head + 1));
+        memcpy(crc + 8, hex, 8);
+        spit(f->log, log, len);
+        free(log);
+        assert_int_equal(reopen(f), 0);
+        assert_true(f->info.corrupt);
+        assert_int_equal(f->info.bad_line, 1);
+}
+
 static void test_compaction(void **state)
 {
         struct fx *f = *state;
@@ -1463,6 +1611,9 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_content_key_stable_across_key_order, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_owner_recorded_and_reloaded, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_owner_bad_refused, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_owner_bad_in_log_is_corruption, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_different_input_different_key, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_completed_duplicate_returns_cached_result, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_failed_duplicate_returns_cached_error_with_class, setup, teardown),
