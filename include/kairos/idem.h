@@ -129,14 +129,14 @@ struct idem_options {
 /* The step a call belongs to.  mandate and step are [A-Za-z0-9_.-]{1,64};
  * attempt >= 1.  An empty mandate means no owner. */
 #define IDEM_OWNER_ID_MAX 64
-struct idem_owner {
+struct idem_step_owner {
         char mandate[IDEM_OWNER_ID_MAX + 1];
         char step[IDEM_OWNER_ID_MAX + 1];
         uint32_t attempt;
 };
 
-/* -EINVAL unless owner is a valid owner (see struct idem_owner). */
-int idem_owner_check(const struct idem_owner *owner);
+/* -EINVAL unless owner is a valid owner (see struct idem_step_owner). */
+int idem_owner_check(const struct idem_step_owner *owner);
 
 /* One call's identity. */
 struct idem_request {
@@ -147,7 +147,7 @@ struct idem_request {
         const char *fingerprint;      /* canonical hash of the input if already
                                        * known ("sha256-<hex>"); NULL: hashed
                                        * from input_json */
-        const struct idem_owner *owner;    /* NULL: made outside any step; only
+        const struct idem_step_owner *owner;    /* NULL: made outside any step; only
                                             * recorded by idem_begin for a new
                                             * entry */
 };
@@ -170,7 +170,7 @@ struct idem_view {
         const char *error_class;     /* failed */
         const char *error_msg;       /* failed */
         const char *reason;          /* interrupted: why */
-        const struct idem_owner *owner; /* NULL: no owner */
+        const struct idem_step_owner *owner; /* NULL: no owner */
 };
 
 struct idem_stats {

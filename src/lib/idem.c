@@ -40,7 +40,7 @@ struct entry {
         char *reason;
         char tool[IDEM_TOOL_MAX + 1];
         char fp[CANON_HASH_STRLEN];     /* "" if unknown (salvaged from a bad line) */
-        struct idem_owner owner;        /* owner.mandate "" if none */
+        struct idem_step_owner owner;        /* owner.mandate "" if none */
         char key[];
 };
 
@@ -133,7 +133,7 @@ static bool valid_name(const char *s, size_t n, size_t max)
         return true;
 }
 
-int idem_owner_check(const struct idem_owner *o)
+int idem_owner_check(const struct idem_step_owner *o)
 {
         if (!o || !valid_name(o->mandate, strnlen(o->mandate, sizeof(o->mandate)),
                               IDEM_OWNER_ID_MAX) ||
@@ -1055,15 +1055,15 @@ static int load_entry(struct idem_store *s, const char *key, size_t tool_len, co
         snprintf(e->fp, sizeof(e->fp), "%s", fp ? fp : "");
         e->created_ms = created;
         e->finished_ms = 0;
-        e->owner = (struct idem_owner){ 0 };
+        e->owner = (struct idem_step_owner){ 0 };
         *out = e;
         return 0;
 }
 
 /* The optional owner of a record: 0 (absent: *o cleared, or valid), -EINVAL. */
-static int get_owner(const struct kjson *obj, struct idem_owner *o)
+static int get_owner(const struct kjson *obj, struct idem_step_owner *o)
 {
-        *o = (struct idem_owner){ 0 };
+        *o = (struct idem_step_owner){ 0 };
         const struct kjson *v = kjson_get(obj, "owner");
         if (!v)
                 return 0;
@@ -1126,7 +1126,7 @@ static int apply(struct loader *ld, const struct kjson *obj)
         unsigned char *result = NULL;
         size_t result_len = 0;
         char *cls = NULL, *msg = NULL, *reason = NULL;
-        struct idem_owner owner;
+        struct idem_step_owner owner;
         int r = get_owner(obj, &owner);
         if (r < 0)
                 return r;

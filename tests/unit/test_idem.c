@@ -1229,7 +1229,7 @@ static int count_owned(const struct idem_view *v, void *ctx)
 static void test_owner_recorded_and_reloaded(void **state)
 {
         struct fx *f = *state;
-        struct idem_owner o = { .mandate = "mnd_plan_0123456789ab", .step = "act_001",
+        struct idem_step_owner o = { .mandate = "mnd_plan_0123456789ab", .step = "act_001",
                                 .attempt = 2 };
         struct idem_request r = rq("cmd_run", "k1", "[\"x\"]");
         struct idem_request r2 = rq("cmd_run", "k2", "[\"y\"]");
@@ -1294,7 +1294,7 @@ static void test_owner_bad_refused(void **state)
         struct idem_view v;
         uint64_t lsn;
         mem_store(f);
-        struct idem_owner bad[] = {
+        struct idem_step_owner bad[] = {
                 { .mandate = "", .step = "act_001", .attempt = 1 },
                 { .mandate = "m", .step = "", .attempt = 1 },
                 { .mandate = "m", .step = "act_001", .attempt = 0 },
@@ -1321,7 +1321,7 @@ static void test_owner_bad_refused(void **state)
 static void test_owner_bad_in_log_is_corruption(void **state)
 {
         struct fx *f = *state;
-        struct idem_owner o = { .mandate = "mnd_x", .step = "act_001", .attempt = 1 };
+        struct idem_step_owner o = { .mandate = "mnd_x", .step = "act_001", .attempt = 1 };
         struct idem_request r = rq("t", "k", "{}");
         struct idem_view v;
         uint64_t lsn;
