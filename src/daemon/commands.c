@@ -947,6 +947,7 @@ static void idem_call(struct control_request *req, void (*op)(const struct idem_
                 .d = req->d,
                 .args = req->args,
                 .uid = req->uid,
+                .pid = req->pid,
                 .owner = { .id = req->client, .ctx = req, .attach = hold_attach,
                            .release = hold_release },
                 .done = reply_result,

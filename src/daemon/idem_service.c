@@ -65,6 +65,7 @@ struct idem_service {
         int64_t clock_offset_ms;   /* test hook */
         struct write_roots *roots; /* WriteRoots= opened; NULL until the first tool write */
         unsigned beneath_flags;    /* BENEATH_NO_OPENAT2 (test hook) */
+        idem_step_lookup_fn step_of; /* attributes a call to a running step */
 };
 
 struct write_roots;
@@ -73,6 +74,29 @@ static void roots_unref(struct write_roots *rs);
 static struct idem_service *SVC(struct daemon *d)
 {
         return d->idem;
+}
+
+void idem_service_set_step_lookup(struct daemon *d, idem_step_lookup_fn fn)
+{
+        if (SVC(d))
+                SVC(d)->step_of = fn;
+}
+
+/* The step a call comes from: the running step whose handler's process
+ * group the caller (its SO_PEERCRED pid) is in.  Never from the request
+ * itself: a caller cannot claim to be another step.  false: from no step. */
+static bool call_step(const struct idem_call *call, struct idem_step_owner *ret)
+{
+        struct idem_service *svc = SVC(call->d);
+        return svc->step_of && call->pid > 0 && svc->step_of(call->d, call->pid, ret) == 0;
+}
+
+static json_t *step_owner_json(const struct idem_step_owner *o)
+{
+        if (!o)
+                return json_null();
+        return json_pack("{s:s, s:s, s:I}", "mandate", o->mandate, "step", o->step, "attempt",
+                         (json_int_t)o->attempt);
 }
 
 /* ---- clock, formatting ---- */
@@ -574,7 +598,9 @@ void idem_tool_begin(const struct idem_call *in)
         if (!parse_identity(call, tool, key, op->key, op->fp))
                 goto out;
         snprintf(op->tool, sizeof op->tool, "%s", tool);
-        struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp };
+        struct idem_step_owner step;
+        struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp,
+                                   .owner = call_step(call, &step) ? &step : NULL };
         struct idem_view v;
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
@@ -1216,8 +1242,10 @@ static void write_existing(struct write_op *op, enum idem_outcome o, const struc
 static void begin_write(struct write_op *op)
 {
         struct idem_service *svc = op->svc;
+        struct idem_step_owner step;
         struct idem_request ir = { .tool = WRITE_TOOL, .key = op->explicit_key,
-                                   .fingerprint = op->fp };
+                                   .fingerprint = op->fp,
+                                   .owner = call_step(op->call, &step) ? &step : NULL };
         struct idem_view v;
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
@@ -1430,6 +1458,7 @@ void idem_get_entry(const struct idem_call *in)
                 json_object_set_new(res, "error_msg", json_string(v.error_msg));
         if (v.reason)
                 json_object_set_new(res, "reason", json_string(v.reason));
+        json_object_set_new(res, "owner", step_owner_json(v.owner));
         if (v.result_len > 0) {
                 json_t *pl = json_loadb(v.result, v.result_len, 0, NULL);
                 json_object_set_new(res, "result", pl ? pl : json_pack("{s:o}", "result_b64",

@@ -57,6 +57,8 @@ struct idem_call {
         struct daemon *d;
         json_t *args;              /* an object; must stay valid until done runs */
         uid_t uid;                 /* who asks (idem-forget records it) */
+        pid_t pid;                 /* its process (SO_PEERCRED): tool calls are
+                                    * attributed to the step of its process group */
         struct idem_owner owner;   /* tool-begin, tool-finish */
         /* Runs exactly once, on the loop thread, possibly before the
          * operation returns. */
@@ -73,6 +75,13 @@ int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d));
 void idem_service_reload(struct daemon *d, const struct config *cfg);
 /* After the loop has stopped. */
 void idem_service_free(struct daemon *d);
+
+/* Attribution of tool calls to steps: fn(d, pid, ret) fills *ret with the
+ * running step whose handler's process group pid belongs to and returns 0,
+ * or returns -ESRCH.  Every claim (tool-begin, tool-write) made from such a
+ * process is recorded with that owner (docs/design.md §11). */
+typedef int (*idem_step_lookup_fn)(struct daemon *d, pid_t pid, struct idem_step_owner *ret);
+void idem_service_set_step_lookup(struct daemon *d, idem_step_lookup_fn fn);
 /* The store's counters; -EAGAIN while it is not loaded. */
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 
