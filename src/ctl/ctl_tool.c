@@ -645,6 +645,15 @@ static int text_get(json_t *r)
         field("error:", jstr(r, "error_class"));
         field("message:", jstr(r, "error_msg"));
         field("durable:", json_is_true(json_object_get(r, "durable")) ? "yes" : "no");
+        json_t *owner = json_object_get(r, "owner");
+        if (json_is_object(owner)) {
+                char who[256];
+                snprintf(who, sizeof who, "%s %s (attempt %lld)", jstr(owner, "mandate"),
+                         jstr(owner, "step"), jint(owner, "attempt"));
+                field("owner:", who);
+        } else {
+                field("owner:", "none (not called from a step's handler)");
+        }
         if (json_is_integer(json_object_get(res, "exit_status"))) {
                 snprintf(num, sizeof num, "%lld", jint(res, "exit_status"));
                 field("exit status:", num);

@@ -106,6 +106,7 @@ struct daemon {
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct metrics *metrics;    /* metrics.h */
         struct runner *runner;      /* runner.h: starts handlers */
+        struct strmap *handler_groups; /* executor: running handlers by process group */
         struct hooks *hooks;        /* hooks.h: [Notify] commands */
         struct cgroup_ctl *cgroup;  /* cgroup.h: handler cgroups; NULL: none */
         char cgroup_why[256];       /* why there is none */

@@ -32,7 +32,9 @@
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
+#include "kairos/idem.h"
 #include "kairos/planner.h"
+#include "kairos/strmap.h"
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
@@ -867,6 +869,9 @@ static void run_free_spawn_args(struct exec_run *run)
         run->cwd = NULL;
 }
 
+static void groups_add(struct exec_run *run);
+static void groups_remove(struct exec_run *run);
+
 static void on_run_handle_closed(uv_handle_t *h)
 {
         struct exec_run *run = h->data;
@@ -924,6 +929,7 @@ static void on_timeout(uv_timer_t *t)
 static void on_job_exited(struct runner_job *job, int exit_status, int term_signal)
 {
         struct exec_run *run = job->data;
+        groups_remove(run);
         run->exited = true;
         run->exit_status = exit_status;
         run->term_signal = term_signal;
@@ -1137,6 +1143,8 @@ void executor_free(struct daemon *d)
 {
         runner_free(d->runner);
         d->runner = NULL;
+        strmap_free(d->handler_groups);
+        d->handler_groups = NULL;
         cgroup_ctl_free(d->cgroup);
         d->cgroup = NULL;
 }
@@ -1163,8 +1171,52 @@ void executor_check_limits(struct daemon *d)
         }
 }
 
+/* Running handlers by process group ("PGID" -> struct exec_run *), for
+ * attributing tool calls to steps. */
+static void group_key(pid_t pgid, char key[24])
+{
+        snprintf(key, 24, "%d", (int)pgid);
+}
+
+static void groups_add(struct exec_run *run)
+{
+        char key[24];
+        group_key(run->pid, key);
+        if (strmap_put(run->m->d->handler_groups, key, run) < 0)
+                log_warning("%s %s: out of memory: its tool calls are not attributed to it",
+                            run->m->id, run->step_id);
+}
+
+static void groups_remove(struct exec_run *run)
+{
+        char key[24];
+        if (!run->pid)
+                return;
+        group_key(run->pid, key);
+        if (strmap_get(run->m->d->handler_groups, key) == run)
+                strmap_remove(run->m->d->handler_groups, key);
+}
+
+int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
+{
+        char key[24];
+        pid_t pgid = getpgid(pid);
+        if (pgid <= 0)
+                return -ESRCH;
+        group_key(pgid, key);
+        struct exec_run *run = strmap_get(d->handler_groups, key);
+        if (!run || run->exited)
+                return -ESRCH;
+        *ret = (struct idem_step_owner){ .attempt = run->attempt };
+        snprintf(ret->mandate, sizeof ret->mandate, "%s", run->m->id);
+        snprintf(ret->step, sizeof ret->step, "%s", run->step_id);
+        return idem_owner_check(ret) < 0 ? -ESRCH : 0;
+}
+
 int executor_init(struct daemon *d)
 {
+        if (!(d->handler_groups = strmap_new()))
+                return -ENOMEM;
         /* before the runner: the keeper is forked into kairosd's leaf */
         int r = cgroup_ctl_new(&d->cgroup, d->cgroup_why, sizeof d->cgroup_why);
         if (r < 0)
@@ -1333,6 +1385,7 @@ static void on_job_started(struct runner_job *job)
         run->started = true;
         run->pid = job->pid;
         run->started_ms = now_ms_monotonic();
+        groups_add(run);
         uv_pipe_open(&run->in, job->fd_in);
         uv_pipe_open(&run->out, job->fd_out);
         uv_pipe_open(&run->err, job->fd_err);

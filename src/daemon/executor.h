@@ -51,6 +51,11 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d));
 
 void executor_free_mandate(struct mandate *m);
 
+/* The running step whose handler's process group pid is in: 0 and *ret
+ * filled, or -ESRCH (tool calls are attributed with it). */
+struct idem_step_owner;
+int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret);
+
 /* Once at start, before the loop runs: the process runner (runner.h) and
  * what every handler's environment gets besides its step's variables (HOME,
  * USER, LOGNAME, KAIROSCTL, PATH).  -errno if the runner cannot start. */

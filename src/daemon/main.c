@@ -387,7 +387,9 @@ int main(int argc, char **argv)
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
         startup_pending = 2;
-        if ((r = idem_service_start(d, on_startup_part_done)) < 0) {
+        if ((r = idem_service_start(d, on_startup_part_done)) == 0)
+                idem_service_set_step_lookup(d, executor_step_of);
+        if (r < 0) {
                 log_error("the idempotency store cannot start: %s", strerror(-r));
                 startup_pending--;
         }
