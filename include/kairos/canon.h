@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* canon: canonical JSON and content hashes, byte-compatible with the original
- * (DESIGN §4): volatile keys removed at every depth, keys sorted bytewise,
- * compact, the original's float format, integers exact. */
+/* canon: canonical JSON and content hashes, byte-compatible with legacy files
+ * (docs/design.md §4): volatile keys removed at every depth, keys sorted bytewise,
+ * compact, Ruby's Float#to_s float format, integers exact. */
 #pragma once
 
 #include <stddef.h>
@@ -28,7 +28,7 @@ int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN]);
 /* "sha256-" + hex SHA-256 of raw bytes. */
 void canon_hash_bytes(const void *data, size_t len, char out[CANON_HASH_STRLEN]);
 
-/* Format a double the way the original (Ruby Float#to_s) prints it:
+/* Format a double the way Ruby's Float#to_s prints it:
  * 1.0, 1.0e+20, 2.5e-05, -0.0, 0.1.  -EDOM if not finite. */
 int canon_format_double(double d, struct kbuf *out);
 

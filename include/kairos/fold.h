@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* fold: rebuild plans and steps from a WAL's bytes (DESIGN §6), compatible
- * with the original plus the marked FIXes.  Never crashes, never loops,
+/* fold: rebuild plans and steps from a WAL's bytes (docs/design.md §6), compatible
+ * with legacy WAL files plus the marked FIXes.  Never crashes, never loops,
  * allocates at most O(input) memory.
  *
  * Classification of the file:
@@ -13,7 +13,7 @@
  *            followed by more bytes).  Records before the bad line are
  *            folded; nothing after it is.  The file must be quarantined.
  * A good record: a JSON object on one line whose crc (if any) matches; a line
- * without crc (legacy, written by the original) must end with its "ts" member. */
+ * without crc (legacy, written by older writers) must end with its "ts" member. */
 #pragma once
 
 #include <stdbool.h>
@@ -108,7 +108,7 @@ struct fold_operator {
 };
 
 /* The mandate record (kairos): who fired it.  All NULL if the WAL has none
- * (written by the original, or by a test). */
+ * (written by older writers, or by a test). */
 struct fold_mandate {
         const char *mandate_id;
         const char *schedule;

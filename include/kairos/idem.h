@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* idem: the persistent idempotency store (DESIGN §11, seed 003 with the
- * original's bugs fixed, §13 item 6).
+/* idem: the persistent idempotency store (docs/design.md §11).
  *
  * Two halves, so the daemon can keep the first on its event loop and run the
  * second on its (serialized) thread pool:

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* kbuf: a growable byte buffer, plus the JSON string escaper shared by the
- * canonicalizer and the WAL encoder (one escaping rule for both, DESIGN §4). */
+ * canonicalizer and the WAL encoder (one escaping rule for both, docs/design.md §4). */
 #pragma once
 
 #include <stdarg.h>

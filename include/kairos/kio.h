@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* kio: the one seam through which every WAL and state-file mutation goes
- * (DESIGN §6 "I/O seam"), so tests can substitute a recording implementation
+ * (docs/design.md §6 "I/O seam"), so tests can substitute a recording implementation
  * (to generate crash states) or a failing one (to inject errors).
  * Every function returns 0 (write: bytes written; open: a fd) or -errno. */
 #pragma once

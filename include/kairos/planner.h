@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* planner: a fired event (schedule name, fired_at) and a cycle number become
- * the five-step plan of that cycle (DESIGN §3, §5).  Pure, no I/O. */
+ * the five-step plan of that cycle (docs/design.md §3, §5).  Pure, no I/O. */
 #pragma once
 
 #include <stdbool.h>
@@ -74,7 +74,7 @@ int planner_build_retry(const char *name, const char *fired_at, int retry, int c
  * key order.) */
 int planner_steps_json(const struct planner_plan *p, struct kbuf *out);
 
-/* Identifiers (DESIGN §3). */
+/* Identifiers (docs/design.md §3). */
 /* A schedule name: [A-Za-z0-9_-]{1,64}. */
 bool planner_valid_name(const char *name);
 /* fired_at "YYYY-MM-DDTHH:MM:SSZ" (UTC, a real date, year >= 1970) → Unix

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* recovery: the pure recovery planner (DESIGN §8).  Given a folded WAL it
+/* recovery: the pure recovery planner (docs/design.md §8).  Given a folded WAL it
  * decides, for every unfinished plan, what happens to each unfinished step
  * and which records recovery appends.  It does no I/O: the daemon appends the
  * records (and `kairosctl recover --dry-run` prints them). */
@@ -51,7 +51,7 @@ struct recovery {
 int recovery_plan_fold(const struct fold *f, struct recovery **out);
 void recovery_free(struct recovery *r);
 
-/* World-state probe (DESIGN §8, "later work"): sets the current pre/post
+/* World-state probe (docs/design.md §8, "later work"): sets the current pre/post
  * hashes of a step at recovery time, or leaves them NULL.  The strings are
  * copied; they need only live until the probe is called again. */
 typedef void (*recovery_probe_fn)(void *ctx, const struct fold_step *s, const char **current_pre,

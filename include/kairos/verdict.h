@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* verdict: the IdempotencyCheck (DESIGN §7).  Pure function, no I/O; first
+/* verdict: the IdempotencyCheck (docs/design.md §7).  Pure function, no I/O; first
  * matching row wins. */
 #pragma once
 
@@ -49,7 +49,7 @@ struct verdict {
 void verdict_check(const struct verdict_step *s, const char *current_pre, const char *current_post,
                    struct verdict *out);
 
-/* Evidence object as JSON, keys in the original's order, absent values null:
+/* Evidence object as JSON, keys in the legacy order, absent values null:
  * {"reason":…[,"result_hash"][,"status"][,"observed_pre_hash","expected_pre_hash"]} */
 int verdict_evidence_json(const struct verdict *v, struct kbuf *out);
 

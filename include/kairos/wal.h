@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* wal: the per-mandate write-ahead log writer (DESIGN §6).
+/* wal: the per-mandate write-ahead log writer (docs/design.md §6).
  *
- * Records are encoded byte-identically to the original's layout (same keys,
+ * Records are encoded byte-identically to the legacy layout (same keys,
  * same order) and end with ,"crc":"xxxxxxxx"}.  Each append is one write(2)
  * of one whole line on an O_APPEND descriptor; durability is a barrier:
  * wal_flush() issues one fdatasync for everything written since the last one.

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* kairosctl offline commands (DESIGN §12): wal dump, wal verify,
+/* kairosctl offline commands (docs/design.md §12): wal dump, wal verify,
  * recover --dry-run, canon, plan.  They use the core library directly and
  * never change a file. */
 #include <dirent.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* kairosctl online commands (DESIGN §12): status, list, show, fire, pause,
+/* kairosctl online commands (docs/design.md §12): status, list, show, fire, pause,
  * resume, approve, resolve, reload.  Each one is a single request over kairosd's control
  * socket (AF_UNIX stream, one JSON object per line) answered by one reply
  * line.  The client is blocking with a deadline: every wait is a poll()

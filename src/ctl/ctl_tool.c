@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* kairosctl tool run / tool write / idem stats|get|forget: the idempotency
- * store of kairosd (DESIGN §11).
+ * store of kairosd (docs/design.md §11).
  *
  * tool run --key K [--tool NAME] -- CMD ARGS...
  *   claims "NAME:K" from the daemon (tool-begin) on a connection that stays

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* control: the control socket (DESIGN §12).  AF_UNIX stream, mode 0660,
+/* control: the control socket (docs/design.md §12).  AF_UNIX stream, mode 0660,
  * group SocketGroup=; every peer checked with SO_PEERCRED; one JSON request
  * per line {"v":1,"id":N,"cmd":"…","args":{…}} → one reply per line
  * {"v":1,"id":N,"ok":true,"result":{…}} or

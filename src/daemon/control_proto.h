@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* control_proto: parsing and validation of one control request line
- * (DESIGN §12), {"v":1,"id":N,"cmd":"…","args":{…}}.  Pure: no libuv, no
+ * (docs/design.md §12), {"v":1,"id":N,"cmd":"…","args":{…}}.  Pure: no libuv, no
  * daemon state; used by control.c and by the fuzz target. */
 #pragma once
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Startup recovery (DESIGN §8): every <state>/wal/NAME.wal.jsonl is opened
+/* Startup recovery (docs/design.md §8): every <state>/wal/NAME.wal.jsonl is opened
  * (torn tail repaired, corruption quarantined), folded, planned by the pure
  * recovery planner, and the planned records are appended and made durable —
  * one job per WAL on the thread pool.  READY=1 waits for all of them. */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* canon: canonical JSON and content hashes (DESIGN §4). */
+/* canon: canonical JSON and content hashes (docs/design.md §4). */
 #include "kairos/canon.h"
 
 #include <errno.h>

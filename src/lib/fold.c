@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fold: rebuild plans and steps from a WAL (DESIGN §6).
+/* fold: rebuild plans and steps from a WAL (docs/design.md §6).
  *
  * The buffer is split on '\n'; one trailing '\r' is stripped; blank lines
  * (only spaces, tabs, CRs) are skipped.  Each other line is checked:

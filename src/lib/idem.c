@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* idem: the persistent idempotency store (DESIGN §11).  See idem.h for the
+/* idem: the persistent idempotency store (docs/design.md §11).  See idem.h for the
  * contract: an in-memory store that produces log records, and a log that
  * loads, appends and compacts them. */
 #include "kairos/idem.h"

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* kio: the I/O seam (DESIGN §6).  kio_posix() is the real implementation;
+/* kio: the I/O seam (docs/design.md §6).  kio_posix() is the real implementation;
  * the helpers below only ever touch files through a struct kio. */
 #include "kairos/kio.h"
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* planner: five OODA steps per cycle (DESIGN §3, §5, seed 004). */
+/* planner: five OODA steps per cycle (docs/design.md §3, §5). */
 #include "kairos/planner.h"
 
 #include <errno.h>

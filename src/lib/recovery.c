@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* recovery: the pure recovery planner (DESIGN §8).
+/* recovery: the pure recovery planner (docs/design.md §8).
  *
  * For every plan not finalized, in WAL order:
  *   - it holds a failed (or abandoned) step: finalize it failed, nothing runs;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* verdict: the IdempotencyCheck (DESIGN §7, seed 000).  First match wins:
+/* verdict: the IdempotencyCheck (docs/design.md §7).  First match wins:
  *
  *   1 post_hash non-empty                         already_done  wal_recorded_completion
  *   2 expected_post and current_post equal        already_done  current_state_matches_expected_post
@@ -8,7 +8,7 @@
  *   5 pre_hash and current_pre equal               safe_to_retry current_pre_matches_expected
  *   6 otherwise                                    manual_review interrupted_during_execution
  *
- * NULL means absent; "" is present (as in the Ruby original, where "" is
+ * NULL means absent; "" is present (as in legacy files, where "" is
  * truthy) except for row 1, which also requires a non-empty post_hash.  A
  * NULL status compares as "" (status.to_s). */
 #include "kairos/verdict.h"

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* wal: the per-mandate write-ahead log (DESIGN §6): the record encoder, the
+/* wal: the per-mandate write-ahead log (docs/design.md §6): the record encoder, the
  * appending writer with its flush barrier and failure states, torn-tail
  * repair on open, and the gzip archive. */
 #include "kairos/wal.h"
@@ -285,7 +285,7 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_str(e, "error_class", rec->error_class, "failed needs error_class");
                 enc_key(e, "error_msg");
                 if (e->r == 0) {
-                        /* NULL is "" (the original wrote error_msg.to_s) */
+                        /* NULL is "" (older writers wrote an empty string) */
                         const char *msg = rec->error_msg ? rec->error_msg : "";
                         int r = kbuf_json_string_lossy(e->b, msg, strlen(msg),
                                                        WAL_ERROR_MSG_MAX_CHARS);

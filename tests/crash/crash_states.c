@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* crash_states: the crash-state generator of issue 8 (DESIGN §6 and §8).
+/* crash_states: the crash-state generator of issue 8 (docs/design.md §6 and §8).
  *
  * 1. A recording kio performs every mutation for real in a scratch
  *    directory and logs it (create, write with offset and bytes, fdatasync,

@@ -20,7 +20,7 @@ Some rounds stop the daemon with SIGTERM instead (GracefulTimeoutSec 0 or 5),
 and SIGKILL it if the stop takes longer than a random bound; 6% of the kills
 land before READY=1 (during startup and recovery).
 Besides: every handler start follows a durable `executing` record (the
-barrier of DESIGN §6); no handler outlives a killed daemon (DESIGN §10: once
+barrier of docs/design.md §6); no handler outlives a killed daemon (docs/design.md §10: once
 the killed daemon is reaped the harness appends a marker "K RUN" to the side
 log, and a line after it from a handler that run started is a violation); no
 mandate is quarantined or fails its WAL I/O.
@@ -346,7 +346,7 @@ class Campaign:
             f.write("K %d\n" % self.run_no)
 
     def wait_handlers_gone(self):
-        """DESIGN §10: no handler outlives the daemon; they must be gone
+        """docs/design.md §10: no handler outlives the daemon; they must be gone
         within a bound (their late lines are caught by check_steps)."""
         deadline = time.monotonic() + 10
         while True:
@@ -449,7 +449,7 @@ class Campaign:
                           "its completed record was durable (line %d)"
                           % (p[1], i + 1, p[2], self.completed_at[p[1]]))
         # A line written after the marker of a dead run by a handler that run
-        # started: the handler outlived its daemon (DESIGN §10), and may run
+        # started: the handler outlived its daemon (docs/design.md §10), and may run
         # next to the step's next attempt.  And an open start (no finish) is
         # only followed by another start of the same step in a later run.
         open_run, run = {}, 1
@@ -459,7 +459,7 @@ class Campaign:
                 continue
             by = self.started_by.get((p[1], p[2]))
             if i >= self.side_checked and by is not None and by < run:
-                self.fail("DESIGN §10 / invariant 2: side log line %d (%s) was written by a "
+                self.fail("docs/design.md §10 / invariant 2: side log line %d (%s) was written by a "
                           "handler that daemon run %d started, after that daemon was killed "
                           "and reaped (marker K %d): a handler outlived its daemon"
                           % (i + 1, " ".join(p), by, run - 1))

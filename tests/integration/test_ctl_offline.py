@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Black-box tests of the offline kairosctl commands (DESIGN §4-§8, §12).
+"""Black-box tests of the offline kairosctl commands (docs/design.md §4-§8, §12).
 
 Runs the real built kairosctl (path in $KAIROSCTL) on WAL files this test
-writes itself: records are built here with the layout of DESIGN §6 and their
+writes itself: records are built here with the layout of docs/design.md §6 and their
 crc computed with zlib.crc32, independently of the C encoder.  Hashes and
 plan ids are recomputed here from the spec, independently of the C planner.
 """
@@ -87,7 +87,7 @@ def make_plan(name, fired_at, cycle=1):
 
 
 class Wal:
-    """Builds WAL lines exactly as DESIGN §6 lays them out."""
+    """Builds WAL lines exactly as docs/design.md §6 lays them out."""
 
     def __init__(self, crc=True):
         self.lines = []
@@ -355,7 +355,7 @@ class TestCanon(Case):
 
 class TestPlan(Case):
     def test_spec_vectors_of_this_model(self):
-        # The helpers of this test reproduce DESIGN §4's plan_hash example.
+        # The helpers of this test reproduce docs/design.md §4's plan_hash example.
         steps = [{"step_id": "s1", "tool": "t", "params_hash": "ph", "pre_hash": "pre",
                   "expected_post_hash": "post"}]
         self.assertEqual(chash(steps), "sha256-9c580c3be4a149be946a9a9a647a294b99d817eeaa7f9fe5"
@@ -903,7 +903,7 @@ class TestRecover(Case):
 # ---- robustness -----------------------------------------------------------
 
 class TestCronNext(Case):
-    """cron next EXPR [--from T] [-n N] [--tz Z] (offline; DESIGN §9, issue 5)."""
+    """cron next EXPR [--from T] [-n N] [--tz Z] (offline; docs/design.md §9, issue 5)."""
 
     def times(self, *args):
         out, err = self.check(["cron", "next", *args], 0)

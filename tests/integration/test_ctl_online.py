@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Black-box tests of the online kairosctl commands (DESIGN §12): status,
+"""Black-box tests of the online kairosctl commands (docs/design.md §12): status,
 list, show, fire, pause, resume, approve, resolve, reload against the real
 kairosd on a temporary state directory (prepared with one WAL per recovery
 verdict by test_daemon.prepare_state), plus the client's failure modes against
@@ -39,7 +39,7 @@ AT = "2026-04-20T12:00:00Z"
 
 
 def mandate_id(schedule, fired_at):
-    """DESIGN §3: mnd_ + plan_ + 12 hex of SHA-256 of NAME|FIRED_AT."""
+    """docs/design.md §3: mnd_ + plan_ + 12 hex of SHA-256 of NAME|FIRED_AT."""
     return "mnd_plan_" + hashlib.sha256(("%s|%s" % (schedule, fired_at)).encode()).hexdigest()[:12]
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Black-box tests of the executor (DESIGN §6, §10; issue 4): the real kairosd
+"""Black-box tests of the executor (docs/design.md §6, §10; issue 4): the real kairosd
 runs real handler programs (small sh scripts written into the test's temporary
 directory) for the five phases of each cycle.  Checked from the outside: the
 environment and stdin document of every handler, results feeding later phases,
@@ -41,7 +41,7 @@ CRON = {"Cron": "0 0 1 1 *"}
 
 
 def plan_id(schedule, fired_at, cycle=1):
-    """DESIGN §3."""
+    """docs/design.md §3."""
     key = "%s|%s" % (schedule, fired_at) if cycle == 1 else "%s|%s|%d" % (schedule, fired_at, cycle)
     return "plan_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 

@@ -317,7 +317,7 @@ class Run:
                     raise Violation("fire A acknowledged although its flush never "
                                     "succeeded: %r" % ra)
             # a failed WAL gets no further append, and fdatasync is never
-            # retried on it (DESIGN §6: the kernel may have dropped the pages)
+            # retried on it (docs/design.md §6: the kernel may have dropped the pages)
             later = [x for x in flog[inj + 1:] if x.split()[0] == "call" and
                      x.split()[1] in ("write", "fdatasync") and
                      x.split()[1:3] != [op, str(n)] and  # the short write itself

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Black-box tests of kairosd's idempotency service and its kairosctl
-commands (DESIGN §11, issue 6): tool run (claim, run locally, replay byte
+commands (docs/design.md §11, issue 6): tool run (claim, run locally, replay byte
 for byte), tool write (atomic, within WriteRoots=, once per key), idem
 stats/get/forget, and the fixed bugs of the original: concurrent duplicates
 run once, expiry on lookup, in-flight entries never evicted, explicit keys of

@@ -21,7 +21,7 @@ struct vector {
         const char *hash;
 };
 
-/* DESIGN §4, verbatim. */
+/* docs/design.md §4, verbatim. */
 static const struct vector golden[] = {
         { "{\"x\":1,\"a\":2}",
           "{\"a\":2,\"x\":1}",

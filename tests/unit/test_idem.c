@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Tests of the idempotency store (DESIGN §11): the original's right
+/* Tests of the idempotency store (docs/design.md §11): the original's right
  * behaviours, each fixed bug of §13 item 6 with a test that fails on the
  * original behaviour, and the persistence (reload, torn tails at every byte,
  * bit flips, compaction, I/O errors through a failing kio). */

@@ -166,7 +166,7 @@ static void test_build_cycle1(void **state)
                             "sha256-03863dd2ea524f315d9e586fc715bb28f5e6aa9359b35311ac12a94e6e1d2d0f");
 }
 
-/* The observe pre_hash of cycle 1 is the DESIGN §4 golden vector. */
+/* The observe pre_hash of cycle 1 is the docs/design.md §4 golden vector. */
 static void test_pre_hash_is_golden(void **state)
 {
         (void)state;
