@@ -782,6 +782,21 @@ int idem_interrupt(struct idem_store *s, const char *key, const char *reason, ui
         return r;
 }
 
+/* Drop e with a forget record (uid, reason) in the log. */
+static int drop_recorded(struct idem_store *s, struct entry *e, long long uid, const char *reason,
+                         uint64_t *lsn)
+{
+        char *why = clean_text(reason ? reason : "", IDEM_TEXT_MAX_CHARS);
+        if (!why)
+                return -ENOMEM;
+        int r = emit(s, e, "forget", uid, why, lsn);
+        free(why);
+        if (r < 0)
+                return r;
+        entry_drop(s, e);
+        return 0;
+}
+
 int idem_forget(struct idem_store *s, const char *key, long long uid, const char *reason,
                 uint64_t *lsn)
 {
@@ -797,16 +812,10 @@ int idem_forget(struct idem_store *s, const char *key, long long uid, const char
                 return -ENOENT;
         if (e->state == IDEM_ST_PROCESSING)
                 return -EBUSY;
-        char *why = clean_text(reason ? reason : "", IDEM_TEXT_MAX_CHARS);
-        if (!why)
-                return -ENOMEM;
-        r = emit(s, e, "forget", uid, why, lsn);
-        free(why);
-        if (r < 0)
-                return r;
-        entry_drop(s, e);
-        s->forgets++;
-        return 0;
+        r = drop_recorded(s, e, uid, reason, lsn);
+        if (r == 0)
+                s->forgets++;
+        return r;
 }
 
 int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn)
@@ -819,15 +828,7 @@ int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint
         int r = processing_entry(s, key, &e);
         if (r < 0)
                 return r;
-        char *why = clean_text(reason ? reason : "", IDEM_TEXT_MAX_CHARS);
-        if (!why)
-                return -ENOMEM;
-        r = emit(s, e, "forget", -1, why, lsn);
-        free(why);
-        if (r < 0)
-                return r;
-        entry_drop(s, e);
-        return 0;
+        return drop_recorded(s, e, -1, reason, lsn);
 }
 
 int idem_get(struct idem_store *s, const char *key, struct idem_view *v)
