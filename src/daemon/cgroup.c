@@ -26,13 +26,20 @@
 static const char *const mounts[] = { "/sys/fs/cgroup", "/sys/fs/cgroup/unified" };
 #define CPU_PERIOD_US 100000
 
+/* The v1 hierarchies, by CGROUP_AT_*: the controller in
+ * /proc/self/cgroup and in the mount options. */
+static const char *const v1_names[CGROUP_AT_N] = { NULL, "memory", "pids", "cpu" };
+static const unsigned v1_bits[CGROUP_AT_N] = { 0, CGROUP_MEMORY, CGROUP_PIDS, CGROUP_CPU };
+
 struct cgroup_ctl {
-        char *path;        /* below the mount */
-        const char *mount; /* one of mounts[] */
-        int root_fd;       /* the service cgroup */
+        char *path;        /* v2: below the mount, NULL none */
+        const char *mount; /* v2: one of mounts[] */
+        int root_fd[CGROUP_AT_N]; /* kairosd's cgroup in each hierarchy used, -1 none */
         unsigned long counter;
         unsigned controllers; /* CGROUP_MEMORY | CGROUP_PIDS | CGROUP_CPU enabled */
+        unsigned v2_controllers; /* those of them on cgroup v2 */
         char missing[64];     /* the ones that could not be enabled, "" none */
+        char where[1024];     /* cgroup_ctl_where */
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -85,21 +92,80 @@ static int write_at(int dir, const char *name, const char *s)
         return e;
 }
 
-/* Our cgroup v2 path from /proc/self/cgroup ("0::/PATH"). */
-static int own_path(char **ret)
+/* Is name one of the comma-separated words of list? */
+static bool has_word(const char *list, size_t len, const char *name)
+{
+        size_t n = strlen(name);
+        for (const char *p = list, *end = list + len; p < end;) {
+                const char *e = memchr(p, ',', (size_t)(end - p));
+                if (!e)
+                        e = end;
+                if ((size_t)(e - p) == n && memcmp(p, name, n) == 0)
+                        return true;
+                p = e + 1;
+        }
+        return false;
+}
+
+/* Our cgroup path from /proc/self/cgroup: in the v2 hierarchy ("0::/PATH",
+ * controller NULL) or in the v1 one of controller ("ID:a,b:/PATH"). */
+static int own_path(const char *controller, char **ret)
 {
         FILE *f = fopen("/proc/self/cgroup", "re");
         if (!f)
                 return -errno;
         char line[4096];
         int r = -ENOENT;
-        while (fgets(line, sizeof line, f)) {
-                if (strncmp(line, "0::/", 4) != 0)
-                        continue;
+        while (r == -ENOENT && fgets(line, sizeof line, f)) {
                 line[strcspn(line, "\n")] = '\0';
-                *ret = strdup(line + 3);
+                char *c1 = strchr(line, ':');
+                char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+                if (!c2 || c2[1] != '/')
+                        continue;
+                bool match = controller ? has_word(c1 + 1, (size_t)(c2 - c1 - 1), controller)
+                                        : strncmp(line, "0::", 3) == 0;
+                if (!match)
+                        continue;
+                *ret = strdup(c2 + 1);
                 r = *ret ? 0 : -ENOMEM;
-                break;
+        }
+        fclose(f);
+        return r;
+}
+
+/* The mount point of controller's v1 hierarchy and the cgroup it shows
+ * (its root, "/" but in a bind mount), from /proc/self/mountinfo. */
+static int v1_mount(const char *controller, char *ret_mnt, size_t mnt_len, char *ret_root,
+                    size_t root_len)
+{
+        FILE *f = fopen("/proc/self/mountinfo", "re");
+        if (!f)
+                return -errno;
+        char line[4096];
+        int r = -ENOENT;
+        while (r == -ENOENT && fgets(line, sizeof line, f)) {
+                line[strcspn(line, "\n")] = '\0';
+                /* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - TYPE SOURCE SUPEROPTS */
+                char *sep = strstr(line, " - ");
+                if (!sep)
+                        continue;
+                *sep = '\0';
+                char *save = NULL, *tok[5] = { NULL };
+                char *p = strtok_r(line, " ", &save);
+                for (int i = 0; i < 5 && p; i++, p = strtok_r(NULL, " ", &save))
+                        tok[i] = p;
+                char *type = strtok_r(sep + 3, " ", &save);
+                (void)strtok_r(NULL, " ", &save); /* source */
+                char *super = strtok_r(NULL, " ", &save);
+                if (!tok[4] || !type || !super || strcmp(type, "cgroup") != 0 ||
+                    !has_word(super, strlen(super), controller))
+                        continue;
+                /* a mount point with an escaped character is not one we use */
+                if (strchr(tok[4], '\\') || strchr(tok[3], '\\'))
+                        continue;
+                snprintf(ret_mnt, mnt_len, "%s", tok[4]);
+                snprintf(ret_root, root_len, "%s", tok[3]);
+                r = 0;
         }
         fclose(f);
         return r;
@@ -118,9 +184,10 @@ static int holds_only(int dir, pid_t pid, bool *ret)
         return 0;
 }
 
-int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
+/* kairosd's cgroup v2: 1 set up in c, 0 none (why filled), or a negative
+ * errno (a delegated cgroup that could not be set up; why filled). */
+static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
 {
-        *ret = NULL;
         struct statfs sf;
         const char *mnt = NULL;
         for (size_t i = 0; i < sizeof mounts / sizeof mounts[0] && !mnt; i++)
@@ -132,7 +199,7 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
                 return 0;
         }
         char *path = NULL;
-        int r = own_path(&path);
+        int r = own_path(NULL, &path);
         if (r < 0) {
                 why_set(why, why_len, "no cgroup v2 entry in /proc/self/cgroup");
                 return r == -ENOMEM ? r : 0;
@@ -153,19 +220,14 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
                 why_set(why, why_len, "cgroup %s holds other processes than kairosd", path);
                 goto none;
         }
-        struct cgroup_ctl *c = calloc(1, sizeof(*c));
-        if (!c) {
-                r = -ENOMEM;
-                goto fail;
-        }
         c->path = path;
         c->mount = mnt;
-        c->root_fd = fd;
+        c->root_fd[CGROUP_AT_V2] = fd;
         /* kairosd into the leaf "daemon" */
         if (mkdirat(fd, "daemon", 0755) < 0 && errno != EEXIST) {
                 r = -errno;
                 why_set(why, why_len, "cannot create %s/daemon: %s", path, strerror(-r));
-                goto fail_c;
+                return r;
         }
         int dfd = openat(fd, "daemon", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         r = dfd < 0 ? -errno : write_at(dfd, "cgroup.procs", "0");
@@ -174,33 +236,123 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
         if (r < 0) {
                 why_set(why, why_len, "cannot move kairosd into %s/daemon: %s", path,
                         strerror(-r));
-                goto fail_c;
+                return r;
         }
-        /* a controller missing here fails only the handlers that need it */
+        /* a controller missing here may come from cgroup v1 (setup_v1) */
         static const char *const ctl[] = { "+memory", "+pids", "+cpu" };
-        for (size_t i = 0; i < 3; i++) {
-                if (write_at(fd, "cgroup.subtree_control", ctl[i]) == 0) {
-                        c->controllers |= 1u << i;
-                } else {
-                        size_t n = strlen(c->missing);
-                        snprintf(c->missing + n, sizeof c->missing - n, "%s%s", n ? " " : "",
-                                 ctl[i] + 1);
-                }
-        }
-        *ret = c;
-        return 0;
-fail_c:
-        cgroup_ctl_free(c);
-        return r;
+        for (size_t i = 0; i < 3; i++)
+                if (write_at(fd, "cgroup.subtree_control", ctl[i]) == 0)
+                        c->v2_controllers |= 1u << i;
+        c->controllers = c->v2_controllers;
+        snprintf(c->where, sizeof c->where, "%s%s", mnt, path);
+        return 1;
 none:
         if (fd >= 0)
                 close(fd);
         free(path);
         return 0;
-fail:
+}
+
+/* kairosd's cgroup in the v1 hierarchy of controller at: 1 set up in c, 0
+ * not usable (*ret_why says why), or -ENOMEM. */
+static int setup_v1(struct cgroup_ctl *c, int at, const char **ret_why)
+{
+        const char *name = v1_names[at];
+        char mnt[512], root[512];
+        if (v1_mount(name, mnt, sizeof mnt, root, sizeof root) < 0) {
+                *ret_why = "no cgroup v1 hierarchy";
+                return 0;
+        }
+        char *path = NULL;
+        int r = own_path(name, &path);
+        if (r < 0) {
+                *ret_why = "no entry in /proc/self/cgroup";
+                return r == -ENOMEM ? r : 0;
+        }
+        /* a bind mount of a cgroup below the hierarchy's root shows it */
+        const char *rel = path;
+        size_t rlen = strcmp(root, "/") == 0 ? 0 : strlen(root);
+        if (rlen && (strncmp(path, root, rlen) != 0 || (path[rlen] && path[rlen] != '/'))) {
+                *ret_why = "kairosd's cgroup is not below the mount";
+                free(path);
+                return 0;
+        }
+        rel += rlen;
+        char full[4096 + 600];
+        snprintf(full, sizeof full, "%s%s", mnt, rel);
+        int fd = -1;
+        bool alone = false;
+        if (strcmp(path, "/") == 0) {
+                *ret_why = "kairosd is in the root cgroup";
+                goto none;
+        }
+        fd = open(full, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 || faccessat(fd, ".", W_OK, AT_EACCESS) < 0 ||
+            faccessat(fd, "cgroup.procs", W_OK, AT_EACCESS) < 0) {
+                *ret_why = "kairosd's cgroup is not writable (not delegated)";
+                goto none;
+        }
+        if (holds_only(fd, getpid(), &alone) < 0 || !alone) {
+                *ret_why = "kairosd's cgroup holds other processes";
+                goto none;
+        }
+        c->root_fd[at] = fd;
+        c->controllers |= v1_bits[at];
+        size_t n = strlen(c->where);
+        snprintf(c->where + n, sizeof c->where - n, "%s%s (%s, cgroup v1)", n ? ", " : "", full,
+                 name);
+        free(path);
+        return 1;
+none:
         if (fd >= 0)
                 close(fd);
         free(path);
+        return 0;
+}
+
+int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
+{
+        *ret = NULL;
+        struct cgroup_ctl *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                c->root_fd[at] = -1;
+        int r = setup_v2(c, why, why_len);
+        if (r < 0)
+                goto fail;
+        /* each controller cgroup v2 does not give, from cgroup v1 */
+        const char *v1_why = NULL;
+        for (int at = CGROUP_AT_MEMORY; at < CGROUP_AT_N; at++) {
+                if (c->controllers & v1_bits[at])
+                        continue;
+                const char *w = NULL;
+                if ((r = setup_v1(c, at, &w)) < 0)
+                        goto fail;
+                if (r == 0 && !v1_why)
+                        v1_why = w;
+        }
+        bool any = false;
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                any = any || c->root_fd[at] >= 0;
+        if (!any) {
+                size_t n = why ? strlen(why) : 0;
+                if (why && n < why_len)
+                        snprintf(why + n, why_len - n, "; cgroup v1 memory: %s",
+                                 v1_why ? v1_why : "none");
+                cgroup_ctl_free(c);
+                return 0;
+        }
+        for (int at = CGROUP_AT_MEMORY; at < CGROUP_AT_N; at++)
+                if (!(c->controllers & v1_bits[at])) {
+                        size_t n = strlen(c->missing);
+                        snprintf(c->missing + n, sizeof c->missing - n, "%s%s", n ? " " : "",
+                                 v1_names[at]);
+                }
+        *ret = c;
+        return 0;
+fail:
+        cgroup_ctl_free(c);
         return r;
 }
 
@@ -208,8 +360,9 @@ void cgroup_ctl_free(struct cgroup_ctl *c)
 {
         if (!c)
                 return;
-        if (c->root_fd >= 0)
-                close(c->root_fd);
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                if (c->root_fd[at] >= 0)
+                        close(c->root_fd[at]);
         free(c->path);
         free(c);
 }
@@ -224,29 +377,96 @@ const char *cgroup_ctl_missing(const struct cgroup_ctl *c)
         return c ? c->missing : "";
 }
 
-const char *cgroup_ctl_path(const struct cgroup_ctl *c)
+const char *cgroup_ctl_where(const struct cgroup_ctl *c)
 {
-        return c ? c->path : NULL;
-}
-
-const char *cgroup_ctl_mount(const struct cgroup_ctl *c)
-{
-        return c ? c->mount : NULL;
+        return c ? c->where : "";
 }
 
 void cgroup_handler_init(struct cgroup_handler *h)
 {
         h->name[0] = '\0';
-        h->dir_fd = -1;
-        h->procs_fd = -1;
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                h->dir_fd[at] = h->procs_fd[at] = -1;
 }
 
-static void limit_str(uint64_t v, char *buf, size_t len)
+bool cgroup_handler_active(const struct cgroup_handler *h)
+{
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                if (h->dir_fd[at] >= 0)
+                        return true;
+        return false;
+}
+
+void cgroup_handler_close_procs(struct cgroup_handler *h)
+{
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                if (h->procs_fd[at] >= 0) {
+                        close(h->procs_fd[at]);
+                        h->procs_fd[at] = -1;
+                }
+}
+
+void cgroup_handler_abandon(struct cgroup_handler *h)
+{
+        cgroup_handler_close_procs(h);
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                if (h->dir_fd[at] >= 0)
+                        close(h->dir_fd[at]);
+        cgroup_handler_init(h);
+}
+
+static void limit_str(uint64_t v, bool v1, char *buf, size_t len)
 {
         if (v == UINT64_MAX)
-                snprintf(buf, len, "max");
+                snprintf(buf, len, v1 ? "-1" : "max");
         else
                 snprintf(buf, len, "%" PRIu64, v);
+}
+
+/* Remove the handler's cgroup directories (closed or not) from each hierarchy. */
+static int remove_dirs(struct cgroup_ctl *c, struct cgroup_handler *h)
+{
+        int r = 0;
+        for (int at = 0; at < CGROUP_AT_N; at++) {
+                if (h->dir_fd[at] >= 0) {
+                        close(h->dir_fd[at]);
+                        h->dir_fd[at] = -1;
+                }
+                if (c->root_fd[at] >= 0 && h->name[0] &&
+                    unlinkat(c->root_fd[at], h->name, AT_REMOVEDIR) < 0 && errno != ENOENT &&
+                    r == 0)
+                        r = -errno;
+        }
+        return r;
+}
+
+/* Make h->name in every hierarchy: 0, -EEXIST (none left behind), or an error. */
+static int make_dirs(struct cgroup_ctl *c, struct cgroup_handler *h)
+{
+        for (int at = 0; at < CGROUP_AT_N; at++) {
+                if (c->root_fd[at] < 0)
+                        continue;
+                int r = mkdirat(c->root_fd[at], h->name, 0755) < 0 ? -errno : 0;
+                if (r == 0) {
+                        h->dir_fd[at] = openat(c->root_fd[at], h->name,
+                                               O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                        if (h->dir_fd[at] < 0) {
+                                r = -errno;
+                                unlinkat(c->root_fd[at], h->name, AT_REMOVEDIR);
+                        }
+                }
+                if (r < 0) {
+                        /* undo the ones made: the name is not removed where it was there before */
+                        for (int k = 0; k < at; k++)
+                                if (h->dir_fd[k] >= 0) {
+                                        close(h->dir_fd[k]);
+                                        h->dir_fd[k] = -1;
+                                        unlinkat(c->root_fd[k], h->name, AT_REMOVEDIR);
+                                }
+                        return r;
+                }
+        }
+        return 0;
 }
 
 int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct cgroup_limits *l,
@@ -267,65 +487,89 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
         int r = -EEXIST;
         for (int tries = 0; r == -EEXIST && tries < 100; tries++) {
                 snprintf(h->name, sizeof h->name, "h-%s-%lu", safe, ++c->counter);
-                r = mkdirat(c->root_fd, h->name, 0755) < 0 ? -errno : 0;
+                r = make_dirs(c, h);
         }
         if (r < 0) {
-                h->name[0] = '\0';
+                cgroup_handler_init(h);
                 return r;
-        }
-        h->dir_fd = openat(c->root_fd, h->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (h->dir_fd < 0) {
-                r = -errno;
-                goto fail;
         }
         char buf[64];
         /* a limit whose controller is missing is skipped (kairosd warned) */
-        if (l->memory_max && (c->controllers & CGROUP_MEMORY)) {
+        int v2 = h->dir_fd[CGROUP_AT_V2];
+        if (l->memory_max && (c->v2_controllers & CGROUP_MEMORY)) {
                 *ret_what = "memory.max";
-                limit_str(l->memory_max, buf, sizeof buf);
-                if ((r = write_at(h->dir_fd, "memory.max", buf)) < 0)
+                limit_str(l->memory_max, false, buf, sizeof buf);
+                if ((r = write_at(v2, "memory.max", buf)) < 0)
                         goto fail;
                 /* the OOM killer ends the handler as a whole, not one process of it */
                 *ret_what = "memory.oom.group";
-                if ((r = write_at(h->dir_fd, "memory.oom.group", "1")) < 0)
+                if ((r = write_at(v2, "memory.oom.group", "1")) < 0)
+                        goto fail;
+        } else if (l->memory_max && h->dir_fd[CGROUP_AT_MEMORY] >= 0) {
+                /* cgroup v1 has no oom.group: the OOM killer picks one process */
+                *ret_what = "memory.limit_in_bytes";
+                limit_str(l->memory_max, true, buf, sizeof buf);
+                if ((r = write_at(h->dir_fd[CGROUP_AT_MEMORY], "memory.limit_in_bytes", buf)) < 0)
                         goto fail;
         }
         if (l->tasks_max && (c->controllers & CGROUP_PIDS)) {
                 *ret_what = "pids.max";
-                limit_str(l->tasks_max, buf, sizeof buf);
-                if ((r = write_at(h->dir_fd, "pids.max", buf)) < 0)
+                limit_str(l->tasks_max, false, buf, sizeof buf);
+                int dir = (c->v2_controllers & CGROUP_PIDS) ? v2 : h->dir_fd[CGROUP_AT_PIDS];
+                if ((r = write_at(dir, "pids.max", buf)) < 0)
                         goto fail;
         }
-        if (l->cpu_quota_pct && (c->controllers & CGROUP_CPU)) {
+        uint64_t quota = l->cpu_quota_pct * (CPU_PERIOD_US / 100);
+        if (l->cpu_quota_pct && (c->v2_controllers & CGROUP_CPU)) {
                 *ret_what = "cpu.max";
-                snprintf(buf, sizeof buf, "%" PRIu64 " %d",
-                         l->cpu_quota_pct * (CPU_PERIOD_US / 100), CPU_PERIOD_US);
-                if ((r = write_at(h->dir_fd, "cpu.max", buf)) < 0)
+                snprintf(buf, sizeof buf, "%" PRIu64 " %d", quota, CPU_PERIOD_US);
+                if ((r = write_at(v2, "cpu.max", buf)) < 0)
+                        goto fail;
+        } else if (l->cpu_quota_pct && h->dir_fd[CGROUP_AT_CPU] >= 0) {
+                *ret_what = "cpu.cfs_period_us";
+                snprintf(buf, sizeof buf, "%d", CPU_PERIOD_US);
+                if ((r = write_at(h->dir_fd[CGROUP_AT_CPU], "cpu.cfs_period_us", buf)) < 0)
+                        goto fail;
+                *ret_what = "cpu.cfs_quota_us";
+                snprintf(buf, sizeof buf, "%" PRIu64, quota);
+                if ((r = write_at(h->dir_fd[CGROUP_AT_CPU], "cpu.cfs_quota_us", buf)) < 0)
                         goto fail;
         }
         *ret_what = "cgroup.procs";
-        h->procs_fd = openat(h->dir_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-        if (h->procs_fd < 0) {
-                r = -errno;
-                goto fail;
+        for (int at = 0; at < CGROUP_AT_N; at++) {
+                if (h->dir_fd[at] < 0)
+                        continue;
+                h->procs_fd[at] = openat(h->dir_fd[at], "cgroup.procs", O_WRONLY | O_CLOEXEC);
+                if (h->procs_fd[at] < 0) {
+                        r = -errno;
+                        goto fail;
+                }
         }
         *ret_what = NULL;
         return 0;
 fail:
-        if (h->dir_fd >= 0)
-                close(h->dir_fd);
-        unlinkat(c->root_fd, h->name, AT_REMOVEDIR);
+        cgroup_handler_close_procs(h);
+        remove_dirs(c, h);
         cgroup_handler_init(h);
         return r;
 }
 
+/* Is there an "oom_kill N" line with N > 0 in file of dir? */
+static bool oom_kill_counted(int dir, const char *file)
+{
+        char buf[1024];
+        if (dir < 0 || read_at(dir, file, buf, sizeof buf) < 0)
+                return false;
+        for (const char *p = buf; (p = strstr(p, "oom_kill ")); p += 9)
+                if (p == buf || p[-1] == '\n')
+                        return strtoull(p + 9, NULL, 10) > 0;
+        return false;
+}
+
 bool cgroup_handler_oom_killed(const struct cgroup_handler *h)
 {
-        char buf[512];
-        if (h->dir_fd < 0 || read_at(h->dir_fd, "memory.events", buf, sizeof buf) < 0)
-                return false;
-        const char *p = strstr(buf, "oom_kill ");
-        return p && (p == buf || p[-1] == '\n') && strtoull(p + 9, NULL, 10) > 0;
+        return oom_kill_counted(h->dir_fd[CGROUP_AT_V2], "memory.events") ||
+               oom_kill_counted(h->dir_fd[CGROUP_AT_MEMORY], "memory.oom_control");
 }
 
 static int64_t now_ms(void)
@@ -335,7 +579,7 @@ static int64_t now_ms(void)
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Is the cgroup empty ("populated 0" in cgroup.events)? */
+/* Is the cgroup v2 empty ("populated 0" in cgroup.events)? */
 static bool is_empty(int dir)
 {
         char buf[256];
@@ -344,58 +588,106 @@ static bool is_empty(int dir)
         return strstr(buf, "populated 0") != NULL;
 }
 
-/* Without cgroup.kill (before Linux 5.14): SIGKILL every pid listed, once. */
-static void kill_listed(int dir)
+/* SIGKILL every pid listed in cgroup.procs, once: false if none was listed. */
+static bool kill_listed(int dir)
 {
         char buf[8192];
         if (read_at(dir, "cgroup.procs", buf, sizeof buf) < 0)
-                return;
+                return false;
+        bool any = false;
         for (char *p = buf, *e; *p; p = e) {
                 long pid = strtol(p, &e, 10);
                 if (e == p)
                         break;
-                if (pid > 0)
+                if (pid > 0) {
                         kill((pid_t)pid, SIGKILL);
+                        any = true;
+                }
                 while (*e == '\n')
                         e++;
         }
+        return any;
 }
 
-int cgroup_handler_destroy(struct cgroup_ctl *c, struct cgroup_handler *h, int timeout_ms)
+/* cgroup.kill in v2: true if done (every process is in it). */
+static bool kill_v2(const struct cgroup_handler *h)
 {
-        if (h->dir_fd < 0)
-                return 0;
-        if (h->procs_fd >= 0)
-                close(h->procs_fd);
-        h->procs_fd = -1;
-        bool has_kill = write_at(h->dir_fd, "cgroup.kill", "1") == 0;
-        int64_t deadline = now_ms() + timeout_ms;
-        int r = 0;
+        return h->dir_fd[CGROUP_AT_V2] >= 0 &&
+               write_at(h->dir_fd[CGROUP_AT_V2], "cgroup.kill", "1") == 0;
+}
+
+void cgroup_handler_kill(const struct cgroup_handler *h)
+{
+        if (kill_v2(h))
+                return;
+        for (int at = 0; at < CGROUP_AT_N; at++)
+                if (h->dir_fd[at] >= 0)
+                        (void)kill_listed(h->dir_fd[at]);
+}
+
+/* Wait for the cgroup v2 to empty (cgroup.events raises POLLPRI), killing
+ * what is listed each round without cgroup.kill. */
+static int wait_v2(int dir, bool has_kill, int64_t deadline)
+{
         for (;;) {
                 if (!has_kill)
-                        kill_listed(h->dir_fd);
-                if (is_empty(h->dir_fd))
-                        break;
+                        kill_listed(dir);
+                if (is_empty(dir))
+                        return 0;
                 int64_t left = deadline - now_ms();
-                if (left <= 0) {
-                        r = -EBUSY;
-                        break;
-                }
-                /* cgroup.events changes raise POLLPRI */
-                int efd = openat(h->dir_fd, "cgroup.events", O_RDONLY | O_CLOEXEC);
+                if (left <= 0)
+                        return -EBUSY;
+                int efd = openat(dir, "cgroup.events", O_RDONLY | O_CLOEXEC);
                 if (efd < 0)
-                        break;
+                        return 0; /* gone */
                 char tmp[256];
                 (void)!read(efd, tmp, sizeof tmp);
-                if (!is_empty(h->dir_fd)) {
+                if (!is_empty(dir)) {
                         struct pollfd pfd = { .fd = efd, .events = POLLPRI };
                         (void)poll(&pfd, 1, left < 50 ? (int)left : 50);
                 }
                 close(efd);
         }
-        close(h->dir_fd);
-        h->dir_fd = -1;
-        if (r == 0 && unlinkat(c->root_fd, h->name, AT_REMOVEDIR) < 0 && errno != ENOENT)
-                r = -errno;
+}
+
+/* Without cgroup v2: kill what the v1 cgroups list until they list nothing
+ * (cgroup v1 tells no event when a cgroup empties: look again every 10 ms). */
+static int wait_v1(const struct cgroup_handler *h, int64_t deadline)
+{
+        for (;;) {
+                bool any = false;
+                for (int at = CGROUP_AT_MEMORY; at < CGROUP_AT_N; at++)
+                        if (h->dir_fd[at] >= 0 && kill_listed(h->dir_fd[at]))
+                                any = true;
+                if (!any)
+                        return 0;
+                if (now_ms() >= deadline)
+                        return -EBUSY;
+                struct timespec ts = { 0, 10 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+        }
+}
+
+int cgroup_handler_destroy(struct cgroup_ctl *c, struct cgroup_handler *h, int timeout_ms)
+{
+        if (!cgroup_handler_active(h))
+                return 0;
+        cgroup_handler_close_procs(h);
+        int64_t deadline = now_ms() + timeout_ms;
+        int r = h->dir_fd[CGROUP_AT_V2] >= 0 ? wait_v2(h->dir_fd[CGROUP_AT_V2], kill_v2(h), deadline)
+                                             : wait_v1(h, deadline);
+        if (r < 0) {
+                cgroup_handler_abandon(h);
+                return r;
+        }
+        /* a v1 cgroup may still be busy a moment after its last task left */
+        for (;;) {
+                r = remove_dirs(c, h);
+                if (r != -EBUSY || now_ms() >= deadline)
+                        break;
+                struct timespec ts = { 0, 10 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+        }
+        cgroup_handler_init(h);
         return r;
 }

@@ -2,7 +2,7 @@
 /* cgroup: each handler in its own cgroup below kairosd's delegated one.
  *
  * Under systemd with Delegate=yes, kairosd's service cgroup is its own to
- * manage (cgroup v2 only).  At start cgroup_ctl_new finds it
+ * manage.  On cgroup v2, at start cgroup_ctl_new finds it
  * (/proc/self/cgroup), checks it is writable and holds kairosd alone, moves
  * kairosd into the leaf <service>/daemon (a cgroup with processes cannot
  * enable controllers for its children) and enables what it can of
@@ -14,12 +14,19 @@
  * every pid in cgroup.procs until it is empty) and removed, so nothing it
  * started outlives its step, setsid or not.
  *
- * On a hybrid host (controllers on cgroup v1) the v2 hierarchy at
- * /sys/fs/cgroup/unified serves for the kill alone.
+ * On a hybrid host (controllers on cgroup v1 hierarchies, the v2 one at
+ * /sys/fs/cgroup/unified without them) and on a cgroup v1 host, a
+ * controller that cgroup v2 cannot give is taken from its v1 hierarchy:
+ * where kairosd's own cgroup there (/proc/self/cgroup) is writable, not the
+ * root and holds kairosd alone, the handler's cgroup of the same name is
+ * created below it with memory.limit_in_bytes, pids.max or
+ * cpu.cfs_quota_us/cpu.cfs_period_us, and the child joins it too.  A kill
+ * there has no cgroup.kill: every pid listed is killed until none is left.
+ * (Under systemd, Delegate= gives v1 controllers only to root services.)
  *
- * Without such a cgroup (not under systemd, no Delegate=yes, cgroup v1 only)
- * cgroup_ctl_new gives NULL and why: handlers run as before, in their own
- * process group, and the limits are not enforced (kairosd warns). */
+ * Without any such cgroup (not under systemd, no Delegate=, nothing
+ * writable) cgroup_ctl_new gives NULL and why: handlers run as before, in
+ * their own process group, and the limits are not enforced (kairosd warns). */
 #pragma once
 
 #include <stdbool.h>
@@ -34,10 +41,16 @@ struct cgroup_limits {
         uint64_t cpu_quota_pct; /* 0 none */
 };
 
+/* Where a handler's cgroup lives: the cgroup v2 hierarchy and the v1
+ * hierarchies of memory, pids and cpu (each where the controller came from
+ * v1; CGROUP_AT_V2 also without controllers, for the kill). */
+enum { CGROUP_AT_V2, CGROUP_AT_MEMORY, CGROUP_AT_PIDS, CGROUP_AT_CPU, CGROUP_AT_N };
+
 struct cgroup_handler {
-        char name[96];          /* below the service cgroup */
-        int dir_fd;             /* the handler's cgroup directory, -1 none */
-        int procs_fd;           /* its cgroup.procs, open for writing, -1 none */
+        char name[96];              /* below kairosd's cgroup, the same in each hierarchy */
+        int dir_fd[CGROUP_AT_N];    /* the handler's cgroup directories, -1 none */
+        int procs_fd[CGROUP_AT_N];  /* their cgroup.procs, open for writing, -1 none; the
+                                     * child writes "0" to each before exec */
 };
 
 /* 0 and *ret: the delegated cgroup, ready; or 0 and *ret NULL with why
@@ -51,22 +64,31 @@ enum { CGROUP_MEMORY = 1, CGROUP_PIDS = 2, CGROUP_CPU = 4 };
  * set (kairosd warns at start and reload). */
 unsigned cgroup_ctl_controllers(const struct cgroup_ctl *c);
 const char *cgroup_ctl_missing(const struct cgroup_ctl *c);
-/* The service cgroup's path below the mount, e.g. "/system.slice/kairosd.service". */
-const char *cgroup_ctl_path(const struct cgroup_ctl *c);
-/* The cgroup v2 mount: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a
- * hybrid host (no controllers there: cgroups only for the kill). */
-const char *cgroup_ctl_mount(const struct cgroup_ctl *c);
+/* Where handlers' cgroups go, for the log: "/sys/fs/cgroup/system.slice/kairosd.service",
+ * then ", memory on cgroup v1 at /sys/fs/cgroup/memory/…" for each v1 one. */
+const char *cgroup_ctl_where(const struct cgroup_ctl *c);
 
 /* Create the handler's cgroup, named after hint (sanitized) and a counter,
  * and set its limits.  Not thread-safe against itself (one thread calls it).
  * On failure nothing is left and *ret_what names the file that failed. */
 int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct cgroup_limits *l,
                           struct cgroup_handler *ret, const char **ret_what);
-/* Did the OOM killer kill a process of it (memory.events oom_kill > 0)? */
+/* Has it a cgroup at all? */
+bool cgroup_handler_active(const struct cgroup_handler *h);
+/* Did the OOM killer kill a process of it (v2: memory.events oom_kill > 0;
+ * v1: memory.oom_control oom_kill > 0)? */
 bool cgroup_handler_oom_killed(const struct cgroup_handler *h);
+/* SIGKILL what it holds now, without waiting (cgroup.kill; on v1, or
+ * before Linux 5.14, each pid listed once).  For the loop: small reads of
+ * cgroupfs only. */
+void cgroup_handler_kill(const struct cgroup_handler *h);
+/* Close the cgroup.procs fds (once the child has joined). */
+void cgroup_handler_close_procs(struct cgroup_handler *h);
+/* Close every fd, leaving the directories behind. */
+void cgroup_handler_abandon(struct cgroup_handler *h);
 /* SIGKILL everything in it (cgroup.kill; without it, each pid of
- * cgroup.procs, repeated until empty or timeout_ms), then rmdir it (waiting
- * up to timeout_ms for it to empty) and close its fds.  0 or a negative
+ * cgroup.procs, repeated until empty or timeout_ms), then rmdir it in each
+ * hierarchy (waiting up to timeout_ms for it to empty) and close its fds.  0 or a negative
  * errno (the directory may be left behind). */
 int cgroup_handler_destroy(struct cgroup_ctl *c, struct cgroup_handler *h, int timeout_ms);
 void cgroup_handler_init(struct cgroup_handler *h);

@@ -1159,10 +1159,9 @@ void executor_check_limits(struct daemon *d)
                 bool cpu = s->cpu_quota_pct && !(have & CGROUP_CPU);
                 if (d->cgroup && (mem || pids || cpu))
                         log_warning("schedule %s: %s%s%snot enforced: no such controller in "
-                                    "%s%s (missing: %s)", s->name, mem ? "MemoryMax= " : "",
+                                    "%s (missing: %s)", s->name, mem ? "MemoryMax= " : "",
                                     pids ? "TasksMax= " : "", cpu ? "CPUQuota= " : "",
-                                    cgroup_ctl_mount(d->cgroup), cgroup_ctl_path(d->cgroup),
-                                    cgroup_ctl_missing(d->cgroup));
+                                    cgroup_ctl_where(d->cgroup), cgroup_ctl_missing(d->cgroup));
                 else if (!d->cgroup && config_schedule_has_limits(s))
                         log_warning("schedule %s: %s%s%snot enforced: no delegated cgroup (%s)",
                                     s->name, s->memory_max ? "MemoryMax= " : "",
@@ -1222,8 +1221,7 @@ int executor_init(struct daemon *d)
         if (r < 0)
                 log_warning("handler cgroups: %s; handlers run without", d->cgroup_why);
         else if (d->cgroup)
-                log_info("handler cgroups below %s%s%s%s", cgroup_ctl_mount(d->cgroup),
-                         cgroup_ctl_path(d->cgroup),
+                log_info("handler cgroups below %s%s%s", cgroup_ctl_where(d->cgroup),
                          *cgroup_ctl_missing(d->cgroup) ? ", controllers not available: " : "",
                          cgroup_ctl_missing(d->cgroup));
         else

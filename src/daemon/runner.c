@@ -214,9 +214,12 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                 errno = ESRCH; /* kairosd died before we were ready */
                 goto fail;
         }
-        if (j->cgh.procs_fd >= 0) {
+        /* into the handler's cgroup, in each hierarchy it has one */
+        for (int at = 0; at < CGROUP_AT_N; at++) {
+                if (j->cgh.procs_fd[at] < 0)
+                        continue;
                 j->child_stage = STAGE_CGROUP;
-                if (write(j->cgh.procs_fd, "0", 1) < 0)
+                if (write(j->cgh.procs_fd[at], "0", 1) < 0)
                         goto fail;
                 j->child_stage = STAGE_SETUP;
         }
@@ -305,13 +308,10 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 j->pid = pid;
         }
 out:
-        if (j->err && j->cgh.dir_fd >= 0 &&
+        if (j->err && cgroup_handler_active(&j->cgh) &&
             cgroup_handler_destroy(r->cg, &j->cgh, CGROUP_EMPTY_MS) < 0)
                 r->cg_left++;
-        if (j->cgh.procs_fd >= 0) {
-                close(j->cgh.procs_fd);
-                j->cgh.procs_fd = -1;
-        }
+        cgroup_handler_close_procs(&j->cgh);
         for (int i = 0; i < 3; i++) {
                 close(j->child_fd[i]);
                 j->child_fd[i] = -1;
@@ -391,18 +391,14 @@ static int live_add(struct runner *r, struct runner_job *j)
 /* The job's cgroup, if any: kill all of it now, remove it on the thread. */
 static void cgroup_end(struct runner *r, struct runner_job *j)
 {
-        if (j->cgh.dir_fd < 0)
+        if (!cgroup_handler_active(&j->cgh))
                 return;
         j->oom_killed = cgroup_handler_oom_killed(&j->cgh);
-        int kfd = openat(j->cgh.dir_fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
-        if (kfd >= 0) {
-                (void)!write(kfd, "1", 1);
-                close(kfd);
-        }
+        cgroup_handler_kill(&j->cgh);
         struct cg_cleanup *c = malloc(sizeof(*c));
         if (!c) {
-                /* cannot hand it over: leave the (killed) directory behind */
-                close(j->cgh.dir_fd);
+                /* cannot hand it over: leave the (killed) directories behind */
+                cgroup_handler_abandon(&j->cgh);
         } else {
                 c->h = j->cgh;
                 pthread_mutex_lock(&r->lock);
@@ -594,13 +590,8 @@ void runner_kill(struct runner_job *j, int sig)
         if (!j->live || j->pid <= 0)
                 return;
         kill(-j->pid, sig);
-        if (sig == SIGKILL && j->cgh.dir_fd >= 0) {
-                int kfd = openat(j->cgh.dir_fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
-                if (kfd >= 0) {
-                        (void)!write(kfd, "1", 1);
-                        close(kfd);
-                }
-        }
+        if (sig == SIGKILL)
+                cgroup_handler_kill(&j->cgh);
 }
 
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)
@@ -703,7 +694,7 @@ void runner_free(struct runner *r)
         while (r->cleanup) { /* only if the thread never ran */
                 struct cg_cleanup *c = r->cleanup;
                 r->cleanup = c->next;
-                close(c->h.dir_fd);
+                cgroup_handler_abandon(&c->h);
                 free(c);
         }
         pthread_mutex_destroy(&r->lock);

@@ -32,8 +32,9 @@
  * creates the handler's own cgroup with its limits before the clone, the
  * child joins it (writes to its cgroup.procs) before anything else, and
  * when the handler exits the loop notes an OOM kill and kills the whole
- * cgroup (cgroup.kill), setsid grandchildren included; the thread then
- * waits for it to empty and removes it.  See docs/ and kairosd(8), HANDLERS. */
+ * cgroup (cgroup.kill; on cgroup v1, each pid it lists), setsid
+ * grandchildren included; the thread then waits for it to empty and
+ * removes it.  See docs/ and kairosd(8), HANDLERS. */
 #pragma once
 
 #include <stdbool.h>

@@ -1,13 +1,24 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Handlers in their own cgroups, outside systemd: kairosd is started alone
-in a fresh cgroup v2 directory (as systemd's Delegate=yes would give it),
-seen at /sys/fs/cgroup in a private mount namespace.  A handler's setsid
-grandchild must not outlive its step and the handler's cgroup must be gone;
-where the hierarchy has the memory and pids controllers, MemoryMax= ends a
-greedy handler with error_class oom and TasksMax= limits its forks.
+in fresh cgroup directories (as systemd's Delegate=yes would give it), three
+ways, each a class:
 
-Needs root, unshare(1) and a writable cgroup2 mount; exit 77 otherwise.
+- V2: a cgroup v2 directory, seen at /sys/fs/cgroup in a private mount
+  namespace (a unified host; on a hybrid host the v2 hierarchy there has no
+  controllers, and the limit cases say so and skip);
+- Hybrid: the v2 directory for the kill, and directories in the cgroup v1
+  hierarchies of memory, pids and cpu for the limits (a hybrid host as it is);
+- V1: the v1 directories alone (kairosd's v2 cgroup is not its own), so the
+  kill works from the v1 cgroups' lists.
+
+A handler's setsid grandchild must not outlive its step and the handler's
+cgroups must be gone; where the controllers are there, MemoryMax= ends a
+greedy handler with error_class oom, TasksMax= limits its forks and
+CPUQuota= throttles a busy loop.
+
+Needs root and unshare(1); a class without the hierarchies it needs skips
+(saying which); exit 77 when no class can run.
 (tests/systemd/test_systemd.py checks the same under a real systemd.)"""
 import glob
 import gzip
@@ -26,6 +37,7 @@ from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E
 
 SKIP = 77
 CRON = {"Cron": "0 0 1 1 *"}
+V1_CONTROLLERS = ("memory", "pids", "cpu")
 
 
 def cgroup2_mount():
@@ -35,6 +47,39 @@ def cgroup2_mount():
             if fstype == "cgroup2":
                 return mnt
     return None
+
+
+def v1_mounts():
+    """{controller: mount point} of the cgroup v1 hierarchies of V1_CONTROLLERS."""
+    found = {}
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, mnt, fstype, opts = line.split()[:4]
+            if fstype == "cgroup":
+                for c in V1_CONTROLLERS:
+                    if c in opts.split(","):
+                        found.setdefault(c, mnt)
+    return found
+
+
+def own_v1_path(controller):
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctls, path = line.rstrip("\n").split(":", 2)
+            if controller in ctls.split(","):
+                return path
+    return None
+
+
+def writable_dir(parent, name):
+    """Can a cgroup be made below parent?  None, or why not."""
+    probe = os.path.join(parent, name)
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+        return None
+    except OSError as e:
+        return "%s: %s" % (parent, e)
 
 
 def poll(cond, what, timeout=20.0):
@@ -62,20 +107,122 @@ def procs_with(marker):
     return found
 
 
-class CgroupCase(unittest.TestCase):
+def remove_cgroup_tree(top):
+    """What systemd does when a service stops: kill and remove the tree
+    (cgroup.kill in v2; in v1, kill what cgroup.procs lists until empty)."""
+    for sub in sorted(glob.glob(top + "/**/", recursive=True), reverse=True):
+        if os.path.exists(sub + "cgroup.events"):
+            try:
+                with open(sub + "cgroup.kill", "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
+            poll(lambda: "populated 0" in read(sub + "cgroup.events"), "empty " + sub)
+        else:
+            def empty():
+                pids = read(sub + "cgroup.procs").split()
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), 9)
+                    except OSError:
+                        pass
+                return not pids
+            poll(empty, "empty " + sub)
+        poll(lambda: not os.path.exists(sub) or try_rmdir(sub), "removed " + sub)
+
+
+def try_rmdir(path):
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+# The busy loop of the CPUQuota= case: two seconds of wall time, then its
+# CPU time over wall time, and the throttling its cpu cgroup counted.
+CPU_HOG = """import json, sys, time
+mount, controller, out = sys.argv[1:4]
+path = None
+for line in open("/proc/self/cgroup").read().splitlines():
+    _, ctls, p = line.split(":", 2)
+    if (controller == "" and ctls == "") or (controller and controller in ctls.split(",")):
+        path = p
+t0, c0 = time.monotonic(), time.process_time()
+while time.monotonic() - t0 < 2.0:
+    pass
+ratio = (time.process_time() - c0) / (time.monotonic() - t0)
+cg = mount + path
+stat = dict(l.split() for l in open(cg + "/cpu.stat").read().splitlines())
+quota = open(cg + ("/cpu.max" if controller == "" else "/cpu.cfs_quota_us")).read().strip()
+json.dump({"ratio": ratio, "nr_throttled": int(stat["nr_throttled"]), "quota": quota, "cgroup": cg},
+          open(out, "w"))
+print("{}")
+"""
+
+
+class CgroupCase:
+    """The cases; V2, Hybrid and V1Only below say which hierarchies kairosd gets."""
+    USE_V2 = False     # a cgroup v2 directory of its own
+    BIND_V2 = False    # ... seen at /sys/fs/cgroup (v1 hierarchies hidden)
+    USE_V1 = False     # directories in the v1 hierarchies of memory, pids, cpu
+
+    @classmethod
+    def setUpClass(cls):
+        why = cls.unavailable()
+        if why:
+            raise unittest.SkipTest(why)
+
+    @classmethod
+    def unavailable(cls):
+        if cls.USE_V2:
+            if not MOUNT:
+                return "no cgroup2 mount"
+            why = writable_dir(MOUNT, "kairos-it-probe-%d" % os.getpid())
+            if why:
+                return "no writable cgroup2 mount (%s)" % why
+        if cls.USE_V1:
+            if not V1:
+                return "no cgroup v1 hierarchy of %s on this host" % " or ".join(V1_CONTROLLERS)
+            for c, mnt in V1.items():
+                why = writable_dir(mnt + own_v1_path(c), "kairos-it-probe-%d" % os.getpid())
+                if why:
+                    return "the cgroup v1 hierarchy of %s is not writable (%s)" % (c, why)
+        return None
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-cg-")
         self.state = os.path.join(self.dir, "state")
         self.notify = NotifySocket(self.dir)
-        self.cg = os.path.join(MOUNT, "kairos-it-%d-%s" % (os.getpid(), self._testMethodName[-20:]))
-        os.mkdir(self.cg)
+        name = "kairos-it-%d-%s" % (os.getpid(), self._testMethodName[-20:])
+        # every cgroup kairosd starts in: (as it sees it, as we see it)
+        self.cgs = []
+        join = []
+        if self.USE_V2:
+            self.cg = os.path.join(MOUNT, name)
+            os.mkdir(self.cg)
+            seen = "/sys/fs/cgroup/" + name if self.BIND_V2 else self.cg
+            self.cgs.append(self.cg)
+            join.append(seen)
+        if self.USE_V1:
+            for c, mnt in sorted(V1.items()):
+                d = mnt + own_v1_path(c).rstrip("/") + "/" + name
+                if d in self.cgs:  # one hierarchy with several controllers
+                    continue
+                os.mkdir(d)
+                self.cgs.append(d)
+                join.append(d)
+        if not self.USE_V2:
+            self.cg = self.cgs[0]
         wrapper = os.path.join(self.dir, "kairosd-in-cgroup")
-        bind = "" if MOUNT == "/sys/fs/cgroup" else "mount --bind %s /sys/fs/cgroup && " % MOUNT
+        bind = ("mount --bind %s /sys/fs/cgroup && " % MOUNT
+                if self.BIND_V2 and MOUNT != "/sys/fs/cgroup" else "")
+        joins = "".join("echo $$ > %s/cgroup.procs && " % d for d in join)
         with open(wrapper, "w") as f:
             f.write("#!/bin/sh\nexec unshare -m --propagation private /bin/sh -c "
-                    "'%secho $$ > %s/cgroup.procs && exec \"$@\"' sh %s \"$@\"\n"
-                    % (bind, "/sys/fs/cgroup/" + os.path.basename(self.cg),
-                       kairos_harness.KAIROSD))
+                    "'%s%sexec \"$@\"' sh %s \"$@\"\n" % (bind, joins, kairos_harness.KAIROSD))
         os.chmod(wrapper, 0o755)
         kairos_harness.KAIROSD = wrapper
         self.d = None
@@ -88,16 +235,8 @@ class CgroupCase(unittest.TestCase):
         if self.d and self.d.proc.poll() is None:
             self.assertEqual(self.d.stop(), 0, self.d.log()[-3000:])
         self.notify.close()
-        # what systemd does when the service stops: kill and remove the tree
-        for sub in sorted(glob.glob(self.cg + "/*/"), reverse=True):
-            try:
-                with open(sub + "cgroup.kill", "w") as f:
-                    f.write("1")
-            except OSError:
-                pass
-            poll(lambda: "populated 0" in read(sub + "cgroup.events"), "empty " + sub)
-            os.rmdir(sub)
-        os.rmdir(self.cg)
+        for cg in self.cgs:
+            remove_cgroup_tree(cg)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def start(self, schedules):
@@ -109,7 +248,11 @@ class CgroupCase(unittest.TestCase):
             raise AssertionError("kairosd not ready:\n" + self.d.log()[-3000:])
         self.c = Client(self.d.socket_path)
         line = self.d.wait_log("handler cgroups below")
-        self.assertIn(self.cg[len(MOUNT):], line)
+        if self.USE_V2:
+            self.assertIn(self.cg[len(MOUNT):], line)
+        if self.USE_V1:
+            for cg in self.cgs[1 if self.USE_V2 else 0:]:
+                self.assertIn(cg, line)
         return line
 
     def run_mandate(self, schedule):
@@ -123,30 +266,45 @@ class CgroupCase(unittest.TestCase):
             return [json.loads(l) for l in gz.read().splitlines() if l.strip()]
 
     def handler_cgroups(self):
-        return [p for p in os.listdir(self.cg) if p.startswith("h-")]
+        return [os.path.join(cg, p) for cg in self.cgs for p in os.listdir(cg)
+                if p.startswith("h-")]
 
     def test_setsid_grandchild_does_not_outlive_its_step(self):
         marker = "98765%d" % os.getpid()
         fifo = os.path.join(self.dir, "detached")
         os.mkfifo(fifo)
         # the handler returns only once its grandchild has left its session
-        # and process group (it writes to the fifo after setsid)
+        # and process group (it writes to the fifo after setsid); it notes
+        # the cgroups it runs in
+        seen = os.path.join(self.dir, "seen")
         self.start({"esc": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
-            "Observe": "/bin/sh -c \"setsid /bin/sh -c 'echo >%s; exec sleep %s' "
+            "Observe": "/bin/sh -c \"cat /proc/self/cgroup >%s; "
+                       "setsid /bin/sh -c 'echo >%s; exec sleep %s' "
                        "</dev/null >/dev/null 2>&1 & read x <%s; echo '{}'\""
-                       % (fifo, marker, fifo)}}})
-        self.assertEqual(os.listdir(self.cg + "/daemon") != [], True)
-        with open(self.cg + "/daemon/cgroup.procs") as f:
-            self.assertIn(str(self.d.proc.pid), f.read().split(), "kairosd moved into daemon/")
+                       % (seen, fifo, marker, fifo)}}})
+        if self.USE_V2:
+            with open(self.cg + "/daemon/cgroup.procs") as f:
+                self.assertIn(str(self.d.proc.pid), f.read().split(), "kairosd moved into daemon/")
         recs = self.run_mandate("esc")
         done = [r for r in recs if r.get("step_id") == "observe_001" and r.get("status") == "completed"]
         self.assertTrue(done, recs)
+        # the handler ran in a cgroup of its own in every hierarchy given
+        for cg in self.cgs:
+            mnt = MOUNT if self.USE_V2 and cg == self.cgs[0] else \
+                next(m for m in V1.values() if cg.startswith(m + "/"))
+            self.assertIn(cg[len(mnt):] + "/h-observe_001-", read(seen), cg)
         poll(lambda: not procs_with(marker), "the setsid grandchild to be gone")
         poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
 
     def need(self, line, controller):
-        if controller in line.partition("controllers not available:")[2]:
-            self.skipTest("no %s controller in this cgroup hierarchy" % controller)
+        missing = line.partition("controllers not available:")[2].split()
+        if self.USE_V1 and controller in V1:
+            # the host has it on cgroup v1 and kairosd was given its cgroup there
+            self.assertNotIn(controller, missing, line)
+        elif controller in missing:
+            self.skipTest("no %s controller in the cgroup v2 hierarchy here (%s)"
+                          % (controller, "it is on cgroup v1: see the Hybrid and V1Only cases"
+                             if controller in V1 else "nor on cgroup v1"))
 
     def test_memory_max_fails_with_oom(self):
         line = self.start({"greedy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
@@ -170,22 +328,65 @@ class CgroupCase(unittest.TestCase):
         self.assertTrue(failed, recs)
         self.assertEqual(failed[-1]["error_class"], "exit_status", failed[-1])
         self.assertIn("Resource temporarily unavailable", failed[-1]["error_msg"])
+        poll(lambda: not procs_with("sleep\0" + "30"), "the handler's sleeps to be killed")
         poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
+
+    def test_cpu_quota_throttles(self):
+        hog = os.path.join(self.dir, "hog.py")
+        out = os.path.join(self.dir, "hog.json")
+        with open(hog, "w") as f:
+            f.write(CPU_HOG)
+        on_v1 = self.USE_V1
+        mount = V1.get("cpu") if on_v1 else ("/sys/fs/cgroup" if self.BIND_V2 else MOUNT)
+        line = self.start({"hog": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
+            "Observe": "python3 %s %s %s %s" % (hog, mount, "cpu" if on_v1 else "''", out),
+            "CPUQuota": "20%"}}})
+        self.need(line, "cpu")
+        recs = self.run_mandate("hog")
+        done = [r for r in recs if r.get("step_id") == "observe_001" and r.get("status") == "completed"]
+        self.assertTrue(done, recs)
+        with open(out) as f:
+            got = json.load(f)
+        self.assertEqual(got["quota"], "20000" if on_v1 else "20000 100000", got)
+        self.assertGreater(got["nr_throttled"], 0, got)
+        # 20% of one CPU, over two seconds of 100 ms periods
+        self.assertLess(got["ratio"], 0.3, got)
+        self.assertGreater(got["ratio"], 0.05, got)
+        poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
+
+
+class V2(CgroupCase, unittest.TestCase):
+    USE_V2 = True
+    BIND_V2 = True
+
+
+class Hybrid(CgroupCase, unittest.TestCase):
+    USE_V2 = True
+    USE_V1 = True
+
+    @classmethod
+    def unavailable(cls):
+        if MOUNT == "/sys/fs/cgroup":
+            return "not a hybrid host: cgroup v2 at /sys/fs/cgroup"
+        return super().unavailable()
+
+
+class V1Only(CgroupCase, unittest.TestCase):
+    USE_V1 = True
 
 
 REAL_KAIROSD = kairos_harness.KAIROSD
 MOUNT = None
+V1 = {}
 
 if __name__ == "__main__":
     if os.geteuid() != 0 or not shutil.which("unshare"):
         print("SKIP: needs root and unshare(1)", file=sys.stderr)
         sys.exit(SKIP)
     MOUNT = cgroup2_mount()
-    probe = MOUNT and os.path.join(MOUNT, "kairos-it-probe-%d" % os.getpid())
-    try:
-        os.mkdir(probe)
-        os.rmdir(probe)
-    except (OSError, TypeError) as e:
-        print("SKIP: no writable cgroup2 mount (%s)" % e, file=sys.stderr)
+    V1 = v1_mounts()
+    if all(c.unavailable() for c in (V2, Hybrid, V1Only)):
+        print("SKIP: no writable cgroup hierarchy: %s"
+              % "; ".join(c.unavailable() for c in (V2, Hybrid, V1Only)), file=sys.stderr)
         sys.exit(SKIP)
     unittest.main(verbosity=2)
