@@ -40,6 +40,10 @@ struct cgroup_ctl {
         unsigned v2_controllers; /* those of them on cgroup v2 */
         char missing[64];     /* the ones that could not be enabled, "" none */
         char where[1024];     /* cgroup_ctl_where */
+        /* the hierarchy each v1 controller is in: its own CGROUP_AT_, or an
+         * earlier one's where they are mounted together */
+        int place_of[CGROUP_AT_N];
+        char v1_mount[CGROUP_AT_N][512];
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -278,6 +282,14 @@ static int setup_v1(struct cgroup_ctl *c, int at, const char **ret_why)
                 return 0;
         }
         rel += rlen;
+        /* mounted with an earlier controller (e.g. memory,pids): the same cgroups */
+        for (int k = CGROUP_AT_MEMORY; k < at; k++)
+                if (c->root_fd[k] >= 0 && strcmp(c->v1_mount[k], mnt) == 0) {
+                        c->place_of[at] = k;
+                        c->controllers |= v1_bits[at];
+                        free(path);
+                        return 1;
+                }
         char full[4096 + 600];
         snprintf(full, sizeof full, "%s%s", mnt, rel);
         int fd = -1;
@@ -298,6 +310,7 @@ static int setup_v1(struct cgroup_ctl *c, int at, const char **ret_why)
         }
         c->root_fd[at] = fd;
         c->controllers |= v1_bits[at];
+        snprintf(c->v1_mount[at], sizeof c->v1_mount[at], "%s", mnt);
         size_t n = strlen(c->where);
         snprintf(c->where + n, sizeof c->where - n, "%s%s (%s, cgroup v1)", n ? ", " : "", full,
                  name);
@@ -316,8 +329,10 @@ int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
         struct cgroup_ctl *c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        for (int at = 0; at < CGROUP_AT_N; at++)
+        for (int at = 0; at < CGROUP_AT_N; at++) {
                 c->root_fd[at] = -1;
+                c->place_of[at] = at;
+        }
         int r = setup_v2(c, why, why_len);
         if (r < 0)
                 goto fail;
@@ -505,7 +520,7 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
                 *ret_what = "memory.oom.group";
                 if ((r = write_at(v2, "memory.oom.group", "1")) < 0)
                         goto fail;
-        } else if (l->memory_max && h->dir_fd[CGROUP_AT_MEMORY] >= 0) {
+        } else if (l->memory_max && (c->controllers & CGROUP_MEMORY)) {
                 /* cgroup v1 has no oom.group: the OOM killer picks one process */
                 *ret_what = "memory.limit_in_bytes";
                 limit_str(l->memory_max, true, buf, sizeof buf);
@@ -515,7 +530,8 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
         if (l->tasks_max && (c->controllers & CGROUP_PIDS)) {
                 *ret_what = "pids.max";
                 limit_str(l->tasks_max, false, buf, sizeof buf);
-                int dir = (c->v2_controllers & CGROUP_PIDS) ? v2 : h->dir_fd[CGROUP_AT_PIDS];
+                int dir = (c->v2_controllers & CGROUP_PIDS) ? v2
+                                                            : h->dir_fd[c->place_of[CGROUP_AT_PIDS]];
                 if ((r = write_at(dir, "pids.max", buf)) < 0)
                         goto fail;
         }
@@ -525,14 +541,15 @@ int cgroup_handler_create(struct cgroup_ctl *c, const char *hint, const struct c
                 snprintf(buf, sizeof buf, "%" PRIu64 " %d", quota, CPU_PERIOD_US);
                 if ((r = write_at(v2, "cpu.max", buf)) < 0)
                         goto fail;
-        } else if (l->cpu_quota_pct && h->dir_fd[CGROUP_AT_CPU] >= 0) {
+        } else if (l->cpu_quota_pct && (c->controllers & CGROUP_CPU)) {
+                int dir = h->dir_fd[c->place_of[CGROUP_AT_CPU]];
                 *ret_what = "cpu.cfs_period_us";
                 snprintf(buf, sizeof buf, "%d", CPU_PERIOD_US);
-                if ((r = write_at(h->dir_fd[CGROUP_AT_CPU], "cpu.cfs_period_us", buf)) < 0)
+                if ((r = write_at(dir, "cpu.cfs_period_us", buf)) < 0)
                         goto fail;
                 *ret_what = "cpu.cfs_quota_us";
                 snprintf(buf, sizeof buf, "%" PRIu64, quota);
-                if ((r = write_at(h->dir_fd[CGROUP_AT_CPU], "cpu.cfs_quota_us", buf)) < 0)
+                if ((r = write_at(dir, "cpu.cfs_quota_us", buf)) < 0)
                         goto fail;
         }
         *ret_what = "cgroup.procs";
