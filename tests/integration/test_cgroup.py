@@ -331,6 +331,34 @@ class CgroupCase:
         poll(lambda: not procs_with("sleep\0" + "30"), "the handler's sleeps to be killed")
         poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
 
+    def test_fork_bomb_is_bounded_and_cleaned_up(self):
+        # a binary tree of shells, 2047 processes in all without a limit,
+        # started in a session of its own; the handler returns once a fork
+        # of the tree has failed (TasksMax=), while the rest of it goes on
+        marker = "87654%d" % os.getpid()
+        bomb = os.path.join(self.dir, "bomb.sh")
+        errors = os.path.join(self.dir, "bomb.err")
+        handler = os.path.join(self.dir, "handler.sh")
+        with open(bomb, "w") as f:
+            f.write('b() { if [ "$1" -gt 0 ]; then b $(($1 - 1)) & b $(($1 - 1)) & fi; '
+                    'exec sleep %s; }\nb 10\n' % marker)
+        # no fork while it waits (builtins only), bounded: a few seconds
+        with open(handler, "w") as f:
+            f.write("setsid /bin/sh %s </dev/null >/dev/null 2>%s &\n"
+                    "i=0\nwhile ! [ -s %s ] && [ $i -lt 3000000 ]; do i=$((i + 1)); done\n"
+                    "echo '{}'\n" % (bomb, errors, errors))
+        line = self.start({"bomb": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
+            "Observe": "/bin/sh %s" % handler, "TasksMax": "16"}}})
+        self.need(line, "pids")
+        recs = self.run_mandate("bomb")
+        done = [r for r in recs if r.get("step_id") == "observe_001" and r.get("status") == "completed"]
+        self.assertTrue(done, recs)
+        poll(lambda: not procs_with(marker), "the fork bomb to be gone")
+        poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
+        self.assertIn("fork", read(errors).lower(), "TasksMax=16 stopped the tree")
+        r = self.c.call("status")
+        self.assertTrue(r["ok"], r)
+
     def test_cpu_quota_throttles(self):
         hog = os.path.join(self.dir, "hog.py")
         out = os.path.join(self.dir, "hog.json")
