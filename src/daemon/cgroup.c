@@ -111,13 +111,8 @@ static bool has_word(const char *list, size_t len, const char *name)
         return false;
 }
 
-/* Our cgroup path from /proc/self/cgroup: in the v2 hierarchy ("0::/PATH",
- * controller NULL) or in the v1 one of controller ("ID:a,b:/PATH"). */
-static int own_path(const char *controller, char **ret)
+int cgroup_parse_own(FILE *f, const char *controller, char **ret)
 {
-        FILE *f = fopen("/proc/self/cgroup", "re");
-        if (!f)
-                return -errno;
         char line[4096];
         int r = -ENOENT;
         while (r == -ENOENT && fgets(line, sizeof line, f)) {
@@ -133,18 +128,23 @@ static int own_path(const char *controller, char **ret)
                 *ret = strdup(c2 + 1);
                 r = *ret ? 0 : -ENOMEM;
         }
+        return r;
+}
+
+/* Our cgroup path from /proc/self/cgroup (cgroup_parse_own). */
+static int own_path(const char *controller, char **ret)
+{
+        FILE *f = fopen("/proc/self/cgroup", "re");
+        if (!f)
+                return -errno;
+        int r = cgroup_parse_own(f, controller, ret);
         fclose(f);
         return r;
 }
 
-/* The mount point of controller's v1 hierarchy and the cgroup it shows
- * (its root, "/" but in a bind mount), from /proc/self/mountinfo. */
-static int v1_mount(const char *controller, char *ret_mnt, size_t mnt_len, char *ret_root,
-                    size_t root_len)
+int cgroup_parse_mountinfo(FILE *f, const char *controller, char *ret_mnt, size_t mnt_len,
+                           char *ret_root, size_t root_len)
 {
-        FILE *f = fopen("/proc/self/mountinfo", "re");
-        if (!f)
-                return -errno;
         char line[4096];
         int r = -ENOENT;
         while (r == -ENOENT && fgets(line, sizeof line, f)) {
@@ -171,6 +171,17 @@ static int v1_mount(const char *controller, char *ret_mnt, size_t mnt_len, char 
                 snprintf(ret_root, root_len, "%s", tok[3]);
                 r = 0;
         }
+        return r;
+}
+
+/* The mount point of controller's v1 hierarchy and its root (cgroup_parse_mountinfo). */
+static int v1_mount(const char *controller, char *ret_mnt, size_t mnt_len, char *ret_root,
+                    size_t root_len)
+{
+        FILE *f = fopen("/proc/self/mountinfo", "re");
+        if (!f)
+                return -errno;
+        int r = cgroup_parse_mountinfo(f, controller, ret_mnt, mnt_len, ret_root, root_len);
         fclose(f);
         return r;
 }

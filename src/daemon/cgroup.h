@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 struct cgroup_ctl;
 
@@ -92,3 +93,14 @@ void cgroup_handler_abandon(struct cgroup_handler *h);
  * errno (the directory may be left behind). */
 int cgroup_handler_destroy(struct cgroup_ctl *c, struct cgroup_handler *h, int timeout_ms);
 void cgroup_handler_init(struct cgroup_handler *h);
+
+/* Parsers of /proc/self/cgroup and /proc/self/mountinfo (for the tests).
+ * cgroup_parse_own: the path of the v2 hierarchy ("0::/PATH", controller
+ * NULL) or of the v1 one of controller ("ID:a,b:/PATH"); 0 and *ret
+ * (malloc'ed), -ENOENT or -ENOMEM.  cgroup_parse_mountinfo: the mount point
+ * of controller's v1 hierarchy (type "cgroup", controller one of the super
+ * options) and its root ("/", but in a bind mount of a cgroup below it);
+ * a mount point with an escaped character is skipped; 0 or -ENOENT. */
+int cgroup_parse_own(FILE *f, const char *controller, char **ret);
+int cgroup_parse_mountinfo(FILE *f, const char *controller, char *ret_mnt, size_t mnt_len,
+                           char *ret_root, size_t root_len);
