@@ -375,6 +375,9 @@ class CgroupCase:
         self.assertTrue(done, recs)
         with open(out) as f:
             got = json.load(f)
+        print("CPUQuota=20%%: CPU time / wall time %.3f, throttled %d times (load %s)"
+              % (got["ratio"], got["nr_throttled"], " ".join(read("/proc/loadavg").split()[:3])),
+              file=sys.stderr)
         self.assertEqual(got["quota"], "20000" if on_v1 else "20000 100000", got)
         self.assertGreater(got["nr_throttled"], 0, got)
         # 20% of one CPU, over two seconds of 100 ms periods
