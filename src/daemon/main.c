@@ -20,6 +20,7 @@
 #include "executor.h"
 #include "hooks.h"
 #include "idem_service.h"
+#include "initdb.h"
 #include "kairos/canon.h"
 #include "kairos/kio.h"
 #include "log.h"
@@ -39,6 +40,9 @@ static void usage(FILE *f)
                 "                       summary or every error, exit 0 or 1\n"
                 "      --main-only      with --check-config: only kairosd.conf and its\n"
                 "                       drop-ins (a broken schedule does not stop kairosd)\n"
+                "      --init-db CONNINFO\n"
+                "                       create or migrate the PostgreSQL schema of cluster\n"
+                "                       mode (a libpq connection string), then exit\n"
                 "      --version        print the version\n"
                 "  -h, --help           this help\n");
 }
@@ -254,11 +258,12 @@ int main(int argc, char **argv)
                 { "state-dir", required_argument, NULL, 's' },
                 { "check-config", no_argument, NULL, 'k' },
                 { "main-only", no_argument, NULL, 'm' },
+                { "init-db", required_argument, NULL, 'I' },
                 { "version", no_argument, NULL, 'V' },
                 { "help", no_argument, NULL, 'h' },
                 { 0 },
         };
-        const char *config_path = NULL, *state_dir = NULL;
+        const char *config_path = NULL, *state_dir = NULL, *init_db = NULL;
         bool check = false, explicit_config = false, main_only = false;
 
         /* Fixed thresholds: a reply buffer of a client (up to the control
@@ -284,6 +289,9 @@ int main(int argc, char **argv)
                 case 'm':
                         main_only = true;
                         break;
+                case 'I':
+                        init_db = optarg;
+                        break;
                 case 'V':
                         printf("kairosd %s\n", KAIROS_VERSION);
                         return 0;
@@ -299,6 +307,14 @@ int main(int argc, char **argv)
                 fprintf(stderr, "kairosd: unexpected argument '%s'\nTry 'kairosd --help'.\n",
                         argv[optind]);
                 return 64;
+        }
+        if (init_db) {
+                if (explicit_config || state_dir || check || main_only) {
+                        fprintf(stderr, "kairosd: --init-db goes alone\n"
+                                "Try 'kairosd --help'.\n");
+                        return 64;
+                }
+                return initdb_main(init_db);
         }
         if (state_dir && state_dir[0] != '/') {
                 fprintf(stderr, "kairosd: --state-dir must be an absolute path: %s\n", state_dir);

@@ -1,0 +1,667 @@
+/* SPDX-License-Identifier: MIT */
+/* pgstore: cluster mode's PostgreSQL store (see pgstore.h, docs/design.md
+ * §14).  The rules that make two nodes safe (one winner per tick, fencing by
+ * epoch, lease expiry by the database's clock) live in the schema's
+ * functions (pgschema.c) so that they hold inside the database; this file
+ * only validates what it sends, calls them and maps their errors. */
+#include "pgstore.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "kairos/crcline.h"
+#include "kairos/kbuf.h"
+#include "pgschema.h"
+
+/* Any constant: serializes concurrent migrations ("kairos" in ASCII). */
+#define MIGRATE_LOCK_KEY "117864326935155"
+
+struct pgstore {
+        PGconn *conn;
+        char err[512];
+};
+
+static void set_err(struct pgstore *s, const char *fmt, ...)
+        __attribute__((format(printf, 2, 3)));
+static void set_err(struct pgstore *s, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(s->err, sizeof s->err, fmt, ap);
+        va_end(ap);
+        size_t n = strlen(s->err);
+        while (n && (s->err[n - 1] == '\n' || s->err[n - 1] == ' '))
+                s->err[--n] = '\0';
+}
+
+const char *pgstore_error(const struct pgstore *s)
+{
+        return s ? s->err : "no store";
+}
+
+/* Notices (e.g. "relation already exists, skipping") are not errors. */
+static void quiet_notice(void *arg, const char *message)
+{
+}
+
+static int open_conn(const char *conninfo, PGconn **ret, char *err, size_t errlen)
+{
+        /* Defaults first: with expand_dbname the connection string's own
+         * settings override the ones before it. */
+        static const char *const keys[] = {
+                "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "application_name", "dbname", NULL,
+        };
+        const char *vals[] = { "10", "1", "5", "2", "3", "kairosd", conninfo, NULL };
+        PGconn *c = PQconnectdbParams(keys, vals, 1);
+        if (!c)
+                return -ENOMEM;
+        if (PQstatus(c) != CONNECTION_OK) {
+                snprintf(err, errlen, "%s", PQerrorMessage(c));
+                PQfinish(c);
+                return -ECONNREFUSED;
+        }
+        PQsetNoticeProcessor(c, quiet_notice, NULL);
+        *ret = c;
+        return 0;
+}
+
+int pgstore_connect(const char *conninfo, struct pgstore **ret, char *err, size_t errlen)
+{
+        if (!conninfo || !ret || !err || !errlen)
+                return -EINVAL;
+        err[0] = '\0';
+        struct pgstore *s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        int r = open_conn(conninfo, &s->conn, err, errlen);
+        if (r < 0) {
+                size_t n = strlen(err);
+                while (n && (err[n - 1] == '\n' || err[n - 1] == ' '))
+                        err[--n] = '\0';
+                free(s);
+                return r;
+        }
+        *ret = s;
+        return 0;
+}
+
+void pgstore_close(struct pgstore *s)
+{
+        if (!s)
+                return;
+        if (s->conn)
+                PQfinish(s->conn);
+        free(s);
+}
+
+int pgstore_reset(struct pgstore *s)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        PQreset(s->conn);
+        if (PQstatus(s->conn) != CONNECTION_OK) {
+                set_err(s, "%s", PQerrorMessage(s->conn));
+                return -ENOTCONN;
+        }
+        return 0;
+}
+
+/* The kairos_* functions raise these SQLSTATEs (pgschema.c). */
+static int sqlstate_errno(const char *st)
+{
+        static const struct { const char *st; int err; } map[] = {
+                { "KR001", ESTALE }, { "KR002", ENOENT }, { "KR003", EILSEQ },
+                { "KR004", ETIME }, { "KR005", EPERM }, { "KR006", ESTALE },
+                { "23505", EEXIST },
+        };
+        if (!st)
+                return EIO;
+        for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+                if (strcmp(st, map[i].st) == 0)
+                        return map[i].err;
+        return EIO;
+}
+
+/* res (consumed on failure) has the wanted status, else a negative errno. */
+static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
+{
+        if (res && PQresultStatus(res) == want)
+                return 0;
+        int err;
+        if (PQstatus(s->conn) != CONNECTION_OK) {
+                set_err(s, "connection lost, outcome unknown: %s", PQerrorMessage(s->conn));
+                err = ENOTCONN;
+        } else if (!res) {
+                set_err(s, "%s", PQerrorMessage(s->conn));
+                err = EIO;
+        } else {
+                const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+                const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+                if (msg)
+                        set_err(s, "%s", msg);
+                else
+                        set_err(s, "unexpected result %s", PQresStatus(PQresultStatus(res)));
+                err = sqlstate_errno(st);
+        }
+        PQclear(res);
+        return -err;
+}
+
+static int exec_params(struct pgstore *s, const char *sql, int n, const char *const *vals,
+                       int result_format, ExecStatusType want, PGresult **ret)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        PGresult *res = PQexecParams(s->conn, sql, n, NULL, vals, NULL, NULL, result_format);
+        int r = check(s, res, want);
+        if (r < 0)
+                return r;
+        if (ret)
+                *ret = res;
+        else
+                PQclear(res);
+        return 0;
+}
+
+static int exec_simple(struct pgstore *s, const char *sql)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        return check(s, PQexec(s->conn, sql), PGRES_COMMAND_OK);
+}
+
+/* After a failure inside a transaction: roll back if the connection can. */
+static void rollback(struct pgstore *s)
+{
+        if (PQstatus(s->conn) == CONNECTION_OK)
+                PQclear(PQexec(s->conn, "ROLLBACK"));
+}
+
+/* ---- schema ---- */
+
+static int read_version(struct pgstore *s, int *ret)
+{
+        PGresult *res;
+        int r = exec_params(s, "SELECT to_regclass('kairos_schema_migrations') IS NOT NULL", 0,
+                            NULL, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        bool exists = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+        PQclear(res);
+        if (!exists) {
+                *ret = 0;
+                return 0;
+        }
+        r = exec_params(s, "SELECT coalesce(max(version), 0) FROM kairos_schema_migrations", 0,
+                        NULL, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        *ret = PQntuples(res) == 1 ? atoi(PQgetvalue(res, 0, 0)) : 0;
+        PQclear(res);
+        return 0;
+}
+
+int pgstore_schema_version(struct pgstore *s, int *ret_version)
+{
+        if (!s || !ret_version)
+                return -EINVAL;
+        return read_version(s, ret_version);
+}
+
+int pgstore_migrate(struct pgstore *s, int *ret_from, int *ret_to)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        int r = exec_simple(s, "BEGIN");
+        if (r < 0)
+                return r;
+        int cur = 0;
+        r = exec_params(s, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", 0, NULL, 0,
+                        PGRES_TUPLES_OK, NULL);
+        if (r < 0)
+                goto fail;
+        r = exec_simple(s, "CREATE TABLE IF NOT EXISTS kairos_schema_migrations (\n"
+                           "  version integer PRIMARY KEY CHECK (version >= 1),\n"
+                           "  description text NOT NULL,\n"
+                           "  applied_at timestamptz NOT NULL DEFAULT now())");
+        if (r < 0)
+                goto fail;
+        r = read_version(s, &cur);
+        if (r < 0)
+                goto fail;
+        if (cur > PGSCHEMA_VERSION) {
+                set_err(s, "the database's kairos schema is at version %d, newer than this "
+                        "build's %d: upgrade kairos", cur, PGSCHEMA_VERSION);
+                r = -EPROTONOSUPPORT;
+                goto fail;
+        }
+        for (size_t i = 0; i < pgschema_nmigrations; i++) {
+                const struct pgschema_migration *m = &pgschema_migrations[i];
+                if (m->version <= cur)
+                        continue;
+                r = exec_simple(s, m->sql);
+                if (r < 0) {
+                        char msg[sizeof s->err];
+                        snprintf(msg, sizeof msg, "%s", s->err);
+                        set_err(s, "migration to version %d: %s", m->version, msg);
+                        goto fail;
+                }
+                char v[16];
+                snprintf(v, sizeof v, "%d", m->version);
+                const char *vals[] = { v, m->description };
+                r = exec_params(s, "INSERT INTO kairos_schema_migrations (version, description) "
+                                   "VALUES ($1, $2)", 2, vals, 0, PGRES_COMMAND_OK, NULL);
+                if (r < 0)
+                        goto fail;
+        }
+        r = exec_simple(s, "COMMIT");
+        if (r < 0)
+                return r;
+        if (ret_from)
+                *ret_from = cur;
+        if (ret_to)
+                *ret_to = cur > PGSCHEMA_VERSION ? cur : PGSCHEMA_VERSION;
+        return 0;
+fail:
+        rollback(s);
+        return r;
+}
+
+/* ---- lines ---- */
+
+/* Check the barrier's bytes (complete sealed records, each ending in '\n')
+ * and build the two array parameters: bytea[] in hex, bigint[] of crcs. */
+static int build_lines(struct pgstore *s, const char *lines, size_t len, struct kbuf *ret_lines,
+                       struct kbuf *ret_crcs, size_t *ret_n)
+{
+        static const char hex[] = "0123456789abcdef";
+        size_t n = 0;
+        int r;
+        if (len && lines[len - 1] != '\n') {
+                set_err(s, "the last line does not end in a newline");
+                return -EBADMSG;
+        }
+        if ((r = kbuf_putc(ret_lines, '{')) < 0 || (r = kbuf_putc(ret_crcs, '{')) < 0)
+                return r;
+        for (size_t off = 0; off < len;) {
+                const char *l = lines + off;
+                const char *nl = memchr(l, '\n', len - off);
+                size_t ln = (size_t)(nl - l);
+                uint32_t crc;
+                if (!crcline_has_suffix(l, ln, &crc) || crcline_body_crc(l, ln) != crc) {
+                        set_err(s, "line %zu is not a sealed WAL record (no crc field, or a "
+                                "wrong one)", n + 1);
+                        return -EBADMSG;
+                }
+                if (n && ((r = kbuf_putc(ret_lines, ',')) < 0 ||
+                          (r = kbuf_putc(ret_crcs, ',')) < 0))
+                        return r;
+                if ((r = kbuf_reserve(ret_lines, 2 * (ln + 1) + 8)) < 0)
+                        return r;
+                kbuf_puts(ret_lines, "\"\\\\x");
+                for (size_t i = 0; i <= ln; i++) {
+                        unsigned char c = (unsigned char)l[i];
+                        ret_lines->data[ret_lines->len++] = hex[c >> 4];
+                        ret_lines->data[ret_lines->len++] = hex[c & 15];
+                }
+                ret_lines->data[ret_lines->len] = '\0';
+                if ((r = kbuf_putc(ret_lines, '"')) < 0 ||
+                    (r = kbuf_printf(ret_crcs, "%" PRIu32, crc)) < 0)
+                        return r;
+                n++;
+                off += ln + 1;
+        }
+        if ((r = kbuf_putc(ret_lines, '}')) < 0 || (r = kbuf_putc(ret_crcs, '}')) < 0)
+                return r;
+        *ret_n = n;
+        return 0;
+}
+
+static char *dup_value(PGresult *res, int row, int col)
+{
+        if (PQgetisnull(res, row, col))
+                return NULL;
+        return strdup(PQgetvalue(res, row, col));
+}
+
+/* ---- nodes, ticks, mandates, leases ---- */
+
+int pgstore_node_heartbeat(struct pgstore *s, const char *node, int64_t incarnation,
+                           int64_t lease_ms)
+{
+        if (!node || !*node || lease_ms <= 0)
+                return -EINVAL;
+        char inc[24], lease[24];
+        snprintf(inc, sizeof inc, "%" PRId64, incarnation);
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        const char *vals[] = { node, inc, lease };
+        return exec_params(s, "SELECT kairos_node_heartbeat($1, $2, $3)", 3, vals, 0,
+                           PGRES_TUPLES_OK, NULL);
+}
+
+void pgstore_claim_free(struct pgstore_claim *c)
+{
+        if (!c)
+                return;
+        free(c->mandate_id);
+        free(c->claimed_by);
+        memset(c, 0, sizeof *c);
+}
+
+int pgstore_claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                       const char *mandate_id, const char *node, int64_t lease_ms,
+                       const char *lines, size_t len, struct pgstore_claim *ret)
+{
+        if (!s || !schedule || !mandate_id || !*mandate_id || !node || !*node ||
+            lease_ms <= 0 || (len && !lines) || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        struct kbuf la = KBUF_INIT, ca = KBUF_INIT;
+        size_t n;
+        int r = build_lines(s, lines, len, &la, &ca, &n);
+        if (r < 0)
+                goto out;
+        char at[24], lease[24];
+        snprintf(at, sizeof at, "%" PRId64, fired_at_ms);
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        const char *vals[] = { schedule, at, mandate_id, node, lease, la.data, ca.data };
+        PGresult *res;
+        r = exec_params(s, "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch FROM "
+                           "kairos_claim_tick($1, 'epoch'::timestamptz + $2::bigint * "
+                           "interval '1 millisecond', $3, $4, $5, $6::bytea[], $7::bigint[])",
+                        7, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                goto out;
+        if (PQntuples(res) != 1) {
+                set_err(s, "kairos_claim_tick returned %d rows", PQntuples(res));
+                PQclear(res);
+                r = -EIO;
+                goto out;
+        }
+        ret->won = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+        ret->mandate_id = dup_value(res, 0, 1);
+        ret->claimed_by = dup_value(res, 0, 2);
+        ret->epoch = PQgetisnull(res, 0, 3) ? 0 : strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+        PQclear(res);
+        if (!ret->mandate_id || !ret->claimed_by) {
+                pgstore_claim_free(ret);
+                r = -ENOMEM;
+        }
+out:
+        kbuf_free(&la);
+        kbuf_free(&ca);
+        return r;
+}
+
+int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char *schedule,
+                           const char *node, int64_t lease_ms, const char *lines, size_t len)
+{
+        if (!s || !mandate_id || !*mandate_id || !node || !*node || lease_ms <= 0 ||
+            (len && !lines))
+                return -EINVAL;
+        struct kbuf la = KBUF_INIT, ca = KBUF_INIT;
+        size_t n;
+        int r = build_lines(s, lines, len, &la, &ca, &n);
+        if (r == 0) {
+                char lease[24];
+                snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+                const char *vals[] = { mandate_id, schedule, node, lease, la.data, ca.data };
+                r = exec_params(s, "SELECT kairos_mandate_create($1, $2, NULL, $3, $4, "
+                                   "$5::bytea[], $6::bigint[])",
+                                6, vals, 0, PGRES_TUPLES_OK, NULL);
+        }
+        kbuf_free(&la);
+        kbuf_free(&ca);
+        return r;
+}
+
+int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *node,
+                        int64_t epoch, int64_t lease_ms)
+{
+        if (!mandate_id || !node || lease_ms <= 0)
+                return -EINVAL;
+        char ep[24], lease[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        const char *vals[] = { mandate_id, node, ep, lease };
+        return exec_params(s, "SELECT kairos_lease_renew($1, $2, $3, $4)", 4, vals, 0,
+                           PGRES_TUPLES_OK, NULL);
+}
+
+void pgstore_takeover_free(struct pgstore_takeover *t)
+{
+        if (!t)
+                return;
+        free(t->mandate_id);
+        free(t->prev_owner);
+        memset(t, 0, sizeof *t);
+}
+
+int pgstore_lease_takeover(struct pgstore *s, const char *mandate_id, const char *node,
+                           int64_t lease_ms, int64_t grace_ms, struct pgstore_takeover *ret)
+{
+        if (!node || !*node || lease_ms <= 0 || grace_ms < 0 || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        char lease[24], grace[24];
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        snprintf(grace, sizeof grace, "%" PRId64, grace_ms);
+        const char *vals[] = { mandate_id, node, lease, grace };
+        PGresult *res;
+        int r = exec_params(s, "SELECT r_mandate_id, r_epoch, r_prev_owner, r_interrupted FROM "
+                               "kairos_lease_takeover($1, $2, $3, $4)",
+                            4, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) == 0) {
+                PQclear(res);
+                set_err(s, "no mandate to take over");
+                return -EBUSY;
+        }
+        ret->mandate_id = dup_value(res, 0, 0);
+        ret->epoch = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+        ret->prev_owner = dup_value(res, 0, 2);
+        ret->interrupted = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+        bool oom = !ret->mandate_id || (!PQgetisnull(res, 0, 2) && !ret->prev_owner);
+        PQclear(res);
+        if (oom) {
+                pgstore_takeover_free(ret);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t epoch,
+                           const char *status)
+{
+        if (!mandate_id || !status)
+                return -EINVAL;
+        char ep[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        const char *vals[] = { mandate_id, ep, status };
+        return exec_params(s, "SELECT kairos_mandate_finish($1, $2, $3)", 3, vals, 0,
+                           PGRES_TUPLES_OK, NULL);
+}
+
+/* ---- WAL rows ---- */
+
+int pgstore_wal_append(struct pgstore *s, const char *mandate_id, int64_t epoch,
+                       int64_t first_seq, const char *lines, size_t len,
+                       int64_t *ret_last_seq)
+{
+        if (!s || !mandate_id || !lines || len == 0 || first_seq < 0)
+                return -EINVAL;
+        struct kbuf la = KBUF_INIT, ca = KBUF_INIT;
+        size_t n;
+        int r = build_lines(s, lines, len, &la, &ca, &n);
+        if (r < 0)
+                goto out;
+        char ep[24], first[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        snprintf(first, sizeof first, "%" PRId64, first_seq);
+        const char *vals[] = { mandate_id, ep, first_seq ? first : NULL, la.data, ca.data };
+        PGresult *res;
+        r = exec_params(s, "SELECT kairos_wal_append($1, $2, $3, $4::bytea[], $5::bigint[])",
+                        5, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                goto out;
+        if (ret_last_seq)
+                *ret_last_seq = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+out:
+        kbuf_free(&la);
+        kbuf_free(&ca);
+        return r;
+}
+
+static int64_t be64(const char *p)
+{
+        uint64_t v = 0;
+        for (int i = 0; i < 8; i++)
+                v = (v << 8) | (unsigned char)p[i];
+        return (int64_t)v;
+}
+
+int pgstore_wal_read(struct pgstore *s, const char *mandate_id, struct kbuf *out,
+                     int64_t *ret_nrows)
+{
+        if (!mandate_id || !out)
+                return -EINVAL;
+        const char *vals[] = { mandate_id };
+        PGresult *res;
+        /* binary results: the line's bytes as they are, seq as 8 bytes */
+        int r = exec_params(s, "SELECT seq, line FROM kairos_wal WHERE mandate_id = $1 "
+                               "ORDER BY seq", 1, vals, 1, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        int n = PQntuples(res);
+        for (int i = 0; i < n; i++) {
+                if (PQgetlength(res, i, 0) != 8 || be64(PQgetvalue(res, i, 0)) != i + 1) {
+                        set_err(s, "mandate %s: row %d does not have seq %d", mandate_id,
+                                i + 1, i + 1);
+                        r = -EIO;
+                        break;
+                }
+                r = kbuf_append(out, PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1));
+                if (r < 0)
+                        break;
+        }
+        PQclear(res);
+        if (r == 0 && ret_nrows)
+                *ret_nrows = n;
+        return r;
+}
+
+int pgstore_wal_last_seq(struct pgstore *s, const char *mandate_id, int64_t *ret_last_seq,
+                         int64_t *ret_epoch)
+{
+        if (!mandate_id)
+                return -EINVAL;
+        const char *vals[] = { mandate_id };
+        PGresult *res;
+        int r = exec_params(s, "SELECT last_seq, epoch FROM kairos_mandate WHERE mandate_id = $1",
+                            1, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) != 1) {
+                PQclear(res);
+                set_err(s, "no mandate %s", mandate_id);
+                return -ENOENT;
+        }
+        if (ret_last_seq)
+                *ret_last_seq = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        if (ret_epoch)
+                *ret_epoch = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+        PQclear(res);
+        return 0;
+}
+
+/* ---- tool calls ---- */
+
+void pgstore_idem_claim_free(struct pgstore_idem_claim *c)
+{
+        if (!c)
+                return;
+        free(c->result);
+        memset(c, 0, sizeof *c);
+}
+
+int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
+                       const char *fingerprint, const char *mandate_id, int64_t epoch,
+                       const char *node, const char *step_id, int64_t ttl_ms,
+                       struct pgstore_idem_claim *ret)
+{
+        if (!key || !tool || !fingerprint || !mandate_id || !node || ttl_ms <= 0 || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        char ep[24], ttl[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
+        const char *vals[] = { key, tool, fingerprint, mandate_id, ep, node, step_id, ttl };
+        PGresult *res;
+        /* binary results: the cached result's bytes as stored */
+        int r = exec_params(s, "SELECT r_outcome, r_state, r_result FROM "
+                               "kairos_idem_claim($1, $2, $3, $4, $5, $6, $7, $8)",
+                            8, vals, 1, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        static const struct { const char *name; enum pgstore_idem_outcome o; } outcomes[] = {
+                { "claimed", PGSTORE_IDEM_CLAIMED }, { "in_progress", PGSTORE_IDEM_IN_PROGRESS },
+                { "interrupted", PGSTORE_IDEM_INTERRUPTED }, { "mismatch", PGSTORE_IDEM_MISMATCH },
+                { "cached", PGSTORE_IDEM_CACHED },
+        };
+        r = -EIO;
+        set_err(s, "kairos_idem_claim: unexpected answer");
+        if (PQntuples(res) == 1) {
+                const char *o = PQgetvalue(res, 0, 0);
+                for (size_t i = 0; i < sizeof outcomes / sizeof outcomes[0]; i++)
+                        if (strcmp(o, outcomes[i].name) == 0) {
+                                ret->outcome = outcomes[i].o;
+                                r = 0;
+                        }
+        }
+        if (r == 0 && ret->outcome == PGSTORE_IDEM_CACHED) {
+                ret->failed = strcmp(PQgetvalue(res, 0, 1), "failed") == 0;
+                if (!PQgetisnull(res, 0, 2)) {
+                        size_t n = (size_t)PQgetlength(res, 0, 2);
+                        ret->result = malloc(n + 1);
+                        if (!ret->result) {
+                                r = -ENOMEM;
+                        } else {
+                                memcpy(ret->result, PQgetvalue(res, 0, 2), n);
+                                ret->result[n] = '\0';
+                                ret->result_len = n;
+                        }
+                }
+        }
+        PQclear(res);
+        if (r == 0)
+                s->err[0] = '\0';
+        return r;
+}
+
+int pgstore_idem_finish(struct pgstore *s, const char *key, const char *mandate_id,
+                        int64_t epoch, bool failed, const char *result, size_t result_len)
+{
+        if (!s || !key || !mandate_id || (result_len && !result) || result_len > INT32_MAX)
+                return -EINVAL;
+        char ep[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        const char *vals[] = { key, mandate_id, ep, failed ? "failed" : "completed", result };
+        const int lens[] = { 0, 0, 0, 0, (int)result_len };
+        const int formats[] = { 0, 0, 0, 0, 1 };   /* the result as raw bytes */
+        PGresult *res = PQexecParams(s->conn, "SELECT kairos_idem_finish($1, $2, $3, $4, "
+                                              "$5::bytea)",
+                                     5, NULL, vals, lens, formats, 0);
+        int r = check(s, res, PGRES_TUPLES_OK);
+        if (r == 0)
+                PQclear(res);
+        return r;
+}

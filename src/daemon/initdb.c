@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/* kairosd --init-db CONNINFO: create or migrate cluster mode's PostgreSQL
+ * schema (docs/design.md §14), idempotently.  Runs before any event loop
+ * exists, so blocking on the database is fine here. */
+#include "initdb.h"
+
+#include <stdio.h>
+
+#ifdef KAIROS_HAVE_PGSTORE
+#include <string.h>
+
+#include "pgschema.h"
+#include "pgstore.h"
+
+int initdb_main(const char *conninfo)
+{
+        struct pgstore *s = NULL;
+        char err[512];
+        int r = pgstore_connect(conninfo, &s, err, sizeof err);
+        if (r < 0) {
+                fprintf(stderr, "kairosd: --init-db: cannot connect: %s\n",
+                        err[0] ? err : strerror(-r));
+                return 1;
+        }
+        int from = 0, to = 0;
+        r = pgstore_migrate(s, &from, &to);
+        if (r < 0) {
+                fprintf(stderr, "kairosd: --init-db: %s\n", pgstore_error(s));
+                pgstore_close(s);
+                return 1;
+        }
+        pgstore_close(s);
+        if (from == to)
+                printf("kairos schema: up to date at version %d\n", to);
+        else if (from == 0)
+                printf("kairos schema: created at version %d\n", to);
+        else
+                printf("kairos schema: migrated from version %d to %d\n", from, to);
+        return 0;
+}
+#else
+int initdb_main(const char *conninfo)
+{
+        fprintf(stderr, "kairosd: --init-db: this kairosd was built without PostgreSQL "
+                "support (meson setup -Dpostgres=enabled, with libpq-dev)\n");
+        return 1;
+}
+#endif
