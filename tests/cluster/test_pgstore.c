@@ -1,0 +1,558 @@
+/* SPDX-License-Identifier: MIT */
+/* pgstore against a real PostgreSQL: the database named by
+ * KAIROS_PG_CONNINFO (test_pgstore.py starts a private server and runs
+ * this program).  Without it every test is skipped. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <libpq-fe.h>
+
+#include "kairos/crcline.h"
+#include "kairos/kbuf.h"
+#include "kairos/wal.h"
+#include "pgschema.h"
+#include "pgstore.h"
+
+static const char *conninfo(void)
+{
+        const char *c = getenv("KAIROS_PG_CONNINFO");
+        if (!c || !*c)
+                skip();
+        return c;
+}
+
+static struct pgstore *store(void)
+{
+        struct pgstore *s = NULL;
+        char err[512];
+        int r = pgstore_connect(conninfo(), &s, err, sizeof err);
+        if (r < 0)
+                fail_msg("connect: %s", err);
+        return s;
+}
+
+/* A second connection of the test's own, to look at the tables. */
+static PGconn *raw(void)
+{
+        const char *keys[] = { "application_name", "dbname", NULL };
+        const char *vals[] = { "kairos-test", conninfo(), NULL };
+        PGconn *c = PQconnectdbParams(keys, vals, 1);
+        assert_non_null(c);
+        if (PQstatus(c) != CONNECTION_OK)
+                fail_msg("raw connect: %s", PQerrorMessage(c));
+        return c;
+}
+
+static long long count(PGconn *c, const char *sql, const char *arg)
+{
+        const char *vals[] = { arg };
+        PGresult *res = PQexecParams(c, sql, arg ? 1 : 0, NULL, vals, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK)
+                fail_msg("%s: %s", sql, PQresultErrorMessage(res));
+        assert_int_equal(PQntuples(res), 1);
+        long long n = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+        return n;
+}
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One sealed record, as the file WAL would hold it. */
+static void sealed(struct kbuf *b, const char *json)
+{
+        size_t start = b->len;
+        assert_int_equal(kbuf_puts(b, json), 0);
+        assert_int_equal(crcline_seal(b, start), 0);
+}
+
+static int setup_schema(void **state)
+{
+        if (!getenv("KAIROS_PG_CONNINFO"))
+                return 0;
+        struct pgstore *s = store();
+        int r = pgstore_migrate(s, NULL, NULL);
+        if (r < 0)
+                fprintf(stderr, "migrate: %s\n", pgstore_error(s));
+        pgstore_close(s);
+        return r < 0 ? -1 : 0;
+}
+
+/* ---- migrations ---- */
+
+static void test_migrate_idempotent(void **state)
+{
+        struct pgstore *s = store();
+        int from = -1, to = -1, v = -1;
+        assert_int_equal(pgstore_migrate(s, &from, &to), 0);
+        assert_int_equal(from, PGSCHEMA_VERSION);
+        assert_int_equal(to, PGSCHEMA_VERSION);
+        assert_int_equal(pgstore_schema_version(s, &v), 0);
+        assert_int_equal(v, PGSCHEMA_VERSION);
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_schema_migrations", NULL),
+                         PGSCHEMA_VERSION);
+        PQfinish(c);
+        pgstore_close(s);
+}
+
+/* ---- tick claims: exactly one winner ---- */
+
+#define NCLAIMERS 8
+#define NTICKS 25
+
+struct claimer {
+        int id;
+        pthread_barrier_t *barrier;
+        int64_t base_ms;
+        struct pgstore_claim claims[NTICKS];
+        int rc[NTICKS];
+};
+
+static void *claim_thread(void *arg)
+{
+        struct claimer *cl = arg;
+        struct pgstore *s = NULL;
+        char err[512];
+        if (pgstore_connect(conninfo(), &s, err, sizeof err) < 0)
+                return (void *)1;
+        char node[32];
+        snprintf(node, sizeof node, "node-%d", cl->id);
+        for (int k = 0; k < NTICKS; k++) {
+                char mid[64], rec[160];
+                snprintf(mid, sizeof mid, "m-conc-%02d-%d", k, cl->id);
+                snprintf(rec, sizeof rec,
+                         "{\"op\":\"mandate\",\"mandate_id\":\"%s\",\"schedule\":\"conc\"}", mid);
+                struct kbuf b = KBUF_INIT;
+                size_t start = 0;
+                kbuf_puts(&b, rec);
+                crcline_seal(&b, start);
+                pthread_barrier_wait(cl->barrier);
+                cl->rc[k] = pgstore_claim_tick(s, "conc", cl->base_ms + k * 1000, mid, node,
+                                               10000, b.data, b.len, &cl->claims[k]);
+                kbuf_free(&b);
+        }
+        pgstore_close(s);
+        return NULL;
+}
+
+static void test_concurrent_claims_one_winner(void **state)
+{
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, NCLAIMERS);
+        struct claimer cl[NCLAIMERS];
+        pthread_t th[NCLAIMERS];
+        int64_t base = (now_ms() / 1000 - 3600) * 1000;  /* whole seconds, in the past */
+        for (int i = 0; i < NCLAIMERS; i++) {
+                memset(&cl[i], 0, sizeof cl[i]);
+                cl[i].id = i;
+                cl[i].barrier = &barrier;
+                cl[i].base_ms = base;
+                assert_int_equal(pthread_create(&th[i], NULL, claim_thread, &cl[i]), 0);
+        }
+        for (int i = 0; i < NCLAIMERS; i++) {
+                void *ret;
+                pthread_join(th[i], &ret);
+                assert_null(ret);
+        }
+        pthread_barrier_destroy(&barrier);
+        for (int k = 0; k < NTICKS; k++) {
+                int winners = 0, winner = -1;
+                for (int i = 0; i < NCLAIMERS; i++) {
+                        assert_int_equal(cl[i].rc[k], 0);
+                        if (cl[i].claims[k].won) {
+                                winners++;
+                                winner = i;
+                                assert_int_equal(cl[i].claims[k].epoch, 1);
+                        }
+                }
+                assert_int_equal(winners, 1);
+                char node[32], mid[64];
+                snprintf(node, sizeof node, "node-%d", winner);
+                snprintf(mid, sizeof mid, "m-conc-%02d-%d", k, winner);
+                for (int i = 0; i < NCLAIMERS; i++) {
+                        /* every loser is told the winner */
+                        assert_string_equal(cl[i].claims[k].mandate_id, mid);
+                        assert_string_equal(cl[i].claims[k].claimed_by, node);
+                        pgstore_claim_free(&cl[i].claims[k]);
+                }
+        }
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_tick WHERE schedule = $1", "conc"),
+                         NTICKS);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1",
+                               "conc"), NTICKS);
+        /* each winner's first row, and no loser's */
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal w JOIN kairos_mandate m "
+                                  "USING (mandate_id) WHERE m.schedule = $1", "conc"), NTICKS);
+        PQfinish(c);
+}
+
+static void test_tick_in_future_refused(void **state)
+{
+        struct pgstore *s = store();
+        struct pgstore_claim cl;
+        assert_int_equal(pgstore_claim_tick(s, "future", now_ms() + 60000, "m-future", "a",
+                                            10000, NULL, 0, &cl), -ETIME);
+        assert_non_null(strstr(pgstore_error(s), "future"));
+        /* 1 s ahead is within the 2 s allowance */
+        assert_int_equal(pgstore_claim_tick(s, "future", now_ms() + 1000, "m-future-ok", "a",
+                                            10000, NULL, 0, &cl), 0);
+        assert_true(cl.won);
+        pgstore_claim_free(&cl);
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_tick WHERE schedule = $1",
+                               "future"), 1);
+        PQfinish(c);
+        pgstore_close(s);
+}
+
+/* ---- leases, takeover, fencing ---- */
+
+static void test_takeover_fences_old_owner(void **state)
+{
+        struct pgstore *a = store(), *b = store();
+        struct kbuf first = KBUF_INIT, more = KBUF_INIT;
+        sealed(&first, "{\"op\":\"mandate\",\"mandate_id\":\"m-lease\"}");
+        sealed(&more, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\"}");
+        assert_int_equal(pgstore_mandate_create(a, "m-lease", NULL, "a", 400, first.data,
+                                                first.len), 0);
+        assert_int_equal(pgstore_mandate_create(b, "m-lease", NULL, "b", 400, NULL, 0), -EEXIST);
+        /* a tool call of a's, in flight when a dies */
+        struct pgstore_idem_claim ic;
+        assert_int_equal(pgstore_idem_claim(a, "tool:k-a", "tool", "fp", "m-lease", 1, "a", "s1",
+                                            60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        pgstore_idem_claim_free(&ic);
+
+        /* alive by the database's clock: nothing to take */
+        struct pgstore_takeover t;
+        assert_int_equal(pgstore_lease_takeover(b, "m-lease", "b", 10000, 60000, &t), -EBUSY);
+        /* the lease (400 ms) ends on the database's clock: poll, with a deadline */
+        int r = -EBUSY;
+        for (int64_t end = mono_ms() + 15000; r == -EBUSY && mono_ms() < end;) {
+                r = pgstore_lease_takeover(b, "m-lease", "b", 10000, 0, &t);
+                if (r == -EBUSY)
+                        usleep(20000);
+        }
+        assert_int_equal(r, 0);
+        assert_string_equal(t.mandate_id, "m-lease");
+        assert_int_equal(t.epoch, 2);
+        assert_string_equal(t.prev_owner, "a");
+        assert_int_equal(t.interrupted, 1);
+        pgstore_takeover_free(&t);
+
+        PGconn *c = raw();
+        int64_t last = 0, epoch = 0;
+        assert_int_equal(pgstore_wal_last_seq(a, "m-lease", &last, &epoch), 0);
+        assert_int_equal(last, 1);
+        assert_int_equal(epoch, 2);
+        /* the old owner is refused inside the database, and writes nothing */
+        assert_int_equal(pgstore_wal_append(a, "m-lease", 1, 0, more.data, more.len, NULL),
+                         -ESTALE);
+        assert_non_null(strstr(pgstore_error(a), "epoch"));
+        assert_int_equal(pgstore_wal_append(a, "m-lease", 1, 2, more.data, more.len, NULL),
+                         -ESTALE);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1",
+                               "m-lease"), 1);
+        assert_int_equal(count(c, "SELECT last_seq FROM kairos_mandate WHERE mandate_id = $1",
+                               "m-lease"), 1);
+        assert_int_equal(pgstore_lease_renew(a, "m-lease", "a", 1, 10000), -ESTALE);
+        assert_int_equal(pgstore_idem_claim(a, "tool:k-a2", "tool", "fp", "m-lease", 1, "a",
+                                            "s1", 60000, &ic), -ESTALE);
+        assert_int_equal(pgstore_idem_finish(a, "tool:k-a", "m-lease", 1, false, "x", 1),
+                         -ESTALE);
+        assert_int_equal(pgstore_mandate_finish(a, "m-lease", 1, "succeeded"), -ESTALE);
+        /* even a writer that bypasses kairos_wal_append is fenced by the trigger */
+        PGresult *res = PQexec(c, "INSERT INTO kairos_wal (mandate_id, seq, epoch, line) "
+                                  "VALUES ('m-lease', 2, 1, '\\x7b7d0a')");
+        assert_int_equal(PQresultStatus(res), PGRES_FATAL_ERROR);
+        assert_string_equal(PQresultErrorField(res, PG_DIAG_SQLSTATE), "KR001");
+        PQclear(res);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1",
+                               "m-lease"), 1);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_idem WHERE key = $1",
+                               "tool:k-a2"), 0);
+
+        /* the new owner writes at epoch 2 */
+        int64_t after = 0;
+        assert_int_equal(pgstore_lease_renew(b, "m-lease", "b", 2, 10000), 0);
+        assert_int_equal(pgstore_wal_append(b, "m-lease", 2, 0, more.data, more.len, &after), 0);
+        assert_int_equal(after, 2);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1 "
+                                  "AND epoch = 2", "m-lease"), 1);
+        /* a's in-flight call is reported interrupted, never claimable again */
+        assert_int_equal(pgstore_idem_claim(b, "tool:k-a", "tool", "fp", "m-lease", 2, "b", "s1",
+                                            60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_INTERRUPTED);
+        pgstore_idem_claim_free(&ic);
+        /* a live lease cannot be taken */
+        assert_int_equal(pgstore_lease_takeover(a, "m-lease", "a", 10000, 0, &t), -EBUSY);
+        /* ended: fenced for everyone, nothing to take */
+        assert_int_equal(pgstore_mandate_finish(b, "m-lease", 2, "succeeded"), 0);
+        assert_int_equal(pgstore_lease_renew(b, "m-lease", "b", 2, 10000), -ESTALE);
+        assert_int_equal(pgstore_lease_takeover(a, "m-lease", "a", 10000, 0, &t), -EBUSY);
+        assert_int_equal(pgstore_lease_renew(b, "m-none", "b", 1, 10000), -ENOENT);
+        PQfinish(c);
+        kbuf_free(&first);
+        kbuf_free(&more);
+        pgstore_close(a);
+        pgstore_close(b);
+}
+
+static void test_node_incarnation(void **state)
+{
+        struct pgstore *s = store();
+        assert_int_equal(pgstore_node_heartbeat(s, "n1", 2, 10000), 0);
+        assert_int_equal(pgstore_node_heartbeat(s, "n1", 2, 10000), 0);
+        assert_int_equal(pgstore_node_heartbeat(s, "n1", 1, 10000), -ESTALE);
+        assert_int_equal(pgstore_node_heartbeat(s, "n1", 3, 10000), 0);
+        pgstore_close(s);
+}
+
+/* ---- tool calls ---- */
+
+static void test_idem_claim_outcomes(void **state)
+{
+        struct pgstore *s = store();
+        assert_int_equal(pgstore_mandate_create(s, "m-idem", "sched", "a", 60000, NULL, 0), 0);
+        struct pgstore_idem_claim ic;
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 60000,
+                                            &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 60000,
+                                            &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_IN_PROGRESS);
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp2", "m-idem", 1, "a", "s1", 60000,
+                                            &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_MISMATCH);
+        static const char result[] = "out\0put\n\xff";
+        assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, false, result,
+                                             sizeof result - 1), 0);
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 60000,
+                                            &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CACHED);
+        assert_false(ic.failed);
+        assert_int_equal(ic.result_len, sizeof result - 1);
+        assert_memory_equal(ic.result, result, sizeof result - 1);
+        pgstore_idem_claim_free(&ic);
+        /* finishing twice is refused */
+        assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, true, NULL, 0), -ESTALE);
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-none", 1, "a", "s1", 60000,
+                                            &ic), -ENOENT);
+        pgstore_close(s);
+}
+
+/* ---- WAL rows ---- */
+
+static void test_rows_are_the_file_bytes(void **state)
+{
+        char dir[] = "/tmp/kairos-pgstore-XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        char path[256];
+        snprintf(path, sizeof path, "%s/m-bytes.wal.jsonl", dir);
+        struct wal_options opt = { 0 };
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(path, &opt, &w, NULL), 0);
+        /* three barriers, as the executor makes them */
+        size_t ends[3];
+        struct stat st;
+        assert_int_equal(wal_mandate(w, "m-bytes", "sched", "2026-04-20T12:00:00Z",
+                                     "goal \"quoted\" \xc3\xa9\xe2\x80\xa8"), 0);
+        struct wal_step step = { "observe_001", "observe", "ph", "pre", "post" };
+        assert_int_equal(wal_commit_plan(w, "plan_1", "m-bytes", 1, &step, 1), 0);
+        assert_int_equal(wal_append_pending(w, "observe_001", "plan_1", "observe:key"), 0);
+        assert_int_equal(wal_mark_executing(w, "observe_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(stat(path, &st), 0);
+        ends[0] = (size_t)st.st_size;
+        assert_int_equal(wal_mark_completed(w, "observe_001", "post", "rh", false, NULL,
+                                            "{\"text\":\"tab\\there \\u00e9 \\ud83d\\ude00\","
+                                            "\"n\":[1,2.5,-3e2,null,true]}"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(stat(path, &st), 0);
+        ends[1] = (size_t)st.st_size;
+        assert_int_equal(wal_mark_failed(w, "observe_001", "handler_error",
+                                         "exit 3: \x01 control and \xe2\x82\xac"), 0);
+        assert_int_equal(wal_finalize_plan(w, "plan_1", "failed", "step failed"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(stat(path, &st), 0);
+        ends[2] = (size_t)st.st_size;
+        assert_int_equal(wal_close(w), 0);
+
+        struct kbuf file = KBUF_INIT;
+        int fd = open(path, O_RDONLY);
+        assert_true(fd >= 0);
+        assert_int_equal(kbuf_reserve(&file, ends[2] + 1), 0);
+        assert_int_equal(read(fd, file.data, ends[2] + 1), (ssize_t)ends[2]);
+        file.len = ends[2];
+        close(fd);
+
+        struct pgstore *s = store();
+        assert_int_equal(pgstore_mandate_create(s, "m-bytes", "sched", "a", 60000, file.data,
+                                                ends[0]), 0);
+        int64_t last = 0;
+        assert_int_equal(pgstore_wal_append(s, "m-bytes", 1, 0, file.data + ends[0],
+                                            ends[1] - ends[0], &last), 0);
+        assert_int_equal(last, 5);
+        assert_int_equal(pgstore_wal_append(s, "m-bytes", 1, 0, file.data + ends[1],
+                                            ends[2] - ends[1], &last), 0);
+        assert_int_equal(last, 7);
+        struct kbuf back = KBUF_INIT;
+        int64_t n = 0;
+        assert_int_equal(pgstore_wal_read(s, "m-bytes", &back, &n), 0);
+        assert_int_equal(n, 7);
+        assert_int_equal(back.len, file.len);
+        assert_memory_equal(back.data, file.data, file.len);
+        /* each row's crc column is the line's crc field */
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1 AND "
+                                  "crc = ('x' || convert_from(substring(line from "
+                                  "length(line) - 10 for 8), 'UTF8'))::bit(32)::bigint", "m-bytes"), 7);
+        PQfinish(c);
+        kbuf_free(&back);
+        kbuf_free(&file);
+        pgstore_close(s);
+        unlink(path);
+        rmdir(dir);
+}
+
+static void test_append_repeat_is_idempotent(void **state)
+{
+        struct pgstore *s = store();
+        struct kbuf b1 = KBUF_INIT, b2 = KBUF_INIT;
+        sealed(&b1, "{\"op\":\"mandate\",\"mandate_id\":\"m-rep\"}");
+        sealed(&b1, "{\"op\":\"append\",\"step_id\":\"s1\"}");
+        sealed(&b2, "{\"op\":\"append\",\"step_id\":\"s2\"}");
+        assert_int_equal(pgstore_mandate_create(s, "m-rep", NULL, "a", 60000, NULL, 0), 0);
+        int64_t last = 0;
+        assert_int_equal(pgstore_wal_append(s, "m-rep", 1, 1, b1.data, b1.len, &last), 0);
+        assert_int_equal(last, 2);
+        /* the commit's outcome was unknown: the same barrier again is a no-op */
+        assert_int_equal(pgstore_wal_append(s, "m-rep", 1, 1, b1.data, b1.len, &last), 0);
+        assert_int_equal(last, 2);
+        /* other bytes at stored seqs, a gap, a partial overlap: refused */
+        assert_int_equal(pgstore_wal_append(s, "m-rep", 1, 2, b2.data, b2.len, &last), -EILSEQ);
+        assert_int_equal(pgstore_wal_append(s, "m-rep", 1, 5, b2.data, b2.len, &last), -EILSEQ);
+        assert_int_equal(pgstore_wal_append(s, "m-rep", 1, 2, b1.data, b1.len, &last), -EILSEQ);
+        assert_int_equal(pgstore_wal_append(s, "m-rep", 1, 3, b2.data, b2.len, &last), 0);
+        assert_int_equal(last, 3);
+        struct kbuf back = KBUF_INIT;
+        assert_int_equal(pgstore_wal_read(s, "m-rep", &back, NULL), 0);
+        assert_int_equal(back.len, b1.len + b2.len);
+        assert_memory_equal(back.data, b1.data, b1.len);
+        assert_memory_equal(back.data + b1.len, b2.data, b2.len);
+        kbuf_free(&back);
+        kbuf_free(&b1);
+        kbuf_free(&b2);
+        pgstore_close(s);
+}
+
+static void test_bad_lines_never_sent(void **state)
+{
+        struct pgstore *s = store();
+        assert_int_equal(pgstore_mandate_create(s, "m-bad", NULL, "a", 60000, NULL, 0), 0);
+        struct kbuf b = KBUF_INIT;
+        sealed(&b, "{\"op\":\"append\",\"step_id\":\"s1\"}");
+        /* a flipped bit: the crc no longer matches */
+        b.data[10] ^= 1;
+        assert_int_equal(pgstore_wal_append(s, "m-bad", 1, 0, b.data, b.len, NULL), -EBADMSG);
+        b.data[10] ^= 1;
+        /* no final newline */
+        assert_int_equal(pgstore_wal_append(s, "m-bad", 1, 0, b.data, b.len - 1, NULL),
+                         -EBADMSG);
+        /* a legacy line (no crc field) */
+        assert_int_equal(pgstore_wal_append(s, "m-bad", 1, 0, "{\"op\":\"append\"}\n", 16, NULL),
+                         -EBADMSG);
+        /* an empty line */
+        assert_int_equal(pgstore_wal_append(s, "m-bad", 1, 0, "\n", 1, NULL), -EBADMSG);
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1",
+                               "m-bad"), 0);
+        PQfinish(c);
+        assert_int_equal(pgstore_wal_append(s, "m-bad", 1, 0, b.data, b.len, NULL), 0);
+        kbuf_free(&b);
+        pgstore_close(s);
+}
+
+/* A broken connection says "outcome unknown"; after a reset, the same
+ * append with its explicit first seq is safe to repeat. */
+static void test_lost_connection(void **state)
+{
+        /* the connection string's own settings win over pgstore's defaults */
+        char ci[1024], err[512];
+        snprintf(ci, sizeof ci, "%s application_name=kairos-lost", conninfo());
+        struct pgstore *s = NULL;
+        if (pgstore_connect(ci, &s, err, sizeof err) < 0)
+                fail_msg("connect: %s", err);
+        assert_int_equal(pgstore_mandate_create(s, "m-conn", NULL, "a", 60000, NULL, 0), 0);
+        PGconn *c = raw();
+        PGresult *res = PQexec(c, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name = 'kairos-lost' AND datname = "
+                                  "current_database()");
+        assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+        assert_int_equal(PQntuples(res), 1);
+        PQclear(res);
+        struct kbuf b = KBUF_INIT;
+        sealed(&b, "{\"op\":\"append\",\"step_id\":\"s1\"}");
+        int r = -ENOTCONN;
+        /* the backend's exit is asynchronous: the call fails once it is gone */
+        for (int64_t end = mono_ms() + 10000; mono_ms() < end;) {
+                int64_t last;
+                r = pgstore_wal_last_seq(s, "m-conn", &last, NULL);
+                if (r < 0)
+                        break;
+                usleep(10000);
+        }
+        assert_int_equal(r, -ENOTCONN);
+        assert_int_equal(pgstore_reset(s), 0);
+        int64_t last = 0;
+        assert_int_equal(pgstore_wal_append(s, "m-conn", 1, 1, b.data, b.len, &last), 0);
+        assert_int_equal(pgstore_wal_append(s, "m-conn", 1, 1, b.data, b.len, &last), 0);
+        assert_int_equal(last, 1);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1",
+                               "m-conn"), 1);
+        PQfinish(c);
+        kbuf_free(&b);
+        pgstore_close(s);
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_migrate_idempotent),
+                cmocka_unit_test(test_concurrent_claims_one_winner),
+                cmocka_unit_test(test_tick_in_future_refused),
+                cmocka_unit_test(test_takeover_fences_old_owner),
+                cmocka_unit_test(test_node_incarnation),
+                cmocka_unit_test(test_idem_claim_outcomes),
+                cmocka_unit_test(test_rows_are_the_file_bytes),
+                cmocka_unit_test(test_append_repeat_is_idempotent),
+                cmocka_unit_test(test_bad_lines_never_sent),
+                cmocka_unit_test(test_lost_connection),
+        };
+        return cmocka_run_group_tests(tests, setup_schema, NULL);
+}
