@@ -6,30 +6,33 @@
 #
 #   --runtime  the shared libraries kairosd and kairosctl run with (and the
 #              time zone data of TimeZone=); what a machine that only runs a
-#              build made elsewhere needs
+#              build made elsewhere needs (libpq5 only for a build with
+#              -Dpostgres=enabled)
 #   --build    everything to build and install a release from source
 #              (meson setup -Dtests=false): compiler, meson, the -dev
 #              packages, scdoc for the man pages, bash-completion so that meson
-#              finds the completion directory; includes --runtime
+#              finds the completion directory, libpq-dev for
+#              -Dpostgres=enabled; includes --runtime
 #   --test     everything the test suite needs on top of --build: cmocka, clang
 #              (fuzz targets), debootstrap and systemd-container (the systemd
 #              and Debian package tests), strace, gzip, the Debian packaging
-#              tools (dpkg-buildpackage, debhelper, lintian), git
+#              tools (dpkg-buildpackage, debhelper, lintian), git, the
+#              PostgreSQL server (tests/cluster starts a private one)
 #
 # Several may be given; none means all three (what CI and tests/run.sh need).
 # Idempotent: installs only what is missing.  Needs root (uses sudo if not
 # root).  --list prints the packages instead of installing them.
 set -euo pipefail
 
-runtime=(libuv1 libsodium23 libjansson4 zlib1g libsystemd0 tzdata)
+runtime=(libuv1 libsodium23 libjansson4 zlib1g libsystemd0 tzdata libpq5)
 build=(meson ninja-build pkgconf gcc libc6-dev libuv1-dev libsodium-dev zlib1g-dev
-       libsystemd-dev libjansson-dev scdoc bash-completion)
+       libsystemd-dev libjansson-dev scdoc bash-completion libpq-dev)
 test=(python3 libcmocka-dev libsqlite3-dev clang debootstrap systemd-container strace
       util-linux gzip git dpkg-dev debhelper lintian
-      prometheus-node-exporter prometheus)
+      prometheus-node-exporter prometheus postgresql)
 
 usage() {
-        sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '3,24p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 64
 }
 

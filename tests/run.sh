@@ -30,10 +30,12 @@ run_suite() {
         logs+=("$dir/meson-logs/testlog.json")
 }
 
-run_suite "$builddir/plain" -Dtest_hooks=true
+# -Dpostgres=enabled: the cluster tests (tests/cluster) run against a private
+# PostgreSQL; a default build does not link libpq.
+run_suite "$builddir/plain" -Dtest_hooks=true -Dpostgres=enabled
 san='-fno-sanitize-recover=all'
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=abort_on_error=1 \
-        run_suite "$builddir/asan" -Dtest_hooks=true -Db_sanitize=address,undefined -Dc_args="$san" -Dc_link_args="$san"
+        run_suite "$builddir/asan" -Dtest_hooks=true -Dpostgres=enabled -Db_sanitize=address,undefined -Dc_args="$san" -Dc_link_args="$san"
 
 python3 - "$broken" "${logs[@]}" <<'PY' || rc=1
 import json, sys
