@@ -129,7 +129,8 @@ static int sqlstate_errno(const char *st)
         return EIO;
 }
 
-/* res (consumed on failure) has the wanted status, else a negative errno. */
+/* 0 if res has the wanted status (the caller still owns res), else a
+ * negative errno and res is freed. */
 static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
 {
         if (res && PQresultStatus(res) == want)
@@ -174,7 +175,11 @@ static int exec_simple(struct pgstore *s, const char *sql)
 {
         if (!s || !s->conn)
                 return -EINVAL;
-        return check(s, PQexec(s->conn, sql), PGRES_COMMAND_OK);
+        PGresult *res = PQexec(s->conn, sql);
+        int r = check(s, res, PGRES_COMMAND_OK);
+        if (r == 0)
+                PQclear(res);
+        return r;
 }
 
 /* After a failure inside a transaction: roll back if the connection can. */

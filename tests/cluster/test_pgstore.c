@@ -223,6 +223,9 @@ static void test_tick_in_future_refused(void **state)
                                             10000, NULL, 0, &cl), 0);
         assert_true(cl.won);
         pgstore_claim_free(&cl);
+        /* another tick under an existing mandate id is an error, not a loss */
+        assert_int_equal(pgstore_claim_tick(s, "future", now_ms() - 5000, "m-future-ok", "a",
+                                            10000, NULL, 0, &cl), -EEXIST);
         PGconn *c = raw();
         assert_int_equal(count(c, "SELECT count(*) FROM kairos_tick WHERE schedule = $1",
                                "future"), 1);
