@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -326,6 +327,83 @@ static void test_takeover_fences_old_owner(void **state)
         pgstore_close(b);
 }
 
+/* An owner appending as fast as it can while another node takes over: its
+ * appends stop at the takeover, and along seq the epochs never go back (no
+ * row at an old epoch after a row at a newer one). */
+struct racer {
+        struct pgstore *s;
+        atomic_int appended;     /* successful appends */
+        atomic_int stale;        /* -ESTALE answers */
+        atomic_int other;        /* any other error */
+        atomic_int stop;
+};
+
+static void *append_loop(void *arg)
+{
+        struct racer *ra = arg;
+        struct kbuf b = KBUF_INIT;
+        sealed(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\"}");
+        while (!ra->stop) {
+                int r = pgstore_wal_append(ra->s, "m-race", 1, 0, b.data, b.len, NULL);
+                if (r == 0)
+                        ra->appended++;
+                else if (r == -ESTALE)
+                        ra->stale++;
+                else
+                        ra->other++;
+                if (r == -ESTALE)
+                        break;  /* fenced: a node stops appending for that mandate */
+        }
+        kbuf_free(&b);
+        return NULL;
+}
+
+static void test_takeover_during_appends(void **state)
+{
+        struct racer ra = { .s = store() };
+        struct pgstore *b = store();
+        assert_int_equal(pgstore_mandate_create(ra.s, "m-race", NULL, "a", 300, NULL, 0), 0);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, append_loop, &ra), 0);
+        struct pgstore_takeover t;
+        int r = -EBUSY;
+        for (int64_t end = mono_ms() + 15000; r == -EBUSY && mono_ms() < end;) {
+                r = pgstore_lease_takeover(b, "m-race", "b", 10000, 0, &t);
+                if (r == -EBUSY)
+                        usleep(5000);
+        }
+        assert_int_equal(r, 0);
+        assert_int_equal(t.epoch, 2);
+        pgstore_takeover_free(&t);
+        struct kbuf nb = KBUF_INIT;
+        sealed(&nb, "{\"op\":\"owner\",\"node\":\"b\",\"epoch\":2}");
+        assert_int_equal(pgstore_wal_append(b, "m-race", 2, 0, nb.data, nb.len, NULL), 0);
+        void *ret;
+        for (int64_t end = mono_ms() + 15000; !ra.stale && mono_ms() < end;)
+                usleep(1000);
+        ra.stop = 1;
+        pthread_join(th, &ret);
+        assert_int_equal(ra.other, 0);
+        assert_int_equal(ra.stale, 1);
+        assert_true(ra.appended > 0);
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1 "
+                                  "AND epoch = 1", "m-race"), ra.appended);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1 "
+                                  "AND epoch = 2", "m-race"), 1);
+        /* no row at an older epoch than a row before it */
+        assert_int_equal(count(c, "SELECT count(*) FROM (SELECT epoch, max(epoch) OVER "
+                                  "(ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
+                                  "PRECEDING) AS before FROM kairos_wal WHERE mandate_id = $1) "
+                                  "x WHERE epoch < before", "m-race"), 0);
+        assert_int_equal(count(c, "SELECT last_seq FROM kairos_mandate WHERE mandate_id = $1",
+                               "m-race"), ra.appended + 1);
+        PQfinish(c);
+        kbuf_free(&nb);
+        pgstore_close(ra.s);
+        pgstore_close(b);
+}
+
 static void test_node_incarnation(void **state)
 {
         struct pgstore *s = store();
@@ -550,6 +628,7 @@ int main(void)
                 cmocka_unit_test(test_concurrent_claims_one_winner),
                 cmocka_unit_test(test_tick_in_future_refused),
                 cmocka_unit_test(test_takeover_fences_old_owner),
+                cmocka_unit_test(test_takeover_during_appends),
                 cmocka_unit_test(test_node_incarnation),
                 cmocka_unit_test(test_idem_claim_outcomes),
                 cmocka_unit_test(test_rows_are_the_file_bytes),

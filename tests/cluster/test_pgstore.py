@@ -99,7 +99,7 @@ class Store(unittest.TestCase):
                            stderr=subprocess.STDOUT, text=True, timeout=240)
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 10 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 11 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
 
 
