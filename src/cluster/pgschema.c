@@ -293,6 +293,36 @@ static const char v1[] =
 "      p_key, p_epoch, cur USING ERRCODE = 'KR001';\n"
 "  END IF;\n"
 "END $$;\n"
+/* The schedule state under compare-and-set: p_version is the version the
+ * caller read (0: the schedule has no row yet).  A caller that lost the race,
+ * or would move last_evaluated_at backwards, gets KR007 and re-reads: so the
+ * missed-run policy of one evaluation runs on one node only. */
+"CREATE FUNCTION kairos_schedule_advance(p_name text, p_config_hash text, p_version bigint,\n"
+"    p_last_evaluated_at timestamptz, p_next_fire_at timestamptz)\n"
+"    RETURNS bigint LANGUAGE plpgsql AS $$\n"
+"DECLARE v bigint;\n"
+"BEGIN\n"
+"  IF p_version = 0 THEN\n"
+"    INSERT INTO kairos_schedule (name, config_hash, last_evaluated_at, next_fire_at, version)\n"
+"      VALUES (p_name, p_config_hash, p_last_evaluated_at, p_next_fire_at, 1)\n"
+"      ON CONFLICT (name) DO NOTHING;\n"
+"    IF FOUND THEN\n"
+"      RETURN 1;\n"
+"    END IF;\n"
+"  ELSE\n"
+"    UPDATE kairos_schedule SET config_hash = p_config_hash,\n"
+"        last_evaluated_at = p_last_evaluated_at, next_fire_at = p_next_fire_at,\n"
+"        version = version + 1\n"
+"      WHERE name = p_name AND version = p_version\n"
+"        AND (last_evaluated_at IS NULL OR p_last_evaluated_at >= last_evaluated_at)\n"
+"      RETURNING version INTO v;\n"
+"    IF FOUND THEN\n"
+"      RETURN v;\n"
+"    END IF;\n"
+"  END IF;\n"
+"  RAISE EXCEPTION 'kairos: schedule % is no longer at version %, or was evaluated later',\n"
+"    p_name, p_version USING ERRCODE = 'KR007';\n"
+"END $$;\n"
 /* Node heartbeat: a restarted node comes back with a higher incarnation;
  * an older incarnation that still beats is refused (KR006). */
 "CREATE FUNCTION kairos_node_heartbeat(p_node text, p_incarnation bigint, p_lease_ms bigint)\n"

@@ -118,7 +118,7 @@ static int sqlstate_errno(const char *st)
 {
         static const struct { const char *st; int err; } map[] = {
                 { "KR001", ESTALE }, { "KR002", ENOENT }, { "KR003", EILSEQ },
-                { "KR004", ETIME }, { "KR005", EPERM }, { "KR006", ESTALE },
+                { "KR004", ETIME }, { "KR005", EPERM }, { "KR006", ESTALE }, { "KR007", EAGAIN },
                 { "23505", EEXIST },
         };
         if (!st)
@@ -493,6 +493,73 @@ int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t ep
         const char *vals[] = { mandate_id, ep, status };
         return exec_params(s, "SELECT kairos_mandate_finish($1, $2, $3)", 3, vals, 0,
                            PGRES_TUPLES_OK, NULL);
+}
+
+/* ---- schedule state ---- */
+
+void pgstore_schedule_free(struct pgstore_schedule *st)
+{
+        if (!st)
+                return;
+        free(st->config_hash);
+        memset(st, 0, sizeof *st);
+}
+
+static int64_t ms_or_none(PGresult *res, int col)
+{
+        return PQgetisnull(res, 0, col) ? -1 : strtoll(PQgetvalue(res, 0, col), NULL, 10);
+}
+
+int pgstore_schedule_get(struct pgstore *s, const char *name, struct pgstore_schedule *ret)
+{
+        if (!name || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        const char *vals[] = { name };
+        PGresult *res;
+        int r = exec_params(s, "SELECT config_hash, "
+                               "(extract(epoch FROM last_evaluated_at) * 1000)::bigint, "
+                               "(extract(epoch FROM next_fire_at) * 1000)::bigint, version "
+                               "FROM kairos_schedule WHERE name = $1",
+                            1, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) == 1) {
+                ret->config_hash = dup_value(res, 0, 0);
+                ret->last_evaluated_ms = ms_or_none(res, 1);
+                ret->next_fire_ms = ms_or_none(res, 2);
+                ret->version = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+                if (!ret->config_hash)
+                        r = -ENOMEM;
+        } else {
+                ret->last_evaluated_ms = ret->next_fire_ms = -1;
+        }
+        PQclear(res);
+        return r;
+}
+
+int pgstore_schedule_advance(struct pgstore *s, const char *name, const char *config_hash,
+                             int64_t version, int64_t last_evaluated_ms, int64_t next_fire_ms,
+                             int64_t *ret_version)
+{
+        if (!name || !config_hash || version < 0 || last_evaluated_ms < 0)
+                return -EINVAL;
+        char v[24], le[24], nf[24];
+        snprintf(v, sizeof v, "%" PRId64, version);
+        snprintf(le, sizeof le, "%" PRId64, last_evaluated_ms);
+        snprintf(nf, sizeof nf, "%" PRId64, next_fire_ms);
+        const char *vals[] = { name, config_hash, v, le, next_fire_ms < 0 ? NULL : nf };
+        PGresult *res;
+        int r = exec_params(s, "SELECT kairos_schedule_advance($1, $2, $3, "
+                               "'epoch'::timestamptz + $4::bigint * interval '1 millisecond', "
+                               "'epoch'::timestamptz + $5::bigint * interval '1 millisecond')",
+                            5, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (ret_version)
+                *ret_version = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+        return 0;
 }
 
 /* ---- WAL rows ---- */

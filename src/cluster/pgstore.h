@@ -16,6 +16,7 @@
  *   -EILSEQ   the append does not start right after the last row, and is
  *             not a byte-identical repeat of rows already stored
  *   -ETIME    the tick is more than 2 s ahead of the database's clock
+ *   -EAGAIN   the schedule state moved on since it was read: read again
  *   -EBADMSG  a line is not one sealed WAL record ending in '\n' (nothing
  *             sent)
  *   -EBUSY    nothing to take over
@@ -94,6 +95,21 @@ int pgstore_lease_takeover(struct pgstore *s, const char *mandate_id, const char
  * abandoned), fenced by epoch. */
 int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t epoch,
                            const char *status);
+
+struct pgstore_schedule {
+        char *config_hash;          /* NULL: no row yet (version 0) */
+        int64_t last_evaluated_ms;  /* -1: never */
+        int64_t next_fire_ms;       /* -1: none */
+        int64_t version;
+};
+void pgstore_schedule_free(struct pgstore_schedule *st);
+int pgstore_schedule_get(struct pgstore *s, const char *name, struct pgstore_schedule *ret);
+/* Compare-and-set: store the new state if the row is still at version (0:
+ * no row yet) and last_evaluated_ms does not go backwards; *ret_version the
+ * new version.  -EAGAIN: another node got there first. */
+int pgstore_schedule_advance(struct pgstore *s, const char *name, const char *config_hash,
+                             int64_t version, int64_t last_evaluated_ms, int64_t next_fire_ms,
+                             int64_t *ret_version);
 
 /* Append one barrier's lines in one transaction, fenced by epoch inside the
  * database.  first_seq 0: after the last row; else the seq of the first

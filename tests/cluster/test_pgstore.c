@@ -414,6 +414,86 @@ static void test_node_incarnation(void **state)
         pgstore_close(s);
 }
 
+/* ---- schedule state ---- */
+
+struct advancer {
+        pthread_barrier_t *barrier;
+        int64_t version, last_ms;
+        int rc;
+};
+
+static void *advance_thread(void *arg)
+{
+        struct advancer *ad = arg;
+        struct pgstore *s = NULL;
+        char err[512];
+        if (pgstore_connect(conninfo(), &s, err, sizeof err) < 0) {
+                ad->rc = -ECONNREFUSED;
+                pthread_barrier_wait(ad->barrier);
+                return NULL;
+        }
+        pthread_barrier_wait(ad->barrier);
+        ad->rc = pgstore_schedule_advance(s, "cas", "h1", ad->version, ad->last_ms,
+                                          ad->last_ms + 60000, NULL);
+        pgstore_close(s);
+        return NULL;
+}
+
+/* Every node read version v; exactly one may advance it. */
+static int advance_race(int64_t version, int64_t last_ms)
+{
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, NCLAIMERS);
+        struct advancer ad[NCLAIMERS];
+        pthread_t th[NCLAIMERS];
+        for (int i = 0; i < NCLAIMERS; i++) {
+                ad[i] = (struct advancer){ &barrier, version, last_ms + i, 0 };
+                assert_int_equal(pthread_create(&th[i], NULL, advance_thread, &ad[i]), 0);
+        }
+        int won = 0;
+        for (int i = 0; i < NCLAIMERS; i++) {
+                pthread_join(th[i], NULL);
+                if (ad[i].rc == 0)
+                        won++;
+                else
+                        assert_int_equal(ad[i].rc, -EAGAIN);
+        }
+        pthread_barrier_destroy(&barrier);
+        return won;
+}
+
+static void test_schedule_compare_and_set(void **state)
+{
+        struct pgstore *s = store();
+        struct pgstore_schedule st;
+        assert_int_equal(pgstore_schedule_get(s, "cas", &st), 0);
+        assert_null(st.config_hash);
+        assert_int_equal(st.version, 0);
+        assert_int_equal(st.last_evaluated_ms, -1);
+        int64_t t0 = 1776686400123;  /* 2026-04-20T12:00:00.123Z */
+        assert_int_equal(advance_race(0, t0), 1);
+        assert_int_equal(pgstore_schedule_get(s, "cas", &st), 0);
+        assert_string_equal(st.config_hash, "h1");
+        assert_int_equal(st.version, 1);
+        assert_true(st.last_evaluated_ms >= t0 && st.last_evaluated_ms < t0 + NCLAIMERS);
+        assert_int_equal(st.next_fire_ms, st.last_evaluated_ms + 60000);
+        int64_t last = st.last_evaluated_ms;
+        pgstore_schedule_free(&st);
+        assert_int_equal(advance_race(1, t0 + 1000), 1);
+        /* a stale version, and going backwards, are refused */
+        int64_t v = 0;
+        assert_int_equal(pgstore_schedule_advance(s, "cas", "h1", 1, t0 + 5000, -1, &v), -EAGAIN);
+        assert_int_equal(pgstore_schedule_advance(s, "cas", "h1", 2, last, -1, &v), -EAGAIN);
+        assert_int_equal(pgstore_schedule_advance(s, "cas", "h2", 2, t0 + 5000, -1, &v), 0);
+        assert_int_equal(v, 3);
+        assert_int_equal(pgstore_schedule_get(s, "cas", &st), 0);
+        assert_string_equal(st.config_hash, "h2");
+        assert_int_equal(st.last_evaluated_ms, t0 + 5000);
+        assert_int_equal(st.next_fire_ms, -1);
+        pgstore_schedule_free(&st);
+        pgstore_close(s);
+}
+
 /* ---- tool calls ---- */
 
 static void test_idem_claim_outcomes(void **state)
@@ -630,6 +710,7 @@ int main(void)
                 cmocka_unit_test(test_takeover_fences_old_owner),
                 cmocka_unit_test(test_takeover_during_appends),
                 cmocka_unit_test(test_node_incarnation),
+                cmocka_unit_test(test_schedule_compare_and_set),
                 cmocka_unit_test(test_idem_claim_outcomes),
                 cmocka_unit_test(test_rows_are_the_file_bytes),
                 cmocka_unit_test(test_append_repeat_is_idempotent),

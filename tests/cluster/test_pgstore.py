@@ -9,7 +9,7 @@
   renewals and tool-call claims are refused inside the database with
   nothing written; WAL rows read back byte-identical to the file WAL; a
   repeated append is idempotent; a lost connection reports an unknown
-  outcome.
+  outcome; the schedule state's compare-and-set has one winner.
 - kairosd --init-db: creates the schema, is idempotent and versioned
   (kairos_schema_migrations), several at once apply it once, a newer schema
   or an unreachable database is an error.
@@ -99,7 +99,7 @@ class Store(unittest.TestCase):
                            stderr=subprocess.STDOUT, text=True, timeout=240)
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 11 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 12 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
 
 
