@@ -9,7 +9,8 @@
   renewals and tool-call claims are refused inside the database with
   nothing written; WAL rows read back byte-identical to the file WAL; a
   repeated append is idempotent; a lost connection reports an unknown
-  outcome; the schedule state's compare-and-set has one winner.
+  outcome; the schedule state's compare-and-set has one winner; and what
+  these tests leave in the tables obeys pg_checks.py's invariants.
 - kairosd --init-db: creates the schema, is idempotent and versioned
   (kairos_schema_migrations), several at once apply it once, a newer schema
   or an unreachable database is an error.
@@ -25,6 +26,7 @@ import unittest
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pg_checks  # noqa: E402
 import pg_fixture  # noqa: E402
 
 KAIROSD = os.environ.get("KAIROSD", "kairosd")
@@ -101,6 +103,19 @@ class Store(unittest.TestCase):
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
         self.assertIn("[  PASSED  ] 12 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
+        # what the store's tests left behind obeys the invariants
+        self.assertEqual(pg_checks.check(PG, "pgstore"), [])
+        # and the checker sees a violation when there is one (written past
+        # the fence trigger, which only the owner of the database can do)
+        PG.psql("pgstore", "ALTER TABLE kairos_wal DISABLE TRIGGER kairos_wal_fence; "
+                "INSERT INTO kairos_wal (mandate_id, seq, epoch, line, crc) "
+                "SELECT mandate_id, last_seq + 1, epoch - 1, '\\x7b7d0a', NULL "
+                "FROM kairos_mandate WHERE mandate_id = 'm-race'")
+        bad = pg_checks.check(PG, "pgstore")
+        self.assertTrue(any(b.startswith("along seq, epochs never go back") for b in bad), bad)
+        self.assertTrue(any(b.startswith("a mandate's rows are numbered") for b in bad), bad)
+        self.assertTrue(any(b.startswith("every row ends in a newline and carries") for b in bad),
+                        bad)
 
 
 def main():
