@@ -20,7 +20,7 @@
 #include "pgschema.h"
 
 /* Any constant: serializes concurrent migrations ("kairos" in ASCII). */
-#define MIGRATE_LOCK_KEY "117864326935155"
+#define MIGRATE_LOCK_KEY "118066125107059"
 
 struct pgstore {
         PGconn *conn;
