@@ -54,11 +54,20 @@ static int open_conn(const char *conninfo, PGconn **ret, char *err, size_t errle
 {
         /* Defaults first: with expand_dbname the connection string's own
          * settings override the ones before it. */
+        /* A worker thread must not wait for ever: on a dead peer
+         * (keepalives, tcp_user_timeout), on a row lock another session
+         * holds (lock_timeout), on a slow statement (statement_timeout). */
         static const char *const keys[] = {
                 "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
-                "keepalives_count", "application_name", "dbname", NULL,
+                "keepalives_count", "tcp_user_timeout", "options", "application_name",
+                "dbname", NULL,
         };
-        const char *vals[] = { "10", "1", "5", "2", "3", "kairosd", conninfo, NULL };
+        const char *vals[] = {
+                "10", "1", "5", "2", "3", "15000",
+                "-c statement_timeout=30s -c lock_timeout=10s "
+                "-c idle_in_transaction_session_timeout=60s",
+                "kairosd", conninfo, NULL,
+        };
         PGconn *c = PQconnectdbParams(keys, vals, 1);
         if (!c)
                 return -ENOMEM;
@@ -120,6 +129,8 @@ static int sqlstate_errno(const char *st)
                 { "KR001", ESTALE }, { "KR002", ENOENT }, { "KR003", EILSEQ },
                 { "KR004", ETIME }, { "KR005", EPERM }, { "KR006", ESTALE }, { "KR007", EAGAIN },
                 { "23505", EEXIST },
+                { "55P03", ETIMEDOUT },  /* lock_timeout */
+                { "57014", ETIMEDOUT },  /* statement_timeout */
         };
         if (!st)
                 return EIO;

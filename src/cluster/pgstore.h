@@ -17,6 +17,7 @@
  *             not a byte-identical repeat of rows already stored
  *   -ETIME    the tick is more than 2 s ahead of the database's clock
  *   -EAGAIN   the schedule state moved on since it was read: read again
+ *   -ETIMEDOUT  lock_timeout or statement_timeout: nothing was written
  *   -EBADMSG  a line is not one sealed WAL record ending in '\n' (nothing
  *             sent)
  *   -EBUSY    nothing to take over
@@ -39,7 +40,9 @@ struct pgstore;
 
 /* conninfo: a libpq connection string or URI ("" = libpq's defaults and
  * PG* environment).  Its own settings win over kairos's defaults
- * (connect_timeout=10, TCP keepalives, application_name=kairosd).  On
+ * (connect_timeout=10, TCP keepalives, tcp_user_timeout=15000, options
+ * with statement_timeout=30s, lock_timeout=10s and
+ * idle_in_transaction_session_timeout=60s, application_name=kairosd).  On
  * failure (-ECONNREFUSED: could not connect) err holds libpq's reason. */
 int pgstore_connect(const char *conninfo, struct pgstore **ret, char *err, size_t errlen);
 void pgstore_close(struct pgstore *s);

@@ -659,6 +659,37 @@ static void test_bad_lines_never_sent(void **state)
         pgstore_close(s);
 }
 
+/* A row lock held by another session (a stalled node's open transaction)
+ * makes a call fail after lock_timeout instead of blocking its thread. */
+static void test_lock_wait_bounded(void **state)
+{
+        char ci[1024], err[512];
+        snprintf(ci, sizeof ci, "%s options='-c lock_timeout=300'", conninfo());
+        struct pgstore *s = NULL;
+        if (pgstore_connect(ci, &s, err, sizeof err) < 0)
+                fail_msg("connect: %s", err);
+        assert_int_equal(pgstore_mandate_create(s, "m-locked", NULL, "a", 60000, NULL, 0), 0);
+        PGconn *c = raw();
+        PGresult *res = PQexec(c, "BEGIN; SELECT * FROM kairos_mandate "
+                                  "WHERE mandate_id = 'm-locked' FOR UPDATE");
+        assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+        PQclear(res);
+        struct kbuf b = KBUF_INIT;
+        sealed(&b, "{\"op\":\"append\",\"step_id\":\"s1\"}");
+        int64_t t0 = mono_ms();
+        assert_int_equal(pgstore_wal_append(s, "m-locked", 1, 0, b.data, b.len, NULL),
+                         -ETIMEDOUT);
+        assert_true(mono_ms() - t0 < 10000);
+        PQclear(PQexec(c, "ROLLBACK"));
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1",
+                               "m-locked"), 0);
+        /* the same store goes on once the lock is gone */
+        assert_int_equal(pgstore_wal_append(s, "m-locked", 1, 0, b.data, b.len, NULL), 0);
+        PQfinish(c);
+        kbuf_free(&b);
+        pgstore_close(s);
+}
+
 /* A broken connection says "outcome unknown"; after a reset, the same
  * append with its explicit first seq is safe to repeat. */
 static void test_lost_connection(void **state)
@@ -715,6 +746,7 @@ int main(void)
                 cmocka_unit_test(test_rows_are_the_file_bytes),
                 cmocka_unit_test(test_append_repeat_is_idempotent),
                 cmocka_unit_test(test_bad_lines_never_sent),
+                cmocka_unit_test(test_lock_wait_bounded),
                 cmocka_unit_test(test_lost_connection),
         };
         return cmocka_run_group_tests(tests, setup_schema, NULL);

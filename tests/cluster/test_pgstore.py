@@ -9,7 +9,8 @@
   renewals and tool-call claims are refused inside the database with
   nothing written; WAL rows read back byte-identical to the file WAL; a
   repeated append is idempotent; a lost connection reports an unknown
-  outcome; the schedule state's compare-and-set has one winner; and what
+  outcome; a row lock held elsewhere fails a call after lock_timeout
+  instead of blocking it; the schedule state's compare-and-set has one winner; and what
   these tests leave in the tables obeys pg_checks.py's invariants.
 - kairosd --init-db: creates the schema, is idempotent and versioned
   (kairos_schema_migrations), several at once apply it once, a newer schema
@@ -101,7 +102,7 @@ class Store(unittest.TestCase):
                            stderr=subprocess.STDOUT, text=True, timeout=240)
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 12 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 13 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
         # what the store's tests left behind obeys the invariants
         self.assertEqual(pg_checks.check(PG, "pgstore"), [])
