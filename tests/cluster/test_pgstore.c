@@ -732,6 +732,46 @@ static void test_lost_connection(void **state)
         pgstore_close(s);
 }
 
+/* The commit happened but its answer was lost (pg_proxy.py swallows it):
+ * the caller gets -ENOTCONN, reconnects, reads last_seq, and repeating the
+ * append with its explicit first seq is a no-op.  Needs
+ * KAIROS_PG_PROXY_CONNINFO, a proxy that drops the first reply to
+ * kairos_wal_append. */
+static void test_unknown_commit_outcome(void **state)
+{
+        const char *px = getenv("KAIROS_PG_PROXY_CONNINFO");
+        if (!px || !*px)
+                skip();
+        struct pgstore *s = NULL;
+        char err[512];
+        if (pgstore_connect(px, &s, err, sizeof err) < 0)
+                fail_msg("connect through the proxy: %s", err);
+        assert_int_equal(pgstore_mandate_create(s, "m-unknown", NULL, "a", 60000, NULL, 0), 0);
+        struct kbuf b = KBUF_INIT;
+        sealed(&b, "{\"op\":\"append\",\"step_id\":\"s1\"}");
+        sealed(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\"}");
+        int64_t last = -1, epoch = 0;
+        assert_int_equal(pgstore_wal_append(s, "m-unknown", 1, 1, b.data, b.len, &last),
+                         -ENOTCONN);
+        assert_non_null(strstr(pgstore_error(s), "outcome unknown"));
+        assert_int_equal(pgstore_reset(s), 0);
+        /* it did commit */
+        assert_int_equal(pgstore_wal_last_seq(s, "m-unknown", &last, &epoch), 0);
+        assert_int_equal(last, 2);
+        /* so the repeat is a no-op, not two more rows */
+        assert_int_equal(pgstore_wal_append(s, "m-unknown", 1, 1, b.data, b.len, &last), 0);
+        assert_int_equal(last, 2);
+        struct kbuf back = KBUF_INIT;
+        int64_t n = 0;
+        assert_int_equal(pgstore_wal_read(s, "m-unknown", &back, &n), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(back.len, b.len);
+        assert_memory_equal(back.data, b.data, b.len);
+        kbuf_free(&back);
+        kbuf_free(&b);
+        pgstore_close(s);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -748,6 +788,7 @@ int main(void)
                 cmocka_unit_test(test_bad_lines_never_sent),
                 cmocka_unit_test(test_lock_wait_bounded),
                 cmocka_unit_test(test_lost_connection),
+                cmocka_unit_test(test_unknown_commit_outcome),
         };
         return cmocka_run_group_tests(tests, setup_schema, NULL);
 }

@@ -10,7 +10,8 @@
   nothing written; WAL rows read back byte-identical to the file WAL; a
   repeated append is idempotent; a lost connection reports an unknown
   outcome; a row lock held elsewhere fails a call after lock_timeout
-  instead of blocking it; the schedule state's compare-and-set has one winner; and what
+  instead of blocking it; an append whose commit answer is lost (pg_proxy.py)
+  is found committed and its repeat is a no-op; the schedule state's compare-and-set has one winner; and what
   these tests leave in the tables obeys pg_checks.py's invariants.
 - kairosd --init-db: creates the schema, is idempotent and versioned
   (kairos_schema_migrations), several at once apply it once, a newer schema
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pg_checks  # noqa: E402
 import pg_fixture  # noqa: E402
+import pg_proxy  # noqa: E402
 
 KAIROSD = os.environ.get("KAIROSD", "kairosd")
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
@@ -97,13 +99,17 @@ class InitDb(unittest.TestCase):
 class Store(unittest.TestCase):
     def test_pgstore_program(self):
         ci = PG.createdb("pgstore")
-        env = dict(os.environ, KAIROS_PG_CONNINFO=ci)
-        r = subprocess.run([PGSTORE_TEST], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=240)
+        with pg_proxy.ReplyDropper(PG.dir, pg_fixture.PORT, b"kairos_wal_append") as px:
+            env = dict(os.environ, KAIROS_PG_CONNINFO=ci,
+                       KAIROS_PG_PROXY_CONNINFO=px.conninfo("pgstore"))
+            r = subprocess.run([PGSTORE_TEST], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=240)
+            dropped = px.dropped
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 13 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 14 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
+        self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
         self.assertEqual(pg_checks.check(PG, "pgstore"), [])
         # and the checker sees a violation when there is one (written past
