@@ -12,7 +12,9 @@
   outcome; a row lock held elsewhere fails a call after lock_timeout
   instead of blocking it; an append whose commit answer is lost (pg_proxy.py)
   is found committed and its repeat is a no-op; the schedule state's compare-and-set has one winner; and what
-  these tests leave in the tables obeys pg_checks.py's invariants.
+  these tests leave in the tables obeys pg_checks.py's invariants; a
+  mandate's rows written out are a WAL file that `kairosctl wal verify` and
+  `recover --dry-run` read unchanged.
 - kairosd --init-db: creates the schema, is idempotent and versioned
   (kairos_schema_migrations), several at once apply it once, a newer schema
   or an unreachable database is an error.
@@ -21,8 +23,10 @@ Environment: KAIROSD, KAIROS_PGSTORE_TEST (the C program; empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without the
 PostgreSQL server binaries or without PostgreSQL support in the build.
 """
+import json
 import os
 import subprocess
+import tempfile
 import sys
 import unittest
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +37,7 @@ import pg_fixture  # noqa: E402
 import pg_proxy  # noqa: E402
 
 KAIROSD = os.environ.get("KAIROSD", "kairosd")
+KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
 SKIP = 77
 
@@ -97,6 +102,43 @@ class InitDb(unittest.TestCase):
 
 
 class Store(unittest.TestCase):
+    def rows_are_a_wal_file(self):
+        """The rows of a mandate, written out, are a WAL file the existing
+        tools read unchanged: wal verify finds it clean, recover --dry-run
+        folds it and decides."""
+        data = rows_file("pgstore", "m-bytes")
+        self.assertGreater(data.count(b"\n"), 5)
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "wal"))
+            path = os.path.join(d, "wal", "m-bytes.wal.jsonl")
+            with open(path, "wb") as f:
+                f.write(data)
+            r = subprocess.run([KAIROSCTL, "wal", "verify", path], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout)
+            # one flipped byte in the rows' bytes is caught as corruption
+            bad = bytearray(data)
+            bad[data.index(b"observe_001")] ^= 1
+            badpath = os.path.join(d, "bad.wal.jsonl")
+            with open(badpath, "wb") as f:
+                f.write(bad)
+            r = subprocess.run([KAIROSCTL, "wal", "verify", badpath], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            os.unlink(badpath)
+            # the first barrier alone (mandate, plan_commit, append, executing):
+            # recovery folds the rows and finds the interrupted step
+            with open(path, "wb") as f:
+                f.write(rows_file("pgstore", "m-bytes", upto=4))
+            r = subprocess.run([KAIROSCTL, "--json", "recover", "--dry-run", "--state-dir", d],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            files = json.loads(r.stdout)["files"]
+            self.assertEqual(len(files), 1, r.stdout)
+            self.assertEqual(files[0]["status"], "clean", r.stdout)
+            self.assertIn('"observe_001"', json.dumps(files[0]["plans"]), r.stdout)
+
     def test_pgstore_program(self):
         ci = PG.createdb("pgstore")
         with pg_proxy.ReplyDropper(PG.dir, pg_fixture.PORT, b"kairos_wal_append") as px:
@@ -112,6 +154,7 @@ class Store(unittest.TestCase):
         self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
         self.assertEqual(pg_checks.check(PG, "pgstore"), [])
+        self.rows_are_a_wal_file()
         # and the checker sees a violation when there is one (written past
         # the fence trigger, which only the owner of the database can do)
         PG.psql("pgstore", "ALTER TABLE kairos_wal DISABLE TRIGGER kairos_wal_fence; "
@@ -123,6 +166,14 @@ class Store(unittest.TestCase):
         self.assertTrue(any(b.startswith("a mandate's rows are numbered") for b in bad), bad)
         self.assertTrue(any(b.startswith("every row ends in a newline and carries") for b in bad),
                         bad)
+
+
+def rows_file(db, mandate, upto=None):
+    """A mandate's rows (up to seq upto), concatenated in seq order, as bytes."""
+    limit = f" AND seq <= {int(upto)}" if upto else ""
+    rows = PG.psql(db, "SELECT encode(line, 'hex') FROM kairos_wal "
+                   f"WHERE mandate_id = '{mandate}'{limit} ORDER BY seq")
+    return b"".join(bytes.fromhex(r[0]) for r in rows)
 
 
 def main():
