@@ -404,6 +404,96 @@ static void test_takeover_during_appends(void **state)
         pgstore_close(b);
 }
 
+/* Many nodes sweeping for expired mandates at once: each is taken exactly
+ * once (SKIP LOCKED and the epoch), none twice, none left. */
+#define NEXPIRED 20
+
+struct sweeper {
+        pthread_barrier_t *barrier;
+        int id;
+        char *taken[NEXPIRED * 2];
+        int ntaken;
+        int rc;
+};
+
+static void *sweep_thread(void *arg)
+{
+        struct sweeper *sw = arg;
+        struct pgstore *s = NULL;
+        char err[512], node[32];
+        snprintf(node, sizeof node, "sweeper-%d", sw->id);
+        sw->rc = pgstore_connect(conninfo(), &s, err, sizeof err);
+        pthread_barrier_wait(sw->barrier);
+        if (sw->rc < 0)
+                return NULL;
+        for (;;) {
+                struct pgstore_takeover t;
+                int r = pgstore_lease_takeover(s, NULL, node, 600000, 0, &t);
+                if (r == -EBUSY)
+                        break;
+                if (r < 0) {
+                        sw->rc = r;
+                        break;
+                }
+                if (strncmp(t.mandate_id, "m-exp-", 6) == 0 && t.epoch == 2 &&
+                    sw->ntaken < NEXPIRED * 2)
+                        sw->taken[sw->ntaken++] = strdup(t.mandate_id);
+                else if (strncmp(t.mandate_id, "m-exp-", 6) == 0)
+                        sw->rc = -EPROTO;  /* an m-exp- mandate taken at another epoch */
+                pgstore_takeover_free(&t);
+        }
+        pgstore_close(s);
+        return NULL;
+}
+
+static void test_concurrent_takeovers_once_each(void **state)
+{
+        struct pgstore *s = store();
+        for (int i = 0; i < NEXPIRED; i++) {
+                char mid[32];
+                snprintf(mid, sizeof mid, "m-exp-%02d", i);
+                assert_int_equal(pgstore_mandate_create(s, mid, NULL, "dead", 1, NULL, 0), 0);
+        }
+        /* wait until all have expired on the database's clock */
+        PGconn *c = raw();
+        int64_t end = mono_ms() + 15000;
+        while (count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id LIKE $1 "
+                        "AND lease_expires_at < now()", "m-exp-%") < NEXPIRED &&
+               mono_ms() < end)
+                usleep(5000);
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, NCLAIMERS);
+        struct sweeper sw[NCLAIMERS];
+        pthread_t th[NCLAIMERS];
+        for (int i = 0; i < NCLAIMERS; i++) {
+                memset(&sw[i], 0, sizeof sw[i]);
+                sw[i].barrier = &barrier;
+                sw[i].id = i;
+                assert_int_equal(pthread_create(&th[i], NULL, sweep_thread, &sw[i]), 0);
+        }
+        int total = 0;
+        bool seen[NEXPIRED] = { false };
+        for (int i = 0; i < NCLAIMERS; i++) {
+                pthread_join(th[i], NULL);
+                assert_int_equal(sw[i].rc, 0);
+                for (int k = 0; k < sw[i].ntaken; k++) {
+                        int idx = atoi(sw[i].taken[k] + 6);
+                        assert_true(idx >= 0 && idx < NEXPIRED);
+                        assert_false(seen[idx]);
+                        seen[idx] = true;
+                        total++;
+                        free(sw[i].taken[k]);
+                }
+        }
+        pthread_barrier_destroy(&barrier);
+        assert_int_equal(total, NEXPIRED);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id LIKE $1 "
+                                  "AND epoch = 2 AND owner LIKE 'sweeper-%'", "m-exp-%"),
+                         NEXPIRED);
+        PQfinish(c);
+        pgstore_close(s);
+}
+
 static void test_node_incarnation(void **state)
 {
         struct pgstore *s = store();
@@ -780,6 +870,7 @@ int main(void)
                 cmocka_unit_test(test_tick_in_future_refused),
                 cmocka_unit_test(test_takeover_fences_old_owner),
                 cmocka_unit_test(test_takeover_during_appends),
+                cmocka_unit_test(test_concurrent_takeovers_once_each),
                 cmocka_unit_test(test_node_incarnation),
                 cmocka_unit_test(test_schedule_compare_and_set),
                 cmocka_unit_test(test_idem_claim_outcomes),

@@ -7,7 +7,8 @@
   connections have exactly one winner; a lease taken over after it ended
   (by the database's clock) bumps the epoch, and the old owner's appends,
   renewals and tool-call claims are refused inside the database with
-  nothing written; WAL rows read back byte-identical to the file WAL; a
+  nothing written; 8 nodes sweeping for expired mandates take each exactly
+  once; WAL rows read back byte-identical to the file WAL; a
   repeated append is idempotent; a lost connection reports an unknown
   outcome; a row lock held elsewhere fails a call after lock_timeout
   instead of blocking it; an append whose commit answer is lost (pg_proxy.py)
@@ -149,7 +150,7 @@ class Store(unittest.TestCase):
             dropped = px.dropped
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 14 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 15 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
         self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
