@@ -26,6 +26,7 @@ PostgreSQL server binaries or without PostgreSQL support in the build.
 """
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import sys
@@ -192,6 +193,8 @@ def main():
     if not bindir:
         print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
         return SKIP
+    # meson's timeout sends SIGTERM: stop the server on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("SIGTERM"))
     with pg_fixture.PgServer(bindir) as pg:
         PG = pg
         prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
