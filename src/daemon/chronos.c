@@ -243,7 +243,7 @@ static void fire_now(struct chronos *c, const char *name, int64_t t, const char 
         fmt_time(t, at);
         log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", name }),
                   "schedule %s: tick %s fires%s", name, at, why);
-        executor_fire(c->d, name, at, NULL);
+        executor_fire(c->d, name, at, NULL, NULL);
 }
 
 /* Hand up to max queued fires to the executor, oldest first. */

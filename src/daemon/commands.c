@@ -35,6 +35,63 @@ static void reply_result(void *ctx, const struct op_result *r)
                 control_reply_error_detail(req, r->code, r->detail, "%s", r->message);
 }
 
+static int parse_filter(struct control_request *req, struct history_filter *f, size_t *limit)
+{
+        bool failed;
+        const char *status = control_arg_string(req, "status", false, &failed);
+        if (failed)
+                return -EINVAL;
+        f->status = -1;
+        if (status && (f->status = mandate_status_parse(status)) < 0) {
+                control_reply_error(req, "bad_argument", "args.status: no status '%s'", status);
+                return -EINVAL;
+        }
+        f->schedule = control_arg_string(req, "schedule", false, &failed);
+        if (failed)
+                return -EINVAL;
+        f->since = control_arg_string(req, "since", false, &failed);
+        if (failed)
+                return -EINVAL;
+        if (f->since && planner_parse_fired_at(f->since, NULL) < 0) {
+                control_reply_error(req, "bad_argument",
+                                    "args.since: not a time YYYY-MM-DDTHH:MM:SSZ: %s", f->since);
+                return -EINVAL;
+        }
+        const char *after = control_arg_string(req, "after", false, &failed);
+        if (failed)
+                return -EINVAL;
+        if (after && !(f->after = mandate_find(req->d, after))) {
+                control_reply_error(req, "not_found", "args.after: no mandate %s (pruned?)",
+                                    after);
+                return -EINVAL;
+        }
+        json_t *lv = json_object_get(req->args, "limit");
+        *limit = 0;
+        if (lv && (!json_is_integer(lv) || json_integer_value(lv) < 0 ||
+                   json_integer_value(lv) > HISTORY_LIST_MAX)) {
+                control_reply_error(req, "bad_argument", "args.limit: must be an integer 0..%d",
+                                    HISTORY_LIST_MAX);
+                return -EINVAL;
+        }
+        if (lv)
+                *limit = (size_t)json_integer_value(lv);
+        return 0;
+}
+
+static void cmd_list(struct control_request *req)
+{
+        struct history_filter f = { 0 };
+        size_t limit;
+        if (parse_filter(req, &f, &limit) < 0)
+                return;
+        json_t *res = NULL;
+        if (history_list(req->d, &f, limit, &res) < 0) {
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        control_reply_ok(req, res);
+}
+
 static void cmd_status(struct control_request *req)
 {
         struct daemon *d = req->d;
@@ -264,7 +321,7 @@ static void do_resolve(struct mandate_op *op, struct mandate *m)
                 op_fail(op, "not_found", "mandate %s has no step %s", m->id, op->step);
                 goto out;
         }
-        if (!s->status || strcmp(s->status, "needs_review") != 0) {
+        if (s->state != STEP_NEEDS_REVIEW) {
                 op_fail(op, "conflict", "step %s is %s, not needs_review: nothing to resolve",
                         op->step, s->status ? s->status : "pending");
                 goto out;
@@ -609,7 +666,7 @@ static void cmd_cancel(struct control_request *req)
                                     m->id);
                 return;
         }
-        executor_cancel(m, reason, req);
+        executor_cancel(m, reason, req->uid, reply_result, req);
 }
 
 static void cmd_resume(struct control_request *req)
@@ -729,7 +786,7 @@ static void cmd_retry(struct control_request *req)
                 .reason = reason ? reason : "retried by operator", .retry = n,
                 .uid = (long long)req->uid,
         };
-        executor_retry(req->d, &rt, req);
+        executor_retry(req->d, &rt, reply_result, req);
 }
 
 static void cmd_fire(struct control_request *req)
@@ -761,7 +818,7 @@ static void cmd_fire(struct control_request *req)
                 planner_format_fired_at((int64_t)time(NULL), now);
                 at = now;
         }
-        executor_fire(req->d, schedule, at, req);
+        executor_fire(req->d, schedule, at, reply_result, req);
 }
 
 static void cmd_approve(struct control_request *req)
@@ -997,7 +1054,7 @@ static void cmd_test_idem_clock(struct control_request *req)
  * read are still answered, and so are a running handler's tool calls; every
  * other command is refused with "shutting_down". */
 static const struct command commands[] = {
-        { "status", cmd_status, true },        { "list", history_cmd_list, true },
+        { "status", cmd_status, true },        { "list", cmd_list, true },
         { "show", cmd_show, true },            { "schedules", cmd_schedules, true },
         { "pause", cmd_pause, false },         { "resume", cmd_resume, false },
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },

@@ -42,6 +42,8 @@ enum mandate_status {
 };
 
 const char *mandate_status_name(enum mandate_status s);
+/* The status named `name` (an enum mandate_status), or -ENOENT. */
+int mandate_status_parse(const char *name);
 
 struct mandate {
         struct daemon *d;
@@ -197,8 +199,19 @@ void history_start(struct daemon *d);
 void history_stop(struct daemon *d);
 /* Prune now (test hook after moving the fake clock). */
 void history_prune_now(struct daemon *d);
-struct control_request;
-void history_cmd_list(struct control_request *req);
+/* Rows of `list` (the most rows an answer holds: HISTORY_LIST_MAX). */
+#define HISTORY_LIST_MAX 100000
+struct history_filter {
+        int status;                   /* an enum mandate_status; -1: any */
+        const char *schedule;         /* NULL: any */
+        const char *since;            /* fired_at >= since; NULL: any */
+        const struct mandate *after;  /* cursor: rows strictly after it; NULL: from the first */
+};
+/* The first `limit` (0: all) mandates matching f, newest first, as the
+ * result of `list` (kairosctl(1)): *ret_result owned by the caller.
+ * -ENOMEM. */
+int history_list(struct daemon *d, const struct history_filter *f, size_t limit,
+                 json_t **ret_result);
 
 /* control.c */
 int control_start(struct daemon *d, const char *path);

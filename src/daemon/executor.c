@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "control.h"
+#include "result.h"
 #include "kairos/canon.h"
 #include "kairos/decide.h"
 #include "kairos/fold.h"
@@ -64,7 +64,7 @@ enum next_kind {
 
 struct advance {
         struct mandate *m;
-        struct control_request *req;  /* fire: reply when durable */
+        struct op_reply reply;        /* fire: answered when durable */
         bool decide;                  /* fold + decide + act (false: only append + flush) */
         /* records to append first (strings owned by `owned`) */
         struct wal_record pre[MAX_BATCH];
@@ -103,14 +103,14 @@ struct advance {
         bool cancel, cancel_too_late;
         char *cancel_reason;
         long long cancel_uid;
-        struct control_request *cancel_req;
+        struct op_reply cancel_reply;
         char *interrupted;            /* the step whose handler the cancel stopped */
 };
 
 struct mandate_cancel {
         char *reason;
         uid_t uid;
-        struct control_request *req;
+        struct op_reply reply;
         bool submitted;               /* its advance job is queued */
 };
 
@@ -1718,12 +1718,10 @@ static void run_finished(struct exec_run *run)
         }
         if (m->cancel) {
                 /* the stop came first: the step is recorded for review */
-                if (m->cancel->req)
-                        control_reply_error(m->cancel->req, "stopping",
-                                            "kairosd is stopping: the cancel of %s was not "
-                                            "completed (its step is recorded for review)",
-                                            m->id);
-                m->cancel->req = NULL;
+                op_reply_error(&m->cancel->reply, "stopping",
+                               "kairosd is stopping: the cancel of %s was not "
+                               "completed (its step is recorded for review)",
+                               m->id);
                 mandate_cancel_free(m);
         }
         start_advance(m, a);
@@ -1735,10 +1733,10 @@ static void run_finished(struct exec_run *run)
 
 static void finish_fire_reply(struct advance *a, bool fired)
 {
-        if (!a->req)
+        if (!op_reply_wanted(&a->reply))
                 return;
         if (a->error) {
-                control_reply_error(a->req, "wal_io_error", "%s", a->errmsg);
+                op_reply_error(&a->reply, "wal_io_error", "%s", a->errmsg);
         } else {
                 json_t *res = json_pack("{s:s, s:s, s:s, s:b, s:s}", "mandate", a->m->id,
                                         "schedule", a->m->schedule, "fired_at",
@@ -1748,9 +1746,8 @@ static void finish_fire_reply(struct advance *a, bool fired)
                         json_object_set_new(res, "retry_of", json_string(a->m->retry_of));
                         json_object_set_new(res, "retry", json_integer(a->m->retry));
                 }
-                control_reply_ok(a->req, res);
+                op_reply_ok(&a->reply, res);
         }
-        a->req = NULL;
 }
 
 static void advance_done(void *arg)
@@ -1775,9 +1772,7 @@ static void advance_done(void *arg)
                           "mandate %s paused (%s): %s", m->id, m->reason, a->errmsg);
                 mandate_wal_close(m);
                 finish_fire_reply(a, true);
-                if (a->cancel_req)
-                        control_reply_error(a->cancel_req, "wal_io_error", "%s", a->errmsg);
-                a->cancel_req = NULL;
+                op_reply_error(&a->cancel_reply, "wal_io_error", "%s", a->errmsg);
                 if (a->cancel)
                         mandate_cancel_free(m);
                 release_slot(m);
@@ -1788,20 +1783,17 @@ static void advance_done(void *arg)
                 for (unsigned k = 0; k < a->completed_inline[i]; k++)
                         metrics_step(d->metrics, i, WAL_OP_COMPLETED, 0);
         if (a->cancel && a->cancel_too_late) {
-                control_reply_error(a->cancel_req, "conflict",
-                                    "mandate %s ended (%s) before the cancel took effect", m->id,
-                                    mandate_status_name(m->status));
-                a->cancel_req = NULL;
+                op_reply_error(&a->cancel_reply, "conflict",
+                               "mandate %s ended (%s) before the cancel took effect", m->id,
+                               mandate_status_name(m->status));
                 mandate_cancel_free(m);
                 goto out;
         }
-        if (a->cancel_req) {
-                control_reply_ok(a->cancel_req,
-                                 json_pack("{s:s, s:s, s:s?}", "mandate", m->id, "status",
-                                           mandate_status_name(MANDATE_CANCELLED), "interrupted",
-                                           a->interrupted));
-                a->cancel_req = NULL;
-        }
+        if (op_reply_wanted(&a->cancel_reply))
+                op_reply_ok(&a->cancel_reply,
+                            json_pack("{s:s, s:s, s:s?}", "mandate", m->id, "status",
+                                      mandate_status_name(MANDATE_CANCELLED), "interrupted",
+                                      a->interrupted));
         if (a->cancel) {
                 mandate_cancel_free(m);
         } else if (m->cancel && a->next != NEXT_END) {
@@ -1885,8 +1877,7 @@ static void start_advance(struct mandate *m, struct advance *a)
                 m->busy--;
                 log_error("out of memory: cannot advance %s", m->id);
                 finish_fire_reply(a, false);
-                if (a->cancel_req)
-                        control_reply_error(a->cancel_req, "internal", "out of memory");
+                op_reply_error(&a->cancel_reply, "internal", "out of memory");
                 if (a->cancel)
                         mandate_cancel_free(m);
                 advance_free(a);
@@ -1900,8 +1891,7 @@ static void mandate_cancel_free(struct mandate *m)
         if (!c)
                 return;
         m->cancel = NULL;
-        if (c->req)
-                control_reply_error(c->req, "internal", "the cancel of %s was dropped", m->id);
+        op_reply_error(&c->reply, "internal", "the cancel of %s was dropped", m->id);
         free(c->reason);
         free(c);
 }
@@ -1926,11 +1916,10 @@ static void submit_cancel(struct mandate *m, struct advance *a)
         a->decide = false;
         a->cancel_reason = strdup(c->reason);
         a->cancel_uid = (long long)c->uid;
-        a->cancel_req = c->req;
-        c->req = NULL;
+        a->cancel_reply = c->reply;
+        c->reply = (struct op_reply){ 0 };
         if (!a->cancel_reason) {
-                control_reply_error(a->cancel_req, "internal", "out of memory");
-                a->cancel_req = NULL;
+                op_reply_error(&a->cancel_reply, "internal", "out of memory");
                 advance_free(a);
                 mandate_cancel_free(m);
                 return;
@@ -1938,19 +1927,21 @@ static void submit_cancel(struct mandate *m, struct advance *a)
         start_advance(m, a);
 }
 
-void executor_cancel(struct mandate *m, const char *reason, struct control_request *req)
+void executor_cancel(struct mandate *m, const char *reason, uid_t by,
+                     void (*done)(void *ctx, const struct op_result *r), void *ctx)
 {
+        struct op_reply reply = { done, ctx };
         struct mandate_cancel *c = calloc(1, sizeof(*c));
         if (!c || !(c->reason = strdup(reason))) {
                 free(c);
-                control_reply_error(req, "internal", "out of memory");
+                op_reply_error(&reply, "internal", "out of memory");
                 return;
         }
-        c->uid = req->uid;
-        c->req = req;
+        c->uid = by;
+        c->reply = reply;
         m->cancel = c;
         char uid[32];
-        snprintf(uid, sizeof uid, "%u", (unsigned)req->uid);
+        snprintf(uid, sizeof uid, "%u", (unsigned)by);
         log_event(LOG_NOTICE, MSGID_OPERATOR,
                   LOG_FIELDS({ "MANDATE_ID", m->id }, { "OPERATOR_UID", uid }),
                   "mandate %s cancelled by uid %s: %s%s", m->id, uid, reason,
@@ -2093,7 +2084,7 @@ void executor_kick(struct daemon *d)
 }
 
 struct fire_dup {
-        struct control_request *req;
+        struct op_reply reply;
         struct mandate *m;
 };
 
@@ -2108,37 +2099,37 @@ static void fire_dup_done(void *arg)
         struct mandate *m = dup->m;
         m->busy--;
         if (m->status == MANDATE_WAL_IO_ERROR || m->status == MANDATE_QUARANTINED)
-                control_reply_error(dup->req, mandate_status_name(m->status),
-                                    "mandate %s of this fire is %s: %s", m->id,
-                                    mandate_status_name(m->status), m->reason ? m->reason : "");
+                op_reply_error(&dup->reply, mandate_status_name(m->status),
+                               "mandate %s of this fire is %s: %s", m->id,
+                               mandate_status_name(m->status), m->reason ? m->reason : "");
         else
-                control_reply_ok(dup->req,
-                                 json_pack("{s:s, s:s?, s:s?, s:b, s:s, s:s}", "mandate", m->id,
-                                           "schedule", m->schedule, "fired_at", m->fired_at,
-                                           "fired", 0, "status", mandate_status_name(m->status),
-                                           "message", "already fired: nothing to do"));
+                op_reply_ok(&dup->reply,
+                            json_pack("{s:s, s:s?, s:s?, s:b, s:s, s:s}", "mandate", m->id,
+                                      "schedule", m->schedule, "fired_at", m->fired_at,
+                                      "fired", 0, "status", mandate_status_name(m->status),
+                                      "message", "already fired: nothing to do"));
         free(dup);
 }
 
 static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
-                      const struct executor_retry *rt, struct control_request *req);
+                      const struct executor_retry *rt, struct op_reply reply);
 
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
-                   struct control_request *req)
+                   void (*done)(void *ctx, const struct op_result *r), void *ctx)
 {
-        fire_tick(d, schedule, fired_at, 0, NULL, req);
+        fire_tick(d, schedule, fired_at, 0, NULL, (struct op_reply){ done, ctx });
 }
 
 void executor_retry(struct daemon *d, const struct executor_retry *rt,
-                    struct control_request *req)
+                    void (*done)(void *ctx, const struct op_result *r), void *ctx)
 {
-        fire_tick(d, rt->schedule, rt->fired_at, rt->retry, rt, req);
+        fire_tick(d, rt->schedule, rt->fired_at, rt->retry, rt, (struct op_reply){ done, ctx });
 }
 
 /* Fire (schedule, fired_at): its first mandate (retry 0), or with rt a
  * retry of it (kairosctl retry). */
 static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
-                      const struct executor_retry *rt, struct control_request *req)
+                      const struct executor_retry *rt, struct op_reply reply)
 {
         const struct config_schedule *sc = NULL;
         for (size_t i = 0; i < d->cfg->nschedules; i++)
@@ -2147,27 +2138,23 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         const struct config_broken *broken = config_find_broken(d->cfg, schedule);
         if (broken) {
                 /* (a retained configuration only serves mandates already running) */
-                if (req)
-                        control_reply_error(req, "schedule_broken",
-                                            "schedule '%s' is broken, fix its file and reload: %s",
-                                            schedule, broken->errors.n ? broken->errors.msgs[0]
-                                                                       : "?");
+                op_reply_error(&reply, "schedule_broken",
+                               "schedule '%s' is broken, fix its file and reload: %s", schedule,
+                               broken->errors.n ? broken->errors.msgs[0] : "?");
                 return;
         }
         if (!sc) {
-                if (req)
-                        control_reply_error(req, "not_found", "no schedule named '%s'", schedule);
+                op_reply_error(&reply, "not_found", "no schedule named '%s'", schedule);
                 return;
         }
         struct planner_plan p;
         if (planner_build_retry(schedule, fired_at, retry, 1, &p) < 0) {
-                if (req)
-                        control_reply_error(req, "bad_argument", "cannot plan %s at %s", schedule,
-                                            fired_at);
+                op_reply_error(&reply, "bad_argument", "cannot plan %s at %s", schedule,
+                               fired_at);
                 return;
         }
         struct mandate *m = mandate_find(d, p.mandate_id);
-        if (m && !req) {
+        if (m && !op_reply_wanted(&reply)) {
                 log_info("schedule %s at %s: mandate %s exists already (%s): nothing to do",
                          schedule, fired_at, m->id, mandate_status_name(m->status));
                 return;
@@ -2178,16 +2165,16 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                  * of a plan that is not durable yet. */
                 struct fire_dup *dup = calloc(1, sizeof(*dup));
                 if (!dup) {
-                        control_reply_error(req, "internal", "out of memory");
+                        op_reply_error(&reply, "internal", "out of memory");
                         return;
                 }
-                dup->req = req;
+                dup->reply = reply;
                 dup->m = m;
                 m->busy++;
                 if (serialq_submit(&m->q, fire_dup_work, fire_dup_done, dup) < 0) {
                         m->busy--;
                         free(dup);
-                        control_reply_error(req, "internal", "out of memory");
+                        op_reply_error(&reply, "internal", "out of memory");
                 }
                 return;
         }
@@ -2198,11 +2185,9 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", schedule }),
                           "fire of %s at %s rejected: mandate %s is still %s (Concurrency=reject)",
                           schedule, fired_at, busy->id, mandate_status_name(busy->status));
-                if (req)
-                        control_reply_error(req, "rejected",
-                                            "schedule %s has Concurrency=reject and mandate %s "
-                                            "is still %s",
-                                            schedule, busy->id, mandate_status_name(busy->status));
+                op_reply_error(&reply, "rejected",
+                               "schedule %s has Concurrency=reject and mandate %s is still %s",
+                               schedule, busy->id, mandate_status_name(busy->status));
                 return;
         }
         char *path = NULL;
@@ -2211,8 +2196,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                     : mandate_add(d, p.mandate_id, path);
         free(path);
         if (!m) {
-                if (req)
-                        control_reply_error(req, "internal", "out of memory");
+                op_reply_error(&reply, "internal", "out of memory");
                 return;
         }
         m->schedule = strdup(schedule);
@@ -2225,11 +2209,10 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         m->started_ms = now_ms_realtime();
         struct advance *a = advance_new(m);
         if (!a) {
-                if (req)
-                        control_reply_error(req, "internal", "out of memory");
+                op_reply_error(&reply, "internal", "out of memory");
                 return;
         }
-        a->req = req;
+        a->reply = reply;
         a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_MANDATE, .mandate_id = own(a, m->id),
                                                  .schedule = own(a, schedule),
                                                  .fired_at = own(a, fired_at),
@@ -2269,7 +2252,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 log_event(LOG_NOTICE, NULL,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
                           "fired %s at %s: mandate %s", schedule, fired_at, m->id);
-        metrics_fire(d->metrics, schedule, req != NULL);
+        metrics_fire(d->metrics, schedule, op_reply_wanted(&reply));
         start_advance(m, a);
 }
 
@@ -2319,7 +2302,7 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
 void executor_free_mandate(struct mandate *m)
 {
         if (m->cancel)
-                m->cancel->req = NULL; /* the loop is gone: nobody to answer */
+                m->cancel->reply = (struct op_reply){ 0 }; /* the loop is gone: nobody to answer */
         mandate_cancel_free(m);
         free(m->fired_at);
         free(m->goal);

@@ -10,8 +10,11 @@
 
 #include "daemon.h"
 #include "kairos/decide.h"
+#include "result.h"
 
-struct control_request;
+/* Operations a client asks for (fire, retry, cancel) answer through
+ * done(ctx, result), exactly once, on the loop thread (commands.c turns the
+ * result into the reply); done NULL: nobody asked. */
 
 /* kairosctl retry: retry number `retry` (>= 1) of the tick (schedule,
  * fired_at), a new mandate whose mandate record names retry_of; the reply
@@ -22,18 +25,20 @@ struct executor_retry {
         long long uid;
 };
 void executor_retry(struct daemon *d, const struct executor_retry *rt,
-                    struct control_request *req);
-/* Fire SCHEDULE at fired_at: plan committed durably, then the reply (or a
- * no-op reply if that (schedule, fired_at) was fired before). */
+                    void (*done)(void *ctx, const struct op_result *r), void *ctx);
+/* Fire SCHEDULE at fired_at: plan committed durably, then the answer (or a
+ * no-op answer if that (schedule, fired_at) was fired before). */
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
-                   struct control_request *req);
+                   void (*done)(void *ctx, const struct op_result *r), void *ctx);
 
 /* kairosctl cancel: a running handler gets SIGTERM (its process group),
  * SIGKILL 5 s later; its step is recorded failed (error_class cancelled) —
  * an act that was interrupted stays visible as such — then an operator
  * record (action cancel), the open plan finalized abandoned, and the
- * mandate ends cancelled (archived).  Replies to req when that is durable. */
-void executor_cancel(struct mandate *m, const char *reason, struct control_request *req);
+ * mandate ends cancelled (archived).  Answers when that is durable; `by`
+ * is the uid the operator record names. */
+void executor_cancel(struct mandate *m, const char *reason, uid_t by,
+                     void (*done)(void *ctx, const struct op_result *r), void *ctx);
 
 /* A mandate became runnable (recovery, resume, resolve, approve): queue it. */
 void executor_enqueue(struct mandate *m);

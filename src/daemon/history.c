@@ -10,14 +10,12 @@
 #include <string.h>
 
 #include "chronos.h"
-#include "control.h"
 #include "daemon.h"
 #include "kairos/kio.h"
 #include "kairos/planner.h"
 #include "kairos/wal.h"
 #include "log.h"
 
-#define LIST_MAX_LIMIT 100000
 #define RETENTION_PERIOD_MS (60 * 1000)
 
 static bool finished(const struct mandate *m)
@@ -74,14 +72,7 @@ static int order(const struct mandate *a, const struct mandate *b)
         return c ? c : strcmp(b->id, a->id);
 }
 
-struct filter {
-        int status;              /* -1: any */
-        const char *schedule;
-        const char *since;       /* fired_at >= since */
-        const struct mandate *after;  /* cursor: rows strictly after it */
-};
-
-static bool matches(const struct filter *f, const struct mandate *m)
+static bool matches(const struct history_filter *f, const struct mandate *m)
 {
         if (f->status >= 0 && (int)m->status != f->status)
                 return false;
@@ -155,77 +146,20 @@ static json_t *row_json(const struct mandate *m)
         return o;
 }
 
-static int status_by_name(const char *name)
+int history_list(struct daemon *d, const struct history_filter *f, size_t limit,
+                 json_t **ret_result)
 {
-        for (int s = 0; s < MANDATE__STATUS_MAX; s++)
-                if (strcmp(mandate_status_name(s), name) == 0)
-                        return s;
-        return -1;
-}
-
-static int parse_filter(struct control_request *req, struct filter *f, size_t *limit)
-{
-        bool failed;
-        const char *status = control_arg_string(req, "status", false, &failed);
-        if (failed)
-                return -EINVAL;
-        f->status = -1;
-        if (status && (f->status = status_by_name(status)) < 0) {
-                control_reply_error(req, "bad_argument", "args.status: no status '%s'", status);
-                return -EINVAL;
-        }
-        f->schedule = control_arg_string(req, "schedule", false, &failed);
-        if (failed)
-                return -EINVAL;
-        f->since = control_arg_string(req, "since", false, &failed);
-        if (failed)
-                return -EINVAL;
-        if (f->since && planner_parse_fired_at(f->since, NULL) < 0) {
-                control_reply_error(req, "bad_argument",
-                                    "args.since: not a time YYYY-MM-DDTHH:MM:SSZ: %s", f->since);
-                return -EINVAL;
-        }
-        const char *after = control_arg_string(req, "after", false, &failed);
-        if (failed)
-                return -EINVAL;
-        if (after && !(f->after = mandate_find(req->d, after))) {
-                control_reply_error(req, "not_found", "args.after: no mandate %s (pruned?)",
-                                    after);
-                return -EINVAL;
-        }
-        json_t *lv = json_object_get(req->args, "limit");
-        *limit = 0;
-        if (lv && (!json_is_integer(lv) || json_integer_value(lv) < 0 ||
-                   json_integer_value(lv) > LIST_MAX_LIMIT)) {
-                control_reply_error(req, "bad_argument", "args.limit: must be an integer 0..%d",
-                                    LIST_MAX_LIMIT);
-                return -EINVAL;
-        }
-        if (lv)
-                *limit = (size_t)json_integer_value(lv);
-        return 0;
-}
-
-void history_cmd_list(struct control_request *req)
-{
-        struct daemon *d = req->d;
-        struct filter f = { 0 };
-        size_t limit;
-        if (parse_filter(req, &f, &limit) < 0)
-                return;
         size_t n = strmap_size(d->mandates);
         size_t cap = limit && limit < n ? limit : n;
         const struct mandate **h = calloc(cap ? cap : 1, sizeof(*h));
-        if (!h) {
-                control_reply_error(req, "internal", "out of memory");
-                return;
-        }
+        if (!h)
+                return -ENOMEM;
         size_t kept = 0, total = 0, pos = 0;
         const char *k;
         void *v;
         while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
                 const struct mandate *m = v;
-                if (!matches(&f, m))
+                if (!matches(f, m))
                         continue;
                 total++;
                 if (kept < cap) {
@@ -245,7 +179,10 @@ void history_cmd_list(struct control_request *req)
         if (total > kept && kept)
                 json_object_set_new(res, "next", json_string(h[kept - 1]->id));
         free(h);
-        control_reply_ok(req, res);
+        if (!res)
+                return -ENOMEM;
+        *ret_result = res;
+        return 0;
 }
 
 /* ---- retention ---- */

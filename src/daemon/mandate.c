@@ -31,6 +31,14 @@ const char *mandate_status_name(enum mandate_status s)
         return s < MANDATE__STATUS_MAX ? status_names[s] : "unknown";
 }
 
+int mandate_status_parse(const char *name)
+{
+        for (int s = 0; name && s < MANDATE__STATUS_MAX; s++)
+                if (strcmp(status_names[s], name) == 0)
+                        return s;
+        return -ENOENT;
+}
+
 struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path)
 {
         struct mandate *m = calloc(1, sizeof(*m));

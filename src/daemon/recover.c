@@ -451,11 +451,8 @@ static void load_summary(struct daemon *d, const char *path)
         }
         struct mandate *m = mandate_find(d, id) ? NULL : mandate_add(d, id, archive);
         if (m) {
-                enum mandate_status st = MANDATE_DONE;
-                for (int i = 0; i < MANDATE__STATUS_MAX; i++)
-                        if (strcmp(mandate_status_name(i), status) == 0)
-                                st = i;
-                mandate_set_status(m, st, json_string_value(json_object_get(j, "reason")));
+                int st = mandate_status_parse(status);
+                mandate_set_status(m, st < 0 ? MANDATE_DONE : st, json_string_value(json_object_get(j, "reason")));
                 const char *v;
                 if ((v = json_string_value(json_object_get(j, "schedule"))))
                         m->schedule = strdup(v);
