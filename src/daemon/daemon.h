@@ -121,7 +121,7 @@ struct daemon {
         unsigned running;                          /* mandates holding a slot */
         void (*executor_idle)(struct daemon *d);   /* shutdown: nothing runs any more */
         uv_timer_t grace_timer;
-        /* finished mandates whose archives wait for one syncfs (executor.c) */
+        /* finished mandates whose archives wait for one syncfs (executor_archive.c) */
         struct mandate **arch_pending;
         char **arch_paths;                         /* their archive paths */
         size_t arch_npending, arch_cap;

@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+/* Archiving finished mandates, in batches (docs/design.md §6, rule 4). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "executor_internal.h"
+#include "kairos/kio.h"
+#include "log.h"
+
+/* ---- archiving finished mandates, in batches ----
+ *
+ * A finished mandate's summary and archive are written (not synced) by its
+ * last advance job; the WAL stays.  Finished mandates gather here until
+ * ARCHIVE_BATCH of them wait, ARCHIVE_DELAY_MS passed, nothing runs any
+ * more (no mandate holds a slot) or the daemon stops; then ONE syncfs makes every archive and summary of the batch
+ * durable, and only then is each WAL unlinked (a job on the mandate's own
+ * queue, which also points the mandate at its archive).  The unlinks need
+ * no sync of their own: the next batch's syncfs (or the last one at
+ * shutdown) covers them, and a WAL that comes back after a crash is
+ * finalized, so the next start ends and archives it again. */
+
+#define ARCHIVE_BATCH 64
+#define ARCHIVE_DELAY_MS 1000
+
+struct archive_batch {
+        struct daemon *d;
+        struct mandate **m;
+        size_t n;
+        int error;
+};
+
+struct archive_unlink {
+        struct mandate *m;
+        char *archive_path;
+        int error;
+};
+
+bool archive_busy(const struct daemon *d)
+{
+        return d->arch_npending || d->arch_syncing || d->arch_unlinking || d->arch_unsynced;
+}
+
+static void on_archive_timer(uv_timer_t *t)
+{
+        archive_flush(t->data);
+}
+
+void archive_enqueue(struct mandate *m, char *archive_path)
+{
+        struct daemon *d = m->d;
+        if (!archive_path) {
+                /* (out of memory in the job: the WAL stays; the next start ends it again) */
+                log_error("mandate %s: no archive path; its WAL stays", m->id);
+                return;
+        }
+        if (d->arch_npending == d->arch_cap) {
+                size_t cap = d->arch_cap ? d->arch_cap * 2 : 16;
+                struct mandate **pm = realloc(d->arch_pending, cap * sizeof(*pm));
+                char **pp = realloc(d->arch_paths, cap * sizeof(*pp));
+                if (pm)
+                        d->arch_pending = pm;
+                if (pp)
+                        d->arch_paths = pp;
+                if (!pm || !pp) {
+                        log_error("mandate %s: out of memory; its WAL stays", m->id);
+                        free(archive_path);
+                        return;
+                }
+                d->arch_cap = cap;
+        }
+        m->busy++; /* alive until its WAL is gone */
+        d->arch_pending[d->arch_npending] = m;
+        d->arch_paths[d->arch_npending++] = archive_path;
+        if (d->arch_npending >= ARCHIVE_BATCH || d->stopping) {
+                archive_flush(d);
+                return;
+        }
+        if (!d->arch_timer_init) {
+                uv_timer_init(d->loop, &d->arch_timer);
+                d->arch_timer.data = d;
+                d->arch_timer_init = true;
+        }
+        if (!uv_is_active((uv_handle_t *)&d->arch_timer))
+                uv_timer_start(&d->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
+}
+
+static void archive_unlink_work(void *arg)
+{
+        struct archive_unlink *u = arg;
+        const struct kio *io = kio_posix();
+        u->error = io->unlink(io->ctx, u->m->wal_path);
+        if (u->error == -ENOENT)
+                u->error = 0; /* gone already */
+}
+
+static void archive_unlink_done(void *arg)
+{
+        struct archive_unlink *u = arg;
+        struct mandate *m = u->m;
+        struct daemon *d = m->d;
+        if (u->error) {
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s paused (%s): removing %s after archiving: %s", m->id,
+                          m->reason, m->wal_path, strerror(-u->error));
+                free(u->archive_path);
+        } else {
+                log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s: WAL archived (%s)", m->id, u->archive_path);
+                free(m->wal_path);
+                m->wal_path = u->archive_path;
+                m->archived = true;
+                d->arch_unsynced = true;
+                history_finished(m); /* retention counts archived mandates */
+        }
+        m->busy--;
+        d->arch_unlinking--;
+        free(u);
+        daemon_update_status(d);
+        if (d->arch_unlinking == 0)
+                executor_check_idle(d);
+}
+
+static void archive_sync_work(void *arg)
+{
+        struct archive_batch *b = arg;
+        b->error = kio_syncfs(kio_posix(), b->d->cfg->state_directory);
+}
+
+static void archive_sync_done(void *arg)
+{
+        struct archive_batch *b = arg;
+        struct daemon *d = b->d;
+        d->arch_syncing = false;
+        d->syncfs_calls++;
+        if (b->error) {
+                /* Nothing is unlinked: the WALs stay the truth; a later batch
+                 * (or the next start) tries again. */
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, NULL, 0,
+                          "syncfs of %s failed: %s; %zu finished WAL%s kept", d->cfg->state_directory,
+                          strerror(-b->error), b->n, b->n == 1 ? "" : "s");
+                for (size_t i = 0; i < b->n; i++)
+                        b->m[i]->busy--;
+        } else {
+                d->arch_unsynced = false;
+                for (size_t i = 0; i < b->n; i++) {
+                        struct archive_unlink *u = calloc(1, sizeof(*u));
+                        struct mandate *m = b->m[i];
+                        if (u) {
+                                u->m = m;
+                                u->archive_path = d->arch_batch_paths[i];
+                                d->arch_batch_paths[i] = NULL;
+                        }
+                        if (!u || serialq_submit(&m->q, archive_unlink_work, archive_unlink_done,
+                                                 u) < 0) {
+                                log_error("mandate %s: out of memory; its WAL stays", m->id);
+                                if (u)
+                                        free(u->archive_path);
+                                free(u);
+                                m->busy--;
+                                continue;
+                        }
+                        d->arch_unlinking++;
+                }
+        }
+        for (size_t i = 0; i < b->n; i++)
+                free(d->arch_batch_paths[i]);
+        free(d->arch_batch_paths);
+        d->arch_batch_paths = NULL;
+        free(b->m);
+        free(b);
+        if (d->arch_npending >= ARCHIVE_BATCH || (d->stopping && d->arch_npending))
+                archive_flush(d);
+        else if (d->arch_npending && d->arch_timer_init &&
+                 !uv_is_active((uv_handle_t *)&d->arch_timer))
+                uv_timer_start(&d->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
+        executor_check_idle(d);
+}
+
+/* Start a batch: one syncfs for every finished mandate waiting (or, with
+ * none waiting, for the unlinks since the last one). */
+void archive_flush(struct daemon *d)
+{
+        if (d->arch_syncing)
+                return; /* archive_sync_done starts the next batch */
+        if (d->arch_timer_init)
+                uv_timer_stop(&d->arch_timer);
+        if (!d->arch_npending && !d->arch_unsynced)
+                return;
+        struct archive_batch *b = calloc(1, sizeof(*b));
+        if (!b) {
+                log_error("out of memory: archiving later");
+                return;
+        }
+        b->d = d;
+        b->m = d->arch_pending;
+        b->n = d->arch_npending;
+        d->arch_batch_paths = d->arch_paths;
+        d->arch_pending = NULL;
+        d->arch_paths = NULL;
+        d->arch_npending = d->arch_cap = 0;
+        if (serialq_submit(&d->admin_q, archive_sync_work, archive_sync_done, b) < 0) {
+                log_error("out of memory: archiving later");
+                d->arch_pending = b->m;
+                d->arch_paths = d->arch_batch_paths;
+                d->arch_npending = d->arch_cap = b->n;
+                d->arch_batch_paths = NULL;
+                free(b);
+                return;
+        }
+        d->arch_syncing = true;
+}

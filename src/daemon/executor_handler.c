@@ -1,0 +1,901 @@
+/* SPDX-License-Identifier: MIT */
+/* Handler runs: a step's handler program runs in its own process group
+ * through the runner (runner.h) with the environment, stdin document and
+ * output handling of kairosd(8), HANDLERS; how it ended becomes the step's
+ * records (an advance job, executor_advance.c). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "executor.h"
+#include "executor_internal.h"
+#include "kairos/canon.h"
+#include "kairos/idem.h"
+#include "kairos/kjson.h"
+#include "kairos/strmap.h"
+#include "log.h"
+#include "metrics.h"
+
+#define MAX_OUTPUT (1024 * 1024)
+#define STDERR_LOG_MAX (64 * 1024)  /* bytes of a step's stderr that are logged */
+#define STDERR_LINE_MAX 4096        /* bytes of one logged line */
+#define KILL_GRACE_MS 5000
+#define SPAWN_RETRY_MIN_MS 100
+#define SPAWN_RETRY_MAX_MS 5000
+
+static void run_free_spawn_args(struct exec_run *run)
+{
+        config_strv_free(run->argv);
+        run->argv = NULL;
+        config_strv_free(run->env);
+        run->env = NULL;
+        free(run->cwd);
+        run->cwd = NULL;
+}
+
+static void groups_add(struct exec_run *run);
+static void groups_remove(struct exec_run *run);
+static void run_finished(struct exec_run *run);
+
+static void on_run_handle_closed(uv_handle_t *h)
+{
+        struct exec_run *run = h->data;
+        if (--run->open_handles > 0)
+                return;
+        run_free_spawn_args(run);
+        free(run->cmdline);
+        kbuf_free(&run->out_buf);
+        kbuf_free(&run->err_line);
+        free(run->stdin_doc);
+        free(run->step_id);
+        free(run->expected_post);
+        free(run);
+}
+
+void handler_close(struct exec_run *run)
+{
+        uv_handle_t *hs[] = { (uv_handle_t *)&run->in, (uv_handle_t *)&run->out,
+                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer };
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+                if (hs[i]->data == run && !uv_is_closing(hs[i]))
+                        uv_close(hs[i], on_run_handle_closed);
+}
+
+static void run_maybe_finish(struct exec_run *run)
+{
+        if (run->finished || !run->exited || !run->out_eof || !run->err_eof)
+                return;
+        run->finished = true;
+        uv_timer_stop(&run->timer);
+        run_finished(run);
+}
+
+void handler_kill(struct exec_run *run, int sig)
+{
+        if (run->started && !run->exited)
+                runner_kill(&run->job, sig);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+        struct exec_run *run = t->data;
+        handler_kill(run, SIGKILL);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+        struct exec_run *run = t->data;
+        run->timed_out = true;
+        handler_kill(run, SIGTERM);
+        uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
+}
+
+/* The runner reaped the handler (and killed what was left of its group). */
+static void on_job_exited(struct runner_job *job, int exit_status, int term_signal)
+{
+        struct exec_run *run = job->data;
+        groups_remove(run);
+        run->exited = true;
+        run->exit_status = exit_status;
+        run->term_signal = term_signal;
+        run->oom_killed = job->oom_killed;
+        run_maybe_finish(run);
+}
+
+static void on_alloc_out(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+        (void)suggested;
+        struct exec_run *run = h->data;
+        struct kbuf *b = (uv_pipe_t *)h == &run->out ? &run->out_buf : &run->err_line;
+        if (kbuf_reserve(b, 65536) < 0) {
+                *buf = uv_buf_init(NULL, 0);
+                return;
+        }
+        *buf = uv_buf_init(b->data + b->len, 65536);
+}
+
+static void on_read_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+        (void)buf;
+        struct exec_run *run = s->data;
+        if (n < 0) {
+                run->out_eof = true;
+                uv_read_stop(s);
+                run_maybe_finish(run);
+                return;
+        }
+        run->out_buf.len += (size_t)n;
+        run->out_buf.data[run->out_buf.len] = '\0';
+        if (run->out_buf.len > MAX_OUTPUT && !run->overflow) {
+                run->overflow = true;
+                handler_kill(run, SIGKILL);
+        }
+        if (run->overflow)
+                run->out_buf.len = MAX_OUTPUT; /* keep memory bounded */
+}
+
+static void tail_add(struct exec_run *run, const char *p, size_t n)
+{
+        if (n >= STDERR_TAIL) {
+                memcpy(run->err_tail, p + n - STDERR_TAIL, STDERR_TAIL);
+                run->err_tail_len = STDERR_TAIL;
+                return;
+        }
+        if (run->err_tail_len + n > STDERR_TAIL) {
+                size_t drop = run->err_tail_len + n - STDERR_TAIL;
+                memmove(run->err_tail, run->err_tail + drop, run->err_tail_len - drop);
+                run->err_tail_len -= drop;
+        }
+        memcpy(run->err_tail + run->err_tail_len, p, n);
+        run->err_tail_len += n;
+}
+
+static void log_stderr_line(struct exec_run *run, const char *p, size_t n, const char *mark)
+{
+        if (n && p[n - 1] == '\r')
+                n--;
+        char *line = strndup(p, n);
+        if (!line)
+                return;
+        log_event(LOG_INFO, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", run->m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: %s%s", run->m->id, run->step_id, line, mark);
+        free(line);
+}
+
+/* A piece of at most STDERR_LINE_MAX bytes of b that does not end inside a
+ * UTF-8 character (unless it is not UTF-8 at all). */
+static size_t piece_len(const char *b, size_t n)
+{
+        if (n <= STDERR_LINE_MAX)
+                return n;
+        size_t k = STDERR_LINE_MAX;
+        for (int back = 0; back < 4 && k > 0; back++, k--)
+                if (((unsigned char)b[k] & 0xc0) != 0x80)
+                        return k;
+        return STDERR_LINE_MAX;
+}
+
+/* stderr goes to the log line by line: the first STDERR_LOG_MAX bytes of a
+ * step, in lines of at most STDERR_LINE_MAX bytes (a longer line is logged
+ * in pieces, each but the last ending in "…"); what comes after is counted
+ * and reported in one line at the end.  The tail for the error message sees
+ * everything. */
+static void stderr_consume(struct exec_run *run, size_t n)
+{
+        struct kbuf *b = &run->err_line;
+        tail_add(run, b->data + b->len, n);
+        size_t room = STDERR_LOG_MAX - run->err_accepted;
+        size_t take = n < room ? n : room;
+        run->err_accepted += take;
+        run->err_dropped += n - take;
+        b->len += take;
+        size_t start = 0;
+        for (;;) {
+                char *nl = memchr(b->data + start, '\n', b->len - start);
+                size_t len = nl ? (size_t)(nl - (b->data + start)) : b->len - start;
+                if (len > STDERR_LINE_MAX) {
+                        size_t k = piece_len(b->data + start, len);
+                        log_stderr_line(run, b->data + start, k, "\u2026");
+                        start += k;
+                        continue;
+                }
+                if (!nl)
+                        break;
+                log_stderr_line(run, b->data + start, len, "");
+                start += len + 1;
+        }
+        /* Nothing more will be logged: do not keep a partial line waiting. */
+        if (run->err_accepted == STDERR_LOG_MAX && b->len > start) {
+                log_stderr_line(run, b->data + start, b->len - start, "");
+                start = b->len;
+        }
+        memmove(b->data, b->data + start, b->len - start);
+        b->len -= start;
+}
+
+static void on_read_err(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+        (void)buf;
+        struct exec_run *run = s->data;
+        struct kbuf *b = &run->err_line;
+        if (n < 0) {
+                if (b->len)
+                        log_stderr_line(run, b->data, b->len, "");
+                b->len = 0;
+                if (run->err_dropped)
+                        log_event(LOG_WARNING, NULL,
+                                  LOG_FIELDS({ "MANDATE_ID", run->m->id },
+                                             { "STEP_ID", run->step_id }),
+                                  "%s %s: \u2026 %zu bytes of stderr dropped (only the first %d "
+                                  "bytes of a step are logged)",
+                                  run->m->id, run->step_id, run->err_dropped, STDERR_LOG_MAX);
+                run->err_eof = true;
+                uv_read_stop(s);
+                run_maybe_finish(run);
+                return;
+        }
+        stderr_consume(run, (size_t)n);
+}
+
+static void on_stdin_written(uv_write_t *req, int status)
+{
+        (void)status; /* a handler that does not read stdin is fine */
+        struct exec_run *run = req->data;
+        if (!uv_is_closing((uv_handle_t *)&run->in))
+                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
+}
+
+/* What every handler's environment has besides the step's own variables:
+ * the daemon user's identity and where kairosctl is.  Found once at start
+ * (getpwuid may ask NSS, which can block). */
+static struct {
+        char *home, *user;   /* of the daemon's user (getpwuid), NULL if unknown */
+        char *kairosctl;     /* absolute path of kairosctl, NULL if not found */
+        char *path;          /* PATH: kairosctl's directory, then kairosd's PATH */
+} henv;
+
+static bool is_executable_file(const char *path)
+{
+        struct stat st;
+        return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* The kairosctl that belongs to this kairosd: next to it (a build tree
+ * with both in one directory), ../ctl (the build tree: src/daemon and
+ * src/ctl), ../bin (installed: /usr/sbin/kairosd and /usr/bin/kairosctl),
+ * then the first one on PATH.  An absolute path without symlinks, or NULL. */
+static char *find_kairosctl(void)
+{
+        char exe[PATH_MAX], cand[PATH_MAX + 32];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+                exe[n] = '\0';
+                char *slash = strrchr(exe, '/');
+                if (slash)
+                        *slash = '\0';
+                static const char *const rel[] = { "kairosctl", "../ctl/kairosctl",
+                                                   "../bin/kairosctl" };
+                for (size_t i = 0; slash && i < sizeof rel / sizeof rel[0]; i++) {
+                        snprintf(cand, sizeof cand, "%s/%s", exe, rel[i]);
+                        if (is_executable_file(cand))
+                                return realpath(cand, NULL);
+                }
+        }
+        const char *path = getenv("PATH");
+        while (path && *path) {
+                size_t len = strcspn(path, ":");
+                if (len > 0 && len < PATH_MAX) {
+                        snprintf(cand, sizeof cand, "%.*s/kairosctl", (int)len, path);
+                        if (cand[0] == '/' && is_executable_file(cand))
+                                return realpath(cand, NULL);
+                }
+                path += len + (path[len] == ':');
+        }
+        return NULL;
+}
+
+void executor_handler_env(const char **ret_path, const char **ret_home, const char **ret_user,
+                          const char **ret_kairosctl)
+{
+        *ret_path = henv.path ? henv.path : "/usr/local/bin:/usr/bin:/bin";
+        *ret_home = henv.home;
+        *ret_user = henv.user;
+        *ret_kairosctl = henv.kairosctl;
+}
+
+void executor_free(struct daemon *d)
+{
+        runner_free(d->runner);
+        d->runner = NULL;
+        strmap_free(d->handler_groups);
+        d->handler_groups = NULL;
+        cgroup_ctl_free(d->cgroup);
+        d->cgroup = NULL;
+}
+
+void executor_check_limits(struct daemon *d)
+{
+        unsigned have = cgroup_ctl_controllers(d->cgroup);
+        for (size_t i = 0; i < d->cfg->nschedules; i++) {
+                const struct config_schedule *s = &d->cfg->schedules[i];
+                bool mem = s->memory_max && !(have & CGROUP_MEMORY);
+                bool pids = s->tasks_max && !(have & CGROUP_PIDS);
+                bool cpu = s->cpu_quota_pct && !(have & CGROUP_CPU);
+                if (d->cgroup && (mem || pids || cpu))
+                        log_warning("schedule %s: %s%s%snot enforced: no such controller in "
+                                    "%s (missing: %s)", s->name, mem ? "MemoryMax= " : "",
+                                    pids ? "TasksMax= " : "", cpu ? "CPUQuota= " : "",
+                                    cgroup_ctl_where(d->cgroup), cgroup_ctl_missing(d->cgroup));
+                else if (!d->cgroup && config_schedule_has_limits(s))
+                        log_warning("schedule %s: %s%s%snot enforced: no delegated cgroup (%s)",
+                                    s->name, s->memory_max ? "MemoryMax= " : "",
+                                    s->tasks_max ? "TasksMax= " : "",
+                                    s->cpu_quota_pct ? "CPUQuota= " : "", d->cgroup_why);
+        }
+}
+
+/* Running handlers by process group ("PGID" -> struct exec_run *), for
+ * attributing tool calls to steps. */
+static void group_key(pid_t pgid, char key[24])
+{
+        snprintf(key, 24, "%d", (int)pgid);
+}
+
+static void groups_add(struct exec_run *run)
+{
+        char key[24];
+        group_key(run->pid, key);
+        if (strmap_put(run->m->d->handler_groups, key, run) < 0)
+                log_warning("%s %s: out of memory: its tool calls are not attributed to it",
+                            run->m->id, run->step_id);
+}
+
+static void groups_remove(struct exec_run *run)
+{
+        char key[24];
+        if (!run->pid)
+                return;
+        group_key(run->pid, key);
+        if (strmap_get(run->m->d->handler_groups, key) == run)
+                strmap_remove(run->m->d->handler_groups, key);
+}
+
+int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
+{
+        char key[24];
+        pid_t pgid = getpgid(pid);
+        if (pgid <= 0)
+                return -ESRCH;
+        group_key(pgid, key);
+        struct exec_run *run = strmap_get(d->handler_groups, key);
+        if (!run || run->exited)
+                return -ESRCH;
+        *ret = (struct idem_step_owner){ .attempt = run->attempt };
+        snprintf(ret->mandate, sizeof ret->mandate, "%s", run->m->id);
+        snprintf(ret->step, sizeof ret->step, "%s", run->step_id);
+        return idem_owner_check(ret) < 0 ? -ESRCH : 0;
+}
+
+int executor_init(struct daemon *d)
+{
+        if (!(d->handler_groups = strmap_new()))
+                return -ENOMEM;
+        /* before the runner: the keeper is forked into kairosd's leaf */
+        int r = cgroup_ctl_new(&d->cgroup, d->cgroup_why, sizeof d->cgroup_why);
+        if (r < 0)
+                log_warning("handler cgroups: %s; handlers run without", d->cgroup_why);
+        else if (d->cgroup)
+                log_info("handler cgroups below %s%s%s", cgroup_ctl_where(d->cgroup),
+                         *cgroup_ctl_missing(d->cgroup) ? ", controllers not available: " : "",
+                         cgroup_ctl_missing(d->cgroup));
+        else
+                log_info("no handler cgroups: %s", d->cgroup_why);
+        executor_check_limits(d);
+        r = runner_new(d->loop, &d->runner);
+        if (r < 0)
+                return r;
+        runner_set_cgroup(d->runner, d->cgroup);
+        struct passwd *pw = getpwuid(getuid());
+        if (pw) {
+                henv.home = strdup(pw->pw_dir);
+                henv.user = strdup(pw->pw_name);
+        } else {
+                log_warning("uid %u has no passwd entry: handlers get no HOME, USER, LOGNAME",
+                            (unsigned)getuid());
+        }
+        const char *path = getenv("PATH");
+        if (!path || !*path)
+                path = "/usr/local/bin:/usr/bin:/bin";
+        henv.kairosctl = find_kairosctl();
+        char *dir = henv.kairosctl ? strdup(henv.kairosctl) : NULL;
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash)
+                *(slash == dir ? slash + 1 : slash) = '\0';
+        size_t dlen = dir ? strlen(dir) : 0;
+        if (dir && !(strncmp(path, dir, dlen) == 0 && (path[dlen] == ':' || !path[dlen]))) {
+                if (asprintf(&henv.path, "%s:%s", dir, path) < 0)
+                        henv.path = NULL;
+        }
+        if (!henv.path)
+                henv.path = strdup(path);
+        free(dir);
+        if (henv.kairosctl)
+                log_debug("handlers get KAIROSCTL=%s", henv.kairosctl);
+        else
+                log_warning("no kairosctl next to kairosd or on PATH: handlers get no KAIROSCTL");
+        return 0;
+}
+
+static char *env_entry(const char *k, const char *v)
+{
+        char *e = NULL;
+        if (asprintf(&e, "%s=%s", k, v ? v : "") < 0)
+                return NULL;
+        return e;
+}
+
+/* Starting a handler can fail for want of a resource that comes back:
+ * file descriptors (EMFILE, ENFILE: e.g. many control connections), process
+ * slots or memory for the child (EAGAIN, ENOMEM).  That is not the step's
+ * fault: the step is started again after a pause (doubling from
+ * SPAWN_RETRY_MIN_MS to SPAWN_RETRY_MAX_MS), logged, with nothing more in
+ * the WAL — its executing record is already durable and stays the only one,
+ * so KAIROS_ATTEMPT does not grow, and a crash meanwhile is seen at restart
+ * as what it might be (interrupted during execution: a human decides). */
+static bool spawn_error_is_transient(int err)
+{
+        return err == -EMFILE || err == -ENFILE || err == -EAGAIN || err == -ENOMEM;
+}
+
+static void run_start(struct exec_run *run);
+
+void handler_stop(struct exec_run *run)
+{
+        handler_kill(run, SIGTERM);
+        uv_timer_stop(&run->timer);
+        uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
+}
+
+static void on_spawn_retry(uv_timer_t *t)
+{
+        struct exec_run *run = t->data;
+        run->waiting_retry = false;
+        run_start(run);
+}
+
+static void spawn_retry_later(struct exec_run *run, int err)
+{
+        struct mandate *m = run->m;
+        run->retry_ms = run->retry_ms ? run->retry_ms * 2 : SPAWN_RETRY_MIN_MS;
+        if (run->retry_ms > SPAWN_RETRY_MAX_MS)
+                run->retry_ms = SPAWN_RETRY_MAX_MS;
+        run->tries++;
+        run->waiting_retry = true;
+        log_event(LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: cannot start %s now: %s; trying again in %u ms (try %u; the handler "
+                  "did not run)",
+                  m->id, run->step_id, run->cmdline, strerror(-err), run->retry_ms, run->tries);
+        uv_timer_start(&run->timer, on_spawn_retry, run->retry_ms, 0);
+}
+
+/* Stopping while a start waits for resources: the step was never started;
+ * its executing record stays open and the next start of kairosd treats it
+ * as interrupted. */
+void handler_retry_give_up(struct exec_run *run)
+{
+        struct mandate *m = run->m;
+        log_warning("%s %s: not started (no resources to start it) before the stop", m->id,
+                    run->step_id);
+        uv_timer_stop(&run->timer);
+        m->run = NULL;
+        run->finished = true;
+        handler_close(run);
+        if (m->status == MANDATE_RUNNING)
+                mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+        executor_release_slot(m);
+        executor_check_idle(m->d);
+}
+
+/* The step cannot start at all: it fails (spawn_error), or — a program that
+ * cannot be executed — it fails as the shell's "exit status 127" would. */
+static void run_start_failed(struct exec_run *run, int err, const char *what)
+{
+        if (what && strcmp(what, "execute") == 0) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "kairosd: cannot execute '%s': %s",
+                         run->argv ? run->argv[0] : "?", strerror(-err));
+                log_stderr_line(run, msg, strlen(msg), "");
+                tail_add(run, msg, strlen(msg));
+                run->exit_status = 127;
+        } else {
+                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot start %s: %s%s%s",
+                         run->cmdline, what ? what : "", what ? ": " : "", strerror(-err));
+                run->spawn_failed = true;
+        }
+        run->exited = run->out_eof = run->err_eof = run->finished = true;
+        run_finished(run);
+}
+
+static void on_job_started(struct runner_job *job)
+{
+        struct exec_run *run = job->data;
+        struct mandate *m = run->m;
+        run->starting = false;
+        if (job->err && m->cancel) {
+                /* cancelled before it could start: the cancel records it */
+                m->run = NULL;
+                run->finished = true;
+                handler_close(run);
+                executor_cancel_submit(m, NULL);
+                return;
+        }
+        if (job->err && spawn_error_is_transient(job->err) && !m->d->stopping) {
+                spawn_retry_later(run, job->err);
+                return;
+        }
+        if (run->tries)
+                log_event(LOG_INFO, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                          "%s %s: %s after %u tr%s", m->id, run->step_id,
+                          job->err ? "cannot start it either" : "started", run->tries,
+                          run->tries == 1 ? "y" : "ies");
+        if (job->err) {
+                run_start_failed(run, job->err, job->err_what);
+                return;
+        }
+        run->started = true;
+        run->pid = job->pid;
+        run->started_ms = now_ms_monotonic();
+        groups_add(run);
+        uv_pipe_open(&run->in, job->fd_in);
+        uv_pipe_open(&run->out, job->fd_out);
+        uv_pipe_open(&run->err, job->fd_err);
+        run_free_spawn_args(run);
+        uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
+        uv_read_start((uv_stream_t *)&run->err, on_alloc_out, on_read_err);
+        uv_buf_t buf = uv_buf_init(run->stdin_doc, (unsigned)run->stdin_len);
+        run->stdin_req.data = run;
+        if (uv_write(&run->stdin_req, (uv_stream_t *)&run->in, &buf, 1, on_stdin_written) < 0)
+                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
+        uv_timer_start(&run->timer, on_timeout, (uint64_t)run->timeout_sec * 1000, 0);
+        log_event(LOG_INFO, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: started %s (pid %d, attempt %u)", m->id, run->step_id, run->cmdline,
+                  (int)run->pid, run->attempt);
+        if (run->killed_for_shutdown)
+                handler_kill(run, SIGKILL); /* started after GracefulTimeoutSec= ran out */
+        else if (m->cancel)
+                handler_stop(run);
+}
+
+static void run_start(struct exec_run *run)
+{
+        run->job = (struct runner_job){ .argv = run->argv, .envp = run->env, .cwd = run->cwd,
+                                        .started = on_job_started, .exited = on_job_exited,
+                                        .data = run, .cg_hint = run->step_id,
+                                        .limits = run->limits };
+        int r = runner_spawn(run->m->d->runner, &run->job);
+        if (r == 0) {
+                run->starting = true;
+                return;
+        }
+        if (spawn_error_is_transient(r) && !run->m->d->stopping) {
+                spawn_retry_later(run, r);
+                return;
+        }
+        run_start_failed(run, r, "pipe");
+}
+
+void handler_spawn(struct mandate *m, struct advance *a)
+{
+        struct daemon *d = m->d;
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; i < d->cfg->nschedules; i++)
+                if (strcmp(d->cfg->schedules[i].name, m->schedule) == 0)
+                        sc = &d->cfg->schedules[i];
+        struct exec_run *run = calloc(1, sizeof(*run));
+        if (!run) {
+                log_error("out of memory starting %s %s", m->id, a->step_id);
+                executor_release_slot(m);
+                return;
+        }
+        run->m = m;
+        run->phase = a->phase;
+        run->attempt = a->attempt;
+        run->step_id = strdup(a->step_id);
+        run->expected_post = a->expected_post ? strdup(a->expected_post) : NULL;
+        m->run = run;
+        free(m->step_id);
+        m->step_id = strdup(a->step_id);
+        const char *cmdline = sc ? sc->exec[a->phase] : NULL;
+        if (!cmdline || !*cmdline) {
+                /* No command: the phase completes at once with a null result. */
+                run->exited = run->out_eof = run->err_eof = true;
+                run->finished = true;
+                run_finished(run);
+                free(run->step_id);
+                free(run->expected_post);
+                free(run);
+                return;
+        }
+        char **argv = NULL;
+        size_t argc = 0;
+        int r = config_split_command(cmdline, &argv, &argc);
+        if (r < 0 || argc == 0) {
+                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot split %s=: %s",
+                         config_phase_key(a->phase), strerror(r < 0 ? -r : EINVAL));
+                run->spawn_failed = true;
+                run->exited = run->out_eof = run->err_eof = run->finished = true;
+                config_strv_free(argv);
+                run_finished(run);
+                free(run->step_id);
+                free(run->expected_post);
+                free(run);
+                return;
+        }
+        run->argv = argv;
+        /* environment */
+        char attempt[16], cycle[24];
+        snprintf(attempt, sizeof attempt, "%u", a->attempt);
+        snprintf(cycle, sizeof cycle, "%lld", a->cycle);
+        struct {
+                const char *k, *v;
+        } kv[] = {
+                { "PATH", henv.path ? henv.path : "/usr/local/bin:/usr/bin:/bin" },
+                { "LANG", getenv("LANG") },
+                { "HOME", henv.home },
+                { "USER", henv.user },
+                { "LOGNAME", henv.user },
+                { "KAIROSCTL", henv.kairosctl },
+                { "KAIROS_MANDATE_ID", m->id },
+                { "KAIROS_PLAN_ID", a->plan_id },
+                { "KAIROS_STEP_ID", a->step_id },
+                { "KAIROS_PHASE", planner_phase_name((enum planner_phase)a->phase) },
+                { "KAIROS_CYCLE", cycle },
+                { "KAIROS_IDEM_KEY", a->idem_key },
+                { "KAIROS_SCHEDULE", m->schedule },
+                { "KAIROS_FIRED_AT", m->fired_at },
+                { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
+                { "KAIROS_ATTEMPT", attempt },
+                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
+        };
+        size_t nkv = sizeof kv / sizeof kv[0];
+        char **env = calloc(nkv + (sc ? sc->nenvironment : 0) + 1, sizeof(char *));
+        size_t ne = 0;
+        for (size_t i = 0; env && i < nkv; i++)
+                if (kv[i].v && (env[ne] = env_entry(kv[i].k, kv[i].v)))
+                        ne++;
+        for (size_t i = 0; env && sc && i < sc->nenvironment; i++)
+                if ((env[ne] = strdup(sc->environment[i])))
+                        ne++;
+        run->env = env;
+        const char *cwd = sc && sc->working_directory ? sc->working_directory
+                                                      : d->cfg->state_directory;
+        run->cwd = strdup(cwd);
+        run->cmdline = strdup(cmdline);
+        run->stdin_doc = strdup(a->stdin_doc.data ? a->stdin_doc.data : "{}\n");
+        run->stdin_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
+        run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
+        if (sc)
+                run->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
+                                                      sc->cpu_quota_pct };
+
+        uv_pipe_init(d->loop, &run->in, 0);
+        uv_pipe_init(d->loop, &run->out, 0);
+        uv_pipe_init(d->loop, &run->err, 0);
+        uv_timer_init(d->loop, &run->timer);
+        run->in.data = run->out.data = run->err.data = run->timer.data = run;
+        run->open_handles = 4;
+        if (!env || !run->cwd || !run->cmdline || !run->stdin_doc) {
+                if (!run->cmdline)
+                        run->cmdline = strdup("?");
+                run_start_failed(run, -ENOMEM, NULL);
+                return;
+        }
+        run_start(run);
+}
+
+/* The end of the handler's stderr, trailing blank lines and spaces trimmed
+ * (NUL bytes shown as '?' so they do not end the text early). */
+static void stderr_tail(const struct exec_run *run, char out[STDERR_TAIL + 1])
+{
+        size_t n = run->err_tail_len;
+        while (n && (run->err_tail[n - 1] == '\n' || run->err_tail[n - 1] == '\r' ||
+                     run->err_tail[n - 1] == ' '))
+                n--;
+        for (size_t i = 0; i < n; i++)
+                out[i] = run->err_tail[i] ? run->err_tail[i] : '?';
+        out[n] = '\0';
+}
+
+/* Keep the last `max` UTF-8 characters of s, starting at a character. */
+static void keep_last_chars(char *s, size_t max)
+{
+        size_t len = strlen(s), start = len, n = 0;
+        for (size_t i = len; i-- > 0;) {
+                if (((unsigned char)s[i] & 0xc0) == 0x80)
+                        continue;
+                if (n == max)
+                        break;
+                n++;
+                start = i;
+        }
+        memmove(s, s + start, len - start + 1);
+}
+
+/* msg (ASCII) + ": " + the end of tail, WAL_ERROR_MSG_MAX_CHARS characters
+ * at most in all: the WAL cuts a longer error_msg at its end, and the end of
+ * stderr is where the reason is. */
+static void append_tail(char *msg, size_t size, char *tail)
+{
+        size_t used = strlen(msg);
+        if (!*tail || used + 2 >= WAL_ERROR_MSG_MAX_CHARS)
+                return;
+        keep_last_chars(tail, WAL_ERROR_MSG_MAX_CHARS - used - 2);
+        snprintf(msg + used, size - used, ": %s", tail);
+}
+
+/* Is the handler's output JSON that the completed record can hold?  It is
+ * read with the exact reader of canonical JSON (kjson: numbers keep their
+ * digits, integers of any size and numbers beyond double range included).
+ * The record nests the result one level deeper, and a record nested deeper
+ * than KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt):
+ * such output is kept as text, like any other non-JSON output.  Returns 0,
+ * or -EINVAL with why it is not (err), or -ENOMEM. */
+static int result_json_check(const char *out, size_t n, struct kjson_error *err)
+{
+        struct kbuf wrapped = KBUF_INIT;
+        struct kjson_arena *ar = kjson_arena_new();
+        struct kjson *v;
+        int r = -ENOMEM;
+        if (ar && kbuf_putc(&wrapped, '[') == 0 && kbuf_append(&wrapped, out, n) == 0 &&
+            kbuf_putc(&wrapped, ']') == 0)
+                r = kjson_parse(ar, wrapped.data, wrapped.len, &v, err);
+        if (r == -EINVAL && err->offset > 0)
+                err->offset--; /* an offset in the output, not in the wrapper */
+        kjson_arena_free(ar);
+        kbuf_free(&wrapped);
+        return r;
+}
+
+/* The handler is over: turn what happened into the records of the step. */
+static void run_finished(struct exec_run *run)
+{
+        struct mandate *m = run->m;
+        struct daemon *d = m->d;
+        m->run = NULL;
+        struct advance *a = advance_new(m);
+        if (!a) {
+                log_error("out of memory finishing %s %s", m->id, run->step_id);
+                executor_release_slot(m);
+                return;
+        }
+        /* While stopping, or paused by an operator, a finished step is
+         * recorded but nothing new starts. */
+        a->decide = !d->stopping && m->status != MANDATE_PAUSED;
+        struct wal_record *r = &a->pre[a->npre++];
+        const char *step = advance_own(a, run->step_id);
+        char tail[STDERR_TAIL + 1];
+        stderr_tail(run, tail);
+        char msg[STDERR_TAIL + 256];
+        if (run->killed_for_shutdown) {
+                *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
+                                          .reason = "killed_at_shutdown",
+                                          .evidence_json = "{\"reason\":\"killed_at_shutdown\"}" };
+        } else if (run->spawn_failed) {
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "spawn_error",
+                                          .error_msg = advance_own(a, run->spawn_error) };
+        } else if (run->overflow) {
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "output_too_large",
+                                          .error_msg = "the handler wrote more than 1 MiB to stdout" };
+        } else if (run->timed_out) {
+                snprintf(msg, sizeof msg, "no exit within TimeoutSec=%u", run->timeout_sec);
+                append_tail(msg, sizeof msg, tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "timeout", .error_msg = advance_own(a, msg) };
+        } else if (run->oom_killed && (run->term_signal || run->exit_status != 0)) {
+                snprintf(msg, sizeof msg, "killed by the OOM killer: over MemoryMax= (%s)",
+                         run->term_signal ? strsignal(run->term_signal) : "exit status");
+                append_tail(msg, sizeof msg, tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "oom", .error_msg = advance_own(a, msg) };
+        } else if (run->term_signal) {
+                snprintf(msg, sizeof msg, "killed by signal %d (%s)", run->term_signal,
+                         strsignal(run->term_signal));
+                append_tail(msg, sizeof msg, tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "signal", .error_msg = advance_own(a, msg) };
+        } else if (run->exit_status != 0) {
+                snprintf(msg, sizeof msg, "exit status %lld", (long long)run->exit_status);
+                append_tail(msg, sizeof msg, tail);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "exit_status", .error_msg = advance_own(a, msg) };
+        } else {
+                /* Completed: stdout is the result (JSON, or text kept as a string). */
+                struct kbuf res = KBUF_INIT;
+                size_t n = run->out_buf.len;
+                const char *out = run->out_buf.data ? run->out_buf.data : "";
+                while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
+                        n--;
+                char hash[CANON_HASH_STRLEN];
+                if (n == 0) {
+                        kbuf_puts(&res, "null");
+                } else {
+                        struct kjson_error jerr = { 0 };
+                        int jr = result_json_check(out, n, &jerr);
+                        if (jr == 0) {
+                                kbuf_append(&res, out, n);
+                        } else {
+                                kbuf_json_string_lossy(&res, out, n, 0);
+                                if (jr == -EINVAL)
+                                        log_event(LOG_INFO, NULL,
+                                                  LOG_FIELDS({ "MANDATE_ID", m->id },
+                                                             { "STEP_ID", run->step_id }),
+                                                  "%s %s: the output is not JSON (%s at byte "
+                                                  "%zu): kept as text",
+                                                  m->id, run->step_id,
+                                                  kjson_error_string(jerr.code), jerr.offset);
+                        }
+                }
+                if (canon_hash_json(res.data, res.len, hash, NULL) < 0)
+                        canon_hash_bytes(res.data, res.len, hash);
+                *r = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = step,
+                                          .post_hash = advance_own(a, run->expected_post ? run->expected_post : ""),
+                                          .result_hash = advance_own(a, hash),
+                                          .result_json = advance_own(a, res.data) };
+                kbuf_free(&res);
+        }
+        if (m->cancel && r->op != WAL_OP_COMPLETED && !run->killed_for_shutdown) {
+                /* stopped by the cancel: an interrupted step, recorded as such */
+                char how[64];
+                if (run->term_signal)
+                        snprintf(how, sizeof how, "signal %d", run->term_signal);
+                else
+                        snprintf(how, sizeof how, "exit status %lld",
+                                 (long long)run->exit_status);
+                snprintf(msg, sizeof msg, "cancelled by uid %u while it ran: %s (the handler "
+                         "was stopped: %s)", (unsigned)m->cancel->uid, m->cancel->reason, how);
+                *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
+                                          .error_class = "cancelled", .error_msg = advance_own(a, msg) };
+        }
+        metrics_step(d->metrics, run->phase, r->op, run->pid ? run->started_ms : 0);
+        if (r->op == WAL_OP_COMPLETED && !r->result_json) {
+                a->npre = 0;
+                log_error("out of memory recording %s %s", m->id, run->step_id);
+        }
+        log_event(r->op == WAL_OP_COMPLETED ? LOG_INFO : LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                  "%s %s: %s%s%s", m->id, run->step_id,
+                  r->op == WAL_OP_COMPLETED ? "completed"
+                  : r->op == WAL_OP_FAILED  ? "failed"
+                                            : "needs review",
+                  r->error_msg ? ": " : "", r->error_msg ? r->error_msg : "");
+        if (run->in.data == run)
+                handler_close(run);
+        if (m->cancel && !run->killed_for_shutdown) {
+                a->interrupted = strdup(run->step_id);
+                executor_cancel_submit(m, a);
+                return;
+        }
+        if (m->cancel) {
+                /* the stop came first: the step is recorded for review */
+                op_reply_error(&m->cancel->reply, "stopping",
+                               "kairosd is stopping: the cancel of %s was not "
+                               "completed (its step is recorded for review)",
+                               m->id);
+                executor_cancel_drop(m);
+        }
+        executor_submit(m, a);
+}

@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: MIT */
+/* The executor's parts and what they share (private to src/daemon/executor*.c;
+ * the executor's interface is executor.h).  docs/design.md §2:
+ *   executor.c          mandates on the loop: fire and retry, the queue and
+ *                       its slots, cancel, acting on each advance job's
+ *                       decision, the graceful stop           (executor_…)
+ *   executor_advance.c  the advance job on the mandate's serial queue:
+ *                       append, fold, decide, append, flush  (advance_…)
+ *   executor_handler.c  handler runs: spawn through the runner, stdin,
+ *                       stdout and stderr, timeouts and kills, the step's
+ *                       records from how it ended; the handlers'
+ *                       environment and process groups       (handler_…)
+ *   executor_archive.c  finished mandates archived in batches (archive_…) */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cgroup.h"
+#include "daemon.h"
+#include "kairos/decide.h"
+#include "kairos/kbuf.h"
+#include "kairos/planner.h"
+#include "kairos/wal.h"
+#include "result.h"
+#include "runner.h"
+
+#define MAX_BATCH 8                 /* records an advance job appends first */
+#define STDERR_TAIL 2048            /* bytes of stderr kept for the error message */
+
+/* ---- the advance job (executor_advance.c) ---- */
+
+enum next_kind {
+        NEXT_NONE,           /* stop here (shutdown, or nothing to decide) */
+        NEXT_RUN_STEP,       /* spawn the handler of `step` */
+        NEXT_AWAIT_APPROVAL, /* act asked for approval */
+        NEXT_REVIEW,         /* a step needs a human */
+        NEXT_PAUSE,          /* cannot go on (schedule missing, ...) */
+        NEXT_END,            /* the mandate is over: archived */
+};
+
+struct advance {
+        struct mandate *m;
+        struct op_reply reply;        /* fire: answered when durable */
+        bool decide;                  /* fold + decide + act (false: only append + flush) */
+        /* records to append first (strings owned by `owned`) */
+        struct wal_record pre[MAX_BATCH];
+        size_t npre;
+        struct planner_plan plan;     /* storage for a plan_commit in pre */
+        struct wal_step wsteps[PLANNER_PHASES];
+        char *owned[32];
+        size_t nowned;
+        /* configuration snapshot */
+        unsigned max_cycles;
+        bool has_command[PLANNER_PHASES];
+        unsigned completed_inline[PLANNER_PHASES]; /* steps without a command, completed */
+        char *schedule;
+        char *fired_at;
+        char *goal;
+        int retry;                 /* the mandate's retry number (planner.h) */
+        bool schedule_known;
+        /* results */
+        int error;                    /* WAL failure (negative errno) */
+        char errmsg[256];
+        enum next_kind next;
+        enum mandate_status end_status;
+        char *reason;
+        long long cycle;
+        char *plan_id;
+        char *step_id;
+        char *idem_key;
+        char *expected_post;
+        char *archive_path;           /* NEXT_END: where the WAL went */
+        unsigned attempt;
+        int phase;
+        struct kbuf stdin_doc;
+        uint64_t flushes;
+        bool cycle_finished;
+        /* kairosctl cancel: record the end instead of deciding */
+        bool cancel, cancel_too_late;
+        char *cancel_reason;
+        long long cancel_uid;
+        struct op_reply cancel_reply;
+        char *interrupted;            /* the step whose handler the cancel stopped */
+};
+
+struct mandate_cancel {
+        char *reason;
+        uid_t uid;
+        struct op_reply reply;
+        bool submitted;               /* its advance job is queued */
+};
+
+/* s copied into a's storage (freed with a); NULL when out of memory. */
+char *advance_own(struct advance *a, const char *s);
+/* A job for m with a snapshot of its schedule's configuration; NULL when
+ * out of memory. */
+struct advance *advance_new(struct mandate *m);
+void advance_free(struct advance *a);
+/* r = the plan_commit record of p (p copied into a). */
+void advance_set_plan(struct advance *a, struct wal_record *r, const struct planner_plan *p);
+enum mandate_status advance_end_status(enum decide_end e);
+/* The job (pool thread): append a->pre, then fold + decide + append (or the
+ * cancel's records), flush once; at the end, the summary and archive. */
+void advance_work(void *arg);
+
+/* ---- handler runs (executor_handler.c) ---- */
+
+struct exec_run {
+        struct mandate *m;
+        struct runner_job job;        /* the process (runner.h) */
+        char **argv, **env;           /* owned: the job's argv and environment */
+        char *cwd;
+        char *cmdline;
+        bool starting;                /* handed to the runner, not started yet */
+        bool waiting_retry;           /* its start failed for want of resources */
+        bool started;
+        unsigned retry_ms, tries;
+        uv_pipe_t in, out, err;
+        uv_timer_t timer;
+        unsigned open_handles;
+        char *stdin_doc;
+        size_t stdin_len;
+        uv_write_t stdin_req;
+        struct kbuf out_buf;
+        struct kbuf err_line;
+        char err_tail[STDERR_TAIL];
+        size_t err_tail_len;
+        size_t err_accepted, err_dropped; /* stderr bytes logged / not logged */
+        bool exited, out_eof, err_eof, finished;
+        int64_t exit_status;
+        int term_signal;
+        bool overflow, timed_out, killed_for_shutdown, spawn_failed, oom_killed;
+        char spawn_error[256];
+        unsigned timeout_sec;
+        struct cgroup_limits limits;  /* the schedule's MemoryMax= etc. */
+        unsigned attempt;
+        pid_t pid;
+        int phase;
+        char *step_id;
+        char *expected_post;
+        uint64_t started_ms;       /* now_ms_monotonic() at the spawn */
+};
+
+/* Start the handler of a's step (a->step_id); the mandate holds a slot. */
+void handler_spawn(struct mandate *m, struct advance *a);
+/* kairosctl cancel: SIGTERM to its process group, SIGKILL after the grace. */
+void handler_stop(struct exec_run *run);
+/* Close its handles; run is freed once they are closed. */
+void handler_close(struct exec_run *run);
+/* Stopping while its start waits for resources: it is not started. */
+void handler_retry_give_up(struct exec_run *run);
+/* sig to its process group, if it runs. */
+void handler_kill(struct exec_run *run, int sig);
+
+/* ---- mandates on the loop (executor.c) ---- */
+
+/* Queue a on m's serial queue; its done acts on the decision. */
+void executor_submit(struct mandate *m, struct advance *a);
+/* Free m's pending cancel (answering "dropped" if it was not answered). */
+void executor_cancel_drop(struct mandate *m);
+/* Queue the cancel's records (a: a job that already holds the interrupted
+ * step's record, or NULL). */
+void executor_cancel_submit(struct mandate *m, struct advance *a);
+void executor_release_slot(struct mandate *m);
+/* Stopping, nothing runs and no archive is in flight: tell the stop. */
+void executor_check_idle(struct daemon *d);
+
+/* ---- archiving (executor_archive.c) ---- */
+
+/* m ended: archive_path (stolen) joins the next batch. */
+void archive_enqueue(struct mandate *m, char *archive_path);
+/* Start a batch now. */
+void archive_flush(struct daemon *d);
+/* Anything waiting, syncing, unlinking or unsynced. */
+bool archive_busy(const struct daemon *d);
