@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "kairos/planner.h"
@@ -74,8 +75,9 @@ struct wal_record {
         const char *error_msg;      /* cut at 500 characters, invalid UTF-8 replaced */
         /* needs_review, finalize, operator */
         const char *reason;
-        /* finalize: succeeded | failed | abandoned */
-        const char *status;
+        /* finalize: PLAN_SUCCEEDED, PLAN_FAILED or PLAN_ABANDONED (written
+         * as its name; anything else is -EINVAL) */
+        enum plan_status status;
         /* operator: {"op":"operator","mandate_id","action"[,"step_id"],"uid","reason","ts"} */
         const char *action;
         long long uid;
@@ -186,7 +188,7 @@ int wal_mark_failed(struct wal *w, const char *step_id, const char *error_class,
 int wal_mark_needs_review(struct wal *w, const char *step_id, const char *reason,
                           const char *evidence_json);
 int wal_mark_reset(struct wal *w, const char *step_id);
-int wal_finalize_plan(struct wal *w, const char *plan_id, const char *status,
+int wal_finalize_plan(struct wal *w, const char *plan_id, enum plan_status status,
                       const char *reason);
 int wal_operator(struct wal *w, const char *mandate_id, const char *action,
                  const char *step_id, long long uid, const char *reason);

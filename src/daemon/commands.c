@@ -348,7 +348,7 @@ static void do_resolve(struct mandate_op *op, struct mandate *m)
                 r = wal_mark_reset(m->wal, op->step);
                 break;
         case RESOLVE_ABANDON:
-                r = wal_finalize_plan(m->wal, s->plan_id ? s->plan_id : "", "abandoned",
+                r = wal_finalize_plan(m->wal, s->plan_id ? s->plan_id : "", PLAN_ABANDONED,
                                       op->reason);
                 break;
         }

@@ -405,7 +405,7 @@ static void cancel_work(struct advance *a, struct wal *w)
         snprintf(why, sizeof why, "cancelled: %s", a->cancel_reason);
         if (open) {
                 struct wal_record fin = { .op = WAL_OP_FINALIZE, .plan_id = open->plan_id,
-                                          .status = "abandoned", .reason = why };
+                                          .status = PLAN_ABANDONED, .reason = why };
                 append_rec(a, w, &fin);
                 a->cycle = open->cycle;
                 free(a->plan_id);

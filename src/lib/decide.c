@@ -135,7 +135,7 @@ static void start_cycle(const struct decide_input *in, long long cycle, struct d
         n->nrecords = 1;
 }
 
-static void finalize(const struct fold_plan *p, const char *status, const char *reason,
+static void finalize(const struct fold_plan *p, enum plan_status status, const char *reason,
                      struct decide_next *n)
 {
         n->kind = DECIDE_FINALIZE;
@@ -214,16 +214,16 @@ static int decide_open(const struct fold *f, const struct decide_input *in,
                         break;
                 }
         if (idx == last->nsteps) {
-                finalize(last, "succeeded", NULL, n);
+                finalize(last, PLAN_SUCCEEDED, NULL, n);
                 return 0;
         }
         const struct fold_step *s = plan_step(f, last, idx);
         switch (s->state) {
         case STEP_FAILED:
-                finalize(last, "failed", "step_failed", n);
+                finalize(last, PLAN_FAILED, "step_failed", n);
                 return 0;
         case STEP_ABANDONED:
-                finalize(last, "failed", "step_abandoned", n);
+                finalize(last, PLAN_FAILED, "step_abandoned", n);
                 return 0;
         case STEP_NEEDS_REVIEW:
         case STEP_EXECUTING:

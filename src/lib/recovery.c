@@ -147,7 +147,7 @@ static int evidence_json(struct recovery *r, const struct verdict *v, const char
 }
 
 static void set_finalize(struct recovery_plan *rp, const struct fold_plan *p, enum recovery_outcome o,
-                         const char *status, const char *reason)
+                         enum plan_status status, const char *reason)
 {
         rp->outcome = o;
         rp->has_finalize = true;
@@ -267,7 +267,7 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
         for (size_t j = 0; j < p->nsteps; j++) {
                 const struct fold_step *s = &f->steps[p->steps[j]];
                 if (s->state == STEP_FAILED) {
-                        set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, "failed", "step_failed");
+                        set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, PLAN_FAILED, "step_failed");
                         return 0;
                 }
         }
@@ -275,7 +275,7 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
                 const struct fold_step *s = &f->steps[p->steps[j]];
                 if (s->state == STEP_ABANDONED) {
                         /* an abandoned step never completes: the plan cannot succeed */
-                        set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, "failed", "step_abandoned");
+                        set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, PLAN_FAILED, "step_abandoned");
                         return 0;
                 }
         }
@@ -305,7 +305,7 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
                 if (stop)
                         return 0;
         }
-        set_finalize(rp, p, RECOVERY_FINALIZED_SUCCEEDED, "succeeded", NULL);
+        set_finalize(rp, p, RECOVERY_FINALIZED_SUCCEEDED, PLAN_SUCCEEDED, NULL);
         return 0;
 }
 

@@ -246,12 +246,6 @@ out:
         kbuf_free(&steps);
 }
 
-static bool finalize_status_ok(const char *s)
-{
-        return s && (!strcmp(s, "succeeded") || !strcmp(s, "failed") ||
-                     !strcmp(s, "abandoned"));
-}
-
 static void enc_body(struct enc *e, const struct wal_record *rec)
 {
         switch (rec->op) {
@@ -306,10 +300,10 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 break;
         case WAL_OP_FINALIZE:
                 enc_str(e, "plan_id", rec->plan_id, "plan_finalize needs plan_id");
-                if (e->r == 0 && !finalize_status_ok(rec->status))
+                if (e->r == 0 && !plan_status_name(rec->status))
                         enc_fail(e, -EINVAL,
                                  "plan_finalize status must be succeeded, failed or abandoned");
-                enc_str(e, "status", rec->status, NULL);
+                enc_str(e, "status", plan_status_name(rec->status), NULL);
                 enc_opt_str(e, "reason", rec->reason);
                 break;
         case WAL_OP_OPERATOR:
@@ -862,7 +856,7 @@ int wal_mark_reset(struct wal *w, const char *step_id)
         return wal_append(w, &r);
 }
 
-int wal_finalize_plan(struct wal *w, const char *plan_id, const char *status,
+int wal_finalize_plan(struct wal *w, const char *plan_id, enum plan_status status,
                       const char *reason)
 {
         struct wal_record r = {

@@ -422,7 +422,7 @@ static double bench_cycles(const struct bench *b, double *cycle_rate)
                 check(wal_mark_completed(w, p.steps[4].step_id, p.steps[4].expected_post_hash,
                                          b->result_hash, false, NULL, b->result_json),
                       "wal_mark_completed");
-                check(wal_finalize_plan(w, p.plan_id, "succeeded", NULL), "wal_finalize_plan");
+                check(wal_finalize_plan(w, p.plan_id, PLAN_SUCCEEDED, NULL), "wal_finalize_plan");
                 check(wal_flush(w), "wal_flush");
 
                 uint64_t n = wal_flush_count(w) - before;
@@ -543,7 +543,7 @@ static void build_corpus(struct corpus *c, size_t target)
                                 put_record(&c->text, &r, &ts);
                         }
                         r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = p.plan_id,
-                                                 .status = "succeeded" };
+                                                 .status = PLAN_SUCCEEDED };
                         put_record(&c->text, &r, &ts);
                         c->plans++;
                 }

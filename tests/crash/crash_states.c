@@ -1137,7 +1137,7 @@ static void life_alpha(struct wl *x)
         phase(x, "alpha: failed(decide) + plan_finalize(failed) + cycle 2 plan_commit + observe");
         DO(m, wal_mark_failed(m->w, pstep(m, 0, 2)->step_id, "exit_status",
                               "handler exited with status 3"));
-        DO(m, wal_finalize_plan(m->w, m->p[0].plan_id, "failed", "step_failed"));
+        DO(m, wal_finalize_plan(m->w, m->p[0].plan_id, PLAN_FAILED, "step_failed"));
         DO(m, wal_commit_planner_plan(m->w, &m->p[1]));
         m_start(m, 1, 0);
         m_flush(m);
@@ -1159,7 +1159,7 @@ static void life_alpha(struct wl *x)
         }
         phase(x, "alpha: completed(reflect) + plan_finalize(succeeded)");
         m_complete(m, 1, 4);
-        DO(m, wal_finalize_plan(m->w, m->p[1].plan_id, "succeeded", NULL));
+        DO(m, wal_finalize_plan(m->w, m->p[1].plan_id, PLAN_SUCCEEDED, NULL));
         m_flush(m);
         m_capture(m);
         b_copy(&x->arch_payload, &x->wal_final[0]);

@@ -241,7 +241,7 @@ static void test_all_completed_finalizes_succeeded(void **state)
         assert_int_equal(step(&s, &n), DECIDE_FINALIZE);
         assert_true(n.again && n.cycle_finished);
         assert_int_equal(n.records[0].op, WAL_OP_FINALIZE);
-        assert_string_equal(n.records[0].status, "succeeded");
+        assert_int_equal(n.records[0].status, PLAN_SUCCEEDED);
         assert_null(n.records[0].reason);
         assert_int_equal(s.f->plans[0].final_state, PLAN_SUCCEEDED);
         assert_int_equal(step(&s, &n), DECIDE_END);
@@ -260,7 +260,7 @@ static void test_failed_step_finalizes_failed(void **state)
         assert_int_equal(settle(&s, &n), DECIDE_RUN_STEP);
         fail_step(&s, n.step_id);
         assert_int_equal(step(&s, &n), DECIDE_FINALIZE);
-        assert_string_equal(n.records[0].status, "failed");
+        assert_int_equal(n.records[0].status, PLAN_FAILED);
         assert_string_equal(n.records[0].reason, "step_failed");
         assert_true(n.cycle_finished);
         /* the last allowed cycle failed */
@@ -282,7 +282,7 @@ static void test_abandoned_step_finalizes_failed(void **state)
                     "\"ts\":\"2026-04-20T12:00:00.000Z\"}\n");
         assert_int_equal(s.f->steps[n.step].state, STEP_ABANDONED);
         assert_int_equal(step(&s, &n), DECIDE_FINALIZE);
-        assert_string_equal(n.records[0].status, "failed");
+        assert_int_equal(n.records[0].status, PLAN_FAILED);
         assert_string_equal(n.records[0].reason, "step_abandoned");
         sim_free(&s);
 }
@@ -419,7 +419,7 @@ static void test_abandoned_plan_ends(void **state)
         sim_init(&s, 3, true);
         assert_int_equal(settle(&s, &n), DECIDE_RUN_STEP);
         struct wal_record fin = { .op = WAL_OP_FINALIZE, .plan_id = n.plan_id,
-                                  .status = "abandoned", .reason = "operator gave up" };
+                                  .status = PLAN_ABANDONED, .reason = "operator gave up" };
         put(&s, &fin);
         decide(&s, &n);
         assert_int_equal(n.kind, DECIDE_END);

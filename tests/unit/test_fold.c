@@ -915,7 +915,7 @@ static void test_wal_encode_round_trip(void **state)
                   .result_json = "{\"a\": [1, 2.50]}" },
                 { .op = WAL_OP_EXECUTING, .step_id = "s2", .pre_hash = "obs2" },
                 { .op = WAL_OP_FAILED, .step_id = "s2", .error_class = "E", .error_msg = "boom" },
-                { .op = WAL_OP_FINALIZE, .plan_id = "plan_e", .status = "failed", .reason = "step_failed" },
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_e", .status = PLAN_FAILED, .reason = "step_failed" },
         };
         for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++)
                 assert_int_equal(wal_encode(&recs[i], 1776686400123LL + (int64_t)i, &b), 0);

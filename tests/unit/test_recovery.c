@@ -75,7 +75,7 @@ static void run_ok(struct w *w, const char *sid, const char *pid)
         completed(w, sid);
 }
 
-static void finalize(struct w *w, const char *pid, const char *status)
+static void finalize(struct w *w, const char *pid, enum plan_status status)
 {
         struct wal_record r = { .op = WAL_OP_FINALIZE, .plan_id = pid, .status = status };
         put(w, &r);
@@ -183,7 +183,7 @@ static void test_already_done_recorded(void **state)
         assert_true(rp->has_finalize);
         assert_int_equal(rp->finalize.op, WAL_OP_FINALIZE);
         assert_string_equal(rp->finalize.plan_id, "plan_a");
-        assert_string_equal(rp->finalize.status, "succeeded");
+        assert_int_equal(rp->finalize.status, PLAN_SUCCEEDED);
         assert_int_equal(recovery_record_count(r), 2);
         assert_ptr_equal(recovery_record_at(r, 0), &d->record);
         assert_ptr_equal(recovery_record_at(r, 1), &rp->finalize);
@@ -334,7 +334,7 @@ static void test_failed_step_finalizes_failed(void **state)
         assert_int_equal(rp->ndecisions, 0); /* no verdicts: later steps never run */
         assert_true(rp->has_finalize);
         assert_string_equal(rp->finalize.plan_id, "plan_a");
-        assert_string_equal(rp->finalize.status, "failed");
+        assert_int_equal(rp->finalize.status, PLAN_FAILED);
         assert_string_equal(rp->finalize.reason, "step_failed");
         assert_int_equal(recovery_record_count(r), 1);
 
@@ -361,7 +361,7 @@ static void test_all_completed_finalizes_succeeded(void **state)
         const struct recovery_plan *rp = &r->plans[0];
         assert_int_equal(rp->outcome, RECOVERY_FINALIZED_SUCCEEDED);
         assert_int_equal(rp->ndecisions, 0);
-        assert_string_equal(rp->finalize.status, "succeeded");
+        assert_int_equal(rp->finalize.status, PLAN_SUCCEEDED);
         assert_null(rp->finalize.reason);
         check_idempotent(&w, f, r);
         recovery_free(r);
@@ -471,7 +471,7 @@ static void test_multi_plan_file(void **state)
         commit(&w, "plan_1", 1, s1, 2);
         run_ok(&w, "observe_001", "plan_1");
         executing(&w, "act_001", "x");
-        finalize(&w, "plan_1", "abandoned");
+        finalize(&w, "plan_1", PLAN_ABANDONED);
         /* plan_2: interrupted → paused */
         commit(&w, "plan_2", 2, s2, 2);
         run_ok(&w, "observe_002", "plan_2");

@@ -437,10 +437,10 @@ static void test_encode_every_op(void **state)
         expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":\"pending\","
                            "\"reset\":true,\"ts\":\"" TS "\"}");
 
-        r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = "succeeded" };
+        r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = PLAN_SUCCEEDED };
         expect_encoded(&r, "{\"op\":\"plan_finalize\",\"plan_id\":\"plan_x\",\"status\":"
                            "\"succeeded\",\"ts\":\"" TS "\"}");
-        r.status = "abandoned";
+        r.status = PLAN_ABANDONED;
         r.reason = "operator";
         expect_encoded(&r, "{\"op\":\"plan_finalize\",\"plan_id\":\"plan_x\",\"status\":"
                            "\"abandoned\",\"reason\":\"operator\",\"ts\":\"" TS "\"}");
@@ -594,9 +594,9 @@ static void test_encode_rejects_bad_records(void **state)
         expect_einval(&r);
         r = (struct wal_record){ .op = WAL_OP_EXECUTING, .step_id = "s" };
         expect_einval(&r);
-        r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "p", .status = "done" };
+        r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "p", .status = PLAN_OTHER };
         expect_einval(&r);
-        r.status = NULL;
+        r.status = PLAN_OPEN;
         expect_einval(&r);
         r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = "s", .error_msg = "m" };
         expect_einval(&r);
@@ -634,7 +634,7 @@ static void test_encoded_lines_fold_clean(void **state)
                   .result_hash = "rh", .result_json = "[1]" },
                 { .op = WAL_OP_OPERATOR, .mandate_id = "mnd_x", .action = "note", .uid = 5,
                   .reason = "r" },
-                { .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = "succeeded" },
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = PLAN_SUCCEEDED },
         };
         struct kbuf all = KBUF_INIT;
         for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++)
@@ -754,11 +754,11 @@ static void test_one_line_per_op(void **state)
         assert_int_equal(wal_mark_failed(w, "s1", "E", "boom"), 0);
         assert_int_equal(wal_mark_needs_review(w, "s1", "why", NULL), 0);
         assert_int_equal(wal_mark_reset(w, "s1"), 0);
-        assert_int_equal(wal_finalize_plan(w, "plan_x", "abandoned", "gone"), 0);
+        assert_int_equal(wal_finalize_plan(w, "plan_x", PLAN_ABANDONED, "gone"), 0);
         assert_int_equal(wal_operator(w, "mnd_x", "resume", NULL, 1000, "ok"), 0);
         assert_int_equal(wal_pending(w), 9);
         /* a record the encoder refuses is not written and changes nothing */
-        assert_int_equal(wal_finalize_plan(w, "plan_x", "bogus", NULL), -EINVAL);
+        assert_int_equal(wal_finalize_plan(w, "plan_x", (enum plan_status)99, NULL), -EINVAL);
         assert_int_equal(wal_mark_completed(w, "s1", "post", "rh", false, "{", NULL), -EINVAL);
         assert_int_equal(wal_state(w), WAL_STATE_OK);
         assert_int_equal(wal_pending(w), 9);
@@ -776,7 +776,7 @@ static void test_one_line_per_op(void **state)
                 { .op = WAL_OP_FAILED, .step_id = "s1", .error_class = "E", .error_msg = "boom" },
                 { .op = WAL_OP_NEEDS_REVIEW, .step_id = "s1", .reason = "why" },
                 { .op = WAL_OP_RESET, .step_id = "s1" },
-                { .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = "abandoned",
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = PLAN_ABANDONED,
                   .reason = "gone" },
                 { .op = WAL_OP_OPERATOR, .mandate_id = "mnd_x", .action = "resume",
                   .uid = 1000, .reason = "ok" },
@@ -857,7 +857,7 @@ static void test_flush_barrier(void **state)
                 assert_int_equal(wal_flush(w), 0); /* before spawning */
                 assert_int_equal(wal_mark_completed(w, "s", "post", "rh", false, NULL, NULL), 0);
         }
-        assert_int_equal(wal_finalize_plan(w, "p", "succeeded", NULL), 0);
+        assert_int_equal(wal_finalize_plan(w, "p", PLAN_SUCCEEDED, NULL), 0);
         assert_int_equal(wal_flush(w), 0);
         assert_int_equal(wal_flush_count(w), 1 + 6);
         assert_int_equal(f->rec.calls[OP_FDATASYNC], 1 + 6);
