@@ -10,7 +10,9 @@
  *                       stdout and stderr, timeouts and kills, the step's
  *                       records from how it ended; the handlers'
  *                       environment and process groups       (handler_…)
- *   executor_archive.c  finished mandates archived in batches (archive_…) */
+ *   executor_archive.c  finished mandates archived in batches (archive_…)
+ * The functions of executor.h keep their executor_ names in whichever file
+ * holds them (executor_init, executor_step_of, … are in executor_handler.c). */
 #pragma once
 
 #include <stdbool.h>
