@@ -648,7 +648,7 @@ static void test_rows_are_the_file_bytes(void **state)
         ends[1] = (size_t)st.st_size;
         assert_int_equal(wal_mark_failed(w, "observe_001", "handler_error",
                                          "exit 3: \x01 control and \xe2\x82\xac"), 0);
-        assert_int_equal(wal_finalize_plan(w, "plan_1", "failed", "step failed"), 0);
+        assert_int_equal(wal_finalize_plan(w, "plan_1", PLAN_FAILED, "step failed"), 0);
         assert_int_equal(wal_flush(w), 0);
         assert_int_equal(stat(path, &st), 0);
         ends[2] = (size_t)st.st_size;
