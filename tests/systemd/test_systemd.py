@@ -60,6 +60,64 @@ def check(cond, what):
     log(f"ok: {what}")
 
 
+# The cgroup v1 controllers kairosd takes limits from, and cpuacct: the
+# container's systemd puts a unit in the cpu hierarchy only when it may use
+# cpuacct too (they are one hierarchy on most hosts, two on some).
+V1_CONTROLLERS = {"memory", "pids", "cpu", "cpuacct"}
+
+
+def v1_hierarchies():
+    """(controllers, our cgroup's directory) of each cgroup v1 hierarchy with
+    a controller in V1_CONTROLLERS, mounted where systemd-nspawn expects it
+    (/sys/fs/cgroup/CONTROLLERS, as /proc/self/cgroup names them)."""
+    found = []
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctl, path = line.rstrip("\n").split(":", 2)
+            if not set(ctl.split(",")) & V1_CONTROLLERS:
+                continue
+            d = f"/sys/fs/cgroup/{ctl}{path.rstrip('/')}"
+            if os.path.isdir(d) and os.access(d, os.W_OK):
+                found.append((ctl, d))
+    return found
+
+
+def own_v1_cgroups(name):
+    """A cgroup NAME below ours in each of v1_hierarchies(): [(controllers, dir)]."""
+    made = []
+    for ctl, d in v1_hierarchies():
+        try:
+            os.mkdir(os.path.join(d, name))
+        except FileExistsError:
+            pass
+        except OSError as e:
+            log(f"cannot create a cgroup in {d} ({e}): the container gets {ctl} read-only")
+            continue
+        made.append((ctl, os.path.join(d, name)))
+    return made
+
+
+def remove_v1_cgroups(name):
+    """Remove the cgroups own_v1_cgroups(NAME) made and what the container's
+    systemd made below them, once the container is gone.  A cgroup lists its
+    last tasks a moment after they died: retried for up to 10 s."""
+    for _, d in v1_hierarchies():
+        top = os.path.join(d, name)
+        deadline = time.monotonic() + 10
+        while os.path.isdir(top):
+            busy = False
+            for sub, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+                try:
+                    os.rmdir(sub)
+                except OSError:
+                    busy = True
+            if not busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if os.path.isdir(top):
+            log(f"NOTE: cannot remove the container's cgroup {top}")
+
+
 class Container:
     def __init__(self, root, work):
         self.lower = root
@@ -69,6 +127,10 @@ class Container:
         self.nspawn = None
         self.pid = None  # the container's systemd (pid 1 inside)
         self.nspawn_log = os.path.join(work, "nspawn.log")
+        # (controllers, host directory) of the cgroup v1 hierarchies given to
+        # the container writable (see boot())
+        self.v1 = []
+
 
     # -- file system ------------------------------------------------------
     def prepare(self):
@@ -96,11 +158,35 @@ class Container:
 
     # -- lifecycle --------------------------------------------------------
     def boot(self, deadline_s=90):
+        # On a hybrid or cgroup v1 host, systemd-nspawn mounts the controller
+        # hierarchies (memory, pids, cpu, ...) read-only in the container, so
+        # its systemd uses none of them: unlike systemd on such a host itself.
+        # To test kairosd's cgroup v1 limits under the container's systemd,
+        # the container gets cgroups of its own in the hierarchies kairosd
+        # uses (nspawn starts in them; its cgroup namespace makes them the
+        # container's roots) and remounts those writable before its systemd
+        # starts.  Nothing else changes; without such hierarchies (a cgroup
+        # v2 host) the container boots as nspawn --boot does.
+        self.v1 = own_v1_cgroups(os.path.basename(self.work))
+        cmd = ["systemd-nspawn", "-D", self.merged, "--register=no", "--keep-unit", "-q"]
+        if self.v1:
+            remount = "".join(f"mount -o remount,bind,rw /sys/fs/cgroup/{ctl}; "
+                              for ctl, _ in self.v1)
+            cmd += ["/bin/sh", "-c", remount + "exec /lib/systemd/systemd"]
+            log("cgroup v1 hierarchies given to the container writable: " +
+                ", ".join(d for _, d in self.v1))
+        else:
+            cmd += ["--boot"]
+
+        def enter_cgroups():
+            for _, d in self.v1:
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write("0")
+
         out = open(self.nspawn_log, "w")
         self.nspawn = subprocess.Popen(
-            ["systemd-nspawn", "-D", self.merged, "--register=no", "--keep-unit", "--boot", "-q"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=enter_cgroups)
         out.close()
         deadline = time.monotonic() + deadline_s
         # Find its child systemd: polling /proc is the only way to see it appear.
@@ -169,6 +255,7 @@ class Container:
                 os.killpg(self.nspawn.pid, signal.SIGKILL)
                 self.nspawn.wait()
             log(f"container stopped ({time.monotonic() - t:.1f} s)")
+        remove_v1_cgroups(os.path.basename(self.work))
         if self.overlay:
             r = run(["umount", self.merged], check=False)
             if r.returncode != 0:
@@ -766,6 +853,7 @@ def cleanup_stale():
                 log(f"killed the stale container in {work} (pid {pid})")
         except (OSError, ValueError):
             pass
+        remove_v1_cgroups(d)
         merged = os.path.join(work, "merged")
         if os.path.ismount(merged):
             run(["umount", "-l", merged], check=False)
