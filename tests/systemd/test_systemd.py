@@ -4,7 +4,10 @@
 systemd-nspawn, install kairos into it with `meson install`, and check the
 shipped unit: start and READY=1/STATUS=, a mandate and its journal records,
 reload good and bad, the watchdog, kill -9 during an act step plus recovery
-and resolve, and the `systemd-analyze security` exposure.
+and resolve, handler cgroups (the setsid kill; MemoryMax= to error_class oom,
+TasksMax=, CPUQuota=; on a cgroup v1 host with the drop-ins kairosd(8) gives,
+in a container whose v1 hierarchies boot() makes writable), and the
+`systemd-analyze security` exposure.
 
     test_systemd.py SOURCE_DIR WORK_DIR
 
@@ -130,7 +133,6 @@ class Container:
         # (controllers, host directory) of the cgroup v1 hierarchies given to
         # the container writable (see boot())
         self.v1 = []
-
 
     # -- file system ------------------------------------------------------
     def prepare(self):
@@ -421,13 +423,15 @@ MaxCycles=1
 Observe=/bin/sh -c "setsid /bin/sh -c 'echo >/var/lib/kairos/detached; exec sleep 654321' </dev/null >/dev/null 2>&1 & read x </var/lib/kairos/detached; echo '{}'"
 """,
     # 200 MB in one line for tail to hold, over MemoryMax=20M: error_class oom.
+    # (The handler exits with tail's status: on cgroup v1 the OOM killer ends
+    # tail alone, the largest process, not the whole handler.)
     "greedy": """[Schedule]
 Cron=0 0 1 1 *
 Enabled=no
 [Mandate]
 MaxCycles=1
 [Exec]
-Observe=/bin/sh -c 'head -c 200M /dev/zero | tail; echo "{}"'
+Observe=/bin/sh -c 'head -c 200M /dev/zero | tail >/dev/null'
 MemoryMax=20M
 """,
     # Eight background sleeps with TasksMax=4: a fork fails.
@@ -441,8 +445,31 @@ Observe=/bin/sh -c 'for i in 1 2 3 4 5 6 7 8; do sleep 30 & done; echo "{}"'
 TasksMax=4
 CPUQuota=50%
 """,
+    # Prints the limits of its own cgroup v1 cgroups (LIMITS_SCRIPT).
+    "limits": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Observe=/usr/local/bin/kairos-test-limits
+MemoryMax=48M
+TasksMax=16
+CPUQuota=30%
+""",
 }
 
+# Each limit file of the handler's cgroup v1 cgroups, as "LIMIT FILE VALUE
+# CGROUP" lines on stderr (the journal).
+LIMITS_SCRIPT = r"""#!/bin/sh
+while IFS=: read -r _ ctl path; do
+    for f in memory.limit_in_bytes pids.max cpu.cfs_quota_us cpu.cfs_period_us; do
+        case ",$ctl," in *",${f%%.*},"*) ;; *) continue ;; esac
+        echo "LIMIT $f $(cat "/sys/fs/cgroup/$ctl$path/$f") $path" >&2
+    done
+done </proc/self/cgroup
+echo '{}'
+"""
 
 def check_journal_record(c, src):
     """The last "ready" record: journalctl -x shows its catalog entry, and
@@ -483,7 +510,7 @@ def failed_step(c, mid, cur):
     return rec["MESSAGE"]
 
 
-def test_handler_cgroups(c):
+def test_handler_cgroups(c, src):
     cur = start = c.cursor()
     c.sh(["systemctl", "restart", UNIT])
     rec = c.wait_journal(lambda x: "handler cgroups below" in x.get("MESSAGE", "") or
@@ -537,16 +564,10 @@ def test_handler_cgroups(c):
 
     if "memory" in missing:
         # A hybrid host: the cgroup v2 hierarchy has no controllers, and
-        # kairosd could take them from cgroup v1 only if its cgroup there
-        # were its own: systemd-nspawn mounts the v1 hierarchies read-only
-        # and systemd delegates no v1 controller to an unprivileged User=.
-        # (tests/integration/test_cgroup.py runs the limits on v1 as root.)
-        ro = [l.split()[4] for l in c.sh(["cat", "/proc/self/mountinfo"]).stdout.splitlines()
-              if l.split()[4] == "/sys/fs/cgroup/memory"
-              and l.split()[5].startswith("ro")]
-        log(f"NOTE: no memory controller delegated here ({missing}; cgroup v1 memory "
-            f"{'mounted read-only in the container' if ro else 'not delegated to User=kairos'})"
-            ": MemoryMax= not tested")
+        # systemd delegates no cgroup v1 controller to the shipped unit's
+        # unprivileged User=kairos: the limits are warned about (and tested
+        # on cgroup v1 with drop-ins below, test_v1_limits).
+        log(f"note: the shipped unit gets no memory controller here (missing: {missing})")
         warned("greedy", "MemoryMax= ")
     else:
         cur = c.cursor()
@@ -554,7 +575,7 @@ def test_handler_cgroups(c):
         msg = failed_step(c, fired["mandate"], cur)
         check("killed by the OOM killer" in msg, f"MemoryMax=20M: error_class oom ({msg!r})")
     if "pids" in missing:
-        log(f"NOTE: no pids controller delegated here ({missing}): TasksMax= not tested")
+        log(f"note: the shipped unit gets no pids controller here (missing: {missing})")
         warned("forky", "TasksMax= " + ("CPUQuota= " if "cpu" in missing else ""))
     else:
         cur = c.cursor()
@@ -563,6 +584,91 @@ def test_handler_cgroups(c):
         check("fork" in msg.lower(), f"TasksMax=4 stops the fifth task ({msg!r})")
     left = [x for x in c.sh(["ls", cg]).stdout.split() if x.startswith("h-")]
     check(not left, f"no handler cgroup left ({left})")
+    if "memory" in missing:
+        test_v1_limits(c, src)
+
+
+def step_of(c, mid, step):
+    _, shown = c.ctl("show", mid)
+    return next(s for p in shown["plans"] for s in p["steps"] if s["step_id"] == step)
+
+
+def v1_dropins(src):
+    """The two drop-ins kairosd(8), HANDLERS, gives for cgroup v1 hosts, verbatim:
+    {"User=root": text, "User=kairos": text}."""
+    with open(os.path.join(src, "man/kairosd.8.scd")) as f:
+        page = f.read()
+    at = page.find("Either drop-in")
+    blocks = re.findall(r"^```\n(.*?)^```$", page[at:], re.S | re.M)[:2] if at >= 0 else []
+    if len(blocks) != 2 or "\nUser=root\n" not in blocks[0] or \
+            "ExecStartPre=+" not in blocks[1]:
+        raise Failed("kairosd(8): the two cgroup v1 drop-ins after 'Either drop-in' not found")
+    return {"User=root": blocks[0], "User=kairos": blocks[1]}
+
+
+def test_v1_limits(c, src):
+    """MemoryMax=, TasksMax=, CPUQuota= on cgroup v1 under the container's
+    systemd, with each drop-in kairosd(8) gives for it in turn."""
+    memory = [pre.split() for pre, _, post in
+              (l.partition(" - ") for l in c.sh(["cat", "/proc/self/mountinfo"]).stdout
+               .splitlines())
+              if post.split()[0] == "cgroup" and "memory" in post.split()[2].split(",")]
+    if not memory or memory[0][5].split(",")[0] == "ro":
+        # No cgroup v1 memory hierarchy, or one boot() could not make
+        # writable: the container's systemd has no memory controller to give.
+        log("NOTE: " + ("no cgroup v1 memory hierarchy" if not memory else
+                        "cgroup v1 memory is mounted read-only") +
+            " in the container: MemoryMax= on cgroup v1 not tested here")
+        return
+    dropin = "/etc/systemd/system/kairosd.service.d/cgroup-v1.conf"
+    c.write("/usr/local/bin/kairos-test-limits", LIMITS_SCRIPT, mode=0o755)
+    for name, text in v1_dropins(src).items():
+        c.write(dropin, text)
+        c.sh(["systemctl", "daemon-reload"])
+        cur = c.cursor()
+        c.sh(["systemctl", "restart", UNIT])
+        rec = c.wait_journal(lambda x: "handler cgroups" in x.get("MESSAGE", ""),
+                             "kairosd's handler cgroup verdict", matches=["-u", "kairosd"],
+                             after=cur)
+        msg = rec["MESSAGE"]
+        check("(memory, cgroup v1)" in msg and "controllers not available" not in msg,
+              f"{name}: kairosd takes memory, pids and cpu from cgroup v1 ({msg!r})")
+
+        cur = c.cursor()
+        _, fired = c.ctl("fire", "greedy")
+        msg = failed_step(c, fired["mandate"], cur)
+        st = step_of(c, fired["mandate"], "observe_001")
+        check(st.get("error_class") == "oom" and "killed by the OOM killer" in msg,
+              f"{name}: MemoryMax=20M on cgroup v1: kairosctl show says error_class "
+              f"{st.get('error_class')} ({st.get('error_msg')!r})")
+        if not name.startswith("User=kairos"):
+            continue
+        cur = c.cursor()
+        _, fired = c.ctl("fire", "forky")
+        msg = failed_step(c, fired["mandate"], cur)
+        check("fork" in msg.lower() and
+              step_of(c, fired["mandate"], "observe_001").get("error_class") == "exit_status",
+              f"{name}: TasksMax=4 on cgroup v1 stops the fifth task ({msg!r})")
+        cur = c.cursor()
+        _, fired = c.ctl("fire", "limits")
+        mid = fired["mandate"]
+        rec = c.wait_journal(mandate_done(mid), f"mandate {mid} to finish",
+                             matches=[f"MANDATE_ID={mid}"], after=cur)
+        check(f"mandate {mid} done" in rec["MESSAGE"], f"limits: {rec['MESSAGE']!r}")
+        r = c.sh(["journalctl", "-u", "kairosd", f"MANDATE_ID={mid}", "-o", "cat", "-q"])
+        seen = {m.group(1): (m.group(2), m.group(3))
+                for m in re.finditer(r"LIMIT (\S+) (\S+) (\S+)", r.stdout)}
+        want = {"memory.limit_in_bytes": str(48 << 20), "pids.max": "16",
+                "cpu.cfs_quota_us": "30000", "cpu.cfs_period_us": "100000"}
+        check({k: v[0] for k, v in seen.items()} == want and
+              all(v[1].startswith("/system.slice/kairosd.service/h-observe_001-")
+                  for v in seen.values()),
+              f"{name}: the handler's own v1 cgroups carry MemoryMax=48M, TasksMax=16, "
+              f"CPUQuota=30% ({seen})")
+    os.unlink(c.path(dropin))
+    c.sh(["systemctl", "daemon-reload"])
+    c.sh(["systemctl", "restart", UNIT])
+    c.wait_active("the shipped unit again")
 
 
 def test(c, src):
@@ -795,7 +901,7 @@ def test(c, src):
           f"({rec['MESSAGE']!r})")
 
     # --- 5b. handler cgroups (Delegate=) ---------------------------------
-    test_handler_cgroups(c)
+    test_handler_cgroups(c, src)
 
     # --- 6. systemd-analyze security ----------------------------------
     unit = "/usr/lib/systemd/system/kairosd.service"
