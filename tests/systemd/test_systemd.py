@@ -613,6 +613,10 @@ def test_v1_limits(c, src):
               (l.partition(" - ") for l in c.sh(["cat", "/proc/self/mountinfo"]).stdout
                .splitlines())
               if post.split()[0] == "cgroup" and "memory" in post.split()[2].split(",")]
+    given = any("memory" in ctl.split(",") for ctl, _ in c.v1)
+    if given and (not memory or memory[0][5].split(",")[0] == "ro"):
+        raise Failed("boot() gave the container a cgroup v1 memory hierarchy to remount "
+                     f"writable, yet it is not: {memory}\n{c.nspawn_tail()}")
     if not memory or memory[0][5].split(",")[0] == "ro":
         # No cgroup v1 memory hierarchy, or one boot() could not make
         # writable: the container's systemd has no memory controller to give.
