@@ -642,6 +642,60 @@ int pgstore_wal_read(struct pgstore *s, const char *mandate_id, struct kbuf *out
         return r;
 }
 
+void pgstore_wal_rows_free(struct pgstore_wal_row *rows, size_t n)
+{
+        for (size_t i = 0; rows && i < n; i++)
+                free(rows[i].line);
+        free(rows);
+}
+
+int pgstore_wal_rows(struct pgstore *s, const char *mandate_id, struct pgstore_wal_row **ret_rows,
+                     size_t *ret_n)
+{
+        if (!mandate_id || !ret_rows || !ret_n)
+                return -EINVAL;
+        const char *vals[] = { mandate_id };
+        PGresult *res;
+        /* binary results: the integers as 8 bytes, the line's bytes as they are */
+        int r = exec_params(s, "SELECT seq, epoch, coalesce(crc, -1), line FROM kairos_wal "
+                               "WHERE mandate_id = $1 ORDER BY seq", 1, vals, 1,
+                            PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        size_t n = (size_t)PQntuples(res);
+        struct pgstore_wal_row *rows = n ? calloc(n, sizeof *rows) : NULL;
+        if (n && !rows)
+                r = -ENOMEM;
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                int row = (int)i;
+                if (PQgetlength(res, row, 0) != 8 || PQgetlength(res, row, 1) != 8 ||
+                    PQgetlength(res, row, 2) != 8) {
+                        set_err(s, "mandate %s: unexpected column sizes", mandate_id);
+                        r = -EIO;
+                        break;
+                }
+                rows[i].seq = be64(PQgetvalue(res, row, 0));
+                rows[i].epoch = be64(PQgetvalue(res, row, 1));
+                rows[i].crc = be64(PQgetvalue(res, row, 2));
+                rows[i].len = (size_t)PQgetlength(res, row, 3);
+                rows[i].line = malloc(rows[i].len + 1);
+                if (!rows[i].line) {
+                        r = -ENOMEM;
+                        break;
+                }
+                memcpy(rows[i].line, PQgetvalue(res, row, 3), rows[i].len);
+                rows[i].line[rows[i].len] = '\0';
+        }
+        PQclear(res);
+        if (r < 0) {
+                pgstore_wal_rows_free(rows, n);
+                return r;
+        }
+        *ret_rows = rows;
+        *ret_n = n;
+        return 0;
+}
+
 int pgstore_wal_last_seq(struct pgstore *s, const char *mandate_id, int64_t *ret_last_seq,
                          int64_t *ret_epoch)
 {

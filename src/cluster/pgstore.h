@@ -124,6 +124,19 @@ int pgstore_wal_append(struct pgstore *s, const char *mandate_id, int64_t epoch,
 /* Append the mandate's rows, in seq order, to out: its WAL file's bytes. */
 int pgstore_wal_read(struct pgstore *s, const char *mandate_id, struct kbuf *out,
                      int64_t *ret_nrows);
+/* One row of kairos_wal as stored, for checking it (kairosctl wal verify
+ * --db): nothing is assumed about the rows, gaps and bad lines included. */
+struct pgstore_wal_row {
+        int64_t seq;
+        int64_t epoch;
+        int64_t crc;      /* the crc column; -1: NULL */
+        char *line;       /* the bytes as stored, NUL-terminated */
+        size_t len;
+};
+void pgstore_wal_rows_free(struct pgstore_wal_row *rows, size_t n);
+/* Every row of the mandate in seq order (none: *ret_rows NULL, *ret_n 0). */
+int pgstore_wal_rows(struct pgstore *s, const char *mandate_id, struct pgstore_wal_row **ret_rows,
+                     size_t *ret_n);
 int pgstore_wal_last_seq(struct pgstore *s, const char *mandate_id, int64_t *ret_last_seq,
                          int64_t *ret_epoch);
 

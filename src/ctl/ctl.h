@@ -94,6 +94,11 @@ int ctl_not_implemented(const char *cmd, bool online);
 /* Offline commands (ctl_offline.c). */
 int ctl_cmd_wal_dump(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv);
+/* wal dump --db / wal verify --db (ctl_waldb.c): a mandate's rows in cluster
+ * mode's PostgreSQL; without PostgreSQL support in the build a usage error. */
+int ctl_wal_dump_db(const struct ctl_opts *o, const char *conninfo, const char *mandate,
+                    const char *output);
+int ctl_wal_verify_db(const struct ctl_opts *o, const char *conninfo, int n, char **mandates);
 int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_canon(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv);

@@ -535,9 +535,24 @@ int ctl_cmd_wal_dump(const struct ctl_opts *o, int argc, char **argv)
         struct kjson_arena *arena;
         int npos, r;
 
-        r = ctl_parse_options("wal dump", argc, argv, NULL, &npos);
+        const char *db = NULL, *output = NULL;
+        const struct ctl_option opts[] = {
+                { "db", true, &db, NULL },
+                { "output", true, &output, NULL },
+                { NULL, false, NULL, NULL },
+        };
+
+        r = ctl_parse_options("wal dump", argc, argv, opts, &npos);
         if (r)
                 return r;
+        if (db) {
+                if (npos != 1)
+                        return ctl_usage_error("wal dump --db needs exactly one MANDATE");
+                return ctl_wal_dump_db(o, db, argv[0], output);
+        }
+        if (output)
+                return ctl_usage_error("wal dump: --output goes with --db (a FILE is printed "
+                                       "record by record)");
         if (npos != 1)
                 return ctl_usage_error("wal dump needs exactly one FILE");
         r = load_wal(argv[0], &w);
@@ -568,9 +583,20 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
         bool unreadable = false;
         json_t *files = NULL;
 
-        r = ctl_parse_options("wal verify", argc, argv, NULL, &npos);
+        const char *db = NULL;
+        const struct ctl_option opts[] = {
+                { "db", true, &db, NULL },
+                { NULL, false, NULL, NULL },
+        };
+
+        r = ctl_parse_options("wal verify", argc, argv, opts, &npos);
         if (r)
                 return r;
+        if (db) {
+                if (npos < 1)
+                        return ctl_usage_error("wal verify --db needs at least one MANDATE");
+                return ctl_wal_verify_db(o, db, npos, argv);
+        }
         if (npos < 1)
                 return ctl_usage_error("wal verify needs at least one FILE");
         if (o->json && !(files = json_array()))

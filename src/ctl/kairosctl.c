@@ -82,11 +82,18 @@ static const struct ctl_command commands[] = {
         /* offline (no daemon) */
         { "help", cmd_help, false, "[CMD]",
           "The commands, or the usage of command CMD." },
-        { "wal dump", ctl_cmd_wal_dump, false, "FILE",
-          "Print a WAL (plain or gzip-compressed, e.g. an archive) one record per line." },
-        { "wal verify", ctl_cmd_wal_verify, false, "FILE...",
+        { "wal dump", ctl_cmd_wal_dump, false, "FILE | --db CONNINFO [--output FILE] MANDATE",
+          "Print a WAL (plain or gzip-compressed, e.g. an archive) one record per line.\n"
+          "With --db: write MANDATE's rows of cluster mode's PostgreSQL database as\n"
+          "the WAL file they stand for, byte for byte, to standard output or --output\n"
+          "FILE.  Exit 65 if the rows have a gap, 66 no connection or no such mandate." },
+        { "wal verify", ctl_cmd_wal_verify, false, "FILE... | --db CONNINFO MANDATE...",
           "Check WAL files (plain or gzip-compressed).  Exit 0 all clean, 1 a torn\n"
-          "tail, 2 corruption (also a damaged gzip file), 66 a file cannot be read." },
+          "tail, 2 corruption (also a damaged gzip file), 66 a file cannot be read.\n"
+          "With --db: check MANDATE's rows in cluster mode's PostgreSQL database (each\n"
+          "row a sealed record with its crc, seq 1..last_seq without a gap, epochs\n"
+          "never going back along seq); exit 2 a bad row (its seq is printed), 66 no\n"
+          "connection or no such mandate." },
         { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D]",
           "Show what recovery would decide for every WAL in D/wal (default\n"
           CTL_DEFAULT_STATE_DIR "); changes nothing." },
@@ -124,8 +131,9 @@ static void print_help(void)
                 }
         }
         printf("\nExit status: 0 success, 64 usage error, 65 bad input data, 66 unreadable\n"
-               "file; wal verify: 1 torn tail, 2 corruption; commands that need the daemon:\n"
-               "1 the daemon refused, 2 the daemon cannot be reached; wait: 1 ended other\n"
+               "file (--db: no database or mandate), 74 writing the output failed; wal\n"
+               "verify: 1 torn tail, 2 corruption; commands that need the daemon: 1 the\n"
+               "daemon refused, 2 the daemon cannot be reached; wait: 1 ended other\n"
                "than done, 4 paused for an operator, 124 timed out.\n"
                "\"kairosctl help CMD\" or \"kairosctl CMD --help\": the usage of one command.\n"
                "Environment: KAIROS_CONTROL_SOCKET (socket path), KAIROSCTL_TIMEOUT (seconds\n"
