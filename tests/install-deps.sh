@@ -17,7 +17,9 @@
 #              (fuzz targets), debootstrap and systemd-container (the systemd
 #              and Debian package tests), strace, gzip, the Debian packaging
 #              tools (dpkg-buildpackage, debhelper, lintian), git, the
-#              PostgreSQL server (tests/cluster starts a private one)
+#              PostgreSQL server (tests/cluster starts a private one), iproute2
+#              and faketime (tests/cluster/netns.py: network namespaces, tc
+#              netem, a shifted clock)
 #
 # Several may be given; none means all three (what CI and tests/run.sh need).
 # Idempotent: installs only what is missing.  Needs root (uses sudo if not
@@ -29,10 +31,10 @@ build=(meson ninja-build pkgconf gcc libc6-dev libuv1-dev libsodium-dev zlib1g-d
        libsystemd-dev libjansson-dev scdoc bash-completion libpq-dev)
 test=(python3 libcmocka-dev libsqlite3-dev clang debootstrap systemd-container strace
       util-linux gzip git dpkg-dev debhelper lintian
-      prometheus-node-exporter prometheus postgresql)
+      prometheus-node-exporter prometheus postgresql iproute2 faketime)
 
 usage() {
-        sed -n '3,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 64
 }
 
