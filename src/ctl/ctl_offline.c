@@ -548,6 +548,10 @@ int ctl_cmd_wal_dump(const struct ctl_opts *o, int argc, char **argv)
         if (db) {
                 if (npos != 1)
                         return ctl_usage_error("wal dump --db needs exactly one MANDATE");
+                if (o->json)
+                        return ctl_usage_error("wal dump --db writes the WAL's own bytes: "
+                                               "--json does not apply (wal verify --db "
+                                               "--json describes the rows)");
                 return ctl_wal_dump_db(o, db, argv[0], output);
         }
         if (output)

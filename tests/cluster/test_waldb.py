@@ -147,7 +147,8 @@ class Dump(unittest.TestCase):
 
     def test_usage(self):
         for args in (["wal", "dump", "--db", "x"], ["wal", "dump", "--db", "x", "a", "b"],
-                     ["wal", "verify", "--db", "x"], ["wal", "dump", "--output", "f", "FILE"]):
+                     ["wal", "verify", "--db", "x"], ["wal", "dump", "--output", "f", "FILE"],
+                     ["--json", "wal", "dump", "--db", PG.conninfo(DB), "m-real"]):
             with self.subTest(args=args):
                 self.assertEqual(ctl(*args).returncode, 64)
 
