@@ -116,12 +116,20 @@ def have_netem():
 # through the ioctl: ethtool may be missing): a frame a relay reads from one
 # veth and writes to another must carry a complete checksum.
 TX_CSUM_OFF = r"""
-import ctypes, fcntl, socket, struct, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for dev in sys.argv[1:]:
-    ev = ctypes.create_string_buffer(struct.pack("II", 0x17, 0))  # ETHTOOL_STXCSUM
-    ifr = struct.pack("16sP", dev.encode(), ctypes.addressof(ev))
-    fcntl.ioctl(s.fileno(), 0x8946, ifr)                           # SIOCETHTOOL
+import ctypes, fcntl, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for arg in sys.argv[1:]:       # NAMESPACE:DEV,DEV...
+    ns, devs = arg.split(":")
+    fd = os.open("/run/netns/" + ns, os.O_RDONLY)
+    if libc.setns(fd, 0x40000000) != 0:                            # CLONE_NEWNET
+        raise OSError(ctypes.get_errno(), "setns " + ns)
+    os.close(fd)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for dev in devs.split(","):
+        ev = ctypes.create_string_buffer(struct.pack("II", 0x17, 0))  # ETHTOOL_STXCSUM
+        ifr = struct.pack("16sP", dev.encode(), ctypes.addressof(ev))
+        fcntl.ioctl(s.fileno(), 0x8946, ifr)                       # SIOCETHTOOL
+    s.close()
 """
 
 
@@ -176,28 +184,27 @@ class NetBed:
     def _on_sigterm(signum, frame):
         raise SystemExit(f"signal {signum}")
 
-    def _add_ns(self, name):
-        _sh(["ip", "netns", "add", name])
-        self.namespaces.append(name)
-        _sh(["ip", "-n", name, "link", "set", "lo", "up"])
+    def _batch(self, ns, lines):
+        """ip commands, one a line, in namespace ns (None: the host's)."""
+        _sh(["ip"] + (["-n", ns] if ns else []) + ["-batch", "-"],
+            input="\n".join(lines) + "\n")
 
     def _setup_net(self):
-        self._add_ns(self.sw)
-        _sh(["ip", "-n", self.sw, "link", "add", "br0", "type", "bridge"])
-        _sh(["ip", "-n", self.sw, "link", "set", "br0", "up"])
         ports = [("pg", self.pgns, PG_ADDR)]
         ports += [(f"n{k}", self.ns(k), node_addr(k)) for k in range(1, self.n + 1)]
-        for port, name, addr in ports:
-            self._add_ns(name)
-            _sh(["ip", "-n", self.sw, "link", "add", port, "type", "veth", "peer", "name",
-                 "eth0", "netns", name])
-            _sh(["ip", "-n", self.sw, "link", "set", port, "master", "br0"])
-            _sh(["ip", "-n", self.sw, "link", "set", port, "up"])
-            _sh(["ip", "-n", name, "addr", "add", addr + "/24", "dev", "eth0"])
-            _sh(["ip", "-n", name, "link", "set", "eth0", "up"])
-            _sh(["ip", "netns", "exec", name, sys.executable, "-c", TX_CSUM_OFF, "eth0"])
-        _sh(["ip", "netns", "exec", self.sw, sys.executable, "-c", TX_CSUM_OFF,
-             *[p[0] for p in ports]])
+        for name in [self.sw] + [p[1] for p in ports]:
+            # one at a time, so that close() knows exactly which exist
+            _sh(["ip", "netns", "add", name])
+            self.namespaces.append(name)
+        sw = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
+        for port, name, _ in ports:
+            sw += [f"link add {port} type veth peer name eth0 netns {name}",
+                   f"link set {port} master br0", f"link set {port} up"]
+        self._batch(self.sw, sw)
+        for _, name, addr in ports:
+            self._batch(name, ["link set lo up", f"addr add {addr}/24 dev eth0",
+                               "link set eth0 up"])
+        _sh([sys.executable, "-c", TX_CSUM_OFF] + [f"{p[1]}:eth0" for p in ports])
 
     def _pg(self, argv, check=True):
         """A server program in PostgreSQL's namespace, as nobody."""
@@ -325,7 +332,7 @@ class NetBed:
         self._unrelay(port)
         x, y = f"x{port}", f"y{port}"
         _sh(["ip", "-n", self.sw, "link", "add", x, "type", "veth", "peer", "name", y])
-        _sh(["ip", "netns", "exec", self.sw, sys.executable, "-c", TX_CSUM_OFF, x, y])
+        _sh([sys.executable, "-c", TX_CSUM_OFF, f"{self.sw}:{x},{y}"])
         _sh(["ip", "-n", self.sw, "link", "set", port, "nomaster"])
         _sh(["ip", "-n", self.sw, "link", "set", y, "master", "br0"])
         for dev in (x, y):

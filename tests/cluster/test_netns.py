@@ -9,7 +9,8 @@ checked from the outside:
 - cut (link down, and netem loss 100%): that node's connection fails while
   the others still connect; after heal it connects again;
 - delay 200 ms: a TCP connect from the node takes >= 400 ms (both ends
-  delayed), the others stay fast; heal makes it fast again;
+  delayed), the others stay fast; heal makes it fast again (delay and loss
+  both by netem when the kernel has it and by the relay standing in for it);
 - restart_pg: the server's pid changes, connections work afterwards;
 - stop/cont of a process and of a whole node: every process of the node in
   state T (stopped) in /proc, then running again; kill_node leaves none;
@@ -35,6 +36,7 @@ import netns  # noqa: E402
 
 SKIP = 77
 BED = None
+HAVE_NETEM = False
 PSQL = shutil.which("psql")
 
 # a TCP connect to PostgreSQL from inside a namespace, timed
@@ -71,9 +73,15 @@ def wait_for(pred, timeout=10.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def netem_modes():
+    """netem if the kernel has it, and the relay that stands in for it."""
+    return [True, False] if HAVE_NETEM else [False]
+
+
 class Bed(unittest.TestCase):
     def tearDown(self):
         BED.heal()
+        BED.netem = HAVE_NETEM
 
     def test_connect_from_every_node(self):
         for k in range(1, BED.n + 1):
@@ -94,7 +102,10 @@ class Bed(unittest.TestCase):
         self.cut_and_heal("down")
 
     def test_cut_loss_and_heal(self):
-        self.cut_and_heal("loss")
+        for netem in netem_modes():
+            with self.subTest(netem=netem):
+                BED.netem = netem
+                self.cut_and_heal("loss")
 
     def cut_and_heal(self, how):
         self.assertTrue(can_query(1))
@@ -107,6 +118,12 @@ class Bed(unittest.TestCase):
         self.assertTrue(can_query(1), f"node 1 does not connect after heal ({how})")
 
     def test_delay(self):
+        for netem in netem_modes():
+            with self.subTest(netem=netem):
+                BED.netem = netem
+                self.delay_and_heal()
+
+    def delay_and_heal(self):
         base = connect_time(1)
         self.assertLess(base, 0.1)
         BED.delay(1, ms=200)
@@ -186,37 +203,48 @@ with netns.NetBed(nodes=1, pg=sys.argv[2] == "sigterm") as bed:
 
 
 class Teardown(unittest.TestCase):
-    def teardown_after(self, how):
-        with subprocess.Popen([sys.executable, "-c", CHILD, os.path.dirname(netns.__file__),
-                               how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) as p:
-            line = p.stdout.readline().split()
-            self.assertEqual(len(line), 4, p.stderr.read() if not line else line)
-            tag, pgdir, pid, pgpid = line[0], line[1], int(line[2]), int(line[3])
-            pgdir = None if pgdir == "None" else pgdir
-            self.assertTrue(netns.leftovers(tag))
-            if how == "sigterm":
-                p.send_signal(signal.SIGTERM)
-            err = p.stderr.read()
-            p.wait(timeout=60)
-        self.assertNotEqual(p.returncode, 0, err)
-        self.assertEqual(netns.leftovers(tag), [])
-        if pgdir:
-            self.assertFalse(os.path.exists(pgdir))
-        for gone in (pid, pgpid):
-            self.assertFalse(os.path.exists(f"/proc/{gone}")
-                             and proc_state(gone) != "Z", f"pid {gone} left running")
-
-    def test_on_exception(self):
-        # (without the server: the sigterm case has it)
-        self.teardown_after("raise")
-
-    def test_on_sigterm(self):
-        self.teardown_after("sigterm")
+    def test_after_exception_and_sigterm(self):
+        """Two beds at once in two processes (their names must not collide):
+        one raises inside the bed (without the server), the other is sent
+        SIGTERM (with it)."""
+        procs = {how: subprocess.Popen([sys.executable, "-c", CHILD,
+                                        os.path.dirname(netns.__file__), how],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+                 for how in ("raise", "sigterm")}
+        try:
+            seen = {}
+            for how, p in procs.items():
+                line = p.stdout.readline().split()
+                self.assertEqual(len(line), 4, p.stderr.read() if not line else line)
+                tag, pgdir, pid, pgpid = line[0], line[1], int(line[2]), int(line[3])
+                seen[how] = (tag, None if pgdir == "None" else pgdir, pid, pgpid)
+            self.assertNotEqual(seen["raise"][0], seen["sigterm"][0])
+            self.assertTrue(netns.leftovers(seen["sigterm"][0]))
+            procs["sigterm"].send_signal(signal.SIGTERM)
+            for how, p in procs.items():
+                err = p.stderr.read()
+                p.wait(timeout=60)
+                with self.subTest(how=how):
+                    tag, pgdir, pid, pgpid = seen[how]
+                    self.assertNotEqual(p.returncode, 0, err)
+                    self.assertEqual(netns.leftovers(tag), [])
+                    if pgdir:
+                        self.assertFalse(os.path.exists(pgdir))
+                    for gone in (pid, pgpid):
+                        self.assertFalse(os.path.exists(f"/proc/{gone}")
+                                         and proc_state(gone) != "Z", f"pid {gone} left running")
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+                p.stdout.close()
+                p.stderr.close()
 
 
 def main():
-    global BED
+    global BED, HAVE_NETEM
     why = netns.skip_reason()
     if why is None and not PSQL:
         why = "psql not found (postgresql-client)"
@@ -226,8 +254,12 @@ def main():
     t0 = time.monotonic()
     with netns.NetBed(nodes=3) as bed:
         BED = bed
+        HAVE_NETEM = bed.netem
         tag = bed.tag
-        print(f"bed {tag} up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        how = ("netem and by the relay" if bed.netem
+               else "the relay only (this kernel has no sch_netem)")
+        print(f"bed {tag} up in {time.monotonic() - t0:.1f} s; delay and loss by {how}",
+              file=sys.stderr)
         prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
         ok = prog.result.wasSuccessful()
     left = netns.leftovers(tag)
