@@ -292,8 +292,8 @@ class NetBed:
             ft = faketime_path()
             if not ft:
                 raise RuntimeError("faketime not found (tests/install-deps.sh --test)")
-            # relative offset; the clock keeps running
-            pre += [ft, "-f", f"{clock_offset:+g}s"]
+            # the wall clock shifted, still running; CLOCK_MONOTONIC left alone
+            pre += ["env", "FAKETIME_DONT_FAKE_MONOTONIC=1", ft, "-f", f"{clock_offset:+g}s"]
         return pre + list(argv)
 
     def run(self, k, argv, clock_offset=None, timeout=60, **kw):

@@ -14,7 +14,8 @@ checked from the outside:
 - restart_pg: the server's pid changes, connections work afterwards;
 - stop/cont of a process and of a whole node: every process of the node in
   state T (stopped) in /proc, then running again; kill_node leaves none;
-- a shifted clock: `date +%s` under faketime in a node is 5 s ahead;
+- a shifted clock: `date +%s` under faketime in a node is 5 s ahead (or
+  behind), its monotonic clock is the real one;
 - teardown: after the bed's end, also on an exception or SIGTERM in the
   middle, none of its namespaces (so neither its bridge nor its links) and
   none of its processes are left.
@@ -182,6 +183,11 @@ class Bed(unittest.TestCase):
                 self.assertEqual(r.returncode, 0, r.stderr)
                 skew = int(r.stdout) - time.time()
                 self.assertLess(abs(skew - offset), 1.5, skew)
+        # the wall clock only: the monotonic clock is the real one
+        r = BED.run(3, [sys.executable, "-c", "import time; print(time.monotonic())"],
+                    clock_offset=3600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertLess(abs(float(r.stdout) - time.monotonic()), 2.0, r.stdout)
         # a process under faketime still reaches the database
         r = BED.run(3, [PSQL, "-X", "-A", "-t", "-d", BED.conninfo(), "-c", "SELECT 1"],
                     clock_offset=5)
