@@ -52,6 +52,8 @@ struct chronos {
         struct daemon *d;
         struct pending_fire *fire_head, *fire_tail;
         size_t nqueued;
+        size_t nunanswered;                 /* fires queued or not yet durable: chronos.json
+                                             * waits for them (docs/design.md §9) */
         uv_idle_t idle;
         bool idle_init;
         struct sched *s;
@@ -155,7 +157,9 @@ static json_t *state_json(struct chronos *c)
 static void save_state(struct chronos *c)
 {
         struct daemon *d = c->d;
-        if (c->writing) {
+        /* A tick counts as evaluated in chronos.json only once its mandate
+         * is durable: saving earlier would lose it in a crash. */
+        if (c->writing || c->nunanswered) {
                 c->dirty = true;
                 return;
         }
@@ -237,13 +241,59 @@ static struct sched *find(struct chronos *c, const char *name)
 
 /* ---- evaluation ---- */
 
+/* A fire is durable or final: once none is left, chronos.json may say so. */
+static void fire_settled(struct chronos *c)
+{
+        if (c->nunanswered && --c->nunanswered == 0 && c->dirty)
+                save_state(c);
+}
+
+/* The executor's answer to a fire: its mandate is durable (or the fire was
+ * refused, which is as final).  The daemon, not the chronos, is the
+ * context: chronos_free may come first at exit. */
+struct fire_wait {
+        struct daemon *d;
+        char schedule[];
+};
+
+static void on_fire_answered(void *ctx, const struct op_result *r)
+{
+        struct fire_wait *w = ctx;
+        struct chronos *c = C(w->d);
+        if (r->code)
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", w->schedule }),
+                          "schedule %s: tick not fired: %s (%s)", w->schedule, r->message,
+                          r->code);
+        else if (r->result && json_is_false(json_object_get(r->result, "fired")))
+                log_info("schedule %s at %s: mandate %s exists already (%s): nothing to do",
+                         w->schedule, json_string_value(json_object_get(r->result, "fired_at")),
+                         json_string_value(json_object_get(r->result, "mandate")),
+                         json_string_value(json_object_get(r->result, "status")));
+        json_decref(r->result);
+        json_decref(r->detail);
+        free(w);
+        if (c)
+                fire_settled(c);
+}
+
 static void fire_now(struct chronos *c, const char *name, int64_t t, const char *why)
 {
         char at[PLANNER_FIRED_AT_LEN];
         fmt_time(t, at);
         log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", name }),
                   "schedule %s: tick %s fires%s", name, at, why);
-        executor_fire(c->d, name, at, NULL, NULL);
+        size_t n = strlen(name) + 1;
+        struct fire_wait *w = malloc(sizeof(*w) + n);
+        if (!w) {
+                /* nobody waits: chronos.json may count this tick before its
+                 * mandate is durable (only when memory is exhausted) */
+                executor_fire(c->d, name, at, NULL, NULL);
+                fire_settled(c);
+                return;
+        }
+        w->d = c->d;
+        memcpy(w->schedule, name, n);
+        executor_fire(c->d, name, at, on_fire_answered, w);
 }
 
 /* Hand up to max queued fires to the executor, oldest first. */
@@ -273,6 +323,7 @@ static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char 
 {
         if (s->last_fire == NEVER || t > s->last_fire)
                 s->last_fire = t;
+        c->nunanswered++;
         struct pending_fire *f = c->idle_init && !c->stopped ? calloc(1, sizeof(*f)) : NULL;
         if (f)
                 f->schedule = strdup(s->name);

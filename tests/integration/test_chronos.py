@@ -817,6 +817,37 @@ class AbsurdClocks(ChronosCase):
         self.assertNotIn("2026-04-02T22:19:00Z", self.fired_at("m"))
 
 
+    def test_chronos_json_counts_a_tick_only_once_its_mandate_is_durable(self):
+        # A catch-up of 101 ticks; kill -9 the moment chronos.json says they
+        # were evaluated: every one of them must have its mandate after the
+        # restart (a tick saved as evaluated before its mandate was durable
+        # would be lost for good: the restart does not evaluate it again).
+        self.start("2026-04-01T10:30:00Z", {
+            "m": {"Schedule": {"Cron": "* * * * *", "MissedPolicy": "catch_up_bounded",
+                               "MaxCatchUpRuns": "100", "MissedGraceSec": "0"},
+                  "Mandate": {"MaxCycles": "1"}}})
+        self.clock("2026-04-01T10:30:30Z")
+        self.ok("test-clock", now=T("2026-04-03T00:00:30Z"))
+        deadline = time.monotonic() + 120
+        while True:  # poll the file for the condition, then kill at once
+            try:
+                if self.chronos_json()["m"]["last_evaluated_at"] == "2026-04-03T00:00:30Z":
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            self.assertLess(time.monotonic(), deadline, "chronos.json never saved the jump")
+            time.sleep(0.001)
+        self.daemon.kill()
+        self.daemon.proc.stderr.close()
+        self.start("2026-04-03T00:00:30Z")
+        ticks = {m["fired_at"] for m in self.ok("list", limit=0)["mandates"]
+                 if m.get("schedule") == "m"}
+        missing = [iso(T("2026-04-02T22:20:00Z") + 60 * i) for i in range(101)]
+        missing = [t for t in missing if t not in ticks]
+        self.assertEqual(missing, [], "ticks counted as evaluated without a mandate")
+        self.assertEqual(len(ticks), 101)
+
+
 @unittest.skipUnless(os.path.exists("/usr/share/zoneinfo/Europe/Berlin")
                      or os.environ.get("TZDIR"), "no tzdata (Europe/Berlin)")
 class TimeZones(ChronosCase):
