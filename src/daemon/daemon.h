@@ -61,7 +61,9 @@ struct mandate {
         char *schedule;            /* NULL when unknown */
         uint64_t flushes;          /* fdatasync calls on this mandate's WAL */
         unsigned busy;             /* commands in flight (keeps it alive) */
-        char *fired_at;
+        char *fired_at;            /* set with mandate_set_fired_at */
+        int64_t fired_key;         /* fired_at's digits as YYYYMMDDHHMMSS (it sorts like
+                                    * the text); -1: none or not of that form */
         char *goal;
         char *retry_of;            /* a retry (kairosctl retry): the mandate it retries */
         int retry;                 /* ... and its number N >= 1 (planner.h); 0 otherwise */
@@ -171,6 +173,8 @@ void daemon_on_jobs_drained(void *ctx);
 struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path);
 struct mandate *mandate_find(struct daemon *d, const char *id);
 void mandate_set_status(struct mandate *m, enum mandate_status s, const char *reason);
+/* Replace m->fired_at by fired_at (owned; NULL: unknown) and its sort key. */
+void mandate_set_fired_at(struct mandate *m, char *fired_at);
 /* Forget a mandate that has nothing in flight (no command, no job, no
  * handler, not queued) and free it: -EBUSY otherwise. */
 int mandate_remove(struct mandate *m);

@@ -511,7 +511,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 return;
         }
         m->schedule = strdup(schedule);
-        m->fired_at = strdup(fired_at);
+        mandate_set_fired_at(m, strdup(fired_at));
         m->goal = sc->goal ? strdup(sc->goal) : NULL;
         if (rt) {
                 m->retry_of = strdup(rt->retry_of);

@@ -67,6 +67,8 @@ int history_resolve(struct daemon *d, const char *arg, struct mandate **ret,
  * < 0: a comes before b. */
 static int order(const struct mandate *a, const struct mandate *b)
 {
+        if (a->fired_key >= 0 && b->fired_key >= 0 && a->fired_key != b->fired_key)
+                return a->fired_key < b->fired_key ? 1 : -1;
         const char *fa = a->fired_at ? a->fired_at : "", *fb = b->fired_at ? b->fired_at : "";
         int c = strcmp(fb, fa);
         return c ? c : strcmp(b->id, a->id);

@@ -55,6 +55,7 @@ struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_pa
         }
         serialq_init(&m->q, d->loop, &d->jobs);
         m->status = MANDATE_IDLE;
+        m->fired_key = -1;
         return m;
 }
 
@@ -72,6 +73,34 @@ void mandate_set_status(struct mandate *m, enum mandate_status s, const char *re
                 free(m->review_step);
                 m->review_step = NULL;
         }
+}
+
+/* "YYYY-MM-DDTHH:MM:SSZ" -> YYYYMMDDHHMMSS: two such texts compare as
+ * their keys do, so `list` orders 100,000 mandates without a strcmp each. */
+static int64_t fired_key(const char *s)
+{
+        static const char form[] = "dddd-dd-ddTdd:dd:ddZ";
+        int64_t k = 0;
+        if (!s || strlen(s) != sizeof(form) - 1)
+                return -1;
+        for (size_t i = 0; form[i]; i++) {
+                if (form[i] != 'd') {
+                        if (s[i] != form[i])
+                                return -1;
+                } else if (s[i] < '0' || s[i] > '9') {
+                        return -1;
+                } else {
+                        k = k * 10 + (s[i] - '0');
+                }
+        }
+        return k;
+}
+
+void mandate_set_fired_at(struct mandate *m, char *fired_at)
+{
+        free(m->fired_at);
+        m->fired_at = fired_at;
+        m->fired_key = fired_key(fired_at);
 }
 
 int mandate_wal_open(struct mandate *m)

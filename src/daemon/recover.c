@@ -359,10 +359,9 @@ static void recover_done(void *arg)
                 mandate_set_status(m, j->status, j->reason);
                 /* a mandate with a summary (loaded before) has these already */
                 free(m->schedule);
-                free(m->fired_at);
                 free(m->goal);
                 m->schedule = j->schedule;
-                m->fired_at = j->fired_at;
+                mandate_set_fired_at(m, j->fired_at);
                 m->goal = j->goal;
                 j->schedule = j->fired_at = j->goal = NULL;
                 free(m->retry_of);
@@ -457,7 +456,7 @@ static void load_summary(struct daemon *d, const char *path)
                 if ((v = json_string_value(json_object_get(j, "schedule"))))
                         m->schedule = strdup(v);
                 if ((v = json_string_value(json_object_get(j, "fired_at"))))
-                        m->fired_at = strdup(v);
+                        mandate_set_fired_at(m, strdup(v));
                 json_int_t n = json_integer_value(json_object_get(j, "retry"));
                 if ((v = json_string_value(json_object_get(j, "retry_of"))) && n >= 1 &&
                     n <= PLANNER_MAX_RETRY) {
