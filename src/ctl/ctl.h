@@ -86,6 +86,10 @@ json_t *ctl_json_raw(const char *text);
 /* Print v (pretty, key order kept) followed by '\n' and release it.
  * Returns 0, or CTL_EXIT_SOFTWARE if v is NULL (allocation failed). */
 int ctl_json_print(json_t *v);
+/* The same for a kjson value, byte for byte as ctl_json_print lays it out
+ * (numbers as the daemon wrote them). */
+struct kjson;
+int ctl_kjson_print(const struct kjson *v);
 
 /* The message for commands that are declared but have no implementation
  * yet.  Returns CTL_EXIT_USAGE. */

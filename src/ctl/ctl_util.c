@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "kairos/kjson.h"
 #include "kairos/kio.h"
 #include "kairos/kbuf.h"
 
@@ -143,9 +144,13 @@ void ctl_put_safe(FILE *f, const char *s)
                                 continue;
                         }
                 } else if (*p >= 0x20 && *p != 0x7f && *p != '\\') {
-                        fputc(*p, f);
-                        p++;
-                        n--;
+                        /* a run of plain ASCII at once (10,000-row tables) */
+                        size_t run = 1;
+                        while (run < n && p[run] >= 0x20 && p[run] < 0x7f && p[run] != '\\')
+                                run++;
+                        fwrite(p, 1, run, f);
+                        p += run;
+                        n -= run;
                         continue;
                 }
                 if (*p == '\\')
@@ -200,6 +205,95 @@ json_t *ctl_json_raw(const char *text)
                 return json_null();
         v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
         return v ? v : ctl_json_str(text);
+}
+
+/* A string as jansson dumps it (no JSON_ENSURE_ASCII, no JSON_ESCAPE_SLASH). */
+static int kjson_dump_string(struct kbuf *b, const char *p, size_t n)
+{
+        int r = kbuf_putc(b, '"');
+        size_t run = 0;
+        for (size_t i = 0; r == 0 && i <= n; i++) {
+                unsigned char c = i < n ? (unsigned char)p[i] : 0;
+                if (i < n && c >= 0x20 && c != '"' && c != '\\') {
+                        run++;
+                        continue;
+                }
+                if (run)
+                        r = kbuf_append(b, p + i - run, run);
+                run = 0;
+                if (r < 0 || i == n)
+                        break;
+                switch (c) {
+                case '"': r = kbuf_puts(b, "\\\""); break;
+                case '\\': r = kbuf_puts(b, "\\\\"); break;
+                case '\b': r = kbuf_puts(b, "\\b"); break;
+                case '\f': r = kbuf_puts(b, "\\f"); break;
+                case '\n': r = kbuf_puts(b, "\\n"); break;
+                case '\r': r = kbuf_puts(b, "\\r"); break;
+                case '\t': r = kbuf_puts(b, "\\t"); break;
+                default: r = kbuf_printf(b, "\\u%04X", c); break;
+                }
+        }
+        return r < 0 ? r : kbuf_putc(b, '"');
+}
+
+static int kjson_dump(struct kbuf *b, const struct kjson *v, size_t depth)
+{
+        static const char *const lit[] = { [KJSON_NULL] = "null", [KJSON_FALSE] = "false",
+                                           [KJSON_TRUE] = "true" };
+        bool obj = v->type == KJSON_OBJECT;
+        size_t n;
+        int r = 0;
+
+        switch (v->type) {
+        case KJSON_NULL:
+        case KJSON_FALSE:
+        case KJSON_TRUE:
+                return kbuf_puts(b, lit[v->type]);
+        case KJSON_NUMBER:
+                return kbuf_append(b, v->u.num.text, v->u.num.len);
+        case KJSON_STRING:
+                return kjson_dump_string(b, v->u.str.ptr, v->u.str.len);
+        case KJSON_ARRAY:
+        case KJSON_OBJECT:
+                break;
+        }
+        n = obj ? v->u.obj.n : v->u.arr.n;
+        if (n == 0)
+                return kbuf_puts(b, obj ? "{}" : "[]");
+        r = kbuf_putc(b, obj ? '{' : '[');
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                r = kbuf_puts(b, i ? ",\n" : "\n");
+                r = r < 0 ? r : kbuf_printf(b, "%*s", (int)(2 * (depth + 1)), "");
+                if (r == 0 && obj) {
+                        const struct kjson_member *m = &v->u.obj.members[i];
+                        r = kjson_dump_string(b, m->key, m->key_len);
+                        r = r < 0 ? r : kbuf_puts(b, ": ");
+                        r = r < 0 ? r : kjson_dump(b, m->value, depth + 1);
+                } else if (r == 0) {
+                        r = kjson_dump(b, v->u.arr.items[i], depth + 1);
+                }
+        }
+        if (r == 0 && depth)
+                r = kbuf_printf(b, "\n%*s", (int)(2 * depth), "");
+        else if (r == 0)
+                r = kbuf_putc(b, '\n');
+        return r < 0 ? r : kbuf_putc(b, obj ? '}' : ']');
+}
+
+int ctl_kjson_print(const struct kjson *v)
+{
+        struct kbuf b = KBUF_INIT;
+        int r = kjson_dump(&b, v, 0);
+        if (r == 0)
+                r = kbuf_putc(&b, '\n');
+        if (r < 0) {
+                kbuf_free(&b);
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        }
+        bool ok = fwrite(b.data, 1, b.len, stdout) == b.len;
+        kbuf_free(&b);
+        return ok ? 0 : CTL_EXIT_IOERR;
 }
 
 int ctl_json_print(json_t *v)

@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -1082,6 +1083,49 @@ class TestClient(unittest.TestCase):
         for data in replies:
             err = self.unreachable("list")
             self.assertIn("malformed reply from " + self.path, err, data)
+
+    def test_schedules_reply(self):
+        """`schedules` reads its (up to megabytes) reply with its own parser:
+        replies are judged, refusals and --json printed as for every command."""
+        replies = [b"this is not json\n", b"[1,2]\n", b'{"v":2,"id":1,"ok":true,"result":{}}\n',
+                   b'{"v":1,"id":99,"ok":true,"result":{}}\n', b'{"v":1,"id":1,"ok":true}\n',
+                   b'{"v":1,"id":1,"ok":"yes","result":{}}\n', b'{"v":1,"id":1,"ok":false}\n',
+                   b'{"v":1,"id":1.0,"ok":true,"result":{}}\n']
+        it = iter(replies)
+        server = self.serve(lambda c, line: c.sendall(next(it)))
+        for data in replies:
+            err = self.unreachable("schedules")
+            self.assertIn("malformed reply from " + self.path, err, data)
+        self.assertEqual(json.loads(server.requests[0]),
+                         {"v": 1, "id": 1, "cmd": "schedules", "args": {}})
+        server.close()
+        self.servers.remove(server)
+        os.unlink(self.path)
+        row = {"name": "b\x1bad", "cron": "x", "time_zone": "UTC", "next_fire_at": None,
+               "last_fire_at": "2026-04-17T10:00:00Z", "missed_policy": "skip",
+               "concurrency": "queue", "enabled": False, "paused": False, "state": "broken",
+               "error": "line 1: \u00e9 \"quoted\" \\ /\t\x01\x7f"}
+        result = {"schedules": [row, {"name": "ok", "nested": {"a": [], "b": {}, "c": [1, -2]},
+                                      "big": 18446744073709551616, "f": 1.5, "t": True}],
+                  "broken": 1}
+        self.serve(lambda c, line: reply(c, {"v": 1, "id": 1, "ok": True, "result": result}))
+        out = run_ctl("--socket", self.path, "--json", "schedules")
+        self.assertEqual((out.returncode, out.stderr), (0, ""))
+        # jansson's layout (indent 2, UTF-8 as it is, \u escapes in capitals)
+        want = re.sub(r"\\u([0-9a-f]{4})", lambda m: "\\u" + m.group(1).upper(),
+                      json.dumps(result, indent=2, ensure_ascii=False)) + "\n"
+        self.assertEqual(out.stdout, want)
+        text = run_ctl("--socket", self.path, "schedules")
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertEqual(text.stdout.splitlines()[1].split()[0], "b\\x1bad")
+        self.assertEqual(text.stdout.splitlines()[-1],
+                         "b\\x1bad: broken: line 1: \u00e9 \"quoted\" \\\\ /\\x09\\x01\\x7f")
+
+    def test_schedules_refusal(self):
+        self.serve(lambda c, line: reply(c, {"v": 1, "id": None, "ok": False,
+                                             "error": {"code": "bad_request", "message": "no\x1b"}}))
+        r = self.ctl("schedules")
+        self.assertEqual((r.returncode, r.stdout, r.stderr), (1, "", "kairosctl: no\\x1b\n"))
 
     def test_error_reply_with_null_id(self):
         self.serve(lambda c, line: reply(c, {"v": 1, "id": None, "ok": False,
