@@ -1,8 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* Startup recovery (docs/design.md §8): every <state>/wal/NAME.wal.jsonl is opened
  * (torn tail repaired, corruption quarantined), folded, planned by the pure
- * recovery planner, and the planned records are appended and made durable —
- * one job per WAL on the thread pool.  READY=1 waits for all of them. */
+ * recovery planner, and the planned records are appended — one job per WAL
+ * on the thread pool, without a sync of its own.  When every job is done,
+ * ONE syncfs of the WALs' file system makes all those records (and the
+ * removal of WALs that held nothing) durable; only then READY=1 and the
+ * executor runs anything (executor_kick waits for ready).  If the syncfs
+ * fails, every mandate recovery wrote to is paused wal_io_error: its records
+ * may be lost, and nothing acts on a record that is not durable.  A WAL that
+ * needs no record is only read. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -49,7 +55,8 @@ struct recover_job {
         bool torn;
         size_t torn_bytes;
         char *torn_path;             /* where the torn bytes were kept */
-        int io_error;                /* append/flush failure */
+        int io_error;                /* append failure */
+        bool unsynced;               /* appended to, or unlinked: waits for the syncfs */
         struct recover_decision *decisions;
         size_t ndecisions;
         enum mandate_status status;
@@ -70,6 +77,16 @@ struct recover_job {
 static void (*recovery_done_cb)(struct daemon *d);
 static unsigned pending_jobs;
 static unsigned recover_inflight;       /* jobs on the pool (RECOVER_WINDOW) */
+
+/* What the closing syncfs covers: the mandates recovery appended records
+ * to (paused wal_io_error if it fails) and how many WALs it unlinked. */
+static struct {
+        struct mandate **m;
+        size_t n, cap;
+        size_t unlinked;
+        struct daemon *d;
+        int error;
+} unsynced;
 
 static const char *action_for(const struct recovery_decision *dec)
 {
@@ -191,9 +208,12 @@ static void recover_work(void *arg)
                 wal_close(w);
                 w = NULL;
                 const struct kio *io = kio_posix();
-                if ((r = io->unlink(io->ctx, j->m->wal_path)) < 0 ||
-                    (r = kio_fsync_parent(io, j->m->wal_path)) < 0)
+                /* durable with the closing syncfs; a crash before it
+                 * leaves the file, and the next start removes it again */
+                if ((r = io->unlink(io->ctx, j->m->wal_path)) < 0)
                         j->unlink_error = r;
+                else
+                        j->unsynced = true;
                 goto out;
         }
         if (dr.file == DECIDE_FILE_QUARANTINE) {
@@ -224,9 +244,10 @@ static void recover_work(void *arg)
                         appended++;
                 }
         }
-        /* One barrier for everything recovery wrote to this WAL. */
+        /* No barrier here: the closing syncfs is the barrier of every WAL
+         * (nothing runs before it; see the top of this file). */
         if (r == 0 && appended)
-                r = wal_flush(w);
+                j->unsynced = true;
         if (r < 0) {
                 j->io_error = r;
                 j->status = MANDATE_WAL_IO_ERROR;
@@ -281,6 +302,62 @@ static void log_decision(const struct mandate *m, const struct recover_decision 
 
 static void submit_more(struct daemon *d);
 
+static void recovery_complete(struct daemon *d)
+{
+        free(unsynced.m);
+        unsynced.m = NULL;
+        unsynced.n = unsynced.cap = unsynced.unlinked = 0;
+        d->recovery.complete = true;
+        d->recovery.duration_ms = now_ms_monotonic() - d->recovery.started_ms;
+        recovery_done_cb(d);
+}
+
+static void sync_work(void *arg)
+{
+        (void)arg;
+        unsynced.error = kio_syncfs(kio_posix(), unsynced.d->paths.wal);
+}
+
+static void sync_done(void *arg)
+{
+        (void)arg;
+        struct daemon *d = unsynced.d;
+        int r = unsynced.error;
+        d->syncfs_calls++;
+        if (r < 0) {
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, NULL, 0,
+                          "recovery: syncfs of %s failed: %s; the %zu mandate%s recovery wrote "
+                          "to paused (wal_io_error)",
+                          d->paths.wal, strerror(-r), unsynced.n, unsynced.n == 1 ? "" : "s");
+                for (size_t i = 0; i < unsynced.n; i++) {
+                        struct mandate *m = unsynced.m[i];
+                        d->recovery.io_errors++;
+                        mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                        log_event(LOG_ERR, MSGID_WAL_IO_ERROR,
+                                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
+                                  "recovery: %s: recovery records not made durable: %s; "
+                                  "mandate paused (wal_io_error)",
+                                  m->wal_path, strerror(-r));
+                }
+        }
+        recovery_complete(d);
+}
+
+/* Every job is done: one syncfs for all they wrote, then READY. */
+static void recovery_sync(struct daemon *d)
+{
+        if (unsynced.n == 0 && unsynced.unlinked == 0) {
+                recovery_complete(d);
+                return;
+        }
+        unsynced.d = d;
+        unsynced.error = 0;
+        if (serialq_submit(&d->admin_q, sync_work, sync_done, NULL) < 0) {
+                unsynced.error = -ENOMEM;
+                sync_done(NULL);
+        }
+}
+
 static void recover_done(void *arg)
 {
         struct recover_job *j = arg;
@@ -290,6 +367,25 @@ static void recover_done(void *arg)
 
         m->flushes += j->flushes;
         d->flushes_total += j->flushes;
+        if (j->unsynced && j->empty) {
+                unsynced.unlinked++;
+        } else if (j->unsynced && !j->io_error) {
+                if (unsynced.n == unsynced.cap) {
+                        size_t cap = unsynced.cap ? 2 * unsynced.cap : 256;
+                        struct mandate **nm = realloc(unsynced.m, cap * sizeof(*nm));
+                        if (nm) {
+                                unsynced.m = nm;
+                                unsynced.cap = cap;
+                        }
+                }
+                if (unsynced.n < unsynced.cap) {
+                        unsynced.m[unsynced.n++] = m;
+                } else {
+                        /* cannot remember it for the syncfs's verdict: not
+                         * resumed, its records are not known durable */
+                        j->io_error = -ENOMEM;
+                }
+        }
         if (j->torn) {
                 s->torn_repaired++;
                 log_event(LOG_WARNING, NULL,
@@ -421,11 +517,8 @@ static void recover_done(void *arg)
 
         recover_inflight--;
         submit_more(d);
-        if (--pending_jobs == 0) {
-                s->complete = true;
-                s->duration_ms = now_ms_monotonic() - s->started_ms;
-                recovery_done_cb(d);
-        }
+        if (--pending_jobs == 0)
+                recovery_sync(d);
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -605,10 +698,7 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
         }
         pending_jobs = 1; /* held until every job is queued */
         submit_more(d);
-        if (--pending_jobs == 0) {
-                d->recovery.complete = true;
-                d->recovery.duration_ms = now_ms_monotonic() - d->recovery.started_ms;
-                done(d);
-        }
+        if (--pending_jobs == 0)
+                recovery_sync(d);
         return 0;
 }

@@ -1081,7 +1081,10 @@ static void m_capture(struct mrun *m)
                 m->x->wal_final[m->W].n = 0;
 }
 
-/* fold, plan, append every record, one flush: what the daemon's recovery does. */
+/* What the daemon's recovery does: fold, plan, append every record with no
+ * sync of its own and close the WAL; once every WAL is done, ONE syncfs,
+ * and only then anything acts on the records (READY=1): the WAL is opened
+ * again for the executor. */
 static size_t m_recover(struct mrun *m)
 {
         if (m->dead)
@@ -1094,10 +1097,19 @@ static size_t m_recover(struct mrun *m)
         n = recovery_record_count(rec);
         for (size_t i = 0; i < n; i++)
                 DO(m, wal_append(m->w, recovery_record_at(rec, i)));
-        if (n)
-                m_flush(m);
         recovery_free(rec);
         fold_free(f);
+        if (!n || m->dead)
+                return n;
+        m_close(m);
+        mark(m->x, K_BEGIN_WAL, m->W, 0, 0);
+        int r = kio_syncfs(&m->x->io, m->x->state);
+        if (r < 0) {
+                m_failed(m, r, "syncfs");
+                return n;
+        }
+        m_ack(m);
+        m_open(m);
         return n;
 }
 
