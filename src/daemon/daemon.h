@@ -64,6 +64,7 @@ struct mandate {
         char *fired_at;            /* set with mandate_set_fired_at */
         int64_t fired_key;         /* fired_at's digits as YYYYMMDDHHMMSS (it sorts like
                                     * the text); -1: none or not of that form */
+        bool order_added;          /* in d->order_added, not yet in d->ordered */
         char *goal;
         char *retry_of;            /* a retry (kairosctl retry): the mandate it retries */
         int retry;                 /* ... and its number N >= 1 (planner.h); 0 otherwise */
@@ -103,6 +104,12 @@ struct daemon {
         uint64_t started_ms;
 
         struct strmap *mandates;   /* id -> struct mandate* */
+        /* mandate.c: every mandate oldest first (mandates_ordered), kept
+         * lazily: new mandates wait in order_added and are inserted when
+         * asked for; a removal or a changed fired_at rebuilds it */
+        struct mandate **ordered, **order_added;
+        size_t nordered, ordered_cap, norder_added, order_added_cap;
+        bool order_stale;
         struct serialq_group jobs;
         struct serialq admin_q;    /* config reloads and other non-mandate file work */
         struct control_server *control;
@@ -175,6 +182,12 @@ struct mandate *mandate_find(struct daemon *d, const char *id);
 void mandate_set_status(struct mandate *m, enum mandate_status s, const char *reason);
 /* Replace m->fired_at by fired_at (owned; NULL: unknown) and its sort key. */
 void mandate_set_fired_at(struct mandate *m, char *fired_at);
+/* The order of `list`: < 0 when a is newer than b (fired_at descending, none
+ * oldest, then id descending); 0 only for a == b. */
+int mandate_order(const struct mandate *a, const struct mandate *b);
+/* Every mandate, OLDEST first (so *ret[n - 1] is the newest), valid until
+ * the registry changes; -ENOMEM. */
+int mandates_ordered(struct daemon *d, struct mandate *const **ret, size_t *ret_n);
 /* Forget a mandate that has nothing in flight (no command, no job, no
  * handler, not queued) and free it: -EBUSY otherwise. */
 int mandate_remove(struct mandate *m);

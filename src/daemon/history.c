@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* History: `list` served from the mandate registry (newest first, filters,
- * a limit and a cursor, no sort of the whole registry: the first rows are
- * picked with a bounded heap), MANDATE prefixes, and the retention of
+/* History: `list` served from the registry's ordered index (mandate.c:
+ * newest first, filters, a limit and a cursor found by binary search: the
+ * first page costs its rows, not the registry), MANDATE prefixes, and the retention of
  * finished mandates (KeepFinished=, KeepFinishedSec=): their summaries and
  * archives are removed on the thread pool. */
 #include <errno.h>
@@ -63,15 +63,9 @@ int history_resolve(struct daemon *d, const char *arg, struct mandate **ret,
 
 /* ---- list ---- */
 
-/* Newest first: fired_at descending (none: oldest), then id descending.
- * < 0: a comes before b. */
 static int order(const struct mandate *a, const struct mandate *b)
 {
-        if (a->fired_key >= 0 && b->fired_key >= 0 && a->fired_key != b->fired_key)
-                return a->fired_key < b->fired_key ? 1 : -1;
-        const char *fa = a->fired_at ? a->fired_at : "", *fb = b->fired_at ? b->fired_at : "";
-        int c = strcmp(fb, fa);
-        return c ? c : strcmp(b->id, a->id);
+        return mandate_order(a, b);
 }
 
 static bool matches(const struct history_filter *f, const struct mandate *m)
@@ -85,42 +79,6 @@ static bool matches(const struct history_filter *f, const struct mandate *m)
         if (f->after && order(m, f->after) <= 0)
                 return false;
         return true;
-}
-
-/* A max-heap on `order`: the root is the last of the rows kept. */
-static void sift_down(const struct mandate **h, size_t n, size_t i)
-{
-        for (;;) {
-                size_t l = 2 * i + 1, r = l + 1, big = i;
-                if (l < n && order(h[l], h[big]) > 0)
-                        big = l;
-                if (r < n && order(h[r], h[big]) > 0)
-                        big = r;
-                if (big == i)
-                        return;
-                const struct mandate *t = h[i];
-                h[i] = h[big];
-                h[big] = t;
-                i = big;
-        }
-}
-
-static void sift_up(const struct mandate **h, size_t i)
-{
-        while (i > 0) {
-                size_t p = (i - 1) / 2;
-                if (order(h[i], h[p]) <= 0)
-                        return;
-                const struct mandate *t = h[i];
-                h[i] = h[p];
-                h[p] = t;
-                i = p;
-        }
-}
-
-static int cmp_order(const void *a, const void *b)
-{
-        return order(*(const struct mandate *const *)a, *(const struct mandate *const *)b);
 }
 
 static json_t *ms_json(int64_t ms)
@@ -148,41 +106,56 @@ static json_t *row_json(const struct mandate *m)
         return o;
 }
 
-int history_list(struct daemon *d, const struct history_filter *f, size_t limit,
+int history_list(struct daemon *d, const struct history_filter *filter, size_t limit,
                  json_t **ret_result)
 {
-        size_t n = strmap_size(d->mandates);
-        size_t cap = limit && limit < n ? limit : n;
-        const struct mandate **h = calloc(cap ? cap : 1, sizeof(*h));
-        if (!h)
-                return -ENOMEM;
-        size_t kept = 0, total = 0, pos = 0;
-        const char *k;
-        void *v;
-        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
-                const struct mandate *m = v;
-                if (!matches(f, m))
-                        continue;
-                total++;
-                if (kept < cap) {
-                        h[kept] = m;
-                        sift_up(h, kept++);
-                } else if (kept && order(m, h[0]) < 0) {
-                        h[0] = m;
-                        sift_down(h, kept, 0);
+        struct history_filter f = *filter;
+        struct mandate *const *v;
+        size_t n;
+        int r = mandates_ordered(d, &v, &n);
+        if (r < 0)
+                return r;
+        /* v is oldest first: the rows are v[end - 1], v[end - 2], ... where
+         * end is the cursor's place (the rows strictly after it) */
+        size_t end = n;
+        if (f.after) {
+                size_t lo = 0, hi = n;
+                while (lo < hi) {
+                        size_t mid = lo + (hi - lo) / 2;
+                        if (order(v[mid], f.after) > 0)
+                                lo = mid + 1;
+                        else
+                                hi = mid;
                 }
+                end = lo;
+                f.after = NULL;  /* the cut is made */
         }
-        qsort(h, kept, sizeof(*h), cmp_order);
+        bool any = f.status >= 0 || f.schedule || f.since;
         json_t *arr = json_array();
-        for (size_t i = 0; i < kept; i++)
-                json_array_append_new(arr, row_json(h[i]));
+        size_t kept = 0, total = 0;
+        const struct mandate *last = NULL;
+        for (size_t i = end; i-- > 0;) {
+                if (!limit || kept < limit) {
+                        if (any && !matches(&f, v[i]))
+                                continue;
+                        json_array_append_new(arr, row_json(v[i]));
+                        last = v[i];
+                        kept++;
+                        total++;
+                        continue;
+                }
+                if (!any) {
+                        total = end;  /* every one matches */
+                        break;
+                }
+                total += matches(&f, v[i]);
+        }
         json_t *res = json_pack("{s:o, s:I, s:b}", "mandates", arr, "total", (json_int_t)total,
                                 "more", total > kept);
-        if (total > kept && kept)
-                json_object_set_new(res, "next", json_string(h[kept - 1]->id));
-        free(h);
         if (!res)
                 return -ENOMEM;
+        if (total > kept && last)
+                json_object_set_new(res, "next", json_string(last->id));
         *ret_result = res;
         return 0;
 }

@@ -56,6 +56,21 @@ struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_pa
         serialq_init(&m->q, d->loop, &d->jobs);
         m->status = MANDATE_IDLE;
         m->fired_key = -1;
+        /* the ordered index takes it in when next asked for */
+        if (d->norder_added == d->order_added_cap) {
+                size_t cap = d->order_added_cap ? 2 * d->order_added_cap : 64;
+                struct mandate **n = realloc(d->order_added, cap * sizeof(*n));
+                if (n) {
+                        d->order_added = n;
+                        d->order_added_cap = cap;
+                }
+        }
+        if (d->norder_added < d->order_added_cap) {
+                d->order_added[d->norder_added++] = m;
+                m->order_added = true;
+        } else {
+                d->order_stale = true;
+        }
         return m;
 }
 
@@ -101,6 +116,86 @@ void mandate_set_fired_at(struct mandate *m, char *fired_at)
         free(m->fired_at);
         m->fired_at = fired_at;
         m->fired_key = fired_key(fired_at);
+        /* its place in the index moves (a new one has none yet) */
+        if (!m->order_added)
+                m->d->order_stale = true;
+}
+
+int mandate_order(const struct mandate *a, const struct mandate *b)
+{
+        if (a->fired_key >= 0 && b->fired_key >= 0 && a->fired_key != b->fired_key)
+                return a->fired_key < b->fired_key ? 1 : -1;
+        const char *fa = a->fired_at ? a->fired_at : "", *fb = b->fired_at ? b->fired_at : "";
+        int c = strcmp(fb, fa);
+        return c ? c : strcmp(b->id, a->id);
+}
+
+static int cmp_oldest_first(const void *a, const void *b)
+{
+        return -mandate_order(*(struct mandate *const *)a, *(struct mandate *const *)b);
+}
+
+static int order_rebuild(struct daemon *d)
+{
+        size_t n = strmap_size(d->mandates);
+        if (n > d->ordered_cap) {
+                struct mandate **v = realloc(d->ordered, n * sizeof(*v));
+                if (!v)
+                        return -ENOMEM;
+                d->ordered = v;
+                d->ordered_cap = n;
+        }
+        size_t pos = 0, i = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0)
+                d->ordered[i++] = v;
+        d->nordered = i;
+        qsort(d->ordered, i, sizeof(*d->ordered), cmp_oldest_first);
+        for (size_t j = 0; j < d->norder_added; j++)
+                d->order_added[j]->order_added = false;
+        d->norder_added = 0;
+        d->order_stale = false;
+        return 0;
+}
+
+int mandates_ordered(struct daemon *d, struct mandate *const **ret, size_t *ret_n)
+{
+        /* many new ones at once (start-up, a burst): one sort is cheaper */
+        if (d->order_stale || d->norder_added > 64 + d->nordered / 8) {
+                int r = order_rebuild(d);
+                if (r < 0)
+                        return r;
+        }
+        if (d->norder_added && d->nordered + d->norder_added > d->ordered_cap) {
+                size_t cap = 2 * (d->nordered + d->norder_added);
+                struct mandate **v = realloc(d->ordered, cap * sizeof(*v));
+                if (!v)
+                        return -ENOMEM;
+                d->ordered = v;
+                d->ordered_cap = cap;
+        }
+        /* new mandates are mostly the newest: each goes in near the end */
+        for (size_t j = 0; j < d->norder_added; j++) {
+                struct mandate *m = d->order_added[j];
+                size_t lo = 0, hi = d->nordered;
+                while (lo < hi) {
+                        size_t mid = lo + (hi - lo) / 2;
+                        if (mandate_order(d->ordered[mid], m) > 0)
+                                lo = mid + 1;   /* older than m */
+                        else
+                                hi = mid;
+                }
+                memmove(d->ordered + lo + 1, d->ordered + lo,
+                        (d->nordered - lo) * sizeof(*d->ordered));
+                d->ordered[lo] = m;
+                d->nordered++;
+                m->order_added = false;
+        }
+        d->norder_added = 0;
+        *ret = d->ordered;
+        *ret_n = d->nordered;
+        return 0;
 }
 
 int mandate_wal_open(struct mandate *m)
@@ -162,6 +257,11 @@ int mandate_remove(struct mandate *m)
         if (m->busy || m->queued || m->holds_slot || m->run || !serialq_idle(&m->q))
                 return -EBUSY;
         strmap_remove(m->d->mandates, m->id);
+        /* the index holds it: rebuilt when next asked for */
+        m->d->order_stale = true;
+        for (size_t j = 0; j < m->d->norder_added; j++)
+                if (m->d->order_added[j] == m)
+                        m->d->order_added[j] = m->d->order_added[--m->d->norder_added];
         mandate_free(m);
         return 0;
 }
@@ -175,4 +275,8 @@ void mandates_free(struct daemon *d)
                 mandate_free(v);
         strmap_free(d->mandates);
         d->mandates = NULL;
+        free(d->ordered);
+        free(d->order_added);
+        d->ordered = d->order_added = NULL;
+        d->nordered = d->norder_added = d->ordered_cap = d->order_added_cap = 0;
 }

@@ -125,6 +125,24 @@ class TestList(HistoryCase):
         self.assertIn("--after %s" % ids[5], lines[-1])
         r = self.ctl("list", "--since", "bogus")
         self.assertEqual(r.returncode, 64, r.stderr)
+        # the ordered index takes new mandates in wherever their fired_at
+        # puts them (older, between two, newest), also after it was served
+        older = self.fire_and_end("good", "2026-03-15T12:00:00Z")
+        between = self.fire_and_end("bad", "2026-04-03T18:00:00Z")
+        newest = self.fire_and_end("good", at(9))
+        want = [newest, ids[5], ids[4], ids[3], between, ids[2], ids[1], ids[0], older]
+        self.assertEqual([r["id"] for r in self.call("list")["mandates"]], want)
+        got, after = [], None
+        while True:
+            page = self.call("list", limit=4, **({"after": after} if after else {}))
+            got += [r["id"] for r in page["mandates"]]
+            self.assertEqual(page["total"], len(want) - len(got) + len(page["mandates"]))
+            if not page["more"]:
+                break
+            after = page["next"]
+        self.assertEqual(got, want)
+        self.assertEqual([r["id"] for r in self.call("list", status="failed", limit=2)["mandates"]],
+                         [ids[5], between])
 
     def test_show_step_times(self):
         self.start()
