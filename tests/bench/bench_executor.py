@@ -23,9 +23,13 @@
    kairosd + its handlers per cycle against the CPU of the 5 direct spawns
    (target <= 1.5x).
 4. Bursts: --burst mandates fired together (pipelined) with
-   MaxConcurrentMandates 1, 4, 16, 64, 256: cycles/s, the longest gap
-   between WATCHDOG=1 pings (WATCHDOG_USEC=1 s: a ping every 0.5 s; target
-   gap <= 1 s), `status` latency on another connection (p99 target 100 ms).
+   MaxConcurrentMandates 1, 4, 16, 64, 256: cycles/s against the floor of
+   the machine (min(concurrency, CPUs) x the rate of the five direct spawns
+   + fdatasyncs of part 3's floor, measured in this run), the longest gap
+   between WATCHDOG=1 pings against the ping interval (WATCHDOG_USEC=1 s: a
+   ping every 0.5 s; target gap <= 1 s), `status` latency on another
+   connection against the same daemon's idle p99 just before the burst
+   (p99 target 100 ms).
 Run by hand on a disk directory (default /var/tmp), not tmpfs; prints the figures."""
 import argparse
 import os
@@ -301,8 +305,20 @@ def spawn_ratio(base, args):
               "%.2f ms: ratio %.2f (target <= 1.5)"
               % (daemon_cpu * 1000, child_cpu * 1000, own * 1000,
                  (daemon_cpu + child_cpu) / own if own else float("nan")))
+        return floor
     finally:
         r.close()
+
+
+def spawn_floor(n=20):
+    """Part 3's floor alone (bursts without part 3): 5 direct spawns +
+    6 fdatasyncs, median of n."""
+    d = tempfile.mkdtemp(prefix="floor-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+    try:
+        sync_ms = fdatasync_ms(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return statistics.median(direct_spawns(5)[0] for _ in range(n)) + 6 * sync_ms / 1000
 
 
 class TimedNotify(NotifySocket):
@@ -325,7 +341,7 @@ class TimedNotify(NotifySocket):
                 self.cond.notify_all()
 
 
-def burst(base, args, concurrency, n, watchdog_usec=1000000):
+def burst(base, args, concurrency, n, floor, watchdog_usec=1000000):
     """n mandates fired together, MaxConcurrentMandates=concurrency: cycles/s,
     the longest gap between watchdog pings, `status` latency meanwhile."""
     import threading
@@ -354,6 +370,16 @@ def burst(base, args, concurrency, n, watchdog_usec=1000000):
                 lat.append(time.monotonic() - t)
                 stop.wait(0.02)
 
+        # the floor of status: the same daemon, idle, for a second
+        t_idle = time.monotonic() + 1.0
+        while time.monotonic() < t_idle:
+            t = time.monotonic()
+            probe.call("status")
+            lat.append(time.monotonic() - t)
+            time.sleep(0.02)
+        lat.sort()
+        idle_p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        lat = []
         th = threading.Thread(target=prober)
         t0 = time.monotonic()
         th.start()
@@ -370,11 +396,17 @@ def burst(base, args, concurrency, n, watchdog_usec=1000000):
         gaps = [b - a for a, b in zip(pings, pings[1:])]
         lat.sort()
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
-        print("%4d mandates, MaxConcurrentMandates=%-4d %6.1f cycles/s; watchdog (every %.2f s): "
-              "max gap %.3f s over %d pings; status p99 %.1f ms, max %.1f ms (%d calls)"
-              % (n, concurrency, n / (t1 - t0), watchdog_usec / 2e6,
-                 max(gaps) if gaps else float("nan"), len(pings),
-                 p99 * 1000, (lat[-1] if lat else float("nan")) * 1000, len(lat)))
+        rate = n / (t1 - t0)
+        machine = min(concurrency, os.cpu_count()) / floor
+        gap = max(gaps) if gaps else float("nan")
+        print("%4d mandates, MaxConcurrentMandates=%-4d %6.1f cycles/s = %.2fx the floor of "
+              "%.1f/s (%d x 5 direct spawns); watchdog max gap %.3f s = %.2fx the interval of "
+              "%.2f s (%d pings; target <= 1 s); status p99 %.1f ms = %.1fx idle p99 %.1f ms "
+              "(max %.1f ms, %d calls; target <= 100 ms)"
+              % (n, concurrency, rate, rate / machine, machine, min(concurrency, os.cpu_count()),
+                 gap, gap / (watchdog_usec / 2e6), watchdog_usec / 2e6, len(pings),
+                 p99 * 1000, p99 / idle_p99 if idle_p99 else float("nan"), idle_p99 * 1000,
+                 (lat[-1] if lat else float("nan")) * 1000, len(lat)))
         c.close()
         probe.close()
     finally:
@@ -411,11 +443,14 @@ def main():
               % (os.cpu_count(), " ".join(open("/proc/loadavg").read().split()[:3]),
                  fdatasync_ms(base)))
         parts = args.only or ("ratio", "burst", "throughput", "memory")
+        floor = None
         if "ratio" in parts:
-            spawn_ratio(base, args)
+            floor = spawn_ratio(base, args)
         if "burst" in parts:
+            if floor is None:
+                floor = spawn_floor()
             for conc in (1, 4, 16, 64, 256):
-                burst(base, args, conc, args.burst)
+                burst(base, args, conc, args.burst, floor)
         if "throughput" in parts:
             throughput(base, args)
         if "memory" in parts:

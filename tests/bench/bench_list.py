@@ -13,8 +13,9 @@ off), and times, as seen by a client, over --rounds calls each:
   list page  `kairosctl list --limit 50 --after ID` (the second page)
   filtered   `kairosctl list --limit 50 --status failed`
   schedules  `kairosctl schedules` (all S)
-and the daemon's RSS.  Prints medians, their ratio to the floor and the load
-average.  Targets: list --limit 50 <= 50 ms with 100,000; schedules <= 100 ms
+and the daemon's RSS.  The rounds interleave the commands (status, list, ...,
+status, list, ...) so that each figure and its floor see the same load.
+Prints medians, their ratio to the floor and the load average.  Targets: list --limit 50 <= 50 ms with 100,000; schedules <= 100 ms
 with 10,000."""
 import argparse
 import json
@@ -69,16 +70,23 @@ def gen(state, confdir, n, nsched):
     return conf
 
 
-def timed(ctl, sock, args, rounds):
-    out = []
+def once(ctl, sock, args):
+    t0 = time.monotonic()
+    r = subprocess.run([ctl, "--socket", sock, *args], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    took = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit("kairosctl %s: %s" % (" ".join(args), r.stderr))
+    return took, r.stdout
+
+
+def timed_rounds(ctl, sock, commands, rounds):
+    """Median time of each command, the commands interleaved round by round."""
+    times = [[] for _ in commands]
     for _ in range(rounds):
-        t0 = time.monotonic()
-        r = subprocess.run([ctl, "--socket", sock, *args], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-        out.append(time.monotonic() - t0)
-        if r.returncode != 0:
-            raise SystemExit("kairosctl %s: %s" % (" ".join(args), r.stderr))
-    return statistics.median(out), r.stdout
+        for i, args in enumerate(commands):
+            times[i].append(once(ctl, sock, args)[0])
+    return [statistics.median(t) for t in times]
 
 
 def main():
@@ -106,13 +114,11 @@ def main():
         notify.wait_ready(timeout=600)
         print("READY=1 after %.2f s, RSS %.0f MB" % (time.monotonic() - t0, rss_mb(d.proc.pid)))
         sock = os.path.join(state, "control.sock")
-        floor, _ = timed(ctl, sock, ["status"], args.rounds)
-        lst, out = timed(ctl, sock, ["--json", "list", "--limit", "50"], args.rounds)
-        nxt = json.loads(out)["next"]
-        page, _ = timed(ctl, sock, ["list", "--limit", "50", "--after", nxt], args.rounds)
-        filt, _ = timed(ctl, sock, ["list", "--limit", "50", "--status", "failed"], args.rounds)
-        sch, _ = timed(ctl, sock, ["schedules"], args.rounds)
-        schj, _ = timed(ctl, sock, ["--json", "schedules"], args.rounds)
+        nxt = json.loads(once(ctl, sock, ["--json", "list", "--limit", "50"])[1])["next"]
+        floor, lst, page, filt, sch, schj = timed_rounds(ctl, sock, [
+            ["status"], ["list", "--limit", "50"], ["list", "--limit", "50", "--after", nxt],
+            ["list", "--limit", "50", "--status", "failed"], ["schedules"],
+            ["--json", "schedules"]], args.rounds)
         rss = rss_mb(d.proc.pid)
         load = os.getloadavg()
         print("floor (status)              %7.1f ms" % (floor * 1000))
