@@ -358,9 +358,9 @@ static void recovery_sync(struct daemon *d)
         }
 }
 
-static void recover_done(void *arg)
+/* On the loop: what one job found becomes the mandate's state. */
+static void recover_settle(struct recover_job *j)
 {
-        struct recover_job *j = arg;
         struct mandate *m = j->m;
         struct daemon *d = j->d;
         struct recovery_summary *s = &d->recovery;
@@ -514,10 +514,44 @@ static void recover_done(void *arg)
         free(j->goal);
         free(j->retry_of);
         free(j);
+}
 
-        recover_inflight--;
+/* The WALs go to the pool RECOVER_CHUNK at a time, on RECOVER_LANES queues
+ * of their own (not the mandates' queues: nothing else touches a mandate
+ * before its job is settled, and the executor runs nothing before READY):
+ * one hand-over to a pool thread and one wake-up of the loop per chunk, not
+ * per WAL. */
+#define RECOVER_CHUNK 16
+#define RECOVER_LANES 16
+
+struct recover_chunk {
+        struct daemon *d;
+        size_t n;
+        struct recover_job *jobs[RECOVER_CHUNK];
+};
+
+static struct serialq lanes[RECOVER_LANES];
+static unsigned next_lane;
+
+static void chunk_work(void *arg)
+{
+        struct recover_chunk *c = arg;
+        for (size_t i = 0; i < c->n; i++)
+                recover_work(c->jobs[i]);
+}
+
+static void chunk_done(void *arg)
+{
+        struct recover_chunk *c = arg;
+        struct daemon *d = c->d;
+        size_t n = c->n;
+        for (size_t i = 0; i < n; i++)
+                recover_settle(c->jobs[i]);
+        free(c);
+        recover_inflight -= n;
         submit_more(d);
-        if (--pending_jobs == 0)
+        pending_jobs -= n;
+        if (pending_jobs == 0)
                 recovery_sync(d);
 }
 
@@ -587,7 +621,7 @@ int recover_load_finished(struct daemon *d)
 /* The WALs found at start, opened a window at a time: a job (and its
  * buffers) exists only while it is in flight, so memory does not grow with
  * the number of WALs. */
-#define RECOVER_WINDOW 64
+#define RECOVER_WINDOW (RECOVER_CHUNK * RECOVER_LANES)
 
 static struct {
         struct mandate **todo;
@@ -597,23 +631,41 @@ static struct {
 static void submit_more(struct daemon *d)
 {
         while (pend.next < pend.n && recover_inflight < RECOVER_WINDOW) {
-                struct mandate *m = pend.todo[pend.next];
-                struct recover_job *j = calloc(1, sizeof(*j));
-                if (!j)
+                struct recover_chunk *c = calloc(1, sizeof(*c));
+                if (!c)
                         break;
-                j->m = m;
-                j->d = d;
-                j->had_summary = m->archived;
-                m->archived = false;
-                pend.next++;
-                pending_jobs++;
-                recover_inflight++;
-                if (serialq_submit(&m->q, recover_work, recover_done, j) < 0) {
-                        pending_jobs--;
-                        recover_inflight--;
-                        free(j);
-                        mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
-                        d->recovery.io_errors++;
+                c->d = d;
+                while (c->n < RECOVER_CHUNK && pend.next < pend.n) {
+                        struct mandate *m = pend.todo[pend.next];
+                        struct recover_job *j = calloc(1, sizeof(*j));
+                        if (!j)
+                                break;
+                        j->m = m;
+                        j->d = d;
+                        j->had_summary = m->archived;
+                        m->archived = false;
+                        pend.next++;
+                        c->jobs[c->n++] = j;
+                }
+                if (c->n == 0) {
+                        free(c);
+                        break;
+                }
+                struct serialq *lane = &lanes[next_lane++ % RECOVER_LANES];
+                if (!lane->loop)
+                        serialq_init(lane, d->loop, &d->jobs);
+                pending_jobs += c->n;
+                recover_inflight += c->n;
+                if (serialq_submit(lane, chunk_work, chunk_done, c) < 0) {
+                        pending_jobs -= c->n;
+                        recover_inflight -= c->n;
+                        for (size_t i = 0; i < c->n; i++) {
+                                mandate_set_status(c->jobs[i]->m, MANDATE_WAL_IO_ERROR,
+                                                   "wal_io_error");
+                                d->recovery.io_errors++;
+                                free(c->jobs[i]);
+                        }
+                        free(c);
                 }
         }
         if (pend.next == pend.n) {
