@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Startup recovery (docs/design.md §8): every <state>/wal/NAME.wal.jsonl is opened
  * (torn tail repaired, corruption quarantined), folded, planned by the pure
- * recovery planner, and the planned records are appended — one job per WAL
- * on the thread pool, without a sync of its own.  When every job is done,
+ * recovery planner, and the planned records are appended — on the thread
+ * pool, in chunks of WALs (see RECOVER_CHUNK), without a sync per WAL.  When every job is done,
  * ONE syncfs of the WALs' file system makes all those records (and the
  * removal of WALs that held nothing) durable; only then READY=1 and the
  * executor runs anything (executor_kick waits for ready).  If the syncfs
