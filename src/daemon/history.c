@@ -165,7 +165,7 @@ int history_list(struct daemon *d, const struct history_filter *filter, size_t l
 struct prune_job {
         uv_work_t req;
         struct daemon *d;
-        char **paths;            /* summaries and archives, in that order per mandate */
+        char **paths;            /* per mandate its summary, then its archive */
         size_t npaths;
         size_t by_count, by_age;
         size_t removed, errors;
@@ -191,11 +191,9 @@ static int cmp_ended_desc(const void *a, const void *b)
         return order(x, y);
 }
 
-static void prune_work(uv_work_t *w)
+static void prune_unlink(struct prune_job *j, const struct kio *io, size_t first)
 {
-        struct prune_job *j = w->data;
-        const struct kio *io = kio_posix();
-        for (size_t i = 0; i < j->npaths; i++) {
+        for (size_t i = first; i < j->npaths; i += 2) {
                 int r = io->unlink(io->ctx, j->paths[i]);
                 if (r == 0 || r == -ENOENT) {
                         j->removed += r == 0;
@@ -206,9 +204,21 @@ static void prune_work(uv_work_t *w)
                         j->error_path = strdup(j->paths[i]);
                 }
         }
-        /* one directory sync each, for the whole batch */
-        io->fsync_dir(io->ctx, j->d->paths.mandates);
+}
+
+/* The archives go first, durably, then the summaries (one directory sync
+ * each for the whole batch).  A crash in between leaves summaries whose
+ * archives are gone: they register their mandates at the next start, beyond
+ * retention still, and the next prune removes them.  The other order would
+ * leave archives that no summary registers, which nothing would remove. */
+static void prune_work(uv_work_t *w)
+{
+        struct prune_job *j = w->data;
+        const struct kio *io = kio_posix();
+        prune_unlink(j, io, 1);
         io->fsync_dir(io->ctx, j->d->paths.archive);
+        prune_unlink(j, io, 0);
+        io->fsync_dir(io->ctx, j->d->paths.mandates);
 }
 
 static void prune_start(struct daemon *d);
@@ -315,7 +325,7 @@ static void prune_start(struct daemon *d)
                         free(archive);
                         continue;
                 }
-                /* the summary first: it is what registers the mandate at start */
+                /* even: summaries, odd: archives (see prune_work) */
                 j->paths[j->npaths++] = summary;
                 j->paths[j->npaths++] = archive;
                 if (keep && i >= keep)

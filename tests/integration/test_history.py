@@ -7,6 +7,7 @@ the modes of WALs, archives and state directories."""
 import grp
 import gzip
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -16,6 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kairos_harness  # noqa: E402
 from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
 
 KAIROSCTL = os.environ.get("KAIROSCTL", "build/src/ctl/kairosctl")
@@ -216,6 +218,73 @@ class TestRetention(HistoryCase):
         self.c.close()
         self.start("KeepFinished=3\n")
         self.assertEqual([r["id"] for r in self.call("list")["mandates"]], list(reversed(ms[2:])))
+
+    def test_archives_go_before_summaries(self):
+        # Under strace: a pruned mandate's archive is unlinked, and its
+        # directory synced, before its summary is unlinked — so a crash in
+        # between never leaves an archive that no summary registers.
+        strace = shutil.which("strace")
+        if not strace:
+            self.skipTest("strace not installed")
+        trace = os.path.join(self.dir, "trace.txt")
+        wrapper = os.path.join(self.dir, "kairosd-straced")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\nexec %s -f -e signal=none -e trace=unlink,unlinkat,fsync,'
+                    'openat -o %s %s "$@"\n' % (strace, trace, kairos_harness.KAIROSD))
+        os.chmod(wrapper, 0o755)
+        real, kairos_harness.KAIROSD = kairos_harness.KAIROSD, wrapper
+        # LeakSanitizer cannot run under ptrace (the sanitizer build)
+        saved = os.environ.get("ASAN_OPTIONS")
+        os.environ["ASAN_OPTIONS"] = ((saved or "") + ":detect_leaks=0").lstrip(":")
+        try:
+            self.start("KeepFinished=2\n")
+        finally:
+            kairos_harness.KAIROSD = real
+            if saved is None:
+                del os.environ["ASAN_OPTIONS"]
+            else:
+                os.environ["ASAN_OPTIONS"] = saved
+        ms = [self.fire_and_end("good", at(i)) for i in range(3)]
+        self.d.wait_log("retention: pruned 1 finished mandates")
+        deadline = time.monotonic() + 30
+        while self.files(ms[0]) != (False, False) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.files(ms[0]), (False, False))
+        with open(os.path.join(self.state, "kairosd.pid")) as f:
+            os.kill(int(f.read().split()[0]), 15)  # strace does not pass SIGTERM on
+        self.assertEqual(self.d.proc.wait(60), 0)
+        with open(trace) as f:
+            lines = f.read().splitlines()
+
+        def index(pattern):
+            found = [i for i, line in enumerate(lines) if re.search(pattern, line)]
+            self.assertEqual(len(found), 1, (pattern, found))
+            return found[0]
+        archive = index(r'unlink(at)?\(.*archive/%s\.wal\.jsonl\.gz"' % ms[0])
+        summary = index(r'unlink(at)?\(.*mandates/%s\.json"' % ms[0])
+        self.assertLess(archive, summary)
+        # the archive directory is opened and synced between the two
+        between = "\n".join(lines[archive:summary])
+        self.assertRegex(between, r'openat\(.*/archive", O_RDONLY')
+        self.assertRegex(between, r"fsync\(")
+
+    def test_a_summary_left_without_its_archive_is_pruned(self):
+        # the state a crash between the two unlinks leaves: the next start
+        # registers the mandate from its summary and prunes it again
+        self.start()
+        ms = [self.fire_and_end("good", at(i)) for i in range(3)]
+        self.assertEqual(self.d.stop(), 0)
+        self.d.proc.stderr.close()
+        self.c.close()
+        os.unlink(os.path.join(self.state, "archive", ms[0] + ".wal.jsonl.gz"))
+        self.start("KeepFinished=2\n")
+        self.d.wait_log("retention: pruned 1 finished mandates")
+        deadline = time.monotonic() + 30
+        while self.files(ms[0]) != (False, False) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.files(ms[0]), (False, False))
+        self.assertEqual([r["id"] for r in self.call("list")["mandates"]],
+                         list(reversed(ms[1:])))
 
     def test_by_age_on_the_fake_clock(self):
         self.start("KeepFinishedSec=1d\n")
