@@ -309,6 +309,14 @@ struct idem_log;
  * partial load: free it, do not use it. */
 int idem_log_open(const char *dir, const struct kio *io, struct idem_store *s,
                   struct idem_log **out, struct idem_load_info *info);
+/* Read <dir>/idem.jsonl into s (new, as for idem_log_open) without
+ * changing anything on disk: no directory or file is created, no lock is
+ * taken, a torn tail is only counted (info->torn_bytes), never cut.  Every
+ * processing entry comes back interrupted, the TTL and capacity apply as at
+ * a daemon's start; a corrupt file quarantines s (info->corrupt).  No log:
+ * info->created, an empty store.  For offline tools (kairosctl recover
+ * --dry-run) reading a state directory a kairosd may be using. */
+int idem_log_read(const char *dir, struct idem_store *s, struct idem_load_info *info);
 /* Close (NULL ok).  Does not flush: records not appended are not durable. */
 int idem_log_close(struct idem_log *l);
 

@@ -1423,6 +1423,51 @@ fail:
         return r;
 }
 
+int idem_log_read(const char *dir, struct idem_store *s, struct idem_load_info *info)
+{
+        struct idem_load_info dummy;
+        if (!dir || !*dir || !s)
+                return -EINVAL;
+        if (s->loaded || s->lsn || strmap_size(s->map))
+                return -EINVAL;
+        if (!info)
+                info = &dummy;
+        memset(info, 0, sizeof(*info));
+        char *path = NULL;
+        if (asprintf(&path, "%s/%s", dir, IDEM_LOG_NAME) < 0)
+                return -ENOMEM;
+        char *data = NULL;
+        size_t len = 0, good_end = 0;
+        struct loader ld = { .s = s, .info = info };
+        int r = kio_read_file(path, LOG_MAX_BYTES, 0, &data, &len);
+        free(path);
+        if (r == -ENOENT) {
+                info->created = true;
+                s->loaded = true;
+                return 0;
+        }
+        if (r < 0)
+                return r;
+        if (!(ld.arena = kjson_arena_new())) {
+                r = -ENOMEM;
+                goto out;
+        }
+        if ((r = replay(&ld, data, len, &good_end)) < 0 || (r = finish_load(s, info)) < 0)
+                goto out;
+        if (info->corrupt) {
+                info->torn_bytes = 0;
+                s->quarantined = true;
+        } else {
+                info->torn_bytes = len - good_end;
+        }
+        s->loaded = true;
+        r = 0;
+out:
+        kjson_arena_free(ld.arena);
+        free(data);
+        return r;
+}
+
 int idem_log_close(struct idem_log *l)
 {
         int r = 0;

@@ -14,6 +14,8 @@
 
 #include "kairos/canon.h"
 #include "kairos/decide.h"
+#include "kairos/evidence.h"
+#include "kairos/idem.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
@@ -727,6 +729,135 @@ static void test_recover_probe_done_completes(void **state)
         sim_free(&s);
 }
 
+/* The evidence as kairosd and kairosctl recover --dry-run build it: from an
+ * idempotency store (its owned entries, indexed by mandate) and a schedule's
+ * declarations, decided by the same function. */
+static int64_t fixed_clock(void *ctx)
+{
+        (void)ctx;
+        return 1776686400123LL; /* 2026-04-20T12:00:00.123Z */
+}
+
+static void owned_call(struct idem_store *st, const char *mid, const char *step, const char *key,
+                       bool finish)
+{
+        struct idem_step_owner o = { .attempt = 1 };
+        snprintf(o.mandate, sizeof o.mandate, "%s", mid);
+        snprintf(o.step, sizeof o.step, "%s", step);
+        struct idem_request rq = { .tool = "cmd", .key = key, .input_json = "[]", .input_len = 2,
+                                   .owner = &o };
+        struct idem_view v;
+        uint64_t lsn;
+        char full[IDEM_FULL_KEY_SIZE];
+        assert_int_equal(idem_begin(st, &rq, &v, &lsn), IDEM_PROCEED);
+        snprintf(full, sizeof full, "cmd:%s", key);
+        if (finish)
+                assert_int_equal(idem_complete(st, full, "0", 1, &lsn), 0);
+}
+
+static const struct recovery_decision *decide_with(struct sim *s, struct idem_store *st,
+                                                   const struct evidence_schedule *es,
+                                                   struct evidence_index **ix,
+                                                   struct evidence_mandate *em,
+                                                   struct decide_recovery *dr)
+{
+        assert_int_equal(st ? evidence_index_build(st, ix) : evidence_index_unknown(ix), 0);
+        assert_int_equal(evidence_for_mandate(*ix, s->mid, es, em), 0);
+        assert_int_equal(decide_recover(s->f, false, &em->ev, dr), 0);
+        return decision(dr);
+}
+
+static void test_recover_evidence_from_store(void **state)
+{
+        (void)state;
+        struct sim s;
+        struct idem_store *st;
+        struct idem_options opt = { .now_ms = fixed_clock };
+        struct evidence_index *ix;
+        struct evidence_mandate em;
+        struct decide_recovery dr;
+        struct config_schedule sc = { .effects = 1u << PHASE_ACT,
+                                      .effects_via = EFFECTS_VIA_KAIROSCTL };
+        char *cmd = "/bin/true";
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                sc.exec[i] = cmd;
+        struct evidence_schedule es;
+        evidence_schedule_from_config(&sc, &es);
+        assert_true(es.effects_via_kairosctl);
+        assert_false(es.has_probe);
+
+        interrupted_at(&s, PHASE_ACT);
+        assert_int_equal(idem_store_new(&opt, &st), 0);
+        owned_call(st, s.mid, "act_001", "sent", true);
+        owned_call(st, "mnd_other_000000000000", "act_001", "elsewhere", false);
+        owned_call(st, s.mid, "decide_001", "chosen", true);
+
+        /* act's call finished, EffectsVia=kairosctl: run it again, the call replays */
+        const struct recovery_decision *d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_int_equal(evidence_index_size(ix), 3);
+        assert_int_equal(em.ev.nsteps, 2);
+        assert_int_equal(d->verdict.kind, VERDICT_SAFE_TO_RETRY);
+        assert_string_equal(d->verdict.reason, "effects_journaled");
+        assert_true(d->has_record);
+        assert_int_equal(d->record.op, WAL_OP_RESET);
+        assert_non_null(d->record.evidence_json);
+        assert_non_null(strstr(d->record.evidence_json,
+                               "\"reason\":\"effects_journaled\",\"status\":\"executing\","
+                               "\"tool_calls\":[{\"key\":\"cmd:sent\",\"tool\":\"cmd\","
+                               "\"state\":\"completed\",\"attempt\":1,"
+                               "\"started\":\"2026-04-20T12:00:00.123Z\"}]"));
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+
+        /* a store that is not known (not loaded, quarantined): no promise holds */
+        d = decide_with(&s, NULL, &es, &ix, &em, &dr);
+        assert_int_equal(d->verdict.kind, VERDICT_MANUAL_REVIEW);
+        assert_string_equal(d->verdict.reason, "interrupted_during_execution");
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+
+        /* a call of act still open: review, with that call (not the finished one) */
+        owned_call(st, s.mid, "act_001", "half", false);
+        d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_int_equal(d->verdict.kind, VERDICT_MANUAL_REVIEW);
+        assert_string_equal(d->verdict.reason, "tool_call_interrupted");
+        assert_non_null(strstr(d->record.evidence_json, "\"key\":\"cmd:half\""));
+        assert_null(strstr(d->record.evidence_json, "cmd:sent"));
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+
+        /* no EffectsVia=: the WAL's word; a Probe= would be asked */
+        sc.effects_via = EFFECTS_VIA_NONE;
+        sc.probe = cmd;
+        evidence_schedule_from_config(&sc, &es);
+        idem_store_free(st);
+        assert_int_equal(idem_store_new(&opt, &st), 0);
+        d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_string_equal(d->verdict.reason, "interrupted_during_execution");
+        assert_true(evidence_would_probe(&es, &d->verdict));
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+
+        /* Effects= without act: act is re-runnable */
+        sc.effects = 1u << PHASE_REFLECT;
+        evidence_schedule_from_config(&sc, &es);
+        d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_string_equal(d->verdict.reason, "declared_rerunnable");
+        assert_false(evidence_would_probe(&es, &d->verdict));
+        assert_non_null(strstr(d->record.evidence_json, "\"phase\":\"act\""));
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+
+        idem_store_free(st);
+        sim_free(&s);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -754,6 +885,7 @@ int main(void)
                 cmocka_unit_test(test_recover_wal_alone_pauses),
                 cmocka_unit_test(test_recover_evidence_sources),
                 cmocka_unit_test(test_recover_probe_done_completes),
+                cmocka_unit_test(test_recover_evidence_from_store),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1282,6 +1282,78 @@ static void test_owner_recorded_and_reloaded(void **state)
         assert_int_equal(c.processing, 1);
 }
 
+/* idem_log_read: an offline reader (kairosctl recover --dry-run) sees what a
+ * daemon's start would (processing → interrupted, owners) and changes nothing
+ * on disk: no directory made, a torn tail counted but not cut, no lock. */
+static void test_log_read_only(void **state)
+{
+        struct fx *f = *state;
+        struct idem_step_owner o = { .mandate = "mnd_plan_0123456789ab", .step = "act_001",
+                                     .attempt = 1 };
+        struct idem_request r = rq("cmd_run", "k1", "[\"x\"]");
+        struct idem_request r2 = rq("cmd_run", "k2", "[\"y\"]");
+        struct idem_view v;
+        uint64_t lsn;
+        struct idem_store *ro = NULL;
+        struct idem_load_info info;
+        struct stat st;
+
+        /* no log, no directory: an empty store, nothing created */
+        assert_int_equal(idem_store_new(&f->opt, &ro), 0);
+        assert_int_equal(idem_log_read(f->sub, ro, &info), 0);
+        assert_true(info.created);
+        assert_int_equal(stat(f->sub, &st), -1);
+        idem_store_free(ro);
+
+        open_fresh(f);
+        r.owner = &o;
+        r2.owner = &o;
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_complete(f->s, "cmd_run:k1", "ok", 2, &lsn), 0);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        /* a torn tail after the good records */
+        FILE *fp = fopen(f->log, "ab");
+        assert_non_null(fp);
+        fputs("{\"op\":\"begin\",\"key\":\"cmd_run:k3\"", fp);
+        fclose(fp);
+        size_t before_len, after_len;
+        char *before = slurp(f->log, &before_len);
+
+        assert_int_equal(idem_store_new(&f->opt, &ro), 0);
+        assert_int_equal(idem_log_read(f->sub, ro, &info), 0);
+        assert_false(info.created);
+        assert_false(info.corrupt);
+        assert_int_equal(info.entries, 2);
+        assert_int_equal(info.interrupted, 1);
+        assert_true(info.torn_bytes > 0);
+        assert_false(info.torn_repaired);
+        assert_int_equal(idem_get(ro, "cmd_run:k1", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_COMPLETED);
+        assert_non_null(v.owner);
+        assert_string_equal(v.owner->step, "act_001");
+        assert_int_equal(idem_get(ro, "cmd_run:k2", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_INTERRUPTED);
+        /* a second load into the same store is refused */
+        assert_int_equal(idem_log_read(f->sub, ro, &info), -EINVAL);
+        idem_store_free(ro);
+
+        char *after = slurp(f->log, &after_len);
+        assert_int_equal(before_len, after_len);
+        assert_memory_equal(before, after, before_len);
+        free(before);
+        free(after);
+        /* nothing kept aside either */
+        DIR *d = opendir(f->sub);
+        assert_non_null(d);
+        struct dirent *de;
+        int files = 0;
+        while ((de = readdir(d)))
+                files += de->d_name[0] != '.';
+        closedir(d);
+        assert_int_equal(files, 1);
+}
+
 static int stop_at_first(const struct idem_view *v, void *ctx)
 {
         (*(int *)ctx)++;
@@ -1640,6 +1712,7 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_fdatasync_eio, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_short_write_truncated, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_durability_calls, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_log_read_only, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

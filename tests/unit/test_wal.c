@@ -436,6 +436,10 @@ static void test_encode_every_op(void **state)
         r = (struct wal_record){ .op = WAL_OP_RESET, .step_id = "act_001" };
         expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":\"pending\","
                            "\"reset\":true,\"ts\":\"" TS "\"}");
+        r.evidence_json = "{\"reason\":\"effects_journaled\",\"tool_calls\":[]}";
+        expect_encoded(&r, "{\"op\":\"transition\",\"step_id\":\"act_001\",\"status\":\"pending\","
+                           "\"reset\":true,\"evidence\":{\"reason\":\"effects_journaled\","
+                           "\"tool_calls\":[]},\"ts\":\"" TS "\"}");
 
         r = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = "plan_x", .status = PLAN_SUCCEEDED };
         expect_encoded(&r, "{\"op\":\"plan_finalize\",\"plan_id\":\"plan_x\",\"status\":"
