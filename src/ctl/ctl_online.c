@@ -1070,6 +1070,32 @@ static int print_steps(json_t *steps, json_t *ops)
         return r;
 }
 
+/* Each step's tool calls (from the idempotency store): key, tool, state,
+ * attempt, start. */
+static void print_tool_calls(json_t *steps)
+{
+        json_t *s, *c;
+        size_t i, k;
+        bool head = false;
+
+        json_array_foreach(steps, i, s) {
+                json_array_foreach(json_object_get(s, "tool_calls"), k, c) {
+                        if (!head)
+                                puts("    Tool calls:");
+                        head = true;
+                        fputs("      ", stdout);
+                        ctl_put_safe(stdout, jstr(s, "step_id"));
+                        printf(" (attempt %lld): ", (long long)jint(c, "attempt"));
+                        ctl_put_safe(stdout, jstr(c, "state"));
+                        fputs("  ", stdout);
+                        ctl_put_safe(stdout, jstr(c, "key"));
+                        fputs("  started ", stdout);
+                        ctl_put_safe(stdout, jstr(c, "started"));
+                        putchar('\n');
+                }
+        }
+}
+
 static int text_show(json_t *r)
 {
         json_t *plans = json_object_get(r, "plans"), *ops = json_object_get(r, "operators");
@@ -1133,6 +1159,7 @@ static int text_show(json_t *r)
                 putchar('\n');
                 if (print_steps(json_object_get(p, "steps"), ops) < 0)
                         return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                print_tool_calls(json_object_get(p, "steps"));
         }
         if (json_array_size(ops) == 0)
                 return CTL_EXIT_OK;

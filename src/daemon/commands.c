@@ -441,6 +441,19 @@ static void op_done(void *arg)
         snprintf(uid, sizeof uid, "%u", (unsigned)op->uid);
         switch (op->kind) {
         case OP_SHOW: {
+                /* each step's tool calls, from the idempotency store */
+                json_t *calls = idem_service_calls_json(d, m->id), *p, *st;
+                size_t i, k;
+                json_array_foreach(json_object_get(op->result, "plans"), i, p)
+                        json_array_foreach(json_object_get(p, "steps"), k, st) {
+                                const char *sid =
+                                        json_string_value(json_object_get(st, "step_id"));
+                                json_t *c = sid ? json_object_get(calls, sid) : NULL;
+                                json_object_set_new(st, "tool_calls",
+                                                    c ? json_incref(c)
+                                                      : calls ? json_array() : json_null());
+                        }
+                json_decref(calls);
                 json_t *mj = mandate_json(m);
                 json_object_set_new(mj, "retried_by", retried_by_json(d, m));
                 json_object_set_new(mj, "fired_at", str_or_null(m->fired_at));

@@ -199,9 +199,13 @@ void mandate_wal_close(struct mandate *m);
 void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX]);
 
 /* recover.c: startup recovery; calls done(d) on the loop when finished.
- * recover_load_finished first registers finished mandates from their summaries. */
+ * recover_load_finished first registers finished mandates from their summaries.
+ * recover_start takes ix (the idempotency store's calls by owner, built once
+ * after the store loaded; read-only on the pool threads) and frees it when
+ * recovery ends, also on failure.  ix NULL: nothing known of tool calls. */
+struct evidence_index;
 int recover_load_finished(struct daemon *d);
-int recover_start(struct daemon *d, void (*done)(struct daemon *d));
+int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(struct daemon *d));
 
 /* history.c: list, mandate prefixes, retention of finished mandates. */
 /* Resolve a MANDATE argument: an id or a unique prefix of one.  -ENOENT

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kairos/beneath.h"
+#include "kairos/evidence.h"
 #include "kairos/idem.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -1356,6 +1357,92 @@ void idem_tool_write(const struct idem_call *in)
 }
 
 /* ---- operator commands ---- */
+
+int idem_service_evidence_index(struct daemon *d, struct evidence_index **ret)
+{
+        struct idem_service *svc = SVC(d);
+        struct idem_stats st;
+        if (!svc || !svc->loaded || !svc->store)
+                return evidence_index_unknown(ret);
+        idem_stats(svc->store, &st);
+        if (st.quarantined || st.error)
+                return evidence_index_unknown(ret);
+        return evidence_index_build(svc->store, ret);
+}
+
+struct calls_ctx {
+        const char *mandate;
+        struct evidence_call *calls;
+        size_t n, cap;
+        int error;
+};
+
+static int collect_call(const struct idem_view *v, void *arg)
+{
+        struct calls_ctx *c = arg;
+        if (!v->owner || strcmp(v->owner->mandate, c->mandate) != 0)
+                return 0;
+        if (c->n == c->cap) {
+                size_t cap = c->cap ? c->cap * 2 : 8;
+                struct evidence_call *n = realloc(c->calls, cap * sizeof(*n));
+                if (!n)
+                        return c->error = -ENOMEM;
+                c->calls = n;
+                c->cap = cap;
+        }
+        /* borrowed: the store does not change while this runs (loop thread) */
+        c->calls[c->n++] = (struct evidence_call){
+                .key = v->key, .tool = v->tool, .step = v->owner->step,
+                .attempt = v->owner->attempt, .state = v->state,
+                .created_ms = v->created_ms, .finished_ms = v->finished_ms,
+        };
+        return 0;
+}
+
+static int cmp_calls(const void *a, const void *b)
+{
+        const struct evidence_call *x = a, *y = b;
+        int c = strcmp(x->step, y->step);
+        if (c)
+                return c;
+        if (x->created_ms != y->created_ms)
+                return x->created_ms < y->created_ms ? -1 : 1;
+        return strcmp(x->key, y->key);
+}
+
+json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id)
+{
+        struct idem_service *svc = SVC(d);
+        if (!svc || !svc->loaded || !svc->store || !mandate_id)
+                return NULL;
+        struct calls_ctx c = { .mandate = mandate_id };
+        if (idem_foreach(svc->store, collect_call, &c) < 0) {
+                free(c.calls);
+                return NULL;
+        }
+        if (c.n > 1)
+                qsort(c.calls, c.n, sizeof(*c.calls), cmp_calls);
+        json_t *o = json_object();
+        for (size_t i = 0; o && i < c.n; i++) {
+                const struct evidence_call *e = &c.calls[i];
+                char started[EVIDENCE_TS_SIZE], finished[EVIDENCE_TS_SIZE];
+                evidence_format_ms(e->created_ms, started);
+                evidence_format_ms(e->finished_ms, finished);
+                json_t *arr = json_object_get(o, e->step);
+                if (!arr) {
+                        arr = json_array();
+                        if (json_object_set_new(o, e->step, arr) < 0)
+                                break;
+                }
+                json_array_append_new(
+                        arr, json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "key", e->key, "tool",
+                                       e->tool, "state", idem_state_name(e->state), "attempt",
+                                       (json_int_t)e->attempt, "started", started, "finished",
+                                       e->finished_ms ? json_string(finished) : json_null()));
+        }
+        free(c.calls);
+        return o;
+}
 
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats)
 {

@@ -82,6 +82,16 @@ void idem_service_free(struct daemon *d);
  * process is recorded with that owner (docs/design.md §11). */
 typedef int (*idem_step_lookup_fn)(struct daemon *d, pid_t pid, struct idem_step_owner *ret);
 void idem_service_set_step_lookup(struct daemon *d, idem_step_lookup_fn fn);
+/* The store's owned calls by mandate, for recovery (kairos/evidence.h): a
+ * snapshot of the loaded store, or an "unknown" index when the store is not
+ * loaded, quarantined or failed (no call can then be ruled out). */
+struct evidence_index;
+int idem_service_evidence_index(struct daemon *d, struct evidence_index **ret_ix);
+/* The tool calls owned by mandate_id's steps, for show: {step_id: [{key,
+ * tool, state, attempt, started, finished}, ...]} (ms times as UTC text,
+ * finished null while open), sorted by step, start and key; NULL while the
+ * store is not loaded (or out of memory). */
+json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id);
 /* The store's counters; -EAGAIN while it is not loaded. */
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 

@@ -22,6 +22,7 @@
 #include "idem_service.h"
 #include "initdb.h"
 #include "kairos/canon.h"
+#include "kairos/evidence.h"
 #include "kairos/kio.h"
 #include "log.h"
 #include "metrics.h"
@@ -146,13 +147,28 @@ static void on_recovered(struct daemon *d)
                           strerror(rc < 0 ? -rc : rc));
 }
 
-/* READY waits for the WAL recovery and the idempotency store's load. */
-static unsigned startup_pending;
-
-static void on_startup_part_done(struct daemon *d)
+/* Startup: the idempotency store is loaded first, then recovery decides
+ * with its record of tool calls (docs/design.md §8); READY=1 after both. */
+static void start_recovery(struct daemon *d)
 {
-        if (--startup_pending == 0)
-                on_recovered(d);
+        struct evidence_index *ix = NULL;
+        int r = idem_service_evidence_index(d, &ix);
+        if (r < 0)
+                log_warning("cannot index the idempotency store for recovery: %s; tool calls "
+                            "are not used as evidence", strerror(-r));
+        else if (!evidence_index_known(ix))
+                log_warning("the idempotency store is not available: recovery does not use "
+                            "tool calls as evidence (EffectsVia=kairosctl promises nothing)");
+        if (!d->mandates) {
+                evidence_index_free(ix);
+                r = -ENOMEM;
+        } else {
+                r = recover_start(d, ix, on_recovered);
+        }
+        if (r < 0) {
+                log_error("recovery cannot start: %s", strerror(-r));
+                daemon_stop(d, 1);
+        }
 }
 
 /* Connections, WALs and handlers' pipes all take file descriptors: use
@@ -402,16 +418,11 @@ int main(int argc, char **argv)
         }
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
-        startup_pending = 2;
-        if ((r = idem_service_start(d, on_startup_part_done)) == 0)
+        if ((r = idem_service_start(d, start_recovery)) == 0)
                 idem_service_set_step_lookup(d, executor_step_of);
         if (r < 0) {
                 log_error("the idempotency store cannot start: %s", strerror(-r));
-                startup_pending--;
-        }
-        if (!d->mandates || (r = recover_start(d, on_startup_part_done)) < 0) {
-                log_error("recovery cannot start: %s", strerror(r < 0 ? -r : ENOMEM));
-                daemon_stop(d, 1);
+                start_recovery(d);
         }
 
         uv_run(d->loop, UV_RUN_DEFAULT);

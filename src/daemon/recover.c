@@ -19,12 +19,14 @@
 #include "hooks.h"
 #include "executor.h"
 #include "kairos/decide.h"
+#include "kairos/evidence.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "kairos/planner.h"
 #include "kairos/recovery.h"
 #include "kairos/statedir.h"
+#include "kairos/strmap.h"
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
@@ -37,6 +39,7 @@ struct recover_decision {
         char *plan_id;
         char *step_id;
         enum verdict_kind kind;
+        const char *source; /* evidence_source_name */
         char *reason;
         char *evidence;     /* JSON */
         const char *action; /* what recovery did */
@@ -88,6 +91,46 @@ static struct {
         int error;
 } unsynced;
 
+/* Evidence beyond the WAL, built once before the first job and read-only
+ * while jobs run (the pool threads only read it); freed when recovery ends. */
+static struct {
+        struct evidence_index *ix;      /* tool calls by owner mandate */
+        struct strmap *schedules;       /* name → struct evidence_schedule */
+} snap;
+
+static void snap_free(void)
+{
+        if (snap.schedules) {
+                size_t pos = 0;
+                const char *k;
+                void *v;
+                while (strmap_next(snap.schedules, &pos, &k, &v) == 0)
+                        free(v);
+                strmap_free(snap.schedules);
+        }
+        evidence_index_free(snap.ix);
+        snap.schedules = NULL;
+        snap.ix = NULL;
+}
+
+/* The schedules' declarations (Effects=, EffectsVia=, commands, Probe=). */
+static int snap_schedules(const struct config *cfg)
+{
+        if (!(snap.schedules = strmap_new()))
+                return -ENOMEM;
+        for (size_t i = 0; i < cfg->nschedules; i++) {
+                struct evidence_schedule *es = malloc(sizeof(*es));
+                if (!es)
+                        return -ENOMEM;
+                evidence_schedule_from_config(&cfg->schedules[i], es);
+                if (strmap_put(snap.schedules, cfg->schedules[i].name, es) < 0) {
+                        free(es);
+                        return -ENOMEM;
+                }
+        }
+        return 0;
+}
+
 static const char *action_for(const struct recovery_decision *dec)
 {
         if (!dec->has_record)
@@ -120,6 +163,7 @@ static int keep_decision(struct recover_job *j, const struct fold *f,
                 .plan_id = strdup(p->plan_id ? p->plan_id : ""),
                 .step_id = strdup(f->steps[dec->step].step_id),
                 .kind = dec->verdict.kind,
+                .source = evidence_source_name(&dec->verdict),
                 .reason = strdup(dec->verdict.reason ? dec->verdict.reason : ""),
                 .evidence = kbuf_steal(&ev),
                 .action = action_for(dec),
@@ -162,6 +206,7 @@ static void recover_work(void *arg)
         struct fold *f = NULL;
         const struct recovery *rec = NULL;
         struct decide_recovery dr = { .recovery = NULL };
+        struct evidence_mandate em = { .n = 0 };
         struct wal_open_info info;
 
         /* The directory was made at start: no mkdir -p per WAL.  The file is
@@ -197,7 +242,18 @@ static void recover_work(void *arg)
                 j->error = r;
                 goto out;
         }
-        if ((r = decide_recover(f, j->had_summary, NULL, &dr)) < 0) {
+        /* Evidence beyond the WAL: the schedule's declarations and the
+         * store's record of this mandate's tool calls.  A schedule that is
+         * no longer configured declares nothing: the WAL alone decides. */
+        const struct evidence_schedule *es =
+                f->mandate.schedule && snap.schedules ? strmap_get(snap.schedules,
+                                                                   f->mandate.schedule)
+                                                      : NULL;
+        if (es && (r = evidence_for_mandate(snap.ix, j->m->id, es, &em)) < 0) {
+                j->error = r;
+                goto out;
+        }
+        if ((r = decide_recover(f, j->had_summary, es ? &em.ev : NULL, &dr)) < 0) {
                 j->error = r;
                 goto out;
         }
@@ -286,6 +342,7 @@ out:
                 wal_close(w);
         }
         decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
         fold_free(f);
 }
 
@@ -396,7 +453,7 @@ static void recover_settle(struct recover_job *j)
         for (size_t i = 0; i < j->ndecisions; i++) {
                 struct recover_decision *rd = &j->decisions[i];
                 log_decision(m, rd);
-                metrics_verdict(d->metrics, verdict_kind_name(rd->kind), "wal", rd->reason);
+                metrics_verdict(d->metrics, verdict_kind_name(rd->kind), rd->source, rd->reason);
                 s->decisions++;
                 if (rd->kind == VERDICT_ALREADY_DONE)
                         s->already_done++;
@@ -551,8 +608,10 @@ static void chunk_done(void *arg)
         recover_inflight -= n;
         submit_more(d);
         pending_jobs -= n;
-        if (pending_jobs == 0)
+        if (pending_jobs == 0) {
+                snap_free();
                 recovery_sync(d);
+        }
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -675,16 +734,20 @@ static void submit_more(struct daemon *d)
         }
 }
 
-int recover_start(struct daemon *d, void (*done)(struct daemon *d))
+int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(struct daemon *d))
 {
         recovery_done_cb = done;
         d->recovery.started_ms = now_ms_monotonic();
-        DIR *dir = opendir(d->paths.wal);
-        if (!dir)
-                return -errno;
+        snap.ix = ix;
+        int r = snap_schedules(d->cfg);
+        DIR *dir = r < 0 ? NULL : opendir(d->paths.wal);
+        if (!dir) {
+                r = r < 0 ? r : -errno;
+                snap_free();
+                return r;
+        }
         char **names = NULL;
         size_t n = 0, cap = 0;
-        int r = 0;
         struct dirent *de;
         while ((de = readdir(dir))) {
                 char id[256];
@@ -746,11 +809,14 @@ int recover_start(struct daemon *d, void (*done)(struct daemon *d))
                 free(pend.todo);
                 pend.todo = NULL;
                 pend.n = 0;
+                snap_free();
                 return r;
         }
         pending_jobs = 1; /* held until every job is queued */
         submit_more(d);
-        if (--pending_jobs == 0)
+        if (--pending_jobs == 0) {
+                snap_free();
                 recovery_sync(d);
+        }
         return 0;
 }

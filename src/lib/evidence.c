@@ -325,3 +325,22 @@ bool evidence_would_probe(const struct evidence_schedule *es, const struct verdi
 {
         return es && v && es->has_probe && v->kind == VERDICT_MANUAL_REVIEW && v->row == 6;
 }
+
+const char *evidence_source_name(const struct verdict *v)
+{
+        static const struct {
+                const char *reason, *source;
+        } map[] = {
+                { "declared_rerunnable", "step" },
+                { "no_command", "step" },
+                { "tool_call_interrupted", "idem" },
+                { "effects_journaled", "idem" },
+                { "current_state_matches_expected_post", "probe" },
+                { "current_pre_matches_expected", "probe" },
+                { "probe_inconclusive", "probe" },
+        };
+        for (size_t i = 0; v && v->reason && i < sizeof map / sizeof map[0]; i++)
+                if (strcmp(v->reason, map[i].reason) == 0)
+                        return map[i].source;
+        return "wal";
+}
