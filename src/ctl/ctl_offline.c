@@ -14,6 +14,9 @@
 
 #include "ctl.h"
 #include "kairos/canon.h"
+#include "kairos/config.h"
+#include "kairos/evidence.h"
+#include "kairos/idem.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
@@ -676,8 +679,29 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
 
 struct recover_totals {
         size_t files, unreadable, torn, corrupt, clean, removed;
-        size_t unfinished, outcomes[4], records;
+        size_t unfinished, outcomes[4], records, would_probe;
 };
+
+/* What recovery knows beyond the WALs, as kairosd would at its start: the
+ * configuration's schedules and the idempotency store's calls by owner. */
+struct recover_evidence {
+        const struct config *cfg;          /* NULL: no configuration */
+        struct evidence_index *ix;
+};
+
+/* The schedule's declarations, or NULL (not configured: the WAL alone). */
+static bool schedule_evidence(const struct recover_evidence *re, const struct fold *f,
+                              struct evidence_schedule *es)
+{
+        if (!re->cfg || !f->mandate.schedule)
+                return false;
+        for (size_t i = 0; i < re->cfg->nschedules; i++)
+                if (strcmp(re->cfg->schedules[i].name, f->mandate.schedule) == 0) {
+                        evidence_schedule_from_config(&re->cfg->schedules[i], es);
+                        return true;
+                }
+        return false;
+}
 
 static int64_t now_ms(void)
 {
@@ -796,7 +820,8 @@ static json_t *evidence_json(const struct verdict *v)
         return j ? j : json_null();
 }
 
-static void recover_plan_text(const struct fold *f, const struct recovery_plan *rp)
+static void recover_plan_text(const struct fold *f, const struct recovery_plan *rp,
+                              const struct evidence_schedule *es)
 {
         const struct fold_plan *p = &f->plans[rp->plan];
 
@@ -814,7 +839,10 @@ static void recover_plan_text(const struct fold *f, const struct recovery_plan *
                 ctl_put_safe(stdout, s->status ? s->status : "none");
                 printf("): %s, row %d, ", verdict_kind_name(d->verdict.kind), d->verdict.row);
                 ctl_put_safe(stdout, d->verdict.reason);
-                putchar('\n');
+                printf(" (from %s)\n", evidence_source_name(&d->verdict));
+                if (evidence_would_probe(es, &d->verdict))
+                        printf("      would probe: Probe= is set and nothing else decides this "
+                               "step (kairosd runs the probe after READY=1)\n");
                 if (d->has_record)
                         put_record_line("      ", &d->record);
                 else
@@ -845,7 +873,8 @@ static void recover_plan_text(const struct fold *f, const struct recovery_plan *
         }
 }
 
-static json_t *recover_plan_json(const struct fold *f, const struct recovery_plan *rp)
+static json_t *recover_plan_json(const struct fold *f, const struct recovery_plan *rp,
+                                 const struct evidence_schedule *es)
 {
         const struct fold_plan *p = &f->plans[rp->plan];
         json_t *o = json_object(), *ds = json_array();
@@ -876,6 +905,9 @@ static json_t *recover_plan_json(const struct fold *f, const struct recovery_pla
                 json_object_set_new(j, "verdict", json_string(verdict_kind_name(d->verdict.kind)));
                 json_object_set_new(j, "row", json_integer(d->verdict.row));
                 json_object_set_new(j, "reason", ctl_json_str(d->verdict.reason));
+                json_object_set_new(j, "source", json_string(evidence_source_name(&d->verdict)));
+                json_object_set_new(j, "would_probe",
+                                    json_boolean(evidence_would_probe(es, &d->verdict)));
                 json_object_set_new(j, "evidence", evidence_json(&d->verdict));
                 json_object_set_new(j, "record", d->has_record ? record_json(&d->record)
                                                                : json_null());
@@ -889,10 +921,13 @@ static json_t *recover_plan_json(const struct fold *f, const struct recovery_pla
 
 /* One WAL file: print (or add to jfiles) what recovery would do. */
 static void recover_file(const char *state_dir, const char *dir, const char *name,
-                         json_t *jfiles, struct recover_totals *t)
+                         const struct recover_evidence *re, json_t *jfiles,
+                         struct recover_totals *t)
 {
         struct loaded_wal w;
         struct decide_recovery dr = { .recovery = NULL };
+        struct evidence_mandate em = { .n = 0 };
+        struct evidence_schedule es_buf, *es = NULL;
         const struct recovery *rec = NULL;
         json_t *jf = NULL, *jplans = NULL;
         char *path;
@@ -956,7 +991,18 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
                 had_summary = access(summary, F_OK) == 0;
                 free(summary);
         }
-        r = decide_recover(f, had_summary, NULL, &dr);
+        /* the same evidence kairosd would use (see src/daemon/recover.c) */
+        if (schedule_evidence(re, f, &es_buf)) {
+                es = &es_buf;
+                /* the mandate is the file's name, as kairosd names it */
+                char *mid = strndup(name, strlen(name) - strlen(WAL_SUFFIX));
+                r = mid ? evidence_for_mandate(re->ix, mid, es, &em) : -ENOMEM;
+                free(mid);
+        } else {
+                r = 0;
+        }
+        if (r == 0)
+                r = decide_recover(f, had_summary, es ? &em.ev : NULL, &dr);
         if (r < 0) {
                 if (jfiles)
                         json_object_set_new(jf, "error", json_string(strerror(-r)));
@@ -982,10 +1028,12 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
                 t->unfinished++;
                 if ((unsigned)rp->outcome < 4)
                         t->outcomes[rp->outcome]++;
+                for (size_t k = 0; k < rp->ndecisions; k++)
+                        t->would_probe += evidence_would_probe(es, &rp->decisions[k].verdict);
                 if (jfiles)
-                        json_array_append_new(jplans, recover_plan_json(f, rp));
+                        json_array_append_new(jplans, recover_plan_json(f, rp, es));
                 else
-                        recover_plan_text(f, rp);
+                        recover_plan_text(f, rp, es);
         }
         t->records += recovery_record_count(rec);
 out:
@@ -996,19 +1044,85 @@ out:
                 json_decref(jplans);
         }
         decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
         loaded_wal_free(&w);
         free(path);
 }
 
+#define CTL_DEFAULT_CONFIG "/etc/kairos/kairosd.conf"
+
+/* The configuration: --config, else the default one if it exists, else
+ * none (every mandate is then decided from its WAL alone).  Returns 0 or an
+ * exit status (errors printed). */
+static int recover_config(const char *path, const char *state_dir, struct config **ret)
+{
+        struct config_errors errs = { 0 };
+        bool explicit = path != NULL;
+        *ret = NULL;
+        if (!path) {
+                if (access(CTL_DEFAULT_CONFIG, F_OK) != 0)
+                        return 0;
+                path = CTL_DEFAULT_CONFIG;
+        }
+        int r = config_load(path, state_dir, ret, &errs);
+        if (r < 0) {
+                size_t n = errs.n;
+                for (size_t i = 0; i < errs.n; i++)
+                        fprintf(stderr, "kairosctl: %s\n", errs.msgs[i]);
+                config_errors_free(&errs);
+                if (n == 0)
+                        return ctl_file_error(path, -r);
+                return ctl_error(CTL_EXIT_DATAERR, "recover: the configuration %s has errors%s",
+                                 path, explicit ? "" : " (give another with --config)");
+        }
+        config_errors_free(&errs);
+        return 0;
+}
+
+/* The idempotency store as kairosd would load it at its start, read without
+ * changing anything; *ret_word says how it went. */
+static int recover_idem(const char *state_dir, const struct config *cfg,
+                        struct evidence_index **ret_ix, const char **ret_word,
+                        struct idem_load_info *info)
+{
+        struct idem_options opt = { .ttl_sec = cfg ? (int64_t)cfg->idem_ttl_sec : 0,
+                                    .capacity = cfg ? cfg->idem_max_entries : 0 };
+        struct idem_store *s = NULL;
+        char *dir = NULL;
+        int r;
+        *ret_word = "unreadable";
+        if (asprintf(&dir, "%s/idem", state_dir) < 0)
+                return -ENOMEM;
+        if ((r = idem_store_new(&opt, &s)) < 0)
+                goto out;
+        r = idem_log_read(dir, s, info);
+        if (r < 0 || info->corrupt) {
+                *ret_word = r < 0 ? "unreadable" : "corrupt";
+                r = evidence_index_unknown(ret_ix);
+                goto out;
+        }
+        *ret_word = info->created ? "missing" : "loaded";
+        r = evidence_index_build(s, ret_ix);
+out:
+        idem_store_free(s);
+        free(dir);
+        return r;
+}
+
 int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
 {
-        const char *state_dir = CTL_DEFAULT_STATE_DIR;
+        const char *state_dir = NULL, *config_path = NULL;
         bool dry_run = false;
         const struct ctl_option opts[] = {
                 { "dry-run", false, NULL, &dry_run },
                 { "state-dir", true, &state_dir, NULL },
+                { "config", true, &config_path, NULL },
                 { NULL, false, NULL, NULL },
         };
+        struct config *cfg = NULL;
+        struct recover_evidence re = { NULL, NULL };
+        struct idem_load_info iinfo;
+        const char *idem_word = "unreadable";
         struct recover_totals t = { 0 };
         char **names = NULL, *waldir = NULL;
         size_t n = 0;
@@ -1023,29 +1137,48 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
         if (!dry_run)
                 return ctl_usage_error("recover needs --dry-run: recovery itself runs inside "
                                        "kairosd at startup");
-        if (!*state_dir)
+        if (state_dir && !*state_dir)
                 return ctl_usage_error("recover: --state-dir needs a directory");
+        if (config_path && !*config_path)
+                return ctl_usage_error("recover: --config needs a file");
+        r = canon_init();
+        if (r < 0)
+                return ctl_errno_error("canon_init", r);
+        if ((r = recover_config(config_path, state_dir, &cfg)) != 0)
+                return r;
+        if (!state_dir)
+                state_dir = cfg ? cfg->state_directory : CTL_DEFAULT_STATE_DIR;
+        re.cfg = cfg;
 
         struct stat st;
-        if (stat(state_dir, &st) < 0)
-                return ctl_file_error(state_dir, errno);
-        if (!S_ISDIR(st.st_mode))
-                return ctl_file_error(state_dir, ENOTDIR);
-        if (asprintf(&waldir, "%s/wal", state_dir) < 0)
-                return ctl_errno_error("recover", -ENOMEM);
+        if (stat(state_dir, &st) < 0) {
+                r = ctl_file_error(state_dir, errno);
+                goto out;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+                r = ctl_file_error(state_dir, ENOTDIR);
+                goto out;
+        }
+        if (asprintf(&waldir, "%s/wal", state_dir) < 0) {
+                waldir = NULL;
+                r = ctl_errno_error("recover", -ENOMEM);
+                goto out;
+        }
         r = list_wals(waldir, &names, &n);
         if (r == -ENOENT) {
                 r = 0;   /* a fresh state directory: nothing to recover */
         } else if (r < 0) {
                 r = ctl_file_error(waldir, r);
-                free(waldir);
-                return r;
+                goto out;
         }
-        r = canon_init();
-        if (r < 0) {
-                free(waldir);
-                return ctl_errno_error("canon_init", r);
+        if ((r = recover_idem(state_dir, cfg, &re.ix, &idem_word, &iinfo)) < 0) {
+                r = ctl_errno_error("recover", r);
+                goto out;
         }
+        if (!evidence_index_known(re.ix))
+                fprintf(stderr, "kairosctl: recover: the idempotency log in %s/idem is %s: tool "
+                        "calls are not used as evidence (kairosd would use them if it can read "
+                        "the log)\n", state_dir, idem_word);
 
         if (o->json && !(jfiles = json_array())) {
                 r = ctl_errno_error("json", -ENOMEM);
@@ -1056,15 +1189,28 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
                 ctl_put_safe(stdout, state_dir);
                 printf(" (%zu WAL file%s in ", n, n == 1 ? "" : "s");
                 ctl_put_safe(stdout, waldir);
-                printf(")\n");
+                printf(")\nconfiguration: ");
+                ctl_put_safe(stdout, cfg ? (config_path ? config_path : CTL_DEFAULT_CONFIG)
+                                         : "none (each mandate decided from its WAL alone)");
+                printf("\nidempotency log: %s", idem_word);
+                if (evidence_index_known(re.ix))
+                        printf(" (%zu call%s owned by steps)", evidence_index_size(re.ix),
+                               evidence_index_size(re.ix) == 1 ? "" : "s");
+                putchar('\n');
         }
         for (size_t i = 0; i < n; i++)
-                recover_file(state_dir, waldir, names[i], jfiles, &t);
+                recover_file(state_dir, waldir, names[i], &re, jfiles, &t);
 
         if (jfiles) {
                 json_t *top = json_pack(
-                        "{s:o,s:b,s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "state_dir",
-                        ctl_json_str(state_dir), "dry_run", 1, "files", jfiles, "summary",
+                        "{s:o,s:o,s:{s:s,s:I},s:b,s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+                        "s:I,s:I}}",
+                        "state_dir", ctl_json_str(state_dir), "config",
+                        ctl_json_str(cfg ? (config_path ? config_path : CTL_DEFAULT_CONFIG)
+                                         : NULL),
+                        "idem", "log", idem_word, "owned_calls",
+                        (json_int_t)evidence_index_size(re.ix), "dry_run", 1, "files", jfiles,
+                        "summary", "would_probe", (json_int_t)t.would_probe,
                         "files", (json_int_t)t.files, "unreadable", (json_int_t)t.unreadable,
                         "torn", (json_int_t)t.torn, "corrupt", (json_int_t)t.corrupt,
                         "removed", (json_int_t)t.removed, "unfinished_plans", (json_int_t)t.unfinished, "resume",
@@ -1091,6 +1237,9 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
                        t.outcomes[RECOVERY_FINALIZED_FAILED],
                        t.outcomes[RECOVERY_FINALIZED_SUCCEEDED], t.records,
                        t.records == 1 ? "" : "s");
+                if (t.would_probe)
+                        printf("%zu step%s would be probed (Probe=) after kairosd's start\n",
+                               t.would_probe, t.would_probe == 1 ? "" : "s");
                 printf("dry run: nothing was changed\n");
                 r = 0;
         }
@@ -1102,6 +1251,8 @@ out:
                 free(names[i]);
         free(names);
         free(waldir);
+        evidence_index_free(re.ix);
+        config_free(cfg);
         return r;
 }
 

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Recovery decides from evidence beyond the WAL (docs/design.md §8): kairosd
+is killed with SIGKILL while a step's handler runs, and started again.
+
+- a phase that is not in Effects= → run again by itself (declared_rerunnable);
+- a phase whose command was removed meanwhile → run again (no_command);
+- act with EffectsVia=kairosctl whose tool call finished → run again
+  (effects_journaled): the re-run replays the call from the idempotency store,
+  the side effect happens once (the outbox has one line);
+- act with a tool call cut off mid `tool run` → paused_review,
+  tool_call_interrupted, with the call (key) as evidence; `show` lists it;
+- act without EffectsVia= → paused_review, interrupted_during_execution.
+
+Before each restart `kairosctl recover --dry-run` (offline, reading the WALs
+and the idempotency log without changing them) must say the same.  The
+handlers write a marker once they run; the test waits for it (no sleeps)."""
+import glob
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kairos_harness import KAIROSCTL, Daemon, NotifySocket, write_config  # noqa: E402
+
+HANDLER = r"""#!/bin/sh
+# $1: this handler's phase.  ACT_MODE: run (a tool run appends a line to the
+# outbox) or hang (a tool run that never ends); BLOCK: the phase whose first
+# attempt stops until it is killed.
+cat >/dev/null
+if [ "$1" = act ]; then
+        case "${ACT_MODE:-}" in
+        run)
+                "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- \
+                        sh -c 'echo "$0" >> "$1"' "$KAIROS_IDEM_KEY" "$OUT/outbox" >/dev/null
+                ;;
+        hang)
+                if [ "$KAIROS_ATTEMPT" = 1 ]; then
+                        ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.handler"
+                        exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh -c \
+                                'ps -o pgid= $$ | tr -d " " > "$0/pgid.tool"; touch "$0/started"; exec sleep 600' \
+                                "$OUT"
+                fi
+                ;;
+        esac
+fi
+if [ "${BLOCK:-}" = "$1" ] && [ "$KAIROS_ATTEMPT" = 1 ]; then
+        ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.handler"
+        touch "$OUT/started"
+        exec sleep 600
+fi
+echo '{"ok":true}'
+"""
+
+PHASES = ("observe", "orient", "decide", "act", "reflect")
+WAIT = 60.0
+
+
+def wait_file(path, daemon, timeout=WAIT):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if daemon.proc.poll() is not None:
+            raise AssertionError("kairosd exited before %s:\n%s" % (path, daemon.log()))
+        if time.monotonic() > deadline:
+            raise TimeoutError("no %s:\n%s" % (path, daemon.log()[-3000:]))
+        time.sleep(0.02)  # polling a condition with a deadline
+
+
+def read_bytes(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class EvidenceRecovery(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-evid-")
+        self.state = os.path.join(self.dir, "state")
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+        self.handler = os.path.join(self.dir, "h.sh")
+        with open(self.handler, "w") as f:
+            f.write(HANDLER)
+        os.chmod(self.handler, 0o755)
+        self.notify = NotifySocket(self.dir)
+        self.daemon = None
+
+    def tearDown(self):
+        self.kill_handlers()
+        if self.daemon and self.daemon.proc.poll() is None:
+            rc = self.daemon.stop()
+            self.assertEqual(rc, 0, self.daemon.log()[-3000:])
+        if self.daemon:
+            self.daemon.proc.stderr.close()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill_handlers(self):
+        for p in glob.glob(os.path.join(self.out, "pgid.*")):
+            with open(p) as f:
+                pgid = f.read().strip()
+            if pgid.isdigit():
+                try:
+                    os.killpg(int(pgid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os.unlink(p)
+
+    def configure(self, exec_keys):
+        sched = {"Schedule": {"Cron": "0 0 1 1 *"}, "Exec": exec_keys}
+        self.conf = write_config(self.dir, self.state, {"job": sched})
+
+    def exec_keys(self, env, phases=PHASES, **extra):
+        keys = {p.capitalize(): "%s %s" % (self.handler, p) for p in phases}
+        keys["Environment"] = " ".join(
+            ["OUT=%s" % self.out, "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)] + env)
+        keys.update(extra)
+        return keys
+
+    def start(self):
+        self.notify.clear()
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        self.notify.wait_ready()
+
+    def ctl(self, *args, check=True):
+        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path] + list(args),
+                           capture_output=True, text=True, timeout=60)
+        if check:
+            self.assertEqual(p.returncode, 0, "kairosctl %s: %s%s" % (args, p.stdout, p.stderr))
+        return p
+
+    def crash_during(self, marker="started"):
+        """Fire, wait until the blocking handler runs, SIGKILL kairosd."""
+        self.start()
+        r = json.loads(self.ctl("--json", "fire", "job", "--at", "2030-01-01T00:00:00Z").stdout)
+        self.mid = r["mandate"]
+        wait_file(os.path.join(self.out, marker), self.daemon)
+        self.daemon.kill()
+        self.daemon.proc.stderr.close()
+        self.kill_handlers()
+
+    def dry_run(self, step):
+        """kairosctl recover --dry-run's decision for step (offline)."""
+        idem = os.path.join(self.state, "idem", "idem.jsonl")
+        before = read_bytes(idem)
+        p = subprocess.run([KAIROSCTL, "--json", "recover", "--dry-run", "--state-dir",
+                            self.state, "--config", self.conf],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        after = read_bytes(idem)
+        self.assertEqual(before, after, "recover --dry-run changed the idempotency log")
+        out = json.loads(p.stdout)
+        decisions = [d for f in out["files"] for pl in f["plans"] for d in pl["decisions"]
+                     if d["step_id"] == step]
+        self.assertEqual(len(decisions), 1, out)
+        return decisions[0], p
+
+    def restart_and_check(self, step, verdict, reason):
+        dr, _ = self.dry_run(step)
+        self.assertEqual((dr["verdict"], dr["reason"]), (verdict, reason), dr)
+        self.start()
+        line = self.daemon.wait_log("recovery: %s %s:" % (self.mid, step))
+        self.assertIn("%s (%s)" % (verdict, reason), line)
+        return dr
+
+    def show(self):
+        return json.loads(self.ctl("--json", "show", self.mid).stdout)
+
+    def step_of(self, shown, step):
+        for p in shown["plans"]:
+            for s in p["steps"]:
+                if s["step_id"] == step:
+                    return s
+        self.fail("no step %s in %s" % (step, shown))
+
+    def wal_records(self):
+        live = os.path.join(self.state, "wal", self.mid + ".wal.jsonl")
+        data = read_bytes(live)
+        if data is None:
+            with gzip.open(os.path.join(self.state, "archive", self.mid + ".wal.jsonl.gz")) as f:
+                data = f.read()
+        return [json.loads(x) for x in data.decode().splitlines() if x.strip()]
+
+    # ---- the cases ----
+
+    def test_non_effect_phase_is_rerun(self):
+        self.configure(self.exec_keys(["BLOCK=observe"]))
+        self.crash_during()
+        self.restart_and_check("observe_001", "safe_to_retry", "declared_rerunnable")
+        self.daemon.wait_log("mandate %s done after" % self.mid)
+        s = self.step_of(self.show(), "observe_001")
+        self.assertEqual((s["status"], s["executions"]), ("completed", 2), s)
+        resets = [r for r in self.wal_records() if r.get("reset")]
+        self.assertEqual(len(resets), 1)
+        self.assertEqual(resets[0]["evidence"]["reason"], "declared_rerunnable")
+        self.assertEqual(resets[0]["evidence"]["phase"], "observe")
+
+    def test_phase_without_command_is_rerun(self):
+        self.configure(self.exec_keys(["BLOCK=act"]))
+        self.crash_during()
+        # the act command is gone when kairosd comes back
+        self.configure(self.exec_keys([], phases=("observe", "orient", "decide", "reflect")))
+        self.restart_and_check("act_001", "safe_to_retry", "no_command")
+        self.daemon.wait_log("mandate %s done after" % self.mid)
+
+    def test_journaled_effects_replay(self):
+        self.configure(self.exec_keys(["BLOCK=act", "ACT_MODE=run"], EffectsVia="kairosctl"))
+        self.crash_during()
+        dr = self.restart_and_check("act_001", "safe_to_retry", "effects_journaled")
+        key = "cmd:out-%s/act_001" % self.mid
+        self.assertEqual([c["key"] for c in dr["evidence"]["tool_calls"]], [key], dr)
+        self.assertEqual(dr["evidence"]["tool_calls"][0]["state"], "completed")
+        self.daemon.wait_log("mandate %s done after" % self.mid)
+        # ran twice, the side effect once: the second run replayed the call
+        with open(os.path.join(self.out, "outbox")) as f:
+            self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])
+        s = self.step_of(self.show(), "act_001")
+        self.assertEqual((s["status"], s["executions"]), ("completed", 2), s)
+        self.assertEqual(s["evidence"]["reason"], "effects_journaled", s)
+        calls = s["tool_calls"]
+        self.assertEqual([(c["key"], c["state"], c["attempt"]) for c in calls],
+                         [(key, "completed", 1)], calls)
+        text = self.ctl("show", self.mid).stdout
+        self.assertIn("act_001 (attempt 1): completed  %s  started " % key, text)
+
+    def test_interrupted_tool_call_needs_review(self):
+        self.configure(self.exec_keys(["ACT_MODE=hang"], EffectsVia="kairosctl"))
+        self.crash_during()
+        dr = self.restart_and_check("act_001", "manual_review", "tool_call_interrupted")
+        key = "cmd:out-%s/act_001" % self.mid
+        self.assertEqual([(c["key"], c["state"]) for c in dr["evidence"]["tool_calls"]],
+                         [(key, "interrupted")], dr)
+        self.daemon.wait_log("mandate %s paused for review at step act_001 "
+                             "(tool_call_interrupted)" % self.mid)
+        shown = self.show()
+        self.assertEqual(shown["status"], "paused_review")
+        s = self.step_of(shown, "act_001")
+        self.assertEqual(s["status"], "needs_review")
+        self.assertEqual(s["evidence"]["reason"], "tool_call_interrupted")
+        self.assertEqual(s["evidence"]["tool_calls"][0]["key"], key)
+        self.assertEqual(s["tool_calls"][0]["state"], "interrupted")
+        self.assertFalse(os.path.exists(os.path.join(self.out, "outbox")))
+
+    def test_without_effects_via_needs_review(self):
+        self.configure(self.exec_keys(["BLOCK=act", "ACT_MODE=run"]))
+        self.crash_during()
+        self.restart_and_check("act_001", "manual_review", "interrupted_during_execution")
+        self.daemon.wait_log("mandate %s paused for review at step act_001 "
+                             "(interrupted_during_execution)" % self.mid)
+
+    def test_dry_run_says_would_probe(self):
+        self.configure(self.exec_keys(["BLOCK=act"], Probe="/bin/false"))
+        self.crash_during()
+        dr, p = self.dry_run("act_001")
+        self.assertEqual(dr["reason"], "interrupted_during_execution")
+        self.assertTrue(dr["would_probe"], dr)
+        text = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--state-dir", self.state,
+                               "--config", self.conf], capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("would probe", text.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
