@@ -59,9 +59,12 @@ mkdir -p "$demo/schedules.d" "$demo/state" "$demo/outbox"
 # list: a demo directory with blanks in its path writes directly instead.
 ctl_abs=$(command -v "$ctl" || true)
 case $ctl_abs in "" | /*) ;; *) ctl_abs=$PWD/$ctl_abs ;; esac
+# Writing through kairosctl, the act handler keeps the promise of
+# EffectsVia=kairosctl: after a crash in act, kairosd runs it again by itself
+# (the write is replayed from the idempotency store, not made twice).
 case $demo in
-*[[:space:]]*) write_roots="" ctl_abs="" ;;
-*) write_roots="WriteRoots=$demo/outbox" ;;
+*[[:space:]]*) write_roots="" ctl_abs="" effects_via="" ;;
+*) write_roots="WriteRoots=$demo/outbox" effects_via="EffectsVia=kairosctl" ;;
 esac
 
 # Rewritten on every start (the state is kept): they follow the checkout.
@@ -103,6 +106,9 @@ Reflect=$(q "$ex/reflect.sh")
 TimeoutSec=30
 Environment=$(q "DEMO_OUTBOX=$demo/outbox") $(q "KAIROSCTL=$ctl_abs")
 WorkingDirectory=$demo
+# act writes its report only through kairosctl tool write (the default
+# Effects=act is the phase that changes the world)
+$effects_via
 CONF
 
 rel=$demo

@@ -8,10 +8,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -155,6 +157,68 @@ class TestDemo(unittest.TestCase):
         self.assertEqual(ctl_json(sock, "show", m)["status"], "done")
         self.assertEqual(outbox_state(outbox), before)
         self.assertEqual(self.d.log().count(": started "), starts)
+
+    def test_crash_in_act_recovers_by_itself(self):
+        """The demo's act writes only through kairosctl tool write and the
+        demo declares EffectsVia=kairosctl: kairosd killed (SIGKILL) in act,
+        after its write, runs act again by itself at the next start and the
+        report is not written twice.  A kairosctl wrapper holds act there."""
+        mark = os.path.join(self.dir, "act-held")
+        wrapper = os.path.join(self.dir, "kairosctl-wrapper")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\n"%s" "$@"; rc=$?\n'
+                    'if [ "$KAIROS_PHASE" = act ] && [ "$KAIROS_ATTEMPT" = 1 ] && '
+                    '[ "$KAIROS_CYCLE" = 1 ]; then\n'
+                    '  ps -o pgid= $$ | tr -d " " > "%s.pgid"; touch "%s"; exec sleep 600\n'
+                    'fi\nexit $rc\n' % (os.path.abspath(KAIROSCTL), mark, mark))
+        os.chmod(wrapper, 0o755)
+        saved = os.environ.get("KAIROSCTL")
+        os.environ["KAIROSCTL"] = wrapper
+        try:
+            self.d = DemoDaemon(self.dir, self.notify)
+        finally:
+            if saved is None:
+                os.environ.pop("KAIROSCTL")
+            else:
+                os.environ["KAIROSCTL"] = saved
+        self.notify.wait_ready()
+        demo = os.path.join(self.dir, "demo-state")
+        sock = os.path.join(demo, "control.sock")
+        with open(os.path.join(demo, "schedules.d", "demo.conf")) as f:
+            self.assertIn("\nEffectsVia=kairosctl\n", f.read())
+        m = ctl_json(sock, "fire", "demo")["mandate"]
+        deadline = time.monotonic() + 120
+        while not os.path.exists(mark):  # polling a condition with a deadline
+            self.assertLess(time.monotonic(), deadline, self.d.log()[-3000:])
+            self.assertIsNone(self.d.proc.poll(), self.d.log()[-3000:])
+            time.sleep(0.02)
+        self.d.kill()
+        self.d.proc.stderr.close()
+        with open(mark + ".pgid") as f:
+            try:
+                os.killpg(int(f.read().strip()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        outbox = os.path.join(demo, "outbox")
+        written = outbox_state(outbox)
+        self.assertEqual(len(written), 1, written)
+
+        self.notify.clear()
+        self.d = DemoDaemon(self.dir, self.notify)
+        self.notify.wait_ready()
+        line = self.d.wait_log("recovery: %s act_001:" % m)
+        self.assertIn("safe_to_retry (effects_journaled)", line)
+        self.d.wait_log("mandate %s done" % m, timeout=120)
+        show = ctl_json(sock, "show", m)
+        act = [s for p in show["plans"] for s in p["steps"] if s["step_id"] == "act_001"][0]
+        self.assertEqual((act["status"], act["executions"]), ("completed", 2), act)
+        self.assertEqual([(c["tool"], c["state"], c["attempt"]) for c in act["tool_calls"]],
+                         [("kairos.write", "completed", 1)], act)
+        after = outbox_state(outbox)
+        # the first report untouched, the second cycle's added
+        name = list(written)[0]
+        self.assertEqual(after[name], written[name])
+        self.assertEqual(len(after), 2, after)
 
     def test_demo_dir_from_environment(self):
         # A relative KAIROS_DEMO_DIR is made absolute; nothing is written elsewhere.
