@@ -906,6 +906,15 @@ static const char *mkey(size_t i)
         return strcmp(model[i].key, "run:content:") == 0 ? content_key : model[i].key;
 }
 
+/* Calls a step made (owned): their owner is in every record of them. */
+static bool model_owned(const char *key)
+{
+        return !strcmp(key, "write:k1") || !strcmp(key, "run:k4") || !strcmp(key, "run:k6");
+}
+
+static const struct idem_step_owner model_owner = { .mandate = "mnd_plan_0123456789ab",
+                                                    .step = "act_001", .attempt = 3 };
+
 /* Write the model's records through the store, one sync each. */
 static void write_model(struct fx *f)
 {
@@ -922,6 +931,8 @@ static void write_model(struct fx *f)
                         bool content = strcmp(colon + 1, "content:") == 0;
                         struct idem_request r = rq(tool, content ? NULL : colon + 1,
                                                    "{\"cmd\":[\"echo\",\"a\"]}");
+                        if (model_owned(model[i].key))
+                                r.owner = &model_owner;
                         assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
                         if (i == 0)
                                 snprintf(content_key, sizeof(content_key), "%s", v.key);
@@ -971,6 +982,14 @@ static void check_model(struct idem_store *s, size_t n)
                 }
                 assert_int_equal(r, 0);
                 assert_int_equal(v.state, st);
+                if (model_owned(key)) {
+                        assert_non_null(v.owner);
+                        assert_string_equal(v.owner->mandate, model_owner.mandate);
+                        assert_string_equal(v.owner->step, model_owner.step);
+                        assert_int_equal(v.owner->attempt, model_owner.attempt);
+                } else {
+                        assert_null(v.owner);
+                }
                 if (st == IDEM_ST_COMPLETED || st == IDEM_ST_FAILED) {
                         assert_int_equal(v.result_len, last->len);
                         if (last->len)
@@ -1011,6 +1030,18 @@ static void test_torn_tail_every_offset(void **state)
 
         for (size_t k = 0; k <= len; k++) {
                 spit(f->log, full, k);
+                /* the offline reader sees the same, and leaves the file as is */
+                struct idem_store *ro;
+                struct idem_load_info ri;
+                struct stat rst;
+                assert_int_equal(idem_store_new(&f->opt, &ro), 0);
+                assert_int_equal(idem_log_read(f->sub, ro, &ri), 0);
+                assert_false(ri.corrupt);
+                assert_int_equal(ri.records, count_lines(full, k));
+                check_model(ro, count_lines(full, k));
+                idem_store_free(ro);
+                assert_int_equal(stat(f->log, &rst), 0);
+                assert_int_equal((size_t)rst.st_size, k);
                 assert_int_equal(reopen(f), 0);
                 size_t complete = count_lines(full, k);
                 size_t boundary = 0;
