@@ -40,6 +40,8 @@ if [ "$1" = act ]; then
         run)
                 "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- \
                         sh -c 'echo "$0" >> "$1"' "$KAIROS_IDEM_KEY" "$OUT/outbox" >/dev/null
+                echo "report $KAIROS_ATTEMPT" | "$KAIROSCTL" --json tool write \
+                        --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" > "$OUT/write.$KAIROS_ATTEMPT"
                 ;;
         hang)
                 if [ "$KAIROS_ATTEMPT" = 1 ]; then
@@ -85,7 +87,9 @@ class EvidenceRecovery(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="kairos-evid-")
         self.state = os.path.join(self.dir, "state")
         self.out = os.path.join(self.dir, "out")
+        self.root = os.path.join(self.dir, "root")
         os.makedirs(self.out)
+        os.makedirs(self.root)
         self.handler = os.path.join(self.dir, "h.sh")
         with open(self.handler, "w") as f:
             f.write(HANDLER)
@@ -116,12 +120,14 @@ class EvidenceRecovery(unittest.TestCase):
 
     def configure(self, exec_keys):
         sched = {"Schedule": {"Cron": "0 0 1 1 *"}, "Exec": exec_keys}
-        self.conf = write_config(self.dir, self.state, {"job": sched})
+        self.conf = write_config(self.dir, self.state, {"job": sched},
+                                 daemon_extra="[Idempotency]\nWriteRoots=%s\n" % self.root)
 
     def exec_keys(self, env, phases=PHASES, **extra):
         keys = {p.capitalize(): "%s %s" % (self.handler, p) for p in phases}
         keys["Environment"] = " ".join(
-            ["OUT=%s" % self.out, "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)] + env)
+            ["OUT=%s" % self.out, "ROOT=%s" % self.root,
+             "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)] + env)
         keys.update(extra)
         return keys
 
@@ -216,18 +222,27 @@ class EvidenceRecovery(unittest.TestCase):
         self.crash_during()
         dr = self.restart_and_check("act_001", "safe_to_retry", "effects_journaled")
         key = "cmd:out-%s/act_001" % self.mid
-        self.assertEqual([c["key"] for c in dr["evidence"]["tool_calls"]], [key], dr)
-        self.assertEqual(dr["evidence"]["tool_calls"][0]["state"], "completed")
+        wkey = "kairos.write:rep-%s/act_001" % self.mid
+        self.assertEqual(sorted(c["key"] for c in dr["evidence"]["tool_calls"]),
+                         sorted([key, wkey]), dr)
+        self.assertEqual({c["state"] for c in dr["evidence"]["tool_calls"]}, {"completed"})
         self.daemon.wait_log("mandate %s done after" % self.mid)
         # ran twice, the side effect once: the second run replayed the call
         with open(os.path.join(self.out, "outbox")) as f:
             self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])
+        # the write of attempt 2 was answered from the store: the file is attempt 1's
+        with open(os.path.join(self.root, "report")) as f:
+            self.assertEqual(f.read(), "report 1\n")
+        with open(os.path.join(self.out, "write.1")) as f:
+            self.assertFalse(json.load(f).get("cached"))
+        with open(os.path.join(self.out, "write.2")) as f:
+            self.assertTrue(json.load(f).get("cached"))
         s = self.step_of(self.show(), "act_001")
         self.assertEqual((s["status"], s["executions"]), ("completed", 2), s)
         self.assertEqual(s["evidence"]["reason"], "effects_journaled", s)
         calls = s["tool_calls"]
-        self.assertEqual([(c["key"], c["state"], c["attempt"]) for c in calls],
-                         [(key, "completed", 1)], calls)
+        self.assertEqual(sorted((c["key"], c["state"], c["attempt"]) for c in calls),
+                         sorted([(key, "completed", 1), (wkey, "completed", 1)]), calls)
         text = self.ctl("show", self.mid).stdout
         self.assertIn("act_001 (attempt 1): completed  %s  started " % key, text)
 
