@@ -1038,7 +1038,9 @@ class TestStopAndCrash(ExecCase):
         h = self.script("sleeper.sh", 'echo $$ > "$1"\nexec sleep 600\n')
         pidfile = self.fifo("handlerpid")
         self.configure({"sleepy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
-                                   "Exec": {"Observe": "/bin/sh %s %s" % (h, pidfile)}}})
+                                   "Exec": {"Observe": "/bin/sh %s %s" % (h, pidfile),
+                                            # an effectful phase: the WAL alone decides
+                                            "Effects": "observe"}}})
         self.start()
         m = self.fire("sleepy")
         line = self.d.wait_log("%s observe_001: started" % m)
