@@ -175,6 +175,13 @@ class EvidenceRecovery(unittest.TestCase):
         self.start()
         line = self.daemon.wait_log("recovery: %s %s:" % (self.mid, step))
         self.assertIn("%s (%s)" % (verdict, reason), line)
+        # the journal fields: VERDICT= and EVIDENCE= (the evidence object)
+        self.assertIn(" VERDICT=%s" % verdict, line)
+        self.assertIn(' EVIDENCE="{"reason":"%s"' % reason, line)
+        for c in dr["evidence"].get("tool_calls", []):
+            self.assertIn('"key":"%s"' % c["key"], line)
+        # the record recovery wrote holds what the dry run showed
+        self.assertEqual(self.step_of(self.show(), step).get("evidence"), dr["evidence"])
         return dr
 
     def show(self):
