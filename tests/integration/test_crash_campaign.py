@@ -19,6 +19,11 @@ violation fails the test with the seed.
 Some rounds stop the daemon with SIGTERM instead (GracefulTimeoutSec 0 or 5),
 and SIGKILL it if the stop takes longer than a random bound; 6% of the kills
 land before READY=1 (during startup and recovery).
+Schedule "journal" declares EffectsVia=kairosctl and makes act's side effect
+(a line in an outbox) only through `kairosctl tool run`: none of its steps may
+be decided interrupted_during_execution, and no outbox key may appear twice;
+the report gives the recovery reasons and the share of interrupted steps
+decided without a human, per workload.
 Besides: every handler start follows a durable `executing` record (the
 barrier of docs/design.md §6); no handler outlives a killed daemon (docs/design.md §10: once
 the killed daemon is reaped the harness appends a marker "K RUN" to the side
@@ -60,7 +65,12 @@ WAITING = {"paused", "paused_review", "awaiting_approval"}
 BUGGY = {"quarantined", "wal_io_error"}
 VERDICTS = ("already_done", "safe_to_retry", "manual_review")
 RECOVERY_RE = re.compile(r"recovery: (\S+) (\S+): (already_done|safe_to_retry|manual_review) "
-                         r"\([^)]*\): (.*?)(?: MANDATE_ID=|$)")
+                         r"\(([^)]*)\): (.*?)(?: MANDATE_ID=|$)")
+# reasons of steps that were executing when the daemon died, and those among
+# them that recovery decides without a human
+INTERRUPTED = ("declared_rerunnable", "no_command", "effects_journaled",
+               "tool_call_interrupted", "interrupted_during_execution")
+BY_ITSELF = ("declared_rerunnable", "no_command", "effects_journaled")
 STARTED_RE = re.compile(r"(mnd_\S+) (\S+): started .*\(pid \d+, attempt (\d+)\)")
 FIRED_AT_BASE = 1893456000  # 2030-01-01T00:00:00Z
 
@@ -85,6 +95,14 @@ act) [ "$CRASH_GATE" = 1 ] && [ "$KAIROS_CYCLE" = 1 ] &&
         out='{"kairos":{"pause":"awaiting_approval","reason":"crash-campaign gate"}}' ;;
 reflect) [ "$r" -ge $((1000 - CRASH_DONE)) ] && out='{"kairos":{"done":true}}' ;;
 esac
+# schedule "journal" (EffectsVia=kairosctl): act's side effect, one line in the
+# outbox, only through kairosctl tool run, keyed by the step (a kill inside
+# the call leaves it interrupted: the one case that needs a human)
+if [ "$1" = act ] && [ "${CRASH_JOURNAL:-0}" = 1 ] && [ "$rc" = 0 ]; then
+        "$KAIROSCTL" tool run --key "fx-$KAIROS_IDEM_KEY" -- \
+                sh -c 'printf "%s\n" "$0" >>"$1"' "$KAIROS_IDEM_KEY" "$CRASH_OUTBOX" \
+                >/dev/null || rc=1
+fi
 printf 'F %s %s %s %s\n' "$KAIROS_IDEM_KEY" "$KAIROS_ATTEMPT" "$$" "$rc" >>"$CRASH_LOG"
 [ "$rc" = 0 ] && printf '%s\n' "$out"
 exit $rc
@@ -134,6 +152,7 @@ class Campaign:
         self.dir = tempfile.mkdtemp(prefix="kairos-campaign-")
         self.state = os.path.join(self.dir, "state")
         self.side_log = os.path.join(self.dir, "side.log")
+        self.outbox = os.path.join(self.dir, "outbox")
         self.handler = os.path.join(self.dir, "handler.sh")
         with open(self.handler, "w") as f:
             f.write(HANDLER)
@@ -153,6 +172,8 @@ class Campaign:
         self.term_then_kill = 0     # SIGTERM rounds that ended with a SIGKILL
         self.restarts = 0
         self.verdicts = {v: 0 for v in VERDICTS}
+        self.reasons = {}           # reason -> count, every recovery decision
+        self.journal_reasons = {}   # ... of the "journal" schedule's mandates
         self.torn_repaired = 0
         self.safe_resets = 0
         self.new_reviews = 0        # manual_review that wrote a needs_review record
@@ -202,13 +223,17 @@ class Campaign:
 
     def schedules(self):
         def sched(max_cycles, maxms, act_maxms, fail, done, gate=0, concurrency="allow",
-                  phases=("Observe", "Orient", "Decide", "Act", "Reflect")):
+                  phases=("Observe", "Orient", "Decide", "Act", "Reflect"), journal=False):
             ex = {p: "%s %s" % (self.handler, p.lower()) for p in phases}
             ex["TimeoutSec"] = "60"
             ex["Environment"] = ["CRASH_LOG=%s" % self.side_log, "CRASH_SEED=%d" % self.seed,
                                  "CRASH_MAXMS=%d" % maxms, "CRASH_ACT_MAXMS=%d" % act_maxms,
                                  "CRASH_FAIL=%d" % fail, "CRASH_DONE=%d" % done,
                                  "CRASH_GATE=%d" % gate]
+            if journal:
+                ex["Environment"] += ["CRASH_JOURNAL=1", "CRASH_OUTBOX=%s" % self.outbox,
+                                      "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)]
+                ex["EffectsVia"] = "kairosctl"
             return {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": concurrency},
                     "Mandate": {"MaxCycles": str(max_cycles)}, "Exec": ex}
         return {
@@ -217,6 +242,7 @@ class Campaign:
             "gamma": sched(3, 30, 100, 60, 0, phases=("Observe", "Decide", "Act", "Reflect")),
             "gate": sched(2, 40, 150, 0, 0, gate=1),
             "queued": sched(2, 20, 60, 0, 0, concurrency="queue"),
+            "journal": sched(2, 40, 250, 0, 0, journal=True),
         }
 
     def write_config(self, max_concurrent, graceful):
@@ -256,9 +282,17 @@ class Campaign:
             m = RECOVERY_RE.search(line)
             if m:
                 self.verdicts[m.group(3)] += 1
-                if m.group(3) == "manual_review" and m.group(4).startswith("marked"):
+                reason = m.group(4)
+                self.reasons[reason] = self.reasons.get(reason, 0) + 1
+                if self.acked.get(m.group(1), (None,))[0] == "journal":
+                    self.journal_reasons[reason] = self.journal_reasons.get(reason, 0) + 1
+                    if reason == "interrupted_during_execution":
+                        self.fail("%s %s (schedule journal, EffectsVia=kairosctl) decided "
+                                  "interrupted_during_execution: the store should have decided"
+                                  % (m.group(1), m.group(2)))
+                if m.group(3) == "manual_review" and m.group(5).startswith("marked"):
                     self.new_reviews += 1
-                if m.group(3) == "safe_to_retry" and m.group(4).startswith("reset"):
+                if m.group(3) == "safe_to_retry" and m.group(5).startswith("reset"):
                     self.safe_resets += 1
                     k = (m.group(1), m.group(2))
                     self.retry_by_recovery[k] = self.retry_by_recovery.get(k, 0) + 1
@@ -558,7 +592,8 @@ class Campaign:
         todo = list(self.unacked_fires)
         self.unacked_fires = []
         while live + len(todo) < target_live:
-            sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued"])
+            sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued",
+                                     "journal", "journal"])
             todo.append((sched, fired_at(self.next_fire)))
             self.next_fire += 1
         for i, (sched, at) in enumerate(todo):
@@ -727,6 +762,17 @@ class Campaign:
             if r.returncode != 0:
                 self.fail("invariant 4: archived WALs do not verify clean (exit %d):\n%s"
                           % (r.returncode, r.stdout[-4000:]))
+        # the journal workload's side effects: at most once per key (a
+        # retry by an operator finds the cut-off call interrupted: it fails)
+        lines = {}
+        if os.path.exists(self.outbox):
+            with open(self.outbox) as f:
+                for key in f.read().splitlines():
+                    lines[key] = lines.get(key, 0) + 1
+        twice = {k: n for k, n in lines.items() if n > 1}
+        if twice:
+            self.fail("side effects made twice (outbox lines per key): %s" % twice)
+        self.outbox_keys = len(lines)
         side = self.side_lines()
         self.handler_starts = sum(1 for p in side if p[0] == "S")
         self.reruns = self.handler_starts - len({p[1] for p in side if p[0] == "S"})
@@ -777,6 +823,15 @@ class Campaign:
               + json.dumps(self.kill_points, sort_keys=True))
         print("  torn tails:           %d seen after a kill, %d repaired at startup"
               % (self.torn_seen, self.torn_repaired))
+        print("  recovery reasons:     " + json.dumps(self.reasons, sort_keys=True))
+        for what, rs in (("all schedules", self.reasons),
+                         ("schedule journal (EffectsVia=kairosctl)", self.journal_reasons)):
+            n = sum(rs.get(r, 0) for r in INTERRUPTED)
+            k = sum(rs.get(r, 0) for r in BY_ITSELF)
+            print("  interrupted steps, %s: %d decided, %d without a human (%s)"
+                  % (what, n, k, "%.1f %%" % (100.0 * k / n) if n else "-"))
+        print("  journal side effects: %d keys in the outbox, none twice"
+              % getattr(self, "outbox_keys", 0))
         print("  reviews resolved:     %d (--retry), approvals %d" % (self.resolved, self.approved))
         print("  mandates:             %d fired (%d fires acknowledged, %d re-fires no-op), "
               "final: %s" % (len(self.acked), self.fires_acked, self.refires_noop,
