@@ -1070,10 +1070,20 @@ static int recover_config(const char *path, const char *state_dir, struct config
                 for (size_t i = 0; i < errs.n; i++)
                         fprintf(stderr, "kairosctl: %s\n", errs.msgs[i]);
                 config_errors_free(&errs);
+                if (!explicit) {
+                        /* not asked for: decide from the WALs alone, and say so */
+                        fprintf(stderr, "kairosctl: recover: %s cannot be used; every mandate "
+                                "is decided from its WAL alone (give a configuration with "
+                                "--config)\n", path);
+                        *ret = NULL;
+                        return 0;
+                }
                 if (n == 0)
                         return ctl_file_error(path, -r);
-                return ctl_error(CTL_EXIT_DATAERR, "recover: the configuration %s has errors%s",
-                                 path, explicit ? "" : " (give another with --config)");
+                if (r != -EINVAL)  /* printed above: it cannot be read */
+                        return CTL_EXIT_NOINPUT;
+                return ctl_error(CTL_EXIT_DATAERR, "recover: the configuration %s has errors",
+                                 path);
         }
         config_errors_free(&errs);
         return 0;

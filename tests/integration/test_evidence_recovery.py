@@ -291,5 +291,36 @@ class EvidenceRecovery(unittest.TestCase):
         self.assertIn("would probe", text.stdout)
 
 
+class DryRunConfig(unittest.TestCase):
+    """recover --dry-run --config: a configuration that cannot be read or has
+    errors is refused (66, 65); an empty state directory has nothing to do."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-evid-cfg-")
+        self.state = os.path.join(self.dir, "state")
+        os.makedirs(os.path.join(self.state, "wal"))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def dry(self, conf):
+        return subprocess.run([KAIROSCTL, "recover", "--dry-run", "--state-dir", self.state,
+                               "--config", conf], capture_output=True, text=True, timeout=60)
+
+    def test_config_errors(self):
+        p = self.dry(os.path.join(self.dir, "missing.conf"))
+        self.assertEqual(p.returncode, 66, p.stderr)
+        bad = os.path.join(self.dir, "bad.conf")
+        with open(bad, "w") as f:
+            f.write("[Daemon]\nNoSuchKey=1\n")
+        p = self.dry(bad)
+        self.assertEqual(p.returncode, 65, p.stderr)
+        self.assertIn("NoSuchKey", p.stderr)
+        good = write_config(self.dir, self.state, {"job": {"Schedule": {"Cron": "@daily"}}})
+        p = self.dry(good)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("configuration: %s\nidempotency log: missing" % good, p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
