@@ -85,6 +85,25 @@ static struct arena_chunk *chunk_new(size_t need)
         return c;
 }
 
+int kjson_arena_reserve(struct kjson_arena *a, size_t n, void **ret_mem, size_t *ret_len)
+{
+        if (a->cur || (a->head && a->head->used))
+                return -EBUSY;
+        if (!a->head || a->head->cap < n) {
+                struct arena_chunk *c = chunk_new(n);
+                if (!c)
+                        return -ENOMEM;
+                if (a->head) {
+                        c->next = a->head->next;
+                        free(a->head);
+                }
+                a->head = c;
+        }
+        *ret_mem = a->head->data;
+        *ret_len = a->head->cap;
+        return 0;
+}
+
 static void *arena_alloc_aligned(struct kjson_arena *a, size_t n, size_t align)
 {
         struct arena_chunk *c = a->cur;
