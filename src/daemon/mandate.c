@@ -154,7 +154,8 @@ static int order_rebuild(struct daemon *d)
         while (strmap_next(d->mandates, &pos, &k, &v) == 0)
                 d->ordered[i++] = v;
         d->nordered = i;
-        qsort(d->ordered, i, sizeof(*d->ordered), cmp_oldest_first);
+        if (i > 1) /* an empty registry has no array (qsort wants one) */
+                qsort(d->ordered, i, sizeof(*d->ordered), cmp_oldest_first);
         for (size_t j = 0; j < d->norder_added; j++)
                 d->order_added[j]->order_added = false;
         d->norder_added = 0;
