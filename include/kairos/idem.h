@@ -44,14 +44,17 @@
  * Log format: one JSON object per line ending ,"crc":"xxxxxxxx"}\n (crc as
  * wal_crc), keys in this order; every record but forget is self-contained
  * (it carries the entry's whole state), so replay sets state, never merges:
- *   {"op":"begin","key","tool","fp","created"[,"owner"],"ts"}
- *   {"op":"complete","key","tool","fp","created"[,"owner"],"finished","result","ts"}
- *   {"op":"fail","key","tool","fp","created"[,"owner"],"finished","error_class","error_msg","result","ts"}
- *   {"op":"interrupt","key","tool","fp","created"[,"owner"],"reason","ts"}
+ *   {"op":"begin","key","tool","fp","created"[,"owner"][,"write"],"ts"}
+ *   {"op":"complete","key","tool","fp","created"[,"owner"][,"write"],"finished","result","ts"}
+ *   {"op":"fail","key","tool","fp","created"[,"owner"][,"write"],"finished","error_class","error_msg","result","ts"}
+ *   {"op":"interrupt","key","tool","fp","created"[,"owner"][,"write"],"reason","ts"}
  *   {"op":"forget","key","uid","reason","ts"}
  * owner = {"mandate":ID,"step":STEP_ID,"attempt":N}: the step whose handler
  * made the call (attributed by kairosd from the caller's process group; see
  * docs/design.md §11); absent for calls from outside any step.
+ * write = {"sha256":HEX,"bytes":N,"path":P}: a tool write's claim (struct
+ * idem_write_claim); absent in logs written before it existed and for other
+ * tools.
  * created/finished are ms since the epoch, result is the payload in base64,
  * ts the record's time (YYYY-MM-DDTHH:MM:SS.mmmZ).  Unknown ops are ignored.
  *
@@ -137,6 +140,18 @@ struct idem_step_owner {
 /* -EINVAL unless owner is a valid owner (see struct idem_step_owner). */
 int idem_owner_check(const struct idem_step_owner *owner);
 
+/* What a tool write claims to do, kept in its entry so that a write a
+ * crash interrupted can be settled from the file (docs/design.md §11):
+ * the path as the caller named it, the sha256 (64 lowercase hex digits) and
+ * length of the content. */
+#define IDEM_SHA256_HEX 64
+#define IDEM_WRITE_PATH_MAX 4096
+struct idem_write_claim {
+        const char *path;             /* NULL: no claim */
+        const char *sha256;
+        uint64_t bytes;
+};
+
 /* One call's identity. */
 struct idem_request {
         const char *tool;
@@ -149,6 +164,7 @@ struct idem_request {
         const struct idem_step_owner *owner;    /* NULL: made outside any step; only
                                             * recorded by idem_begin for a new
                                             * entry */
+        const struct idem_write_claim *write; /* NULL: none; recorded like owner */
 };
 
 /* An entry as seen by a caller.  Pointers are borrowed from the store and
@@ -170,6 +186,7 @@ struct idem_view {
         const char *error_msg;       /* failed */
         const char *reason;          /* interrupted: why */
         const struct idem_step_owner *owner; /* NULL: no owner */
+        struct idem_write_claim write;       /* .path NULL: no claim */
 };
 
 struct idem_stats {
@@ -230,6 +247,15 @@ int idem_interrupt(struct idem_store *s, const char *key, const char *reason, ui
  * with the key runs again.  Recorded like a forget with uid -1 and the
  * reason; not counted as a forget.  -ENOENT, -ESTALE not processing. */
 int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn);
+/* Settle an entry a crash left interrupted (or still processing) from
+ * evidence outside the store: the call took effect → completed with the
+ * result payload (as if the caller had finished it); it did not →
+ * dropped, recorded like a forget with uid -2 and the reason, so a retry
+ * with the key runs again.  -ENOENT, -ESTALE already finished. */
+int idem_settle_complete(struct idem_store *s, const char *key, const void *result, size_t len,
+                         uint64_t *lsn);
+int idem_settle_abandon(struct idem_store *s, const char *key, const char *reason,
+                        uint64_t *lsn);
 /* Operator: drop an entry (recorded with uid and reason).  -EBUSY while
  * processing (its caller may still be running the tool), -ENOENT. */
 int idem_forget(struct idem_store *s, const char *key, long long uid, const char *reason,

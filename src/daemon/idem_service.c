@@ -67,10 +67,13 @@ struct idem_service {
         struct write_roots *roots; /* WriteRoots= opened; NULL until the first tool write */
         unsigned beneath_flags;    /* BENEATH_NO_OPENAT2 (test hook) */
         idem_step_lookup_fn step_of; /* attributes a call to a running step */
+        struct write_roots *settle_roots; /* WriteRoots= for settling writes at load */
+        json_t *settled;           /* what the load settled: [{key,path,outcome,why}] */
 };
 
 struct write_roots;
 static void roots_unref(struct write_roots *rs);
+static void sha256_hex(const void *data, size_t len, char out[IDEM_SHA256_HEX + 1]);
 
 static struct idem_service *SVC(struct daemon *d)
 {
@@ -834,6 +837,7 @@ struct write_op {
         unsigned beneath_flags;
         unsigned char *content;
         size_t len;
+        char sha[IDEM_SHA256_HEX + 1]; /* of content */
         /* results of the pool jobs */
         int dfd;                 /* the verified directory, or -1 */
         char *base;              /* the file name in it */
@@ -1244,9 +1248,13 @@ static void begin_write(struct write_op *op)
 {
         struct idem_service *svc = op->svc;
         struct idem_step_owner step;
+        struct idem_write_claim claim = { .path = op->path, .sha256 = op->sha,
+                                          .bytes = op->len };
         struct idem_request ir = { .tool = WRITE_TOOL, .key = op->explicit_key,
                                    .fingerprint = op->fp,
-                                   .owner = call_step(op->call, &step) ? &step : NULL };
+                                   .owner = call_step(op->call, &step) ? &step : NULL,
+                                   .write = strlen(op->path) <= IDEM_WRITE_PATH_MAX ? &claim
+                                                                                    : NULL };
         struct idem_view v;
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
@@ -1321,6 +1329,7 @@ void idem_tool_write(const struct idem_call *in)
                 write_op_free(op);
                 return;
         }
+        sha256_hex(op->content, op->len, op->sha);
         /* The identity is the key and the path: content may differ on a
          * retry (a timestamp) and is still the same write. */
         json_t *input = json_pack("{s:s}", "path", path);
@@ -1653,10 +1662,214 @@ void idem_test_clock(const struct idem_call *in)
 
 /* ---- start / stop ---- */
 
+static void sha256_hex(const void *data, size_t len, char out[IDEM_SHA256_HEX + 1])
+{
+        unsigned char h[crypto_hash_sha256_BYTES];
+        crypto_hash_sha256(h, data ? data : (const void *)"", len);
+        sodium_bin2hex(out, IDEM_SHA256_HEX + 1, h, sizeof h);
+}
+
+/* ---- settling tool writes a crash interrupted (docs/design.md §11) ---- */
+
+enum settle_verdict { SETTLE_WRITTEN, SETTLE_NOT_WRITTEN, SETTLE_UNKNOWN };
+
+/* Pool: does the file named by the claim hold the claimed content?  The
+ * path is resolved beneath its WriteRoots= directory exactly as a tool
+ * write resolves it (no symbolic link followed); the file is opened
+ * O_NOFOLLOW.  why: for the log and the record. */
+static enum settle_verdict settle_check(struct idem_service *svc,
+                                        const struct idem_write_claim *w, char **ret_shown,
+                                        char *why, size_t whylen)
+{
+        struct write_op op = { .svc = svc, .dfd = -1, .roots = svc->settle_roots,
+                               .beneath_flags = svc->beneath_flags, .path = (char *)w->path };
+        enum settle_verdict v = SETTLE_UNKNOWN;
+        *ret_shown = NULL;
+        check_path(&op);
+        if (op.code) {
+                snprintf(why, whylen, "%s", op.msg);
+                goto out;
+        }
+        int fd = openat(op.dfd, op.base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+                snprintf(why, whylen, "the file does not exist: the write never reached its "
+                         "rename");
+                v = SETTLE_NOT_WRITTEN;
+                goto out;
+        }
+        if (fd < 0) {
+                snprintf(why, whylen, "the file cannot be opened: %s", strerror(errno));
+                goto out;
+        }
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                snprintf(why, whylen, "the file is not a regular file");
+                close(fd);
+                goto out;
+        }
+        if ((uint64_t)st.st_size != w->bytes) {
+                snprintf(why, whylen, "the file holds %lld bytes, the write %llu: its content "
+                         "is not the write's",
+                         (long long)st.st_size, (unsigned long long)w->bytes);
+                v = SETTLE_NOT_WRITTEN;
+                close(fd);
+                goto out;
+        }
+        crypto_hash_sha256_state hs;
+        crypto_hash_sha256_init(&hs);
+        unsigned char buf[65536];
+        uint64_t total = 0;
+        for (;;) {
+                ssize_t n = read(fd, buf, sizeof buf);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0) {
+                        snprintf(why, whylen, "the file cannot be read: %s", strerror(errno));
+                        close(fd);
+                        goto out;
+                }
+                if (n == 0)
+                        break;
+                total += (uint64_t)n;
+                crypto_hash_sha256_update(&hs, buf, (size_t)n);
+        }
+        close(fd);
+        unsigned char h[crypto_hash_sha256_BYTES];
+        char hex[IDEM_SHA256_HEX + 1];
+        crypto_hash_sha256_final(&hs, h);
+        sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+        if (total == w->bytes && strcmp(hex, w->sha256) == 0) {
+                snprintf(why, whylen, "the file holds the write's content (sha256 %s, %llu "
+                         "bytes): the write took effect",
+                         hex, (unsigned long long)total);
+                v = SETTLE_WRITTEN;
+        } else {
+                snprintf(why, whylen, "the file's content (sha256 %s) is not the write's "
+                         "(sha256 %s)",
+                         hex, w->sha256);
+                v = SETTLE_NOT_WRITTEN;
+        }
+out:
+        if (op.dfd >= 0)
+                close(op.dfd);
+        free(op.base);
+        if (v == SETTLE_WRITTEN)
+                *ret_shown = op.shown;
+        else
+                free(op.shown);
+        return v;
+}
+
+struct settle_item {
+        char key[IDEM_FULL_KEY_SIZE];
+        char *path;
+        char sha[IDEM_SHA256_HEX + 1];
+        uint64_t bytes;
+};
+
+struct settle_list {
+        struct settle_item *v;
+        size_t n, cap;
+        int err;
+};
+
+static int collect_open_write(const struct idem_view *v, void *arg)
+{
+        struct settle_list *l = arg;
+        if ((v->state != IDEM_ST_INTERRUPTED && v->state != IDEM_ST_PROCESSING) ||
+            strcmp(v->tool, WRITE_TOOL) != 0 || !v->write.path)
+                return 0;
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? l->cap * 2 : 8;
+                struct settle_item *nv = realloc(l->v, cap * sizeof(*nv));
+                if (!nv) {
+                        l->err = -ENOMEM;
+                        return 1;
+                }
+                l->v = nv;
+                l->cap = cap;
+        }
+        struct settle_item *it = &l->v[l->n];
+        snprintf(it->key, sizeof it->key, "%s", v->key);
+        memcpy(it->sha, v->write.sha256, sizeof it->sha);
+        it->bytes = v->write.bytes;
+        if (!(it->path = strdup(v->write.path))) {
+                l->err = -ENOMEM;
+                return 1;
+        }
+        l->n++;
+        return 0;
+}
+
+/* Pool, at load (before anything else uses the store): every tool write
+ * that a crash left open is decided from its file — the content it claimed
+ * is there → completed (a retry replays it); it is not → dropped (a retry
+ * writes; the write is an atomic replace, so it never reached its rename,
+ * or the file was replaced since).  Unreadable → left interrupted for an
+ * operator.  The records are made durable here. */
+static void settle_writes(struct idem_service *svc)
+{
+        struct settle_list l = { 0 };
+        idem_foreach(svc->store, collect_open_write, &l);
+        if (!(svc->settled = json_array()))
+                l.err = -ENOMEM;
+        for (size_t i = 0; i < l.n && !l.err; i++) {
+                struct settle_item *it = &l.v[i];
+                struct idem_write_claim w = { .path = it->path, .sha256 = it->sha,
+                                              .bytes = it->bytes };
+                char why[2200], *shown = NULL;
+                enum settle_verdict v = settle_check(svc, &w, &shown, why, sizeof why);
+                int r = 0;
+                const char *outcome = "left_interrupted";
+                if (v == SETTLE_WRITTEN) {
+                        json_t *pl = json_pack("{s:s, s:I, s:s}", "path", shown ? shown : it->path,
+                                               "bytes", (json_int_t)it->bytes, "settled",
+                                               "at kairosd start, from the file");
+                        char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                                        : NULL;
+                        json_decref(pl);
+                        r = text ? idem_settle_complete(svc->store, it->key, text, strlen(text),
+                                                        NULL)
+                                 : -ENOMEM;
+                        free(text);
+                        outcome = "completed";
+                } else if (v == SETTLE_NOT_WRITTEN) {
+                        char reason[2400];
+                        snprintf(reason, sizeof reason, "settled at kairosd start: %s", why);
+                        r = idem_settle_abandon(svc->store, it->key, reason, NULL);
+                        outcome = "dropped";
+                }
+                free(shown);
+                if (r < 0)
+                        outcome = "left_interrupted";
+                json_array_append_new(svc->settled,
+                                      json_pack("{s:s, s:s, s:s, s:s}", "key", it->key, "path",
+                                                it->path, "outcome", outcome, "why",
+                                                r < 0 ? strerror(-r) : why));
+        }
+        for (size_t i = 0; i < l.n; i++)
+                free(l.v[i].path);
+        free(l.v);
+        if (idem_pending_bytes(svc->store) == 0)
+                return;
+        struct kbuf b = { 0 };
+        uint64_t upto = 0;
+        int r = idem_take_pending(svc->store, &b, &upto);
+        if (r == 0)
+                r = idem_log_append(svc->log, b.data, b.len);
+        kbuf_free(&b);
+        if (r == 0)
+                idem_durable(svc->store, upto);
+        else
+                idem_set_failed(svc->store, r);
+}
+
 static void load_work(void *arg)
 {
         struct idem_service *svc = arg;
         svc->load_error = idem_log_open(svc->dir, NULL, svc->store, &svc->log, &svc->info);
+        if (svc->load_error == 0 && !svc->info.corrupt && svc->settle_roots)
+                settle_writes(svc);
 }
 
 static void load_done(void *arg)
@@ -1686,12 +1899,33 @@ static void load_done(void *arg)
                          "interrupted, %zu expired)",
                          in->entries, idem_log_path(svc->log), in->records, in->interrupted,
                          in->expired);
-                if (in->interrupted)
+                size_t settled = 0, i;
+                json_t *it;
+                json_array_foreach(svc->settled, i, it) {
+                        const char *outcome = json_string_value(json_object_get(it, "outcome"));
+                        if (strcmp(outcome, "left_interrupted") != 0)
+                                settled++;
+                        log_notice("tool write %s (%s) interrupted by the crash: %s — %s",
+                                   json_string_value(json_object_get(it, "path")),
+                                   json_string_value(json_object_get(it, "key")),
+                                   strcmp(outcome, "completed") == 0
+                                           ? "completed from the file"
+                                   : strcmp(outcome, "dropped") == 0
+                                           ? "dropped, a retry writes it"
+                                           : "left interrupted for review",
+                                   json_string_value(json_object_get(it, "why")));
+                }
+                if (in->interrupted > settled)
                         log_warning("%zu idempotency key%s came back interrupted (their "
                                     "callers were running when kairosd stopped): review them "
                                     "with kairosctl idem get KEY",
-                                    in->interrupted, in->interrupted == 1 ? "" : "s");
+                                    in->interrupted - settled,
+                                    in->interrupted - settled == 1 ? "" : "s");
         }
+        json_decref(svc->settled);
+        svc->settled = NULL;
+        roots_unref(svc->settle_roots);
+        svc->settle_roots = NULL;
         void (*cb)(struct daemon *d) = svc->loaded_cb;
         svc->loaded_cb = NULL;
         if (cb)
@@ -1725,6 +1959,10 @@ int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d))
         }
         if ((r = idem_store_new(&opt, &svc->store)) < 0)
                 goto fail;
+        if (!(svc->settle_roots = roots_new(d->cfg))) {
+                r = -ENOMEM;
+                goto fail;
+        }
         d->idem = svc;
         if ((r = serialq_submit(&svc->log_q, load_work, load_done, svc)) < 0) {
                 d->idem = NULL;
@@ -1732,6 +1970,7 @@ int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d))
         }
         return 0;
 fail:
+        roots_unref(svc->settle_roots);
         idem_store_free(svc->store);
         free(svc->dir);
         free(svc);
@@ -1759,6 +1998,8 @@ void idem_service_free(struct daemon *d)
         while (svc->claims)
                 claim_free(svc->claims);
         roots_unref(svc->roots);
+        roots_unref(svc->settle_roots);
+        json_decref(svc->settled);
         idem_log_close(svc->log);
         idem_store_free(svc->store);
         free(svc->dir);

@@ -41,6 +41,9 @@ struct entry {
         char tool[IDEM_TOOL_MAX + 1];
         char fp[CANON_HASH_STRLEN];     /* "" if unknown (salvaged from a bad line) */
         struct idem_step_owner owner;        /* owner.mandate "" if none */
+        char *wpath;                    /* write claim: path, NULL if none */
+        char wsha[IDEM_SHA256_HEX + 1];
+        uint64_t wbytes;
         char key[];
 };
 
@@ -158,6 +161,17 @@ static bool valid_explicit_key(const char *k, size_t n)
 static bool is_lower_hex(unsigned char c)
 {
         return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+static bool valid_write_claim(const char *path, size_t path_len, const char *sha, size_t sha_len)
+{
+        if (!path || path_len == 0 || path_len > IDEM_WRITE_PATH_MAX ||
+            memchr(path, '\0', path_len) || !sha || sha_len != IDEM_SHA256_HEX)
+                return false;
+        for (size_t i = 0; i < sha_len; i++)
+                if (!((sha[i] >= '0' && sha[i] <= '9') || (sha[i] >= 'a' && sha[i] <= 'f')))
+                        return false;
+        return true;
 }
 
 static bool valid_fp(const char *fp, size_t n)
@@ -334,6 +348,7 @@ static void entry_free(struct entry *e)
         if (!e)
                 return;
         clear_payload(e);
+        free(e->wpath);
         free(e);
 }
 
@@ -483,6 +498,11 @@ static int encode_record(struct kbuf *b, const char *op, const struct entry *e, 
                                          "\"attempt\":%u}",
                                       e->owner.mandate, e->owner.step, e->owner.attempt)) < 0))
                         goto fail;
+                if (e->wpath &&
+                    ((r = kbuf_printf(b, ",\"write\":{\"sha256\":\"%s\",\"bytes\":%llu",
+                                      e->wsha, (unsigned long long)e->wbytes)) < 0 ||
+                     (r = put_str(b, "path", e->wpath)) < 0 || (r = kbuf_puts(b, "}")) < 0))
+                        goto fail;
                 if (is_finished(e) &&
                     (r = kbuf_printf(b, ",\"finished\":%lld", (long long)e->finished_ms)) < 0)
                         goto fail;
@@ -565,6 +585,9 @@ static void fill_view(const struct idem_store *s, const struct entry *e, struct 
                 .reason = e->reason,
                 .owner = e->owner.mandate[0] ? &e->owner : NULL,
         };
+        if (e->wpath)
+                v->write = (struct idem_write_claim){ .path = e->wpath, .sha256 = e->wsha,
+                                                      .bytes = e->wbytes };
         if (is_finished(e)) {
                 v->finished_ms = e->finished_ms;
                 v->expires_ms = e->finished_ms + s->ttl_ms;
@@ -643,6 +666,11 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
                 return r;
         if (req->owner && idem_owner_check(req->owner) < 0)
                 return -EINVAL;
+        if (req->write && !valid_write_claim(req->write->path,
+                                             req->write->path ? strlen(req->write->path) : 0,
+                                             req->write->sha256,
+                                             req->write->sha256 ? strlen(req->write->sha256) : 0))
+                return -EINVAL;
         struct entry *e = find_live(s, key);
         if (e)
                 return decide(s, e, fp, v);
@@ -658,6 +686,14 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
                 return r;
         if (req->owner)
                 e->owner = *req->owner;
+        if (req->write) {
+                if (!(e->wpath = strdup(req->write->path))) {
+                        entry_drop(s, e);
+                        return -ENOMEM;
+                }
+                memcpy(e->wsha, req->write->sha256, IDEM_SHA256_HEX + 1);
+                e->wbytes = req->write->bytes;
+        }
         r = emit(s, e, NULL, 0, NULL, lsn);
         if (r < 0) {
                 entry_drop(s, e);
@@ -829,6 +865,62 @@ int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint
         if (r < 0)
                 return r;
         return drop_recorded(s, e, -1, reason, lsn);
+}
+
+/* An entry settle may decide: processing or interrupted. */
+static int open_entry(struct idem_store *s, const char *key, struct entry **out)
+{
+        int r = writable(s);
+        if (r < 0)
+                return r;
+        if (!key)
+                return -EINVAL;
+        struct entry *e = strmap_get(s->map, key);
+        if (!e)
+                return -ENOENT;
+        if (e->state != IDEM_ST_PROCESSING && e->state != IDEM_ST_INTERRUPTED)
+                return -ESTALE;
+        *out = e;
+        return 0;
+}
+
+int idem_settle_complete(struct idem_store *s, const char *key, const void *result, size_t len,
+                         uint64_t *lsn)
+{
+        struct entry *e;
+        unsigned char *copy;
+        if (lsn)
+                *lsn = 0;
+        if (!s)
+                return -EINVAL;
+        int r = open_entry(s, key, &e);
+        if (r < 0 || (r = copy_result(result, len, &copy)) < 0)
+                return r;
+        enum idem_state old = e->state;
+        char *reason = e->reason;
+        e->reason = NULL;
+        r = finish(s, e, IDEM_ST_COMPLETED, copy, len, NULL, NULL, lsn);
+        if (r < 0) {
+                set_state(s, e, old);
+                e->reason = reason;
+        } else {
+                free(reason);
+        }
+        return r;
+}
+
+int idem_settle_abandon(struct idem_store *s, const char *key, const char *reason,
+                        uint64_t *lsn)
+{
+        struct entry *e;
+        if (lsn)
+                *lsn = 0;
+        if (!s)
+                return -EINVAL;
+        int r = open_entry(s, key, &e);
+        if (r < 0)
+                return r;
+        return drop_recorded(s, e, -2, reason, lsn);
 }
 
 int idem_get(struct idem_store *s, const char *key, struct idem_view *v)
@@ -1057,7 +1149,32 @@ static int load_entry(struct idem_store *s, const char *key, size_t tool_len, co
         e->created_ms = created;
         e->finished_ms = 0;
         e->owner = (struct idem_step_owner){ 0 };
+        free(e->wpath);
+        e->wpath = NULL;
         *out = e;
+        return 0;
+}
+
+/* The optional write claim of a record into e: 0 (absent, or kept),
+ * -EINVAL, -ENOMEM. */
+static int get_write(const struct kjson *obj, char **ret_path, char sha[IDEM_SHA256_HEX + 1],
+                     uint64_t *ret_bytes)
+{
+        *ret_path = NULL;
+        const struct kjson *v = kjson_get(obj, "write");
+        if (!v)
+                return 0;
+        if (v->type != KJSON_OBJECT)
+                return -EINVAL;
+        const struct kjson *p = get_cstr(v, "path"), *h = get_cstr(v, "sha256");
+        int64_t bytes = -1;
+        if (!p || !h || !get_i64(v, "bytes", &bytes) || bytes < 0 ||
+            !valid_write_claim(p->u.str.ptr, p->u.str.len, h->u.str.ptr, h->u.str.len))
+                return -EINVAL;
+        if (!(*ret_path = strdup(p->u.str.ptr)))
+                return -ENOMEM;
+        memcpy(sha, h->u.str.ptr, IDEM_SHA256_HEX + 1);
+        *ret_bytes = (uint64_t)bytes;
         return 0;
 }
 
@@ -1128,8 +1245,10 @@ static int apply(struct loader *ld, const struct kjson *obj)
         size_t result_len = 0;
         char *cls = NULL, *msg = NULL, *reason = NULL;
         struct idem_step_owner owner;
+        char *wpath = NULL, wsha[IDEM_SHA256_HEX + 1];
+        uint64_t wbytes = 0;
         int r = get_owner(obj, &owner);
-        if (r < 0)
+        if (r < 0 || (r = get_write(obj, &wpath, wsha, &wbytes)) < 0)
                 return r;
         r = -EINVAL;
         if (st == IDEM_ST_COMPLETED || st == IDEM_ST_FAILED) {
@@ -1164,6 +1283,11 @@ static int apply(struct loader *ld, const struct kjson *obj)
         e->error_msg = msg;
         e->reason = reason;
         e->owner = owner;
+        e->wpath = wpath;
+        if (wpath) {
+                memcpy(e->wsha, wsha, sizeof wsha);
+                e->wbytes = wbytes;
+        }
         e->finished_ms = finished;
         e->lsn = 0;
         set_state(s, e, st);
@@ -1173,6 +1297,7 @@ out:
         free(cls);
         free(msg);
         free(reason);
+        free(wpath);
         return r;
 }
 
