@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,6 +70,8 @@ struct idem_service {
         idem_step_lookup_fn step_of; /* attributes a call to a running step */
         struct write_roots *settle_roots; /* WriteRoots= for settling writes at load */
         json_t *settled;           /* what the load settled: [{key,path,outcome,why}] */
+        int crash_at;              /* test hook: SIGKILL inside a tool write (1 before its
+                                    * rename, 2 after it) */
 };
 
 struct write_roots;
@@ -1127,6 +1130,10 @@ static void write_work(void *arg)
                 e = errno;
         if (close(fd) < 0 && !e)
                 e = errno;
+#ifdef KAIROS_TEST_HOOKS
+        if (!e && op->svc->crash_at == 1)
+                raise(SIGKILL);
+#endif
         if (!e && renameat(dfd, tmp, dfd, op->base) < 0)
                 e = errno;
         if (e) {
@@ -1138,6 +1145,10 @@ static void write_work(void *arg)
         if (fsync(dfd) < 0)
                 refuse(op, "write_failed", "%s: written, but its directory could not be "
                        "synced: %s", op->path, strerror(errno));
+#ifdef KAIROS_TEST_HOOKS
+        if (op->svc->crash_at == 2)
+                raise(SIGKILL);
+#endif
 }
 
 static void write_reply(struct write_op *op, bool cached)
@@ -1946,6 +1957,13 @@ int idem_service_start(struct daemon *d, void (*loaded)(struct daemon *d))
         /* walk below WriteRoots= as where the kernel has no openat2 */
         if (getenv("KAIROS_TEST_NO_OPENAT2"))
                 svc->beneath_flags = BENEATH_NO_OPENAT2;
+        /* die by SIGKILL inside every tool write: before its rename, or after
+         * it and before the finish record */
+        const char *crash = getenv("KAIROS_TEST_WRITE_CRASH");
+        if (crash)
+                svc->crash_at = strcmp(crash, "before_rename") == 0  ? 1
+                                : strcmp(crash, "after_rename") == 0 ? 2
+                                                                     : 0;
 #endif
         struct idem_options opt = { .ttl_sec = (int64_t)d->cfg->idem_ttl_sec,
                                     .capacity = d->cfg->idem_max_entries,
