@@ -24,6 +24,11 @@ Schedule "journal" declares EffectsVia=kairosctl and makes act's side effect
 be decided interrupted_during_execution, and no outbox key may appear twice;
 the report gives the recovery reasons and the share of interrupted steps
 decided without a human, per workload.
+Schedule "jwrite" (EffectsVia=kairosctl) makes act's side effect only through
+`kairosctl tool write` (one file per step, its content naming the attempt):
+a write cut off by a kill is settled from its file at the next start, so its
+steps are never interrupted_during_execution; a file, once seen after a kill,
+never changes (written at most once).
 Besides: every handler start follows a durable `executing` record (the
 barrier of docs/design.md §6); no handler outlives a killed daemon (docs/design.md §10: once
 the killed daemon is reaped the harness appends a marker "K RUN" to the side
@@ -103,6 +108,13 @@ if [ "$1" = act ] && [ "${CRASH_JOURNAL:-0}" = 1 ] && [ "$rc" = 0 ]; then
                 sh -c 'printf "%s\n" "$0" >>"$1"' "$KAIROS_IDEM_KEY" "$CRASH_OUTBOX" \
                 >/dev/null || rc=1
 fi
+# schedule "jwrite" (EffectsVia=kairosctl): act's side effect, a file per step,
+# only through kairosctl tool write
+if [ "$1" = act ] && [ "${CRASH_JWRITE:-0}" = 1 ] && [ "$rc" = 0 ]; then
+        printf '%s %s\n' "$KAIROS_IDEM_KEY" "$KAIROS_ATTEMPT" | "$KAIROSCTL" tool write \
+                --key "fx-$KAIROS_IDEM_KEY" "$CRASH_WROOT/$(printf %s "$KAIROS_IDEM_KEY" | tr / _)" \
+                >/dev/null || rc=1
+fi
 printf 'F %s %s %s %s\n' "$KAIROS_IDEM_KEY" "$KAIROS_ATTEMPT" "$$" "$rc" >>"$CRASH_LOG"
 [ "$rc" = 0 ] && printf '%s\n' "$out"
 exit $rc
@@ -174,6 +186,10 @@ class Campaign:
         self.verdicts = {v: 0 for v in VERDICTS}
         self.reasons = {}           # reason -> count, every recovery decision
         self.journal_reasons = {}   # ... of the "journal" schedule's mandates
+        self.jwrite_reasons = {}    # ... of the "jwrite" schedule's mandates
+        self.wroot = os.path.join(self.dir, "wroot")  # WriteRoots= of "jwrite"
+        os.makedirs(self.wroot)
+        self.wseen = {}             # jwrite file -> its content when first seen
         self.torn_repaired = 0
         self.safe_resets = 0
         self.new_reviews = 0        # manual_review that wrote a needs_review record
@@ -223,7 +239,8 @@ class Campaign:
 
     def schedules(self):
         def sched(max_cycles, maxms, act_maxms, fail, done, gate=0, concurrency="allow",
-                  phases=("Observe", "Orient", "Decide", "Act", "Reflect"), journal=False):
+                  phases=("Observe", "Orient", "Decide", "Act", "Reflect"), journal=False,
+                  jwrite=False):
             ex = {p: "%s %s" % (self.handler, p.lower()) for p in phases}
             ex["TimeoutSec"] = "60"
             ex["Environment"] = ["CRASH_LOG=%s" % self.side_log, "CRASH_SEED=%d" % self.seed,
@@ -232,6 +249,10 @@ class Campaign:
                                  "CRASH_GATE=%d" % gate]
             if journal:
                 ex["Environment"] += ["CRASH_JOURNAL=1", "CRASH_OUTBOX=%s" % self.outbox,
+                                      "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)]
+                ex["EffectsVia"] = "kairosctl"
+            if jwrite:
+                ex["Environment"] += ["CRASH_JWRITE=1", "CRASH_WROOT=%s" % self.wroot,
                                       "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)]
                 ex["EffectsVia"] = "kairosctl"
             return {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": concurrency},
@@ -243,12 +264,14 @@ class Campaign:
             "gate": sched(2, 40, 150, 0, 0, gate=1),
             "queued": sched(2, 20, 60, 0, 0, concurrency="queue"),
             "journal": sched(2, 40, 250, 0, 0, journal=True),
+            "jwrite": sched(2, 40, 250, 0, 0, jwrite=True),
         }
 
     def write_config(self, max_concurrent, graceful):
         return write_config(self.dir, self.state, self.schedules(),
                             "MaxConcurrentMandates=%d\nGracefulTimeoutSec=%d\n"
-                            % (max_concurrent, graceful))
+                            "[Idempotency]\nWriteRoots=%s\n"
+                            % (max_concurrent, graceful, self.wroot))
 
     def start(self, max_concurrent, wait_ready=True, graceful=5):
         cfg = self.write_config(max_concurrent, graceful)
@@ -290,6 +313,11 @@ class Campaign:
                         self.fail("%s %s (schedule journal, EffectsVia=kairosctl) decided "
                                   "interrupted_during_execution: the store should have decided"
                                   % (m.group(1), m.group(2)))
+                if self.acked.get(m.group(1), (None,))[0] == "jwrite":
+                    self.jwrite_reasons[reason] = self.jwrite_reasons.get(reason, 0) + 1
+                    if reason == "interrupted_during_execution":
+                        self.fail("%s %s (schedule jwrite, EffectsVia=kairosctl) decided "
+                                  "interrupted_during_execution" % (m.group(1), m.group(2)))
                 if m.group(3) == "manual_review" and m.group(5).startswith("marked"):
                     self.new_reviews += 1
                 if m.group(3) == "safe_to_retry" and m.group(5).startswith("reset"):
@@ -525,8 +553,20 @@ class Campaign:
         self.check_wal_verify(wals)
         self.check_acked(snap)
         self.check_steps(snap, side)
+        self.check_writes()
         self.last_snap = snap
         return snap
+
+    def check_writes(self):
+        """The jwrite files: one seen after a kill never changes (a second
+        write of the step would replace it with its attempt's content)."""
+        for name in os.listdir(self.wroot):
+            if ".kairos-tmp." in name:
+                continue
+            with open(os.path.join(self.wroot, name)) as f:
+                data = f.read()
+            if self.wseen.setdefault(name, data) != data:
+                self.fail("tool write %s made twice: %r, then %r" % (name, self.wseen[name], data))
 
     # -- checks after a restart ------------------------------------------------------
     def listing(self):
@@ -593,7 +633,7 @@ class Campaign:
         self.unacked_fires = []
         while live + len(todo) < target_live:
             sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued",
-                                     "journal", "journal"])
+                                     "journal", "journal", "jwrite", "jwrite"])
             todo.append((sched, fired_at(self.next_fire)))
             self.next_fire += 1
         for i, (sched, at) in enumerate(todo):
@@ -773,6 +813,7 @@ class Campaign:
         if twice:
             self.fail("side effects made twice (outbox lines per key): %s" % twice)
         self.outbox_keys = len(lines)
+        self.check_writes()
         side = self.side_lines()
         self.handler_starts = sum(1 for p in side if p[0] == "S")
         self.reruns = self.handler_starts - len({p[1] for p in side if p[0] == "S"})
@@ -825,13 +866,17 @@ class Campaign:
               % (self.torn_seen, self.torn_repaired))
         print("  recovery reasons:     " + json.dumps(self.reasons, sort_keys=True))
         for what, rs in (("all schedules", self.reasons),
-                         ("schedule journal (EffectsVia=kairosctl)", self.journal_reasons)):
+                         ("schedule journal (EffectsVia=kairosctl, tool run)",
+                          self.journal_reasons),
+                         ("schedule jwrite (EffectsVia=kairosctl, tool write)",
+                          self.jwrite_reasons)):
             n = sum(rs.get(r, 0) for r in INTERRUPTED)
             k = sum(rs.get(r, 0) for r in BY_ITSELF)
             print("  interrupted steps, %s: %d decided, %d without a human (%s)"
                   % (what, n, k, "%.1f %%" % (100.0 * k / n) if n else "-"))
         print("  journal side effects: %d keys in the outbox, none twice"
               % getattr(self, "outbox_keys", 0))
+        print("  jwrite side effects:  %d files, none written twice" % len(self.wseen))
         print("  reviews resolved:     %d (--retry), approvals %d" % (self.resolved, self.approved))
         print("  mandates:             %d fired (%d fires acknowledged, %d re-fires no-op), "
               "final: %s" % (len(self.acked), self.fires_acked, self.refires_noop,
