@@ -1313,6 +1313,81 @@ static void test_owner_recorded_and_reloaded(void **state)
         assert_int_equal(c.processing, 1);
 }
 
+/* A tool write's claim (path, sha256, bytes) is kept in every record of its
+ * entry, across a reload and a compaction; a log without it still loads;
+ * settle decides an interrupted entry: completed (a duplicate replays it) or
+ * dropped (recorded as a forget with uid -2: a retry proceeds). */
+static void test_write_claim_and_settle(void **state)
+{
+        struct fx *f = *state;
+        static const char sha[] =
+                "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        struct idem_write_claim w = { .path = "/srv/out/a \"q\"", .sha256 = sha, .bytes = 12 };
+        struct idem_request r1 = rq("kairos.write", "k1", "{}");
+        struct idem_request r2 = rq("kairos.write", "k2", "{}");
+        struct idem_request r3 = rq("kairos.write", "k3", "{}");
+        struct idem_view v;
+        uint64_t lsn;
+
+        open_fresh(f);
+        struct idem_write_claim bad = { .path = "/x", .sha256 = "0123", .bytes = 1 };
+        r1.write = &bad;
+        assert_int_equal(idem_begin(f->s, &r1, &v, &lsn), -EINVAL);
+        r1.write = r2.write = &w;
+        assert_int_equal(idem_begin(f->s, &r1, &v, &lsn), IDEM_PROCEED);
+        assert_string_equal(v.write.path, w.path);
+        assert_string_equal(v.write.sha256, sha);
+        assert_int_equal(v.write.bytes, 12);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_begin(f->s, &r3, &v, &lsn), IDEM_PROCEED);
+        assert_null(v.write.path);
+        /* not finished: settle is for open entries only */
+        assert_int_equal(idem_settle_complete(f->s, "kairos.write:nope", "x", 1, &lsn), -ENOENT);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        size_t len;
+        char *log = slurp(f->log, &len);
+        assert_non_null(strstr(log, ",\"write\":{\"sha256\":\"0123456789abcdef0123456789abcdef"
+                                    "0123456789abcdef0123456789abcdef\",\"bytes\":12,"
+                                    "\"path\":\"/srv/out/a \\\"q\\\"\"},"));
+        free(log);
+
+        /* the daemon dies: both come back interrupted, with their claims */
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(f->info.interrupted, 3);
+        assert_int_equal(idem_get(f->s, "kairos.write:k1", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_INTERRUPTED);
+        assert_string_equal(v.write.path, w.path);
+        assert_string_equal(v.write.sha256, sha);
+        assert_int_equal(v.write.bytes, 12);
+        assert_int_equal(idem_get(f->s, "kairos.write:k3", &v), 0);
+        assert_null(v.write.path);
+        assert_int_equal(idem_settle_complete(f->s, "kairos.write:k1", "{\"path\":1}", 10, &lsn),
+                         0);
+        assert_int_equal(idem_settle_abandon(f->s, "kairos.write:k2", "no file", &lsn), 0);
+        assert_int_equal(idem_settle_complete(f->s, "kairos.write:k1", "x", 1, &lsn), -ESTALE);
+        assert_int_equal(idem_settle_abandon(f->s, "kairos.write:k1", "x", &lsn), -ESTALE);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        log = slurp(f->log, &len);
+        assert_non_null(strstr(log, "{\"op\":\"forget\",\"key\":\"kairos.write:k2\","
+                                    "\"uid\":-2,\"reason\":\"no file\""));
+        free(log);
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(f->info.interrupted, 1);
+        assert_int_equal(idem_begin(f->s, &r1, &v, &lsn), IDEM_HIT_COMPLETED);
+        assert_memory_equal(v.result, "{\"path\":1}", 10);
+        assert_string_equal(v.write.path, w.path);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        /* compaction keeps the claims */
+        assert_int_equal(idem_compact_sync(f->s, f->l), 0);
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(idem_get(f->s, "kairos.write:k2", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_INTERRUPTED);
+        assert_string_equal(v.write.sha256, sha);
+        assert_int_equal(idem_get(f->s, "kairos.write:k1", &v), 0);
+        assert_string_equal(v.write.path, w.path);
+}
+
 /* idem_log_read: an offline reader (kairosctl recover --dry-run) sees what a
  * daemon's start would (processing → interrupted, owners) and changes nothing
  * on disk: no directory made, a torn tail counted but not cut, no lock. */
@@ -1715,6 +1790,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_content_key_stable_across_key_order, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_owner_recorded_and_reloaded, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_write_claim_and_settle, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_owner_bad_refused, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_owner_bad_in_log_is_corruption, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_different_input_different_key, setup, teardown),
