@@ -10,6 +10,7 @@
 
 enum config_missed_policy { MISSED_SKIP, MISSED_CATCH_UP_ONCE, MISSED_CATCH_UP_BOUNDED };
 enum config_concurrency { CONCURRENCY_QUEUE, CONCURRENCY_ALLOW, CONCURRENCY_REJECT };
+enum config_effects_via { EFFECTS_VIA_NONE, EFFECTS_VIA_KAIROSCTL };
 
 #define CONFIG_PHASES 5  /* Observe Orient Decide Act Reflect */
 
@@ -43,7 +44,12 @@ struct config_schedule {
                                         * (NULL when empty); a later K replaces an earlier */
         size_t nenvironment;
         char *working_directory;       /* absolute path or NULL */
-        char *probe;                   /* command line or NULL */
+        char *probe;                   /* command line or NULL: run for an interrupted
+                                        * effectful step that no other evidence decides */
+        uint64_t probe_timeout_sec;    /* ProbeTimeoutSec= [30] */
+        unsigned effects;              /* Effects= [act]: bit (1 << phase) per phase that
+                                        * changes the world outside kairos */
+        enum config_effects_via effects_via; /* EffectsVia= [none] */
         /* [Notify]: NULL = the daemon's default, "" = none for this schedule */
         char *on_review;               /* OnReview= */
         char *on_failure;              /* OnFailure= */
@@ -167,6 +173,7 @@ int config_parse_percent(const char *s, uint64_t *ret_pct);
 bool config_schedule_has_limits(const struct config_schedule *s);
 
 const char *config_phase_key(int phase); /* "Observe" ... "Reflect", NULL out of range */
+const char *config_phase_name(int phase); /* "observe" ... "reflect", NULL out of range */
 
 /* Split the value of one Environment= line as systemd does: blank-separated
  * NAME=VALUE words, with the quoting of config_split_command

@@ -148,6 +148,13 @@ static const char *const phase_keys[CONFIG_PHASES] = {
         "Observe", "Orient", "Decide", "Act", "Reflect",
 };
 
+const char *config_phase_name(int phase)
+{
+        static const char *const names[CONFIG_PHASES] = { "observe", "orient", "decide", "act",
+                                                           "reflect" };
+        return phase >= 0 && phase < CONFIG_PHASES ? names[phase] : NULL;
+}
+
 const char *config_phase_key(int phase)
 {
         if (phase < 0 || phase >= CONFIG_PHASES)
@@ -519,6 +526,7 @@ enum key_type {
         KT_PATH_LIST,   /* space-separated absolute paths, accumulating; empty resets */
         KT_COMMAND,     /* command line; empty = none */
         KT_LIMIT,       /* uint64_t through parse_limit; empty = unset (0) */
+        KT_PHASE_SET,   /* unsigned bit set of phases, space-separated names; empty = none */
 };
 
 /* Extra check of a string value: NULL if fine, else a message in buf. */
@@ -606,6 +614,7 @@ static const char *const log_levels[] = {
 };
 static const char *const missed_words[] = { "skip", "catch_up_once", "catch_up_bounded", NULL };
 static const char *const concurrency_words[] = { "queue", "allow", "reject", NULL };
+static const char *const effects_via_words[] = { "none", "kairosctl", NULL };
 
 static const struct key_def daemon_keys[] = {
         { .name = "StateDirectory", .type = KT_PATH, .offset = DFIELD(state_directory) },
@@ -697,6 +706,11 @@ static const struct key_def exec_keys[] = {
           .parse_limit = config_parse_tasks, .limit_form = "a number of tasks, or infinity" },
         { .name = "CPUQuota", .type = KT_LIMIT, .offset = SFIELD(cpu_quota_pct),
           .parse_limit = config_parse_percent, .limit_form = "a percentage such as 50% or 200%" },
+        { .name = "ProbeTimeoutSec", .type = KT_DURATION, .offset = SFIELD(probe_timeout_sec),
+          .min = 1, .max = CONFIG_DURATION_MAX },
+        { .name = "Effects", .type = KT_PHASE_SET, .offset = SFIELD(effects) },
+        { .name = "EffectsVia", .type = KT_ENUM, .offset = SFIELD(effects_via),
+          .words = effects_via_words },
         { .name = NULL },
 };
 
@@ -901,6 +915,39 @@ static void warn_eaten_quotes(struct parser *p, unsigned line, const char *key,
         }
 }
 
+/* "act reflect": a set of phase names (each at most once). */
+static void set_phase_set(struct parser *p, unsigned line, const struct key_def *k, char *base,
+                          const char *v)
+{
+        unsigned set = 0;
+        const char *w = v;
+        while (*w) {
+                size_t n = strcspn(w, " \t");
+                if (n == 0) {
+                        w++;
+                        continue;
+                }
+                int phase = -1;
+                for (int i = 0; i < CONFIG_PHASES; i++)
+                        if (strlen(config_phase_name(i)) == n &&
+                            strncmp(config_phase_name(i), w, n) == 0)
+                                phase = i;
+                if (phase < 0) {
+                        perr(p, line, k->name,
+                             "\"%.*s\" is not a phase (observe orient decide act reflect)",
+                             (int)(n > 64 ? 64 : n), w);
+                        return;
+                }
+                if (set & (1u << phase)) {
+                        perr(p, line, k->name, "%s is listed twice", config_phase_name(phase));
+                        return;
+                }
+                set |= 1u << phase;
+                w += n;
+        }
+        *(unsigned *)(base + k->offset) = set;
+}
+
 static void assign(struct parser *p, unsigned line, const struct key_def *k, const char *v)
 {
         char *base = p->target;
@@ -928,6 +975,9 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                 case KT_ENV_LIST:
                 case KT_PATH_LIST:
                         strv_reset((char ***)(base + k->offset), (size_t *)(base + k->count_offset));
+                        return;
+                case KT_PHASE_SET:
+                        *(unsigned *)(base + k->offset) = 0;
                         return;
                 default:
                         perr(p, line, k->name, "empty value (a value is required)");
@@ -1013,6 +1063,9 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                 return;
         case KT_ENV_LIST:
                 set_env(p, line, k, base, v);
+                return;
+        case KT_PHASE_SET:
+                set_phase_set(p, line, k, base, v);
                 return;
         case KT_PATH_LIST:
                 set_path_list(p, line, k, base, v);
@@ -1391,6 +1444,9 @@ static int schedule_defaults(struct config_schedule *s, const char *name, const 
         s->missed_grace_sec = 300;
         s->max_cycles = 1;
         s->timeout_sec = 300;
+        s->probe_timeout_sec = 30;
+        s->effects = 1u << 3; /* act */
+        s->effects_via = EFFECTS_VIA_NONE;
         if (!s->name || !s->path || !s->time_zone)
                 return -ENOMEM;
         return 0;

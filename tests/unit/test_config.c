@@ -1354,6 +1354,69 @@ static void test_limit_keys(void **state)
         config_errors_free(&errs);
 }
 
+/* Effects=, EffectsVia=, Probe=, ProbeTimeoutSec=: what recovery may use as
+ * evidence (defaults: act changes the world, nothing promised, 30 s). */
+static void load_one_schedule(const char *text, struct config **c)
+{
+        struct config_errors errs = { 0 };
+        put("kairosd.conf", "");
+        put("schedules.d/x.conf", text);
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, c, &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_int_equal((*c)->nschedules, 1);
+}
+
+static void test_effects_keys(void **state)
+{
+        (void)state;
+        struct config *c = NULL;
+        load_one_schedule("[Schedule]\nCron=@daily\n", &c);
+        assert_int_equal(c->schedules[0].effects, 1u << 3);
+        assert_int_equal(c->schedules[0].effects_via, EFFECTS_VIA_NONE);
+        assert_int_equal(c->schedules[0].probe_timeout_sec, 30);
+        assert_null(c->schedules[0].probe);
+        config_free(c);
+
+        load_one_schedule("[Schedule]\nCron=@daily\n[Exec]\nEffects=decide  act\treflect\n"
+                          "EffectsVia=kairosctl\nProbe=/bin/probe -x\nProbeTimeoutSec=2min\n",
+                          &c);
+        assert_int_equal(c->schedules[0].effects, (1u << 2) | (1u << 3) | (1u << 4));
+        assert_int_equal(c->schedules[0].effects_via, EFFECTS_VIA_KAIROSCTL);
+        assert_string_equal(c->schedules[0].probe, "/bin/probe -x");
+        assert_int_equal(c->schedules[0].probe_timeout_sec, 120);
+        config_free(c);
+
+        /* empty: no phase changes the world; a later line replaces */
+        load_one_schedule("[Schedule]\nCron=@daily\n[Exec]\nEffects=act\nEffects=\n", &c);
+        assert_int_equal(c->schedules[0].effects, 0);
+        config_free(c);
+        assert_string_equal(config_phase_name(0), "observe");
+        assert_string_equal(config_phase_name(4), "reflect");
+        assert_null(config_phase_name(5));
+        assert_null(config_phase_name(-1));
+}
+
+static void test_err_effects_keys(void **state)
+{
+        (void)state;
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEffects=act deploy\n",
+                              "/schedules.d/x.conf:4: Effects=: \"deploy\" is not a phase "
+                              "(observe orient decide act reflect)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEffects=Act\n",
+                              "/schedules.d/x.conf:4: Effects=: \"Act\" is not a phase "
+                              "(observe orient decide act reflect)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEffects=act act\n",
+                              "/schedules.d/x.conf:4: Effects=: act is listed twice");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEffectsVia=tools\n",
+                              "/schedules.d/x.conf:4: EffectsVia=: \"tools\" is not one of: "
+                              "none, kairosctl");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nProbeTimeoutSec=0\n",
+                              "/schedules.d/x.conf:4: ProbeTimeoutSec=: 0 out of range "
+                              "1..3153600000 seconds");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nEffects=act\n",
+                              "/schedules.d/x.conf:4: Effects=: unknown key in [Mandate]");
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_root, teardown_root)
 
 int main(void)
@@ -1405,6 +1468,8 @@ int main(void)
                                                 teardown_root),
                 cmocka_unit_test_setup_teardown(test_retain_broken, setup_root, teardown_root),
                 cmocka_unit_test(test_warn_eaten_json_quotes),
+                T(test_effects_keys),
+                T(test_err_effects_keys),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
