@@ -676,7 +676,7 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
 
 struct recover_totals {
         size_t files, unreadable, torn, corrupt, clean, removed;
-        size_t unfinished, outcomes[4], records;
+        size_t unfinished, outcomes[5], records;
 };
 
 static int64_t now_ms(void)
@@ -842,6 +842,11 @@ static void recover_plan_text(const struct fold *f, const struct recovery_plan *
         case RECOVERY_FINALIZED_SUCCEEDED:
                 printf("    -> plan finalized succeeded; the mandate goes on or ends\n");
                 break;
+        case RECOVERY_AWAIT_PROBE:
+                printf("    -> would run the probe for ");
+                ctl_put_safe(stdout, rp->probe_step);
+                printf(" (kairosd runs it after READY=1; the mandate is probing meanwhile)\n");
+                break;
         }
 }
 
@@ -980,7 +985,7 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
         for (size_t i = 0; i < rec->nplans; i++) {
                 const struct recovery_plan *rp = &rec->plans[i];
                 t->unfinished++;
-                if ((unsigned)rp->outcome < 4)
+                if ((unsigned)rp->outcome < 5)
                         t->outcomes[rp->outcome]++;
                 if (jfiles)
                         json_array_append_new(jplans, recover_plan_json(f, rp));
