@@ -14,6 +14,7 @@
 #include "daemon.h"
 #include "executor.h"
 #include "hooks.h"
+#include "probe.h"
 #include "idem_service.h"
 #include "kairos/kbuf.h"
 #include "log.h"
@@ -285,6 +286,7 @@ void daemon_stop(struct daemon *d, int exit_code)
         uv_timer_start(&d->stop_timer, on_stop_timeout,
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
         hooks_stop(d);
+        probe_stop(d);
         executor_shutdown(d, on_executor_idle);
 }
 

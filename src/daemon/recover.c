@@ -22,6 +22,7 @@
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
+#include "probe.h"
 
 #include <jansson.h>
 
@@ -55,6 +56,7 @@ struct recover_job {
         enum mandate_status status;
         char *reason;
         char *review_step;
+        char *probe_step;            /* PROBING: the step its probe decides */
         char *plan_id;
         long long cycle;
         uint64_t flushes;
@@ -131,6 +133,10 @@ static void settle_status(struct recover_job *j, const struct fold *f,
                 j->plan_id = strdup(last->plan_id ? last->plan_id : "");
                 j->cycle = last->cycle;
         }
+        if (dr->mandate == DECIDE_MANDATE_PROBING) {
+                j->status = MANDATE_PROBING;
+                j->probe_step = strdup(dr->probe_step);
+        }
         if (dr->mandate == DECIDE_MANDATE_PAUSED_REVIEW) {
                 j->status = MANDATE_PAUSED_REVIEW;
                 j->review_step = strdup(dr->review_step);
@@ -180,7 +186,10 @@ static void recover_work(void *arg)
                 j->error = r;
                 goto out;
         }
-        if ((r = decide_recover(f, j->had_summary, NULL, &dr)) < 0) {
+        /* a schedule with Probe= (the configuration cannot change before READY=1) */
+        struct recovery_evidence pev;
+        bool probes = probe_schedule_evidence(j->d->cfg, f->mandate.schedule, &pev);
+        if ((r = decide_recover(f, j->had_summary, probes ? &pev : NULL, &dr)) < 0) {
                 j->error = r;
                 goto out;
         }
@@ -393,6 +402,8 @@ static void recover_done(void *arg)
                                     strcmp(j->decisions[i].step_id, m->review_step) == 0)
                                         evidence = j->decisions[i].evidence;
                         hooks_event(d, HOOK_REVIEW, m, m->review_step, evidence);
+                } else if (j->status == MANDATE_PROBING) {
+                        probe_enqueue(m, j->probe_step ? j->probe_step : "");
                 } else if (j->ended) {
                         /* its end is in the WAL: only the archive is left to do */
                         executor_finish(m, j->end, j->end_reason);
@@ -413,6 +424,7 @@ static void recover_done(void *arg)
         free(j->reason);
         free(j->end_reason);
         free(j->review_step);
+        free(j->probe_step);
         free(j->plan_id);
         free(j->schedule);
         free(j->fired_at);
