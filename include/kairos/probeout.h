@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "kairos/config.h"
 #include "kairos/recovery.h"
 
 #define PROBE_STDOUT_MAX (1024 * 1024) /* bytes of stdout read; more is an error */
@@ -47,5 +48,10 @@ struct probe_word {
  * -EINVAL on a NULL argument, -ENOMEM. */
 int probe_judge(const struct probe_run *run, struct probe_word *ret_word);
 void probe_word_clear(struct probe_word *w);
+/* The evidence schedule declares for the decision (Effects=, EffectsVia=,
+ * which phases have a command, Probe=): false, nothing set, when it has no
+ * Probe= or is not in cfg. */
+bool probe_schedule_evidence(const struct config *cfg, const char *schedule,
+                             struct recovery_evidence *ret);
 /* "done", "not_started", "failed" ("none" for RECOVERY_PROBE_NONE). */
 const char *probe_word_name(enum recovery_probe p);

@@ -1129,7 +1129,7 @@ int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv)
  * status. */
 static int wait_outcome(const char *status)
 {
-        static const char *const going[] = { "runnable", "running", "idle", NULL };
+        static const char *const going[] = { "runnable", "running", "idle", "probing", NULL };
         static const char *const operator[] = { "paused", "paused_review", "awaiting_approval",
                                                 "quarantined", "wal_io_error", NULL };
 

@@ -124,25 +124,6 @@ static void job_end(struct probe_job *j)
         start_next();
 }
 
-bool probe_schedule_evidence(const struct config *cfg, const char *schedule,
-                             struct recovery_evidence *ret)
-{
-        for (size_t i = 0; schedule && cfg && i < cfg->nschedules; i++) {
-                const struct config_schedule *sc = &cfg->schedules[i];
-                if (strcmp(sc->name, schedule) != 0 || !sc->probe || !*sc->probe)
-                        continue;
-                *ret = (struct recovery_evidence){
-                        .effects = sc->effects,
-                        .effects_via_kairosctl = sc->effects_via == EFFECTS_VIA_KAIROSCTL,
-                        .has_probe = true,
-                };
-                for (int p = 0; p < PLANNER_PHASES; p++)
-                        ret->has_command[p] = sc->exec[p] && *sc->exec[p];
-                return true;
-        }
-        return false;
-}
-
 static const struct config_schedule *schedule_of(const struct mandate *m)
 {
         const struct config *cfg = m->d->cfg;

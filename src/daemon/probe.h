@@ -22,6 +22,7 @@
 #include <stdbool.h>
 
 #include "kairos/config.h"
+#include "kairos/probeout.h"
 #include "kairos/recovery.h"
 
 #define PROBES_MAX_RUNNING 8
@@ -29,12 +30,6 @@
 
 struct daemon;
 struct mandate;
-
-/* The evidence a schedule declares (Effects=, EffectsVia=, which phases have
- * a command, Probe=) for the decision: false (and nothing set) when the
- * schedule has no Probe= or is unknown. */
-bool probe_schedule_evidence(const struct config *cfg, const char *schedule,
-                             struct recovery_evidence *ret);
 
 /* Recovery left step_id of m for its probe: m becomes `probing`; the probe
  * runs after probe_ready. */

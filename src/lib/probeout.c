@@ -8,6 +8,7 @@
 
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
+#include "kairos/planner.h"
 
 /* Append s (n bytes) as plain UTF-8 text: invalid sequences and NUL bytes
  * become U+FFFD, at most max code points, "…" when cut; trailing newlines
@@ -177,6 +178,25 @@ void probe_word_clear(struct probe_word *w)
         free(w->result_json);
         free(w->output);
         *w = (struct probe_word){ .probe = RECOVERY_PROBE_NONE };
+}
+
+bool probe_schedule_evidence(const struct config *cfg, const char *schedule,
+                             struct recovery_evidence *ret)
+{
+        for (size_t i = 0; schedule && cfg && i < cfg->nschedules; i++) {
+                const struct config_schedule *sc = &cfg->schedules[i];
+                if (strcmp(sc->name, schedule) != 0 || !sc->probe || !*sc->probe)
+                        continue;
+                *ret = (struct recovery_evidence){
+                        .effects = sc->effects,
+                        .effects_via_kairosctl = sc->effects_via == EFFECTS_VIA_KAIROSCTL,
+                        .has_probe = true,
+                };
+                for (int p = 0; p < PLANNER_PHASES; p++)
+                        ret->has_command[p] = sc->exec[p] && *sc->exec[p];
+                return true;
+        }
+        return false;
 }
 
 const char *probe_word_name(enum recovery_probe p)

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "kairos/planner.h"
 #include "kairos/probeout.h"
 
 static void judge_out(const char *out, struct probe_word *w)
@@ -142,6 +143,33 @@ static void test_evidence_bounded(void **state)
         free(big);
 }
 
+static void test_schedule_evidence(void **state)
+{
+        (void)state;
+        const char *text = "[Schedule]\nCron=@daily\n[Exec]\nAct=/bin/act\nReflect=/bin/r\n"
+                           "Probe=/bin/probe\nEffects=act reflect\n";
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        struct recovery_evidence ev;
+        assert_int_equal(config_parse_schedule("x", "/x.conf", text, strlen(text), &s, &errs), 0);
+        struct config c = { .schedules = &s, .nschedules = 1 };
+        assert_true(probe_schedule_evidence(&c, "x", &ev));
+        assert_true(ev.has_probe);
+        assert_false(ev.effects_via_kairosctl);
+        assert_int_equal(ev.effects, (1u << PHASE_ACT) | (1u << PHASE_REFLECT));
+        assert_false(ev.has_command[PHASE_OBSERVE]);
+        assert_true(ev.has_command[PHASE_ACT]);
+        assert_true(ev.has_command[PHASE_REFLECT]);
+        assert_null(ev.steps);
+        assert_false(probe_schedule_evidence(&c, "y", &ev));
+        assert_false(probe_schedule_evidence(&c, NULL, &ev));
+        config_schedule_clear(&s);
+        text = "[Schedule]\nCron=@daily\n[Exec]\nAct=/bin/act\n";
+        assert_int_equal(config_parse_schedule("x", "/x.conf", text, strlen(text), &s, &errs), 0);
+        assert_false(probe_schedule_evidence(&c, "x", &ev));
+        config_schedule_clear(&s);
+}
+
 static void test_names(void **state)
 {
         (void)state;
@@ -156,7 +184,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_answers),         cmocka_unit_test(test_strict),
                 cmocka_unit_test(test_ends),            cmocka_unit_test(test_evidence_bounded),
-                cmocka_unit_test(test_names),
+                cmocka_unit_test(test_schedule_evidence), cmocka_unit_test(test_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
