@@ -13,12 +13,14 @@
 #include <zlib.h>
 
 #include "ctl.h"
+#include "ctl_probe.h"
 #include "kairos/canon.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
 #include "kairos/planner.h"
 #include "kairos/decide.h"
+#include "kairos/probeout.h"
 #include "kairos/recovery.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
@@ -796,6 +798,55 @@ static json_t *evidence_json(const struct verdict *v)
         return j ? j : json_null();
 }
 
+/* recover --probe: the configuration whose Probe= commands run. */
+static const struct config *probe_cfg;
+
+/* A step only its probe can decide: run it (offline), say what it said, and
+ * decide again with its word.  *dr is replaced. */
+static int recover_probe(const struct fold *f, bool had_summary, struct recovery_evidence *ev,
+                         struct decide_recovery *dr, json_t *jf)
+{
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; i < probe_cfg->nschedules; i++)
+                if (strcmp(probe_cfg->schedules[i].name, f->mandate.schedule) == 0)
+                        sc = &probe_cfg->schedules[i];
+        struct probe_word w = { .probe = RECOVERY_PROBE_NONE };
+        char *step = strdup(dr->probe_step);
+        int r = step && sc ? ctl_probe_run(probe_cfg, sc, f, step, &w) : -ENOMEM;
+        if (r < 0) {
+                free(step);
+                return r;
+        }
+        if (jf) {
+                json_object_set_new(jf, "probe",
+                                    json_pack("{s:o,s:s,s:o,s:o}", "step", ctl_json_str(step),
+                                              "said", probe_word_name(w.probe), "result",
+                                              w.result_json ? ctl_json_raw(w.result_json)
+                                                            : json_null(),
+                                              "output", ctl_json_str(w.output)));
+        } else {
+                printf("  probe of ");
+                ctl_put_safe(stdout, step);
+                printf(" said %s", probe_word_name(w.probe));
+                if (w.result_json || w.output) {
+                        printf(": ");
+                        ctl_put_safe(stdout, w.result_json ? w.result_json : w.output);
+                }
+                putchar('\n');
+        }
+        struct recovery_step_evidence se = { .step_id = step, .probe = w.probe,
+                                             .probe_result_json = w.result_json,
+                                             .probe_output = w.output };
+        ev->steps = &se;
+        ev->nsteps = 1;
+        decide_recovery_release(dr);
+        r = decide_recover(f, had_summary, ev, dr);
+        /* the decision's strings borrow from its own arena, not from w */
+        probe_word_clear(&w);
+        free(step);
+        return r;
+}
+
 static void recover_plan_text(const struct fold *f, const struct recovery_plan *rp)
 {
         const struct fold_plan *p = &f->plans[rp->plan];
@@ -961,7 +1012,12 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
                 had_summary = access(summary, F_OK) == 0;
                 free(summary);
         }
-        r = decide_recover(f, had_summary, NULL, &dr);
+        struct recovery_evidence pev;
+        bool probes = probe_cfg && probe_schedule_evidence(probe_cfg, f->mandate.schedule, &pev);
+        r = decide_recover(f, had_summary, probes ? &pev : NULL, &dr);
+        if (r == 0 && probes && dr.file == DECIDE_FILE_RECOVER &&
+            dr.mandate == DECIDE_MANDATE_PROBING)
+                r = recover_probe(f, had_summary, &pev, &dr, jf);
         if (r < 0) {
                 if (jfiles)
                         json_object_set_new(jf, "error", json_string(strerror(-r)));
@@ -1007,13 +1063,16 @@ out:
 
 int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
 {
-        const char *state_dir = CTL_DEFAULT_STATE_DIR;
-        bool dry_run = false;
+        const char *state_dir = NULL, *config_path = NULL;
+        bool dry_run = false, probe = false;
         const struct ctl_option opts[] = {
                 { "dry-run", false, NULL, &dry_run },
                 { "state-dir", true, &state_dir, NULL },
+                { "probe", false, NULL, &probe },
+                { "config", true, &config_path, NULL },
                 { NULL, false, NULL, NULL },
         };
+        struct config *cfg = NULL;
         struct recover_totals t = { 0 };
         char **names = NULL, *waldir = NULL;
         size_t n = 0;
@@ -1028,28 +1087,55 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
         if (!dry_run)
                 return ctl_usage_error("recover needs --dry-run: recovery itself runs inside "
                                        "kairosd at startup");
-        if (!*state_dir)
+        if (state_dir && !*state_dir)
                 return ctl_usage_error("recover: --state-dir needs a directory");
+        if (config_path && !probe)
+                return ctl_usage_error("recover: --config goes with --probe");
+        if (probe) {
+                struct config_errors errs = { 0 };
+                const char *path = config_path ? config_path : CTL_DEFAULT_CONFIG;
+                r = config_load(path, state_dir, &cfg, &errs);
+                if (r < 0) {
+                        size_t nerr = errs.n;
+                        for (size_t i = 0; i < nerr; i++)
+                                fprintf(stderr, "kairosctl: %s\n", errs.msgs[i]);
+                        config_errors_free(&errs);
+                        if (!nerr)
+                                return ctl_file_error(path, r);
+                        return r == -EINVAL ? CTL_EXIT_DATAERR : CTL_EXIT_NOINPUT;
+                }
+                config_errors_free(&errs);
+                if (!state_dir)
+                        state_dir = cfg->state_directory;
+                probe_cfg = cfg;
+        }
+        if (!state_dir)
+                state_dir = CTL_DEFAULT_STATE_DIR;
 
         struct stat st;
-        if (stat(state_dir, &st) < 0)
-                return ctl_file_error(state_dir, errno);
-        if (!S_ISDIR(st.st_mode))
-                return ctl_file_error(state_dir, ENOTDIR);
-        if (asprintf(&waldir, "%s/wal", state_dir) < 0)
-                return ctl_errno_error("recover", -ENOMEM);
+        if (stat(state_dir, &st) < 0) {
+                r = ctl_file_error(state_dir, errno);
+                goto out;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+                r = ctl_file_error(state_dir, ENOTDIR);
+                goto out;
+        }
+        if (asprintf(&waldir, "%s/wal", state_dir) < 0) {
+                r = ctl_errno_error("recover", -ENOMEM);
+                goto out;
+        }
         r = list_wals(waldir, &names, &n);
         if (r == -ENOENT) {
                 r = 0;   /* a fresh state directory: nothing to recover */
         } else if (r < 0) {
                 r = ctl_file_error(waldir, r);
-                free(waldir);
-                return r;
+                goto out;
         }
         r = canon_init();
         if (r < 0) {
-                free(waldir);
-                return ctl_errno_error("canon_init", r);
+                r = ctl_errno_error("canon_init", r);
+                goto out;
         }
 
         if (o->json && !(jfiles = json_array())) {
@@ -1107,6 +1193,8 @@ out:
                 free(names[i]);
         free(names);
         free(waldir);
+        probe_cfg = NULL;
+        config_free(cfg);
         return r;
 }
 

@@ -94,9 +94,11 @@ static const struct ctl_command commands[] = {
           "row a sealed record with its crc, seq 1..last_seq without a gap, epochs\n"
           "never going back along seq); exit 2 a bad row (its seq is printed), 66 no\n"
           "connection or no such mandate." },
-        { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D]",
+        { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D] [--probe [--config PATH]]",
           "Show what recovery would decide for every WAL in D/wal (default\n"
-          CTL_DEFAULT_STATE_DIR "); changes nothing." },
+          CTL_DEFAULT_STATE_DIR "); changes nothing.  --probe runs the Probe= of\n"
+          "every step that only its probe can decide (the schedules of PATH, default\n"
+          CTL_DEFAULT_CONFIG ") and decides with its word." },
         { "canon", ctl_cmd_canon, false, "[--hash] [FILE|-]",
           "Print the canonical JSON of a document, or with --hash its hash." },
         { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C] [--retry R]",

@@ -13,13 +13,14 @@ No sleeps as synchronization: the tests wait on READY=1, log lines, replies,
 and FIFOs; the death of an unrelated process is polled with a deadline."""
 import json
 import os
+import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kairos_harness import read_records  # noqa: E402
-from test_executor import AT, CRON, ExecCase, mandate_id  # noqa: E402
+from test_executor import CRON, KAIROSCTL, ExecCase  # noqa: E402
 
 # act: records its attempt, writes the outbox (unless told to stop before
 # it), then waits to be killed on its first attempt.
@@ -259,6 +260,123 @@ class TestProbeFails(ProbeCase):
             time.sleep(0.01)
         self.assertFalse(alive(pid))
         self.assertEqual(self.act_records(m)[-1]["status"], "executing")
+
+
+READ_OUTBOX_SH = r"""
+echo run >> "$OUT/probe.runs"
+cat > "$OUT/probe.stdin"
+if grep -qx "$KAIROS_IDEM_KEY" "$OUT/outbox" 2>/dev/null; then
+    printf '{"state":"done","result":{"sent":"%s"}}\n' "$KAIROS_IDEM_KEY"
+else
+    printf '{"state":"not_started"}\n'
+fi
+"""
+
+
+class TestDryRunProbe(ProbeCase):
+    """kairosctl recover --dry-run --probe runs the probes offline (the same
+    judge and decision as kairosd) and changes nothing."""
+
+    def dry(self, *extra):
+        return subprocess.run([KAIROSCTL, "recover", "--dry-run", "--probe", "--config",
+                               self.conf, *extra], capture_output=True, text=True, timeout=60)
+
+    def test_done_and_not_started(self):
+        self.configure_probe(READ_OUTBOX_SH)
+        m = self.crash_in_act()
+        wal = read_records(self.wal_path(m))
+        # without --probe nothing runs
+        out = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--state-dir", self.state],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(self.lines("probe.runs"), [])
+        out = self.dry()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("probe of act_001 said done: {\"sent\":\"%s/act_001\"}" % m, out.stdout)
+        self.assertIn("act_001 (status executing): already_done, row 2, "
+                      "current_state_matches_expected_post", out.stdout)
+        self.assertEqual(self.lines("probe.runs"), ["run"])
+        with open(self.out_file("probe.stdin")) as f:
+            self.assertEqual(json.load(f)["step"]["idem_key"], m + "/act_001")
+        # the outbox emptied: not_started, in JSON
+        os.unlink(self.out_file("outbox"))
+        out = self.dry()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        out = self.dry("--json")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        f = json.loads(out.stdout)["files"][0]
+        self.assertEqual((f["probe"]["step"], f["probe"]["said"]), ("act_001", "not_started"))
+        self.assertEqual(f["plans"][0]["decisions"][0]["verdict"], "safe_to_retry")
+        self.assertEqual(f["plans"][0]["decisions"][0]["reason"], "current_pre_matches_expected")
+        self.assertEqual(read_records(self.wal_path(m)), wal)  # nothing changed
+
+    def test_garbage_and_config_errors(self):
+        self.configure_probe('echo nonsense\nexit 0\n')
+        self.crash_in_act()
+        out = self.dry()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("probe of act_001 said failed: not a probe answer", out.stdout)
+        self.assertIn("manual_review", out.stdout)
+        self.assertIn("probe_inconclusive", out.stdout)
+        out = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--config", self.conf],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 64, out.stderr)
+        out = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--probe", "--config",
+                              os.path.join(self.dir, "nope.conf")],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 66, out.stderr)
+
+
+EXAMPLES = os.path.join(os.environ.get("KAIROS_SRCDIR", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..")), "config", "examples")
+
+
+class TestShippedExample(ProbeCase):
+    """config/examples/outbox.conf with its act and probe: valid as shipped,
+    and after a kill -9 right after act sent its message, the shipped probe
+    finds it: act completed on the probe's word, the message sent once."""
+
+    def example(self, outbox):
+        with open(os.path.join(EXAMPLES, "outbox.conf")) as f:
+            text = f.read()
+        text = text.replace("/usr/share/kairos/examples", EXAMPLES)
+        return text.replace("OUTBOX=/var/lib/kairos/outbox", "OUTBOX=" + outbox)
+
+    def test_valid_as_shipped(self):
+        self.configure({})
+        with open(os.path.join(self.dir, "schedules.d", "outbox.conf"), "w") as f:
+            with open(os.path.join(EXAMPLES, "outbox.conf")) as src:
+                f.write(src.read())
+        p = subprocess.run([os.environ.get("KAIROSD", "kairosd"), "--check-config", "-c",
+                            self.conf], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("outbox: 30 6 * * * (UTC)", p.stdout)
+
+    def test_crash_after_send_is_completed_by_the_probe(self):
+        outbox = os.path.join(self.dir, "outbox")
+        self.configure({})
+        text = self.example(outbox).replace(
+            "Act=%s/outbox-act.sh" % EXAMPLES,
+            "Act=/bin/sh -c '%s/outbox-act.sh && : > %s/act.started && exec sleep 600'"
+            % (EXAMPLES, self.out))
+        with open(os.path.join(self.dir, "schedules.d", "outbox.conf"), "w") as f:
+            f.write(text)
+        self.start()
+        m = self.fire("outbox")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.out_file("act.started")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(os.path.exists(self.out_file("act.started")))
+        self.d.kill()
+        self.start()
+        self.wait_status(m, ("done",))
+        with open(os.path.join(outbox, "messages")) as f:
+            sent = f.read().splitlines()
+        self.assertEqual(len(sent), 1)
+        self.assertTrue(sent[0].startswith(m + "/act_001 "))
+        done = self.act_records(m)[-1]
+        self.assertEqual(done["result"], {"sent": m + "/act_001", "found_by": "probe"})
+        self.assertEqual(done["evidence"]["source"], "probe")
 
 
 class TestProbeCrash(ProbeCase):
