@@ -52,6 +52,9 @@ void daemon_update_status(struct daemon *d)
                                  c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
                                  c[MANDATE_PAUSED],
                                  c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
+                if (c[MANDATE_PROBING] && n > 0 && (size_t)n < sizeof buf)
+                        n += snprintf(buf + n, sizeof buf - (size_t)n, ", %u probing",
+                                      c[MANDATE_PROBING]);
                 if (d->cfg->nbroken && n > 0 && (size_t)n < sizeof buf)
                         snprintf(buf + n, sizeof buf - (size_t)n, "; %zu schedule%s broken",
                                  d->cfg->nbroken, d->cfg->nbroken == 1 ? "" : "s");

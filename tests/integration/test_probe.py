@@ -133,6 +133,10 @@ class TestProbeWord(ProbeCase):
         # the status counts it; a probing mandate cannot be paused
         st = self.call_ok("status")
         self.assertEqual(st["by_status"].get("probing"), 1, st)
+        self.notify.wait_for(lambda msg: "STATUS=" in msg and "1 probing" in msg)
+        out = self.ctl("metrics")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn('kairos_mandates{status="probing"} 1', out.stdout)
         r = self.c.call("pause", mandate=m)
         self.assertFalse(r["ok"], r)
         self.assertIn("probing", r["error"]["message"])
@@ -220,9 +224,18 @@ class TestProbeFails(ProbeCase):
         self.assertEqual(self.lines("act.runs"), ["1"])
         return m, out
 
-    def test_garbage(self):
-        _, out = self.expect_review("echo 'all good, trust me'\n", "not a probe answer")
+    def test_garbage_and_its_children_die_with_it(self):
+        # a child left behind (holding stdout open) dies when the probe exits
+        _, out = self.expect_review('sleep 600 &\necho $! > "$OUT/child.pid"\n'
+                                    "echo 'all good, trust me'\n", "not a probe answer")
         self.assertIn("stdout: all good, trust me", out)
+        self.wait_lines("child.pid", 1)
+        with open(self.out_file("child.pid")) as f:
+            child = int(f.read())
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(alive(child), "the probe's child %d outlived it" % child)
 
     def test_non_zero_exit(self):
         _, out = self.expect_review(
