@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,30 +126,44 @@ static void tail_add(struct proc *p, const char *b, size_t n)
         p->tail_len += n;
 }
 
-/* Feed stdin, read stdout and stderr until both end; SIGTERM the group at
- * the deadline, SIGKILL 5 s later. */
-static void pump(struct proc *p, unsigned timeout_sec)
+/* Feed stdin, read stdout and stderr until both end and the probe exited
+ * (then its process group is killed: nothing of it outlives it); SIGTERM
+ * the group at the deadline, SIGKILL 5 s later.  *ret_status: waitpid's. */
+static void pump(struct proc *p, unsigned timeout_sec, int *ret_status)
 {
         int64_t deadline = now_ms() + (int64_t)timeout_sec * 1000, kill_at = 0;
+        int pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+        bool exited = false, killed = false;
         char buf[65536];
-        while (p->out >= 0 || p->err >= 0) {
-                struct pollfd fds[3] = { { p->in, POLLOUT, 0 }, { p->out, POLLIN, 0 },
-                                         { p->err, POLLIN, 0 } };
+        while (p->out >= 0 || p->err >= 0 || !exited) {
+                struct pollfd fds[4] = { { p->in, POLLOUT, 0 }, { p->out, POLLIN, 0 },
+                                         { p->err, POLLIN, 0 },
+                                         { exited ? -1 : pidfd, POLLIN, 0 } };
                 int64_t now = now_ms(), until = kill_at ? kill_at : deadline;
                 if (now >= until) {
+                        if (killed)
+                                break; /* its output is held by something outside */
                         if (!kill_at) {
                                 p->timed_out = true;
                                 kill(-p->pid, SIGTERM);
                                 kill_at = now + KILL_GRACE_MS;
                         } else {
                                 kill(-p->pid, SIGKILL);
-                                kill_at = now + 60 * 1000; /* only pipes held elsewhere */
+                                killed = true;
+                                kill_at = now + KILL_GRACE_MS;
                         }
                         continue;
                 }
-                int k = poll(fds, 3, (int)(until - now));
+                int64_t wait = until - now;
+                if (pidfd < 0 && !exited && wait > 50)
+                        wait = 50; /* no pidfd (an old kernel): look at the probe often */
+                int k = poll(fds, 4, (int)wait);
                 if (k < 0 && errno != EINTR)
                         break;
+                if (!exited && waitpid(p->pid, ret_status, WNOHANG) == p->pid) {
+                        exited = true;
+                        kill(-p->pid, SIGKILL); /* what is left of its group */
+                }
                 if (k <= 0)
                         continue;
                 if (p->in >= 0 && fds[0].revents) {
@@ -180,9 +195,19 @@ static void pump(struct proc *p, unsigned timeout_sec)
                         }
                 }
         }
-        if (p->in >= 0)
-                close(p->in);
-        p->in = -1;
+        if (!exited) {
+                kill(-p->pid, SIGKILL);
+                while (waitpid(p->pid, ret_status, 0) < 0 && errno == EINTR)
+                        ;
+        }
+        int *ends[] = { &p->in, &p->out, &p->err };
+        for (size_t i = 0; i < 3; i++)
+                if (*ends[i] >= 0) {
+                        close(*ends[i]);
+                        *ends[i] = -1;
+                }
+        if (pidfd >= 0)
+                close(pidfd);
 }
 
 /* Start argv in its own process group with stdin/stdout/stderr on pipes. */
@@ -282,16 +307,17 @@ int ctl_probe_run(const struct config *cfg, const struct config_schedule *sc,
                 close(pr.in);
                 close(pr.out);
                 close(pr.err);
+        }
+        int status = 0;
+        if (r == 0 && why[0]) {
+                while (waitpid(pr.pid, &status, 0) < 0 && errno == EINTR)
+                        ;
         } else if (r == 0) {
                 pr.doc = doc.data;
                 pr.doc_len = doc.len;
-                pump(&pr, run.timeout_sec);
+                pump(&pr, run.timeout_sec, &status);
         }
         if (r == 0) {
-                int status = 0;
-                kill(-pr.pid, SIGKILL); /* nothing of the probe outlives it */
-                while (waitpid(pr.pid, &status, 0) < 0 && errno == EINTR)
-                        ;
                 run.out = pr.out_buf.data;
                 run.out_len = pr.out_buf.len;
                 run.out_overflow = pr.overflow;

@@ -323,6 +323,21 @@ class TestDryRunProbe(ProbeCase):
         self.assertEqual(f["plans"][0]["decisions"][0]["reason"], "current_pre_matches_expected")
         self.assertEqual(read_records(self.wal_path(m)), wal)  # nothing changed
 
+    def test_hang_is_killed_with_its_children(self):
+        self.configure_probe('sleep 600 &\necho $! > "$OUT/child.pid"\n'
+                             'exec >/dev/null 2>&1\nwait\n', timeout=1)
+        self.crash_in_act()
+        out = self.dry()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("probe of act_001 said failed: no answer within ProbeTimeoutSec=1",
+                      out.stdout)
+        with open(self.out_file("child.pid")) as f:
+            child = int(f.read())
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(alive(child), "the probe's child %d outlived it" % child)
+
     def test_garbage_and_config_errors(self):
         self.configure_probe('echo nonsense\nexit 0\n')
         self.crash_in_act()
