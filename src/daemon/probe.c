@@ -74,6 +74,7 @@ struct probe_decision {
         long long cycle;
         struct {
                 char *step_id, *reason, *evidence;
+                const char *action;   /* what was done, as recovery logs it */
                 enum verdict_kind kind;
         } decs[PLANNER_PHASES * 2];
         size_t ndecs;
@@ -150,6 +151,23 @@ static void decision_free(struct probe_decision *pd)
         free(pd);
 }
 
+static const char *action_for(const struct recovery_decision *dec)
+{
+        if (!dec->has_record)
+                return dec->verdict.kind == VERDICT_SAFE_TO_RETRY ? "runs when its turn comes"
+                                                                   : "already marked";
+        switch (dec->record.op) {
+        case WAL_OP_COMPLETED:
+                return "marked completed (recovered)";
+        case WAL_OP_RESET:
+                return "reset to pending, runs again with the same idem_key";
+        case WAL_OP_NEEDS_REVIEW:
+                return "marked needs_review, mandate paused";
+        default:
+                return "recorded";
+        }
+}
+
 static void keep_decisions(struct probe_decision *pd, const struct fold *f,
                            const struct recovery *rec)
 {
@@ -165,6 +183,7 @@ static void keep_decisions(struct probe_decision *pd, const struct fold *f,
                                 strdup(dec->verdict.reason ? dec->verdict.reason : "");
                         pd->decs[pd->ndecs].evidence = kbuf_steal(&ev);
                         pd->decs[pd->ndecs].kind = dec->verdict.kind;
+                        pd->decs[pd->ndecs].action = action_for(dec);
                         pd->ndecs++;
                 }
 }
@@ -250,8 +269,9 @@ static void decide_done(void *arg)
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", pd->decs[i].step_id },
                                      { "VERDICT", verdict_kind_name(pd->decs[i].kind) },
                                      { "EVIDENCE", pd->decs[i].evidence }),
-                          "recovery: %s %s: %s (%s)", m->id, pd->decs[i].step_id,
-                          verdict_kind_name(pd->decs[i].kind), pd->decs[i].reason);
+                          "recovery: %s %s: %s (%s): %s", m->id, pd->decs[i].step_id,
+                          verdict_kind_name(pd->decs[i].kind), pd->decs[i].reason,
+                          pd->decs[i].action);
                 metrics_verdict(d->metrics, verdict_kind_name(pd->decs[i].kind),
                                 strcmp(pd->decs[i].step_id, pd->step_id) == 0 ? "probe" : "wal",
                                 pd->decs[i].reason);
