@@ -841,7 +841,7 @@ static int recover_probe(const struct fold *f, bool had_summary, struct recovery
         ev->nsteps = 1;
         decide_recovery_release(dr);
         r = decide_recover(f, had_summary, ev, dr);
-        /* the decision's strings borrow from its own arena, not from w */
+        /* (the decision keeps its own copies of what it took from w) */
         probe_word_clear(&w);
         free(step);
         return r;

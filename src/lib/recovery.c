@@ -216,6 +216,9 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                         return ret;
                 const char *res = se_result(evi, s), *rh = s->result_hash ? s->result_hash : "";
                 if (res && res != s->result_json) {
+                        /* the probe's result: the record keeps its own copy */
+                        if ((ret = keep(r, res, &res)) < 0)
+                                return ret;
                         char h[CANON_HASH_STRLEN];
                         if (canon_hash_json(res, strlen(res), h, NULL) == 0 &&
                             (ret = keep(r, h, &rh)) < 0)

@@ -55,7 +55,7 @@ SANITIZED = (os.environ.get("KAIROS_SANITIZED", "") not in ("", "0")
              or "asan" in os.environ.get("KAIROSD", "").lower())
 
 FINAL = {"done", "failed", "terminated", "abandoned"}
-LIVE = {"running", "runnable"}
+LIVE = {"running", "runnable", "probing"}
 WAITING = {"paused", "paused_review", "awaiting_approval"}
 BUGGY = {"quarantined", "wal_io_error"}
 VERDICTS = ("already_done", "safe_to_retry", "manual_review")
@@ -89,6 +89,24 @@ printf 'F %s %s %s %s\n' "$KAIROS_IDEM_KEY" "$KAIROS_ATTEMPT" "$$" "$rc" >>"$CRA
 [ "$rc" = 0 ] && printf '%s\n' "$out"
 exit $rc
 """
+
+
+# The Probe= of schedule "probed": the handler's effect is its F line in the
+# side log.  An F line of the interrupted attempt with status 0: done (with
+# the result the handler printed); none: not started; a failed one: not an
+# answer (the step goes to review).
+PROBE = r"""#!/bin/sh
+cat >/dev/null
+line=$(grep "^F $KAIROS_IDEM_KEY $KAIROS_ATTEMPT " "$CRASH_LOG" | tail -n 1)
+case $line in
+"") printf '{"state":"not_started"}\n' ;;
+*" 0") printf '{"state":"done","result":{"phase":"%s","attempt":%s}}\n' "$KAIROS_PHASE" \
+        "$KAIROS_ATTEMPT" ;;
+*) printf 'the handler failed: %s\n' "$line" ;;
+esac
+"""
+PROBE_REASONS = ("current_state_matches_expected_post", "current_pre_matches_expected",
+                 "probe_inconclusive")
 
 
 def fired_at(n):
@@ -138,6 +156,10 @@ class Campaign:
         with open(self.handler, "w") as f:
             f.write(HANDLER)
         os.chmod(self.handler, 0o755)
+        self.probe = os.path.join(self.dir, "probe.sh")
+        with open(self.probe, "w") as f:
+            f.write(PROBE)
+        os.chmod(self.probe, 0o755)
         open(self.side_log, "w").close()
         # Created by run() only: a closed NotifySocket's reader thread can
         # end up in recv() on a later socket that reuses its fd number and
@@ -153,6 +175,7 @@ class Campaign:
         self.term_then_kill = 0     # SIGTERM rounds that ended with a SIGKILL
         self.restarts = 0
         self.verdicts = {v: 0 for v in VERDICTS}
+        self.probe_verdicts = {r: 0 for r in PROBE_REASONS}  # decided by a probe
         self.torn_repaired = 0
         self.safe_resets = 0
         self.new_reviews = 0        # manual_review that wrote a needs_review record
@@ -202,8 +225,11 @@ class Campaign:
 
     def schedules(self):
         def sched(max_cycles, maxms, act_maxms, fail, done, gate=0, concurrency="allow",
-                  phases=("Observe", "Orient", "Decide", "Act", "Reflect")):
+                  phases=("Observe", "Orient", "Decide", "Act", "Reflect"), probe=False):
             ex = {p: "%s %s" % (self.handler, p.lower()) for p in phases}
+            if probe:
+                ex["Probe"] = self.probe
+                ex["ProbeTimeoutSec"] = "30"
             ex["TimeoutSec"] = "60"
             ex["Environment"] = ["CRASH_LOG=%s" % self.side_log, "CRASH_SEED=%d" % self.seed,
                                  "CRASH_MAXMS=%d" % maxms, "CRASH_ACT_MAXMS=%d" % act_maxms,
@@ -217,6 +243,7 @@ class Campaign:
             "gamma": sched(3, 30, 100, 60, 0, phases=("Observe", "Decide", "Act", "Reflect")),
             "gate": sched(2, 40, 150, 0, 0, gate=1),
             "queued": sched(2, 20, 60, 0, 0, concurrency="queue"),
+            "probed": sched(2, 40, 300, 40, 0, probe=True),
         }
 
     def write_config(self, max_concurrent, graceful):
@@ -256,6 +283,9 @@ class Campaign:
             m = RECOVERY_RE.search(line)
             if m:
                 self.verdicts[m.group(3)] += 1
+                for r in PROBE_REASONS:
+                    if "(%s)" % r in line:
+                        self.probe_verdicts[r] += 1
                 if m.group(3) == "manual_review" and m.group(4).startswith("marked"):
                     self.new_reviews += 1
                 if m.group(3) == "safe_to_retry" and m.group(4).startswith("reset"):
@@ -558,7 +588,8 @@ class Campaign:
         todo = list(self.unacked_fires)
         self.unacked_fires = []
         while live + len(todo) < target_live:
-            sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued"])
+            sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued",
+                                     "probed", "probed"])
             todo.append((sched, fired_at(self.next_fire)))
             self.next_fire += 1
         for i, (sched, at) in enumerate(todo):
@@ -773,6 +804,8 @@ class Campaign:
               + " (manual_review that marked a step: %d, the rest were marked before; "
               "safe_to_retry that reset an executed step: %d)"
               % (self.new_reviews, self.safe_resets))
+        print("  decided by a probe:   " + ", ".join("%s %d" % (k, v) for k, v in
+                                                      self.probe_verdicts.items()))
         print("  last WAL record of the unfinished WALs at the kills: "
               + json.dumps(self.kill_points, sort_keys=True))
         print("  torn tails:           %d seen after a kill, %d repaired at startup"

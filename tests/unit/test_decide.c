@@ -719,6 +719,8 @@ static void test_recover_probe_done_completes(void **state)
         assert_int_equal(d->record.op, WAL_OP_COMPLETED);
         assert_true(d->record.recovered);
         assert_string_equal(d->record.result_json, "{\"sent\":1}");
+        /* a copy: the evidence need not outlive the decision */
+        assert_ptr_not_equal(d->record.result_json, se.probe_result_json);
         assert_int_equal(canon_hash_json("{\"sent\":1}", 10, h, NULL), 0);
         assert_string_equal(d->record.result_hash, h);
         /* the mandate goes on (reflect runs next) */
