@@ -68,7 +68,7 @@ struct wal_record {
         const char *post_hash;
         const char *result_hash;
         bool recovered;
-        const char *evidence_json;  /* completed, needs_review */
+        const char *evidence_json;  /* completed, needs_review, reset (optional) */
         const char *result_json;    /* completed */
         /* failed */
         const char *error_class;

@@ -241,6 +241,12 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                 if (s->observed_pre_hash || s->state == STEP_EXECUTING) {
                         d->has_record = true;
                         d->record = (struct wal_record){ .op = WAL_OP_RESET, .step_id = s->step_id };
+                        /* decided by evidence beyond the WAL: say which */
+                        if (d->verdict.extra_json) {
+                                if ((ret = evidence_json(r, &d->verdict, &ev)) < 0)
+                                        return ret;
+                                d->record.evidence_json = ev;
+                        }
                 }
                 rp->outcome = RECOVERY_RESUME;
                 rp->resume_step = idx;

@@ -297,6 +297,8 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_str(e, "step_id", rec->step_id, "reset needs step_id");
                 enc_raw(e, "status", "\"pending\"");
                 enc_raw(e, "reset", "true");
+                /* recovery's grounds for running it again (optional) */
+                enc_json(e, "evidence", rec->evidence_json, "evidence is not valid JSON");
                 break;
         case WAL_OP_FINALIZE:
                 enc_str(e, "plan_id", rec->plan_id, "plan_finalize needs plan_id");

@@ -105,6 +105,9 @@ case $line in
 *) printf 'the handler failed: %s\n' "$line" ;;
 esac
 """
+# safe_to_retry from evidence beyond the WAL: the reset record carries it
+SAFE_REASONS = ("declared_rerunnable", "no_command", "effects_journaled",
+                "current_pre_matches_expected")
 PROBE_REASONS = ("current_state_matches_expected_post", "current_pre_matches_expected",
                  "probe_inconclusive")
 
@@ -443,6 +446,8 @@ class Campaign:
                         self.fail("invariant 1: %s: a %s step reset" % (where, st))
                     if retry_ops.get(step, 0) > 0:
                         retry_ops[step] -= 1
+                    elif (r.get("evidence") or {}).get("reason") in SAFE_REASONS:
+                        pass  # the record says recovery's grounds (durable, unlike a log line)
                     else:
                         used = recov.get(step, 0)
                         if used >= self.retry_by_recovery.get((mid, step), 0):
@@ -874,6 +879,15 @@ class TestCheckers(unittest.TestCase):
                    [], "invariant 2")
         self.c.retry_by_recovery[("mnd_m", "a")] = 1
         self.steps([tr("a", "executing"), tr("a", "pending", reset=True)], [])
+
+    def test_reset_carrying_its_grounds(self):
+        # a reset record that says why recovery reran it needs no log line...
+        ev = {"reason": "current_pre_matches_expected", "source": "probe"}
+        self.steps([tr("a", "executing"), tr("a", "pending", reset=True, evidence=ev)], [])
+        # ...but a reason that is not safe_to_retry's does not count
+        self.steps([tr("a", "executing"),
+                    tr("a", "pending", reset=True, evidence={"reason": "probe_inconclusive"})],
+                   [], "invariant 2")
 
     def test_start_without_executing_record(self):
         self.steps([tr("a", "executing")], ["S mnd_m/a 1 10", "F mnd_m/a 1 10 0",

@@ -192,7 +192,27 @@ class TestProbeWord(ProbeCase):
         recs = self.act_records(m)
         self.assertEqual([r["status"] for r in recs if r["status"] not in ("reset", "pending")],
                          ["executing", "executing", "completed"])
+        reset = [r for r in recs if r.get("reset")]
+        self.assertEqual(len(reset), 1)
+        self.assertEqual((reset[0]["evidence"]["reason"], reset[0]["evidence"]["source"]),
+                         ("current_pre_matches_expected", "probe"))
         self.assertIn("VERDICT=safe_to_retry", self.d.wait_log("VERDICT=safe_to_retry"))
+
+    def test_cancel_while_probing_wins(self):
+        self.configure_probe(PROBE_SH)
+        os.mkfifo(self.out_file("go"))
+        m = self.crash_in_act()
+        self.start()
+        self.d.wait_log("act_001: probe started")
+        r = self.call_ok("cancel", mandate=m, reason="not needed any more")
+        self.assertEqual(r["status"], "cancelled")
+        self.release(self.out_file("go"))
+        self.d.wait_log("the probe's word is not used (no longer probing)")
+        self.assertEqual(self.mandate(m)["status"], "cancelled")
+        recs = self.act_records(m)
+        self.assertEqual(recs[-1]["status"], "failed")
+        self.assertEqual(recs[-1]["error_class"], "cancelled")
+        self.assertEqual(self.lines("act.runs"), ["1"])
 
     def test_lie_is_recorded_as_the_probe_word(self):
         # act never wrote the outbox, but the probe says done

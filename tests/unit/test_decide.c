@@ -764,6 +764,12 @@ static void test_recover_awaits_probe(void **state)
         assert_int_equal(dr.mandate, DECIDE_MANDATE_RUNNABLE);
         assert_int_equal(dr.recovery->plans[0].outcome, RECOVERY_RESUME);
         assert_int_equal(recovery_record_count(dr.recovery), 1);
+        /* the reset says why: the probe */
+        const struct wal_record *reset = recovery_record_at(dr.recovery, 0);
+        assert_int_equal(reset->op, WAL_OP_RESET);
+        assert_non_null(reset->evidence_json);
+        assert_non_null(strstr(reset->evidence_json, "\"reason\":\"current_pre_matches_expected\""));
+        assert_non_null(strstr(reset->evidence_json, "\"source\":\"probe\""));
         decide_recovery_release(&dr);
         se.probe = RECOVERY_PROBE_FAILED;
         se.probe_output = "exit status 3";
