@@ -133,6 +133,8 @@ class TestProbeWord(ProbeCase):
         # the status counts it; a probing mandate cannot be paused
         st = self.call_ok("status")
         self.assertEqual(st["by_status"].get("probing"), 1, st)
+        self.assertEqual([x["id"] for x in self.call_ok("list", status="probing")["mandates"]],
+                         [m])
         self.notify.wait_for(lambda msg: "STATUS=" in msg and "1 probing" in msg)
         out = self.ctl("metrics")
         self.assertEqual(out.returncode, 0, out.stderr)
