@@ -366,6 +366,9 @@ static void decide(struct probe_job *j)
                 return;
         }
         pd->have_ev = probe_schedule_evidence(m->d->cfg, m->schedule, &pd->ev);
+        /* the idempotency store did not decide this step at the start (else
+         * no probe would run): nothing it could say has changed since */
+        pd->ev.effects_via_kairosctl = false;
         m->busy++;
         if (serialq_submit(&m->q, decide_work, decide_done, pd) < 0) {
                 m->busy--;
