@@ -377,7 +377,8 @@ class TestDryRunProbe(ProbeCase):
         out = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--probe", "--config",
                               os.path.join(self.dir, "nope.conf")],
                              capture_output=True, text=True, timeout=60)
-        self.assertEqual(out.returncode, 65, out.stderr)
+        # a --config that cannot be read: 66, as without --probe
+        self.assertEqual(out.returncode, 66, out.stderr)
         self.assertIn("nope.conf", out.stderr)
 
 
