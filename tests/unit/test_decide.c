@@ -924,6 +924,21 @@ static void test_recover_evidence_from_store(void **state)
         evidence_mandate_release(&em);
         evidence_index_free(ix);
 
+        /* with Probe=, a call of the step cut off decides first (source 3):
+         * no probe is asked */
+        owned_call(st, s.mid, "act_001", "cut", false);
+        d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_true(em.ev.has_probe);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
+        assert_int_equal(d->verdict.kind, VERDICT_MANUAL_REVIEW);
+        assert_string_equal(d->verdict.reason, "tool_call_interrupted");
+        assert_non_null(strstr(d->record.evidence_json, "\"key\":\"cmd:cut\""));
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+        idem_store_free(st);
+        assert_int_equal(idem_store_new(&opt, &st), 0);
+
         /* Effects= without act: act is re-runnable */
         sc.effects = 1u << PHASE_REFLECT;
         evidence_schedule_from_config(&sc, &es);
