@@ -76,6 +76,10 @@ struct kjson_arena;
 struct kjson_arena *kjson_arena_new(void);
 void kjson_arena_reset(struct kjson_arena *a);  /* drop all nodes, keep memory */
 void kjson_arena_free(struct kjson_arena *a);
+/* Make the arena's first chunk hold n bytes before a parse (an arena with
+ * nothing allocated yet); *ret_mem, *ret_len: that chunk, for a caller that
+ * wants its pages in before use.  0 or -ENOMEM / -EBUSY (in use). */
+int kjson_arena_reserve(struct kjson_arena *a, size_t n, void **ret_mem, size_t *ret_len);
 
 /* Parse exactly one JSON value from s[0..len) (surrounding whitespace allowed).
  * Returns 0 and *out, or -EINVAL with *err filled (-ENOMEM on allocation failure). */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -169,6 +170,20 @@ static int conn_send(struct conn *c, const char *data, size_t len)
 /* Read one line (without its '\n') into `line`, NUL-terminated.
  * Returns 0, -ETIMEDOUT, -ENODATA (closed before any byte), -EPROTO (closed
  * in the middle of the line), -EMSGSIZE (over CTL_REPLY_MAX) or -errno. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* Fault in the pages of [p, p + n) in one call (Linux 5.14): a page fault
+ * each costs more than the parse of its bytes; best effort. */
+static void populate(void *p, size_t n)
+{
+        uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1);
+        uintptr_t e = ((uintptr_t)p + n) & ~(page - 1);
+        if (n >= 16 * page && e > a)
+                (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+}
+
 static int conn_recv_line(struct conn *c, struct kbuf *line)
 {
         size_t scanned = 0;
@@ -187,9 +202,12 @@ static int conn_recv_line(struct conn *c, struct kbuf *line)
                 scanned = line->len;
                 if (line->len > CTL_REPLY_MAX)
                         return -EMSGSIZE;
+                size_t had = line->cap;
                 int r = kbuf_reserve(line, 65536 + 1);
                 if (r < 0)
                         return r;
+                if (line->cap > had)
+                        populate(line->data + line->len, line->cap - line->len);
                 ssize_t n = recv(c->fd, line->data + line->len, line->cap - line->len - 1, 0);
                 if (n < 0) {
                         if (errno == EINTR)
@@ -493,6 +511,12 @@ static int ctl_call_kjson(const struct ctl_opts *o, const char *cmd, json_t *arg
         status = session_exchange(s, cmd, args, &line, &id);
         if (status != CTL_EXIT_OK)
                 goto out;
+        /* the tree takes about 2.5x the text: one chunk, its pages in */
+        void *mem;
+        size_t memlen;
+        if (line.len >= 65536 && line.len < SIZE_MAX / 3 &&
+            kjson_arena_reserve(a, 3 * line.len, &mem, &memlen) == 0)
+                populate(mem, memlen);
         if (kjson_parse(a, line.data, line.len, &reply, &kerr) == 0 &&
             reply->type == KJSON_OBJECT && kjson_is_int(kjson_get(reply, "v"), 1) &&
             kjson_get(reply, "ok") && kjson_get(reply, "ok")->type == KJSON_TRUE &&
@@ -611,27 +635,58 @@ struct table {
         size_t ncols, nrows;
         char **cells;           /* nrows * ncols */
         size_t *width;
+        /* table_set keeps a pointer to a plain-ASCII cell (nothing to
+         * escape) instead of a copy: the caller's texts outlive the table */
+        bool borrow;
+        unsigned char *owned;   /* nrows * ncols: 1 if cells[i] is ours */
 };
 
 static int table_init(struct table *t, size_t ncols, size_t nrows)
 {
         t->ncols = ncols;
         t->nrows = nrows;
+        t->borrow = false;
         t->cells = calloc(ncols * nrows > 0 ? ncols * nrows : 1, sizeof(*t->cells));
+        t->owned = calloc(ncols * nrows > 0 ? ncols * nrows : 1, 1);
         t->width = calloc(ncols, sizeof(*t->width));
-        return t->cells && t->width ? 0 : -ENOMEM;
+        return t->cells && t->owned && t->width ? 0 : -ENOMEM;
+}
+
+/* s printed as it is: plain ASCII, nothing ctl_put_safe would escape */
+static bool plain_ascii(const char *s, size_t *ret_len)
+{
+        const unsigned char *p = (const unsigned char *)s;
+
+        while (*p >= 0x20 && *p < 0x7f && *p != '\\')
+                p++;
+        *ret_len = (size_t)(p - (const unsigned char *)s);
+        return *p == '\0';
+}
+
+static void table_put(struct table *t, size_t i, char *e, bool owned, size_t width)
+{
+        size_t col = i % t->ncols;
+
+        if (t->owned[i])
+                free(t->cells[i]);
+        t->cells[i] = e;
+        t->owned[i] = owned;
+        if (width > t->width[col])
+                t->width[col] = width;
 }
 
 static int table_set(struct table *t, size_t row, size_t col, const char *s)
 {
-        char *e = safe_str(s);
+        size_t i = row * t->ncols + col, len;
 
+        if (t->borrow && s && plain_ascii(s, &len)) {
+                table_put(t, i, (char *)s, false, len);
+                return 0;
+        }
+        char *e = safe_str(s);
         if (!e)
                 return -ENOMEM;
-        free(t->cells[row * t->ncols + col]);
-        t->cells[row * t->ncols + col] = e;
-        if (text_width(e) > t->width[col])
-                t->width[col] = text_width(e);
+        table_put(t, i, e, true, text_width(e));
         return 0;
 }
 
@@ -640,11 +695,14 @@ static int table_set(struct table *t, size_t row, size_t col, const char *s)
 static int table_set_lines(struct table *t, size_t row, size_t col, const char *s)
 {
         char *e = safe_str_lines(s);
+        size_t i = row * t->ncols + col;
 
         if (!e)
                 return -ENOMEM;
-        free(t->cells[row * t->ncols + col]);
-        t->cells[row * t->ncols + col] = e;
+        if (t->owned[i])
+                free(t->cells[i]);
+        t->cells[i] = e;
+        t->owned[i] = 1;
         return 0;
 }
 
@@ -685,10 +743,13 @@ static void table_print(const struct table *t, const char *indent)
 
 static void table_free(struct table *t)
 {
-        for (size_t i = 0; t->cells && i < t->ncols * t->nrows; i++)
-                free(t->cells[i]);
+        for (size_t i = 0; t->cells && t->owned && i < t->ncols * t->nrows; i++)
+                if (t->owned[i])
+                        free(t->cells[i]);
         free(t->cells);
+        free(t->owned);
         free(t->width);
+        t->owned = NULL;
         t->cells = NULL;
         t->width = NULL;
 }
@@ -1634,6 +1695,7 @@ static int text_schedules(const struct kjson *r)
                 return CTL_EXIT_OK;
         }
         rc = table_init(&t, 8, n + 1);
+        t.borrow = true; /* the cells live in the arena or are literals */
         for (size_t col = 0; rc == 0 && col < 8; col++)
                 rc = table_set(&t, 0, col, head[col]);
         for (size_t i = 0; rc == 0 && i < n; i++) {

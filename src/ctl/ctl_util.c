@@ -237,7 +237,18 @@ static int kjson_dump_string(struct kbuf *b, const char *p, size_t n)
         return r < 0 ? r : kbuf_putc(b, '"');
 }
 
-static int kjson_dump(struct kbuf *b, const struct kjson *v, size_t depth)
+/* The buffer's text out to f once it holds 64 KiB: a 3 MB document is
+ * printed through a buffer of that size, not built whole first. */
+static int dump_flush(struct kbuf *b, FILE *f)
+{
+        if (b->len < 65536)
+                return 0;
+        bool ok = fwrite(b->data, 1, b->len, f) == b->len;
+        kbuf_reset(b);
+        return ok ? 0 : -EIO;
+}
+
+static int kjson_dump(struct kbuf *b, FILE *f, const struct kjson *v, size_t depth)
 {
         static const char *const lit[] = { [KJSON_NULL] = "null", [KJSON_FALSE] = "false",
                                            [KJSON_TRUE] = "true" };
@@ -269,10 +280,11 @@ static int kjson_dump(struct kbuf *b, const struct kjson *v, size_t depth)
                         const struct kjson_member *m = &v->u.obj.members[i];
                         r = kjson_dump_string(b, m->key, m->key_len);
                         r = r < 0 ? r : kbuf_puts(b, ": ");
-                        r = r < 0 ? r : kjson_dump(b, m->value, depth + 1);
+                        r = r < 0 ? r : kjson_dump(b, f, m->value, depth + 1);
                 } else if (r == 0) {
-                        r = kjson_dump(b, v->u.arr.items[i], depth + 1);
+                        r = kjson_dump(b, f, v->u.arr.items[i], depth + 1);
                 }
+                r = r < 0 ? r : dump_flush(b, f);
         }
         if (r == 0 && depth)
                 r = kbuf_printf(b, "\n%*s", (int)(2 * depth), "");
@@ -284,9 +296,13 @@ static int kjson_dump(struct kbuf *b, const struct kjson *v, size_t depth)
 int ctl_kjson_print(const struct kjson *v)
 {
         struct kbuf b = KBUF_INIT;
-        int r = kjson_dump(&b, v, 0);
+        int r = kjson_dump(&b, stdout, v, 0);
         if (r == 0)
                 r = kbuf_putc(&b, '\n');
+        if (r == -EIO) {
+                kbuf_free(&b);
+                return CTL_EXIT_IOERR;
+        }
         if (r < 0) {
                 kbuf_free(&b);
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");

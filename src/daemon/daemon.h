@@ -105,6 +105,9 @@ struct daemon {
         uint64_t started_ms;
 
         struct strmap *mandates;   /* id -> struct mandate* */
+        /* mandates per status, kept by mandate_add/_set_status/_remove: status
+         * and the sd_notify line cost O(1), not a pass over every mandate */
+        unsigned status_count[MANDATE__STATUS_MAX];
         /* mandate.c: every mandate oldest first (mandates_ordered), kept
          * lazily: new mandates wait in order_added and are inserted when
          * asked for; a removal or a changed fired_at rebuilds it */

@@ -297,7 +297,8 @@ static void prune_start(struct daemon *d)
         }
         size_t start = keep && n > keep ? keep : n;
         /* beyond the count, or older than the age (from the newest on) */
-        qsort(all, n, sizeof(*all), cmp_ended_desc);
+        if (n > 1)
+                qsort(all, n, sizeof(*all), cmp_ended_desc);
         for (size_t i = 0; i < start; i++) {
                 int64_t e = all[i]->ended_ms ? all[i]->ended_ms : all[i]->started_ms;
                 if (keep_sec && e > 0 && e < cutoff) {

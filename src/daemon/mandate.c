@@ -56,6 +56,7 @@ struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_pa
         }
         serialq_init(&m->q, d->loop, &d->jobs);
         m->status = MANDATE_IDLE;
+        d->status_count[MANDATE_IDLE]++;
         m->fired_key = -1;
         /* the ordered index takes it in when next asked for */
         if (d->norder_added == d->order_added_cap) {
@@ -82,6 +83,8 @@ struct mandate *mandate_find(struct daemon *d, const char *id)
 
 void mandate_set_status(struct mandate *m, enum mandate_status s, const char *reason)
 {
+        m->d->status_count[m->status]--;
+        m->d->status_count[s]++;
         m->status = s;
         free(m->reason);
         m->reason = reason ? strdup(reason) : NULL;
@@ -152,7 +155,8 @@ static int order_rebuild(struct daemon *d)
         while (strmap_next(d->mandates, &pos, &k, &v) == 0)
                 d->ordered[i++] = v;
         d->nordered = i;
-        qsort(d->ordered, i, sizeof(*d->ordered), cmp_oldest_first);
+        if (i > 1) /* an empty registry has no array (qsort wants one) */
+                qsort(d->ordered, i, sizeof(*d->ordered), cmp_oldest_first);
         for (size_t j = 0; j < d->norder_added; j++)
                 d->order_added[j]->order_added = false;
         d->norder_added = 0;
@@ -227,14 +231,7 @@ void mandate_wal_close(struct mandate *m)
 
 void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX])
 {
-        memset(counts, 0, sizeof(unsigned) * MANDATE__STATUS_MAX);
-        size_t pos = 0;
-        const char *k;
-        void *v;
-        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
-                struct mandate *m = v;
-                counts[m->status]++;
-        }
+        memcpy(counts, d->status_count, sizeof(unsigned) * MANDATE__STATUS_MAX);
 }
 
 static void mandate_free(struct mandate *m)
@@ -258,6 +255,7 @@ int mandate_remove(struct mandate *m)
         if (m->busy || m->queued || m->holds_slot || m->run || !serialq_idle(&m->q))
                 return -EBUSY;
         strmap_remove(m->d->mandates, m->id);
+        m->d->status_count[m->status]--;
         /* the index holds it: rebuilt when next asked for */
         m->d->order_stale = true;
         for (size_t j = 0; j < m->d->norder_added; j++)
@@ -276,6 +274,7 @@ void mandates_free(struct daemon *d)
                 mandate_free(v);
         strmap_free(d->mandates);
         d->mandates = NULL;
+        memset(d->status_count, 0, sizeof d->status_count);
         free(d->ordered);
         free(d->order_added);
         d->ordered = d->order_added = NULL;

@@ -20,6 +20,10 @@
 
 #include "log.h"
 
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
+
 
 #define CHILD_STACK (256 * 1024)
 #define KEEPER_MAX_GROUPS 65536
@@ -56,6 +60,18 @@ struct runner {
         struct runner_job **live;  /* started, not reaped */
         size_t nlive, cap;
         int keeper_fd;             /* changed by the thread only, under lock */
+        /* Spawning with a shared descriptor table (CLONE_FILES): the child
+         * unshares and closes in one close_range(CLOSE_RANGE_UNSHARE), which
+         * copies only the descriptors below its first argument, instead of
+         * clone copying the daemon's whole table (one reference per open
+         * file, more with every running handler) for the child to close
+         * again.  The child's stdio travels in three descriptors opened at
+         * start (low numbers), filled by the thread before each clone and
+         * pointed back at /dev/null after it.  See docs/design.md. */
+        bool share_files;
+        int slot[3];               /* the thread's; -1: not opened */
+        int slot_null;             /* /dev/null, to empty the slots */
+        int slot_hi;               /* the highest of slot[] */
         pid_t keeper;
         bool keeper_gone;          /* under lock: the thread starts a new one */
         unsigned long spawns;
@@ -227,7 +243,22 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
         int32_t me = (int32_t)getpid();
         if (r->keeper_fd >= 0)
                 (void)send(r->keeper_fd, &me, sizeof me, MSG_NOSIGNAL);
-        for (int fd = 0; fd < 3; fd++) {
+        if (r->share_files) {
+                /* a table of our own holding only fds 0..slot_hi: nothing
+                 * below changes the daemon's descriptors */
+                if (syscall(SYS_close_range, (unsigned)r->slot_hi + 1, ~0U, CLOSE_RANGE_UNSHARE) <
+                    0)
+                        goto fail;
+                for (int fd = 0; fd < 3; fd++) {
+                        if (j->child_fd[fd] == fd) {
+                                if (fcntl(fd, F_SETFD, 0) < 0)
+                                        goto fail;
+                        } else if (dup2(r->slot[fd], fd) < 0) {
+                                goto fail;
+                        }
+                }
+        }
+        for (int fd = 0; fd < 3 && !r->share_files; fd++) {
                 if (j->child_fd[fd] == fd) {
                         if (fcntl(fd, F_SETFD, 0) < 0)
                                 goto fail;
@@ -290,8 +321,17 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                         goto out;
                 }
         }
-        pid = clone(child_main, (char *)r->stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD,
-                    j);
+        int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+        if (r->share_files) {
+                for (int i = 0; i < 3; i++)
+                        if (j->child_fd[i] != i && dup3(j->child_fd[i], r->slot[i], O_CLOEXEC) < 0) {
+                                j->err = -errno;
+                                j->err_what = "dup3";
+                                goto out;
+                        }
+                flags |= CLONE_FILES;
+        }
+        pid = clone(child_main, (char *)r->stack + CHILD_STACK, flags, j);
         if (pid < 0) {
                 j->err = -errno;
                 j->err_what = "clone";
@@ -308,6 +348,15 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 j->pid = pid;
         }
 out:
+        /* the slots must not keep the pipes open (end of file on stdout) */
+        for (int i = 0; i < 3 && r->share_files; i++)
+                if (dup3(r->slot_null, r->slot[i], O_CLOEXEC) < 0) {
+                        /* not seen (the slot is open, below the limit): never
+                         * fill a slot that may be someone else's by now */
+                        close(r->slot[i]);
+                        r->slot[i] = -1;
+                        r->share_files = false;
+                }
         if (j->err && cgroup_handler_active(&j->cgh) &&
             cgroup_handler_destroy(r->cg, &j->cgh, CGROUP_EMPTY_MS) < 0)
                 r->cg_left++;
@@ -617,6 +666,42 @@ static void ensure_stdio(void)
                 }
 }
 
+static int probe_main(void *arg)
+{
+        struct runner *r = arg;
+        if (syscall(SYS_close_range, (unsigned)r->slot_hi + 1, ~0U, CLOSE_RANGE_UNSHARE) < 0)
+                _exit(1);
+        r->share_files = true; /* the memory is the daemon's (CLONE_VM) */
+        _exit(0);
+}
+
+/* The slots, and whether this kernel unshares in close_range (5.9 and
+ * later): tried once in a child sharing our memory and descriptors.
+ * Without it each spawn copies the table as before. */
+static void share_files_probe(struct runner *r)
+{
+        for (int i = 0; i < 3; i++)
+                if ((r->slot[i] = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0)
+                        return;
+        if ((r->slot_null = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0)
+                return;
+        r->slot_hi = r->slot[0];
+        for (int i = 1; i < 3; i++)
+                if (r->slot[i] > r->slot_hi)
+                        r->slot_hi = r->slot[i];
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pid_t pid = clone(probe_main, (char *)r->stack + CHILD_STACK,
+                          CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, r);
+        if (pid > 0)
+                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
+        else
+                r->share_files = false;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 int runner_new(uv_loop_t *loop, struct runner **ret)
 {
         ensure_stdio();
@@ -626,6 +711,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         r->loop = loop;
         r->self = getpid();
         r->keeper_fd = -1;
+        r->slot[0] = r->slot[1] = r->slot[2] = r->slot_null = -1;
         pthread_mutex_init(&r->lock, NULL);
         pthread_cond_init(&r->cond, NULL);
         int e;
@@ -638,6 +724,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         }
         if ((e = keeper_start(r)) < 0)
                 goto fail;
+        share_files_probe(r);
         uv_async_init(loop, &r->async, on_async);
         r->async.data = r;
         uv_signal_init(loop, &r->sigchld);
@@ -691,6 +778,11 @@ void runner_free(struct runner *r)
                         ;
         if (r->stack)
                 munmap(r->stack, CHILD_STACK);
+        for (int i = 0; i < 3; i++)
+                if (r->slot[i] >= 0)
+                        close(r->slot[i]);
+        if (r->slot_null >= 0)
+                close(r->slot_null);
         while (r->cleanup) { /* only if the thread never ran */
                 struct cg_cleanup *c = r->cleanup;
                 r->cleanup = c->next;

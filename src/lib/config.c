@@ -1567,7 +1567,8 @@ int config_retain_broken(struct config *new_cfg, struct config *old_cfg)
                 /* taken over: the old entry stays, empty (no name) */
                 memset(o, 0, sizeof(*o));
         }
-        qsort(new_cfg->schedules, new_cfg->nschedules, sizeof(*v), cmp_schedule);
+        if (new_cfg->nschedules > 1)
+                qsort(new_cfg->schedules, new_cfg->nschedules, sizeof(*v), cmp_schedule);
         return (int)add;
 }
 

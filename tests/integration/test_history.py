@@ -80,6 +80,24 @@ class HistoryCase(unittest.TestCase):
 
 
 class TestList(HistoryCase):
+    def test_empty(self):
+        # no mandate at all: an empty page (the sanitizer build checks the
+        # empty registry is never sorted through a NULL array)
+        self.start()
+        self.assertEqual(self.call("list")["mandates"], [])
+        # a WAL that holds no plan (a fire never acknowledged) is registered,
+        # then removed by recovery: the registry is empty again
+        self.assertEqual(self.d.stop(), 0)
+        self.d.proc.stderr.close()
+        self.c.close()
+        with open(os.path.join(self.state, "wal", "mnd_plan_0123456789ab.wal.jsonl"), "w") as f:
+            f.write('{"op":"mand')
+        self.start()
+        self.d.wait_log("holds no plan")
+        self.assertEqual(self.call("list")["mandates"], [])
+        self.assertEqual(self.call("list", limit=5)["mandates"], [])
+        self.assertEqual(self.d.proc.poll(), None)
+
     def test_order_filters_limit_paging_and_times(self):
         self.start()
         ids = {}

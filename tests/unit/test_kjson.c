@@ -634,6 +634,58 @@ static void test_big_string(void **state)
         kjson_arena_free(a);
 }
 
+/* A large text: recurring short strings and the literals are stored once,
+ * escaped ones decoded each time; the reserved chunk takes the tree. */
+static void test_large_shares_strings(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_putc(&b, '['), 0);
+        for (int i = 0; i < 2000; i++)
+                assert_int_equal(kbuf_printf(&b, "%s{\"ab\":\"UTC\",\"a\\u0062\":\"x\\\\y\","
+                                                 "\"t\":true,\"n\":null,\"i\":%d}",
+                                             i ? "," : "", i),
+                                 0);
+        assert_int_equal(kbuf_putc(&b, ']'), 0);
+        assert_true(b.len > 16 * 1024);
+        struct kjson_arena *a = kjson_arena_new();
+        void *mem;
+        size_t memlen;
+        assert_int_equal(kjson_arena_reserve(a, 3 * b.len, &mem, &memlen), 0);
+        assert_true(memlen >= 3 * b.len);
+        struct kjson *v;
+        assert_int_equal(kjson_parse(a, b.data, b.len, &v, NULL), 0);
+        assert_true((char *)v >= (char *)mem && (char *)v < (char *)mem + memlen);
+        assert_int_equal(kjson_arena_reserve(a, 10, &mem, &memlen), -EBUSY);
+        assert_int_equal(v->u.arr.n, 2000);
+        const struct kjson *x = v->u.arr.items[0], *y = v->u.arr.items[1999];
+        for (size_t m = 0; m < 5; m++) {
+                assert_string_equal(x->u.obj.members[m].key, y->u.obj.members[m].key);
+                assert_int_equal(x->u.obj.members[m].key_len, y->u.obj.members[m].key_len);
+        }
+        /* shared: the same raw bytes, no escape */
+        assert_ptr_equal(x->u.obj.members[0].key, y->u.obj.members[0].key);
+        assert_ptr_equal(x->u.obj.members[0].value->u.str.ptr,
+                         y->u.obj.members[0].value->u.str.ptr);
+        assert_string_equal(y->u.obj.members[0].value->u.str.ptr, "UTC");
+        assert_ptr_equal(kjson_get(x, "t"), kjson_get(y, "t"));
+        assert_ptr_equal(kjson_get(x, "n"), kjson_get(y, "n"));
+        /* "a\u0062" is "ab" decoded, never the stored raw "ab" */
+        assert_string_equal(x->u.obj.members[1].key, "ab");
+        assert_ptr_not_equal(x->u.obj.members[1].key, x->u.obj.members[0].key);
+        assert_int_equal(kjson_get(y, "i")->u.num.len, 4);
+        assert_memory_equal(kjson_get(y, "i")->u.num.text, "1999", 4);
+        assert_string_equal(x->u.obj.members[1].value->u.str.ptr, "x\\y");
+        assert_string_equal(y->u.obj.members[1].value->u.str.ptr, "x\\y");
+        assert_int_equal(kjson_get(y, "t")->type, KJSON_TRUE);
+        assert_int_equal(kjson_get(y, "n")->type, KJSON_NULL);
+        kjson_arena_reset(a);
+        assert_int_equal(kjson_parse(a, "\"UTC\"", 5, &v, NULL), 0);
+        assert_string_equal(v->u.str.ptr, "UTC");
+        kbuf_free(&b);
+        kjson_arena_free(a);
+}
+
 static void test_bad_args(void **state)
 {
         (void)state;
@@ -668,6 +720,7 @@ int main(void)
                 cmocka_unit_test(test_write),
                 cmocka_unit_test(test_arena),
                 cmocka_unit_test(test_big_string),
+                cmocka_unit_test(test_large_shares_strings),
                 cmocka_unit_test(test_bad_args),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
