@@ -46,6 +46,7 @@ struct config_schedule {
         char *working_directory;       /* absolute path or NULL */
         char *probe;                   /* command line or NULL: run for an interrupted
                                         * effectful step that no other evidence decides */
+        uint64_t probe_timeout_sec;    /* ProbeTimeoutSec= [30] */
         unsigned effects;              /* Effects= [act]: bit (1 << phase) per phase that
                                         * changes the world outside kairos */
         enum config_effects_via effects_via; /* EffectsVia= [none] */

@@ -110,6 +110,8 @@ enum decide_file {
 enum decide_mandate {
         DECIDE_MANDATE_RUNNABLE,      /* goes on: decide_next says what comes next */
         DECIDE_MANDATE_PAUSED_REVIEW, /* a step needs a human */
+        DECIDE_MANDATE_PROBING,       /* a step waits for its probe (Probe=): run it, then
+                                       * decide again with its word */
 };
 
 struct decide_recovery {
@@ -118,6 +120,7 @@ struct decide_recovery {
         enum decide_mandate mandate; /* FILE_RECOVER: afterwards */
         const char *review_step;     /* PAUSED_REVIEW (borrows from the fold / recovery) */
         const char *review_reason;
+        const char *probe_step;      /* PROBING: the step whose probe decides */
 };
 
 /* had_summary: the mandate ended before (mandates/ID.json exists).  ev:

@@ -88,9 +88,6 @@ int evidence_calls_json(const struct evidence_call *calls, size_t n, struct kbuf
 #define EVIDENCE_TS_SIZE 64
 void evidence_format_ms(int64_t ms, char buf[EVIDENCE_TS_SIZE]);
 
-/* The decision left a step that a probe would settle: the schedule has a
- * Probe= and nothing before it decided (interrupted_during_execution). */
-bool evidence_would_probe(const struct evidence_schedule *es, const struct verdict *v);
 
 /* Which source decided a verdict: "wal" (the step's records, §7), "step"
  * (what the step is: declared_rerunnable, no_command), "idem" (the

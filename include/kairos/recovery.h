@@ -18,6 +18,7 @@ enum recovery_outcome {
         RECOVERY_PAUSED_REVIEW,      /* a step needs a human: mandate paused_review */
         RECOVERY_FINALIZED_FAILED,   /* held a failed step: finalized failed */
         RECOVERY_FINALIZED_SUCCEEDED,/* every step completed: finalized succeeded */
+        RECOVERY_AWAIT_PROBE,        /* a step waits for its probe: nothing recorded for it */
 };
 
 struct recovery_decision {
@@ -33,6 +34,8 @@ struct recovery_plan {
         size_t resume_step;          /* RESUME: index into fold.steps of the first step to run */
         const char *pause_step;      /* PAUSED_REVIEW: step_id that needs review */
         const char *pause_reason;    /* its evidence reason */
+        const char *probe_step;      /* AWAIT_PROBE: step_id whose probe decides it */
+        size_t probe_index;          /* ... its index into fold.steps */
         struct recovery_decision *decisions; /* one per unfinished step examined, in order */
         size_t ndecisions;
         bool has_finalize;           /* a plan_finalize record is appended */
@@ -65,7 +68,10 @@ int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void
  * in `effects`, or has no command → safe_to_retry), the idempotency store
  * (an owned tool call still open → manual_review; none, and the schedule
  * promises every effect goes through kairosctl → safe_to_retry), the probe's
- * word.  A NULL evidence pointer: the WAL alone decides. */
+ * word.  A step that only a probe can decide and whose probe has not spoken
+ * yet is left undecided: its plan's outcome is RECOVERY_AWAIT_PROBE (no
+ * record for it, nothing after it); the caller runs the probe and decides
+ * again with its word.  A NULL evidence pointer: the WAL alone decides. */
 enum recovery_probe {
         RECOVERY_PROBE_NONE,          /* no probe ran */
         RECOVERY_PROBE_DONE,          /* {"state":"done","result":…} */
@@ -88,6 +94,9 @@ struct recovery_step_evidence {
 struct recovery_evidence {
         unsigned effects;             /* bit (1 << phase): phases that change the world */
         bool effects_via_kairosctl;   /* every effect goes through kairosctl tool */
+        bool has_probe;               /* the schedule has a Probe=: a step the sources
+                                       * before it leave open, with no probe word yet
+                                       * (RECOVERY_PROBE_NONE), awaits its probe */
         bool has_command[PLANNER_PHASES];
         const struct recovery_step_evidence *steps;
         size_t nsteps;

@@ -33,6 +33,7 @@ enum {
 
 #define CTL_DEFAULT_SOCKET "/run/kairos/control.sock"
 #define CTL_DEFAULT_STATE_DIR "/var/lib/kairos"
+#define CTL_DEFAULT_CONFIG "/etc/kairos/kairosd.conf"
 
 /* Global options, accepted before or after the command. */
 struct ctl_opts {

@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "ctl.h"
+#include "ctl_probe.h"
 #include "kairos/canon.h"
 #include "kairos/config.h"
 #include "kairos/evidence.h"
@@ -22,6 +23,7 @@
 #include "kairos/kjson.h"
 #include "kairos/planner.h"
 #include "kairos/decide.h"
+#include "kairos/probeout.h"
 #include "kairos/recovery.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
@@ -679,7 +681,7 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
 
 struct recover_totals {
         size_t files, unreadable, torn, corrupt, clean, removed;
-        size_t unfinished, outcomes[4], records, would_probe;
+        size_t unfinished, outcomes[5], records, would_probe;
 };
 
 /* What recovery knows beyond the WALs, as kairosd would at its start: the
@@ -687,6 +689,7 @@ struct recover_totals {
 struct recover_evidence {
         const struct config *cfg;          /* NULL: no configuration */
         struct evidence_index *ix;
+        bool probe;                        /* --probe: run the probes */
 };
 
 /* The schedule's declarations, or NULL (not configured: the WAL alone). */
@@ -820,6 +823,66 @@ static json_t *evidence_json(const struct verdict *v)
         return j ? j : json_null();
 }
 
+/* A step only its probe can decide: run it (offline), say what it said, and
+ * decide again with its word added to the evidence ev.  *dr is replaced. */
+static int recover_probe(const struct config *cfg, const struct fold *f, bool had_summary,
+                         const struct recovery_evidence *ev, struct decide_recovery *dr,
+                         json_t *jf)
+{
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; i < cfg->nschedules; i++)
+                if (strcmp(cfg->schedules[i].name, f->mandate.schedule) == 0)
+                        sc = &cfg->schedules[i];
+        struct probe_word w = { .probe = RECOVERY_PROBE_NONE };
+        char *step = strdup(dr->probe_step);
+        /* the store's evidence of every step, and the probe's word on its step */
+        struct recovery_step_evidence *steps = calloc(ev->nsteps + 1, sizeof(*steps));
+        int r = step && sc && steps ? ctl_probe_run(cfg, sc, f, step, &w) : -ENOMEM;
+        if (r < 0) {
+                free(steps);
+                free(step);
+                return r;
+        }
+        if (jf) {
+                json_object_set_new(jf, "probe",
+                                    json_pack("{s:o,s:s,s:o,s:o}", "step", ctl_json_str(step),
+                                              "said", probe_word_name(w.probe), "result",
+                                              w.result_json ? ctl_json_raw(w.result_json)
+                                                            : json_null(),
+                                              "output", ctl_json_str(w.output)));
+        } else {
+                printf("  probe of ");
+                ctl_put_safe(stdout, step);
+                printf(" said %s", probe_word_name(w.probe));
+                if (w.result_json || w.output) {
+                        printf(": ");
+                        ctl_put_safe(stdout, w.result_json ? w.result_json : w.output);
+                }
+                putchar('\n');
+        }
+        size_t n = ev->nsteps, k = n;
+        for (size_t i = 0; i < n; i++) {
+                steps[i] = ev->steps[i];
+                if (steps[i].step_id && strcmp(steps[i].step_id, step) == 0)
+                        k = i;
+        }
+        if (k == n)
+                steps[n++] = (struct recovery_step_evidence){ .step_id = step };
+        steps[k].probe = w.probe;
+        steps[k].probe_result_json = w.result_json;
+        steps[k].probe_output = w.output;
+        struct recovery_evidence with = *ev;
+        with.steps = steps;
+        with.nsteps = n;
+        decide_recovery_release(dr);
+        r = decide_recover(f, had_summary, &with, dr);
+        /* (the decision keeps its own copies of what it took from w) */
+        probe_word_clear(&w);
+        free(steps);
+        free(step);
+        return r;
+}
+
 static void recover_plan_text(const struct fold *f, const struct recovery_plan *rp,
                               const struct evidence_schedule *es)
 {
@@ -840,9 +903,6 @@ static void recover_plan_text(const struct fold *f, const struct recovery_plan *
                 printf("): %s, row %d, ", verdict_kind_name(d->verdict.kind), d->verdict.row);
                 ctl_put_safe(stdout, d->verdict.reason);
                 printf(" (from %s)\n", evidence_source_name(&d->verdict));
-                if (evidence_would_probe(es, &d->verdict))
-                        printf("      would probe: Probe= is set and nothing else decides this "
-                               "step (kairosd runs the probe after READY=1)\n");
                 if (d->has_record)
                         put_record_line("      ", &d->record);
                 else
@@ -870,6 +930,11 @@ static void recover_plan_text(const struct fold *f, const struct recovery_plan *
         case RECOVERY_FINALIZED_SUCCEEDED:
                 printf("    -> plan finalized succeeded; the mandate goes on or ends\n");
                 break;
+        case RECOVERY_AWAIT_PROBE:
+                printf("    -> would run the probe for ");
+                ctl_put_safe(stdout, rp->probe_step);
+                printf(" (kairosd runs it after READY=1; the mandate is probing meanwhile)\n");
+                break;
         }
 }
 
@@ -894,6 +959,9 @@ static json_t *recover_plan_json(const struct fold *f, const struct recovery_pla
                                     : json_null());
         json_object_set_new(o, "pause_step", ctl_json_str(rp->pause_step));
         json_object_set_new(o, "pause_reason", ctl_json_str(rp->pause_reason));
+        json_object_set_new(o, "probe_step", rp->outcome == RECOVERY_AWAIT_PROBE
+                                                     ? ctl_json_str(rp->probe_step)
+                                                     : json_null());
         for (size_t i = 0; i < rp->ndecisions; i++) {
                 const struct recovery_decision *d = &rp->decisions[i];
                 const struct fold_step *s = &f->steps[d->step];
@@ -906,8 +974,6 @@ static json_t *recover_plan_json(const struct fold *f, const struct recovery_pla
                 json_object_set_new(j, "row", json_integer(d->verdict.row));
                 json_object_set_new(j, "reason", ctl_json_str(d->verdict.reason));
                 json_object_set_new(j, "source", json_string(evidence_source_name(&d->verdict)));
-                json_object_set_new(j, "would_probe",
-                                    json_boolean(evidence_would_probe(es, &d->verdict)));
                 json_object_set_new(j, "evidence", evidence_json(&d->verdict));
                 json_object_set_new(j, "record", d->has_record ? record_json(&d->record)
                                                                : json_null());
@@ -1003,6 +1069,9 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
         }
         if (r == 0)
                 r = decide_recover(f, had_summary, es ? &em.ev : NULL, &dr);
+        if (r == 0 && re->probe && es && dr.file == DECIDE_FILE_RECOVER &&
+            dr.mandate == DECIDE_MANDATE_PROBING)
+                r = recover_probe(re->cfg, f, had_summary, &em.ev, &dr, jf);
         if (r < 0) {
                 if (jfiles)
                         json_object_set_new(jf, "error", json_string(strerror(-r)));
@@ -1026,10 +1095,10 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
         for (size_t i = 0; i < rec->nplans; i++) {
                 const struct recovery_plan *rp = &rec->plans[i];
                 t->unfinished++;
-                if ((unsigned)rp->outcome < 4)
+                if ((unsigned)rp->outcome < 5)
                         t->outcomes[rp->outcome]++;
-                for (size_t k = 0; k < rp->ndecisions; k++)
-                        t->would_probe += evidence_would_probe(es, &rp->decisions[k].verdict);
+                /* (with --probe the probe ran: its word decided) */
+                t->would_probe += rp->outcome == RECOVERY_AWAIT_PROBE;
                 if (jfiles)
                         json_array_append_new(jplans, recover_plan_json(f, rp, es));
                 else
@@ -1048,8 +1117,6 @@ out:
         loaded_wal_free(&w);
         free(path);
 }
-
-#define CTL_DEFAULT_CONFIG "/etc/kairos/kairosd.conf"
 
 /* The configuration: --config, else the default one if it exists, else
  * none (every mandate is then decided from its WAL alone).  Returns 0 or an
@@ -1122,15 +1189,16 @@ out:
 int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
 {
         const char *state_dir = NULL, *config_path = NULL;
-        bool dry_run = false;
+        bool dry_run = false, probe = false;
         const struct ctl_option opts[] = {
                 { "dry-run", false, NULL, &dry_run },
                 { "state-dir", true, &state_dir, NULL },
+                { "probe", false, NULL, &probe },
                 { "config", true, &config_path, NULL },
                 { NULL, false, NULL, NULL },
         };
         struct config *cfg = NULL;
-        struct recover_evidence re = { NULL, NULL };
+        struct recover_evidence re = { NULL, NULL, false };
         struct idem_load_info iinfo;
         const char *idem_word = "unreadable";
         struct recover_totals t = { 0 };
@@ -1159,6 +1227,12 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
         if (!state_dir)
                 state_dir = cfg ? cfg->state_directory : CTL_DEFAULT_STATE_DIR;
         re.cfg = cfg;
+        re.probe = probe;
+        if (probe && !cfg) {
+                r = ctl_usage_error("recover: --probe needs the configuration (its Probe= "
+                                    "commands): none at " CTL_DEFAULT_CONFIG ", give --config");
+                goto out;
+        }
 
         struct stat st;
         if (stat(state_dir, &st) < 0) {

@@ -1078,7 +1078,8 @@ static char *step_detail(json_t *s)
 }
 
 /* RECOVERED column: "operator" for a step an operator resolved (resolve
- * --done/--retry/--abandon), else whether recovery completed it. */
+ * --done/--retry/--abandon), "probe" for one recovery completed on its
+ * probe's word (Probe=), else whether recovery completed it. */
 static const char *recovered_text(json_t *s, json_t *ops)
 {
         const char *step = jstr(s, "step_id");
@@ -1091,7 +1092,10 @@ static const char *recovered_text(json_t *s, json_t *ops)
                     strcmp(id, step) == 0)
                         return "operator";
         }
-        return json_is_true(json_object_get(s, "recovered")) ? "yes" : "no";
+        if (!json_is_true(json_object_get(s, "recovered")))
+                return "no";
+        const char *source = jstr(json_object_get(s, "evidence"), "source");
+        return source && strcmp(source, "probe") == 0 ? "probe" : "yes";
 }
 
 static int print_steps(json_t *steps, json_t *ops)
@@ -1294,7 +1298,7 @@ int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv)
  * status. */
 static int wait_outcome(const char *status)
 {
-        static const char *const going[] = { "runnable", "running", "idle", NULL };
+        static const char *const going[] = { "runnable", "running", "idle", "probing", NULL };
         static const char *const operator[] = { "paused", "paused_review", "awaiting_approval",
                                                 "quarantined", "wal_io_error", NULL };
 

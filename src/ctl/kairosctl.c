@@ -94,12 +94,14 @@ static const struct ctl_command commands[] = {
           "row a sealed record with its crc, seq 1..last_seq without a gap, epochs\n"
           "never going back along seq); exit 2 a bad row (its seq is printed), 66 no\n"
           "connection or no such mandate." },
-        { "recover", ctl_cmd_recover, false, "--dry-run [--state-dir D] [--config PATH]",
+        { "recover", ctl_cmd_recover, false,
+          "--dry-run [--state-dir D] [--config PATH] [--probe]",
           "Show what recovery would decide for every WAL in D/wal (default: the\n"
           "configuration's StateDirectory=, else " CTL_DEFAULT_STATE_DIR ") with the\n"
           "evidence kairosd would use: PATH's schedules (default\n"
           "/etc/kairos/kairosd.conf if it exists) and the idempotency log, read\n"
-          "offline; marks the steps a probe would decide; changes nothing." },
+          "offline; shows the steps a probe would decide, and with --probe runs\n"
+          "those probes and decides with their word; changes nothing." },
         { "canon", ctl_cmd_canon, false, "[--hash] [FILE|-]",
           "Print the canonical JSON of a document, or with --hash its hash." },
         { "plan", ctl_cmd_plan, false, "--name N --fired-at T [--cycle C] [--retry R]",

@@ -648,7 +648,7 @@ static void cmd_pause(struct control_request *req)
                 return;
         }
         if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||
-            is_final(m->status)) {
+            m->status == MANDATE_PROBING || is_final(m->status)) {
                 control_reply_error(req, "conflict", "mandate %s is %s: cannot pause it", m->id,
                                     mandate_status_name(m->status));
                 return;

@@ -30,6 +30,7 @@ enum mandate_status {
         MANDATE_IDLE,              /* every plan finalized; next cycle not decided yet */
         MANDATE_PAUSED,            /* paused by an operator */
         MANDATE_PAUSED_REVIEW,     /* a step needs a human (kairosctl resolve) */
+        MANDATE_PROBING,           /* recovery waits for a step's Probe= (probe.h) */
         MANDATE_AWAITING_APPROVAL,
         MANDATE_QUARANTINED,       /* WAL corrupt: nothing is appended */
         MANDATE_WAL_IO_ERROR,      /* a write or flush of the WAL failed */

@@ -18,6 +18,7 @@
 #include "kairos/fold.h"
 #include "kairos/kio.h"
 #include "kairos/idem.h"
+#include "kairos/stepdoc.h"
 #include "log.h"
 
 char *advance_own(struct advance *a, const char *s)
@@ -94,22 +95,6 @@ static const struct fold_step *plan_step(const struct fold *f, const struct fold
         return &f->steps[p->steps[i]];
 }
 
-static const struct fold_plan *plan_of_cycle(const struct fold *f, long long cycle)
-{
-        for (size_t i = f->nplans; i-- > 0;)
-                if (f->plans[i].cycle == cycle && !f->plans[i].orphan_reason)
-                        return &f->plans[i];
-        return NULL;
-}
-
-static const char *reflect_result(const struct fold *f, const struct fold_plan *p)
-{
-        if (!p || p->nsteps < PLANNER_PHASES)
-                return NULL;
-        const struct fold_step *s = plan_step(f, p, PLANNER_PHASES - 1);
-        return s->state == STEP_COMPLETED ? s->result_json : NULL;
-}
-
 static int append_rec(struct advance *a, struct wal *w, const struct wal_record *r)
 {
         int e = wal_append(w, r);
@@ -123,51 +108,15 @@ static int append_rec(struct advance *a, struct wal *w, const struct wal_record 
         return e;
 }
 
-/* The stdin document of a step: mandate, plan, step, goal, the results of
- * the earlier phases of this cycle and the previous cycle's reflect. */
+/* The stdin document of a step (kairos/stepdoc.h). */
 static void build_stdin(struct advance *a, const struct fold *f, const struct fold_plan *p,
                         size_t idx)
 {
-        struct kbuf *b = &a->stdin_doc;
-        kbuf_reset(b);
-        kbuf_puts(b, "{\"mandate\":{\"id\":");
-        kbuf_json_string_lossy(b, a->m->id, strlen(a->m->id), 0);
-        kbuf_puts(b, ",\"schedule\":");
-        if (a->schedule)
-                kbuf_json_string_lossy(b, a->schedule, strlen(a->schedule), 0);
-        else
-                kbuf_puts(b, "null");
-        kbuf_puts(b, ",\"fired_at\":");
-        if (a->fired_at)
-                kbuf_json_string_lossy(b, a->fired_at, strlen(a->fired_at), 0);
-        else
-                kbuf_puts(b, "null");
-        kbuf_printf(b, ",\"max_cycles\":%u},\"goal\":", a->max_cycles);
-        const char *goal = a->goal ? a->goal : (a->schedule ? a->schedule : "");
-        kbuf_json_string_lossy(b, goal, strlen(goal), 0);
-        kbuf_puts(b, ",\"plan\":{\"plan_id\":");
-        kbuf_json_string_lossy(b, p->plan_id, strlen(p->plan_id), 0);
-        kbuf_printf(b, ",\"cycle\":%lld},\"step\":{\"step_id\":", p->cycle);
-        const struct fold_step *s = plan_step(f, p, idx);
-        kbuf_json_string_lossy(b, s->step_id, strlen(s->step_id), 0);
-        kbuf_printf(b, ",\"phase\":\"%s\",\"attempt\":%u,\"idem_key\":",
-                    planner_phase_name((enum planner_phase)idx), a->attempt);
-        kbuf_json_string_lossy(b, a->idem_key, strlen(a->idem_key), 0);
-        kbuf_puts(b, "},\"results\":{");
-        bool first = true;
-        for (size_t i = 0; i < idx; i++) {
-                const struct fold_step *e = plan_step(f, p, i);
-                if (e->state != STEP_COMPLETED)
-                        continue;
-                kbuf_printf(b, "%s\"%s\":%s", first ? "" : ",",
-                            planner_phase_name((enum planner_phase)i),
-                            e->result_json ? e->result_json : "null");
-                first = false;
-        }
-        kbuf_puts(b, "},\"previous_reflect\":");
-        const char *prev = reflect_result(f, plan_of_cycle(f, p->cycle - 1));
-        kbuf_puts(b, prev ? prev : "null");
-        kbuf_puts(b, "}\n");
+        struct stepdoc_input in = { .mandate_id = a->m->id, .schedule = a->schedule,
+                                    .fired_at = a->fired_at, .goal = a->goal,
+                                    .max_cycles = a->max_cycles, .attempt = a->attempt,
+                                    .idem_key = a->idem_key };
+        (void)stepdoc_build(f, p, idx, &in, &a->stdin_doc);
 }
 
 /* Bring the mandate's fold up to date with its WAL: fold the bytes after

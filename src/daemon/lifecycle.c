@@ -14,6 +14,7 @@
 #include "daemon.h"
 #include "executor.h"
 #include "hooks.h"
+#include "probe.h"
 #include "idem_service.h"
 #include "kairos/kbuf.h"
 #include "log.h"
@@ -51,6 +52,9 @@ void daemon_update_status(struct daemon *d)
                                  c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
                                  c[MANDATE_PAUSED],
                                  c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
+                if (c[MANDATE_PROBING] && n > 0 && (size_t)n < sizeof buf)
+                        n += snprintf(buf + n, sizeof buf - (size_t)n, ", %u probing",
+                                      c[MANDATE_PROBING]);
                 if (d->cfg->nbroken && n > 0 && (size_t)n < sizeof buf)
                         snprintf(buf + n, sizeof buf - (size_t)n, "; %zu schedule%s broken",
                                  d->cfg->nbroken, d->cfg->nbroken == 1 ? "" : "s");
@@ -285,6 +289,7 @@ void daemon_stop(struct daemon *d, int exit_code)
         uv_timer_start(&d->stop_timer, on_stop_timeout,
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
         hooks_stop(d);
+        probe_stop(d);
         executor_shutdown(d, on_executor_idle);
 }
 

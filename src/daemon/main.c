@@ -19,6 +19,7 @@
 #include "daemon.h"
 #include "executor.h"
 #include "hooks.h"
+#include "probe.h"
 #include "idem_service.h"
 #include "initdb.h"
 #include "kairos/canon.h"
@@ -132,6 +133,7 @@ static void on_recovered(struct daemon *d)
         d->ready = true;
         notify_ready();
         hooks_ready(d);
+        probe_ready(d);
         daemon_update_status(d);
         log_event(LOG_NOTICE, MSGID_READY, NULL, 0,
                   "ready: recovered %u WAL files in %llu ms: %u resumed, %u paused for review, "
@@ -438,6 +440,7 @@ int main(int argc, char **argv)
         uv_loop_close(d->loop);
         executor_free(d);
         hooks_free(d);
+        probe_free(d);
         chronos_free(d);
         idem_service_free(d);
         mandates_free(d);

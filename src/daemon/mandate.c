@@ -16,6 +16,7 @@ static const char *const status_names[MANDATE__STATUS_MAX] = {
         [MANDATE_IDLE] = "idle",
         [MANDATE_PAUSED] = "paused",
         [MANDATE_PAUSED_REVIEW] = "paused_review",
+        [MANDATE_PROBING] = "probing",
         [MANDATE_AWAITING_APPROVAL] = "awaiting_approval",
         [MANDATE_QUARANTINED] = "quarantined",
         [MANDATE_WAL_IO_ERROR] = "wal_io_error",

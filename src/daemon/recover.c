@@ -30,6 +30,7 @@
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
+#include "probe.h"
 
 #include <jansson.h>
 
@@ -65,6 +66,7 @@ struct recover_job {
         enum mandate_status status;
         char *reason;
         char *review_step;
+        char *probe_step;            /* PROBING: the step its probe decides */
         char *plan_id;
         long long cycle;
         uint64_t flushes;
@@ -191,6 +193,10 @@ static void settle_status(struct recover_job *j, const struct fold *f,
                 const struct fold_plan *last = &f->plans[f->nplans - 1];
                 j->plan_id = strdup(last->plan_id ? last->plan_id : "");
                 j->cycle = last->cycle;
+        }
+        if (dr->mandate == DECIDE_MANDATE_PROBING) {
+                j->status = MANDATE_PROBING;
+                j->probe_step = strdup(dr->probe_step);
         }
         if (dr->mandate == DECIDE_MANDATE_PAUSED_REVIEW) {
                 j->status = MANDATE_PAUSED_REVIEW;
@@ -545,6 +551,8 @@ static void recover_settle(struct recover_job *j)
                                     strcmp(j->decisions[i].step_id, m->review_step) == 0)
                                         evidence = j->decisions[i].evidence;
                         hooks_event(d, HOOK_REVIEW, m, m->review_step, evidence);
+                } else if (j->status == MANDATE_PROBING) {
+                        probe_enqueue(m, j->probe_step ? j->probe_step : "");
                 } else if (j->ended) {
                         /* its end is in the WAL: only the archive is left to do */
                         executor_finish(m, j->end, j->end_reason);
@@ -565,6 +573,7 @@ static void recover_settle(struct recover_job *j)
         free(j->reason);
         free(j->end_reason);
         free(j->review_step);
+        free(j->probe_step);
         free(j->plan_id);
         free(j->schedule);
         free(j->fired_at);

@@ -706,6 +706,8 @@ static const struct key_def exec_keys[] = {
           .parse_limit = config_parse_tasks, .limit_form = "a number of tasks, or infinity" },
         { .name = "CPUQuota", .type = KT_LIMIT, .offset = SFIELD(cpu_quota_pct),
           .parse_limit = config_parse_percent, .limit_form = "a percentage such as 50% or 200%" },
+        { .name = "ProbeTimeoutSec", .type = KT_DURATION, .offset = SFIELD(probe_timeout_sec),
+          .min = 1, .max = CONFIG_DURATION_MAX },
         { .name = "Effects", .type = KT_PHASE_SET, .offset = SFIELD(effects) },
         { .name = "EffectsVia", .type = KT_ENUM, .offset = SFIELD(effects_via),
           .words = effects_via_words },
@@ -1442,6 +1444,7 @@ static int schedule_defaults(struct config_schedule *s, const char *name, const 
         s->missed_grace_sec = 300;
         s->max_cycles = 1;
         s->timeout_sec = 300;
+        s->probe_timeout_sec = 30;
         s->effects = 1u << 3; /* act */
         s->effects_via = EFFECTS_VIA_NONE;
         if (!s->name || !s->path || !s->time_zone)

@@ -385,6 +385,11 @@ int decide_recover(const struct fold *f, bool had_summary, const struct recovery
                         out->review_reason = rp->pause_reason ? rp->pause_reason : "needs_review";
                         break;
                 }
+                if (rp->outcome == RECOVERY_AWAIT_PROBE) {
+                        out->mandate = DECIDE_MANDATE_PROBING;
+                        out->probe_step = rp->probe_step;
+                        break;
+                }
         }
         return 0;
 }

@@ -278,6 +278,9 @@ int evidence_for_mandate(const struct evidence_index *ix, const char *mandate_id
         memcpy(em->ev.has_command, es->has_command, sizeof em->ev.has_command);
         /* without a store that is known to be whole, no call can be ruled out */
         em->ev.effects_via_kairosctl = es->effects_via_kairosctl && evidence_index_known(ix);
+        /* a step nothing else decides waits for the probe (kairosd runs it
+         * after READY=1, kairosctl recover --dry-run with --probe) */
+        em->ev.has_probe = es->has_probe;
 
         const struct evidence_call *c;
         size_t n = evidence_index_known(ix) ? evidence_index_calls(ix, mandate_id, &c) : 0;
@@ -321,10 +324,6 @@ int evidence_for_mandate(const struct evidence_index *ix, const char *mandate_id
         return 0;
 }
 
-bool evidence_would_probe(const struct evidence_schedule *es, const struct verdict *v)
-{
-        return es && v && es->has_probe && v->kind == VERDICT_MANUAL_REVIEW && v->row == 6;
-}
 
 const char *evidence_source_name(const struct verdict *v)
 {

@@ -39,8 +39,9 @@ static const struct recovery_step_evidence *step_evidence(const struct recovery_
 }
 
 /* Sources after the WAL, for a step the WAL leaves open (row 6): what the
- * step is, the idempotency store, the probe.  Changes *v when one decides.
- * *extra: more evidence members, in r's arena. */
+ * step is, the idempotency store, the probe.  Changes *v when one decides
+ * (more evidence members in v->extra_json, in r's arena).  Returns 1 when
+ * only the probe can decide and it has not spoken yet. */
 static int evidence_sources(struct recovery *r, const struct fold_step *s,
                             const struct recovery_evidence *ev, struct verdict *v)
 {
@@ -82,7 +83,7 @@ static int evidence_sources(struct recovery *r, const struct fold_step *s,
                 goto keep;
         }
         if (!se || se->probe == RECOVERY_PROBE_NONE)
-                return 0;
+                return ev->has_probe ? 1 : 0;
         switch (se->probe) {
         case RECOVERY_PROBE_DONE:
                 v->kind = VERDICT_ALREADY_DONE;
@@ -199,6 +200,14 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
         if ((ret = evidence_sources(r, s, evi, &d->verdict)) < 0)
                 return ret;
         *stop = true;
+        if (ret == 1) {
+                /* undecided: not a decision, no record; the probe comes first */
+                rp->ndecisions--;
+                rp->outcome = RECOVERY_AWAIT_PROBE;
+                rp->probe_step = s->step_id;
+                rp->probe_index = idx;
+                return 0;
+        }
 
         switch (d->verdict.kind) {
         case VERDICT_ALREADY_DONE:
@@ -207,6 +216,9 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                         return ret;
                 const char *res = se_result(evi, s), *rh = s->result_hash ? s->result_hash : "";
                 if (res && res != s->result_json) {
+                        /* the probe's result: the record keeps its own copy */
+                        if ((ret = keep(r, res, &res)) < 0)
+                                return ret;
                         char h[CANON_HASH_STRLEN];
                         if (canon_hash_json(res, strlen(res), h, NULL) == 0 &&
                             (ret = keep(r, h, &rh)) < 0)
@@ -438,6 +450,8 @@ const char *recovery_outcome_name(enum recovery_outcome o)
                 return "finalized_failed";
         case RECOVERY_FINALIZED_SUCCEEDED:
                 return "finalized_succeeded";
+        case RECOVERY_AWAIT_PROBE:
+                return "awaiting_probe";
         }
         return "unknown";
 }

@@ -65,7 +65,7 @@ SANITIZED = (os.environ.get("KAIROS_SANITIZED", "") not in ("", "0")
              or "asan" in os.environ.get("KAIROSD", "").lower())
 
 FINAL = {"done", "failed", "terminated", "abandoned"}
-LIVE = {"running", "runnable"}
+LIVE = {"running", "runnable", "probing"}
 WAITING = {"paused", "paused_review", "awaiting_approval"}
 BUGGY = {"quarantined", "wal_io_error"}
 VERDICTS = ("already_done", "safe_to_retry", "manual_review")
@@ -74,8 +74,11 @@ RECOVERY_RE = re.compile(r"recovery: (\S+) (\S+): (already_done|safe_to_retry|ma
 # reasons of steps that were executing when the daemon died, and those among
 # them that recovery decides without a human
 INTERRUPTED = ("declared_rerunnable", "no_command", "effects_journaled",
-               "tool_call_interrupted", "interrupted_during_execution")
-BY_ITSELF = ("declared_rerunnable", "no_command", "effects_journaled")
+               "tool_call_interrupted", "interrupted_during_execution",
+               "current_state_matches_expected_post", "current_pre_matches_expected",
+               "probe_inconclusive")
+BY_ITSELF = ("declared_rerunnable", "no_command", "effects_journaled",
+             "current_state_matches_expected_post", "current_pre_matches_expected")
 STARTED_RE = re.compile(r"(mnd_\S+) (\S+): started .*\(pid \d+, attempt (\d+)\)")
 FIRED_AT_BASE = 1893456000  # 2030-01-01T00:00:00Z
 
@@ -119,6 +122,27 @@ printf 'F %s %s %s %s\n' "$KAIROS_IDEM_KEY" "$KAIROS_ATTEMPT" "$$" "$rc" >>"$CRA
 [ "$rc" = 0 ] && printf '%s\n' "$out"
 exit $rc
 """
+
+
+# The Probe= of schedule "probed": the handler's effect is its F line in the
+# side log.  An F line of the interrupted attempt with status 0: done (with
+# the result the handler printed); none: not started; a failed one: not an
+# answer (the step goes to review).
+PROBE = r"""#!/bin/sh
+cat >/dev/null
+line=$(grep "^F $KAIROS_IDEM_KEY $KAIROS_ATTEMPT " "$CRASH_LOG" | tail -n 1)
+case $line in
+"") printf '{"state":"not_started"}\n' ;;
+*" 0") printf '{"state":"done","result":{"phase":"%s","attempt":%s}}\n' "$KAIROS_PHASE" \
+        "$KAIROS_ATTEMPT" ;;
+*) printf 'the handler failed: %s\n' "$line" ;;
+esac
+"""
+# safe_to_retry from evidence beyond the WAL: the reset record carries it
+SAFE_REASONS = ("declared_rerunnable", "no_command", "effects_journaled",
+                "current_pre_matches_expected")
+PROBE_REASONS = ("current_state_matches_expected_post", "current_pre_matches_expected",
+                 "probe_inconclusive")
 
 
 def fired_at(n):
@@ -169,6 +193,10 @@ class Campaign:
         with open(self.handler, "w") as f:
             f.write(HANDLER)
         os.chmod(self.handler, 0o755)
+        self.probe = os.path.join(self.dir, "probe.sh")
+        with open(self.probe, "w") as f:
+            f.write(PROBE)
+        os.chmod(self.probe, 0o755)
         open(self.side_log, "w").close()
         # Created by run() only: a closed NotifySocket's reader thread can
         # end up in recv() on a later socket that reuses its fd number and
@@ -184,6 +212,7 @@ class Campaign:
         self.term_then_kill = 0     # SIGTERM rounds that ended with a SIGKILL
         self.restarts = 0
         self.verdicts = {v: 0 for v in VERDICTS}
+        self.probe_verdicts = {r: 0 for r in PROBE_REASONS}  # decided by a probe
         self.reasons = {}           # reason -> count, every recovery decision
         self.journal_reasons = {}   # ... of the "journal" schedule's mandates
         self.jwrite_reasons = {}    # ... of the "jwrite" schedule's mandates
@@ -240,8 +269,11 @@ class Campaign:
     def schedules(self):
         def sched(max_cycles, maxms, act_maxms, fail, done, gate=0, concurrency="allow",
                   phases=("Observe", "Orient", "Decide", "Act", "Reflect"), journal=False,
-                  jwrite=False):
+                  jwrite=False, probe=False):
             ex = {p: "%s %s" % (self.handler, p.lower()) for p in phases}
+            if probe:
+                ex["Probe"] = self.probe
+                ex["ProbeTimeoutSec"] = "30"
             ex["TimeoutSec"] = "60"
             ex["Environment"] = ["CRASH_LOG=%s" % self.side_log, "CRASH_SEED=%d" % self.seed,
                                  "CRASH_MAXMS=%d" % maxms, "CRASH_ACT_MAXMS=%d" % act_maxms,
@@ -263,6 +295,7 @@ class Campaign:
             "gamma": sched(3, 30, 100, 60, 0, phases=("Observe", "Decide", "Act", "Reflect")),
             "gate": sched(2, 40, 150, 0, 0, gate=1),
             "queued": sched(2, 20, 60, 0, 0, concurrency="queue"),
+            "probed": sched(2, 40, 300, 40, 0, probe=True),
             "journal": sched(2, 40, 250, 0, 0, journal=True),
             "jwrite": sched(2, 40, 250, 0, 0, jwrite=True),
         }
@@ -307,6 +340,8 @@ class Campaign:
                 self.verdicts[m.group(3)] += 1
                 reason = m.group(4)
                 self.reasons[reason] = self.reasons.get(reason, 0) + 1
+                if reason in PROBE_REASONS:
+                    self.probe_verdicts[reason] += 1
                 if self.acked.get(m.group(1), (None,))[0] == "journal":
                     self.journal_reasons[reason] = self.journal_reasons.get(reason, 0) + 1
                     if reason == "interrupted_during_execution":
@@ -475,6 +510,8 @@ class Campaign:
                         self.fail("invariant 1: %s: a %s step reset" % (where, st))
                     if retry_ops.get(step, 0) > 0:
                         retry_ops[step] -= 1
+                    elif (r.get("evidence") or {}).get("reason") in SAFE_REASONS:
+                        pass  # the record says recovery's grounds (durable, unlike a log line)
                     else:
                         used = recov.get(step, 0)
                         if used >= self.retry_by_recovery.get((mid, step), 0):
@@ -633,7 +670,8 @@ class Campaign:
         self.unacked_fires = []
         while live + len(todo) < target_live:
             sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued",
-                                     "journal", "journal", "jwrite", "jwrite"])
+                                     "journal", "journal", "jwrite", "jwrite", "probed",
+                                     "probed"])
             todo.append((sched, fired_at(self.next_fire)))
             self.next_fire += 1
         for i, (sched, at) in enumerate(todo):
@@ -860,6 +898,8 @@ class Campaign:
               + " (manual_review that marked a step: %d, the rest were marked before; "
               "safe_to_retry that reset an executed step: %d)"
               % (self.new_reviews, self.safe_resets))
+        print("  decided by a probe:   " + ", ".join("%s %d" % (k, v) for k, v in
+                                                      self.probe_verdicts.items()))
         print("  last WAL record of the unfinished WALs at the kills: "
               + json.dumps(self.kill_points, sort_keys=True))
         print("  torn tails:           %d seen after a kill, %d repaired at startup"
@@ -941,6 +981,15 @@ class TestCheckers(unittest.TestCase):
                    [], "invariant 2")
         self.c.retry_by_recovery[("mnd_m", "a")] = 1
         self.steps([tr("a", "executing"), tr("a", "pending", reset=True)], [])
+
+    def test_reset_carrying_its_grounds(self):
+        # a reset record that says why recovery reran it needs no log line...
+        ev = {"reason": "current_pre_matches_expected", "source": "probe"}
+        self.steps([tr("a", "executing"), tr("a", "pending", reset=True, evidence=ev)], [])
+        # ...but a reason that is not safe_to_retry's does not count
+        self.steps([tr("a", "executing"),
+                    tr("a", "pending", reset=True, evidence={"reason": "probe_inconclusive"})],
+                   [], "invariant 2")
 
     def test_start_without_executing_record(self):
         self.steps([tr("a", "executing")], ["S mnd_m/a 1 10", "F mnd_m/a 1 10 0",

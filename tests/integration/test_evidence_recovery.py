@@ -281,14 +281,21 @@ class EvidenceRecovery(unittest.TestCase):
     def test_dry_run_says_would_probe(self):
         self.configure(self.exec_keys(["BLOCK=act"], Probe="/bin/false"))
         self.crash_during()
-        dr, p = self.dry_run("act_001")
-        self.assertEqual(dr["reason"], "interrupted_during_execution")
-        self.assertTrue(dr["would_probe"], dr)
+        p = subprocess.run([KAIROSCTL, "--json", "recover", "--dry-run", "--state-dir",
+                            self.state, "--config", self.conf],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        plan = out["files"][0]["plans"][0]
+        # the step is left to its probe: no decision for it yet
+        self.assertEqual((plan["outcome"], plan["probe_step"]), ("awaiting_probe", "act_001"))
+        self.assertEqual([d for d in plan["decisions"] if d["step_id"] == "act_001"], [])
+        self.assertEqual(out["summary"]["would_probe"], 1)
         text = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--state-dir", self.state,
                                "--config", self.conf], capture_output=True, text=True,
                               timeout=60)
         self.assertEqual(text.returncode, 0, text.stderr)
-        self.assertIn("would probe", text.stdout)
+        self.assertIn("would run the probe for act_001", text.stdout)
 
 
 class DryRunConfig(unittest.TestCase):

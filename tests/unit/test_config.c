@@ -1354,7 +1354,7 @@ static void test_limit_keys(void **state)
         config_errors_free(&errs);
 }
 
-/* Effects=, EffectsVia=, Probe=: what recovery may use as
+/* Effects=, EffectsVia=, Probe=, ProbeTimeoutSec=: what recovery may use as
  * evidence (defaults: act changes the world, nothing promised, 30 s). */
 static void load_one_schedule(const char *text, struct config **c)
 {
@@ -1373,15 +1373,17 @@ static void test_effects_keys(void **state)
         load_one_schedule("[Schedule]\nCron=@daily\n", &c);
         assert_int_equal(c->schedules[0].effects, 1u << 3);
         assert_int_equal(c->schedules[0].effects_via, EFFECTS_VIA_NONE);
+        assert_int_equal(c->schedules[0].probe_timeout_sec, 30);
         assert_null(c->schedules[0].probe);
         config_free(c);
 
         load_one_schedule("[Schedule]\nCron=@daily\n[Exec]\nEffects=decide  act\treflect\n"
-                          "EffectsVia=kairosctl\nProbe=/bin/probe -x\n",
+                          "EffectsVia=kairosctl\nProbe=/bin/probe -x\nProbeTimeoutSec=2min\n",
                           &c);
         assert_int_equal(c->schedules[0].effects, (1u << 2) | (1u << 3) | (1u << 4));
         assert_int_equal(c->schedules[0].effects_via, EFFECTS_VIA_KAIROSCTL);
         assert_string_equal(c->schedules[0].probe, "/bin/probe -x");
+        assert_int_equal(c->schedules[0].probe_timeout_sec, 120);
         config_free(c);
 
         /* empty: no phase changes the world; a later line replaces */
@@ -1408,6 +1410,9 @@ static void test_err_effects_keys(void **state)
         expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEffectsVia=tools\n",
                               "/schedules.d/x.conf:4: EffectsVia=: \"tools\" is not one of: "
                               "none, kairosctl");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nProbeTimeoutSec=0\n",
+                              "/schedules.d/x.conf:4: ProbeTimeoutSec=: 0 out of range "
+                              "1..3153600000 seconds");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Mandate]\nEffects=act\n",
                               "/schedules.d/x.conf:4: Effects=: unknown key in [Mandate]");
 }

@@ -721,9 +721,87 @@ static void test_recover_probe_done_completes(void **state)
         assert_int_equal(d->record.op, WAL_OP_COMPLETED);
         assert_true(d->record.recovered);
         assert_string_equal(d->record.result_json, "{\"sent\":1}");
+        /* a copy: the evidence need not outlive the decision */
+        assert_ptr_not_equal(d->record.result_json, se.probe_result_json);
         assert_int_equal(canon_hash_json("{\"sent\":1}", 10, h, NULL), 0);
         assert_string_equal(d->record.result_hash, h);
         /* the mandate goes on (reflect runs next) */
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_RUNNABLE);
+        decide_recovery_release(&dr);
+        sim_free(&s);
+}
+
+/* A schedule with Probe=: a step that only the probe can decide, with no
+ * word from it yet, is left undecided (no record) and the mandate probes;
+ * the same function then decides with the probe's word.  A step another
+ * source decides never waits for a probe. */
+static void test_recover_awaits_probe(void **state)
+{
+        (void)state;
+        struct sim s;
+        struct decide_recovery dr;
+        struct recovery_step_evidence se = { .step_id = "act_001" };
+        struct recovery_evidence ev = { .effects = 1u << PHASE_ACT, .has_probe = true,
+                                        .has_command = { true, true, true, true, true },
+                                        .steps = &se, .nsteps = 1 };
+        interrupted_at(&s, PHASE_ACT);
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.file, DECIDE_FILE_RECOVER);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PROBING);
+        assert_string_equal(dr.probe_step, "act_001");
+        assert_int_equal(dr.recovery->nplans, 1);
+        const struct recovery_plan *rp = &dr.recovery->plans[0];
+        assert_int_equal(rp->outcome, RECOVERY_AWAIT_PROBE);
+        assert_string_equal(rp->probe_step, "act_001");
+        assert_string_equal(s.f->steps[rp->probe_index].step_id, "act_001");
+        assert_int_equal(rp->ndecisions, 0);
+        assert_false(rp->has_finalize);
+        assert_int_equal(recovery_record_count(dr.recovery), 0);
+        assert_string_equal(recovery_outcome_name(rp->outcome), "awaiting_probe");
+        decide_recovery_release(&dr);
+
+        /* the probe spoke: decided as any other source */
+        se.probe = RECOVERY_PROBE_NOT_STARTED;
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_RUNNABLE);
+        assert_int_equal(dr.recovery->plans[0].outcome, RECOVERY_RESUME);
+        assert_int_equal(recovery_record_count(dr.recovery), 1);
+        /* the reset says why: the probe */
+        const struct wal_record *reset = recovery_record_at(dr.recovery, 0);
+        assert_int_equal(reset->op, WAL_OP_RESET);
+        assert_non_null(reset->evidence_json);
+        assert_non_null(strstr(reset->evidence_json, "\"reason\":\"current_pre_matches_expected\""));
+        assert_non_null(strstr(reset->evidence_json, "\"source\":\"probe\""));
+        decide_recovery_release(&dr);
+        se.probe = RECOVERY_PROBE_FAILED;
+        se.probe_output = "exit status 3";
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
+        assert_string_equal(dr.review_reason, "probe_inconclusive");
+        decide_recovery_release(&dr);
+        se.probe = RECOVERY_PROBE_NONE;
+
+        /* no Probe=: the WAL's word (review) */
+        ev.has_probe = false;
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
+        assert_string_equal(dr.review_reason, "interrupted_during_execution");
+        decide_recovery_release(&dr);
+        ev.has_probe = true;
+        /* sources 2 and 3 come before the probe */
+        se.idem_open = 1;
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
+        assert_string_equal(dr.review_reason, "tool_call_interrupted");
+        decide_recovery_release(&dr);
+        se.idem_open = 0;
+        ev.effects_via_kairosctl = true;
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_RUNNABLE);
+        decide_recovery_release(&dr);
+        ev.effects_via_kairosctl = false;
+        ev.effects = 0;
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
         assert_int_equal(dr.mandate, DECIDE_MANDATE_RUNNABLE);
         decide_recovery_release(&dr);
         sim_free(&s);
@@ -836,19 +914,36 @@ static void test_recover_evidence_from_store(void **state)
         evidence_schedule_from_config(&sc, &es);
         idem_store_free(st);
         assert_int_equal(idem_store_new(&opt, &st), 0);
-        d = decide_with(&s, st, &es, &ix, &em, &dr);
-        assert_string_equal(d->verdict.reason, "interrupted_during_execution");
-        assert_true(evidence_would_probe(&es, &d->verdict));
+        assert_int_equal(evidence_index_build(st, &ix), 0);
+        assert_int_equal(evidence_for_mandate(ix, s.mid, &es, &em), 0);
+        assert_true(em.ev.has_probe);
+        assert_int_equal(decide_recover(s.f, false, &em.ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PROBING);
+        assert_string_equal(dr.probe_step, "act_001");
         decide_recovery_release(&dr);
         evidence_mandate_release(&em);
         evidence_index_free(ix);
+
+        /* with Probe=, a call of the step cut off decides first (source 3):
+         * no probe is asked */
+        owned_call(st, s.mid, "act_001", "cut", false);
+        d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_true(em.ev.has_probe);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
+        assert_int_equal(d->verdict.kind, VERDICT_MANUAL_REVIEW);
+        assert_string_equal(d->verdict.reason, "tool_call_interrupted");
+        assert_non_null(strstr(d->record.evidence_json, "\"key\":\"cmd:cut\""));
+        decide_recovery_release(&dr);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+        idem_store_free(st);
+        assert_int_equal(idem_store_new(&opt, &st), 0);
 
         /* Effects= without act: act is re-runnable */
         sc.effects = 1u << PHASE_REFLECT;
         evidence_schedule_from_config(&sc, &es);
         d = decide_with(&s, st, &es, &ix, &em, &dr);
         assert_string_equal(d->verdict.reason, "declared_rerunnable");
-        assert_false(evidence_would_probe(&es, &d->verdict));
         assert_non_null(strstr(d->record.evidence_json, "\"phase\":\"act\""));
         decide_recovery_release(&dr);
         evidence_mandate_release(&em);
@@ -885,6 +980,7 @@ int main(void)
                 cmocka_unit_test(test_recover_wal_alone_pauses),
                 cmocka_unit_test(test_recover_evidence_sources),
                 cmocka_unit_test(test_recover_probe_done_completes),
+                cmocka_unit_test(test_recover_awaits_probe),
                 cmocka_unit_test(test_recover_evidence_from_store),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,794 @@
+/* SPDX-License-Identifier: MIT */
+/* probe: Probe= after READY=1 (probe.h). */
+#include "probe.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "executor.h"
+#include "hooks.h"
+#include "kairos/decide.h"
+#include "kairos/fold.h"
+#include "kairos/kbuf.h"
+#include "kairos/planner.h"
+#include "kairos/probeout.h"
+#include "kairos/stepdoc.h"
+#include "kairos/verdict.h"
+#include "kairos/wal.h"
+#include "log.h"
+#include "metrics.h"
+#include "runner.h"
+
+#define PROBE_STDERR_TAIL 2048
+
+/* One probe: waiting, preparing (on the mandate's queue), running. */
+struct probe_job {
+        struct mandate *m;
+        struct probe_job *next, *prev;
+        char *step_id;
+        /* what the loop read from the configuration for the pool */
+        unsigned max_cycles;
+        /* prepared on the pool */
+        int prep_error;               /* -errno; 1: the step is no longer open */
+        char *doc;
+        size_t doc_len;
+        char *plan_id, *idem_key;
+        long long cycle;
+        unsigned attempt;
+        int phase;
+        /* the process */
+        char **argv, **env;
+        char *cwd, *cmdline;
+        unsigned timeout_sec;
+        struct runner_job job;
+        uv_pipe_t in, out, err;
+        uv_timer_t timer;
+        unsigned open_handles;        /* 0: the handles were never made */
+        uv_write_t write_req;
+        bool started, exited, out_eof, err_eof, finished, timed_out, overflow;
+        int exit_status, term_signal;
+        char start_error[256];
+        struct kbuf out_buf;
+        char err_tail[PROBE_STDERR_TAIL];
+        size_t err_tail_len;
+        char scratch[65536];
+};
+
+/* The probe's word, decided again on the mandate's queue. */
+struct probe_decision {
+        struct mandate *m;
+        char *step_id;
+        struct probe_word word;
+        bool have_ev;
+        struct recovery_evidence ev;  /* the schedule's, read on the loop */
+        /* results */
+        int error;
+        char errmsg[256];
+        bool still_probing;
+        enum decide_mandate outcome;
+        char *review_step, *review_reason, *plan_id;
+        long long cycle;
+        struct {
+                char *step_id, *reason, *evidence;
+                const char *action;   /* what was done, as recovery logs it */
+                enum verdict_kind kind;
+        } decs[PLANNER_PHASES * 2];
+        size_t ndecs;
+        uint64_t flushes;
+};
+
+static struct {
+        struct daemon *d;
+        bool ready, stopping;
+        struct probe_job *q_head, *q_tail;   /* waiting for READY=1 or a free slot */
+        struct probe_job *running;           /* preparing or running */
+        unsigned nrunning;
+} P;
+
+static void start_next(void);
+
+static void list_remove(struct probe_job **head, struct probe_job *j)
+{
+        if (j->prev)
+                j->prev->next = j->next;
+        else
+                *head = j->next;
+        if (j->next)
+                j->next->prev = j->prev;
+        j->next = j->prev = NULL;
+}
+
+static void job_free(struct probe_job *j)
+{
+        free(j->step_id);
+        free(j->doc);
+        free(j->plan_id);
+        free(j->idem_key);
+        config_strv_free(j->argv);
+        config_strv_free(j->env);
+        free(j->cwd);
+        free(j->cmdline);
+        kbuf_free(&j->out_buf);
+        free(j);
+}
+
+/* The job leaves the running list (its slot is free again) and goes. */
+static void job_end(struct probe_job *j)
+{
+        list_remove(&P.running, j);
+        P.nrunning--;
+        job_free(j);
+        start_next();
+}
+
+static const struct config_schedule *schedule_of(const struct mandate *m)
+{
+        const struct config *cfg = m->d->cfg;
+        for (size_t i = 0; m->schedule && i < cfg->nschedules; i++)
+                if (strcmp(cfg->schedules[i].name, m->schedule) == 0)
+                        return &cfg->schedules[i];
+        return NULL;
+}
+
+/* ---- deciding again with the probe's word ---- */
+
+static void decision_free(struct probe_decision *pd)
+{
+        probe_word_clear(&pd->word);
+        free(pd->step_id);
+        free(pd->review_step);
+        free(pd->review_reason);
+        free(pd->plan_id);
+        for (size_t i = 0; i < pd->ndecs; i++) {
+                free(pd->decs[i].step_id);
+                free(pd->decs[i].reason);
+                free(pd->decs[i].evidence);
+        }
+        free(pd);
+}
+
+static const char *action_for(const struct recovery_decision *dec)
+{
+        if (!dec->has_record)
+                return dec->verdict.kind == VERDICT_SAFE_TO_RETRY ? "runs when its turn comes"
+                                                                   : "already marked";
+        switch (dec->record.op) {
+        case WAL_OP_COMPLETED:
+                return "marked completed (recovered)";
+        case WAL_OP_RESET:
+                return "reset to pending, runs again with the same idem_key";
+        case WAL_OP_NEEDS_REVIEW:
+                return "marked needs_review, mandate paused";
+        default:
+                return "recorded";
+        }
+}
+
+static void keep_decisions(struct probe_decision *pd, const struct fold *f,
+                           const struct recovery *rec)
+{
+        for (size_t i = 0; i < rec->nplans; i++)
+                for (size_t k = 0; k < rec->plans[i].ndecisions; k++) {
+                        const struct recovery_decision *dec = &rec->plans[i].decisions[k];
+                        if (pd->ndecs == sizeof pd->decs / sizeof pd->decs[0])
+                                return;
+                        struct kbuf ev = KBUF_INIT;
+                        verdict_evidence_json(&dec->verdict, &ev);
+                        pd->decs[pd->ndecs].step_id = strdup(f->steps[dec->step].step_id);
+                        pd->decs[pd->ndecs].reason =
+                                strdup(dec->verdict.reason ? dec->verdict.reason : "");
+                        pd->decs[pd->ndecs].evidence = kbuf_steal(&ev);
+                        pd->decs[pd->ndecs].kind = dec->verdict.kind;
+                        pd->decs[pd->ndecs].action = action_for(dec);
+                        pd->ndecs++;
+                }
+}
+
+static void decide_work(void *arg)
+{
+        struct probe_decision *pd = arg;
+        struct mandate *m = pd->m;
+        struct fold *f = NULL;
+        struct decide_recovery dr = { .recovery = NULL };
+        struct recovery_step_evidence se = {
+                .step_id = pd->step_id, .probe = pd->word.probe,
+                .probe_result_json = pd->word.result_json, .probe_output = pd->word.output,
+        };
+        int r = fold_file(m->wal_path, &f);
+        if (r == 0 && f->status == FOLD_CORRUPT)
+                r = -EBADMSG;
+        if (r < 0) {
+                pd->error = r;
+                snprintf(pd->errmsg, sizeof pd->errmsg, "folding %s: %s", m->wal_path,
+                         strerror(-r));
+                goto out;
+        }
+        pd->ev.steps = &se;
+        pd->ev.nsteps = 1;
+        /* (a summary only matters to a WAL without plans: this one has one) */
+        if ((r = decide_recover(f, true, pd->have_ev ? &pd->ev : NULL, &dr)) < 0) {
+                pd->error = r;
+                snprintf(pd->errmsg, sizeof pd->errmsg, "deciding %s: %s", m->id, strerror(-r));
+                goto out;
+        }
+        if (dr.mandate == DECIDE_MANDATE_PROBING) {
+                pd->still_probing = true; /* no word was taken (cannot happen) */
+                goto out;
+        }
+        size_t n = recovery_record_count(dr.recovery);
+        if (n && (r = mandate_wal_open(m)) < 0) {
+                pd->error = r;
+                snprintf(pd->errmsg, sizeof pd->errmsg, "opening %s: %s", m->wal_path,
+                         strerror(-r));
+                goto out;
+        }
+        uint64_t before = n ? wal_flush_count(m->wal) : 0;
+        for (size_t i = 0; i < n && r == 0; i++)
+                r = wal_append(m->wal, recovery_record_at(dr.recovery, i));
+        if (r == 0 && n)
+                r = wal_flush(m->wal);
+        if (n)
+                pd->flushes = wal_flush_count(m->wal) - before;
+        if (r < 0) {
+                pd->error = r;
+                snprintf(pd->errmsg, sizeof pd->errmsg, "appending to %s: %s", m->wal_path,
+                         strerror(-r));
+                goto out;
+        }
+        keep_decisions(pd, f, dr.recovery);
+        pd->outcome = dr.mandate;
+        if (dr.mandate == DECIDE_MANDATE_PAUSED_REVIEW) {
+                pd->review_step = strdup(dr.review_step);
+                pd->review_reason = strdup(dr.review_reason);
+        }
+        if (f->nplans > 0) {
+                const struct fold_plan *last = &f->plans[f->nplans - 1];
+                pd->plan_id = last->plan_id ? strdup(last->plan_id) : NULL;
+                pd->cycle = last->cycle;
+        }
+out:
+        decide_recovery_release(&dr);
+        fold_free(f);
+}
+
+static void decide_done(void *arg)
+{
+        struct probe_decision *pd = arg;
+        struct mandate *m = pd->m;
+        struct daemon *d = m->d;
+        m->busy--;
+        m->flushes += pd->flushes;
+        d->flushes_total += pd->flushes;
+        struct recovery_summary *s = &d->recovery;
+        for (size_t i = 0; i < pd->ndecs; i++) {
+                log_event(LOG_NOTICE, MSGID_RECOVERY,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", pd->decs[i].step_id },
+                                     { "VERDICT", verdict_kind_name(pd->decs[i].kind) },
+                                     { "EVIDENCE", pd->decs[i].evidence }),
+                          "recovery: %s %s: %s (%s): %s", m->id, pd->decs[i].step_id,
+                          verdict_kind_name(pd->decs[i].kind), pd->decs[i].reason,
+                          pd->decs[i].action);
+                metrics_verdict(d->metrics, verdict_kind_name(pd->decs[i].kind),
+                                strcmp(pd->decs[i].step_id, pd->step_id) == 0 ? "probe" : "wal",
+                                pd->decs[i].reason);
+                s->decisions++;
+                if (pd->decs[i].kind == VERDICT_ALREADY_DONE)
+                        s->already_done++;
+                else if (pd->decs[i].kind == VERDICT_SAFE_TO_RETRY)
+                        s->safe_to_retry++;
+                else
+                        s->manual_review++;
+        }
+        bool ours = m->status == MANDATE_PROBING && !m->cancel;
+        if (pd->error) {
+                bool corrupt = pd->error == -EBADMSG;
+                log_event(LOG_ERR, corrupt ? MSGID_WAL_CORRUPT : MSGID_WAL_IO_ERROR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s: the probe's word on %s cannot be recorded: %s", m->id,
+                          pd->step_id, pd->errmsg);
+                if (ours) {
+                        mandate_wal_close(m);
+                        mandate_set_status(m, corrupt ? MANDATE_QUARANTINED : MANDATE_WAL_IO_ERROR,
+                                           corrupt ? "wal_corrupt" : "wal_io_error");
+                }
+        } else if (!ours) {
+                log_info("%s: %s meanwhile; the probe's word on %s is recorded, nothing more",
+                         m->id, m->cancel ? "being cancelled" : mandate_status_name(m->status),
+                         pd->step_id);
+        } else {
+                if (pd->plan_id) {
+                        free(m->plan_id);
+                        m->plan_id = pd->plan_id;
+                        pd->plan_id = NULL;
+                        m->cycle = pd->cycle;
+                }
+                if (pd->still_probing || pd->outcome == DECIDE_MANDATE_PAUSED_REVIEW) {
+                        const char *step = pd->review_step ? pd->review_step : pd->step_id;
+                        const char *why = pd->review_reason ? pd->review_reason
+                                                            : "probe_inconclusive";
+                        mandate_set_status(m, MANDATE_PAUSED_REVIEW, why);
+                        m->review_step = strdup(step);
+                        log_event(LOG_WARNING, MSGID_PAUSED_REVIEW,
+                                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", step }),
+                                  "mandate %s paused for review at step %s (%s); resolve with "
+                                  "kairosctl resolve %s %s --done|--retry|--abandon --reason TEXT",
+                                  m->id, step, why, m->id, step);
+                        const char *evidence = NULL;
+                        for (size_t i = 0; i < pd->ndecs; i++)
+                                if (strcmp(pd->decs[i].step_id, step) == 0)
+                                        evidence = pd->decs[i].evidence;
+                        hooks_event(d, HOOK_REVIEW, m, step, evidence);
+                } else {
+                        executor_enqueue(m);
+                }
+        }
+        decision_free(pd);
+        daemon_update_status(d);
+        executor_kick(d);
+}
+
+/* The run is over: judge it, then decide again on the mandate's queue. */
+static void decide(struct probe_job *j)
+{
+        struct mandate *m = j->m;
+        char tail[PROBE_STDERR_TAIL + 1];
+        memcpy(tail, j->err_tail, j->err_tail_len);
+        tail[j->err_tail_len] = '\0';
+        struct probe_run run = {
+                .out = j->out_buf.data, .out_len = j->out_buf.len, .out_overflow = j->overflow,
+                .err = tail, .err_len = j->err_tail_len, .exit_status = j->exit_status,
+                .term_signal = j->term_signal, .timed_out = j->timed_out,
+                .timeout_sec = j->timeout_sec,
+                .start_error = j->start_error[0] ? j->start_error : NULL,
+        };
+        struct probe_decision *pd = calloc(1, sizeof(*pd));
+        if (!pd || !(pd->step_id = strdup(j->step_id)) || probe_judge(&run, &pd->word) < 0) {
+                log_error("%s %s: out of memory judging its probe; the mandate stays probing "
+                          "until the next start", m->id, j->step_id);
+                if (pd)
+                        decision_free(pd);
+                return;
+        }
+        pd->m = m;
+        log_event(pd->word.probe == RECOVERY_PROBE_FAILED ? LOG_WARNING : LOG_NOTICE, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", j->step_id }),
+                  "%s %s: the probe said %s%s%s", m->id, j->step_id,
+                  probe_word_name(pd->word.probe), pd->word.output ? ": " : "",
+                  pd->word.output ? pd->word.output : "");
+        if (P.stopping || m->status != MANDATE_PROBING || m->cancel) {
+                log_info("%s %s: the probe's word is not used (%s); the step stays open", m->id,
+                         j->step_id, P.stopping ? "kairosd is stopping" : "no longer probing");
+                decision_free(pd);
+                return;
+        }
+        pd->have_ev = probe_schedule_evidence(m->d->cfg, m->schedule, &pd->ev);
+        m->busy++;
+        if (serialq_submit(&m->q, decide_work, decide_done, pd) < 0) {
+                m->busy--;
+                log_error("%s %s: out of memory recording its probe's word; the mandate stays "
+                          "probing until the next start", m->id, j->step_id);
+                decision_free(pd);
+        }
+}
+
+/* ---- the process ---- */
+
+static void on_closed(uv_handle_t *h)
+{
+        struct probe_job *j = h->data;
+        if (--j->open_handles == 0)
+                job_end(j);
+}
+
+static void close_handles(struct probe_job *j)
+{
+        uv_handle_t *hs[] = { (uv_handle_t *)&j->in, (uv_handle_t *)&j->out,
+                              (uv_handle_t *)&j->err, (uv_handle_t *)&j->timer };
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+                if (!uv_is_closing(hs[i]))
+                        uv_close(hs[i], on_closed);
+}
+
+static void finish(struct probe_job *j)
+{
+        if (j->finished)
+                return;
+        j->finished = true;
+        uv_timer_stop(&j->timer);
+        decide(j);
+        close_handles(j);
+}
+
+static void maybe_finish(struct probe_job *j)
+{
+        if (j->exited && j->out_eof && j->err_eof)
+                finish(j);
+}
+
+static void on_kill_timer(uv_timer_t *t)
+{
+        struct probe_job *j = t->data;
+        if (j->exited) {
+                finish(j); /* something outside its group holds its output open */
+                return;
+        }
+        runner_kill(&j->job, SIGKILL);
+        uv_timer_start(&j->timer, on_kill_timer, PROBE_KILL_GRACE_MS, 0);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+        struct probe_job *j = t->data;
+        j->timed_out = true;
+        if (j->exited) {
+                finish(j);
+                return;
+        }
+        runner_kill(&j->job, SIGTERM);
+        uv_timer_start(&j->timer, on_kill_timer, PROBE_KILL_GRACE_MS, 0);
+}
+
+static void on_exited(struct runner_job *job, int exit_status, int term_signal)
+{
+        struct probe_job *j = job->data;
+        j->exited = true;
+        j->exit_status = exit_status;
+        j->term_signal = term_signal;
+        maybe_finish(j);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+        (void)suggested;
+        struct probe_job *j = h->data;
+        *buf = uv_buf_init(j->scratch, sizeof j->scratch);
+}
+
+static void tail_add(struct probe_job *j, const char *p, size_t n)
+{
+        if (n >= PROBE_STDERR_TAIL) {
+                memcpy(j->err_tail, p + n - PROBE_STDERR_TAIL, PROBE_STDERR_TAIL);
+                j->err_tail_len = PROBE_STDERR_TAIL;
+                return;
+        }
+        if (j->err_tail_len + n > PROBE_STDERR_TAIL) {
+                size_t drop = j->err_tail_len + n - PROBE_STDERR_TAIL;
+                memmove(j->err_tail, j->err_tail + drop, j->err_tail_len - drop);
+                j->err_tail_len -= drop;
+        }
+        memcpy(j->err_tail + j->err_tail_len, p, n);
+        j->err_tail_len += n;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+        struct probe_job *j = s->data;
+        bool is_out = (uv_pipe_t *)s == &j->out;
+        if (n < 0) {
+                uv_read_stop(s);
+                if (is_out)
+                        j->out_eof = true;
+                else
+                        j->err_eof = true;
+                maybe_finish(j);
+                return;
+        }
+        if (!is_out) {
+                tail_add(j, buf->base, (size_t)n);
+                return;
+        }
+        if (j->overflow)
+                return;
+        if (j->out_buf.len + (size_t)n > PROBE_STDOUT_MAX ||
+            kbuf_append(&j->out_buf, buf->base, (size_t)n) < 0) {
+                j->overflow = true;
+                runner_kill(&j->job, SIGKILL);
+        }
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+        (void)status; /* a probe that does not read its stdin is fine */
+        struct probe_job *j = req->data;
+        if (!uv_is_closing((uv_handle_t *)&j->in))
+                uv_close((uv_handle_t *)&j->in, on_closed);
+}
+
+static void on_started(struct runner_job *job)
+{
+        struct probe_job *j = job->data;
+        config_strv_free(j->argv);
+        j->argv = NULL;
+        config_strv_free(j->env);
+        j->env = NULL;
+        struct mandate *m = j->m;
+        if (job->err) {
+                snprintf(j->start_error, sizeof j->start_error, "%s%s%s",
+                         job->err_what ? job->err_what : "", job->err_what ? ": " : "",
+                         strerror(-job->err));
+                finish(j);
+                return;
+        }
+        j->started = true;
+        uv_pipe_open(&j->in, job->fd_in);
+        uv_pipe_open(&j->out, job->fd_out);
+        uv_pipe_open(&j->err, job->fd_err);
+        uv_read_start((uv_stream_t *)&j->out, on_alloc, on_read);
+        uv_read_start((uv_stream_t *)&j->err, on_alloc, on_read);
+        uv_buf_t b = uv_buf_init(j->doc, (unsigned)j->doc_len);
+        j->write_req.data = j;
+        if (uv_write(&j->write_req, (uv_stream_t *)&j->in, &b, 1, on_written) < 0)
+                uv_close((uv_handle_t *)&j->in, on_closed);
+        uv_timer_start(&j->timer, on_timeout, (uint64_t)j->timeout_sec * 1000, 0);
+        log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", j->step_id }),
+                  "%s %s: probe started: %s (pid %d, ProbeTimeoutSec=%u)", m->id, j->step_id,
+                  j->cmdline, (int)job->pid, j->timeout_sec);
+        if (P.stopping)
+                runner_kill(job, SIGKILL);
+}
+
+static char *env_entry(const char *k, const char *v)
+{
+        char *e = NULL;
+        return asprintf(&e, "%s=%s", k, v) < 0 ? NULL : e;
+}
+
+/* The environment of a handler of the step, plus KAIROS_PROBE=1. */
+static char **probe_env(const struct probe_job *j, const struct config_schedule *sc)
+{
+        const struct mandate *m = j->m;
+        const char *path, *home, *user, *kairosctl;
+        executor_handler_env(&path, &home, &user, &kairosctl);
+        char attempt[16], cycle[24];
+        snprintf(attempt, sizeof attempt, "%u", j->attempt);
+        snprintf(cycle, sizeof cycle, "%lld", j->cycle);
+        struct {
+                const char *k, *v;
+        } kv[] = {
+                { "PATH", path },
+                { "LANG", getenv("LANG") },
+                { "HOME", home },
+                { "USER", user },
+                { "LOGNAME", user },
+                { "KAIROSCTL", kairosctl },
+                { "KAIROS_MANDATE_ID", m->id },
+                { "KAIROS_PLAN_ID", j->plan_id },
+                { "KAIROS_STEP_ID", j->step_id },
+                { "KAIROS_PHASE", planner_phase_name((enum planner_phase)j->phase) },
+                { "KAIROS_CYCLE", cycle },
+                { "KAIROS_IDEM_KEY", j->idem_key },
+                { "KAIROS_SCHEDULE", m->schedule },
+                { "KAIROS_FIRED_AT", m->fired_at },
+                { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
+                { "KAIROS_ATTEMPT", attempt },
+                { "KAIROS_CONTROL_SOCKET", m->d->cfg->control_socket },
+                { "KAIROS_PROBE", "1" },
+        };
+        size_t nkv = sizeof kv / sizeof kv[0], ne = 0;
+        char **env = calloc(nkv + sc->nenvironment + 1, sizeof(char *));
+        for (size_t i = 0; env && i < nkv; i++)
+                if (kv[i].v && !(env[ne++] = env_entry(kv[i].k, kv[i].v)))
+                        goto oom;
+        for (size_t i = 0; env && i < sc->nenvironment; i++)
+                if (!(env[ne++] = strdup(sc->environment[i])))
+                        goto oom;
+        return env;
+oom:
+        config_strv_free(env);
+        return NULL;
+}
+
+static void spawn(struct probe_job *j)
+{
+        struct mandate *m = j->m;
+        struct daemon *d = m->d;
+        const struct config_schedule *sc = schedule_of(m);
+        uv_pipe_init(d->loop, &j->in, 0);
+        uv_pipe_init(d->loop, &j->out, 0);
+        uv_pipe_init(d->loop, &j->err, 0);
+        uv_timer_init(d->loop, &j->timer);
+        j->in.data = j->out.data = j->err.data = j->timer.data = j;
+        j->open_handles = 4;
+        if (!sc || !sc->probe || !*sc->probe) {
+                /* reloaded without it meanwhile */
+                snprintf(j->start_error, sizeof j->start_error,
+                         "the schedule has no Probe= any more");
+                finish(j);
+                return;
+        }
+        size_t argc = 0;
+        j->timeout_sec = (unsigned)sc->probe_timeout_sec;
+        j->cmdline = strdup(sc->probe);
+        j->cwd = strdup(sc->working_directory ? sc->working_directory : d->cfg->state_directory);
+        int r = config_split_command(sc->probe, &j->argv, &argc);
+        if (r == 0 && argc == 0)
+                r = -EINVAL;
+        if (r == 0 && (!j->cmdline || !j->cwd || !(j->env = probe_env(j, sc))))
+                r = -ENOMEM;
+        if (r == 0) {
+                j->job = (struct runner_job){
+                        .argv = j->argv, .envp = j->env, .cwd = j->cwd, .started = on_started,
+                        .exited = on_exited, .data = j, .cg_hint = j->step_id,
+                        .limits = { sc->memory_max, sc->tasks_max, sc->cpu_quota_pct },
+                };
+                r = runner_spawn(d->runner, &j->job);
+        }
+        if (r < 0) {
+                snprintf(j->start_error, sizeof j->start_error, "%s", strerror(-r));
+                finish(j);
+        }
+}
+
+/* ---- preparing: the step's document, from the WAL (pool thread) ---- */
+
+static void prep_work(void *arg)
+{
+        struct probe_job *j = arg;
+        struct fold *f = NULL;
+        int r = fold_file(j->m->wal_path, &f);
+        if (r < 0) {
+                j->prep_error = r;
+                return;
+        }
+        const struct fold_step *s = fold_find_step(f, j->step_id);
+        if (f->status == FOLD_CORRUPT) {
+                j->prep_error = -EBADMSG;
+        } else if (!s || s->state != STEP_EXECUTING || s->plan >= f->nplans) {
+                j->prep_error = 1;
+        } else {
+                const struct fold_plan *p = &f->plans[s->plan];
+                size_t idx = 0;
+                while (idx < p->nsteps && &f->steps[p->steps[idx]] != s)
+                        idx++;
+                j->attempt = s->executions;
+                j->phase = idx < PLANNER_PHASES ? (int)idx : 0;
+                j->cycle = p->cycle;
+                j->plan_id = strdup(p->plan_id ? p->plan_id : "");
+                if (asprintf(&j->idem_key, "%s/%s", j->m->id, j->step_id) < 0)
+                        j->idem_key = NULL;
+                struct stepdoc_input in = {
+                        .mandate_id = j->m->id, .schedule = f->mandate.schedule,
+                        .fired_at = f->mandate.fired_at, .goal = f->mandate.goal,
+                        .max_cycles = j->max_cycles, .attempt = j->attempt,
+                        .idem_key = j->idem_key,
+                };
+                struct kbuf b = KBUF_INIT;
+                if (idx == p->nsteps || !j->plan_id || !j->idem_key ||
+                    stepdoc_build(f, p, idx, &in, &b) < 0)
+                        j->prep_error = idx == p->nsteps ? 1 : -ENOMEM;
+                j->doc_len = b.len;
+                j->doc = kbuf_steal(&b);
+        }
+        fold_free(f);
+}
+
+static void prep_done(void *arg)
+{
+        struct probe_job *j = arg;
+        struct mandate *m = j->m;
+        m->busy--;
+        if (P.stopping || m->status != MANDATE_PROBING || m->cancel) {
+                job_end(j);
+                return;
+        }
+        if (j->prep_error == 1) {
+                /* decided meanwhile: the executor goes on from the WAL */
+                executor_enqueue(m);
+                executor_kick(m->d);
+                job_end(j);
+                return;
+        }
+        if (j->prep_error < 0) {
+                bool corrupt = j->prep_error == -EBADMSG;
+                log_event(LOG_ERR, corrupt ? MSGID_WAL_CORRUPT : MSGID_WAL_IO_ERROR,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s: cannot read %s for the probe of %s: %s; mandate paused "
+                          "(%s)", m->id, m->wal_path, j->step_id, strerror(-j->prep_error),
+                          corrupt ? "wal_corrupt" : "wal_io_error");
+                mandate_set_status(m, corrupt ? MANDATE_QUARANTINED : MANDATE_WAL_IO_ERROR,
+                                   corrupt ? "wal_corrupt" : "wal_io_error");
+                daemon_update_status(m->d);
+                job_end(j);
+                return;
+        }
+        spawn(j);
+}
+
+static void start_next(void)
+{
+        while (P.ready && !P.stopping && P.q_head && P.nrunning < PROBES_MAX_RUNNING) {
+                struct probe_job *j = P.q_head;
+                P.q_head = j->next;
+                if (!P.q_head)
+                        P.q_tail = NULL;
+                j->next = P.running;
+                j->prev = NULL;
+                if (P.running)
+                        P.running->prev = j;
+                P.running = j;
+                P.nrunning++;
+                const struct config_schedule *sc = schedule_of(j->m);
+                j->max_cycles = sc ? sc->max_cycles : 1;
+                j->m->busy++;
+                if (serialq_submit(&j->m->q, prep_work, prep_done, j) < 0) {
+                        j->m->busy--;
+                        log_error("%s %s: out of memory starting its probe; the mandate stays "
+                                  "probing until the next start", j->m->id, j->step_id);
+                        job_end(j);
+                        return;
+                }
+        }
+}
+
+void probe_enqueue(struct mandate *m, const char *step_id)
+{
+        struct probe_job *j = calloc(1, sizeof(*j));
+        char why[PLANNER_STEP_ID_MAX + 64];
+        snprintf(why, sizeof why, "awaiting the probe of %s", step_id);
+        mandate_set_status(m, MANDATE_PROBING, why);
+        if (!j || !(j->step_id = strdup(step_id))) {
+                free(j);
+                log_error("%s %s: out of memory queueing its probe; the mandate stays probing "
+                          "until the next start", m->id, step_id);
+                return;
+        }
+        P.d = m->d;
+        j->m = m;
+        if (P.q_tail)
+                P.q_tail->next = j;
+        else
+                P.q_head = j;
+        P.q_tail = j;
+        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", step_id }),
+                  "recovery: %s %s: interrupted; its probe decides (after READY=1)", m->id,
+                  step_id);
+        start_next();
+}
+
+void probe_ready(struct daemon *d)
+{
+        P.d = d;
+        P.ready = true;
+        start_next();
+}
+
+void probe_stop(struct daemon *d)
+{
+        (void)d;
+        P.stopping = true;
+        unsigned dropped = 0;
+        while (P.q_head) {
+                struct probe_job *j = P.q_head;
+                P.q_head = j->next;
+                job_free(j);
+                dropped++;
+        }
+        P.q_tail = NULL;
+        if (dropped)
+                log_info("%u probe%s not run (stopping): their steps stay open", dropped,
+                         dropped == 1 ? "" : "s");
+        for (struct probe_job *j = P.running; j; j = j->next)
+                if (j->started && !j->exited)
+                        runner_kill(&j->job, SIGKILL);
+}
+
+void probe_free(struct daemon *d)
+{
+        (void)d;
+        while (P.q_head) {
+                struct probe_job *j = P.q_head;
+                P.q_head = j->next;
+                job_free(j);
+        }
+        while (P.running) {
+                struct probe_job *j = P.running;
+                P.running = j->next;
+                job_free(j);
+        }
+        P.q_tail = NULL;
+        P.nrunning = 0;
+}
