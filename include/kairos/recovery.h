@@ -113,3 +113,5 @@ size_t recovery_record_count(const struct recovery *r);
 const struct wal_record *recovery_record_at(const struct recovery *r, size_t i);
 
 const char *recovery_outcome_name(enum recovery_outcome o);
+/* What a decision does to its step, as the journal and kairosctl say it. */
+const char *recovery_action_text(const struct recovery_decision *dec);

@@ -151,23 +151,6 @@ static void decision_free(struct probe_decision *pd)
         free(pd);
 }
 
-static const char *action_for(const struct recovery_decision *dec)
-{
-        if (!dec->has_record)
-                return dec->verdict.kind == VERDICT_SAFE_TO_RETRY ? "runs when its turn comes"
-                                                                   : "already marked";
-        switch (dec->record.op) {
-        case WAL_OP_COMPLETED:
-                return "marked completed (recovered)";
-        case WAL_OP_RESET:
-                return "reset to pending, runs again with the same idem_key";
-        case WAL_OP_NEEDS_REVIEW:
-                return "marked needs_review, mandate paused";
-        default:
-                return "recorded";
-        }
-}
-
 static void keep_decisions(struct probe_decision *pd, const struct fold *f,
                            const struct recovery *rec)
 {
@@ -183,7 +166,7 @@ static void keep_decisions(struct probe_decision *pd, const struct fold *f,
                                 strdup(dec->verdict.reason ? dec->verdict.reason : "");
                         pd->decs[pd->ndecs].evidence = kbuf_steal(&ev);
                         pd->decs[pd->ndecs].kind = dec->verdict.kind;
-                        pd->decs[pd->ndecs].action = action_for(dec);
+                        pd->decs[pd->ndecs].action = recovery_action_text(dec);
                         pd->ndecs++;
                 }
 }

@@ -133,23 +133,6 @@ static int snap_schedules(const struct config *cfg)
         return 0;
 }
 
-static const char *action_for(const struct recovery_decision *dec)
-{
-        if (!dec->has_record)
-                return dec->verdict.kind == VERDICT_SAFE_TO_RETRY ? "runs when its turn comes"
-                                                                   : "already marked";
-        switch (dec->record.op) {
-        case WAL_OP_COMPLETED:
-                return "marked completed (recovered)";
-        case WAL_OP_RESET:
-                return "reset to pending, runs again with the same idem_key";
-        case WAL_OP_NEEDS_REVIEW:
-                return "marked needs_review, mandate paused";
-        default:
-                return "recorded";
-        }
-}
-
 static int keep_decision(struct recover_job *j, const struct fold *f,
                          const struct fold_plan *p, const struct recovery_decision *dec)
 {
@@ -168,7 +151,7 @@ static int keep_decision(struct recover_job *j, const struct fold *f,
                 .source = evidence_source_name(&dec->verdict),
                 .reason = strdup(dec->verdict.reason ? dec->verdict.reason : ""),
                 .evidence = kbuf_steal(&ev),
-                .action = action_for(dec),
+                .action = recovery_action_text(dec),
         };
         return 0;
 }

@@ -439,6 +439,23 @@ const struct wal_record *recovery_record_at(const struct recovery *r, size_t i)
         return NULL;
 }
 
+const char *recovery_action_text(const struct recovery_decision *dec)
+{
+        if (!dec->has_record)
+                return dec->verdict.kind == VERDICT_SAFE_TO_RETRY ? "runs when its turn comes"
+                                                                   : "already marked";
+        switch (dec->record.op) {
+        case WAL_OP_COMPLETED:
+                return "marked completed (recovered)";
+        case WAL_OP_RESET:
+                return "reset to pending, runs again with the same idem_key";
+        case WAL_OP_NEEDS_REVIEW:
+                return "marked needs_review, mandate paused";
+        default:
+                return "recorded";
+        }
+}
+
 const char *recovery_outcome_name(enum recovery_outcome o)
 {
         switch (o) {

@@ -649,9 +649,30 @@ static void test_outcome_names(void **state)
         assert_string_equal(recovery_outcome_name(RECOVERY_FINALIZED_SUCCEEDED), "finalized_succeeded");
 }
 
+static void test_action_text(void **state)
+{
+        (void)state;
+        struct recovery_decision d = { .has_record = false };
+        d.verdict.kind = VERDICT_SAFE_TO_RETRY;
+        assert_string_equal(recovery_action_text(&d), "runs when its turn comes");
+        d.verdict.kind = VERDICT_MANUAL_REVIEW;
+        assert_string_equal(recovery_action_text(&d), "already marked");
+        d.has_record = true;
+        d.record.op = WAL_OP_COMPLETED;
+        assert_string_equal(recovery_action_text(&d), "marked completed (recovered)");
+        d.record.op = WAL_OP_RESET;
+        assert_string_equal(recovery_action_text(&d),
+                            "reset to pending, runs again with the same idem_key");
+        d.record.op = WAL_OP_NEEDS_REVIEW;
+        assert_string_equal(recovery_action_text(&d), "marked needs_review, mandate paused");
+        d.record.op = WAL_OP_FINALIZE;
+        assert_string_equal(recovery_action_text(&d), "recorded");
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_action_text),
                 cmocka_unit_test(test_already_done_recorded),
                 cmocka_unit_test(test_never_started_resumes),
                 cmocka_unit_test(test_plan_without_appends_resumes_at_first_step),
