@@ -342,10 +342,14 @@ class CgroupCase:
         with open(bomb, "w") as f:
             f.write('b() { if [ "$1" -gt 0 ]; then b $(($1 - 1)) & b $(($1 - 1)) & fi; '
                     'exec sleep %s; }\nb 10\n' % marker)
-        # no fork while it waits (builtins only), bounded: a few seconds
+        # no fork while it waits (builtins only), bounded: a few seconds; it
+        # waits for the whole word, as the shell writes its message in parts
         with open(handler, "w") as f:
             f.write("setsid /bin/sh %s </dev/null >/dev/null 2>%s &\n"
-                    "i=0\nwhile ! [ -s %s ] && [ $i -lt 3000000 ]; do i=$((i + 1)); done\n"
+                    "i=0\nwhile [ $i -lt 3000000 ]; do\n"
+                    "  l=; read -r l < %s || :\n"
+                    "  case \"$l\" in *[Ff]ork*) break;; esac\n"
+                    "  i=$((i + 1))\ndone\n"
                     "echo '{}'\n" % (bomb, errors, errors))
         line = self.start({"bomb": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
             "Observe": "/bin/sh %s" % handler, "TasksMax": "16"}}})
