@@ -71,6 +71,11 @@ struct config_broken {
         struct config_errors errors;   /* at least one */
 };
 
+enum config_backend {
+        CONFIG_BACKEND_FILES,
+        CONFIG_BACKEND_POSTGRES,
+};
+
 struct config {
         char *config_path;             /* NULL for the built-in configuration */
         char *schedules_dir;           /* the directory searched; NULL for the built-in */
@@ -94,6 +99,11 @@ struct config {
         /* [Notify]: command lines, NULL = none */
         char *on_review;               /* OnReview= */
         char *on_failure;              /* OnFailure= */
+        /* [Cluster] (docs/design.md §14) */
+        enum config_backend backend;   /* Backend= [files] */
+        char *cluster_conninfo;        /* ConnectionString= (libpq); NULL unless postgres */
+        char *node_name;               /* NodeName= [the host name]; NULL unless postgres */
+        unsigned lease_sec;            /* LeaseSec= [10] */
         /* schedules, sorted by name */
         struct config_schedule *schedules;
         size_t nschedules;

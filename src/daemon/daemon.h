@@ -79,6 +79,9 @@ struct mandate {
         struct exec_run *run;      /* the handler being run, if any */
         char *step_id;             /* the step being run */
         struct mandate_cancel *cancel; /* kairosctl cancel in progress */
+        /* cluster mode (cluster.h): the epoch this node holds it at; 0 with
+         * the file backend */
+        int64_t epoch;
 };
 
 struct recovery_summary {
@@ -120,6 +123,7 @@ struct daemon {
         struct chronos *chronos;
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct metrics *metrics;    /* metrics.h */
+        struct cluster *cluster;    /* cluster.h: NULL with the file backend */
         struct runner *runner;      /* runner.h: starts handlers */
         struct strmap *handler_groups; /* executor: running handlers by process group */
         struct hooks *hooks;        /* hooks.h: [Notify] commands */

@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/* cluster: kairosd as one node of many sharing PostgreSQL ([Cluster]
+ * Backend=postgres; docs/design.md §14).
+ *
+ * The rows in the database are the truth.  A node keeps, for each mandate
+ * it holds, an unsynced copy of the mandate's rows as its WAL file (so
+ * fold, decide and recovery read what they always read), and every WAL
+ * barrier is one fenced transaction instead of an fdatasync (wal.h,
+ * wal_options.barrier): the first barrier of a tick claims it (one winner),
+ * every later one appends at the mandate's epoch.  A barrier that fails —
+ * fenced (-ESTALE), lost claim (-EALREADY), database unreachable — means
+ * the node no longer holds the mandate: it appends nothing more, kills its
+ * handler and forgets it; whoever takes it over decides from the rows.
+ *
+ * A heartbeat thread (its own connection, never the loop, never the pool)
+ * renews the node and the leases of the mandates it holds; mandates not
+ * renewed are lost.  A node that cannot renew stops spawning and claiming
+ * (cluster_may_act) and kills every handler before its leases can end
+ * (monotonic clock, drift margin); the deadman process (deadman.h) does the
+ * same if kairosd itself is stopped.  Expired mandates of any node are
+ * taken over (epoch + 1), their rows copied to the WAL file, an owner
+ * record appended, and startup recovery's decision runs on them.
+ *
+ * Without -Dpostgres=enabled every function is a stub: cluster_start
+ * returns -EPROTONOSUPPORT. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct daemon;
+struct mandate;
+struct pgstore;
+struct wal_options;
+
+/* Backend=postgres: connect, create or migrate the schema, register the
+ * node (a new incarnation), start the heartbeat thread and the deadman.
+ * Before recovery.  -errno with a message in err. */
+int cluster_start(struct daemon *d, char *err, size_t errlen);
+/* At exit: stop the heartbeat thread, release nothing (the leases end by
+ * themselves; a graceful stop hands its mandates over at once). */
+void cluster_stop(struct daemon *d);
+
+/* This node's name (NodeName=), NULL with the file backend. */
+const char *cluster_node(const struct daemon *d);
+/* May this node spawn a handler or claim a tick now?  true with the file
+ * backend; false once its lease is too close to its end. */
+bool cluster_may_act(const struct daemon *d);
+
+/* The connection of the calling thread (a pool thread; one per thread,
+ * connected on first use, reconnected after a broken connection).  NULL
+ * and *ret_err on failure.  Never on the loop thread. */
+struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err);
+
+/* Fill o's barrier hook for m's WAL (wal.h): with the file backend nothing
+ * changes. */
+void cluster_wal_options(struct mandate *m, struct wal_options *o);
+
+/* m is held by this node (renewed with the node) / no longer (ended,
+ * lost, dropped). */
+void cluster_hold(struct mandate *m);
+void cluster_release(struct mandate *m);
