@@ -136,6 +136,7 @@ struct fold {
         size_t records;                  /* good records folded */
         size_t legacy_records;           /* good records without crc */
         size_t unknown_ops;
+        size_t owner_records;            /* cluster mode: takeovers (op owner) */
         size_t good_end;                 /* byte offset just past the last good record */
         size_t bad_line;                 /* TORN/CORRUPT: 1-based line of the bad line */
         size_t bad_offset;               /* ... and its byte offset */

@@ -37,6 +37,7 @@ enum wal_op {
         WAL_OP_FINALIZE,
         WAL_OP_OPERATOR,
         WAL_OP_MANDATE,         /* kairos: who fired the mandate (first record of a WAL) */
+        WAL_OP_OWNER,           /* cluster mode: a node took the mandate over */
 };
 
 struct wal_step {
@@ -89,6 +90,11 @@ struct wal_record {
         const char *goal;
         const char *retry_of;
         long long retry;
+        /* owner: {"op":"owner","mandate_id","node","epoch"[,"prev_owner"],"ts"}
+         * (docs/design.md §14) */
+        const char *node;
+        long long epoch;
+        const char *prev_owner;
 };
 
 /* Encode one record as a full line: JSON, crc field, '\n'.  ts_ms is the
@@ -121,6 +127,15 @@ struct wal_options {
         int64_t (*now_ms)(void *ctx);         /* NULL: CLOCK_REALTIME */
         void *clock_ctx;
         bool dir_exists;                      /* the caller made the directory: no mkdir -p */
+        /* Cluster mode (docs/design.md §14): when set, a barrier (wal_flush)
+         * hands the lines appended since the last barrier to barrier(ctx,
+         * first_seq, lines, len) instead of calling fdatasync.  first_seq is
+         * the 1-based position of the first of them among all the WAL's
+         * records; len > 0.  It returns 0 (the lines are durable where it
+         * keeps them) or a negative errno: the WAL then fails with it, as
+         * after a failed fdatasync. */
+        int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
+        void *barrier_ctx;
 };
 
 struct wal_open_info {
@@ -162,7 +177,9 @@ enum wal_state wal_state(const struct wal *w);
 /* The error that failed the WAL (negative errno), 0 if none. */
 int wal_error(const struct wal *w);
 const char *wal_path(const struct wal *w);
-/* fdatasync calls issued on this WAL so far. */
+/* Records the WAL holds (its good lines, whether flushed or not). */
+int64_t wal_records(const struct wal *w);
+/* fdatasync calls (or barrier calls) issued on this WAL so far. */
 uint64_t wal_flush_count(const struct wal *w);
 /* Records appended since the last successful flush. */
 size_t wal_pending(const struct wal *w);

@@ -327,6 +327,14 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                         enc_int(e, "retry", rec->retry);
                 }
                 break;
+        case WAL_OP_OWNER:
+                enc_str(e, "mandate_id", rec->mandate_id, "owner needs mandate_id");
+                enc_str(e, "node", rec->node, "owner needs node");
+                if (e->r == 0 && rec->epoch < 1)
+                        enc_fail(e, -EINVAL, "owner needs epoch >= 1");
+                enc_int(e, "epoch", rec->epoch);
+                enc_opt_str(e, "prev_owner", rec->prev_owner);
+                break;
         default:
                 enc_fail(e, -EINVAL, "unknown op");
                 break;
@@ -346,6 +354,8 @@ static const char *op_name(enum wal_op op)
                 return "operator";
         case WAL_OP_MANDATE:
                 return "mandate";
+        case WAL_OP_OWNER:
+                return "owner";
         default:
                 return "transition";
         }
@@ -398,6 +408,11 @@ struct wal {
         size_t pending;      /* appended since the last flush */
         uint64_t flush_count;
         bool dir_exists;
+        int64_t records;     /* good lines in the file */
+        /* cluster mode: the barrier hook and the lines since the last barrier */
+        int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
+        void *barrier_ctx;
+        struct kbuf unbarriered;
 };
 
 static int64_t realtime_ms(void *ctx)
@@ -513,6 +528,9 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
                 goto out;
         }
         w->size = st.st_size;
+        w->records = 0;
+        for (size_t i = 0; i < f->good_end && i < len; i++)
+                w->records += data[i] == '\n';
         r = 0;
 out:
         if (r == 0 && ret_fold) {
@@ -579,6 +597,8 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
         w->now_ms = opt && opt->now_ms ? opt->now_ms : realtime_ms;
         w->clock_ctx = opt ? opt->clock_ctx : NULL;
         w->dir_exists = opt && opt->dir_exists;
+        w->barrier = opt ? opt->barrier : NULL;
+        w->barrier_ctx = opt ? opt->barrier_ctx : NULL;
         w->state = WAL_STATE_OK;
         w->path = strdup(path);
         if (!w->path) {
@@ -637,6 +657,7 @@ int wal_close(struct wal *w)
                 return 0;
         int r = wal_shutdown(w);
         pthread_mutex_destroy(&w->lock);
+        kbuf_free(&w->unbarriered);
         free(w->path);
         free(w);
         return r;
@@ -732,15 +753,31 @@ int wal_append(struct wal *w, const struct wal_record *rec)
                         /* Cut any partial line away before anything else. */
                         w->io->ftruncate(w->io->ctx, w->fd, w->size);
                         fail_locked(w, r);
+                } else if (w->barrier && kbuf_append(&w->unbarriered, line.data, line.len) < 0) {
+                        /* the line is in the file but could never reach the
+                         * barrier: nothing after the last barrier holds */
+                        w->io->ftruncate(w->io->ctx, w->fd, w->size);
+                        fail_locked(w, r = -ENOMEM);
                 } else {
                         w->size += (off_t)line.len;
                         w->pending++;
+                        w->records++;
                 }
         }
         pthread_mutex_unlock(&w->lock);
 out:
         kbuf_free(&line);
         return r;
+}
+
+int64_t wal_records(const struct wal *w)
+{
+        if (!w)
+                return 0;
+        pthread_mutex_lock(&unconst(w)->lock);
+        int64_t n = w->records;
+        pthread_mutex_unlock(&unconst(w)->lock);
+        return n;
 }
 
 int wal_flush(struct wal *w)
@@ -751,7 +788,15 @@ int wal_flush(struct wal *w)
         int r = refused_locked(w);
         if (r == 0 && w->pending > 0) {
                 w->flush_count++;
-                r = w->io->fdatasync(w->io->ctx, w->fd);
+                if (w->barrier) {
+                        int64_t first = w->records - (int64_t)w->pending + 1;
+                        r = w->barrier(w->barrier_ctx, first, w->unbarriered.data,
+                                       w->unbarriered.len);
+                        if (r == 0)
+                                w->unbarriered.len = 0;
+                } else {
+                        r = w->io->fdatasync(w->io->ctx, w->fd);
+                }
                 if (r < 0)
                         fail_locked(w, r); /* never fdatasync this fd again */
                 else

@@ -1423,12 +1423,111 @@ static void test_archive_failure_keeps_wal(void **state)
         assert_int_equal(wal_archive_file(&f->io, f->wal, arch, NULL), -ENOENT);
 }
 
+
+/* ---- the barrier hook of cluster mode ---- */
+
+struct sink {
+        int calls;
+        int64_t first_seq[8];
+        struct kbuf got;
+        int fail;           /* returned by the next call (then 0) */
+};
+
+static int sink_barrier(void *ctx, int64_t first_seq, const char *lines, size_t len)
+{
+        struct sink *k = ctx;
+        if (k->calls < 8)
+                k->first_seq[k->calls] = first_seq;
+        k->calls++;
+        if (k->fail) {
+                int e = k->fail;
+                k->fail = 0;
+                return e;
+        }
+        assert_true(len > 0);
+        assert_int_equal(lines[len - 1], '\n');
+        assert_int_equal(kbuf_append(&k->got, lines, len), 0);
+        return 0;
+}
+
+static void test_barrier_hook_replaces_fdatasync(void **state)
+{
+        struct fx *f = *state;
+        struct sink k = { .got = KBUF_INIT };
+        struct wal_options o = f->opt;
+        o.barrier = sink_barrier;
+        o.barrier_ctx = &k;
+        struct wal *w = NULL;
+        assert_int_equal(wal_open(f->wal, &o, &w, NULL), 0);
+        assert_int_equal(wal_flush(w), 0); /* nothing pending: no barrier */
+        assert_int_equal(k.calls, 0);
+        assert_int_equal(wal_append_pending(w, "observe_001", "plan_x", "k"), 0);
+        assert_int_equal(wal_mark_executing(w, "observe_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(k.calls, 1);
+        assert_int_equal(k.first_seq[0], 1);
+        assert_int_equal(wal_records(w), 2);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_close(w), 0);
+        /* reopened, the records already in the file are counted */
+        assert_int_equal(wal_open(f->wal, &o, &w, NULL), 0);
+        assert_int_equal(wal_records(w), 2);
+        assert_int_equal(wal_mark_completed(w, "observe_001", "post", "rh", false, NULL, NULL),
+                         0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(k.first_seq[1], 3);
+        size_t len;
+        char *file = slurp(f->wal, &len);
+        /* the sink got exactly the file's bytes, barrier by barrier */
+        assert_int_equal(k.got.len, len);
+        assert_memory_equal(k.got.data, file, len);
+        free(file);
+        /* a refused barrier fails the WAL with its error */
+        assert_int_equal(wal_mark_reset(w, "observe_001"), 0);
+        k.fail = -ESTALE;
+        assert_int_equal(wal_flush(w), -ESTALE);
+        assert_int_equal(wal_state(w), WAL_STATE_FAILED);
+        assert_int_equal(wal_mark_reset(w, "observe_001"), -ESTALE);
+        assert_int_equal(wal_flush(w), -ESTALE);
+        assert_int_equal(k.calls, 3);
+        assert_int_equal(f->rec.calls[OP_FDATASYNC], 0);
+        assert_int_equal(wal_close(w), 0);
+        kbuf_free(&k.got);
+}
+
+static void test_encode_owner(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        struct wal_record r = { .op = WAL_OP_OWNER, .mandate_id = "mnd_x", .node = "n2",
+                                .epoch = 3, .prev_owner = "n1" };
+        assert_int_equal(wal_encode(&r, TS_MS, &b), 0);
+        assert_non_null(strstr(b.data, "{\"op\":\"owner\",\"mandate_id\":\"mnd_x\",\"node\":\"n2\","
+                                        "\"epoch\":3,\"prev_owner\":\"n1\",\"ts\":"));
+        struct fold *fo = NULL;
+        assert_int_equal(fold_buffer(b.data, b.len, &fo), 0);
+        assert_int_equal(fo->status, FOLD_CLEAN);
+        assert_int_equal(fo->owner_records, 1);
+        assert_int_equal(fo->unknown_ops, 0);
+        fold_free(fo);
+        b.len = 0;
+        r.epoch = 0;
+        assert_int_equal(wal_encode(&r, TS_MS, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "owner needs epoch >= 1");
+        r.epoch = 1;
+        r.node = NULL;
+        assert_int_equal(wal_encode(&r, TS_MS, &b), -EINVAL);
+        kbuf_free(&b);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_format_ts),
                 cmocka_unit_test(test_crc_golden),
+                cmocka_unit_test(test_encode_owner),
+                T(test_barrier_hook_replaces_fdatasync),
                 cmocka_unit_test(test_encode_plan_commit_golden_hash),
                 cmocka_unit_test(test_encode_every_op),
                 cmocka_unit_test(test_encode_escaping),
