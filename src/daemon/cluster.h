@@ -26,6 +26,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct daemon;
@@ -37,12 +38,20 @@ struct wal_options;
  * node (a new incarnation), start the heartbeat thread and the deadman.
  * Before recovery.  -errno with a message in err. */
 int cluster_start(struct daemon *d, char *err, size_t errlen);
-/* At exit: stop the heartbeat thread, release nothing (the leases end by
- * themselves; a graceful stop hands its mandates over at once). */
+/* READY: from now on the node takes over expired mandates. */
+void cluster_ready(struct daemon *d);
+/* Once the loop has stopped running mandates: stop the heartbeat thread,
+ * handing over the mandates still held (their leases end at once). */
 void cluster_stop(struct daemon *d);
+/* After the loop is closed. */
+void cluster_free(struct daemon *d);
 
 /* This node's name (NodeName=), NULL with the file backend. */
 const char *cluster_node(const struct daemon *d);
+/* LeaseSec= in ms (0: file backend); the monotonic ms after which this
+ * node's leases may have ended (0: file backend). */
+int64_t cluster_lease_ms(const struct daemon *d);
+int64_t cluster_deadline_ms(const struct daemon *d);
 /* May this node spawn a handler or claim a tick now?  true with the file
  * backend; false once its lease is too close to its end. */
 bool cluster_may_act(const struct daemon *d);
@@ -60,3 +69,14 @@ void cluster_wal_options(struct mandate *m, struct wal_options *o);
  * lost, dropped). */
 void cluster_hold(struct mandate *m);
 void cluster_release(struct mandate *m);
+/* m is no longer this node's (fenced, claim lost, lease ended): nothing
+ * more reaches the database, its handler is killed, and it is forgotten
+ * once nothing of it runs.  why: for the log. */
+void cluster_drop(struct mandate *m, const char *why);
+bool cluster_dropped(const struct mandate *m);
+/* Pool thread: the mandate ended (status succeeded, failed or abandoned). */
+int cluster_finish(struct mandate *m, const char *status);
+/* The tool calls of mandate_id as recovery's evidence (heartbeat thread). */
+struct evidence_index;
+int cluster_evidence_index(struct pgstore *s, const char *mandate_id,
+                           struct evidence_index **ret_ix);

@@ -82,6 +82,9 @@ struct mandate {
         /* cluster mode (cluster.h): the epoch this node holds it at; 0 with
          * the file backend */
         int64_t epoch;
+        bool cluster_held;         /* renewed by the heartbeat (loop only) */
+        bool cluster_dropped;      /* no longer this node's (atomic: read by pool threads) */
+        char *cluster_winner;      /* a lost tick claim: the node that won it */
 };
 
 struct recovery_summary {
@@ -214,6 +217,12 @@ void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX]);
 struct evidence_index;
 int recover_load_finished(struct daemon *d);
 int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(struct daemon *d));
+/* Cluster mode: m (registered, m->epoch the new epoch, its WAL file the
+ * rows) was taken over from prev_owner: the owner record and recovery's
+ * decisions, with ix (its tool calls; taken) as evidence, in one barrier;
+ * then it goes on like any recovered mandate. */
+void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
+                   struct evidence_index *ix);
 
 /* history.c: list, mandate prefixes, retention of finished mandates. */
 /* Resolve a MANDATE argument: an id or a unique prefix of one.  -ENOENT

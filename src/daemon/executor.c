@@ -17,6 +17,7 @@
 
 #include "executor_internal.h"
 #include "kairos/strmap.h"
+#include "cluster.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -74,6 +75,35 @@ static void advance_done(void *arg)
                 m->plan_id = strdup(a->plan_id);
                 m->cycle = a->cycle;
         }
+        if (a->error && d->cluster) {
+                /* Cluster mode: a barrier that failed means the mandate is
+                 * not this node's any more (docs/design.md §14). */
+                executor_release_slot(m);
+                if (a->cancel)
+                        op_reply_error(&a->cancel_reply, "fenced",
+                                       "mandate %s is no longer held by this node", m->id);
+                if (a->cancel)
+                        executor_cancel_drop(m);
+                if (a->error == -EALREADY) {
+                        if (op_reply_wanted(&a->reply))
+                                op_reply_ok(&a->reply,
+                                            json_pack("{s:s, s:s, s:s, s:b, s:s, s:s?}", "mandate",
+                                                      m->id, "schedule", m->schedule, "fired_at",
+                                                      m->fired_at, "fired", false, "status",
+                                                      "claimed", "node", m->cluster_winner));
+                        log_info("schedule %s at %s: claimed by node %s: nothing to do here",
+                                 m->schedule, m->fired_at,
+                                 m->cluster_winner ? m->cluster_winner : "?");
+                        cluster_drop(m, "its tick was claimed by another node");
+                } else {
+                        op_reply_error(&a->reply,
+                                       a->error == -ESTALE ? "fenced" : "cluster_unavailable",
+                                       "%s", a->errmsg);
+                        cluster_drop(m, a->error == -ESTALE ? "fenced: another node holds it"
+                                                            : a->errmsg);
+                }
+                goto out;
+        }
         if (a->error) {
                 bool corrupt = a->error == -EBADMSG;
                 mandate_set_status(m, corrupt ? MANDATE_QUARANTINED : MANDATE_WAL_IO_ERROR,
@@ -90,6 +120,7 @@ static void advance_done(void *arg)
                 goto out;
         }
         finish_fire_reply(a, true);
+        cluster_hold(m);
         for (int i = 0; i < PLANNER_PHASES; i++)
                 for (unsigned k = 0; k < a->completed_inline[i]; k++)
                         metrics_step(d->metrics, i, WAL_OP_COMPLETED, 0);
@@ -369,7 +400,7 @@ void executor_kick(struct daemon *d)
         while (*link && d->running < d->cfg->max_concurrent_mandates) {
                 struct mandate *m = *link;
                 /* paused or cancelled meanwhile */
-                bool drop = m->status != MANDATE_RUNNABLE || m->cancel;
+                bool drop = m->status != MANDATE_RUNNABLE || m->cancel || cluster_dropped(m);
                 const struct config_schedule *sc = schedule_cfg(d, m->schedule);
                 if (!drop && sc && sc->concurrency == CONCURRENCY_QUEUE &&
                     sibling(d, m, m->schedule, true)) {
@@ -456,6 +487,12 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         }
         if (!sc) {
                 op_reply_error(&reply, "not_found", "no schedule named '%s'", schedule);
+                return;
+        }
+        if (!cluster_may_act(d)) {
+                op_reply_error(&reply, "cluster_unavailable",
+                               "node %s cannot renew its lease: it claims no tick now",
+                               cluster_node(d));
                 return;
         }
         struct planner_plan p;
@@ -618,5 +655,6 @@ void executor_free_mandate(struct mandate *m)
         free(m->fired_at);
         free(m->goal);
         free(m->retry_of);
+        free(m->cluster_winner);
         free(m->step_id);
 }

@@ -19,6 +19,7 @@
 #include "kairos/kio.h"
 #include "kairos/idem.h"
 #include "kairos/stepdoc.h"
+#include "cluster.h"
 #include "log.h"
 
 char *advance_own(struct advance *a, const char *s)
@@ -395,6 +396,24 @@ void advance_work(void *arg)
                          strerror(-r));
         }
         a->flushes = wal_flush_count(m->wal) - flushes_before;
+        if (!a->error && a->next == NEXT_END && m->d->cluster) {
+                /* its rows say it ended; the row says so too (for list and
+                 * takeover); fenced: a node that lost it meanwhile changes
+                 * nothing, and the new owner ends it again */
+                static const char *const db_status[] = {
+                        [MANDATE_DONE] = "succeeded", [MANDATE_FAILED] = "failed",
+                };
+                const char *st = (size_t)a->end_status < sizeof db_status / sizeof db_status[0] &&
+                                                 db_status[a->end_status]
+                                         ? db_status[a->end_status]
+                                         : "abandoned";
+                if ((r = cluster_finish(m, st)) < 0) {
+                        a->error = r == -ESTALE ? -ESTALE : r;
+                        snprintf(a->errmsg, sizeof a->errmsg,
+                                 "recording the end of %s in the database: %s", m->id,
+                                 strerror(-r));
+                }
+        }
         if (!a->error && a->next == NEXT_END) {
                 char *dest = NULL;
                 const char *archive_dir = m->d->paths.archive;

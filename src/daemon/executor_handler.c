@@ -21,6 +21,7 @@
 #include "kairos/idem.h"
 #include "kairos/kjson.h"
 #include "kairos/strmap.h"
+#include "cluster.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -603,6 +604,13 @@ void handler_spawn(struct mandate *m, struct advance *a)
         for (size_t i = 0; i < d->cfg->nschedules; i++)
                 if (strcmp(d->cfg->schedules[i].name, m->schedule) == 0)
                         sc = &d->cfg->schedules[i];
+        if (!cluster_may_act(d) || cluster_dropped(m)) {
+                /* its lease may end before the handler would: another node
+                 * takes it over and decides (the step never started) */
+                cluster_drop(m, "this node's lease is ending: no handler starts");
+                executor_release_slot(m);
+                return;
+        }
         struct exec_run *run = calloc(1, sizeof(*run));
         if (!run) {
                 log_error("out of memory starting %s %s", m->id, a->step_id);
@@ -648,6 +656,8 @@ void handler_spawn(struct mandate *m, struct advance *a)
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", a->attempt);
         snprintf(cycle, sizeof cycle, "%lld", a->cycle);
+        char epoch[24];
+        snprintf(epoch, sizeof epoch, "%lld", (long long)m->epoch);
         struct {
                 const char *k, *v;
         } kv[] = {
@@ -668,6 +678,8 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
                 { "KAIROS_ATTEMPT", attempt },
                 { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
+                { "KAIROS_NODE", cluster_node(d) },
+                { "KAIROS_EPOCH", m->epoch > 0 ? epoch : NULL },
         };
         size_t nkv = sizeof kv / sizeof kv[0];
         char **env = calloc(nkv + (sc ? sc->nenvironment : 0) + 1, sizeof(char *));

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,9 @@
 #include "kairos/kbuf.h"
 
 static bool use_journal;
+static const char *node_name;                 /* cluster mode: NODE= */
+static long long (*epoch_of)(const char *mandate_id);
+static pthread_t loop_thread;
 static int level = LOG_INFO;
 
 void log_setup(int max_level)
@@ -148,9 +152,40 @@ void log_event_at(const char *file, int line, const char *func, int priority,
         va_end(ap);
         if (r < 0)
                 return;
+        /* Cluster mode: every entry names the node, and one about a mandate
+         * its epoch (looked up on the loop thread only: the registry is the
+         * loop's). */
+        struct log_field all[JOURNAL_MAX_FIELDS];
+        char epoch[24];
+        if (node_name && n + 2 <= JOURNAL_MAX_FIELDS) {
+                memcpy(all, fields, n * sizeof(*fields));
+                const char *mandate = NULL;
+                bool has_epoch = false;
+                for (size_t i = 0; i < n; i++) {
+                        if (strcmp(fields[i].name, "MANDATE_ID") == 0)
+                                mandate = fields[i].value;
+                        else if (strcmp(fields[i].name, "EPOCH") == 0)
+                                has_epoch = true;
+                }
+                all[n++] = (struct log_field){ "NODE", node_name };
+                long long e = 0;
+                if (mandate && !has_epoch && epoch_of &&
+                    pthread_equal(pthread_self(), loop_thread) && (e = epoch_of(mandate)) > 0) {
+                        snprintf(epoch, sizeof epoch, "%lld", e);
+                        all[n++] = (struct log_field){ "EPOCH", epoch };
+                }
+                fields = all;
+        }
         if (use_journal)
                 log_journal(file, line, func, priority, message_id, fields, n, msg);
         else
                 log_stderr(priority, fields, n, msg);
         free(msg);
+}
+
+void log_set_node(const char *node, long long (*epoch_lookup)(const char *mandate_id))
+{
+        node_name = node;
+        epoch_of = epoch_lookup;
+        loop_thread = pthread_self();
 }

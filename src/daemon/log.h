@@ -37,6 +37,11 @@ void log_set_level(int max_level);
 int log_get_level(void);
 int log_level_from_string(const char *s);
 
+/* Cluster mode (from the loop thread, once): every record gets NODE=node
+ * (a string that outlives logging), and a record with MANDATE_ID= logged
+ * on this thread gets EPOCH= from epoch_lookup (> 0 only). */
+void log_set_node(const char *node, long long (*epoch_lookup)(const char *mandate_id));
+
 /* Log one record.  message_id may be NULL.  fields may be NULL (n = 0).
  * A macro, so that the journal's CODE_FILE=, CODE_LINE= and CODE_FUNC= name
  * the caller, not this module. */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "chronos.h"
+#include "cluster.h"
 #include "control.h"
 #include "daemon.h"
 #include "executor.h"
@@ -141,6 +142,7 @@ static void on_recovered(struct daemon *d)
                   r->files, (unsigned long long)r->duration_ms, r->resumed, r->paused_review,
                   r->quarantined, d->cfg->control_socket);
         executor_kick(d);
+        cluster_ready(d);
         metrics_start(d->metrics);
         history_start(d);
         if ((rc = chronos_start(d)) < 0)
@@ -418,6 +420,16 @@ int main(int argc, char **argv)
                 uv_loop_close(d->loop);
                 goto out;
         }
+        char cerr[512];
+        if ((r = cluster_start(d, cerr, sizeof cerr)) < 0) {
+                log_error("cluster mode cannot start: %s", cerr);
+                notify_stopping();
+                executor_free(d);
+                hooks_free(d);
+                uv_loop_close(d->loop);
+                exit_code = 1;
+                goto out;
+        }
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
         if ((r = idem_service_start(d, start_recovery)) == 0)
@@ -432,6 +444,7 @@ int main(int argc, char **argv)
         /* Close every handle and let the pool finish what it runs. */
         if (!d->stopping)
                 daemon_stop(d, d->exit_code);
+        cluster_stop(d);
         control_stop(d);
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
@@ -444,6 +457,7 @@ int main(int argc, char **argv)
         chronos_free(d);
         idem_service_free(d);
         mandates_free(d);
+        cluster_free(d);
         metrics_free(d->metrics);
 out:
         config_free(d->cfg);

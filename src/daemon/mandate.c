@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "cluster.h"
 #include "executor.h"
 #include "kairos/fold.h"
 #include "kairos/wal.h"
@@ -212,6 +213,7 @@ int mandate_wal_open(struct mandate *m)
         const struct wal_options *mo = metrics_wal_options(m->d->metrics);
         struct wal_options opt = mo ? *mo : (struct wal_options){ 0 };
         opt.dir_exists = true;
+        cluster_wal_options(m, &opt);
         int r = wal_open(m->wal_path, &opt, &m->wal, &info);
         if (r < 0)
                 return r;

@@ -31,6 +31,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "probe.h"
+#include "cluster.h"
 
 #include <jansson.h>
 
@@ -74,6 +75,11 @@ struct recover_job {
         char *retry_of;                     /* ... a retry's, with its number */
         int retry;
         int64_t started_ms;                 /* its ts (or the first record's) */
+        /* cluster mode: a mandate taken over from another node */
+        bool adopt;
+        char *prev_owner;
+        struct evidence_index *ix;          /* its tool calls (owned) */
+        struct strmap *schedules;           /* the declarations when it was taken (owned) */
         bool ended;                         /* the WAL says the mandate is over: */
         enum decide_end end;                /* ... how, and why */
         char *end_reason;
@@ -100,37 +106,53 @@ static struct {
         struct strmap *schedules;       /* name → struct evidence_schedule */
 } snap;
 
+static void schedules_free(struct strmap *schedules)
+{
+        if (!schedules)
+                return;
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(schedules, &pos, &k, &v) == 0)
+                free(v);
+        strmap_free(schedules);
+}
+
 static void snap_free(void)
 {
-        if (snap.schedules) {
-                size_t pos = 0;
-                const char *k;
-                void *v;
-                while (strmap_next(snap.schedules, &pos, &k, &v) == 0)
-                        free(v);
-                strmap_free(snap.schedules);
-        }
+        schedules_free(snap.schedules);
         evidence_index_free(snap.ix);
         snap.schedules = NULL;
         snap.ix = NULL;
 }
 
-/* The schedules' declarations (Effects=, EffectsVia=, commands, Probe=). */
-static int snap_schedules(const struct config *cfg)
+/* The schedules' declarations (Effects=, EffectsVia=, commands, Probe=):
+ * name → struct evidence_schedule. */
+static int schedules_map(const struct config *cfg, struct strmap **ret)
 {
-        if (!(snap.schedules = strmap_new()))
+        struct strmap *map = strmap_new();
+        if (!map)
                 return -ENOMEM;
         for (size_t i = 0; i < cfg->nschedules; i++) {
                 struct evidence_schedule *es = malloc(sizeof(*es));
-                if (!es)
+                if (!es) {
+                        schedules_free(map);
                         return -ENOMEM;
+                }
                 evidence_schedule_from_config(&cfg->schedules[i], es);
-                if (strmap_put(snap.schedules, cfg->schedules[i].name, es) < 0) {
+                if (strmap_put(map, cfg->schedules[i].name, es) < 0) {
                         free(es);
+                        schedules_free(map);
                         return -ENOMEM;
                 }
         }
+        *ret = map;
         return 0;
+}
+
+static int snap_schedules(const struct config *cfg)
+{
+        return schedules_map(cfg, &snap.schedules);
 }
 
 static int keep_decision(struct recover_job *j, const struct fold *f,
@@ -203,6 +225,7 @@ static void recover_work(void *arg)
         const struct wal_options *mo = metrics_wal_options(j->d->metrics);
         struct wal_options wopt = mo ? *mo : (struct wal_options){ 0 };
         wopt.dir_exists = true;
+        cluster_wal_options(j->m, &wopt);
         int r = wal_open_folded(j->m->wal_path, &wopt, &w, &info, &f);
         if (r < 0) {
                 j->error = r;
@@ -235,10 +258,11 @@ static void recover_work(void *arg)
          * store's record of this mandate's tool calls.  A schedule that is
          * no longer configured declares nothing: the WAL alone decides. */
         const struct evidence_schedule *es =
-                f->mandate.schedule && snap.schedules ? strmap_get(snap.schedules,
-                                                                   f->mandate.schedule)
-                                                      : NULL;
-        if (es && (r = evidence_for_mandate(snap.ix, j->m->id, es, &em)) < 0) {
+                !f->mandate.schedule ? NULL
+                : j->adopt           ? strmap_get(j->schedules, f->mandate.schedule)
+                : snap.schedules     ? strmap_get(snap.schedules, f->mandate.schedule)
+                                     : NULL;
+        if (es && (r = evidence_for_mandate(j->adopt ? j->ix : snap.ix, j->m->id, es, &em)) < 0) {
                 j->error = r;
                 goto out;
         }
@@ -272,6 +296,13 @@ static void recover_work(void *arg)
         }
         rec = dr.recovery;
         size_t appended = 0;
+        if (j->adopt) {
+                /* who holds it now, before what it decides */
+                struct wal_record own = { .op = WAL_OP_OWNER, .mandate_id = j->m->id,
+                                          .node = cluster_node(j->d), .epoch = j->m->epoch,
+                                          .prev_owner = j->prev_owner };
+                r = wal_append(w, &own);
+        }
         for (size_t i = 0; i < rec->nplans && r == 0; i++) {
                 const struct recovery_plan *rp = &rec->plans[i];
                 const struct fold_plan *p = &f->plans[rp->plan];
@@ -290,8 +321,11 @@ static void recover_work(void *arg)
                 }
         }
         /* No barrier here: the closing syncfs is the barrier of every WAL
-         * (nothing runs before it; see the top of this file). */
-        if (r == 0 && appended)
+         * (nothing runs before it; see the top of this file).  A mandate
+         * taken over in cluster mode has its own: one transaction. */
+        if (r == 0 && j->adopt)
+                r = wal_flush(w);
+        else if (r == 0 && appended)
                 j->unsynced = true;
         if (r < 0) {
                 j->io_error = r;
@@ -300,7 +334,10 @@ static void recover_work(void *arg)
                 goto out;
         }
         settle_status(j, f, &dr);
-        if (j->status == MANDATE_RUNNABLE) {
+        /* (not for a mandate taken over while kairosd runs: the
+         * configuration may be reloaded meanwhile; the executor finds its
+         * end the same way) */
+        if (j->status == MANDATE_RUNNABLE && !j->adopt) {
                 /* Over already (ended before its archive was durable)?  Then
                  * it only needs its archive finished.  The configuration
                  * cannot change before READY=1, so reading it here is safe. */
@@ -552,6 +589,9 @@ static void recover_settle(struct recover_job *j)
                 free(j->decisions[i].evidence);
         }
         free(j->decisions);
+        free(j->prev_owner);
+        evidence_index_free(j->ix);
+        schedules_free(j->schedules);
         free(j->torn_path);
         free(j->reason);
         free(j->end_reason);
@@ -811,4 +851,60 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 recovery_sync(d);
         }
         return 0;
+}
+
+/* ---- cluster mode: a mandate taken over from another node ---- */
+
+static void adopt_work(void *arg)
+{
+        recover_work(arg);
+}
+
+static void adopt_done(void *arg)
+{
+        struct recover_job *j = arg;
+        struct mandate *m = j->m;
+        struct daemon *d = j->d;
+        m->busy--;
+        if (j->error || j->io_error) {
+                /* fenced again, or the rows cannot be read: not ours */
+                cluster_drop(m, j->io_error == -ESTALE ? "fenced while taking it over"
+                                                       : "cannot record the takeover");
+                j->error = j->io_error = 0;
+                j->status = MANDATE_PAUSED;
+        }
+        recover_settle(j);
+        daemon_update_status(d);
+}
+
+void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
+                   struct evidence_index *ix)
+{
+        struct recover_job *j = calloc(1, sizeof(*j));
+        if (!j || (prev_owner && !(j->prev_owner = strdup(prev_owner)))) {
+                free(j);
+                evidence_index_free(ix);
+                cluster_drop(m, "out of memory");
+                return;
+        }
+        j->m = m;
+        j->d = d;
+        j->adopt = true;
+        j->ix = ix;
+        if (schedules_map(d->cfg, &j->schedules) < 0) {
+                evidence_index_free(j->ix);
+                free(j->prev_owner);
+                free(j);
+                cluster_drop(m, "out of memory");
+                return;
+        }
+        m->busy++;
+        if (serialq_submit(&m->q, adopt_work, adopt_done, j) < 0) {
+                m->busy--;
+                evidence_index_free(j->ix);
+                schedules_free(j->schedules);
+                free(j->prev_owner);
+                free(j);
+                cluster_drop(m, "out of memory");
+        }
 }

@@ -1,0 +1,975 @@
+/* SPDX-License-Identifier: MIT */
+/* cluster: kairosd as a node of many sharing PostgreSQL (cluster.h,
+ * docs/design.md §14).
+ *
+ * Three places run its code:
+ *   pool threads   the barrier of each WAL (claim, create, fenced append)
+ *                  on the thread's own connection;
+ *   the heartbeat thread  node heartbeat, lease renewal of the mandates
+ *                  this node holds, takeover of expired ones (their rows
+ *                  become the WAL file), removal of forgotten WAL files;
+ *   the loop       holding and dropping mandates, the fence timer (kills
+ *                  every handler when the lease deadline passes), adopting
+ *                  taken mandates through recovery.
+ * The two threads and the loop share `struct cluster`'s lists under
+ * c->lock; the heartbeat thread tells the loop through c->async. */
+#include "cluster.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+
+#ifdef KAIROS_HAVE_PGSTORE
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "executor.h"
+#include "executor_internal.h"
+#include "kairos/evidence.h"
+#include "kairos/kbuf.h"
+#include "kairos/kio.h"
+#include "kairos/statedir.h"
+#include "kairos/wal.h"
+#include "log.h"
+#include "pgstore.h"
+
+#define TAKEOVER_PER_ROUND 16
+#define FENCE_TICK_MS 200
+
+enum cev_kind { CEV_LOST, CEV_TAKEN };
+
+struct cev {
+        enum cev_kind kind;
+        char *id;
+        int64_t epoch;
+        char *prev_owner;
+        char *why;
+        struct evidence_index *ix;   /* CEV_TAKEN: its tool calls */
+        struct cev *next;
+};
+
+struct held {
+        char *id;
+        int64_t epoch;
+        bool lost;          /* not renewed any more */
+};
+
+struct cluster {
+        struct daemon *d;
+        char *node, *conninfo;
+        int64_t lease_ms, grace_ms, margin_ms, incarnation;
+
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool stop;
+        bool takeover;                 /* READY: take over expired mandates */
+        bool thread_started;
+        pthread_t thread;
+        /* under lock */
+        struct held *held;
+        size_t nheld, capheld;
+        int64_t deadline_ms;           /* monotonic: the lease may end after this */
+        struct cev *ev_head, *ev_tail;
+        char **unlink;                 /* forgotten WAL files, removed by the thread */
+        size_t nunlink, capunlink;
+        struct pgstore **stores;       /* every thread's connection */
+        size_t nstores, capstores;
+        unsigned renew_failures;
+        char renew_error[256];
+        /* loop only */
+        uv_async_t async;
+        uv_timer_t fence_timer;
+        bool fenced;                   /* the deadline passed: everything dropped */
+        struct cev *adopt_head;        /* taken, waiting for the old copy to go */
+};
+
+static __thread struct pgstore *tls_store;
+static struct daemon *log_daemon;
+
+static long long epoch_lookup(const char *mandate_id)
+{
+        struct mandate *m = log_daemon ? mandate_find(log_daemon, mandate_id) : NULL;
+        return m ? (long long)m->epoch : 0;
+}
+
+/* Until the database's tool calls are indexed: nothing known, so the store
+ * decides no step (neither interrupted nor journaled). */
+int cluster_evidence_index(struct pgstore *s, const char *mandate_id,
+                           struct evidence_index **ret_ix)
+{
+        (void)s;
+        (void)mandate_id;
+        return evidence_index_unknown(ret_ix);
+}
+
+static int64_t mono_ms(void)
+{
+        return (int64_t)now_ms_monotonic();
+}
+
+/* ---- the connection of a pool thread ---- */
+
+struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
+{
+        struct cluster *c = d->cluster;
+        if (!c) {
+                *ret_err = -EPROTONOSUPPORT;
+                return NULL;
+        }
+        if (tls_store)
+                return tls_store;
+        char err[256];
+        struct pgstore *s = NULL;
+        int r = pgstore_connect(c->conninfo, &s, err, sizeof err);
+        if (r < 0) {
+                *ret_err = r;
+                return NULL;
+        }
+        pthread_mutex_lock(&c->lock);
+        if (c->nstores == c->capstores) {
+                size_t cap = c->capstores ? 2 * c->capstores : 16;
+                struct pgstore **n = realloc(c->stores, cap * sizeof(*n));
+                if (n) {
+                        c->stores = n;
+                        c->capstores = cap;
+                }
+        }
+        bool kept = c->nstores < c->capstores;
+        if (kept)
+                c->stores[c->nstores++] = s;
+        pthread_mutex_unlock(&c->lock);
+        if (!kept) {
+                pgstore_close(s);
+                *ret_err = -ENOMEM;
+                return NULL;
+        }
+        tls_store = s;
+        return s;
+}
+
+/* Run op until it is not a broken connection, reconnecting, for at most
+ * half a lease (then the lease may be gone anyway). */
+static void backoff(unsigned attempt)
+{
+        struct timespec ts = { 0, (long)(attempt < 5 ? 100 << attempt : 2000) * 1000000L };
+        if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec = ts.tv_nsec / 1000000000L;
+                ts.tv_nsec %= 1000000000L;
+        }
+        nanosleep(&ts, NULL);
+}
+
+/* ---- the barrier of a WAL (pool thread) ---- */
+
+static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate *m,
+                           const char *lines, size_t len)
+{
+        if (m->retry_of) {
+                int r = pgstore_mandate_create(s, m->id, m->schedule, c->node, c->lease_ms, lines,
+                                               len);
+                if (r == 0)
+                        m->epoch = 1;
+                return r;
+        }
+        int64_t fired_ms;
+        if (wal_parse_ts(m->fired_at, &fired_ms) < 0)
+                return -EINVAL;
+        struct pgstore_claim cl;
+        int r = pgstore_claim_tick(s, m->schedule, fired_ms, m->id, c->node, c->lease_ms, lines,
+                                   len, &cl);
+        if (r < 0)
+                return r;
+        if (cl.won) {
+                m->epoch = 1;
+        } else if (cl.claimed_by && strcmp(cl.claimed_by, c->node) == 0 && cl.mandate_id &&
+                   strcmp(cl.mandate_id, m->id) == 0) {
+                /* Ours: an earlier attempt whose commit was unknown, or an
+                 * older incarnation of this node.  The rows tell: identical
+                 * bytes are this attempt's. */
+                r = pgstore_wal_append(s, m->id, 1, 1, lines, len, NULL);
+                if (r == 0)
+                        m->epoch = 1;
+                else
+                        r = -EALREADY;
+        } else {
+                free(m->cluster_winner);
+                m->cluster_winner = cl.claimed_by ? strdup(cl.claimed_by) : NULL;
+                r = -EALREADY;
+        }
+        pgstore_claim_free(&cl);
+        return r;
+}
+
+static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t len)
+{
+        struct mandate *m = ctx;
+        struct cluster *c = m->d->cluster;
+        int64_t give_up = mono_ms() + c->lease_ms / 2;
+        int r = 0;
+        for (unsigned attempt = 0;; attempt++) {
+                if (__atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE))
+                        return -ESTALE;
+                struct pgstore *s = cluster_thread_store(m->d, &r);
+                if (s) {
+                        if (m->epoch == 0 && first_seq == 1)
+                                r = claim_or_create(c, s, m, lines, len);
+                        else if (m->epoch == 0)
+                                r = -ESTALE;
+                        else
+                                r = pgstore_wal_append(s, m->id, m->epoch, first_seq, lines, len,
+                                                       NULL);
+                        if (r == -ENOTCONN && pgstore_reset(s) < 0)
+                                r = -ENOTCONN;
+                }
+                if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
+                    mono_ms() >= give_up)
+                        return r;
+                backoff(attempt);
+        }
+}
+
+void cluster_wal_options(struct mandate *m, struct wal_options *o)
+{
+        if (!m->d->cluster)
+                return;
+        o->barrier = wal_barrier;
+        o->barrier_ctx = m;
+}
+
+/* ---- what the loop holds ---- */
+
+static struct held *held_find(struct cluster *c, const char *id)
+{
+        for (size_t i = 0; i < c->nheld; i++)
+                if (strcmp(c->held[i].id, id) == 0)
+                        return &c->held[i];
+        return NULL;
+}
+
+void cluster_hold(struct mandate *m)
+{
+        struct cluster *c = m->d->cluster;
+        if (!c || m->cluster_held || m->epoch <= 0)
+                return;
+        char *id = strdup(m->id);
+        if (!id)
+                return;
+        pthread_mutex_lock(&c->lock);
+        struct held *h = held_find(c, m->id);
+        if (h) {
+                h->epoch = m->epoch;
+                h->lost = false;
+                free(id);
+        } else {
+                if (c->nheld == c->capheld) {
+                        size_t cap = c->capheld ? 2 * c->capheld : 64;
+                        struct held *n = realloc(c->held, cap * sizeof(*n));
+                        if (n) {
+                                c->held = n;
+                                c->capheld = cap;
+                        }
+                }
+                if (c->nheld < c->capheld)
+                        c->held[c->nheld++] = (struct held){ .id = id, .epoch = m->epoch };
+                else
+                        free(id);
+        }
+        pthread_mutex_unlock(&c->lock);
+        m->cluster_held = true;
+}
+
+void cluster_release(struct mandate *m)
+{
+        struct cluster *c = m->d->cluster;
+        if (!c || !m->cluster_held)
+                return;
+        pthread_mutex_lock(&c->lock);
+        struct held *h = held_find(c, m->id);
+        if (h) {
+                free(h->id);
+                *h = c->held[--c->nheld];
+        }
+        pthread_mutex_unlock(&c->lock);
+        m->cluster_held = false;
+}
+
+const char *cluster_node(const struct daemon *d)
+{
+        return d->cluster ? d->cluster->node : NULL;
+}
+
+int64_t cluster_lease_ms(const struct daemon *d)
+{
+        return d->cluster ? d->cluster->lease_ms : 0;
+}
+
+bool cluster_may_act(const struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return true;
+        pthread_mutex_lock(&c->lock);
+        int64_t deadline = c->deadline_ms;
+        pthread_mutex_unlock(&c->lock);
+        return deadline > 0 && mono_ms() < deadline - c->lease_ms / 3;
+}
+
+int64_t cluster_deadline_ms(const struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return 0;
+        pthread_mutex_lock(&c->lock);
+        int64_t deadline = c->deadline_ms;
+        pthread_mutex_unlock(&c->lock);
+        return deadline;
+}
+
+/* The file of a forgotten mandate goes (on the heartbeat thread: no I/O on
+ * the loop). */
+static void forget_file(struct cluster *c, const char *path)
+{
+        char *p = strdup(path);
+        if (!p)
+                return;
+        pthread_mutex_lock(&c->lock);
+        if (c->nunlink == c->capunlink) {
+                size_t cap = c->capunlink ? 2 * c->capunlink : 16;
+                char **n = realloc(c->unlink, cap * sizeof(*n));
+                if (n) {
+                        c->unlink = n;
+                        c->capunlink = cap;
+                }
+        }
+        if (c->nunlink < c->capunlink) {
+                c->unlink[c->nunlink++] = p;
+                p = NULL;
+        }
+        pthread_mutex_unlock(&c->lock);
+        free(p);
+}
+
+void cluster_drop(struct mandate *m, const char *why)
+{
+        struct cluster *c = m->d->cluster;
+        if (!c || __atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE))
+                return;
+        __atomic_store_n(&m->cluster_dropped, true, __ATOMIC_RELEASE);
+        char ep[24];
+        snprintf(ep, sizeof ep, "%lld", (long long)m->epoch);
+        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "EPOCH", ep }),
+                  "mandate %s: no longer held by node %s (%s): another node takes it over", m->id,
+                  c->node, why);
+        pthread_mutex_lock(&c->lock);
+        struct held *h = held_find(c, m->id);
+        if (h)
+                h->lost = true;
+        pthread_mutex_unlock(&c->lock);
+        if (m->run && !m->run->finished)
+                handler_kill(m->run, SIGKILL);
+        /* a queued mandate leaves the queue when its turn comes (executor_kick
+         * skips dropped ones); an idle one goes at the next fence tick */
+}
+
+bool cluster_dropped(const struct mandate *m)
+{
+        return __atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE);
+}
+
+/* Forget dropped mandates once nothing of theirs runs. */
+static void sweep(struct cluster *c)
+{
+        struct daemon *d = c->d;
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        struct mandate *gone[64];
+        size_t n = 0;
+        while (n < 64 && strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                struct mandate *m = v;
+                if (cluster_dropped(m) && !m->busy && !m->queued && !m->holds_slot && !m->run &&
+                    serialq_idle(&m->q))
+                        gone[n++] = m;
+        }
+        for (size_t i = 0; i < n; i++) {
+                struct mandate *m = gone[i];
+                if (m->wal) {
+                        wal_close(m->wal);
+                        m->wal = NULL;
+                }
+                forget_file(c, m->wal_path);
+                cluster_release(m);
+                if (mandate_remove(m) < 0)
+                        log_debug("mandate %s: busy, forgotten later", m->id);
+        }
+}
+
+/* ---- adopting taken mandates (loop) ---- */
+
+static void cev_free(struct cev *e)
+{
+        free(e->id);
+        free(e->prev_owner);
+        free(e->why);
+        evidence_index_free(e->ix);
+        free(e);
+}
+
+static bool adopt(struct cluster *c, struct cev *e)
+{
+        struct daemon *d = c->d;
+        struct mandate *old = mandate_find(d, e->id);
+        if (old) {
+                /* our old copy (lost, or its lease ran out): it must go first */
+                cluster_drop(old, "taken over at a newer epoch");
+                return false;
+        }
+        if (d->stopping)
+                return true;
+        char *path = NULL;
+        struct mandate *m = statedir_wal_path(&d->paths, e->id, &path) < 0
+                                    ? NULL
+                                    : mandate_add(d, e->id, path);
+        free(path);
+        if (!m) {
+                log_error("mandate %s: taken over but out of memory: it is taken again later",
+                          e->id);
+                return true;
+        }
+        m->epoch = e->epoch;
+        cluster_hold(m);
+        char ep[24];
+        snprintf(ep, sizeof ep, "%lld", (long long)e->epoch);
+        log_event(LOG_NOTICE, MSGID_RECOVERY,
+                  LOG_FIELDS({ "MANDATE_ID", m->id }, { "EPOCH", ep },
+                             { "PREV_OWNER", e->prev_owner }),
+                  "mandate %s: taken over from %s at epoch %lld: deciding its interrupted steps",
+                  m->id, e->prev_owner ? e->prev_owner : "nobody", (long long)e->epoch);
+        recover_adopt(d, m, e->prev_owner, e->ix);
+        e->ix = NULL;
+        return true;
+}
+
+static void process_adopts(struct cluster *c)
+{
+        struct cev **pp = &c->adopt_head;
+        while (*pp) {
+                struct cev *e = *pp;
+                if (adopt(c, e)) {
+                        *pp = e->next;
+                        cev_free(e);
+                } else {
+                        pp = &e->next;
+                }
+        }
+}
+
+static void on_async(uv_async_t *h)
+{
+        struct cluster *c = h->data;
+        pthread_mutex_lock(&c->lock);
+        struct cev *list = c->ev_head;
+        c->ev_head = c->ev_tail = NULL;
+        pthread_mutex_unlock(&c->lock);
+        while (list) {
+                struct cev *e = list;
+                list = e->next;
+                e->next = NULL;
+                if (e->kind == CEV_LOST) {
+                        struct mandate *m = mandate_find(c->d, e->id);
+                        if (m && m->epoch == e->epoch)
+                                cluster_drop(m, e->why ? e->why : "lease not renewed");
+                        cev_free(e);
+                } else {
+                        e->next = c->adopt_head;
+                        c->adopt_head = e;
+                }
+        }
+        process_adopts(c);
+        sweep(c);
+}
+
+static void on_fence_tick(uv_timer_t *t)
+{
+        struct cluster *c = t->data;
+        struct daemon *d = c->d;
+        int64_t deadline = cluster_deadline_ms(d);
+        if (deadline > 0 && mono_ms() >= deadline) {
+                if (!c->fenced) {
+                        c->fenced = true;
+                        log_event(LOG_ERR, NULL, NULL, 0,
+                                  "node %s could not renew its lease (%s): every handler is "
+                                  "killed and every mandate left to the other nodes",
+                                  c->node, c->renew_error[0] ? c->renew_error : "no answer");
+                }
+                size_t pos = 0;
+                const char *k;
+                void *v;
+                while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                        struct mandate *m = v;
+                        if (m->epoch > 0 && !cluster_dropped(m))
+                                cluster_drop(m, "this node's lease ended");
+                }
+        } else if (c->fenced && deadline > 0) {
+                c->fenced = false;
+                log_notice("node %s renews its lease again", c->node);
+        }
+        process_adopts(c);
+        sweep(c);
+}
+
+/* ---- the heartbeat thread ---- */
+
+static void post(struct cluster *c, struct cev *e)
+{
+        pthread_mutex_lock(&c->lock);
+        if (c->ev_tail)
+                c->ev_tail->next = e;
+        else
+                c->ev_head = e;
+        c->ev_tail = e;
+        pthread_mutex_unlock(&c->lock);
+        uv_async_send(&c->async);
+}
+
+static void post_lost(struct cluster *c, const char *id, int64_t epoch, const char *why)
+{
+        struct cev *e = calloc(1, sizeof(*e));
+        if (!e || !(e->id = strdup(id)) || !(e->why = strdup(why))) {
+                if (e)
+                        cev_free(e);
+                return;
+        }
+        e->kind = CEV_LOST;
+        e->epoch = epoch;
+        post(c, e);
+}
+
+static int renew(struct cluster *c, struct pgstore *s)
+{
+        pthread_mutex_lock(&c->lock);
+        size_t n = 0;
+        const char **ids = calloc(c->nheld + 1, sizeof(*ids));
+        int64_t *epochs = calloc(c->nheld + 1, sizeof(*epochs));
+        bool *renewed = calloc(c->nheld + 1, sizeof(*renewed));
+        for (size_t i = 0; ids && epochs && i < c->nheld; i++)
+                if (!c->held[i].lost && (ids[n] = strdup(c->held[i].id)))
+                        epochs[n++] = c->held[i].epoch;
+        pthread_mutex_unlock(&c->lock);
+        int r = ids && epochs && renewed ? 0 : -ENOMEM;
+        int64_t sent = mono_ms();
+        if (r == 0)
+                r = pgstore_node_heartbeat(s, c->node, c->incarnation, c->lease_ms);
+        if (r == 0)
+                r = pgstore_lease_renew_many(s, c->node, ids, epochs, n, c->lease_ms, renewed);
+        if (r == 0) {
+                pthread_mutex_lock(&c->lock);
+                c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+                c->renew_failures = 0;
+                c->renew_error[0] = '\0';
+                pthread_mutex_unlock(&c->lock);
+                for (size_t i = 0; i < n; i++)
+                        if (!renewed[i])
+                                post_lost(c, ids[i], epochs[i],
+                                          "its lease was not renewed: taken over or ended");
+        } else {
+                pthread_mutex_lock(&c->lock);
+                c->renew_failures++;
+                snprintf(c->renew_error, sizeof c->renew_error, "%s",
+                         r == -ENOMEM ? "out of memory" : pgstore_error(s));
+                pthread_mutex_unlock(&c->lock);
+        }
+        for (size_t i = 0; ids && i < n; i++)
+                free((char *)ids[i]);
+        free(ids);
+        free(epochs);
+        free(renewed);
+        return r;
+}
+
+/* The rows of a taken mandate become its WAL file (unsynced: the rows are
+ * the truth, the file a copy). */
+static int take_one(struct cluster *c, struct pgstore *s, struct pgstore_takeover *t)
+{
+        struct kbuf b = KBUF_INIT;
+        int64_t nrows = 0;
+        char *path = NULL;
+        int r = pgstore_wal_read(s, t->mandate_id, &b, &nrows);
+        if (r == 0)
+                r = statedir_wal_path(&c->d->paths, t->mandate_id, &path);
+        if (r == 0)
+                r = kio_write_file_nosync(kio_posix(), path, b.data ? b.data : "", b.len,
+                                          WAL_FILE_MODE);
+        struct evidence_index *ix = NULL;
+        if (r == 0)
+                r = cluster_evidence_index(s, t->mandate_id, &ix);
+        struct cev *e = r == 0 ? calloc(1, sizeof(*e)) : NULL;
+        if (r == 0 && (!e || !(e->id = strdup(t->mandate_id))))
+                r = -ENOMEM;
+        if (r == 0) {
+                e->kind = CEV_TAKEN;
+                e->epoch = t->epoch;
+                e->prev_owner = t->prev_owner ? strdup(t->prev_owner) : NULL;
+                e->ix = ix;
+                ix = NULL;
+                post(c, e);
+                e = NULL;
+        }
+        if (e)
+                cev_free(e);
+        evidence_index_free(ix);
+        free(path);
+        kbuf_free(&b);
+        return r;
+}
+
+static void takeover_round(struct cluster *c, struct pgstore *s)
+{
+        for (int k = 0; k < TAKEOVER_PER_ROUND; k++) {
+                pthread_mutex_lock(&c->lock);
+                bool go = c->takeover && !c->stop &&
+                          mono_ms() < c->deadline_ms - c->lease_ms / 3;
+                pthread_mutex_unlock(&c->lock);
+                if (!go)
+                        return;
+                struct pgstore_takeover t;
+                int r = pgstore_lease_takeover(s, NULL, c->node, c->lease_ms, c->grace_ms, &t);
+                if (r < 0)
+                        return; /* -EBUSY: none */
+                r = take_one(c, s, &t);
+                if (r < 0) {
+                        /* it stays ours at the new epoch; the lease is not
+                         * renewed, so it is taken again (by anyone) */
+                        log_warning("mandate %s: taken over at epoch %lld but cannot be loaded: "
+                                    "%s",
+                                    t.mandate_id, (long long)t.epoch,
+                                    r == -EIO || r == -ENOTCONN ? pgstore_error(s)
+                                                                : strerror(-r));
+                }
+                pgstore_takeover_free(&t);
+        }
+}
+
+static void unlink_forgotten(struct cluster *c)
+{
+        pthread_mutex_lock(&c->lock);
+        char **list = c->unlink;
+        size_t n = c->nunlink;
+        c->unlink = NULL;
+        c->nunlink = c->capunlink = 0;
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; i < n; i++) {
+                (void)unlink(list[i]);
+                free(list[i]);
+        }
+        free(list);
+}
+
+static void *heartbeat_main(void *arg)
+{
+        struct cluster *c = arg;
+        struct pgstore *s = NULL;
+        char err[256];
+        int64_t interval = c->lease_ms / 3;
+        pthread_mutex_lock(&c->lock);
+        while (!c->stop) {
+                pthread_mutex_unlock(&c->lock);
+                int64_t start = mono_ms();
+                int r = 0;
+                if (!s && (r = pgstore_connect(c->conninfo, &s, err, sizeof err)) < 0) {
+                        pthread_mutex_lock(&c->lock);
+                        c->renew_failures++;
+                        snprintf(c->renew_error, sizeof c->renew_error, "%s", err);
+                        pthread_mutex_unlock(&c->lock);
+                }
+                if (s) {
+                        r = renew(c, s);
+                        if (r == -ENOTCONN || r == -ECONNREFUSED)
+                                (void)pgstore_reset(s);
+                        else if (r == 0)
+                                takeover_round(c, s);
+                }
+                unlink_forgotten(c);
+                /* the next beat: a third of a lease after this one started,
+                 * sooner after a failure */
+                int64_t next = start + (r == 0 ? interval : interval / 3);
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+                int64_t wait = next - now;
+                if (wait < 50)
+                        wait = 50;
+                ts.tv_sec += wait / 1000;
+                ts.tv_nsec += (wait % 1000) * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                pthread_mutex_lock(&c->lock);
+                while (!c->stop &&
+                       pthread_cond_timedwait(&c->cond, &c->lock, &ts) != ETIMEDOUT)
+                        ;
+        }
+        /* A graceful stop hands over what it held: the leases end now. */
+        size_t n = 0;
+        const char **ids = calloc(c->nheld + 1, sizeof(*ids));
+        int64_t *epochs = calloc(c->nheld + 1, sizeof(*epochs));
+        for (size_t i = 0; ids && epochs && i < c->nheld; i++)
+                if (!c->held[i].lost) {
+                        ids[n] = c->held[i].id;
+                        epochs[n++] = c->held[i].epoch;
+                }
+        pthread_mutex_unlock(&c->lock);
+        if (s && n)
+                (void)pgstore_lease_release_many(s, c->node, ids, epochs, n, c->grace_ms);
+        free(ids);
+        free(epochs);
+        pgstore_close(s);
+        return NULL;
+}
+
+/* ---- start and stop ---- */
+
+static int clear_copies(struct daemon *d, char *err, size_t errlen)
+{
+        /* The WAL files of a node are copies of rows; a previous run's are
+         * stale (the rows moved on or were taken over).  But a state
+         * directory that ran the file backend holds the only copy of its
+         * mandates: refuse rather than lose them. */
+        char *marker = NULL;
+        if (asprintf(&marker, "%s/cluster-node", d->paths.root) < 0)
+                return -ENOMEM;
+        bool was_cluster = access(marker, F_OK) == 0;
+        DIR *dir = opendir(d->paths.wal);
+        int r = 0;
+        size_t nwal = 0;
+        if (dir) {
+                struct dirent *de;
+                while ((de = readdir(dir))) {
+                        char id[256];
+                        if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id))
+                                continue;
+                        nwal++;
+                        if (was_cluster && unlinkat(dirfd(dir), de->d_name, 0) < 0 &&
+                            errno != ENOENT) {
+                                r = -errno;
+                                snprintf(err, errlen, "cannot remove %s/%s: %s", d->paths.wal,
+                                         de->d_name, strerror(errno));
+                                break;
+                        }
+                }
+                closedir(dir);
+        }
+        if (r == 0 && !was_cluster && nwal) {
+                snprintf(err, errlen,
+                         "%s holds %zu unfinished mandate%s of the file backend: finish them "
+                         "with Backend=files before this state directory joins a cluster",
+                         d->paths.wal, nwal, nwal == 1 ? "" : "s");
+                r = -EEXIST;
+        }
+        if (r == 0 && !was_cluster) {
+                r = kio_write_file_atomic(kio_posix(), marker, d->cfg->node_name,
+                                          strlen(d->cfg->node_name), STATEDIR_FILE_MODE);
+                if (r < 0)
+                        snprintf(err, errlen, "cannot write %s: %s", marker, strerror(-r));
+        }
+        free(marker);
+        return r;
+}
+
+int cluster_start(struct daemon *d, char *err, size_t errlen)
+{
+        const struct config *cfg = d->cfg;
+        if (cfg->backend != CONFIG_BACKEND_POSTGRES)
+                return 0;
+        struct cluster *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        c->d = d;
+        c->node = strdup(cfg->node_name ? cfg->node_name : "");
+        c->conninfo = strdup(cfg->cluster_conninfo ? cfg->cluster_conninfo : "");
+        c->lease_ms = (int64_t)cfg->lease_sec * 1000;
+        c->grace_ms = c->lease_ms / 2;
+        c->margin_ms = c->lease_ms / 5 > 1000 ? c->lease_ms / 5 : 1000;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        c->incarnation = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        if (!c->node || !c->conninfo || pthread_mutex_init(&c->lock, NULL) != 0 ||
+            pthread_cond_init(&c->cond, &ca) != 0) {
+                pthread_condattr_destroy(&ca);
+                free(c->node);
+                free(c->conninfo);
+                free(c);
+                return -ENOMEM;
+        }
+        pthread_condattr_destroy(&ca);
+        d->cluster = c;
+        int r = clear_copies(d, err, errlen);
+        if (r < 0)
+                goto fail;
+        /* The schema first (created or migrated), then the node's first
+         * heartbeat: from here on it has a deadline. */
+        struct pgstore *s = NULL;
+        char perr[256];
+        r = pgstore_connect(c->conninfo, &s, perr, sizeof perr);
+        if (r < 0) {
+                snprintf(err, errlen, "cannot connect to the database (ConnectionString=): %s",
+                         perr);
+                goto fail;
+        }
+        int from = 0, to = 0;
+        int64_t sent = mono_ms();
+        if ((r = pgstore_migrate(s, &from, &to)) < 0 ||
+            (r = pgstore_node_heartbeat(s, c->node, c->incarnation, c->lease_ms)) < 0) {
+                snprintf(err, errlen, "the database refuses node %s: %s", c->node,
+                         r == -EPROTONOSUPPORT
+                                 ? "its schema is newer than this kairosd"
+                                 : pgstore_error(s));
+                pgstore_close(s);
+                goto fail;
+        }
+        pgstore_close(s);
+        c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+        if (from != to)
+                log_notice("cluster: the database schema was migrated from version %d to %d",
+                           from, to);
+        uv_async_init(d->loop, &c->async, on_async);
+        c->async.data = c;
+        uv_timer_init(d->loop, &c->fence_timer);
+        c->fence_timer.data = c;
+        uv_timer_start(&c->fence_timer, on_fence_tick, FENCE_TICK_MS, FENCE_TICK_MS);
+        if ((r = -pthread_create(&c->thread, NULL, heartbeat_main, c)) < 0) {
+                snprintf(err, errlen, "cannot start the heartbeat thread: %s", strerror(-r));
+                goto fail;
+        }
+        c->thread_started = true;
+        log_daemon = d;
+        log_set_node(c->node, epoch_lookup);
+        log_notice("cluster: node %s (incarnation %lld) on PostgreSQL, LeaseSec=%u", c->node,
+                   (long long)c->incarnation, cfg->lease_sec);
+        return 0;
+fail:
+        d->cluster = NULL;
+        pthread_mutex_destroy(&c->lock);
+        pthread_cond_destroy(&c->cond);
+        free(c->node);
+        free(c->conninfo);
+        free(c);
+        return r;
+}
+
+void cluster_ready(struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return;
+        pthread_mutex_lock(&c->lock);
+        c->takeover = true;
+        pthread_cond_signal(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+}
+
+void cluster_stop(struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return;
+        pthread_mutex_lock(&c->lock);
+        c->stop = true;
+        c->takeover = false;
+        pthread_cond_signal(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+        if (c->thread_started)
+                pthread_join(c->thread, NULL);
+        c->thread_started = false;
+        uv_timer_stop(&c->fence_timer);
+}
+
+void cluster_free(struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return;
+        cluster_stop(d);
+        for (size_t i = 0; i < c->nheld; i++)
+                free(c->held[i].id);
+        free(c->held);
+        for (size_t i = 0; i < c->nstores; i++)
+                pgstore_close(c->stores[i]);
+        free(c->stores);
+        for (size_t i = 0; i < c->nunlink; i++)
+                free(c->unlink[i]);
+        free(c->unlink);
+        while (c->ev_head) {
+                struct cev *e = c->ev_head;
+                c->ev_head = e->next;
+                cev_free(e);
+        }
+        while (c->adopt_head) {
+                struct cev *e = c->adopt_head;
+                c->adopt_head = e->next;
+                cev_free(e);
+        }
+        pthread_mutex_destroy(&c->lock);
+        pthread_cond_destroy(&c->cond);
+        free(c->node);
+        free(c->conninfo);
+        free(c);
+        d->cluster = NULL;
+}
+
+int cluster_finish(struct mandate *m, const char *status)
+{
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(m->d, &r);
+        if (!s)
+                return r;
+        return pgstore_mandate_finish(s, m->id, m->epoch, status);
+}
+
+#else /* !KAIROS_HAVE_PGSTORE */
+
+int cluster_start(struct daemon *d, char *err, size_t errlen)
+{
+        if (d->cfg->backend != CONFIG_BACKEND_POSTGRES)
+                return 0;
+        snprintf(err, errlen, "kairosd was built without PostgreSQL support (-Dpostgres=enabled)");
+        return -EPROTONOSUPPORT;
+}
+void cluster_ready(struct daemon *d) { (void)d; }
+void cluster_stop(struct daemon *d) { (void)d; }
+void cluster_free(struct daemon *d) { (void)d; }
+const char *cluster_node(const struct daemon *d) { (void)d; return NULL; }
+int64_t cluster_lease_ms(const struct daemon *d) { (void)d; return 0; }
+int64_t cluster_deadline_ms(const struct daemon *d) { (void)d; return 0; }
+bool cluster_may_act(const struct daemon *d) { (void)d; return true; }
+struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
+{
+        (void)d;
+        *ret_err = -EPROTONOSUPPORT;
+        return NULL;
+}
+void cluster_wal_options(struct mandate *m, struct wal_options *o) { (void)m; (void)o; }
+void cluster_hold(struct mandate *m) { (void)m; }
+void cluster_release(struct mandate *m) { (void)m; }
+void cluster_drop(struct mandate *m, const char *why) { (void)m; (void)why; }
+bool cluster_dropped(const struct mandate *m) { (void)m; return false; }
+int cluster_finish(struct mandate *m, const char *status)
+{
+        (void)m;
+        (void)status;
+        return -EPROTONOSUPPORT;
+}
+
+#endif
