@@ -903,3 +903,48 @@ int pgstore_lease_release_many(struct pgstore *s, const char *node, const char *
         kbuf_free(&epl);
         return r;
 }
+
+void pgstore_node_rows_free(struct pgstore_node_row *rows, size_t n)
+{
+        for (size_t i = 0; rows && i < n; i++)
+                free(rows[i].node);
+        free(rows);
+}
+
+int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, size_t *ret_n)
+{
+        if (!ret_rows || !ret_n)
+                return -EINVAL;
+        *ret_rows = NULL;
+        *ret_n = 0;
+        PGresult *res;
+        int r = exec_params(s,
+                            "SELECT n.node, n.incarnation, "
+                            "(extract(epoch FROM n.expires_at - now()) * 1000)::bigint, "
+                            "(SELECT count(*) FROM kairos_mandate m WHERE m.owner = n.node "
+                            "AND m.status = 'running') FROM kairos_node n ORDER BY n.node",
+                            0, NULL, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        int rows = PQntuples(res);
+        struct pgstore_node_row *out = rows ? calloc((size_t)rows, sizeof(*out)) : NULL;
+        if (rows && !out) {
+                PQclear(res);
+                return -ENOMEM;
+        }
+        for (int i = 0; i < rows; i++) {
+                out[i].node = strdup(PQgetvalue(res, i, 0));
+                out[i].incarnation = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+                out[i].expires_in_ms = strtoll(PQgetvalue(res, i, 2), NULL, 10);
+                out[i].held = strtoll(PQgetvalue(res, i, 3), NULL, 10);
+                if (!out[i].node) {
+                        pgstore_node_rows_free(out, (size_t)i);
+                        PQclear(res);
+                        return -ENOMEM;
+                }
+        }
+        PQclear(res);
+        *ret_rows = out;
+        *ret_n = (size_t)rows;
+        return 0;
+}

@@ -173,3 +173,13 @@ int pgstore_lease_renew_many(struct pgstore *s, const char *node, const char *co
  * grace_ms ago), so that any node may take them at once. */
 int pgstore_lease_release_many(struct pgstore *s, const char *node, const char *const *ids,
                                const int64_t *epochs, size_t n, int64_t grace_ms);
+
+/* The cluster's nodes, for kairosctl status. */
+struct pgstore_node_row {
+        char *node;
+        int64_t incarnation;
+        int64_t expires_in_ms;     /* by the database's clock; < 0: expired */
+        int64_t held;              /* running mandates it owns */
+};
+void pgstore_node_rows_free(struct pgstore_node_row *rows, size_t n);
+int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, size_t *ret_n);

@@ -858,6 +858,31 @@ static int text_status(json_t *r)
                 }
                 putchar('\n');
         }
+        json_t *cl = json_object_get(r, "cluster");
+        if (json_is_object(cl)) {
+                fputs("Cluster node:    ", stdout);
+                ctl_put_safe(stdout, jstr(cl, "node"));
+                printf(" (PostgreSQL), lease %lld s, %lld.%lld s left%s, %lld mandate%s held\n",
+                       (long long)jint(cl, "lease_sec"), (long long)jint(cl, "lease_left_ms") / 1000,
+                       (long long)(jint(cl, "lease_left_ms") % 1000) / 100,
+                       json_is_true(json_object_get(cl, "may_act")) ? "" : " (not acting: renewing)",
+                       (long long)jint(cl, "held"), plural(jint(cl, "held")));
+                if (jstr(cl, "renew_error")) {
+                        printf("Renewal:         %lld failure%s: ", (long long)jint(cl, "renew_failures"),
+                               plural(jint(cl, "renew_failures")));
+                        ctl_put_safe(stdout, jstr(cl, "renew_error"));
+                        putchar('\n');
+                }
+                json_t *nodes = json_object_get(cl, "nodes"), *n;
+                size_t i;
+                json_array_foreach(nodes, i, n) {
+                        fputs(i ? "                 " : "Nodes:           ", stdout);
+                        ctl_put_safe(stdout, jstr(n, "node"));
+                        printf(" %s, %lld mandate%s\n",
+                               json_is_true(json_object_get(n, "alive")) ? "alive" : "expired",
+                               (long long)jint(n, "mandates"), plural(jint(n, "mandates")));
+                }
+        }
         return CTL_EXIT_OK;
 }
 

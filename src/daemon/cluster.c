@@ -22,6 +22,8 @@
 
 #include "daemon.h"
 
+#include <jansson.h>
+
 #ifdef KAIROS_HAVE_PGSTORE
 
 #include <dirent.h>
@@ -32,7 +34,6 @@
 #include <unistd.h>
 
 #include "executor.h"
-#include "executor_internal.h"
 #include "kairos/evidence.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -84,6 +85,9 @@ struct cluster {
         size_t nstores, capstores;
         unsigned renew_failures;
         char renew_error[256];
+        struct pgstore_node_row *nodes;  /* the cluster's nodes at the last beat */
+        size_t nnodes;
+        int64_t nodes_at_ms;
         /* loop only */
         uv_async_t async;
         uv_timer_t fence_timer;
@@ -373,8 +377,7 @@ void cluster_drop(struct mandate *m, const char *why)
         if (h)
                 h->lost = true;
         pthread_mutex_unlock(&c->lock);
-        if (m->run && !m->run->finished)
-                handler_kill(m->run, SIGKILL);
+        executor_kill_handler(m, SIGKILL);
         /* a queued mandate leaves the queue when its turn comes (executor_kick
          * skips dropped ones); an idle one goes at the next fence tick */
 }
@@ -694,8 +697,19 @@ static void *heartbeat_main(void *arg)
                         r = renew(c, s);
                         if (r == -ENOTCONN || r == -ECONNREFUSED)
                                 (void)pgstore_reset(s);
-                        else if (r == 0)
+                        else if (r == 0) {
+                                struct pgstore_node_row *rows = NULL;
+                                size_t n = 0;
+                                if (pgstore_node_rows(s, &rows, &n) == 0) {
+                                        pthread_mutex_lock(&c->lock);
+                                        pgstore_node_rows_free(c->nodes, c->nnodes);
+                                        c->nodes = rows;
+                                        c->nnodes = n;
+                                        c->nodes_at_ms = mono_ms();
+                                        pthread_mutex_unlock(&c->lock);
+                                }
                                 takeover_round(c, s);
+                        }
                 }
                 unlink_forgotten(c);
                 /* the next beat: a third of a lease after this one started,
@@ -905,6 +919,7 @@ void cluster_free(struct daemon *d)
         for (size_t i = 0; i < c->nheld; i++)
                 free(c->held[i].id);
         free(c->held);
+        pgstore_node_rows_free(c->nodes, c->nnodes);
         for (size_t i = 0; i < c->nstores; i++)
                 pgstore_close(c->stores[i]);
         free(c->stores);
@@ -927,6 +942,42 @@ void cluster_free(struct daemon *d)
         free(c->conninfo);
         free(c);
         d->cluster = NULL;
+}
+
+json_t *cluster_status(struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return NULL;
+        int64_t now = mono_ms();
+        pthread_mutex_lock(&c->lock);
+        size_t held = 0;
+        for (size_t i = 0; i < c->nheld; i++)
+                held += !c->held[i].lost;
+        json_t *nodes = json_array();
+        for (size_t i = 0; i < c->nnodes; i++) {
+                /* as of the last beat, aged since */
+                int64_t left = c->nodes[i].expires_in_ms - (now - c->nodes_at_ms);
+                json_array_append_new(nodes,
+                                      json_pack("{s:s, s:I, s:b, s:I, s:I}", "node",
+                                                c->nodes[i].node, "incarnation",
+                                                (json_int_t)c->nodes[i].incarnation, "alive",
+                                                left > 0, "lease_left_ms",
+                                                (json_int_t)(left > 0 ? left : 0), "mandates",
+                                                (json_int_t)c->nodes[i].held));
+        }
+        int64_t left = c->deadline_ms > 0 ? c->deadline_ms - now : 0;
+        json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:b, s:I, s:I, s:s?, s:o}", "backend",
+                              "postgres", "node", c->node, "incarnation",
+                              (json_int_t)c->incarnation, "lease_sec",
+                              (json_int_t)(c->lease_ms / 1000), "lease_left_ms",
+                              (json_int_t)(left > 0 ? left : 0), "may_act",
+                              c->deadline_ms > 0 && now < c->deadline_ms - c->lease_ms / 3,
+                              "held", (json_int_t)held, "renew_failures",
+                              (json_int_t)c->renew_failures, "renew_error",
+                              c->renew_error[0] ? c->renew_error : NULL, "nodes", nodes);
+        pthread_mutex_unlock(&c->lock);
+        return o;
 }
 
 int cluster_finish(struct mandate *m, const char *status)
@@ -965,6 +1016,11 @@ void cluster_hold(struct mandate *m) { (void)m; }
 void cluster_release(struct mandate *m) { (void)m; }
 void cluster_drop(struct mandate *m, const char *why) { (void)m; (void)why; }
 bool cluster_dropped(const struct mandate *m) { (void)m; return false; }
+json_t *cluster_status(struct daemon *d)
+{
+        (void)d;
+        return NULL;
+}
 int cluster_finish(struct mandate *m, const char *status)
 {
         (void)m;

@@ -74,6 +74,10 @@ void cluster_release(struct mandate *m);
  * once nothing of it runs.  why: for the log. */
 void cluster_drop(struct mandate *m, const char *why);
 bool cluster_dropped(const struct mandate *m);
+/* For kairosctl status: this node, its lease, the cluster's nodes (as of
+ * the last heartbeat); NULL with the file backend. */
+typedef struct json_t json_t;
+json_t *cluster_status(struct daemon *d);
 /* Pool thread: the mandate ended (status succeeded, failed or abandoned). */
 int cluster_finish(struct mandate *m, const char *status);
 /* The tool calls of mandate_id as recovery's evidence (heartbeat thread). */

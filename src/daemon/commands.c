@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "chronos.h"
+#include "cluster.h"
 #include "control.h"
 #include "executor.h"
 #include "idem_service.h"
@@ -129,6 +130,9 @@ static void cmd_status(struct control_request *req)
                                 (int)strmap_size(d->mandates), "by_status", by, "recovery", rec,
                                 "fdatasync_calls", (json_int_t)d->flushes_total, "schedules",
                                 sched);
+        json_t *cl = cluster_status(d);
+        if (res && cl)
+                json_object_set_new(res, "cluster", cl);
         control_reply_ok(req, res);
 }
 

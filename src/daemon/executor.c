@@ -647,6 +647,12 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
         uv_timer_start(&d->grace_timer, on_grace_timeout, d->cfg->graceful_timeout_sec * 1000, 0);
 }
 
+void executor_kill_handler(struct mandate *m, int sig)
+{
+        if (m->run && !m->run->finished)
+                handler_kill(m->run, sig);
+}
+
 void executor_free_mandate(struct mandate *m)
 {
         if (m->cancel)

@@ -55,6 +55,9 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d));
 
 
 void executor_free_mandate(struct mandate *m);
+/* sig to the process group of m's running handler, if one runs (cluster
+ * mode: the mandate is no longer this node's). */
+void executor_kill_handler(struct mandate *m, int sig);
 
 /* The running step whose handler's process group pid is in: 0 and *ret
  * filled, or -ESRCH (tool calls are attributed with it). */
