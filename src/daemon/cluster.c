@@ -369,9 +369,12 @@ void cluster_drop(struct mandate *m, const char *why)
         __atomic_store_n(&m->cluster_dropped, true, __ATOMIC_RELEASE);
         char ep[24];
         snprintf(ep, sizeof ep, "%lld", (long long)m->epoch);
-        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "EPOCH", ep }),
-                  "mandate %s: no longer held by node %s (%s): another node takes it over", m->id,
-                  c->node, why);
+        /* (a lost tick claim was never this node's: said by the caller) */
+        if (m->epoch > 0)
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "EPOCH", ep }),
+                          "mandate %s: no longer held by node %s (%s): another node takes it "
+                          "over",
+                          m->id, c->node, why);
         pthread_mutex_lock(&c->lock);
         struct held *h = held_find(c, m->id);
         if (h)

@@ -195,6 +195,7 @@ static void advance_done(void *arg)
                 if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
                 executor_release_slot(m);
+                cluster_release(m); /* its row says it ended: nothing to renew */
                 archive_enqueue(m, a->archive_path);
                 a->archive_path = NULL;
                 break;
