@@ -135,6 +135,13 @@ int config_load_main_only(const char *path, const char *state_dir, struct config
  * `retained`, so that its running mandates keep the configuration they had.
  * Returns the number moved, or -ENOMEM (new_cfg unchanged). */
 int config_retain_broken(struct config *new_cfg, struct config *old_cfg);
+/* After a reload: the [Cluster] keys take effect only at a restart.  Give
+ * new_cfg the running values of old_cfg's (swapped, so that each config
+ * still owns its strings) and return how many of Backend=, ConnectionString=,
+ * NodeName=, LeaseSec= differed, their names ("NodeName=, LeaseSec=") in
+ * ret_keys (truncated to keys_len; never a value).  -EINVAL on NULL. */
+int config_keep_cluster(struct config *new_cfg, struct config *old_cfg, char *ret_keys,
+                        size_t keys_len);
 /* The schedule named `name`, retained ones included, or NULL. */
 const struct config_schedule *config_find_schedule(const struct config *c, const char *name);
 /* The broken schedule file named `name`, or NULL. */

@@ -178,6 +178,12 @@ static void reload_done(void *arg)
                 j->cfg->control_socket = old->control_socket;
                 old->state_directory = sd;
                 old->control_socket = cs;
+                /* [Cluster]: the running values too (never log a value: the
+                 * connection string may hold a password) */
+                char keys[128];
+                if (config_keep_cluster(j->cfg, old, keys, sizeof(keys)) > 0)
+                        log_warning("reload: [Cluster] %s changed: kept the running value; "
+                                    "[Cluster] changes take effect at the next restart", keys);
                 /* A schedule broken now keeps, for its running mandates, the
                  * configuration it had; it does not fire. */
                 if (config_retain_broken(j->cfg, old) < 0)

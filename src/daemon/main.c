@@ -85,6 +85,8 @@ static int check_config(const char *path, const char *state_dir, bool main_only)
         printf("configuration %s: ok\n", path ? path : "(built-in)");
         printf("state directory: %s\ncontrol socket: %s\n", c->state_directory,
                c->control_socket);
+        if (c->backend == CONFIG_BACKEND_POSTGRES) /* never the connection string */
+                printf("cluster: postgres, node %s, lease %u s\n", c->node_name, c->lease_sec);
         if (main_only) {
                 printf("schedules: not checked (--main-only)\n");
         } else {

@@ -545,12 +545,14 @@ struct key_def {
         bool required;                  /* a missing key is a file-level error */
         bool empty_is_set;              /* KT_COMMAND: an empty value stores "" (none here,
                                          * not "the default"), not NULL */
+        bool narrow;                    /* KT_DURATION: stored as unsigned (max <= UINT_MAX) */
 };
 
 struct section_def {
         const char *name;
         const struct key_def *keys;
         const char *const *removed;     /* NULL-terminated, or NULL */
+        bool secret;                    /* may hold a password: messages never show a line */
 };
 
 struct file_kind {
@@ -615,6 +617,37 @@ static const char *const log_levels[] = {
 static const char *const missed_words[] = { "skip", "catch_up_once", "catch_up_bounded", NULL };
 static const char *const concurrency_words[] = { "queue", "allow", "reject", NULL };
 static const char *const effects_via_words[] = { "none", "kairosctl", NULL };
+static const char *const backend_words[] = { "files", "postgres", NULL };
+_Static_assert(sizeof(enum config_backend) == sizeof(int), "enum stored as int");
+_Static_assert(CONFIG_BACKEND_FILES == 0 && CONFIG_BACKEND_POSTGRES == 1,
+               "backend_words in the order of enum config_backend");
+
+#define NODE_NAME_MAX 63
+
+static bool valid_node_name(const char *v)
+{
+        size_t n = strlen(v);
+        if (n < 1 || n > NODE_NAME_MAX)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!is_alpha(v[i]) && !is_digit(v[i]) && !strchr("._-", v[i]))
+                        return false;
+        return true;
+}
+
+static const char *check_node_name(const char *v, char *buf, size_t len)
+{
+        if (valid_node_name(v))
+                return NULL;
+        size_t n = strlen(v);
+        if (n > NODE_NAME_MAX)
+                snprintf(buf, len, "too long (%zu characters; a node name is 1 to %d of "
+                         "A-Z a-z 0-9 . _ -)", n, NODE_NAME_MAX);
+        else
+                snprintf(buf, len, "\"%s\" is not a valid node name (1 to %d of "
+                         "A-Z a-z 0-9 . _ -)", v, NODE_NAME_MAX);
+        return buf;
+}
 
 static const struct key_def daemon_keys[] = {
         { .name = "StateDirectory", .type = KT_PATH, .offset = DFIELD(state_directory) },
@@ -652,11 +685,28 @@ static const struct key_def notify_keys[] = {
         { .name = NULL },
 };
 
+/* Cluster mode (docs/design.md §14).  The keys other than Backend= are only
+ * valid with Backend=postgres: checked once every file is read
+ * (cluster_finish), since a drop-in may set Backend=.  ConnectionString=
+ * may hold a password: no message ever shows its value. */
+static const struct key_def cluster_keys[] = {
+        { .name = "Backend", .type = KT_ENUM, .offset = DFIELD(backend),
+          .words = backend_words },
+        { .name = "ConnectionString", .type = KT_OPT_STRING, .offset = DFIELD(cluster_conninfo) },
+        { .name = "NodeName", .type = KT_OPT_STRING, .offset = DFIELD(node_name),
+          .check = check_node_name },
+        { .name = "LeaseSec", .type = KT_DURATION, .offset = DFIELD(lease_sec), .narrow = true,
+          .min = 3, .max = 300 },
+        { .name = NULL },
+};
+enum { CLUSTER_BACKEND, CLUSTER_CONNINFO, CLUSTER_NODE_NAME, CLUSTER_LEASE, CLUSTER_KEYS };
+
 static const struct section_def main_sections[] = {
-        { "Daemon", daemon_keys, NULL },
-        { "Idempotency", idempotency_keys, NULL },
-        { "Notify", notify_keys, NULL },
-        { NULL, NULL, NULL },
+        { "Daemon", daemon_keys, NULL, false },
+        { "Idempotency", idempotency_keys, NULL, false },
+        { "Notify", notify_keys, NULL, false },
+        { "Cluster", cluster_keys, NULL, true },
+        { NULL, NULL, NULL, false },
 };
 
 static const struct key_def schedule_keys[] = {
@@ -723,21 +773,28 @@ static const struct key_def schedule_notify_keys[] = {
 };
 
 static const struct section_def schedule_sections[] = {
-        { "Schedule", schedule_keys, NULL },
-        { "Mandate", mandate_keys, mandate_removed },
-        { "Exec", exec_keys, NULL },
-        { "Notify", schedule_notify_keys, NULL },
-        { NULL, NULL, NULL },
+        { "Schedule", schedule_keys, NULL, false },
+        { "Mandate", mandate_keys, mandate_removed, false },
+        { "Exec", exec_keys, NULL, false },
+        { "Notify", schedule_notify_keys, NULL, false },
+        { NULL, NULL, NULL, false },
 };
 
 static const struct file_kind main_kind = {
-        main_sections, "[Daemon], [Idempotency] or [Notify]",
+        main_sections, "[Daemon], [Idempotency], [Notify] or [Cluster]",
 };
 static const struct file_kind schedule_kind = {
         schedule_sections, "[Schedule], [Mandate], [Exec] or [Notify]",
 };
 
 /* ---- the parser -------------------------------------------------------- */
+
+/* Where a [Cluster] key got its value: the last valid, non-empty assignment
+ * over the main file and its drop-ins (file NULL: never, or reset). */
+struct key_origin {
+        char *file;
+        unsigned line;
+};
 
 struct parser {
         const char *file;
@@ -748,6 +805,7 @@ struct parser {
         int section;                    /* index, or -1 none yet, -2 unknown */
         unsigned seen[MAX_SECTIONS];    /* line of the first header, 0 = not seen */
         uint64_t assigned[MAX_SECTIONS]; /* bit i: keys[i] was given (even if bad) */
+        struct key_origin *cluster;     /* [CLUSTER_KEYS] (main files), or NULL */
 };
 
 __attribute__((format(printf, 4, 5)))
@@ -1040,7 +1098,10 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                              (unsigned long long)k->min, (unsigned long long)k->max);
                         return;
                 }
-                *(uint64_t *)(base + k->offset) = u;
+                if (k->narrow)
+                        *(unsigned *)(base + k->offset) = (unsigned)u;
+                else
+                        *(uint64_t *)(base + k->offset) = u;
                 return;
         case KT_LIMIT:
                 r = k->parse_limit(v, &u);
@@ -1138,6 +1199,18 @@ static void section_header(struct parser *p, unsigned line, char *s)
         p->section = -2;
 }
 
+static void note_origin(struct parser *p, struct key_origin *o, unsigned line, bool set)
+{
+        free(o->file);
+        *o = (struct key_origin){ 0 };
+        if (!set)
+                return;
+        o->file = strdup(p->file);
+        if (!o->file)
+                p->ec->oom = true;
+        o->line = line;
+}
+
 static void process_line(struct parser *p, unsigned line, char *s)
 {
         if (s[0] == '[') {
@@ -1146,7 +1219,13 @@ static void process_line(struct parser *p, unsigned line, char *s)
         }
         char *eq = strchr(s, '=');
         if (!eq) {
-                perr(p, line, NULL, "missing '=' in \"%s\" (expected Key=Value or [Section])", s);
+                if (p->section >= 0 && p->kind->sections[p->section].secret)
+                        perr(p, line, NULL, "missing '=' (expected Key=Value or [Section]; "
+                             "the line is not shown: [%s] may hold a password)",
+                             p->kind->sections[p->section].name);
+                else
+                        perr(p, line, NULL, "missing '=' in \"%s\" (expected Key=Value or "
+                             "[Section])", s);
                 return;
         }
         *eq = '\0';
@@ -1167,7 +1246,10 @@ static void process_line(struct parser *p, unsigned line, char *s)
         for (size_t i = 0; sec->keys[i].name; i++) {
                 if (strcmp(sec->keys[i].name, key) == 0) {
                         p->assigned[p->section] |= UINT64_C(1) << i;
+                        size_t nerr = p->ec->n;
                         assign(p, line, &sec->keys[i], value);
+                        if (p->cluster && sec->keys == cluster_keys && p->ec->n == nerr)
+                                note_origin(p, &p->cluster[i], line, value[0] != '\0');
                         return;
                 }
         }
@@ -1572,6 +1654,51 @@ int config_retain_broken(struct config *new_cfg, struct config *old_cfg)
         return (int)add;
 }
 
+static bool same_opt_str(const char *a, const char *b)
+{
+        return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+static void swap_str(char **a, char **b)
+{
+        char *t = *a;
+        *a = *b;
+        *b = t;
+}
+
+int config_keep_cluster(struct config *new_cfg, struct config *old_cfg, char *ret_keys,
+                        size_t keys_len)
+{
+        if (!new_cfg || !old_cfg || (!ret_keys && keys_len))
+                return -EINVAL;
+        bool changed[CLUSTER_KEYS] = {
+                [CLUSTER_BACKEND] = new_cfg->backend != old_cfg->backend,
+                [CLUSTER_CONNINFO] = !same_opt_str(new_cfg->cluster_conninfo,
+                                                   old_cfg->cluster_conninfo),
+                [CLUSTER_NODE_NAME] = !same_opt_str(new_cfg->node_name, old_cfg->node_name),
+                [CLUSTER_LEASE] = new_cfg->lease_sec != old_cfg->lease_sec,
+        };
+        new_cfg->backend = old_cfg->backend;
+        swap_str(&new_cfg->cluster_conninfo, &old_cfg->cluster_conninfo);
+        swap_str(&new_cfg->node_name, &old_cfg->node_name);
+        new_cfg->lease_sec = old_cfg->lease_sec;
+        int n = 0;
+        size_t off = 0;
+        if (keys_len)
+                ret_keys[0] = '\0';
+        for (int i = 0; i < CLUSTER_KEYS; i++) {
+                if (!changed[i])
+                        continue;
+                if (off < keys_len) {
+                        int w = snprintf(ret_keys + off, keys_len - off, "%s%s=",
+                                         n ? ", " : "", cluster_keys[i].name);
+                        off = w < 0 ? keys_len : off + (size_t)w;
+                }
+                n++;
+        }
+        return n;
+}
+
 /* ---- the whole configuration ------------------------------------------- */
 
 void config_free(struct config *c)
@@ -1587,6 +1714,10 @@ void config_free(struct config *c)
         config_strv_free(c->write_roots);
         free(c->on_review);
         free(c->on_failure);
+        if (c->cluster_conninfo) /* it may hold a password */
+                explicit_bzero(c->cluster_conninfo, strlen(c->cluster_conninfo));
+        free(c->cluster_conninfo);
+        free(c->node_name);
         for (size_t i = 0; i < c->nschedules; i++)
                 config_schedule_clear(&c->schedules[i]);
         free(c->schedules);
@@ -1612,6 +1743,8 @@ static struct config *config_new(void)
         c->keep_finished_sec = 30 * 86400;
         c->idem_ttl_sec = 86400;
         c->idem_max_entries = 10000;
+        c->backend = CONFIG_BACKEND_FILES;
+        c->lease_sec = 10;
         if (!c->state_directory || !c->control_socket || !c->socket_group) {
                 config_free(c);
                 return NULL;
@@ -1642,18 +1775,67 @@ int config_builtin(const char *state_dir, struct config **out)
         return 0;
 }
 
-/* Parse the text of one main or drop-in file into c. */
+/* Parse the text of one main or drop-in file into c, noting in cluster
+ * where the [Cluster] keys are set. */
 static void parse_main_text(struct config *c, const char *path, const char *text, size_t len,
-                            struct errctx *ec)
+                            struct errctx *ec, struct key_origin *cluster)
 {
         struct parser p = {
                 .file = path, .kind = &main_kind, .target = c, .ec = ec, .section = -1,
+                .cluster = cluster,
         };
         parse_text(&p, text, len);
 }
 
+static void origins_free(struct key_origin *o)
+{
+        for (int i = 0; i < CLUSTER_KEYS; i++)
+                free(o[i].file);
+}
+
+/* Once the main file and its drop-ins are read: the [Cluster] keys as a
+ * whole.  ConnectionString=, NodeName= and LeaseSec= only go with
+ * Backend=postgres, which needs ConnectionString= and a build with
+ * PostgreSQL; NodeName= defaults to the host name.  Messages name keys,
+ * never the connection string. */
+static void cluster_finish(struct config *c, const struct key_origin *o, struct errctx *ec)
+{
+        if (c->backend == CONFIG_BACKEND_FILES) {
+                for (int i = CLUSTER_CONNINFO; i < CLUSTER_KEYS; i++)
+                        if (o[i].file)
+                                err_add(ec, "%s:%u: %s=: only valid with Backend=postgres (the "
+                                        "backend is files)", o[i].file, o[i].line,
+                                        cluster_keys[i].name);
+                return;
+        }
+        const struct key_origin *b = &o[CLUSTER_BACKEND];
+#ifndef KAIROS_HAVE_POSTGRES
+        err_add(ec, "%s:%u: Backend=: kairosd was built without PostgreSQL support "
+                "(-Dpostgres=enabled)", b->file, b->line);
+#endif
+        if (!c->cluster_conninfo)
+                err_add(ec, "%s:%u: Backend=: postgres needs ConnectionString= (a libpq "
+                        "connection string or URI) in [Cluster]", b->file, b->line);
+        if (!c->node_name) {
+                char host[256] = "";
+                if (gethostname(host, sizeof(host) - 1) < 0) {
+                        char eb[128];
+                        err_add(ec, "%s:%u: Backend=: no NodeName= and the host name cannot be "
+                                "read (%s); set NodeName=", b->file, b->line,
+                                errno_str(errno, eb, sizeof(eb)));
+                } else if (!valid_node_name(host)) {
+                        err_add(ec, "%s:%u: Backend=: no NodeName= and the host name \"%.*s\" "
+                                "is not a valid node name (1 to %d of A-Z a-z 0-9 . _ -); set "
+                                "NodeName=", b->file, b->line, 64, host, NODE_NAME_MAX);
+                } else if (set_str(&c->node_name, host) < 0) {
+                        ec->oom = true;
+                }
+        }
+}
+
 /* Parse one main or drop-in file into c.  Returns -errno if unreadable. */
-static int load_main_file(struct config *c, const char *path, struct errctx *ec)
+static int load_main_file(struct config *c, const char *path, struct errctx *ec,
+                          struct key_origin *cluster)
 {
         char *text;
         size_t len;
@@ -1665,7 +1847,7 @@ static int load_main_file(struct config *c, const char *path, struct errctx *ec)
                         file_error(ec, path, r);
                 return r;
         }
-        parse_main_text(c, path, text, len, ec);
+        parse_main_text(c, path, text, len, ec, cluster);
         free(text);
         return 0;
 }
@@ -1685,7 +1867,11 @@ int config_parse_main(const char *path, const char *text, size_t len, struct con
                 config_free(c);
                 return -ENOMEM;
         }
-        parse_main_text(c, path, text ? text : "", len, &ec);
+        struct key_origin cluster[CLUSTER_KEYS] = { 0 };
+        parse_main_text(c, path, text ? text : "", len, &ec, cluster);
+        if (!ec.oom)
+                cluster_finish(c, cluster, &ec);
+        origins_free(cluster);
         if (ec.oom || ec.n > 0) {
                 config_free(c);
                 return ec.oom ? -ENOMEM : -EINVAL;
@@ -1694,7 +1880,8 @@ int config_parse_main(const char *path, const char *text, size_t len, struct con
         return 0;
 }
 
-static void load_dropins(struct config *c, const char *path, struct errctx *ec)
+static void load_dropins(struct config *c, const char *path, struct errctx *ec,
+                         struct key_origin *cluster)
 {
         char *dir = NULL, **names = NULL;
         size_t n = 0;
@@ -1712,7 +1899,7 @@ static void load_dropins(struct config *c, const char *path, struct errctx *ec)
                         ec->oom = true;
                         break;
                 }
-                load_main_file(c, f, ec);
+                load_main_file(c, f, ec, cluster);
                 free(f);
         }
 out:
@@ -1823,9 +2010,13 @@ static int load(const char *path, const char *state_dir, bool main_only, struct 
                 return -ENOMEM;
         }
 
-        int rmain = load_main_file(c, path, &ec);
+        struct key_origin cluster[CLUSTER_KEYS] = { 0 };
+        int rmain = load_main_file(c, path, &ec, cluster);
         if (!ec.oom)
-                load_dropins(c, path, &ec);
+                load_dropins(c, path, &ec, cluster);
+        if (!ec.oom && rmain == 0)
+                cluster_finish(c, cluster, &ec);
+        origins_free(cluster);
         if (!ec.oom && !main_only)
                 load_schedules(c, &ec);
         if (!ec.oom && state_dir && set_str(&c->state_directory, state_dir) < 0)

@@ -10,7 +10,8 @@
  *     an error list;
  *   - a parsed configuration satisfies every documented constraint (ranges,
  *     absolute paths, valid cron and zone, splittable commands, unique
- *     environment names and write roots, NULL-terminated lists);
+ *     environment names and write roots, NULL-terminated lists, [Cluster]
+ *     keys only with Backend=postgres, which has them all);
  *   - written back as a canonical file (one Key=Value per field), it parses
  *     again, without error, to the same configuration. */
 #include <errno.h>
@@ -305,6 +306,19 @@ static void check_main(const struct config *c)
         CHECK(c->log_level >= 0 && c->log_level <= 7);
         CHECK(c->idem_ttl_sec >= 1 && c->idem_ttl_sec <= CONFIG_DURATION_MAX);
         CHECK(c->idem_max_entries >= 1 && c->idem_max_entries <= 10000000);
+        /* [Cluster]: the other keys only with postgres, which has them all */
+        CHECK(c->backend == CONFIG_BACKEND_FILES || c->backend == CONFIG_BACKEND_POSTGRES);
+        if (c->backend == CONFIG_BACKEND_FILES) {
+                CHECK(!c->cluster_conninfo && !c->node_name && c->lease_sec == 10);
+        } else {
+                CHECK(c->cluster_conninfo && c->node_name);
+                check_value(c->cluster_conninfo);
+                size_t n = strlen(c->node_name);
+                CHECK(n >= 1 && n <= 63 &&
+                      strspn(c->node_name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                             "0123456789._-") == n);
+                CHECK(c->lease_sec >= 3 && c->lease_sec <= 300);
+        }
         check_list(c->write_roots, c->nwrite_roots);
         for (size_t i = 0; i < c->nwrite_roots; i++) {
                 CHECK(abs_path_ok(c->write_roots[i]));
@@ -324,6 +338,9 @@ static void check_same_main(const struct config *a, const struct config *b)
         CHECK(a->graceful_timeout_sec == b->graceful_timeout_sec);
         CHECK(a->log_level == b->log_level && a->idem_ttl_sec == b->idem_ttl_sec);
         CHECK(a->idem_max_entries == b->idem_max_entries && a->nwrite_roots == b->nwrite_roots);
+        CHECK(a->backend == b->backend && a->lease_sec == b->lease_sec);
+        CHECK(same_str(a->cluster_conninfo, b->cluster_conninfo));
+        CHECK(same_str(a->node_name, b->node_name));
         for (size_t i = 0; i < a->nwrite_roots; i++)
                 CHECK(strcmp(a->write_roots[i], b->write_roots[i]) == 0);
 }
@@ -341,6 +358,10 @@ static int write_main(const struct config *c, struct kbuf *b)
         /* one root per line, or all on one */
         for (size_t i = 0; r >= 0 && i < c->nwrite_roots; i++)
                 r = kbuf_printf(b, "WriteRoots=%s\n", c->write_roots[i]);
+        if (r >= 0 && c->backend == CONFIG_BACKEND_POSTGRES)
+                r = kbuf_printf(b, "[Cluster]\nBackend=postgres\nConnectionString=%s\n"
+                                "NodeName=%s\nLeaseSec=%u\n", c->cluster_conninfo,
+                                c->node_name, c->lease_sec);
         return r < 0 ? r : 0;
 }
 

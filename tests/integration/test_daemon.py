@@ -360,6 +360,55 @@ class TestLifecycle(DaemonCase):
         self.assertIn(bad + ":6: Foo=: unknown key in [Daemon]", out.stderr)
         self.assertFalse(os.path.exists(self.state), "nothing is created for a broken config")
 
+    def test_check_config_cluster(self):
+        """[Cluster]: the keys of Backend=postgres are errors with files, at
+        their file:line, from --check-config, at start and from kairosctl
+        recover; the connection string's password is never shown."""
+        kd, ctl = os.environ["KAIROSD"], os.environ["KAIROSCTL"]
+        secret = "pw-3f9a1c"
+        bad = self.write_config("[Cluster]\nConnectionString=host=db password=%s\n"
+                                "LeaseSec=20\n" % secret)
+        want = [bad + ":6: ConnectionString=: only valid with Backend=postgres (the backend "
+                "is files)",
+                bad + ":7: LeaseSec=: only valid with Backend=postgres (the backend is files)"]
+        out = subprocess.run([kd, "-c", bad, "--check-config"], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 1)
+        self.assertEqual(out.stderr.splitlines(),
+                         want + ["kairosd: configuration has 2 errors"])
+        out = subprocess.run([kd, "-c", bad], capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(want[0], out.stderr)
+        self.assertNotIn(secret, out.stdout + out.stderr)
+        out = subprocess.run([ctl, "recover", "--dry-run", "--config", bad, "--state-dir",
+                              self.dir], capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 65, out.stderr)
+        self.assertIn("kairosctl: " + want[1], out.stderr)
+        self.assertNotIn(secret, out.stdout + out.stderr)
+        # A line without '=' in [Cluster] is not echoed.
+        bad = self.write_config("[Cluster]\nConnectionString postgresql://k:%s@db/k\n" % secret)
+        out = subprocess.run([kd, "-c", bad, "--check-config"], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(bad + ":6: missing '=' (expected Key=Value or [Section]; the line is not "
+                      "shown: [Cluster] may hold a password)", out.stderr)
+        self.assertNotIn(secret, out.stdout + out.stderr)
+        # Backend=postgres: refused by a build without PostgreSQL, else valid;
+        # either way the password is not shown.
+        conf = self.write_config("[Cluster]\nBackend=postgres\nConnectionString=host=db "
+                                 "password=%s\nNodeName=n1\n" % secret)
+        out = subprocess.run([kd, "-c", conf, "--check-config"], capture_output=True,
+                             text=True, timeout=30)
+        if out.returncode == 1:
+            self.assertEqual(out.stderr.splitlines(),
+                             [conf + ":6: Backend=: kairosd was built without PostgreSQL "
+                              "support (-Dpostgres=enabled)",
+                              "kairosd: configuration has 1 error"])
+        else:
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("cluster: postgres, node n1, lease 10 s\n", out.stdout)
+        self.assertNotIn(secret, out.stdout + out.stderr)
+
     def test_check_config_schedules_warnings_and_main_only(self):
         good = self.write_config()
         sdir = os.path.join(self.dir, "schedules.d")

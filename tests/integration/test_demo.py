@@ -332,7 +332,7 @@ class TestExampleConfig(unittest.TestCase):
     KEYS = {
         "kairosd.conf": ["StateDirectory", "ControlSocket", "SocketGroup",
                          "MaxConcurrentMandates", "GracefulTimeoutSec", "LogLevel", "TTLSec",
-                         "MaxEntries", "WriteRoots", "OnReview", "OnFailure"],
+                         "MaxEntries", "WriteRoots", "OnReview", "OnFailure", "Backend"],
         "demo.conf": ["Cron", "TimeZone", "Enabled", "MissedPolicy", "MaxCatchUpRuns",
                       "StaleAfter", "MissedGraceSec", "Concurrency", "Goal", "MaxCycles",
                       "Observe", "Orient", "Decide", "Act", "Reflect",
@@ -369,6 +369,12 @@ class TestExampleConfig(unittest.TestCase):
                 text = f.read()
             for k in keys:
                 self.assertRegex(text, r"(?m)^#?%s=" % k, "%s lacks %s=" % (name, k))
+        # the [Cluster] keys that need Backend=postgres: in the example block
+        # (not uncommentable one by one: with files they are errors)
+        with open(os.path.join(EXAMPLES, "kairosd.conf")) as f:
+            text = f.read()
+        for k in ("Backend", "ConnectionString", "NodeName", "LeaseSec"):
+            self.assertRegex(text, r"(?m)^#   %s=" % k, "kairosd.conf lacks #   %s=" % k)
 
 
 if __name__ == "__main__":

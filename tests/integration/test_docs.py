@@ -257,11 +257,12 @@ class ConfigPages(unittest.TestCase):
             m = re.search(rf"static const struct section_def {kind}\[\] = \{{(.*?)\n\}};",
                           code, re.S)
             assert m, kind
-            secs = re.findall(r'\{ "(\w+)", (\w+)(?:, \w+)? \}', m.group(1))
+            secs = re.findall(r'\{ "(\w+)", (\w+)(?:, \w+)* \}', m.group(1))
             cls.files[pagename] = {s: tables[t] for s, t in secs}
 
     def test_tables_found(self):
-        self.assertEqual(set(self.files["kairosd.conf.5"]), {"Daemon", "Idempotency", "Notify"})
+        self.assertEqual(set(self.files["kairosd.conf.5"]), {"Daemon", "Idempotency", "Notify",
+                                                               "Cluster"})
         self.assertEqual(set(self.files["kairos.schedule.5"]), {"Schedule", "Mandate", "Exec", "Notify"})
         self.assertIn("StateDirectory", self.files["kairosd.conf.5"]["Daemon"])
         self.assertIn("Cron", self.files["kairos.schedule.5"]["Schedule"])

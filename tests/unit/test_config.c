@@ -444,7 +444,7 @@ static void test_parse_main_text(void **state)
         assert_string_equal(errs.msgs[0], "/etc/k.conf:2: LogLevel=: \"loud\" is not one of: "
                             "emerg, alert, crit, err, warning, notice, info, debug");
         assert_string_equal(errs.msgs[1], "/etc/k.conf:3: unknown section [Schedule] "
-                            "(expected [Daemon], [Idempotency] or [Notify])");
+                            "(expected [Daemon], [Idempotency], [Notify] or [Cluster])");
         config_errors_free(&errs);
         assert_int_equal(config_parse_main("/etc/k.conf", bad, strlen(bad), &c, NULL), -EINVAL);
         assert_int_equal(config_parse_main(NULL, "", 0, &c, NULL), -EINVAL);
@@ -500,7 +500,7 @@ static void test_err_unknown_section(void **state)
         /* keys of an unknown section are not reported again */
         expect_main_error("[Daemon]\n[Deamon]\nLogLevel=info\n",
                           "/kairosd.conf:2: unknown section [Deamon] "
-                          "(expected [Daemon], [Idempotency] or [Notify])");
+                          "(expected [Daemon], [Idempotency], [Notify] or [Cluster])");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Daemon]\n",
                               "/schedules.d/x.conf:3: unknown section [Daemon] "
                               "(expected [Schedule], [Mandate], [Exec] or [Notify])");
@@ -1417,6 +1417,352 @@ static void test_err_effects_keys(void **state)
                               "/schedules.d/x.conf:4: Effects=: unknown key in [Mandate]");
 }
 
+/* ---- [Cluster] ----------------------------------------------------------- */
+
+#define SECRET "s3cr3t-pw"
+#define CONNINFO "host=db.example user=kairos password=" SECRET " dbname=kairos"
+
+/* kairosd.conf and (if not NULL) the drop-in kairosd.conf.d/50-cluster.conf;
+ * any other drop-in removed. */
+static void put_cluster(const char *main_text, const char *dropin)
+{
+        put("kairosd.conf", main_text);
+        if (unlink(rooted("kairosd.conf.d/50-cluster.conf")) < 0)
+                assert_int_equal(errno, ENOENT);
+        if (dropin)
+                put("kairosd.conf.d/50-cluster.conf", dropin);
+}
+
+/* The load fails with exactly want (relative to the temp dir), and no
+ * message shows the password of the connection string. */
+static void expect_cluster_errors(const char *main_text, const char *dropin,
+                                  const char *const *want)
+{
+        put_cluster(main_text, dropin);
+        expect_load_errors(-EINVAL, want);
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        assert_int_equal(config_load(rooted("kairosd.conf"), NULL, &c, &errs), -EINVAL);
+        assert_null(c);
+        assert_true(errs.n > 0);
+        for (size_t i = 0; i < errs.n; i++)
+                assert_null(strstr(errs.msgs[i], SECRET));
+        config_errors_free(&errs);
+}
+
+static struct config *load_cluster(const char *main_text, const char *dropin)
+{
+        put_cluster(main_text, dropin);
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        int r = config_load(rooted("kairosd.conf"), NULL, &c, &errs);
+        for (size_t i = 0; i < errs.n; i++)
+                print_message("unexpected: %s\n", errs.msgs[i]);
+        assert_int_equal(r, 0);
+        assert_int_equal(errs.n, 0);
+        assert_non_null(c);
+        return c;
+}
+
+static void test_cluster_defaults(void **state)
+{
+        (void)state;
+        /* no [Cluster], an empty one, Backend=files: the file backend */
+        static const char *const texts[] = { "", "[Cluster]\n", "[Cluster]\nBackend=files\n" };
+        for (size_t i = 0; i < 3; i++) {
+                struct config *c = load_cluster(texts[i], NULL);
+                assert_int_equal(c->backend, CONFIG_BACKEND_FILES);
+                assert_null(c->cluster_conninfo);
+                assert_null(c->node_name);
+                assert_int_equal(c->lease_sec, 10);
+                config_free(c);
+        }
+        /* the keys reset by an empty value are not set: fine with files */
+        struct config *c = load_cluster("[Cluster]\nConnectionString=" CONNINFO "\n"
+                                        "NodeName=a\n",
+                                        "[Cluster]\nConnectionString=\nNodeName=\n");
+        assert_int_equal(c->backend, CONFIG_BACKEND_FILES);
+        assert_null(c->cluster_conninfo);
+        assert_null(c->node_name);
+        config_free(c);
+        /* the built-in configuration */
+        assert_int_equal(config_builtin("/tmp/kb", &c), 0);
+        assert_int_equal(c->backend, CONFIG_BACKEND_FILES);
+        assert_null(c->cluster_conninfo);
+        assert_null(c->node_name);
+        assert_int_equal(c->lease_sec, 10);
+        config_free(c);
+}
+
+static void test_err_cluster_keys_with_files(void **state)
+{
+        (void)state;
+        expect_cluster_errors("[Cluster]\nConnectionString=" CONNINFO "\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:2: ConnectionString=: only valid with "
+                                      "Backend=postgres (the backend is files)",
+                                      NULL });
+        expect_cluster_errors("[Cluster]\nBackend=files\nNodeName=n1\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:3: NodeName=: only valid with "
+                                      "Backend=postgres (the backend is files)",
+                                      NULL });
+        /* even the default value */
+        expect_cluster_errors("[Cluster]\nLeaseSec=10\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:2: LeaseSec=: only valid with "
+                                      "Backend=postgres (the backend is files)",
+                                      NULL });
+        /* a drop-in sets Backend=files over the main file's postgres: each key
+         * is named where it was set last (in key order) */
+        expect_cluster_errors("[Daemon]\nLogLevel=info\n[Cluster]\nBackend=postgres\n"
+                              "LeaseSec=20\nConnectionString=" CONNINFO "\n",
+                              "[Cluster]\nBackend=files\nLeaseSec=30\nNodeName=n1\n",
+                              (const char *const[]){
+                                      "/kairosd.conf:6: ConnectionString=: only valid with "
+                                      "Backend=postgres (the backend is files)",
+                                      "/kairosd.conf.d/50-cluster.conf:4: NodeName=: only "
+                                      "valid with Backend=postgres (the backend is files)",
+                                      "/kairosd.conf.d/50-cluster.conf:3: LeaseSec=: only "
+                                      "valid with Backend=postgres (the backend is files)",
+                                      NULL });
+        /* a bad value is reported once, as a bad value */
+        expect_cluster_errors("[Cluster]\nLeaseSec=1\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:2: LeaseSec=: 1 out of range 3..300 "
+                                      "seconds",
+                                      NULL });
+}
+
+static void test_err_cluster_values(void **state)
+{
+        (void)state;
+        expect_main_error("[Cluster]\nBackend=mysql\n",
+                          "/kairosd.conf:2: Backend=: \"mysql\" is not one of: files, postgres");
+        expect_main_error("[Cluster]\nBackend=\n",
+                          "/kairosd.conf:2: Backend=: empty value (a value is required)");
+        expect_main_error("[Cluster]\nBackend=Postgres\n",
+                          "/kairosd.conf:2: Backend=: \"Postgres\" is not one of: files, "
+                          "postgres");
+        expect_main_error("[Cluster]\nLeaseSec=2\n",
+                          "/kairosd.conf:2: LeaseSec=: 2 out of range 3..300 seconds");
+        expect_main_error("[Cluster]\nLeaseSec=301\n",
+                          "/kairosd.conf:2: LeaseSec=: 301 out of range 3..300 seconds");
+        expect_main_error("[Cluster]\nLeaseSec=5min 1s\n",
+                          "/kairosd.conf:2: LeaseSec=: 5min 1s out of range 3..300 seconds");
+        expect_main_error("[Cluster]\nLeaseSec=99999999999999999999\n",
+                          "/kairosd.conf:2: LeaseSec=: 99999999999999999999 out of range "
+                          "3..300 seconds");
+        expect_main_error("[Cluster]\nLeaseSec=10x\n",
+                          "/kairosd.conf:2: LeaseSec=: \"10x\" is not a valid duration "
+                          "(e.g. 30, 30s, 5min, 2h, 1d, 1h30min)");
+        expect_main_error("[Cluster]\nLeaseSec=\n",
+                          "/kairosd.conf:2: LeaseSec=: empty value (a value is required)");
+        expect_main_error("[Cluster]\nNodeName=node 1\n",
+                          "/kairosd.conf:2: NodeName=: \"node 1\" is not a valid node name "
+                          "(1 to 63 of A-Z a-z 0-9 . _ -)");
+        expect_main_error("[Cluster]\nNodeName=n\xc3\xa9ud\n",
+                          "/kairosd.conf:2: NodeName=: \"n\xc3\xa9ud\" is not a valid node "
+                          "name (1 to 63 of A-Z a-z 0-9 . _ -)");
+        expect_main_error("[Cluster]\nNodeName=a/b\n",
+                          "/kairosd.conf:2: NodeName=: \"a/b\" is not a valid node name "
+                          "(1 to 63 of A-Z a-z 0-9 . _ -)");
+        char text[256];
+        XSNPRINTF(text, "[Cluster]\nNodeName=%s\n",
+                  "a234567890123456789012345678901234567890123456789012345678901234");
+        expect_main_error(text, "/kairosd.conf:2: NodeName=: too long (64 characters; a node "
+                          "name is 1 to 63 of A-Z a-z 0-9 . _ -)");
+        expect_main_error("[Cluster]\nNodes=3\n", "/kairosd.conf:2: Nodes=: unknown key in "
+                          "[Cluster]");
+        expect_main_error("[Cluster]\nBackend=files\n[Cluster]\n",
+                          "/kairosd.conf:3: duplicate section [Cluster] (first at line 1)");
+        /* a line without '=' in [Cluster] is not shown: it may be a
+         * connection string URI with its password */
+        expect_cluster_errors("[Cluster]\nConnectionString postgresql://k:" SECRET "@db/k\n",
+                              NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:2: missing '=' (expected Key=Value or "
+                                      "[Section]; the line is not shown: [Cluster] may hold a "
+                                      "password)",
+                                      NULL });
+}
+
+#ifdef KAIROS_HAVE_POSTGRES
+static void test_cluster_postgres(void **state)
+{
+        (void)state;
+        struct config *c = load_cluster("[Cluster]\nBackend=postgres\n"
+                                        "ConnectionString=" CONNINFO "\n"
+                                        "NodeName=node-1.dc_2\nLeaseSec=1min\n", NULL);
+        assert_int_equal(c->backend, CONFIG_BACKEND_POSTGRES);
+        assert_string_equal(c->cluster_conninfo, CONNINFO);
+        assert_string_equal(c->node_name, "node-1.dc_2");
+        assert_int_equal(c->lease_sec, 60);
+        config_free(c);
+
+        /* the bounds; NodeName= of 1 and 63 characters */
+        c = load_cluster("[Cluster]\nBackend=postgres\nConnectionString=postgresql:///k\n"
+                         "LeaseSec=3\nNodeName=x\n", NULL);
+        assert_int_equal(c->lease_sec, 3);
+        assert_string_equal(c->node_name, "x");
+        config_free(c);
+        static const char n63[] =
+                "a23456789012345678901234567890123456789012345678901234567890123";
+        c = load_cluster("[Cluster]\nBackend=postgres\nConnectionString=postgresql:///k\n"
+                         "LeaseSec=5min\nNodeName=a23456789012345678901234567890123456789012"
+                         "345678901234567890123\n", NULL);
+        assert_int_equal(c->lease_sec, 300);
+        assert_string_equal(c->node_name, n63);
+        config_free(c);
+
+        /* the defaults: the host name (read at load time), 10 s */
+        char host[256] = "";
+        assert_int_equal(gethostname(host, sizeof(host) - 1), 0);
+        c = load_cluster("[Cluster]\nBackend=postgres\nConnectionString=" CONNINFO "\n", NULL);
+        assert_string_equal(c->node_name, host);
+        assert_int_equal(c->lease_sec, 10);
+        config_free(c);
+        /* an empty NodeName= is the default again */
+        c = load_cluster("[Cluster]\nBackend=postgres\nConnectionString=" CONNINFO "\n"
+                         "NodeName=n1\n", "[Cluster]\nNodeName=\n");
+        assert_string_equal(c->node_name, host);
+        config_free(c);
+
+        /* a drop-in sets Backend=postgres for the main file's keys */
+        c = load_cluster("[Cluster]\nConnectionString=" CONNINFO "\nNodeName=n2\nLeaseSec=30\n",
+                         "[Cluster]\nBackend=postgres\n");
+        assert_int_equal(c->backend, CONFIG_BACKEND_POSTGRES);
+        assert_string_equal(c->node_name, "n2");
+        assert_int_equal(c->lease_sec, 30);
+        config_free(c);
+
+        /* config_parse_main checks the same */
+        c = NULL;
+        static const char t[] = "[Cluster]\nBackend=postgres\nConnectionString=x\n";
+        assert_int_equal(config_parse_main("/k.conf", t, strlen(t), &c, NULL), 0);
+        assert_string_equal(c->node_name, host);
+        config_free(c);
+}
+
+static void test_err_cluster_postgres(void **state)
+{
+        (void)state;
+        expect_cluster_errors("[Cluster]\nBackend=postgres\nNodeName=n1\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:2: Backend=: postgres needs "
+                                      "ConnectionString= (a libpq connection string or URI) "
+                                      "in [Cluster]",
+                                      NULL });
+        /* reset by a drop-in: missing; named where Backend= was set last */
+        expect_cluster_errors("[Cluster]\nBackend=postgres\nConnectionString=" CONNINFO "\n",
+                              "[Cluster]\nConnectionString=\nBackend=postgres\n",
+                              (const char *const[]){
+                                      "/kairosd.conf.d/50-cluster.conf:3: Backend=: postgres "
+                                      "needs ConnectionString= (a libpq connection string or "
+                                      "URI) in [Cluster]",
+                                      NULL });
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        static const char t[] = "[Cluster]\nBackend=postgres\n";
+        assert_int_equal(config_parse_main("/k.conf", t, strlen(t), &c, &errs), -EINVAL);
+        assert_null(c);
+        assert_int_equal(errs.n, 1);
+        assert_string_equal(errs.msgs[0], "/k.conf:2: Backend=: postgres needs "
+                            "ConnectionString= (a libpq connection string or URI) in "
+                            "[Cluster]");
+        config_errors_free(&errs);
+}
+#else
+static void test_err_cluster_not_built(void **state)
+{
+        (void)state;
+        expect_cluster_errors("[Cluster]\nBackend=postgres\nConnectionString=" CONNINFO "\n"
+                              "NodeName=n1\nLeaseSec=20\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:2: Backend=: kairosd was built without "
+                                      "PostgreSQL support (-Dpostgres=enabled)",
+                                      NULL });
+        /* named in the drop-in that sets it; every error reported */
+        expect_cluster_errors("[Cluster]\nNodeName=n1\n",
+                              "[Daemon]\nLogLevel=info\n[Cluster]\nBackend=postgres\n",
+                              (const char *const[]){
+                                      "/kairosd.conf.d/50-cluster.conf:4: Backend=: kairosd "
+                                      "was built without PostgreSQL support "
+                                      "(-Dpostgres=enabled)",
+                                      "/kairosd.conf.d/50-cluster.conf:4: Backend=: postgres "
+                                      "needs ConnectionString= (a libpq connection string or "
+                                      "URI) in [Cluster]",
+                                      NULL });
+        struct config *c = NULL;
+        struct config_errors errs = { 0 };
+        static const char t[] = "[Cluster]\nBackend=postgres\nConnectionString=x\n";
+        assert_int_equal(config_parse_main("/k.conf", t, strlen(t), &c, &errs), -EINVAL);
+        assert_null(c);
+        assert_int_equal(errs.n, 1);
+        assert_string_equal(errs.msgs[0], "/k.conf:2: Backend=: kairosd was built without "
+                            "PostgreSQL support (-Dpostgres=enabled)");
+        config_errors_free(&errs);
+}
+#endif
+
+/* A reload keeps the running [Cluster] values and names the changed keys. */
+static void test_keep_cluster(void **state)
+{
+        (void)state;
+        struct config *old = NULL, *neu = NULL;
+        assert_int_equal(config_parse_main("/k.conf", "", 0, &old, NULL), 0);
+        assert_int_equal(config_parse_main("/k.conf", "", 0, &neu, NULL), 0);
+        char keys[128] = "junk";
+        assert_int_equal(config_keep_cluster(neu, old, keys, sizeof(keys)), 0);
+        assert_string_equal(keys, "");
+
+        /* the running one is postgres (set by hand: the parser may not
+         * accept it in this build), the new one files */
+        old->backend = CONFIG_BACKEND_POSTGRES;
+        old->cluster_conninfo = strdup(CONNINFO);
+        old->node_name = strdup("n1");
+        old->lease_sec = 20;
+        assert_non_null(old->cluster_conninfo);
+        assert_non_null(old->node_name);
+        assert_int_equal(config_keep_cluster(neu, old, keys, sizeof(keys)), 4);
+        assert_string_equal(keys, "Backend=, ConnectionString=, NodeName=, LeaseSec=");
+        assert_int_equal(neu->backend, CONFIG_BACKEND_POSTGRES);
+        assert_string_equal(neu->cluster_conninfo, CONNINFO);
+        assert_string_equal(neu->node_name, "n1");
+        assert_int_equal(neu->lease_sec, 20);
+        assert_null(old->cluster_conninfo); /* swapped: each frees its own */
+        assert_null(old->node_name);
+        config_free(old);
+
+        /* only NodeName= and LeaseSec= differ */
+        assert_int_equal(config_parse_main("/k.conf", "", 0, &old, NULL), 0);
+        old->backend = CONFIG_BACKEND_POSTGRES;
+        old->cluster_conninfo = strdup(CONNINFO);
+        old->node_name = strdup("n2");
+        assert_non_null(old->cluster_conninfo);
+        assert_non_null(old->node_name);
+        assert_int_equal(config_keep_cluster(neu, old, keys, sizeof(keys)), 2);
+        assert_string_equal(keys, "NodeName=, LeaseSec=");
+        assert_string_equal(neu->node_name, "n2");
+        assert_int_equal(neu->lease_sec, 10);
+        assert_string_equal(old->node_name, "n1");
+        /* nothing changed; a short buffer is truncated */
+        assert_int_equal(config_keep_cluster(neu, neu, keys, sizeof(keys)), 0);
+        assert_string_equal(keys, "");
+        old->lease_sec = 11;
+        char small[8];
+        assert_int_equal(config_keep_cluster(neu, old, small, sizeof(small)), 2);
+        assert_string_equal(small, "NodeNam");
+        assert_string_equal(neu->node_name, "n1");
+        assert_int_equal(neu->lease_sec, 11);
+        /* old now holds what neu had: NodeName= differs, LeaseSec= not */
+        assert_int_equal(config_keep_cluster(neu, old, NULL, 0), 1);
+        assert_int_equal(config_keep_cluster(NULL, old, NULL, 0), -EINVAL);
+        assert_int_equal(config_keep_cluster(neu, old, NULL, 1), -EINVAL);
+        config_free(old);
+        config_free(neu);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_root, teardown_root)
 
 int main(void)
@@ -1470,6 +1816,16 @@ int main(void)
                 cmocka_unit_test(test_warn_eaten_json_quotes),
                 T(test_effects_keys),
                 T(test_err_effects_keys),
+                T(test_cluster_defaults),
+                T(test_err_cluster_keys_with_files),
+                T(test_err_cluster_values),
+#ifdef KAIROS_HAVE_POSTGRES
+                T(test_cluster_postgres),
+                T(test_err_cluster_postgres),
+#else
+                T(test_err_cluster_not_built),
+#endif
+                T(test_keep_cluster),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
