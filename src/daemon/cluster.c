@@ -897,6 +897,16 @@ void cluster_ready(struct daemon *d)
         pthread_mutex_unlock(&c->lock);
 }
 
+void cluster_quiesce(struct daemon *d)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return;
+        pthread_mutex_lock(&c->lock);
+        c->takeover = false;
+        pthread_mutex_unlock(&c->lock);
+}
+
 void cluster_stop(struct daemon *d)
 {
         struct cluster *c = d->cluster;
@@ -1002,6 +1012,7 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         return -EPROTONOSUPPORT;
 }
 void cluster_ready(struct daemon *d) { (void)d; }
+void cluster_quiesce(struct daemon *d) { (void)d; }
 void cluster_stop(struct daemon *d) { (void)d; }
 void cluster_free(struct daemon *d) { (void)d; }
 const char *cluster_node(const struct daemon *d) { (void)d; return NULL; }

@@ -40,6 +40,9 @@ struct wal_options;
 int cluster_start(struct daemon *d, char *err, size_t errlen);
 /* READY: from now on the node takes over expired mandates. */
 void cluster_ready(struct daemon *d);
+/* Stopping: take over nothing more (what it holds is handed over by
+ * cluster_stop). */
+void cluster_quiesce(struct daemon *d);
 /* Once the loop has stopped running mandates: stop the heartbeat thread,
  * handing over the mandates still held (their leases end at once). */
 void cluster_stop(struct daemon *d);
