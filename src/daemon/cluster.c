@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "deadman.h"
 #include "executor.h"
 #include "kairos/evidence.h"
 #include "kairos/kbuf.h"
@@ -579,6 +580,8 @@ static int renew(struct cluster *c, struct pgstore *s)
         if (r == 0) {
                 pthread_mutex_lock(&c->lock);
                 c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+                if (c->d->deadman)
+                        (void)deadman_set_deadline(c->d->deadman, c->deadline_ms);
                 c->renew_failures = 0;
                 c->renew_error[0] = '\0';
                 pthread_mutex_unlock(&c->lock);
@@ -858,6 +861,8 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         }
         pgstore_close(s);
         c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+        if (d->deadman)
+                (void)deadman_set_deadline(d->deadman, c->deadline_ms);
         if (from != to)
                 log_notice("cluster: the database schema was migrated from version %d to %d",
                            from, to);

@@ -127,6 +127,7 @@ struct daemon {
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct metrics *metrics;    /* metrics.h */
         struct cluster *cluster;    /* cluster.h: NULL with the file backend */
+        struct deadman *deadman;    /* deadman.h: cluster mode only */
         struct runner *runner;      /* runner.h: starts handlers */
         struct strmap *handler_groups; /* executor: running handlers by process group */
         struct hooks *hooks;        /* hooks.h: [Notify] commands */

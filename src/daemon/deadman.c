@@ -525,7 +525,10 @@ int deadman_start(struct deadman **ret)
         return deadman_start_max(ret, DEADMAN_MAX_WATCHED);
 }
 
-static int send_rec(const struct deadman *dm, const struct rec *r)
+/* Also called in a handler's child between clone(CLONE_VM) and exec (runner.c):
+ * not instrumented, like the runner's child_main. */
+__attribute__((no_sanitize("address", "undefined"))) static int send_rec(const struct deadman *dm,
+                                                                       const struct rec *r)
 {
         for (;;) {
                 ssize_t k = write(dm->fd, r, sizeof *r);
@@ -549,7 +552,8 @@ int deadman_set_deadline(struct deadman *dm, int64_t mono_ms)
         return send_rec(dm, &r);
 }
 
-int deadman_watch(struct deadman *dm, pid_t pgid, const char *cgroup_dir)
+__attribute__((no_sanitize("address", "undefined"))) int deadman_watch(struct deadman *dm, pid_t pgid,
+                                                                         const char *cgroup_dir)
 {
         if (pgid <= 1 || pgid == dm->own_pgid || pgid == dm->pid)
                 return -EINVAL;

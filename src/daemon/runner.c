@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* runner: see runner.h. */
 #include "runner.h"
+#include "deadman.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +60,7 @@ struct runner {
         uv_signal_t sigchld;
         struct runner_job **live;  /* started, not reaped */
         size_t nlive, cap;
+        struct deadman *dm;        /* cluster mode: watches each handler's group */
         int keeper_fd;             /* changed by the thread only, under lock */
         /* Spawning with a shared descriptor table (CLONE_FILES): the child
          * unshares and closes in one close_range(CLOSE_RANGE_UNSHARE), which
@@ -243,6 +245,10 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
         int32_t me = (int32_t)getpid();
         if (r->keeper_fd >= 0)
                 (void)send(r->keeper_fd, &me, sizeof me, MSG_NOSIGNAL);
+        /* cluster mode: killed at the lease deadline even if kairosd is
+         * stopped (one write(2); deadman.h) */
+        if (r->dm)
+                (void)deadman_watch(r->dm, me, NULL);
         if (r->share_files) {
                 /* a table of our own holding only fds 0..slot_hi: nothing
                  * below changes the daemon's descriptors */
@@ -471,6 +477,8 @@ static bool check_exit(struct runner *r, size_t i)
         kill(-j->pid, SIGKILL);
         cgroup_end(r, j);
         keeper_forget(r, j->pid);
+        if (r->dm)
+                (void)deadman_unwatch(r->dm, j->pid); /* before the reap (deadman.h) */
         int status = 0;
         while (waitpid(j->pid, &status, 0) < 0 && errno == EINTR)
                 ;
@@ -507,6 +515,8 @@ static void on_async(uv_async_t *h)
                         kill(-j->pid, SIGKILL);
                         cgroup_end(r, j);
                         keeper_forget(r, j->pid);
+                        if (r->dm)
+                                (void)deadman_unwatch(r->dm, j->pid);
                         while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
                                 ;
                         j->err = -ENOMEM;
@@ -641,6 +651,11 @@ void runner_kill(struct runner_job *j, int sig)
         kill(-j->pid, sig);
         if (sig == SIGKILL)
                 cgroup_handler_kill(&j->cgh);
+}
+
+void runner_set_deadman(struct runner *r, struct deadman *dm)
+{
+        r->dm = dm;
 }
 
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)
