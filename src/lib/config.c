@@ -1199,6 +1199,16 @@ static void section_header(struct parser *p, unsigned line, char *s)
         p->section = -2;
 }
 
+/* A key as the tables spell them: letters and digits, at most 64. */
+static bool plain_key(const char *k)
+{
+        size_t n = 0;
+        for (; k[n]; n++)
+                if (!is_alpha(k[n]) && !is_digit(k[n]))
+                        return false;
+        return n >= 1 && n <= 64;
+}
+
 static void note_origin(struct parser *p, struct key_origin *o, unsigned line, bool set)
 {
         free(o->file);
@@ -1259,6 +1269,13 @@ static void process_line(struct parser *p, unsigned line, char *s)
                              "removed; delete the line)");
                         return;
                 }
+        }
+        if (sec->secret && !plain_key(key)) {
+                /* e.g. a connection URI alone on its line: its "key" is
+                 * everything up to its first '=', password included */
+                perr(p, line, NULL, "not a key of [%s] (the line is not shown: [%s] may "
+                     "hold a password)", sec->name, sec->name);
+                return;
         }
         perr(p, line, key, "unknown key in [%s]", sec->name);
 }

@@ -1574,6 +1574,16 @@ static void test_err_cluster_values(void **state)
                           "name is 1 to 63 of A-Z a-z 0-9 . _ -)");
         expect_main_error("[Cluster]\nNodes=3\n", "/kairosd.conf:2: Nodes=: unknown key in "
                           "[Cluster]");
+        /* an unknown "key" that is no key name is not shown either: a URI
+         * alone on its line would show its password */
+        expect_cluster_errors("[Cluster]\nBackend=files\n"
+                              "postgresql://k:" SECRET "@db/k?sslmode=require\n", NULL,
+                              (const char *const[]){
+                                      "/kairosd.conf:3: not a key of [Cluster] (the line is "
+                                      "not shown: [Cluster] may hold a password)",
+                                      NULL });
+        expect_main_error("[Daemon]\na b=1\n", "/kairosd.conf:2: a b=: unknown key in "
+                          "[Daemon]");
         expect_main_error("[Cluster]\nBackend=files\n[Cluster]\n",
                           "/kairosd.conf:3: duplicate section [Cluster] (first at line 1)");
         /* a line without '=' in [Cluster] is not shown: it may be a
