@@ -43,6 +43,11 @@ struct evidence_index;
 /* Every owned entry of s (TTL not checked: the store was just loaded and
  * swept).  s NULL: an "unknown" index (the store is not available). */
 int evidence_index_build(struct idem_store *s, struct evidence_index **ret_ix);
+/* A known index of mandate_id's calls (copied; key, tool and step
+ * required): the evidence of one mandate from elsewhere than the local store
+ * (cluster mode: its rows in the database).  n 0: known, no calls. */
+int evidence_index_from_calls(const char *mandate_id, const struct evidence_call *calls,
+                              size_t n, struct evidence_index **ret_ix);
 /* An index that knows nothing (store unavailable or quarantined). */
 int evidence_index_unknown(struct evidence_index **ret_ix);
 void evidence_index_free(struct evidence_index *ix);

@@ -50,16 +50,14 @@ void evidence_index_free(struct evidence_index *ix)
         free(ix);
 }
 
-static int add_call(const struct idem_view *v, void *ctx)
+/* A copy of *src among mandate's calls. */
+static int add_one(struct evidence_index *ix, const char *mandate, const struct evidence_call *src)
 {
-        struct evidence_index *ix = ctx;
-        if (!v->owner || !v->owner->mandate[0])
-                return 0;
-        struct mandate_calls *mc = strmap_get(ix->map, v->owner->mandate);
+        struct mandate_calls *mc = strmap_get(ix->map, mandate);
         if (!mc) {
                 if (!(mc = calloc(1, sizeof(*mc))))
                         return -ENOMEM;
-                if (strmap_put(ix->map, v->owner->mandate, mc) < 0) {
+                if (strmap_put(ix->map, mandate, mc) < 0) {
                         free(mc);
                         return -ENOMEM;
                 }
@@ -73,15 +71,10 @@ static int add_call(const struct idem_view *v, void *ctx)
                 mc->cap = cap;
         }
         struct evidence_call *c = &mc->calls[mc->n];
-        *c = (struct evidence_call){
-                .key = strdup(v->key),
-                .tool = strdup(v->tool),
-                .step = strdup(v->owner->step),
-                .attempt = v->owner->attempt,
-                .state = v->state,
-                .created_ms = v->created_ms,
-                .finished_ms = v->finished_ms,
-        };
+        *c = *src;
+        c->key = strdup(src->key);
+        c->tool = strdup(src->tool);
+        c->step = strdup(src->step);
         if (!c->key || !c->tool || !c->step) {
                 free((char *)c->key);
                 free((char *)c->tool);
@@ -93,6 +86,22 @@ static int add_call(const struct idem_view *v, void *ctx)
         return 0;
 }
 
+static int add_call(const struct idem_view *v, void *ctx)
+{
+        if (!v->owner || !v->owner->mandate[0])
+                return 0;
+        struct evidence_call c = {
+                .key = v->key,
+                .tool = v->tool,
+                .step = v->owner->step,
+                .attempt = v->owner->attempt,
+                .state = v->state,
+                .created_ms = v->created_ms,
+                .finished_ms = v->finished_ms,
+        };
+        return add_one(ctx, v->owner->mandate, &c);
+}
+
 static int cmp_call(const void *a, const void *b)
 {
         const struct evidence_call *x = a, *y = b;
@@ -102,6 +111,18 @@ static int cmp_call(const void *a, const void *b)
         if (x->created_ms != y->created_ms)
                 return x->created_ms < y->created_ms ? -1 : 1;
         return strcmp(x->key, y->key);
+}
+
+static void sort_calls(struct evidence_index *ix)
+{
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(ix->map, &pos, &k, &v) == 0) {
+                struct mandate_calls *mc = v;
+                if (mc->n > 1)
+                        qsort(mc->calls, mc->n, sizeof(*mc->calls), cmp_call);
+        }
 }
 
 static int index_new(bool known, struct evidence_index **out)
@@ -139,14 +160,32 @@ int evidence_index_build(struct idem_store *s, struct evidence_index **out)
                 evidence_index_free(ix);
                 return r;
         }
-        size_t pos = 0;
-        const char *k;
-        void *v;
-        while (strmap_next(ix->map, &pos, &k, &v) == 0) {
-                struct mandate_calls *mc = v;
-                if (mc->n > 1)
-                        qsort(mc->calls, mc->n, sizeof(*mc->calls), cmp_call);
-        }
+        sort_calls(ix);
+        *out = ix;
+        return 0;
+}
+
+int evidence_index_from_calls(const char *mandate_id, const struct evidence_call *calls,
+                              size_t n, struct evidence_index **out)
+{
+        if (!out)
+                return -EINVAL;
+        *out = NULL;
+        if (!mandate_id || !*mandate_id || (n && !calls))
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++)
+                if (!calls[i].key || !calls[i].tool || !calls[i].step)
+                        return -EINVAL;
+        struct evidence_index *ix;
+        int r = index_new(true, &ix);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                if ((r = add_one(ix, mandate_id, &calls[i])) < 0) {
+                        evidence_index_free(ix);
+                        return r;
+                }
+        sort_calls(ix);
         *out = ix;
         return 0;
 }
