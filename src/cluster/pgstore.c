@@ -16,7 +16,10 @@
 #include <libpq-fe.h>
 
 #include "kairos/crcline.h"
+#include "kairos/evidence.h"
+#include "kairos/idem.h"
 #include "kairos/kbuf.h"
+#include "kairos/wal.h"
 #include "pgschema.h"
 
 /* Any constant: serializes concurrent migrations ("kairos" in ASCII). */
@@ -128,6 +131,7 @@ static int sqlstate_errno(const char *st)
         static const struct { const char *st; int err; } map[] = {
                 { "KR001", ESTALE }, { "KR002", ENOENT }, { "KR003", EILSEQ },
                 { "KR004", ETIME }, { "KR005", EPERM }, { "KR006", ESTALE }, { "KR007", EAGAIN },
+                { "KR008", EBUSY }, { "KR009", EALREADY },
                 { "23505", EEXIST },
                 { "55P03", ETIMEDOUT },  /* lock_timeout */
                 { "57014", ETIMEDOUT },  /* statement_timeout */
@@ -362,6 +366,81 @@ int pgstore_node_heartbeat(struct pgstore *s, const char *node, int64_t incarnat
                            PGRES_TUPLES_OK, NULL);
 }
 
+int pgstore_node_register(struct pgstore *s, const char *node, int64_t lease_ms,
+                          int64_t *ret_incarnation)
+{
+        if (!node || !*node || lease_ms <= 0 || !ret_incarnation)
+                return -EINVAL;
+        char lease[24];
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        const char *vals[] = { node, lease };
+        PGresult *res;
+        int r = exec_params(s, "SELECT kairos_node_register($1, $2)", 2, vals, 0,
+                            PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        *ret_incarnation = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+        return 0;
+}
+
+static int array_literal(struct kbuf *b, const char *const *items, size_t n);
+
+int pgstore_renew_held(struct pgstore *s, const char *node, int64_t incarnation,
+                       const char *const *ids, const int64_t *epochs, size_t n,
+                       int64_t lease_ms, bool **ret_renewed)
+{
+        if (!s || !node || !*node || lease_ms <= 0 || !ret_renewed || (n && (!ids || !epochs)) ||
+            n > INT32_MAX)
+                return -EINVAL;
+        *ret_renewed = NULL;
+        for (size_t i = 0; i < n; i++)
+                if (!ids[i])
+                        return -EINVAL;
+        struct kbuf ia = KBUF_INIT, ea = KBUF_INIT;
+        bool *renewed = n ? calloc(n, sizeof *renewed) : NULL;
+        int r = n && !renewed ? -ENOMEM : array_literal(&ia, ids, n);
+        if (r == 0)
+                r = kbuf_putc(&ea, '{');
+        for (size_t i = 0; r == 0 && i < n; i++)
+                r = kbuf_printf(&ea, "%s%" PRId64, i ? "," : "", epochs[i]);
+        if (r == 0)
+                r = kbuf_putc(&ea, '}');
+        if (r < 0)
+                goto out;
+        char inc[24], lease[24];
+        snprintf(inc, sizeof inc, "%" PRId64, incarnation);
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        const char *vals[] = { node, inc, lease, ia.data, ea.data };
+        PGresult *res;
+        r = exec_params(s, "SELECT * FROM kairos_renew_held($1, $2, $3, $4::text[], "
+                           "$5::bigint[])",
+                        5, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                goto out;
+        for (int row = 0; row < PQntuples(res); row++) {
+                long long o = strtoll(PQgetvalue(res, row, 0), NULL, 10);
+                if (o >= 1 && (size_t)o <= n)
+                        renewed[o - 1] = true;
+        }
+        PQclear(res);
+        *ret_renewed = renewed;
+        renewed = NULL;
+out:
+        free(renewed);
+        kbuf_free(&ia);
+        kbuf_free(&ea);
+        return r;
+}
+
+/* A timestamptz column as ms since the epoch, -1 when NULL. */
+static int64_t ms_at(PGresult *res, int row, int col)
+{
+        return PQgetisnull(res, row, col) ? -1 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+#define MS(col) "(extract(epoch FROM " col ") * 1000)::bigint"
+
 void pgstore_claim_free(struct pgstore_claim *c)
 {
         if (!c)
@@ -504,6 +583,149 @@ int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t ep
         const char *vals[] = { mandate_id, ep, status };
         return exec_params(s, "SELECT kairos_mandate_finish($1, $2, $3)", 3, vals, 0,
                            PGRES_TUPLES_OK, NULL);
+}
+
+int pgstore_mandate_take(struct pgstore *s, const char *mandate_id, const char *node,
+                         int64_t lease_ms, int64_t grace_ms, int64_t *ret_epoch,
+                         char **ret_prev_owner)
+{
+        if (!mandate_id || !*mandate_id || !node || !*node || lease_ms <= 0 || grace_ms < 0 ||
+            !ret_epoch)
+                return -EINVAL;
+        if (ret_prev_owner)
+                *ret_prev_owner = NULL;
+        char lease[24], grace[24];
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        snprintf(grace, sizeof grace, "%" PRId64, grace_ms);
+        const char *vals[] = { mandate_id, node, lease, grace };
+        PGresult *res;
+        int r = exec_params(s, "SELECT r_epoch, r_prev_owner FROM "
+                               "kairos_mandate_take($1, $2, $3, $4)",
+                            4, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) != 1) {
+                set_err(s, "kairos_mandate_take returned %d rows", PQntuples(res));
+                PQclear(res);
+                return -EIO;
+        }
+        *ret_epoch = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        if (ret_prev_owner && !PQgetisnull(res, 0, 1) &&
+            !(*ret_prev_owner = strdup(PQgetvalue(res, 0, 1))))
+                r = -ENOMEM;
+        PQclear(res);
+        return r;
+}
+
+void pgstore_mandate_rows_free(struct pgstore_mandate_row *rows, size_t n)
+{
+        for (size_t i = 0; rows && i < n; i++) {
+                free(rows[i].mandate_id);
+                free(rows[i].schedule);
+                free(rows[i].fired_at);
+                free(rows[i].status);
+                free(rows[i].owner);
+        }
+        free(rows);
+}
+
+/* The WAL's way of writing a tick: whole seconds without a fraction. */
+static char *fired_text(int64_t ms)
+{
+        char ts[32];
+        wal_format_ts(ms, ts);
+        size_t n = strlen(ts);
+        if (ms % 1000 == 0 && n == 24 && strcmp(ts + 19, ".000Z") == 0)
+                memcpy(ts + 19, "Z", 2);
+        return strdup(ts);
+}
+
+int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter *f,
+                          struct pgstore_mandate_row **ret_rows, size_t *ret_n,
+                          size_t *ret_total)
+{
+        if (!s || !f || !ret_rows || !ret_n)
+                return -EINVAL;
+        *ret_rows = NULL;
+        *ret_n = 0;
+        if (ret_total)
+                *ret_total = 0;
+        char since[24], limit[24];
+        snprintf(since, sizeof since, "%" PRId64, f->since_ms);
+        snprintf(limit, sizeof limit, "%zu", f->limit);
+        const char *vals[] = { f->status, f->schedule, f->since_ms >= 0 ? since : NULL,
+                               f->after, f->limit ? limit : NULL };
+        PGresult *res;
+        int r = exec_params(
+                s,
+                "SELECT m.mandate_id, m.schedule, " MS("m.fired_at") ", m.status, m.owner, "
+                "m.epoch, CASE WHEN m.status = 'running' AND m.lease_expires_at IS NOT NULL "
+                "THEN " MS("(m.lease_expires_at - now())") " END, m.last_seq, "
+                MS("m.created_at") ", " MS("m.ended_at") ", count(*) OVER () "
+                "FROM kairos_mandate m "
+                "WHERE ($1::text IS NULL OR m.status = $1) "
+                "AND ($2::text IS NULL OR m.schedule = $2) "
+                "AND ($3::bigint IS NULL OR m.fired_at >= 'epoch'::timestamptz + "
+                "$3::bigint * interval '1 millisecond') "
+                "AND ($4::text IS NULL OR (coalesce(m.fired_at, m.created_at), m.mandate_id) < "
+                "(SELECT coalesce(a.fired_at, a.created_at), a.mandate_id FROM kairos_mandate a "
+                "WHERE a.mandate_id = $4)) "
+                "ORDER BY coalesce(m.fired_at, m.created_at) DESC, m.mandate_id DESC "
+                "LIMIT $5::bigint",
+                5, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        size_t n = (size_t)PQntuples(res);
+        if (n == 0 && f->after) {
+                PQclear(res);
+                const char *v1[] = { f->after };
+                r = exec_params(s, "SELECT 1 FROM kairos_mandate WHERE mandate_id = $1", 1, v1, 0,
+                                PGRES_TUPLES_OK, &res);
+                if (r < 0)
+                        return r;
+                if (PQntuples(res) == 0) {
+                        PQclear(res);
+                        set_err(s, "no mandate %s", f->after);
+                        return -ENOENT;
+                }
+                PQclear(res);
+                return 0;
+        }
+        struct pgstore_mandate_row *rows = n ? calloc(n, sizeof *rows) : NULL;
+        if (n && !rows)
+                r = -ENOMEM;
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                int row = (int)i;
+                struct pgstore_mandate_row *m = &rows[i];
+                m->mandate_id = dup_value(res, row, 0);
+                m->schedule = dup_value(res, row, 1);
+                m->fired_ms = ms_at(res, row, 2);
+                m->status = dup_value(res, row, 3);
+                m->owner = dup_value(res, row, 4);
+                m->epoch = strtoll(PQgetvalue(res, row, 5), NULL, 10);
+                m->leased = !PQgetisnull(res, row, 6);
+                m->lease_left_ms = m->leased ? strtoll(PQgetvalue(res, row, 6), NULL, 10) : 0;
+                m->last_seq = strtoll(PQgetvalue(res, row, 7), NULL, 10);
+                m->created_ms = ms_at(res, row, 8);
+                m->ended_ms = ms_at(res, row, 9);
+                if (m->fired_ms >= 0 && !(m->fired_at = fired_text(m->fired_ms)))
+                        r = -ENOMEM;
+                if (!m->mandate_id || !m->status || (!m->schedule && !PQgetisnull(res, row, 1)) ||
+                    (!m->owner && !PQgetisnull(res, row, 4)))
+                        r = -ENOMEM;
+                if (i == 0 && ret_total)
+                        *ret_total = (size_t)strtoll(PQgetvalue(res, row, 10), NULL, 10);
+        }
+        PQclear(res);
+        if (r < 0) {
+                pgstore_mandate_rows_free(rows, n);
+                if (ret_total)
+                        *ret_total = 0;
+                return r;
+        }
+        *ret_rows = rows;
+        *ret_n = n;
+        return 0;
 }
 
 /* ---- schedule state ---- */
@@ -732,21 +954,24 @@ void pgstore_idem_claim_free(struct pgstore_idem_claim *c)
 
 int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
                        const char *fingerprint, const char *mandate_id, int64_t epoch,
-                       const char *node, const char *step_id, int64_t ttl_ms,
-                       struct pgstore_idem_claim *ret)
+                       const char *node, const char *step_id, uint32_t attempt,
+                       int64_t ttl_ms, struct pgstore_idem_claim *ret)
 {
-        if (!key || !tool || !fingerprint || !mandate_id || !node || ttl_ms <= 0 || !ret)
+        if (!key || !tool || !fingerprint || !mandate_id || !node || ttl_ms <= 0 || !ret ||
+            attempt > INT32_MAX)
                 return -EINVAL;
         memset(ret, 0, sizeof *ret);
-        char ep[24], ttl[24];
+        char ep[24], ttl[24], att[16];
         snprintf(ep, sizeof ep, "%" PRId64, epoch);
         snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
-        const char *vals[] = { key, tool, fingerprint, mandate_id, ep, node, step_id, ttl };
+        snprintf(att, sizeof att, "%" PRIu32, attempt);
+        const char *vals[] = { key, tool, fingerprint, mandate_id, ep, node, step_id,
+                               step_id ? att : NULL, ttl };
         PGresult *res;
         /* binary results: the cached result's bytes as stored */
         int r = exec_params(s, "SELECT r_outcome, r_state, r_result FROM "
-                               "kairos_idem_claim($1, $2, $3, $4, $5, $6, $7, $8)",
-                            8, vals, 1, PGRES_TUPLES_OK, &res);
+                               "kairos_idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                            9, vals, 1, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 return r;
         static const struct { const char *name; enum pgstore_idem_outcome o; } outcomes[] = {
@@ -947,4 +1172,108 @@ int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, siz
         *ret_rows = out;
         *ret_n = (size_t)rows;
         return 0;
+}
+
+void pgstore_idem_rows_free(struct pgstore_idem_row *rows, size_t n)
+{
+        for (size_t i = 0; rows && i < n; i++) {
+                free(rows[i].key);
+                free(rows[i].tool);
+                free(rows[i].step_id);
+                free(rows[i].state);
+                free(rows[i].owner);
+        }
+        free(rows);
+}
+
+int pgstore_idem_of_mandate(struct pgstore *s, const char *mandate_id,
+                            struct pgstore_idem_row **ret_rows, size_t *ret_n)
+{
+        if (!mandate_id || !ret_rows || !ret_n)
+                return -EINVAL;
+        *ret_rows = NULL;
+        *ret_n = 0;
+        const char *vals[] = { mandate_id };
+        PGresult *res;
+        int r = exec_params(s, "SELECT key, tool, step_id, coalesce(attempt, 0), state, owner, "
+                               "epoch, " MS("created_at") ", " MS("updated_at") " "
+                               "FROM kairos_idem WHERE mandate_id = $1 "
+                               "ORDER BY step_id NULLS LAST, created_at, key",
+                            1, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        size_t n = (size_t)PQntuples(res);
+        struct pgstore_idem_row *rows = n ? calloc(n, sizeof *rows) : NULL;
+        if (n && !rows)
+                r = -ENOMEM;
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                int row = (int)i;
+                struct pgstore_idem_row *e = &rows[i];
+                e->key = dup_value(res, row, 0);
+                e->tool = dup_value(res, row, 1);
+                e->step_id = dup_value(res, row, 2);
+                e->attempt = (uint32_t)strtoul(PQgetvalue(res, row, 3), NULL, 10);
+                e->state = dup_value(res, row, 4);
+                e->owner = dup_value(res, row, 5);
+                e->epoch = strtoll(PQgetvalue(res, row, 6), NULL, 10);
+                e->created_ms = ms_at(res, row, 7);
+                e->updated_ms = ms_at(res, row, 8);
+                if (!e->key || !e->tool || !e->state || !e->owner ||
+                    (!e->step_id && !PQgetisnull(res, row, 2)))
+                        r = -ENOMEM;
+        }
+        PQclear(res);
+        if (r < 0) {
+                pgstore_idem_rows_free(rows, n);
+                return r;
+        }
+        *ret_rows = rows;
+        *ret_n = n;
+        return 0;
+}
+
+int pgstore_idem_evidence(const char *mandate_id, const struct pgstore_idem_row *rows, size_t n,
+                          struct evidence_index **ret_ix)
+{
+        if (!ret_ix)
+                return -EINVAL;
+        *ret_ix = NULL;
+        if (!mandate_id || (n && !rows))
+                return -EINVAL;
+        static const struct { const char *name; enum idem_state st; } states[] = {
+                { "processing", IDEM_ST_PROCESSING }, { "completed", IDEM_ST_COMPLETED },
+                { "failed", IDEM_ST_FAILED }, { "interrupted", IDEM_ST_INTERRUPTED },
+        };
+        struct evidence_call *calls = n ? calloc(n, sizeof *calls) : NULL;
+        if (n && !calls)
+                return -ENOMEM;
+        size_t k = 0;
+        int r = 0;
+        for (size_t i = 0; i < n; i++) {
+                const struct pgstore_idem_row *e = &rows[i];
+                if (!e->key || !e->tool || !e->state) {
+                        r = -EINVAL;
+                        break;
+                }
+                if (!e->step_id)
+                        continue;
+                size_t j = 0;
+                while (j < sizeof states / sizeof states[0] && strcmp(e->state, states[j].name))
+                        j++;
+                if (j == sizeof states / sizeof states[0]) {
+                        r = -EBADMSG;
+                        break;
+                }
+                bool done = states[j].st == IDEM_ST_COMPLETED || states[j].st == IDEM_ST_FAILED;
+                calls[k++] = (struct evidence_call){
+                        .key = e->key, .tool = e->tool, .step = e->step_id,
+                        .attempt = e->attempt, .state = states[j].st,
+                        .created_ms = e->created_ms,
+                        .finished_ms = done && e->updated_ms > 0 ? e->updated_ms : 0,
+                };
+        }
+        if (r == 0)
+                r = evidence_index_from_calls(mandate_id, calls, k, ret_ix);
+        free(calls);
+        return r;
 }

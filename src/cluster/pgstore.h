@@ -20,7 +20,9 @@
  *   -ETIMEDOUT  lock_timeout or statement_timeout: nothing was written
  *   -EBADMSG  a line is not one sealed WAL record ending in '\n' (nothing
  *             sent)
- *   -EBUSY    nothing to take over
+ *   -EBUSY    nothing to take over; or (pgstore_mandate_take) the mandate is
+ *             running under a live lease
+ *   -EALREADY the mandate has ended (pgstore_mandate_take)
  *   -ENOTCONN the connection broke: the outcome of the last call is
  *             unknown (re-read, then repeat: appends with an explicit
  *             first_seq are idempotent); pgstore_reset() reconnects
@@ -58,6 +60,19 @@ int pgstore_schema_version(struct pgstore *s, int *ret_version);
 
 int pgstore_node_heartbeat(struct pgstore *s, const char *node, int64_t incarnation,
                            int64_t lease_ms);
+/* A new incarnation of node (1, or one more than its last), alive for
+ * lease_ms from the database's now. */
+int pgstore_node_register(struct pgstore *s, const char *node, int64_t lease_ms,
+                          int64_t *ret_incarnation);
+/* In one transaction: the node's heartbeat, and lease_ms more for each
+ * mandate ids[i] the node still owns, running, at epochs[i].  -ESTALE (and
+ * nothing renewed) if the node is registered at another incarnation.
+ * *ret_renewed: n bools (malloc'd; NULL when n is 0), false = lost: not this
+ * node's at that epoch any more, not running, or absent.  n 0: a plain
+ * heartbeat. */
+int pgstore_renew_held(struct pgstore *s, const char *node, int64_t incarnation,
+                       const char *const *ids, const int64_t *epochs, size_t n,
+                       int64_t lease_ms, bool **ret_renewed);
 
 struct pgstore_claim {
         bool won;
@@ -95,9 +110,52 @@ int pgstore_lease_takeover(struct pgstore *s, const char *mandate_id, const char
                            int64_t lease_ms, int64_t grace_ms, struct pgstore_takeover *ret);
 
 /* Mark a running mandate ended (status: succeeded, failed, paused,
- * abandoned), fenced by epoch. */
+ * abandoned), fenced by epoch: the lease ends, ended_at is set.  A paused
+ * mandate stays the last owner's until pgstore_mandate_take. */
 int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t epoch,
                            const char *status);
+
+/* Take mandate_id for an operator's action (resolve, approve) from any
+ * node: a paused one, or a running one whose lease ended more than grace_ms
+ * ago by the database's clock.  Owner = node, epoch + 1, running, lease_ms;
+ * the old epochs' processing tool calls become interrupted.  *ret_epoch the
+ * new epoch; *ret_prev_owner (may be NULL; malloc'd, may be NULL) the last
+ * owner.  -EBUSY running under a live lease (its owner acts), -EALREADY
+ * ended (succeeded, failed, abandoned), -ENOENT no such mandate. */
+int pgstore_mandate_take(struct pgstore *s, const char *mandate_id, const char *node,
+                         int64_t lease_ms, int64_t grace_ms, int64_t *ret_epoch,
+                         char **ret_prev_owner);
+
+/* A mandate row for `kairosctl list` on any node. */
+struct pgstore_mandate_row {
+        char *mandate_id;
+        char *schedule;         /* NULL: none */
+        char *fired_at;         /* as in the WAL (YYYY-MM-DDTHH:MM:SSZ, or with .mmm when
+                                 * not whole seconds); NULL: none */
+        int64_t fired_ms;       /* -1: none */
+        char *status;           /* running, succeeded, failed, paused, abandoned */
+        char *owner;            /* NULL: none */
+        int64_t epoch;
+        bool leased;            /* running with a lease: lease_left_ms holds */
+        int64_t lease_left_ms;  /* by the database's clock; negative: expired that long ago */
+        int64_t last_seq;
+        int64_t created_ms;
+        int64_t ended_ms;       /* -1: not ended (or ended before schema version 2) */
+};
+struct pgstore_mandate_filter {
+        const char *status;     /* NULL: any */
+        const char *schedule;   /* NULL: any */
+        int64_t since_ms;       /* fired_at >= since_ms; -1: any */
+        const char *after;      /* cursor: the rows strictly after this mandate; NULL: first */
+        size_t limit;           /* 0: all */
+};
+void pgstore_mandate_rows_free(struct pgstore_mandate_row *rows, size_t n);
+/* The mandates matching f, newest first (fired_at, else created_at, then
+ * mandate_id, descending: the daemon's order); *ret_total (may be NULL) how
+ * many match after the cursor, limit aside.  -ENOENT: no mandate f->after. */
+int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter *f,
+                          struct pgstore_mandate_row **ret_rows, size_t *ret_n,
+                          size_t *ret_total);
 
 struct pgstore_schedule {
         char *config_hash;          /* NULL: no row yet (version 0) */
@@ -154,12 +212,12 @@ struct pgstore_idem_claim {
         size_t result_len;
 };
 void pgstore_idem_claim_free(struct pgstore_idem_claim *c);
-/* Claim the tool call key for (mandate_id, epoch), fenced: -ESTALE unless the
- * mandate is running at epoch. */
+/* Claim the tool call key for (mandate_id, epoch), made by attempt of
+ * step_id, fenced: -ESTALE unless the mandate is running at epoch. */
 int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
                        const char *fingerprint, const char *mandate_id, int64_t epoch,
-                       const char *node, const char *step_id, int64_t ttl_ms,
-                       struct pgstore_idem_claim *ret);
+                       const char *node, const char *step_id, uint32_t attempt,
+                       int64_t ttl_ms, struct pgstore_idem_claim *ret);
 /* End a claimed call (failed: false = completed), fenced the same way. */
 int pgstore_idem_finish(struct pgstore *s, const char *key, const char *mandate_id,
                         int64_t epoch, bool failed, const char *result, size_t result_len);
@@ -183,3 +241,29 @@ struct pgstore_node_row {
 };
 void pgstore_node_rows_free(struct pgstore_node_row *rows, size_t n);
 int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, size_t *ret_n);
+
+/* A row of kairos_idem, for recovery's evidence after a takeover. */
+struct pgstore_idem_row {
+        char *key;
+        char *tool;
+        char *step_id;          /* NULL: not made by a step */
+        uint32_t attempt;       /* 0: not recorded (schema version 1) */
+        char *state;            /* processing, completed, failed, interrupted */
+        char *owner;            /* the node that claimed it */
+        int64_t epoch;
+        int64_t created_ms;
+        int64_t updated_ms;
+};
+void pgstore_idem_rows_free(struct pgstore_idem_row *rows, size_t n);
+/* Every tool call of the mandate, by step, creation and key (none: *ret_rows
+ * NULL, *ret_n 0). */
+int pgstore_idem_of_mandate(struct pgstore *s, const char *mandate_id,
+                            struct pgstore_idem_row **ret_rows, size_t *ret_n);
+
+struct evidence_index;
+/* The rows (of mandate_id, from pgstore_idem_of_mandate) as a known
+ * evidence index (kairos/evidence.h) holding that mandate's calls: rows
+ * without a step are left out; a finished call's finish time is its
+ * updated time.  -EBADMSG: a row with an unknown state.  No database. */
+int pgstore_idem_evidence(const char *mandate_id, const struct pgstore_idem_row *rows, size_t n,
+                          struct evidence_index **ret_ix);

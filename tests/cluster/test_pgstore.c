@@ -3,6 +3,7 @@
  * KAIROS_PG_CONNINFO (test_pgstore.py starts a private server and runs
  * this program).  Without it every test is skipped. */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -21,6 +22,8 @@
 #include <libpq-fe.h>
 
 #include "kairos/crcline.h"
+#include "kairos/evidence.h"
+#include "kairos/idem.h"
 #include "kairos/kbuf.h"
 #include "kairos/wal.h"
 #include "pgschema.h"
@@ -247,7 +250,7 @@ static void test_takeover_fences_old_owner(void **state)
         assert_int_equal(pgstore_mandate_create(b, "m-lease", NULL, "b", 400, NULL, 0), -EEXIST);
         /* a tool call of a's, in flight when a dies */
         struct pgstore_idem_claim ic;
-        assert_int_equal(pgstore_idem_claim(a, "tool:k-a", "tool", "fp", "m-lease", 1, "a", "s1",
+        assert_int_equal(pgstore_idem_claim(a, "tool:k-a", "tool", "fp", "m-lease", 1, "a", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
         pgstore_idem_claim_free(&ic);
@@ -286,7 +289,7 @@ static void test_takeover_fences_old_owner(void **state)
                                "m-lease"), 1);
         assert_int_equal(pgstore_lease_renew(a, "m-lease", "a", 1, 10000), -ESTALE);
         assert_int_equal(pgstore_idem_claim(a, "tool:k-a2", "tool", "fp", "m-lease", 1, "a",
-                                            "s1", 60000, &ic), -ESTALE);
+                                            "s1", 1, 60000, &ic), -ESTALE);
         assert_int_equal(pgstore_idem_finish(a, "tool:k-a", "m-lease", 1, false, "x", 1),
                          -ESTALE);
         assert_int_equal(pgstore_mandate_finish(a, "m-lease", 1, "succeeded"), -ESTALE);
@@ -309,7 +312,7 @@ static void test_takeover_fences_old_owner(void **state)
         assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1 "
                                   "AND epoch = 2", "m-lease"), 1);
         /* a's in-flight call is reported interrupted, never claimable again */
-        assert_int_equal(pgstore_idem_claim(b, "tool:k-a", "tool", "fp", "m-lease", 2, "b", "s1",
+        assert_int_equal(pgstore_idem_claim(b, "tool:k-a", "tool", "fp", "m-lease", 2, "b", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_INTERRUPTED);
         pgstore_idem_claim_free(&ic);
@@ -591,19 +594,19 @@ static void test_idem_claim_outcomes(void **state)
         struct pgstore *s = store();
         assert_int_equal(pgstore_mandate_create(s, "m-idem", "sched", "a", 60000, NULL, 0), 0);
         struct pgstore_idem_claim ic;
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 60000,
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 60000,
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_IN_PROGRESS);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp2", "m-idem", 1, "a", "s1", 60000,
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp2", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_MISMATCH);
         static const char result[] = "out\0put\n\xff";
         assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, false, result,
                                              sizeof result - 1), 0);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 60000,
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CACHED);
         assert_false(ic.failed);
@@ -612,7 +615,7 @@ static void test_idem_claim_outcomes(void **state)
         pgstore_idem_claim_free(&ic);
         /* finishing twice is refused */
         assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, true, NULL, 0), -ESTALE);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-none", 1, "a", "s1", 60000,
+        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-none", 1, "a", "s1", 1, 60000,
                                             &ic), -ENOENT);
         pgstore_close(s);
 }
@@ -862,6 +865,428 @@ static void test_unknown_commit_outcome(void **state)
         pgstore_close(s);
 }
 
+/* ---- schema version 2 ---- */
+
+/* A database at version 1 with rows in it is migrated to version 2 in
+ * place: its rows stay and work (a tool call of version 1 has no attempt),
+ * and only the new kairos_idem_claim is left. */
+static void test_migrate_from_v1(void **state)
+{
+        PGconn *c = raw();
+        PGresult *res = PQexec(c, "CREATE SCHEMA v1up; SET search_path = v1up; "
+                                  "CREATE TABLE kairos_schema_migrations (version integer "
+                                  "PRIMARY KEY, description text NOT NULL, applied_at "
+                                  "timestamptz NOT NULL DEFAULT now())");
+        if (PQresultStatus(res) != PGRES_COMMAND_OK)
+                fail_msg("%s", PQresultErrorMessage(res));
+        PQclear(res);
+        assert_int_equal(pgschema_migrations[0].version, 1);
+        res = PQexec(c, pgschema_migrations[0].sql);
+        if (PQresultStatus(res) != PGRES_COMMAND_OK)
+                fail_msg("v1: %s", PQresultErrorMessage(res));
+        PQclear(res);
+        res = PQexec(c, "INSERT INTO kairos_schema_migrations VALUES (1, 'v1'); "
+                        "SELECT kairos_mandate_create('m-v1', NULL, NULL, 'a', 60000, NULL, "
+                        "NULL); SELECT * FROM kairos_idem_claim('t:v1', 't', 'fp', 'm-v1', 1, "
+                        "'a', 's1', 60000)");
+        if (PQresultStatus(res) != PGRES_TUPLES_OK)
+                fail_msg("v1 rows: %s", PQresultErrorMessage(res));
+        PQclear(res);
+
+        char ci[1024], err[512];
+        snprintf(ci, sizeof ci, "%s options='-c search_path=v1up'", conninfo());
+        struct pgstore *s = NULL;
+        if (pgstore_connect(ci, &s, err, sizeof err) < 0)
+                fail_msg("connect: %s", err);
+        int from = -1, to = -1;
+        assert_int_equal(pgstore_migrate(s, &from, &to), 0);
+        assert_int_equal(from, 1);
+        assert_int_equal(to, 2);
+        assert_int_equal(count(c, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON "
+                                  "n.oid = p.pronamespace WHERE n.nspname = 'v1up' AND "
+                                  "p.proname = $1", "kairos_idem_claim"), 1);
+        struct pgstore_idem_row *rows;
+        size_t n;
+        assert_int_equal(pgstore_idem_of_mandate(s, "m-v1", &rows, &n), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(rows[0].key, "t:v1");
+        assert_int_equal(rows[0].attempt, 0);
+        assert_string_equal(rows[0].state, "processing");
+        pgstore_idem_rows_free(rows, n);
+        assert_int_equal(pgstore_idem_finish(s, "t:v1", "m-v1", 1, false, "r", 1), 0);
+        struct pgstore_idem_claim ic;
+        assert_int_equal(pgstore_idem_claim(s, "t:v2", "t", "fp", "m-v1", 1, "a", "s1", 4, 60000,
+                                            &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        assert_int_equal(count(c, "SELECT attempt FROM kairos_idem WHERE key = $1", "t:v2"), 4);
+        assert_int_equal(pgstore_mandate_finish(s, "m-v1", 1, "paused"), 0);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id = $1 "
+                                  "AND ended_at IS NOT NULL AND lease_expires_at IS NULL",
+                               "m-v1"), 1);
+        /* and again: nothing to do */
+        assert_int_equal(pgstore_migrate(s, &from, &to), 0);
+        assert_int_equal(from, 2);
+        pgstore_close(s);
+        PQclear(PQexec(c, "DROP SCHEMA v1up CASCADE"));
+        PQfinish(c);
+}
+
+/* ---- nodes: registration, one-transaction renewal ---- */
+
+static int64_t lease_left(PGconn *c, const char *mandate)
+{
+        return count(c, "SELECT coalesce((extract(epoch FROM lease_expires_at - now()) * 1000)"
+                        "::bigint, -999999) FROM kairos_mandate WHERE mandate_id = $1", mandate);
+}
+
+static void test_register_and_renew_held(void **state)
+{
+        struct pgstore *s = store();
+        PGconn *c = raw();
+        int64_t inc1 = 0, inc2 = 0;
+        assert_int_equal(pgstore_node_register(s, "rn", 10000, &inc1), 0);
+        assert_int_equal(inc1, 1);
+        assert_int_equal(pgstore_node_register(s, "rn", 10000, &inc2), 0);
+        assert_int_equal(inc2, 2);
+        assert_int_equal(pgstore_node_register(s, "", 10000, &inc2), -EINVAL);
+        assert_int_equal(pgstore_node_register(s, "rn", 0, &inc2), -EINVAL);
+
+        static const char odd[] = "m-rh-\"q\\,{} x";   /* array syntax in an id */
+        assert_int_equal(pgstore_mandate_create(s, "m-rh-1", NULL, "rn", 1000, NULL, 0), 0);
+        assert_int_equal(pgstore_mandate_create(s, "m-rh-2", NULL, "rn", 1000, NULL, 0), 0);
+        assert_int_equal(pgstore_mandate_create(s, "m-rh-3", NULL, "other", 1000, NULL, 0), 0);
+        assert_int_equal(pgstore_mandate_create(s, "m-rh-4", NULL, "rn", 1000, NULL, 0), 0);
+        assert_int_equal(pgstore_mandate_create(s, odd, NULL, "rn", 1000, NULL, 0), 0);
+        assert_int_equal(pgstore_mandate_finish(s, "m-rh-4", 1, "succeeded"), 0);
+        const char *ids[] = { "m-rh-1", "m-rh-2", "m-rh-3", "m-rh-none", "m-rh-4", odd,
+                              "m-rh-1" };
+        const int64_t epochs[] = { 1, 2, 1, 1, 1, 1, 1 };
+        const bool want[] = { true, false, false, false, false, true, true };
+        bool *ren = NULL;
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, ids, epochs, 7, 60000, &ren), 0);
+        assert_non_null(ren);
+        for (size_t i = 0; i < 7; i++)
+                if (ren[i] != want[i])
+                        fail_msg("renewed[%zu] (%s at %" PRId64 ") is %d", i, ids[i], epochs[i],
+                                 ren[i]);
+        free(ren);
+        assert_true(lease_left(c, "m-rh-1") > 50000);
+        assert_true(lease_left(c, odd) > 50000);
+        assert_true(lease_left(c, "m-rh-2") < 2000);      /* wrong epoch: not renewed */
+        assert_true(lease_left(c, "m-rh-3") < 2000);      /* another node's */
+        assert_int_equal(lease_left(c, "m-rh-4"), -999999);  /* ended: no lease */
+
+        /* the older incarnation renews nothing, not even itself */
+        ren = (bool *)1;
+        assert_int_equal(pgstore_renew_held(s, "rn", inc1, ids, epochs, 1, 600000, &ren),
+                         -ESTALE);
+        assert_null(ren);
+        assert_non_null(strstr(pgstore_error(s), "incarnation"));
+        assert_true(lease_left(c, "m-rh-1") < 61000);
+        assert_true(count(c, "SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint "
+                             "FROM kairos_node WHERE node = $1", "rn") < 61000);
+        /* nor does a newer one than registered */
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2 + 1, NULL, NULL, 0, 60000, &ren),
+                         -ESTALE);
+
+        /* n = 0: a plain heartbeat */
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, NULL, NULL, 0, 5000, &ren), 0);
+        assert_null(ren);
+        int64_t left = count(c, "SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint "
+                                "FROM kairos_node WHERE node = $1", "rn");
+        assert_true(left > 3000 && left <= 5000);
+        /* a node never registered is registered by its first renewal */
+        assert_int_equal(pgstore_renew_held(s, "rn-new", 7, NULL, NULL, 0, 5000, &ren), 0);
+        assert_int_equal(count(c, "SELECT incarnation FROM kairos_node WHERE node = $1",
+                               "rn-new"), 7);
+
+        /* bad input is refused before anything is sent */
+        const char *nul[] = { NULL };
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, ids, epochs, 1, 0, &ren), -EINVAL);
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, NULL, epochs, 1, 5000, &ren), -EINVAL);
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, ids, NULL, 1, 5000, &ren), -EINVAL);
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, nul, epochs, 1, 5000, &ren), -EINVAL);
+        assert_int_equal(pgstore_renew_held(s, "", inc2, NULL, NULL, 0, 5000, &ren), -EINVAL);
+        assert_int_equal(pgstore_renew_held(s, "rn", inc2, NULL, NULL, 0, 5000, NULL), -EINVAL);
+
+        /* the list of nodes: rn holds m-rh-1, m-rh-2 and odd (running, its own) */
+        assert_int_equal(pgstore_node_heartbeat(s, "rn-dead", 1, 1), 0);
+        struct pgstore_node_row *nodes = NULL;
+        size_t nn = 0;
+        bool dead_seen = false;
+        for (int64_t end = mono_ms() + 10000; !dead_seen && mono_ms() < end;) {
+                pgstore_node_rows_free(nodes, nn);
+                assert_int_equal(pgstore_node_rows(s, &nodes, &nn), 0);
+                for (size_t i = 0; i < nn; i++)
+                        if (strcmp(nodes[i].node, "rn-dead") == 0 && nodes[i].expires_in_ms < 0)
+                                dead_seen = true;
+        }
+        assert_true(dead_seen);
+        const struct pgstore_node_row *rn = NULL;
+        for (size_t i = 0; i < nn; i++) {
+                if (i)
+                        assert_true(strcmp(nodes[i - 1].node, nodes[i].node) < 0);
+                if (strcmp(nodes[i].node, "rn") == 0)
+                        rn = &nodes[i];
+        }
+        assert_non_null(rn);
+        assert_int_equal(rn->incarnation, inc2);
+        assert_true(rn->expires_in_ms > 0 && rn->expires_in_ms <= 5000);
+        assert_int_equal(rn->held, 3);
+        pgstore_node_rows_free(nodes, nn);
+        PQfinish(c);
+        pgstore_close(s);
+}
+
+/* ---- an operator's take ---- */
+
+static void test_mandate_take(void **state)
+{
+        struct pgstore *a = store(), *b = store();
+        PGconn *c = raw();
+        struct kbuf first = KBUF_INIT;
+        sealed(&first, "{\"op\":\"mandate\",\"mandate_id\":\"m-take\"}");
+        assert_int_equal(pgstore_mandate_create(a, "m-take", NULL, "a", 60000, first.data,
+                                                first.len), 0);
+        int64_t epoch = 0;
+        char *prev = (char *)1;
+        /* running under a live lease: its owner acts, nothing changes */
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "b", 300, 0, &epoch, &prev), -EBUSY);
+        assert_null(prev);
+        assert_non_null(strstr(pgstore_error(b), "live lease"));
+        assert_int_equal(count(c, "SELECT epoch FROM kairos_mandate WHERE mandate_id = $1",
+                               "m-take"), 1);
+        /* paused: anyone may take it */
+        assert_int_equal(pgstore_mandate_finish(a, "m-take", 1, "paused"), 0);
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "b", 300, 0, &epoch, &prev), 0);
+        assert_int_equal(epoch, 2);
+        assert_string_equal(prev, "a");
+        free(prev);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id = $1 AND "
+                                  "status = 'running' AND owner = 'b' AND ended_at IS NULL "
+                                  "AND lease_expires_at IS NOT NULL", "m-take"), 1);
+        /* the old epoch is fenced */
+        struct pgstore_idem_claim ic;
+        assert_int_equal(pgstore_wal_append(a, "m-take", 1, 0, first.data, first.len, NULL),
+                         -ESTALE);
+        assert_int_equal(pgstore_idem_claim(a, "t:take-a", "t", "fp", "m-take", 1, "a", "s1", 1,
+                                            60000, &ic), -ESTALE);
+        /* b's call in flight when b's lease (300 ms) ends */
+        assert_int_equal(pgstore_idem_claim(b, "t:take-b", "t", "fp", "m-take", 2, "b", "s1", 1,
+                                            60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        /* expired, but within the grace: still b's */
+        int r = -EBUSY;
+        for (int64_t end = mono_ms() + 10000; mono_ms() < end;) {
+                if (lease_left(c, "m-take") < -50)
+                        break;
+                usleep(20000);
+        }
+        assert_int_equal(pgstore_mandate_take(a, "m-take", "a", 60000, 600000, &epoch, NULL),
+                         -EBUSY);
+        r = pgstore_mandate_take(a, "m-take", "a", 60000, 0, &epoch, &prev);
+        assert_int_equal(r, 0);
+        assert_int_equal(epoch, 3);
+        assert_string_equal(prev, "b");
+        free(prev);
+        /* b's call became interrupted, b is fenced */
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_idem WHERE key = $1 AND "
+                                  "state = 'interrupted'", "t:take-b"), 1);
+        assert_int_equal(pgstore_idem_finish(b, "t:take-b", "m-take", 2, false, "x", 1), -ESTALE);
+        assert_int_equal(pgstore_mandate_finish(b, "m-take", 2, "paused"), -ESTALE);
+        /* ended: nothing to take */
+        assert_int_equal(pgstore_mandate_finish(a, "m-take", 3, "succeeded"), 0);
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "b", 300, 0, &epoch, &prev), -EALREADY);
+        assert_int_equal(pgstore_mandate_take(b, "m-take-none", "b", 300, 0, &epoch, &prev),
+                         -ENOENT);
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "", 300, 0, &epoch, &prev), -EINVAL);
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "b", 0, 0, &epoch, &prev), -EINVAL);
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "b", 300, -1, &epoch, &prev), -EINVAL);
+        assert_int_equal(pgstore_mandate_take(b, "m-take", "b", 300, 0, NULL, &prev), -EINVAL);
+        assert_int_equal(count(c, "SELECT epoch FROM kairos_mandate WHERE mandate_id = $1",
+                               "m-take"), 3);
+        kbuf_free(&first);
+        PQfinish(c);
+        pgstore_close(a);
+        pgstore_close(b);
+}
+
+/* ---- the list of mandates ---- */
+
+static void test_mandates_list(void **state)
+{
+        struct pgstore *s = store();
+        int64_t base = (now_ms() / 1000 - 7200) * 1000;   /* whole seconds, in the past */
+        char mid[32];
+        for (int i = 0; i < 5; i++) {
+                struct pgstore_claim cl;
+                snprintf(mid, sizeof mid, "m-lst-%d", i);
+                assert_int_equal(pgstore_claim_tick(s, "lst", base + i * 60000, mid, "a", 60000,
+                                                    NULL, 0, &cl), 0);
+                assert_true(cl.won);
+                pgstore_claim_free(&cl);
+        }
+        /* a tick with milliseconds, and a mandate without a tick */
+        struct pgstore_claim cl;
+        assert_int_equal(pgstore_claim_tick(s, "lst", base + 30123, "m-lst-ms", "a", 60000, NULL,
+                                            0, &cl), 0);
+        pgstore_claim_free(&cl);
+        assert_int_equal(pgstore_mandate_finish(s, "m-lst-1", 1, "succeeded"), 0);
+        assert_int_equal(pgstore_mandate_finish(s, "m-lst-3", 1, "paused"), 0);
+
+        struct pgstore_mandate_filter f = { .schedule = "lst", .since_ms = -1 };
+        struct pgstore_mandate_row *rows;
+        size_t n, total;
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 6);
+        assert_int_equal(total, 6);
+        static const char *const order[] = { "m-lst-4", "m-lst-3", "m-lst-2", "m-lst-1",
+                                             "m-lst-ms", "m-lst-0" };
+        for (size_t i = 0; i < n; i++)
+                assert_string_equal(rows[i].mandate_id, order[i]);
+        char ts[32];
+        wal_format_ts(base + 4 * 60000, ts);
+        memcpy(ts + 19, "Z", 2);     /* whole seconds: as the WAL writes a tick */
+        assert_string_equal(rows[0].fired_at, ts);
+        assert_int_equal(rows[0].fired_ms, base + 4 * 60000);
+        wal_format_ts(base + 30123, ts);
+        assert_string_equal(rows[4].fired_at, ts);
+        assert_string_equal(rows[0].schedule, "lst");
+        assert_string_equal(rows[0].status, "running");
+        assert_string_equal(rows[0].owner, "a");
+        assert_int_equal(rows[0].epoch, 1);
+        assert_true(rows[0].leased);
+        assert_true(rows[0].lease_left_ms > 30000 && rows[0].lease_left_ms <= 60000);
+        assert_int_equal(rows[0].ended_ms, -1);
+        assert_int_equal(rows[0].last_seq, 0);
+        assert_true(rows[0].created_ms > now_ms() - 60000);
+        assert_string_equal(rows[1].status, "paused");
+        assert_false(rows[1].leased);
+        assert_string_equal(rows[3].status, "succeeded");
+        assert_true(rows[3].ended_ms >= rows[3].created_ms);
+        pgstore_mandate_rows_free(rows, n);
+
+        /* pages: limit, then after the last row shown */
+        f.limit = 2;
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(total, 6);
+        pgstore_mandate_rows_free(rows, n);
+        f.after = "m-lst-3";
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(total, 4);
+        assert_string_equal(rows[0].mandate_id, "m-lst-2");
+        assert_string_equal(rows[1].mandate_id, "m-lst-1");
+        pgstore_mandate_rows_free(rows, n);
+        f.after = "m-lst-0";
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 0);
+        assert_null(rows);
+        assert_int_equal(total, 0);
+        f.after = "m-lst-none";
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), -ENOENT);
+        /* filters */
+        f = (struct pgstore_mandate_filter){ .schedule = "lst", .status = "running",
+                                             .since_ms = base + 60000 };
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 2);   /* m-lst-4, m-lst-2 */
+        assert_string_equal(rows[0].mandate_id, "m-lst-4");
+        assert_string_equal(rows[1].mandate_id, "m-lst-2");
+        pgstore_mandate_rows_free(rows, n);
+        f = (struct pgstore_mandate_filter){ .schedule = "lst-none", .since_ms = -1 };
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 0);
+        /* a status that no mandate can have matches none (no error) */
+        f = (struct pgstore_mandate_filter){ .status = "x'); DROP TABLE kairos_wal; --",
+                                             .since_ms = -1 };
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 0);
+        assert_int_equal(pgstore_mandates_list(s, NULL, &rows, &n, &total), -EINVAL);
+        pgstore_close(s);
+}
+
+/* ---- a mandate's tool calls as recovery's evidence ---- */
+
+static void test_idem_of_mandate_evidence(void **state)
+{
+        struct pgstore *s = store();
+        assert_int_equal(pgstore_mandate_create(s, "m-ev", "sched", "a", 60000, NULL, 0), 0);
+        struct pgstore_idem_claim ic;
+        static const struct { const char *key, *step; uint32_t attempt; } calls[] = {
+                { "t:ev-a", "s1", 2 }, { "t:ev-b", "s1", 2 }, { "t:ev-c", "s2", 1 },
+                { "t:ev-d", NULL, 0 },
+        };
+        for (size_t i = 0; i < 4; i++) {
+                assert_int_equal(pgstore_idem_claim(s, calls[i].key, "t", "fp", "m-ev", 1, "a",
+                                                    calls[i].step, calls[i].attempt, 60000, &ic),
+                                 0);
+                assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        }
+        assert_int_equal(pgstore_idem_finish(s, "t:ev-a", "m-ev", 1, false, "ok", 2), 0);
+        assert_int_equal(pgstore_idem_finish(s, "t:ev-c", "m-ev", 1, true, "no", 2), 0);
+
+        struct pgstore_idem_row *rows;
+        size_t n;
+        assert_int_equal(pgstore_idem_of_mandate(s, "m-ev", &rows, &n), 0);
+        assert_int_equal(n, 4);
+        assert_string_equal(rows[0].key, "t:ev-a");
+        assert_string_equal(rows[0].step_id, "s1");
+        assert_int_equal(rows[0].attempt, 2);
+        assert_string_equal(rows[0].state, "completed");
+        assert_string_equal(rows[0].owner, "a");
+        assert_string_equal(rows[0].tool, "t");
+        assert_int_equal(rows[0].epoch, 1);
+        assert_true(rows[0].created_ms > now_ms() - 60000);
+        assert_true(rows[0].updated_ms >= rows[0].created_ms);
+        assert_string_equal(rows[1].key, "t:ev-b");
+        assert_string_equal(rows[1].state, "processing");
+        assert_string_equal(rows[2].key, "t:ev-c");
+        assert_string_equal(rows[2].state, "failed");
+        assert_int_equal(rows[2].attempt, 1);
+        assert_null(rows[3].step_id);
+
+        struct evidence_index *ix;
+        assert_int_equal(pgstore_idem_evidence("m-ev", rows, n, &ix), 0);
+        assert_true(evidence_index_known(ix));
+        assert_int_equal(evidence_index_size(ix), 3);   /* the call of no step left out */
+        const struct evidence_call *ec;
+        assert_int_equal(evidence_index_calls(ix, "m-ev", &ec), 3);
+        assert_int_equal(ec[0].state, IDEM_ST_COMPLETED);
+        assert_int_equal(ec[0].finished_ms, rows[0].updated_ms);
+        assert_int_equal(ec[1].state, IDEM_ST_PROCESSING);
+        assert_int_equal(ec[1].finished_ms, 0);
+        assert_int_equal(ec[2].state, IDEM_ST_FAILED);
+        struct evidence_schedule es = { .effects_via_kairosctl = true };
+        struct evidence_mandate em;
+        assert_int_equal(evidence_for_mandate(ix, "m-ev", &es, &em), 0);
+        assert_int_equal(em.n, 2);
+        assert_string_equal(em.steps[0].step_id, "s1");
+        assert_int_equal(em.steps[0].idem_open, 1);
+        assert_int_equal(em.steps[0].idem_finished, 1);
+        assert_non_null(strstr(em.steps[0].idem_json, "\"attempt\":2"));
+        assert_int_equal(em.steps[1].idem_open, 0);
+        assert_int_equal(em.steps[1].idem_finished, 1);
+        evidence_mandate_release(&em);
+        evidence_index_free(ix);
+        /* a state the schema does not know is refused */
+        char *st = rows[1].state;
+        rows[1].state = (char *)"done";
+        assert_int_equal(pgstore_idem_evidence("m-ev", rows, n, &ix), -EBADMSG);
+        assert_null(ix);
+        rows[1].state = st;
+        pgstore_idem_rows_free(rows, n);
+
+        assert_int_equal(pgstore_idem_of_mandate(s, "m-ev-none", &rows, &n), 0);
+        assert_int_equal(n, 0);
+        assert_null(rows);
+        assert_int_equal(pgstore_idem_evidence("m-ev-none", rows, n, &ix), 0);
+        assert_true(evidence_index_known(ix));
+        assert_int_equal(evidence_index_size(ix), 0);
+        evidence_index_free(ix);
+        pgstore_close(s);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -880,6 +1305,11 @@ int main(void)
                 cmocka_unit_test(test_lock_wait_bounded),
                 cmocka_unit_test(test_lost_connection),
                 cmocka_unit_test(test_unknown_commit_outcome),
+                cmocka_unit_test(test_migrate_from_v1),
+                cmocka_unit_test(test_register_and_renew_held),
+                cmocka_unit_test(test_mandate_take),
+                cmocka_unit_test(test_mandates_list),
+                cmocka_unit_test(test_idem_of_mandate_evidence),
         };
         return cmocka_run_group_tests(tests, setup_schema, NULL);
 }

@@ -56,9 +56,9 @@ class InitDb(unittest.TestCase):
         ci = PG.createdb("initdb_once")
         r = init_db(ci)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout, "kairos schema: created at version 1\n")
-        rows = PG.psql("initdb_once", "SELECT version FROM kairos_schema_migrations")
-        self.assertEqual(rows, [["1"]])
+        self.assertEqual(r.stdout, "kairos schema: created at version 2\n")
+        rows = PG.psql("initdb_once", "SELECT version FROM kairos_schema_migrations ORDER BY 1")
+        self.assertEqual(rows, [["1"], ["2"]])
         tables = PG.psql("initdb_once", "SELECT tablename FROM pg_tables WHERE tablename "
                          "LIKE 'kairos\\_%' ORDER BY 1")
         self.assertEqual([t[0] for t in tables],
@@ -67,9 +67,9 @@ class InitDb(unittest.TestCase):
         for _ in range(2):
             r = init_db(ci)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(r.stdout, "kairos schema: up to date at version 1\n")
+            self.assertEqual(r.stdout, "kairos schema: up to date at version 2\n")
         rows = PG.psql("initdb_once", "SELECT version, applied_at FROM kairos_schema_migrations")
-        self.assertEqual(len(rows), 1)
+        self.assertEqual(len(rows), 2)
 
     def test_concurrent_runs_apply_once(self):
         ci = PG.createdb("initdb_race")
@@ -78,10 +78,10 @@ class InitDb(unittest.TestCase):
         for r in results:
             self.assertEqual(r.returncode, 0, r.stderr)
         outs = sorted(r.stdout for r in results)
-        self.assertEqual(outs.count("kairos schema: created at version 1\n"), 1, outs)
-        self.assertEqual(outs.count("kairos schema: up to date at version 1\n"), 5, outs)
+        self.assertEqual(outs.count("kairos schema: created at version 2\n"), 1, outs)
+        self.assertEqual(outs.count("kairos schema: up to date at version 2\n"), 5, outs)
         self.assertEqual(PG.psql("initdb_race", "SELECT count(*) FROM kairos_schema_migrations"),
-                         [["1"]])
+                         [["2"]])
 
     def test_newer_schema_refused(self):
         ci = PG.createdb("initdb_newer")
@@ -90,7 +90,7 @@ class InitDb(unittest.TestCase):
                 "VALUES (99, 'from the future')")
         r = init_db(ci)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("version 99, newer than this build's 1", r.stderr)
+        self.assertIn("version 99, newer than this build's 2", r.stderr)
 
     def test_unreachable(self):
         r = init_db(f"host={PG.dir} port=1 user=kairos dbname=postgres connect_timeout=5")
@@ -151,7 +151,7 @@ class Store(unittest.TestCase):
             dropped = px.dropped
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 15 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 20 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
         self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
