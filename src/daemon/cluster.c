@@ -105,14 +105,21 @@ static long long epoch_lookup(const char *mandate_id)
         return m ? (long long)m->epoch : 0;
 }
 
-/* Until the database's tool calls are indexed: nothing known, so the store
- * decides no step (neither interrupted nor journaled). */
+/* The mandate's tool calls in kairos_idem (a takeover has just marked the
+ * old epochs' processing ones interrupted) as recovery's evidence.  A row
+ * this build cannot read makes it unknown: the store then decides no step. */
 int cluster_evidence_index(struct pgstore *s, const char *mandate_id,
                            struct evidence_index **ret_ix)
 {
-        (void)s;
-        (void)mandate_id;
-        return evidence_index_unknown(ret_ix);
+        struct pgstore_idem_row *rows = NULL;
+        size_t n = 0;
+        int r = pgstore_idem_of_mandate(s, mandate_id, &rows, &n);
+        if (r == 0)
+                r = pgstore_idem_evidence(mandate_id, rows, n, ret_ix);
+        pgstore_idem_rows_free(rows, n);
+        if (r == -EBADMSG)
+                r = evidence_index_unknown(ret_ix);
+        return r;
 }
 
 static int64_t mono_ms(void)
