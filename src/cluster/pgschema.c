@@ -489,6 +489,30 @@ static const char v2[] =
 "  ELSE\n"
 "    RETURN QUERY SELECT 'cached'::text, e.state, e.result;\n"
 "  END IF;\n"
+"END $$;\n"
+/* A claimed call whose caller went before reporting a result: interrupted
+ * (p_drop false), or forgotten when it is known to have done nothing
+ * (p_drop true: a retry runs it).  Fenced like kairos_idem_finish (KR001). */
+"CREATE FUNCTION kairos_idem_release(p_key text, p_mandate text, p_epoch bigint,\n"
+"    p_drop boolean) RETURNS void LANGUAGE plpgsql AS $$\n"
+"DECLARE cur bigint;\n"
+"BEGIN\n"
+"  SELECT m.epoch INTO cur FROM kairos_mandate m WHERE m.mandate_id = p_mandate FOR SHARE;\n"
+"  IF NOT FOUND THEN\n"
+"    RAISE EXCEPTION 'kairos: no mandate %', p_mandate USING ERRCODE = 'KR002';\n"
+"  END IF;\n"
+"  IF p_drop THEN\n"
+"    DELETE FROM kairos_idem WHERE key = p_key AND mandate_id = p_mandate AND epoch = p_epoch\n"
+"      AND state = 'processing' AND cur = p_epoch;\n"
+"  ELSE\n"
+"    UPDATE kairos_idem SET state = 'interrupted', updated_at = now()\n"
+"      WHERE key = p_key AND mandate_id = p_mandate AND epoch = p_epoch\n"
+"        AND state = 'processing' AND cur = p_epoch;\n"
+"  END IF;\n"
+"  IF NOT FOUND THEN\n"
+"    RAISE EXCEPTION 'kairos: tool call % is not processing at epoch % (mandate epoch %)',\n"
+"      p_key, p_epoch, cur USING ERRCODE = 'KR001';\n"
+"  END IF;\n"
 "END $$;\n";
 
 const struct pgschema_migration pgschema_migrations[] = {

@@ -1028,6 +1028,18 @@ int pgstore_idem_finish(struct pgstore *s, const char *key, const char *mandate_
         return r;
 }
 
+int pgstore_idem_release(struct pgstore *s, const char *key, const char *mandate_id,
+                         int64_t epoch, bool drop)
+{
+        if (!key || !mandate_id)
+                return -EINVAL;
+        char ep[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        const char *vals[] = { key, mandate_id, ep, drop ? "t" : "f" };
+        return exec_params(s, "SELECT kairos_idem_release($1, $2, $3, $4)", 4, vals, 0,
+                           PGRES_TUPLES_OK, NULL);
+}
+
 /* ---- the leases of the mandates a node holds, renewed together ---- */
 
 /* A text[] or bigint[] literal: {"a","b"} (elements quoted and escaped). */

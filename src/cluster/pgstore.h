@@ -221,6 +221,11 @@ int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
 /* End a claimed call (failed: false = completed), fenced the same way. */
 int pgstore_idem_finish(struct pgstore *s, const char *key, const char *mandate_id,
                         int64_t epoch, bool failed, const char *result, size_t result_len);
+/* A claimed call whose caller went before its result: interrupted, or (drop:
+ * it is known to have done nothing) forgotten, so that a retry runs it.
+ * Fenced the same way. */
+int pgstore_idem_release(struct pgstore *s, const char *key, const char *mandate_id,
+                         int64_t epoch, bool drop);
 
 /* Renew the leases of the mandates node holds, in one statement: ids[i] at
  * epochs[i], while still owned by node, at that epoch and running.

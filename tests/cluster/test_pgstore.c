@@ -615,6 +615,23 @@ static void test_idem_claim_outcomes(void **state)
         pgstore_idem_claim_free(&ic);
         /* finishing twice is refused */
         assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, true, NULL, 0), -ESTALE);
+        /* a caller gone before its result: interrupted, or forgotten (a retry claims it) */
+        assert_int_equal(pgstore_idem_claim(s, "t:gone", "t", "fp", "m-idem", 1, "a", "s1", 1,
+                                            60000, &ic), 0);
+        assert_int_equal(pgstore_idem_release(s, "t:gone", "m-idem", 1, false), 0);
+        assert_int_equal(pgstore_idem_claim(s, "t:gone", "t", "fp", "m-idem", 1, "a", "s1", 1,
+                                            60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_INTERRUPTED);
+        assert_int_equal(pgstore_idem_release(s, "t:gone", "m-idem", 1, false), -ESTALE);
+        assert_int_equal(pgstore_idem_release(s, "t:gone", "m-idem", 1, true), -ESTALE);
+        assert_int_equal(pgstore_idem_claim(s, "t:undo", "t", "fp", "m-idem", 1, "a", "s1", 1,
+                                            60000, &ic), 0);
+        assert_int_equal(pgstore_idem_release(s, "t:undo", "m-idem", 2, true), -ESTALE);
+        assert_int_equal(pgstore_idem_release(s, "t:undo", "m-idem", 1, true), 0);
+        assert_int_equal(pgstore_idem_claim(s, "t:undo", "t", "fp", "m-idem", 1, "a", "s1", 1,
+                                            60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        assert_int_equal(pgstore_idem_release(s, "t:undo", "m-none", 1, true), -ENOENT);
         assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-none", 1, "a", "s1", 1, 60000,
                                             &ic), -ENOENT);
         pgstore_close(s);
