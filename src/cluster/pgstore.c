@@ -949,6 +949,7 @@ void pgstore_idem_claim_free(struct pgstore_idem_claim *c)
         if (!c)
                 return;
         free(c->result);
+        free(c->fingerprint);
         memset(c, 0, sizeof *c);
 }
 
@@ -969,7 +970,8 @@ int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
                                step_id ? att : NULL, ttl };
         PGresult *res;
         /* binary results: the cached result's bytes as stored */
-        int r = exec_params(s, "SELECT r_outcome, r_state, r_result FROM "
+        int r = exec_params(s, "SELECT r_outcome, r_state, r_result, r_fingerprint, "
+                               "r_created_ms, r_updated_ms FROM "
                                "kairos_idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                             9, vals, 1, PGRES_TUPLES_OK, &res);
         if (r < 0)
@@ -989,6 +991,15 @@ int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
                                 r = 0;
                         }
         }
+        /* binary: the times as 8 bytes */
+        if (r == 0 && (PQgetlength(res, 0, 4) != 8 || PQgetlength(res, 0, 5) != 8))
+                r = -EIO;
+        if (r == 0) {
+                ret->created_ms = be64(PQgetvalue(res, 0, 4));
+                ret->updated_ms = be64(PQgetvalue(res, 0, 5));
+                if (!(ret->fingerprint = dup_value(res, 0, 3)))
+                        r = -ENOMEM;
+        }
         if (r == 0 && ret->outcome == PGSTORE_IDEM_CACHED) {
                 ret->failed = strcmp(PQgetvalue(res, 0, 1), "failed") == 0;
                 if (!PQgetisnull(res, 0, 2)) {
@@ -1006,6 +1017,8 @@ int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
         PQclear(res);
         if (r == 0)
                 s->err[0] = '\0';
+        else
+                pgstore_idem_claim_free(ret);
         return r;
 }
 

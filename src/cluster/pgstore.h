@@ -210,6 +210,9 @@ struct pgstore_idem_claim {
         bool failed;               /* CACHED: the cached state is failed */
         char *result;              /* CACHED: the stored result, may be NULL */
         size_t result_len;
+        char *fingerprint;         /* the stored one (MISMATCH: not the caller's) */
+        int64_t created_ms;        /* the entry's (CLAIMED: now) */
+        int64_t updated_ms;        /* CACHED: when it finished */
 };
 void pgstore_idem_claim_free(struct pgstore_idem_claim *c);
 /* Claim the tool call key for (mandate_id, epoch), made by attempt of

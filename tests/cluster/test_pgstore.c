@@ -93,6 +93,16 @@ static void sealed(struct kbuf *b, const char *json)
         assert_int_equal(crcline_seal(b, start), 0);
 }
 
+/* pgstore_idem_claim into *ret, freeing what *ret held (zeroed at first). */
+static int idem_claim(struct pgstore *s, const char *key, const char *tool, const char *fp,
+                      const char *mandate_id, int64_t epoch, const char *node, const char *step,
+                      uint32_t attempt, int64_t ttl_ms, struct pgstore_idem_claim *ret)
+{
+        pgstore_idem_claim_free(ret);
+        return pgstore_idem_claim(s, key, tool, fp, mandate_id, epoch, node, step, attempt,
+                                  ttl_ms, ret);
+}
+
 static int setup_schema(void **state)
 {
         if (!getenv("KAIROS_PG_CONNINFO"))
@@ -249,8 +259,8 @@ static void test_takeover_fences_old_owner(void **state)
                                                 first.len), 0);
         assert_int_equal(pgstore_mandate_create(b, "m-lease", NULL, "b", 400, NULL, 0), -EEXIST);
         /* a tool call of a's, in flight when a dies */
-        struct pgstore_idem_claim ic;
-        assert_int_equal(pgstore_idem_claim(a, "tool:k-a", "tool", "fp", "m-lease", 1, "a", "s1", 1,
+        struct pgstore_idem_claim ic = { 0 };
+        assert_int_equal(idem_claim(a, "tool:k-a", "tool", "fp", "m-lease", 1, "a", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
         pgstore_idem_claim_free(&ic);
@@ -288,7 +298,7 @@ static void test_takeover_fences_old_owner(void **state)
         assert_int_equal(count(c, "SELECT last_seq FROM kairos_mandate WHERE mandate_id = $1",
                                "m-lease"), 1);
         assert_int_equal(pgstore_lease_renew(a, "m-lease", "a", 1, 10000), -ESTALE);
-        assert_int_equal(pgstore_idem_claim(a, "tool:k-a2", "tool", "fp", "m-lease", 1, "a",
+        assert_int_equal(idem_claim(a, "tool:k-a2", "tool", "fp", "m-lease", 1, "a",
                                             "s1", 1, 60000, &ic), -ESTALE);
         assert_int_equal(pgstore_idem_finish(a, "tool:k-a", "m-lease", 1, false, "x", 1),
                          -ESTALE);
@@ -312,7 +322,7 @@ static void test_takeover_fences_old_owner(void **state)
         assert_int_equal(count(c, "SELECT count(*) FROM kairos_wal WHERE mandate_id = $1 "
                                   "AND epoch = 2", "m-lease"), 1);
         /* a's in-flight call is reported interrupted, never claimable again */
-        assert_int_equal(pgstore_idem_claim(b, "tool:k-a", "tool", "fp", "m-lease", 2, "b", "s1", 1,
+        assert_int_equal(idem_claim(b, "tool:k-a", "tool", "fp", "m-lease", 2, "b", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_INTERRUPTED);
         pgstore_idem_claim_free(&ic);
@@ -328,6 +338,7 @@ static void test_takeover_fences_old_owner(void **state)
         kbuf_free(&more);
         pgstore_close(a);
         pgstore_close(b);
+        pgstore_idem_claim_free(&ic);
 }
 
 /* An owner appending as fast as it can while another node takes over: its
@@ -593,48 +604,53 @@ static void test_idem_claim_outcomes(void **state)
 {
         struct pgstore *s = store();
         assert_int_equal(pgstore_mandate_create(s, "m-idem", "sched", "a", 60000, NULL, 0), 0);
-        struct pgstore_idem_claim ic;
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
+        struct pgstore_idem_claim ic = { 0 };
+        assert_int_equal(idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
+        assert_int_equal(idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_IN_PROGRESS);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp2", "m-idem", 1, "a", "s1", 1, 60000,
+        assert_int_equal(idem_claim(s, "t:k", "t", "fp2", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_MISMATCH);
+        assert_string_equal(ic.fingerprint, "fp1");    /* the stored one */
+        pgstore_idem_claim_free(&ic);
         static const char result[] = "out\0put\n\xff";
         assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, false, result,
                                              sizeof result - 1), 0);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
+        assert_int_equal(idem_claim(s, "t:k", "t", "fp1", "m-idem", 1, "a", "s1", 1, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CACHED);
         assert_false(ic.failed);
+        assert_true(ic.created_ms > now_ms() - 60000);
+        assert_true(ic.updated_ms >= ic.created_ms);
         assert_int_equal(ic.result_len, sizeof result - 1);
         assert_memory_equal(ic.result, result, sizeof result - 1);
         pgstore_idem_claim_free(&ic);
         /* finishing twice is refused */
         assert_int_equal(pgstore_idem_finish(s, "t:k", "m-idem", 1, true, NULL, 0), -ESTALE);
         /* a caller gone before its result: interrupted, or forgotten (a retry claims it) */
-        assert_int_equal(pgstore_idem_claim(s, "t:gone", "t", "fp", "m-idem", 1, "a", "s1", 1,
+        assert_int_equal(idem_claim(s, "t:gone", "t", "fp", "m-idem", 1, "a", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(pgstore_idem_release(s, "t:gone", "m-idem", 1, false), 0);
-        assert_int_equal(pgstore_idem_claim(s, "t:gone", "t", "fp", "m-idem", 1, "a", "s1", 1,
+        assert_int_equal(idem_claim(s, "t:gone", "t", "fp", "m-idem", 1, "a", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_INTERRUPTED);
         assert_int_equal(pgstore_idem_release(s, "t:gone", "m-idem", 1, false), -ESTALE);
         assert_int_equal(pgstore_idem_release(s, "t:gone", "m-idem", 1, true), -ESTALE);
-        assert_int_equal(pgstore_idem_claim(s, "t:undo", "t", "fp", "m-idem", 1, "a", "s1", 1,
+        assert_int_equal(idem_claim(s, "t:undo", "t", "fp", "m-idem", 1, "a", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(pgstore_idem_release(s, "t:undo", "m-idem", 2, true), -ESTALE);
         assert_int_equal(pgstore_idem_release(s, "t:undo", "m-idem", 1, true), 0);
-        assert_int_equal(pgstore_idem_claim(s, "t:undo", "t", "fp", "m-idem", 1, "a", "s1", 1,
+        assert_int_equal(idem_claim(s, "t:undo", "t", "fp", "m-idem", 1, "a", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
         assert_int_equal(pgstore_idem_release(s, "t:undo", "m-none", 1, true), -ENOENT);
-        assert_int_equal(pgstore_idem_claim(s, "t:k", "t", "fp1", "m-none", 1, "a", "s1", 1, 60000,
+        assert_int_equal(idem_claim(s, "t:k", "t", "fp1", "m-none", 1, "a", "s1", 1, 60000,
                                             &ic), -ENOENT);
         pgstore_close(s);
+        pgstore_idem_claim_free(&ic);
 }
 
 /* ---- WAL rows ---- */
@@ -931,8 +947,8 @@ static void test_migrate_from_v1(void **state)
         assert_string_equal(rows[0].state, "processing");
         pgstore_idem_rows_free(rows, n);
         assert_int_equal(pgstore_idem_finish(s, "t:v1", "m-v1", 1, false, "r", 1), 0);
-        struct pgstore_idem_claim ic;
-        assert_int_equal(pgstore_idem_claim(s, "t:v2", "t", "fp", "m-v1", 1, "a", "s1", 4, 60000,
+        struct pgstore_idem_claim ic = { 0 };
+        assert_int_equal(idem_claim(s, "t:v2", "t", "fp", "m-v1", 1, "a", "s1", 4, 60000,
                                             &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
         assert_int_equal(count(c, "SELECT attempt FROM kairos_idem WHERE key = $1", "t:v2"), 4);
@@ -946,6 +962,7 @@ static void test_migrate_from_v1(void **state)
         pgstore_close(s);
         PQclear(PQexec(c, "DROP SCHEMA v1up CASCADE"));
         PQfinish(c);
+        pgstore_idem_claim_free(&ic);
 }
 
 /* ---- nodes: registration, one-transaction renewal ---- */
@@ -1083,13 +1100,13 @@ static void test_mandate_take(void **state)
                                   "status = 'running' AND owner = 'b' AND ended_at IS NULL "
                                   "AND lease_expires_at IS NOT NULL", "m-take"), 1);
         /* the old epoch is fenced */
-        struct pgstore_idem_claim ic;
+        struct pgstore_idem_claim ic = { 0 };
         assert_int_equal(pgstore_wal_append(a, "m-take", 1, 0, first.data, first.len, NULL),
                          -ESTALE);
-        assert_int_equal(pgstore_idem_claim(a, "t:take-a", "t", "fp", "m-take", 1, "a", "s1", 1,
+        assert_int_equal(idem_claim(a, "t:take-a", "t", "fp", "m-take", 1, "a", "s1", 1,
                                             60000, &ic), -ESTALE);
         /* b's call in flight when b's lease (300 ms) ends */
-        assert_int_equal(pgstore_idem_claim(b, "t:take-b", "t", "fp", "m-take", 2, "b", "s1", 1,
+        assert_int_equal(idem_claim(b, "t:take-b", "t", "fp", "m-take", 2, "b", "s1", 1,
                                             60000, &ic), 0);
         assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
         /* expired, but within the grace: still b's */
@@ -1126,6 +1143,7 @@ static void test_mandate_take(void **state)
         PQfinish(c);
         pgstore_close(a);
         pgstore_close(b);
+        pgstore_idem_claim_free(&ic);
 }
 
 /* ---- the list of mandates ---- */
@@ -1229,13 +1247,13 @@ static void test_idem_of_mandate_evidence(void **state)
 {
         struct pgstore *s = store();
         assert_int_equal(pgstore_mandate_create(s, "m-ev", "sched", "a", 60000, NULL, 0), 0);
-        struct pgstore_idem_claim ic;
+        struct pgstore_idem_claim ic = { 0 };
         static const struct { const char *key, *step; uint32_t attempt; } calls[] = {
                 { "t:ev-a", "s1", 2 }, { "t:ev-b", "s1", 2 }, { "t:ev-c", "s2", 1 },
                 { "t:ev-d", NULL, 0 },
         };
         for (size_t i = 0; i < 4; i++) {
-                assert_int_equal(pgstore_idem_claim(s, calls[i].key, "t", "fp", "m-ev", 1, "a",
+                assert_int_equal(idem_claim(s, calls[i].key, "t", "fp", "m-ev", 1, "a",
                                                     calls[i].step, calls[i].attempt, 60000, &ic),
                                  0);
                 assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
@@ -1302,6 +1320,7 @@ static void test_idem_of_mandate_evidence(void **state)
         assert_int_equal(evidence_index_size(ix), 0);
         evidence_index_free(ix);
         pgstore_close(s);
+        pgstore_idem_claim_free(&ic);
 }
 
 int main(void)
