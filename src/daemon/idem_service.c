@@ -16,12 +16,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "kairos/beneath.h"
 #include "kairos/evidence.h"
 #include "kairos/idem.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "log.h"
+#ifdef KAIROS_HAVE_PGSTORE
+#include "pgstore.h"
+#endif
 
 #define B64 sodium_base64_VARIANT_ORIGINAL
 /* The tool name of tool-write entries (tool-begin may not use kairos.*). */
@@ -44,6 +48,10 @@ struct idem_claim {
         struct idem_service *svc;
         struct idem_claim *prev, *next;
         char key[IDEM_FULL_KEY_SIZE];
+        /* cluster mode: claimed in the database for this step's mandate at
+         * epoch (0: in the local store) */
+        int64_t epoch;
+        char mandate[IDEM_OWNER_ID_MAX + 1];
 };
 
 struct idem_service {
@@ -491,11 +499,24 @@ static void claim_free(struct idem_claim *c)
         free(c);
 }
 
+#ifdef KAIROS_HAVE_PGSTORE
+static void pg_release(struct daemon *d, const char *key, const char *mandate, int64_t epoch,
+                       bool drop, const char *why);
+#endif
+
 static void claim_closed(struct idem_claim *c)
 {
         struct idem_service *svc = c->svc;
         uint64_t lsn;
         bool stopping = svc->d->stopping;
+#ifdef KAIROS_HAVE_PGSTORE
+        if (c->epoch > 0) {
+                pg_release(svc->d, c->key, c->mandate, c->epoch, false,
+                           stopping ? STOP_REASON : INTERRUPT_REASON);
+                claim_free(c);
+                return;
+        }
+#endif
         int r = idem_interrupt(svc->store, c->key, stopping ? STOP_REASON : INTERRUPT_REASON,
                                &lsn);
         if (r == 0)
@@ -516,6 +537,275 @@ static struct idem_claim *claim_find(struct idem_service *svc, const char *key)
                         return c;
         return NULL;
 }
+
+/* ---- cluster mode: a step's tool calls in the database ---- */
+
+/* A call from a step may carry (args.epoch: kairosctl sends KAIROS_EPOCH)
+ * the epoch its handler was started at.  It must be the epoch this node
+ * holds the step's mandate at, and the mandate still this node's; otherwise
+ * the handler belongs to a mandate taken over or given up, and its tool does
+ * not run ("fenced").  A call with an epoch from no running step of this
+ * node is fenced too.  Replies and returns false on a refusal; *ret_epoch:
+ * the mandate's epoch (0: no step, or the file backend). */
+static bool call_epoch(struct idem_call *call, const struct idem_step_owner *step,
+                       int64_t *ret_epoch)
+{
+        *ret_epoch = 0;
+        json_t *ev = json_object_get(call->args, "epoch");
+        bool given = ev && !json_is_null(ev);
+        if (given && (!json_is_integer(ev) || json_integer_value(ev) < 1)) {
+                call_error(call, "bad_argument", "args.epoch: must be an integer >= 1");
+                return false;
+        }
+        long long want = given ? (long long)json_integer_value(ev) : 0;
+        struct mandate *m = step ? mandate_find(call->d, step->mandate) : NULL;
+        if (!m) {
+                if (!given)
+                        return true;
+                call_error_detail(call, "fenced", json_pack("{s:I}", "given", (json_int_t)want),
+                                  "the call is at epoch %lld but comes from no running step of "
+                                  "this node (its mandate is no longer here): the tool does not "
+                                  "run",
+                                  want);
+                return false;
+        }
+        if (cluster_dropped(m)) {
+                call_error_detail(call, "fenced",
+                                  json_pack("{s:s, s:I}", "mandate", m->id, "epoch",
+                                            (json_int_t)m->epoch),
+                                  "mandate %s is no longer this node's (it held it at epoch "
+                                  "%lld): the tool does not run",
+                                  m->id, (long long)m->epoch);
+                return false;
+        }
+        if (given && want != m->epoch) {
+                call_error_detail(call, "fenced",
+                                  json_pack("{s:s, s:I, s:I}", "mandate", m->id, "epoch",
+                                            (json_int_t)m->epoch, "given", (json_int_t)want),
+                                  "mandate %s is at epoch %lld on this node, the call at epoch "
+                                  "%lld: the tool does not run",
+                                  m->id, (long long)m->epoch, want);
+                return false;
+        }
+        *ret_epoch = m->epoch;
+        return true;
+}
+
+#ifdef KAIROS_HAVE_PGSTORE
+/* One database call of a tool call, on a pool thread (the thread's own
+ * connection, cluster_thread_store); done runs on the loop. */
+enum pg_op { PG_CLAIM, PG_FINISH, PG_RELEASE };
+
+struct pg_job {
+        uv_work_t req;
+        struct daemon *d;
+        enum pg_op op;
+        char key[IDEM_FULL_KEY_SIZE];
+        char tool[IDEM_TOOL_MAX + 1];
+        char fp[CANON_HASH_STRLEN];
+        char mandate[IDEM_OWNER_ID_MAX + 1];
+        char step[IDEM_OWNER_ID_MAX + 1];
+        uint32_t attempt;
+        int64_t epoch;
+        int64_t ttl_ms;
+        char *node;
+        bool failed;               /* PG_FINISH */
+        bool drop;                 /* PG_RELEASE: forget it (it did nothing) */
+        char *result;              /* PG_FINISH */
+        size_t result_len;
+        int r;
+        char err[512];
+        struct pgstore_idem_claim claim;
+        void (*done)(struct pg_job *j);
+        void *ctx;
+};
+
+static void pg_job_free(struct pg_job *j)
+{
+        if (!j)
+                return;
+        pgstore_idem_claim_free(&j->claim);
+        free(j->result);
+        free(j->node);
+        free(j);
+}
+
+static struct pg_job *pg_job_new(struct daemon *d, enum pg_op op, const char *key,
+                                 const char *mandate, int64_t epoch)
+{
+        struct pg_job *j = calloc(1, sizeof(*j));
+        const char *node = cluster_node(d);
+        if (!j || !node || !(j->node = strdup(node))) {
+                free(j);
+                return NULL;
+        }
+        j->d = d;
+        j->op = op;
+        j->epoch = epoch;
+        j->ttl_ms = (int64_t)d->cfg->idem_ttl_sec * 1000;
+        snprintf(j->key, sizeof j->key, "%s", key);
+        snprintf(j->mandate, sizeof j->mandate, "%s", mandate);
+        return j;
+}
+
+static void pg_work(uv_work_t *w)
+{
+        struct pg_job *j = w->data;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(j->d, &r);
+        if (!s) {
+                j->r = r < 0 ? r : -EIO;
+                snprintf(j->err, sizeof j->err, "cannot reach the database: %s",
+                         strerror(-j->r));
+                return;
+        }
+        switch (j->op) {
+        case PG_CLAIM:
+                r = pgstore_idem_claim(s, j->key, j->tool, j->fp, j->mandate, j->epoch, j->node,
+                                       j->step, j->attempt, j->ttl_ms, &j->claim);
+                break;
+        case PG_FINISH:
+                r = pgstore_idem_finish(s, j->key, j->mandate, j->epoch, j->failed, j->result,
+                                        j->result_len);
+                break;
+        case PG_RELEASE:
+                r = pgstore_idem_release(s, j->key, j->mandate, j->epoch, j->drop);
+                break;
+        }
+        j->r = r;
+        if (r < 0) {
+                snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
+                /* the next call on this thread's connection reconnects */
+                if (r == -ENOTCONN)
+                        (void)pgstore_reset(s);
+        }
+}
+
+static void pg_after(uv_work_t *w, int status)
+{
+        struct pg_job *j = w->data;
+        if (status == UV_ECANCELED) {
+                j->r = -ECANCELED;
+                snprintf(j->err, sizeof j->err, "cancelled");
+        }
+        j->done(j);
+}
+
+static int pg_submit(struct pg_job *j, void (*done)(struct pg_job *j), void *ctx)
+{
+        j->done = done;
+        j->ctx = ctx;
+        j->req.data = j;
+        return uv_queue_work(j->d->loop, &j->req, pg_work, pg_after);
+}
+
+/* A database call of a tool call failed: fenced (the mandate is another
+ * node's now, or at another epoch: this node gives it up) or unavailable. */
+static void pg_reply_error(struct idem_call *call, struct pg_job *j, const char *what)
+{
+        if (j->r == -ESTALE || j->r == -ENOENT) {
+                struct mandate *m = mandate_find(j->d, j->mandate);
+                if (m && m->epoch == j->epoch)
+                        cluster_drop(m, "a tool call of it was fenced");
+                call_error_detail(call, "fenced",
+                                  json_pack("{s:s, s:s, s:I}", "key", j->key, "mandate",
+                                            j->mandate, "epoch", (json_int_t)j->epoch),
+                                  "%s: mandate %s is no longer this node's at epoch %lld (%s): %s",
+                                  j->key, j->mandate, (long long)j->epoch, j->err, what);
+                return;
+        }
+        call_error_detail(call, "unavailable", json_pack("{s:s}", "key", j->key),
+                          "%s: the cluster's database: %s: %s", j->key, j->err, what);
+}
+
+/* The entry the claim found, as the local store's view of it (replies are
+ * the same).  *ret_payload: the parsed result, kept alive by the caller
+ * while v is used. */
+static enum idem_outcome pg_view(struct pg_job *j, struct idem_view *v, json_t **ret_payload)
+{
+        const struct pgstore_idem_claim *c = &j->claim;
+        *ret_payload = NULL;
+        *v = (struct idem_view){ .key = j->key, .tool = j->tool,
+                                 .fingerprint = c->fingerprint ? c->fingerprint : "?",
+                                 .created_ms = c->created_ms, .durable = true };
+        switch (c->outcome) {
+        case PGSTORE_IDEM_IN_PROGRESS:
+                v->state = IDEM_ST_PROCESSING;
+                return IDEM_IN_PROGRESS;
+        case PGSTORE_IDEM_INTERRUPTED:
+                v->state = IDEM_ST_INTERRUPTED;
+                return IDEM_INTERRUPTED;
+        case PGSTORE_IDEM_MISMATCH:
+                return IDEM_MISMATCH;
+        case PGSTORE_IDEM_CACHED:
+                v->state = c->failed ? IDEM_ST_FAILED : IDEM_ST_COMPLETED;
+                v->cached = true;
+                v->finished_ms = c->updated_ms;
+                v->result = c->result;
+                v->result_len = c->result_len;
+                if (c->result_len)
+                        *ret_payload = json_loadb(c->result, c->result_len, 0, NULL);
+                v->error_class = json_string_value(json_object_get(*ret_payload, "error_class"));
+                v->error_msg = json_string_value(json_object_get(*ret_payload, "error_msg"));
+                return c->failed ? IDEM_HIT_FAILED : IDEM_HIT_COMPLETED;
+        case PGSTORE_IDEM_CLAIMED:
+                break;
+        }
+        return IDEM_PROCEED;
+}
+
+/* Interrupted in the database: only recovery (after a takeover) or an
+ * operator reading the evidence knows whether its side effect happened. */
+static void pg_reply_interrupted(struct idem_call *call, const char *key)
+{
+        call_error_detail(call, "interrupted", json_pack("{s:s}", "key", key),
+                          "key %s is interrupted in the cluster's database: its caller (or its "
+                          "node) went before reporting a result; find out whether the side "
+                          "effect happened",
+                          key);
+}
+
+static void pg_release_done(struct pg_job *j)
+{
+        if (j->r == 0)
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "IDEM_KEY", j->key }),
+                          "idempotency key %s of mandate %s %s in the cluster's database: %s",
+                          j->key, j->mandate, j->drop ? "forgotten" : "interrupted",
+                          j->result ? j->result : "its caller went");
+        else if (j->r != -ESTALE && j->r != -ENOENT)
+                log_error("cannot mark %s interrupted in the cluster's database: %s", j->key,
+                          j->err);
+        pg_job_free(j);
+}
+
+/* The caller of a claimed call went (why: for the log). */
+static void pg_release(struct daemon *d, const char *key, const char *mandate, int64_t epoch,
+                       bool drop, const char *why)
+{
+        struct pg_job *j = pg_job_new(d, PG_RELEASE, key, mandate, epoch);
+        if (j) {
+                j->drop = drop;
+                j->result = why ? strdup(why) : NULL;
+        }
+        if (!j || pg_submit(j, pg_release_done, NULL) < 0) {
+                log_error("cannot mark %s interrupted in the cluster's database: out of memory",
+                          key);
+                pg_job_free(j);
+        }
+}
+
+static bool pg_class_ok(const char *c)
+{
+        size_t n = strlen(c);
+        if (n < 1 || n > 64)
+                return false;
+        for (; *c; c++)
+                if (!(*c >= 'a' && *c <= 'z') && !(*c >= 'A' && *c <= 'Z') &&
+                    !(*c >= '0' && *c <= '9') && *c != '_' && *c != '.' && *c != '-')
+                        return false;
+        return true;
+}
+#endif /* KAIROS_HAVE_PGSTORE */
 
 /* ---- tool-begin / tool-finish ---- */
 
@@ -574,6 +864,124 @@ static bool parse_identity(struct idem_call *call, const char *tool, const char 
         return true;
 }
 
+#ifdef KAIROS_HAVE_PGSTORE
+/* tool-begin of a step's call in cluster mode: claimed in the database,
+ * fenced by (mandate, epoch); the claim is the caller's connection's as in
+ * the local store. */
+static void pg_begin_done(struct pg_job *j)
+{
+        struct idem_call *call = j->ctx;
+        struct idem_service *svc = SVC(j->d);
+        if (j->r < 0) {
+                pg_reply_error(call, j, "the tool does not run");
+                pg_job_free(j);
+                return;
+        }
+        if (j->claim.outcome != PGSTORE_IDEM_CLAIMED) {
+                struct idem_view v;
+                json_t *pl;
+                enum idem_outcome o = pg_view(j, &v, &pl);
+                if (o == IDEM_INTERRUPTED)
+                        pg_reply_interrupted(call, j->key);
+                else
+                        reply_existing(call, o, &v, j->fp);
+                json_decref(pl);
+                pg_job_free(j);
+                return;
+        }
+        struct idem_claim *c = calloc(1, sizeof(*c));
+        if (!c) {
+                pg_release(j->d, j->key, j->mandate, j->epoch, true, "out of memory");
+                call_error(call, "internal", "out of memory");
+                pg_job_free(j);
+                return;
+        }
+        c->svc = svc;
+        c->epoch = j->epoch;
+        snprintf(c->key, sizeof c->key, "%s", j->key);
+        snprintf(c->mandate, sizeof c->mandate, "%s", j->mandate);
+        c->next = svc->claims;
+        if (svc->claims)
+                svc->claims->prev = c;
+        svc->claims = c;
+        svc->nclaims++;
+        c->owner_id = call->owner.id;
+        c->release = call->owner.release;
+        if (!call->owner.attach || !call->owner.attach(call->owner.ctx, c, &c->hold)) {
+                /* the caller is already gone */
+                c->hold = NULL;
+                claim_closed(c);
+        }
+        call_ok(call, json_pack("{s:s, s:s, s:s, s:s, s:I}", "outcome", "proceed", "key", j->key,
+                                "tool", j->tool, "fingerprint", j->fp, "epoch",
+                                (json_int_t)j->epoch));
+        pg_job_free(j);
+}
+
+static void pg_begin(struct idem_call *call, const char *key, const char *tool, const char *fp,
+                     const struct idem_step_owner *step, int64_t epoch)
+{
+        struct pg_job *j = pg_job_new(call->d, PG_CLAIM, key, step->mandate, epoch);
+        if (!j) {
+                call_error(call, "internal", "out of memory");
+                return;
+        }
+        snprintf(j->tool, sizeof j->tool, "%s", tool);
+        snprintf(j->fp, sizeof j->fp, "%s", fp);
+        snprintf(j->step, sizeof j->step, "%s", step->step);
+        j->attempt = step->attempt;
+        if (pg_submit(j, pg_begin_done, call) < 0) {
+                pg_job_free(j);
+                call_error(call, "internal", "cannot queue the claim");
+        }
+}
+
+static void pg_finish_done(struct pg_job *j)
+{
+        struct idem_call *call = j->ctx;
+        if (j->r < 0)
+                pg_reply_error(call, j, "the result is not recorded");
+        else
+                call_ok(call, json_pack("{s:s, s:s, s:b}", "key", j->key, "outcome",
+                                        j->failed ? "failed" : "completed", "durable", 1));
+        pg_job_free(j);
+}
+
+/* tool-finish of a call claimed in the database: the result there, fenced;
+ * a failed call keeps error_class and error_msg in its payload. */
+static void pg_finish(struct idem_call *call, struct idem_claim *c, json_int_t exit_status,
+                      const char *out, const char *err, const char *eclass, const char *emsg)
+{
+        if (eclass && !pg_class_ok(eclass)) {
+                call_error(call, "bad_argument", "args.error_class: 1..64 of [A-Za-z0-9_.-]");
+                return;
+        }
+        json_t *payload = json_pack("{s:I, s:s, s:s}", "exit_status", exit_status, "stdout", out,
+                                    "stderr", err);
+        if (payload && eclass) {
+                json_object_set_new(payload, "error_class", json_string(eclass));
+                json_object_set_new(payload, "error_msg", json_string(emsg ? emsg : ""));
+        }
+        char *text = payload ? json_dumps(payload, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(payload);
+        struct pg_job *j = text ? pg_job_new(call->d, PG_FINISH, c->key, c->mandate, c->epoch)
+                                : NULL;
+        if (!j) {
+                free(text);
+                call_error(call, "internal", "out of memory");
+                return;
+        }
+        j->failed = eclass != NULL;
+        j->result = text;
+        j->result_len = strlen(text);
+        claim_free(c);
+        if (pg_submit(j, pg_finish_done, call) < 0) {
+                pg_job_free(j);
+                call_error(call, "internal", "cannot queue the finish");
+        }
+}
+#endif
+
 void idem_tool_begin(const struct idem_call *in)
 {
         struct idem_call *call = call_dup(in);
@@ -606,8 +1014,18 @@ void idem_tool_begin(const struct idem_call *in)
                 goto out;
         snprintf(op->tool, sizeof op->tool, "%s", tool);
         struct idem_step_owner step;
+        bool owned = call_step(call, &step);
+        int64_t epoch;
+        if (!call_epoch(call, owned ? &step : NULL, &epoch))
+                goto out;
+#ifdef KAIROS_HAVE_PGSTORE
+        if (owned && epoch > 0 && call->d->cluster) {
+                pg_begin(call, op->key, op->tool, op->fp, &step, epoch);
+                goto out;
+        }
+#endif
         struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp,
-                                   .owner = call_step(call, &step) ? &step : NULL };
+                                   .owner = owned ? &step : NULL };
         struct idem_view v;
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
@@ -719,6 +1137,12 @@ void idem_tool_finish(const struct idem_call *in)
                                     key);
                 return;
         }
+#ifdef KAIROS_HAVE_PGSTORE
+        if (c->epoch > 0) {
+                pg_finish(call, c, json_integer_value(es), out, err, eclass, emsg);
+                return;
+        }
+#endif
         json_t *payload = json_pack("{s:I, s:s, s:s}", "exit_status", json_integer_value(es),
                                     "stdout", out, "stderr", err);
         char *text = payload ? json_dumps(payload, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -849,6 +1273,10 @@ struct write_op {
         char msg[2048];
         bool renamed;            /* the file may have been replaced */
         uint64_t lsn;
+        /* cluster mode: claimed in the database for this step's mandate at
+         * epoch (0: in the local store) */
+        int64_t epoch;
+        char mandate[IDEM_OWNER_ID_MAX + 1];
 };
 
 static void write_op_free(struct write_op *op)
@@ -1177,12 +1605,22 @@ static void write_finished_durable(struct waiter *w, int err)
 /* Loop: record the outcome.  A write that failed before its rename
  * changed nothing: its entry is dropped (a retry with the key writes);
  * one that may have replaced the file is kept, failed or completed. */
+#ifdef KAIROS_HAVE_PGSTORE
+static void pg_write_done(struct write_op *op);
+#endif
+
 static void write_done(void *arg)
 {
         struct write_op *op = arg;
         struct idem_service *svc = op->svc;
         uint64_t lsn = 0;
         int r;
+#ifdef KAIROS_HAVE_PGSTORE
+        if (op->epoch > 0) {
+                pg_write_done(op);
+                return;
+        }
+#endif
         if (op->code && !op->renamed) {
                 r = idem_abandon(svc->store, op->key, op->msg, &lsn);
         } else if (op->code) {
@@ -1253,17 +1691,136 @@ static void write_existing(struct write_op *op, enum idem_outcome o, const struc
         write_op_free(op);
 }
 
+#ifdef KAIROS_HAVE_PGSTORE
+/* tool-write of a step in cluster mode: claimed in the database (fenced),
+ * written, and its outcome recorded there; a write that failed before its
+ * rename changed nothing and is forgotten (a retry writes). */
+static void pg_write_finished(struct pg_job *j)
+{
+        struct write_op *op = j->ctx;
+        if (j->r < 0)
+                pg_reply_error(op->call, j,
+                               op->renamed ? "written, but its outcome is not recorded"
+                                           : "nothing is written");
+        else if (op->code)
+                call_error_detail(op->call, op->code,
+                                  json_pack("{s:s, s:b}", "key", op->key, "cached", 0), "%s",
+                                  op->msg);
+        else
+                write_reply(op, false);
+        write_op_free(op);
+        pg_job_free(j);
+}
+
+static void pg_write_done(struct write_op *op)
+{
+        bool drop = op->code && !op->renamed;
+        struct pg_job *j = pg_job_new(op->call->d, drop ? PG_RELEASE : PG_FINISH, op->key,
+                                      op->mandate, op->epoch);
+        json_t *pl = NULL;
+        if (j && !drop) {
+                if (op->code)
+                        pl = json_pack("{s:s, s:s}", "error_class",
+                                       strcmp(op->code, "path_refused") == 0 ? "path_refused"
+                                                                             : "write_failed",
+                                       "error_msg", op->msg);
+                else
+                        pl = json_pack("{s:s, s:I}", "path", op->shown, "bytes",
+                                       (json_int_t)op->len);
+                j->result = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                j->result_len = j->result ? strlen(j->result) : 0;
+                j->failed = op->code != NULL;
+        }
+        json_decref(pl);
+        if (j && drop)
+                j->drop = true;
+        if (!j || (!drop && !j->result) || pg_submit(j, pg_write_finished, op) < 0) {
+                pg_job_free(j);
+                call_error(op->call, "internal", "out of memory: the outcome of the write of %s "
+                           "is not recorded", op->path);
+                write_op_free(op);
+                return;
+        }
+        if (op->code)
+                log_warning("tool write %s (%s) failed%s: %s", op->path, op->key,
+                            op->renamed ? "" : ", nothing written, not kept", op->msg);
+}
+
+static void pg_write_claimed(struct pg_job *j)
+{
+        struct write_op *op = j->ctx;
+        if (j->r < 0) {
+                pg_reply_error(op->call, j, "nothing is written");
+                write_op_free(op);
+                pg_job_free(j);
+                return;
+        }
+        if (j->claim.outcome == PGSTORE_IDEM_CLAIMED) {
+                op->epoch = j->epoch;
+                snprintf(op->mandate, sizeof op->mandate, "%s", j->mandate);
+                pg_job_free(j);
+                if (serialq_submit(&op->svc->write_q, write_work, write_done, op) < 0) {
+                        refuse(op, "write_failed", "out of memory");
+                        write_done(op);
+                }
+                return;
+        }
+        struct idem_view v;
+        json_t *pl;
+        enum idem_outcome o = pg_view(j, &v, &pl);
+        if (o == IDEM_INTERRUPTED) {
+                pg_reply_interrupted(op->call, j->key);
+                write_op_free(op);
+        } else {
+                write_existing(op, o, &v);
+        }
+        json_decref(pl);
+        pg_job_free(j);
+}
+
+static void pg_write_begin(struct write_op *op, const struct idem_step_owner *step, int64_t epoch)
+{
+        struct pg_job *j = pg_job_new(op->call->d, PG_CLAIM, op->key, step->mandate, epoch);
+        if (!j) {
+                call_error(op->call, "internal", "out of memory");
+                write_op_free(op);
+                return;
+        }
+        snprintf(j->tool, sizeof j->tool, "%s", WRITE_TOOL);
+        snprintf(j->fp, sizeof j->fp, "%s", op->fp);
+        snprintf(j->step, sizeof j->step, "%s", step->step);
+        j->attempt = step->attempt;
+        if (pg_submit(j, pg_write_claimed, op) < 0) {
+                pg_job_free(j);
+                call_error(op->call, "internal", "cannot queue the claim");
+                write_op_free(op);
+        }
+}
+#endif
+
 /* Loop: claim the key (after the path check, so a refused path is not
  * claimed), then write once the begin record is durable. */
 static void begin_write(struct write_op *op)
 {
         struct idem_service *svc = op->svc;
         struct idem_step_owner step;
+        bool owned = call_step(op->call, &step);
+        int64_t epoch;
+        if (!call_epoch(op->call, owned ? &step : NULL, &epoch)) {
+                write_op_free(op);
+                return;
+        }
+#ifdef KAIROS_HAVE_PGSTORE
+        if (owned && epoch > 0 && svc->d->cluster) {
+                pg_write_begin(op, &step, epoch);
+                return;
+        }
+#endif
         struct idem_write_claim claim = { .path = op->path, .sha256 = op->sha,
                                           .bytes = op->len };
         struct idem_request ir = { .tool = WRITE_TOOL, .key = op->explicit_key,
                                    .fingerprint = op->fp,
-                                   .owner = call_step(op->call, &step) ? &step : NULL,
+                                   .owner = owned ? &step : NULL,
                                    .write = strlen(op->path) <= IDEM_WRITE_PATH_MAX ? &claim
                                                                                     : NULL };
         struct idem_view v;
