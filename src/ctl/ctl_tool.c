@@ -102,6 +102,26 @@ static const char *pick_key(const char *key)
         return env && *env ? env : NULL;
 }
 
+/* In cluster mode kairosd gives a handler the epoch its node holds the
+ * mandate at (KAIROS_EPOCH); tool run and tool write pass it on, and kairosd
+ * refuses ("fenced") a call whose mandate is at another epoch, or no longer
+ * on that node.  Sets args.epoch; 0, or a usage error's exit status for a
+ * KAIROS_EPOCH that is not a positive integer. */
+static int add_epoch(json_t *args)
+{
+        const char *env = getenv("KAIROS_EPOCH");
+        if (!env || !*env)
+                return 0;
+        char *end;
+        errno = 0;
+        long long v = strtoll(env, &end, 10);
+        if (errno || *end || v < 1 || env[0] < '0' || env[0] > '9')
+                return ctl_usage_error("KAIROS_EPOCH: not a positive integer: '%s'", env);
+        return json_object_set_new(args, "epoch", json_integer(v)) == 0
+                       ? 0
+                       : ctl_error(CTL_EXIT_OSERR, "out of memory");
+}
+
 /* The daemon said no to a claim: in_progress / interrupted / store_full →
  * 75 (try again later, or an operator must look), mismatch → 65, anything
  * else → 1.  The message is the daemon's; for interrupted it names what to
@@ -386,15 +406,20 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         json_t *input = argv_input(ncmd, cmd);
         if (!input)
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");
-        status = ctl_session_open(o, &s);
-        if (status != CTL_EXIT_OK) {
-                json_decref(input);
+        json_t *begin = json_pack("{s:s, s:s, s:o}", "tool", tool, "key", key, "input", input);
+        if (!begin)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        status = add_epoch(begin);
+        if (status) {
+                json_decref(begin);
                 return status;
         }
-        status = ctl_session_call(s, "tool-begin",
-                                  json_pack("{s:s, s:s, s:o}", "tool", tool, "key", key, "input",
-                                            input),
-                                  &res, &err);
+        status = ctl_session_open(o, &s);
+        if (status != CTL_EXIT_OK) {
+                json_decref(begin);
+                return status;
+        }
+        status = ctl_session_call(s, "tool-begin", begin, &res, &err);
         if (status == CTL_EXIT_REFUSED) {
                 status = claim_refused(o, err);
                 goto out;
@@ -519,17 +544,22 @@ int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
         }
         content = b64_json(data, len);
         free(data);
-        if (!content)
+        json_t *args = content ? json_pack("{s:s, s:s, s:o}", "key", key, "path", argv[0],
+                                           "content", content)
+                               : NULL;
+        if (!args)
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");
-        status = ctl_session_open(o, &s);
-        if (status != CTL_EXIT_OK) {
-                json_decref(content);
+        status = add_epoch(args);
+        if (status) {
+                json_decref(args);
                 return status;
         }
-        status = ctl_session_call(s, "tool-write",
-                                  json_pack("{s:s, s:s, s:o}", "key", key, "path", argv[0],
-                                            "content", content),
-                                  &res, &err);
+        status = ctl_session_open(o, &s);
+        if (status != CTL_EXIT_OK) {
+                json_decref(args);
+                return status;
+        }
+        status = ctl_session_call(s, "tool-write", args, &res, &err);
         if (status == CTL_EXIT_REFUSED)
                 status = claim_refused(o, err);
         else if (status == CTL_EXIT_OK && o->json)
