@@ -123,8 +123,9 @@ static int add_epoch(json_t *args)
 }
 
 /* The daemon said no to a claim: in_progress / interrupted / store_full →
- * 75 (try again later, or an operator must look), mismatch → 65, anything
- * else → 1.  The message is the daemon's; for interrupted it names what to
+ * 75 (try again later, or an operator must look), mismatch → 65, fenced
+ * (cluster mode: the mandate is at another epoch, or no longer this node's)
+ * and anything else → 1.  The message is the daemon's; for interrupted it names what to
  * do.  With --json the error object is printed on stdout too. */
 static int claim_refused(const struct ctl_opts *o, json_t *error)
 {
@@ -138,6 +139,8 @@ static int claim_refused(const struct ctl_opts *o, json_t *error)
                 status = CTL_EXIT_TEMPFAIL;
         else if (strcmp(code, "mismatch") == 0)
                 status = CTL_EXIT_DATAERR;
+        else if (strcmp(code, "fenced") == 0)
+                status = CTL_EXIT_REFUSED;
         else
                 return ctl_print_refusal(o, error);
         fprintf(stderr, "kairosctl: %s: ", code);

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Tool calls in cluster mode, one kairosd node on a private PostgreSQL
+(pg_fixture.py): a step's `kairosctl tool run` and `tool write` are claimed
+and finished in kairos_idem, fenced by (mandate, epoch), not in the node's
+local store; a repeated key replays the cached result without running the
+tool again; KAIROS_EPOCH (given to handlers, passed on by kairosctl) must be
+the epoch the node holds the mandate at, else the call is refused "fenced"
+and the tool does not run; a call with an epoch from no running step is
+fenced too; a mandate whose epoch moved on in the database (as a takeover
+does) has its next tool call refused inside the database, and the node gives
+the mandate up.  Calls from no step keep the local store.
+
+Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
+without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
+PostgreSQL support or without the PostgreSQL server binaries.  No sleeps as
+synchronization: the handler waits for a file the test writes, the test
+polls the database or the log with a deadline."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import pg_fixture  # noqa: E402
+from kairos_harness import KAIROSCTL, KAIROSD, Client, Daemon, NotifySocket, write_config  # noqa: E402,E501
+
+PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
+SKIP = 77
+PG = None
+
+# The act step: two runs of the same key (the second replays), a write, a
+# call at a wrong epoch (refused), then it waits for the test's go and makes
+# one more call (the test moved the mandate's epoch on in the meantime).
+ACT = r"""#!/bin/sh
+"$KAIROSCTL" tool run --key "run-$KAIROS_IDEM_KEY" -- sh -c 'echo ran >> "$0"' "$OUT/ran" \
+  > "$OUT/run1.out" || exit 3
+"$KAIROSCTL" tool run --key "run-$KAIROS_IDEM_KEY" -- sh -c 'echo ran >> "$0"' "$OUT/ran" \
+  > "$OUT/run2.out" || exit 4
+printf 'report\n' | "$KAIROSCTL" tool write --key "write-$KAIROS_IDEM_KEY" "$ROOT/report" || exit 5
+echo "$KAIROS_EPOCH" > "$OUT/epoch"
+KAIROS_EPOCH=$((KAIROS_EPOCH + 7)) "$KAIROSCTL" tool run --key "wrong-$KAIROS_IDEM_KEY" -- \
+  sh -c 'echo ran >> "$0"' "$OUT/wrong" 2> "$OUT/wrong.err"
+echo $? > "$OUT/wrong.rc"
+KAIROS_EPOCH=x "$KAIROSCTL" tool run --key "bad-$KAIROS_IDEM_KEY" -- true 2> /dev/null
+echo $? > "$OUT/bad.rc"
+touch "$OUT/waiting"
+while [ ! -e "$OUT/go" ]; do sleep 0.05; done
+"$KAIROSCTL" tool run --key "late-$KAIROS_IDEM_KEY" -- sh -c 'echo ran >> "$0"' "$OUT/late" \
+  2> "$OUT/late.err"
+echo $? > "$OUT/late.rc"
+echo '{"ok":true}'
+"""
+
+
+def wait_for(cond, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class ToolCalls(unittest.TestCase):
+    def setUp(self):
+        self.db = "tools_%d" % os.getpid()
+        self.ci = PG.createdb(self.db)
+        r = subprocess.run([KAIROSD, "--init-db", self.ci], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.dir = tempfile.mkdtemp(prefix="kairos-pgtools-")
+        os.chmod(self.dir, 0o755)
+        self.state = os.path.join(self.dir, "state")
+        self.root = os.path.join(self.dir, "root")
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.root)
+        os.makedirs(self.out)
+        act = os.path.join(self.dir, "act.sh")
+        with open(act, "w") as f:
+            f.write(ACT)
+        os.chmod(act, 0o755)
+        sched = {"Schedule": {"Cron": "0 0 1 1 *"},
+                 "Exec": {"Act": act,
+                          "Environment": "OUT=%s ROOT=%s KAIROSCTL=%s"
+                                         % (self.out, self.root, KAIROSCTL)}}
+        extra = ("[Idempotency]\nWriteRoots=%s\n[Cluster]\nBackend=postgres\n"
+                 "ConnectionString=%s\nNodeName=n1\nLeaseSec=10\n" % (self.root, self.ci))
+        conf = write_config(self.dir, self.state, {"job": sched}, daemon_extra=extra)
+        self.notify = NotifySocket(self.dir)
+        self.daemon = Daemon(self.state, config=conf, notify=self.notify)
+        self.notify.wait_ready(timeout=60)
+
+    def tearDown(self):
+        with open(os.path.join(self.out, "go"), "w"):
+            pass
+        rc = self.daemon.stop()
+        self.daemon.proc.stderr.close()
+        self.notify.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.assertEqual(rc, 0, self.daemon.log()[-3000:])
+
+    def sql(self, q):
+        return PG.psql(self.db, q)
+
+    def read(self, name):
+        with open(os.path.join(self.out, name)) as f:
+            return f.read()
+
+    def test_step_calls_in_the_database(self):
+        c = Client(self.daemon.socket_path)
+        r = c.call("fire", schedule="job", fired_at="2030-01-01T00:00:00Z")
+        c.close()
+        self.assertTrue(r["ok"], r)
+        mid = r["result"]["mandate"]
+        key = "%s/act_001" % mid
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "waiting")), "the handler",
+                 timeout=90)
+        epoch = int(self.read("epoch"))
+        self.assertGreaterEqual(epoch, 1)
+        # the tool ran once; the repeat was replayed from the database
+        self.assertEqual(self.read("ran"), "ran\n")
+        rows = self.sql("SELECT key, state, step_id, attempt, epoch, owner FROM kairos_idem "
+                        "WHERE mandate_id = '%s' ORDER BY key" % mid)
+        self.assertEqual(rows, [["cmd:run-" + key, "completed", "act_001", "1", str(epoch), "n1"],
+                                ["kairos.write:write-" + key, "completed", "act_001", "1",
+                                 str(epoch), "n1"]], rows)
+        with open(os.path.join(self.root, "report")) as f:
+            self.assertEqual(f.read(), "report\n")
+        # not in the node's local store
+        c = Client(self.daemon.socket_path)
+        g = c.call("idem-get", key="cmd:run-" + key)
+        c.close()
+        self.assertFalse(g["ok"], g)
+        # a wrong epoch is refused before anything is claimed; the tool did not run
+        self.assertEqual(self.read("wrong.rc").strip(), "1")
+        self.assertIn("fenced", self.read("wrong.err"))
+        self.assertIn("epoch %d" % (epoch + 7), self.read("wrong.err"))
+        self.assertFalse(os.path.exists(os.path.join(self.out, "wrong")))
+        self.assertEqual(self.read("bad.rc").strip(), "64")
+        # a call from no step that claims an epoch is fenced; one without is local
+        env = dict(os.environ, KAIROS_EPOCH=str(epoch))
+        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "tool", "run",
+                            "--key", "outsider", "--", "true"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("fenced", p.stderr)
+        env.pop("KAIROS_EPOCH")
+        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "tool", "run",
+                            "--key", "outsider", "--", "true"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.sql("SELECT count(*) FROM kairos_idem WHERE key LIKE "
+                                  "'%outsider%'"), [["0"]])
+
+        # another node's takeover, as the database sees it: the epoch moves on
+        self.sql("UPDATE kairos_mandate SET epoch = epoch + 1, owner = 'n2' "
+                 "WHERE mandate_id = '%s'" % mid)
+        with open(os.path.join(self.out, "go"), "w"):
+            pass
+        # the node gives the mandate up (the refused call, or its heartbeat,
+        # tells it first); the late tool never runs and claims nothing
+        self.daemon.wait_log("mandate %s: no longer held by node n1" % mid, timeout=60)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "late")))
+        self.assertEqual(self.sql("SELECT count(*) FROM kairos_idem WHERE key = "
+                                  "'cmd:late-%s'" % key), [["0"]])
+        if os.environ.get("PGTOOLS_DEBUG"):
+            print(self.daemon.log()[-4000:], file=sys.stderr)
+        if os.path.exists(os.path.join(self.out, "late.rc")):
+            self.assertNotEqual(self.read("late.rc").strip(), "0")
+
+
+def main():
+    global PG
+    if not PGSTORE_TEST:
+        print("SKIP: built without -Dpostgres=enabled", file=sys.stderr)
+        return SKIP
+    bindir = pg_fixture.find_bindir()
+    if not bindir:
+        print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
+        return SKIP
+    with pg_fixture.PgServer(bindir) as pg:
+        PG = pg
+        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+        ok = prog.result.wasSuccessful()
+        if not ok:
+            sys.stderr.write("--- the server log's end ---\n" +
+                             "\n".join(pg.server_log().splitlines()[-40:]) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
