@@ -26,6 +26,13 @@
  *               WriteRoots= (no symbolic link below a root), once per key;
  *               one that failed before the rename is not kept
  *   idem-stats, idem-get {key}, idem-forget {key, reason}
+ * tool-begin and tool-write take args.epoch? (kairosctl: KAIROS_EPOCH): a
+ * call from a step whose mandate this node holds at another epoch, or no
+ * longer holds, or with an epoch from no step, is refused "fenced".  In
+ * cluster mode a step's calls are claimed and finished in the database
+ * (pgstore_idem_*, on pool threads, fenced by (mandate, epoch): "fenced"
+ * when the database refuses, and the node gives the mandate up); the local
+ * store keeps the calls of no step.
  *   test-idem-clock {advance_sec} (test hooks only) */
 #pragma once
 
