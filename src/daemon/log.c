@@ -158,7 +158,8 @@ void log_event_at(const char *file, int line, const char *func, int priority,
         struct log_field all[JOURNAL_MAX_FIELDS];
         char epoch[24];
         if (node_name && n + 2 <= JOURNAL_MAX_FIELDS) {
-                memcpy(all, fields, n * sizeof(*fields));
+                if (n)
+                        memcpy(all, fields, n * sizeof(*fields));
                 const char *mandate = NULL;
                 bool has_epoch = false;
                 for (size_t i = 0; i < n; i++) {
