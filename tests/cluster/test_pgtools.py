@@ -44,6 +44,18 @@ ACT = r"""#!/bin/sh
   > "$OUT/run2.out" || exit 4
 printf 'report\n' | "$KAIROSCTL" tool write --key "write-$KAIROS_IDEM_KEY" "$ROOT/report" || exit 5
 echo "$KAIROS_EPOCH" > "$OUT/epoch"
+# the same key with another command: a mismatch (65)
+"$KAIROSCTL" tool run --key "run-$KAIROS_IDEM_KEY" -- true 2> /dev/null
+echo $? > "$OUT/mismatch.rc"
+# kairosctl dies while its tool runs: the claim becomes interrupted (75 after)
+"$KAIROSCTL" tool run --key "cut-$KAIROS_IDEM_KEY" -- sh -c 'kill -9 $PPID'
+# (the daemon marks it on the connection's close: in progress until then)
+for i in $(seq 200); do
+  "$KAIROSCTL" tool run --key "cut-$KAIROS_IDEM_KEY" -- sh -c 'kill -9 $PPID' 2> "$OUT/cut.err"
+  echo $? > "$OUT/cut.rc"
+  grep -q interrupted "$OUT/cut.err" && break
+  sleep 0.05
+done
 KAIROS_EPOCH=$((KAIROS_EPOCH + 7)) "$KAIROSCTL" tool run --key "wrong-$KAIROS_IDEM_KEY" -- \
   sh -c 'echo ran >> "$0"' "$OUT/wrong" 2> "$OUT/wrong.err"
 echo $? > "$OUT/wrong.rc"
@@ -95,7 +107,11 @@ class ToolCalls(unittest.TestCase):
         conf = write_config(self.dir, self.state, {"job": sched}, daemon_extra=extra)
         self.notify = NotifySocket(self.dir)
         self.daemon = Daemon(self.state, config=conf, notify=self.notify)
-        self.notify.wait_ready(timeout=60)
+        try:
+            self.notify.wait_ready(timeout=60)
+        except TimeoutError:
+            self.daemon.kill()
+            raise AssertionError("kairosd is not ready:\n" + self.daemon.log()[-4000:])
 
     def tearDown(self):
         with open(os.path.join(self.out, "go"), "w"):
@@ -127,7 +143,7 @@ class ToolCalls(unittest.TestCase):
         # the tool ran once; the repeat was replayed from the database
         self.assertEqual(self.read("ran"), "ran\n")
         rows = self.sql("SELECT key, state, step_id, attempt, epoch, owner FROM kairos_idem "
-                        "WHERE mandate_id = '%s' ORDER BY key" % mid)
+                        "WHERE mandate_id = '%s' AND key NOT LIKE 'cmd:cut-%%' ORDER BY key" % mid)
         self.assertEqual(rows, [["cmd:run-" + key, "completed", "act_001", "1", str(epoch), "n1"],
                                 ["kairos.write:write-" + key, "completed", "act_001", "1",
                                  str(epoch), "n1"]], rows)
@@ -144,6 +160,12 @@ class ToolCalls(unittest.TestCase):
         self.assertIn("epoch %d" % (epoch + 7), self.read("wrong.err"))
         self.assertFalse(os.path.exists(os.path.join(self.out, "wrong")))
         self.assertEqual(self.read("bad.rc").strip(), "64")
+        self.assertEqual(self.read("mismatch.rc").strip(), "65")
+        # the interrupted claim: in the database, refused to the retry
+        self.assertEqual(self.read("cut.rc").strip(), "75", self.read("cut.err"))
+        self.assertIn("interrupted", self.read("cut.err"))
+        self.assertEqual(self.sql("SELECT state, epoch FROM kairos_idem WHERE key = "
+                                  "'cmd:cut-%s'" % key), [["interrupted", str(epoch)]])
         # a call from no step that claims an epoch is fenced; one without is local
         env = dict(os.environ, KAIROS_EPOCH=str(epoch))
         p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "tool", "run",
