@@ -102,6 +102,16 @@ class ToolOwner(unittest.TestCase):
         g = self.idem_get("cmd:outsider")
         self.assertTrue(g["ok"], g)
         self.assertIsNone(g["result"]["owner"], g)
+        # a caller claiming an epoch (KAIROS_EPOCH: cluster mode's handlers)
+        # from no running step is fenced: nothing is claimed, nothing runs
+        env["KAIROS_EPOCH"] = "1"
+        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "tool", "run",
+                            "--key", "epoch-outsider", "--", "sh", "-c", "exit 9"], env=env,
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("fenced", p.stderr)
+        g = self.idem_get("cmd:epoch-outsider")
+        self.assertFalse(g["ok"], g)
 
 
 if __name__ == "__main__":
