@@ -43,6 +43,13 @@ ACT = r"""#!/bin/sh
 "$KAIROSCTL" tool run --key "run-$KAIROS_IDEM_KEY" -- sh -c 'echo ran >> "$0"' "$OUT/ran" \
   > "$OUT/run2.out" || exit 4
 printf 'report\n' | "$KAIROSCTL" tool write --key "write-$KAIROS_IDEM_KEY" "$ROOT/report" || exit 5
+printf 'other\n' | "$KAIROSCTL" tool write --key "write-$KAIROS_IDEM_KEY" "$ROOT/report" \
+  > "$OUT/write2.out" || exit 6
+# a tool that cannot be executed is stored as failed, and replayed as such
+"$KAIROSCTL" tool run --key "fail-$KAIROS_IDEM_KEY" -- "$OUT/no-such-tool" 2> /dev/null
+echo $? > "$OUT/fail1.rc"
+"$KAIROSCTL" tool run --key "fail-$KAIROS_IDEM_KEY" -- "$OUT/no-such-tool" 2> "$OUT/fail2.err"
+echo $? > "$OUT/fail2.rc"
 echo "$KAIROS_EPOCH" > "$OUT/epoch"
 # the same key with another command: a mismatch (65)
 "$KAIROSCTL" tool run --key "run-$KAIROS_IDEM_KEY" -- true 2> /dev/null
@@ -143,7 +150,7 @@ class ToolCalls(unittest.TestCase):
         # the tool ran once; the repeat was replayed from the database
         self.assertEqual(self.read("ran"), "ran\n")
         rows = self.sql("SELECT key, state, step_id, attempt, epoch, owner FROM kairos_idem "
-                        "WHERE mandate_id = '%s' AND key NOT LIKE 'cmd:cut-%%' ORDER BY key" % mid)
+                        "WHERE mandate_id = '%s' AND key NOT LIKE 'cmd:cut-%%' AND key NOT LIKE 'cmd:fail-%%' ORDER BY key" % mid)
         self.assertEqual(rows, [["cmd:run-" + key, "completed", "act_001", "1", str(epoch), "n1"],
                                 ["kairos.write:write-" + key, "completed", "act_001", "1",
                                  str(epoch), "n1"]], rows)
@@ -161,6 +168,12 @@ class ToolCalls(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.out, "wrong")))
         self.assertEqual(self.read("bad.rc").strip(), "64")
         self.assertEqual(self.read("mismatch.rc").strip(), "65")
+        self.assertIn("not written again", self.read("write2.out"))
+        self.assertEqual(self.read("fail1.rc").strip(), "127")
+        self.assertEqual(self.read("fail2.rc").strip(), "127")
+        self.assertIn("cached error from the first run", self.read("fail2.err"))
+        self.assertEqual(self.sql("SELECT state FROM kairos_idem WHERE key = 'cmd:fail-%s'"
+                                  % key), [["failed"]])
         # the interrupted claim: in the database, refused to the retry
         self.assertEqual(self.read("cut.rc").strip(), "75", self.read("cut.err"))
         self.assertIn("interrupted", self.read("cut.err"))
