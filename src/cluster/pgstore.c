@@ -1075,52 +1075,6 @@ static int array_literal(struct kbuf *b, const char *const *items, size_t n)
         return kbuf_putc(b, '}') < 0 ? -ENOMEM : 0;
 }
 
-int pgstore_lease_renew_many(struct pgstore *s, const char *node, const char *const *ids,
-                             const int64_t *epochs, size_t n, int64_t lease_ms, bool *ret_renewed)
-{
-        if (!s || !node || !*node || lease_ms <= 0 || (n && (!ids || !epochs || !ret_renewed)))
-                return -EINVAL;
-        if (n == 0)
-                return 0;
-        struct kbuf idl = KBUF_INIT, epl = KBUF_INIT;
-        int r = array_literal(&idl, ids, n);
-        if (r == 0 && kbuf_putc(&epl, '{') < 0)
-                r = -ENOMEM;
-        for (size_t i = 0; r == 0 && i < n; i++)
-                if (kbuf_printf(&epl, "%s%" PRId64, i ? "," : "", epochs[i]) < 0)
-                        r = -ENOMEM;
-        if (r == 0 && kbuf_putc(&epl, '}') < 0)
-                r = -ENOMEM;
-        char lease[24];
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        PGresult *res = NULL;
-        if (r == 0) {
-                const char *vals[] = { idl.data, epl.data, lease, node };
-                r = exec_params(s,
-                                "UPDATE kairos_mandate m SET lease_expires_at = now() + "
-                                "$3::bigint * interval '1 millisecond' "
-                                "FROM unnest($1::text[], $2::bigint[]) AS u(id, ep) "
-                                "WHERE m.mandate_id = u.id AND m.epoch = u.ep AND m.owner = $4 "
-                                "AND m.status = 'running' RETURNING m.mandate_id",
-                                4, vals, 0, PGRES_TUPLES_OK, &res);
-        }
-        if (r == 0) {
-                for (size_t i = 0; i < n; i++)
-                        ret_renewed[i] = false;
-                int rows = PQntuples(res);
-                for (int k = 0; k < rows; k++) {
-                        const char *id = PQgetvalue(res, k, 0);
-                        for (size_t i = 0; i < n; i++)
-                                if (strcmp(ids[i], id) == 0)
-                                        ret_renewed[i] = true;
-                }
-                PQclear(res);
-        }
-        kbuf_free(&idl);
-        kbuf_free(&epl);
-        return r;
-}
-
 int pgstore_lease_release_many(struct pgstore *s, const char *node, const char *const *ids,
                                const int64_t *epochs, size_t n, int64_t grace_ms)
 {

@@ -230,11 +230,6 @@ int pgstore_idem_finish(struct pgstore *s, const char *key, const char *mandate_
 int pgstore_idem_release(struct pgstore *s, const char *key, const char *mandate_id,
                          int64_t epoch, bool drop);
 
-/* Renew the leases of the mandates node holds, in one statement: ids[i] at
- * epochs[i], while still owned by node, at that epoch and running.
- * ret_renewed[i] false: lost (taken over, ended, or not this node's). */
-int pgstore_lease_renew_many(struct pgstore *s, const char *node, const char *const *ids,
-                             const int64_t *epochs, size_t n, int64_t lease_ms, bool *ret_renewed);
 /* A graceful stop hands its mandates over: their leases end now (more than
  * grace_ms ago), so that any node may take them at once. */
 int pgstore_lease_release_many(struct pgstore *s, const char *node, const char *const *ids,

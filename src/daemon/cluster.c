@@ -573,17 +573,18 @@ static int renew(struct cluster *c, struct pgstore *s)
         size_t n = 0;
         const char **ids = calloc(c->nheld + 1, sizeof(*ids));
         int64_t *epochs = calloc(c->nheld + 1, sizeof(*epochs));
-        bool *renewed = calloc(c->nheld + 1, sizeof(*renewed));
+        bool *renewed = NULL;
         for (size_t i = 0; ids && epochs && i < c->nheld; i++)
                 if (!c->held[i].lost && (ids[n] = strdup(c->held[i].id)))
                         epochs[n++] = c->held[i].epoch;
         pthread_mutex_unlock(&c->lock);
-        int r = ids && epochs && renewed ? 0 : -ENOMEM;
+        int r = ids && epochs ? 0 : -ENOMEM;
         int64_t sent = mono_ms();
+        /* the node's heartbeat and the leases, in one transaction, refused
+         * to an older incarnation of this node */
         if (r == 0)
-                r = pgstore_node_heartbeat(s, c->node, c->incarnation, c->lease_ms);
-        if (r == 0)
-                r = pgstore_lease_renew_many(s, c->node, ids, epochs, n, c->lease_ms, renewed);
+                r = pgstore_renew_held(s, c->node, c->incarnation, ids, epochs, n, c->lease_ms,
+                                       &renewed);
         if (r == 0) {
                 pthread_mutex_lock(&c->lock);
                 c->deadline_ms = sent + c->lease_ms - c->margin_ms;
@@ -592,7 +593,7 @@ static int renew(struct cluster *c, struct pgstore *s)
                 c->renew_failures = 0;
                 c->renew_error[0] = '\0';
                 pthread_mutex_unlock(&c->lock);
-                for (size_t i = 0; i < n; i++)
+                for (size_t i = 0; renewed && i < n; i++)
                         if (!renewed[i])
                                 post_lost(c, ids[i], epochs[i],
                                           "its lease was not renewed: taken over or ended");
@@ -600,7 +601,9 @@ static int renew(struct cluster *c, struct pgstore *s)
                 pthread_mutex_lock(&c->lock);
                 c->renew_failures++;
                 snprintf(c->renew_error, sizeof c->renew_error, "%s",
-                         r == -ENOMEM ? "out of memory" : pgstore_error(s));
+                         r == -ENOMEM   ? "out of memory"
+                         : r == -ESTALE ? "a newer kairosd runs with this NodeName="
+                                        : pgstore_error(s));
                 pthread_mutex_unlock(&c->lock);
         }
         for (size_t i = 0; ids && i < n; i++)
@@ -826,9 +829,6 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         c->lease_ms = (int64_t)cfg->lease_sec * 1000;
         c->grace_ms = c->lease_ms / 2;
         c->margin_ms = c->lease_ms / 5 > 1000 ? c->lease_ms / 5 : 1000;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        c->incarnation = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -858,7 +858,7 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         int from = 0, to = 0;
         int64_t sent = mono_ms();
         if ((r = pgstore_migrate(s, &from, &to)) < 0 ||
-            (r = pgstore_node_heartbeat(s, c->node, c->incarnation, c->lease_ms)) < 0) {
+            (r = pgstore_node_register(s, c->node, c->lease_ms, &c->incarnation)) < 0) {
                 snprintf(err, errlen, "the database refuses node %s: %s", c->node,
                          r == -EPROTONOSUPPORT
                                  ? "its schema is newer than this kairosd"
