@@ -875,6 +875,7 @@ static void adopt_done(void *arg)
         }
         recover_settle(j);
         daemon_update_status(d);
+        executor_kick(d);
 }
 
 void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
