@@ -419,7 +419,13 @@ static void sweep(struct cluster *c)
                         wal_close(m->wal);
                         m->wal = NULL;
                 }
-                forget_file(c, m->wal_path);
+                /* (a newer copy of its rows, taken over, waits to be adopted
+                 * under the same name: the file is that copy now) */
+                bool retaken = false;
+                for (struct cev *e = c->adopt_head; e && !retaken; e = e->next)
+                        retaken = strcmp(e->id, m->id) == 0;
+                if (!retaken)
+                        forget_file(c, m->wal_path);
                 cluster_release(m);
                 if (mandate_remove(m) < 0)
                         log_debug("mandate %s: busy, forgotten later", m->id);
@@ -624,6 +630,19 @@ static int take_one(struct cluster *c, struct pgstore *s, struct pgstore_takeove
         int r = pgstore_wal_read(s, t->mandate_id, &b, &nrows);
         if (r == 0)
                 r = statedir_wal_path(&c->d->paths, t->mandate_id, &path);
+        if (r == 0) {
+                /* an older copy forgotten meanwhile must not take this one
+                 * with it */
+                pthread_mutex_lock(&c->lock);
+                for (size_t i = 0; i < c->nunlink;)
+                        if (strcmp(c->unlink[i], path) == 0) {
+                                free(c->unlink[i]);
+                                c->unlink[i] = c->unlink[--c->nunlink];
+                        } else {
+                                i++;
+                        }
+                pthread_mutex_unlock(&c->lock);
+        }
         if (r == 0)
                 r = kio_write_file_nosync(kio_posix(), path, b.data ? b.data : "", b.len,
                                           WAL_FILE_MODE);
