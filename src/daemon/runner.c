@@ -365,7 +365,10 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 j->err = -errno;
                 j->err_what = "clone";
         } else if (j->child_errno) {
-                /* the child could not exec: it is gone (_exit), reap it here */
+                /* the child could not exec: it is gone (_exit), reap it here
+                 * (the deadman forgets it first: its id is free once reaped) */
+                if (r->dm)
+                        (void)deadman_unwatch(r->dm, pid);
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 j->err = -j->child_errno;
