@@ -197,7 +197,8 @@ class Deadman(unittest.TestCase):
             self.skipTest("cannot create a cgroup v2 directory: %s" % e)
         self.cgroups.append(cg)
         pids = self.start("cgroup", cgroup=cg)
-        self.assertNotEqual(os.getpgid(pids[2]), pids[0])  # left the group
+        # it left the group (once setsid(1) has run)
+        self.assertTrue(wait_for(lambda: os.getpgid(pids[2]) != pids[0], 30))
         self.stop_and_watch(pids)
 
 
