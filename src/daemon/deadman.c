@@ -562,15 +562,19 @@ __attribute__((no_sanitize("address", "undefined"))) int deadman_watch(struct de
         r.type = REC_WATCH;
         r.pgid = pgid;
         if (cgroup_dir && cgroup_dir[0]) {
-                size_t len = strlen(cgroup_dir);
+                /* by hand: no libc string call in a child before exec */
                 if (cgroup_dir[0] != '/')
                         return -EINVAL;
-                if (len > DEADMAN_CGROUP_PATH_MAX)
-                        return -ENAMETOOLONG;
-                for (const char *c = cgroup_dir; (c = strstr(c, "..")); c += 2)
-                        if ((c == cgroup_dir || c[-1] == '/') && (c[2] == '/' || c[2] == '\0'))
+                size_t n = 0;
+                for (; cgroup_dir[n]; n++) {
+                        if (n == DEADMAN_CGROUP_PATH_MAX)
+                                return -ENAMETOOLONG;
+                        r.cgroup[n] = cgroup_dir[n];
+                }
+                for (size_t k = 1; k + 1 < n; k++) /* no ".." component */
+                        if (r.cgroup[k - 1] == '/' && r.cgroup[k] == '.' && r.cgroup[k + 1] == '.' &&
+                            (k + 2 == n || r.cgroup[k + 2] == '/'))
                                 return -EINVAL;
-                memcpy(r.cgroup, cgroup_dir, len);
         }
         return send_rec(dm, &r);
 }

@@ -66,8 +66,10 @@
 struct deadman;
 
 /* Fork the watcher.  Call it in kairosd before any thread exists (the
- * child of a fork may only call async-signal-safe functions otherwise).
- * 0 and *ret, or a negative errno (pipe, fork, ENOMEM). */
+ * child of a fork may only call async-signal-safe functions otherwise) and
+ * after kairosd moved into its leaf cgroup (cgroup_ctl_new: the delegated
+ * cgroup must hold kairosd alone when it looks).  0 and *ret, or a negative
+ * errno (pipe, fork, ENOMEM). */
 int deadman_start(struct deadman **ret);
 
 /* The deadline, in milliseconds of CLOCK_MONOTONIC (a later one renews, an

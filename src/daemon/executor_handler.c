@@ -22,6 +22,7 @@
 #include "kairos/kjson.h"
 #include "kairos/strmap.h"
 #include "cluster.h"
+#include "deadman.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -401,10 +402,19 @@ int executor_init(struct daemon *d)
         else
                 log_info("no handler cgroups: %s", d->cgroup_why);
         executor_check_limits(d);
+        /* Cluster mode: the deadman, forked before any thread exists (the
+         * runner's is the first) and after kairosd moved into its leaf
+         * cgroup, which it must hold alone (deadman.h) */
+        if (d->cfg->backend == CONFIG_BACKEND_POSTGRES && (r = deadman_start(&d->deadman)) < 0) {
+                log_error("cluster mode cannot start its deadman: %s", strerror(-r));
+                return r;
+        }
         r = runner_new(d->loop, &d->runner);
         if (r < 0)
                 return r;
         runner_set_cgroup(d->runner, d->cgroup);
+        if (d->deadman)
+                runner_set_deadman(d->runner, d->deadman);
         struct passwd *pw = getpwuid(getuid());
         if (pw) {
                 henv.home = strdup(pw->pw_dir);

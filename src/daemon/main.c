@@ -17,7 +17,6 @@
 #include "chronos.h"
 #include "cluster.h"
 #include "deadman.h"
-#include "runner.h"
 #include "control.h"
 #include "daemon.h"
 #include "executor.h"
@@ -418,22 +417,13 @@ int main(int argc, char **argv)
         notify_status("recovering");
         notify_extend_timeout(10 * 1000 * 1000);
         uv_timer_start(&d->extend_timer, daemon_on_extend, 5000, 5000);
-        /* Cluster mode: the deadman is forked before any thread exists
-         * (the runner's is the first; deadman.h). */
-        if (d->cfg->backend == CONFIG_BACKEND_POSTGRES && (r = deadman_start(&d->deadman)) < 0) {
-                log_error("cluster mode cannot start its deadman: %s", strerror(-r));
-                notify_stopping();
-                uv_loop_close(d->loop);
-                goto out;
-        }
+        /* (in cluster mode, executor_init also forks the deadman) */
         if ((r = executor_init(d)) < 0 || (r = hooks_init(d)) < 0) {
                 log_error("cannot start the process runner: %s", strerror(-r));
                 notify_stopping();
                 uv_loop_close(d->loop);
                 goto out;
         }
-        if (d->deadman)
-                runner_set_deadman(d->runner, d->deadman);
         char cerr[512];
         if ((r = cluster_start(d, cerr, sizeof cerr)) < 0) {
                 log_error("cluster mode cannot start: %s", cerr);

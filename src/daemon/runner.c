@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -61,6 +62,9 @@ struct runner {
         struct runner_job **live;  /* started, not reaped */
         size_t nlive, cap;
         struct deadman *dm;        /* cluster mode: watches each handler's group */
+        /* the thread's, read by the child: the spawning handler's cgroup
+         * directory for the deadman, "" none */
+        char dm_cgroup[DEADMAN_CGROUP_PATH_MAX + 1];
         int keeper_fd;             /* changed by the thread only, under lock */
         /* Spawning with a shared descriptor table (CLONE_FILES): the child
          * unshares and closes in one close_range(CLOSE_RANGE_UNSHARE), which
@@ -248,7 +252,7 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
         /* cluster mode: killed at the lease deadline even if kairosd is
          * stopped (one write(2); deadman.h) */
         if (r->dm)
-                (void)deadman_watch(r->dm, me, NULL);
+                (void)deadman_watch(r->dm, me, r->dm_cgroup);
         if (r->share_files) {
                 /* a table of our own holding only fds 0..slot_hi: nothing
                  * below changes the daemon's descriptors */
@@ -306,6 +310,24 @@ fail:
 
 /* ---- the runner's thread ---- */
 
+/* The path of h's cgroup for the deadman (it kills by path, in a process
+ * of its own): the v2 one, else a v1 one; "" none. */
+static void deadman_cgroup(struct runner *r, const struct cgroup_handler *h)
+{
+        r->dm_cgroup[0] = '\0';
+        int fd = -1;
+        for (int at = 0; at < CGROUP_AT_N && fd < 0; at++)
+                fd = h->dir_fd[at];
+        if (!r->dm || fd < 0)
+                return;
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, r->dm_cgroup, sizeof r->dm_cgroup);
+        /* none rather than a cut one */
+        r->dm_cgroup[n > 0 && (size_t)n < sizeof r->dm_cgroup && r->dm_cgroup[0] == '/' ? n : 0] =
+                '\0';
+}
+
 static void thread_spawn(struct runner *r, struct runner_job *j)
 {
         j->child_errno = 0;
@@ -327,6 +349,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                         goto out;
                 }
         }
+        deadman_cgroup(r, &j->cgh);
         int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
         if (r->share_files) {
                 for (int i = 0; i < 3; i++)
@@ -342,7 +365,10 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 j->err = -errno;
                 j->err_what = "clone";
         } else if (j->child_errno) {
-                /* the child could not exec: it is gone (_exit), reap it here */
+                /* the child could not exec: it is gone (_exit), reap it here
+                 * (the deadman forgets it first: its id is free once reaped) */
+                if (r->dm)
+                        (void)deadman_unwatch(r->dm, pid);
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 j->err = -j->child_errno;

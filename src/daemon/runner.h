@@ -88,8 +88,8 @@ void runner_close(struct runner *r);
 void runner_free(struct runner *r);
 
 /* Cluster mode: every process started from now on is watched by dm (its
- * process group killed at the node's lease deadline; deadman.h); dm lives
- * longer than r. */
+ * process group, and its cgroup if it has one, killed at the node's lease
+ * deadline or when kairosd dies; deadman.h); dm lives longer than r. */
 struct deadman;
 void runner_set_deadman(struct runner *r, struct deadman *dm);
 /* Give each handler its own cgroup from now on (c lives longer than r). */

@@ -191,6 +191,15 @@ static bool still_running(const struct group *g)
         return running(g->leader) && running(g->grandchild);
 }
 
+/* Alive when looked at before the deadline (a loaded machine may look too
+ * late: then nothing is shown either way). */
+static void assert_alive_before(const struct group *g, int64_t deadline)
+{
+        bool alive = still_running(g);
+        if (now_ms() < deadline)
+                assert_true(alive);
+}
+
 static void test_deadline_kills_group(void **state)
 {
         (void)state;
@@ -201,7 +210,7 @@ static void test_deadline_kills_group(void **state)
         assert_int_equal(deadman_watch(dm, g.leader, NULL), 0);
         int64_t deadline = now_ms() + 300;
         assert_int_equal(deadman_set_deadline(dm, deadline), 0);
-        assert_true(still_running(&g));
+        assert_alive_before(&g, deadline);
         int64_t seen = wait_gone(&g);
         assert_true(seen >= 0);
         assert_true(seen >= deadline); /* not before it */
@@ -281,12 +290,12 @@ static void test_no_deadline_no_kill(void **state)
         spawn_group(&a, false, NULL);
         spawn_group(&b, false, NULL);
         assert_int_equal(deadman_watch(dm, a.leader, NULL), 0);
-        int64_t deadline = now_ms() + 300;
+        int64_t deadline = now_ms() + 1500;
         assert_int_equal(deadman_set_deadline(dm, deadline), 0);
         assert_int_equal(deadman_set_deadline(dm, 0), 0); /* none after all */
         assert_int_equal(deadman_watch(dm, b.leader, NULL), 0);
         assert_int_equal(deadman_unwatch(dm, b.leader), 0);
-        until(deadline + 700);
+        until(deadline + 500);
         assert_true(still_running(&a));
         assert_true(still_running(&b));
         /* a deadline again: a was watched all along, b was not */
@@ -367,13 +376,13 @@ static void test_stop_kills_nothing(void **state)
         struct group g;
         spawn_group(&g, false, NULL);
         assert_int_equal(deadman_watch(dm, g.leader, NULL), 0);
-        int64_t deadline = now_ms() + 300;
+        int64_t deadline = now_ms() + 1500;
         assert_int_equal(deadman_set_deadline(dm, deadline), 0);
         deadman_stop(dm);
         /* reaped by deadman_stop */
         assert_int_equal(waitpid(w, NULL, WNOHANG), -1);
         assert_int_equal(errno, ECHILD);
-        until(deadline + 700);
+        until(deadline + 500);
         assert_true(still_running(&g));
         end_group(&g);
         deadman_stop(NULL);
@@ -556,7 +565,7 @@ static void test_overflow_kills_child_groups(void **state)
         assert_int_equal(deadman_watch(dm, c.leader, NULL), 0); /* not kept */
         int64_t deadline = now_ms() + 300;
         assert_int_equal(deadman_set_deadline(dm, deadline), 0);
-        assert_true(still_running(&c));
+        assert_alive_before(&c, deadline);
         assert_true(wait_gone(&c) >= deadline);
         assert_true(wait_gone(&a) >= 0);
         assert_true(wait_gone(&b) >= 0);
@@ -617,7 +626,7 @@ static void cgroup_test(bool v2)
         assert_int_equal(deadman_watch(dm, g.leader, dir), 0);
         int64_t deadline = now_ms() + 300;
         assert_int_equal(deadman_set_deadline(dm, deadline), 0);
-        assert_true(still_running(&g));
+        assert_alive_before(&g, deadline);
         assert_true(wait_gone(&g) >= deadline);
         assert_killed(&g);
         deadman_stop(dm);
