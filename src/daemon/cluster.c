@@ -86,6 +86,7 @@ struct cluster {
         size_t nstores, capstores;
         unsigned renew_failures;
         char renew_error[256];
+        bool deadman_dead;             /* its watcher is gone: act no more */
         struct pgstore_node_row *nodes;  /* the cluster's nodes at the last beat */
         size_t nnodes;
         int64_t nodes_at_ms;
@@ -93,6 +94,7 @@ struct cluster {
         uv_async_t async;
         uv_timer_t fence_timer;
         bool fenced;                   /* the deadline passed: everything dropped */
+        bool deadman_reported;
         struct cev *adopt_head;        /* taken, waiting for the old copy to go */
 };
 
@@ -330,8 +332,9 @@ bool cluster_may_act(const struct daemon *d)
                 return true;
         pthread_mutex_lock(&c->lock);
         int64_t deadline = c->deadline_ms;
+        bool guarded = !c->deadman_dead;
         pthread_mutex_unlock(&c->lock);
-        return deadline > 0 && mono_ms() < deadline - c->lease_ms / 3;
+        return guarded && deadline > 0 && mono_ms() < deadline - c->lease_ms / 3;
 }
 
 int64_t cluster_deadline_ms(const struct daemon *d)
@@ -521,6 +524,16 @@ static void on_fence_tick(uv_timer_t *t)
 {
         struct cluster *c = t->data;
         struct daemon *d = c->d;
+        pthread_mutex_lock(&c->lock);
+        bool deadman_dead = c->deadman_dead;
+        pthread_mutex_unlock(&c->lock);
+        if (deadman_dead && !c->deadman_reported) {
+                c->deadman_reported = true;
+                log_event(LOG_ERR, NULL, NULL, 0,
+                          "node %s: the deadman (kairosd-deadman) is gone: no handler could be "
+                          "stopped if kairosd were; this node starts nothing more (restart it)",
+                          c->node);
+        }
         int64_t deadline = cluster_deadline_ms(d);
         if (deadline > 0 && mono_ms() >= deadline) {
                 if (!c->fenced) {
@@ -594,8 +607,13 @@ static int renew(struct cluster *c, struct pgstore *s)
         if (r == 0) {
                 pthread_mutex_lock(&c->lock);
                 c->deadline_ms = sent + c->lease_ms - c->margin_ms;
-                if (c->d->deadman)
-                        (void)deadman_set_deadline(c->d->deadman, c->deadline_ms);
+                /* A dead deadman (-EPIPE) cannot guard handlers any more:
+                 * this node then stops acting (cluster_may_act) and its
+                 * mandates go to the other nodes.  A full pipe (-EAGAIN)
+                 * leaves the earlier deadline: the safe side. */
+                if (c->d->deadman &&
+                    deadman_set_deadline(c->d->deadman, c->deadline_ms) == -EPIPE)
+                        c->deadman_dead = true;
                 c->renew_failures = 0;
                 c->renew_error[0] = '\0';
                 pthread_mutex_unlock(&c->lock);
