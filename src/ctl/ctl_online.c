@@ -1552,7 +1552,9 @@ int ctl_cmd_resolve(const struct ctl_opts *o, int argc, char **argv)
 /* ---- fire / approve ---------------------------------------------------- */
 
 /* "fired S at T: mandate M (STATUS)", or for a (schedule, fired_at) fired
- * before "S at T: already fired (mandate M, STATUS)". */
+ * before "S at T: already fired (mandate M, STATUS)"; in cluster mode, for a
+ * tick another node claimed, "S at T: already fired (mandate M, claimed by
+ * node N)". */
 static int text_fire(json_t *r)
 {
         bool fired = json_is_true(json_object_get(r, "fired"));
@@ -1566,6 +1568,10 @@ static int text_fire(json_t *r)
         ctl_put_safe(stdout, jstr(r, "mandate"));
         fputs(fired ? " (" : ", ", stdout);
         ctl_put_safe(stdout, jstr(r, "status"));
+        if (!fired && jstr(r, "node")) {
+                fputs(" by node ", stdout);
+                ctl_put_safe(stdout, jstr(r, "node"));
+        }
         fputs(")\n", stdout);
         return CTL_EXIT_OK;
 }
