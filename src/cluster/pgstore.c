@@ -654,7 +654,7 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
         snprintf(since, sizeof since, "%" PRId64, f->since_ms);
         snprintf(limit, sizeof limit, "%zu", f->limit);
         const char *vals[] = { f->status, f->schedule, f->since_ms >= 0 ? since : NULL,
-                               f->after, f->limit ? limit : NULL };
+                               f->after, f->limit ? limit : NULL, f->mandate_id };
         PGresult *res;
         int r = exec_params(
                 s,
@@ -670,9 +670,10 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
                 "AND ($4::text IS NULL OR (coalesce(m.fired_at, m.created_at), m.mandate_id) < "
                 "(SELECT coalesce(a.fired_at, a.created_at), a.mandate_id FROM kairos_mandate a "
                 "WHERE a.mandate_id = $4)) "
+                "AND ($6::text IS NULL OR m.mandate_id = $6) "
                 "ORDER BY coalesce(m.fired_at, m.created_at) DESC, m.mandate_id DESC "
                 "LIMIT $5::bigint",
-                5, vals, 0, PGRES_TUPLES_OK, &res);
+                6, vals, 0, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 return r;
         size_t n = (size_t)PQntuples(res);

@@ -148,6 +148,7 @@ struct pgstore_mandate_filter {
         int64_t since_ms;       /* fired_at >= since_ms; -1: any */
         const char *after;      /* cursor: the rows strictly after this mandate; NULL: first */
         size_t limit;           /* 0: all */
+        const char *mandate_id; /* only this mandate; NULL: any */
 };
 void pgstore_mandate_rows_free(struct pgstore_mandate_row *rows, size_t n);
 /* The mandates matching f, newest first (fired_at, else created_at, then

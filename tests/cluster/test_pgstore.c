@@ -1237,6 +1237,17 @@ static void test_mandates_list(void **state)
                                              .since_ms = -1 };
         assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
         assert_int_equal(n, 0);
+        /* one mandate by id */
+        f = (struct pgstore_mandate_filter){ .mandate_id = "m-lst-3", .since_ms = -1 };
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(rows[0].mandate_id, "m-lst-3");
+        assert_string_equal(rows[0].status, "paused");
+        assert_string_equal(rows[0].owner, "a");
+        pgstore_mandate_rows_free(rows, n);
+        f = (struct pgstore_mandate_filter){ .mandate_id = "m-lst-none", .since_ms = -1 };
+        assert_int_equal(pgstore_mandates_list(s, &f, &rows, &n, &total), 0);
+        assert_int_equal(n, 0);
         assert_int_equal(pgstore_mandates_list(s, NULL, &rows, &n, &total), -EINVAL);
         pgstore_close(s);
 }
