@@ -55,8 +55,13 @@ struct cev {
         char *prev_owner;
         char *why;
         struct evidence_index *ix;   /* CEV_TAKEN: its tool calls */
+        /* CEV_TAKEN by an operator's command: told once adopted */
+        void (*cb)(void *ctx, struct mandate *m, int err);
+        void *ctx;
         struct cev *next;
 };
+
+struct take_job;
 
 struct held {
         char *id;
@@ -96,7 +101,16 @@ struct cluster {
         bool fenced;                   /* the deadline passed: everything dropped */
         bool deadman_reported;
         struct cev *adopt_head;        /* taken, waiting for the old copy to go */
+        struct serialq ops_q;          /* operators' reads and takes (cluster_submit) */
+        struct take_job *waiters;      /* taken for a command, waiting to settle */
+        /* under lock: ids being taken for a command (their copy is written
+         * before the loop adopts them) */
+        char *taking[8];
+        size_t ntaking;
 };
+
+static void park_scan(struct cluster *c);
+static void check_waiters(struct cluster *c);
 
 static __thread struct pgstore *tls_store;
 static struct daemon *log_daemon;
@@ -427,6 +441,10 @@ static void sweep(struct cluster *c)
                 bool retaken = false;
                 for (struct cev *e = c->adopt_head; e && !retaken; e = e->next)
                         retaken = strcmp(e->id, m->id) == 0;
+                pthread_mutex_lock(&c->lock);
+                for (size_t t = 0; t < c->ntaking && !retaken; t++)
+                        retaken = strcmp(c->taking[t], m->id) == 0;
+                pthread_mutex_unlock(&c->lock);
                 if (!retaken)
                         forget_file(c, m->wal_path);
                 cluster_release(m);
@@ -439,6 +457,8 @@ static void sweep(struct cluster *c)
 
 static void cev_free(struct cev *e)
 {
+        if (e->cb)
+                e->cb(e->ctx, NULL, -ESHUTDOWN);
         free(e->id);
         free(e->prev_owner);
         free(e->why);
@@ -456,7 +476,7 @@ static bool adopt(struct cluster *c, struct cev *e)
                 return false;
         }
         if (d->stopping)
-                return true;
+                return true;   /* (cev_free tells a command) */
         char *path = NULL;
         struct mandate *m = statedir_wal_path(&d->paths, e->id, &path) < 0
                                     ? NULL
@@ -476,8 +496,9 @@ static bool adopt(struct cluster *c, struct cev *e)
                              { "PREV_OWNER", e->prev_owner }),
                   "mandate %s: taken over from %s at epoch %lld: deciding its interrupted steps",
                   m->id, e->prev_owner ? e->prev_owner : "nobody", (long long)e->epoch);
-        recover_adopt(d, m, e->prev_owner, e->ix);
+        recover_adopt(d, m, e->prev_owner, e->ix, e->cb, e->ctx);
         e->ix = NULL;
+        e->cb = NULL;
         return true;
 }
 
@@ -556,6 +577,8 @@ static void on_fence_tick(uv_timer_t *t)
                 log_notice("node %s renews its lease again", c->node);
         }
         process_adopts(c);
+        check_waiters(c);
+        park_scan(c);
         sweep(c);
 }
 
@@ -639,15 +662,17 @@ static int renew(struct cluster *c, struct pgstore *s)
 }
 
 /* The rows of a taken mandate become its WAL file (unsynced: the rows are
- * the truth, the file a copy). */
-static int take_one(struct cluster *c, struct pgstore *s, struct pgstore_takeover *t)
+ * the truth, the file a copy); *ret_e is the mandate to adopt, with its
+ * tool calls as evidence.  Heartbeat or pool thread. */
+static int load_copy(struct cluster *c, struct pgstore *s, const char *id, int64_t epoch,
+                     const char *prev_owner, struct cev **ret_e)
 {
         struct kbuf b = KBUF_INIT;
         int64_t nrows = 0;
         char *path = NULL;
-        int r = pgstore_wal_read(s, t->mandate_id, &b, &nrows);
+        int r = pgstore_wal_read(s, id, &b, &nrows);
         if (r == 0)
-                r = statedir_wal_path(&c->d->paths, t->mandate_id, &path);
+                r = statedir_wal_path(&c->d->paths, id, &path);
         if (r == 0) {
                 /* an older copy forgotten meanwhile must not take this one
                  * with it */
@@ -666,17 +691,17 @@ static int take_one(struct cluster *c, struct pgstore *s, struct pgstore_takeove
                                           WAL_FILE_MODE);
         struct evidence_index *ix = NULL;
         if (r == 0)
-                r = cluster_evidence_index(s, t->mandate_id, &ix);
+                r = cluster_evidence_index(s, id, &ix);
         struct cev *e = r == 0 ? calloc(1, sizeof(*e)) : NULL;
-        if (r == 0 && (!e || !(e->id = strdup(t->mandate_id))))
+        if (r == 0 && (!e || !(e->id = strdup(id)) ||
+                       (prev_owner && !(e->prev_owner = strdup(prev_owner)))))
                 r = -ENOMEM;
         if (r == 0) {
                 e->kind = CEV_TAKEN;
-                e->epoch = t->epoch;
-                e->prev_owner = t->prev_owner ? strdup(t->prev_owner) : NULL;
+                e->epoch = epoch;
                 e->ix = ix;
                 ix = NULL;
-                post(c, e);
+                *ret_e = e;
                 e = NULL;
         }
         if (e)
@@ -684,6 +709,15 @@ static int take_one(struct cluster *c, struct pgstore *s, struct pgstore_takeove
         evidence_index_free(ix);
         free(path);
         kbuf_free(&b);
+        return r;
+}
+
+static int take_one(struct cluster *c, struct pgstore *s, struct pgstore_takeover *t)
+{
+        struct cev *e = NULL;
+        int r = load_copy(c, s, t->mandate_id, t->epoch, t->prev_owner, &e);
+        if (r == 0)
+                post(c, e);
         return r;
 }
 
@@ -803,6 +837,287 @@ static void *heartbeat_main(void *arg)
         return NULL;
 }
 
+/* ---- paused mandates are released (loop, pool) ---- */
+
+/* A mandate paused (by an operator, for review, awaiting approval) with
+ * nothing in flight is not held: its row becomes paused (no lease), the node
+ * forgets it, and any node's kairosctl resolve, approve or resume takes it
+ * (cluster_take).  So every node sees it paused in the database, and no
+ * node has to stay alive for it. */
+static bool parkable(enum mandate_status st)
+{
+        return st == MANDATE_PAUSED || st == MANDATE_PAUSED_REVIEW ||
+               st == MANDATE_AWAITING_APPROVAL;
+}
+
+struct park_job {
+        struct mandate *m;
+        int err;
+};
+
+static void park_work(void *arg)
+{
+        struct park_job *pj = arg;
+        pj->err = cluster_finish(pj->m, "paused");
+}
+
+static void park_done(void *arg)
+{
+        struct park_job *pj = arg;
+        struct mandate *m = pj->m;
+        struct daemon *d = m->d;
+        struct cluster *c = d->cluster;
+        m->busy--;
+        m->cluster_parking = false;
+        char ep[24];
+        snprintf(ep, sizeof ep, "%lld", (long long)m->epoch);
+        if (pj->err == 0) {
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "EPOCH", ep }),
+                          "mandate %s is %s: released by node %s (paused in the database; "
+                          "kairosctl resolve, approve or resume on any node takes it)",
+                          m->id, mandate_status_name(m->status), c->node);
+                cluster_release(m);
+                /* forgotten (sweep) without a word more: nothing of it runs */
+                __atomic_store_n(&m->cluster_dropped, true, __ATOMIC_RELEASE);
+        } else if (pj->err == -ESTALE) {
+                cluster_drop(m, "fenced while releasing it paused");
+        } else {
+                m->cluster_park_after = mono_ms() + 1000;   /* again later */
+        }
+        free(pj);
+        sweep(c);
+        daemon_update_status(d);
+}
+
+static bool waited_for(struct cluster *c, const char *id);
+
+static void park_scan(struct cluster *c)
+{
+        struct daemon *d = c->d;
+        if (c->fenced || d->stopping)
+                return;
+        int64_t now = mono_ms();
+        size_t pos = 0;
+        const char *k;
+        void *v;
+        while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
+                struct mandate *m = v;
+                if (m->epoch <= 0 || !m->cluster_held || cluster_dropped(m) ||
+                    m->cluster_parking || !parkable(m->status) || m->busy || m->queued ||
+                    m->holds_slot || m->run || m->cancel || !serialq_idle(&m->q) ||
+                    now < m->cluster_park_after || waited_for(c, m->id))
+                        continue;
+                struct park_job *pj = calloc(1, sizeof(*pj));
+                if (!pj)
+                        return;
+                pj->m = m;
+                m->busy++;
+                m->cluster_parking = true;
+                if (serialq_submit(&m->q, park_work, park_done, pj) < 0) {
+                        m->busy--;
+                        m->cluster_parking = false;
+                        free(pj);
+                        return;
+                }
+        }
+}
+
+/* ---- taking a mandate for an operator's command ---- */
+
+struct take_job {
+        struct cluster *c;
+        char *id;
+        cluster_take_cb cb;
+        void *ctx;
+        int err;
+        char detail[256];
+        struct cev *e;
+        int64_t deadline;          /* waiting to settle: not after */
+        struct take_job *next;
+};
+
+static void take_job_free(struct take_job *tj)
+{
+        if (tj->e)
+                cev_free(tj->e);
+        free(tj->id);
+        free(tj);
+}
+
+static void taking_set(struct cluster *c, const char *id, bool on)
+{
+        pthread_mutex_lock(&c->lock);
+        for (size_t i = 0; i < c->ntaking; i++)
+                if (strcmp(c->taking[i], id) == 0) {
+                        if (!on) {
+                                free(c->taking[i]);
+                                c->taking[i] = c->taking[--c->ntaking];
+                        }
+                        on = false;
+                        break;
+                }
+        if (on && c->ntaking < sizeof c->taking / sizeof c->taking[0] &&
+            (c->taking[c->ntaking] = strdup(id)))
+                c->ntaking++;
+        pthread_mutex_unlock(&c->lock);
+}
+
+static bool waited_for(struct cluster *c, const char *id)
+{
+        for (struct take_job *tj = c->waiters; tj; tj = tj->next)
+                if (strcmp(tj->id, id) == 0)
+                        return true;
+        return false;
+}
+
+static void take_work(void *arg)
+{
+        struct take_job *tj = arg;
+        struct cluster *c = tj->c;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(c->d, &r);
+        if (!s) {
+                tj->err = r;
+                snprintf(tj->detail, sizeof tj->detail, "cannot connect to the database");
+                return;
+        }
+        int64_t epoch = 0;
+        char *prev = NULL;
+        r = pgstore_mandate_take(s, tj->id, c->node, c->lease_ms, c->grace_ms, &epoch, &prev);
+        if (r == -ENOTCONN && pgstore_reset(s) == 0)
+                r = pgstore_mandate_take(s, tj->id, c->node, c->lease_ms, c->grace_ms, &epoch,
+                                         &prev);
+        if (r == -EBUSY || r == -EALREADY) {
+                /* who holds it, or how it ended (a repeat after an unknown
+                 * outcome finds it ours) */
+                struct pgstore_mandate_filter f = { .since_ms = -1, .mandate_id = tj->id };
+                struct pgstore_mandate_row *rows = NULL;
+                size_t n = 0;
+                if (pgstore_mandates_list(s, &f, &rows, &n, NULL) == 0 && n == 1) {
+                        if (r == -EBUSY && rows[0].owner &&
+                            strcmp(rows[0].owner, c->node) == 0) {
+                                r = 0;
+                                epoch = rows[0].epoch;
+                        } else {
+                                snprintf(tj->detail, sizeof tj->detail, "%s",
+                                         r == -EBUSY ? (rows[0].owner ? rows[0].owner : "?")
+                                                     : rows[0].status);
+                        }
+                }
+                pgstore_mandate_rows_free(rows, n);
+        } else if (r < 0 && r != -ENOENT) {
+                snprintf(tj->detail, sizeof tj->detail, "%s", pgstore_error(s));
+        }
+        if (r == 0) {
+                taking_set(c, tj->id, true);
+                r = load_copy(c, s, tj->id, epoch, prev, &tj->e);
+                if (r < 0) {
+                        /* ours at the new epoch, not renewed: taken again later */
+                        taking_set(c, tj->id, false);
+                        snprintf(tj->detail, sizeof tj->detail, "cannot load its rows: %s",
+                                 r == -EIO || r == -ENOTCONN ? pgstore_error(s) : strerror(-r));
+                }
+        }
+        free(prev);
+        tj->err = r;
+}
+
+static void take_adopted(void *ctx, struct mandate *m, int err)
+{
+        struct take_job *tj = ctx;
+        struct cluster *c = tj->c;
+        (void)m;
+        if (err) {
+                snprintf(tj->detail, sizeof tj->detail, "%s",
+                         err == -ESHUTDOWN ? "kairosd is shutting down"
+                                           : "taken, but given up while adopting it");
+                tj->cb(tj->ctx, NULL, err, tj->detail);
+                take_job_free(tj);
+                return;
+        }
+        /* the command goes on once the executor has had its say (awaiting
+         * approval, paused for review, running), or after two leases */
+        tj->deadline = mono_ms() + 2 * c->lease_ms;
+        tj->next = c->waiters;
+        c->waiters = tj;
+        check_waiters(c);
+}
+
+static void check_waiters(struct cluster *c)
+{
+        struct daemon *d = c->d;
+        int64_t now = mono_ms();
+        struct take_job **pp = &c->waiters;
+        while (*pp) {
+                struct take_job *tj = *pp;
+                struct mandate *m = mandate_find(d, tj->id);
+                bool gone = !m || cluster_dropped(m);
+                bool settled = gone || d->stopping || now >= tj->deadline ||
+                               (m->status != MANDATE_RUNNABLE && m->status != MANDATE_PROBING &&
+                                !m->busy) ||
+                               m->run;
+                if (!settled) {
+                        pp = &tj->next;
+                        continue;
+                }
+                *pp = tj->next;
+                if (gone)
+                        tj->cb(tj->ctx, NULL, -ESTALE, "given up while taking it over");
+                else
+                        tj->cb(tj->ctx, m, 0, NULL);
+                take_job_free(tj);
+                pp = &c->waiters;   /* the callback may have changed the list */
+        }
+}
+
+static void take_done(void *arg)
+{
+        struct take_job *tj = arg;
+        struct cluster *c = tj->c;
+        if (tj->err) {
+                tj->cb(tj->ctx, NULL, tj->err, tj->detail);
+                take_job_free(tj);
+                return;
+        }
+        struct cev *e = tj->e;
+        tj->e = NULL;
+        e->cb = take_adopted;
+        e->ctx = tj;
+        e->next = c->adopt_head;
+        c->adopt_head = e;
+        taking_set(c, tj->id, false);
+        process_adopts(c);
+}
+
+int cluster_take(struct daemon *d, const char *mandate_id, cluster_take_cb cb, void *ctx)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return -EPROTONOSUPPORT;
+        struct take_job *tj = calloc(1, sizeof(*tj));
+        if (!tj || !(tj->id = strdup(mandate_id))) {
+                free(tj);
+                return -ENOMEM;
+        }
+        tj->c = c;
+        tj->cb = cb;
+        tj->ctx = ctx;
+        if (serialq_submit(&c->ops_q, take_work, take_done, tj) < 0) {
+                take_job_free(tj);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+int cluster_submit(struct daemon *d, void (*work)(void *arg), void (*done)(void *arg),
+                   void *arg)
+{
+        struct cluster *c = d->cluster;
+        if (!c)
+                return -EPROTONOSUPPORT;
+        return serialq_submit(&c->ops_q, work, done, arg);
+}
+
 /* ---- start and stop ---- */
 
 static int clear_copies(struct daemon *d, char *err, size_t errlen)
@@ -910,6 +1225,7 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         if (from != to)
                 log_notice("cluster: the database schema was migrated from version %d to %d",
                            from, to);
+        serialq_init(&c->ops_q, d->loop, &d->jobs);
         uv_async_init(d->loop, &c->async, on_async);
         c->async.data = c;
         uv_timer_init(d->loop, &c->fence_timer);
@@ -954,6 +1270,7 @@ void cluster_quiesce(struct daemon *d)
         pthread_mutex_lock(&c->lock);
         c->takeover = false;
         pthread_mutex_unlock(&c->lock);
+        check_waiters(c);   /* stopping: each command answers now */
 }
 
 void cluster_stop(struct daemon *d)
@@ -988,6 +1305,13 @@ void cluster_free(struct daemon *d)
         for (size_t i = 0; i < c->nunlink; i++)
                 free(c->unlink[i]);
         free(c->unlink);
+        for (size_t i = 0; i < c->ntaking; i++)
+                free(c->taking[i]);
+        while (c->waiters) {
+                struct take_job *tj = c->waiters;
+                c->waiters = tj->next;
+                take_job_free(tj);
+        }
         while (c->ev_head) {
                 struct cev *e = c->ev_head;
                 c->ev_head = e->next;
@@ -996,6 +1320,11 @@ void cluster_free(struct daemon *d)
         while (c->adopt_head) {
                 struct cev *e = c->adopt_head;
                 c->adopt_head = e->next;
+                if (e->cb == take_adopted) {
+                        /* (its request is gone with the control socket) */
+                        take_job_free(e->ctx);
+                        e->cb = NULL;
+                }
                 cev_free(e);
         }
         pthread_mutex_destroy(&c->lock);
@@ -1083,6 +1412,23 @@ json_t *cluster_status(struct daemon *d)
 {
         (void)d;
         return NULL;
+}
+int cluster_take(struct daemon *d, const char *mandate_id, cluster_take_cb cb, void *ctx)
+{
+        (void)d;
+        (void)mandate_id;
+        (void)cb;
+        (void)ctx;
+        return -EPROTONOSUPPORT;
+}
+int cluster_submit(struct daemon *d, void (*work)(void *arg), void (*done)(void *arg),
+                   void *arg)
+{
+        (void)d;
+        (void)work;
+        (void)done;
+        (void)arg;
+        return -EPROTONOSUPPORT;
 }
 int cluster_finish(struct mandate *m, const char *status)
 {

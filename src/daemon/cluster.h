@@ -83,6 +83,22 @@ typedef struct json_t json_t;
 json_t *cluster_status(struct daemon *d);
 /* Pool thread: the mandate ended (status succeeded, failed or abandoned). */
 int cluster_finish(struct mandate *m, const char *status);
+/* Take mandate_id, which this node does not hold, for an operator's command
+ * (resolve, approve, resume): on a pool thread pgstore_mandate_take (a
+ * paused mandate, or one whose lease ended; epoch + 1), its rows into the
+ * WAL file, then adopted through recovery as a takeover is.  cb runs once
+ * on the loop: err 0 with m once the adoption settled (the executor has
+ * decided: paused for review, awaiting approval, paused or running), or an
+ * error: -EBUSY (detail: the node holding it under a live lease), -EALREADY
+ * (detail: how it ended), -ENOENT, -ESHUTDOWN, other (detail: why).  A
+ * paused mandate with nothing in flight is released by its node (its row
+ * marked paused, the node forgets it: docs/design.md §14). */
+typedef void (*cluster_take_cb)(void *ctx, struct mandate *m, int err, const char *detail);
+int cluster_take(struct daemon *d, const char *mandate_id, cluster_take_cb cb, void *ctx);
+/* Run work on a pool thread (cluster_thread_store there), one at a time
+ * for operators' reads of the database; done on the loop. */
+int cluster_submit(struct daemon *d, void (*work)(void *arg), void (*done)(void *arg),
+                   void *arg);
 /* The tool calls of mandate_id as recovery's evidence (heartbeat thread). */
 struct evidence_index;
 int cluster_evidence_index(struct pgstore *s, const char *mandate_id,

@@ -85,6 +85,8 @@ struct mandate {
         bool cluster_held;         /* renewed by the heartbeat (loop only) */
         bool cluster_dropped;      /* no longer this node's (atomic: read by pool threads) */
         char *cluster_winner;      /* a lost tick claim: the node that won it */
+        bool cluster_parking;      /* paused: its row is being marked paused */
+        int64_t cluster_park_after; /* monotonic ms: not before (after a failure) */
 };
 
 struct recovery_summary {
@@ -221,9 +223,12 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
 /* Cluster mode: m (registered, m->epoch the new epoch, its WAL file the
  * rows) was taken over from prev_owner: the owner record and recovery's
  * decisions, with ix (its tool calls; taken) as evidence, in one barrier;
- * then it goes on like any recovered mandate. */
+ * then it goes on like any recovered mandate.  done (may be NULL) runs on
+ * the loop once that has settled: err 0, or the mandate was given up (then
+ * m may be forgotten soon after; done must not keep it). */
 void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
-                   struct evidence_index *ix);
+                   struct evidence_index *ix, void (*done)(void *ctx, struct mandate *m, int err),
+                   void *ctx);
 
 /* history.c: list, mandate prefixes, retention of finished mandates. */
 /* Resolve a MANDATE argument: an id or a unique prefix of one.  -ENOENT

@@ -77,6 +77,8 @@ struct recover_job {
         int64_t started_ms;                 /* its ts (or the first record's) */
         /* cluster mode: a mandate taken over from another node */
         bool adopt;
+        void (*adopt_cb)(void *ctx, struct mandate *m, int err);
+        void *adopt_ctx;
         char *prev_owner;
         struct evidence_index *ix;          /* its tool calls (owned) */
         struct strmap *schedules;           /* the declarations when it was taken (owned) */
@@ -866,38 +868,45 @@ static void adopt_done(void *arg)
         struct mandate *m = j->m;
         struct daemon *d = j->d;
         m->busy--;
+        int err = 0;
         if (j->error || j->io_error) {
                 /* fenced again, or the rows cannot be read: not ours */
+                err = j->io_error == -ESTALE ? -ESTALE : -EIO;
                 cluster_drop(m, j->io_error == -ESTALE ? "fenced while taking it over"
                                                        : "cannot record the takeover");
                 j->error = j->io_error = 0;
                 j->status = MANDATE_PAUSED;
         }
+        void (*cb)(void *ctx, struct mandate *m, int err) = j->adopt_cb;
+        void *ctx = j->adopt_ctx;
         recover_settle(j);
         daemon_update_status(d);
+        if (cb)
+                cb(ctx, m, err);
         executor_kick(d);
 }
 
 void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
-                   struct evidence_index *ix)
+                   struct evidence_index *ix, void (*done)(void *ctx, struct mandate *m, int err),
+                   void *ctx)
 {
         struct recover_job *j = calloc(1, sizeof(*j));
         if (!j || (prev_owner && !(j->prev_owner = strdup(prev_owner)))) {
                 free(j);
                 evidence_index_free(ix);
-                cluster_drop(m, "out of memory");
-                return;
+                goto oom;
         }
         j->m = m;
         j->d = d;
         j->adopt = true;
+        j->adopt_cb = done;
+        j->adopt_ctx = ctx;
         j->ix = ix;
         if (schedules_map(d->cfg, &j->schedules) < 0) {
                 evidence_index_free(j->ix);
                 free(j->prev_owner);
                 free(j);
-                cluster_drop(m, "out of memory");
-                return;
+                goto oom;
         }
         m->busy++;
         if (serialq_submit(&m->q, adopt_work, adopt_done, j) < 0) {
@@ -906,6 +915,11 @@ void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
                 schedules_free(j->schedules);
                 free(j->prev_owner);
                 free(j);
-                cluster_drop(m, "out of memory");
+                goto oom;
         }
+        return;
+oom:
+        cluster_drop(m, "out of memory");
+        if (done)
+                done(ctx, m, -ENOMEM);
 }
