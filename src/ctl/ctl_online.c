@@ -898,10 +898,12 @@ int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv)
 
 /* ---- list ------------------------------------------------------------- */
 
-/* "step S: REASON" for a mandate paused for review, else its reason. */
+/* "step S: REASON" for a mandate paused for review, else its reason; in
+ * cluster mode then "on node N (epoch E)". */
 static char *review_text(json_t *m)
 {
         const char *step = jstr(m, "review_step"), *reason = jstr(m, "reason");
+        const char *node = jstr(m, "node");
         struct kbuf b = KBUF_INIT;
         int r = 0;
 
@@ -909,6 +911,9 @@ static char *review_text(json_t *m)
                 r = kbuf_printf(&b, "step %s%s%s", step, reason ? ": " : "", reason ? reason : "");
         else
                 r = kbuf_puts(&b, reason ? reason : "");
+        if (r == 0 && node)
+                r = kbuf_printf(&b, "%son node %s (epoch %lld)", step || reason ? "; " : "", node,
+                                (long long)jint(m, "epoch"));
         if (r < 0) {
                 kbuf_free(&b);
                 return NULL;

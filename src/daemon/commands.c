@@ -23,8 +23,17 @@
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
+#ifdef KAIROS_HAVE_PGSTORE
+#include "pgstore.h"
+#endif
 
 /* ---- status / list ---- */
+
+/* cluster mode (below) */
+static bool cluster_list(struct control_request *req, const struct history_filter *f,
+                         size_t limit, const char *after);
+static void cluster_show(struct control_request *req, const char *id);
+static void cluster_take_for(struct control_request *req, const char *id);
 
 /* The result of an operation (result.h) as the reply to req. */
 static void reply_result(void *ctx, const struct op_result *r)
@@ -36,7 +45,10 @@ static void reply_result(void *ctx, const struct op_result *r)
                 control_reply_error_detail(req, r->code, r->detail, "%s", r->message);
 }
 
-static int parse_filter(struct control_request *req, struct history_filter *f, size_t *limit)
+/* ret_after: the cursor's id (cluster mode: it may be a mandate of another
+ * node; f->after then NULL). */
+static int parse_filter(struct control_request *req, struct history_filter *f, size_t *limit,
+                        const char **ret_after)
 {
         bool failed;
         const char *status = control_arg_string(req, "status", false, &failed);
@@ -61,7 +73,8 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
         const char *after = control_arg_string(req, "after", false, &failed);
         if (failed)
                 return -EINVAL;
-        if (after && !(f->after = mandate_find(req->d, after))) {
+        *ret_after = after;
+        if (after && !(f->after = mandate_find(req->d, after)) && !req->d->cluster) {
                 control_reply_error(req, "not_found", "args.after: no mandate %s (pruned?)",
                                     after);
                 return -EINVAL;
@@ -83,7 +96,11 @@ static void cmd_list(struct control_request *req)
 {
         struct history_filter f = { 0 };
         size_t limit;
-        if (parse_filter(req, &f, &limit) < 0)
+        const char *after;
+        if (parse_filter(req, &f, &limit, &after) < 0)
+                return;
+        /* cluster mode: the database's rows too (on a pool thread) */
+        if (cluster_list(req, &f, limit, after))
                 return;
         json_t *res = NULL;
         if (history_list(req->d, &f, limit, &res) < 0) {
@@ -461,6 +478,13 @@ static void op_done(void *arg)
                 json_t *mj = mandate_json(m);
                 json_object_set_new(mj, "retried_by", retried_by_json(d, m));
                 json_object_set_new(mj, "fired_at", str_or_null(m->fired_at));
+                if (d->cluster) {
+                        json_object_set_new(mj, "node", m->epoch > 0
+                                                                ? json_string(cluster_node(d))
+                                                                : json_null());
+                        json_object_set_new(mj, "epoch", m->epoch > 0 ? json_integer(m->epoch)
+                                                                      : json_null());
+                }
                 json_object_update_missing(op->result, mj);
                 json_decref(mj);
                 break;
@@ -515,16 +539,31 @@ out:
         free(op);
 }
 
-static struct mandate *arg_mandate(struct control_request *req)
+/* ret_remote (may be NULL): in cluster mode, a mandate this node does not
+ * hold (unknown here, or released or lost) is not an error: *ret_remote is
+ * its id and nothing is replied (once per request: not after it was taken
+ * for the request). */
+static struct mandate *arg_mandate_at(struct control_request *req, const char **ret_remote)
 {
         bool failed;
         const char *id = control_arg_string(req, "mandate", true, &failed);
+        if (ret_remote)
+                *ret_remote = NULL;
         if (failed)
                 return NULL;
         /* an id or a unique prefix of one */
         struct mandate *m;
         const struct mandate *cand[11];
         int r = history_resolve(req->d, id, &m, cand, sizeof cand / sizeof cand[0]);
+        bool remote_ok = ret_remote && req->d->cluster && !req->cluster_taken;
+        if (remote_ok && r == 0 && (cluster_dropped(m) || m->cluster_parking)) {
+                *ret_remote = m->id;   /* (valid until the loop runs on) */
+                return NULL;
+        }
+        if (remote_ok && r == -ENOENT) {
+                *ret_remote = id;
+                return NULL;
+        }
         if (r == -EEXIST) {
                 json_t *list = json_array();
                 struct kbuf b = KBUF_INIT;
@@ -541,6 +580,11 @@ static struct mandate *arg_mandate(struct control_request *req)
                 control_reply_error(req, "not_found", "no mandate %s", id);
         }
         return m;
+}
+
+static struct mandate *arg_mandate(struct control_request *req)
+{
+        return arg_mandate_at(req, NULL);
 }
 
 static void submit_op(struct control_request *req, struct mandate *m, enum op_kind kind,
@@ -570,6 +614,516 @@ static void submit_op(struct control_request *req, struct mandate *m, enum op_ki
                 control_reply_error(req, "internal", "out of memory");
         }
 }
+
+/* ---- cluster mode: any mandate of the cluster (docs/design.md §14) ---- */
+
+#ifdef KAIROS_HAVE_PGSTORE
+
+/* The database's status of a mandate no node here knows, as a status of
+ * kairosctl(1); and back, for a filter (NULL: no row of the database has
+ * that status). */
+static const char *db_status_name(const char *db)
+{
+        if (!db)
+                return "running";
+        if (strcmp(db, "succeeded") == 0)
+                return mandate_status_name(MANDATE_DONE);
+        return db; /* running, failed, paused, abandoned: the same words */
+}
+
+static const char *db_status_of(int status)
+{
+        switch (status) {
+        case MANDATE_RUNNING: return "running";
+        case MANDATE_DONE: return "succeeded";
+        case MANDATE_FAILED: return "failed";
+        case MANDATE_PAUSED: return "paused";
+        case MANDATE_ABANDONED: return "abandoned";
+        default: return NULL;
+        }
+}
+
+/* A mandate this node knows and holds (or finished): its own row wins. */
+static struct mandate *known_here(struct daemon *d, const char *id)
+{
+        struct mandate *m = mandate_find(d, id);
+        return m && !cluster_dropped(m) && !m->cluster_parking ? m : NULL;
+}
+
+static int64_t key_ms(const char *ts)
+{
+        int64_t ms = -1;
+        return ts && wal_parse_ts(ts, &ms) == 0 ? ms : -1;
+}
+
+struct list_job {
+        struct control_request *req;
+        struct history_filter f;
+        size_t limit;
+        char *status, *schedule, *since, *after;
+        size_t margin;              /* rows of the database this node may override */
+        bool skip_db;               /* the status filter is one no row there has */
+        /* results */
+        int err;
+        char errmsg[256];
+        struct pgstore_mandate_row *rows;
+        size_t nrows, total;
+        bool after_found;
+        bool db_uncut;              /* the cursor is not in the database: cut here */
+        int64_t after_ms;           /* the cursor's key (fired_at, else created) */
+};
+
+static void list_job_free(struct list_job *j)
+{
+        pgstore_mandate_rows_free(j->rows, j->nrows);
+        free(j->status);
+        free(j->schedule);
+        free(j->since);
+        free(j->after);
+        free(j);
+}
+
+static void list_work(void *arg)
+{
+        struct list_job *j = arg;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(j->req->d, &r);
+        if (!s) {
+                j->err = r;
+                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+                return;
+        }
+        if (j->after) {
+                struct pgstore_mandate_filter a = { .since_ms = -1, .mandate_id = j->after };
+                struct pgstore_mandate_row *ar = NULL;
+                size_t an = 0;
+                if ((r = pgstore_mandates_list(s, &a, &ar, &an, NULL)) == 0 && an == 1) {
+                        j->after_found = true;
+                        j->after_ms = ar[0].fired_ms >= 0 ? ar[0].fired_ms : ar[0].created_ms;
+                }
+                pgstore_mandate_rows_free(ar, an);
+                if (r < 0)
+                        goto fail;
+        }
+        /* a cursor the database does not know (maybe this node does): every
+         * row, cut on the loop */
+        j->db_uncut = j->after && !j->after_found;
+        if (j->skip_db)
+                return;
+        struct pgstore_mandate_filter f = {
+                .status = j->status, .schedule = j->schedule, .since_ms = -1,
+                .after = j->db_uncut ? NULL : j->after,
+                .limit = j->limit && !j->db_uncut ? j->limit + j->margin : 0,
+        };
+        if (j->since && wal_parse_ts(j->since, &f.since_ms) < 0)
+                f.since_ms = -1;
+        r = pgstore_mandates_list(s, &f, &j->rows, &j->nrows, &j->total);
+        if (r == 0)
+                return;
+fail:
+        j->err = r;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+}
+
+struct merged {
+        int64_t ms;
+        const char *id;
+        json_t *row;     /* borrowed */
+};
+
+static int cmp_merged(const void *a, const void *b)
+{
+        const struct merged *x = a, *y = b;
+        if (x->ms != y->ms)
+                return x->ms > y->ms ? -1 : 1;
+        return -strcmp(x->id, y->id);
+}
+
+static void set_owner(json_t *row, const char *node, int64_t epoch)
+{
+        json_object_set_new(row, "node", node ? json_string(node) : json_null());
+        json_object_set_new(row, "epoch", epoch > 0 ? json_integer(epoch) : json_null());
+}
+
+static json_t *db_row_json(const struct pgstore_mandate_row *r)
+{
+        json_t *o = json_pack("{s:s, s:s, s:n, s:n, s:n, s:I, s:s?, s:s?}", "id", r->mandate_id,
+                              "status", db_status_name(r->status), "reason", "review_step",
+                              "plan_id", "cycle", (json_int_t)0, "schedule", r->schedule,
+                              "fired_at", r->fired_at);
+        json_object_set_new(o, "started_at", ms_or_null(r->created_ms));
+        json_object_set_new(o, "ended_at", ms_or_null(r->ended_ms));
+        json_object_set_new(o, "duration_ms",
+                            r->created_ms > 0 && r->ended_ms >= r->created_ms
+                                    ? json_integer(r->ended_ms - r->created_ms)
+                                    : json_null());
+        set_owner(o, r->owner, r->epoch);
+        return o;
+}
+
+/* The rows of the database merged with this node's own (richer: status,
+ * reason, cycle, times), newest first, then the filters, cursor and limit
+ * as history_list applies them. */
+static void list_done(void *arg)
+{
+        struct list_job *j = arg;
+        struct control_request *req = j->req;
+        struct daemon *d = req->d;
+        json_t *local = NULL, *res = NULL, *dbrows = NULL;
+        struct merged *v = NULL;
+        if (j->err) {
+                control_reply_error(req, "cluster_unavailable",
+                                    "cannot read the mandates of the cluster: %s", j->errmsg);
+                goto out;
+        }
+        const struct mandate *after_m = j->after ? known_here(d, j->after) : NULL;
+        if (j->after && !after_m && !j->after_found) {
+                control_reply_error(req, "not_found", "args.after: no mandate %s (pruned?)",
+                                    j->after);
+                goto out;
+        }
+        int64_t after_ms = after_m ? key_ms(after_m->fired_at) : j->after_ms;
+        struct history_filter lf = j->f;
+        lf.after = NULL;   /* the cut is made below, on both */
+        if (history_list(d, &lf, 0, &local) < 0)
+                goto oom;
+        json_t *lrows = json_object_get(local, "mandates");
+        size_t cap = json_array_size(lrows) + j->nrows, n = 0;
+        v = cap ? calloc(cap, sizeof(*v)) : NULL;
+        if (cap && !v)
+                goto oom;
+        size_t i;
+        json_t *row;
+        json_array_foreach(lrows, i, row) {
+                const char *id = json_string_value(json_object_get(row, "id"));
+                struct mandate *m = id ? known_here(d, id) : NULL;
+                if (!m)
+                        continue;   /* dropped: the database's row says */
+                int64_t ms = key_ms(m->fired_at);
+                if (j->after && (ms > after_ms || (ms == after_ms && strcmp(id, j->after) >= 0)))
+                        continue;
+                set_owner(row, m->epoch > 0 ? cluster_node(d) : NULL, m->epoch);
+                v[n++] = (struct merged){ ms, id, row };
+        }
+        size_t overridden = 0;
+        dbrows = json_array();
+        for (size_t k = 0; k < j->nrows; k++) {
+                const struct pgstore_mandate_row *r = &j->rows[k];
+                struct mandate *m = known_here(d, r->mandate_id);
+                if (m) {
+                        overridden++;
+                        /* its owner and epoch as the database has them */
+                        for (size_t x = 0; x < n; x++)
+                                if (strcmp(v[x].id, r->mandate_id) == 0)
+                                        set_owner(v[x].row, r->owner, r->epoch);
+                        continue;
+                }
+                int64_t ms = r->fired_ms >= 0 ? r->fired_ms : r->created_ms;
+                if (j->db_uncut &&
+                    (ms > after_ms || (ms == after_ms && strcmp(r->mandate_id, j->after) >= 0))) {
+                        overridden++;   /* (not a row after the cursor) */
+                        continue;
+                }
+                json_t *o = db_row_json(r);
+                if (!o || json_array_append_new(dbrows, o) < 0)
+                        goto oom;
+                v[n++] = (struct merged){ ms, r->mandate_id, o };
+        }
+        if (n > 1)
+                qsort(v, n, sizeof(*v), cmp_merged);
+        size_t kept = n < j->limit || !j->limit ? n : j->limit;
+        size_t nlocal = n - (j->nrows - overridden);
+        size_t total = j->total >= overridden ? j->total - overridden + nlocal : n;
+        if (total < n)
+                total = n;
+        json_t *arr = json_array();
+        for (size_t k = 0; k < kept; k++)
+                json_array_append(arr, v[k].row);
+        res = json_pack("{s:o, s:I, s:b}", "mandates", arr, "total", (json_int_t)total, "more",
+                        total > kept);
+        if (!res)
+                goto oom;
+        if (total > kept && kept)
+                json_object_set_new(res, "next", json_string(v[kept - 1].id));
+        json_decref(dbrows);
+        control_reply_ok(req, res);
+        goto out;
+oom:
+        json_decref(dbrows);
+        control_reply_error(req, "internal", "out of memory");
+out:
+        free(v);
+        json_decref(local);
+        list_job_free(j);
+}
+
+static bool cluster_list(struct control_request *req, const struct history_filter *f,
+                         size_t limit, const char *after)
+{
+        struct daemon *d = req->d;
+        if (!d->cluster)
+                return false;
+        struct list_job *j = calloc(1, sizeof(*j));
+        if (!j)
+                goto oom;
+        j->req = req;
+        j->f = *f;   /* (its strings are the request's: they live as long) */
+        j->f.after = NULL;
+        j->limit = limit;
+        j->margin = strmap_size(d->mandates);
+        if (f->status >= 0) {
+                const char *st = db_status_of(f->status);
+                j->skip_db = !st;
+                if (st && !(j->status = strdup(st)))
+                        goto oom;
+        }
+        if ((f->schedule && !(j->schedule = strdup(f->schedule))) ||
+            (f->since && !(j->since = strdup(f->since))) || (after && !(j->after = strdup(after))))
+                goto oom;
+        if (cluster_submit(d, list_work, list_done, j) < 0)
+                goto oom;
+        return true;
+oom:
+        if (j)
+                list_job_free(j);
+        control_reply_error(req, "internal", "out of memory");
+        return true;
+}
+
+/* show of a mandate this node does not hold: its rows, folded. */
+struct show_job {
+        struct control_request *req;
+        char *id;
+        int err;
+        char errmsg[256];
+        struct pgstore_mandate_row *row;
+        size_t nrow;
+        json_t *result;    /* fold_json */
+        json_t *calls;     /* step → tool calls, or NULL */
+        char *review_step;
+        char *plan_id;
+        long long cycle;
+        char *schedule, *fired_at, *retry_of, *started_at;
+        long long retry;
+};
+
+static void show_job_free(struct show_job *j)
+{
+        pgstore_mandate_rows_free(j->row, j->nrow);
+        json_decref(j->result);
+        json_decref(j->calls);
+        free(j->review_step);
+        free(j->plan_id);
+        free(j->schedule);
+        free(j->fired_at);
+        free(j->retry_of);
+        free(j->started_at);
+        free(j->id);
+        free(j);
+}
+
+static char *dup_or_null(const char *s)
+{
+        return s ? strdup(s) : NULL;
+}
+
+static void show_work(void *arg)
+{
+        struct show_job *j = arg;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(j->req->d, &r);
+        struct kbuf b = KBUF_INIT;
+        struct fold *f = NULL;
+        struct pgstore_idem_row *calls = NULL;
+        size_t ncalls = 0;
+        if (!s) {
+                j->err = r;
+                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+                return;
+        }
+        struct pgstore_mandate_filter mf = { .since_ms = -1, .mandate_id = j->id };
+        int64_t nrows = 0;
+        if ((r = pgstore_mandates_list(s, &mf, &j->row, &j->nrow, NULL)) < 0)
+                goto db_fail;
+        if (j->nrow != 1) {
+                j->err = -ENOENT;
+                return;
+        }
+        if ((r = pgstore_wal_read(s, j->id, &b, &nrows)) < 0)
+                goto db_fail;
+        if ((r = fold_buffer(b.data ? b.data : "", b.len, &f)) < 0) {
+                j->err = r;
+                snprintf(j->errmsg, sizeof j->errmsg, "cannot fold its rows: %s", strerror(-r));
+                goto out;
+        }
+        j->result = fold_json(f);
+        for (size_t i = 0; i < f->nsteps; i++)
+                if (f->steps[i].state == STEP_NEEDS_REVIEW && !j->review_step)
+                        j->review_step = dup_or_null(f->steps[i].step_id);
+        if (f->nplans) {
+                j->plan_id = dup_or_null(f->plans[f->nplans - 1].plan_id);
+                j->cycle = f->plans[f->nplans - 1].cycle;
+        }
+        j->schedule = dup_or_null(f->mandate.schedule);
+        j->fired_at = dup_or_null(f->mandate.fired_at);
+        j->retry_of = dup_or_null(f->mandate.retry_of);
+        j->retry = f->mandate.retry;
+        j->started_at = dup_or_null(f->mandate.ts ? f->mandate.ts : f->first_ts);
+        /* each step's tool calls, from the database */
+        if (pgstore_idem_of_mandate(s, j->id, &calls, &ncalls) == 0) {
+                j->calls = json_object();
+                for (size_t i = 0; i < ncalls; i++) {
+                        const struct pgstore_idem_row *c = &calls[i];
+                        if (!c->step_id)
+                                continue;
+                        json_t *arr = json_object_get(j->calls, c->step_id);
+                        if (!arr) {
+                                arr = json_array();
+                                if (json_object_set_new(j->calls, c->step_id, arr) < 0)
+                                        break;
+                        }
+                        bool finished = strcmp(c->state, "completed") == 0 ||
+                                        strcmp(c->state, "failed") == 0;
+                        json_array_append_new(
+                                arr, json_pack("{s:s, s:s, s:s, s:I, s:o, s:o}", "key", c->key,
+                                               "tool", c->tool, "state", c->state, "attempt",
+                                               (json_int_t)c->attempt, "started",
+                                               ms_or_null(c->created_ms), "finished",
+                                               finished ? ms_or_null(c->updated_ms)
+                                                        : json_null()));
+                }
+        }
+        goto out;
+db_fail:
+        j->err = r;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+out:
+        pgstore_idem_rows_free(calls, ncalls);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
+static void show_done(void *arg)
+{
+        struct show_job *j = arg;
+        struct control_request *req = j->req;
+        if (j->err == -ENOENT) {
+                control_reply_error(req, "not_found", "no mandate %s", j->id);
+                goto out;
+        }
+        if (j->err || !j->result) {
+                control_reply_error(req, "cluster_unavailable", "cannot read mandate %s: %s",
+                                    j->id, j->err ? j->errmsg : "out of memory");
+                goto out;
+        }
+        const struct pgstore_mandate_row *r = &j->row[0];
+        json_t *p, *st;
+        size_t i, k;
+        json_array_foreach(json_object_get(j->result, "plans"), i, p)
+                json_array_foreach(json_object_get(p, "steps"), k, st) {
+                        const char *sid = json_string_value(json_object_get(st, "step_id"));
+                        json_t *c = sid && j->calls ? json_object_get(j->calls, sid) : NULL;
+                        json_object_set_new(st, "tool_calls",
+                                            c ? json_incref(c)
+                                              : j->calls ? json_array() : json_null());
+                }
+        /* a paused mandate with a step under review is what its owner
+         * called paused_review */
+        const char *status = db_status_name(r->status);
+        if (strcmp(r->status, "paused") == 0 && j->review_step)
+                status = mandate_status_name(MANDATE_PAUSED_REVIEW);
+        json_t *mj = json_pack("{s:s, s:s, s:n, s:s?, s:s?, s:I, s:s?, s:o}", "id", r->mandate_id,
+                               "status", status, "reason", "review_step",
+                               strcmp(status, "paused_review") == 0 ? j->review_step : NULL,
+                               "plan_id", j->plan_id, "cycle", (json_int_t)j->cycle, "schedule",
+                               j->schedule ? j->schedule : r->schedule, "fired_at",
+                               str_or_null(j->fired_at ? j->fired_at : r->fired_at));
+        json_object_set_new(mj, "started_at", str_or_null(j->started_at));
+        json_object_set_new(mj, "ended_at", ms_or_null(r->ended_ms));
+        if (j->retry_of && j->retry >= 1) {
+                json_object_set_new(mj, "retry_of", json_string(j->retry_of));
+                json_object_set_new(mj, "retry", json_integer(j->retry));
+        }
+        json_object_set_new(mj, "retried_by", json_array());
+        set_owner(mj, r->owner, r->epoch);
+        json_object_update_missing(j->result, mj);
+        json_decref(mj);
+        control_reply_ok(req, j->result);
+        j->result = NULL;
+out:
+        show_job_free(j);
+}
+
+static void cluster_show(struct control_request *req, const char *id)
+{
+        struct show_job *j = calloc(1, sizeof(*j));
+        if (!j || !(j->id = strdup(id))) {
+                free(j);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        j->req = req;
+        if (cluster_submit(req->d, show_work, show_done, j) < 0) {
+                show_job_free(j);
+                control_reply_error(req, "internal", "out of memory");
+        }
+}
+
+/* resolve, approve, resume of a mandate this node does not hold: take it,
+ * then run the command again, now on a mandate of this node. */
+static void taken(void *ctx, struct mandate *m, int err, const char *detail)
+{
+        struct control_request *req = ctx;
+        const char *id = json_string_value(json_object_get(req->args, "mandate"));
+        (void)m;
+        if (err == -EBUSY)
+                control_reply_error_detail(req, "busy", json_pack("{s:s?}", "node", detail),
+                                           "mandate %s is held by node %s: run the command there "
+                                           "or wait",
+                                           id, detail && *detail ? detail : "?");
+        else if (err == -EALREADY)
+                control_reply_error(req, "conflict", "mandate %s has ended (%s)", id,
+                                    detail && *detail ? db_status_name(detail) : "ended");
+        else if (err == -ENOENT)
+                control_reply_error(req, "not_found", "no mandate %s", id);
+        else if (err == -ESHUTDOWN)
+                control_reply_error(req, "shutting_down", "kairosd is shutting down");
+        else if (err)
+                control_reply_error(req, "cluster_unavailable", "cannot take mandate %s: %s", id,
+                                    detail && *detail ? detail : strerror(-err));
+        else {
+                req->cluster_taken = true;
+                commands_dispatch(req);
+        }
+}
+
+static void cluster_take_for(struct control_request *req, const char *id)
+{
+        if (cluster_take(req->d, id, taken, req) < 0)
+                control_reply_error(req, "internal", "out of memory");
+}
+
+#else
+
+static bool cluster_list(struct control_request *req, const struct history_filter *f,
+                         size_t limit, const char *after)
+{
+        (void)req;
+        (void)f;
+        (void)limit;
+        (void)after;
+        return false;
+}
+static void cluster_show(struct control_request *req, const char *id)
+{
+        control_reply_error(req, "not_found", "no mandate %s", id);
+}
+static void cluster_take_for(struct control_request *req, const char *id)
+{
+        control_reply_error(req, "not_found", "no mandate %s", id);
+}
+
+#endif
 
 static bool refuse_if_stopping(struct control_request *req)
 {
@@ -605,9 +1159,12 @@ static bool is_final(enum mandate_status s)
 
 static void cmd_show(struct control_request *req)
 {
-        struct mandate *m = arg_mandate(req);
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
         if (m)
                 submit_op(req, m, OP_SHOW, 0, NULL, NULL);
+        else if (remote)
+                cluster_show(req, remote);
 }
 
 /* pause/resume --schedule NAME */
@@ -690,9 +1247,20 @@ static void cmd_resume(struct control_request *req)
 {
         if (schedule_pause(req, false))
                 return;
-        struct mandate *m = arg_mandate(req);
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if (remote && !refuse_if_stopping(req))
+                cluster_take_for(req, remote);
         if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
                 return;
+        if (req->cluster_taken && m->status != MANDATE_PAUSED &&
+            m->status != MANDATE_PAUSED_REVIEW && m->status != MANDATE_AWAITING_APPROVAL) {
+                /* taking it over resumed it (an operator's pause lasts as
+                 * long as its node holds it, as it lasts until a restart) */
+                control_reply_ok(req, json_pack("{s:s, s:s}", "mandate", m->id, "status",
+                                                mandate_status_name(m->status)));
+                return;
+        }
         if (m->status == MANDATE_PAUSED_REVIEW) {
                 control_reply_error(req, "conflict",
                                     "mandate %s is paused for review of step %s: use kairosctl "
@@ -712,8 +1280,9 @@ static void cmd_resume(struct control_request *req)
 static void cmd_resolve(struct control_request *req)
 {
         bool failed;
-        struct mandate *m = arg_mandate(req);
-        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
                 return;
         const char *step = control_arg_string(req, "step", true, &failed);
         if (failed)
@@ -741,7 +1310,10 @@ static void cmd_resolve(struct control_request *req)
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
                 return;
         }
-        submit_op(req, m, OP_RESOLVE, mode, reason, step);
+        if (remote)
+                cluster_take_for(req, remote);
+        else
+                submit_op(req, m, OP_RESOLVE, mode, reason, step);
 }
 
 static bool can_retry(enum mandate_status s)
@@ -840,7 +1412,10 @@ static void cmd_fire(struct control_request *req)
 
 static void cmd_approve(struct control_request *req)
 {
-        struct mandate *m = arg_mandate(req);
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if (remote && !refuse_if_stopping(req))
+                cluster_take_for(req, remote);
         if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
                 return;
         if (m->status != MANDATE_AWAITING_APPROVAL) {
