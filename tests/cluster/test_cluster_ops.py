@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Operators' commands from any node in cluster mode: two kairosd nodes on
+one host sharing a private PostgreSQL (pg_fixture.py).
+
+- `list` on either node shows every mandate of the cluster, read from the
+  database, with its node and epoch; `show` on a node that does not hold a
+  mandate folds its rows and answers what the owner answers.
+- A mandate paused (awaiting approval, paused for review) is released by
+  its node: the database says paused, and `approve` / `resolve` on the other
+  node takes it (epoch + 1) and acts there.
+- A mandate running under a live lease elsewhere: `resolve` answers "busy",
+  naming the node.
+- A node killed during an act: the other node takes it over (paused for
+  review), releases it, and the restarted node resolves it.
+
+Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
+without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
+PostgreSQL support or the PostgreSQL server binaries.  No sleeps as
+synchronization: polls with a deadline."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import pg_fixture  # noqa: E402
+from kairos_harness import KAIROSCTL, Daemon, NotifySocket, write_config  # noqa: E402
+
+PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
+SKIP = 77
+PG = None
+LEASE = 3
+
+QUICK = "#!/bin/sh\necho '{\"ok\":true}'\n"
+APPROVE = ("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
+           "\"reason\":\"3 invoices over the limit\"}}'\n")
+# the act runs until its node dies
+HANG = "#!/bin/sh\ntouch \"$OUT/act-$KAIROS_MANDATE_ID\"\nexec sleep 600\n"
+
+
+def wait_for(cond, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
+
+
+class Node:
+    def __init__(self, test, name):
+        self.test = test
+        self.name = name
+        self.dir = os.path.join(test.dir, name)
+        os.makedirs(self.dir)
+        self.state = os.path.join(self.dir, "state")
+        scheds = {}
+        for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG)):
+            path = os.path.join(test.dir, sched + ".sh")
+            if not os.path.exists(path):
+                with open(path, "w") as f:
+                    f.write(text)
+                os.chmod(path, 0o755)
+            scheds[sched] = {"Schedule": {"Cron": "0 0 1 1 *"},
+                             "Exec": {"Act": path, "Environment": "OUT=%s" % test.out}}
+        extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\n"
+                 "LeaseSec=%d\n" % (test.ci, name, LEASE))
+        self.conf = write_config(self.dir, self.state, scheds, daemon_extra=extra)
+        self.daemon = None
+        self.notify = None
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+        ndir = os.path.join(self.dir, "notify%d" % self.starts)
+        os.makedirs(ndir)
+        self.notify = NotifySocket(ndir)
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        try:
+            self.notify.wait_ready(timeout=60)
+        except TimeoutError:
+            self.daemon.kill()
+            raise AssertionError("%s is not ready:\n%s" % (self.name, self.daemon.log()[-4000:]))
+
+    def close(self):
+        if self.daemon:
+            self.daemon.kill()
+            self.daemon.proc.stderr.close()
+        if self.notify:
+            self.notify.close()
+        self.daemon = self.notify = None
+
+    def ctl(self, *args):
+        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "--json", *args],
+                           capture_output=True, text=True, timeout=90)
+        try:
+            out = json.loads(p.stdout) if p.stdout.strip() else None
+        except ValueError:
+            out = p.stdout
+        return p.returncode, out, p.stderr
+
+    def text(self, *args):
+        return subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, *args],
+                              capture_output=True, text=True, timeout=90)
+
+    def rows(self):
+        rc, out, err = self.ctl("list")
+        self.test.assertEqual(rc, 0, err)
+        return {r["id"]: r for r in out["mandates"]}
+
+
+class ClusterOps(unittest.TestCase):
+    def setUp(self):
+        self.db = "ops_%d_%d" % (os.getpid(), int(time.monotonic() * 1000) % 100000)
+        self.ci = PG.createdb(self.db)
+        r = subprocess.run([os.environ["KAIROSD"], "--init-db", self.ci], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.dir = tempfile.mkdtemp(prefix="kairos-clops-")
+        os.chmod(self.dir, 0o755)
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+        os.chmod(self.out, 0o777)
+        self.n1 = Node(self, "n1")
+        self.n2 = Node(self, "n2")
+        self.n1.start()
+        self.n2.start()
+
+    def tearDown(self):
+        logs = ""
+        for n in (self.n1, self.n2):
+            if n.daemon:
+                logs += "--- %s ---\n%s" % (n.name, n.daemon.log()[-3000:])
+            n.close()
+        if os.environ.get("CLOPS_DEBUG"):
+            print(logs, file=sys.stderr)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def sql(self, q):
+        return PG.psql(self.db, q)
+
+    def db_row(self, mid):
+        rows = self.sql("SELECT status, owner, epoch FROM kairos_mandate WHERE mandate_id = "
+                        "'%s'" % mid)
+        return tuple(rows[0]) if rows else None
+
+    def fire(self, node, sched, at):
+        rc, out, err = node.ctl("fire", sched, "--at", at)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.get("fired", True), out)
+        return out["mandate"]
+
+    def assert_same_show(self, mid, owner, other):
+        rc1, s1, e1 = owner.ctl("show", mid)
+        rc2, s2, e2 = other.ctl("show", mid)
+        self.assertEqual(rc1, 0, e1)
+        self.assertEqual(rc2, 0, e2)
+        for k in ("plans", "operators", "wal_status", "records", "id", "status", "schedule",
+                  "fired_at", "plan_id", "cycle", "node", "epoch"):
+            self.assertEqual(s1.get(k), s2.get(k), "show %s: %s differs: %r vs %r"
+                             % (mid, k, s1.get(k), s2.get(k)))
+        return s1, s2
+
+    def test_list_show_approve_anywhere(self):
+        n1, n2 = self.n1, self.n2
+        quick = self.fire(n1, "quick", "2026-01-01T00:00:00Z")
+        appr = self.fire(n2, "appr", "2026-01-02T00:00:00Z")
+        wait_for(lambda: self.db_row(quick) == ("succeeded", "n1", "1"), "quick to end on n1")
+        # awaiting approval on n2, released: paused in the database
+        wait_for(lambda: self.db_row(appr) == ("paused", "n2", "1"), "appr released paused")
+        for n in (n1, n2):
+            rows = n.rows()
+            self.assertEqual(list(rows), [appr, quick], rows)   # newest first
+            self.assertEqual((rows[quick]["status"], rows[quick]["node"], rows[quick]["epoch"]),
+                             ("done", "n1", 1), rows)
+            self.assertEqual((rows[appr]["status"], rows[appr]["node"], rows[appr]["epoch"]),
+                             ("paused", "n2", 1), rows)
+            # the filters
+            rc, out, err = n.ctl("list", "--status", "done")
+            self.assertEqual([r["id"] for r in out["mandates"]], [quick], out)
+            rc, out, err = n.ctl("list", "--status", "paused", "--schedule", "appr")
+            self.assertEqual([r["id"] for r in out["mandates"]], [appr], out)
+            rc, out, err = n.ctl("list", "--limit", "1")
+            self.assertEqual(([r["id"] for r in out["mandates"]], out["more"], out.get("next")),
+                             ([appr], True, appr), out)
+            rc, out, err = n.ctl("list", "--after", appr)
+            self.assertEqual([r["id"] for r in out["mandates"]], [quick], out)
+            rc, out, err = n.ctl("list", "--since", "2026-01-01T12:00:00Z")
+            self.assertEqual([r["id"] for r in out["mandates"]], [appr], out)
+            # the table keeps its columns; the owner goes in REASON
+            t = n.text("list")
+            self.assertEqual(t.returncode, 0, t.stderr)
+            self.assertEqual(t.stdout.splitlines()[0].split(),
+                             ["ID", "SCHEDULE", "FIRED", "AT", "STATUS", "CYCLE", "STARTED",
+                              "ENDED", "DURATION", "REASON"])
+            self.assertIn("on node n1 (epoch 1)", t.stdout)
+        # show on the node that does not hold it: the same plans and steps
+        s1, s2 = self.assert_same_show(quick, n1, n2)
+        self.assertEqual(s1["status"], "done")
+        self.assertTrue(s1["plans"] and s1["plans"][0]["steps"], s1)
+        # a mandate nobody holds: both read it from the database
+        rc, s, err = n1.ctl("show", appr)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((s["status"], s["node"], s["epoch"]), ("paused", "n2", 1), s)
+        rc, out, err = n1.ctl("show", "mnd_no_such_mandate")
+        self.assertEqual(rc, 1)
+        self.assertIn("no mandate", err)
+        # approved on n1: taken (epoch 2), approved, and it ends there
+        rc, out, err = n1.ctl("approve", appr, "--reason", "fine")
+        self.assertEqual(rc, 0, err)
+        wait_for(lambda: self.db_row(appr) == ("succeeded", "n1", "2"), "appr to end on n1")
+        for n in (n1, n2):
+            r = n.rows()[appr]
+            self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 2), r)
+        s1, s2 = self.assert_same_show(appr, n1, n2)
+        self.assertIn("approve", [o["action"] for o in s2["operators"]], s2)
+        # an ended mandate that the node does not know cannot be taken
+        rc, out, err = n2.ctl("approve", appr)
+        self.assertEqual(rc, 1)
+        self.assertIn("has ended (done)", err)
+        self.assertEqual(self.db_row(appr), ("succeeded", "n1", "2"))
+
+    def test_review_resolved_on_another_node(self):
+        n1, n2 = self.n1, self.n2
+        mid = self.fire(n1, "hang", "2026-02-01T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + mid)), "the act")
+        # running on n1 under a live lease: n2 may not take it
+        rc, out, err = n2.ctl("resolve", mid, "act_001", "--done", "--reason", "x")
+        self.assertEqual(rc, 1)
+        self.assertIn("busy", err + json.dumps(out))
+        self.assertIn("held by node n1", err + json.dumps(out))
+        self.assertEqual(self.db_row(mid), ("running", "n1", "1"))
+        # n1 dies during the act: n2 takes it over, finds the act cut off
+        # (paused for review), and releases it
+        n1.daemon.proc.send_signal(signal.SIGKILL)
+        n1.close()
+        wait_for(lambda: self.db_row(mid) == ("paused", "n2", "2"), "n2 to take and release it",
+                 timeout=90)
+        rc, s, err = n2.ctl("show", mid)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((s["status"], s["review_step"], s["node"], s["epoch"]),
+                         ("paused_review", "act_001", "n2", 2), s)
+        self.assertEqual(n2.rows()[mid]["status"], "paused")
+        # the restarted n1 resolves it: taken at epoch 3, done there
+        n1.start()
+        rc, out, err = n1.ctl("resolve", mid, "act_001", "--done", "--reason", "checked by hand")
+        self.assertEqual(rc, 0, err)
+        wait_for(lambda: self.db_row(mid) == ("succeeded", "n1", "3"), "it to end on n1")
+        s1, s2 = self.assert_same_show(mid, n1, n2)
+        self.assertIn("resolve_done", [o["action"] for o in s2["operators"]], s2)
+        for n in (n1, n2):
+            r = n.rows()[mid]
+            self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 3), r)
+
+
+def main():
+    global PG
+    if not PGSTORE_TEST:
+        print("SKIP: built without -Dpostgres=enabled", file=sys.stderr)
+        return SKIP
+    bindir = pg_fixture.find_bindir()
+    if not bindir:
+        print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
+        return SKIP
+    with pg_fixture.PgServer(bindir) as pg:
+        PG = pg
+        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+        ok = prog.result.wasSuccessful()
+        if not ok:
+            sys.stderr.write("--- the server log's end ---\n" +
+                             "\n".join(pg.server_log().splitlines()[-40:]) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
