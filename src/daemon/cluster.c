@@ -984,17 +984,20 @@ static void take_work(void *arg)
         int64_t epoch = 0;
         char *prev = NULL;
         r = pgstore_mandate_take(s, tj->id, c->node, c->lease_ms, c->grace_ms, &epoch, &prev);
-        if (r == -ENOTCONN && pgstore_reset(s) == 0)
+        bool repeated = false;
+        if (r == -ENOTCONN && pgstore_reset(s) == 0) {
+                repeated = true;
                 r = pgstore_mandate_take(s, tj->id, c->node, c->lease_ms, c->grace_ms, &epoch,
                                          &prev);
+        }
         if (r == -EBUSY || r == -EALREADY) {
                 /* who holds it, or how it ended (a repeat after an unknown
-                 * outcome finds it ours) */
+                 * outcome may find it taken by the first try: ours) */
                 struct pgstore_mandate_filter f = { .since_ms = -1, .mandate_id = tj->id };
                 struct pgstore_mandate_row *rows = NULL;
                 size_t n = 0;
                 if (pgstore_mandates_list(s, &f, &rows, &n, NULL) == 0 && n == 1) {
-                        if (r == -EBUSY && rows[0].owner &&
+                        if (r == -EBUSY && repeated && rows[0].owner &&
                             strcmp(rows[0].owner, c->node) == 0) {
                                 r = 0;
                                 epoch = rows[0].epoch;
