@@ -44,6 +44,9 @@ APPROVE = ("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
            "\"reason\":\"3 invoices over the limit\"}}'\n")
 # the act runs until its node dies
 HANG = "#!/bin/sh\ntouch \"$OUT/act-$KAIROS_MANDATE_ID\"\nexec sleep 600\n"
+# the observe step waits for the test's go
+GATE = ("#!/bin/sh\ntouch \"$OUT/obs-$KAIROS_MANDATE_ID\"\n"
+        "while [ ! -e \"$OUT/go-$KAIROS_MANDATE_ID\" ]; do sleep 0.05; done\necho '{}'\n")
 
 
 def wait_for(cond, what, timeout=60.0):
@@ -65,7 +68,8 @@ class Node:
         os.makedirs(self.dir)
         self.state = os.path.join(self.dir, "state")
         scheds = {}
-        for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG)):
+        for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG),
+                            ("gate", GATE)):
             path = os.path.join(test.dir, sched + ".sh")
             if not os.path.exists(path):
                 with open(path, "w") as f:
@@ -73,6 +77,10 @@ class Node:
                 os.chmod(path, 0o755)
             scheds[sched] = {"Schedule": {"Cron": "0 0 1 1 *"},
                              "Exec": {"Act": path, "Environment": "OUT=%s" % test.out}}
+            if sched == "gate":
+                scheds[sched]["Exec"] = {"Observe": path,
+                                         "Act": os.path.join(test.dir, "quick.sh"),
+                                         "Environment": "OUT=%s" % test.out}
         extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\n"
                  "LeaseSec=%d\n" % (test.ci, name, LEASE))
         self.conf = write_config(self.dir, self.state, scheds, daemon_extra=extra)
@@ -261,6 +269,27 @@ class ClusterOps(unittest.TestCase):
         for n in (n1, n2):
             r = n.rows()[mid]
             self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 3), r)
+
+    def test_paused_by_operator_taken_back_by_its_node(self):
+        n1, n2 = self.n1, self.n2
+        mid = self.fire(n1, "gate", "2026-03-01T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "obs-" + mid)), "observe")
+        rc, out, err = n1.ctl("pause", mid, "--reason", "hold on")
+        self.assertEqual(rc, 0, err)
+        # held while its handler runs
+        self.assertEqual(self.db_row(mid), ("running", "n1", "1"))
+        with open(os.path.join(self.out, "go-" + mid), "w"):
+            pass
+        wait_for(lambda: self.db_row(mid) == ("paused", "n1", "1"), "n1 to let it go")
+        self.assertEqual(n2.rows()[mid]["status"], "paused")
+        self.assertEqual(n1.rows()[mid]["status"], "paused")
+        # its own node takes it back (epoch 2): taken over, it runs again
+        rc, out, err = n1.ctl("resume", mid)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out["mandate"], mid, out)
+        wait_for(lambda: self.db_row(mid) == ("succeeded", "n1", "2"), "it to end on n1")
+        r = n2.rows()[mid]
+        self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 2), r)
 
 
 def main():
