@@ -1202,6 +1202,12 @@ static int text_show(json_t *r)
         ctl_put_safe(stdout, jstr(r, "id"));
         putchar('\n');
         put_field("status:", jstr(r, "status"));
+        if (jstr(r, "node")) {
+                /* cluster mode: its owner (or last one) */
+                printf("  %-10s ", "node:");
+                ctl_put_safe(stdout, jstr(r, "node"));
+                printf(" (epoch %lld)\n", (long long)jint(r, "epoch"));
+        }
         if (jstr(r, "reason"))
                 put_field("reason:", jstr(r, "reason"));
         if (jstr(r, "review_step"))

@@ -216,6 +216,9 @@ class ClusterOps(unittest.TestCase):
         s1, s2 = self.assert_same_show(quick, n1, n2)
         self.assertEqual(s1["status"], "done")
         self.assertTrue(s1["plans"] and s1["plans"][0]["steps"], s1)
+        t = n2.text("show", quick)
+        self.assertEqual(t.returncode, 0, t.stderr)
+        self.assertIn("node:      n1 (epoch 1)", t.stdout)
         # a mandate nobody holds: both read it from the database
         rc, s, err = n1.ctl("show", appr)
         self.assertEqual(rc, 0, err)
