@@ -530,6 +530,28 @@ static void claim_closed(struct idem_claim *c)
         kick(svc);
 }
 
+/* c (its key set) becomes the claim of call's connection: listed in svc,
+ * released when the caller goes.  false: the caller is already gone (the
+ * claim was closed as such). */
+static bool claim_adopt(struct idem_service *svc, struct idem_claim *c, struct idem_call *call)
+{
+        c->svc = svc;
+        c->next = svc->claims;
+        if (svc->claims)
+                svc->claims->prev = c;
+        svc->claims = c;
+        svc->nclaims++;
+        c->owner_id = call->owner.id;
+        c->release = call->owner.release;
+        if (!call->owner.attach || !call->owner.attach(call->owner.ctx, c, &c->hold)) {
+                c->hold = NULL;
+                claim_closed(c);
+                return false;
+        }
+        return true;
+}
+
+
 static struct idem_claim *claim_find(struct idem_service *svc, const char *key)
 {
         for (struct idem_claim *c = svc->claims; c; c = c->next)
@@ -896,22 +918,10 @@ static void pg_begin_done(struct pg_job *j)
                 pg_job_free(j);
                 return;
         }
-        c->svc = svc;
         c->epoch = j->epoch;
         snprintf(c->key, sizeof c->key, "%s", j->key);
         snprintf(c->mandate, sizeof c->mandate, "%s", j->mandate);
-        c->next = svc->claims;
-        if (svc->claims)
-                svc->claims->prev = c;
-        svc->claims = c;
-        svc->nclaims++;
-        c->owner_id = call->owner.id;
-        c->release = call->owner.release;
-        if (!call->owner.attach || !call->owner.attach(call->owner.ctx, c, &c->hold)) {
-                /* the caller is already gone */
-                c->hold = NULL;
-                claim_closed(c);
-        }
+        (void)claim_adopt(svc, c, call);
         call_ok(call, json_pack("{s:s, s:s, s:s, s:s, s:I}", "outcome", "proceed", "key", j->key,
                                 "tool", j->tool, "fingerprint", j->fp, "epoch",
                                 (json_int_t)j->epoch));
@@ -1038,23 +1048,9 @@ void idem_tool_begin(const struct idem_call *in)
                 goto out;
         }
         /* The claim is this connection's from now on. */
-        c->svc = svc;
         snprintf(c->key, sizeof c->key, "%s", op->key);
-        c->next = svc->claims;
-        if (svc->claims)
-                svc->claims->prev = c;
-        svc->claims = c;
-        svc->nclaims++;
-        c->owner_id = call->owner.id;
-        c->release = call->owner.release;
-        if (!call->owner.attach || !call->owner.attach(call->owner.ctx, c, &c->hold)) {
-                /* the caller is already gone */
-                c->hold = NULL;
-                claim_closed(c);
-                c = NULL;
-        } else {
-                c = NULL;
-        }
+        (void)claim_adopt(svc, c, call); /* (closed at once if the caller is gone) */
+        c = NULL;
         op->call = call;
         wait_durable(svc, &op->w, lsn, begin_durable);
         return;
