@@ -590,68 +590,73 @@ static bool sched_fires(const struct sched *s)
         return !s->broken && !s->frozen && s->cfg && s->cfg->enabled && !s->paused;
 }
 
-/* This node won the window (prev, it->upto] of s: its missed ticks, by
- * the policy; and its own failed on-time ticks that are still on time. */
+/* This node won the window (prev, it->upto] of s: its missed ticks fire
+ * here, by the policy. */
 static void db_fire_window(struct chronos *c, struct sched *s, const struct db_item *it)
 {
         int64_t prev = it->prev_ms < 0 ? NEVER : it->prev_ms / 1000;
         int64_t upto = it->upto;
+        if (prev == NEVER || prev >= upto)
+                return; /* the schedule's first evaluation in the cluster */
+        struct missed_rule rule = rule_of(s->cfg);
+        struct missed_plan *p = malloc(sizeof(*p));
+        int r = p ? missed_plan(&s->expr, s->tz, &rule, prev, s->last_fire, upto, p) : -ENOMEM;
+        if (r < 0) {
+                log_error("schedule %s: cannot evaluate its missed ticks: %s", s->name,
+                          strerror(-r));
+                free(p);
+                return;
+        }
+        char from[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
+        fmt_time(prev, from);
+        fmt_time(upto, to);
+        if (p->dropped)
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                          "schedule %s: %s%llu missed tick%s since %s dropped "
+                          "(MissedPolicy=%s%s)",
+                          s->name, p->dropped_more ? "more than " : "",
+                          (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
+                          policy_name(s->cfg->missed_policy), p->stale ? ", stale" : "");
+        if (p->ncatch_up)
+                log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                          "schedule %s: this node evaluates the missed ticks of (%s, %s] for "
+                          "the cluster: %zu to fire",
+                          s->name, from, to, p->ncatch_up);
+        for (size_t i = 0; i < p->ncatch_up; i++)
+                fire_tick(c, s, p->fire[i], " (catch-up)");
+        free(p);
+}
+
+/* The database answers again: this node's on-time ticks whose claims
+ * failed are fired again while they are still on time (their claims
+ * decide, as for any on-time tick); older ones are missed ticks, decided by
+ * the missed-run policy of the window they fell in. */
+static void db_refire_holes(struct chronos *c, struct sched *s, int64_t upto)
+{
+        if (s->hole_lo == NEVER)
+                return;
         struct missed_rule rule = rule_of(s->cfg);
         uint64_t window = rule.grace_sec > MISSED_ON_TIME_SEC ? rule.grace_sec
                                                               : MISSED_ON_TIME_SEC;
-        if (prev != NEVER && prev < upto) {
-                struct missed_plan *p = malloc(sizeof(*p));
-                int r = p ? missed_plan(&s->expr, s->tz, &rule, prev, s->last_fire, upto, p)
-                          : -ENOMEM;
-                if (r < 0) {
-                        log_error("schedule %s: cannot evaluate its missed ticks: %s", s->name,
-                                  strerror(-r));
-                } else {
-                        char from[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
-                        fmt_time(prev, from);
-                        fmt_time(upto, to);
-                        if (p->dropped)
-                                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                                          "schedule %s: %s%llu missed tick%s since %s dropped "
-                                          "(MissedPolicy=%s%s)",
-                                          s->name, p->dropped_more ? "more than " : "",
-                                          (unsigned long long)p->dropped,
-                                          p->dropped == 1 ? "" : "s", from,
-                                          policy_name(s->cfg->missed_policy),
-                                          p->stale ? ", stale" : "");
-                        if (p->ncatch_up)
-                                log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                                          "schedule %s: this node evaluates the missed ticks "
-                                          "of (%s, %s] for the cluster: %zu to fire",
-                                          s->name, from, to, p->ncatch_up);
-                        for (size_t i = 0; i < p->ncatch_up; i++)
-                                fire_tick(c, s, p->fire[i], " (catch-up)");
-                }
-                free(p);
-        }
-        if (s->hole_lo == NEVER)
-                return;
-        /* the failed ticks still on time: again (their claims decide) */
-        int64_t t = upto - (int64_t)window - 1, next;
-        if (t < s->hole_lo - 1)
-                t = s->hole_lo - 1;
-        size_t n = 0;
-        while (n < MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 &&
-               next <= s->hole_hi && next <= upto) {
-                fire_tick(c, s, next, " (again: the database answers)");
-                t = next;
-                n++;
-        }
-        if (s->hole_lo < upto - (int64_t)window) {
+        int64_t g = upto - (int64_t)window - 1, t = g, next;
+        if (s->hole_lo <= g) {
                 char at[PLANNER_FIRED_AT_LEN];
                 fmt_time(s->hole_lo, at);
-                if (prev == NEVER || s->hole_lo <= prev)
-                        log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                                  "schedule %s: the tick of %s that the database missed is "
-                                  "no longer on time and was evaluated already: not fired",
-                                  s->name, at);
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                          "schedule %s: its ticks since %s that could not be claimed are no "
+                          "longer on time: the missed-run policy decides them",
+                          s->name, at);
         }
-        s->hole_lo = s->hole_hi = NEVER;
+        if (t < s->hole_lo - 1)
+                t = s->hole_lo - 1;
+        int64_t hi = s->hole_hi;
+        s->hole_lo = s->hole_hi = NEVER; /* a fire that fails again sets them again */
+        for (size_t n = 0; n < MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 &&
+                           next <= hi && next <= upto;
+             n++) {
+                fire_tick(c, s, next, " (again: the database answers)");
+                t = next;
+        }
 }
 
 static void on_db_retry(uv_timer_t *t);
@@ -703,26 +708,21 @@ static void db_after(uv_work_t *w, int status)
                 }
                 if (c->stopped)
                         continue;
-                if (it->outcome == DB_WON) {
-                        if (sched_fires(s))
-                                db_fire_window(c, s, it);
-                        else
-                                s->hole_lo = s->hole_hi = NEVER;
-                } else {
-                        if (it->outcome == DB_LOST) {
-                                char at[PLANNER_FIRED_AT_LEN];
-                                fmt_time(after, at);
-                                log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                                          "schedule %s: another node evaluated it up to %s "
-                                          "first: its missed ticks are that node's",
-                                          s->name, at);
-                        }
-                        /* decided by the node that evaluated them */
-                        if (s->hole_hi != NEVER && after != NEVER && s->hole_hi <= after)
-                                s->hole_lo = s->hole_hi = NEVER;
-                        else if (s->hole_lo != NEVER && after != NEVER && s->hole_lo <= after)
-                                s->hole_lo = after + 1;
+                if (it->outcome == DB_LOST) {
+                        char at[PLANNER_FIRED_AT_LEN];
+                        fmt_time(after, at);
+                        log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                                  "schedule %s: another node evaluated it up to %s first: the "
+                                  "missed ticks are that node's",
+                                  s->name, at);
                 }
+                if (!sched_fires(s)) {
+                        s->hole_lo = s->hole_hi = NEVER;
+                        continue;
+                }
+                if (it->outcome == DB_WON)
+                        db_fire_window(c, s, it);
+                db_refire_holes(c, s, it->upto);
         }
         if (j->r < 0) {
                 if (!c->db_down)
@@ -759,6 +759,12 @@ static void db_round(struct chronos *c)
                 return;
         if (c->db_busy || c->nunanswered) {
                 c->db_dirty = true;
+                return;
+        }
+        if (!cluster_may_act(c->d)) {
+                /* its claims would fail: wait for the lease to be renewed */
+                c->db_dirty = true;
+                db_retry_later(c);
                 return;
         }
         c->db_dirty = false;
