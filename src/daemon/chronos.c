@@ -319,6 +319,7 @@ static bool note_hole(struct chronos *c, const char *name, int64_t t, const stru
                 s->hole_lo = t;
         if (s->hole_hi == NEVER || t > s->hole_hi)
                 s->hole_hi = t;
+        c->db_dirty = true; /* a round once the fires are answered */
         return true;
 }
 
