@@ -44,7 +44,6 @@ struct sched {
         /* cluster mode (docs/design.md §14, "Ticks") */
         char hash[CANON_HASH_STRLEN];       /* of its timing configuration */
         char *foreign_hash;                 /* another node's, warned about */
-        int64_t shared_evaluated;           /* the row's last_evaluated_at; NEVER: unknown */
         int64_t hole_lo, hole_hi;           /* on-time ticks whose fire failed for want of
                                              * the database; NEVER: none */
 };
@@ -225,7 +224,7 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
 {
         memset(s, 0, sizeof(*s));
         s->last_evaluated = s->last_fire = s->next_fire = NEVER;
-        s->shared_evaluated = s->hole_lo = s->hole_hi = NEVER;
+        s->hole_lo = s->hole_hi = NEVER;
         s->broken = true;
         s->error = b->errors.n ? b->errors.msgs[0] : "broken";
         s->cfg = retained;
@@ -259,7 +258,7 @@ static int sched_build(struct sched *s, const struct config_schedule *cfg)
         char err[256];
         memset(s, 0, sizeof(*s));
         s->last_evaluated = s->last_fire = s->next_fire = NEVER;
-        s->shared_evaluated = s->hole_lo = s->hole_hi = NEVER;
+        s->hole_lo = s->hole_hi = NEVER;
         timing_hash(cfg, s->hash);
         int r = cron_parse(cfg->cron, &s->expr, err, sizeof err);
         if (r < 0)
@@ -468,7 +467,7 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
         }
         /* Cluster mode: this node fires the on-time ticks; the missed ones
          * are the cluster's, decided once by the round that wins the
-         * schedule's row (db_round_done). */
+         * schedule's row (db_after). */
         bool cluster = c->d->cluster != NULL;
         if (p->dropped && !cluster) {
                 char from[PLANNER_FIRED_AT_LEN];
@@ -688,8 +687,6 @@ static void db_after(uv_work_t *w, int status)
                 if (!s)
                         continue;
                 int64_t after = it->after_ms < 0 ? NEVER : it->after_ms / 1000;
-                if (after != NEVER && (s->shared_evaluated == NEVER || after > s->shared_evaluated))
-                        s->shared_evaluated = after;
                 if (it->db_hash && strcmp(it->db_hash, s->hash) != 0) {
                         if (!s->foreign_hash || strcmp(s->foreign_hash, it->db_hash) != 0) {
                                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
@@ -1048,7 +1045,6 @@ void chronos_reload(struct daemon *d)
                 s[i].paused = old->paused;
                 s[i].pause_reason = old->pause_reason;
                 old->pause_reason = NULL;
-                s[i].shared_evaluated = old->shared_evaluated;
                 s[i].hole_lo = old->hole_lo;
                 s[i].hole_hi = old->hole_hi;
                 if (strcmp(s[i].hash, old->hash) == 0) {
