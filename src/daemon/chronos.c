@@ -46,6 +46,8 @@ struct sched {
         char *foreign_hash;                 /* another node's, warned about */
         int64_t hole_lo, hole_hi;           /* on-time ticks whose fire failed for want of
                                              * the database; NEVER: none */
+        int64_t local_from;                 /* its last evaluation in chronos.json at start,
+                                             * until a round reached its row; NEVER: none */
 };
 
 /* A tick that fires: queued, and handed to the executor a few per loop turn,
@@ -224,7 +226,7 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
 {
         memset(s, 0, sizeof(*s));
         s->last_evaluated = s->last_fire = s->next_fire = NEVER;
-        s->hole_lo = s->hole_hi = NEVER;
+        s->hole_lo = s->hole_hi = s->local_from = NEVER;
         s->broken = true;
         s->error = b->errors.n ? b->errors.msgs[0] : "broken";
         s->cfg = retained;
@@ -258,7 +260,7 @@ static int sched_build(struct sched *s, const struct config_schedule *cfg)
         char err[256];
         memset(s, 0, sizeof(*s));
         s->last_evaluated = s->last_fire = s->next_fire = NEVER;
-        s->hole_lo = s->hole_hi = NEVER;
+        s->hole_lo = s->hole_hi = s->local_from = NEVER;
         timing_hash(cfg, s->hash);
         int r = cron_parse(cfg->cron, &s->expr, err, sizeof err);
         if (r < 0)
@@ -512,6 +514,7 @@ struct db_item {
         char hash[CANON_HASH_STRLEN];
         int64_t upto;              /* this node's evaluation (s) */
         int64_t next_fire;         /* (s), NEVER: none */
+        int64_t local_from;        /* (s) sched.local_from */
         enum db_outcome outcome;
         int64_t prev_ms;           /* the row's last_evaluated_at as read (-1: none) */
         int64_t after_ms;          /* ... after the round (-1: none) */
@@ -568,6 +571,11 @@ static void db_work(uv_work_t *w)
                 if (r == 0) {
                         it->outcome = DB_WON;
                         it->after_ms = it->upto * 1000;
+                        /* its first row: the window starts at this node's
+                         * own last evaluation (a node that ran on its own
+                         * before the cluster, or a new database) */
+                        if (st.version == 0 && it->local_from != NEVER)
+                                it->prev_ms = it->local_from * 1000;
                 } else if (r == -EAGAIN) {
                         /* another node got there first: read what it wrote */
                         if ((r = pgstore_schedule_get(s, it->name, &st)) < 0)
@@ -687,6 +695,7 @@ static void db_after(uv_work_t *w, int status)
                 if (!s)
                         continue;
                 int64_t after = it->after_ms < 0 ? NEVER : it->after_ms / 1000;
+                s->local_from = NEVER;
                 if (it->db_hash && strcmp(it->db_hash, s->hash) != 0) {
                         if (!s->foreign_hash || strcmp(s->foreign_hash, it->db_hash) != 0) {
                                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
@@ -788,6 +797,7 @@ static void db_round(struct chronos *c)
                 memcpy(it->hash, s->hash, sizeof it->hash);
                 it->upto = s->last_evaluated;
                 it->next_fire = s->next_fire;
+                it->local_from = s->local_from;
                 it->prev_ms = it->after_ms = -1;
         }
         if (j->n == 0) {
@@ -926,6 +936,7 @@ static void load_state(struct chronos *c)
                 if (!json_is_object(o))
                         continue;
                 s->last_evaluated = json_time(json_object_get(o, "last_evaluated_at"));
+                s->local_from = s->last_evaluated;
                 s->last_fire = json_time(json_object_get(o, "last_fire_at"));
                 s->paused = json_is_true(json_object_get(o, "paused"));
                 const char *why = json_string_value(json_object_get(o, "pause_reason"));
@@ -1046,6 +1057,7 @@ void chronos_reload(struct daemon *d)
                 s[i].pause_reason = old->pause_reason;
                 old->pause_reason = NULL;
                 s[i].hole_lo = old->hole_lo;
+                s[i].local_from = old->local_from;
                 s[i].hole_hi = old->hole_hi;
                 if (strcmp(s[i].hash, old->hash) == 0) {
                         s[i].foreign_hash = old->foreign_hash;
