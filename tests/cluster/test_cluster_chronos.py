@@ -291,8 +291,8 @@ class ClusterChronos(unittest.TestCase):
         self.both_at([a, b], tick(4) + 1)
         for n in (a, b):
             wait_for(lambda: n.count("tick not fired") >= 2, "tick 4's failure on " + n.name)
-        self.assertEqual(a.count("fired again once the database answers") +
-                         b.count("fired again once the database answers"), 4)
+        for n in (a, b):  # (more if a fire found the node unable to act)
+            self.assertGreaterEqual(n.count("fired again once the database answers"), 2)
         pg_up()
         # ticks 2 and 3 by the missed-run policy (once, on the node whose
         # compare-and-set won), tick 4 again while on time
