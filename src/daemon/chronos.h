@@ -8,7 +8,9 @@
  * point as `kairosctl fire` a few per loop turn.  Broken schedule files are
  * listed (state broken) and never fire; a clock outside years 1970-9999 is
  * refused with the state kept.  State (last evaluated, last fire, next fire, paused) is
- * kept in <state>/chronos.json, replaced atomically. */
+ * kept in <state>/chronos.json, replaced atomically.  In cluster mode the
+ * missed ticks are decided once for the cluster, on each schedule's row in
+ * the database under compare-and-set (docs/design.md §14, "Ticks"). */
 #pragma once
 
 #include <jansson.h>
