@@ -88,6 +88,15 @@ echo '{"ok":true}'
 """
 
 
+def faketime_lib():
+    """libfaketime for threaded programs, or an error naming the package."""
+    import glob
+    for p in glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + \
+            glob.glob("/usr/lib/faketime/libfaketimeMT.so.1"):
+        return p
+    raise RuntimeError("libfaketimeMT.so.1 not found (the faketime package)")
+
+
 def log_lines(path):
     """The effects log as dicts (kind, mandate, step, node, epoch, attempt,
     pid, t); a torn last line is skipped."""
@@ -244,8 +253,16 @@ class Cluster:
         logf.write(f"==== start {node.starts + 1} at {utc(time.time())} "
                    f"clock_offset={clock_offset}\n")
         logf.flush()
-        node.proc = self.bed.popen(k, [KAIROSD, "-c", node.conf], clock_offset=clock_offset,
-                                   env=env, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+        argv = [KAIROSD, "-c", node.conf]
+        if clock_offset:
+            # libfaketime preloaded into kairosd itself (the faketime program
+            # would stand between us and kairosd as its parent, and signals
+            # meant for kairosd would hit it): the wall clock shifted, the
+            # monotonic clock left alone; its handlers inherit it
+            argv = ["env", "LD_PRELOAD=" + faketime_lib(), f"FAKETIME={clock_offset:+d}",
+                    "FAKETIME_DONT_FAKE_MONOTONIC=1", "DONT_FAKE_MONOTONIC=1"] + argv
+        node.proc = self.bed.popen(k, argv, env=env, stdout=logf, stderr=logf,
+                                   stdin=subprocess.DEVNULL)
         logf.close()
         node.clock_offset = clock_offset
         node.starts += 1

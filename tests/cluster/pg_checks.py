@@ -39,10 +39,22 @@ INVARIANTS = [
      "USING (mandate_id) WHERE i.epoch > m.epoch"),
 ]
 
+# What rows written by real kairosd nodes must hold besides (the store's
+# own tests bump epochs without the daemon's owner records).
+DAEMON_INVARIANTS = [
+    ("every row is at the epoch of the last owner record at or before it (1 before any): "
+     "no node appends under an old epoch",
+     "SELECT w.mandate_id, w.seq, w.epoch, x.cur FROM kairos_wal w CROSS JOIN LATERAL "
+     "(SELECT coalesce(max(o.epoch), 1) AS cur FROM kairos_wal o WHERE o.mandate_id = "
+     "w.mandate_id AND o.seq <= w.seq AND position('{\"op\":\"owner\"' IN "
+     "convert_from(o.line, 'UTF8')) = 1) x WHERE w.epoch <> x.cur"),
+]
 
-def check(pg, db):
+
+def check(pg, db, daemon=False):
+    """daemon: also DAEMON_INVARIANTS (rows written by kairosd nodes)."""
     bad = []
-    for what, sql in INVARIANTS:
+    for what, sql in INVARIANTS + (DAEMON_INVARIANTS if daemon else []):
         rows = pg.psql(db, sql)
         if rows:
             shown = "; ".join(" ".join(r) for r in rows[:5])

@@ -154,7 +154,7 @@ class ClusterTest(unittest.TestCase):
         # the act ran again on the new owner (replayed its call)
         self.assertTrue([x for x in lines(mid, "start") if x["step"] == "act_001"
                          and x["node"] == node], lines(mid))
-        self.assertEqual(pg_checks.check(C.bed, "kairos"), [])
+        self.assertEqual(pg_checks.check(C.bed, "kairos", daemon=True), [])
 
     def test_b2_kill9_inside_the_tool_call(self):
         self.ensure_up()
@@ -170,7 +170,7 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(shown.get("status"), "paused_review", shown)
         self.assertIn("tool_call_interrupted", cb.json.dumps(shown), shown)
         self.assertEqual(len(lines(mid, "effect")), 1, lines(mid))
-        self.assertEqual(pg_checks.check(C.bed, "kairos"), [])
+        self.assertEqual(pg_checks.check(C.bed, "kairos", daemon=True), [])
 
     def test_c_sigstop_owner_deadman_and_fence(self):
         self.ensure_up()
@@ -203,7 +203,7 @@ class ClusterTest(unittest.TestCase):
                           + LEASE + 0.5 and x["kind"] in ("beat", "effect", "start")],
                          "node3's handler acted after its deadline")
         self.assertEqual(len(lines(mid, "effect")), 1, lines(mid))
-        self.assertEqual(pg_checks.check(C.bed, "kairos"), [])
+        self.assertEqual(pg_checks.check(C.bed, "kairos", daemon=True), [])
         self.__class__.paused_elsewhere = (mid, node)
 
     def test_d_list_show_from_a_non_owner(self):

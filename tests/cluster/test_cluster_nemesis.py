@@ -1,0 +1,477 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The nemesis campaign of cluster mode: three kairosd and one PostgreSQL,
+each in its own network namespace (cluster_bed.py), under load and faults,
+then a checker over the database's rows and the effects log.
+
+Load: SCHEDULES schedules firing every minute on every node (observe and
+act pause 0.5-5 s at random; act makes its effect through kairosctl tool
+run, EffectsVia=kairosctl); just after each minute, `kairosctl fire S --at
+MINUTE` of the same tick on every node at once; and every 3-8 s a new
+tick of BURST (a schedule that never fires by itself) fired on every node
+at once, so that faults land in the middle of steps.
+
+Nemesis, every 10-30 s at random (one fault at a time): kill -9 one
+kairosd (restarted 1-5 s later); kill a whole node, handlers included;
+SIGSTOP a kairosd alone 1-60 s (its handlers keep running); SIGSTOP a
+whole node 1-60 s; cut a node from PostgreSQL (link down or netem loss
+100%) 5-60 s; 200 ms delay on a node 5-30 s; restart PostgreSQL (-m
+immediate); restart a node with its wall clock 5 s off (faketime).
+
+Then a quiet period: everything healed and running, until every mandate
+fired in the run has ended or paused (with a deadline).  The checker:
+every expected tick (schedule x minute of the run) has exactly one
+mandate; no double fire; no (mandate, step) whose effect ran twice; no
+effect of a mandate the database does not know; no lost mandate (each
+ended done, or paused with a reason); the rows' invariants (pg_checks.py,
+with the daemon's: no row under an old epoch).  Reported: the failover
+time (owner's death → the owner record of another node, and → the next
+step started there) p50/p99, counts per fault and per outcome, `uptime`.
+
+Environment: KAIROS_NEMESIS_SEED (default: random, printed),
+KAIROS_NEMESIS_SECONDS (default 120: CI), KAIROS_NEMESIS_LEASE (LeaseSec,
+default 4; the figures of the issue need 10), KAIROS_KEEP=1 keeps the
+directory.  Skipped (77) as test_cluster.py is.
+"""
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_bed as cb  # noqa: E402
+import pg_checks  # noqa: E402
+from test_cluster import skip_reason  # noqa: E402
+
+SKIP = 77
+SCHEDULES = ["s1", "s2", "s3"]
+BURST = "burst"
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(p / 100.0 * len(xs) + 0.5)) - 1))]
+
+
+# --- the checker: pure functions over what the run left --------------------
+def expected_ticks(schedules, t_from, t_to):
+    """(schedule, minute) for every minute boundary in (t_from, t_to]
+    (the schedules here fire every minute)."""
+    first = (int(t_from) // 60 + 1) * 60
+    return {(s, m) for s in schedules for m in range(first, int(t_to) + 1, 60)}
+
+
+def check_ticks(expected, mandates):
+    """Missing and doubled ticks: [(what, schedule, minute, ids)]."""
+    by_tick = {}
+    for mid, m in mandates.items():
+        if m["fired_at"] is not None:
+            by_tick.setdefault((m["schedule"], m["fired_at"]), []).append(mid)
+    bad = []
+    for tick in sorted(expected):
+        ids = by_tick.get(tick, [])
+        if len(ids) != 1:
+            bad.append(("missing" if not ids else "double", tick[0], cb.utc(tick[1]), ids))
+    for tick, ids in by_tick.items():
+        if len(ids) > 1 and tick not in expected:
+            bad.append(("double", tick[0], cb.utc(tick[1]), ids))
+    return bad
+
+
+def check_effects(lines, mandates):
+    """(mandate, step) whose effect ran more than once, and effects of
+    mandates the database does not hold."""
+    count = {}
+    for x in lines:
+        if x["kind"] == "effect":
+            count.setdefault((x["mandate"], x["step"]), []).append(x)
+    twice = {k: v for k, v in count.items() if len(v) > 1}
+    unknown = sorted({k[0] for k in count if k[0] not in mandates})
+    return twice, unknown
+
+
+def failover_times(events, wal):
+    """For each fault that took a node away (kill, stop, cut) and each
+    mandate that node held then, the time from the fault to the owner record
+    of the node that took the mandate over, and to the first step started
+    there.  wal: [(mandate, seq, epoch, written_at, record)] in seq order."""
+    rows = {}
+    for r in wal:
+        rows.setdefault(r[0], []).append(r)
+    to_owner, to_step = [], []
+    faults = [(t, k) for (t, what, k) in events
+              if k and what.split()[0] in ("kill", "SIGSTOP", "cut")]
+    for mid, rs in rows.items():
+        for i, (_, seq, epoch, t, rec) in enumerate(rs):
+            if rec.get("op") != "owner":
+                continue
+            prev = rec.get("prev_owner") or ""
+            if not prev.startswith("node"):
+                continue
+            k = int(prev[4:])
+            cands = [tf for (tf, kf) in faults if kf == k and tf <= t and t - tf < 180]
+            # the mandate must have been written before the fault
+            if not cands or rs[0][3] > max(cands):
+                continue
+            tf = max(cands)
+            to_owner.append(t - tf)
+            for (_, _, e2, t2, r2) in rs[i + 1:]:
+                if e2 == epoch and r2.get("op") == "transition" and \
+                        r2.get("status") == "executing":
+                    to_step.append(t2 - tf)
+                    break
+    return to_owner, to_step
+
+
+def self_test():
+    """The checker finds what it must (synthetic data, no root)."""
+    exp = expected_ticks(["a"], 59, 181)
+    assert exp == {("a", 60), ("a", 120), ("a", 180)}, exp
+    ms = {"m1": {"schedule": "a", "fired_at": 60}, "m2": {"schedule": "a", "fired_at": 120},
+          "m3": {"schedule": "a", "fired_at": 120}}
+    bad = check_ticks(exp, ms)
+    assert ("missing", "a", cb.utc(180), []) in bad, bad
+    assert [b for b in bad if b[0] == "double" and b[2] == cb.utc(120)], bad
+    eff = [{"kind": "effect", "mandate": "m1", "step": "act_001"},
+           {"kind": "effect", "mandate": "m1", "step": "act_001"},
+           {"kind": "effect", "mandate": "m2", "step": "act_001"},
+           {"kind": "start", "mandate": "m2", "step": "act_001"},
+           {"kind": "effect", "mandate": "zz", "step": "act_001"}]
+    twice, unknown = check_effects(eff, ms)
+    assert list(twice) == [("m1", "act_001")] and unknown == ["zz"], (twice, unknown)
+    wal = [("m1", 1, 1, 100.0, {"op": "mandate"}),
+           ("m1", 2, 1, 101.0, {"op": "transition", "status": "executing"}),
+           ("m1", 3, 2, 110.0, {"op": "owner", "prev_owner": "node2", "epoch": 2}),
+           ("m1", 4, 2, 111.0, {"op": "transition", "status": "executing"})]
+    o, s = failover_times([(102.0, "kill -9 kairosd", 2)], wal)
+    assert o == [8.0] and s == [9.0], (o, s)
+    o, s = failover_times([(102.0, "kill -9 kairosd", 3)], wal)
+    assert o == [] and s == [], (o, s)
+    print("checker self-test: ok")
+
+
+# --- the run ---------------------------------------------------------------
+class Campaign:
+    def __init__(self, c, rng, seconds, lease):
+        self.c = c
+        self.rng = rng
+        self.seconds = seconds
+        self.lease = lease
+        self.stopped = set()       # nodes whose kairosd cannot answer now
+        self.fires = {"true": 0, "false": 0, "error": 0}
+        self.fire_errors = []
+        self.quit = threading.Event()
+        self.lock = threading.Lock()
+        self.counts = {}
+
+    def log(self, msg):
+        print(f"[{cb.utc(time.time())}] {msg}", flush=True)
+
+    def fire_all(self, sched, at):
+        """`kairosctl fire SCHED --at AT` on every node that can answer, at
+        once; whether any node answered."""
+        with self.lock:
+            nodes = [k for k in self.c.nodes if self.c.alive(k) and k not in self.stopped]
+        procs = []
+        for k in nodes:
+            try:
+                procs.append(self.c.fire_async(k, sched, at))
+            except OSError as e:
+                self.fire_errors.append(f"node{k}: {e}")
+        answered = False
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            try:
+                r = cb.json.loads(out)
+            except ValueError:
+                r = None
+            with self.lock:
+                if r is None:
+                    self.fires["error"] += 1
+                    self.fire_errors.append((out + err).strip()[:200])
+                    continue
+                answered = True
+                if "fired" not in r:
+                    self.fires["error"] += 1
+                    self.fire_errors.append(str(r)[:200])
+                else:
+                    self.fires["true" if r.get("fired") else "false"] += 1
+        return answered
+
+    # load: the tick of each minute fired on every node at once, just after
+    # the nodes' schedulers fire it themselves
+    def loader(self, rng):
+        while not self.quit.is_set():
+            now = time.time()
+            nxt = (int(now) // 60 + 1) * 60 + rng.uniform(0, 1.5)
+            if self.quit.wait(nxt - now):
+                return
+            self.fire_all(rng.choice(SCHEDULES), cb.utc(int(nxt) // 60 * 60))
+
+    # more load between the minutes, so that faults land in steps: a new
+    # tick (in the past) of a schedule that never fires by itself, fired on
+    # every node at once every few seconds
+    def burster(self, rng):
+        base = (int(time.time()) // 60 - 60) * 60
+        n = 0
+        while not self.quit.wait(rng.uniform(3, 8)):
+            n += 1
+            at = base - 60 * n
+            if self.fire_all(BURST, cb.utc(at)):
+                with self.lock:
+                    self.burst_ticks.add((BURST, at))
+
+    def pick(self):
+        """A running node; mostly one that holds a running mandate."""
+        ks = [k for k in self.c.nodes if self.c.alive(k)]
+        owners = {r[0] for r in self.c.sql("SELECT owner FROM kairos_mandate "
+                                           "WHERE status = 'running'")}
+        holders = [k for k in ks if f"node{k}" in owners]
+        if holders and self.rng.random() < 0.7:
+            return self.rng.choice(holders)
+        return self.rng.choice(ks)
+
+    def hold(self, secs):
+        end = min(time.time() + secs, self.t_end)
+        while time.time() < end:
+            time.sleep(min(0.5, max(0.0, end - time.time())))
+
+    def restart(self, k, clock_offset=None):
+        try:
+            self.c.start(k, clock_offset=clock_offset, timeout=90)
+        except (RuntimeError, TimeoutError) as e:
+            self.log(f"node{k} did not start: {e}")
+            self.start_failures.append((k, str(e)[-500:]))
+
+    def fault(self):
+        c, rng = self.c, self.rng
+        kinds = ["kill9", "kill_node", "stop", "stop_node", "cut", "delay", "restart_pg",
+                 "skew"]
+        kind = rng.choice(kinds)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        k = self.pick()
+        if kind == "kill9":
+            self.log(f"kill -9 kairosd of node{k}")
+            c.kill9(k)
+            self.hold(rng.uniform(1, 5))
+            self.restart(k, c.nodes[k].clock_offset)
+        elif kind == "kill_node":
+            self.log(f"kill node{k}")
+            c.kill_node(k)
+            self.hold(rng.uniform(1, 5))
+            self.restart(k, c.nodes[k].clock_offset)
+        elif kind in ("stop", "stop_node"):
+            secs = rng.uniform(1, 60)
+            self.log(f"SIGSTOP {'node' if kind == 'stop_node' else 'kairosd of node'}{k} "
+                     f"for {secs:.1f} s")
+            with self.lock:
+                self.stopped.add(k)
+            (c.stop_node if kind == "stop_node" else c.stop)(k)
+            self.hold(secs)
+            (c.cont_node if kind == "stop_node" else c.cont)(k)
+            with self.lock:
+                self.stopped.discard(k)
+        elif kind == "cut":
+            secs = rng.uniform(5, 60)
+            how = rng.choice(["down", "loss"])
+            self.log(f"cut node{k} ({how}) for {secs:.1f} s")
+            c.event(f"cut {how}", k)
+            c.bed.cut(k, how=how)
+            self.hold(secs)
+            c.bed.heal(k)
+            c.event("heal", k)
+        elif kind == "delay":
+            secs = rng.uniform(5, 30)
+            self.log(f"delay 200 ms on node{k} for {secs:.1f} s")
+            c.event("delay 200ms", k)
+            c.bed.delay(k, ms=200)
+            self.hold(secs)
+            c.bed.heal(k)
+            c.event("heal", k)
+        elif kind == "restart_pg":
+            self.log("restart PostgreSQL")
+            c.event("restart pg")
+            c.bed.restart_pg()
+        elif kind == "skew":
+            off = rng.choice([5, -5])
+            self.log(f"restart node{k} with its clock {off:+d} s")
+            c.term(k)
+            self.restart(k, clock_offset=off)
+
+    def run(self):
+        c = self.c
+        self.start_failures = []
+        self.burst_ticks = set()
+        c.start_all()
+        self.t_start = time.time()
+        c.event("load start")
+        self.t_end = self.t_start + self.seconds
+        ths = [threading.Thread(target=self.loader, args=(random.Random(self.rng.random()),),
+                                daemon=True),
+               threading.Thread(target=self.burster, args=(random.Random(self.rng.random()),),
+                                daemon=True)]
+        for th in ths:
+            th.start()
+        while True:
+            gap = self.rng.uniform(10, 30)
+            if time.time() + gap >= self.t_end:
+                break
+            time.sleep(gap)
+            self.fault()
+            # a node whose restart failed: try again now
+            for k in c.nodes:
+                if not c.alive(k):
+                    self.restart(k, c.nodes[k].clock_offset)
+        while time.time() < self.t_end:
+            time.sleep(0.5)
+        self.t_end = time.time()
+        c.event("load end")
+        self.quit.set()
+        for th in ths:
+            th.join(60)
+
+    def settle(self, deadline):
+        """Heal everything, every node up (clocks right), until every
+        mandate of the run has ended or paused."""
+        c = self.c
+        c.bed.heal()
+        for k in c.nodes:
+            if c.alive(k):
+                c.bed.cont_node(k)
+        for k in c.nodes:
+            if c.nodes[k].clock_offset:
+                c.term(k)
+            if not c.alive(k):
+                self.restart(k)
+        end = time.time() + deadline
+        while True:
+            pending = self.unsettled()
+            if not pending or time.time() > end:
+                return pending
+            time.sleep(1)
+
+    def outcome(self, mid, m):
+        """(status, reason) of a mandate: the database for ended ones, the
+        holder's kairosctl show for the others."""
+        if m["status"] != "running":
+            return m["status"], None
+        ks = [int(m["owner"][4:])] if m["owner"].startswith("node") else []
+        for k in ks + [k for k in self.c.nodes if k not in ks]:
+            if not self.c.alive(k):
+                continue
+            r = self.c.ctl(k, "--json", "show", mid, timeout=30)
+            if r.returncode == 0:
+                s = cb.json.loads(r.stdout)
+                return s.get("status"), s.get("reason")
+        return "unknown", None
+
+    def unsettled(self):
+        out = {}
+        for mid, m in self.c.mandates().items():
+            if m["schedule"] != BURST and (m["fired_at"] is None or m["fired_at"] > self.t_end):
+                continue
+            st, why = self.outcome(mid, m)
+            if st not in ("succeeded", "failed", "abandoned") and not (
+                    st or "").startswith("paused"):
+                out[mid] = st
+        return out
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--self-test":
+        self_test()
+        return 0
+    self_test()
+    why = skip_reason()
+    if why:
+        print(f"SKIP: {why}")
+        return SKIP
+    seed = int(os.environ.get("KAIROS_NEMESIS_SEED") or random.SystemRandom().randrange(1 << 32))
+    seconds = float(os.environ.get("KAIROS_NEMESIS_SECONDS") or 120)
+    lease = int(os.environ.get("KAIROS_NEMESIS_LEASE") or 4)
+    print(f"nemesis: seed {seed}, {seconds:.0f} s, LeaseSec={lease} "
+          f"(KAIROS_NEMESIS_SEED={seed} repeats the faults)", flush=True)
+    rng = random.Random(seed)
+    scheds = {s: cb.schedule() for s in SCHEDULES}
+    scheds[BURST] = cb.schedule(cron="0 0 1 1 *")
+    with cb.Cluster(nodes=3, schedules=scheds, lease_sec=lease) as c:
+        camp = Campaign(c, rng, seconds, lease)
+        camp.run()
+        load = os.getloadavg()
+        camp.log("quiet period")
+        pending = camp.settle(deadline=max(90, 8 * lease))
+        mandates = c.mandates()
+        outcomes = {mid: camp.outcome(mid, m) for mid, m in mandates.items()}
+        wal = c.wal_rows()
+        effects = cb.log_lines(c.effects)
+        c.terminate_all()
+
+        problems = []
+        if pending:
+            problems.append(f"{len(pending)} mandate(s) neither ended nor paused after the "
+                            f"quiet period: {sorted(pending.items())[:10]}")
+        exp = expected_ticks(SCHEDULES, camp.t_start, camp.t_end) | camp.burst_ticks
+        for b in check_ticks(exp, mandates):
+            problems.append(f"tick {b[1]} at {b[2]}: {b[0]} {b[3]}")
+        twice, unknown = check_effects(effects, mandates)
+        for (mid, step), xs in sorted(twice.items()):
+            problems.append(f"effect twice: {mid} {step}: " + "; ".join(
+                f"{x['node']} epoch {x['epoch']} attempt {x['attempt']} at {x['t']:.1f}"
+                for x in xs))
+        if unknown:
+            problems.append(f"effects of mandates the database does not hold: {unknown}")
+        by_status = {}
+        for mid, (st, why) in outcomes.items():
+            by_status[f"{st}" + (f" ({why})" if why and st != "succeeded" else "")] = \
+                by_status.get(f"{st}" + (f" ({why})" if why and st != "succeeded" else ""),
+                              0) + 1
+            if mandates[mid]["schedule"] != BURST and mandates[mid]["fired_at"] is not None \
+                    and mandates[mid]["fired_at"] > camp.t_end:
+                continue
+            if st in ("failed", "abandoned", "unknown") or (
+                    st and st.startswith("paused") and not why):
+                problems.append(f"lost mandate {mid}: {st} {why or '(no reason)'}")
+        problems += pg_checks.check(c.bed, "kairos", daemon=True)
+        to_owner, to_step = failover_times(c.events, wal)
+
+        print("---- nemesis report")
+        print(f"seed {seed}; {camp.t_end - camp.t_start:.0f} s of load; LeaseSec={lease}; "
+              f"load average at the end of the load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        print(f"faults: {dict(sorted(camp.counts.items()))}")
+        print(f"node start failures: {len(camp.start_failures)}")
+        print(f"fires on every node at once: {camp.fires} (errors: {camp.fire_errors[:5]})")
+        print(f"mandates: {len(mandates)}; expected ticks: {len(exp)}; outcomes: "
+              f"{dict(sorted(by_status.items()))}")
+        print(f"effects: {sum(1 for x in effects if x['kind'] == 'effect')} lines, "
+              f"{len(twice)} (mandate, step) twice")
+        takeovers = sum(1 for r in wal if r[4].get("op") == "owner")
+        print(f"takeovers (owner records): {takeovers}")
+        for name, xs in (("owner's death -> owner record elsewhere", to_owner),
+                         ("owner's death -> next step started elsewhere", to_step)):
+            if xs:
+                print(f"failover, {name}: n={len(xs)} p50 {statistics.median(xs):.1f} s, "
+                      f"p99 {pct(xs, 99):.1f} s, max {max(xs):.1f} s")
+            else:
+                print(f"failover, {name}: none measured")
+        print(f"problems: {len(problems)}")
+        for p in problems:
+            print("  " + p)
+        if problems:
+            for k in c.nodes:
+                tail = "\n".join(line for line in c.log(k).splitlines()
+                                 if "<3>" in line or "<4>" in line or "====" in line)
+                sys.stderr.write(f"---- node{k}: warnings and errors\n{tail[-6000:]}\n")
+        return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
