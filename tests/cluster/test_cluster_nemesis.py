@@ -29,7 +29,7 @@ time (owner's death → the owner record of another node, and → the next
 step started there) p50/p99, counts per fault and per outcome, `uptime`.
 
 Environment: KAIROS_NEMESIS_SEED (default: random, printed),
-KAIROS_NEMESIS_SECONDS (default 120: CI), KAIROS_NEMESIS_LEASE (LeaseSec,
+KAIROS_NEMESIS_SECONDS (default 100: CI), KAIROS_NEMESIS_LEASE (LeaseSec,
 default 4; the figures of the issue need 10), KAIROS_KEEP=1 keeps the
 directory.  Skipped (77) as test_cluster.py is.
 """
@@ -396,7 +396,7 @@ def main():
         print(f"SKIP: {why}")
         return SKIP
     seed = int(os.environ.get("KAIROS_NEMESIS_SEED") or random.SystemRandom().randrange(1 << 32))
-    seconds = float(os.environ.get("KAIROS_NEMESIS_SECONDS") or 120)
+    seconds = float(os.environ.get("KAIROS_NEMESIS_SECONDS") or 100)
     lease = int(os.environ.get("KAIROS_NEMESIS_LEASE") or 4)
     print(f"nemesis: seed {seed}, {seconds:.0f} s, LeaseSec={lease} "
           f"(KAIROS_NEMESIS_SEED={seed} repeats the faults)", flush=True)
