@@ -336,8 +336,10 @@ class Cluster:
         self.bed.cont_node(k)
 
     def term(self, k, timeout=60):
+        """A graceful stop (SIGTERM): the node hands its mandates over."""
         node = self.nodes[k]
         if node.proc and node.proc.poll() is None:
+            self.event("SIGTERM", k)
             node.proc.send_signal(signal.SIGTERM)
             node.proc.wait(timeout)
 

@@ -96,16 +96,19 @@ def check_effects(lines, mandates):
 
 
 def failover_times(events, wal):
-    """For each fault that took a node away (kill, stop, cut) and each
+    """For each fault that took a node away (kill, SIGSTOP, cut) and each
     mandate that node held then, the time from the fault to the owner record
     of the node that took the mandate over, and to the first step started
-    there.  wal: [(mandate, seq, epoch, written_at, record)] in seq order."""
+    there.  A takeover after a graceful stop (SIGTERM: the node handed its
+    mandates over) is not a failover.  wal: [(mandate, seq, epoch,
+    written_at, record)] in seq order.  Returns ([(delay, mandate, fault)],
+    [(delay, mandate, fault)])."""
     rows = {}
     for r in wal:
         rows.setdefault(r[0], []).append(r)
+    marks = sorted((t, what, k) for (t, what, k) in events
+                   if k and (what.split()[0] in ("kill", "SIGSTOP", "cut") or what == "SIGTERM"))
     to_owner, to_step = [], []
-    faults = [(t, k) for (t, what, k) in events
-              if k and what.split()[0] in ("kill", "SIGSTOP", "cut")]
     for mid, rs in rows.items():
         for i, (_, seq, epoch, t, rec) in enumerate(rs):
             if rec.get("op") != "owner":
@@ -114,16 +117,19 @@ def failover_times(events, wal):
             if not prev.startswith("node"):
                 continue
             k = int(prev[4:])
-            cands = [tf for (tf, kf) in faults if kf == k and tf <= t and t - tf < 180]
-            # the mandate must have been written before the fault
-            if not cands or rs[0][3] > max(cands):
+            before = [(tf, what) for (tf, what, kf) in marks if kf == k and tf <= t]
+            if not before or before[-1][1] == "SIGTERM" or t - before[-1][0] > 300:
                 continue
-            tf = max(cands)
-            to_owner.append(t - tf)
+            tf, what = before[-1]
+            # the mandate must have been written before the fault
+            if rs[0][3] > tf:
+                continue
+            fault = f"{what} node{k} at {tf:.1f}"
+            to_owner.append((t - tf, mid, fault))
             for (_, _, e2, t2, r2) in rs[i + 1:]:
                 if e2 == epoch and r2.get("op") == "transition" and \
                         r2.get("status") == "executing":
-                    to_step.append(t2 - tf)
+                    to_step.append((t2 - tf, mid, fault))
                     break
     return to_owner, to_step
 
@@ -149,8 +155,10 @@ def self_test():
            ("m1", 3, 2, 110.0, {"op": "owner", "prev_owner": "node2", "epoch": 2}),
            ("m1", 4, 2, 111.0, {"op": "transition", "status": "executing"})]
     o, s = failover_times([(102.0, "kill -9 kairosd", 2)], wal)
-    assert o == [8.0] and s == [9.0], (o, s)
+    assert [x[0] for x in o] == [8.0] and [x[0] for x in s] == [9.0], (o, s)
     o, s = failover_times([(102.0, "kill -9 kairosd", 3)], wal)
+    assert o == [] and s == [], (o, s)
+    o, s = failover_times([(102.0, "kill -9 kairosd", 2), (105.0, "SIGTERM", 2)], wal)
     assert o == [] and s == [], (o, s)
     print("checker self-test: ok")
 
@@ -455,11 +463,14 @@ def main():
               f"{len(twice)} (mandate, step) twice")
         takeovers = sum(1 for r in wal if r[4].get("op") == "owner")
         print(f"takeovers (owner records): {takeovers}")
-        for name, xs in (("owner's death -> owner record elsewhere", to_owner),
-                         ("owner's death -> next step started elsewhere", to_step)):
+        for name, samples in (("owner's death -> owner record elsewhere", to_owner),
+                              ("owner's death -> next step started elsewhere", to_step)):
+            xs = [x[0] for x in samples]
             if xs:
                 print(f"failover, {name}: n={len(xs)} p50 {statistics.median(xs):.1f} s, "
                       f"p99 {pct(xs, 99):.1f} s, max {max(xs):.1f} s")
+                for d, mid, fault in sorted(samples, reverse=True)[:3]:
+                    print(f"    {d:.1f} s: {mid} after {fault}")
             else:
                 print(f"failover, {name}: none measured")
         print(f"problems: {len(problems)}")
