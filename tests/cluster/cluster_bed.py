@@ -259,8 +259,11 @@ class Cluster:
             # would stand between us and kairosd as its parent, and signals
             # meant for kairosd would hit it): the wall clock shifted, the
             # monotonic clock left alone; its handlers inherit it
+            # (a sanitized build: ASan accepts a library preloaded before it)
+            asan = "verify_asan_link_order=0:" + os.environ.get("ASAN_OPTIONS", "")
             argv = ["env", "LD_PRELOAD=" + faketime_lib(), f"FAKETIME={clock_offset:+d}",
-                    "FAKETIME_DONT_FAKE_MONOTONIC=1", "DONT_FAKE_MONOTONIC=1"] + argv
+                    "FAKETIME_DONT_FAKE_MONOTONIC=1", "DONT_FAKE_MONOTONIC=1",
+                    "ASAN_OPTIONS=" + asan] + argv
         node.proc = self.bed.popen(k, argv, env=env, stdout=logf, stderr=logf,
                                    stdin=subprocess.DEVNULL)
         logf.close()
