@@ -59,21 +59,24 @@ pause() {
 }
 log start
 if [ "$1" = act ]; then
-        secs=$(pause)
-        "$KAIROSCTL" tool run --key "eff-$KAIROS_IDEM_KEY" -- sh -c '
-                printf "effect\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$1" "$2" "$3" "$4" "$5" $$ \
-                        "$(date +%s.%N)" >> "$EFFECTS"
+        # the same call on every run of the step (command and arguments make
+        # the call's fingerprint): what differs goes through the environment
+        EFF_NODE="${KAIROS_NODE:-}" EFF_EPOCH="${KAIROS_EPOCH:-}" EFF_ATTEMPT="$KAIROS_ATTEMPT" \
+        EFF_SECS=$(pause) "$KAIROSCTL" tool run --key "eff-$KAIROS_IDEM_KEY" -- sh -c '
+                line() {
+                        printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$1" "$2" "$3" "$EFF_NODE" \
+                                "$EFF_EPOCH" "$EFF_ATTEMPT" $$ "$(date +%s.%N)" >> "$EFFECTS"
+                }
+                line effect "$1" "$2"
                 if [ "${BEAT:-0}" = 1 ]; then
-                        end=$(( $(date +%s) + ${6%.*} + 1 ))
+                        end=$(( $(date +%s) + ${EFF_SECS%.*} + 1 ))
                         while [ "$(date +%s)" -lt "$end" ]; do
-                                printf "beat\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$1" "$2" "$3" \
-                                        "$4" "$5" $$ "$(date +%s.%N)" >> "$EFFECTS"
+                                line beat "$1" "$2"
                                 sleep 0.2
                         done
                 else
-                        sleep "$6"
-                fi' sh "$KAIROS_MANDATE_ID" "$KAIROS_STEP_ID" "${KAIROS_NODE:-}" \
-                "${KAIROS_EPOCH:-}" "$KAIROS_ATTEMPT" "$secs" >/dev/null
+                        sleep "$EFF_SECS"
+                fi' sh "$KAIROS_MANDATE_ID" "$KAIROS_STEP_ID" >/dev/null
         rc=$?
         log tooldone
         [ $rc = 0 ] || { log end; exit $rc; }
