@@ -19,7 +19,9 @@ LeaseSec=4.
     the effects log stop), another node takes over; after SIGCONT the old
     node appends nothing (no row at epoch 1 after the takeover) and the
     rows keep every invariant (pg_checks.py);
-(d) list and show of a mandate from a node that does not hold it.
+(d) list and show of a mandate from a node that does not hold it;
+(e) tool calls of mandates fired after a restart of PostgreSQL (-m
+    immediate) go through: their mandates end done, one effect each.
 
 Skipped (77) without root, network namespaces, PostgreSQL's server
 binaries, or a kairosd built without -Dpostgres=enabled.  Well under two
@@ -207,6 +209,29 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(len(lines(mid, "effect")), 1, lines(mid))
         self.assertEqual(pg_checks.check(C.bed, "kairos", daemon=True), [])
         self.__class__.paused_elsewhere = (mid, node)
+
+    def test_e_tool_calls_after_a_postgresql_restart(self):
+        """A restart of PostgreSQL between mandates costs the nodes their
+        connections, not their tool calls: the acts of mandates fired after
+        it make their calls and end done."""
+        self.ensure_up()
+        before = [self.fire(1, "quick")[0] for _ in range(4)]
+        for mid in before:
+            wait_for(lambda: C.mandates()[mid]["status"] != "running", 60, f"{mid}'s end")
+        C.bed.restart_pg()
+        # the node renews its lease again (until then it claims no tick)
+        wait_for(lambda: C.ctl_json(1, "status").get("cluster", {}).get("may_act"), 3 * LEASE,
+                 "node1 to renew its lease")
+        after = [self.fire(1, "quick")[0] for _ in range(4)]
+        for mid in after:
+            wait_for(lambda: C.mandates()[mid]["status"] != "running", 60, f"{mid}'s end")
+        ms = C.mandates()
+        bad = {mid: ms[mid]["status"] for mid in before + after
+               if ms[mid]["status"] != "succeeded"}
+        self.assertEqual(bad, {}, "\n".join(line for line in C.log(1).splitlines()
+                                             if any(m in line for m in bad))[-3000:])
+        for mid in before + after:
+            self.assertEqual(len(lines(mid, "effect")), 1, lines(mid))
 
     def test_d_list_show_from_a_non_owner(self):
         self.ensure_up()
