@@ -312,6 +312,15 @@ class Cluster:
         except OSError:
             return ""
 
+    def sanitizer_reports(self):
+        """Lines of ASan/UBSan reports in the nodes' logs (a sanitized build)."""
+        out = []
+        for k in self.nodes:
+            out += [f"node{k}: {line}" for line in self.log(k).splitlines()
+                    if "ERROR: AddressSanitizer" in line or "runtime error:" in line
+                    or "ERROR: LeakSanitizer" in line]
+        return out
+
     def kill9(self, k):
         """SIGKILL kairosd alone (its deadman and handlers stay)."""
         self.event("kill -9 kairosd", k)

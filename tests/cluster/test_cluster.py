@@ -266,6 +266,11 @@ def main():
         c.start_all()
         suite = unittest.defaultTestLoader.loadTestsFromTestCase(ClusterTest)
         res = unittest.TextTestRunner(verbosity=2).run(suite)
+        c.terminate_all()
+        san = c.sanitizer_reports()
+        if san:
+            print("sanitizer reports:\n" + "\n".join(san[:20]))
+            return 1
         if not res.wasSuccessful():
             for k in c.nodes:
                 sys.stderr.write(f"---- node{k} log (tail)\n{c.log(k)[-4000:]}\n")

@@ -449,6 +449,7 @@ def main():
                     st and st.startswith("paused") and not why):
                 problems.append(f"lost mandate {mid}: {st} {why or '(no reason)'}")
         problems += pg_checks.check(c.bed, "kairos", daemon=True)
+        problems += [f"sanitizer: {line}" for line in c.sanitizer_reports()[:20]]
         to_owner, to_step = failover_times(c.events, wal)
 
         print("---- nemesis report")
