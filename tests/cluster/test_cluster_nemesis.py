@@ -370,8 +370,9 @@ class Campaign:
     def outcome(self, mid, m):
         """(status, reason) of a mandate: the database for ended ones, the
         holder's kairosctl show for the others."""
-        if m["status"] != "running":
+        if m["status"] not in ("running", "paused"):
             return m["status"], None
+        # running, or paused (released by its node): any node shows it
         ks = [int(m["owner"][4:])] if m["owner"].startswith("node") else []
         for k in ks + [k for k in self.c.nodes if k not in ks]:
             if not self.c.alive(k):
