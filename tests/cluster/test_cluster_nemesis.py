@@ -370,7 +370,7 @@ class Campaign:
     def outcome(self, mid, m):
         """(status, reason) of a mandate: the database for ended ones, the
         holder's kairosctl show for the others."""
-        if m["status"] not in ("running", "paused"):
+        if m["status"] == "succeeded":
             return m["status"], None
         # running, or paused (released by its node): any node shows it
         ks = [int(m["owner"][4:])] if m["owner"].startswith("node") else []
@@ -380,8 +380,14 @@ class Campaign:
             r = self.c.ctl(k, "--json", "show", mid, timeout=30)
             if r.returncode == 0:
                 s = cb.json.loads(r.stdout)
-                return s.get("status"), s.get("reason")
-        return "unknown", None
+                why = s.get("reason")
+                if s.get("status") in ("failed", "abandoned"):
+                    # the failed step's error says more than "step_failed"
+                    errs = [st.get("error") or st.get("reason") for p in s.get("plans", [])
+                            for st in p.get("steps", []) if st.get("status") == "failed"]
+                    why = f"{why}: {errs[-1]}" if errs and errs[-1] else why
+                return s.get("status"), why
+        return (m["status"] if m["status"] != "running" else "unknown"), None
 
     def unsettled(self):
         out = {}
@@ -440,15 +446,14 @@ def main():
             problems.append(f"effects of mandates the database does not hold: {unknown}")
         by_status = {}
         for mid, (st, why) in outcomes.items():
-            by_status[f"{st}" + (f" ({why})" if why and st != "succeeded" else "")] = \
-                by_status.get(f"{st}" + (f" ({why})" if why and st != "succeeded" else ""),
-                              0) + 1
+            label = str(st) + (f" ({str(why)[:60]})" if why and st != "succeeded" else "")
+            by_status[label] = by_status.get(label, 0) + 1
             if mandates[mid]["schedule"] != BURST and mandates[mid]["fired_at"] is not None \
                     and mandates[mid]["fired_at"] > camp.t_end:
                 continue
             if st in ("failed", "abandoned", "unknown") or (
                     st and st.startswith("paused") and not why):
-                problems.append(f"lost mandate {mid}: {st} {why or '(no reason)'}")
+                problems.append(f"lost mandate {mid}: {st} {str(why or '(no reason)')[:300]}")
         problems += pg_checks.check(c.bed, "kairos", daemon=True)
         problems += [f"sanitizer: {line}" for line in c.sanitizer_reports()[:20]]
         to_owner, to_step = failover_times(c.events, wal)
