@@ -182,7 +182,8 @@ class Campaign:
 
     def fire_all(self, sched, at):
         """`kairosctl fire SCHED --at AT` on every node that can answer, at
-        once; whether any node answered."""
+        once; whether any node answered fired true or false (an error
+        reply, e.g. a node that cannot renew its lease, claims nothing)."""
         with self.lock:
             nodes = [k for k in self.c.nodes if self.c.alive(k) and k not in self.stopped]
         procs = []
@@ -207,11 +208,11 @@ class Campaign:
                     self.fires["error"] += 1
                     self.fire_errors.append((out + err).strip()[:200])
                     continue
-                answered = True
                 if "fired" not in r:
                     self.fires["error"] += 1
                     self.fire_errors.append(str(r)[:200])
                 else:
+                    answered = True
                     self.fires["true" if r.get("fired") else "false"] += 1
         return answered
 
