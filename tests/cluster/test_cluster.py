@@ -21,7 +21,9 @@ LeaseSec=4.
     rows keep every invariant (pg_checks.py);
 (d) list and show of a mandate from a node that does not hold it;
 (e) tool calls of mandates fired after a restart of PostgreSQL (-m
-    immediate) go through: their mandates end done, one effect each.
+    immediate) go through: their mandates end done, one effect each;
+(f) a whole node stopped a little longer than LeaseSec: the takeover comes
+    within the same bound as after a death.
 
 Skipped (77) without root, network namespaces, PostgreSQL's server
 binaries, or a kairosd built without -Dpostgres=enabled.  Well under two
@@ -232,6 +234,24 @@ class ClusterTest(unittest.TestCase):
                                              if any(m in line for m in bad))[-3000:])
         for mid in before + after:
             self.assertEqual(len(lines(mid, "effect")), 1, lines(mid))
+
+    def test_f_short_stop_of_a_whole_node(self):
+        """A node stopped (all of it) a little longer than its lease, woken
+        before another node took its mandate: it must not hold the mandate
+        up (renew it, then let it go without releasing it): the takeover
+        comes as after a longer stop."""
+        self.ensure_up()
+        mid, _ = self.fire(2, "hold")
+        wait_for(lambda: lines(mid, "effect"), 30, "the act to run")
+        t_stop = time.time()
+        C.stop_node(2)
+        try:
+            time.sleep(LEASE + 1.5)   # the fault itself: stopped this long
+        finally:
+            C.cont_node(2)
+        node, delay = self.takeover(mid, "node2", t_stop)
+        print(f"f: taken over by {node} {delay:.1f} s after SIGSTOP of the node", file=sys.stderr)
+        self.assertEqual(len(lines(mid, "effect")), 1, lines(mid))
 
     def test_d_list_show_from_a_non_owner(self):
         self.ensure_up()
