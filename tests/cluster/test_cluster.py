@@ -133,8 +133,9 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual({x["node"] for x in lines(mid)}, {f"node{won[0]}"}, lines(mid))
 
     def takeover(self, mid, old, t_kill):
-        """Wait for the owner record of another node; return (node, delay)."""
-        rows = wait_for(lambda: [r for r in owner_rows(mid) if r[3].get("node") != old],
+        """Wait for the owner record that took mid from old; (node, delay)."""
+        # (the old node itself, once back, may be the one that takes it)
+        rows = wait_for(lambda: [r for r in owner_rows(mid) if r[3].get("prev_owner") == old],
                         TAKEOVER + 5, f"a takeover of {mid}")
         seq, epoch, t, rec = rows[0]
         self.assertEqual(epoch, 2, rows)
@@ -221,10 +222,20 @@ class ClusterTest(unittest.TestCase):
         for mid in before:
             wait_for(lambda: C.mandates()[mid]["status"] != "running", 60, f"{mid}'s end")
         C.bed.restart_pg()
-        # the node renews its lease again (until then it claims no tick)
-        wait_for(lambda: C.ctl_json(1, "status").get("cluster", {}).get("may_act"), 3 * LEASE,
-                 "node1 to renew its lease")
-        after = [self.fire(1, "quick")[0] for _ in range(4)]
+        after = []
+        for _ in range(4):
+            at = Tick.next()
+
+            def fired(at=at):
+                # until the node renews its lease again it claims no tick
+                r = C.ctl(1, "--json", "fire", "quick", "--at", at)
+                if r.returncode != 0 and "cannot renew its lease" in r.stdout:
+                    return None
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                return cb.json.loads(r.stdout)
+            r = wait_for(fired, 3 * LEASE, "node1 to claim a tick again")
+            self.assertTrue(r.get("fired"), r)
+            after.append(r["mandate"])
         for mid in after:
             wait_for(lambda: C.mandates()[mid]["status"] != "running", 60, f"{mid}'s end")
         ms = C.mandates()
