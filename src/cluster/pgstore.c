@@ -1257,3 +1257,13 @@ int pgstore_idem_evidence(const char *mandate_id, const struct pgstore_idem_row 
         free(calls);
         return r;
 }
+
+int pgstore_ping(struct pgstore *s)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        int r = exec_params(s, "SELECT 1", 0, NULL, 0, PGRES_TUPLES_OK, NULL);
+        if (r == -ENOTCONN)
+                r = pgstore_reset(s);
+        return r;
+}

@@ -50,6 +50,11 @@ int pgstore_connect(const char *conninfo, struct pgstore **ret, char *err, size_
 void pgstore_close(struct pgstore *s);
 /* Reconnect after -ENOTCONN. */
 int pgstore_reset(struct pgstore *s);
+/* Before a call whose outcome must not be unknown for want of a live
+ * connection (a tool call's claim or end): a round trip, and a reconnect if
+ * the connection broke meanwhile (the server restarted, ...).  0: the
+ * connection answers now. */
+int pgstore_ping(struct pgstore *s);
 const char *pgstore_error(const struct pgstore *s);
 
 /* Create or migrate the schema to PGSCHEMA_VERSION, in one transaction under

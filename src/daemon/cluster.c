@@ -619,8 +619,23 @@ static int renew(struct cluster *c, struct pgstore *s)
         for (size_t i = 0; ids && epochs && i < c->nheld; i++)
                 if (!c->held[i].lost && (ids[n] = strdup(c->held[i].id)))
                         epochs[n++] = c->held[i].epoch;
+        /* Past its deadline (kairosd or the host was stopped, or the
+         * database did not answer for a lease) the node has killed, or is
+         * killing, every handler and drops every mandate: it must not
+         * extend those leases now, but end them, so that another node takes
+         * them at once instead of a lease later. */
+        bool expired = c->deadline_ms > 0 && mono_ms() >= c->deadline_ms;
         pthread_mutex_unlock(&c->lock);
         int r = ids && epochs ? 0 : -ENOMEM;
+        if (r == 0 && expired && n) {
+                /* (not released: they end by themselves, a lease later) */
+                (void)pgstore_lease_release_many(s, c->node, ids, epochs, n, c->grace_ms);
+                for (size_t i = 0; i < n; i++)
+                        post_lost(c, ids[i], epochs[i], "this node's lease ended: handed over");
+                for (size_t i = 0; i < n; i++)
+                        free((char *)ids[i]);
+                n = 0;
+        }
         int64_t sent = mono_ms();
         /* the node's heartbeat and the leases, in one transaction, refused
          * to an older incarnation of this node */

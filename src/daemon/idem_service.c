@@ -681,6 +681,14 @@ static void pg_work(uv_work_t *w)
                          strerror(-j->r));
                 return;
         }
+        /* A connection the server dropped meanwhile (a restart) is found
+         * and replaced now, not by the call itself: its outcome would be
+         * unknown, and the tool call would fail for nothing. */
+        if ((r = pgstore_ping(s)) < 0) {
+                j->r = r;
+                snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
+                return;
+        }
         switch (j->op) {
         case PG_CLAIM:
                 r = pgstore_idem_claim(s, j->key, j->tool, j->fp, j->mandate, j->epoch, j->node,
