@@ -392,8 +392,18 @@ void advance_work(void *arg)
                 decide_loop(a);
         if (!a->error && (r = wal_flush(m->wal)) < 0) {
                 a->error = r;
-                snprintf(a->errmsg, sizeof a->errmsg, "fdatasync of %s: %s", m->wal_path,
-                         strerror(-r));
+                if (m->d->cluster)
+                        /* the barrier is a transaction (cluster.h) */
+                        snprintf(a->errmsg, sizeof a->errmsg, "committing %s to the database: %s",
+                                 m->id,
+                                 r == -ESTALE     ? "fenced: another node holds it now"
+                                 : r == -EALREADY ? "its tick was claimed by another node"
+                                 : r == -ETIME    ? "the tick is ahead of the database's clock"
+                                 : r == -ENOTCONN ? "the connection broke (outcome unknown)"
+                                                  : strerror(-r));
+                else
+                        snprintf(a->errmsg, sizeof a->errmsg, "fdatasync of %s: %s", m->wal_path,
+                                 strerror(-r));
         }
         a->flushes = wal_flush_count(m->wal) - flushes_before;
         if (!a->error && a->next == NEXT_END && m->d->cluster) {
