@@ -44,6 +44,7 @@
 #include "pgstore.h"
 
 #define TAKEOVER_PER_ROUND 16
+#define TAKEOVER_POLL_MS 1000        /* between heartbeats, look for expired leases */
 #define FENCE_TICK_MS 200
 
 enum cev_kind { CEV_LOST, CEV_TAKEN };
@@ -784,11 +785,22 @@ static void *heartbeat_main(void *arg)
         struct pgstore *s = NULL;
         char err[256];
         int64_t interval = c->lease_ms / 3;
+        int64_t next_renew = 0;  /* due now */
+        int r = 0;
         pthread_mutex_lock(&c->lock);
         while (!c->stop) {
                 pthread_mutex_unlock(&c->lock);
                 int64_t start = mono_ms();
-                int r = 0;
+                if (start < next_renew) {
+                        /* between beats: only look for mandates to take over
+                         * (every TAKEOVER_POLL_MS: the failover time is the
+                         * lease, the grace and this) */
+                        if (s && r == 0)
+                                takeover_round(c, s);
+                        unlink_forgotten(c);
+                        goto wait;
+                }
+                r = 0;
                 if (!s && (r = pgstore_connect(c->conninfo, &s, err, sizeof err)) < 0) {
                         pthread_mutex_lock(&c->lock);
                         c->renew_failures++;
@@ -816,7 +828,11 @@ static void *heartbeat_main(void *arg)
                 unlink_forgotten(c);
                 /* the next beat: a third of a lease after this one started,
                  * sooner after a failure */
-                int64_t next = start + (r == 0 ? interval : interval / 3);
+                next_renew = start + (r == 0 ? interval : interval / 3);
+        wait:;
+                int64_t next = next_renew;
+                if (r == 0 && start + TAKEOVER_POLL_MS < next)
+                        next = start + TAKEOVER_POLL_MS;
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
                 int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -1197,8 +1213,12 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         c->node = strdup(cfg->node_name ? cfg->node_name : "");
         c->conninfo = strdup(cfg->cluster_conninfo ? cfg->cluster_conninfo : "");
         c->lease_ms = (int64_t)cfg->lease_sec * 1000;
-        c->grace_ms = c->lease_ms / 2;
+        /* The node stops acting margin_ms before its lease can end (by its
+         * own monotonic clock), and others take over grace_ms after it has
+         * ended (by the database's): margin + grace of slack for the two
+         * clocks' rates and the deadman's kill (docs/design.md §14). */
         c->margin_ms = c->lease_ms / 5 > 1000 ? c->lease_ms / 5 : 1000;
+        c->grace_ms = c->lease_ms / 10 > 1000 ? c->lease_ms / 10 : 1000;
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
