@@ -900,7 +900,7 @@ struct show_job {
         size_t nrow;
         json_t *result;    /* fold_json */
         json_t *calls;     /* step → tool calls, or NULL */
-        char *review_step;
+        char *review_step, *review_reason;
         char *plan_id;
         long long cycle;
         char *schedule, *fired_at, *retry_of, *started_at;
@@ -910,6 +910,7 @@ struct show_job {
 static void show_job_free(struct show_job *j)
 {
         pgstore_mandate_rows_free(j->row, j->nrow);
+        free(j->review_reason);
         json_decref(j->result);
         json_decref(j->calls);
         free(j->review_step);
@@ -958,8 +959,10 @@ static void show_work(void *arg)
         }
         j->result = fold_json(f);
         for (size_t i = 0; i < f->nsteps; i++)
-                if (f->steps[i].state == STEP_NEEDS_REVIEW && !j->review_step)
+                if (f->steps[i].state == STEP_NEEDS_REVIEW && !j->review_step) {
                         j->review_step = dup_or_null(f->steps[i].step_id);
+                        j->review_reason = dup_or_null(f->steps[i].reason);
+                }
         if (f->nplans) {
                 j->plan_id = dup_or_null(f->plans[f->nplans - 1].plan_id);
                 j->cycle = f->plans[f->nplans - 1].cycle;
@@ -1032,9 +1035,10 @@ static void show_done(void *arg)
         const char *status = db_status_name(r->status);
         if (strcmp(r->status, "paused") == 0 && j->review_step)
                 status = mandate_status_name(MANDATE_PAUSED_REVIEW);
-        json_t *mj = json_pack("{s:s, s:s, s:n, s:s?, s:s?, s:I, s:s?, s:o}", "id", r->mandate_id,
-                               "status", status, "reason", "review_step",
-                               strcmp(status, "paused_review") == 0 ? j->review_step : NULL,
+        bool review = strcmp(status, "paused_review") == 0;
+        json_t *mj = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:o}", "id", r->mandate_id,
+                               "status", status, "reason", review ? j->review_reason : NULL,
+                               "review_step", review ? j->review_step : NULL,
                                "plan_id", j->plan_id, "cycle", (json_int_t)j->cycle, "schedule",
                                j->schedule ? j->schedule : r->schedule, "fired_at",
                                str_or_null(j->fired_at ? j->fired_at : r->fired_at));

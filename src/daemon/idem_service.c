@@ -674,20 +674,25 @@ static void pg_work(uv_work_t *w)
 {
         struct pg_job *j = w->data;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(j->d, &r);
-        if (!s) {
-                j->r = r < 0 ? r : -EIO;
-                snprintf(j->err, sizeof j->err, "cannot reach the database: %s",
-                         strerror(-j->r));
-                return;
-        }
         /* A connection the server dropped meanwhile (a restart) is found
          * and replaced now, not by the call itself: its outcome would be
-         * unknown, and the tool call would fail for nothing. */
-        if ((r = pgstore_ping(s)) < 0) {
-                j->r = r;
-                snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
-                return;
+         * unknown, and the tool call would fail for nothing.  A database
+         * that does not answer is waited for, as a barrier waits (half a
+         * lease): nothing was claimed yet. */
+        struct pgstore *s = NULL;
+        int64_t give_up = (int64_t)now_ms_monotonic() + cluster_lease_ms(j->d) / 2;
+        for (unsigned attempt = 0;; attempt++) {
+                s = cluster_thread_store(j->d, &r);
+                if (s && (r = pgstore_ping(s)) == 0)
+                        break;
+                if ((int64_t)now_ms_monotonic() >= give_up) {
+                        j->r = r < 0 ? r : -EIO;
+                        snprintf(j->err, sizeof j->err, "cannot reach the database: %s",
+                                 s ? pgstore_error(s) : strerror(-j->r));
+                        return;
+                }
+                struct timespec ts = { 0, (long)(attempt < 4 ? 100 << attempt : 1000) * 1000000L };
+                nanosleep(&ts, NULL);
         }
         switch (j->op) {
         case PG_CLAIM:
