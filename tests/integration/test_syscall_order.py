@@ -145,6 +145,7 @@ class Trace:
                 else:
                     self.child_clone[e.ret] = e
         fds = {}
+        fd_set = {}    # fd -> seq of the call that gave it its current meaning
         for e in events:
             if e.name in ("clone", "clone3", "fork", "vfork"):
                 continue
@@ -158,14 +159,20 @@ class Trace:
                 continue
             if e.name in ("open", "openat", "creat") and isinstance(e.ret, int) and e.ret >= 0:
                 fds[e.ret] = self.resolve(e, fds)
+                fd_set[e.ret] = e.seq
             elif e.name in ("dup", "dup2", "dup3") and isinstance(e.ret, int) and e.ret >= 0:
                 fds[e.ret] = fds.get(e.ints()[0]) if e.ints() else None
+                fd_set[e.ret] = e.seq
             elif e.name == "fcntl" and "F_DUPFD" in e.args and isinstance(e.ret, int) \
                     and e.ret >= 0:
                 fds[e.ret] = fds.get(e.ints()[0]) if e.ints() else None
+                fd_set[e.ret] = e.seq
             elif e.name in ("write", "writev", "fdatasync", "fsync", "syncfs", "close") and e.ints():
                 self.fdpath[e.seq] = fds.get(e.ints()[0])
-                if e.name == "close":
+                # A close frees its number when it starts: an open on another
+                # thread that returned the same number while the close was
+                # still "unfinished" in the trace made a new fd, not this one.
+                if e.name == "close" and fd_set.get(e.ints()[0], -1) < e.start:
                     fds.pop(e.ints()[0], None)
 
     def resolve(self, e, fds):
