@@ -320,7 +320,7 @@ class CgroupCase:
     def test_tasks_max_limits_forks(self):
         line = self.start({"forky": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
             "Observe": "python3 -c \"import subprocess; "
-                       "ps = [subprocess.Popen(['sleep', '30']) for _ in range(8)]; print('{}')\"",
+                       "ps = [subprocess.Popen(['sleep', '30.0417']) for _ in range(8)]; print('{}')\"",
             "TasksMax": "4"}}})
         self.need(line, "pids")
         recs = self.run_mandate("forky")
@@ -328,7 +328,8 @@ class CgroupCase:
         self.assertTrue(failed, recs)
         self.assertEqual(failed[-1]["error_class"], "exit_status", failed[-1])
         self.assertIn("Resource temporarily unavailable", failed[-1]["error_msg"])
-        poll(lambda: not procs_with("sleep\0" + "30"), "the handler's sleeps to be killed")
+        # (a duration no other test uses: tests run side by side)
+        poll(lambda: not procs_with("sleep\0" + "30.0417"), "the handler's sleeps to be killed")
         poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
 
     def test_fork_bomb_is_bounded_and_cleaned_up(self):
