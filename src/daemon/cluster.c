@@ -186,7 +186,7 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
 
 /* Run op until it is not a broken connection, reconnecting, for at most
  * half a lease (then the lease may be gone anyway). */
-static void backoff(unsigned attempt)
+void cluster_backoff(unsigned attempt)
 {
         struct timespec ts = { 0, (long)(attempt < 5 ? 100 << attempt : 2000) * 1000000L };
         if (ts.tv_nsec >= 1000000000L) {
@@ -261,7 +261,7 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                 if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
                     mono_ms() >= give_up)
                         return r;
-                backoff(attempt);
+                cluster_backoff(attempt);
         }
 }
 
@@ -1446,6 +1446,7 @@ void cluster_hold(struct mandate *m) { (void)m; }
 void cluster_release(struct mandate *m) { (void)m; }
 void cluster_drop(struct mandate *m, const char *why) { (void)m; (void)why; }
 bool cluster_dropped(const struct mandate *m) { (void)m; return false; }
+void cluster_backoff(unsigned attempt) { (void)attempt; }
 json_t *cluster_status(struct daemon *d)
 {
         (void)d;

@@ -691,8 +691,7 @@ static void pg_work(uv_work_t *w)
                                  s ? pgstore_error(s) : strerror(-j->r));
                         return;
                 }
-                struct timespec ts = { 0, (long)(attempt < 4 ? 100 << attempt : 1000) * 1000000L };
-                nanosleep(&ts, NULL);
+                cluster_backoff(attempt);
         }
         switch (j->op) {
         case PG_CLAIM:
