@@ -120,7 +120,7 @@ def log_lines(path):
 
 
 def schedule(cron="* * * * *", min_ms=500, max_ms=5000, beat=False, observe=True,
-             effects_via="kairosctl", timeout="2min"):
+             effects_via="kairosctl", timeout="2min", concurrency=None):
     """A schedule's sections for Cluster(schedules=...): observe and act
     pause at random, act makes its effect through kairosctl tool run."""
     exec_keys = {"Act": "{handler} act", "Effects": "act", "EffectsVia": effects_via,
@@ -129,7 +129,10 @@ def schedule(cron="* * * * *", min_ms=500, max_ms=5000, beat=False, observe=True
                                 "EFFECTS={effects}"}
     if observe:
         exec_keys["Observe"] = "{handler} observe"
-    return {"Schedule": {"Cron": cron, "MissedPolicy": "skip"}, "Exec": exec_keys}
+    sched = {"Cron": cron, "MissedPolicy": "skip"}
+    if concurrency:
+        sched["Concurrency"] = concurrency
+    return {"Schedule": sched, "Exec": exec_keys}
 
 
 def utc(t):

@@ -8,8 +8,8 @@ Load: SCHEDULES schedules firing every minute on every node (observe and
 act pause 0.5-5 s at random; act makes its effect through kairosctl tool
 run, EffectsVia=kairosctl); just after each minute, `kairosctl fire S --at
 MINUTE` of the same tick on every node at once; and every 3-8 s a new
-tick of BURST (a schedule that never fires by itself) fired on every node
-at once, so that faults land in the middle of steps.
+tick of BURST (a schedule that never fires by itself, Concurrency=allow)
+fired on every node at once, so that faults land in the middle of steps.
 
 Nemesis, every 10-30 s at random (one fault at a time): kill -9 one
 kairosd (restarted 1-5 s later); kill a whole node, handlers included;
@@ -26,7 +26,9 @@ effect of a mandate the database does not know; no lost mandate (each
 ended done, or paused with a reason); the rows' invariants (pg_checks.py,
 with the daemon's: no row under an old epoch).  Reported: the failover
 time (owner's death → the owner record of another node, and → the next
-step started there) p50/p99, counts per fault and per outcome, `uptime`.
+step started there) p50/p99 (a next step that waited for a sibling under
+Concurrency=queue apart: that wait is the schedule's, not the failover's),
+counts per fault and per outcome, `uptime`.
 
 Environment: KAIROS_NEMESIS_SEED (default: random, printed),
 KAIROS_NEMESIS_SECONDS (default 100: CI), KAIROS_NEMESIS_LEASE (LeaseSec,
@@ -95,20 +97,39 @@ def check_effects(lines, mandates):
     return twice, unknown
 
 
-def failover_times(events, wal):
+def ended_at(rs):
+    """When a mandate stopped holding a slot: its last plan_finalize or
+    needs_review/failed transition (None: still unfinished)."""
+    end = None
+    for (_, _, _, t, rec) in rs:
+        if rec.get("op") == "plan_finalize" or (
+                rec.get("op") == "transition" and rec.get("status") in ("needs_review", "failed")):
+            end = t
+    return end
+
+
+def failover_times(events, wal, schedule_of=None, queued=()):
     """For each fault that took a node away (kill, SIGSTOP, cut) and each
     mandate that node held then, the time from the fault to the owner record
     of the node that took the mandate over, and to the first step started
     there.  A takeover after a graceful stop (SIGTERM: the node handed its
     mandates over) is not a failover.  wal: [(mandate, seq, epoch,
-    written_at, record)] in seq order.  Returns ([(delay, mandate, fault)],
-    [(delay, mandate, fault)])."""
+    written_at, record)] in seq order.  schedule_of: {mandate: schedule};
+    queued: the schedules with Concurrency=queue, whose mandate waits, on the
+    node that took it as on any other, while a sibling runs: a next step
+    that started within a second of the end of a sibling that was still
+    unfinished when the mandate was taken over waited for that sibling, not
+    for the failover, and is counted apart.  Returns ([(delay, mandate,
+    fault)], [(delay, mandate, fault)], [(delay, mandate, fault)]): to the
+    owner record, to the next step, to the next step behind a sibling."""
     rows = {}
     for r in wal:
         rows.setdefault(r[0], []).append(r)
+    schedule_of = schedule_of or {}
+    ends = {mid: ended_at(rs) for mid, rs in rows.items()}
     marks = sorted((t, what, k) for (t, what, k) in events
                    if k and (what.split()[0] in ("kill", "SIGSTOP", "cut") or what == "SIGTERM"))
-    to_owner, to_step = [], []
+    to_owner, to_step, behind = [], [], []
     for mid, rs in rows.items():
         for i, (_, seq, epoch, t, rec) in enumerate(rs):
             if rec.get("op") != "owner":
@@ -129,9 +150,15 @@ def failover_times(events, wal):
             for (_, _, e2, t2, r2) in rs[i + 1:]:
                 if e2 == epoch and r2.get("op") == "transition" and \
                         r2.get("status") == "executing":
-                    to_step.append((t2 - tf, mid, fault))
+                    sched = schedule_of.get(mid)
+                    waited = sched in queued and any(
+                        o != mid and schedule_of.get(o) == sched and
+                        rows[o][0][3] <= rs[0][3] and end is not None and
+                        t <= end and t2 - 1.0 <= end <= t2
+                        for o, end in ends.items())
+                    (behind if waited else to_step).append((t2 - tf, mid, fault))
                     break
-    return to_owner, to_step
+    return to_owner, to_step, behind
 
 
 def self_test():
@@ -154,12 +181,27 @@ def self_test():
            ("m1", 2, 1, 101.0, {"op": "transition", "status": "executing"}),
            ("m1", 3, 2, 110.0, {"op": "owner", "prev_owner": "node2", "epoch": 2}),
            ("m1", 4, 2, 111.0, {"op": "transition", "status": "executing"})]
-    o, s = failover_times([(102.0, "kill -9 kairosd", 2)], wal)
-    assert [x[0] for x in o] == [8.0] and [x[0] for x in s] == [9.0], (o, s)
-    o, s = failover_times([(102.0, "kill -9 kairosd", 3)], wal)
-    assert o == [] and s == [], (o, s)
-    o, s = failover_times([(102.0, "kill -9 kairosd", 2), (105.0, "SIGTERM", 2)], wal)
-    assert o == [] and s == [], (o, s)
+    o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal)
+    assert [x[0] for x in o] == [8.0] and [x[0] for x in s] == [9.0] and b == [], (o, s, b)
+    o, s, b = failover_times([(102.0, "kill -9 kairosd", 3)], wal)
+    assert o == [] and s == [] and b == [], (o, s, b)
+    o, s, b = failover_times([(102.0, "kill -9 kairosd", 2), (105.0, "SIGTERM", 2)], wal)
+    assert o == [] and s == [] and b == [], (o, s, b)
+    # m2 (fired after m0, same Concurrency=queue schedule) waited for m0,
+    # which ended at 129.5, and started at 130: behind a sibling
+    wal2 = wal + [("m0", 1, 1, 99.0, {"op": "mandate"}),
+                  ("m0", 2, 1, 129.5, {"op": "plan_finalize", "status": "succeeded"}),
+                  ("m2", 1, 1, 100.5, {"op": "mandate"}),
+                  ("m2", 2, 2, 110.0, {"op": "owner", "prev_owner": "node2", "epoch": 2}),
+                  ("m2", 3, 2, 130.0, {"op": "transition", "status": "executing"})]
+    wal2.sort(key=lambda r: (r[0], r[1]))
+    sched = {"m0": "q", "m1": "x", "m2": "q"}
+    o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal2, sched, {"q"})
+    assert sorted(x[1] for x in o) == ["m1", "m2"], o
+    assert [x[1] for x in s] == ["m1"] and [(x[0], x[1]) for x in b] == [(28.0, "m2")], (s, b)
+    # the same wait under Concurrency=allow is the failover's
+    o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal2, sched, set())
+    assert sorted(x[1] for x in s) == ["m1", "m2"] and b == [], (s, b)
     print("checker self-test: ok")
 
 
@@ -418,7 +460,9 @@ def main():
           f"(KAIROS_NEMESIS_SEED={seed} repeats the faults)", flush=True)
     rng = random.Random(seed)
     scheds = {s: cb.schedule() for s in SCHEDULES}
-    scheds[BURST] = cb.schedule(cron="0 0 1 1 *")
+    # the burst ticks run side by side (the per-minute schedules keep the
+    # default Concurrency=queue: a late tick waits for its sibling)
+    scheds[BURST] = cb.schedule(cron="0 0 1 1 *", concurrency="allow")
     with cb.Cluster(nodes=3, schedules=scheds, lease_sec=lease) as c:
         camp = Campaign(c, rng, seconds, lease)
         camp.run()
@@ -457,7 +501,8 @@ def main():
                 problems.append(f"lost mandate {mid}: {st} {str(why or '(no reason)')[:300]}")
         problems += pg_checks.check(c.bed, "kairos", daemon=True)
         problems += [f"sanitizer: {line}" for line in c.sanitizer_reports()[:20]]
-        to_owner, to_step = failover_times(c.events, wal)
+        to_owner, to_step, behind = failover_times(
+            c.events, wal, {mid: m["schedule"] for mid, m in mandates.items()}, set(SCHEDULES))
 
         print("---- nemesis report")
         print(f"seed {seed}; {camp.t_end - camp.t_start:.0f} s of load; LeaseSec={lease}; "
@@ -472,7 +517,9 @@ def main():
         takeovers = sum(1 for r in wal if r[4].get("op") == "owner")
         print(f"takeovers (owner records): {takeovers}")
         for name, samples in (("owner's death -> owner record elsewhere", to_owner),
-                              ("owner's death -> next step started elsewhere", to_step)):
+                              ("owner's death -> next step started elsewhere", to_step),
+                              ("owner's death -> next step started elsewhere, after waiting "
+                               "for a sibling (Concurrency=queue)", behind)):
             xs = [x[0] for x in samples]
             if xs:
                 print(f"failover, {name}: n={len(xs)} p50 {statistics.median(xs):.1f} s, "
