@@ -670,42 +670,84 @@ static struct pg_job *pg_job_new(struct daemon *d, enum pg_op op, const char *ke
         return j;
 }
 
-static void pg_work(uv_work_t *w)
+/* This pool thread's connection, checked: a connection the server dropped
+ * meanwhile (a restart) is found and replaced now, not by the call itself,
+ * whose outcome would be unknown.  A database that does not answer is waited
+ * for until a second past the node's own deadline (half a lease at least):
+ * at the deadline the node kills its handlers, the caller with them, and
+ * leaves its mandates to the other nodes, whose recovery decides the step
+ * from the calls' rows.  Giving up earlier would fail a step that may act.
+ * NULL: j->r and j->err say why. */
+static struct pgstore *pg_reach(struct pg_job *j)
 {
-        struct pg_job *j = w->data;
+        int64_t now = (int64_t)now_ms_monotonic();
+        int64_t give_up = cluster_deadline_ms(j->d) + 1000;
+        if (give_up < now + cluster_lease_ms(j->d) / 2)
+                give_up = now + cluster_lease_ms(j->d) / 2;
         int r = 0;
-        /* A connection the server dropped meanwhile (a restart) is found
-         * and replaced now, not by the call itself: its outcome would be
-         * unknown, and the tool call would fail for nothing.  A database
-         * that does not answer is waited for, as a barrier waits (half a
-         * lease): nothing was claimed yet. */
-        struct pgstore *s = NULL;
-        int64_t give_up = (int64_t)now_ms_monotonic() + cluster_lease_ms(j->d) / 2;
         for (unsigned attempt = 0;; attempt++) {
-                s = cluster_thread_store(j->d, &r);
+                struct pgstore *s = cluster_thread_store(j->d, &r);
                 if (s && (r = pgstore_ping(s)) == 0)
-                        break;
+                        return s;
                 if ((int64_t)now_ms_monotonic() >= give_up) {
                         j->r = r < 0 ? r : -EIO;
                         snprintf(j->err, sizeof j->err, "cannot reach the database: %s",
                                  s ? pgstore_error(s) : strerror(-j->r));
-                        return;
+                        return NULL;
                 }
                 cluster_backoff(attempt);
         }
-        switch (j->op) {
-        case PG_CLAIM:
-                r = pgstore_idem_claim(s, j->key, j->tool, j->fp, j->mandate, j->epoch, j->node,
-                                       j->step, j->attempt, j->ttl_ms, &j->claim);
-                break;
-        case PG_FINISH:
-                r = pgstore_idem_finish(s, j->key, j->mandate, j->epoch, j->failed, j->result,
-                                        j->result_len);
-                break;
-        case PG_RELEASE:
-                r = pgstore_idem_release(s, j->key, j->mandate, j->epoch, j->drop);
-                break;
+}
+
+/* After a finish whose outcome was unknown was repeated and refused as not
+ * processing: the row in the state this job wrote, at its epoch, is its own
+ * commit (a key's call at an epoch has one finisher: this job). */
+static bool pg_finished_before(struct pgstore *s, const struct pg_job *j)
+{
+        struct pgstore_idem_row *rows = NULL;
+        size_t n = 0;
+        bool found = false;
+        if (pgstore_idem_of_mandate(s, j->mandate, &rows, &n) < 0)
+                return false;
+        for (size_t i = 0; i < n && !found; i++)
+                found = strcmp(rows[i].key, j->key) == 0 && rows[i].epoch == j->epoch &&
+                        strcmp(rows[i].state, j->failed ? "failed" : "completed") == 0;
+        pgstore_idem_rows_free(rows, n);
+        return found;
+}
+
+static void pg_work(uv_work_t *w)
+{
+        struct pg_job *j = w->data;
+        struct pgstore *s;
+        int r = 0;
+        bool repeated = false;
+        for (unsigned tries = 0;; tries++) {
+                if (!(s = pg_reach(j)))
+                        return;
+                switch (j->op) {
+                case PG_CLAIM:
+                        r = pgstore_idem_claim(s, j->key, j->tool, j->fp, j->mandate, j->epoch,
+                                               j->node, j->step, j->attempt, j->ttl_ms,
+                                               &j->claim);
+                        break;
+                case PG_FINISH:
+                        r = pgstore_idem_finish(s, j->key, j->mandate, j->epoch, j->failed,
+                                                j->result, j->result_len);
+                        break;
+                case PG_RELEASE:
+                        r = pgstore_idem_release(s, j->key, j->mandate, j->epoch, j->drop);
+                        break;
+                }
+                /* the effect has happened: a finish whose outcome is unknown
+                 * is made again (the next call on this thread reconnects) */
+                if (r != -ENOTCONN || j->op != PG_FINISH || tries == 8)
+                        break;
+                (void)pgstore_reset(s);
+                repeated = true;
         }
+        if (r == -ESTALE && repeated && pg_finished_before(s, j))
+                r = 0;
         j->r = r;
         if (r < 0) {
                 snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
