@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 
 CYCLES = 10
-BENCH = {"Schedule": {"Cron": "0 0 1 1 *"},
+BENCH = {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
          "Mandate": {"MaxCycles": str(CYCLES)},
          "Exec": {p: "/bin/true" for p in ("Observe", "Orient", "Decide", "Act", "Reflect")}}
 
