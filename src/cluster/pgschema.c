@@ -519,10 +519,17 @@ static const char v2[] =
 "  END IF;\n"
 "END $$;\n";
 
+/* v3: a cancelled mandate is recorded as cancelled (v2 wrote abandoned). */
+static const char v3[] =
+"ALTER TABLE kairos_mandate DROP CONSTRAINT kairos_mandate_status_check;\n"
+"ALTER TABLE kairos_mandate ADD CONSTRAINT kairos_mandate_status_check\n"
+"  CHECK (status IN ('running', 'succeeded', 'failed', 'paused', 'abandoned', 'cancelled'));\n";
+
 const struct pgschema_migration pgschema_migrations[] = {
         { 1, "cluster mode: nodes, schedules, ticks, mandates with leases, WAL rows, tool calls", v1 },
         { 2, "nodes register and renew what they hold in one transaction, operators take "
              "mandates, mandates' end time, tool calls' step attempt", v2 },
+        { 3, "mandates end cancelled", v3 },
 };
 
 const size_t pgschema_nmigrations = sizeof pgschema_migrations / sizeof pgschema_migrations[0];

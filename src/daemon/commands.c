@@ -628,7 +628,7 @@ static const char *db_status_name(const char *db)
                 return "running";
         if (strcmp(db, "succeeded") == 0)
                 return mandate_status_name(MANDATE_DONE);
-        return db; /* running, failed, paused, abandoned: the same words */
+        return db; /* running, failed, paused, abandoned, cancelled: the same words */
 }
 
 static const char *db_status_of(int status)
@@ -639,6 +639,7 @@ static const char *db_status_of(int status)
         case MANDATE_FAILED: return "failed";
         case MANDATE_PAUSED: return "paused";
         case MANDATE_ABANDONED: return "abandoned";
+        case MANDATE_CANCELLED: return "cancelled";
         default: return NULL;
         }
 }
@@ -1224,14 +1225,21 @@ static void cmd_pause(struct control_request *req)
 static void cmd_cancel(struct control_request *req)
 {
         bool failed;
-        struct mandate *m = arg_mandate(req);
-        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
                 return;
         const char *reason = control_arg_string(req, "reason", true, &failed);
         if (failed)
                 return;
         if (!*reason) {
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        if (remote) {
+                /* cluster mode: a mandate no node holds (paused) is taken
+                 * here first; one running elsewhere is busy */
+                cluster_take_for(req, remote);
                 return;
         }
         if (is_final(m->status)) {

@@ -412,6 +412,7 @@ void advance_work(void *arg)
                  * nothing, and the new owner ends it again */
                 static const char *const db_status[] = {
                         [MANDATE_DONE] = "succeeded", [MANDATE_FAILED] = "failed",
+                        [MANDATE_CANCELLED] = "cancelled",
                 };
                 const char *st = (size_t)a->end_status < sizeof db_status / sizeof db_status[0] &&
                                                  db_status[a->end_status]

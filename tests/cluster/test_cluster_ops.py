@@ -9,8 +9,9 @@ one host sharing a private PostgreSQL (pg_fixture.py).
 - A mandate paused (awaiting approval, paused for review) is released by
   its node: the database says paused, and `approve` / `resolve` on the other
   node takes it (epoch + 1) and acts there.
-- A mandate running under a live lease elsewhere: `resolve` answers "busy",
-  naming the node.
+- A mandate running under a live lease elsewhere: `resolve` and `cancel`
+  answer "busy", naming the node; a paused one is cancelled from any node
+  (taken, then cancelled there).
 - A node killed during an act: the other node takes it over (paused for
   review), releases it, and the restarted node resolves it.
 
@@ -302,6 +303,35 @@ class ClusterOps(unittest.TestCase):
         wait_for(lambda: self.db_row(mid) == ("succeeded", "n1", "2"), "it to end on n1")
         r = n2.rows()[mid]
         self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 2), r)
+
+    def test_cancel_anywhere(self):
+        n1, n2 = self.n1, self.n2
+        appr = self.fire(n2, "appr", "2026-04-01T00:00:00Z")
+        wait_for(lambda: self.db_row(appr) == ("paused", "n2", "1"), "appr released paused")
+        # no node holds it: n1 takes it (epoch 2) and cancels it there
+        rc, out, err = n1.ctl("cancel", appr, "--reason", "not this month")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.db_row(appr)[1:], ("n1", "2"))
+        self.assertNotIn(self.db_row(appr)[0], ("running", "paused"))
+        for n in (n1, n2):
+            r = n.rows()[appr]
+            self.assertEqual((r["status"], r["node"], r["epoch"]), ("cancelled", "n1", 2), r)
+        s1, s2 = self.assert_same_show(appr, n1, n2)
+        self.assertIn("cancel", [o["action"] for o in s2["operators"]], s2)
+        # running on n1 under a live lease: n2 may not cancel it, n1 may
+        hang = self.fire(n1, "hang", "2026-04-02T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + hang)), "the act")
+        rc, out, err = n2.ctl("cancel", hang, "--reason", "x")
+        self.assertEqual(rc, 1)
+        self.assertIn("held by node n1", err + json.dumps(out))
+        self.assertEqual(self.db_row(hang), ("running", "n1", "1"))
+        rc, out, err = n1.ctl("cancel", hang, "--reason", "stop it")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(n2.rows()[hang]["status"], "cancelled")
+        # a mandate no node ever had
+        rc, out, err = n2.ctl("cancel", "mnd_no_such_mandate", "--reason", "x")
+        self.assertEqual(rc, 1)
+        self.assertIn("no mandate", err)
 
 
 def main():

@@ -898,11 +898,12 @@ static void test_unknown_commit_outcome(void **state)
         pgstore_close(s);
 }
 
-/* ---- schema version 2 ---- */
+/* ---- schema versions 2 and 3 ---- */
 
-/* A database at version 1 with rows in it is migrated to version 2 in
- * place: its rows stay and work (a tool call of version 1 has no attempt),
- * and only the new kairos_idem_claim is left. */
+/* A database at version 1 with rows in it is migrated to the current
+ * version in place: its rows stay and work (a tool call of version 1 has no
+ * attempt), only the new kairos_idem_claim is left, and a mandate can end
+ * cancelled. */
 static void test_migrate_from_v1(void **state)
 {
         PGconn *c = raw();
@@ -934,7 +935,7 @@ static void test_migrate_from_v1(void **state)
         int from = -1, to = -1;
         assert_int_equal(pgstore_migrate(s, &from, &to), 0);
         assert_int_equal(from, 1);
-        assert_int_equal(to, 2);
+        assert_int_equal(to, PGSCHEMA_VERSION);
         assert_int_equal(count(c, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON "
                                   "n.oid = p.pronamespace WHERE n.nspname = 'v1up' AND "
                                   "p.proname = $1", "kairos_idem_claim"), 1);
@@ -956,9 +957,14 @@ static void test_migrate_from_v1(void **state)
         assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id = $1 "
                                   "AND ended_at IS NOT NULL AND lease_expires_at IS NULL",
                                "m-v1"), 1);
+        /* version 3: a mandate ends cancelled */
+        assert_int_equal(pgstore_mandate_create(s, "m-v1-c", NULL, "a", 60000, NULL, 0), 0);
+        assert_int_equal(pgstore_mandate_finish(s, "m-v1-c", 1, "cancelled"), 0);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id = $1 "
+                                  "AND status = 'cancelled'", "m-v1-c"), 1);
         /* and again: nothing to do */
         assert_int_equal(pgstore_migrate(s, &from, &to), 0);
-        assert_int_equal(from, 2);
+        assert_int_equal(from, PGSCHEMA_VERSION);
         pgstore_close(s);
         PQclear(PQexec(c, "DROP SCHEMA v1up CASCADE"));
         PQfinish(c);

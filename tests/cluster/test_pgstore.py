@@ -41,6 +41,8 @@ import pg_proxy  # noqa: E402
 KAIROSD = os.environ.get("KAIROSD", "kairosd")
 KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
+# the schema version this build creates (src/cluster/pgschema.h)
+VERSION = 3
 SKIP = 77
 
 PG = None
@@ -56,9 +58,9 @@ class InitDb(unittest.TestCase):
         ci = PG.createdb("initdb_once")
         r = init_db(ci)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(r.stdout, "kairos schema: created at version 2\n")
+        self.assertEqual(r.stdout, f"kairos schema: created at version {VERSION}\n")
         rows = PG.psql("initdb_once", "SELECT version FROM kairos_schema_migrations ORDER BY 1")
-        self.assertEqual(rows, [["1"], ["2"]])
+        self.assertEqual(rows, [[str(v)] for v in range(1, VERSION + 1)])
         tables = PG.psql("initdb_once", "SELECT tablename FROM pg_tables WHERE tablename "
                          "LIKE 'kairos\\_%' ORDER BY 1")
         self.assertEqual([t[0] for t in tables],
@@ -67,9 +69,9 @@ class InitDb(unittest.TestCase):
         for _ in range(2):
             r = init_db(ci)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(r.stdout, "kairos schema: up to date at version 2\n")
+            self.assertEqual(r.stdout, f"kairos schema: up to date at version {VERSION}\n")
         rows = PG.psql("initdb_once", "SELECT version, applied_at FROM kairos_schema_migrations")
-        self.assertEqual(len(rows), 2)
+        self.assertEqual(len(rows), VERSION)
 
     def test_concurrent_runs_apply_once(self):
         ci = PG.createdb("initdb_race")
@@ -78,10 +80,10 @@ class InitDb(unittest.TestCase):
         for r in results:
             self.assertEqual(r.returncode, 0, r.stderr)
         outs = sorted(r.stdout for r in results)
-        self.assertEqual(outs.count("kairos schema: created at version 2\n"), 1, outs)
-        self.assertEqual(outs.count("kairos schema: up to date at version 2\n"), 5, outs)
+        self.assertEqual(outs.count(f"kairos schema: created at version {VERSION}\n"), 1, outs)
+        self.assertEqual(outs.count(f"kairos schema: up to date at version {VERSION}\n"), 5, outs)
         self.assertEqual(PG.psql("initdb_race", "SELECT count(*) FROM kairos_schema_migrations"),
-                         [["2"]])
+                         [[str(VERSION)]])
 
     def test_newer_schema_refused(self):
         ci = PG.createdb("initdb_newer")
@@ -90,7 +92,7 @@ class InitDb(unittest.TestCase):
                 "VALUES (99, 'from the future')")
         r = init_db(ci)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("version 99, newer than this build's 2", r.stderr)
+        self.assertIn(f"version 99, newer than this build's {VERSION}", r.stderr)
 
     def test_unreachable(self):
         r = init_db(f"host={PG.dir} port=1 user=kairos dbname=postgres connect_timeout=5")
