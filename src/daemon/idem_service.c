@@ -673,22 +673,28 @@ static struct pg_job *pg_job_new(struct daemon *d, enum pg_op op, const char *ke
 /* This pool thread's connection, checked: a connection the server dropped
  * meanwhile (a restart) is found and replaced now, not by the call itself,
  * whose outcome would be unknown.  A database that does not answer is waited
- * for until a second past the node's own deadline (half a lease at least):
- * at the deadline the node kills its handlers, the caller with them, and
- * leaves its mandates to the other nodes, whose recovery decides the step
- * from the calls' rows.  Giving up earlier would fail a step that may act.
- * NULL: j->r and j->err say why. */
+ * for until a second past the node's own deadline (half a lease at least,
+ * three at most): at the deadline the node kills its handlers, the caller
+ * with them, and leaves its mandates to the other nodes, whose recovery
+ * decides the step from the calls' rows.  Giving up earlier would fail a
+ * step that may act.  NULL: j->r and j->err say why. */
 static struct pgstore *pg_reach(struct pg_job *j)
 {
-        int64_t now = (int64_t)now_ms_monotonic();
-        int64_t give_up = cluster_deadline_ms(j->d) + 1000;
-        if (give_up < now + cluster_lease_ms(j->d) / 2)
-                give_up = now + cluster_lease_ms(j->d) / 2;
+        int64_t start = (int64_t)now_ms_monotonic();
+        int64_t lease = cluster_lease_ms(j->d);
         int r = 0;
         for (unsigned attempt = 0;; attempt++) {
                 struct pgstore *s = cluster_thread_store(j->d, &r);
                 if (s && (r = pgstore_ping(s)) == 0)
                         return s;
+                /* the deadline moves on while the node renews (its own
+                 * connection may get through when this one cannot: the
+                 * server out of connection slots); three leases at most */
+                int64_t give_up = cluster_deadline_ms(j->d) + 1000;
+                if (give_up < start + lease / 2)
+                        give_up = start + lease / 2;
+                if (give_up > start + 3 * lease)
+                        give_up = start + 3 * lease;
                 if ((int64_t)now_ms_monotonic() >= give_up) {
                         j->r = r < 0 ? r : -EIO;
                         snprintf(j->err, sizeof j->err, "cannot reach the database: %s",

@@ -231,7 +231,9 @@ class NetBed:
 
     def _pg_ctl(self, what, mode=None):
         opts = (f"-k {self.dir} -p {PG_PORT} -c listen_addresses='{PG_ADDR}' -c fsync=off "
-                "-c full_page_writes=off -c max_connections=60 -c shared_buffers=16MB "
+                "-c full_page_writes=off -c max_connections=150 -c shared_buffers=16MB "
+                "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 "
+                "-c tcp_keepalives_count=3 "
                 "-c log_min_messages=warning -c password_encryption=md5")
         argv = [os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-l", self.log, "-o",
                 opts, "-w", "-t", "60"]
