@@ -142,8 +142,11 @@ def failover_times(events, wal, schedule_of=None, queued=()):
             if not before or before[-1][1] == "SIGTERM" or t - before[-1][0] > 300:
                 continue
             tf, what = before[-1]
-            # the mandate must have been written before the fault
-            if rs[0][3] > tf:
+            # the mandate must have been written before the fault, and this
+            # must be its first takeover since: a later one (the new owner
+            # lost it in turn, to a restart of the database say) is not
+            # this fault's
+            if rs[0][3] > tf or any(r[4].get("op") == "owner" and r[3] > tf for r in rs[:i]):
                 continue
             fault = f"{what} node{k} at {tf:.1f}"
             to_owner.append((t - tf, mid, fault))
@@ -199,6 +202,12 @@ def self_test():
     o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal2, sched, {"q"})
     assert sorted(x[1] for x in o) == ["m1", "m2"], o
     assert [x[1] for x in s] == ["m1"] and [(x[0], x[1]) for x in b] == [(28.0, "m2")], (s, b)
+    # a second takeover after the same fault (node2 took it, lost it to
+    # something else, and it was taken from node2 again) is not a sample
+    wal3 = wal + [("m1", 5, 3, 140.0, {"op": "owner", "prev_owner": "node2", "epoch": 3}),
+                  ("m1", 6, 3, 141.0, {"op": "transition", "status": "executing"})]
+    o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal3)
+    assert [x[0] for x in o] == [8.0] and [x[0] for x in s] == [9.0], (o, s)
     # the same wait under Concurrency=allow is the failover's
     o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal2, sched, set())
     assert sorted(x[1] for x in s) == ["m1", "m2"] and b == [], (s, b)
