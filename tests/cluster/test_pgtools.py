@@ -9,7 +9,8 @@ the epoch the node holds the mandate at, else the call is refused "fenced"
 and the tool does not run; a call with an epoch from no running step is
 fenced too; a mandate whose epoch moved on in the database (as a takeover
 does) has its next tool call refused inside the database, and the node gives
-the mandate up.  Calls from no step keep the local store.
+the mandate up.  Calls from no step keep the local store.  A finish whose
+answer was lost after its commit is made again and succeeds.
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
@@ -28,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import pg_fixture  # noqa: E402
+import pg_proxy  # noqa: E402
 from kairos_harness import KAIROSCTL, KAIROSD, Client, Daemon, NotifySocket, write_config  # noqa: E402,E501
 
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
@@ -209,6 +211,72 @@ class ToolCalls(unittest.TestCase):
             print(self.daemon.log()[-4000:], file=sys.stderr)
         if os.path.exists(os.path.join(self.out, "late.rc")):
             self.assertNotEqual(self.read("late.rc").strip(), "0")
+
+
+# One call, then the step ends; its rc and output for the test.
+ONE_CALL = r"""#!/bin/sh
+"$KAIROSCTL" tool run --key "once-$KAIROS_IDEM_KEY" -- sh -c 'echo ran >> "$0"' "$OUT/ran" \
+  > "$OUT/once.out" 2> "$OUT/once.err"
+echo $? > "$OUT/once.rc"
+echo '{"ok":true}'
+"""
+
+
+class FinishOutcomeUnknown(unittest.TestCase):
+    """The answer to a tool call's finish is lost after its commit (a
+    proxy swallows it and closes the connection): the node makes the finish
+    again, finds its own commit, and the call succeeds; the tool ran once."""
+
+    def test_finish_made_again(self):
+        db = "tools_unknown_%d" % os.getpid()
+        ci = PG.createdb(db)
+        r = subprocess.run([KAIROSD, "--init-db", ci], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        d = tempfile.mkdtemp(prefix="kairos-pgtools-")
+        self.addCleanup(shutil.rmtree, d, True)
+        os.chmod(d, 0o755)
+        out = os.path.join(d, "out")
+        os.makedirs(out)
+        act = os.path.join(d, "act.sh")
+        with open(act, "w") as f:
+            f.write(ONE_CALL)
+        os.chmod(act, 0o755)
+        sched = {"Schedule": {"Cron": "0 0 1 1 *"},
+                 "Exec": {"Act": act, "Environment": "OUT=%s KAIROSCTL=%s" % (out, KAIROSCTL)}}
+        with pg_proxy.ReplyDropper(PG.dir, pg_fixture.PORT, b"kairos_idem_finish") as px:
+            extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=n1\n"
+                     "LeaseSec=10\n" % px.conninfo(db))
+            conf = write_config(d, os.path.join(d, "state"), {"job": sched},
+                                daemon_extra=extra)
+            notify = NotifySocket(d)
+            daemon = Daemon(os.path.join(d, "state"), config=conf, notify=notify)
+            try:
+                notify.wait_ready(timeout=60)
+                c = Client(daemon.socket_path)
+                r = c.call("fire", schedule="job", fired_at="2030-01-01T00:00:00Z")
+                c.close()
+                self.assertTrue(r["ok"], r)
+                mid = r["result"]["mandate"]
+                wait_for(lambda: PG.psql(db, "SELECT status FROM kairos_mandate WHERE "
+                                             "mandate_id = '%s'" % mid) != [["running"]],
+                         "the mandate to end", timeout=90)
+                dropped = px.dropped
+            finally:
+                rc = daemon.stop()
+                daemon.proc.stderr.close()
+                notify.close()
+            log = daemon.log()
+        self.assertEqual(dropped, 1, "the proxy did not swallow the finish's answer")
+        with open(os.path.join(out, "once.rc")) as f:
+            self.assertEqual(f.read().strip(), "0", log[-3000:])
+        with open(os.path.join(out, "ran")) as f:
+            self.assertEqual(f.read(), "ran\n")
+        self.assertEqual(PG.psql(db, "SELECT status FROM kairos_mandate WHERE mandate_id = "
+                                     "'%s'" % mid), [["succeeded"]])
+        self.assertEqual(PG.psql(db, "SELECT state FROM kairos_idem WHERE mandate_id = '%s'"
+                                     % mid), [["completed"]])
+        self.assertEqual(rc, 0, log[-3000:])
 
 
 def main():
