@@ -525,11 +525,162 @@ static const char v3[] =
 "ALTER TABLE kairos_mandate ADD CONSTRAINT kairos_mandate_status_check\n"
 "  CHECK (status IN ('running', 'succeeded', 'failed', 'paused', 'abandoned', 'cancelled'));\n";
 
+/* v4: a schedule's Concurrency= across the cluster (docs/design.md §14,
+ * "Concurrency").  kairos_slot has one row per schedule, created on first
+ * use: the lock that orders everything about the schedule's concurrency, and
+ * (queue) the mandate holding the schedule's one slot.  The holder keeps it
+ * across a takeover (it is the mandate's, not the node's) and loses it when
+ * its status leaves running (the trigger: finish, park, any writer) or by
+ * kairos_slot_release.  A mandate that found the slot taken waits in line
+ * from slot_wait_since (the database's clock): the earliest live waiter goes
+ * first.  kairos_tick_rejected remembers a tick refused under
+ * Concurrency=reject, so that every node that fires it gets the same answer.
+ * Lock order everywhere: the mandate's row, then the slot's. */
+static const char v4[] =
+"CREATE TABLE kairos_slot (\n"
+"  schedule text PRIMARY KEY,\n"
+"  holder text,\n"
+"  taken_at timestamptz\n"
+");\n"
+"ALTER TABLE kairos_mandate ADD COLUMN slot_wait_since timestamptz;\n"
+"CREATE INDEX kairos_mandate_unfinished ON kairos_mandate (schedule)\n"
+"  WHERE status IN ('running', 'paused');\n"
+"CREATE TABLE kairos_tick_rejected (\n"
+"  schedule text NOT NULL,\n"
+"  fired_at timestamptz NOT NULL,\n"
+"  busy_mandate text NOT NULL,\n"
+"  busy_status text NOT NULL,\n"
+"  rejected_by text NOT NULL,\n"
+"  rejected_at timestamptz NOT NULL DEFAULT now(),\n"
+"  PRIMARY KEY (schedule, fired_at)\n"
+");\n"
+"CREATE FUNCTION kairos_slot_free() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+"BEGIN\n"
+"  NEW.slot_wait_since := NULL;\n"
+"  IF NEW.schedule IS NOT NULL THEN\n"
+"    UPDATE kairos_slot SET holder = NULL, taken_at = NULL\n"
+"      WHERE schedule = NEW.schedule AND holder = NEW.mandate_id;\n"
+"  END IF;\n"
+"  RETURN NEW;\n"
+"END $$;\n"
+"CREATE TRIGGER kairos_slot_free BEFORE UPDATE OF status ON kairos_mandate\n"
+"  FOR EACH ROW WHEN (NEW.status <> 'running') EXECUTE FUNCTION kairos_slot_free();\n"
+/* Take the slot of p_mandate's schedule for it (fenced: running at
+ * p_epoch, else KR001).  r_taken: it holds the slot now (or held it
+ * already); otherwise r_holder is the mandate it waits for: the holder, or
+ * an earlier waiter. */
+"CREATE FUNCTION kairos_slot_take(p_mandate text, p_epoch bigint)\n"
+"    RETURNS TABLE (r_taken boolean, r_holder text) LANGUAGE plpgsql AS $$\n"
+"DECLARE m record; h text; w text;\n"
+"BEGIN\n"
+"  SELECT k.schedule, k.epoch, k.status, k.slot_wait_since INTO m FROM kairos_mandate k\n"
+"    WHERE k.mandate_id = p_mandate FOR UPDATE;\n"
+"  IF NOT FOUND THEN\n"
+"    RAISE EXCEPTION 'kairos: no mandate %', p_mandate USING ERRCODE = 'KR002';\n"
+"  END IF;\n"
+"  IF m.epoch <> p_epoch OR m.status <> 'running' THEN\n"
+"    RAISE EXCEPTION 'kairos: mandate % is % at epoch %, the take is at epoch %',\n"
+"      p_mandate, m.status, m.epoch, p_epoch USING ERRCODE = 'KR001';\n"
+"  END IF;\n"
+"  IF m.schedule IS NULL THEN\n"
+"    RETURN QUERY SELECT true, p_mandate;\n"
+"    RETURN;\n"
+"  END IF;\n"
+"  INSERT INTO kairos_slot (schedule) VALUES (m.schedule) ON CONFLICT DO NOTHING;\n"
+"  SELECT s.holder INTO h FROM kairos_slot s WHERE s.schedule = m.schedule FOR UPDATE;\n"
+"  IF h = p_mandate THEN\n"
+"    RETURN QUERY SELECT true, p_mandate;\n"
+"    RETURN;\n"
+"  END IF;\n"
+"  IF h IS NULL OR NOT EXISTS (SELECT 1 FROM kairos_mandate k\n"
+"                              WHERE k.mandate_id = h AND k.status = 'running') THEN\n"
+"    SELECT k.mandate_id INTO w FROM kairos_mandate k\n"
+"      WHERE k.schedule = m.schedule AND k.status = 'running' AND k.mandate_id <> p_mandate\n"
+"        AND k.slot_wait_since IS NOT NULL AND k.lease_expires_at > now()\n"
+"        AND (k.slot_wait_since, k.mandate_id) < (coalesce(m.slot_wait_since, now()), p_mandate)\n"
+"      ORDER BY k.slot_wait_since, k.mandate_id LIMIT 1;\n"
+"    IF NOT FOUND THEN\n"
+"      UPDATE kairos_slot SET holder = p_mandate, taken_at = now()\n"
+"        WHERE schedule = m.schedule;\n"
+"      UPDATE kairos_mandate SET slot_wait_since = NULL WHERE mandate_id = p_mandate;\n"
+"      RETURN QUERY SELECT true, p_mandate;\n"
+"      RETURN;\n"
+"    END IF;\n"
+"    h := w;\n"
+"  END IF;\n"
+"  IF m.slot_wait_since IS NULL THEN\n"
+"    UPDATE kairos_mandate SET slot_wait_since = now() WHERE mandate_id = p_mandate;\n"
+"  END IF;\n"
+"  RETURN QUERY SELECT false, h;\n"
+"END $$;\n"
+/* Give the slot back while the mandate stays running (it waits for an
+ * approval or a review): fenced like kairos_slot_take; holding nothing is
+ * no error. */
+"CREATE FUNCTION kairos_slot_release(p_mandate text, p_epoch bigint)\n"
+"    RETURNS void LANGUAGE plpgsql AS $$\n"
+"DECLARE m record;\n"
+"BEGIN\n"
+"  SELECT k.schedule, k.epoch INTO m FROM kairos_mandate k\n"
+"    WHERE k.mandate_id = p_mandate FOR UPDATE;\n"
+"  IF NOT FOUND THEN\n"
+"    RAISE EXCEPTION 'kairos: no mandate %', p_mandate USING ERRCODE = 'KR002';\n"
+"  END IF;\n"
+"  IF m.epoch <> p_epoch THEN\n"
+"    RAISE EXCEPTION 'kairos: mandate % is at epoch %, the release is at epoch %',\n"
+"      p_mandate, m.epoch, p_epoch USING ERRCODE = 'KR001';\n"
+"  END IF;\n"
+"  UPDATE kairos_mandate SET slot_wait_since = NULL WHERE mandate_id = p_mandate;\n"
+"  UPDATE kairos_slot SET holder = NULL, taken_at = NULL\n"
+"    WHERE schedule = m.schedule AND holder = p_mandate;\n"
+"END $$;\n"
+/* kairos_claim_tick for a schedule with Concurrency=reject: under the
+ * slot's lock, a tick is refused (and remembered as refused) while another
+ * mandate of the schedule is unfinished (running or paused).  r_busy: the
+ * refused tick's busy mandate and its status then. */
+"CREATE FUNCTION kairos_claim_tick_reject(p_schedule text, p_fired_at timestamptz,\n"
+"    p_mandate text, p_node text, p_lease_ms bigint, p_lines bytea[], p_crcs bigint[])\n"
+"    RETURNS TABLE (r_won boolean, r_mandate_id text, r_claimed_by text, r_epoch bigint,\n"
+"                   r_busy text, r_busy_status text) LANGUAGE plpgsql AS $$\n"
+"DECLARE b record;\n"
+"BEGIN\n"
+"  IF p_fired_at > now() + interval '2 seconds' THEN\n"
+"    RAISE EXCEPTION 'kairos: tick % is in the future (database time %)', p_fired_at, now()\n"
+"      USING ERRCODE = 'KR004';\n"
+"  END IF;\n"
+"  INSERT INTO kairos_slot (schedule) VALUES (p_schedule) ON CONFLICT DO NOTHING;\n"
+"  PERFORM 1 FROM kairos_slot s WHERE s.schedule = p_schedule FOR UPDATE;\n"
+"  SELECT r.busy_mandate, r.busy_status INTO b FROM kairos_tick_rejected r\n"
+"    WHERE r.schedule = p_schedule AND r.fired_at = p_fired_at;\n"
+"  IF FOUND THEN\n"
+"    RETURN QUERY SELECT false, NULL::text, NULL::text, NULL::bigint, b.busy_mandate,\n"
+"      b.busy_status;\n"
+"    RETURN;\n"
+"  END IF;\n"
+"  IF NOT EXISTS (SELECT 1 FROM kairos_tick t\n"
+"                 WHERE t.schedule = p_schedule AND t.fired_at = p_fired_at) THEN\n"
+"    SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k\n"
+"      WHERE k.schedule = p_schedule AND k.status IN ('running', 'paused')\n"
+"      ORDER BY k.fired_at NULLS LAST, k.mandate_id LIMIT 1;\n"
+"    IF FOUND THEN\n"
+"      INSERT INTO kairos_tick_rejected (schedule, fired_at, busy_mandate, busy_status,\n"
+"                                        rejected_by)\n"
+"        VALUES (p_schedule, p_fired_at, b.mandate_id, b.status, p_node);\n"
+"      RETURN QUERY SELECT false, NULL::text, NULL::text, NULL::bigint, b.mandate_id, b.status;\n"
+"      RETURN;\n"
+"    END IF;\n"
+"  END IF;\n"
+"  RETURN QUERY SELECT c.r_won, c.r_mandate_id, c.r_claimed_by, c.r_epoch, NULL::text,\n"
+"    NULL::text FROM kairos_claim_tick(p_schedule, p_fired_at, p_mandate, p_node, p_lease_ms,\n"
+"                                      p_lines, p_crcs) c;\n"
+"END $$;\n";
+
 const struct pgschema_migration pgschema_migrations[] = {
         { 1, "cluster mode: nodes, schedules, ticks, mandates with leases, WAL rows, tool calls", v1 },
         { 2, "nodes register and renew what they hold in one transaction, operators take "
              "mandates, mandates' end time, tool calls' step attempt", v2 },
         { 3, "mandates end cancelled", v3 },
+        { 4, "a schedule's Concurrency= across the cluster: one slot per schedule (queue), "
+             "ticks refused while a mandate of the schedule is unfinished (reject)", v4 },
 };
 
 const size_t pgschema_nmigrations = sizeof pgschema_migrations / sizeof pgschema_migrations[0];

@@ -447,12 +447,14 @@ void pgstore_claim_free(struct pgstore_claim *c)
                 return;
         free(c->mandate_id);
         free(c->claimed_by);
+        free(c->busy);
+        free(c->busy_status);
         memset(c, 0, sizeof *c);
 }
 
-int pgstore_claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
-                       const char *mandate_id, const char *node, int64_t lease_ms,
-                       const char *lines, size_t len, struct pgstore_claim *ret)
+static int claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                      const char *mandate_id, const char *node, int64_t lease_ms,
+                      const char *lines, size_t len, bool reject, struct pgstore_claim *ret)
 {
         if (!s || !schedule || !mandate_id || !*mandate_id || !node || !*node ||
             lease_ms <= 0 || (len && !lines) || !ret)
@@ -468,9 +470,15 @@ int pgstore_claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at
         snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
         const char *vals[] = { schedule, at, mandate_id, node, lease, la.data, ca.data };
         PGresult *res;
-        r = exec_params(s, "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch FROM "
-                           "kairos_claim_tick($1, 'epoch'::timestamptz + $2::bigint * "
-                           "interval '1 millisecond', $3, $4, $5, $6::bytea[], $7::bigint[])",
+        r = exec_params(s,
+                        reject ? "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch, r_busy, "
+                                 "r_busy_status FROM kairos_claim_tick_reject($1, "
+                                 "'epoch'::timestamptz + $2::bigint * interval '1 millisecond', "
+                                 "$3, $4, $5, $6::bytea[], $7::bigint[])"
+                               : "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch, NULL, NULL "
+                                 "FROM kairos_claim_tick($1, 'epoch'::timestamptz + $2::bigint * "
+                                 "interval '1 millisecond', $3, $4, $5, $6::bytea[], "
+                                 "$7::bigint[])",
                         7, vals, 0, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 goto out;
@@ -481,11 +489,15 @@ int pgstore_claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at
                 goto out;
         }
         ret->won = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+        ret->rejected = !PQgetisnull(res, 0, 4);
         ret->mandate_id = dup_value(res, 0, 1);
         ret->claimed_by = dup_value(res, 0, 2);
         ret->epoch = PQgetisnull(res, 0, 3) ? 0 : strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+        ret->busy = dup_value(res, 0, 4);
+        ret->busy_status = dup_value(res, 0, 5);
         PQclear(res);
-        if (!ret->mandate_id || !ret->claimed_by) {
+        if (ret->rejected ? !ret->busy || !ret->busy_status
+                          : !ret->mandate_id || !ret->claimed_by) {
                 pgstore_claim_free(ret);
                 r = -ENOMEM;
         }
@@ -493,6 +505,61 @@ out:
         kbuf_free(&la);
         kbuf_free(&ca);
         return r;
+}
+
+int pgstore_claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                       const char *mandate_id, const char *node, int64_t lease_ms,
+                       const char *lines, size_t len, struct pgstore_claim *ret)
+{
+        return claim_tick(s, schedule, fired_at_ms, mandate_id, node, lease_ms, lines, len, false,
+                          ret);
+}
+
+int pgstore_claim_tick_reject(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                              const char *mandate_id, const char *node, int64_t lease_ms,
+                              const char *lines, size_t len, struct pgstore_claim *ret)
+{
+        return claim_tick(s, schedule, fired_at_ms, mandate_id, node, lease_ms, lines, len, true,
+                          ret);
+}
+
+int pgstore_slot_take(struct pgstore *s, const char *mandate_id, int64_t epoch,
+                      bool *ret_taken, char **ret_holder)
+{
+        if (!s || !mandate_id || !*mandate_id || epoch < 1 || !ret_taken)
+                return -EINVAL;
+        *ret_taken = false;
+        if (ret_holder)
+                *ret_holder = NULL;
+        char ep[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        const char *vals[] = { mandate_id, ep };
+        PGresult *res;
+        int r = exec_params(s, "SELECT r_taken, r_holder FROM kairos_slot_take($1, $2)", 2, vals,
+                            0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) != 1) {
+                set_err(s, "kairos_slot_take returned %d rows", PQntuples(res));
+                PQclear(res);
+                return -EIO;
+        }
+        *ret_taken = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+        if (ret_holder && !(*ret_holder = dup_value(res, 0, 1)) && !PQgetisnull(res, 0, 1))
+                r = -ENOMEM;
+        PQclear(res);
+        return r;
+}
+
+int pgstore_slot_release(struct pgstore *s, const char *mandate_id, int64_t epoch)
+{
+        if (!s || !mandate_id || !*mandate_id || epoch < 1)
+                return -EINVAL;
+        char ep[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        const char *vals[] = { mandate_id, ep };
+        return exec_params(s, "SELECT kairos_slot_release($1, $2)", 2, vals, 0, PGRES_TUPLES_OK,
+                           NULL);
 }
 
 int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char *schedule,
@@ -661,7 +728,8 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
                 "SELECT m.mandate_id, m.schedule, " MS("m.fired_at") ", m.status, m.owner, "
                 "m.epoch, CASE WHEN m.status = 'running' AND m.lease_expires_at IS NOT NULL "
                 "THEN " MS("(m.lease_expires_at - now())") " END, m.last_seq, "
-                MS("m.created_at") ", " MS("m.ended_at") ", count(*) OVER () "
+                MS("m.created_at") ", " MS("m.ended_at") ", count(*) OVER (), "
+                "m.status = 'running' AND m.slot_wait_since IS NOT NULL "
                 "FROM kairos_mandate m "
                 "WHERE ($1::text IS NULL OR m.status = $1) "
                 "AND ($2::text IS NULL OR m.schedule = $2) "
@@ -709,6 +777,7 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
                 m->last_seq = strtoll(PQgetvalue(res, row, 7), NULL, 10);
                 m->created_ms = ms_at(res, row, 8);
                 m->ended_ms = ms_at(res, row, 9);
+                m->slot_waiting = strcmp(PQgetvalue(res, row, 11), "t") == 0;
                 if (m->fired_ms >= 0 && !(m->fired_at = fired_text(m->fired_ms)))
                         r = -ENOMEM;
                 if (!m->mandate_id || !m->status || (!m->schedule && !PQgetisnull(res, row, 1)) ||

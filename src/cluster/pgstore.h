@@ -81,9 +81,15 @@ int pgstore_renew_held(struct pgstore *s, const char *node, int64_t incarnation,
 
 struct pgstore_claim {
         bool won;
-        char *mandate_id;  /* the winner's */
+        char *mandate_id;  /* the winner's (NULL: rejected) */
         char *claimed_by;
         int64_t epoch;     /* 1 if won, else 0 */
+        /* pgstore_claim_tick_reject: the tick was refused, now or by an
+         * earlier claim, while mandate busy was unfinished (busy_status:
+         * running or paused, as then) */
+        bool rejected;
+        char *busy;
+        char *busy_status;
 };
 void pgstore_claim_free(struct pgstore_claim *c);
 
@@ -94,6 +100,25 @@ void pgstore_claim_free(struct pgstore_claim *c);
 int pgstore_claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
                        const char *mandate_id, const char *node, int64_t lease_ms,
                        const char *lines, size_t len, struct pgstore_claim *ret);
+/* As pgstore_claim_tick, for a schedule with Concurrency=reject: under the
+ * schedule's slot lock, the tick is refused (ret->rejected, ret->busy) while
+ * another mandate of the schedule is running or paused in the database, and
+ * the refusal is remembered: every later claim of the tick gets it. */
+int pgstore_claim_tick_reject(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                              const char *mandate_id, const char *node, int64_t lease_ms,
+                              const char *lines, size_t len, struct pgstore_claim *ret);
+/* Concurrency=queue across the cluster: take the one slot of the mandate's
+ * schedule for mandate_id, fenced (-ESTALE unless it is running at epoch).
+ * *ret_taken: it holds the slot (now, or already: a takeover inherits it);
+ * otherwise it waits in line (from its first refused take, by the
+ * database's clock) and *ret_holder (malloc'd, may be NULL) names the
+ * mandate it waits for.  The slot is freed when the mandate's status leaves
+ * running (pgstore_mandate_finish) or by pgstore_slot_release. */
+int pgstore_slot_take(struct pgstore *s, const char *mandate_id, int64_t epoch,
+                      bool *ret_taken, char **ret_holder);
+/* Give the slot back (and leave the line) while the mandate stays running:
+ * awaiting an approval or a review.  Fenced; holding nothing is no error. */
+int pgstore_slot_release(struct pgstore *s, const char *mandate_id, int64_t epoch);
 /* A mandate that is not a tick (fire now, a retry): epoch 1, owned by node. */
 int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char *schedule,
                            const char *node, int64_t lease_ms, const char *lines, size_t len);
@@ -146,6 +171,7 @@ struct pgstore_mandate_row {
         int64_t last_seq;
         int64_t created_ms;
         int64_t ended_ms;       /* -1: not ended (or ended before schema version 2) */
+        bool slot_waiting;      /* running, waiting for its schedule's slot (queued) */
 };
 struct pgstore_mandate_filter {
         const char *status;     /* NULL: any */

@@ -212,11 +212,23 @@ static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate 
         if (wal_parse_ts(m->fired_at, &fired_ms) < 0)
                 return -EINVAL;
         struct pgstore_claim cl;
-        int r = pgstore_claim_tick(s, m->schedule, fired_ms, m->id, c->node, c->lease_ms, lines,
-                                   len, &cl);
+        int r = m->cluster_reject
+                        ? pgstore_claim_tick_reject(s, m->schedule, fired_ms, m->id, c->node,
+                                                    c->lease_ms, lines, len, &cl)
+                        : pgstore_claim_tick(s, m->schedule, fired_ms, m->id, c->node, c->lease_ms,
+                                             lines, len, &cl);
         if (r < 0)
                 return r;
-        if (cl.won) {
+        if (cl.rejected) {
+                /* Concurrency=reject: another mandate of the schedule is
+                 * unfinished in the cluster (said by advance_done) */
+                free(m->cluster_busy);
+                free(m->cluster_busy_status);
+                m->cluster_busy = cl.busy;
+                m->cluster_busy_status = cl.busy_status;
+                cl.busy = cl.busy_status = NULL;
+                r = -EBUSY;
+        } else if (cl.won) {
                 m->epoch = 1;
         } else if (cl.claimed_by && strcmp(cl.claimed_by, c->node) == 0 && cl.mandate_id &&
                    strcmp(cl.mandate_id, m->id) == 0) {
@@ -1418,6 +1430,36 @@ int cluster_finish(struct mandate *m, const char *status)
         return pgstore_mandate_finish(s, m->id, m->epoch, status);
 }
 
+int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
+{
+        *ret_taken = false;
+        *ret_holder = NULL;
+        if (cluster_dropped(m) || m->epoch <= 0)
+                return -ESTALE;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(m->d, &r);
+        if (!s)
+                return r;
+        r = pgstore_slot_take(s, m->id, m->epoch, ret_taken, ret_holder);
+        if (r == -ENOTCONN)
+                pgstore_reset(s);
+        return r;
+}
+
+int cluster_slot_release(struct mandate *m)
+{
+        if (cluster_dropped(m) || m->epoch <= 0)
+                return -ESTALE;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(m->d, &r);
+        if (!s)
+                return r;
+        r = pgstore_slot_release(s, m->id, m->epoch);
+        if (r == -ENOTCONN)
+                pgstore_reset(s);
+        return r;
+}
+
 #else /* !KAIROS_HAVE_PGSTORE */
 
 int cluster_start(struct daemon *d, char *err, size_t errlen)
@@ -1473,6 +1515,18 @@ int cluster_finish(struct mandate *m, const char *status)
 {
         (void)m;
         (void)status;
+        return -EPROTONOSUPPORT;
+}
+int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
+{
+        (void)m;
+        *ret_taken = false;
+        *ret_holder = NULL;
+        return -EPROTONOSUPPORT;
+}
+int cluster_slot_release(struct mandate *m)
+{
+        (void)m;
         return -EPROTONOSUPPORT;
 }
 

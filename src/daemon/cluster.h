@@ -83,6 +83,15 @@ typedef struct json_t json_t;
 json_t *cluster_status(struct daemon *d);
 /* Pool thread: the mandate ended (status succeeded, failed or abandoned). */
 int cluster_finish(struct mandate *m, const char *status);
+/* Pool thread, Concurrency=queue across the cluster (docs/design.md §14,
+ * "Concurrency"): take the one slot of m's schedule in the database
+ * (pgstore_slot_take, fenced by m's epoch): *ret_taken, else *ret_holder
+ * (malloc'd, may be NULL) the mandate m waits for.  -ESTALE: not this
+ * node's; other errors: the database did not answer (try again later). */
+int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder);
+/* Pool thread: give the slot back while m stays running (it waits for an
+ * approval or a review). */
+int cluster_slot_release(struct mandate *m);
 /* Take mandate_id, which this node does not hold, for an operator's command
  * (resolve, approve, resume): on a pool thread pgstore_mandate_take (a
  * paused mandate, or one whose lease ended; epoch + 1), its rows into the

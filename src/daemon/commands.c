@@ -631,10 +631,20 @@ static const char *db_status_name(const char *db)
         return db; /* running, failed, paused, abandoned, cancelled: the same words */
 }
 
+/* A row waiting for its schedule's slot in the cluster (Concurrency=queue)
+ * is what one host calls a queued mandate: runnable. */
+static const char *db_row_status(const struct pgstore_mandate_row *r)
+{
+        if (r->slot_waiting)
+                return mandate_status_name(MANDATE_RUNNABLE);
+        return db_status_name(r->status);
+}
+
 static const char *db_status_of(int status)
 {
         switch (status) {
         case MANDATE_RUNNING: return "running";
+        case MANDATE_RUNNABLE: return "running"; /* (the rows waiting for a slot) */
         case MANDATE_DONE: return "succeeded";
         case MANDATE_FAILED: return "failed";
         case MANDATE_PAUSED: return "paused";
@@ -749,7 +759,7 @@ static void set_owner(json_t *row, const char *node, int64_t epoch)
 static json_t *db_row_json(const struct pgstore_mandate_row *r)
 {
         json_t *o = json_pack("{s:s, s:s, s:n, s:n, s:n, s:I, s:s?, s:s?}", "id", r->mandate_id,
-                              "status", db_status_name(r->status), "reason", "review_step",
+                              "status", db_row_status(r), "reason", "review_step",
                               "plan_id", "cycle", (json_int_t)0, "schedule", r->schedule,
                               "fired_at", r->fired_at);
         json_object_set_new(o, "started_at", ms_or_null(r->created_ms));
@@ -820,6 +830,11 @@ static void list_done(void *arg)
                         continue;
                 }
                 int64_t ms = r->fired_ms >= 0 ? r->fired_ms : r->created_ms;
+                if (j->f.status >= 0 &&
+                    strcmp(db_row_status(r), mandate_status_name(j->f.status)) != 0) {
+                        overridden++;   /* running and runnable share the database's word */
+                        continue;
+                }
                 if (j->db_uncut &&
                     (ms > after_ms || (ms == after_ms && strcmp(r->mandate_id, j->after) >= 0))) {
                         overridden++;   /* (not a row after the cursor) */
@@ -1033,7 +1048,7 @@ static void show_done(void *arg)
                 }
         /* a paused mandate with a step under review is what its owner
          * called paused_review */
-        const char *status = db_status_name(r->status);
+        const char *status = db_row_status(r);
         if (strcmp(r->status, "paused") == 0 && j->review_step)
                 status = mandate_status_name(MANDATE_PAUSED_REVIEW);
         bool review = strcmp(status, "paused_review") == 0;

@@ -86,6 +86,13 @@ struct mandate {
         bool cluster_dropped;      /* no longer this node's (atomic: read by pool threads) */
         char *cluster_winner;      /* a lost tick claim: the node that won it */
         bool cluster_parking;      /* paused: its row is being marked paused */
+        /* Concurrency= across the cluster (docs/design.md §14) */
+        bool cluster_reject;       /* its tick is claimed with kairos_claim_tick_reject */
+        char *cluster_busy;        /* a refused claim: the unfinished mandate ... */
+        char *cluster_busy_status; /* ... and its status (running, paused) */
+        bool db_slot;              /* holds its schedule's slot in the database (queue) */
+        bool slot_taking;          /* a take of that slot is in flight */
+        char *slot_waits_for;      /* the last take was refused: the mandate it waits for */
         int64_t cluster_park_after; /* monotonic ms: not before (after a failure) */
 };
 
@@ -143,6 +150,8 @@ struct daemon {
         struct mandate *queue_head, *queue_tail;  /* runnable, FIFO */
         unsigned running;                          /* mandates holding a slot */
         void (*executor_idle)(struct daemon *d);   /* shutdown: nothing runs any more */
+        uv_timer_t slot_timer;                     /* cluster: ask again for refused slots */
+        bool slot_timer_init;
         uv_timer_t grace_timer;
         /* finished mandates whose archives wait for one syncfs (executor_archive.c) */
         struct mandate **arch_pending;

@@ -43,6 +43,135 @@ void executor_check_idle(struct daemon *d)
         }
 }
 
+/* ---- Concurrency=queue across the cluster (docs/design.md §14) ---- */
+
+struct slot_job {
+        struct mandate *m;
+        bool release;
+        int err;
+        bool taken;
+        char *holder;
+};
+
+static void slot_work(void *arg)
+{
+        struct slot_job *j = arg;
+        j->err = j->release ? cluster_slot_release(j->m)
+                            : cluster_slot_take(j->m, &j->taken, &j->holder);
+}
+
+static void on_slot_timer(uv_timer_t *t)
+{
+        executor_kick(t->data);
+}
+
+/* Ask again in a second: another node's mandate may end meanwhile. */
+static void slot_retry_later(struct daemon *d)
+{
+        if (d->stopping)
+                return;
+        if (!d->slot_timer_init) {
+                uv_timer_init(d->loop, &d->slot_timer);
+                d->slot_timer.data = d;
+                d->slot_timer_init = true;
+        }
+        if (!uv_is_active((uv_handle_t *)&d->slot_timer))
+                uv_timer_start(&d->slot_timer, on_slot_timer, 1000, 0);
+}
+
+static void slot_done(void *arg)
+{
+        struct slot_job *j = arg;
+        struct mandate *m = j->m;
+        struct daemon *d = m->d;
+        m->busy--;
+        if (!j->release) {
+                m->slot_taking = false;
+                if (j->err == -ESTALE) {
+                        cluster_drop(m, "fenced: another node holds it");
+                } else if (j->err < 0) {
+                        log_warning("mandate %s: cannot take the slot of schedule %s in the "
+                                    "database (%s): asking again",
+                                    m->id, m->schedule, strerror(-j->err));
+                        slot_retry_later(d);
+                } else if (j->taken) {
+                        if (m->slot_waits_for)
+                                log_info("mandate %s: takes the slot of schedule %s (waited "
+                                         "for %s)",
+                                         m->id, m->schedule, m->slot_waits_for);
+                        free(m->slot_waits_for);
+                        m->slot_waits_for = NULL;
+                        /* (a paused or dropped one gives it back at its end) */
+                        m->db_slot = true;
+                } else {
+                        if (!m->slot_waits_for ||
+                            (j->holder && strcmp(j->holder, m->slot_waits_for) != 0))
+                                log_event(LOG_INFO, NULL,
+                                          LOG_FIELDS({ "MANDATE_ID", m->id },
+                                                     { "SCHEDULE", m->schedule }),
+                                          "mandate %s waits for mandate %s of schedule %s "
+                                          "(Concurrency=queue, in the cluster)",
+                                          m->id, j->holder ? j->holder : "?", m->schedule);
+                        free(m->slot_waits_for);
+                        m->slot_waits_for = j->holder ? j->holder : strdup("?");
+                        j->holder = NULL;
+                        slot_retry_later(d);
+                }
+        } else if (j->err < 0 && j->err != -ESTALE) {
+                /* its row keeps the slot until the mandate's end or park */
+                log_warning("mandate %s: cannot give back the slot of schedule %s in the "
+                            "database (%s): it is freed when the mandate is parked or ends",
+                            m->id, m->schedule, strerror(-j->err));
+        }
+        free(j->holder);
+        free(j);
+        executor_kick(d);
+}
+
+static int slot_submit(struct mandate *m, bool release)
+{
+        struct slot_job *j = calloc(1, sizeof(*j));
+        if (!j)
+                return -ENOMEM;
+        j->m = m;
+        j->release = release;
+        m->busy++;
+        if (serialq_submit(&m->q, slot_work, slot_done, j) < 0) {
+                m->busy--;
+                free(j);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+/* The mandate stops running but goes on later (approval, review, pause):
+ * its schedule's slot goes back (after the records queued before). */
+static void db_slot_release(struct mandate *m)
+{
+        if (!m->db_slot)
+                return;
+        m->db_slot = false;
+        if (slot_submit(m, true) < 0)
+                log_warning("out of memory: the slot of %s is freed when it is parked or ends",
+                            m->id);
+}
+
+/* Cluster mode, Concurrency=queue: may m start, holding its schedule's slot
+ * in the database?  If not, it is asked for (one take at a time, after the
+ * records queued before: the claim first). */
+static bool db_slot_ready(struct mandate *m)
+{
+        if (!m->d->cluster || m->db_slot)
+                return true;
+        if (!m->slot_taking && m->cluster_held && m->epoch > 0 && !cluster_dropped(m)) {
+                if (slot_submit(m, false) == 0)
+                        m->slot_taking = true;
+                else
+                        slot_retry_later(m->d);
+        }
+        return false;
+}
+
 static void finish_fire_reply(struct advance *a, bool fired)
 {
         if (!op_reply_wanted(&a->reply))
@@ -84,7 +213,22 @@ static void advance_done(void *arg)
                                        "mandate %s is no longer held by this node", m->id);
                 if (a->cancel)
                         executor_cancel_drop(m);
-                if (a->error == -EALREADY) {
+                m->db_slot = false;
+                if (a->error == -EBUSY) {
+                        /* Concurrency=reject, decided by the database under
+                         * the schedule's lock: as on one host */
+                        const char *busy = m->cluster_busy ? m->cluster_busy : "?";
+                        const char *st = m->cluster_busy_status ? m->cluster_busy_status : "?";
+                        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", m->schedule }),
+                                  "fire of %s at %s rejected: mandate %s is still %s "
+                                  "(Concurrency=reject, in the cluster)",
+                                  m->schedule, m->fired_at, busy, st);
+                        op_reply_error(&a->reply, "rejected",
+                                       "schedule %s has Concurrency=reject and mandate %s is "
+                                       "still %s",
+                                       m->schedule, busy, st);
+                        cluster_drop(m, "its tick was rejected (Concurrency=reject)");
+                } else if (a->error == -EALREADY) {
                         if (op_reply_wanted(&a->reply))
                                 op_reply_ok(&a->reply,
                                             json_pack("{s:s, s:s, s:s, s:b, s:s, s:s?}", "mandate",
@@ -168,6 +312,7 @@ static void advance_done(void *arg)
                           a->reason, m->id);
                 hooks_event(d, HOOK_APPROVAL, m, m->review_step, NULL);
                 executor_release_slot(m);
+                db_slot_release(m);
                 break;
         case NEXT_REVIEW:
                 mandate_set_status(m, MANDATE_PAUSED_REVIEW, a->reason);
@@ -178,12 +323,14 @@ static void advance_done(void *arg)
                           m->review_step ? m->review_step : "?", a->reason);
                 hooks_event(d, HOOK_REVIEW, m, m->review_step, NULL);
                 executor_release_slot(m);
+                db_slot_release(m);
                 break;
         case NEXT_PAUSE:
                 mandate_set_status(m, MANDATE_PAUSED, a->reason);
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s paused: %s", m->id, a->reason);
                 executor_release_slot(m);
+                db_slot_release(m);
                 break;
         case NEXT_END:
                 m->ended_ms = now_ms_realtime();
@@ -195,6 +342,7 @@ static void advance_done(void *arg)
                 if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
                 executor_release_slot(m);
+                m->db_slot = false; /* freed with the row's end */
                 cluster_release(m); /* its row says it ended: nothing to renew */
                 archive_enqueue(m, a->archive_path);
                 a->archive_path = NULL;
@@ -404,7 +552,7 @@ void executor_kick(struct daemon *d)
                 bool drop = m->status != MANDATE_RUNNABLE || m->cancel || cluster_dropped(m);
                 const struct config_schedule *sc = schedule_cfg(d, m->schedule);
                 if (!drop && sc && sc->concurrency == CONCURRENCY_QUEUE &&
-                    sibling(d, m, m->schedule, true)) {
+                    (sibling(d, m, m->schedule, true) || !db_slot_ready(m))) {
                         last = m;
                         link = &m->next_queued;
                         continue;
@@ -575,8 +723,15 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 };
         advance_set_plan(a, &a->pre[a->npre++], &p);
         /* With a free slot the first step's executing record shares the flush
-         * of the plan_commit; otherwise the plan waits in the queue. */
-        bool wait_turn = sc->concurrency == CONCURRENCY_QUEUE && sibling(d, m, schedule, true);
+         * of the plan_commit; otherwise the plan waits in the queue.  In
+         * cluster mode a Concurrency=queue mandate always waits there: its
+         * schedule's slot is taken in the database once its claim committed
+         * (the claim must not hold an executing record without it), and a
+         * Concurrency=reject tick is claimed only while no mandate of the
+         * schedule is unfinished in the cluster. */
+        m->cluster_reject = d->cluster && sc->concurrency == CONCURRENCY_REJECT;
+        bool wait_turn = sc->concurrency == CONCURRENCY_QUEUE &&
+                         (d->cluster || sibling(d, m, schedule, true));
         if (!d->stopping && d->ready && !wait_turn &&
             d->running < d->cfg->max_concurrent_mandates && !d->queue_head) {
                 m->holds_slot = true;
@@ -663,5 +818,8 @@ void executor_free_mandate(struct mandate *m)
         free(m->goal);
         free(m->retry_of);
         free(m->cluster_winner);
+        free(m->cluster_busy);
+        free(m->cluster_busy_status);
+        free(m->slot_waits_for);
         free(m->step_id);
 }

@@ -398,6 +398,7 @@ void advance_work(void *arg)
                                  m->id,
                                  r == -ESTALE     ? "fenced: another node holds it now"
                                  : r == -EALREADY ? "its tick was claimed by another node"
+                                 : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
                                  : r == -ETIME    ? "the tick is ahead of the database's clock"
                                  : r == -ENOTCONN ? "the connection broke (outcome unknown)"
                                                   : strerror(-r));

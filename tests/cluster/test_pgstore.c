@@ -1340,6 +1340,215 @@ static void test_idem_of_mandate_evidence(void **state)
         pgstore_idem_claim_free(&ic);
 }
 
+/* ---- Concurrency= across the cluster ---- */
+
+static void claim_won(struct pgstore *s, const char *schedule, int64_t at, const char *mid,
+                      const char *node, int64_t lease_ms)
+{
+        struct pgstore_claim cl;
+        assert_int_equal(pgstore_claim_tick(s, schedule, at, mid, node, lease_ms, NULL, 0, &cl),
+                         0);
+        assert_true(cl.won);
+        pgstore_claim_free(&cl);
+}
+
+static void slot_take(struct pgstore *s, const char *mid, int64_t epoch, bool want_taken,
+                      const char *want_holder)
+{
+        bool taken = !want_taken;
+        char *holder = NULL;
+        int r = pgstore_slot_take(s, mid, epoch, &taken, &holder);
+        if (r < 0)
+                fail_msg("slot_take %s: %d %s", mid, r, pgstore_error(s));
+        assert_int_equal(taken, want_taken);
+        assert_non_null(holder);
+        assert_string_equal(holder, want_holder);
+        free(holder);
+}
+
+static void test_slot_queue(void **state)
+{
+        struct pgstore *a = store(), *b = store();
+        PGconn *c = raw();
+        int64_t base = (now_ms() / 1000 - 600) * 1000;
+        claim_won(a, "slotq", base, "m-slot-1", "a", 60000);
+        claim_won(b, "slotq", base + 1000, "m-slot-2", "b", 60000);
+        claim_won(a, "slotq", base + 2000, "m-slot-3", "a", 60000);
+        claim_won(a, "slotq-other", base, "m-slot-o", "a", 60000);
+        /* the first takes it (and again: it holds it); the others wait */
+        slot_take(a, "m-slot-1", 1, true, "m-slot-1");
+        slot_take(a, "m-slot-1", 1, true, "m-slot-1");
+        slot_take(b, "m-slot-2", 1, false, "m-slot-1");
+        slot_take(a, "m-slot-3", 1, false, "m-slot-1");
+        /* another schedule has a slot of its own */
+        slot_take(a, "m-slot-o", 1, true, "m-slot-o");
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1 AND "
+                                  "slot_wait_since IS NOT NULL", "slotq"), 2);
+        struct pgstore_mandate_filter f = { .schedule = "slotq", .since_ms = -1 };
+        struct pgstore_mandate_row *rows;
+        size_t n;
+        assert_int_equal(pgstore_mandates_list(a, &f, &rows, &n, NULL), 0);
+        assert_int_equal(n, 3);
+        for (size_t i = 0; i < n; i++)
+                assert_int_equal(rows[i].slot_waiting,
+                                 strcmp(rows[i].mandate_id, "m-slot-1") != 0);
+        pgstore_mandate_rows_free(rows, n);
+        /* fenced */
+        bool taken = true;
+        char *holder = NULL;
+        assert_int_equal(pgstore_slot_take(b, "m-slot-2", 2, &taken, &holder), -ESTALE);
+        assert_false(taken);
+        assert_int_equal(pgstore_slot_take(b, "m-slot-none", 1, &taken, &holder), -ENOENT);
+        assert_int_equal(pgstore_slot_take(b, "m-slot-2", 0, &taken, &holder), -EINVAL);
+        /* the holder ends: the earliest waiter goes first, not the first to ask */
+        assert_int_equal(pgstore_mandate_finish(a, "m-slot-1", 1, "succeeded"), 0);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_slot WHERE schedule = $1 AND "
+                                  "holder IS NULL", "slotq"), 1);
+        slot_take(a, "m-slot-3", 1, false, "m-slot-2");
+        slot_take(b, "m-slot-2", 1, true, "m-slot-2");
+        slot_take(a, "m-slot-3", 1, false, "m-slot-2");
+        assert_int_equal(pgstore_slot_take(a, "m-slot-1", 1, &taken, &holder), -ESTALE);
+        /* a takeover keeps it: the slot is the mandate's, not the node's */
+        PQclear(PQexec(c, "UPDATE kairos_mandate SET lease_expires_at = now() - interval '1 "
+                          "minute' WHERE mandate_id = 'm-slot-2'"));
+        struct pgstore_takeover t;
+        assert_int_equal(pgstore_lease_takeover(a, "m-slot-2", "a", 60000, 0, &t), 0);
+        assert_int_equal(t.epoch, 2);
+        pgstore_takeover_free(&t);
+        slot_take(a, "m-slot-3", 1, false, "m-slot-2");
+        assert_int_equal(pgstore_slot_take(b, "m-slot-2", 1, &taken, &holder), -ESTALE);
+        assert_int_equal(pgstore_slot_release(b, "m-slot-2", 1), -ESTALE);
+        slot_take(a, "m-slot-2", 2, true, "m-slot-2");
+        /* given back while it stays running (an approval): the next takes it */
+        assert_int_equal(pgstore_slot_release(a, "m-slot-2", 2), 0);
+        assert_int_equal(pgstore_slot_release(a, "m-slot-2", 2), 0);
+        slot_take(a, "m-slot-3", 1, true, "m-slot-3");
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1 AND "
+                                  "slot_wait_since IS NOT NULL", "slotq"), 0);
+        slot_take(a, "m-slot-2", 2, false, "m-slot-3");
+        /* paused (parked) frees it, and leaves the line */
+        assert_int_equal(pgstore_mandate_finish(a, "m-slot-3", 1, "paused"), 0);
+        assert_int_equal(pgstore_mandate_finish(a, "m-slot-2", 2, "abandoned"), 0);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_slot WHERE schedule = $1 AND "
+                                  "holder IS NULL", "slotq"), 1);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1 AND "
+                                  "slot_wait_since IS NOT NULL", "slotq"), 0);
+        PQfinish(c);
+        pgstore_close(a);
+        pgstore_close(b);
+}
+
+#define NSLOTTERS 6
+
+struct slotter {
+        int id;
+        int64_t base_ms;
+        pthread_barrier_t *barrier;
+        int rc;
+        bool taken;
+};
+
+static void *slot_thread(void *arg)
+{
+        struct slotter *sl = arg;
+        struct pgstore *s = NULL;
+        char err[512], mid[32], node[16];
+        if (pgstore_connect(conninfo(), &s, err, sizeof err) < 0)
+                return (void *)1;
+        snprintf(mid, sizeof mid, "m-slotc-%d", sl->id);
+        snprintf(node, sizeof node, "n%d", sl->id);
+        struct pgstore_claim cl;
+        sl->rc = pgstore_claim_tick(s, "slotc", sl->base_ms + sl->id * 1000, mid, node, 60000,
+                                    NULL, 0, &cl);
+        pgstore_claim_free(&cl);
+        pthread_barrier_wait(sl->barrier);
+        char *holder = NULL;
+        if (sl->rc == 0)
+                sl->rc = pgstore_slot_take(s, mid, 1, &sl->taken, &holder);
+        free(holder);
+        pgstore_close(s);
+        return NULL;
+}
+
+static void test_slot_concurrent_takes_one_holder(void **state)
+{
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, NSLOTTERS);
+        struct slotter sl[NSLOTTERS];
+        pthread_t th[NSLOTTERS];
+        int64_t base = (now_ms() / 1000 - 900) * 1000;
+        for (int i = 0; i < NSLOTTERS; i++) {
+                sl[i] = (struct slotter){ .id = i, .base_ms = base, .barrier = &barrier };
+                assert_int_equal(pthread_create(&th[i], NULL, slot_thread, &sl[i]), 0);
+        }
+        int holders = 0;
+        for (int i = 0; i < NSLOTTERS; i++) {
+                void *ret;
+                pthread_join(th[i], &ret);
+                assert_null(ret);
+                assert_int_equal(sl[i].rc, 0);
+                holders += sl[i].taken;
+        }
+        pthread_barrier_destroy(&barrier);
+        assert_int_equal(holders, 1);
+        PGconn *c = raw();
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1 AND "
+                                  "slot_wait_since IS NOT NULL", "slotc"), NSLOTTERS - 1);
+        PQfinish(c);
+}
+
+static void claim_reject(struct pgstore *s, int64_t at, const char *mid, const char *node,
+                         bool want_won, const char *want_busy, const char *want_status)
+{
+        struct pgstore_claim cl;
+        int r = pgstore_claim_tick_reject(s, "rej", at, mid, node, 60000, NULL, 0, &cl);
+        if (r < 0)
+                fail_msg("claim %s: %d %s", mid, r, pgstore_error(s));
+        assert_int_equal(cl.won, want_won);
+        assert_int_equal(cl.rejected, want_busy != NULL);
+        if (want_busy) {
+                assert_string_equal(cl.busy, want_busy);
+                assert_string_equal(cl.busy_status, want_status);
+                assert_null(cl.mandate_id);
+        } else {
+                assert_string_equal(cl.mandate_id, mid);
+        }
+        pgstore_claim_free(&cl);
+}
+
+static void test_claim_reject(void **state)
+{
+        struct pgstore *a = store(), *b = store();
+        PGconn *c = raw();
+        int64_t base = (now_ms() / 1000 - 300) * 1000;
+        claim_reject(a, base, "m-rej-1", "a", true, NULL, NULL);
+        /* a second claim of the same tick loses as always */
+        struct pgstore_claim cl;
+        assert_int_equal(pgstore_claim_tick_reject(b, "rej", base, "m-rej-1", "b", 60000, NULL,
+                                                   0, &cl), 0);
+        assert_false(cl.won);
+        assert_false(cl.rejected);
+        assert_string_equal(cl.claimed_by, "a");
+        pgstore_claim_free(&cl);
+        /* while m-rej-1 runs, the next tick is refused, on every node */
+        claim_reject(b, base + 1000, "m-rej-2", "b", false, "m-rej-1", "running");
+        assert_int_equal(pgstore_mandate_finish(a, "m-rej-1", 1, "succeeded"), 0);
+        claim_reject(a, base + 1000, "m-rej-2", "a", false, "m-rej-1", "running");
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE mandate_id = $1",
+                               "m-rej-2"), 0);
+        /* ended: the next tick runs; paused counts as unfinished */
+        claim_reject(b, base + 2000, "m-rej-3", "b", true, NULL, NULL);
+        assert_int_equal(pgstore_mandate_finish(b, "m-rej-3", 1, "paused"), 0);
+        claim_reject(a, base + 3000, "m-rej-4", "a", false, "m-rej-3", "paused");
+        assert_int_equal(pgstore_claim_tick_reject(a, "rej", now_ms() + 60000, "m-rej-f", "a",
+                                                   60000, NULL, 0, &cl), -ETIME);
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_tick_rejected WHERE schedule = $1",
+                               "rej"), 2);
+        PQfinish(c);
+        pgstore_close(a);
+        pgstore_close(b);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -1363,6 +1572,9 @@ int main(void)
                 cmocka_unit_test(test_mandate_take),
                 cmocka_unit_test(test_mandates_list),
                 cmocka_unit_test(test_idem_of_mandate_evidence),
+                cmocka_unit_test(test_slot_queue),
+                cmocka_unit_test(test_slot_concurrent_takes_one_holder),
+                cmocka_unit_test(test_claim_reject),
         };
         return cmocka_run_group_tests(tests, setup_schema, NULL);
 }

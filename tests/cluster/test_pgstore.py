@@ -42,7 +42,7 @@ KAIROSD = os.environ.get("KAIROSD", "kairosd")
 KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
 # the schema version this build creates (src/cluster/pgschema.h)
-VERSION = 3
+VERSION = 4
 SKIP = 77
 
 PG = None
@@ -65,7 +65,8 @@ class InitDb(unittest.TestCase):
                          "LIKE 'kairos\\_%' ORDER BY 1")
         self.assertEqual([t[0] for t in tables],
                          ["kairos_idem", "kairos_mandate", "kairos_node", "kairos_schedule",
-                          "kairos_schema_migrations", "kairos_tick", "kairos_wal"])
+                          "kairos_schema_migrations", "kairos_slot", "kairos_tick",
+                          "kairos_tick_rejected", "kairos_wal"])
         for _ in range(2):
             r = init_db(ci)
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -153,7 +154,7 @@ class Store(unittest.TestCase):
             dropped = px.dropped
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 20 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 23 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
         self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
