@@ -507,6 +507,9 @@ static struct mandate *sibling(const struct daemon *d, const struct mandate *sel
                 struct mandate *o = v;
                 if (o == self || !o->schedule || strcmp(o->schedule, schedule) != 0)
                         continue;
+                /* (cluster: a lost or refused claim, not this node's) */
+                if (cluster_dropped(o) && !o->holds_slot)
+                        continue;
                 if (running_only ? o->holds_slot : !is_final_status(o->status))
                         return o;
         }
