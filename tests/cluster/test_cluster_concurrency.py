@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""A schedule's Concurrency= across the cluster: two kairosd nodes on one
+host sharing a private PostgreSQL (pg_fixture.py).
+
+- queue (the default): tick 1 fired on n1, tick 2 on n2 while tick 1 runs:
+  tick 2 waits (shown as runnable by both nodes, and in the database) and
+  its first step starts only after tick 1 ended, by the database's clock.
+- queue, the holder's node killed (kill -9): the other node takes the
+  mandate over and keeps its schedule's slot; the mandate waiting there
+  starts only once the adopted one ended.
+- reject: tick 2 fired on n2 while tick 1 runs on n1 is rejected, naming
+  the busy mandate, on whichever node fires it; once tick 1 ended the next
+  tick runs.
+- allow: both run at once.
+
+Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
+without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
+PostgreSQL support or the PostgreSQL server binaries.  No sleeps as
+synchronization: polls with a deadline."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import pg_fixture  # noqa: E402
+from kairos_harness import KAIROSCTL, Daemon, NotifySocket, write_config  # noqa: E402
+
+PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
+SKIP = 77
+PG = None
+LEASE = 3
+
+# Every step logs its start and end; it runs $SLOW seconds, or (no SLOW)
+# until the test creates $OUT/go-<mandate>.
+STEP = r"""#!/bin/sh
+cat >/dev/null
+log() {
+        printf '%s %s %s %s %s\n' "$1" "$KAIROS_MANDATE_ID" "$KAIROS_STEP_ID" \
+                "${KAIROS_NODE:-}" "$(date +%s.%N)" >> "$OUT/log"
+}
+log start
+if [ -n "${SLOW:-}" ]; then
+        sleep "$SLOW"
+else
+        while [ ! -e "$OUT/go-$KAIROS_MANDATE_ID" ]; do sleep 0.05; done
+fi
+log end
+echo '{"ok":true}'
+"""
+QUICK = "#!/bin/sh\ncat >/dev/null\necho '{\"ok\":true}'\n"
+
+
+def wait_for(cond, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
+
+
+class Node:
+    def __init__(self, test, name):
+        self.test = test
+        self.name = name
+        self.dir = os.path.join(test.dir, name)
+        os.makedirs(self.dir)
+        self.state = os.path.join(self.dir, "state")
+        step = os.path.join(test.dir, "step.sh")
+        quick = os.path.join(test.dir, "quick.sh")
+        env = "OUT=%s" % test.out
+        scheds = {
+            # queue by default; the act runs 3 s
+            "q": {"Schedule": {"Cron": "0 0 1 1 *"},
+                  "Exec": {"Act": step, "Environment": env + " SLOW=3"}},
+            # queue; the observe step waits for the test
+            "qg": {"Schedule": {"Cron": "0 0 1 1 *"},
+                   "Exec": {"Observe": step, "Act": quick, "Environment": env}},
+            "r": {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "reject"},
+                  "Exec": {"Observe": step, "Act": quick, "Environment": env}},
+            "a": {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
+                  "Exec": {"Observe": step, "Act": quick, "Environment": env}},
+        }
+        extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\n"
+                 "LeaseSec=%d\n" % (test.ci, name, LEASE))
+        self.conf = write_config(self.dir, self.state, scheds, daemon_extra=extra)
+        self.daemon = None
+        self.notify = None
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+        ndir = os.path.join(self.dir, "notify%d" % self.starts)
+        os.makedirs(ndir)
+        self.notify = NotifySocket(ndir)
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        try:
+            self.notify.wait_ready(timeout=60)
+        except TimeoutError:
+            self.daemon.kill()
+            raise AssertionError("%s is not ready:\n%s" % (self.name, self.daemon.log()[-4000:]))
+
+    def close(self, graceful=False):
+        rc = None
+        if self.daemon:
+            if graceful:
+                rc = self.daemon.stop()
+            else:
+                self.daemon.kill()
+            self.daemon.proc.stderr.close()
+        if self.notify:
+            self.notify.close()
+        self.daemon = self.notify = None
+        return rc
+
+    def ctl(self, *args):
+        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "--json", *args],
+                           capture_output=True, text=True, timeout=90)
+        try:
+            out = json.loads(p.stdout) if p.stdout.strip() else None
+        except ValueError:
+            out = p.stdout
+        return p.returncode, out, p.stderr
+
+    def status_of(self, mid):
+        rc, out, err = self.ctl("list")
+        self.test.assertEqual(rc, 0, err)
+        return {r["id"]: r["status"] for r in out["mandates"]}.get(mid)
+
+
+class ClusterConcurrency(unittest.TestCase):
+    def setUp(self):
+        self.db = "conc_%d_%d" % (os.getpid(), int(time.monotonic() * 1000) % 100000)
+        self.ci = PG.createdb(self.db)
+        r = subprocess.run([os.environ["KAIROSD"], "--init-db", self.ci], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.dir = tempfile.mkdtemp(prefix="kairos-clconc-")
+        os.chmod(self.dir, 0o755)
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+        os.chmod(self.out, 0o777)
+        for name, text in (("step.sh", STEP), ("quick.sh", QUICK)):
+            path = os.path.join(self.dir, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
+        self.n1 = Node(self, "n1")
+        self.n2 = Node(self, "n2")
+        self.n1.start()
+        self.n2.start()
+
+    def tearDown(self):
+        logs = ""
+        rcs = {}
+        for n in (self.n1, self.n2):
+            if n.daemon:
+                d = n.daemon
+                rcs[n.name] = n.close(graceful=True)
+                logs += "--- %s ---\n%s" % (n.name, d.log()[-3000:])
+        if os.environ.get("CLCONC_DEBUG"):
+            print(logs, file=sys.stderr)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.assertEqual(set(rcs.values()) - {0}, set(), "%r\n%s" % (rcs, logs))
+
+    def sql(self, q):
+        return PG.psql(self.db, q)
+
+    def db_status(self, mid):
+        rows = self.sql("SELECT status, owner, epoch FROM kairos_mandate WHERE mandate_id = "
+                        "'%s'" % mid)
+        return tuple(rows[0]) if rows else None
+
+    def first_executing(self, mid):
+        """The database's time of the mandate's first executing record
+        (seconds since the epoch), or None."""
+        rows = self.sql("SELECT extract(epoch FROM min(written_at)) FROM kairos_wal WHERE "
+                        "mandate_id = '%s' AND convert_from(line, 'UTF8') LIKE "
+                        "'%%\"status\":\"executing\"%%'" % mid)
+        return float(rows[0][0]) if rows and rows[0][0] else None
+
+    def ended_at(self, mid):
+        rows = self.sql("SELECT extract(epoch FROM ended_at) FROM kairos_mandate WHERE "
+                        "mandate_id = '%s'" % mid)
+        return float(rows[0][0]) if rows and rows[0][0] else None
+
+    def log(self):
+        try:
+            with open(os.path.join(self.out, "log")) as f:
+                return [line.split() for line in f]
+        except FileNotFoundError:
+            return []
+
+    def started(self, mid, node=None):
+        return [e for e in self.log() if e[0] == "start" and e[1] == mid and
+                (node is None or e[3] == node)]
+
+    def go(self, mid):
+        open(os.path.join(self.out, "go-" + mid), "w").close()
+
+    def fire(self, node, sched, at):
+        rc, out, err = node.ctl("fire", sched, "--at", at)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.get("fired", True), out)
+        return out["mandate"]
+
+    def test_queue_waits_for_the_other_node(self):
+        n1, n2 = self.n1, self.n2
+        m1 = self.fire(n1, "q", "2026-03-01T00:00:00Z")
+        wait_for(lambda: self.started(m1), "m1's act on n1")
+        m2 = self.fire(n2, "q", "2026-03-01T00:01:00Z")
+        # m2 waits for m1, which still runs on n1: queued on both nodes
+        wait_for(lambda: self.sql("SELECT 1 FROM kairos_mandate WHERE mandate_id = '%s' AND "
+                                  "slot_wait_since IS NOT NULL" % m2), "m2 waiting in line")
+        self.assertEqual(self.db_status(m1), ("running", "n1", "1"))
+        self.assertIsNone(self.first_executing(m2), "m2 started while m1 runs")
+        self.assertEqual(n2.status_of(m2), "runnable")
+        self.assertEqual(n1.status_of(m2), "runnable")
+        rc, s, err = n1.ctl("show", m2)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(s["status"], "runnable", s)
+        wait_for(lambda: self.db_status(m1) == ("succeeded", "n1", "1"), "m1 to end")
+        wait_for(lambda: self.db_status(m2) == ("succeeded", "n2", "1"), "m2 to end", 90)
+        # m2's first step began after m1 ended (the database's clock), and
+        # its act after m1's act ended (the host's clock)
+        self.assertGreaterEqual(self.first_executing(m2), self.ended_at(m1))
+        end1 = [float(e[4]) for e in self.log() if e[0] == "end" and e[1] == m1]
+        start2 = [float(e[4]) for e in self.log() if e[0] == "start" and e[1] == m2]
+        self.assertEqual((len(end1), len(start2)), (1, 1), self.log())
+        self.assertGreater(start2[0], end1[0], self.log())
+        self.assertEqual(self.sql("SELECT count(*) FROM kairos_slot WHERE holder IS NOT NULL"),
+                         [["0"]])
+
+    def test_queue_slot_survives_a_takeover(self):
+        n1, n2 = self.n1, self.n2
+        m3 = self.fire(n1, "qg", "2026-03-02T00:00:00Z")
+        wait_for(lambda: self.started(m3, "n1"), "m3's observe on n1")
+        m4 = self.fire(n2, "qg", "2026-03-02T00:01:00Z")
+        self.go(m4)   # (m4's own steps do not wait)
+        wait_for(lambda: self.sql("SELECT 1 FROM kairos_mandate WHERE mandate_id = '%s' AND "
+                                  "slot_wait_since IS NOT NULL" % m4), "m4 waiting in line")
+        n1.close(graceful=False)   # kill -9 of the slot's holder
+        # n2 takes m3 over (epoch 2) and runs its observe again, holding the slot
+        wait_for(lambda: self.started(m3, "n2"), "m3's observe again on n2", 60)
+        self.assertEqual(self.db_status(m3), ("running", "n2", "2"))
+        self.assertEqual(self.sql("SELECT holder FROM kairos_slot WHERE schedule = 'qg'"),
+                         [[m3]])
+        self.assertIsNone(self.first_executing(m4), "m4 started while m3 runs")
+        self.assertEqual(self.started(m4), [])
+        self.assertEqual(n2.status_of(m4), "runnable")
+        self.go(m3)
+        wait_for(lambda: self.db_status(m3) == ("succeeded", "n2", "2"), "m3 to end on n2")
+        wait_for(lambda: self.db_status(m4) == ("succeeded", "n2", "1"), "m4 to end", 90)
+        self.assertGreaterEqual(self.first_executing(m4), self.ended_at(m3))
+
+    def test_reject_on_any_node(self):
+        n1, n2 = self.n1, self.n2
+        m1 = self.fire(n1, "r", "2026-03-03T00:00:00Z")
+        wait_for(lambda: self.started(m1), "m1's observe on n1")
+        for n in (n2, n1):
+            rc, out, err = n.ctl("fire", "r", "--at", "2026-03-03T00:01:00Z")
+            self.assertNotEqual(rc, 0, out)
+            self.assertIn("rejected", (err or "") + json.dumps(out), (rc, out, err))
+            self.assertIn("mandate %s is still running" % m1, (err or "") + json.dumps(out))
+        wait_for(lambda: "fire of r at 2026-03-03T00:01:00Z rejected: mandate %s is still "
+                 "running" % m1 in n2.daemon.log(), "n2's log of the rejection")
+        self.assertEqual(self.sql("SELECT count(*) FROM kairos_mandate WHERE schedule = 'r'"),
+                         [["1"]])
+        self.go(m1)
+        wait_for(lambda: self.db_status(m1) == ("succeeded", "n1", "1"), "m1 to end")
+        # the rejected tick stays rejected; the next one runs
+        rc, out, err = n2.ctl("fire", "r", "--at", "2026-03-03T00:01:00Z")
+        self.assertNotEqual(rc, 0, out)
+        m3 = self.fire(n2, "r", "2026-03-03T00:02:00Z")
+        self.go(m3)
+        wait_for(lambda: self.db_status(m3) == ("succeeded", "n2", "1"), "m3 to end")
+
+    def test_allow_runs_side_by_side(self):
+        n1, n2 = self.n1, self.n2
+        m1 = self.fire(n1, "a", "2026-03-04T00:00:00Z")
+        m2 = self.fire(n2, "a", "2026-03-04T00:01:00Z")
+        wait_for(lambda: self.started(m1, "n1") and self.started(m2, "n2"), "both observes")
+        self.go(m1)
+        self.go(m2)
+        wait_for(lambda: self.db_status(m1) == ("succeeded", "n1", "1") and
+                 self.db_status(m2) == ("succeeded", "n2", "1"), "both to end")
+
+
+def main():
+    global PG
+    if not PGSTORE_TEST:
+        print("SKIP: built without -Dpostgres=enabled", file=sys.stderr)
+        return SKIP
+    bindir = pg_fixture.find_bindir()
+    if not bindir:
+        print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
+        return SKIP
+    with pg_fixture.PgServer(bindir) as pg:
+        PG = pg
+        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+        ok = prog.result.wasSuccessful()
+        if not ok:
+            sys.stderr.write("--- the server log's end ---\n" +
+                             "\n".join(pg.server_log().splitlines()[-40:]) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
