@@ -229,6 +229,10 @@ class ClusterConcurrency(unittest.TestCase):
         rc, s, err = n1.ctl("show", m2)
         self.assertEqual(rc, 0, err)
         self.assertEqual(s["status"], "runnable", s)
+        rc, st, err = n2.ctl("status")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(st["by_status"].get("runnable"), 1, st)
+        self.assertEqual(st["by_status"].get("running", 0), 0, st)
         wait_for(lambda: self.db_status(m1) == ("succeeded", "n1", "1"), "m1 to end")
         wait_for(lambda: self.db_status(m2) == ("succeeded", "n2", "1"), "m2 to end", 90)
         # m2's first step began after m1 ended (the database's clock), and
