@@ -1441,8 +1441,8 @@ int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
         if (!s)
                 return r;
         r = pgstore_slot_take(s, m->id, m->epoch, ret_taken, ret_holder);
-        if (r == -ENOTCONN)
-                pgstore_reset(s);
+        if (r == -ENOTCONN && pgstore_reset(s) == 0)   /* (a take repeated is the same take) */
+                r = pgstore_slot_take(s, m->id, m->epoch, ret_taken, ret_holder);
         return r;
 }
 
@@ -1455,8 +1455,8 @@ int cluster_slot_release(struct mandate *m)
         if (!s)
                 return r;
         r = pgstore_slot_release(s, m->id, m->epoch);
-        if (r == -ENOTCONN)
-                pgstore_reset(s);
+        if (r == -ENOTCONN && pgstore_reset(s) == 0)
+                r = pgstore_slot_release(s, m->id, m->epoch);
         return r;
 }
 

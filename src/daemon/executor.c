@@ -90,15 +90,21 @@ static void slot_done(void *arg)
                 if (j->err == -ESTALE) {
                         cluster_drop(m, "fenced: another node holds it");
                 } else if (j->err < 0) {
-                        log_warning("mandate %s: cannot take the slot of schedule %s in the "
-                                    "database (%s): asking again",
-                                    m->id, m->schedule, strerror(-j->err));
+                        /* ("": the database did not answer; said once) */
+                        if (!m->slot_waits_for || *m->slot_waits_for)
+                                log_warning("mandate %s: cannot take the slot of schedule %s in "
+                                            "the database (%s): asking again every second",
+                                            m->id, m->schedule, strerror(-j->err));
+                        free(m->slot_waits_for);
+                        m->slot_waits_for = strdup("");
                         slot_retry_later(d);
                 } else if (j->taken) {
                         if (m->slot_waits_for)
                                 log_info("mandate %s: takes the slot of schedule %s (waited "
                                          "for %s)",
-                                         m->id, m->schedule, m->slot_waits_for);
+                                         m->id, m->schedule,
+                                         *m->slot_waits_for ? m->slot_waits_for
+                                                            : "the database");
                         free(m->slot_waits_for);
                         m->slot_waits_for = NULL;
                         /* (a paused or dropped one gives it back at its end) */

@@ -285,12 +285,16 @@ def main():
     if why:
         print(f"SKIP: {why}")
         return SKIP
+    # Concurrency=allow: the tests' mandates of one schedule run side by side
+    # on several nodes (queue holds across the cluster: test_cluster_concurrency)
     scheds = {
-        "quick": cb.schedule(cron="0 0 1 1 *", min_ms=200, max_ms=600),
-        "slow": cb.schedule(cron="0 0 1 1 *", min_ms=3000, max_ms=3000, observe=False),
+        "quick": cb.schedule(cron="0 0 1 1 *", min_ms=200, max_ms=600, concurrency="allow"),
+        "slow": cb.schedule(cron="0 0 1 1 *", min_ms=3000, max_ms=3000, observe=False,
+                            concurrency="allow"),
         "beat": cb.schedule(cron="0 0 1 1 *", min_ms=20000, max_ms=20000, beat=True,
-                            observe=False),
-        "hold": cb.schedule(cron="0 0 1 1 *", min_ms=30000, max_ms=30000, observe=False),
+                            observe=False, concurrency="allow"),
+        "hold": cb.schedule(cron="0 0 1 1 *", min_ms=30000, max_ms=30000, observe=False,
+                            concurrency="allow"),
     }
     with cb.Cluster(nodes=3, schedules=scheds, lease_sec=LEASE) as c:
         C = c
