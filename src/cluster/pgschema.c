@@ -674,6 +674,38 @@ static const char v4[] =
 "                                      p_lines, p_crcs) c;\n"
 "END $$;\n";
 
+/* v5: a tick claim whose mandate id was inserted by a concurrent claim of
+ * the same tick raised a unique violation (on kairos_tick.mandate_id, not
+ * an arbiter of ON CONFLICT (schedule, fired_at)) instead of losing: every
+ * unique index is an arbiter now (a mandate id is its tick's); a mandate id
+ * that another tick holds is still a unique violation. */
+static const char v5[] =
+"CREATE OR REPLACE FUNCTION kairos_claim_tick(p_schedule text, p_fired_at timestamptz,\n"
+"    p_mandate text, p_node text, p_lease_ms bigint, p_lines bytea[], p_crcs bigint[])\n"
+"    RETURNS TABLE (r_won boolean, r_mandate_id text, r_claimed_by text, r_epoch bigint)\n"
+"    LANGUAGE plpgsql AS $$\n"
+"BEGIN\n"
+"  IF p_fired_at > now() + interval '2 seconds' THEN\n"
+"    RAISE EXCEPTION 'kairos: tick % is in the future (database time %)', p_fired_at, now()\n"
+"      USING ERRCODE = 'KR004';\n"
+"  END IF;\n"
+"  INSERT INTO kairos_tick (schedule, fired_at, mandate_id, claimed_by)\n"
+"    VALUES (p_schedule, p_fired_at, p_mandate, p_node)\n"
+"    ON CONFLICT DO NOTHING;\n"
+"  IF NOT FOUND THEN\n"
+"    RETURN QUERY SELECT false, t.mandate_id, t.claimed_by, NULL::bigint FROM kairos_tick t\n"
+"      WHERE t.schedule = p_schedule AND t.fired_at = p_fired_at;\n"
+"    IF NOT FOUND THEN\n"
+"      RAISE EXCEPTION 'kairos: mandate % claims another tick', p_mandate\n"
+"        USING ERRCODE = '23505';\n"
+"    END IF;\n"
+"    RETURN;\n"
+"  END IF;\n"
+"  PERFORM kairos_mandate_create(p_mandate, p_schedule, p_fired_at, p_node, p_lease_ms,\n"
+"                                p_lines, p_crcs);\n"
+"  RETURN QUERY SELECT true, p_mandate, p_node, 1::bigint;\n"
+"END $$;\n";
+
 const struct pgschema_migration pgschema_migrations[] = {
         { 1, "cluster mode: nodes, schedules, ticks, mandates with leases, WAL rows, tool calls", v1 },
         { 2, "nodes register and renew what they hold in one transaction, operators take "
@@ -681,6 +713,7 @@ const struct pgschema_migration pgschema_migrations[] = {
         { 3, "mandates end cancelled", v3 },
         { 4, "a schedule's Concurrency= across the cluster: one slot per schedule (queue), "
              "ticks refused while a mandate of the schedule is unfinished (reject)", v4 },
+        { 5, "concurrent claims of one tick: the losers lose, none fails", v5 },
 };
 
 const size_t pgschema_nmigrations = sizeof pgschema_migrations / sizeof pgschema_migrations[0];
