@@ -58,6 +58,10 @@ def bench_schedule(workload):
 BENCH = bench_schedule("spawn")
 
 
+def at(i):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(1735689600 + 60 * i))
+
+
 def cpu_seconds(roots):
     """CPU seconds used so far by the processes under roots (pids), with
     the children they reaped (a kairosd's handlers, PostgreSQL's exited
