@@ -540,9 +540,9 @@ static void db_job_free(struct db_job *j)
         free(j);
 }
 
-/* Pool thread: one connection (the thread's), every schedule in turn; the
+/* Pool thread: one connection (lent for the job), every schedule in turn; the
  * first failure ends the round (the rest waits for the next). */
-static void db_work(uv_work_t *w)
+static void db_work_run(uv_work_t *w)
 {
         struct db_job *j = w->data;
         int r = 0;
@@ -591,6 +591,12 @@ static void db_work(uv_work_t *w)
                 if (r == -ENOTCONN)
                         (void)pgstore_reset(s);
         }
+}
+
+static void db_work(uv_work_t *w)
+{
+        db_work_run(w);
+        cluster_thread_done();  /* its connection goes back to the pool */
 }
 
 static bool sched_fires(const struct sched *s)

@@ -4,7 +4,7 @@
  *
  * Three places run its code:
  *   pool threads   the barrier of each WAL (claim, create, fenced append)
- *                  on the thread's own connection;
+ *                  on a connection of the node's pool, lent for the job;
  *   the heartbeat thread  node heartbeat, lease renewal of the mandates
  *                  this node holds, takeover of expired ones (their rows
  *                  become the WAL file), removal of forgotten WAL files;
@@ -46,6 +46,11 @@
 #define TAKEOVER_PER_ROUND 16
 #define TAKEOVER_POLL_MS 1000        /* between heartbeats, look for expired leases */
 #define FENCE_TICK_MS 200
+/* The connections a node's pool threads share (docs/design.md §14): each
+ * costs the database a backend, whose first calls (start, catalog caches,
+ * the functions compiled, their plans) cost it more CPU than a hundred
+ * barriers; a barrier holds one for one round trip. */
+#define POOL_CONNS 4
 
 enum cev_kind { CEV_LOST, CEV_TAKEN };
 
@@ -88,8 +93,12 @@ struct cluster {
         struct cev *ev_head, *ev_tail;
         char **unlink;                 /* forgotten WAL files, removed by the thread */
         size_t nunlink, capunlink;
-        struct pgstore **stores;       /* every thread's connection */
-        size_t nstores, capstores;
+        /* the pool threads' connections (cluster_thread_store): at most
+         * POOL_CONNS, each lent to one thread for one job at a time */
+        struct pgstore *stores[POOL_CONNS];
+        struct pgstore *idle[POOL_CONNS];
+        size_t nstores, nidle, nconnecting;
+        pthread_cond_t store_cond;     /* a connection was given back */
         unsigned renew_failures;
         char renew_error[256];
         bool deadman_dead;             /* its watcher is gone: act no more */
@@ -113,7 +122,8 @@ struct cluster {
 static void park_scan(struct cluster *c);
 static void check_waiters(struct cluster *c);
 
-static __thread struct pgstore *tls_store;
+static __thread struct pgstore *tls_store;     /* lent to this thread until its job ends */
+static __thread struct cluster *tls_cluster;
 static struct daemon *log_daemon;
 
 static long long epoch_lookup(const char *mandate_id)
@@ -155,33 +165,65 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
         }
         if (tls_store)
                 return tls_store;
-        char err[256];
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += (time_t)(c->lease_ms / 2000);
+        until.tv_nsec += (long)(c->lease_ms / 2 % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+        }
         struct pgstore *s = NULL;
-        int r = pgstore_connect(c->conninfo, &s, err, sizeof err);
-        if (r < 0) {
+        int r = 0;
+        pthread_mutex_lock(&c->lock);
+        while (!s) {
+                if (c->nidle) {
+                        s = c->idle[--c->nidle];
+                        break;
+                }
+                if (c->nstores + c->nconnecting < POOL_CONNS) {
+                        c->nconnecting++;
+                        pthread_mutex_unlock(&c->lock);
+                        char err[256];
+                        r = pgstore_connect(c->conninfo, &s, err, sizeof err);
+                        pthread_mutex_lock(&c->lock);
+                        c->nconnecting--;
+                        if (r < 0) {
+                                /* another thread may try its own */
+                                pthread_cond_signal(&c->store_cond);
+                                break;
+                        }
+                        c->stores[c->nstores++] = s;
+                        break;
+                }
+                /* every connection is lent: one comes back within a call's
+                 * time, unless the database does not answer */
+                if (pthread_cond_timedwait(&c->store_cond, &c->lock, &until) == ETIMEDOUT) {
+                        r = -ETIMEDOUT;
+                        break;
+                }
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (!s) {
                 *ret_err = r;
                 return NULL;
         }
-        pthread_mutex_lock(&c->lock);
-        if (c->nstores == c->capstores) {
-                size_t cap = c->capstores ? 2 * c->capstores : 16;
-                struct pgstore **n = realloc(c->stores, cap * sizeof(*n));
-                if (n) {
-                        c->stores = n;
-                        c->capstores = cap;
-                }
-        }
-        bool kept = c->nstores < c->capstores;
-        if (kept)
-                c->stores[c->nstores++] = s;
-        pthread_mutex_unlock(&c->lock);
-        if (!kept) {
-                pgstore_close(s);
-                *ret_err = -ENOMEM;
-                return NULL;
-        }
         tls_store = s;
+        tls_cluster = c;
         return s;
+}
+
+void cluster_thread_done(void)
+{
+        struct cluster *c = tls_cluster;
+        if (!tls_store || !c)
+                return;
+        pthread_mutex_lock(&c->lock);
+        c->idle[c->nidle++] = tls_store;
+        pthread_cond_signal(&c->store_cond);
+        pthread_mutex_unlock(&c->lock);
+        tls_store = NULL;
+        tls_cluster = NULL;
 }
 
 /* Run op until it is not a broken connection, reconnecting, for at most
@@ -1235,7 +1277,8 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         if (!c->node || !c->conninfo || pthread_mutex_init(&c->lock, NULL) != 0 ||
-            pthread_cond_init(&c->cond, &ca) != 0) {
+            pthread_cond_init(&c->cond, &ca) != 0 ||
+            pthread_cond_init(&c->store_cond, &ca) != 0) {
                 pthread_condattr_destroy(&ca);
                 free(c->node);
                 free(c->conninfo);
@@ -1295,6 +1338,7 @@ fail:
         d->cluster = NULL;
         pthread_mutex_destroy(&c->lock);
         pthread_cond_destroy(&c->cond);
+        pthread_cond_destroy(&c->store_cond);
         free(c->node);
         free(c->conninfo);
         free(c);
@@ -1351,7 +1395,6 @@ void cluster_free(struct daemon *d)
         pgstore_node_rows_free(c->nodes, c->nnodes);
         for (size_t i = 0; i < c->nstores; i++)
                 pgstore_close(c->stores[i]);
-        free(c->stores);
         for (size_t i = 0; i < c->nunlink; i++)
                 free(c->unlink[i]);
         free(c->unlink);
@@ -1379,6 +1422,7 @@ void cluster_free(struct daemon *d)
         }
         pthread_mutex_destroy(&c->lock);
         pthread_cond_destroy(&c->cond);
+        pthread_cond_destroy(&c->store_cond);
         free(c->node);
         free(c->conninfo);
         free(c);
@@ -1483,6 +1527,7 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
         *ret_err = -EPROTONOSUPPORT;
         return NULL;
 }
+void cluster_thread_done(void) {}
 void cluster_wal_options(struct mandate *m, struct wal_options *o) { (void)m; (void)o; }
 void cluster_hold(struct mandate *m) { (void)m; }
 void cluster_release(struct mandate *m) { (void)m; }

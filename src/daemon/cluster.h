@@ -59,10 +59,15 @@ int64_t cluster_deadline_ms(const struct daemon *d);
  * backend; false once its lease is too close to its end. */
 bool cluster_may_act(const struct daemon *d);
 
-/* The connection of the calling thread (a pool thread; one per thread,
- * connected on first use, reconnected after a broken connection).  NULL
- * and *ret_err on failure.  Never on the loop thread. */
+/* A connection for the calling pool thread's job: one of the node's few
+ * (connected on first use, reconnected after a broken connection), lent to
+ * this thread until cluster_thread_done; the same one on every call in
+ * between.  Waits while every connection is lent, at most half a lease
+ * (-ETIMEDOUT).  NULL and *ret_err on failure.  Never on the loop thread. */
 struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err);
+/* The end of a pool thread's job: the connection it was lent, if any, goes
+ * back to the node's pool.  Called by every job runner (serialq, ...). */
+void cluster_thread_done(void);
 
 /* Fill o's barrier hook for m's WAL (wal.h): with the file backend nothing
  * changes. */

@@ -614,8 +614,8 @@ static bool call_epoch(struct idem_call *call, const struct idem_step_owner *ste
 }
 
 #ifdef KAIROS_HAVE_PGSTORE
-/* One database call of a tool call, on a pool thread (the thread's own
- * connection, cluster_thread_store); done runs on the loop. */
+/* One database call of a tool call, on a pool thread (a connection lent for
+ * the job, cluster_thread_store); done runs on the loop. */
 enum pg_op { PG_CLAIM, PG_FINISH, PG_RELEASE };
 
 struct pg_job {
@@ -670,7 +670,7 @@ static struct pg_job *pg_job_new(struct daemon *d, enum pg_op op, const char *ke
         return j;
 }
 
-/* This pool thread's connection, checked: a connection the server dropped
+/* The connection lent to this pool thread, checked: a connection the server dropped
  * meanwhile (a restart) is found and replaced now, not by the call itself,
  * whose outcome would be unknown.  A database that does not answer is waited
  * for until a second past the node's own deadline (half a lease at least,
@@ -722,7 +722,7 @@ static bool pg_finished_before(struct pgstore *s, const struct pg_job *j)
         return found;
 }
 
-static void pg_work(uv_work_t *w)
+static void pg_work_run(uv_work_t *w)
 {
         struct pg_job *j = w->data;
         struct pgstore *s;
@@ -757,10 +757,16 @@ static void pg_work(uv_work_t *w)
         j->r = r;
         if (r < 0) {
                 snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
-                /* the next call on this thread's connection reconnects */
+                /* the next call on this connection reconnects */
                 if (r == -ENOTCONN)
                         (void)pgstore_reset(s);
         }
+}
+
+static void pg_work(uv_work_t *w)
+{
+        pg_work_run(w);
+        cluster_thread_done();  /* its connection goes back to the pool */
 }
 
 static void pg_after(uv_work_t *w, int status)

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "cluster.h"
+
 struct serialq_job {
         void (*work)(void *arg);
         void (*done)(void *arg);
@@ -17,6 +19,8 @@ static void on_work(uv_work_t *req)
 {
         struct serialq *q = req->data;
         q->head->work(q->head->arg);
+        /* a database connection the job was lent goes back (cluster mode) */
+        cluster_thread_done();
 }
 
 static void on_after_work(uv_work_t *req, int status)
