@@ -23,7 +23,10 @@ LeaseSec=4.
 (e) tool calls of mandates fired after a restart of PostgreSQL (-m
     immediate) go through: their mandates end done, one effect each;
 (f) a whole node stopped a little longer than LeaseSec: the takeover comes
-    within the same bound as after a death.
+    within the same bound as after a death;
+(g) a burst of mandates running side by side on one node (Concurrency=allow,
+    tool calls) uses at most 5 connections of that node (the pool's 4 and
+    the heartbeat's), and every mandate ends done with one effect.
 
 Skipped (77) without root, network namespaces, PostgreSQL's server
 binaries, or a kairosd built without -Dpostgres=enabled.  Well under two
@@ -278,6 +281,24 @@ class ClusterTest(unittest.TestCase):
             self.assertIn(mid, [x.get("id") for x in listed["mandates"]],
                           f"node{k}'s list: {listed}")
 
+    def test_g_a_burst_shares_few_connections(self):
+        self.ensure_up()
+        q = ("SELECT count(*) FROM pg_stat_activity WHERE client_addr = "
+             f"'{netns.node_addr(1)}'")
+        mids = [self.fire(1, "burst")[0] for _ in range(12)]
+        peak = 0
+
+        def done():
+            nonlocal peak
+            peak = max(peak, int(C.sql(q)[0][0]))
+            st = C.mandates()
+            return all(st.get(m, {}).get("status") == "succeeded" for m in mids)
+        wait_for(done, 90, "the burst to end")
+        peak = max(peak, int(C.sql(q)[0][0]))
+        self.assertLessEqual(peak, 5, "node1's connections to PostgreSQL")
+        for m in mids:
+            self.assertEqual(len(lines(m, "effect")), 1, f"{m}'s effects")
+
 
 def main():
     global C
@@ -295,6 +316,7 @@ def main():
                             observe=False, concurrency="allow"),
         "hold": cb.schedule(cron="0 0 1 1 *", min_ms=30000, max_ms=30000, observe=False,
                             concurrency="allow"),
+        "burst": cb.schedule(cron="0 0 1 1 *", min_ms=1000, max_ms=1500, concurrency="allow"),
     }
     with cb.Cluster(nodes=3, schedules=scheds, lease_sec=LEASE) as c:
         C = c
