@@ -25,8 +25,29 @@
 /* Any constant: serializes concurrent migrations ("kairos" in ASCII). */
 #define MIGRATE_LOCK_KEY "118066125107059"
 
+/* The calls of the write path, prepared once per connection (parsed,
+ * analysed and planned once, not at every barrier), their arrays sent in
+ * binary (no hex text for the server to decode). */
+enum prepared {
+        PREP_WAL_APPEND, PREP_CLAIM_TICK, PREP_CLAIM_TICK_REJECT, PREP_MANDATE_CREATE, PREP_COUNT
+};
+
+static const char *const prepared_sql[PREP_COUNT] = {
+        [PREP_WAL_APPEND] = "SELECT kairos_wal_append($1, $2, $3, $4::bytea[], $5::bigint[])",
+        [PREP_CLAIM_TICK] = "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch, NULL, NULL "
+                            "FROM kairos_claim_tick($1, 'epoch'::timestamptz + $2::bigint * "
+                            "interval '1 millisecond', $3, $4, $5, $6::bytea[], $7::bigint[])",
+        [PREP_CLAIM_TICK_REJECT] = "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch, r_busy, "
+                                   "r_busy_status FROM kairos_claim_tick_reject($1, "
+                                   "'epoch'::timestamptz + $2::bigint * interval '1 millisecond', "
+                                   "$3, $4, $5, $6::bytea[], $7::bigint[])",
+        [PREP_MANDATE_CREATE] = "SELECT kairos_mandate_create($1, $2, NULL, $3, $4, "
+                                "$5::bytea[], $6::bigint[])",
+};
+
 struct pgstore {
         PGconn *conn;
+        unsigned prepared;      /* bit i: prepared_sql[i] exists in this session */
         char err[512];
 };
 
@@ -118,6 +139,7 @@ int pgstore_reset(struct pgstore *s)
         if (!s || !s->conn)
                 return -EINVAL;
         PQreset(s->conn);
+        s->prepared = 0;        /* a new session */
         if (PQstatus(s->conn) != CONNECTION_OK) {
                 set_err(s, "%s", PQerrorMessage(s->conn));
                 return -ENOTCONN;
@@ -176,6 +198,36 @@ static int exec_params(struct pgstore *s, const char *sql, int n, const char *co
         if (!s || !s->conn)
                 return -EINVAL;
         PGresult *res = PQexecParams(s->conn, sql, n, NULL, vals, NULL, NULL, result_format);
+        int r = check(s, res, want);
+        if (r < 0)
+                return r;
+        if (ret)
+                *ret = res;
+        else
+                PQclear(res);
+        return 0;
+}
+
+/* prepared_sql[which] with n parameters: text, except the last two (the
+ * binary arrays of build_lines, lens[n - 2] and lens[n - 1] bytes). */
+static int exec_prepared(struct pgstore *s, enum prepared which, int n, const char *const *vals,
+                         const int *lens, ExecStatusType want, PGresult **ret)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        char name[16];
+        snprintf(name, sizeof name, "kairos_p%d", (int)which);
+        if (!(s->prepared & 1u << which)) {
+                PGresult *res = PQprepare(s->conn, name, prepared_sql[which], n, NULL);
+                int r = check(s, res, PGRES_COMMAND_OK);
+                if (r < 0)
+                        return r;
+                PQclear(res);
+                s->prepared |= 1u << which;
+        }
+        int formats[8] = { 0 };
+        formats[n - 2] = formats[n - 1] = 1;
+        PGresult *res = PQexecPrepared(s->conn, name, n, vals, lens, formats, 0);
         int r = check(s, res, want);
         if (r < 0)
                 return r;
@@ -296,50 +348,69 @@ fail:
 
 /* ---- lines ---- */
 
+static int put_be32(struct kbuf *b, uint32_t v)
+{
+        unsigned char p[4] = { (unsigned char)(v >> 24), (unsigned char)(v >> 16),
+                               (unsigned char)(v >> 8), (unsigned char)v };
+        return kbuf_append(b, p, sizeof p);
+}
+
+/* The header of a one-dimensional array without nulls in PostgreSQL's
+ * binary format (array_recv): dimensions, flags, element type, then the
+ * length and lower bound of the dimension; an empty array has none. */
+static int array_header(struct kbuf *b, uint32_t elemtype, size_t n)
+{
+        int r;
+        if ((r = put_be32(b, n ? 1 : 0)) < 0 || (r = put_be32(b, 0)) < 0 ||
+            (r = put_be32(b, elemtype)) < 0)
+                return r;
+        if (n && ((r = put_be32(b, (uint32_t)n)) < 0 || (r = put_be32(b, 1)) < 0))
+                return r;
+        return 0;
+}
+
+#define BYTEA_OID 17
+#define INT8_OID 20
+
 /* Check the barrier's bytes (complete sealed records, each ending in '\n')
- * and build the two array parameters: bytea[] in hex, bigint[] of crcs. */
+ * and build the two array parameters, in binary: bytea[] of the lines,
+ * bigint[] of their crcs. */
 static int build_lines(struct pgstore *s, const char *lines, size_t len, struct kbuf *ret_lines,
                        struct kbuf *ret_crcs, size_t *ret_n)
 {
-        static const char hex[] = "0123456789abcdef";
         size_t n = 0;
         int r;
         if (len && lines[len - 1] != '\n') {
                 set_err(s, "the last line does not end in a newline");
                 return -EBADMSG;
         }
-        if ((r = kbuf_putc(ret_lines, '{')) < 0 || (r = kbuf_putc(ret_crcs, '{')) < 0)
+        for (size_t off = 0; off < len; n++)
+                off += (size_t)((const char *)memchr(lines + off, '\n', len - off) - (lines + off)) + 1;
+        if (n > INT32_MAX || len > INT32_MAX) {
+                set_err(s, "a barrier of %zu bytes is too large", len);
+                return -EMSGSIZE;
+        }
+        if ((r = array_header(ret_lines, BYTEA_OID, n)) < 0 ||
+            (r = array_header(ret_crcs, INT8_OID, n)) < 0)
                 return r;
-        for (size_t off = 0; off < len;) {
+        size_t i = 0;
+        for (size_t off = 0; off < len; i++) {
                 const char *l = lines + off;
                 const char *nl = memchr(l, '\n', len - off);
                 size_t ln = (size_t)(nl - l);
                 uint32_t crc;
                 if (!crcline_has_suffix(l, ln, &crc) || crcline_body_crc(l, ln) != crc) {
                         set_err(s, "line %zu is not a sealed WAL record (no crc field, or a "
-                                "wrong one)", n + 1);
+                                "wrong one)", i + 1);
                         return -EBADMSG;
                 }
-                if (n && ((r = kbuf_putc(ret_lines, ',')) < 0 ||
-                          (r = kbuf_putc(ret_crcs, ',')) < 0))
+                if ((r = put_be32(ret_lines, (uint32_t)(ln + 1))) < 0 ||
+                    (r = kbuf_append(ret_lines, l, ln + 1)) < 0 ||
+                    (r = put_be32(ret_crcs, 8)) < 0 || (r = put_be32(ret_crcs, 0)) < 0 ||
+                    (r = put_be32(ret_crcs, crc)) < 0)
                         return r;
-                if ((r = kbuf_reserve(ret_lines, 2 * (ln + 1) + 8)) < 0)
-                        return r;
-                kbuf_puts(ret_lines, "\"\\\\x");
-                for (size_t i = 0; i <= ln; i++) {
-                        unsigned char c = (unsigned char)l[i];
-                        ret_lines->data[ret_lines->len++] = hex[c >> 4];
-                        ret_lines->data[ret_lines->len++] = hex[c & 15];
-                }
-                ret_lines->data[ret_lines->len] = '\0';
-                if ((r = kbuf_putc(ret_lines, '"')) < 0 ||
-                    (r = kbuf_printf(ret_crcs, "%" PRIu32, crc)) < 0)
-                        return r;
-                n++;
                 off += ln + 1;
         }
-        if ((r = kbuf_putc(ret_lines, '}')) < 0 || (r = kbuf_putc(ret_crcs, '}')) < 0)
-                return r;
         *ret_n = n;
         return 0;
 }
@@ -469,17 +540,10 @@ static int claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_
         snprintf(at, sizeof at, "%" PRId64, fired_at_ms);
         snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
         const char *vals[] = { schedule, at, mandate_id, node, lease, la.data, ca.data };
+        const int lens[] = { 0, 0, 0, 0, 0, (int)la.len, (int)ca.len };
         PGresult *res;
-        r = exec_params(s,
-                        reject ? "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch, r_busy, "
-                                 "r_busy_status FROM kairos_claim_tick_reject($1, "
-                                 "'epoch'::timestamptz + $2::bigint * interval '1 millisecond', "
-                                 "$3, $4, $5, $6::bytea[], $7::bigint[])"
-                               : "SELECT r_won, r_mandate_id, r_claimed_by, r_epoch, NULL, NULL "
-                                 "FROM kairos_claim_tick($1, 'epoch'::timestamptz + $2::bigint * "
-                                 "interval '1 millisecond', $3, $4, $5, $6::bytea[], "
-                                 "$7::bigint[])",
-                        7, vals, 0, PGRES_TUPLES_OK, &res);
+        r = exec_prepared(s, reject ? PREP_CLAIM_TICK_REJECT : PREP_CLAIM_TICK, 7, vals, lens,
+                          PGRES_TUPLES_OK, &res);
         if (r < 0)
                 goto out;
         if (PQntuples(res) != 1) {
@@ -575,9 +639,8 @@ int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char
                 char lease[24];
                 snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
                 const char *vals[] = { mandate_id, schedule, node, lease, la.data, ca.data };
-                r = exec_params(s, "SELECT kairos_mandate_create($1, $2, NULL, $3, $4, "
-                                   "$5::bytea[], $6::bigint[])",
-                                6, vals, 0, PGRES_TUPLES_OK, NULL);
+                const int lens[] = { 0, 0, 0, 0, (int)la.len, (int)ca.len };
+                r = exec_prepared(s, PREP_MANDATE_CREATE, 6, vals, lens, PGRES_TUPLES_OK, NULL);
         }
         kbuf_free(&la);
         kbuf_free(&ca);
@@ -882,9 +945,9 @@ int pgstore_wal_append(struct pgstore *s, const char *mandate_id, int64_t epoch,
         snprintf(ep, sizeof ep, "%" PRId64, epoch);
         snprintf(first, sizeof first, "%" PRId64, first_seq);
         const char *vals[] = { mandate_id, ep, first_seq ? first : NULL, la.data, ca.data };
+        const int lens[] = { 0, 0, 0, (int)la.len, (int)ca.len };
         PGresult *res;
-        r = exec_params(s, "SELECT kairos_wal_append($1, $2, $3, $4::bytea[], $5::bigint[])",
-                        5, vals, 0, PGRES_TUPLES_OK, &res);
+        r = exec_prepared(s, PREP_WAL_APPEND, 5, vals, lens, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 goto out;
         if (ret_last_seq)

@@ -177,7 +177,10 @@ class Store(unittest.TestCase):
 
     def test_pgstore_program(self):
         ci = PG.createdb("pgstore")
-        with pg_proxy.ReplyDropper(PG.dir, pg_fixture.PORT, b"kairos_wal_append") as px:
+        # the append's own bytes (its parameters: the statement itself is
+        # prepared in an earlier message, which must pass)
+        with pg_proxy.ReplyDropper(PG.dir, pg_fixture.PORT,
+                                   b'"status":"executing"') as px:
             env = dict(os.environ, KAIROS_PG_CONNINFO=ci,
                        KAIROS_PG_PROXY_CONNINFO=px.conninfo("pgstore"))
             r = subprocess.run([PGSTORE_TEST], env=env, stdout=subprocess.PIPE,
