@@ -315,6 +315,7 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                 if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
                     mono_ms() >= give_up)
                         return r;
+                cluster_thread_done();  /* others may use it meanwhile */
                 cluster_backoff(attempt);
         }
 }

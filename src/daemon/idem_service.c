@@ -701,6 +701,7 @@ static struct pgstore *pg_reach(struct pg_job *j)
                                  s ? pgstore_error(s) : strerror(-j->r));
                         return NULL;
                 }
+                cluster_thread_done();  /* others may use it meanwhile */
                 cluster_backoff(attempt);
         }
 }
