@@ -6,15 +6,16 @@ kairosd (files backend) on the same machine, in the same run.
 
     sudo tests/bench/bench_cluster.py --kairosd build/src/daemon/kairosd \
         --kairosctl build/src/ctl/kairosctl [--mandates N] [--dir DIR] \
-        [--workload spawn|wait|both]
+        [--workload spawn|wait|both] [--wait SECONDS]
 
 MaxCycles=10, Concurrency=allow, MaxConcurrentMandates=16 per daemon.  Two
 workloads:
   spawn: every phase /bin/true: the daemons' own cost (handler spawns, WAL,
          the database) is all there is; bound by the CPU;
-  wait:  every phase `sleep 0.1`: handlers that wait on the world (a
-         network call), as real jobs do; bound by MaxConcurrentMandates
-         until the CPU runs out.
+  wait:  every phase `sleep SECONDS` (--wait, default 0.5): handlers that
+         wait on the world (a network call), as real jobs do; bound by
+         MaxConcurrentMandates until the CPU runs out (a step costs some
+         7 ms of CPU here whatever it does: a spawn).
 Single host: N mandates fired at once (pipelined, distinct --at) on one
 kairosd in DIR (default /var/tmp: a disk, fdatasync as in production).
 Cluster: N mandates, a third fired on each node (distinct ticks, each on
@@ -46,7 +47,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 
 CYCLES = 10
 PHASES = ("Observe", "Orient", "Decide", "Act", "Reflect")
-WORKLOADS = {"spawn": "/bin/true", "wait": "/bin/sleep 0.1"}
+WORKLOADS = {"spawn": "/bin/true", "wait": "/bin/sleep 0.5"}
 
 
 def bench_schedule(workload):
@@ -195,6 +196,7 @@ def main():
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--workload", choices=("spawn", "wait", "both"), default="both")
+    ap.add_argument("--wait", type=float, default=0.5)
     args = ap.parse_args()
     os.environ["KAIROSD"] = os.path.abspath(args.kairosd)
     os.environ["KAIROSCTL"] = os.path.abspath(args.kairosctl)
@@ -205,6 +207,7 @@ def main():
     if why:
         print(f"SKIP: {why}")
         return 77
+    WORKLOADS["wait"] = f"/bin/sleep {args.wait:g}"
     workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
     for r in range(args.rounds):
         for w in workloads:
