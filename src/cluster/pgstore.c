@@ -192,12 +192,9 @@ static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
         return -err;
 }
 
-static int exec_params(struct pgstore *s, const char *sql, int n, const char *const *vals,
-                       int result_format, ExecStatusType want, PGresult **ret)
+/* check(), then res to *ret (or freed if ret is NULL). */
+static int take_result(struct pgstore *s, PGresult *res, ExecStatusType want, PGresult **ret)
 {
-        if (!s || !s->conn)
-                return -EINVAL;
-        PGresult *res = PQexecParams(s->conn, sql, n, NULL, vals, NULL, NULL, result_format);
         int r = check(s, res, want);
         if (r < 0)
                 return r;
@@ -206,6 +203,16 @@ static int exec_params(struct pgstore *s, const char *sql, int n, const char *co
         else
                 PQclear(res);
         return 0;
+}
+
+static int exec_params(struct pgstore *s, const char *sql, int n, const char *const *vals,
+                       int result_format, ExecStatusType want, PGresult **ret)
+{
+        if (!s || !s->conn)
+                return -EINVAL;
+        return take_result(s, PQexecParams(s->conn, sql, n, NULL, vals, NULL, NULL,
+                                           result_format),
+                           want, ret);
 }
 
 /* prepared_sql[which] with n parameters: text, except the last two (the
@@ -227,15 +234,8 @@ static int exec_prepared(struct pgstore *s, enum prepared which, int n, const ch
         }
         int formats[8] = { 0 };
         formats[n - 2] = formats[n - 1] = 1;
-        PGresult *res = PQexecPrepared(s->conn, name, n, vals, lens, formats, 0);
-        int r = check(s, res, want);
-        if (r < 0)
-                return r;
-        if (ret)
-                *ret = res;
-        else
-                PQclear(res);
-        return 0;
+        return take_result(s, PQexecPrepared(s->conn, name, n, vals, lens, formats, 0), want,
+                           ret);
 }
 
 static int exec_simple(struct pgstore *s, const char *sql)

@@ -30,11 +30,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-import pg_fixture  # noqa: E402
-from kairos_harness import KAIROSCTL, Daemon, NotifySocket, write_config  # noqa: E402
+import pg_node  # noqa: E402
 
-PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
-SKIP = 77
 PG = None
 LEASE = 3
 
@@ -54,24 +51,12 @@ echo '{"ok":true}'
 QUICK = "#!/bin/sh\ncat >/dev/null\necho '{\"ok\":true}'\n"
 
 
-def wait_for(cond, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
+wait_for = pg_node.wait_for
 
 
-class Node:
+class Node(pg_node.Node):
     def __init__(self, test, name):
         self.test = test
-        self.name = name
-        self.dir = os.path.join(test.dir, name)
-        os.makedirs(self.dir)
-        self.state = os.path.join(self.dir, "state")
         step = os.path.join(test.dir, "step.sh")
         quick = os.path.join(test.dir, "quick.sh")
         env = "OUT=%s" % test.out
@@ -87,51 +72,10 @@ class Node:
             "a": {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
                   "Exec": {"Observe": step, "Act": quick, "Environment": env}},
         }
-        extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\n"
-                 "LeaseSec=%d\n" % (test.ci, name, LEASE))
-        self.conf = write_config(self.dir, self.state, scheds, daemon_extra=extra)
-        self.daemon = None
-        self.notify = None
-        self.starts = 0
-
-    def start(self):
-        self.starts += 1
-        ndir = os.path.join(self.dir, "notify%d" % self.starts)
-        os.makedirs(ndir)
-        self.notify = NotifySocket(ndir)
-        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
-        try:
-            self.notify.wait_ready(timeout=60)
-        except TimeoutError:
-            self.daemon.kill()
-            raise AssertionError("%s is not ready:\n%s" % (self.name, self.daemon.log()[-4000:]))
-
-    def close(self, graceful=False):
-        rc = None
-        if self.daemon:
-            if graceful:
-                rc = self.daemon.stop()
-            else:
-                self.daemon.kill()
-            self.daemon.proc.stderr.close()
-        if self.notify:
-            self.notify.close()
-        self.daemon = self.notify = None
-        return rc
-
-    def ctl(self, *args):
-        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "--json", *args],
-                           capture_output=True, text=True, timeout=90)
-        try:
-            out = json.loads(p.stdout) if p.stdout.strip() else None
-        except ValueError:
-            out = p.stdout
-        return p.returncode, out, p.stderr
+        super().__init__(test.dir, name, test.ci, scheds, LEASE)
 
     def status_of(self, mid):
-        rc, out, err = self.ctl("list")
-        self.test.assertEqual(rc, 0, err)
-        return {r["id"]: r["status"] for r in out["mandates"]}.get(mid)
+        return {k: r["status"] for k, r in self.rows().items()}.get(mid)
 
 
 class ClusterConcurrency(unittest.TestCase):
@@ -304,22 +248,7 @@ class ClusterConcurrency(unittest.TestCase):
 
 
 def main():
-    global PG
-    if not PGSTORE_TEST:
-        print("SKIP: built without -Dpostgres=enabled", file=sys.stderr)
-        return SKIP
-    bindir = pg_fixture.find_bindir()
-    if not bindir:
-        print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
-        return SKIP
-    with pg_fixture.PgServer(bindir) as pg:
-        PG = pg
-        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
-        ok = prog.result.wasSuccessful()
-        if not ok:
-            sys.stderr.write("--- the server log's end ---\n" +
-                             "\n".join(pg.server_log().splitlines()[-40:]) + "\n")
-    return 0 if ok else 1
+    return pg_node.run_tests(lambda pg: globals().__setitem__("PG", pg))
 
 
 if __name__ == "__main__":

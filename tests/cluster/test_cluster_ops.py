@@ -32,11 +32,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-import pg_fixture  # noqa: E402
-from kairos_harness import KAIROSCTL, Daemon, NotifySocket, write_config  # noqa: E402
+import pg_node  # noqa: E402
 
-PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
-SKIP = 77
 PG = None
 LEASE = 3
 
@@ -50,87 +47,25 @@ GATE = ("#!/bin/sh\ntouch \"$OUT/obs-$KAIROS_MANDATE_ID\"\n"
         "while [ ! -e \"$OUT/go-$KAIROS_MANDATE_ID\" ]; do sleep 0.05; done\necho '{}'\n")
 
 
-def wait_for(cond, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
+wait_for = pg_node.wait_for
 
 
-class Node:
-    def __init__(self, test, name):
-        self.test = test
-        self.name = name
-        self.dir = os.path.join(test.dir, name)
-        os.makedirs(self.dir)
-        self.state = os.path.join(self.dir, "state")
-        scheds = {}
-        for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG),
-                            ("gate", GATE)):
-            path = os.path.join(test.dir, sched + ".sh")
-            if not os.path.exists(path):
-                with open(path, "w") as f:
-                    f.write(text)
-                os.chmod(path, 0o755)
-            scheds[sched] = {"Schedule": {"Cron": "0 0 1 1 *"},
-                             "Exec": {"Act": path, "Environment": "OUT=%s" % test.out}}
-            if sched == "gate":
-                scheds[sched]["Exec"] = {"Observe": path,
-                                         "Act": os.path.join(test.dir, "quick.sh"),
-                                         "Environment": "OUT=%s" % test.out}
-        extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\n"
-                 "LeaseSec=%d\n" % (test.ci, name, LEASE))
-        self.conf = write_config(self.dir, self.state, scheds, daemon_extra=extra)
-        self.daemon = None
-        self.notify = None
-        self.starts = 0
-
-    def start(self):
-        self.starts += 1
-        ndir = os.path.join(self.dir, "notify%d" % self.starts)
-        os.makedirs(ndir)
-        self.notify = NotifySocket(ndir)
-        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
-        try:
-            self.notify.wait_ready(timeout=60)
-        except TimeoutError:
-            self.daemon.kill()
-            raise AssertionError("%s is not ready:\n%s" % (self.name, self.daemon.log()[-4000:]))
-
-    def close(self, graceful=False):
-        rc = None
-        if self.daemon:
-            if graceful:
-                rc = self.daemon.stop()
-            else:
-                self.daemon.kill()
-            self.daemon.proc.stderr.close()
-        if self.notify:
-            self.notify.close()
-        self.daemon = self.notify = None
-        return rc
-
-    def ctl(self, *args):
-        p = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "--json", *args],
-                           capture_output=True, text=True, timeout=90)
-        try:
-            out = json.loads(p.stdout) if p.stdout.strip() else None
-        except ValueError:
-            out = p.stdout
-        return p.returncode, out, p.stderr
-
-    def text(self, *args):
-        return subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, *args],
-                              capture_output=True, text=True, timeout=90)
-
-    def rows(self):
-        rc, out, err = self.ctl("list")
-        self.test.assertEqual(rc, 0, err)
-        return {r["id"]: r for r in out["mandates"]}
+def node(test, name):
+    """A node of the test's database with the four schedules."""
+    scheds = {}
+    for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG), ("gate", GATE)):
+        path = os.path.join(test.dir, sched + ".sh")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
+        scheds[sched] = {"Schedule": {"Cron": "0 0 1 1 *"},
+                         "Exec": {"Act": path, "Environment": "OUT=%s" % test.out}}
+        if sched == "gate":
+            scheds[sched]["Exec"] = {"Observe": path,
+                                     "Act": os.path.join(test.dir, "quick.sh"),
+                                     "Environment": "OUT=%s" % test.out}
+    return pg_node.Node(test.dir, name, test.ci, scheds, LEASE)
 
 
 class ClusterOps(unittest.TestCase):
@@ -145,8 +80,8 @@ class ClusterOps(unittest.TestCase):
         self.out = os.path.join(self.dir, "out")
         os.makedirs(self.out)
         os.chmod(self.out, 0o777)
-        self.n1 = Node(self, "n1")
-        self.n2 = Node(self, "n2")
+        self.n1 = node(self, "n1")
+        self.n2 = node(self, "n2")
         self.n1.start()
         self.n2.start()
 
@@ -335,22 +270,7 @@ class ClusterOps(unittest.TestCase):
 
 
 def main():
-    global PG
-    if not PGSTORE_TEST:
-        print("SKIP: built without -Dpostgres=enabled", file=sys.stderr)
-        return SKIP
-    bindir = pg_fixture.find_bindir()
-    if not bindir:
-        print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
-        return SKIP
-    with pg_fixture.PgServer(bindir) as pg:
-        PG = pg
-        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
-        ok = prog.result.wasSuccessful()
-        if not ok:
-            sys.stderr.write("--- the server log's end ---\n" +
-                             "\n".join(pg.server_log().splitlines()[-40:]) + "\n")
-    return 0 if ok else 1
+    return pg_node.run_tests(lambda pg: globals().__setitem__("PG", pg))
 
 
 if __name__ == "__main__":

@@ -29,11 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import pg_fixture  # noqa: E402
+import pg_node  # noqa: E402
 import pg_proxy  # noqa: E402
 from kairos_harness import KAIROSCTL, KAIROSD, Client, Daemon, NotifySocket, write_config  # noqa: E402,E501
 
-PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
-SKIP = 77
 PG = None
 
 # The act step: two runs of the same key (the second replays), a write, a
@@ -280,22 +279,7 @@ class FinishOutcomeUnknown(unittest.TestCase):
 
 
 def main():
-    global PG
-    if not PGSTORE_TEST:
-        print("SKIP: built without -Dpostgres=enabled", file=sys.stderr)
-        return SKIP
-    bindir = pg_fixture.find_bindir()
-    if not bindir:
-        print("SKIP: " + pg_fixture.skip_reason(), file=sys.stderr)
-        return SKIP
-    with pg_fixture.PgServer(bindir) as pg:
-        PG = pg
-        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
-        ok = prog.result.wasSuccessful()
-        if not ok:
-            sys.stderr.write("--- the server log's end ---\n" +
-                             "\n".join(pg.server_log().splitlines()[-40:]) + "\n")
-    return 0 if ok else 1
+    return pg_node.run_tests(lambda pg: globals().__setitem__("PG", pg))
 
 
 if __name__ == "__main__":
