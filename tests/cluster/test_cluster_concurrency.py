@@ -20,12 +20,8 @@ PostgreSQL support or the PostgreSQL server binaries.  No sleeps as
 synchronization: polls with a deadline."""
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -78,48 +74,21 @@ class Node(pg_node.Node):
         return {k: r["status"] for k, r in self.rows().items()}.get(mid)
 
 
-class ClusterConcurrency(unittest.TestCase):
-    def setUp(self):
-        self.db = "conc_%d_%d" % (os.getpid(), int(time.monotonic() * 1000) % 100000)
-        self.ci = PG.createdb(self.db)
-        r = subprocess.run([os.environ["KAIROSD"], "--init-db", self.ci], capture_output=True,
-                           text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.dir = tempfile.mkdtemp(prefix="kairos-clconc-")
-        os.chmod(self.dir, 0o755)
-        self.out = os.path.join(self.dir, "out")
-        os.makedirs(self.out)
-        os.chmod(self.out, 0o777)
-        for name, text in (("step.sh", STEP), ("quick.sh", QUICK)):
-            path = os.path.join(self.dir, name)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, 0o755)
-        self.n1 = Node(self, "n1")
-        self.n2 = Node(self, "n2")
-        self.n1.start()
-        self.n2.start()
+class ClusterConcurrency(pg_node.TwoNodes):
+    prefix = "clconc"
+    DEBUG = "CLCONC_DEBUG"
 
-    def tearDown(self):
-        logs = ""
-        rcs = {}
-        for n in (self.n1, self.n2):
-            if n.daemon:
-                d = n.daemon
-                rcs[n.name] = n.close(graceful=True)
-                logs += "--- %s ---\n%s" % (n.name, d.log()[-3000:])
-        if os.environ.get("CLCONC_DEBUG"):
-            print(logs, file=sys.stderr)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.assertEqual(set(rcs.values()) - {0}, set(), "%r\n%s" % (rcs, logs))
-
-    def sql(self, q):
-        return PG.psql(self.db, q)
+    def make_node(self, name):
+        for script, text in (("step.sh", STEP), ("quick.sh", QUICK)):
+            path = os.path.join(self.dir, script)
+            if not os.path.exists(path):
+                with open(path, "w") as f:
+                    f.write(text)
+                os.chmod(path, 0o755)
+        return Node(self, name)
 
     def db_status(self, mid):
-        rows = self.sql("SELECT status, owner, epoch FROM kairos_mandate WHERE mandate_id = "
-                        "'%s'" % mid)
-        return tuple(rows[0]) if rows else None
+        return self.db_row(mid)
 
     def first_executing(self, mid):
         """The database's time of the mandate's first executing record

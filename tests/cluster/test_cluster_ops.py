@@ -21,13 +21,8 @@ PostgreSQL support or the PostgreSQL server binaries.  No sleeps as
 synchronization: polls with a deadline."""
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-import time
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -68,44 +63,12 @@ def node(test, name):
     return pg_node.Node(test.dir, name, test.ci, scheds, LEASE)
 
 
-class ClusterOps(unittest.TestCase):
-    def setUp(self):
-        self.db = "ops_%d_%d" % (os.getpid(), int(time.monotonic() * 1000) % 100000)
-        self.ci = PG.createdb(self.db)
-        r = subprocess.run([os.environ["KAIROSD"], "--init-db", self.ci], capture_output=True,
-                           text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.dir = tempfile.mkdtemp(prefix="kairos-clops-")
-        os.chmod(self.dir, 0o755)
-        self.out = os.path.join(self.dir, "out")
-        os.makedirs(self.out)
-        os.chmod(self.out, 0o777)
-        self.n1 = node(self, "n1")
-        self.n2 = node(self, "n2")
-        self.n1.start()
-        self.n2.start()
+class ClusterOps(pg_node.TwoNodes):
+    prefix = "clops"
+    DEBUG = "CLOPS_DEBUG"
 
-    def tearDown(self):
-        logs = ""
-        rcs = {}
-        for n in (self.n1, self.n2):
-            if n.daemon:
-                d = n.daemon
-                rcs[n.name] = n.close(graceful=True)
-                logs += "--- %s ---\n%s" % (n.name, d.log()[-3000:])
-        if os.environ.get("CLOPS_DEBUG"):
-            print(logs, file=sys.stderr)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        # a graceful stop (and, under ASan, no leak) on every node still up
-        self.assertEqual(set(rcs.values()) - {0}, set(), "%r\n%s" % (rcs, logs))
-
-    def sql(self, q):
-        return PG.psql(self.db, q)
-
-    def db_row(self, mid):
-        rows = self.sql("SELECT status, owner, epoch FROM kairos_mandate WHERE mandate_id = "
-                        "'%s'" % mid)
-        return tuple(rows[0]) if rows else None
+    def make_node(self, name):
+        return node(self, name)
 
     def fire(self, node, sched, at):
         rc, out, err = node.ctl("fire", sched, "--at", at)
