@@ -293,6 +293,8 @@ void daemon_stop(struct daemon *d, int exit_code)
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
         uv_timer_stop(&d->extend_timer);
+        if (d->slot_timer_init)
+                uv_timer_stop(&d->slot_timer);
         /* A backstop in case a job hangs in the kernel. */
         uv_timer_start(&d->stop_timer, on_stop_timeout,
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
