@@ -31,7 +31,8 @@ build=(meson ninja-build pkgconf gcc libc6-dev libuv1-dev libsodium-dev zlib1g-d
        libsystemd-dev libjansson-dev scdoc bash-completion libpq-dev)
 test=(python3 libcmocka-dev libsqlite3-dev clang debootstrap systemd-container strace
       util-linux gzip git dpkg-dev debhelper lintian
-      prometheus-node-exporter prometheus postgresql iproute2 faketime)
+      prometheus-node-exporter prometheus postgresql iproute2 faketime
+      libfuse3-dev fuse3)
 
 usage() {
         sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//' >&2

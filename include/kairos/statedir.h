@@ -50,3 +50,19 @@ bool statedir_entry_id(const char *name, const char *suffix, char *ret_id, size_
  * run created and then failed to fsync. *ret_failed names the path that
  * failed (not owned). */
 int statedir_create(const struct statedir *sd, const struct kio *io, const char **ret_failed);
+
+/* How files written without a sync of their own (summaries, archives, the
+ * records recovery appends) are made durable on the file system that holds
+ * path (docs/design.md §6 "Durable history on every file system"):
+ * STATEDIR_SYNC_FS where one syncfs(2) is a barrier for the whole file
+ * system (ext4, xfs, btrfs, ...), STATEDIR_SYNC_FILES elsewhere (FUSE, NFS,
+ * SMB, 9p, ceph, any file system not known to be one): an fdatasync of each
+ * file and an fsync of each directory.  *ret_fs_name names the file system
+ * ("ext4", "fuse", "unknown"; static). */
+enum statedir_sync {
+        STATEDIR_SYNC_FS,
+        STATEDIR_SYNC_FILES,
+};
+int statedir_sync_mode(const char *path, enum statedir_sync *ret_mode, const char **ret_fs_name);
+/* The same from the f_type of statfs(2) (pure: for tests). */
+enum statedir_sync statedir_sync_mode_of(unsigned long f_type, const char **ret_fs_name);

@@ -115,6 +115,7 @@ struct daemon {
         char *config_path;         /* NULL: built-in configuration */
         char *state_dir_override;  /* --state-dir */
         struct statedir paths;     /* the state directory's layout */
+        enum statedir_sync sync_mode; /* one syncfs, or file by file (statedir.h) */
         int lock_fd;
         gid_t socket_gid;          /* (gid_t)-1: the group does not exist */
         uint64_t started_ms;

@@ -14,7 +14,8 @@
  * last advance job; the WAL stays.  Finished mandates gather here until
  * ARCHIVE_BATCH of them wait, ARCHIVE_DELAY_MS passed, nothing runs any
  * more (no mandate holds a slot) or the daemon stops; then ONE syncfs makes every archive and summary of the batch
- * durable, and only then is each WAL unlinked (a job on the mandate's own
+ * durable (or, on a file system where syncfs is no barrier, an fdatasync
+ * of each and an fsync of their directories: statedir_sync_mode), and only then is each WAL unlinked (a job on the mandate's own
  * queue, which also points the mandate at its archive).  The unlinks need
  * no sync of their own: the next batch's syncfs (or the last one at
  * shutdown) covers them, and a WAL that comes back after a crash is
@@ -26,6 +27,7 @@
 struct archive_batch {
         struct daemon *d;
         struct mandate **m;
+        char *const *archives; /* m[i]'s archive path (d->arch_batch_paths) */
         size_t n;
         int error;
 };
@@ -122,10 +124,37 @@ static void archive_unlink_done(void *arg)
                 executor_check_idle(d);
 }
 
+/* File by file: each summary and archive, then the directories that name
+ * them and the WAL directory (the unlinks since the last batch). */
+static int archive_sync_files(const struct archive_batch *b)
+{
+        const struct kio *io = kio_posix();
+        const struct statedir *paths = &b->d->paths;
+        int r = 0;
+        for (size_t i = 0; i < b->n && r == 0; i++) {
+                char *summary = NULL;
+                r = statedir_summary_path(paths, b->m[i]->id, &summary);
+                if (r == 0)
+                        r = kio_fdatasync_path(io, summary);
+                if (r == 0)
+                        r = kio_fdatasync_path(io, b->archives[i]);
+                free(summary);
+        }
+        if (r == 0 && b->n)
+                r = io->fsync_dir(io->ctx, paths->mandates);
+        if (r == 0 && b->n)
+                r = io->fsync_dir(io->ctx, paths->archive);
+        if (r == 0)
+                r = io->fsync_dir(io->ctx, paths->wal);
+        return r;
+}
+
 static void archive_sync_work(void *arg)
 {
         struct archive_batch *b = arg;
-        b->error = kio_syncfs(kio_posix(), b->d->cfg->state_directory);
+        b->error = b->d->sync_mode == STATEDIR_SYNC_FILES
+                           ? archive_sync_files(b)
+                           : kio_syncfs(kio_posix(), b->d->cfg->state_directory);
 }
 
 static void archive_sync_done(void *arg)
@@ -133,13 +162,16 @@ static void archive_sync_done(void *arg)
         struct archive_batch *b = arg;
         struct daemon *d = b->d;
         d->arch_syncing = false;
-        d->syncfs_calls++;
+        if (d->sync_mode == STATEDIR_SYNC_FS)
+                d->syncfs_calls++;
         if (b->error) {
                 /* Nothing is unlinked: the WALs stay the truth; a later batch
                  * (or the next start) tries again. */
                 log_event(LOG_ERR, MSGID_WAL_IO_ERROR, NULL, 0,
-                          "syncfs of %s failed: %s; %zu finished WAL%s kept", d->cfg->state_directory,
-                          strerror(-b->error), b->n, b->n == 1 ? "" : "s");
+                          "%s of %s failed: %s; %zu finished WAL%s kept",
+                          d->sync_mode == STATEDIR_SYNC_FS ? "syncfs" : "syncing the archives",
+                          d->cfg->state_directory, strerror(-b->error), b->n,
+                          b->n == 1 ? "" : "s");
                 for (size_t i = 0; i < b->n; i++)
                         b->m[i]->busy--;
         } else {
@@ -197,6 +229,7 @@ void archive_flush(struct daemon *d)
         b->m = d->arch_pending;
         b->n = d->arch_npending;
         d->arch_batch_paths = d->arch_paths;
+        b->archives = d->arch_batch_paths;
         d->arch_pending = NULL;
         d->arch_paths = NULL;
         d->arch_npending = d->arch_cap = 0;

@@ -271,6 +271,16 @@ static int prepare_dirs(struct daemon *d)
                 return r;
         }
         share_with_group(d);
+        const char *fs = NULL;
+        if ((r = statedir_sync_mode(d->cfg->state_directory, &d->sync_mode, &fs)) < 0) {
+                fprintf(stderr, "kairosd: cannot tell the file system of %s: %s\n",
+                        d->cfg->state_directory, strerror(-r));
+                return r;
+        }
+        if (d->sync_mode == STATEDIR_SYNC_FILES)
+                log_notice("%s is on %s, where syncfs(2) is no barrier: finished mandates are "
+                           "made durable file by file (fdatasync, directory fsync)",
+                           d->cfg->state_directory, fs);
         return 0;
 }
 

@@ -397,10 +397,23 @@ static void recovery_complete(struct daemon *d)
         recovery_done_cb(d);
 }
 
+/* Where syncfs is no barrier (statedir_sync_mode): each WAL recovery wrote
+ * to, then the directory (the WALs it unlinked). */
+static int sync_files(void)
+{
+        const struct kio *io = kio_posix();
+        int r = 0;
+        for (size_t i = 0; i < unsynced.n && r == 0; i++)
+                r = kio_fdatasync_path(io, unsynced.m[i]->wal_path);
+        return r < 0 ? r : io->fsync_dir(io->ctx, unsynced.d->paths.wal);
+}
+
 static void sync_work(void *arg)
 {
         (void)arg;
-        unsynced.error = kio_syncfs(kio_posix(), unsynced.d->paths.wal);
+        unsynced.error = unsynced.d->sync_mode == STATEDIR_SYNC_FILES
+                                 ? sync_files()
+                                 : kio_syncfs(kio_posix(), unsynced.d->paths.wal);
 }
 
 static void sync_done(void *arg)
@@ -408,11 +421,13 @@ static void sync_done(void *arg)
         (void)arg;
         struct daemon *d = unsynced.d;
         int r = unsynced.error;
-        d->syncfs_calls++;
+        if (d->sync_mode == STATEDIR_SYNC_FS)
+                d->syncfs_calls++;
         if (r < 0) {
                 log_event(LOG_ERR, MSGID_WAL_IO_ERROR, NULL, 0,
-                          "recovery: syncfs of %s failed: %s; the %zu mandate%s recovery wrote "
+                          "recovery: %s of %s failed: %s; the %zu mandate%s recovery wrote "
                           "to paused (wal_io_error)",
+                          d->sync_mode == STATEDIR_SYNC_FS ? "syncfs" : "syncing the WALs",
                           d->paths.wal, strerror(-r), unsynced.n, unsynced.n == 1 ? "" : "s");
                 for (size_t i = 0; i < unsynced.n; i++) {
                         struct mandate *m = unsynced.m[i];
@@ -428,7 +443,7 @@ static void sync_done(void *arg)
         recovery_complete(d);
 }
 
-/* Every job is done: one syncfs for all they wrote, then READY. */
+/* Every job is done: one syncfs for all they wrote (or a sync of each), then READY. */
 static void recovery_sync(struct daemon *d)
 {
         if (unsynced.n == 0 && unsynced.unlinked == 0) {

@@ -471,6 +471,16 @@ int kio_syncfs(const struct kio *io, const char *path)
         return io->syncfs(io->ctx, path);
 }
 
+int kio_fdatasync_path(const struct kio *io, const char *path)
+{
+        int fd = io->open(io->ctx, path, O_RDONLY | O_CLOEXEC | O_NOCTTY, 0);
+        if (fd < 0)
+                return fd;
+        int r = io->fdatasync(io->ctx, fd);
+        int rc = io->close(io->ctx, fd);
+        return r < 0 ? r : rc;
+}
+
 int kio_write_file_nosync(const struct kio *io, const char *path, const void *data, size_t n,
                           mode_t mode)
 {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/vfs.h>
 
 #include "kairos/wal.h"
 
@@ -113,4 +114,51 @@ int statedir_create(const struct statedir *sd, const struct kio *io, const char 
                 if ((r = kio_fsync_parent(io, durable[i])) < 0)
                         *ret_failed = durable[i];
         return r;
+}
+
+/* File systems whose syncfs(2) makes every file, rename and unlink on them
+ * durable (their sync_fs writes back and flushes the whole file system).
+ * Anything else is synced file by file: FUSE passes no syncfs to its server,
+ * NFS, SMB, 9p and ceph promise nothing of it. */
+static const struct {
+        unsigned long magic;
+        const char *name;
+        enum statedir_sync mode;
+} fs_table[] = {
+        { 0xEF53, "ext4", STATEDIR_SYNC_FS }, /* also ext2, ext3 */
+        { 0x58465342, "xfs", STATEDIR_SYNC_FS },
+        { 0x9123683E, "btrfs", STATEDIR_SYNC_FS },
+        { 0xF2F52010, "f2fs", STATEDIR_SYNC_FS },
+        { 0x2FC12FC1, "zfs", STATEDIR_SYNC_FS },
+        { 0xCA451A4E, "bcachefs", STATEDIR_SYNC_FS },
+        { 0x3153464A, "jfs", STATEDIR_SYNC_FS },
+        { 0x794C7630, "overlayfs", STATEDIR_SYNC_FS }, /* syncs its upper file system */
+        { 0x01021994, "tmpfs", STATEDIR_SYNC_FS },     /* nothing survives a reboot anyway */
+        { 0x858458F6, "ramfs", STATEDIR_SYNC_FS },
+        { 0x65735546, "fuse", STATEDIR_SYNC_FILES },
+        { 0x6969, "nfs", STATEDIR_SYNC_FILES },
+        { 0xFF534D42, "cifs", STATEDIR_SYNC_FILES },
+        { 0xFE534D42, "smb2", STATEDIR_SYNC_FILES },
+        { 0x01021997, "9p", STATEDIR_SYNC_FILES },
+        { 0x00C36400, "ceph", STATEDIR_SYNC_FILES },
+};
+
+enum statedir_sync statedir_sync_mode_of(unsigned long f_type, const char **ret_fs_name)
+{
+        for (size_t i = 0; i < sizeof fs_table / sizeof fs_table[0]; i++)
+                if (fs_table[i].magic == (f_type & 0xFFFFFFFFul)) {
+                        *ret_fs_name = fs_table[i].name;
+                        return fs_table[i].mode;
+                }
+        *ret_fs_name = "unknown";
+        return STATEDIR_SYNC_FILES;
+}
+
+int statedir_sync_mode(const char *path, enum statedir_sync *ret_mode, const char **ret_fs_name)
+{
+        struct statfs sf;
+        if (statfs(path, &sf) < 0)
+                return -errno;
+        *ret_mode = statedir_sync_mode_of((unsigned long)sf.f_type, ret_fs_name);
+        return 0;
 }

@@ -107,12 +107,39 @@ static void test_create_modes(void **state)
         assert_int_equal(system(cmd), 0);
 }
 
+/* Which file systems get one syncfs and which a sync of each file. */
+static void test_sync_mode(void **state)
+{
+        (void)state;
+        const char *fs = NULL;
+        assert_int_equal(statedir_sync_mode_of(0xEF53, &fs), STATEDIR_SYNC_FS);
+        assert_string_equal(fs, "ext4");
+        assert_int_equal(statedir_sync_mode_of(0x58465342, &fs), STATEDIR_SYNC_FS);
+        assert_string_equal(fs, "xfs");
+        assert_int_equal(statedir_sync_mode_of(0x65735546, &fs), STATEDIR_SYNC_FILES);
+        assert_string_equal(fs, "fuse");
+        assert_int_equal(statedir_sync_mode_of(0x6969, &fs), STATEDIR_SYNC_FILES);
+        assert_string_equal(fs, "nfs");
+        /* not known to be a barrier: file by file */
+        assert_int_equal(statedir_sync_mode_of(0x12345678, &fs), STATEDIR_SYNC_FILES);
+        assert_string_equal(fs, "unknown");
+        /* a sign-extended f_type of a 32-bit magic still matches */
+        assert_int_equal(statedir_sync_mode_of((unsigned long)(long)(int)0xFF534D42, &fs),
+                         STATEDIR_SYNC_FILES);
+        assert_string_equal(fs, "cifs");
+        enum statedir_sync mode;
+        assert_int_equal(statedir_sync_mode("/nonexistent/kairos", &mode, &fs), -ENOENT);
+        assert_int_equal(statedir_sync_mode("/proc", &mode, &fs), 0);
+        assert_int_equal(mode, STATEDIR_SYNC_FILES); /* procfs is no known barrier */
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_paths),
                 cmocka_unit_test(test_entry_id),
                 cmocka_unit_test(test_create_modes),
+                cmocka_unit_test(test_sync_mode),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
