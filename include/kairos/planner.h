@@ -60,6 +60,32 @@ int planner_retry_plan_id(const char *name, const char *fired_at, int retry, int
 int planner_retry_mandate_id(const char *name, const char *fired_at, int retry,
                              char out[PLANNER_ID_MAX]);
 
+/* May a tick be retried (kairosctl retry)?  The rule is about the tick,
+ * not about the mandate the operator names: at most one of the tick's
+ * mandates is unfinished at a time, and once one of them ended done, a
+ * repeat needs a reason (docs/design.md §3). */
+enum planner_tick_state {
+        PLANNER_TICK_UNFINISHED,   /* queued, running, paused, probing, ... */
+        PLANNER_TICK_DONE,         /* ended done: its work happened */
+        PLANNER_TICK_ENDED,        /* ended otherwise (failed, cancelled, ...) */
+};
+struct planner_tick_mandate {
+        const char *id;            /* borrowed */
+        int retry;                 /* 0: the tick's first mandate, N >= 1: retry N */
+        enum planner_tick_state state;
+};
+enum planner_retry_verdict {
+        PLANNER_RETRY_ALLOWED,
+        PLANNER_RETRY_UNFINISHED,  /* refused: *ret_which is unfinished */
+        PLANNER_RETRY_NEEDS_REASON, /* refused without a reason: *ret_which ended done */
+};
+/* Judge a retry of the tick whose known mandates are v[0..n) (any order).
+ * *ret_which: the index in v the verdict names (the unfinished mandate of
+ * the highest retry number; the done one of the highest), or n when
+ * allowed.  -EINVAL for v NULL with n > 0 or a bad state. */
+int planner_retry_check(const struct planner_tick_mandate *v, size_t n, bool has_reason,
+                        enum planner_retry_verdict *ret_verdict, size_t *ret_which);
+
 /* Build the plan.  -EINVAL for a cycle outside 1..PLANNER_MAX_CYCLE, an empty
  * name or fired_at. */
 int planner_build(const char *name, const char *fired_at, int cycle, struct planner_plan *out);

@@ -1349,6 +1349,73 @@ static bool can_retry(enum mandate_status s)
                s == MANDATE_DONE || s == MANDATE_CANCELLED;
 }
 
+/* The tick's rule (planner_retry_check) over the mandates of m's tick this
+ * node knows: its WALs and its archive, so it holds across a restart.  A
+ * retry is registered on the loop (fire_tick's mandate_add) before anything
+ * asynchronous, so the check and the creation are one step for every other
+ * request; a retry whose creation failed is no longer registered (cluster
+ * mode: dropped) and blocks nothing.  In cluster mode the database checks
+ * the same rule again across the nodes when it creates the retry. */
+static bool refuse_tick_retry(struct control_request *req, const struct mandate *m,
+                              bool has_reason)
+{
+        struct planner_tick_mandate stack[16], *v = stack;
+        size_t n = 0, cap = sizeof stack / sizeof stack[0], pos = 0, which;
+        const char *k;
+        void *p;
+        enum planner_retry_verdict verdict;
+        bool refused = true;
+        while (strmap_next(req->d->mandates, &pos, &k, &p) == 0) {
+                const struct mandate *o = p;
+                if (!o->schedule || !o->fired_at || strcmp(o->schedule, m->schedule) != 0 ||
+                    strcmp(o->fired_at, m->fired_at) != 0 || cluster_dropped(o))
+                        continue;
+                if (n == cap) {
+                        size_t ncap = 2 * cap;
+                        struct planner_tick_mandate *nv = malloc(ncap * sizeof(*nv));
+                        if (!nv)
+                                goto oom;
+                        memcpy(nv, v, n * sizeof(*nv));
+                        if (v != stack)
+                                free(v);
+                        v = nv;
+                        cap = ncap;
+                }
+                v[n++] = (struct planner_tick_mandate){
+                        .id = o->id, .retry = o->retry,
+                        .state = o->status == MANDATE_DONE ? PLANNER_TICK_DONE
+                                 : is_final(o->status)     ? PLANNER_TICK_ENDED
+                                                           : PLANNER_TICK_UNFINISHED,
+                };
+        }
+        if (planner_retry_check(v, n, has_reason, &verdict, &which) < 0)
+                goto oom;
+        if (verdict == PLANNER_RETRY_UNFINISHED) {
+                const struct mandate *u = mandate_find(req->d, v[which].id);
+                control_reply_error_detail(
+                        req, "conflict", json_pack("{s:s}", "unfinished", v[which].id),
+                        "the tick of %s (%s at %s) has an unfinished %s: mandate %s is %s; "
+                        "one retry of a tick at a time",
+                        m->id, m->schedule, m->fired_at, v[which].retry ? "retry" : "mandate",
+                        v[which].id, u ? mandate_status_name(u->status) : "unfinished");
+        } else if (verdict == PLANNER_RETRY_NEEDS_REASON) {
+                control_reply_error(req, "conflict",
+                                    "the tick of %s (%s at %s) ended done as mandate %s: "
+                                    "retrying it repeats its work; give --reason to do it "
+                                    "anyway",
+                                    m->id, m->schedule, m->fired_at, v[which].id);
+        } else {
+                refused = false;
+        }
+        goto out;
+oom:
+        control_reply_error(req, "internal", "out of memory");
+out:
+        if (v != stack)
+                free(v);
+        return refused;
+}
+
 /* retry MANDATE [--reason T]: a new mandate for the same tick (retry N, the
  * first N not taken), refused unless MANDATE has ended; one that ended done
  * needs a reason. */
@@ -1386,6 +1453,8 @@ static void cmd_retry(struct control_request *req)
                                     m->id);
                 return;
         }
+        if (refuse_tick_retry(req, m, reason != NULL))
+                return;
         char id[PLANNER_ID_MAX];
         int n = 1;
         for (; n <= PLANNER_MAX_RETRY; n++)

@@ -303,3 +303,38 @@ int planner_format_fired_at(int64_t t, char out[PLANNER_FIRED_AT_LEN])
         strftime(out, PLANNER_FIRED_AT_LEN, "%Y-%m-%dT%H:%M:%SZ", &tm);
         return 0;
 }
+
+int planner_retry_check(const struct planner_tick_mandate *v, size_t n, bool has_reason,
+                        enum planner_retry_verdict *ret_verdict, size_t *ret_which)
+{
+        size_t unfinished = n, done = n;
+        if ((n && !v) || !ret_verdict || !ret_which)
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++) {
+                switch (v[i].state) {
+                case PLANNER_TICK_UNFINISHED:
+                        if (unfinished == n || v[i].retry > v[unfinished].retry)
+                                unfinished = i;
+                        break;
+                case PLANNER_TICK_DONE:
+                        if (done == n || v[i].retry > v[done].retry)
+                                done = i;
+                        break;
+                case PLANNER_TICK_ENDED:
+                        break;
+                default:
+                        return -EINVAL;
+                }
+        }
+        if (unfinished < n) {
+                *ret_verdict = PLANNER_RETRY_UNFINISHED;
+                *ret_which = unfinished;
+        } else if (done < n && !has_reason) {
+                *ret_verdict = PLANNER_RETRY_NEEDS_REASON;
+                *ret_which = done;
+        } else {
+                *ret_verdict = PLANNER_RETRY_ALLOWED;
+                *ret_which = n;
+        }
+        return 0;
+}

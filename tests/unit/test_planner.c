@@ -371,12 +371,71 @@ static void test_identifiers(void **state)
         }
 }
 
+/* The retry rule is about the tick: any unfinished mandate of it refuses,
+ * any done one needs a reason. */
+static void test_retry_check(void **state)
+{
+        (void)state;
+        enum planner_retry_verdict v;
+        size_t w;
+        const struct planner_tick_mandate first_done[] = {
+                { "mnd_a", 0, PLANNER_TICK_DONE },
+        };
+        assert_int_equal(planner_retry_check(first_done, 1, false, &v, &w), 0);
+        assert_int_equal(v, PLANNER_RETRY_NEEDS_REASON);
+        assert_int_equal(w, 0);
+        assert_int_equal(planner_retry_check(first_done, 1, true, &v, &w), 0);
+        assert_int_equal(v, PLANNER_RETRY_ALLOWED);
+        assert_int_equal(w, 1);
+        /* the operator names the failed first mandate, retry 1 ended done:
+         * the tick's work happened, a reason is needed */
+        const struct planner_tick_mandate retry_done[] = {
+                { "mnd_a", 0, PLANNER_TICK_ENDED },
+                { "mnd_b", 1, PLANNER_TICK_DONE },
+                { "mnd_c", 2, PLANNER_TICK_ENDED },
+        };
+        assert_int_equal(planner_retry_check(retry_done, 3, false, &v, &w), 0);
+        assert_int_equal(v, PLANNER_RETRY_NEEDS_REASON);
+        assert_int_equal(w, 1);
+        assert_int_equal(planner_retry_check(retry_done, 3, true, &v, &w), 0);
+        assert_int_equal(v, PLANNER_RETRY_ALLOWED);
+        /* an unfinished retry refuses, with or without a reason, and is named
+         * before any done one (the latest when several are) */
+        const struct planner_tick_mandate running[] = {
+                { "mnd_a", 0, PLANNER_TICK_DONE },
+                { "mnd_c", 2, PLANNER_TICK_UNFINISHED },
+                { "mnd_b", 1, PLANNER_TICK_UNFINISHED },
+                { "mnd_d", 3, PLANNER_TICK_ENDED },
+        };
+        for (int reason = 0; reason < 2; reason++) {
+                assert_int_equal(planner_retry_check(running, 4, reason, &v, &w), 0);
+                assert_int_equal(v, PLANNER_RETRY_UNFINISHED);
+                assert_int_equal(w, 1);
+        }
+        /* failed and cancelled ones allow a retry without a reason */
+        const struct planner_tick_mandate failed[] = {
+                { "mnd_a", 0, PLANNER_TICK_ENDED },
+                { "mnd_b", 1, PLANNER_TICK_ENDED },
+        };
+        assert_int_equal(planner_retry_check(failed, 2, false, &v, &w), 0);
+        assert_int_equal(v, PLANNER_RETRY_ALLOWED);
+        assert_int_equal(w, 2);
+        assert_int_equal(planner_retry_check(NULL, 0, false, &v, &w), 0);
+        assert_int_equal(v, PLANNER_RETRY_ALLOWED);
+        /* bad arguments */
+        assert_int_equal(planner_retry_check(NULL, 1, false, &v, &w), -EINVAL);
+        assert_int_equal(planner_retry_check(failed, 2, false, NULL, &w), -EINVAL);
+        const struct planner_tick_mandate bad[] = { { "mnd_a", 0, (enum planner_tick_state)7 } };
+        assert_int_equal(planner_retry_check(bad, 1, false, &v, &w), -EINVAL);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_id_example),
                 cmocka_unit_test(test_plan_id_cycles),
                 cmocka_unit_test(test_retry_ids),
+                cmocka_unit_test(test_retry_check),
                 cmocka_unit_test(test_bad_arguments),
                 cmocka_unit_test(test_build_cycle1),
                 cmocka_unit_test(test_pre_hash_is_golden),
