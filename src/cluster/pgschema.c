@@ -706,6 +706,65 @@ static const char v5[] =
 "  RETURN QUERY SELECT true, p_mandate, p_node, 1::bigint;\n"
 "END $$;\n";
 
+/* v6: kairosctl retry is compare-and-set per tick across the nodes
+ * (docs/design.md §3, §14).  A retry's row names its tick (schedule,
+ * fired_at, as the tick's first mandate's), the mandate it retries and its
+ * number; at most one retry of a tick is unfinished (running or paused):
+ * the unique index holds it for any writer, and kairos_retry_create checks
+ * and creates under the tick's lock in one transaction, so that a refusal
+ * names the unfinished mandate (of the tick: its first one too) or, without
+ * a reason (p_forced false), the one that ended succeeded. */
+static const char v6[] =
+"ALTER TABLE kairos_mandate ADD COLUMN retry_of text,\n"
+"  ADD COLUMN retry integer CHECK (retry >= 1);\n"
+"CREATE UNIQUE INDEX kairos_mandate_retry_unfinished ON kairos_mandate (schedule, fired_at)\n"
+"  WHERE retry IS NOT NULL AND status IN ('running', 'paused');\n"
+"CREATE INDEX kairos_mandate_tick ON kairos_mandate (schedule, fired_at);\n"
+/* r_created: p_mandate was created (epoch 1, owned by p_node, its first
+ * rows); otherwise r_mandate_id is the mandate of the tick that refused it
+ * and r_status its status: running or paused (unfinished: p_mandate
+ * itself when an earlier call created it), succeeded (p_forced false). */
+"CREATE FUNCTION kairos_retry_create(p_mandate text, p_schedule text, p_fired_at timestamptz,\n"
+"    p_retry_of text, p_retry integer, p_forced boolean, p_node text, p_lease_ms bigint,\n"
+"    p_lines bytea[], p_crcs bigint[])\n"
+"    RETURNS TABLE (r_created boolean, r_mandate_id text, r_status text)\n"
+"    LANGUAGE plpgsql AS $$\n"
+"DECLARE b record;\n"
+"BEGIN\n"
+"  IF p_schedule IS NULL OR p_fired_at IS NULL OR p_retry IS NULL OR p_retry < 1 THEN\n"
+"    RAISE EXCEPTION 'kairos: a retry needs its tick and its number' USING ERRCODE = '22023';\n"
+"  END IF;\n"
+"  PERFORM pg_advisory_xact_lock(hashtextextended('kairos_retry|' || p_schedule || '|' ||\n"
+"    (extract(epoch FROM p_fired_at) * 1000)::bigint, 0));\n"
+"  SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k\n"
+"    WHERE k.schedule = p_schedule AND k.fired_at = p_fired_at\n"
+"      AND k.status IN ('running', 'paused')\n"
+"    ORDER BY k.retry DESC NULLS LAST, k.mandate_id LIMIT 1;\n"
+"  IF FOUND THEN\n"
+"    RETURN QUERY SELECT false, b.mandate_id, b.status;\n"
+"    RETURN;\n"
+"  END IF;\n"
+"  IF NOT p_forced THEN\n"
+"    SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k\n"
+"      WHERE k.schedule = p_schedule AND k.fired_at = p_fired_at AND k.status = 'succeeded'\n"
+"      ORDER BY k.retry DESC NULLS LAST, k.mandate_id LIMIT 1;\n"
+"    IF FOUND THEN\n"
+"      RETURN QUERY SELECT false, b.mandate_id, b.status;\n"
+"      RETURN;\n"
+"    END IF;\n"
+"  END IF;\n"
+"  SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k WHERE k.mandate_id = p_mandate;\n"
+"  IF FOUND THEN\n"
+"    RETURN QUERY SELECT false, b.mandate_id, b.status;\n"
+"    RETURN;\n"
+"  END IF;\n"
+"  PERFORM kairos_mandate_create(p_mandate, p_schedule, p_fired_at, p_node, p_lease_ms,\n"
+"                                p_lines, p_crcs);\n"
+"  UPDATE kairos_mandate SET retry_of = p_retry_of, retry = p_retry\n"
+"    WHERE mandate_id = p_mandate;\n"
+"  RETURN QUERY SELECT true, p_mandate, 'running'::text;\n"
+"END $$;\n";
+
 const struct pgschema_migration pgschema_migrations[] = {
         { 1, "cluster mode: nodes, schedules, ticks, mandates with leases, WAL rows, tool calls", v1 },
         { 2, "nodes register and renew what they hold in one transaction, operators take "
@@ -714,6 +773,8 @@ const struct pgschema_migration pgschema_migrations[] = {
         { 4, "a schedule's Concurrency= across the cluster: one slot per schedule (queue), "
              "ticks refused while a mandate of the schedule is unfinished (reject)", v4 },
         { 5, "concurrent claims of one tick: the losers lose, none fails", v5 },
+        { 6, "kairosctl retry is compare-and-set per tick: one unfinished retry of a tick",
+          v6 },
 };
 
 const size_t pgschema_nmigrations = sizeof pgschema_migrations / sizeof pgschema_migrations[0];

@@ -29,7 +29,8 @@
  * analysed and planned once, not at every barrier), their arrays sent in
  * binary (no hex text for the server to decode). */
 enum prepared {
-        PREP_WAL_APPEND, PREP_CLAIM_TICK, PREP_CLAIM_TICK_REJECT, PREP_MANDATE_CREATE, PREP_COUNT
+        PREP_WAL_APPEND, PREP_CLAIM_TICK, PREP_CLAIM_TICK_REJECT, PREP_MANDATE_CREATE,
+        PREP_RETRY_CREATE, PREP_COUNT
 };
 
 static const char *const prepared_sql[PREP_COUNT] = {
@@ -43,6 +44,10 @@ static const char *const prepared_sql[PREP_COUNT] = {
                                    "$3, $4, $5, $6::bytea[], $7::bigint[])",
         [PREP_MANDATE_CREATE] = "SELECT kairos_mandate_create($1, $2, NULL, $3, $4, "
                                 "$5::bytea[], $6::bigint[])",
+        [PREP_RETRY_CREATE] = "SELECT r_created, r_mandate_id, r_status FROM "
+                              "kairos_retry_create($1, $2, 'epoch'::timestamptz + $3::bigint * "
+                              "interval '1 millisecond', $4, $5, $6, $7, $8, $9::bytea[], "
+                              "$10::bigint[])",
 };
 
 struct pgstore {
@@ -232,7 +237,7 @@ static int exec_prepared(struct pgstore *s, enum prepared which, int n, const ch
                 PQclear(res);
                 s->prepared |= 1u << which;
         }
-        int formats[8] = { 0 };
+        int formats[12] = { 0 };
         formats[n - 2] = formats[n - 1] = 1;
         return take_result(s, PQexecPrepared(s->conn, name, n, vals, lens, formats, 0), want,
                            ret);
@@ -645,6 +650,77 @@ int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char
         kbuf_free(&la);
         kbuf_free(&ca);
         return r;
+}
+
+int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, const char *node,
+                         int64_t lease_ms, const char *lines, size_t len, bool *ret_created,
+                         char **ret_busy, char **ret_busy_status)
+{
+        if (!s || !rt || !rt->mandate_id || !*rt->mandate_id || !rt->schedule ||
+            !rt->retry_of || rt->retry < 1 || !node || !*node || lease_ms <= 0 ||
+            (len && !lines) || !ret_created || !ret_busy || !ret_busy_status)
+                return -EINVAL;
+        *ret_created = false;
+        *ret_busy = *ret_busy_status = NULL;
+        struct kbuf la = KBUF_INIT, ca = KBUF_INIT;
+        size_t n;
+        PGresult *res = NULL;
+        int r = build_lines(s, lines, len, &la, &ca, &n);
+        if (r < 0)
+                goto out;
+        char at[24], num[16], lease[24];
+        snprintf(at, sizeof at, "%" PRId64, rt->fired_at_ms);
+        snprintf(num, sizeof num, "%d", rt->retry);
+        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+        const char *vals[] = { rt->mandate_id, rt->schedule, at, rt->retry_of, num,
+                               rt->forced ? "t" : "f", node, lease, la.data, ca.data };
+        const int lens[] = { 0, 0, 0, 0, 0, 0, 0, 0, (int)la.len, (int)ca.len };
+        r = exec_prepared(s, PREP_RETRY_CREATE, 10, vals, lens, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                goto out;
+        if (PQntuples(res) != 1 || PQgetisnull(res, 0, 1) || PQgetisnull(res, 0, 2)) {
+                set_err(s, "kairos_retry_create returned %d rows", PQntuples(res));
+                r = -EIO;
+                goto out;
+        }
+        *ret_created = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+        if (!*ret_created) {
+                *ret_busy = dup_value(res, 0, 1);
+                *ret_busy_status = dup_value(res, 0, 2);
+                if (!*ret_busy || !*ret_busy_status) {
+                        free(*ret_busy);
+                        free(*ret_busy_status);
+                        *ret_busy = *ret_busy_status = NULL;
+                        r = -ENOMEM;
+                }
+        }
+out:
+        PQclear(res);
+        kbuf_free(&la);
+        kbuf_free(&ca);
+        return r;
+}
+
+int pgstore_tick_last_retry(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                            int *ret_retry)
+{
+        if (!s || !schedule || !ret_retry)
+                return -EINVAL;
+        *ret_retry = 0;
+        char at[24];
+        snprintf(at, sizeof at, "%" PRId64, fired_at_ms);
+        const char *vals[] = { schedule, at };
+        PGresult *res;
+        int r = exec_params(s, "SELECT coalesce(max(retry), 0) FROM kairos_mandate "
+                               "WHERE schedule = $1 AND fired_at = 'epoch'::timestamptz + "
+                               "$2::bigint * interval '1 millisecond'",
+                            2, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) == 1)
+                *ret_retry = (int)strtol(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+        return 0;
 }
 
 int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *node,

@@ -123,6 +123,31 @@ int pgstore_slot_release(struct pgstore *s, const char *mandate_id, int64_t epoc
 int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char *schedule,
                            const char *node, int64_t lease_ms, const char *lines, size_t len);
 
+/* kairosctl retry in the cluster (docs/design.md §3): retry number `retry`
+ * of the tick (schedule, fired_at_ms), of mandate retry_of; forced: the
+ * operator gave a reason (a tick that ended succeeded may run again). */
+struct pgstore_retry {
+        const char *mandate_id;
+        const char *schedule;
+        int64_t fired_at_ms;
+        const char *retry_of;
+        int retry;
+        bool forced;
+};
+/* Create the retry's mandate as pgstore_mandate_create does, compare-and-set
+ * under the tick's lock in one transaction: *ret_created, or not and
+ * *ret_busy (malloc'd) is the tick's mandate that refused it, with its
+ * status *ret_busy_status (malloc'd): running or paused (unfinished; the
+ * retry itself when an earlier call created it), succeeded (not forced), or
+ * whatever the status of an ended mandate that holds the id already.  At
+ * most one retry of a tick is unfinished, whoever writes. */
+int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, const char *node,
+                         int64_t lease_ms, const char *lines, size_t len, bool *ret_created,
+                         char **ret_busy, char **ret_busy_status);
+/* The highest retry number of the tick in the database (0: none). */
+int pgstore_tick_last_retry(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                            int *ret_retry);
+
 /* Extend the lease to lease_ms from the database's now. */
 int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *node,
                         int64_t epoch, int64_t lease_ms);

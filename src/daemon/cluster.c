@@ -240,19 +240,53 @@ void cluster_backoff(unsigned attempt)
 
 /* ---- the barrier of a WAL (pool thread) ---- */
 
+/* kairosctl retry: compare-and-set per tick in the database (docs/design.md
+ * §3).  Refused: -EBUSY with the mandate that refused it in cluster_busy
+ * (unfinished, or ended succeeded while no reason was given). */
+static int create_retry(struct cluster *c, struct pgstore *s, struct mandate *m,
+                        int64_t fired_ms, const char *lines, size_t len)
+{
+        struct pgstore_retry rt = { .mandate_id = m->id, .schedule = m->schedule,
+                                    .fired_at_ms = fired_ms, .retry_of = m->retry_of,
+                                    .retry = m->retry, .forced = m->retry_forced };
+        bool created;
+        char *busy, *busy_status;
+        int r = pgstore_retry_create(s, &rt, c->node, c->lease_ms, lines, len, &created, &busy,
+                                     &busy_status);
+        if (r < 0)
+                return r;
+        if (created) {
+                m->epoch = 1;
+                return 0;
+        }
+        /* Its own id: an earlier attempt whose commit was unknown (its rows
+         * are these bytes), or another node's retry of the same number */
+        if (strcmp(busy, m->id) == 0 && strcmp(busy_status, "running") == 0 &&
+            pgstore_wal_append(s, m->id, 1, 1, lines, len, NULL) == 0) {
+                m->epoch = 1;
+                r = 0;
+        } else {
+                r = -EBUSY;
+        }
+        free(m->cluster_busy);
+        free(m->cluster_busy_status);
+        m->cluster_busy = r ? busy : NULL;
+        m->cluster_busy_status = r ? busy_status : NULL;
+        if (!r) {
+                free(busy);
+                free(busy_status);
+        }
+        return r;
+}
+
 static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate *m,
                            const char *lines, size_t len)
 {
-        if (m->retry_of) {
-                int r = pgstore_mandate_create(s, m->id, m->schedule, c->node, c->lease_ms, lines,
-                                               len);
-                if (r == 0)
-                        m->epoch = 1;
-                return r;
-        }
         int64_t fired_ms;
         if (wal_parse_ts(m->fired_at, &fired_ms) < 0)
                 return -EINVAL;
+        if (m->retry_of)
+                return create_retry(c, s, m, fired_ms, lines, len);
         struct pgstore_claim cl;
         int r = m->cluster_reject
                         ? pgstore_claim_tick_reject(s, m->schedule, fired_ms, m->id, c->node,

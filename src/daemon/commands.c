@@ -34,6 +34,16 @@ static bool cluster_list(struct control_request *req, const struct history_filte
                          size_t limit, const char *after);
 static void cluster_show(struct control_request *req, const char *id);
 static void cluster_take_for(struct control_request *req, const char *id);
+static void cluster_retry(struct control_request *req, const char *id, bool remote);
+/* What a retry needs of the mandate named. */
+struct retry_target {
+        const char *id, *schedule, *fired_at; /* NULL: unknown */
+        const char *status;                   /* its status's name */
+        bool ended, done;
+        int db_last;      /* cluster mode: the tick's highest retry number in the database */
+};
+static void retry_target(struct control_request *req, const struct retry_target *t);
+static struct retry_target retry_target_of(const struct mandate *m);
 
 /* The result of an operation (result.h) as the reply to req. */
 static void reply_result(void *ctx, const struct op_result *r)
@@ -1123,6 +1133,127 @@ static void cluster_take_for(struct control_request *req, const char *id)
                 control_reply_error(req, "internal", "out of memory");
 }
 
+/* retry in cluster mode: the tick's highest retry number in the database
+ * (another node may have made retries this one does not know), and for a
+ * mandate this node does not hold, its row (tick and status).  The tick's
+ * rule is then judged on the loop over what this node holds, and by the
+ * database when it creates the retry (kairos_retry_create). */
+struct retry_job {
+        struct control_request *req;
+        char *id;
+        bool remote;
+        char *schedule, *fired_at, *status;  /* remote: its row's */
+        int last;
+        int err;
+        char errmsg[256];
+};
+
+static void retry_job_free(struct retry_job *j)
+{
+        free(j->id);
+        free(j->schedule);
+        free(j->fired_at);
+        free(j->status);
+        free(j);
+}
+
+static void retry_work(void *arg)
+{
+        struct retry_job *j = arg;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(j->req->d, &r);
+        struct pgstore_mandate_row *row = NULL;
+        size_t nrow = 0;
+        int64_t fired_ms;
+        if (!s) {
+                j->err = r;
+                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+                return;
+        }
+        if (j->remote) {
+                struct pgstore_mandate_filter mf = { .since_ms = -1, .mandate_id = j->id };
+                if ((r = pgstore_mandates_list(s, &mf, &row, &nrow, NULL)) < 0)
+                        goto db_fail;
+                if (nrow != 1) {
+                        j->err = -ENOENT;
+                        goto out;
+                }
+                j->schedule = dup_or_null(row[0].schedule);
+                j->fired_at = dup_or_null(row[0].fired_at);
+                j->status = dup_or_null(row[0].status);
+                if (!j->status) {
+                        j->err = -ENOMEM;
+                        snprintf(j->errmsg, sizeof j->errmsg, "out of memory");
+                        goto out;
+                }
+        }
+        /* (a mandate of this node: its tick was copied on the loop) */
+        if (j->schedule && j->fired_at && wal_parse_ts(j->fired_at, &fired_ms) == 0 &&
+            (r = pgstore_tick_last_retry(s, j->schedule, fired_ms, &j->last)) < 0)
+                goto db_fail;
+        goto out;
+db_fail:
+        j->err = r;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+out:
+        pgstore_mandate_rows_free(row, nrow);
+}
+
+static void retry_done(void *arg)
+{
+        struct retry_job *j = arg;
+        struct control_request *req = j->req;
+        struct retry_target t;
+        if (j->err == -ENOENT) {
+                control_reply_error(req, "not_found", "no mandate %s", j->id);
+                goto out;
+        }
+        if (j->err) {
+                control_reply_error(req, "cluster_unavailable", "cannot retry mandate %s: %s",
+                                    j->id, j->errmsg);
+                goto out;
+        }
+        if (j->remote) {
+                bool unfinished = strcmp(j->status, "running") == 0 ||
+                                  strcmp(j->status, "paused") == 0;
+                t = (struct retry_target){
+                        .id = j->id, .schedule = j->schedule, .fired_at = j->fired_at,
+                        .status = db_status_name(j->status), .ended = !unfinished,
+                        .done = strcmp(j->status, "succeeded") == 0,
+                };
+        } else {
+                struct mandate *m = mandate_find(req->d, j->id);
+                if (!m) {
+                        control_reply_error(req, "not_found", "no mandate %s", j->id);
+                        goto out;
+                }
+                t = retry_target_of(m);
+        }
+        t.db_last = j->last;
+        retry_target(req, &t);
+out:
+        retry_job_free(j);
+}
+
+static void cluster_retry(struct control_request *req, const char *id, bool remote)
+{
+        struct retry_job *j = calloc(1, sizeof(*j));
+        struct mandate *m = remote ? NULL : mandate_find(req->d, id);
+        if (!j || !(j->id = strdup(id)) ||
+            (m && ((m->schedule && !(j->schedule = strdup(m->schedule))) ||
+                   (m->fired_at && !(j->fired_at = strdup(m->fired_at))))))
+                goto oom;
+        j->req = req;
+        j->remote = remote;
+        if (cluster_submit(req->d, retry_work, retry_done, j) < 0)
+                goto oom;
+        return;
+oom:
+        if (j)
+                retry_job_free(j);
+        control_reply_error(req, "internal", "out of memory");
+}
+
 #else
 
 static bool cluster_list(struct control_request *req, const struct history_filter *f,
@@ -1140,6 +1271,11 @@ static void cluster_show(struct control_request *req, const char *id)
 }
 static void cluster_take_for(struct control_request *req, const char *id)
 {
+        control_reply_error(req, "not_found", "no mandate %s", id);
+}
+static void cluster_retry(struct control_request *req, const char *id, bool remote)
+{
+        (void)remote;
         control_reply_error(req, "not_found", "no mandate %s", id);
 }
 
@@ -1356,8 +1492,8 @@ static bool can_retry(enum mandate_status s)
  * request; a retry whose creation failed is no longer registered (cluster
  * mode: dropped) and blocks nothing.  In cluster mode the database checks
  * the same rule again across the nodes when it creates the retry. */
-static bool refuse_tick_retry(struct control_request *req, const struct mandate *m,
-                              bool has_reason)
+static bool refuse_tick_retry(struct control_request *req, const char *id, const char *schedule,
+                              const char *fired_at, bool has_reason)
 {
         struct planner_tick_mandate stack[16], *v = stack;
         size_t n = 0, cap = sizeof stack / sizeof stack[0], pos = 0, which;
@@ -1367,8 +1503,8 @@ static bool refuse_tick_retry(struct control_request *req, const struct mandate 
         bool refused = true;
         while (strmap_next(req->d->mandates, &pos, &k, &p) == 0) {
                 const struct mandate *o = p;
-                if (!o->schedule || !o->fired_at || strcmp(o->schedule, m->schedule) != 0 ||
-                    strcmp(o->fired_at, m->fired_at) != 0 || cluster_dropped(o))
+                if (!o->schedule || !o->fired_at || strcmp(o->schedule, schedule) != 0 ||
+                    strcmp(o->fired_at, fired_at) != 0 || cluster_dropped(o))
                         continue;
                 if (n == cap) {
                         size_t ncap = 2 * cap;
@@ -1396,14 +1532,14 @@ static bool refuse_tick_retry(struct control_request *req, const struct mandate 
                         req, "conflict", json_pack("{s:s}", "unfinished", v[which].id),
                         "the tick of %s (%s at %s) has an unfinished %s: mandate %s is %s; "
                         "one retry of a tick at a time",
-                        m->id, m->schedule, m->fired_at, v[which].retry ? "retry" : "mandate",
+                        id, schedule, fired_at, v[which].retry ? "retry" : "mandate",
                         v[which].id, u ? mandate_status_name(u->status) : "unfinished");
         } else if (verdict == PLANNER_RETRY_NEEDS_REASON) {
                 control_reply_error(req, "conflict",
                                     "the tick of %s (%s at %s) ended done as mandate %s: "
                                     "retrying it repeats its work; give --reason to do it "
                                     "anyway",
-                                    m->id, m->schedule, m->fired_at, v[which].id);
+                                    id, schedule, fired_at, v[which].id);
         } else {
                 refused = false;
         }
@@ -1416,14 +1552,75 @@ out:
         return refused;
 }
 
+/* Retry t's tick (args.reason validated by cmd_retry): refused unless t has
+ * ended, one that ended done needs a reason, then the tick's rule. */
+static void retry_target(struct control_request *req, const struct retry_target *t)
+{
+        bool failed;
+        const char *reason = control_arg_string(req, "reason", false, &failed);
+        if (failed || refuse_if_stopping(req))
+                return;
+        if (!t->ended) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s is %s: only a mandate that has ended can be "
+                                    "retried",
+                                    t->id, t->status);
+                return;
+        }
+        if (t->done && !reason) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s ended done: retrying it repeats its work; give "
+                                    "--reason to do it anyway",
+                                    t->id);
+                return;
+        }
+        if (!t->schedule || !t->fired_at) {
+                control_reply_error(req, "conflict",
+                                    "mandate %s has no mandate record: its schedule and tick are "
+                                    "unknown",
+                                    t->id);
+                return;
+        }
+        if (refuse_tick_retry(req, t->id, t->schedule, t->fired_at, reason != NULL))
+                return;
+        char id[PLANNER_ID_MAX];
+        int n = t->db_last + 1;
+        for (; n <= PLANNER_MAX_RETRY; n++)
+                if (planner_retry_mandate_id(t->schedule, t->fired_at, n, id) < 0 ||
+                    !mandate_find(req->d, id))
+                        break;
+        if (n > PLANNER_MAX_RETRY) {
+                control_reply_error(req, "conflict", "the tick of %s has been retried %d times",
+                                    t->id, PLANNER_MAX_RETRY);
+                return;
+        }
+        struct executor_retry rt = {
+                .schedule = t->schedule, .fired_at = t->fired_at, .retry_of = t->id,
+                .reason = reason ? reason : "retried by operator", .retry = n,
+                .uid = (long long)req->uid, .forced = reason != NULL,
+        };
+        executor_retry(req->d, &rt, reply_result, req);
+}
+
+static struct retry_target retry_target_of(const struct mandate *m)
+{
+        return (struct retry_target){
+                .id = m->id, .schedule = m->schedule, .fired_at = m->fired_at,
+                .status = mandate_status_name(m->status), .ended = can_retry(m->status),
+                .done = m->status == MANDATE_DONE,
+        };
+}
+
 /* retry MANDATE [--reason T]: a new mandate for the same tick (retry N, the
  * first N not taken), refused unless MANDATE has ended; one that ended done
- * needs a reason. */
+ * needs a reason.  In cluster mode MANDATE may be another node's, and the
+ * database is asked first for the tick's retries (cluster_retry). */
 static void cmd_retry(struct control_request *req)
 {
         bool failed;
-        struct mandate *m = arg_mandate(req);
-        if (!m || refuse_if_stopping(req))
+        const char *remote = NULL;
+        struct mandate *m = arg_mandate_at(req, req->d->cluster ? &remote : NULL);
+        if ((!m && !remote) || refuse_if_stopping(req))
                 return;
         const char *reason = control_arg_string(req, "reason", false, &failed);
         if (failed)
@@ -1432,46 +1629,12 @@ static void cmd_retry(struct control_request *req)
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
                 return;
         }
-        if (!can_retry(m->status)) {
-                control_reply_error(req, "conflict",
-                                    "mandate %s is %s: only a mandate that has ended can be "
-                                    "retried",
-                                    m->id, mandate_status_name(m->status));
-                return;
+        if (req->d->cluster) {
+                cluster_retry(req, m ? m->id : remote, !m);
+        } else {
+                struct retry_target t = retry_target_of(m);
+                retry_target(req, &t);
         }
-        if (m->status == MANDATE_DONE && !reason) {
-                control_reply_error(req, "conflict",
-                                    "mandate %s ended done: retrying it repeats its work; give "
-                                    "--reason to do it anyway",
-                                    m->id);
-                return;
-        }
-        if (!m->schedule || !m->fired_at) {
-                control_reply_error(req, "conflict",
-                                    "mandate %s has no mandate record: its schedule and tick are "
-                                    "unknown",
-                                    m->id);
-                return;
-        }
-        if (refuse_tick_retry(req, m, reason != NULL))
-                return;
-        char id[PLANNER_ID_MAX];
-        int n = 1;
-        for (; n <= PLANNER_MAX_RETRY; n++)
-                if (planner_retry_mandate_id(m->schedule, m->fired_at, n, id) < 0 ||
-                    !mandate_find(req->d, id))
-                        break;
-        if (n > PLANNER_MAX_RETRY) {
-                control_reply_error(req, "conflict", "the tick of %s has been retried %d times",
-                                    m->id, PLANNER_MAX_RETRY);
-                return;
-        }
-        struct executor_retry rt = {
-                .schedule = m->schedule, .fired_at = m->fired_at, .retry_of = m->id,
-                .reason = reason ? reason : "retried by operator", .retry = n,
-                .uid = (long long)req->uid,
-        };
-        executor_retry(req->d, &rt, reply_result, req);
 }
 
 static void cmd_fire(struct control_request *req)

@@ -69,6 +69,7 @@ struct mandate {
         char *goal;
         char *retry_of;            /* a retry (kairosctl retry): the mandate it retries */
         int retry;                 /* ... and its number N >= 1 (planner.h); 0 otherwise */
+        bool retry_forced;         /* ... made with a reason (cluster mode: kairos_retry_create) */
         int64_t started_ms;        /* wall clock: fired (or its WAL's first record); 0 unknown */
         int64_t ended_ms;          /* wall clock: finished; 0 while it runs */
         bool archived;             /* finished: WAL gzipped to archive/ */

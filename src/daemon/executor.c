@@ -197,6 +197,36 @@ static void finish_fire_reply(struct advance *a, bool fired)
         }
 }
 
+/* Cluster mode: the database refused a retry (kairos_retry_create): the
+ * tick's mandate cluster_busy is unfinished, or it ended done and no reason
+ * was given, or it holds the retry's id already; as on one host
+ * (commands.c). */
+static void executor_retry_refused(struct advance *a)
+{
+        struct mandate *m = a->m;
+        const char *busy = m->cluster_busy ? m->cluster_busy : "?";
+        const char *st = m->cluster_busy_status ? m->cluster_busy_status : "?";
+        bool unfinished = strcmp(st, "running") == 0 || strcmp(st, "paused") == 0;
+        if (unfinished)
+                op_reply_error(&a->reply, "conflict",
+                               "the tick of %s (%s at %s) has an unfinished retry: mandate %s is "
+                               "%s in the cluster; one retry of a tick at a time",
+                               m->retry_of, m->schedule, m->fired_at, busy, st);
+        else if (strcmp(st, "succeeded") == 0 && strcmp(busy, m->id) != 0)
+                op_reply_error(&a->reply, "conflict",
+                               "the tick of %s (%s at %s) ended done as mandate %s: retrying it "
+                               "repeats its work; give --reason to do it anyway",
+                               m->retry_of, m->schedule, m->fired_at, busy);
+        else
+                op_reply_error(&a->reply, "conflict",
+                               "retry %d of the tick of %s (%s at %s) exists already in the "
+                               "cluster (mandate %s, %s): try again",
+                               m->retry, m->retry_of, m->schedule, m->fired_at, busy, st);
+        log_info("retry %d of %s at %s refused by the database: mandate %s is %s", m->retry,
+                 m->schedule, m->fired_at, busy, st);
+        cluster_drop(m, "its retry was refused");
+}
+
 static void advance_done(void *arg)
 {
         struct advance *a = arg;
@@ -220,7 +250,9 @@ static void advance_done(void *arg)
                 if (a->cancel)
                         executor_cancel_drop(m);
                 m->db_slot = false;
-                if (a->error == -EBUSY) {
+                if (a->error == -EBUSY && m->retry_of) {
+                        executor_retry_refused(a);
+                } else if (a->error == -EBUSY) {
                         /* Concurrency=reject, decided by the database under
                          * the schedule's lock: as on one host */
                         const char *busy = m->cluster_busy ? m->cluster_busy : "?";
@@ -711,6 +743,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         if (rt) {
                 m->retry_of = strdup(rt->retry_of);
                 m->retry = retry;
+                m->retry_forced = rt->forced;
         }
         m->started_ms = now_ms_realtime();
         struct advance *a = advance_new(m);

@@ -23,6 +23,7 @@ struct executor_retry {
         const char *schedule, *fired_at, *retry_of, *reason;
         int retry;
         long long uid;
+        bool forced;       /* the operator gave a reason (a done tick may run again) */
 };
 void executor_retry(struct daemon *d, const struct executor_retry *rt,
                     void (*done)(void *ctx, const struct op_result *r), void *ctx);

@@ -12,9 +12,14 @@ INVARIANTS = [
      "LEFT JOIN kairos_mandate m USING (mandate_id) "
      "WHERE m.mandate_id IS NULL OR m.schedule IS DISTINCT FROM t.schedule "
      "OR m.fired_at IS DISTINCT FROM t.fired_at"),
-    ("no tick has two mandates (no double fire)",
+    ("no tick has two mandates (no double fire; its retries aside)",
      "SELECT schedule, fired_at, count(*) FROM kairos_mandate "
-     "WHERE fired_at IS NOT NULL GROUP BY schedule, fired_at HAVING count(*) > 1"),
+     "WHERE fired_at IS NOT NULL AND retry IS NULL GROUP BY schedule, fired_at "
+     "HAVING count(*) > 1"),
+    ("no tick has two unfinished retries (kairosctl retry is compare-and-set)",
+     "SELECT schedule, fired_at, count(*) FROM kairos_mandate "
+     "WHERE retry IS NOT NULL AND status IN ('running', 'paused') "
+     "GROUP BY schedule, fired_at HAVING count(*) > 1"),
     ("a mandate's rows are numbered 1..last_seq without a gap",
      "SELECT m.mandate_id, m.last_seq, count(w.seq), coalesce(max(w.seq), 0) "
      "FROM kairos_mandate m LEFT JOIN kairos_wal w USING (mandate_id) "

@@ -1549,6 +1549,138 @@ static void test_claim_reject(void **state)
         pgstore_close(b);
 }
 
+/* kairosctl retry across nodes: concurrent retries of one tick, each its
+ * own session (its own node), get one winner; the others are told it; a
+ * tick that ended succeeded needs forced; any writer meets the unique
+ * index. */
+#define NRETRIERS 8
+struct retrier {
+        pthread_barrier_t *barrier;
+        int64_t at;
+        int id;
+        int rc;
+        bool created;
+        char *busy, *busy_status;
+};
+
+static void *retry_thread(void *arg)
+{
+        struct retrier *t = arg;
+        struct pgstore *s = store();
+        char mid[32], node[32];
+        snprintf(mid, sizeof mid, "m-rc-1-%d", t->id);
+        snprintf(node, sizeof node, "node-%d", t->id);
+        struct pgstore_retry rt = { .mandate_id = mid, .schedule = "rcas", .fired_at_ms = t->at,
+                                    .retry_of = "m-rc-0", .retry = 1, .forced = true };
+        pthread_barrier_wait(t->barrier);
+        t->rc = pgstore_retry_create(s, &rt, node, 60000, NULL, 0, &t->created, &t->busy,
+                                     &t->busy_status);
+        pgstore_close(s);
+        return NULL;
+}
+
+static void retry_create(struct pgstore *s, int64_t at, const char *mid, int retry, bool forced,
+                         const char *want_busy, const char *want_status)
+{
+        struct pgstore_retry rt = { .mandate_id = mid, .schedule = "rcas", .fired_at_ms = at,
+                                    .retry_of = "m-rc-0", .retry = retry, .forced = forced };
+        bool created;
+        char *busy, *st;
+        assert_int_equal(pgstore_retry_create(s, &rt, "a", 60000, NULL, 0, &created, &busy, &st),
+                         0);
+        assert_int_equal(created, want_busy == NULL);
+        if (want_busy) {
+                assert_string_equal(busy, want_busy);
+                assert_string_equal(st, want_status);
+        }
+        free(busy);
+        free(st);
+}
+
+static void test_retry_compare_and_set(void **state)
+{
+        (void)state;
+        struct pgstore *a = store();
+        PGconn *c = raw();
+        int64_t at = (now_ms() / 1000 - 200) * 1000;
+        struct pgstore_claim cl;
+        assert_int_equal(pgstore_claim_tick(a, "rcas", at, "m-rc-0", "a", 60000, NULL, 0, &cl),
+                         0);
+        assert_true(cl.won);
+        pgstore_claim_free(&cl);
+        /* the tick's first mandate is unfinished: no retry */
+        retry_create(a, at, "m-rc-x", 1, true, "m-rc-0", "running");
+        assert_int_equal(pgstore_mandate_finish(a, "m-rc-0", 1, "failed"), 0);
+
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, NRETRIERS);
+        struct retrier t[NRETRIERS];
+        pthread_t th[NRETRIERS];
+        for (int i = 0; i < NRETRIERS; i++) {
+                t[i] = (struct retrier){ .barrier = &barrier, .at = at, .id = i };
+                assert_int_equal(pthread_create(&th[i], NULL, retry_thread, &t[i]), 0);
+        }
+        for (int i = 0; i < NRETRIERS; i++)
+                pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&barrier);
+        int winners = 0, winner = -1;
+        for (int i = 0; i < NRETRIERS; i++) {
+                assert_int_equal(t[i].rc, 0);
+                if (t[i].created) {
+                        winners++;
+                        winner = i;
+                }
+        }
+        assert_int_equal(winners, 1);
+        char wid[32];
+        snprintf(wid, sizeof wid, "m-rc-1-%d", winner);
+        for (int i = 0; i < NRETRIERS; i++) {
+                if (i != winner) {
+                        assert_string_equal(t[i].busy, wid);
+                        assert_string_equal(t[i].busy_status, "running");
+                }
+                free(t[i].busy);
+                free(t[i].busy_status);
+        }
+        assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1 "
+                                  "AND retry IS NOT NULL", "rcas"), 1);
+        /* the same id again (an unknown commit outcome, or another node's
+         * retry of the same number): the row tells */
+        retry_create(a, at, wid, 1, true, wid, "running");
+        /* any writer: the unique index */
+        PGresult *res = PQexec(c, "INSERT INTO kairos_mandate (mandate_id, schedule, fired_at, "
+                                  "retry) SELECT 'm-rc-raw', schedule, fired_at, 2 FROM "
+                                  "kairos_mandate WHERE mandate_id = 'm-rc-0'");
+        assert_string_equal(PQresultErrorField(res, PG_DIAG_SQLSTATE), "23505");
+        PQclear(res);
+        /* paused is unfinished too */
+        assert_int_equal(pgstore_mandate_finish(a, wid, 1, "paused"), 0);
+        retry_create(a, at, "m-rc-2", 2, true, wid, "paused");
+        /* ended succeeded: only forced */
+        res = PQexecParams(c, "UPDATE kairos_mandate SET status = 'succeeded' "
+                              "WHERE mandate_id = $1", 1, NULL, (const char *[]){ wid }, NULL,
+                           NULL, 0);
+        assert_int_equal(PQresultStatus(res), PGRES_COMMAND_OK);
+        PQclear(res);
+        retry_create(a, at, "m-rc-2", 2, false, wid, "succeeded");
+        retry_create(a, at, "m-rc-2", 2, true, NULL, NULL);
+        res = PQexec(c, "SELECT retry_of, retry, fired_at = (SELECT fired_at FROM kairos_mandate "
+                        "WHERE mandate_id = 'm-rc-0') FROM kairos_mandate "
+                        "WHERE mandate_id = 'm-rc-2'");
+        assert_int_equal(PQntuples(res), 1);
+        assert_string_equal(PQgetvalue(res, 0, 0), "m-rc-0");
+        assert_string_equal(PQgetvalue(res, 0, 1), "2");
+        assert_string_equal(PQgetvalue(res, 0, 2), "t");
+        PQclear(res);
+        int last = 0;
+        assert_int_equal(pgstore_tick_last_retry(a, "rcas", at, &last), 0);
+        assert_int_equal(last, 2);
+        assert_int_equal(pgstore_tick_last_retry(a, "rcas", at + 1000, &last), 0);
+        assert_int_equal(last, 0);
+        PQfinish(c);
+        pgstore_close(a);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -1575,6 +1707,7 @@ int main(void)
                 cmocka_unit_test(test_slot_queue),
                 cmocka_unit_test(test_slot_concurrent_takes_one_holder),
                 cmocka_unit_test(test_claim_reject),
+                cmocka_unit_test(test_retry_compare_and_set),
         };
         return cmocka_run_group_tests(tests, setup_schema, NULL);
 }

@@ -43,7 +43,7 @@ KAIROSD = os.environ.get("KAIROSD", "kairosd")
 KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
 # the schema version this build creates (src/cluster/pgschema.h)
-VERSION = 5
+VERSION = 6
 SKIP = 77
 
 PG = None
@@ -188,7 +188,7 @@ class Store(unittest.TestCase):
             dropped = px.dropped
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 23 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 24 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
         self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
