@@ -261,12 +261,13 @@ static int create_retry(struct cluster *c, struct pgstore *s, struct mandate *m,
         }
         /* Its own id: an earlier attempt whose commit was unknown (its rows
          * are these bytes), or another node's retry of the same number */
-        if (strcmp(busy, m->id) == 0 && strcmp(busy_status, "running") == 0 &&
-            pgstore_wal_append(s, m->id, 1, 1, lines, len, NULL) == 0) {
-                m->epoch = 1;
-                r = 0;
-        } else {
-                r = -EBUSY;
+        r = -EBUSY;
+        if (strcmp(busy, m->id) == 0 && strcmp(busy_status, "running") == 0) {
+                int a = pgstore_wal_append(s, m->id, 1, 1, lines, len, NULL);
+                if (a == 0)
+                        m->epoch = 1;
+                if (a == 0 || a == -ENOTCONN || a == -ECONNREFUSED || a == -ETIMEDOUT)
+                        r = a; /* (a broken connection: the barrier asks again) */
         }
         free(m->cluster_busy);
         free(m->cluster_busy_status);

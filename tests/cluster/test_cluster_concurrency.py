@@ -13,6 +13,9 @@ host sharing a private PostgreSQL (pg_fixture.py).
   the busy mandate, on whichever node fires it; once tick 1 ended the next
   tick runs.
 - allow: both run at once.
+- kairosctl retry of one tick, four clients on each node at once: one retry
+  is made (compare-and-set in the database), the others are refused naming
+  it, its act runs once; the done tick then needs --reason on either node.
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
@@ -21,6 +24,7 @@ synchronization: polls with a deadline."""
 import json
 import os
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,6 +71,9 @@ class Node(pg_node.Node):
                   "Exec": {"Observe": step, "Act": quick, "Environment": env}},
             "a": {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
                   "Exec": {"Observe": step, "Act": quick, "Environment": env}},
+            # allow; the act waits for the test (kairosctl retry)
+            "rt": {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
+                   "Mandate": {"MaxCycles": "1"}, "Exec": {"Act": step, "Environment": env}},
         }
         super().__init__(test.dir, name, test.ci, scheds, LEASE)
 
@@ -214,6 +221,54 @@ class ClusterConcurrency(pg_node.TwoNodes):
         self.go(m2)
         wait_for(lambda: self.db_status(m1) == ("succeeded", "n1", "1") and
                  self.db_status(m2) == ("succeeded", "n2", "1"), "both to end")
+
+
+    def test_concurrent_retries_one_winner(self):
+        """kairosctl retry of one tick on both nodes at once (of the tick's
+        first mandate, a mandate n2 does not hold): one retry is made, the
+        others are refused naming it, its act runs once."""
+        n1, n2 = self.n1, self.n2
+        at = "2026-03-05T00:00:00Z"
+        m0 = self.fire(n1, "rt", at)
+        self.go(m0)
+        wait_for(lambda: self.db_status(m0) == ("succeeded", "n1", "1"), "m0 to end")
+        barrier = threading.Barrier(8)
+        results = []
+        lock = threading.Lock()
+
+        def one(node):
+            barrier.wait()
+            r = node.text("retry", m0, "--reason", "once more")
+            with lock:
+                results.append((node.name, r.returncode, r.stdout, r.stderr))
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in (n1, n2) * 4]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        if os.environ.get(self.DEBUG):
+            print(results, file=sys.stderr)
+        won = [r for r in results if r[1] == 0]
+        self.assertEqual(len(won), 1, results)
+        w = won[0][2].split(" retried as ")[1].split(" ")[0]
+        for r in results:
+            if r[1] != 0:
+                self.assertEqual(r[1], 1, r)
+                self.assertIn("has an unfinished retry: mandate %s is running" % w, r[3], r)
+        self.assertEqual(self.sql("SELECT mandate_id FROM kairos_mandate WHERE schedule = 'rt' "
+                                  "AND retry IS NOT NULL"), [[w]])
+        wait_for(lambda: self.started(w), "the retry's act")
+        self.go(w)
+        wait_for(lambda: self.db_status(w) is not None and self.db_status(w)[0] == "succeeded",
+                 "the retry to end")
+        # its act ran once, the first mandate's once: nothing else started
+        self.assertEqual(sorted(e[1] for e in self.log() if e[0] == "start"), sorted([m0, w]))
+        # a done tick needs --reason on any node
+        for n in (n1, n2):
+            r = n.text("retry", m0)
+            self.assertEqual(r.returncode, 1, r)
+            self.assertIn("ended done", r.stderr)
 
 
 def main():
