@@ -6,6 +6,7 @@
 # modified afterwards (the test boots an overlay of it).
 #
 #   tests/systemd/build-root.sh [CACHE_DIR]     (default /var/cache/kairos-test-root)
+#   tests/systemd/build-root.sh --print-mirror  (the mirror it would use)
 #
 # Prints the root's path.  Exits 0, or 1 if debootstrap failed (its log is
 # shown) or no mirror was found.  The mirror is the one this machine's apt
@@ -60,8 +61,20 @@ sys.exit(1)
 PY
 }
 
-cache=${1:-${KAIROS_TEST_ROOT_CACHE:-/var/cache/kairos-test-root}}
 mirror=${KAIROS_TEST_MIRROR:-}
+no_mirror() {
+        echo "build-root: no apt source for bookworm in ${APT_SOURCES_DIR:-/etc/apt}/sources.list" \
+             "or sources.list.d/ (set KAIROS_TEST_MIRROR=URI)" >&2
+        exit 1
+}
+if [ "${1:-}" = --print-mirror ]; then
+        if [ -z "$mirror" ] && ! mirror=$(apt_mirror); then
+                no_mirror
+        fi
+        echo "$mirror"
+        exit 0
+fi
+cache=${1:-${KAIROS_TEST_ROOT_CACHE:-/var/cache/kairos-test-root}}
 # Bump when the package list changes: a new root is built next to the old one.
 version=1
 root=$cache/root-v$version
@@ -77,9 +90,7 @@ fi
 tmp=$root.tmp
 rm -rf "$tmp"
 if [ -z "$mirror" ] && ! mirror=$(apt_mirror); then
-        echo "build-root: no apt source for bookworm in ${APT_SOURCES_DIR:-/etc/apt}/sources.list" \
-             "or sources.list.d/ (set KAIROS_TEST_MIRROR=URI)" >&2
-        exit 1
+        no_mirror
 fi
 echo "build-root: debootstrap bookworm from $mirror into $tmp (once; cached afterwards)" >&2
 if ! debootstrap --variant=minbase --include="$pkgs" bookworm "$tmp" "$mirror" \
