@@ -8,6 +8,7 @@
 - start errors, each a clear line and exit 1: no such user, root, kairosd's
   own user, and kairosd without CAP_SETUID/CAP_SETGID/CAP_KILL (started as
   nobody);
+- a reload keeps the user resolved at start, and says so;
 - without HandlerUser= kairosd says at start that handlers run as its own
   user.
 
@@ -98,15 +99,19 @@ class HandlerUser(unittest.TestCase):
                          "HandlerUser=daemon needs the capabilities CAP_SETUID CAP_SETGID "
                          "CAP_KILL, which kairosd lacks", user="nobody")
 
-    def run_probe(self, extra, sig):
-        conf = self.config(extra, {"probe": {
+    def probe_config(self, extra, sig):
+        return self.config(extra, {"probe": {
             "Schedule": CRON, "Mandate": {"MaxCycles": "1"},
             "Exec": {"Observe": "python3 %s %s %d" % (self.probe, self.state, sig),
                      "WorkingDirectory": "/"}}})
-        self.d = Daemon(self.state, config=conf, notify=self.notify)
-        self.notify.wait_ready(timeout=15)
-        self.c = Client(self.d.socket_path)
-        r = self.c.call("fire", schedule="probe", at="2030-01-01T00:00:00Z")
+
+    def run_probe(self, extra, sig, at="2030-01-01T00:00:00Z"):
+        if not self.d:
+            conf = self.probe_config(extra, sig)
+            self.d = Daemon(self.state, config=conf, notify=self.notify)
+            self.notify.wait_ready(timeout=15)
+            self.c = Client(self.d.socket_path)
+        r = self.c.call("fire", schedule="probe", at=at)
         self.assertTrue(r["ok"], r)
         m = r["result"]["mandate"]
         self.d.wait_log("mandate %s done" % m)
@@ -130,6 +135,16 @@ class HandlerUser(unittest.TestCase):
         self.assertEqual(got["write"], "Permission denied", got)
         self.assertIsNone(self.d.proc.poll(), "kairosd lives")
         self.assertFalse(os.path.exists(os.path.join(self.state, "hostile")))
+
+    def test_a_reload_keeps_the_running_handler_user(self):
+        nobody = pwd.getpwnam("nobody")
+        self.assertEqual(self.run_probe("HandlerUser=nobody\n", 0)["uid"], nobody.pw_uid)
+        self.probe_config("HandlerUser=daemon\n", 0)
+        r = self.c.call("reload")
+        self.assertTrue(r["ok"], r)
+        self.d.wait_log("reload: HandlerUser= changes take effect at the next restart")
+        got = self.run_probe("", 0, at="2030-01-02T00:00:00Z")
+        self.assertEqual(got["uid"], nobody.pw_uid, got)
 
     def test_without_handler_user_kairosd_says_so(self):
         # (signal 0: the permission check of a kill, which kairosd's own
