@@ -83,6 +83,7 @@ struct config {
         char *state_directory;         /* [/var/lib/kairos] */
         char *control_socket;          /* [/run/kairos/control.sock] */
         char *socket_group;            /* [kairos] */
+        char *handler_user;            /* HandlerUser= [none: kairosd's own user] */
         unsigned max_concurrent_mandates; /* [4] */
         uint64_t graceful_timeout_sec; /* [120] */
         int log_level;                 /* syslog priority, [info] = 6 */

@@ -666,7 +666,8 @@ static void client_admit(struct control_client *c)
 {
         struct control_server *srv = c->srv;
         const struct control_limits *lim = &srv->lim;
-        bool privileged = c->uid == 0 || c->uid == geteuid();
+        bool privileged = c->uid == 0 || c->uid == geteuid() ||
+                          (srv->d->handler_user.set && c->uid == srv->d->handler_user.uid);
         unsigned cap = privileged ? lim->max_clients : lim->max_clients - lim->reserved;
         char msg[300];
         if (count_uid(srv, c->uid) >= lim->max_per_uid) {

@@ -13,6 +13,7 @@
 #include "kairos/config.h"
 #include "kairos/statedir.h"
 #include "kairos/strmap.h"
+#include "creds.h"
 #include "notify.h"
 #include "result.h"
 #include "serialq.h"
@@ -144,6 +145,7 @@ struct daemon {
         struct hooks *hooks;        /* hooks.h: [Notify] commands */
         struct cgroup_ctl *cgroup;  /* cgroup.h: handler cgroups; NULL: none */
         char cgroup_why[256];       /* why there is none */
+        struct handler_user handler_user; /* creds.h: HandlerUser= as started */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;

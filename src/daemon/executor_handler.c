@@ -322,6 +322,7 @@ void executor_free(struct daemon *d)
         d->handler_groups = NULL;
         cgroup_ctl_free(d->cgroup);
         d->cgroup = NULL;
+        handler_user_clear(&d->handler_user);
 }
 
 void executor_check_limits(struct daemon *d)
@@ -391,8 +392,16 @@ int executor_init(struct daemon *d)
 {
         if (!(d->handler_groups = strmap_new()))
                 return -ENOMEM;
+        /* before anything is forked: the keeper and the deadman keep what
+         * kairosd holds */
+        char why[512];
+        int r = creds_setup(d->cfg->handler_user, &d->handler_user, why, sizeof why);
+        if (r < 0) {
+                log_error("%s", why);
+                return r;
+        }
         /* before the runner: the keeper is forked into kairosd's leaf */
-        int r = cgroup_ctl_new(&d->cgroup, d->cgroup_why, sizeof d->cgroup_why);
+        r = cgroup_ctl_new(&d->cgroup, d->cgroup_why, sizeof d->cgroup_why);
         if (r < 0)
                 log_warning("handler cgroups: %s; handlers run without", d->cgroup_why);
         else if (d->cgroup)
@@ -413,15 +422,26 @@ int executor_init(struct daemon *d)
         if (r < 0)
                 return r;
         runner_set_cgroup(d->runner, d->cgroup);
+        if (d->handler_user.set) {
+                runner_set_user(d->runner, &d->handler_user);
+                log_info("handlers run as user %s (uid %u), in its home %s unless "
+                         "WorkingDirectory= says otherwise", d->handler_user.name,
+                         (unsigned)d->handler_user.uid, d->handler_user.home);
+        } else {
+                log_notice("handlers run as kairosd's own user (HandlerUser= is not set): a "
+                           "handler can change its cgroup's limits, leave its cgroup, signal "
+                           "kairosd and write its state; see kairosd(8), HANDLERS");
+        }
         if (d->deadman)
                 runner_set_deadman(d->runner, d->deadman);
-        struct passwd *pw = getpwuid(getuid());
+        uid_t huid = d->handler_user.set ? d->handler_user.uid : getuid();
+        struct passwd *pw = getpwuid(huid);
         if (pw) {
                 henv.home = strdup(pw->pw_dir);
                 henv.user = strdup(pw->pw_name);
         } else {
                 log_warning("uid %u has no passwd entry: handlers get no HOME, USER, LOGNAME",
-                            (unsigned)getuid());
+                            (unsigned)huid);
         }
         const char *path = getenv("PATH");
         if (!path || !*path)
@@ -702,6 +722,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
                         ne++;
         run->env = env;
         const char *cwd = sc && sc->working_directory ? sc->working_directory
+                          : d->handler_user.set       ? d->handler_user.home
                                                       : d->cfg->state_directory;
         run->cwd = strdup(cwd);
         run->cmdline = strdup(cmdline);

@@ -179,6 +179,15 @@ static void reload_done(void *arg)
                 j->cfg->control_socket = old->control_socket;
                 old->state_directory = sd;
                 old->control_socket = cs;
+                /* HandlerUser= too: the runner holds the one resolved at start */
+                if ((old->handler_user || j->cfg->handler_user) &&
+                    (!old->handler_user || !j->cfg->handler_user ||
+                     strcmp(old->handler_user, j->cfg->handler_user) != 0))
+                        log_warning("reload: HandlerUser= changes take effect at the next "
+                                    "restart");
+                char *hu = j->cfg->handler_user;
+                j->cfg->handler_user = old->handler_user;
+                old->handler_user = hu;
                 /* [Cluster]: the running values too (never log a value: the
                  * connection string may hold a password) */
                 char keys[128];

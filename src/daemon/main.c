@@ -239,7 +239,10 @@ static int take_lock(struct daemon *d)
 /* The state directories belong to SocketGroup= with the setgid bit, so the
  * WALs and archives created in them (mode 0640) carry that group and its
  * members can run the offline commands (kairosctl wal verify, recover
- * --dry-run).  Best effort: a daemon that may not chgrp says so and goes on. */
+ * --dry-run).  A mode that is right is left alone: under the shipped unit
+ * (RestrictSUIDSGID=) kairosd may not set the bit, systemd and tmpfiles.d set
+ * it (StateDirectoryMode=2750) and new directories inherit it.  Best effort:
+ * a daemon that may not chgrp or chmod says so and goes on. */
 static void share_with_group(struct daemon *d)
 {
         const char *dirs[] = { d->paths.root, d->paths.wal, d->paths.archive, d->paths.mandates };
@@ -254,8 +257,17 @@ static void share_with_group(struct daemon *d)
                         continue;
                 }
                 mode_t want = STATEDIR_DIR_MODE | (d->socket_gid != (gid_t)-1 ? S_ISGID : 0);
-                if ((st.st_mode & 07777) != want && chmod(dirs[i], want) < 0)
-                        log_warning("cannot set the mode of %s: %s", dirs[i], strerror(errno));
+                mode_t have = st.st_mode & 07777;
+                /* (a setgid bit not asked for does no harm) */
+                if ((have & 0777) == STATEDIR_DIR_MODE && (have & S_ISGID) >= (want & S_ISGID))
+                        continue;
+                if (chmod(dirs[i], want) < 0)
+                        log_warning("cannot set the mode of %s to %04o (it is %04o): %s%s",
+                                    dirs[i], (unsigned)want, (unsigned)have, strerror(errno),
+                                    errno == EPERM && (want & S_ISGID)
+                                            ? " (set it once: chmod g+s, or "
+                                              "systemd-tmpfiles --create kairos.conf)"
+                                            : "");
         }
 }
 

@@ -4,6 +4,7 @@
 #include "deadman.h"
 
 #include <errno.h>
+#include <linux/capability.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -30,7 +31,7 @@
 #define CHILD_STACK (256 * 1024)
 #define KEEPER_MAX_GROUPS 65536
 
-enum { STAGE_SETUP = 1, STAGE_CGROUP, STAGE_CHDIR, STAGE_EXEC };
+enum { STAGE_SETUP = 1, STAGE_CGROUP, STAGE_USER, STAGE_CHDIR, STAGE_EXEC };
 
 /* How long the runner's thread waits for a killed handler cgroup to empty
  * before it gives up removing it. */
@@ -53,6 +54,7 @@ struct runner {
         struct runner_job *done_head, *done_tail;  /* thread -> loop */
         struct cg_cleanup *cleanup;                /* loop -> thread: cgroups to remove */
         struct cgroup_ctl *cg;                     /* NULL: no handler cgroups */
+        const struct handler_user *user;           /* NULL: kairosd's own user */
         unsigned long cg_left;                     /* the thread's: cgroups it could not remove */
         bool quit;
         void *stack;
@@ -245,6 +247,27 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                         goto fail;
                 j->child_stage = STAGE_SETUP;
         }
+        /* HandlerUser=: its groups and ids, no capability (raw system calls:
+         * glibc's wrappers would signal the daemon's threads to change theirs
+         * too).  The credential change clears the parent-death signal: set
+         * again, and kairosd checked again. */
+        const struct handler_user *u = r->user;
+        if (u && u->set) {
+                j->child_stage = STAGE_USER;
+                struct __user_cap_header_struct ch = { _LINUX_CAPABILITY_VERSION_3, 0 };
+                struct __user_cap_data_struct cd[2];
+                memset(cd, 0, sizeof cd);
+                if (syscall(SYS_setgroups, u->ngroups, u->groups) < 0 ||
+                    syscall(SYS_setresgid, u->gid, u->gid, u->gid) < 0 ||
+                    syscall(SYS_setresuid, u->uid, u->uid, u->uid) < 0 ||
+                    syscall(SYS_capset, &ch, cd) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+                        goto fail;
+                if (getppid() != r->self) {
+                        errno = ESRCH;
+                        goto fail;
+                }
+                j->child_stage = STAGE_SETUP;
+        }
         /* best effort: without a keeper the handler still dies with kairosd */
         int32_t me = (int32_t)getpid();
         if (r->keeper_fd >= 0)
@@ -375,6 +398,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 j->err_what = j->child_stage == STAGE_CHDIR    ? "chdir"
                               : j->child_stage == STAGE_EXEC   ? "execute"
                               : j->child_stage == STAGE_CGROUP ? "cgroup.procs"
+                              : j->child_stage == STAGE_USER   ? "HandlerUser="
                                                                : "setup";
         } else {
                 j->pid = pid;
@@ -687,6 +711,11 @@ void runner_set_deadman(struct runner *r, struct deadman *dm)
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)
 {
         r->cg = c;
+}
+
+void runner_set_user(struct runner *r, const struct handler_user *u)
+{
+        r->user = u;
 }
 
 unsigned long runner_spawn_count(const struct runner *r)

@@ -43,6 +43,7 @@
 #include <uv.h>
 
 #include "cgroup.h"
+#include "creds.h"
 
 struct runner;
 struct runner_job;
@@ -94,6 +95,10 @@ struct deadman;
 void runner_set_deadman(struct runner *r, struct deadman *dm);
 /* Give each handler its own cgroup from now on (c lives longer than r). */
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c);
+/* Run every job as u (HandlerUser=; creds.h) from now on: the child joins
+ * its cgroup as kairosd, then takes u's groups and ids and drops every
+ * capability before it executes (u lives longer than r). */
+void runner_set_user(struct runner *r, const struct handler_user *u);
 
 /* Start job.  0: started() will be called; a negative errno: nothing
  * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM). */

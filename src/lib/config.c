@@ -654,6 +654,7 @@ static const struct key_def daemon_keys[] = {
         { .name = "ControlSocket", .type = KT_PATH, .offset = DFIELD(control_socket),
           .check = check_socket_path },
         { .name = "SocketGroup", .type = KT_STRING, .offset = DFIELD(socket_group) },
+        { .name = "HandlerUser", .type = KT_OPT_STRING, .offset = DFIELD(handler_user) },
         { .name = "MaxConcurrentMandates", .type = KT_UNSIGNED,
           .offset = DFIELD(max_concurrent_mandates), .min = 1, .max = 1024 },
         { .name = "GracefulTimeoutSec", .type = KT_DURATION,
@@ -1727,6 +1728,7 @@ void config_free(struct config *c)
         free(c->state_directory);
         free(c->control_socket);
         free(c->socket_group);
+        free(c->handler_user);
         free(c->metrics_file);
         config_strv_free(c->write_roots);
         free(c->on_review);

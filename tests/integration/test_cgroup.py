@@ -13,7 +13,8 @@ ways, each a class:
   kill works from the v1 cgroups' lists.
 
 A handler's setsid grandchild must not outlive its step and the handler's
-cgroups must be gone; where the controllers are there, MemoryMax= ends a
+cgroups must be gone; a hostile handler run as HandlerUser=nobody can
+neither lift its limits nor leave its cgroup nor touch kairosd; where the controllers are there, MemoryMax= ends a
 greedy handler with error_class oom, TasksMax= limits its forks and
 CPUQuota= throttles a busy loop.
 
@@ -163,6 +164,54 @@ print("{}")
 """
 
 
+# A hostile handler, run as HandlerUser=nobody by a root kairosd: it tries
+# to lift each limit of its own cgroups, to move a setsid grandchild into
+# kairosd's cgroup (v2: <service>/daemon; v1: the service's), to SIGKILL
+# kairosd and to write into the state directory, writes what happened to
+# OUT/report.json, then takes 200 MiB.
+HOSTILE = r"""import json, os, signal, subprocess, sys
+out, state, marker = sys.argv[1:4]
+res = {}
+def attempt(what, fn):
+    try:
+        fn()
+        res[what] = "done"
+    except OSError as e:
+        res[what] = e.strerror
+def write(path, text):
+    def fn():
+        with open(path, "w") as f:
+            f.write(text)
+    return fn
+gc = subprocess.Popen(["sleep", marker], start_new_session=True)
+own = [l.rstrip("\n").split(":", 2) for l in open("/proc/self/cgroup")]
+for line in open("/proc/self/mounts"):
+    mnt, fstype, opts = line.split()[1:4]
+    if fstype == "cgroup2":
+        path = next((p for _, c, p in own if c == ""), None)
+    elif fstype == "cgroup":
+        ctl = [o for o in opts.split(",") if o in ("memory", "pids", "cpu")]
+        path = next((p for _, c, p in own if ctl and ctl[0] in c.split(",")), None)
+    else:
+        continue
+    d = mnt + (path or "")
+    if not path or "/h-" not in path or not os.path.isdir(d):
+        continue
+    for f, v in (("memory.max", "max"), ("memory.limit_in_bytes", "-1"), ("pids.max", "max"),
+                 ("cpu.max", "max"), ("cpu.cfs_quota_us", "-1")):
+        if os.path.exists(os.path.join(d, f)):
+            attempt(d + "/" + f, write(os.path.join(d, f), v))
+    top = d.rsplit("/h-", 1)[0]
+    top = top + "/daemon" if fstype == "cgroup2" else top
+    attempt(top + "/cgroup.procs", write(top + "/cgroup.procs", str(gc.pid)))
+attempt("kill kairosd", lambda: os.kill(os.getppid(), signal.SIGKILL))
+attempt("state directory", write(os.path.join(state, "hostile"), "x"))
+json.dump(res, open(os.path.join(out, "report.json"), "w"))
+b = bytearray(200 << 20)
+print("{}")
+"""
+
+
 class CgroupCase:
     """The cases; V2, Hybrid and V1Only below say which hierarchies kairosd gets."""
     USE_V2 = False     # a cgroup v2 directory of its own
@@ -239,8 +288,9 @@ class CgroupCase:
             remove_cgroup_tree(cg)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def start(self, schedules):
-        conf = write_config(self.dir, self.state, schedules, daemon_extra="LogLevel=debug\n")
+    def start(self, schedules, daemon_extra=""):
+        conf = write_config(self.dir, self.state, schedules,
+                            daemon_extra="LogLevel=debug\n" + daemon_extra)
         self.d = Daemon(self.state, config=conf, notify=self.notify)
         try:
             self.notify.wait_ready(timeout=15)
@@ -315,6 +365,42 @@ class CgroupCase:
         failed = [r for r in recs if r.get("step_id") == "observe_001" and r.get("status") == "failed"]
         self.assertTrue(failed, recs)
         self.assertEqual(failed[-1]["error_class"], "oom", failed[-1])
+        poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
+
+    def test_hostile_handler_as_another_user(self):
+        marker = "76543%d" % os.getpid()
+        os.chmod(self.dir, 0o755)
+        out = os.path.join(self.dir, "out")
+        os.mkdir(out)
+        os.chmod(out, 0o777)
+        script = os.path.join(self.dir, "hostile.py")
+        with open(script, "w") as f:
+            f.write(HOSTILE)
+        line = self.start({"hostile": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
+            "Observe": "python3 %s %s %s %s" % (script, out, self.state, marker),
+            "WorkingDirectory": out, "MemoryMax": "50M", "TasksMax": "64"}}},
+            daemon_extra="HandlerUser=nobody\n")
+        recs = self.run_mandate("hostile")
+        with open(os.path.join(out, "report.json")) as f:
+            report = json.load(f)
+        print("hostile handler as nobody: %s" % report, file=sys.stderr)
+        self.assertIn("kill kairosd", report)
+        self.assertTrue(any(k.endswith("/cgroup.procs") for k in report), report)
+        missing = set(line.partition("controllers not available:")[2].split())
+        if missing != {"memory", "pids", "cpu"}:  # (a limit file to try)
+            self.assertTrue(any(k.endswith((".max", "limit_in_bytes", "quota_us"))
+                                for k in report), report)
+        self.assertEqual([k for k, v in report.items() if v == "done"], [], report)
+        self.assertIsNone(self.d.proc.poll(), "kairosd lives")
+        self.assertFalse(os.path.exists(os.path.join(self.state, "hostile")))
+        last = [r for r in recs if r.get("step_id") == "observe_001" and
+                r.get("status") in ("completed", "failed")][-1]
+        if "memory" in missing:
+            self.assertEqual(last["status"], "completed", last)
+        else:
+            # MemoryMax=50M still holds
+            self.assertEqual((last["status"], last.get("error_class")), ("failed", "oom"), last)
+        poll(lambda: not procs_with(marker), "the setsid grandchild to be gone")
         poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
 
     def test_tasks_max_limits_forks(self):

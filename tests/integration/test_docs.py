@@ -235,7 +235,7 @@ class KairosdPage(unittest.TestCase):
         with open(os.path.join(SRC, "systemd/kairosd.service.in")) as f:
             unit = f.read()
         for key in ("Type=notify", "WatchdogSec=30s", "KillMode=mixed",
-                    "ProtectSystem=strict", "PrivateUsers=yes", "LimitNOFILE=65536"):
+                    "ProtectSystem=strict", "OOMPolicy=continue", "LimitNOFILE=65536"):
             with self.subTest(setting=key):
                 self.assertIn(key, unit)
                 k, v = key.split("=")

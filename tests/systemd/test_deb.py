@@ -35,6 +35,16 @@ SKIP = 77
 UNIT = "kairosd.service"
 
 
+def check_no_mode_warning(c, when):
+    """The packaged directories have the mode kairosd wants (the setgid bit
+    it may not set itself under the unit's RestrictSUIDSGID=): no start of
+    kairosd warned "cannot set the mode"."""
+    r = c.sh(["journalctl", "-u", "kairosd", "-o", "cat", "-q"])
+    bad = [l for l in r.stdout.splitlines() if "cannot set the mode" in l]
+    check(not bad, f"{when}: kairosd started without a warning about the state "
+          f"directory's mode ({bad[:4]})")
+
+
 def source_files(src):
     """The files of a clean checkout: tracked plus untracked-not-ignored (so a
     test of uncommitted work packages that work), never build directories."""
@@ -161,15 +171,21 @@ def test(c, src, deb, newer, version):
           f"install ok installed {version}", "dpkg: kairos installed")
     check(c.sh(["id", "-un", "kairos"], check=False).stdout.strip() == "kairos",
           "the system user kairos exists (sysusers.d, postinst)")
-    st = c.sh(["stat", "-c", "%U:%G %a", "/var/lib/kairos", "/etc/kairos/schedules.d",
-               "/etc/kairos/kairosd.conf.d"]).stdout.split("\n")
-    check(st[:3] == ["kairos:kairos 750", "root:root 755", "root:root 755"],
-          f"tmpfiles.d created the directories ({st[:3]})")
+    check(c.sh(["id", "-Gn", "kairos-handler"], check=False).stdout.split() ==
+          ["kairos-handler", "kairos"],
+          "the handlers' user kairos-handler exists, a member of group kairos (sysusers.d)")
+    dirs = ["/var/lib/kairos", "/var/lib/kairos/wal", "/var/lib/kairos/handlers",
+            "/etc/kairos/schedules.d", "/etc/kairos/kairosd.conf.d"]
+    st = c.sh(["stat", "-c", "%U:%G %a"] + dirs).stdout.split("\n")
+    check(st[:5] == ["kairos:kairos 2750", "kairos:kairos 2750", "kairos-handler:kairos 750",
+                     "root:root 755", "root:root 755"],
+          f"tmpfiles.d created the directories ({dict(zip(dirs, st))})")
     conffiles = c.sh(["dpkg-query", "-W", "-f=${Conffiles}", "kairos"]).stdout
     check("/etc/kairos/kairosd.conf " in conffiles, "/etc/kairos/kairosd.conf is a conffile")
     check(c.sh(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "enabled",
           "kairosd.service is enabled (dh_installsystemd)")
     check_running(c, "after install")
+    check_no_mode_warning(c, "after install")
     for p in ("/usr/share/man/man8/kairosd.8.gz", "/usr/share/man/man1/kairosctl.1.gz",
               "/usr/share/bash-completion/completions/kairosctl",
               "/usr/share/kairos/examples/demo.conf", "/usr/lib/systemd/catalog/kairos.catalog"):
@@ -178,7 +194,8 @@ def test(c, src, deb, newer, version):
     # --update-catalog); the record names its call site.
     ts.check_journal_record(c, src)
 
-    # --- the demo schedule -------------------------------------------------
+    # --- the demo schedule (as README.md sets it up) ----------------------
+    c.sh(["install", "-d", "-o", "kairos", "-g", "kairos", "/var/lib/kairos/demo-outbox"])
     c.sh(["cp", "/usr/share/kairos/examples/demo.conf", "/etc/kairos/schedules.d/"])
     c.write("/etc/kairos/kairosd.conf.d/demo.conf",
             "[Idempotency]\nWriteRoots=/var/lib/kairos/demo-outbox\n")
@@ -207,6 +224,7 @@ def test(c, src, deb, newer, version):
     st = c.wait_active("after the upgrade")
     check(c.show("MainPID")["MainPID"] != pid, "the upgrade restarted kairosd")
     check_running(c, "after the upgrade")
+    check_no_mode_warning(c, "after the upgrade")
     after = state_files(c)
     check(before <= after, f"the upgrade kept the state: {len(before)} files in "
           f"/var/lib/kairos before, all there after ({len(after)})")

@@ -445,6 +445,30 @@ Observe=/bin/sh -c 'for i in 1 2 3 4 5 6 7 8; do sleep 30 & done; echo "{}"'
 TasksMax=4
 CPUQuota=50%
 """,
+    # A hostile handler (HOSTILE_SCRIPT) under MemoryMax=50M: it raises its
+    # own limits, moves a setsid grandchild into kairosd's cgroup, signals
+    # kairosd (signal 0 in "probe": the same permission check, harmless),
+    # writes into the state directory, then takes 200 MiB.
+    "hostile": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Observe=/usr/local/bin/kairos-test-hostile KILL
+MemoryMax=50M
+TasksMax=64
+""",
+    "probe": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Observe=/usr/local/bin/kairos-test-hostile 0
+MemoryMax=50M
+TasksMax=64
+""",
     # Prints the limits of its own cgroup v1 cgroups (LIMITS_SCRIPT).
     "limits": """[Schedule]
 Cron=0 0 1 1 *
@@ -470,6 +494,128 @@ while IFS=: read -r _ ctl path; do
 done </proc/self/cgroup
 echo '{}'
 """
+
+# Each attempt as "HOSTILE WHAT done|refused" on stderr (the journal), then
+# the memory it got: "HOSTILE peak BYTES" (cgroup v1: memory.max_usage_in_bytes;
+# v2: memory.peak).  $1: the signal sent to kairosd (its parent).
+HOSTILE_SCRIPT = r"""#!/bin/sh
+try() { what=$1; shift
+    if ( "$@" ) 2>/dev/null; then echo "HOSTILE $what done" >&2; else echo "HOSTILE $what refused" >&2; fi; }
+setsid sleep 765432 </dev/null >/dev/null 2>&1 &
+gc=$!
+v2=/sys/fs/cgroup/unified; [ -f /sys/fs/cgroup/cgroup.controllers ] && v2=/sys/fs/cgroup
+peak=
+while IFS=: read -r _ ctl path; do
+    if [ -z "$ctl" ]; then
+        d=$v2$path
+        [ -f $d/memory.max ] && try memory.max sh -c "echo max > $d/memory.max"
+        [ -f $d/pids.max ] && try pids.max sh -c "echo max > $d/pids.max"
+        [ -f $d/memory.peak ] && peak=$d/memory.peak
+        try "cgroup.procs(v2)" sh -c "echo $gc > ${d%/h-*}/daemon/cgroup.procs"
+        continue
+    fi
+    d=/sys/fs/cgroup/$ctl$path
+    case ",$ctl," in
+    *,memory,*) try memory.limit_in_bytes sh -c "echo -1 > $d/memory.limit_in_bytes"
+                peak=$d/memory.max_usage_in_bytes ;;
+    *,pids,*) try pids.max sh -c "echo max > $d/pids.max" ;;
+    *) continue ;;
+    esac
+    try "cgroup.procs($ctl)" sh -c "echo $gc > ${d%/h-*}/cgroup.procs"
+done </proc/self/cgroup
+try "kill -$1 kairosd" kill -s $1 $PPID
+try "state directory" sh -c ': > /var/lib/kairos/hostile-was-here'
+try "kairosd.pid" sh -c ': >> /var/lib/kairos/kairosd.pid'
+head -c 200M /dev/zero | tail >/dev/null
+st=$?
+echo "HOSTILE peak $(cat $peak 2>/dev/null || echo 0)" >&2
+exit $st
+"""
+
+
+def hostile_report(c, mid):
+    """{what: "done"/"refused"/bytes} from the journal of a hostile mandate."""
+    r = c.sh(["journalctl", "-u", "kairosd", f"MANDATE_ID={mid}", "-o", "cat", "-q"])
+    return {m.group(1): m.group(2)
+            for m in re.finditer(r": HOSTILE (.+) (done|refused|\d+)$", r.stdout, re.M)}
+
+
+def test_hostile_handler(c, how):
+    """The attack of a handler on its limits and on kairosd: it works where
+    handlers run as kairosd's own user (a drop-in HandlerUser= unset: the
+    figures are logged), and fails with the shipped HandlerUser=kairos-handler."""
+    c.write("/usr/local/bin/kairos-test-hostile", HOSTILE_SCRIPT, mode=0o755)
+    dropin = "/etc/kairos/kairosd.conf.d/handler-user.conf"
+    c.write(dropin, "[Daemon]\nHandlerUser=\n")
+    cur = c.cursor()
+    c.sh(["systemctl", "restart", UNIT])
+    c.wait_journal(lambda x: "HandlerUser= is not set" in x.get("MESSAGE", ""),
+                   "kairosd's line on handlers as its own user", matches=["-u", "kairosd"],
+                   after=cur)
+    mid = fire(c, "probe")
+    st = wait_mandate(c, mid)
+    rep = hostile_report(c, mid)
+    log(f"{how}: handlers as kairosd's user (before): the probe's step "
+        f"{st.get('status')}/{st.get('error_class')}, attempts {rep}")
+    check(rep.get("memory.limit_in_bytes", rep.get("memory.max")) == "done" and
+          int(rep.get("peak", 0)) > 100 << 20,
+          f"{how}: without HandlerUser= the attack works: the handler raised its own limit and "
+          f"took {int(rep.get('peak', 0)) >> 20} MiB under MemoryMax=50M")
+    c.sh(["pkill", "-KILL", "-f", "^sleep 765432$"], check=False)
+    c.sh(["rm", "-f", "/var/lib/kairos/hostile-was-here"])
+    os.unlink(c.path(dropin))
+
+    cur = c.cursor()
+    c.sh(["systemctl", "restart", UNIT])
+    c.wait_journal(lambda x: "handlers run as user kairos-handler" in x.get("MESSAGE", ""),
+                   "kairosd's line on HandlerUser=", matches=["-u", "kairosd"], after=cur)
+    before = c.show("MainPID", "NRestarts")
+    mid = fire(c, "hostile")
+    st = wait_mandate(c, mid)
+    rep = hostile_report(c, mid)
+    log(f"{how}: HandlerUser=kairos-handler (after): step {st.get('status')}/"
+        f"{st.get('error_class')}, attempts {rep}")
+    tried = {k: v for k, v in rep.items() if k != "peak"}
+    check(len(tried) >= 5 and all(v == "refused" for v in tried.values()),
+          f"{how}: the hostile handler may not raise its limits, move a process into kairosd's "
+          f"cgroup, signal kairosd or write its state ({tried})")
+    check(st.get("status") == "failed" and st.get("error_class") == "oom",
+          f"{how}: MemoryMax=50M still holds: the step failed with oom "
+          f"(peak {int(rep.get('peak', 0)) >> 20} MiB)")
+    deadline = time.monotonic() + 20
+    while c.processes(["sleep", "765432"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check(not c.processes(["sleep", "765432"]),
+          f"{how}: the setsid grandchild did not outlive the step")
+    after = c.show("MainPID", "NRestarts")
+    check(after == before and not os.path.exists(c.path("/var/lib/kairos/hostile-was-here")),
+          f"{how}: kairosd lives on (MainPID {after['MainPID']}), its state untouched")
+
+
+FIRED_AT = [0]
+
+
+def fire(c, name):
+    """Fire name at a tick time of its own: two fires of one schedule within
+    a second are one tick, and the second answers with the first mandate
+    (fired: false)."""
+    FIRED_AT[0] += 1
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(2000000000 + FIRED_AT[0]))
+    _, fired = c.ctl("fire", name, "--at", at)
+    if fired.get("fired") is not True:
+        raise Failed(f"kairosctl fire {name} --at {at}: no new mandate ({fired})")
+    return fired["mandate"]
+
+
+def wait_mandate(c, mid, step="observe_001"):
+    """kairosctl wait (the mandate's end, from kairosd), then the step as
+    kairosctl show has it."""
+    c.sh(["kairosctl", "wait", mid, "--timeout", "60"], check=False)
+    _, shown = c.ctl("show", mid)
+    if shown.get("status") not in ("done", "failed", "terminated", "abandoned"):
+        raise Failed(f"mandate {mid} did not end within 60 s: {shown.get('status')}")
+    return next(s for p in shown["plans"] for s in p["steps"] if s["step_id"] == step)
+
 
 def check_journal_record(c, src):
     """The last "ready" record: journalctl -x shows its catalog entry, and
@@ -501,13 +647,14 @@ def mandate_done(mid):
         rf"mandate {mid} (done|failed|terminated|abandoned)", r.get("MESSAGE", ""))
 
 
-def failed_step(c, mid, cur):
-    rec = c.wait_journal(lambda x: x.get("MANDATE_ID") == mid and
-                         ": failed: " in x.get("MESSAGE", ""),
-                         f"the failed step of {mid}", matches=[f"MANDATE_ID={mid}"], after=cur)
-    c.wait_journal(mandate_done(mid), f"mandate {mid} to end", matches=[f"MANDATE_ID={mid}"],
-                   after=cur)
-    return rec["MESSAGE"]
+def failed_step(c, mid):
+    """The error_msg of the failed observe step of mid, once mid ended (the
+    step as kairosd recorded it, not a journal line: a record may be written
+    differently, or a fire may answer with an earlier mandate)."""
+    st = wait_mandate(c, mid)
+    if st.get("status") != "failed":
+        raise Failed(f"the observe step of {mid} did not fail: {st}")
+    return st.get("error_msg", "")
 
 
 def test_handler_cgroups(c, src):
@@ -570,17 +717,16 @@ def test_handler_cgroups(c, src):
         log(f"note: the shipped unit gets no memory controller here (missing: {missing})")
         warned("greedy", "MemoryMax= ")
     else:
-        cur = c.cursor()
-        _, fired = c.ctl("fire", "greedy")
-        msg = failed_step(c, fired["mandate"], cur)
+        mid = fire(c, "greedy")
+        msg = failed_step(c, mid)
         check("killed by the OOM killer" in msg, f"MemoryMax=20M: error_class oom ({msg!r})")
+        test_hostile_handler(c, "the shipped unit")
     if "pids" in missing:
         log(f"note: the shipped unit gets no pids controller here (missing: {missing})")
         warned("forky", "TasksMax= " + ("CPUQuota= " if "cpu" in missing else ""))
     else:
-        cur = c.cursor()
-        _, fired = c.ctl("fire", "forky")
-        msg = failed_step(c, fired["mandate"], cur)
+        mid = fire(c, "forky")
+        msg = failed_step(c, mid)
         check("fork" in msg.lower(), f"TasksMax=4 stops the fifth task ({msg!r})")
     left = [x for x in c.sh(["ls", cg]).stdout.split() if x.startswith("h-")]
     check(not left, f"no handler cgroup left ({left})")
@@ -638,20 +784,18 @@ def test_v1_limits(c, src):
         check("(memory, cgroup v1)" in msg and "controllers not available" not in msg,
               f"{name}: kairosd takes memory, pids and cpu from cgroup v1 ({msg!r})")
 
-        cur = c.cursor()
-        _, fired = c.ctl("fire", "greedy")
-        msg = failed_step(c, fired["mandate"], cur)
-        st = step_of(c, fired["mandate"], "observe_001")
+        mid = fire(c, "greedy")
+        msg = failed_step(c, mid)
+        st = step_of(c, mid, "observe_001")
         check(st.get("error_class") == "oom" and "killed by the OOM killer" in msg,
               f"{name}: MemoryMax=20M on cgroup v1: kairosctl show says error_class "
               f"{st.get('error_class')} ({st.get('error_msg')!r})")
         if not name.startswith("User=kairos"):
             continue
-        cur = c.cursor()
-        _, fired = c.ctl("fire", "forky")
-        msg = failed_step(c, fired["mandate"], cur)
+        mid = fire(c, "forky")
+        msg = failed_step(c, mid)
         check("fork" in msg.lower() and
-              step_of(c, fired["mandate"], "observe_001").get("error_class") == "exit_status",
+              step_of(c, mid, "observe_001").get("error_class") == "exit_status",
               f"{name}: TasksMax=4 on cgroup v1 stops the fifth task ({msg!r})")
         cur = c.cursor()
         _, fired = c.ctl("fire", "limits")
@@ -669,6 +813,7 @@ def test_v1_limits(c, src):
                   for v in seen.values()),
               f"{name}: the handler's own v1 cgroups carry MemoryMax=48M, TasksMax=16, "
               f"CPUQuota=30% ({seen})")
+        test_hostile_handler(c, f"{name} (cgroup v1)")
     os.unlink(c.path(dropin))
     c.sh(["systemctl", "daemon-reload"])
     c.sh(["systemctl", "restart", UNIT])
@@ -707,8 +852,9 @@ def test(c, src):
     c.write("/etc/kairos/kairosd.conf.d/test.conf", "[Idempotency]\nWriteRoots=/srv/kairos-out\n")
     c.write("/etc/systemd/system/kairosd.service.d/write-roots.conf",
             "[Service]\nReadWritePaths=/srv/kairos-out\n")
-    c.sh(["install", "-d", "-o", "kairos", "-g", "kairos", "-m", "0750", "/srv/kairos-out",
-          "/srv/kairos-denied"])
+    # (the handlers' user may write to both: only the sandbox keeps it out of one)
+    c.sh(["install", "-d", "-o", "kairos-handler", "-g", "kairos", "-m", "0750",
+          "/srv/kairos-out", "/srv/kairos-denied"])
     c.sh(["systemctl", "daemon-reload"])
 
     # --- 1. start: READY=1 and our STATUS= -------------------------------
@@ -728,7 +874,7 @@ def test(c, src):
     c.sh(["useradd", "-M", "-G", "kairos", "alice"])
     r = c.sh(["setpriv", "--reuid=alice", "--regid=alice", "--init-groups",
               "kairosctl", "status"], check=False)
-    check(r.returncode == 0, "a member of group kairos may use kairosctl under PrivateUsers= "
+    check(r.returncode == 0, "a member of group kairos may use kairosctl "
           f"(exit {r.returncode}{': ' + r.stderr.strip() if r.returncode else ''})")
     c.sh(["useradd", "-M", "bob"])
     r = c.sh(["setpriv", "--reuid=bob", "--regid=bob", "--init-groups",
@@ -777,7 +923,7 @@ def test(c, src):
     hid = fired["mandate"]
     rec = c.wait_journal(mandate_done(hid), "the README's hello mandate",
                          matches=[f"MANDATE_ID={hid}"], after=cur)
-    out = c.sh(["cat", "/var/lib/kairos/hello.txt"]).stdout
+    out = c.sh(["cat", "/var/lib/kairos/handlers/hello.txt"]).stdout
     check("reflect said done" in rec["MESSAGE"] and out == f"hello from {hid}\n",
           f"README: hello.conf works as described ({rec['MESSAGE']!r})")
 
@@ -916,6 +1062,18 @@ def test(c, src):
     exposure = float(m.group(1))
     check(exposure <= MAX_EXPOSURE, f"systemd-analyze security --offline=true {unit}: "
           f"exposure {exposure} <= {MAX_EXPOSURE}")
+
+    # The state directory's mode is right from the start (StateDirectoryMode=,
+    # tmpfiles.d): kairosd, which may not set a setgid bit under
+    # RestrictSUIDSGID=, has nothing to change and warns of nothing.
+    r = c.sh(["journalctl", "-u", "kairosd", "-o", "cat", "-q"])
+    bad = [l for l in r.stdout.splitlines() if "cannot set the mode" in l or
+           "cannot give" in l]
+    check(not bad, f"no start of kairosd warned about the state directory's mode ({bad[:4]})")
+    modes = {d: oct(os.stat(c.path(d)).st_mode & 0o7777) for d in
+             ("/var/lib/kairos", "/var/lib/kairos/wal", "/var/lib/kairos/archive",
+              "/var/lib/kairos/mandates")}
+    check(set(modes.values()) == {"0o2750"}, f"the state directories are mode 2750: {modes}")
 
     # A clean stop at the end: exit 0, STOPPING=1.
     c.sh(["systemctl", "stop", UNIT])

@@ -162,6 +162,7 @@ static const char main_conf[] =
         "  StateDirectory =  /srv/kairos/state  \r\n"
         "ControlSocket=/run/k/ctl.sock\r\n"
         "SocketGroup=ops\r\n"
+        "HandlerUser=jobs\r\n"
         "MaxConcurrentMandates=8\r\n"
         "GracefulTimeoutSec=2min\r\n"
         "LogLevel=debug\r\n"
@@ -230,6 +231,7 @@ static void test_full_valid_set(void **state)
         assert_string_equal(c->state_directory, "/srv/kairos/state");
         assert_string_equal(c->control_socket, "/run/k/ctl.sock");
         assert_string_equal(c->socket_group, "ops");
+        assert_string_equal(c->handler_user, "jobs");
         assert_int_equal(c->max_concurrent_mandates, 32);
         assert_int_equal(c->graceful_timeout_sec, 120);
         assert_int_equal(c->log_level, 4);
@@ -311,6 +313,7 @@ static void test_defaults_and_state_dir(void **state)
         assert_string_equal(c->state_directory, "/var/lib/kairos");
         assert_string_equal(c->control_socket, "/run/kairos/control.sock");
         assert_string_equal(c->socket_group, "kairos");
+        assert_null(c->handler_user); /* handlers run as kairosd's user */
         assert_int_equal(c->max_concurrent_mandates, 4);
         assert_int_equal(c->graceful_timeout_sec, 120);
         assert_int_equal(c->log_level, 6);
