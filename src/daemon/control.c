@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "kairos/kbuf.h"
@@ -240,6 +241,33 @@ static void client_flush(struct control_client *c)
         }
 }
 
+/* Queue one reply line (the pieces, then a newline) behind what waits for
+ * the client, counted in its queued bytes and the server's: every reply goes
+ * this way, so client_may_take() sees all of them. */
+static void client_queue(struct control_client *c, const struct iovec *parts, size_t nparts)
+{
+        if (c->closing)
+                return;
+        size_t n = 1;
+        int r = 0;
+        for (size_t i = 0; r == 0 && i < nparts; i++) {
+                r = kbuf_append(&c->out, parts[i].iov_base, parts[i].iov_len);
+                n += parts[i].iov_len;
+        }
+        if (r == 0)
+                r = kbuf_putc(&c->out, '\n');
+        if (r < 0) {
+                client_close(c);
+                return;
+        }
+        c->queued += n;
+        if (c->queued > CONTROL_TRIM_AFTER)
+                c->held_big = true;
+        if (c->srv)
+                c->srv->queued += n;
+        client_flush(c);
+}
+
 static void client_send(struct control_client *c, json_t *reply, bool close_after)
 {
         char *text = json_dumps(reply, JSON_COMPACT);
@@ -254,21 +282,8 @@ static void client_send(struct control_client *c, json_t *reply, bool close_afte
                         client_close(c);
                 return;
         }
-        size_t n = strlen(text);
-        int r = kbuf_append(&c->out, text, n);
-        if (r == 0)
-                r = kbuf_putc(&c->out, '\n');
+        client_queue(c, &(struct iovec){ text, strlen(text) }, 1);
         free(text);
-        if (r < 0) {
-                client_close(c);
-                return;
-        }
-        c->queued += n + 1;
-        if (c->queued > CONTROL_TRIM_AFTER)
-                c->held_big = true;
-        if (c->srv)
-                c->srv->queued += n + 1;
-        client_flush(c);
 }
 
 static json_t *error_reply(json_t *id, const char *code, const char *message, json_t *detail)
@@ -309,35 +324,20 @@ void control_reply_ok(struct control_request *req, json_t *result)
 void control_reply_ok_text(struct control_request *req, const char *result, size_t len)
 {
         struct control_client *c = req->client;
+        count_reply(req, NULL);
         char *id = json_dumps(req->id ? req->id : json_null(), JSON_ENCODE_ANY | JSON_COMPACT);
         static const char head[] = "{\"v\":1,\"id\":", mid[] = ",\"ok\":true,\"result\":";
-        size_t n = id ? sizeof head - 1 + strlen(id) + sizeof mid - 1 + len + 2 : 0;
-        char *line = id ? malloc(n + 1) : NULL;
-        struct write_req *w = line ? calloc(1, sizeof(*w)) : NULL;
-        if (!w || c->closing) {
-                free(id);
-                free(line);
-                free(w);
-                if (!c->closing)
-                        client_close(c);
-                request_free(req);
-                return;
-        }
-        snprintf(line, n + 1, "%s%s%s", head, id, mid);
-        size_t off = strlen(line);
-        memcpy(line + off, result, len);
-        memcpy(line + off + len, "}\n", 3);
-        free(id);
-        w->data = line;
-        w->client = c;
-        c->refs++;
-        uv_buf_t buf = uv_buf_init(line, (unsigned)(off + len + 2));
-        if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written) < 0) {
-                free(line);
-                free(w);
-                client_unref(c);
+        if (!id) {
                 client_close(c);
+        } else {
+                struct iovec parts[] = { { (void *)head, sizeof head - 1 },
+                                         { id, strlen(id) },
+                                         { (void *)mid, sizeof mid - 1 },
+                                         { (void *)result, len },
+                                         { "}", 1 } };
+                client_queue(c, parts, sizeof parts / sizeof parts[0]);
         }
+        free(id);
         request_free(req);
 }
 

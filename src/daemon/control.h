@@ -4,7 +4,9 @@
  * per line {"v":1,"id":N,"cmd":"…","args":{…}} → one reply per line
  * {"v":1,"id":N,"ok":true,"result":{…}} or
  * {"v":1,"id":N,"ok":false,"error":{"code":"…","message":"…"}}.
- * Requests over 1 MiB are refused and the connection closed. */
+ * Requests over 1 MiB are refused and the connection closed.  Every reply,
+ * whatever builds it, is queued through one path that counts its bytes
+ * against the limits below. */
 #pragma once
 
 #include <jansson.h>

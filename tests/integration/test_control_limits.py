@@ -7,6 +7,7 @@ during a graceful stop read-only commands still answer, the others get
 "shutting_down", and STOPPING=1 is sent once.  Standard library only."""
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -25,6 +26,11 @@ SANITIZED = os.environ.get("KAIROS_SANITIZED", "") not in ("", "0")
 MIB = 1024 * 1024
 RSS_LIMIT = 64 * MIB
 ATTACK_SEC = float(os.environ.get("KAIROS_ATTACK_SEC", "10" if SANITIZED else "30"))
+# Each command's turn in test_every_command_pipelined_alone: a short default
+# for CI, KAIROS_SOAK_SEC=30 (and KAIROS_SOAK_ONLY=schedules) by hand.
+SOAK_SEC = float(os.environ.get("KAIROS_SOAK_SEC", "1.5"))
+SOAK_ONLY = [c for c in os.environ.get("KAIROS_SOAK_ONLY", "").split(",") if c]
+STATUS_P99 = 0.25 if SANITIZED else 0.1
 
 
 def rss(pid):
@@ -79,6 +85,41 @@ while time.monotonic() < end:
 print(sent, flush=True)
 sys.stdin.readline()   # hold the connections until told to leave
 """
+
+# One command, pipelined on one connection as fast as the socket takes it;
+# its replies never read.  Prints the bytes sent when argv[3] s are up,
+# then holds the connection until stdin closes.
+PIPELINER = r"""
+import socket, sys, time
+path, line, secs = sys.argv[1], sys.argv[2].encode() + b"\n", float(sys.argv[3])
+chunk = line * max(1, 65536 // len(line))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+s.setblocking(False)
+sent, end = 0, time.monotonic() + secs
+while time.monotonic() < end:
+    try:
+        sent += s.send(chunk)
+    except BlockingIOError:
+        time.sleep(0.005)
+print(sent, flush=True)
+sys.stdin.readline()
+"""
+
+# Every command of the control protocol (src/daemon/commands.c, the test
+# hooks' aside) with arguments it answers without changing anything: the
+# test below checks this list against the source.
+COMMANDS = {
+    "status": {}, "list": {}, "show": {"mandate": "m-none"}, "schedules": {},
+    "pause": {"schedule": "none"}, "resume": {"schedule": "none"},
+    "resolve": {"mandate": "m-none", "step": "act_001", "action": "done", "reason": "x"},
+    "reload": {}, "fire": {"schedule": "none"}, "approve": {"mandate": "m-none"},
+    "retry": {"mandate": "m-none"}, "cancel": {"mandate": "m-none"},
+    "tool-begin": {}, "tool-finish": {}, "tool-write": {},
+    "idem-stats": {}, "idem-get": {"key": "none"}, "idem-forget": {"key": "none"},
+    "metrics": {},
+}
+
 
 # One user's connections: as uid argv[2] (a member of group argv[3]) open
 # argv[4] connections, send a status on each and read its reply; print the
@@ -233,6 +274,71 @@ class TestReplyQueue(LimitCase):
         print("attack %.0f s: %d MiB sent, RSS base %.1f peak %.1f after %.1f MiB, slowest "
               "status %.2f s (%d asked)" % (ATTACK_SEC, sent // MIB, base / MIB, peak / MIB,
                                              after / MIB, slowest, answered), file=sys.stderr)
+
+    def test_every_command_pipelined_alone(self):
+        # The list above is the protocol's: a new command gets its turn here.
+        with open(os.path.join(os.environ.get("KAIROS_SRCDIR", "."), "src", "daemon",
+                               "commands.c")) as f:
+            table = f.read().split("static const struct command commands[] = {")[1]
+        table = table.split("#ifdef KAIROS_TEST_HOOKS")[0]
+        self.assertEqual(sorted(re.findall(r'\{ "([a-z-]+)", cmd_', table)), sorted(COMMANDS))
+        sock = os.path.join(self.state, "control.sock")
+        # 200 schedules: a schedules reply is some 40 KB
+        conf = write_conf(self.dir, self.state, sock, {
+            "s%03d" % i: "[Schedule]\nCron=%d 0 1 1 *\n" % (i % 60) for i in range(200)})
+        env = {}
+        if SANITIZED:
+            env["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") +
+                                   ":quarantine_size_mb=8").lstrip(":")
+        d = self.start(conf, sock, env=env)
+        pid = d.proc.pid
+        base = rss(pid)
+        limit = RSS_LIMIT if not SANITIZED else base + RSS_LIMIT * 3 // 2
+        report = []
+        for cmd in SOAK_ONLY or sorted(COMMANDS):
+            line = json.dumps({"v": 1, "id": 1, "cmd": cmd, "args": COMMANDS[cmd]})
+            p = subprocess.Popen([sys.executable, "-c", PIPELINER, sock, line, str(SOAK_SEC)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.procs.append(p)
+            # another client's status, one after the other, while RSS is
+            # watched; until the pipeliner says its time is up
+            c = Client(sock, timeout=30)
+            times, peak = [], rss(pid)
+            try:
+                while not self._readable(p.stdout):
+                    t0 = time.monotonic()
+                    r = c.call("status")
+                    times.append(time.monotonic() - t0)
+                    self.assertTrue(r["ok"], r)
+                    peak = max(peak, rss(pid))
+                    self.assertLess(peak, limit, "%s: kairosd RSS %.1f MiB" % (cmd, peak / MIB))
+            finally:
+                c.close()
+            sent = int(p.stdout.readline())
+            p.stdin.close()
+            p.wait(30)
+            p.stdout.close()
+            peak = max(peak, rss(pid))
+            times.sort()
+            p99 = times[min(len(times) - 1, len(times) * 99 // 100)]
+            report.append("%s: %d KiB sent, RSS peak %.1f MiB, status p99 %.1f ms (%d)" %
+                          (cmd, sent // 1024, peak / MIB, p99 * 1000, len(times)))
+            self.assertGreater(sent, 128 * 1024, "%s: the socket buffers not even full" % cmd)
+            self.assertLess(peak, limit, report[-1])
+            self.assertLessEqual(p99, STATUS_P99, report[-1])
+            self.assertGreater(len(times), 5, report[-1])
+        print("\n".join(["RSS base %.1f MiB, %.1f s per command" % (base / MIB, SOAK_SEC)] +
+                        report), file=sys.stderr)
+        # every reply is counted under its command
+        c = Client(sock)
+        try:
+            r = c.call("metrics")
+        finally:
+            c.close()
+        self.assertTrue(r["ok"], r)
+        counted = set(re.findall(r'kairos_control_requests_total\{command="([a-z-]+)"',
+                                 r["result"]["text"]))
+        self.assertEqual(counted - {"unknown"}, set(SOAK_ONLY or COMMANDS) | {"status"})
 
     @staticmethod
     def _readable(f):
