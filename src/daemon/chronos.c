@@ -359,14 +359,14 @@ static void fire_now(struct chronos *c, const char *name, int64_t t, const char 
         if (!w) {
                 /* nobody waits: chronos.json may count this tick before its
                  * mandate is durable (only when memory is exhausted) */
-                executor_fire(c->d, name, at, NULL, NULL);
+                executor_fire_timer(c->d, name, at, NULL, NULL);
                 fire_settled(c);
                 return;
         }
         w->d = c->d;
         w->t = t;
         memcpy(w->schedule, name, n);
-        executor_fire(c->d, name, at, on_fire_answered, w);
+        executor_fire_timer(c->d, name, at, on_fire_answered, w);
 }
 
 /* Hand up to max queued fires to the executor, oldest first. */

@@ -181,6 +181,7 @@ struct daemon {
 
 /* lifecycle.c: the daemon as a whole. */
 uint64_t now_ms_monotonic(void);
+uint64_t now_us_monotonic(void);
 int64_t now_ms_realtime(void);
 /* STATUS= text. */
 void daemon_update_status(struct daemon *d);

@@ -644,24 +644,31 @@ static void fire_dup_done(void *arg)
 }
 
 static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
-                      const struct executor_retry *rt, struct op_reply reply);
+                      const struct executor_retry *rt, bool timer, struct op_reply reply);
 
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                    void (*done)(void *ctx, const struct op_result *r), void *ctx)
 {
-        fire_tick(d, schedule, fired_at, 0, NULL, (struct op_reply){ done, ctx });
+        fire_tick(d, schedule, fired_at, 0, NULL, false, (struct op_reply){ done, ctx });
+}
+
+void executor_fire_timer(struct daemon *d, const char *schedule, const char *fired_at,
+                         void (*done)(void *ctx, const struct op_result *r), void *ctx)
+{
+        fire_tick(d, schedule, fired_at, 0, NULL, true, (struct op_reply){ done, ctx });
 }
 
 void executor_retry(struct daemon *d, const struct executor_retry *rt,
                     void (*done)(void *ctx, const struct op_result *r), void *ctx)
 {
-        fire_tick(d, rt->schedule, rt->fired_at, rt->retry, rt, (struct op_reply){ done, ctx });
+        fire_tick(d, rt->schedule, rt->fired_at, rt->retry, rt, false,
+                  (struct op_reply){ done, ctx });
 }
 
 /* Fire (schedule, fired_at): its first mandate (retry 0), or with rt a
- * retry of it (kairosctl retry). */
+ * retry of it (kairosctl retry); timer: the schedule's clock fired it. */
 static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
-                      const struct executor_retry *rt, struct op_reply reply)
+                      const struct executor_retry *rt, bool timer, struct op_reply reply)
 {
         const struct config_schedule *sc = NULL;
         for (size_t i = 0; i < d->cfg->nschedules; i++)
@@ -798,7 +805,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 log_event(LOG_NOTICE, NULL,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
                           "fired %s at %s: mandate %s", schedule, fired_at, m->id);
-        metrics_fire(d->metrics, schedule, op_reply_wanted(&reply));
+        metrics_fire(d->metrics, schedule, !timer);
         executor_submit(m, a);
 }
 

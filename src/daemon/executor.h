@@ -31,6 +31,9 @@ void executor_retry(struct daemon *d, const struct executor_retry *rt,
  * no-op answer if that (schedule, fired_at) was fired before). */
 void executor_fire(struct daemon *d, const char *schedule, const char *fired_at,
                    void (*done)(void *ctx, const struct op_result *r), void *ctx);
+/* The same for the schedule's own clock (chronos): counted as a timer fire. */
+void executor_fire_timer(struct daemon *d, const char *schedule, const char *fired_at,
+                         void (*done)(void *ctx, const struct op_result *r), void *ctx);
 
 /* kairosctl cancel: a running handler gets SIGTERM (its process group),
  * SIGKILL 5 s later; its step is recorded failed (error_class cancelled) —

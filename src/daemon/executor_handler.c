@@ -586,7 +586,7 @@ static void on_job_started(struct runner_job *job)
         }
         run->started = true;
         run->pid = job->pid;
-        run->started_ms = now_ms_monotonic();
+        run->started_us = now_us_monotonic();
         groups_add(run);
         uv_pipe_open(&run->in, job->fd_in);
         uv_pipe_open(&run->out, job->fd_out);
@@ -913,7 +913,7 @@ static void run_finished(struct exec_run *run)
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "cancelled", .error_msg = advance_own(a, msg) };
         }
-        metrics_step(d->metrics, run->phase, r->op, run->pid ? run->started_ms : 0);
+        metrics_step(d->metrics, run->phase, r->op, run->pid ? run->started_us : 0);
         if (r->op == WAL_OP_COMPLETED && !r->result_json) {
                 a->npre = 0;
                 log_error("out of memory recording %s %s", m->id, run->step_id);

@@ -141,7 +141,7 @@ struct exec_run {
         int phase;
         char *step_id;
         char *expected_post;
-        uint64_t started_ms;       /* now_ms_monotonic() at the spawn */
+        uint64_t started_us;       /* now_us_monotonic() at the spawn */
 };
 
 /* Start the handler of a's step (a->step_id); the mandate holds a slot. */

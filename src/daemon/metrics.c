@@ -46,7 +46,7 @@ struct metrics {
         double start_time;                 /* seconds since the epoch */
         struct mset fires, steps, verdicts, control;
         uint64_t handler_counts[PLANNER_PHASES][HANDLER_NB + 1];
-        double handler_sum[PLANNER_PHASES];
+        uint64_t handler_sum_us[PLANNER_PHASES];
         /* written by pool threads */
         _Atomic uint64_t sync_counts[SYNC_NB + 1];
         _Atomic uint64_t sync_sum_ns;
@@ -114,7 +114,7 @@ void metrics_fire(struct metrics *mx, const char *schedule, bool manual)
                 mset_inc(&mx->fires, schedule ? schedule : "", manual ? "manual" : "timer", NULL);
 }
 
-void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_ms)
+void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_us)
 {
         if (!mx || phase < 0 || phase >= PLANNER_PHASES)
                 return;
@@ -122,12 +122,12 @@ void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handle
                               : op == WAL_OP_FAILED  ? "failed"
                                                      : "needs_review";
         mset_inc(&mx->steps, planner_phase_name((enum planner_phase)phase), outcome, NULL);
-        if (!handler_started_ms)
+        if (!handler_started_us)
                 return;
-        uint64_t now = now_ms_monotonic();
-        double sec = now > handler_started_ms ? (double)(now - handler_started_ms) / 1000.0 : 0;
-        mx->handler_counts[phase][om_bucket_index(handler_bounds, HANDLER_NB, sec)]++;
-        mx->handler_sum[phase] += sec;
+        uint64_t now = now_us_monotonic();
+        uint64_t us = now > handler_started_us ? now - handler_started_us : 0;
+        mx->handler_counts[phase][om_bucket_index(handler_bounds, HANDLER_NB, (double)us / 1e6)]++;
+        mx->handler_sum_us[phase] += us;
 }
 
 void metrics_verdict(struct metrics *mx, const char *verdict, const char *source,
@@ -229,7 +229,7 @@ static int render_histograms(struct metrics *mx, enum om_format f, struct kbuf *
         for (int p = 0; r >= 0 && p < PLANNER_PHASES; p++) {
                 struct om_label l[] = { { "phase", planner_phase_name((enum planner_phase)p) } };
                 struct om_histogram h = { handler_bounds, HANDLER_NB, mx->handler_counts[p],
-                                          mx->handler_sum[p] };
+                                          (double)mx->handler_sum_us[p] / 1e6 };
                 r = om_histogram_samples(out, "kairos_handler_duration_seconds", l, 1, &h);
         }
         if (r < 0)

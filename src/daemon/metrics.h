@@ -37,8 +37,10 @@ const struct wal_options *metrics_wal_options(struct metrics *mx);
 /* Counting sites. */
 void metrics_fire(struct metrics *mx, const char *schedule, bool manual);
 /* A step ended with record op (completed, failed, needs_review);
- * handler_started_ms: now_ms_monotonic() at its spawn, 0 if no handler ran. */
-void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_ms);
+ * handler_started_us: now_us_monotonic() at its spawn, 0 if no handler ran
+ * (microseconds: a fast handler's run is a few hundred of them, which whole
+ * milliseconds would count as 0). */
+void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_us);
 /* source: where the evidence came from ("wal": the step's records and
  * hashes); reason: the evidence's reason. */
 void metrics_verdict(struct metrics *mx, const char *verdict, const char *source,

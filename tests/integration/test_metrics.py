@@ -98,13 +98,13 @@ class MetricsCase(unittest.TestCase):
             self.daemon.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def start(self, metrics_file=None, interval="1"):
+    def start(self, metrics_file=None, interval="1", schedules=SCHEDULES, env=None):
         extra = ""
         if metrics_file:
             extra = "MetricsFile=%s\nMetricsIntervalSec=%s\n" % (metrics_file, interval)
-        self.conf = write_config(self.dir, self.state, SCHEDULES, daemon_extra=extra)
+        self.conf = write_config(self.dir, self.state, schedules, daemon_extra=extra)
         self.notify = NotifySocket(self.dir)
-        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify, env=env)
         self.notify.wait_ready()
 
     def ctl(self, *args, check=True):
@@ -193,6 +193,29 @@ class MetricsCase(unittest.TestCase):
         self.assertNotIn("# EOF", text)
         self.assertNotIn("# UNIT", text)
         self.assertIn("# TYPE kairos_fires_total counter\n", text)
+
+    def test_timer_fire_counted_as_timer(self):
+        # The fake clock of the test hooks (-Dtest_hooks=true) fires the tick.
+        hourly = {"Schedule": {"Cron": "0 * * * *"}, "Mandate": {"MaxCycles": "1"},
+                  "Exec": {"Act": "/bin/sh -c 'echo {}'"}}
+        t0 = 1775001600  # 2026-04-01T00:00:00Z
+        self.start(schedules={"hourly": hourly}, env={"KAIROS_TEST_CLOCK": str(t0 + 1800)})
+        c = Client(self.daemon.socket_path)
+        try:
+            r = c.call("test-clock", now=t0 + 3600)
+        finally:
+            c.close()
+        if not r["ok"] and r["error"]["code"] == "unknown_command":
+            self.skipTest("kairosd was built without -Dtest_hooks=true (no fake clock)")
+        self.assertTrue(r["ok"], r)
+        self.daemon.wait_log("fired hourly at 2026-04-01T01:00:00Z")
+        s = parse(self.metrics())
+        self.assertEqual(val(s, "kairos_fires_total", schedule="hourly", source="timer"), 1)
+        self.assertIsNone(val(s, "kairos_fires_total", schedule="hourly", source="manual"))
+        self.fire_and_wait("hourly", "done")
+        s = parse(self.metrics())
+        self.assertEqual(val(s, "kairos_fires_total", schedule="hourly", source="timer"), 1)
+        self.assertEqual(val(s, "kairos_fires_total", schedule="hourly", source="manual"), 1)
 
     def test_stale_temporary_link_not_followed(self):
         victim = os.path.join(self.dir, "victim")
