@@ -68,6 +68,38 @@ static const char *source_path(const char *file)
 
 #define JOURNAL_MAX_FIELDS 40
 
+/* Append s to b with every control character escaped: C0 and DEL as \n, \r,
+ * \t or \xNN, C1 (U+0080..U+009F, two bytes in UTF-8) as \u00NN.  A
+ * handler's reason, an error message or a line of its stderr goes into log
+ * records: an ESC or BEL of theirs must reach neither the terminal that shows
+ * the log nor the record's line structure.  Backslashes are left as they are
+ * (an escape in the text cannot hide a real control character). */
+static int log_escape(struct kbuf *b, const char *s)
+{
+        static const char hex[] = "0123456789abcdef";
+        int r = 0;
+        for (const unsigned char *p = (const unsigned char *)s; r == 0 && *p; p++) {
+                unsigned char c = *p;
+                if (c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+                        char e[] = { '\\', 'u', '0', '0', hex[p[1] >> 4], hex[p[1] & 15] };
+                        r = kbuf_append(b, e, sizeof e);
+                        p++;
+                } else if (c == '\n') {
+                        r = kbuf_puts(b, "\\n");
+                } else if (c == '\r') {
+                        r = kbuf_puts(b, "\\r");
+                } else if (c == '\t') {
+                        r = kbuf_puts(b, "\\t");
+                } else if (c < 0x20 || c == 0x7f) {
+                        char e[] = { '\\', 'x', hex[c >> 4], hex[c & 15] };
+                        r = kbuf_append(b, e, sizeof e);
+                } else {
+                        r = kbuf_putc(b, (char)c);
+                }
+        }
+        return r;
+}
+
 static void log_journal(const char *file, int line, const char *func, int priority,
                         const char *message_id, const struct log_field *fields, size_t n,
                         const char *msg)
@@ -75,11 +107,13 @@ static void log_journal(const char *file, int line, const char *func, int priori
         struct iovec iov[JOURNAL_MAX_FIELDS];
         char *owned[JOURNAL_MAX_FIELDS];
         size_t k = 0;
-        char *m = NULL;
-        if (asprintf(&m, "MESSAGE=%s", msg) < 0)
+        struct kbuf mb = KBUF_INIT;
+        if (kbuf_puts(&mb, "MESSAGE=") < 0 || log_escape(&mb, msg) < 0) {
+                kbuf_free(&mb);
                 return;
-        owned[k] = m;
-        iov[k++] = (struct iovec){ m, strlen(m) };
+        }
+        owned[k] = mb.data;
+        iov[k++] = (struct iovec){ mb.data, mb.len };
         char *p = NULL;
         if (asprintf(&p, "PRIORITY=%d", priority) >= 0) {
                 owned[k] = p;
@@ -121,17 +155,18 @@ static void log_journal(const char *file, int line, const char *func, int priori
 static void log_stderr(int priority, const struct log_field *fields, size_t n, const char *msg)
 {
         struct kbuf b = KBUF_INIT;
-        kbuf_printf(&b, "<%d>%s", priority, msg);
+        /* One record is one line: a newline inside would forge a record. */
+        kbuf_printf(&b, "<%d>", priority);
+        log_escape(&b, msg);
         for (size_t i = 0; i < n; i++) {
                 if (!fields[i].value)
                         continue;
                 bool quote = strpbrk(fields[i].value, " \t\"") != NULL || !*fields[i].value;
-                kbuf_printf(&b, quote ? " %s=\"%s\"" : " %s=%s", fields[i].name, fields[i].value);
+                kbuf_printf(&b, quote ? " %s=\"" : " %s=", fields[i].name);
+                log_escape(&b, fields[i].value);
+                if (quote)
+                        kbuf_putc(&b, '"');
         }
-        /* One record is one line: a newline inside would forge a record. */
-        for (size_t i = 0; i < b.len; i++)
-                if (b.data[i] == '\n' || b.data[i] == '\r')
-                        b.data[i] = ' ';
         kbuf_putc(&b, '\n');
         if (b.data)
                 fwrite(b.data, 1, b.len, stderr);

@@ -213,6 +213,29 @@ class TestHooks(HookCase):
         self.call_ok("approve", mandate=m)
         self.d.wait_log("mandate %s done after 1 cycle" % m)
 
+    def test_control_bytes_of_a_reason_escaped_in_the_log(self):
+        # ESC and BEL in the act's reason and in its stderr: the log shows
+        # them escaped; the hook still gets the reason as it was.
+        act = self.script("act_esc.sh", "cat > /dev/null\n"
+                          "printf 'warn \\033[2J\\007 end\\n' >&2\n"
+                          "printf '{\"kairos\":{\"pause\":\"awaiting_approval\","
+                          "\"reason\":\"wipe\\\\u001b]0;x\\\\u0007 ok?\"}}\\n'\n")
+        self.configure({"esc": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Act": "/bin/sh " + act}}},
+                       notify="OnReview=%s\n" % self.hook_cmd("review"))
+        self.start()
+        m = self.fire("esc")
+        env, doc, _ = self.wait_hook("approval", m)
+        self.assertEqual(doc["reason"], "wipe\x1b]0;x\x07 ok?")
+        self.d.wait_log("hook OnReview for %s (approval) succeeded" % m)
+        log = self.d.log()
+        self.assertIn("wipe\\x1b]0;x\\x07 ok?", log)
+        self.assertIn("act_001: warn \\x1b[2J\\x07 end", log)
+        for c in ["\x1b", "\x07"]:
+            self.assertNotIn(c, log)
+        self.assertEqual(len([x for x in log.splitlines() if "wipe" in x]),
+                         log.count("wipe"), "one record, one line")
+
     def test_schedule_override_and_empty_override(self):
         self.configure({"own": self.failing_schedule({"OnFailure": self.hook_cmd("own")}),
                         "quiet": self.failing_schedule({"OnFailure": ""}),
