@@ -30,7 +30,16 @@ struct control_server {
         size_t queued;         /* reply bytes of every client not yet written */
         uv_timer_t linger;     /* closes refused connections that send nothing */
         uv_idle_t turns;       /* runs while a connection has lines left for its next turn */
-        unsigned open_handles; /* pipe, linger, turns: freed when all are closed */
+        uv_timer_t refusals_timer; /* ends the interval of the refusals logged */
+        struct refusal_count {
+                uid_t uid;
+                bool other;          /* uids beyond CONTROL_REFUSAL_UIDS */
+                unsigned long more;  /* refused since the one logged */
+                char last[300];      /* the last one's reason */
+        } refusals[CONTROL_REFUSAL_UIDS + 1];
+        unsigned nrefusals;    /* uids refused in this interval */
+        uint64_t refusal_log_ms;
+        unsigned open_handles; /* pipe, linger, turns, refusals_timer: freed when all are closed */
 };
 
 struct control_client {
@@ -94,6 +103,7 @@ void control_limits_compute(unsigned long fd_limit, unsigned max_concurrent_mand
         ret->max_per_uid = max < CONTROL_MAX_CLIENTS_PER_UID ? (unsigned)max :
                                                                CONTROL_MAX_CLIENTS_PER_UID;
         ret->reserved = (unsigned)(max / 16 ? max / 16 : 1);
+        ret->newcomers = (unsigned)((max - ret->reserved) / 16 ? (max - ret->reserved) / 16 : 1);
         ret->fits = (unsigned long)max + CONTROL_MAX_REFUSING + reserve < fd_limit;
 }
 
@@ -610,13 +620,92 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 /* ---- admission ---- */
 
-static unsigned count_uid(const struct control_server *srv, uid_t uid)
+/* Root, kairosd's own user and HandlerUser= (the handlers' tool calls). */
+static bool uid_privileged(const struct control_server *srv, uid_t uid)
 {
-        unsigned n = 0;
-        for (const struct control_client *o = srv->clients; o; o = o->next)
-                if (o->admitted && o->uid == uid)
+        return uid == 0 || uid == geteuid() ||
+               (srv->d->handler_user.set && uid == srv->d->handler_user.uid);
+}
+
+/* uid's admitted connections; *ret_users: the users other than root and
+ * kairosd's own that hold connections, uid counted in. */
+static unsigned count_uid(const struct control_server *srv, uid_t uid, unsigned *ret_users)
+{
+        unsigned n = 0, users = 1;
+        for (const struct control_client *o = srv->clients; o; o = o->next) {
+                if (!o->admitted)
+                        continue;
+                if (o->uid == uid) {
                         n++;
+                        continue;
+                }
+                if (uid_privileged(srv, o->uid))
+                        continue;
+                /* counted once: at its first connection in the list */
+                bool first = true;
+                for (const struct control_client *p = srv->clients; p != o; p = p->next)
+                        if (p->admitted && p->uid == o->uid) {
+                                first = false;
+                                break;
+                        }
+                users += first;
+        }
+        *ret_users = users;
         return n;
+}
+
+/* ---- refusals in the log ---- */
+
+static void refusals_flush(struct control_server *srv)
+{
+        for (unsigned i = 0; i < srv->nrefusals; i++) {
+                struct refusal_count *r = &srv->refusals[i];
+                if (!r->more)
+                        continue;
+                if (r->other)
+                        log_warning("control: refused %lu more connections from other uids in "
+                                    "the last %g s (the last: %s)",
+                                    r->more, (double)srv->refusal_log_ms / 1000, r->last);
+                else
+                        log_warning("control: refused %lu more connection%s from uid %u in the "
+                                    "last %g s (the last: %s)",
+                                    r->more, r->more == 1 ? "" : "s", (unsigned)r->uid,
+                                    (double)srv->refusal_log_ms / 1000, r->last);
+        }
+        srv->nrefusals = 0;
+}
+
+static void on_refusals_timer(uv_timer_t *t)
+{
+        refusals_flush(t->data);
+}
+
+/* Log a refused connection: the first of its uid in an interval at once,
+ * the others counted and logged as one line when the interval ends. */
+static void refusal_log(struct control_server *srv, const struct control_client *c,
+                        const char *msg)
+{
+        struct refusal_count *r = NULL;
+        for (unsigned i = 0; i < srv->nrefusals && !r; i++)
+                if (srv->refusals[i].other || srv->refusals[i].uid == c->uid)
+                        r = &srv->refusals[i];
+        if (r) {
+                r->more++;
+                snprintf(r->last, sizeof r->last, "%s", msg);
+                return;
+        }
+        if (srv->nrefusals == 0)
+                uv_timer_start(&srv->refusals_timer, on_refusals_timer, srv->refusal_log_ms, 0);
+        r = &srv->refusals[srv->nrefusals++];
+        *r = (struct refusal_count){ .uid = c->uid, .other = srv->nrefusals > CONTROL_REFUSAL_UIDS };
+        if (r->other) {
+                r->more = 1;
+                snprintf(r->last, sizeof r->last, "%s", msg);
+                return;
+        }
+        log_warning("control: refused a connection from uid %u pid %d: %s (more from this uid "
+                    "in the next %g s are counted, then logged as one line)",
+                    (unsigned)c->uid, (int)c->pid, msg, (double)srv->refusal_log_ms / 1000);
 }
 
 static void on_linger(uv_timer_t *t)
@@ -660,21 +749,37 @@ static void client_refuse(struct control_client *c, const char *code, const char
 }
 
 /* The peer is allowed on the socket: is there room for one more connection?
- * Each uid may hold max_per_uid connections; all together max_clients, of
- * which the last `reserved` only root and kairosd's own user may take. */
+ * All together max_clients, of which the last `reserved` only root and
+ * kairosd's own user may take, and of the others the last `newcomers` only a
+ * user who holds none.  Each other user may hold max_per_uid, and no more
+ * than its share: what is left for them divided by the users who hold
+ * connections (itself counted), at least 1. */
 static void client_admit(struct control_client *c)
 {
         struct control_server *srv = c->srv;
         const struct control_limits *lim = &srv->lim;
-        bool privileged = c->uid == 0 || c->uid == geteuid() ||
-                          (srv->d->handler_user.set && c->uid == srv->d->handler_user.uid);
-        unsigned cap = privileged ? lim->max_clients : lim->max_clients - lim->reserved;
+        bool privileged = uid_privileged(srv, c->uid);
+        unsigned users;
+        unsigned held = count_uid(srv, c->uid, &users);
+        unsigned pool = lim->max_clients > lim->reserved ? lim->max_clients - lim->reserved : 1;
+        unsigned share = pool / users ? pool / users : 1;
+        if (share > lim->max_per_uid)
+                share = lim->max_per_uid;
+        unsigned cap = privileged ? lim->max_clients
+                       : held == 0 ? pool
+                       : pool > lim->newcomers ? pool - lim->newcomers : 1;
         char msg[300];
-        if (count_uid(srv, c->uid) >= lim->max_per_uid) {
+        if (privileged && held >= lim->max_per_uid) {
                 snprintf(msg, sizeof msg,
                          "too many connections: uid %u already has %u open, the most one user "
                          "may have; close some and try again",
                          (unsigned)c->uid, lim->max_per_uid);
+        } else if (!privileged && held >= share) {
+                snprintf(msg, sizeof msg,
+                         "too many connections: uid %u already has %u open, the most one user "
+                         "may have while %u users are connected (at most %u); close some and "
+                         "try again",
+                         (unsigned)c->uid, held, users, lim->max_per_uid);
         } else if (srv->nclients >= cap) {
                 snprintf(msg, sizeof msg,
                          "too many connections: %u open, the most kairosd serves%s; try again "
@@ -687,8 +792,7 @@ static void client_admit(struct control_client *c)
                 client_update_reading(c);
                 return;
         }
-        log_warning("control: refused a connection from uid %u pid %d: %s", (unsigned)c->uid,
-                    (int)c->pid, msg);
+        refusal_log(srv, c, msg);
         client_refuse(c, "too_many_clients", msg);
 }
 
@@ -744,8 +848,7 @@ static void client_start(struct control_client *c)
                          "uid %u is not allowed: the control socket serves root and uid "
                          "%u (group %s does not exist)",
                          (unsigned)c->uid, (unsigned)geteuid(), srv->d->cfg->socket_group);
-        log_warning("control: refused a connection from uid %u pid %d", (unsigned)c->uid,
-                    (int)c->pid);
+        refusal_log(srv, c, msg);
         client_refuse(c, "permission_denied", msg);
 }
 
@@ -801,7 +904,9 @@ static void on_server_closed(uv_handle_t *h)
 
 static void server_free(struct control_server *srv)
 {
-        srv->open_handles = 3;
+        srv->open_handles = 4;
+        refusals_flush(srv);
+        uv_close((uv_handle_t *)&srv->refusals_timer, on_server_closed);
         uv_close((uv_handle_t *)&srv->linger, on_server_closed);
         uv_close((uv_handle_t *)&srv->turns, on_server_closed);
         uv_close((uv_handle_t *)&srv->pipe, on_server_closed);
@@ -809,10 +914,11 @@ static void server_free(struct control_server *srv)
 
 static void limits_log(const struct control_limits *lim)
 {
-        log_info("control: at most %u connections (%u per user, the last %u for root and "
-                 "kairosd's user); open-file limit %lu, %lu kept for WALs and handlers",
-                 lim->max_clients, lim->max_per_uid, lim->reserved, lim->fd_limit,
-                 lim->fd_reserve);
+        log_info("control: at most %u connections (%u per user and no more than a fair share, "
+                 "the last %u for root and kairosd's user, %u more for users' first "
+                 "connections); open-file limit %lu, %lu kept for WALs and handlers",
+                 lim->max_clients, lim->max_per_uid, lim->reserved, lim->newcomers,
+                 lim->fd_limit, lim->fd_reserve);
         if (!lim->fits)
                 log_warning("control: the open-file limit %lu is too low for %u connections "
                             "and %lu descriptors for WALs and handlers; raise LimitNOFILE=",
@@ -852,6 +958,14 @@ int control_start(struct daemon *d, const char *path)
         srv->linger.data = srv;
         uv_idle_init(d->loop, &srv->turns);
         srv->turns.data = srv;
+        uv_timer_init(d->loop, &srv->refusals_timer);
+        srv->refusals_timer.data = srv;
+        srv->refusal_log_ms = CONTROL_REFUSAL_LOG_MS;
+#ifdef KAIROS_TEST_HOOKS
+        const char *t = getenv("KAIROS_TEST_REFUSAL_LOG_MS");
+        if (t && *t)
+                srv->refusal_log_ms = strtoull(t, NULL, 10);
+#endif
         mode_t old = umask(0117);
         int r = uv_pipe_bind(&srv->pipe, path);
         umask(old);

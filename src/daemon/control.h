@@ -33,8 +33,13 @@
 /* Lines of one connection handled in one turn of the loop. */
 #define CONTROL_BATCH 32
 /* Connections: at most CONTROL_MAX_CLIENTS (fewer when the open-file limit
- * is low, never fewer than CONTROL_MIN_CLIENTS), CONTROL_MAX_CLIENTS_PER_UID
- * per user; the last 1/16 of them are kept for root and kairosd's own user.
+ * is low, never fewer than CONTROL_MIN_CLIENTS); the last 1/16 of them are
+ * kept for root and kairosd's own user, and of the others the last 1/16 for
+ * users who hold none (one each).  Other users share the rest: each may hold
+ * CONTROL_MAX_CLIENTS_PER_UID, and no more than its share, the rest divided
+ * by the number of users connected (itself included), never less than 1;
+ * so a few users who open connections without end cannot lock out the
+ * others (kairosd(8), LIMITS).
  * A refused connection gets a "too_many_clients" error for its first request
  * and is closed; at most CONTROL_MAX_REFUSING wait for that request (for
  * CONTROL_REFUSE_LINGER_MS), beyond that they get the error at once. */
@@ -43,6 +48,11 @@
 #define CONTROL_MAX_CLIENTS_PER_UID 64
 #define CONTROL_MAX_REFUSING 32
 #define CONTROL_REFUSE_LINGER_MS 2000
+/* A refused connection is logged once per uid per interval: the first at
+ * once, the count of the others when the interval ends.  At most
+ * CONTROL_REFUSAL_UIDS uids are told apart (the others counted together). */
+#define CONTROL_REFUSAL_LOG_MS 10000
+#define CONTROL_REFUSAL_UIDS 32
 /* File descriptors kept out of the connections' reach: a base for the
  * daemon itself (lock, listening socket, idempotency log, state
  * directories, the loop's own descriptors, thread pool work) and a share per
@@ -57,6 +67,7 @@ struct control_limits {
         unsigned max_clients;
         unsigned max_per_uid;
         unsigned reserved;          /* of max_clients, for root and kairosd's user only */
+        unsigned newcomers;         /* of the rest, for a user's first connection only */
         bool fits;                  /* max_clients + refusing + reserve < fd_limit */
 };
 

@@ -380,15 +380,20 @@ class TestConnections(LimitCase):
             self.assertTrue(line, "holder for uid %d died" % uid)
             results.append(json.loads(line))
         counts = [r["counts"] for r in results]
-        d.wait_log("control: at most 256 connections (64 per user, the last 16 for root")
-        # 64 per user; 256 in all, of which 16 only root and kairosd's user get.
-        self.assertEqual([c.get("ok", 0) for c in counts], [64, 64, 64, 48, 0], counts)
+        d.wait_log("control: at most 256 connections (64 per user and no more than a fair "
+                   "share, the last 16 for root and kairosd's user, 15 more for users' first")
+        # 64 per user; 256 in all, of which 16 only root and kairosd's user
+        # get and 15 only a user's first connection: the fifth user has one.
+        self.assertEqual([c.get("ok", 0) for c in counts], [64, 64, 64, 33, 1], counts)
         self.assertEqual(sum(sum(c.values()) for c in counts), 2000)
         for c in counts:
             self.assertEqual(set(c) - {"ok"}, {"too_many_clients"}, counts)
         msgs = {m for r in results for m in r["messages"].values()}
         self.assertTrue(any("the most one user may have" in m and "64" in m for m in msgs), msgs)
-        self.assertTrue(any("240 open" in m for m in msgs), msgs)
+        self.assertTrue(any("225 open" in m for m in msgs), msgs)
+        # 1,759 refusals, one line per uid (the rest counted for later)
+        refused = [x for x in d.log().splitlines() if "control: refused a connection" in x]
+        self.assertEqual(len(refused), 5, refused)
         self.assertLess(nfds(pid), 1024 - 64)
         # root still gets an answer, through kairosctl too
         self.timed_status(d)
@@ -420,6 +425,58 @@ class TestConnections(LimitCase):
         self.assertEqual(json.loads(p.stdout.readline())["counts"], {"ok": 3})
 
 
+    def test_a_few_users_cannot_lock_out_the_others(self):
+        if os.getuid() != 0:
+            self.skipTest("needs root to connect as other users")
+        os.chmod(self.dir, 0o755)
+        sock = os.path.join(self.dir, "run", "control.sock")
+        conf = write_conf(self.dir, self.state, sock, {}, "SocketGroup=nogroup\n")
+        d = self.start(conf, sock)
+        # four members take all they can, one after the other, then three
+        # more ask for 3 each
+        got = []
+        for uid, n in [(u, 64) for u in range(70001, 70005)] + [(u, 3) for u in range(70005, 70008)]:
+            p = subprocess.Popen([sys.executable, "-c", HOLDER, sock, str(uid), "65534", str(n)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.procs.append(p)
+            got.append(json.loads(p.stdout.readline())["counts"].get("ok", 0))
+        # each of the four held no more than its share of the 240 when it
+        # came (the fourth: what was left but 15); the three still get in
+        self.assertEqual(got, [64, 64, 64, 33, 1, 1, 1], got)
+        self.timed_status(d)
+        # one line per refused uid, however many it was refused
+        refused = [x for x in d.log().splitlines() if "control: refused a connection" in x]
+        self.assertEqual(len(refused), 4, refused)
+
+    def test_refusals_logged_once_per_uid_with_a_count(self):
+        if os.getuid() != 0:
+            self.skipTest("needs root to connect as another user")
+        os.chmod(self.dir, 0o755)
+        sock = os.path.join(self.dir, "run", "control.sock")
+        conf = write_conf(self.dir, self.state, sock, {}, "SocketGroup=nogroup\n")
+        # the interval is 10 s; 2 s with the test hooks
+        d = self.start(conf, sock, env={"KAIROS_TEST_REFUSAL_LOG_MS": "2000"})
+        # 2,000 connections of one member: 64 held, 1,936 refused
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, sock, "70001", "65534", "2000"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        r = json.loads(p.stdout.readline())
+        self.assertEqual(r["counts"], {"ok": 64, "too_many_clients": 1936}, r)
+        self.timed_status(d)
+        d.wait_log("control: refused", timeout=5)
+        lines = []
+        deadline = time.monotonic() + 30
+        while sum(int(n) for n in re.findall(r"refused (\d+) more connections? from uid 70001",
+                                             "\n".join(lines))) < 1935:
+            self.assertLess(time.monotonic(), deadline, lines)
+            time.sleep(0.1)
+            lines = [x for x in d.log().splitlines() if "control: refused" in x]
+        # one line when the first came, then one per interval with the count
+        self.assertLessEqual(len(lines), 2 + 30 / 2, "%d lines" % len(lines))
+        self.assertIn("refused a connection from uid 70001", lines[0])
+        self.assertIn("uid 70001 already has 64 open", lines[0])
+        self.assertIn("(the last: too many connections: uid 70001 already has 64 open", lines[-1])
+
     def test_low_fd_limit_shrinks_the_cap(self):
         if os.getuid() != 0:
             self.skipTest("needs root to connect as another user")
@@ -432,12 +489,13 @@ class TestConnections(LimitCase):
 
         d = self.start(conf, sock, preexec_fn=low_limit)
         # below 200 - (64 + 16 x 4 for the daemon) - 32 for refusals
-        d.wait_log("control: at most 39 connections (39 per user, the last 2 for root")
+        d.wait_log("control: at most 39 connections (39 per user and no more than a fair share, "
+                   "the last 2 for root and kairosd's user, 2 more for users' first")
         p = subprocess.Popen([sys.executable, "-c", HOLDER, sock, "70001", "65534", "45"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.procs.append(p)
         r = json.loads(p.stdout.readline())
-        self.assertEqual(r["counts"], {"ok": 37, "too_many_clients": 8}, r)
+        self.assertEqual(r["counts"], {"ok": 35, "too_many_clients": 10}, r)
         self.assertLess(nfds(d.proc.pid), 200 - 64)
         self.timed_status(d)    # root gets one of the last two
         self.assertNotIn("too low", d.log())
