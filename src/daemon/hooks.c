@@ -19,10 +19,26 @@
 #define HOOK_KILL_GRACE_MS 5000
 #define HOOK_OUTPUT_MAX 2048      /* bytes of stdout + stderr kept for the log */
 
+/* Failures folded into one page: how many, of which schedules. */
+#define FOLD_MAX_SCHEDULES 64
+struct hook_fold {
+        char *cmd;                    /* the OnFailure= command they share */
+        unsigned long count;
+        unsigned long unnamed;        /* of schedules beyond FOLD_MAX_SCHEDULES */
+        size_t nschedules;
+        struct {
+                char *name;
+                unsigned long count;
+        } schedules[FOLD_MAX_SCHEDULES];
+        char first_at[32];
+};
+
 struct hook_run {
         struct hooks *h;
         struct hook_run *next, *prev; /* the queue, then the running list */
         enum hook_event ev;
+        struct hook_fold *fold;       /* failures folded into this page: its
+                                       * argv, env and doc made when it starts */
         char *label;                  /* "OnFailure for MANDATE (failure)" */
         char *mandate;
         char **argv, **env;
@@ -40,14 +56,21 @@ struct hook_run {
         size_t output_len, output_dropped;
 };
 
+/* Two queues: the pages for a human (review, approval), at most one per
+ * mandate and run first, and the failure pages, at most HOOKS_MAX_QUEUED
+ * (more are folded into one page per command, queued behind them). */
+struct hook_queue {
+        struct hook_run *head, *tail;
+        unsigned n;
+};
+
 struct hooks {
         struct daemon *d;
         bool ready, stopping;
-        struct hook_run *q_head, *q_tail;
-        unsigned queued;
+        struct hook_queue reviews, failures;
+        unsigned folds;               /* fold pages among failures */
         struct hook_run *running_list;
         unsigned running;
-        unsigned long dropped;        /* since the last report */
         uint64_t timeout_ms;
         char scratch[65536];          /* read buffer: consumed in the read callback */
 };
@@ -56,8 +79,19 @@ static const char *const event_names[] = {
         [HOOK_REVIEW] = "review", [HOOK_APPROVAL] = "approval", [HOOK_FAILURE] = "failure",
 };
 
+static void foldpage_free(struct hook_fold *f)
+{
+        if (!f)
+                return;
+        free(f->cmd);
+        for (size_t i = 0; i < f->nschedules; i++)
+                free(f->schedules[i].name);
+        free(f);
+}
+
 static void hook_free(struct hook_run *run)
 {
+        foldpage_free(run->fold);
         free(run->label);
         free(run->mandate);
         config_strv_free(run->argv);
@@ -249,14 +283,33 @@ static void on_started(struct runner_job *job)
                 runner_kill(job, SIGKILL);
 }
 
-static void report_dropped(struct hooks *h)
+static void queue_push(struct hook_queue *q, struct hook_run *run)
 {
-        if (!h->dropped)
-                return;
-        log_warning("hooks: %lu event%s dropped (more than %d waiting)", h->dropped,
-                    h->dropped == 1 ? "" : "s", HOOKS_MAX_QUEUED);
-        h->dropped = 0;
+        run->next = NULL;
+        run->prev = q->tail;
+        if (q->tail)
+                q->tail->next = run;
+        else
+                q->head = run;
+        q->tail = run;
+        q->n++;
 }
+
+static void queue_remove(struct hook_queue *q, struct hook_run *run)
+{
+        if (run->prev)
+                run->prev->next = run->next;
+        else
+                q->head = run->next;
+        if (run->next)
+                run->next->prev = run->prev;
+        else
+                q->tail = run->prev;
+        run->next = run->prev = NULL;
+        q->n--;
+}
+
+static int foldpage_prepare(struct hooks *h, struct hook_run *run);
 
 static void start_one(struct hooks *h, struct hook_run *run)
 {
@@ -286,19 +339,26 @@ static void start_one(struct hooks *h, struct hook_run *run)
         }
 }
 
+/* Pages for a human first, then the failures in their order. */
 static void start_next(struct hooks *h)
 {
-        while (h->ready && !h->stopping && h->q_head && h->running < HOOKS_MAX_RUNNING) {
-                struct hook_run *run = h->q_head;
-                h->q_head = run->next;
-                if (!h->q_head)
-                        h->q_tail = NULL;
-                run->next = NULL;
-                h->queued--;
+        while (h->ready && !h->stopping && h->running < HOOKS_MAX_RUNNING) {
+                struct hook_queue *q = h->reviews.head ? &h->reviews : &h->failures;
+                struct hook_run *run = q->head;
+                if (!run)
+                        break;
+                queue_remove(q, run);
+                if (run->fold) {
+                        h->folds--;
+                        if (foldpage_prepare(h, run) < 0) {
+                                log_warning("hooks: out of memory: a page for %lu folded "
+                                            "failures not sent", run->fold->count);
+                                hook_free(run);
+                                continue;
+                        }
+                }
                 start_one(h, run);
         }
-        if (!h->q_head)
-                report_dropped(h);
 }
 
 int hooks_init(struct daemon *d)
@@ -357,6 +417,133 @@ static char *env_entry(const char *k, const char *v)
         return asprintf(&e, "%s=%s", k, v) < 0 ? NULL : e;
 }
 
+static void utc_now(char at[32])
+{
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(at, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* A hook's environment: PATH and the others handlers get, then kv (NULL
+ * values left out).  NULL when out of memory. */
+static char **hook_env(struct daemon *d, const char *const (*kv)[2], size_t nkv)
+{
+        const char *path, *home, *user, *kairosctl;
+        executor_handler_env(&path, &home, &user, &kairosctl);
+        const char *base[][2] = {
+                { "PATH", path },
+                { "LANG", getenv("LANG") },
+                { "HOME", home },
+                { "USER", user },
+                { "LOGNAME", user },
+                { "KAIROSCTL", kairosctl },
+                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
+        };
+        size_t nbase = sizeof base / sizeof base[0], ne = 0;
+        char **env = calloc(nbase + nkv + 1, sizeof(char *));
+        for (size_t i = 0; env && i < nbase + nkv; i++) {
+                const char *k = i < nbase ? base[i][0] : kv[i - nbase][0];
+                const char *v = i < nbase ? base[i][1] : kv[i - nbase][1];
+                if (v && !(env[ne++] = env_entry(k, v))) {
+                        config_strv_free(env);
+                        return NULL;
+                }
+        }
+        return env;
+}
+
+/* A failure beyond HOOKS_MAX_QUEUED waiting: counted in the fold page of
+ * its command that waits (a new one queued behind the failures if none). */
+static void foldpage_add(struct hooks *h, const char *cmd, const struct mandate *m)
+{
+        struct hook_run *run = NULL;
+        for (struct hook_run *r = h->failures.head; r && !run; r = r->next)
+                if (r->fold && strcmp(r->fold->cmd, cmd) == 0)
+                        run = r;
+        if (!run) {
+                run = calloc(1, sizeof(*run));
+                struct hook_fold *f = run ? calloc(1, sizeof(*f)) : NULL;
+                if (f)
+                        f->cmd = strdup(cmd);
+                if (!f || !f->cmd) {
+                        log_warning("hooks: out of memory: the failure page for %s not sent",
+                                    m->id);
+                        foldpage_free(f);
+                        free(run);
+                        return;
+                }
+                run->h = h;
+                run->ev = HOOK_FAILURE;
+                run->fold = f;
+                utc_now(f->first_at);
+                queue_push(&h->failures, run);
+                h->folds++;
+                log_warning("hooks: %u failure pages waiting; the next failures (from %s on) "
+                            "are folded into one page that counts them",
+                            HOOKS_MAX_QUEUED, m->id);
+        }
+        struct hook_fold *f = run->fold;
+        f->count++;
+        const char *name = m->schedule ? m->schedule : "";
+        for (size_t i = 0; i < f->nschedules; i++)
+                if (strcmp(f->schedules[i].name, name) == 0) {
+                        f->schedules[i].count++;
+                        return;
+                }
+        if (f->nschedules < FOLD_MAX_SCHEDULES &&
+            (f->schedules[f->nschedules].name = strdup(name)) != NULL)
+                f->schedules[f->nschedules++].count = 1;
+        else
+                f->unnamed++;
+}
+
+/* The fold page is about to start: its command, environment and document
+ * (kairosd(8), NOTIFY). */
+static int foldpage_prepare(struct hooks *h, struct hook_run *run)
+{
+        struct hook_fold *f = run->fold;
+        size_t argc = 0;
+        if (config_split_command(f->cmd, &run->argv, &argc) < 0 || argc == 0)
+                return -ENOMEM;
+        char at[32], count[24];
+        utc_now(at);
+        snprintf(count, sizeof count, "%lu", f->count);
+        struct kbuf names = KBUF_INIT, b = KBUF_INIT;
+        kbuf_printf(&b, "{\"event\":\"failures\",\"count\":%lu,\"schedules\":{", f->count);
+        for (size_t i = 0; i < f->nschedules; i++) {
+                if (i) {
+                        kbuf_putc(&names, ' ');
+                        kbuf_putc(&b, ',');
+                }
+                kbuf_puts(&names, f->schedules[i].name);
+                kbuf_json_string_lossy(&b, f->schedules[i].name, strlen(f->schedules[i].name),
+                                       0);
+                kbuf_printf(&b, ":%lu", f->schedules[i].count);
+        }
+        kbuf_printf(&b, "},\"unnamed\":%lu", f->unnamed);
+        json_field(&b, "first_at", f->first_at, false);
+        json_field(&b, "at", at, false);
+        kbuf_puts(&b, "}\n");
+        run->doc_len = b.len;
+        run->doc = kbuf_steal(&b);
+        const char *const kv[][2] = {
+                { "KAIROS_EVENT", "failures" },
+                { "KAIROS_FOLDED", count },
+                { "KAIROS_SCHEDULES", names.data ? names.data : "" },
+        };
+        run->env = hook_env(h->d, kv, sizeof kv / sizeof kv[0]);
+        run->cwd = strdup(h->d->cfg->state_directory);
+        if (asprintf(&run->label, "OnFailure for %lu folded failures (failures)", f->count) < 0)
+                run->label = NULL;
+        int r = !run->doc || !run->env || !run->cwd || !run->label ? -ENOMEM : 0;
+        if (r == 0)
+                log_warning("hooks: %lu failures folded into one page (schedules: %s%s)",
+                            f->count, kv[2][1], f->unnamed ? " and more" : "");
+        kbuf_free(&names);
+        return r;
+}
+
 void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
                  const char *step, const char *evidence)
 {
@@ -367,19 +554,13 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         const char *cmd = hook_command(d->cfg, ev, m->schedule, &key);
         if (!cmd)
                 return;
-        if (h->queued >= HOOKS_MAX_QUEUED) {
-                if (h->dropped++ == 0)
-                        log_warning("hooks: %u waiting; dropping hook events until the queue "
-                                    "drains (first dropped: %s for %s)",
-                                    h->queued, key, m->id);
+        if (ev == HOOK_FAILURE && h->failures.n - h->folds >= HOOKS_MAX_QUEUED) {
+                foldpage_add(h, cmd, m);
                 return;
         }
         const char *status = mandate_status_name(m->status);
         char at[32];
-        time_t now = time(NULL);
-        struct tm tm;
-        gmtime_r(&now, &tm);
-        strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        utc_now(at);
 
         struct hook_run *run = calloc(1, sizeof(*run));
         size_t argc = 0;
@@ -412,17 +593,7 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         run->doc_len = b.len;
         run->doc = kbuf_steal(&b);
 
-        const char *path, *home, *user, *kairosctl;
-        executor_handler_env(&path, &home, &user, &kairosctl);
-        struct {
-                const char *k, *v;
-        } kv[] = {
-                { "PATH", path },
-                { "LANG", getenv("LANG") },
-                { "HOME", home },
-                { "USER", user },
-                { "LOGNAME", user },
-                { "KAIROSCTL", kairosctl },
+        const char *const kv[][2] = {
                 { "KAIROS_EVENT", event_names[ev] },
                 { "KAIROS_MANDATE_ID", m->id },
                 { "KAIROS_SCHEDULE", m->schedule },
@@ -430,27 +601,27 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
                 { "KAIROS_STATUS", status },
                 { "KAIROS_REASON", m->reason },
                 { "KAIROS_STEP_ID", step },
-                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
         };
-        size_t nkv = sizeof kv / sizeof kv[0], ne = 0;
-        run->env = calloc(nkv + 1, sizeof(char *));
+        run->env = hook_env(d, kv, sizeof kv / sizeof kv[0]);
         run->cwd = strdup(d->cfg->state_directory);
-        bool oom = !run->env || !run->cwd || !run->doc || !run->mandate || !run->label;
-        for (size_t i = 0; !oom && i < nkv; i++)
-                if (kv[i].v && !(run->env[ne++] = env_entry(kv[i].k, kv[i].v)))
-                        oom = true;
-        if (oom) {
+        if (!run->env || !run->cwd || !run->doc || !run->mandate || !run->label) {
                 log_warning("hook %s for %s: out of memory; the mandate is not affected", key,
                             m->id);
                 hook_free(run);
                 return;
         }
-        if (h->q_tail)
-                h->q_tail->next = run;
-        else
-                h->q_head = run;
-        h->q_tail = run;
-        h->queued++;
+        if (ev == HOOK_FAILURE) {
+                queue_push(&h->failures, run);
+        } else {
+                /* One page per mandate waits: the latest replaces an older. */
+                for (struct hook_run *o = h->reviews.head; o; o = o->next)
+                        if (strcmp(o->mandate, m->id) == 0) {
+                                queue_remove(&h->reviews, o);
+                                hook_free(o);
+                                break;
+                        }
+                queue_push(&h->reviews, run);
+        }
         start_next(h);
 }
 
@@ -460,18 +631,22 @@ void hooks_stop(struct daemon *d)
         if (!h)
                 return;
         h->stopping = true;
-        unsigned dropped = h->queued;
-        while (h->q_head) {
-                struct hook_run *run = h->q_head;
-                h->q_head = run->next;
-                hook_free(run);
-        }
-        h->q_tail = NULL;
-        h->queued = 0;
+        unsigned dropped = h->reviews.n + h->failures.n;
+        unsigned long folded = 0;
+        struct hook_queue *qs[] = { &h->reviews, &h->failures };
+        for (size_t i = 0; i < 2; i++)
+                while (qs[i]->head) {
+                        struct hook_run *run = qs[i]->head;
+                        if (run->fold)
+                                folded += run->fold->count;
+                        queue_remove(qs[i], run);
+                        hook_free(run);
+                }
+        h->folds = 0;
         if (dropped)
-                log_warning("hooks: %u waiting hook%s not run (stopping)", dropped,
-                            dropped == 1 ? "" : "s");
-        report_dropped(h);
+                log_warning("hooks: %u waiting hook%s not run (stopping)%s", dropped,
+                            dropped == 1 ? "" : "s",
+                            folded ? "; one of them the page of folded failures" : "");
         for (struct hook_run *run = h->running_list; run; run = run->next)
                 if (run->started && !run->exited)
                         runner_kill(&run->job, SIGKILL);
@@ -482,11 +657,13 @@ void hooks_free(struct daemon *d)
         struct hooks *h = d->hooks;
         if (!h)
                 return;
-        while (h->q_head) {
-                struct hook_run *run = h->q_head;
-                h->q_head = run->next;
-                hook_free(run);
-        }
+        struct hook_queue *qs[] = { &h->reviews, &h->failures };
+        for (size_t i = 0; i < 2; i++)
+                while (qs[i]->head) {
+                        struct hook_run *run = qs[i]->head;
+                        queue_remove(qs[i], run);
+                        hook_free(run);
+                }
         while (h->running_list) {
                 struct hook_run *run = h->running_list;
                 h->running_list = run->next;

@@ -5,8 +5,11 @@
  * The executor and the recovery report an event with hooks_event() once the
  * state it reports is durable; the hook runs later, through the runner
  * (runner.h), with the mandate's KAIROS_* variables and the event as one
- * JSON document on stdin.  At most HOOKS_MAX_RUNNING run at once, at most
- * HOOKS_MAX_QUEUED wait (more are dropped and counted in the log); each is
+ * JSON document on stdin.  At most HOOKS_MAX_RUNNING run at once.  Pages
+ * for a human (review, approval) are never dropped: one per mandate waits
+ * (the latest), ahead of the failures.  At most HOOKS_MAX_QUEUED failure
+ * pages wait; the failures beyond are folded into one page per command that
+ * says how many and of which schedules (event "failures"); each is
  * bounded in time (SIGTERM after HOOKS_TIMEOUT_SEC, SIGKILL 5 s later) and
  * in the output kept for the log.  A hook never changes a mandate: whatever
  * it does or however it ends is only logged.  Events reported before

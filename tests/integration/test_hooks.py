@@ -281,7 +281,8 @@ class TestHooks(HookCase):
         self.assertEqual(self.mandate(m_bad)["status"], "failed")
 
     def test_storm_is_bounded_and_stop_kills_hooks(self):
-        # hooks that wait until the test is done: 4 run, 64 wait, the rest dropped
+        # hooks that wait until the test is done: 4 run, 64 wait, the rest
+        # folded into one page
         gate = os.path.join(self.dir, "never")
         block = self.script("block.sh", 'cat > /dev/null\nwhile [ ! -e "%s" ]; do sleep 0.1; done\n'
                             % gate)
@@ -295,8 +296,8 @@ class TestHooks(HookCase):
               for i in range(total)]
         for m in ms:
             self.d.wait_log("mandate %s failed after 1 cycle" % m, timeout=120)
-        line = self.d.wait_log("dropping hook events until the queue drains")
-        self.assertIn("64 waiting", line)
+        line = self.d.wait_log("the next failures (from %s on) are folded" % ms[68])
+        self.assertIn("hooks: 64 failure pages waiting", line)
         pids = [int(p) for p in re.findall(r"hook OnFailure for \S+ \(failure\) started \(pid (\d+)\)",
                                            self.d.log())]
         self.assertEqual(len(pids), 4, "at most 4 run at once")
@@ -304,10 +305,80 @@ class TestHooks(HookCase):
         self.assertEqual(self.call_ok("list")["mandates"][0]["status"], "failed")
         self.assertEqual(self.d.stop(), 0, self.d.log()[-3000:])
         log = self.d.log()
-        self.assertIn("hooks: 64 waiting hooks not run (stopping)", log)
-        self.assertIn("hooks: %d events dropped (more than 64 waiting)" % (total - 68), log)
+        self.assertIn("hooks: 65 waiting hooks not run (stopping); one of them the page of "
+                      "folded failures", log)
         for p in pids:
             self.assertFalse(alive(p), "hook %d outlived kairosd" % p)
+
+    def test_flood_of_failures_never_drops_an_approval(self):
+        # 400 failures of two schedules while the failure hooks wait for a
+        # gate: 4 run, 64 wait, the others are folded into one page; the
+        # approval pages of mandates that came meanwhile all go out first.
+        n = int(os.environ.get("KAIROS_HOOK_FLOOD", "400"))
+        gate = os.path.join(self.dir, "gate")
+        gated = self.script("gated.sh", 'while [ ! -e "%s" ]; do sleep 0.05; done\n'
+                            'exec /bin/sh %s "$@"\n' % (gate, self.hook))
+        act = self.script("act_ask.sh", "cat > /dev/null\n"
+                          "echo '{\"kairos\":{\"pause\":\"awaiting_approval\",\"reason\":\"ok?\"}}'\n")
+        ask = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {"Act": "/bin/sh " + act}}
+        self.configure({"fail_a": self.failing_schedule(), "fail_b": self.failing_schedule(),
+                        "ask": ask},
+                       notify="OnFailure=/bin/sh %s %s fail\nOnReview=%s\n"
+                       % (gated, self.out, self.hook_cmd("review")))
+        self.start(env={"KAIROS_TEST_HOOK_TIMEOUT_MS": "3600000"})
+        c = Client(self.d.socket_path, timeout=120)
+        self.clients.append(c)
+
+        def at(i):
+            return "2026-04-%02dT%02d:%02d:00Z" % (1 + i // 1440, i // 60 % 24, i % 60)
+
+        # pipelined: the replies come once each fire is durable
+        fails, asks = [], []
+        for i in range(n):
+            c.send_raw(json.dumps({"v": 1, "id": i, "cmd": "fire", "args": {
+                "schedule": "fail_a" if i % 2 else "fail_b", "at": at(i)}}).encode() + b"\n")
+        for _ in range(n):
+            r = c.recv_reply()
+            self.assertTrue(r["ok"], r)
+            fails.append(r["result"]["mandate"])
+        for m in fails:
+            self.d.wait_log("mandate %s failed after 1 cycle" % m, timeout=120)
+        for i in range(3):
+            asks.append(self.fire("ask", at=at(n + i)))
+        for m in asks:
+            self.d.wait_log("mandate %s awaits approval" % m)
+        with open(gate, "w"):
+            pass
+        for m in asks:
+            env, doc, tag = self.wait_hook("approval", m)
+            self.assertEqual((tag, env["KAIROS_MANDATE_ID"], doc["status"]),
+                             ("review", m, "awaiting_approval"))
+        env, doc, tag = self.wait_hook("failures", "", timeout=120)
+        folded = n - 4 - 64
+        self.assertEqual((tag, env["KAIROS_EVENT"], env["KAIROS_FOLDED"]),
+                         ("fail", "failures", str(folded)))
+        self.assertEqual(sorted(env["KAIROS_SCHEDULES"].split()), ["fail_a", "fail_b"])
+        self.assertNotIn("KAIROS_MANDATE_ID", env)
+        self.assertEqual(doc["event"], "failures")
+        self.assertEqual(doc["count"], folded)
+        self.assertEqual(sorted(doc["schedules"]), ["fail_a", "fail_b"])
+        self.assertEqual(sum(doc["schedules"].values()), folded)
+        self.assertEqual(doc["unnamed"], 0)
+        # every failure page that waited went out too, the approvals first
+        deadline = time.monotonic() + 60
+        while len(re.findall(r"\(failure\) succeeded", self.d.log())) < 68:
+            self.assertLess(time.monotonic(), deadline, self.d.log()[-3000:])
+            time.sleep(0.05)  # polling the log for a count, with a deadline
+        self.assertEqual(len([f for f in os.listdir(self.out) if f.startswith("failure.") and
+                              f.endswith(".stdin")]), 68)
+        lines = self.d.log().splitlines()
+        started = [i for i, x in enumerate(lines) if re.search(r"hook \S+ for .* started", x)]
+        first_asks = [i for i in started if "(approval) started" in lines[i]]
+        self.assertEqual(len(first_asks), 3)
+        self.assertEqual(started[4:7], first_asks, "the approvals run before the waiting failures")
+        self.assertIn("hooks: %d failures folded into one page (schedules: " % folded, self.d.log())
+        self.assertIn("hooks: 64 failure pages waiting; the next failures", self.d.log())
+        self.assertNotIn("dropped", self.d.log())
 
     def test_check_config_validates_notify(self):
         self.configure({"sched": {"Schedule": CRON, "Notify": {"OnReview": "'unbalanced"}}},
