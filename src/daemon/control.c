@@ -749,8 +749,8 @@ static void client_refuse(struct control_client *c, const char *code, const char
 }
 
 /* The peer is allowed on the socket: is there room for one more connection?
- * All together max_clients, of which the last `reserved` only root and
- * kairosd's own user may take, and of the others the last `newcomers` only a
+ * All together max_clients, of which the last `reserved` only root,
+ * kairosd's own user and HandlerUser= may take, and of the others the last `newcomers` only a
  * user who holds none.  Each other user may hold max_per_uid, and no more
  * than its share: what is left for them divided by the users who hold
  * connections (itself counted), at least 1. */
