@@ -266,16 +266,18 @@ def run_on(args, parent, label):
 
 
 class LoopExt4:
-    """A 512 MB journaled ext4 loop-mounted in a temporary directory."""
+    """A journaled ext4 (512 MB by default) loop-mounted in a temporary
+    directory; inodes: how many it needs at least (mkfs's default else)."""
 
-    def __init__(self, parent):
+    def __init__(self, parent, size_mb=512, inodes=None):
         self.top = tempfile.mkdtemp(prefix="kairos-bench-loop-", dir=parent)
         self.img = os.path.join(self.top, "ext4.img")
         self.mnt = os.path.join(self.top, "mnt")
         os.makedirs(self.mnt)
         with open(self.img, "wb") as f:
-            f.truncate(512 << 20)
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "has_journal", self.img], check=True)
+            f.truncate(size_mb << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "has_journal"] +
+                       (["-N", str(inodes)] if inodes else []) + [self.img], check=True)
         subprocess.run(["mount", "-o", "loop", self.img, self.mnt], check=True)
 
     def close(self):
