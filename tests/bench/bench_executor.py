@@ -4,6 +4,7 @@
 
     tests/bench/bench_executor.py --kairosd build/src/daemon/kairosd [--dir DIR]
         [--single N] [--concurrent N] [--finished 1000] [--running 100]
+        [--burst 256] [--floor build/tests/bench/floor_cycle]
 
 1. Throughput, every phase /bin/true, MaxCycles=10 (no reflect says done, so
    every mandate runs 10 cycles), MaxConcurrentMandates=16:
@@ -16,21 +17,20 @@
 2. Memory (VmRSS of /proc/PID/status), MaxConcurrentMandates=100: idle after
    READY=1; after 1,000 finished mandates (one /bin/true cycle each); with
    100 more running (observe is `sleep 600`).
-3. Spawn cost: a five-step cycle with `/bin/sh -c :` handlers (median of
-   --cycles) against the floor measured in the same run: 5 direct
-   posix_spawn+wait of the same command from here + the cycle's fdatasync
-   calls x the median fdatasync latency of the disk (target <= 1.3x); CPU of
-   kairosd + its handlers per cycle against the CPU of the 5 direct spawns
-   (target <= 1.5x).
-4. Bursts: --burst mandates fired together (pipelined) with
+3. Bursts: --burst mandates fired together (pipelined) with
    MaxConcurrentMandates 1, 4, 16, 64, 256: cycles/s against the floor of
-   the machine (min(concurrency, CPUs) x the rate of the five direct spawns
-   + fdatasyncs of part 3's floor, measured in this run), the longest gap
-   between WATCHDOG=1 pings against the ping interval (WATCHDOG_USEC=1 s: a
+   the machine (min(concurrency, CPUs) x the rate of the C floor of a
+   one-cycle /bin/sh mandate, tests/bench/floor_cycle.c, measured in this
+   run), the longest gap between WATCHDOG=1 pings against the ping interval (WATCHDOG_USEC=1 s: a
    ping every 0.5 s; target gap <= 1 s), `status` latency on another
    connection against the same daemon's idle p99 just before the burst
    (p99 target 100 ms).
-Run by hand on a disk directory (default /var/tmp), not tmpfs; prints the figures."""
+Run by hand on a disk directory (default /var/tmp), not tmpfs; prints the figures.
+
+The cost of one cycle against its floor (the spawn ratio this script used to
+time against a Python `sh -c :` measured apart from the fdatasyncs) is
+tests/bench/bench_cycle.py: a C floor interleaved with kairosd, repeated,
+judged on the median.  No floor here is Python."""
 import argparse
 import os
 import shutil
@@ -241,84 +241,12 @@ def memory(base, args):
 SH = "/bin/sh -c :"
 
 
-def proc_cpu(pid):
-    """(own CPU, CPU of reaped children) of a process, in seconds."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return ((int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick)
-
-
-def direct_spawns(n):
-    """Wall and CPU time of n fork+exec+wait of `/bin/sh -c :` from here."""
-    before = os.times()
-    t0 = time.monotonic()
-    for _ in range(n):
-        pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", ":"], {})
-        os.waitpid(pid, 0)
-    wall = time.monotonic() - t0
-    after = os.times()
-    cpu = (after.children_user - before.children_user) + (after.children_system -
-                                                          before.children_system)
-    return wall, cpu
-
-
-def spawn_ratio(base, args):
-    """A five-step cycle with /bin/sh handlers against the floor of five
-    direct spawns + the cycle's fdatasyncs, measured in the same run."""
-    sched = {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
-             "Mandate": {"MaxCycles": "1"}, "Exec": {p: SH for p in PHASES}}
-    r = Run(base, "ratio", {"sh": sched}, "LogLevel=%s\n" % args.log_level)
-    try:
-        done = LogCounter(r.d, "done after 1 cycle")
-        n = args.cycles
-        for i in range(3):  # warm up
-            r.fire("sh", 900000 + i)
-            done.wait(done.n + 1, timeout=60)
-        f0 = r.flushes()
-        cpu0 = proc_cpu(r.d.proc.pid)
-        walls = []
-        for i in range(n):
-            t0 = time.monotonic()
-            r.fire("sh", 800000 + i)
-            t1 = done.wait(done.n + 1, timeout=60)
-            walls.append(t1 - t0)
-        cpu1 = proc_cpu(r.d.proc.pid)
-        syncs = (r.flushes() - f0) / n
-        sync_ms = fdatasync_ms(r.dir)
-        floor_walls, floor_cpus = [], []
-        for _ in range(n):
-            w, c = direct_spawns(5)
-            floor_walls.append(w)
-            floor_cpus.append(c)
-        floor = statistics.median(floor_walls) + syncs * sync_ms / 1000
-        cycle = statistics.median(walls)
-        own = statistics.median(floor_cpus) if statistics.median(floor_cpus) > 0 else \
-            sum(floor_cpus) / n
-        daemon_cpu = (cpu1[0] - cpu0[0]) / n
-        child_cpu = (cpu1[1] - cpu0[1]) / n
-        print("five-step cycle, /bin/sh handlers: %.2f ms (median of %d); floor %.2f ms "
-              "(5 direct spawns %.2f ms + %.2f fdatasyncs x %.2f ms): ratio %.2f (target <= 1.3)"
-              % (cycle * 1000, n, floor * 1000, statistics.median(floor_walls) * 1000, syncs,
-                 sync_ms, cycle / floor))
-        print("CPU per cycle: kairosd %.2f ms + handlers %.2f ms; handlers run directly: "
-              "%.2f ms: ratio %.2f (target <= 1.5)"
-              % (daemon_cpu * 1000, child_cpu * 1000, own * 1000,
-                 (daemon_cpu + child_cpu) / own if own else float("nan")))
-        return floor
-    finally:
-        r.close()
-
-
-def spawn_floor(n=20):
-    """Part 3's floor alone (bursts without part 3): 5 direct spawns +
-    6 fdatasyncs, median of n."""
-    d = tempfile.mkdtemp(prefix="floor-", dir=os.environ.get("TMPDIR", "/var/tmp"))
-    try:
-        sync_ms = fdatasync_ms(d)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-    return statistics.median(direct_spawns(5)[0] for _ in range(n)) + 6 * sync_ms / 1000
+def c_floor(args, base, n=20):
+    """Seconds per one-cycle, five-step /bin/sh mandate of the C floor
+    (tests/bench/floor_cycle.c: spawns with pipes, waits, kairosd's syncs),
+    median of 3 runs of n mandates in this run, in base."""
+    from bench_cycle import floor_round
+    return statistics.median(floor_round(args.floor, base, SH, n, [])[0] for _ in range(3))
 
 
 class TimedNotify(NotifySocket):
@@ -400,7 +328,7 @@ def burst(base, args, concurrency, n, floor, watchdog_usec=1000000):
         machine = min(concurrency, os.cpu_count()) / floor
         gap = max(gaps) if gaps else float("nan")
         print("%4d mandates, MaxConcurrentMandates=%-4d %6.1f cycles/s = %.2fx the floor of "
-              "%.1f/s (%d x 5 direct spawns); watchdog max gap %.3f s = %.2fx the interval of "
+              "%.1f/s (%d x the C floor); watchdog max gap %.3f s = %.2fx the interval of "
               "%.2f s (%d pings; target <= 1 s); status p99 %.1f ms = %.1fx idle p99 %.1f ms "
               "(max %.1f ms, %d calls; target <= 100 ms)"
               % (n, concurrency, rate, rate / machine, machine, min(concurrency, os.cpu_count()),
@@ -427,12 +355,19 @@ def main():
     ap.add_argument("--finished", type=int, default=1000)
     ap.add_argument("--running", type=int, default=100)
     ap.add_argument("--log-level", default="info")
-    ap.add_argument("--cycles", type=int, default=40, help="cycles of the spawn ratio")
+    ap.add_argument("--floor", default=None,
+                    help="floor_cycle (default: build/tests/bench/floor_cycle next to kairosd)")
     ap.add_argument("--burst", type=int, default=256, help="mandates due together")
-    ap.add_argument("--only", choices=("ratio", "burst", "throughput", "memory"), action="append",
+    ap.add_argument("--only", choices=("burst", "throughput", "memory"), action="append",
                     help="run only these parts (repeatable)")
     args = ap.parse_args()
     kairos_harness.KAIROSD = os.path.abspath(args.kairosd)
+    if args.floor is None:
+        args.floor = os.path.join(os.path.dirname(os.path.abspath(args.kairosd)), "..", "..",
+                                  "tests", "bench", "floor_cycle")
+    args.floor = os.path.abspath(args.floor)
+    if not os.access(args.floor, os.X_OK):
+        ap.error("%s: no floor_cycle (build it: ninja -C build)" % args.floor)
 
     parent = args.dir or "/var/tmp"
     base = tempfile.mkdtemp(prefix="kairos-bench-exec-", dir=parent)
@@ -442,13 +377,9 @@ def main():
         print("machine: %d CPUs, load average %s; disk: append+fdatasync %.2f ms (median of 50)"
               % (os.cpu_count(), " ".join(open("/proc/loadavg").read().split()[:3]),
                  fdatasync_ms(base)))
-        parts = args.only or ("ratio", "burst", "throughput", "memory")
-        floor = None
-        if "ratio" in parts:
-            floor = spawn_ratio(base, args)
+        parts = args.only or ("burst", "throughput", "memory")
         if "burst" in parts:
-            if floor is None:
-                floor = spawn_floor()
+            floor = c_floor(args, base)
             for conc in (1, 4, 16, 64, 256):
                 burst(base, args, conc, args.burst, floor)
         if "throughput" in parts:
