@@ -15,8 +15,9 @@ written, one syncfs, the WAL unlinked.
 
 For each file system (--dir, and with --loop a 512 MB journaled ext4
 loop-mounted in a temporary directory: root only), each handler
-(`/bin/sh -c :` and `/bin/true`) and each priority (normal, and with --chrt
-both under `chrt -f 10`, if permitted), one kairosd runs the schedule with
+(`/bin/sh -c :` and `/bin/true`) and each priority (normal, and both sides
+under `chrt -f 10`, if permitted: the floor, kairosd and this script's client
+that fires and waits), one kairosd runs the schedule with
 MaxCycles=1, MaxConcurrentMandates=1 and LogLevel=info; then --reps
 repetitions, each a round of kairosd and a round of the floor in the same
 directory (the order alternates), --mandates mandates per round:
@@ -184,6 +185,11 @@ def cycles(args, base, label):
         for rt in prios:
             prefix = CHRT if rt else []
             name = "%s-%s" % (os.path.basename(short), "fifo" if rt else "normal")
+            # the client that fires and waits is on kairosd's side of the
+            # round: under chrt it runs (with the threads it starts) at the
+            # same priority
+            os.sched_setscheduler(0, os.SCHED_FIFO if rt else os.SCHED_OTHER,
+                                  os.sched_param(10 if rt else 0))
             k = Kairos(base, name, cmd, args.kairosd, prefix)
             try:
                 for _ in range(2):  # warm up both sides
@@ -218,6 +224,7 @@ def cycles(args, base, label):
                          else "MISSED", load()))
             finally:
                 k.stop()
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def traced(args, base, label):
