@@ -224,13 +224,14 @@ class Client:
         self.sock.close()
 
 
-def write_config(directory, state, schedules=None, daemon_extra=""):
+def write_config(directory, state, schedules=None, daemon_extra="", control_socket=None):
     """kairosd.conf in `directory` with the state in `state`, plus one
-    schedules.d/NAME.conf per entry of schedules: {name: {"Section": {key: value}}}."""
+    schedules.d/NAME.conf per entry of schedules: {name: {"Section": {key: value}}}.
+    The control socket is control_socket, by default state/control.sock."""
     path = os.path.join(directory, "kairosd.conf")
     with open(path, "w") as f:
-        f.write("[Daemon]\nStateDirectory=%s\nControlSocket=%s/control.sock\n%s"
-                % (state, state, daemon_extra))
+        f.write("[Daemon]\nStateDirectory=%s\nControlSocket=%s\n%s"
+                % (state, control_socket or os.path.join(state, "control.sock"), daemon_extra))
     sdir = os.path.join(directory, "schedules.d")
     os.makedirs(sdir, exist_ok=True)
     for name, sections in (schedules or {}).items():
@@ -246,3 +247,44 @@ def write_config(directory, state, schedules=None, daemon_extra=""):
 # A schedule whose observe step runs until it is killed: a mandate that stays
 # "running" for as long as a test needs it.
 SLOW_SCHEDULE = {"Schedule": {"Cron": "0 0 1 1 *"}, "Exec": {"Observe": "sleep 600"}}
+
+
+# tests/fault/lossyfs: a FUSE file system that keeps every byte not fsynced
+# in its own memory; killing it is a power loss (test_fuse_history.py,
+# test_power_loss.py).
+LOSSYFS = os.environ.get("LOSSYFS", "")
+
+
+def lossyfs_usable():
+    """Root, /dev/fuse and the lossyfs binary (else such tests are skipped)."""
+    return (os.geteuid() == 0 and os.path.exists("/dev/fuse") and bool(LOSSYFS)
+            and os.path.exists(LOSSYFS))
+
+
+def mounted(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+class LossyMount:
+    """lossyfs over backing, mounted at mnt; kill() is the power loss."""
+
+    def __init__(self, backing, mnt):
+        self.mnt = mnt
+        self.proc = subprocess.Popen([LOSSYFS, backing, mnt], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not mounted(mnt):
+            if self.proc.poll() is not None:
+                raise AssertionError("lossyfs exited: %s" % self.proc.stderr.read().decode())
+            if time.monotonic() > deadline:
+                raise TimeoutError("lossyfs did not mount %s" % mnt)
+            time.sleep(0.02)  # polling the mount table: there is no event to wait on
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stderr.close()
+        if mounted(self.mnt):
+            subprocess.run(["umount", "-l", self.mnt], check=True)

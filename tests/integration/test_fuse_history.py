@@ -11,17 +11,15 @@ their ticks ran its act again.  Exit 77 (skipped) without root, /dev/fuse or
 the lossyfs binary."""
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import gzip
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
+from kairos_harness import (Client, Daemon, LossyMount, NotifySocket, lossyfs_usable,  # noqa: E402
+                            write_config)
 
-LOSSYFS = os.environ.get("LOSSYFS", "")
 N = 12
 
 
@@ -29,37 +27,7 @@ def at(i):
     return "2026-04-%02dT12:00:00Z" % (1 + i)
 
 
-def mounted(path):
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-class LossyMount:
-    """lossyfs over backing, mounted at mnt; kill() is the power loss."""
-
-    def __init__(self, backing, mnt):
-        self.mnt = mnt
-        self.proc = subprocess.Popen([LOSSYFS, backing, mnt], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while not mounted(mnt):
-            if self.proc.poll() is not None:
-                raise AssertionError("lossyfs exited: %s" % self.proc.stderr.read().decode())
-            if time.monotonic() > deadline:
-                raise TimeoutError("lossyfs did not mount %s" % mnt)
-            time.sleep(0.02)  # polling the mount table: there is no event to wait on
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.proc.stderr.close()
-        if mounted(self.mnt):
-            subprocess.run(["umount", "-l", self.mnt], check=True)
-
-
-@unittest.skipUnless(os.geteuid() == 0 and os.path.exists("/dev/fuse") and LOSSYFS
-                     and os.path.exists(LOSSYFS), "needs root, /dev/fuse and lossyfs")
+@unittest.skipUnless(lossyfs_usable(), "needs root, /dev/fuse and lossyfs")
 class TestPowerLossOnFuse(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-fuse-")
@@ -86,13 +54,9 @@ class TestPowerLossOnFuse(unittest.TestCase):
         schedules = {"job": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"},
                              "Exec": {"Act": "sh -c 'echo \"$KAIROS_FIRED_AT\" >> %s'"
                                       % self.effects}}}
-        conf = write_config(self.dir, self.state, schedules)
         # the control socket lives beside the config, off the FUSE mount
-        with open(conf) as f:
-            text = f.read().replace("ControlSocket=%s/control.sock" % self.state,
-                                    "ControlSocket=%s/control.sock" % self.dir)
-        with open(conf, "w") as f:
-            f.write(text)
+        conf = write_config(self.dir, self.state, schedules,
+                            control_socket=os.path.join(self.dir, "control.sock"))
         self.notify.clear()
         self.d = Daemon(self.state, config=conf, notify=self.notify,
                         socket_path=os.path.join(self.dir, "control.sock"))
