@@ -14,6 +14,21 @@
  * reached the disk.  A clean unmount (SIGTERM, fusermount3 -u) is a power
  * loss too: nothing is flushed on the way out.
  *
+ * LOSSYFS_WRITEBACK=SEED (a number) models a page cache that writes dirty
+ * data back on its own, as a real one does at any moment: after a write
+ * (one in four, chosen by a generator seeded with SEED) and at a rename of
+ * a file with unsynced bytes (one in two), a random part of the file's
+ * unsynced bytes that follows what already reached the backing file is
+ * written to it, without a sync.  A power loss then leaves a file holding
+ * more than was synced: any prefix of what was written since, down to the
+ * byte (a torn record).  Never a hole, never new bytes over old ones: a file
+ * written over in place (a truncation or a write below what reached the
+ * backing file) is not written back until it is synced.
+ *
+ * Name operations are durable at once, which is more durable than a real
+ * disk (there an unsynced create, rename or unlink can be lost): a first
+ * model.
+ *
  * Runs in the foreground, single-threaded.  Test-only; not installed. */
 #define FUSE_USE_VERSION 31
 #include <dirent.h>
@@ -37,9 +52,23 @@ struct dirty {
         ino_t ino;
         char *data;
         size_t len, cap;
+        size_t landed;    /* data[0, landed) is what the backing file holds */
+        bool overwritten; /* written or truncated below landed: no write-back */
         struct dirty *next;
 };
 static struct dirty *dirty_list;
+
+/* LOSSYFS_WRITEBACK: on, and the state of its generator (xorshift64). */
+static bool wb_on;
+static unsigned long long wb_state;
+
+static unsigned long long wb_rand(void)
+{
+        wb_state ^= wb_state << 13;
+        wb_state ^= wb_state >> 7;
+        wb_state ^= wb_state << 17;
+        return wb_state;
+}
 
 static const char *rel(const char *path)
 {
@@ -99,7 +128,7 @@ static int dirty_get(int fd, struct dirty **ret)
                 free(d);
                 return e;
         }
-        d->len = (size_t)n;
+        d->len = d->landed = (size_t)n;
         d->next = dirty_list;
         dirty_list = d;
         *ret = d;
@@ -115,6 +144,19 @@ static void dirty_drop(struct dirty *d)
                         free(d);
                         return;
                 }
+}
+
+/* The page cache writes some of d's unsynced bytes back on its own (one
+ * time in `one_in`): a random number of the bytes after those that reached
+ * the backing file, to fd (d's file), without a sync. */
+static void writeback(int fd, struct dirty *d, unsigned one_in)
+{
+        if (!wb_on || d->overwritten || d->len <= d->landed || wb_rand() % one_in)
+                return;
+        size_t n = (size_t)(wb_rand() % (d->len - d->landed + 1));
+        ssize_t w = n ? pwrite(fd, d->data + d->landed, n, (off_t)d->landed) : 0;
+        if (w > 0)
+                d->landed += (size_t)w;
 }
 
 static void fix_size(struct stat *st)
@@ -176,6 +218,7 @@ static int lfs_open(const char *path, struct fuse_file_info *fi)
                         return r;
                 }
                 d->len = 0;
+                d->overwritten = d->landed > 0;
         }
         fi->fh = (uint64_t)fd;
         return 0;
@@ -197,6 +240,7 @@ static int lfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
                         return r;
                 }
                 d->len = 0;
+                d->overwritten = d->landed > 0;
         }
         return 0;
 }
@@ -231,8 +275,11 @@ static int lfs_write(const char *path, const char *buf, size_t n, off_t off,
         if ((r = reserve(d, (size_t)off + n)) < 0)
                 return r;
         memcpy(d->data + off, buf, n);
+        if ((size_t)off < d->landed)
+                d->overwritten = true;
         if ((size_t)off + n > d->len)
                 d->len = (size_t)off + n;
+        writeback((int)fi->fh, d, 4);
         return (int)n;
 }
 
@@ -247,6 +294,8 @@ static int truncate_fd(int fd, off_t len)
         if ((size_t)len > d->len)
                 memset(d->data + d->len, 0, (size_t)len - d->len);
         d->len = (size_t)len;
+        if (d->len < d->landed)
+                d->overwritten = true;
         return 0;
 }
 
@@ -341,6 +390,16 @@ static int lfs_rename(const char *from, const char *to, unsigned int flags)
         if (flags)
                 return -EINVAL;
         struct stat st;
+        if (wb_on && fstatat(backing, rel(from), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                /* a file renamed over another is often written back now
+                 * (ext4's auto_da_alloc) */
+                struct dirty *d = dirty_find(st.st_dev, st.st_ino);
+                int fd = d ? openat(backing, rel(from), O_WRONLY | O_CLOEXEC) : -1;
+                if (fd >= 0) {
+                        writeback(fd, d, 2);
+                        close(fd);
+                }
+        }
         bool replaced = fstatat(backing, rel(to), &st, AT_SYMLINK_NOFOLLOW) == 0;
         if (renameat(backing, rel(from), backing, rel(to)) < 0)
                 return -errno;
@@ -416,6 +475,20 @@ int main(int argc, char **argv)
         if (argc != 3) {
                 fprintf(stderr, "usage: lossyfs BACKING MOUNTPOINT\n");
                 return 64;
+        }
+        const char *seed = getenv("LOSSYFS_WRITEBACK");
+        if (seed && *seed) {
+                char *end;
+                errno = 0;
+                wb_state = strtoull(seed, &end, 10);
+                if (errno || *end) {
+                        fprintf(stderr, "lossyfs: LOSSYFS_WRITEBACK=%s: not a number\n", seed);
+                        return 64;
+                }
+                wb_state = wb_state * 0x9E3779B97F4A7C15ull + 1;
+                if (!wb_state)
+                        wb_state = 1; /* xorshift's one fixed point */
+                wb_on = true;
         }
         backing = open(argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (backing < 0) {

@@ -267,12 +267,17 @@ def mounted(path):
 
 
 class LossyMount:
-    """lossyfs over backing, mounted at mnt; kill() is the power loss."""
+    """lossyfs over backing, mounted at mnt; kill() is the power loss.
+    writeback: a seed for LOSSYFS_WRITEBACK (unsynced bytes may land), or None."""
 
-    def __init__(self, backing, mnt):
+    def __init__(self, backing, mnt, writeback=None):
         self.mnt = mnt
+        env = dict(os.environ)
+        env.pop("LOSSYFS_WRITEBACK", None)
+        if writeback is not None:
+            env["LOSSYFS_WRITEBACK"] = str(writeback)
         self.proc = subprocess.Popen([LOSSYFS, backing, mnt], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, env=env)
         deadline = time.monotonic() + 30
         while not mounted(mnt):
             if self.proc.poll() is not None:

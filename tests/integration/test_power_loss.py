@@ -10,16 +10,19 @@ SIGKILL: a power loss.  Then it remounts, restarts kairosd, and sometimes
 lets everything finish, resolving each review as an operator who can see
 the world would (the effect is there: --done; it is not: --retry).
 
-The moment: a random delay after the first fire; right after a "WAL
-archived" line; inside an act (a random delay after its start); or during
-the start itself (before READY=1).  The schedules: "quick" (every phase
+The moment: a random delay after the first fire; right after the k-th
+fire's reply; right after a "WAL archived" line; inside an act (a random
+delay after its start); or during the start itself (before READY=1).  Most
+mounts let lossyfs write unsynced bytes back on its own (LOSSYFS_WRITEBACK:
+a power loss then leaves any prefix of them, a torn record too).  The schedules: "quick" (every phase
 /bin/true, MaxCycles=2), "effect" (act appends "MANDATE STEP" to a file on
 the real disk), "write" (act writes a file on the real disk through
 `kairosctl tool write --key "$KAIROS_IDEM_KEY"`, EffectsVia=kairosctl),
 "slow" (act sleeps, then appends like "effect"; MaxCycles=2).
 
 Invariants, checked after every power loss and at the end:
-  (a) every fire whose reply arrived is still listed (any status);
+  (a) every fire whose reply arrived is still listed (any status), and
+      every resolve whose reply arrived is still in its mandate's record;
   (b) no act effect twice for one (mandate, step): one line each in the
       effects file; a tool-write file, once seen, never changes;
   (c) a mandate seen done before a power loss is done after it, and at the
@@ -34,7 +37,7 @@ Every done mandate of "effect", "slow" and "write" has its effect exactly
 once.  The report (stderr) gives the rounds, fires acknowledged, power
 losses, mandates lost, duplicates and the reviews with their reasons.
 
-Knobs: KAIROS_POWERLOSS_ROUNDS (default 4, 2 under sanitizers),
+Knobs: KAIROS_POWERLOSS_ROUNDS (default 8, 3 under sanitizers),
 KAIROS_POWERLOSS_SEED (default: a fixed seed), KAIROS_POWERLOSS_KEEP=1 keeps
 the directory (it is kept on a failure too).  Exit 77 (skipped) without root,
 /dev/fuse or the lossyfs binary (LOSSYFS=)."""
@@ -57,7 +60,7 @@ from kairos_harness import (KAIROSCTL, Client, Daemon, LossyMount, NotifySocket,
 
 SANITIZED = (os.environ.get("KAIROS_SANITIZED", "") not in ("", "0")
              or "asan" in os.environ.get("KAIROSD", "").lower())
-ROUNDS = int(os.environ.get("KAIROS_POWERLOSS_ROUNDS", "2" if SANITIZED else "4"))
+ROUNDS = int(os.environ.get("KAIROS_POWERLOSS_ROUNDS", "3" if SANITIZED else "8"))
 SEED = int(os.environ.get("KAIROS_POWERLOSS_SEED", "20261127"))
 KEEP = os.environ.get("KAIROS_POWERLOSS_KEEP", "") not in ("", "0")
 TIMEOUT = 120.0 if SANITIZED else 60.0
@@ -80,6 +83,20 @@ write) printf '%s %s\n' "$line" "$$" | "$PL_KAIROSCTL" tool write --key "$KAIROS
         "$PL_WROOT/${KAIROS_MANDATE_ID}_$KAIROS_STEP_ID" >/dev/null ;;
 esac
 """
+
+
+def find_key(tree, key):
+    """The value of the first `key` in a JSON tree (depth first), or None."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for v in tree:
+            found = find_key(v, key)
+            if found is not None:
+                return found
+    return None
 
 
 def tick(i):
@@ -129,6 +146,7 @@ class Campaign:
         self.nfire = 0
         self.acked = {}        # mandate id -> (schedule, fired_at)
         self.done_seen = set()
+        self.resolves = set()  # (mandate, step) of every resolve whose reply arrived
         self.written = {}      # tool-write file -> its content when first seen
         self.stats = collections.Counter()
         self.reviews = collections.Counter()
@@ -137,7 +155,10 @@ class Campaign:
 
     # --- the machine -------------------------------------------------------
     def power_on(self, wait_ready=True):
-        self.fs = LossyMount(self.backing, self.mnt)
+        # mostly, the page cache writes unsynced bytes back on its own
+        wb = self.rng.randrange(1, 1 << 32) if self.rng.random() < 0.7 else None
+        self.stats["mounts with write-back"] += wb is not None
+        self.fs = LossyMount(self.backing, self.mnt, writeback=wb)
         self.notify.clear()
         self.d = Daemon(self.state, config=self.conf, notify=self.notify, socket_path=self.sock)
         if wait_ready:
@@ -224,6 +245,13 @@ class Campaign:
         if undone:
             self.fail("done before the power loss, not after: %s"
                       % [(m, ms[m]["status"], ms[m].get("reason")) for m in undone])
+        for mid, step in sorted(self.resolves):
+            r = c.call("show", mandate=mid)
+            ops = find_key(r, "operators") or []
+            if not any(o.get("step_id") == step for o in ops):
+                self.fail("acknowledged resolve of %s %s lost by the power loss: %s"
+                          % (mid, step, r))
+            self.stats["resolves kept"] += 1
         bad = [(m["id"], m["status"], m.get("reason")) for m in ms.values()
                if m["status"] in BUGGY or m.get("reason") == "wal_corrupt"]
         if bad:
@@ -261,6 +289,7 @@ class Campaign:
                 if not r["ok"]:
                     self.fail("resolve %s %s: %s" % (m["id"], step, r))
                 resolved.add((m["id"], step))
+                self.resolves.add((m["id"], step))
             if all(m["status"] in FINAL for m in ms.values()):
                 break
             if time.monotonic() > deadline:
@@ -284,9 +313,9 @@ class Campaign:
         return ms
 
     # --- one round -----------------------------------------------------------
-    def firer(self, c, n, stop, broken):
+    def firer(self, c, n, stop, broken, acked):
         try:
-            for _ in range(n):
+            for i in range(n):
                 if stop.is_set():
                     return
                 kind = self.rng.choice(KINDS)
@@ -297,6 +326,9 @@ class Campaign:
                     self.fail("fire %s %s: %s" % (kind, at, r))
                 self.acked[r["result"]["mandate"]] = (kind, at)
                 self.stats["fires acknowledged"] += 1
+                with acked:
+                    acked.n = i + 1
+                    acked.notify_all()
                 if self.rng.random() < 0.5:
                     time.sleep(self.rng.uniform(0, 0.2))  # spreading the fires out in time
             while not stop.is_set():
@@ -308,9 +340,20 @@ class Campaign:
             broken.set()  # the power went while a request was out: it was never acknowledged
         except AssertionError as e:
             self.thread_error = e
+        finally:
+            with acked:
+                acked.over = True
+                acked.notify_all()
 
-    def wait_trigger(self, how, start_lines):
+    def wait_trigger(self, how, start_lines, acked, n):
         """Wait for the moment of the power loss (or a deadline: then now)."""
+        if how == "afterfire":
+            # right after the k-th fire's reply, while WALs are written
+            k = self.rng.randint(1, n)
+            with acked:
+                if not acked.wait_for(lambda: acked.n >= k or acked.over, 6.0):
+                    return "deadline"
+            return "afterfire"
         deadline = time.monotonic() + (1.5 if how == "delay" else 6.0)
         target = time.monotonic() + self.rng.uniform(0.0, 1.5) if how == "delay" else None
         d = self.d
@@ -347,10 +390,13 @@ class Campaign:
         start_lines = len(self.d.lines)
         stop, broken = threading.Event(), threading.Event()
         fc = Client(self.sock, timeout=TIMEOUT)
-        th = threading.Thread(target=self.firer, args=(fc, self.rng.randint(1, 8), stop, broken))
+        n = self.rng.randint(1, 8)
+        acked = threading.Condition()
+        acked.n, acked.over = 0, False
+        th = threading.Thread(target=self.firer, args=(fc, n, stop, broken, acked))
         th.start()
-        how = self.rng.choice(("delay", "archived", "midact"))
-        self.stats["trigger " + self.wait_trigger(how, start_lines)] += 1
+        how = self.rng.choice(("delay", "archived", "midact", "afterfire"))
+        self.stats["trigger " + self.wait_trigger(how, start_lines, acked, n)] += 1
         self.power_loss()
         stop.set()
         th.join(TIMEOUT)
@@ -401,13 +447,13 @@ class Campaign:
         with open("/proc/loadavg") as f:
             load = " ".join(f.read().split()[:3])
         print("power-loss campaign, seed %d: %d rounds, %d fires acknowledged, %d power losses "
-              "(triggers: %s), %d mandates lost, %d duplicates, %d done, %d WAL files "
-              "recovered, %d torn tails; reviews: %s; load %s"
+              "(triggers: %s; %d mounts with write-back), %d mandates lost, %d duplicates, %d done, %d WAL files "
+              "recovered, %d torn tails, %d resolves kept across power losses; reviews: %s; load %s"
               % (self.seed, s["rounds"], s["fires acknowledged"], s["power losses"],
                  ", ".join("%s %d" % (k[8:], v) for k, v in sorted(s.items())
-                           if k.startswith("trigger ")),
+                           if k.startswith("trigger ")), s["mounts with write-back"],
                  s["mandates lost"], s["duplicates"], len(self.done_seen),
-                 s["wal files recovered"], s["torn tails repaired"],
+                 s["wal files recovered"], s["torn tails repaired"], s["resolves kept"],
                  dict(self.reviews) or "none", load), file=sys.stderr)
 
     def close(self):
@@ -419,6 +465,56 @@ class Campaign:
         self.notify.close()
         if not KEEP:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@unittest.skipUnless(lossyfs_usable(), "needs root, /dev/fuse and lossyfs")
+class TestLossyfsModel(unittest.TestCase):
+    """What lossyfs keeps across a power loss, with and without write-back."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kairos-lossyfs-")
+        self.backing = os.path.join(self.dir, "disk")
+        self.mnt = os.path.join(self.dir, "mnt")
+        os.mkdir(self.backing)
+        os.mkdir(self.mnt)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def power_cycle(self, writeback):
+        """Synced records 0..39, 40..79 written after; what is on disk."""
+        fs = LossyMount(self.backing, self.mnt, writeback=writeback)
+        try:
+            recs = [b"record %03d %s\n" % (i, b"x" * 50) for i in range(80)]
+            fd = os.open(os.path.join(self.mnt, "f"), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                         | os.O_TRUNC, 0o600)
+            for r in recs[:40]:
+                os.write(fd, r)
+            os.fdatasync(fd)
+            for r in recs[40:]:
+                os.write(fd, r)
+            os.close(fd)
+            os.rename(os.path.join(self.mnt, "f"), os.path.join(self.mnt, "g"))
+        finally:
+            fs.kill()
+        with open(os.path.join(self.backing, "g"), "rb") as f:
+            return b"".join(recs), f.read()
+
+    def test_unsynced_bytes_lost(self):
+        recs, disk = self.power_cycle(None)
+        self.assertEqual(disk, recs[:len(recs) // 2])
+
+    def test_writeback_lands_a_prefix(self):
+        # over some seeds, a power loss leaves every synced byte and then a
+        # prefix of the unsynced ones: none, some (a torn record) or all
+        landed = set()
+        for seed in range(1, 9):
+            recs, disk = self.power_cycle(seed)
+            self.assertGreaterEqual(len(disk), len(recs) // 2, seed)
+            self.assertEqual(disk, recs[:len(disk)], seed)
+            landed.add(len(disk))
+            os.unlink(os.path.join(self.backing, "g"))
+        self.assertGreater(len(landed), 2, landed)
 
 
 @unittest.skipUnless(lossyfs_usable(), "needs root, /dev/fuse and lossyfs")
