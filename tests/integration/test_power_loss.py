@@ -12,7 +12,8 @@ the world would (the effect is there: --done; it is not: --retry).
 
 The moment: a random delay after the first fire; right after the k-th
 fire's reply; right after a "WAL archived" line; inside an act (a random
-delay after its start); or during the start itself (before READY=1).  Most
+delay after its start); during a graceful stop (SIGTERM); or during the
+start itself (before READY=1).  Most
 mounts let lossyfs write unsynced bytes back on its own (LOSSYFS_WRITEBACK:
 a power loss then leaves any prefix of them, a torn record too).  The schedules: "quick" (every phase
 /bin/true, MaxCycles=2), "effect" (act appends "MANDATE STEP" to a file on
@@ -152,6 +153,7 @@ class Campaign:
         self.reviews = collections.Counter()
         self.logs = []
         self.thread_error = None
+        self.fs_dead = False
 
     # --- the machine -------------------------------------------------------
     def power_on(self, wait_ready=True):
@@ -176,9 +178,11 @@ class Campaign:
             self.fail("recovery quarantined %s WAL(s) after a power loss" % m.group(4))
         return Client(self.sock, timeout=TIMEOUT)
 
-    def power_loss(self):
-        """SIGKILL kairosd and lossyfs together; kairosd must have been alive."""
-        alive = self.d.proc.poll() is None
+    def power_loss(self, stopping=False):
+        """SIGKILL kairosd and lossyfs together; kairosd must have been alive
+        (or, stopping, have exited 0)."""
+        rc = self.d.proc.poll()
+        alive = rc is None or (stopping and rc == 0)
         self.d.proc.kill()
         self.fs.proc.kill()
         self.d.kill()
@@ -322,6 +326,8 @@ class Campaign:
                 at = tick(self.nfire)
                 self.nfire += 1
                 r = c.call("fire", schedule=kind, at=at)
+                if not r["ok"] and (r["error"]["code"] == "shutting_down" or self.fs_dead):
+                    break  # a graceful stop began, or the file system died: refused
                 if not r["ok"]:
                     self.fail("fire %s %s: %s" % (kind, at, r))
                 self.acked[r["result"]["mandate"]] = (kind, at)
@@ -388,6 +394,7 @@ class Campaign:
         if self.rng.random() < 0.3:
             self.settle(c)
         start_lines = len(self.d.lines)
+        self.fs_dead = False
         stop, broken = threading.Event(), threading.Event()
         fc = Client(self.sock, timeout=TIMEOUT)
         n = self.rng.randint(1, 8)
@@ -395,9 +402,26 @@ class Campaign:
         acked.n, acked.over = 0, False
         th = threading.Thread(target=self.firer, args=(fc, n, stop, broken, acked))
         th.start()
-        how = self.rng.choice(("delay", "archived", "midact", "afterfire"))
-        self.stats["trigger " + self.wait_trigger(how, start_lines, acked, n)] += 1
-        self.power_loss()
+        how = self.rng.choice(("delay", "archived", "midact", "afterfire", "stop", "fsfirst"))
+        stopping = how == "stop"
+        if how == "fsfirst":
+            # the file system goes first (its server dies, the host lives on):
+            # kairosd gets ENOTCONN for a while and must not crash
+            self.wait_trigger("afterfire", start_lines, acked, n)
+            self.fs_dead = True
+            self.fs.proc.kill()
+            self.fs.proc.wait()
+            time.sleep(self.rng.uniform(0.1, 0.6))  # kairosd meets the dead file system
+            self.stats["trigger fsfirst"] += 1
+        elif stopping:
+            # the power goes while kairosd stops gracefully
+            self.wait_trigger("delay", start_lines, acked, n)
+            self.d.proc.terminate()
+            time.sleep(self.rng.uniform(0.0, 0.5))  # a random moment of the stop
+            self.stats["trigger stop"] += 1
+        else:
+            self.stats["trigger " + self.wait_trigger(how, start_lines, acked, n)] += 1
+        self.power_loss(stopping)
         stop.set()
         th.join(TIMEOUT)
         fc.close()
