@@ -17,8 +17,9 @@ start itself (before READY=1).  Most
 mounts let lossyfs write unsynced bytes back on its own (LOSSYFS_WRITEBACK:
 a power loss then leaves any prefix of them, a torn record too).  The schedules: "quick" (every phase
 /bin/true, MaxCycles=2), "effect" (act appends "MANDATE STEP" to a file on
-the real disk), "write" (act writes a file on the real disk through
-`kairosctl tool write --key "$KAIROS_IDEM_KEY"`, EffectsVia=kairosctl),
+the real disk), "write" (act sleeps, writes a file on the real disk through
+`kairosctl tool write --key "$KAIROS_IDEM_KEY"`, EffectsVia=kairosctl, and
+sleeps again),
 "slow" (act sleeps, then appends like "effect"; MaxCycles=2).
 
 Invariants, checked after every power loss and at the end:
@@ -71,6 +72,8 @@ BUGGY = {"quarantined", "wal_io_error"}
 KINDS = ("quick", "effect", "write", "slow")
 READY_RE = re.compile(r"ready: recovered (\d+) WAL files? in \d+ ms: (\d+) resumed, "
                       r"(\d+) paused for review, (\d+) quarantined")
+VERDICT_RE = re.compile(r"recovery: mnd_\w+ (\w+?)_\d+: (already_done|safe_to_retry|manual_review) "
+                        r"\(([^)]*)\)")
 STARTED_RE = re.compile(r"(mnd_\w+) (act_\d+): started")
 FIRED_AT_BASE = 1893456000  # 2030-01-01T00:00:00Z
 
@@ -80,8 +83,11 @@ line="$KAIROS_MANDATE_ID $KAIROS_STEP_ID"
 case "$1" in
 effect) printf '%s\n' "$line" >>"$PL_EFFECTS" ;;
 slow) sleep "$PL_SLOW" && printf '%s\n' "$line" >>"$PL_EFFECTS" ;;
-write) printf '%s %s\n' "$line" "$$" | "$PL_KAIROSCTL" tool write --key "$KAIROS_IDEM_KEY" \
-        "$PL_WROOT/${KAIROS_MANDATE_ID}_$KAIROS_STEP_ID" >/dev/null ;;
+write) # a power loss inside the act lands before, during or after the call
+        sleep 0.2
+        printf '%s %s\n' "$line" "$$" | "$PL_KAIROSCTL" tool write --key "$KAIROS_IDEM_KEY" \
+                "$PL_WROOT/${KAIROS_MANDATE_ID}_$KAIROS_STEP_ID" >/dev/null || exit 1
+        sleep 0.2 ;;
 esac
 """
 
@@ -151,6 +157,7 @@ class Campaign:
         self.written = {}      # tool-write file -> its content when first seen
         self.stats = collections.Counter()
         self.reviews = collections.Counter()
+        self.verdicts = collections.Counter()  # recovery's decisions, from the logs
         self.logs = []
         self.thread_error = None
         self.fs_dead = False
@@ -202,7 +209,9 @@ class Campaign:
                     "corrupt and quarantined"):
             if bad in log:
                 self.fail("%r in kairosd's log:\n%s" % (bad, log[-4000:]))
-        self.stats["torn tails repaired"] += log.count("torn")
+        self.stats["torn tails repaired"] += log.count("torn tail")
+        for phase, verdict, reason in VERDICT_RE.findall(log):
+            self.verdicts["%s %s (%s)" % (phase, verdict, reason)] += 1
 
     def fail(self, msg):
         global KEEP
@@ -472,13 +481,14 @@ class Campaign:
             load = " ".join(f.read().split()[:3])
         print("power-loss campaign, seed %d: %d rounds, %d fires acknowledged, %d power losses "
               "(triggers: %s; %d mounts with write-back), %d mandates lost, %d duplicates, %d done, %d WAL files "
-              "recovered, %d torn tails, %d resolves kept across power losses; reviews: %s; load %s"
+              "recovered, %d torn tails, %d resolves kept across power losses; recovery decided: %s; "
+              "reviews: %s; load %s"
               % (self.seed, s["rounds"], s["fires acknowledged"], s["power losses"],
                  ", ".join("%s %d" % (k[8:], v) for k, v in sorted(s.items())
                            if k.startswith("trigger ")), s["mounts with write-back"],
                  s["mandates lost"], s["duplicates"], len(self.done_seen),
                  s["wal files recovered"], s["torn tails repaired"], s["resolves kept"],
-                 dict(self.reviews) or "none", load), file=sys.stderr)
+                 dict(self.verdicts) or "nothing", dict(self.reviews) or "none", load), file=sys.stderr)
 
     def close(self):
         if self.d:
