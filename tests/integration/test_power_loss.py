@@ -12,15 +12,17 @@ the world would (the effect is there: --done; it is not: --retry).
 
 The moment: a random delay after the first fire; right after the k-th
 fire's reply; right after a "WAL archived" line; inside an act (a random
-delay after its start); during a graceful stop (SIGTERM); or during the
-start itself (before READY=1).  Most
-mounts let lossyfs write unsynced bytes back on its own (LOSSYFS_WRITEBACK:
-a power loss then leaves any prefix of them, a torn record too).  The schedules: "quick" (every phase
-/bin/true, MaxCycles=2), "effect" (act appends "MANDATE STEP" to a file on
-the real disk), "write" (act sleeps, writes a file on the real disk through
-`kairosctl tool write --key "$KAIROS_IDEM_KEY"`, EffectsVia=kairosctl, and
-sleeps again),
-"slow" (act sleeps, then appends like "effect"; MaxCycles=2).
+delay after its start); during a graceful stop (SIGTERM); with the file
+system dying first (kairosd meets ENOTCONN for a while); or during the
+start itself (before READY=1).  Most mounts let lossyfs write unsynced
+bytes back on its own (LOSSYFS_WRITEBACK: a power loss then leaves any
+prefix of them, a torn record too).
+
+The schedules: "quick" (every phase /bin/true, MaxCycles=2), "effect" (act
+appends "MANDATE STEP" to a file on the real disk), "write" (act sleeps,
+writes a file on the real disk through `kairosctl tool write --key
+"$KAIROS_IDEM_KEY"`, EffectsVia=kairosctl, and sleeps again), "slow" (act
+sleeps, then appends like "effect"; MaxCycles=2).
 
 Invariants, checked after every power loss and at the end:
   (a) every fire whose reply arrived is still listed (any status), and
@@ -326,12 +328,13 @@ class Campaign:
         return ms
 
     # --- one round -----------------------------------------------------------
-    def firer(self, c, n, stop, broken, acked):
+    def firer(self, c, n, stop, broken, acked, rng):
+        """Fire n mandates (rng: the thread's own, so that a seed replays)."""
         try:
             for i in range(n):
                 if stop.is_set():
                     return
-                kind = self.rng.choice(KINDS)
+                kind = rng.choice(KINDS)
                 at = tick(self.nfire)
                 self.nfire += 1
                 r = c.call("fire", schedule=kind, at=at)
@@ -344,8 +347,8 @@ class Campaign:
                 with acked:
                     acked.n = i + 1
                     acked.notify_all()
-                if self.rng.random() < 0.5:
-                    time.sleep(self.rng.uniform(0, 0.2))  # spreading the fires out in time
+                if rng.random() < 0.5:
+                    time.sleep(rng.uniform(0, 0.2))  # spreading the fires out in time
             while not stop.is_set():
                 for m in self.listed(c).values():
                     if m["status"] == "done":
@@ -409,7 +412,8 @@ class Campaign:
         n = self.rng.randint(1, 8)
         acked = threading.Condition()
         acked.n, acked.over = 0, False
-        th = threading.Thread(target=self.firer, args=(fc, n, stop, broken, acked))
+        th = threading.Thread(target=self.firer, args=(fc, n, stop, broken, acked,
+                                                        random.Random(self.rng.random())))
         th.start()
         how = self.rng.choice(("delay", "archived", "midact", "afterfire", "stop", "fsfirst"))
         stopping = how == "stop"
@@ -479,16 +483,18 @@ class Campaign:
         s = self.stats
         with open("/proc/loadavg") as f:
             load = " ".join(f.read().split()[:3])
-        print("power-loss campaign, seed %d: %d rounds, %d fires acknowledged, %d power losses "
-              "(triggers: %s; %d mounts with write-back), %d mandates lost, %d duplicates, %d done, %d WAL files "
-              "recovered, %d torn tails, %d resolves kept across power losses; recovery decided: %s; "
-              "reviews: %s; load %s"
-              % (self.seed, s["rounds"], s["fires acknowledged"], s["power losses"],
-                 ", ".join("%s %d" % (k[8:], v) for k, v in sorted(s.items())
-                           if k.startswith("trigger ")), s["mounts with write-back"],
-                 s["mandates lost"], s["duplicates"], len(self.done_seen),
-                 s["wal files recovered"], s["torn tails repaired"], s["resolves kept"],
-                 dict(self.verdicts) or "nothing", dict(self.reviews) or "none", load), file=sys.stderr)
+        triggers = ", ".join("%s %d" % (k[8:], v) for k, v in sorted(s.items())
+                             if k.startswith("trigger "))
+        print("power-loss campaign, seed %d: %d rounds, %d fires acknowledged, "
+              "%d power losses (triggers: %s; %d mounts with write-back), "
+              "%d mandates lost, %d duplicates, %d done, %d WAL files recovered, "
+              "%d torn tails, %d resolves kept across power losses; "
+              "recovery decided: %s; reviews: %s; load %s"
+              % (self.seed, s["rounds"], s["fires acknowledged"], s["power losses"], triggers,
+                 s["mounts with write-back"], s["mandates lost"], s["duplicates"],
+                 len(self.done_seen), s["wal files recovered"], s["torn tails repaired"],
+                 s["resolves kept"], dict(self.verdicts) or "nothing",
+                 dict(self.reviews) or "none", load), file=sys.stderr)
 
     def close(self):
         if self.d:
