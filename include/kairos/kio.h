@@ -40,7 +40,7 @@ int kio_syncfs(const struct kio *io, const char *path);
  * after a later kio_syncfs (or fsyncs). */
 int kio_write_file_nosync(const struct kio *io, const char *path, const void *data, size_t n,
                           mode_t mode);
-/* Open path read-only, fdatasync it, close it: makes a file written
+/* Open path (for writing), fdatasync it, close it: makes a file written
  * earlier (e.g. by kio_write_file_nosync) durable where no syncfs is a
  * barrier (statedir_sync_mode). */
 int kio_fdatasync_path(const struct kio *io, const char *path);

@@ -473,7 +473,9 @@ int kio_syncfs(const struct kio *io, const char *path)
 
 int kio_fdatasync_path(const struct kio *io, const char *path)
 {
-        int fd = io->open(io->ctx, path, O_RDONLY | O_CLOEXEC | O_NOCTTY, 0);
+        /* for writing: some network file systems (older SMB clients)
+         * refuse to flush through a read-only handle */
+        int fd = io->open(io->ctx, path, O_WRONLY | O_CLOEXEC | O_NOCTTY, 0);
         if (fd < 0)
                 return fd;
         int r = io->fdatasync(io->ctx, fd);
