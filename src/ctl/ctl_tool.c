@@ -111,7 +111,7 @@ static int refuse_unexpanded_key(const char *cmd, const char *key)
                 return 0;
         fprintf(stderr, "kairosctl: %s: the key \"", cmd);
         ctl_put_safe(stderr, key);
-        fputs("\" is a variable that nothing expanded: every run would share it (in an Exec "
+        fputs("\" holds a variable that nothing expanded: every run would share it (in an Exec "
               "line write $KAIROS_IDEM_KEY as a word of its own or ${KAIROS_IDEM_KEY}, which "
               "kairosd expands; in a shell script \"$KAIROS_IDEM_KEY\"; or leave --key out) "
               "(see kairosctl --help)\n", stderr);
@@ -523,16 +523,19 @@ out:
 
 /* ---- tool write ------------------------------------------------------- */
 
+/* On stderr: a handler's stdout is its step's result, which this line
+ * would turn into text (kairosctl(1)). */
 static void text_write(json_t *r)
 {
-        printf("wrote %lld bytes to ", (long long)json_integer_value(json_object_get(r, "bytes")));
-        ctl_put_safe(stdout, jstr(r, "path"));
+        fprintf(stderr, "kairosctl: wrote %lld bytes to ",
+                (long long)json_integer_value(json_object_get(r, "bytes")));
+        ctl_put_safe(stderr, jstr(r, "path"));
         if (json_is_true(json_object_get(r, "cached"))) {
-                fputs(" (key ", stdout);
-                ctl_put_safe(stdout, jstr(r, "key"));
-                fputs(" was done before: not written again)", stdout);
+                fputs(" (key ", stderr);
+                ctl_put_safe(stderr, jstr(r, "key"));
+                fputs(" was done before: not written again)", stderr);
         }
-        putchar('\n');
+        fputc('\n', stderr);
 }
 
 int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
