@@ -1283,8 +1283,32 @@ static int text_show(json_t *r)
         return CTL_EXIT_OK;
 }
 
+/* `show` of mandate: a handler's result may hold numbers jansson cannot
+ * (integers beyond 64 bits): the reply is read with kjson, which keeps
+ * every digit; --json prints it as it came, the text gets a jansson copy
+ * (ret_text; NULL with --json).  Returns the exit status. */
+static int call_show(const struct ctl_opts *o, const char *mandate, bool want_json,
+                     json_t **ret_text)
+{
+        struct kjson_arena *a = kjson_arena_new();
+        const struct kjson *res = NULL;
+        int status;
+
+        *ret_text = NULL;
+        if (!a)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        status = ctl_call_kjson(o, "show", json_pack("{s:s}", "mandate", mandate), a, &res);
+        if (status == CTL_EXIT_OK && want_json)
+                status = ctl_kjson_print(res);
+        else if (status == CTL_EXIT_OK && !(*ret_text = ctl_kjson_to_json(res)))
+                status = ctl_error(CTL_EXIT_OSERR, "out of memory");
+        kjson_arena_free(a);
+        return status;
+}
+
 int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
 {
+        json_t *res;
         int npos, r;
 
         r = ctl_parse_options("show", argc, argv, NULL, &npos);
@@ -1292,7 +1316,11 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
                 r = want_args("show", npos, 1, "MANDATE");
         if (r)
                 return r;
-        return run(o, "show", json_pack("{s:s}", "mandate", argv[0]), text_show);
+        r = call_show(o, argv[0], o->json, &res);
+        if (r == CTL_EXIT_OK && res)
+                r = text_show(res);
+        json_decref(res);
+        return r;
 }
 
 /* ---- retry ------------------------------------------------------------ */
@@ -1421,7 +1449,7 @@ int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
         }
         for (;;) {
                 json_t *res;
-                int status = ctl_call(o, "show", json_pack("{s:s}", "mandate", argv[0]), &res);
+                int status = call_show(o, argv[0], false, &res);
                 if (status != CTL_EXIT_OK)
                         return status;
                 int outcome = wait_outcome(jstr(res, "status"));

@@ -536,6 +536,10 @@ def plan_hex(text):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+BIG_RESULT = ('{"n":123456789012345678901234567890123456789,"neg":-98765432109876543210,'
+              '"f":0.1,"e":1e400,"l":[18446744073709551616]}')
+
+
 class TestRetryWait(OnlineCase):
     """retry, wait, results with NUL, multi-line texts, archives read by the
     offline commands: with real handlers."""
@@ -549,11 +553,15 @@ class TestRetryWait(OnlineCase):
         with open(act, "w") as f:
             f.write("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
                     "\"reason\":\"needs a human\"}}'\n")
+        big = os.path.join(self.dir, "big.sh")
+        with open(big, "w") as f:
+            f.write("#!/bin/sh\necho '%s'\n" % BIG_RESULT)
         one = {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"}}
         self.conf = write_config(self.dir, self.state, {
             "slow": SLOW_SCHEDULE,
             "approval": dict(one, Exec={"Act": "/bin/sh " + act}),
             "nul": dict(one, Exec={"Act": "/bin/sh " + nul}),
+            "big": dict(one, Exec={"Act": "/bin/sh " + big}),
             "fail": dict(one, Exec={"Act": "/bin/false"}),
             "ok": dict(one, Exec={"Act": "/bin/true"}),
             "fail2": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "2"},
@@ -585,6 +593,31 @@ class TestRetryWait(OnlineCase):
         self.assertEqual(act["result"], "a\x00b")
         raw = self.ok("--json", "show", m)
         self.assertIn('"a\\u0000b"', raw, "printed escaped")
+
+    def test_big_numbers_in_a_result(self):
+        # kjson keeps a result's digits; show --json printed them as a
+        # string, and 0.1 as 0.10000000000000001 (jansson on both ends)
+        m = self.fire("big")
+        r = self.wait(m, "--timeout", "60")
+        self.assertEqual((r.returncode, r.stdout, r.stderr),
+                         (0, "%s: done: MaxCycles reached\n" % m, ""))
+        raw = self.ok("--json", "show", m)
+        self.assertIn('"result": {\n'
+                      '            "n": 123456789012345678901234567890123456789,\n'
+                      '            "neg": -98765432109876543210,\n'
+                      '            "f": 0.1,\n'
+                      '            "e": 1e400,\n'
+                      '            "l": [\n'
+                      '              18446744073709551616\n'
+                      '            ]\n'
+                      '          },', raw)
+        got = json.loads(raw)
+        act = [s for s in got["plans"][0]["steps"] if s["step_id"] == "act_001"][0]
+        self.assertEqual(act["result"]["n"], 123456789012345678901234567890123456789)
+        self.assertEqual(act["result"]["l"], [2 ** 64])
+        self.assertEqual(got, self.raw("show", mandate=m)["result"], "the protocol's reply")
+        out = self.ok("show", m)
+        self.assertRegex(out, r"\n +act_001 +completed +1 +no ")
 
     def test_wait_exit_codes(self):
         ok = self.fire("ok")
