@@ -845,7 +845,7 @@ static int text_status(json_t *r)
         if (json_is_object(sc)) {
                 printf("Schedules:       %lld", (long long)jint(sc, "total"));
                 if (jint(sc, "broken") > 0) {
-                        printf(" (%lld broken:", (long long)jint(sc, "broken"));
+                        printf(", %lld of them broken (skipped):", (long long)jint(sc, "broken"));
                         size_t i;
                         json_t *nm;
                         json_array_foreach(names, i, nm) {
@@ -854,7 +854,6 @@ static int text_status(json_t *r)
                                 putchar(' ');
                                 ctl_put_safe(stdout, json_string_value(nm));
                         }
-                        putchar(')');
                 }
                 putchar('\n');
         }
@@ -1788,8 +1787,11 @@ static int text_schedules(const struct kjson *r)
                 const char *err = kjson_get_str(s, "error");
                 if (strcmp(schedule_state(s), "broken") != 0)
                         continue;
+                /* (NAME: broken: ... read "broken: broken:" for a schedule
+                 * named broken) */
+                fputs("schedule ", stdout);
                 ctl_put_safe(stdout, kjson_get_str(s, "name"));
-                fputs(": broken: ", stdout);
+                fputs(" is broken: ", stdout);
                 ctl_put_safe(stdout, err ? err : "?");
                 putchar('\n');
         }

@@ -70,7 +70,13 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
                 return -EINVAL;
         f->status = -1;
         if (status && (f->status = mandate_status_parse(status)) < 0) {
-                control_reply_error(req, "bad_argument", "args.status: no status '%s'", status);
+                char all[512] = "";
+                size_t off = 0;
+                for (int i = 0; i < MANDATE__STATUS_MAX && off < sizeof all; i++)
+                        off += (size_t)snprintf(all + off, sizeof all - off, "%s%s",
+                                                i ? ", " : "", mandate_status_name(i));
+                control_reply_error(req, "bad_argument",
+                                    "args.status: no status '%s' (one of: %s)", status, all);
                 return -EINVAL;
         }
         f->schedule = control_arg_string(req, "schedule", false, &failed);
@@ -106,6 +112,28 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
         return 0;
 }
 
+/* A schedule name neither configured (running, retained or broken) nor
+ * that of any mandate kept here: a typo, not an empty list.  (A schedule
+ * removed from the configuration still lists its history.) */
+static bool schedule_unheard_of(struct daemon *d, const char *name)
+{
+        if (config_find_schedule(d->cfg, name) || config_find_broken(d->cfg, name))
+                return false;
+        struct history_filter f = { .status = -1, .schedule = name };
+        json_t *res = NULL;
+        if (history_list(d, &f, 1, &res) < 0)
+                return false;
+        bool none = json_integer_value(json_object_get(res, "total")) == 0;
+        json_decref(res);
+        return none;
+}
+
+static void reply_no_schedule(struct control_request *req, const char *name)
+{
+        control_reply_error(req, "not_found", "args.schedule: no schedule '%s' (none in the "
+                            "configuration, and no mandate of it is kept)", name);
+}
+
 static void cmd_list(struct control_request *req)
 {
         struct history_filter f = { 0 };
@@ -113,6 +141,10 @@ static void cmd_list(struct control_request *req)
         const char *after;
         if (parse_filter(req, &f, &limit, &after) < 0)
                 return;
+        if (f.schedule && !req->d->cluster && schedule_unheard_of(req->d, f.schedule)) {
+                reply_no_schedule(req, f.schedule);
+                return;
+        }
         /* cluster mode: the database's rows too (on a pool thread) */
         if (cluster_list(req, &f, limit, after))
                 return;
@@ -956,6 +988,13 @@ static void list_done(void *arg)
         size_t total = j->total >= overridden ? j->total - overridden + nlocal : n;
         if (total < n)
                 total = n;
+        /* nothing in the database nor here under that name, whatever the time */
+        if (total == 0 && j->f.schedule && j->f.status < 0 && !j->f.since && !j->after &&
+            schedule_unheard_of(d, j->f.schedule)) {
+                reply_no_schedule(req, j->f.schedule);
+                json_decref(dbrows);
+                goto out;
+        }
         json_t *arr = json_array();
         for (size_t k = 0; k < kept; k++)
                 json_array_append(arr, v[k].row);

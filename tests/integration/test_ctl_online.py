@@ -795,6 +795,51 @@ class TestRetryWait(OnlineCase):
         self.assertIn("damaged gzip file: truncated", r.stderr)
 
 
+class TestListFilters(OnlineCase):
+    """list --status and --schedule name what is wrong; a broken schedule's
+    lines do not repeat "broken"."""
+    config = True
+
+    def test_bad_status_lists_the_valid_ones(self):
+        r = self.refused("list", "--status", "bogus")
+        self.assertEqual(r.stderr, "kairosctl: args.status: no status 'bogus' (one of: runnable, "
+                         "running, idle, paused, paused_review, probing, awaiting_approval, "
+                         "quarantined, wal_io_error, done, failed, terminated, abandoned, "
+                         "cancelled)\n")
+        self.assertEqual(r.stdout, "")
+
+    def test_unknown_schedule_is_an_error(self):
+        r = self.refused("list", "--schedule", "nosuch")
+        self.assertEqual(r.stderr, "kairosctl: args.schedule: no schedule 'nosuch' (none in the "
+                         "configuration, and no mandate of it is kept)\n")
+        r = self.refused("--json", "list", "--schedule", "nosuch")
+        self.assertEqual(json.loads(r.stdout)["code"], "not_found")
+        # configured, no mandate yet: an empty list
+        self.assertEqual(self.ok("list", "--schedule", "approval"), "no mandates\n")
+        self.assertEqual(self.ok("list", "--schedule", "slow", "--status", "done"),
+                         "no mandates\n")
+        # removed from the configuration: its history still lists
+        m = self.fire_slow()
+        os.unlink(os.path.join(self.dir, "schedules.d", "slow.conf"))
+        self.ok("reload")
+        self.assertEqual([r["ID"] for r in self.list_table("--schedule", "slow")], [m])
+        self.refused("list", "--schedule", "nosuch")
+
+    def test_broken_schedule_lines(self):
+        # a broken file named broken: listed (no mandates), its lines name it once
+        with open(os.path.join(self.dir, "schedules.d", "broken.conf"), "w") as f:
+            f.write("[Schedule]\nCron=61 * * * *\n")
+        self.ok("reload")
+        self.assertEqual(self.ok("list", "--schedule", "broken"), "no mandates\n")
+        out = self.ok("schedules")
+        self.assertNotIn("broken: broken", out)
+        self.assertIn("\nschedule broken is broken: %s/schedules.d/broken.conf:2: Cron=: "
+                      "invalid expression" % self.dir, out)
+        out = self.ok("status")
+        self.assertNotIn("broken: broken", out)
+        self.assertIn("\nSchedules:       3, 1 of them broken (skipped): broken\n", out)
+
+
 class TestSocketSelection(OnlineCase):
     def test_environment_variable(self):
         r = run_ctl("list", env={"KAIROS_CONTROL_SOCKET": self.sock})
@@ -1152,7 +1197,8 @@ class TestClient(unittest.TestCase):
         self.assertEqual(text.returncode, 0, text.stderr)
         self.assertEqual(text.stdout.splitlines()[1].split()[0], "b\\x1bad")
         self.assertEqual(text.stdout.splitlines()[-1],
-                         "b\\x1bad: broken: line 1: \u00e9 \"quoted\" \\\\ /\\x09\\x01\\x7f")
+                         "schedule b\\x1bad is broken: line 1: \u00e9 \"quoted\" \\\\ "
+                         "/\\x09\\x01\\x7f")
 
     def test_schedules_refusal(self):
         self.serve(lambda c, line: reply(c, {"v": 1, "id": None, "ok": False,
