@@ -253,7 +253,10 @@ static int connect_error(const char *path, int r)
         else if (r == -ETIMEDOUT)
                 hint = " (kairosd is not accepting connections)";
         snprintf(rest, sizeof(rest), ": %s%s", strerror(-r), hint);
-        return unreachable("cannot connect to ", path, rest);
+        unreachable("cannot connect to ", path, rest);
+        /* not allowed: refused, as when kairosd itself says so (kairosctl(1),
+         * EXIT STATUS), not "cannot be reached" */
+        return r == -EACCES || r == -EPERM ? CTL_EXIT_REFUSED : CTL_EXIT_UNREACHABLE;
 }
 
 static int recv_error(const struct conn *c, int r)

@@ -530,6 +530,13 @@ class TestOperatorCommands(OnlineCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("uid 65534 is not allowed", r.stderr)
         self.assertEqual(r.stdout, "")
+        # the socket as kairosd makes it (0660): the kernel refuses the
+        # connection; refused all the same (exit 1), not "unreachable" (2)
+        os.chmod(self.sock, 0o660)
+        r = run_ctl("--socket", self.sock, "status", preexec_fn=as_nobody)
+        self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+        self.assertEqual(r.stderr, "kairosctl: cannot connect to %s: Permission denied (root, "
+                         "kairosd's user or the socket's group may connect)\n" % self.sock)
 
 
 def plan_hex(text):
