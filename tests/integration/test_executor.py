@@ -770,6 +770,28 @@ class TestFailures(ExecCase):
             self.assertIn("cannot execute '%s': Permission denied" % h, rec["error_msg"])
         self.assertEqual(rec["error_class"], "exit_status")
 
+    def test_variables_in_the_command_line(self):
+        # $NAME alone splits at blanks, ${NAME} stays one argument, $$ is a $;
+        # a command name that expands to nothing fails the step
+        h = self.script("args.sh", 'cat > /dev/null\nprintf "%s|" "$@" > "$OUT/args"\n')
+        self.configure({"vars": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Act": "/bin/sh %s $OPTS ${OPTS} "
+                                                 "--step=${KAIROS_STEP_ID} $$HOME" % h,
+                                          "Environment": ['"OPTS=-a  -b"', "OUT=" + self.out]}},
+                        "empty": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                  "Exec": {"Act": "$NOTHING", "Environment": "NOTHING="}}})
+        self.start()
+        m = self.fire("vars")
+        self.d.wait_log("mandate %s done" % m)
+        with open(os.path.join(self.out, "args")) as f:
+            self.assertEqual(f.read(), "-a|-b|-a  -b|--step=act_001|$HOME|")
+        m = self.fire("empty")
+        self.d.wait_log("mandate %s failed" % m)
+        rec = self.last_status(self.archived(m), "act_001")
+        self.assertEqual(rec["status"], "failed")
+        self.assertIn("cannot start Act=: the command name is empty once its variables are "
+                      "expanded", rec["error_msg"])
+
     def test_two_failed_cycles_terminate(self):
         m, rec = self.run_failing("exit 1\n", max_cycles="3")
         self.assertEqual(self.mandate(m)["reason"], "two consecutive failed cycles")
