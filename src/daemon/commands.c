@@ -289,8 +289,6 @@ static json_t *str_or_null(const char *s)
         return s ? json_string(s) : json_null();
 }
 
-/* JSON text from the WAL as a value; what jansson cannot hold (an integer
- * beyond 64 bits, a \u0000 in a key) is kept as a string, never dropped. */
 /* A handler's result (or a recovery's evidence) goes into a reply as the
  * WAL holds it, numbers digit for digit: jansson would turn an integer
  * beyond 64 bits into text and re-print 0.1 as 0.10000000000000001.  The
@@ -329,12 +327,15 @@ static json_t *raw_json(const char *text)
         pthread_once(&raw_token_once, raw_token_init);
         if (a && kjson_parse(a, text, strlen(text), &v, &err) == 0 &&
             kjson_write(&compact, v) == 0 && kbuf_puts(&mark, raw_token) == 0 &&
-            kbuf_putc(&mark, '.') == 0) {
-                int r = 0;
-                for (size_t i = 0; r == 0 && i < compact.len; i++)
-                        r = kbuf_printf(&mark, "%02x", (unsigned char)compact.data[i]);
-                if (r == 0)
-                        out = json_string(mark.data);
+            kbuf_putc(&mark, '.') == 0 && kbuf_reserve(&mark, 2 * compact.len) == 0) {
+                static const char hex[] = "0123456789abcdef";
+                for (size_t i = 0; i < compact.len; i++) {
+                        unsigned char c = (unsigned char)compact.data[i];
+                        mark.data[mark.len++] = hex[c >> 4];
+                        mark.data[mark.len++] = hex[c & 15];
+                }
+                mark.data[mark.len] = '\0';
+                out = json_string(mark.data);
         }
         kjson_arena_free(a);
         kbuf_free(&compact);

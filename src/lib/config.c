@@ -1049,11 +1049,12 @@ struct parser {
         uint64_t assigned[MAX_SECTIONS]; /* bit i: keys[i] was given (even if bad) */
         struct key_origin *cluster;     /* [CLUSTER_KEYS] (main files), or NULL */
         /* the command keys whose variables are checked once the whole file
-         * is read (Environment= may come after them), with their last line */
+         * is read (Environment= may come after them: Observe= ... Reflect=,
+         * Probe=), with their last line */
         struct {
                 const struct key_def *k;
                 unsigned line;
-        } late[8];
+        } late[CONFIG_PHASES + 1];
         size_t nlate;
 };
 
@@ -1423,6 +1424,7 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                 size_t i = 0;
                 while (i < p->nlate && p->late[i].k != k)
                         i++;
+                /* (one slot per such key of exec_keys: never full) */
                 if (i < sizeof(p->late) / sizeof(p->late[0])) {
                         p->late[i].k = k;
                         p->late[i].line = line;
