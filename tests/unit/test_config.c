@@ -1356,6 +1356,9 @@ static void test_command_vars(void **state)
                             "(write $$ for a literal $)");
         assert_int_equal(config_check_command_vars("a ${KAIROS_EVENT} $KAIROSCTL",
                                                    CONFIG_COMMAND_HOOK, NULL, why, sizeof why), 0);
+        /* (an OnFailure= page of folded failures) */
+        assert_int_equal(config_check_command_vars("a ${KAIROS_FOLDED} $KAIROS_SCHEDULES",
+                                                   CONFIG_COMMAND_HOOK, NULL, why, sizeof why), 0);
         assert_int_equal(config_check_command_vars("a x${KAIROS_IDEM_KEY}",
                                                    CONFIG_COMMAND_HOOK, NULL, why, sizeof why),
                          -EINVAL);
