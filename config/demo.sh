@@ -51,6 +51,10 @@ q() {
         local s=${1//\\/\\\\}
         printf '"%s"' "${s//\"/\\\"}"
 }
+# One word of a command line: kairosd expands $NAME there, $$ is a literal $.
+qc() {
+        q "${1//\$/\$\$}"
+}
 
 mkdir -p "$demo/schedules.d" "$demo/state" "$demo/outbox"
 
@@ -98,11 +102,11 @@ Goal=write two reports to the outbox
 MaxCycles=3
 
 [Exec]
-Observe=$(q "$ex/observe.sh")
-Orient=$(q "$ex/orient.sh")
-Decide=$(q "$ex/decide.sh")
-Act=$(q "$ex/act.sh")
-Reflect=$(q "$ex/reflect.sh")
+Observe=$(qc "$ex/observe.sh")
+Orient=$(qc "$ex/orient.sh")
+Decide=$(qc "$ex/decide.sh")
+Act=$(qc "$ex/act.sh")
+Reflect=$(qc "$ex/reflect.sh")
 TimeoutSec=30
 Environment=$(q "DEMO_OUTBOX=$demo/outbox") $(q "KAIROSCTL=$ctl_abs")
 WorkingDirectory=$demo

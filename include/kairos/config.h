@@ -207,3 +207,33 @@ int config_split_environment(const char *line, char ***argv_out, size_t *argc_ou
  * an unknown escape (nothing returned), -ENOMEM. */
 int config_split_command(const char *cmdline, char ***argv_out, size_t *argc_out);
 void config_strv_free(char **v);
+
+/* Variables in command lines (Observe= ... Reflect=, Probe=, OnReview=,
+ * OnFailure=), expanded like systemd's Exec lines when the command starts,
+ * after the line is split and unquoted: a word that is exactly $NAME becomes
+ * NAME's value split at white space (zero or more words: none when unset or
+ * empty); ${NAME} anywhere in a word becomes the value as it is (nothing
+ * when unset); $$ becomes $; any other $ stays as it is ($NAME inside a
+ * word is left for a shell, as in sh -c 'echo $HOME').  Quotes do not
+ * stop the expansion: only $$ does. */
+enum config_command_kind {
+        CONFIG_COMMAND_HANDLER, /* Observe= ... Reflect= */
+        CONFIG_COMMAND_PROBE,   /* Probe= */
+        CONFIG_COMMAND_HOOK,    /* OnReview=, OnFailure= */
+};
+/* The names kairosd sets (or may set) for a command of that kind,
+ * NULL-terminated; NULL for an unknown kind.  Static. */
+const char *const *config_command_vars(enum config_command_kind kind);
+/* At load: does every name the line expands belong to config_command_vars
+ * (kind) or to environment ("NAME=VALUE", NULL-terminated, may be NULL;
+ * hooks get no Environment=)?  0, or -EINVAL with why (the offending
+ * reference, or the split error), or -ENOMEM. */
+int config_check_command_vars(const char *cmdline, enum config_command_kind kind,
+                              char *const *environment, char *why, size_t why_len);
+/* At spawn: split cmdline (config_split_command) and expand each word from
+ * env ("NAME=VALUE", NULL-terminated, as passed to the command; may be NULL),
+ * a name not in env expanding to nothing.  ret_argv is NULL-terminated (free
+ * with config_strv_free), ret_argc may be 0.  -EINVAL with why (may be NULL)
+ * for a line that does not split or a malformed ${...}, -ENOMEM. */
+int config_expand_command(const char *cmdline, char *const *env, char ***ret_argv,
+                          size_t *ret_argc, char *why, size_t why_len);

@@ -86,18 +86,44 @@ static int open_conn(const char *conninfo, PGconn **ret, char *err, size_t errle
         /* A worker thread must not wait for ever: on a dead peer
          * (keepalives, tcp_user_timeout), on a row lock another session
          * holds (lock_timeout), on a slow statement (statement_timeout). */
-        static const char *const keys[] = {
-                "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
-                "keepalives_count", "tcp_user_timeout", "options", "application_name",
-                "dbname", NULL,
+        /* A default set here would hide the environment variable of the
+         * same setting (libpq reads PG* only for what is not set): those
+         * that have one go only when it is unset; PGOPTIONS comes after
+         * kairosd's own options (the later -c wins). */
+        static const char kairos_options[] = "-c statement_timeout=30s -c lock_timeout=10s "
+                                             "-c idle_in_transaction_session_timeout=60s";
+        const char *env_options = getenv("PGOPTIONS");
+        char *options = NULL;
+        if (env_options && *env_options &&
+            asprintf(&options, "%s %s", kairos_options, env_options) < 0)
+                return -ENOMEM;
+        const struct {
+                const char *key, *val, *env;
+        } defaults[] = {
+                { "connect_timeout", "10", "PGCONNECT_TIMEOUT" },
+                { "keepalives", "1", NULL },
+                { "keepalives_idle", "5", NULL },
+                { "keepalives_interval", "2", NULL },
+                { "keepalives_count", "3", NULL },
+                { "tcp_user_timeout", "15000", NULL },
+                { "options", options ? options : kairos_options, NULL },
+                { "application_name", "kairosd", "PGAPPNAME" },
         };
-        const char *vals[] = {
-                "10", "1", "5", "2", "3", "15000",
-                "-c statement_timeout=30s -c lock_timeout=10s "
-                "-c idle_in_transaction_session_timeout=60s",
-                "kairosd", conninfo, NULL,
-        };
+        enum { NDEFAULTS = sizeof defaults / sizeof defaults[0] };
+        const char *keys[NDEFAULTS + 2], *vals[NDEFAULTS + 2];
+        size_t n = 0;
+        for (size_t i = 0; i < NDEFAULTS; i++) {
+                const char *env = defaults[i].env ? getenv(defaults[i].env) : NULL;
+                if (env && *env)
+                        continue;
+                keys[n] = defaults[i].key;
+                vals[n++] = defaults[i].val;
+        }
+        keys[n] = "dbname";
+        vals[n++] = conninfo;
+        keys[n] = vals[n] = NULL;
         PGconn *c = PQconnectdbParams(keys, vals, 1);
+        free(options);
         if (!c)
                 return -ENOMEM;
         if (PQstatus(c) != CONNECTION_OK) {

@@ -91,6 +91,10 @@ int ctl_json_print(json_t *v);
  * (numbers as the daemon wrote them). */
 struct kjson;
 int ctl_kjson_print(const struct kjson *v);
+/* A jansson copy of v, for the text output: a number jansson cannot hold
+ * becomes the nearest real (an integer beyond 64 bits) or its text (beyond
+ * the range of a double).  NULL on ENOMEM. */
+json_t *ctl_kjson_to_json(const struct kjson *v);
 
 /* The message for commands that are declared but have no implementation
  * yet.  Returns CTL_EXIT_USAGE. */

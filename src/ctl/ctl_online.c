@@ -253,7 +253,10 @@ static int connect_error(const char *path, int r)
         else if (r == -ETIMEDOUT)
                 hint = " (kairosd is not accepting connections)";
         snprintf(rest, sizeof(rest), ": %s%s", strerror(-r), hint);
-        return unreachable("cannot connect to ", path, rest);
+        unreachable("cannot connect to ", path, rest);
+        /* not allowed: refused, as when kairosd itself says so (kairosctl(1),
+         * EXIT STATUS), not "cannot be reached" */
+        return r == -EACCES || r == -EPERM ? CTL_EXIT_REFUSED : CTL_EXIT_UNREACHABLE;
 }
 
 static int recv_error(const struct conn *c, int r)
@@ -845,7 +848,7 @@ static int text_status(json_t *r)
         if (json_is_object(sc)) {
                 printf("Schedules:       %lld", (long long)jint(sc, "total"));
                 if (jint(sc, "broken") > 0) {
-                        printf(" (%lld broken:", (long long)jint(sc, "broken"));
+                        printf(", %lld of them broken (skipped):", (long long)jint(sc, "broken"));
                         size_t i;
                         json_t *nm;
                         json_array_foreach(names, i, nm) {
@@ -854,7 +857,6 @@ static int text_status(json_t *r)
                                 putchar(' ');
                                 ctl_put_safe(stdout, json_string_value(nm));
                         }
-                        putchar(')');
                 }
                 putchar('\n');
         }
@@ -1283,8 +1285,32 @@ static int text_show(json_t *r)
         return CTL_EXIT_OK;
 }
 
+/* `show` of mandate: a handler's result may hold numbers jansson cannot
+ * (integers beyond 64 bits): the reply is read with kjson, which keeps
+ * every digit; --json prints it as it came, the text gets a jansson copy
+ * (ret_text; NULL with --json).  Returns the exit status. */
+static int call_show(const struct ctl_opts *o, const char *mandate, bool want_json,
+                     json_t **ret_text)
+{
+        struct kjson_arena *a = kjson_arena_new();
+        const struct kjson *res = NULL;
+        int status;
+
+        *ret_text = NULL;
+        if (!a)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        status = ctl_call_kjson(o, "show", json_pack("{s:s}", "mandate", mandate), a, &res);
+        if (status == CTL_EXIT_OK && want_json)
+                status = ctl_kjson_print(res);
+        else if (status == CTL_EXIT_OK && !(*ret_text = ctl_kjson_to_json(res)))
+                status = ctl_error(CTL_EXIT_OSERR, "out of memory");
+        kjson_arena_free(a);
+        return status;
+}
+
 int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
 {
+        json_t *res;
         int npos, r;
 
         r = ctl_parse_options("show", argc, argv, NULL, &npos);
@@ -1292,7 +1318,11 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
                 r = want_args("show", npos, 1, "MANDATE");
         if (r)
                 return r;
-        return run(o, "show", json_pack("{s:s}", "mandate", argv[0]), text_show);
+        r = call_show(o, argv[0], o->json, &res);
+        if (r == CTL_EXIT_OK && res)
+                r = text_show(res);
+        json_decref(res);
+        return r;
 }
 
 /* ---- retry ------------------------------------------------------------ */
@@ -1421,7 +1451,7 @@ int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
         }
         for (;;) {
                 json_t *res;
-                int status = ctl_call(o, "show", json_pack("{s:s}", "mandate", argv[0]), &res);
+                int status = call_show(o, argv[0], false, &res);
                 if (status != CTL_EXIT_OK)
                         return status;
                 int outcome = wait_outcome(jstr(res, "status"));
@@ -1760,8 +1790,11 @@ static int text_schedules(const struct kjson *r)
                 const char *err = kjson_get_str(s, "error");
                 if (strcmp(schedule_state(s), "broken") != 0)
                         continue;
+                /* (NAME: broken: ... read "broken: broken:" for a schedule
+                 * named broken) */
+                fputs("schedule ", stdout);
                 ctl_put_safe(stdout, kjson_get_str(s, "name"));
-                fputs(": broken: ", stdout);
+                fputs(" is broken: ", stdout);
                 ctl_put_safe(stdout, err ? err : "?");
                 putchar('\n');
         }

@@ -290,10 +290,12 @@ int ctl_probe_run(const struct config *cfg, const struct config_schedule *sc,
         struct proc pr = { .pid = -1, .in = -1, .out = -1, .err = -1 };
         char why[256] = "";
         int r = stepdoc_build(f, p, idx, &in, &doc);
-        if (r == 0 && (r = config_split_command(sc->probe, &argv, &argc)) == 0 && argc == 0)
-                r = -EINVAL;
         if (r == 0 && !(env = probe_env(cfg, sc, f, p, s, (int)idx, mandate_id, idem_key)))
                 r = -ENOMEM;
+        /* its $NAME and ${NAME} expand from its environment, as in kairosd */
+        if (r == 0 && (r = config_expand_command(sc->probe, env, &argv, &argc, NULL, 0)) == 0 &&
+            (argc == 0 || !argv[0][0]))
+                r = -EINVAL;
         /* a probe that does not read its stdin must not kill kairosctl */
         void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
         if (r == 0) {

@@ -102,6 +102,22 @@ static const char *pick_key(const char *key)
         return env && *env ? env : NULL;
 }
 
+/* A key such as "$KAIROS_IDEM_KEY" that no shell or kairosd expanded: every
+ * run of every step would share it, and all but the first would be answered
+ * from the store without running.  The usage error's status, or 0. */
+static int refuse_unexpanded_key(const char *cmd, const char *key)
+{
+        if (key[0] != '$' && !strstr(key, "${"))
+                return 0;
+        fprintf(stderr, "kairosctl: %s: the key \"", cmd);
+        ctl_put_safe(stderr, key);
+        fputs("\" holds a variable that nothing expanded: every run would share it (in an Exec "
+              "line write $KAIROS_IDEM_KEY as a word of its own or ${KAIROS_IDEM_KEY}, which "
+              "kairosd expands; in a shell script \"$KAIROS_IDEM_KEY\"; or leave --key out) "
+              "(see kairosctl --help)\n", stderr);
+        return CTL_EXIT_USAGE;
+}
+
 /* In cluster mode kairosd gives a handler the epoch its node holds the
  * mandate at (KAIROS_EPOCH); tool run and tool write pass it on, and kairosd
  * refuses ("fenced") a call whose mandate is at another epoch, or no longer
@@ -401,6 +417,8 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                 return ctl_usage_error("tool run needs --key K (or $KAIROS_IDEM_KEY)");
         if (!*key || !*tool)
                 return ctl_usage_error("tool run: --key and --tool must not be empty");
+        if ((status = refuse_unexpanded_key("tool run", key)))
+                return status;
         if (i >= argc)
                 return ctl_usage_error("tool run: missing CMD (tool run --key K -- CMD ARGS...)");
         char **cmd = argv + i;
@@ -505,16 +523,19 @@ out:
 
 /* ---- tool write ------------------------------------------------------- */
 
+/* On stderr: a handler's stdout is its step's result, which this line
+ * would turn into text (kairosctl(1)). */
 static void text_write(json_t *r)
 {
-        printf("wrote %lld bytes to ", (long long)json_integer_value(json_object_get(r, "bytes")));
-        ctl_put_safe(stdout, jstr(r, "path"));
+        fprintf(stderr, "kairosctl: wrote %lld bytes to ",
+                (long long)json_integer_value(json_object_get(r, "bytes")));
+        ctl_put_safe(stderr, jstr(r, "path"));
         if (json_is_true(json_object_get(r, "cached"))) {
-                fputs(" (key ", stdout);
-                ctl_put_safe(stdout, jstr(r, "key"));
-                fputs(" was done before: not written again)", stdout);
+                fputs(" (key ", stderr);
+                ctl_put_safe(stderr, jstr(r, "key"));
+                fputs(" was done before: not written again)", stderr);
         }
-        putchar('\n');
+        fputc('\n', stderr);
 }
 
 int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
@@ -536,6 +557,8 @@ int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
         key = pick_key(key);
         if (!key || !*key)
                 return ctl_usage_error("tool write needs --key K (or $KAIROS_IDEM_KEY)");
+        if ((status = refuse_unexpanded_key("tool write", key)))
+                return status;
         int r = ctl_read_file("-", &data, &len);
         if (r < 0)
                 return ctl_file_error("-", r);

@@ -312,6 +312,49 @@ int ctl_kjson_print(const struct kjson *v)
         return ok ? 0 : CTL_EXIT_IOERR;
 }
 
+json_t *ctl_kjson_to_json(const struct kjson *v)
+{
+        json_t *o = NULL;
+        switch (v->type) {
+        case KJSON_NULL:
+                return json_null();
+        case KJSON_FALSE:
+                return json_false();
+        case KJSON_TRUE:
+                return json_true();
+        case KJSON_NUMBER:
+                o = json_loadb(v->u.num.text, v->u.num.len, JSON_DECODE_ANY, NULL);
+                if (!o) /* beyond 64 bits, or beyond double range (a real cannot be inf) */
+                        o = json_real(strtod(v->u.num.text, NULL));
+                return o ? o : json_stringn_nocheck(v->u.num.text, v->u.num.len);
+        case KJSON_STRING:
+                return json_stringn_nocheck(v->u.str.ptr, v->u.str.len);
+        case KJSON_ARRAY:
+                o = json_array();
+                for (size_t i = 0; o && i < v->u.arr.n; i++) {
+                        json_t *item = ctl_kjson_to_json(v->u.arr.items[i]);
+                        if (!item || json_array_append_new(o, item) < 0) {
+                                json_decref(o);
+                                return NULL;
+                        }
+                }
+                return o;
+        case KJSON_OBJECT:
+                o = json_object();
+                for (size_t i = 0; o && i < v->u.obj.n; i++) {
+                        const struct kjson_member *m = &v->u.obj.members[i];
+                        json_t *item = ctl_kjson_to_json(m->value);
+                        if (!item || json_object_setn_new_nocheck(o, m->key, m->key_len,
+                                                                  item) < 0) {
+                                json_decref(o);
+                                return NULL;
+                        }
+                }
+                return o;
+        }
+        return NULL;
+}
+
 int ctl_json_print(json_t *v)
 {
         if (!v)

@@ -47,17 +47,28 @@ int ctl_wal_verify_db(const struct ctl_opts *o, const char *conninfo, int n, cha
 #include "kairos/crcline.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
+#include "conninfo.h"
 #include "pgstore.h"
 
 /* Problems printed per mandate; the rest are counted. */
 #define MAX_PROBLEMS_SHOWN 100
 
-/* Connect; CTL_EXIT_NOINPUT after saying why (the conninfo is not printed:
- * it may hold a password). */
-static int connect_db(const char *conninfo, struct pgstore **ret)
+/* Connect to what --db ARG stands for (conninfo.h: "@FILE", never a
+ * password on the command line); CTL_EXIT_USAGE or CTL_EXIT_NOINPUT after
+ * saying why (the conninfo is not printed: it may hold a password). */
+static int connect_db(const char *cmd, const char *arg, struct pgstore **ret)
 {
         char err[512] = "";
-        int r = pgstore_connect(conninfo, ret, err, sizeof err);
+        char *conninfo = NULL;
+        int r = conninfo_from_arg(arg, &conninfo, err, sizeof err);
+        if (r == -ENOMEM)
+                return ctl_errno_error(cmd, r);
+        if (r == -EINVAL && arg[0] != '@')
+                return ctl_usage_error("%s --db: %s", cmd, err);
+        if (r < 0)
+                return ctl_error(CTL_EXIT_NOINPUT, "%s --db: %s", cmd, err);
+        r = pgstore_connect(conninfo, ret, err, sizeof err);
+        free(conninfo);
 
         if (r < 0) {
                 /* libpq's reason may span lines: one line here */
@@ -141,7 +152,7 @@ int ctl_wal_dump_db(const struct ctl_opts *o, const char *conninfo, const char *
         int r, ret;
 
         (void)o;
-        ret = connect_db(conninfo, &s);
+        ret = connect_db("wal dump", conninfo, &s);
         if (ret)
                 return ret;
         r = pgstore_wal_last_seq(s, mandate, &last_seq, NULL);
@@ -316,7 +327,7 @@ int ctl_wal_verify_db(const struct ctl_opts *o, const char *conninfo, int n, cha
         int ret, worst = CTL_EXIT_OK;
         bool unreadable = false;
 
-        ret = connect_db(conninfo, &s);
+        ret = connect_db("wal verify", conninfo, &s);
         if (ret)
                 return ret;
         if (o->json && !(out = json_array())) {

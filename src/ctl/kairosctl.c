@@ -82,18 +82,21 @@ static const struct ctl_command commands[] = {
         /* offline (no daemon) */
         { "help", cmd_help, false, "[CMD]",
           "The commands, or the usage of command CMD." },
-        { "wal dump", ctl_cmd_wal_dump, false, "FILE | --db CONNINFO [--output FILE] MANDATE",
+        { "wal dump", ctl_cmd_wal_dump, false,
+          "FILE | --db CONNINFO|@FILE [--output FILE] MANDATE",
           "Print a WAL (plain or gzip-compressed, e.g. an archive) one record per line.\n"
           "With --db: write MANDATE's rows of cluster mode's PostgreSQL database as\n"
           "the WAL file they stand for, byte for byte, to standard output or --output\n"
-          "FILE.  Exit 65 if the rows have a gap, 66 no connection or no such mandate." },
-        { "wal verify", ctl_cmd_wal_verify, false, "FILE... | --db CONNINFO MANDATE...",
+          "FILE.  Exit 65 if the rows have a gap, 66 no connection or no such mandate.\n"
+          "CONNINFO must not hold a password (anyone can read a command line): use\n"
+          "~/.pgpass, PGPASSFILE, PGPASSWORD, or @FILE (the string read from FILE)." },
+        { "wal verify", ctl_cmd_wal_verify, false, "FILE... | --db CONNINFO|@FILE MANDATE...",
           "Check WAL files (plain or gzip-compressed).  Exit 0 all clean, 1 a torn\n"
           "tail, 2 corruption (also a damaged gzip file), 66 a file cannot be read.\n"
           "With --db: check MANDATE's rows in cluster mode's PostgreSQL database (each\n"
           "row a sealed record with its crc, seq 1..last_seq without a gap, epochs\n"
           "never going back along seq); exit 2 a bad row (its seq is printed), 66 no\n"
-          "connection or no such mandate." },
+          "connection or no such mandate.  CONNINFO as for wal dump." },
         { "recover", ctl_cmd_recover, false,
           "--dry-run [--state-dir D] [--config PATH] [--probe]",
           "Show what recovery would decide for every WAL in D/wal (default: the\n"

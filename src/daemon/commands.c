@@ -3,10 +3,13 @@
  * mandate's serial queue; the reply is sent only after the records it wrote
  * are durable. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "chronos.h"
@@ -18,6 +21,7 @@
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
+#include "kairos/kjson.h"
 #include "kairos/planner.h"
 #include <time.h>
 #include "kairos/wal.h"
@@ -66,7 +70,13 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
                 return -EINVAL;
         f->status = -1;
         if (status && (f->status = mandate_status_parse(status)) < 0) {
-                control_reply_error(req, "bad_argument", "args.status: no status '%s'", status);
+                char all[512] = "";
+                size_t off = 0;
+                for (int i = 0; i < MANDATE__STATUS_MAX && off < sizeof all; i++)
+                        off += (size_t)snprintf(all + off, sizeof all - off, "%s%s",
+                                                i ? ", " : "", mandate_status_name(i));
+                control_reply_error(req, "bad_argument",
+                                    "args.status: no status '%s' (one of: %s)", status, all);
                 return -EINVAL;
         }
         f->schedule = control_arg_string(req, "schedule", false, &failed);
@@ -102,6 +112,28 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
         return 0;
 }
 
+/* A schedule name neither configured (running, retained or broken) nor
+ * that of any mandate kept here: a typo, not an empty list.  (A schedule
+ * removed from the configuration still lists its history.) */
+static bool schedule_unheard_of(struct daemon *d, const char *name)
+{
+        if (config_find_schedule(d->cfg, name) || config_find_broken(d->cfg, name))
+                return false;
+        struct history_filter f = { .status = -1, .schedule = name };
+        json_t *res = NULL;
+        if (history_list(d, &f, 1, &res) < 0)
+                return false;
+        bool none = json_integer_value(json_object_get(res, "total")) == 0;
+        json_decref(res);
+        return none;
+}
+
+static void reply_no_schedule(struct control_request *req, const char *name)
+{
+        control_reply_error(req, "not_found", "args.schedule: no schedule '%s' (none in the "
+                            "configuration, and no mandate of it is kept)", name);
+}
+
 static void cmd_list(struct control_request *req)
 {
         struct history_filter f = { 0 };
@@ -109,6 +141,10 @@ static void cmd_list(struct control_request *req)
         const char *after;
         if (parse_filter(req, &f, &limit, &after) < 0)
                 return;
+        if (f.schedule && !req->d->cluster && schedule_unheard_of(req->d, f.schedule)) {
+                reply_no_schedule(req, f.schedule);
+                return;
+        }
         /* cluster mode: the database's rows too (on a pool thread) */
         if (cluster_list(req, &f, limit, after))
                 return;
@@ -253,12 +289,100 @@ static json_t *str_or_null(const char *s)
         return s ? json_string(s) : json_null();
 }
 
-/* JSON text from the WAL as a value; what jansson cannot hold (an integer
- * beyond 64 bits, a \u0000 in a key) is kept as a string, never dropped. */
+/* A handler's result (or a recovery's evidence) goes into a reply as the
+ * WAL holds it, numbers digit for digit: jansson would turn an integer
+ * beyond 64 bits into text and re-print 0.1 as 0.10000000000000001.  The
+ * tree carries a placeholder string, RAW_MARK and a per-process random
+ * token followed by the value's compact text in hex, which reply_ok_raw
+ * replaces with the text itself once the reply is printed.  The token is
+ * unknown outside kairosd: no handler's string can pose as a placeholder. */
+#define RAW_MARK "kairos.raw."
+static char raw_token[sizeof RAW_MARK + 32];
+static pthread_once_t raw_token_once = PTHREAD_ONCE_INIT;
+
+static void raw_token_init(void)
+{
+        unsigned char rnd[16];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+                /* no entropy: still unguessable enough for a marker nobody sees */
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+                             ((uint64_t)getpid() << 48) ^ (uint64_t)(uintptr_t)&ts;
+                for (size_t i = 0; i < sizeof rnd; i++, x = x * 6364136223846793005u + 1)
+                        rnd[i] = (unsigned char)(x >> 56);
+        }
+        char *p = raw_token + snprintf(raw_token, sizeof raw_token, "%s", RAW_MARK);
+        for (size_t i = 0; i < sizeof rnd; i++)
+                p += snprintf(p, 3, "%02x", rnd[i]);
+}
+
 static json_t *raw_json(const char *text)
 {
-        json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
-        return v ? v : json_string(text);
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v = NULL;
+        struct kjson_error err;
+        struct kbuf compact = KBUF_INIT, mark = KBUF_INIT;
+        json_t *out = NULL;
+        pthread_once(&raw_token_once, raw_token_init);
+        if (a && kjson_parse(a, text, strlen(text), &v, &err) == 0 &&
+            kjson_write(&compact, v) == 0 && kbuf_puts(&mark, raw_token) == 0 &&
+            kbuf_putc(&mark, '.') == 0 && kbuf_reserve(&mark, 2 * compact.len) == 0) {
+                static const char hex[] = "0123456789abcdef";
+                for (size_t i = 0; i < compact.len; i++) {
+                        unsigned char c = (unsigned char)compact.data[i];
+                        mark.data[mark.len++] = hex[c >> 4];
+                        mark.data[mark.len++] = hex[c & 15];
+                }
+                mark.data[mark.len] = '\0';
+                out = json_string(mark.data);
+        }
+        kjson_arena_free(a);
+        kbuf_free(&compact);
+        kbuf_free(&mark);
+        return out ? out : json_string(text); /* not JSON: kept as text */
+}
+
+static int unhex(char c)
+{
+        return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Reply with result (stolen), its raw_json placeholders replaced by their
+ * values' text. */
+static void reply_ok_raw(struct control_request *req, json_t *result)
+{
+        char *text = json_dumps(result, JSON_COMPACT);
+        json_decref(result);
+        struct kbuf b = KBUF_INIT;
+        pthread_once(&raw_token_once, raw_token_init);
+        size_t tlen = strlen(raw_token);
+        int r = text ? 0 : -ENOMEM;
+        const char *s = text;
+        for (const char *q; r == 0 && (q = strstr(s, raw_token));) {
+                /* the dumped placeholder: "TOKEN.HEX" */
+                if (q == text || q[-1] != '"' || q[tlen] != '.') {
+                        r = kbuf_append(&b, s, (size_t)(q + tlen - s));
+                        s = q + tlen;
+                        continue;
+                }
+                r = kbuf_append(&b, s, (size_t)(q - 1 - s));
+                const char *h = q + tlen + 1;
+                for (; r == 0 && unhex(h[0]) >= 0 && unhex(h[1]) >= 0; h += 2)
+                        r = kbuf_putc(&b, (char)(unhex(h[0]) << 4 | unhex(h[1])));
+                if (r == 0 && *h != '"')
+                        r = -EINVAL; /* not reached: only raw_json makes them */
+                s = h + 1;
+        }
+        if (r == 0)
+                r = kbuf_puts(&b, s);
+        if (r < 0 || !b.data)
+                control_reply_error(req, "internal", "cannot print the reply: %s",
+                                    strerror(r < 0 ? -r : ENOMEM));
+        else
+                control_reply_ok_text(req, b.data, b.len);
+        free(text);
+        kbuf_free(&b);
 }
 
 static json_t *fold_json(const struct fold *f)
@@ -538,7 +662,10 @@ static void op_done(void *arg)
         json_object_set_new(op->result, "status",
                             json_string(abandoned ? mandate_status_name(MANDATE_ABANDONED)
                                                   : mandate_status_name(m->status)));
-        control_reply_ok(op->req, op->result);
+        if (op->kind == OP_SHOW)
+                reply_ok_raw(op->req, op->result);
+        else
+                control_reply_ok(op->req, op->result);
         op->result = NULL;
         daemon_update_status(d);
         executor_kick(d);
@@ -862,6 +989,13 @@ static void list_done(void *arg)
         size_t total = j->total >= overridden ? j->total - overridden + nlocal : n;
         if (total < n)
                 total = n;
+        /* nothing in the database nor here under that name, whatever the time */
+        if (total == 0 && j->f.schedule && j->f.status < 0 && !j->f.since && !j->after &&
+            schedule_unheard_of(d, j->f.schedule)) {
+                reply_no_schedule(req, j->f.schedule);
+                json_decref(dbrows);
+                goto out;
+        }
         json_t *arr = json_array();
         for (size_t k = 0; k < kept; k++)
                 json_array_append(arr, v[k].row);
@@ -1078,7 +1212,7 @@ static void show_done(void *arg)
         set_owner(mj, r->owner, r->epoch);
         json_object_update_missing(j->result, mj);
         json_decref(mj);
-        control_reply_ok(req, j->result);
+        reply_ok_raw(req, j->result);
         j->result = NULL;
 out:
         show_job_free(j);

@@ -666,22 +666,6 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 free(run);
                 return;
         }
-        char **argv = NULL;
-        size_t argc = 0;
-        int r = config_split_command(cmdline, &argv, &argc);
-        if (r < 0 || argc == 0) {
-                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot split %s=: %s",
-                         config_phase_key(a->phase), strerror(r < 0 ? -r : EINVAL));
-                run->spawn_failed = true;
-                run->exited = run->out_eof = run->err_eof = run->finished = true;
-                config_strv_free(argv);
-                run_finished(run);
-                free(run->step_id);
-                free(run->expected_post);
-                free(run);
-                return;
-        }
-        run->argv = argv;
         /* environment */
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", a->attempt);
@@ -720,6 +704,28 @@ void handler_spawn(struct mandate *m, struct advance *a)
         for (size_t i = 0; env && sc && i < sc->nenvironment; i++)
                 if ((env[ne] = strdup(sc->environment[i])))
                         ne++;
+        /* the command line's $NAME and ${NAME} expand from that environment */
+        char **argv = NULL, why[256] = "";
+        size_t argc = 0;
+        int r = env ? config_expand_command(cmdline, env, &argv, &argc, why, sizeof why)
+                    : -ENOMEM;
+        if (r < 0 || argc == 0 || !argv[0][0]) {
+                snprintf(run->spawn_error, sizeof run->spawn_error, "cannot %s %s=: %s",
+                         r < 0 ? "split" : "start", config_phase_key(a->phase),
+                         r == -EINVAL && why[0] ? why
+                         : r < 0 ? strerror(-r)
+                                 : "the command name is empty once its variables are expanded");
+                run->spawn_failed = true;
+                run->exited = run->out_eof = run->err_eof = run->finished = true;
+                config_strv_free(argv);
+                config_strv_free(env);
+                run_finished(run);
+                free(run->step_id);
+                free(run->expected_post);
+                free(run);
+                return;
+        }
+        run->argv = argv;
         run->env = env;
         const char *cwd = sc && sc->working_directory ? sc->working_directory
                           : d->handler_user.set       ? d->handler_user.home

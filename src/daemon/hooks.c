@@ -350,9 +350,12 @@ static void start_next(struct hooks *h)
                 queue_remove(q, run);
                 if (run->fold) {
                         h->folds--;
-                        if (foldpage_prepare(h, run) < 0) {
-                                log_warning("hooks: out of memory: a page for %lu folded "
-                                            "failures not sent", run->fold->count);
+                        int r = foldpage_prepare(h, run);
+                        if (r < 0) {
+                                if (r == -ENOMEM)
+                                        log_warning("hooks: out of memory: a page for %lu "
+                                                    "folded failures not sent",
+                                                    run->fold->count);
                                 hook_free(run);
                                 continue;
                         }
@@ -503,9 +506,6 @@ static void foldpage_add(struct hooks *h, const char *cmd, const struct mandate 
 static int foldpage_prepare(struct hooks *h, struct hook_run *run)
 {
         struct hook_fold *f = run->fold;
-        size_t argc = 0;
-        if (config_split_command(f->cmd, &run->argv, &argc) < 0 || argc == 0)
-                return -ENOMEM;
         char at[32], count[24];
         utc_now(at);
         snprintf(count, sizeof count, "%lu", f->count);
@@ -537,6 +537,19 @@ static int foldpage_prepare(struct hooks *h, struct hook_run *run)
         if (asprintf(&run->label, "OnFailure for %lu folded failures (failures)", f->count) < 0)
                 run->label = NULL;
         int r = !run->doc || !run->env || !run->cwd || !run->label ? -ENOMEM : 0;
+        /* its $NAME and ${NAME} expand from its environment */
+        size_t argc = 0;
+        char why[256] = "";
+        if (r == 0)
+                r = config_expand_command(f->cmd, run->env, &run->argv, &argc, why, sizeof why);
+        if (r == 0 && (argc == 0 || !run->argv[0][0])) {
+                snprintf(why, sizeof why, "the command name is empty once its variables are "
+                         "expanded");
+                r = -EINVAL;
+        }
+        if (r == -EINVAL)
+                log_warning("hooks: a page for %lu folded failures not sent: cannot prepare %s: "
+                            "%s", f->count, f->cmd, why[0] ? why : "cannot split it");
         if (r == 0)
                 log_warning("hooks: %lu failures folded into one page (schedules: %s%s)",
                             f->count, kv[2][1], f->unnamed ? " and more" : "");
@@ -563,12 +576,9 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         utc_now(at);
 
         struct hook_run *run = calloc(1, sizeof(*run));
-        size_t argc = 0;
-        if (!run || config_split_command(cmd, &run->argv, &argc) < 0 || argc == 0) {
-                log_warning("hook %s for %s: cannot prepare %s: the mandate is not affected",
-                            key, m->id, cmd);
-                if (run)
-                        hook_free(run);
+        if (!run) {
+                log_warning("hook %s for %s: out of memory; the mandate is not affected", key,
+                            m->id);
                 return;
         }
         run->h = h;
@@ -607,6 +617,20 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         if (!run->env || !run->cwd || !run->doc || !run->mandate || !run->label) {
                 log_warning("hook %s for %s: out of memory; the mandate is not affected", key,
                             m->id);
+                hook_free(run);
+                return;
+        }
+        /* its $NAME and ${NAME} expand from its environment */
+        char why[256] = "";
+        size_t argc = 0;
+        int r = config_expand_command(cmd, run->env, &run->argv, &argc, why, sizeof why);
+        if (r < 0 || argc == 0 || !run->argv[0][0]) {
+                log_warning("hook %s for %s: cannot prepare %s: %s; the mandate is not affected",
+                            key, m->id, cmd,
+                            r == -EINVAL && why[0] ? why
+                            : r < 0 ? strerror(-r)
+                                    : "the command name is empty once its variables are "
+                                      "expanded");
                 hook_free(run);
                 return;
         }

@@ -7,16 +7,27 @@
 #include <stdio.h>
 
 #ifdef KAIROS_HAVE_PGSTORE
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "conninfo.h"
 #include "pgschema.h"
 #include "pgstore.h"
 
-int initdb_main(const char *conninfo)
+int initdb_main(const char *arg)
 {
         struct pgstore *s = NULL;
         char err[512];
-        int r = pgstore_connect(conninfo, &s, err, sizeof err);
+        char *conninfo = NULL;
+        /* "@FILE", never a password on the command line (conninfo.h) */
+        int r = conninfo_from_arg(arg, &conninfo, err, sizeof err);
+        if (r < 0) {
+                fprintf(stderr, "kairosd: --init-db: %s\n", err[0] ? err : strerror(-r));
+                return r == -EINVAL && arg[0] != '@' ? 64 : 1;
+        }
+        r = pgstore_connect(conninfo, &s, err, sizeof err);
+        free(conninfo);
         if (r < 0) {
                 fprintf(stderr, "kairosd: --init-db: cannot connect: %s\n",
                         err[0] ? err : strerror(-r));
@@ -39,7 +50,7 @@ int initdb_main(const char *conninfo)
         return 0;
 }
 #else
-int initdb_main(const char *conninfo)
+int initdb_main(const char *arg)
 {
         fprintf(stderr, "kairosd: --init-db: this kairosd was built without PostgreSQL "
                 "support (meson setup -Dpostgres=enabled, with libpq-dev)\n");

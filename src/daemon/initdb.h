@@ -2,5 +2,8 @@
 /* kairosd --init-db: create or migrate cluster mode's PostgreSQL schema. */
 #pragma once
 
-/* Returns the exit status (0, or 1 with the reason on standard error). */
-int initdb_main(const char *conninfo);
+/* arg: a connection string without a password, or "@FILE" (conninfo.h).
+ * Returns the exit status: 0; 1 (cannot read FILE, connect or migrate) or
+ * 64 (a password on the command line, a string libpq cannot read), with
+ * the reason on standard error. */
+int initdb_main(const char *arg);

@@ -44,9 +44,10 @@ static void usage(FILE *f)
                 "                       summary or every error, exit 0 or 1\n"
                 "      --main-only      with --check-config: only kairosd.conf and its\n"
                 "                       drop-ins (a broken schedule does not stop kairosd)\n"
-                "      --init-db CONNINFO\n"
+                "      --init-db CONNINFO|@FILE\n"
                 "                       create or migrate the PostgreSQL schema of cluster\n"
-                "                       mode (a libpq connection string), then exit\n"
+                "                       mode (a libpq connection string, without a password;\n"
+                "                       @FILE: read it from FILE), then exit\n"
                 "      --version        print the version\n"
                 "  -h, --help           this help\n");
 }

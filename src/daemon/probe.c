@@ -587,11 +587,18 @@ static void spawn(struct probe_job *j)
         j->timeout_sec = (unsigned)sc->probe_timeout_sec;
         j->cmdline = strdup(sc->probe);
         j->cwd = strdup(sc->working_directory ? sc->working_directory : d->cfg->state_directory);
-        int r = config_split_command(sc->probe, &j->argv, &argc);
-        if (r == 0 && argc == 0)
-                r = -EINVAL;
-        if (r == 0 && (!j->cmdline || !j->cwd || !(j->env = probe_env(j, sc))))
+        char why[256] = "";
+        int r = 0;
+        if (!j->cmdline || !j->cwd || !(j->env = probe_env(j, sc)))
                 r = -ENOMEM;
+        /* its $NAME and ${NAME} expand from its environment */
+        if (r == 0)
+                r = config_expand_command(sc->probe, j->env, &j->argv, &argc, why, sizeof why);
+        if (r == 0 && (argc == 0 || !j->argv[0][0])) {
+                snprintf(why, sizeof why, "the command name is empty once its variables are "
+                         "expanded");
+                r = -EINVAL;
+        }
         if (r == 0) {
                 j->job = (struct runner_job){
                         .argv = j->argv, .envp = j->env, .cwd = j->cwd, .started = on_started,
@@ -601,7 +608,8 @@ static void spawn(struct probe_job *j)
                 r = runner_spawn(d->runner, &j->job);
         }
         if (r < 0) {
-                snprintf(j->start_error, sizeof j->start_error, "%s", strerror(-r));
+                snprintf(j->start_error, sizeof j->start_error, "%s",
+                         r == -EINVAL && why[0] ? why : strerror(-r));
                 finish(j);
         }
 }

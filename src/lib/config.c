@@ -511,6 +511,235 @@ int config_split_command(const char *cmdline, char ***argv_out, size_t *argc_out
         return split_command(cmdline, argv_out, argc_out, &why);
 }
 
+/* ---- variables in command lines ---------------------------------------- */
+
+/* What kairosd puts in the environment of each kind of command
+ * (man/kairosd.8.scd, HANDLERS and NOTIFY); a variable kairosd leaves
+ * unset (LANG, KAIROSCTL, KAIROS_NODE outside cluster mode) is still a
+ * name the command line may use: it expands to nothing. */
+static const char *const handler_vars[] = {
+        "PATH", "LANG", "HOME", "USER", "LOGNAME", "KAIROSCTL",
+        "KAIROS_MANDATE_ID", "KAIROS_PLAN_ID", "KAIROS_STEP_ID", "KAIROS_PHASE",
+        "KAIROS_CYCLE", "KAIROS_IDEM_KEY", "KAIROS_SCHEDULE", "KAIROS_FIRED_AT",
+        "KAIROS_GOAL", "KAIROS_ATTEMPT", "KAIROS_CONTROL_SOCKET", "KAIROS_NODE",
+        "KAIROS_EPOCH", NULL,
+};
+static const char *const probe_vars[] = {
+        "PATH", "LANG", "HOME", "USER", "LOGNAME", "KAIROSCTL",
+        "KAIROS_MANDATE_ID", "KAIROS_PLAN_ID", "KAIROS_STEP_ID", "KAIROS_PHASE",
+        "KAIROS_CYCLE", "KAIROS_IDEM_KEY", "KAIROS_SCHEDULE", "KAIROS_FIRED_AT",
+        "KAIROS_GOAL", "KAIROS_ATTEMPT", "KAIROS_CONTROL_SOCKET", "KAIROS_NODE",
+        "KAIROS_EPOCH", "KAIROS_PROBE", NULL,
+};
+static const char *const hook_vars[] = {
+        "PATH", "LANG", "HOME", "USER", "LOGNAME", "KAIROSCTL",
+        "KAIROS_EVENT", "KAIROS_MANDATE_ID", "KAIROS_SCHEDULE", "KAIROS_FIRED_AT",
+        "KAIROS_STATUS", "KAIROS_REASON", "KAIROS_STEP_ID", "KAIROS_CONTROL_SOCKET",
+        "KAIROS_FOLDED", "KAIROS_SCHEDULES", /* an OnFailure= page of folded failures */
+        NULL,
+};
+
+const char *const *config_command_vars(enum config_command_kind kind)
+{
+        switch (kind) {
+        case CONFIG_COMMAND_HANDLER:
+                return handler_vars;
+        case CONFIG_COMMAND_PROBE:
+                return probe_vars;
+        case CONFIG_COMMAND_HOOK:
+                return hook_vars;
+        }
+        return NULL;
+}
+
+/* Where the names come from: checking (names only: kairosd's of a kind,
+ * and the NAME of each NAME=VALUE of env) or expanding (env's values). */
+struct var_source {
+        const char *const *names;       /* checking: kairosd's names; NULL: expanding */
+        char *const *env;               /* "NAME=VALUE", NULL-terminated, or NULL */
+        const char *kind_doc;           /* checking: for messages */
+};
+
+/* The value of NAME (n bytes) in a "NAME=VALUE" list, or NULL. */
+static const char *env_value(char *const *env, const char *name, size_t n)
+{
+        for (size_t i = 0; env && env[i]; i++)
+                if (strncmp(env[i], name, n) == 0 && env[i][n] == '=')
+                        return env[i] + n + 1;
+        return NULL;
+}
+
+/* 0 with the value in *ret (NULL: unset, which expands to nothing), or
+ * -ENOENT for a name the command cannot have (checking only). */
+static int var_lookup(const struct var_source *src, const char *name, size_t n,
+                      const char **ret)
+{
+        *ret = env_value(src->env, name, n);
+        if (!src->names || *ret)
+                return 0;
+        for (size_t i = 0; src->names[i]; i++)
+                if (strlen(src->names[i]) == n && strncmp(src->names[i], name, n) == 0)
+                        return 0;
+        return -ENOENT;
+}
+
+__attribute__((format(printf, 3, 4)))
+static void why_set(char *why, size_t len, const char *fmt, ...)
+{
+        if (!why || !len)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+}
+
+static void why_unknown(const struct var_source *src, const char *ref, size_t n, char *why,
+                        size_t len)
+{
+        why_set(why, len, "unknown variable %.*s: %s gets only the variables of kairosd(8), "
+                "%s%s (write $$ for a literal $)", (int)(n > 80 ? 80 : n), ref,
+                src->kind_doc, src->names == handler_vars ? "HANDLERS" :
+                src->names == probe_vars ? "HANDLERS (and KAIROS_PROBE)" : "NOTIFY",
+                src->names == hook_vars ? "" : ", and those of Environment=");
+}
+
+static int push_dup(char ***v, size_t *n, const char *s, size_t len)
+{
+        char *d = strndup(s, len);
+        if (!d || strv_push(v, n, d) < 0) {
+                free(d);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+/* One word of a split command line, expanded as systemd does: the word
+ * "$NAME" becomes the value split at white space (zero or more words),
+ * "${NAME}" anywhere in a word its value as is, "$$" one "$", and any other
+ * "$" stays (e.g. "$NAME" inside a word, for a shell: "sh -c 'echo $HOME'").
+ * Appends to out.  -EINVAL (why says it) for "${" without "}" or with no
+ * name in it, or a name src does not know; -ENOMEM. */
+static int expand_word(const struct var_source *src, const char *w, char ***out, size_t *nout,
+                       char *why, size_t why_len)
+{
+        const char *v;
+        int r;
+        if (w[0] == '$' && w[1] != '{' && w[1] != '$' && valid_env_name(w + 1, strlen(w + 1))) {
+                if (var_lookup(src, w + 1, strlen(w + 1), &v) < 0) {
+                        why_unknown(src, w, strlen(w), why, why_len);
+                        return -EINVAL;
+                }
+                for (const char *s = v ? v : ""; *s;) {
+                        size_t skip = strspn(s, " \t\n\r");
+                        s += skip;
+                        size_t n = strcspn(s, " \t\n\r");
+                        if (n && (r = push_dup(out, nout, s, n)) < 0)
+                                return r;
+                        s += n;
+                }
+                return 0;
+        }
+        struct kbuf b = KBUF_INIT;
+        r = kbuf_append(&b, "", 0); /* "" stays a word */
+        for (const char *s = w; r == 0 && *s; s++) {
+                if (s[0] != '$' || (s[1] != '$' && s[1] != '{')) {
+                        r = kbuf_putc(&b, *s);
+                        continue;
+                }
+                if (s[1] == '$') {
+                        r = kbuf_putc(&b, '$');
+                        s++;
+                        continue;
+                }
+                const char *name = s + 2, *end = strchr(name, '}');
+                if (!end) {
+                        why_set(why, why_len, "\"${\" without \"}\" in \"%.80s\" (write $$ for "
+                                "a literal $)", w);
+                        r = -EINVAL;
+                        break;
+                }
+                size_t n = (size_t)(end - name);
+                if (!valid_env_name(name, n)) {
+                        why_set(why, why_len, "\"%.*s\" is not a variable name (A-Z a-z 0-9 _, "
+                                "not starting with a digit; no ${NAME:-default}; write $$ for a "
+                                "literal $)", (int)(n + 3 > 80 ? 80 : n + 3), s);
+                        r = -EINVAL;
+                        break;
+                }
+                if (var_lookup(src, name, n, &v) < 0) {
+                        why_unknown(src, s, n + 3, why, why_len);
+                        r = -EINVAL;
+                        break;
+                }
+                if (v)
+                        r = kbuf_puts(&b, v);
+                s = end;
+        }
+        if (r == 0) {
+                char *word = kbuf_steal(&b);
+                r = strv_push(out, nout, word);
+                if (r < 0)
+                        free(word);
+        }
+        kbuf_free(&b);
+        return r;
+}
+
+static int expand_command(const struct var_source *src, const char *cmdline, char ***ret_argv,
+                          size_t *ret_argc, char *why, size_t why_len)
+{
+        char **words = NULL, **out = NULL;
+        size_t nwords = 0, nout = 0;
+        const char *split_why;
+        int r = split_command(cmdline, &words, &nwords, &split_why);
+        if (r < 0) {
+                if (r == -EINVAL)
+                        why_set(why, why_len, "cannot split command line: %s", split_why);
+                return r;
+        }
+        for (size_t i = 0; r == 0 && i < nwords; i++)
+                r = expand_word(src, words[i], &out, &nout, why, why_len);
+        if (r == 0 && !out && !(out = calloc(1, sizeof(*out))))
+                r = -ENOMEM;
+        config_strv_free(words);
+        if (r < 0) {
+                config_strv_free(out);
+                return r;
+        }
+        *ret_argv = out;
+        *ret_argc = nout;
+        return 0;
+}
+
+int config_check_command_vars(const char *cmdline, enum config_command_kind kind,
+                              char *const *environment, char *why, size_t why_len)
+{
+        const char *const *names = config_command_vars(kind);
+        if (!cmdline || !names)
+                return -EINVAL;
+        struct var_source src = {
+                .names = names, .env = environment,
+                .kind_doc = kind == CONFIG_COMMAND_HOOK ? "a hook"
+                          : kind == CONFIG_COMMAND_PROBE ? "a probe" : "a handler",
+        };
+        char **argv;
+        size_t argc;
+        int r = expand_command(&src, cmdline, &argv, &argc, why, why_len);
+        if (r == 0)
+                config_strv_free(argv);
+        return r;
+}
+
+int config_expand_command(const char *cmdline, char *const *env, char ***ret_argv,
+                          size_t *ret_argc, char *why, size_t why_len)
+{
+        if (!cmdline || !ret_argv || !ret_argc)
+                return -EINVAL;
+        struct var_source src = { .env = env };
+        return expand_command(&src, cmdline, ret_argv, ret_argc, why, why_len);
+}
+
 /* ---- the tables -------------------------------------------------------- */
 
 enum key_type {
@@ -546,6 +775,8 @@ struct key_def {
         bool empty_is_set;              /* KT_COMMAND: an empty value stores "" (none here,
                                          * not "the default"), not NULL */
         bool narrow;                    /* KT_DURATION: stored as unsigned (max <= UINT_MAX) */
+        int vars;                       /* KT_COMMAND: VARS_*, 1 + the config_command_kind
+                                         * whose variables it may name */
 };
 
 struct section_def {
@@ -609,6 +840,9 @@ static const char *check_time_zone(const char *v, char *buf, size_t len)
 }
 
 #define DFIELD(f) offsetof(struct config, f)
+#define VARS_HANDLER (1 + CONFIG_COMMAND_HANDLER)
+#define VARS_PROBE (1 + CONFIG_COMMAND_PROBE)
+#define VARS_HOOK (1 + CONFIG_COMMAND_HOOK)
 #define SFIELD(f) offsetof(struct config_schedule, f)
 
 static const char *const log_levels[] = {
@@ -681,8 +915,10 @@ static const struct key_def idempotency_keys[] = {
 };
 
 static const struct key_def notify_keys[] = {
-        { .name = "OnReview", .type = KT_COMMAND, .offset = DFIELD(on_review) },
-        { .name = "OnFailure", .type = KT_COMMAND, .offset = DFIELD(on_failure) },
+        { .name = "OnReview", .type = KT_COMMAND, .offset = DFIELD(on_review),
+          .vars = VARS_HOOK },
+        { .name = "OnFailure", .type = KT_COMMAND, .offset = DFIELD(on_failure),
+          .vars = VARS_HOOK },
         { .name = NULL },
 };
 
@@ -739,17 +975,22 @@ static const struct key_def mandate_keys[] = {
 static const char *const mandate_removed[] = { "CheckpointEvery", "RiskBudget", NULL };
 
 static const struct key_def exec_keys[] = {
-        { .name = "Observe", .type = KT_COMMAND, .offset = SFIELD(exec[0]) },
-        { .name = "Orient", .type = KT_COMMAND, .offset = SFIELD(exec[1]) },
-        { .name = "Decide", .type = KT_COMMAND, .offset = SFIELD(exec[2]) },
-        { .name = "Act", .type = KT_COMMAND, .offset = SFIELD(exec[3]) },
-        { .name = "Reflect", .type = KT_COMMAND, .offset = SFIELD(exec[4]) },
+        { .name = "Observe", .type = KT_COMMAND, .offset = SFIELD(exec[0]),
+          .vars = VARS_HANDLER },
+        { .name = "Orient", .type = KT_COMMAND, .offset = SFIELD(exec[1]),
+          .vars = VARS_HANDLER },
+        { .name = "Decide", .type = KT_COMMAND, .offset = SFIELD(exec[2]),
+          .vars = VARS_HANDLER },
+        { .name = "Act", .type = KT_COMMAND, .offset = SFIELD(exec[3]),
+          .vars = VARS_HANDLER },
+        { .name = "Reflect", .type = KT_COMMAND, .offset = SFIELD(exec[4]),
+          .vars = VARS_HANDLER },
         { .name = "TimeoutSec", .type = KT_DURATION, .offset = SFIELD(timeout_sec),
           .min = 1, .max = CONFIG_DURATION_MAX },
         { .name = "Environment", .type = KT_ENV_LIST, .offset = SFIELD(environment),
           .count_offset = SFIELD(nenvironment) },
         { .name = "WorkingDirectory", .type = KT_OPT_PATH, .offset = SFIELD(working_directory) },
-        { .name = "Probe", .type = KT_COMMAND, .offset = SFIELD(probe) },
+        { .name = "Probe", .type = KT_COMMAND, .offset = SFIELD(probe), .vars = VARS_PROBE },
         { .name = "MemoryMax", .type = KT_LIMIT, .offset = SFIELD(memory_max),
           .parse_limit = config_parse_bytes,
           .limit_form = "bytes with an optional K, M, G or T suffix, or infinity" },
@@ -767,9 +1008,9 @@ static const struct key_def exec_keys[] = {
 
 static const struct key_def schedule_notify_keys[] = {
         { .name = "OnReview", .type = KT_COMMAND, .offset = SFIELD(on_review),
-          .empty_is_set = true },
+          .empty_is_set = true, .vars = VARS_HOOK },
         { .name = "OnFailure", .type = KT_COMMAND, .offset = SFIELD(on_failure),
-          .empty_is_set = true },
+          .empty_is_set = true, .vars = VARS_HOOK },
         { .name = NULL },
 };
 
@@ -807,6 +1048,14 @@ struct parser {
         unsigned seen[MAX_SECTIONS];    /* line of the first header, 0 = not seen */
         uint64_t assigned[MAX_SECTIONS]; /* bit i: keys[i] was given (even if bad) */
         struct key_origin *cluster;     /* [CLUSTER_KEYS] (main files), or NULL */
+        /* the command keys whose variables are checked once the whole file
+         * is read (Environment= may come after them: Observe= ... Reflect=,
+         * Probe=), with their last line */
+        struct {
+                const struct key_def *k;
+                unsigned line;
+        } late[CONFIG_PHASES + 1];
+        size_t nlate;
 };
 
 __attribute__((format(printf, 4, 5)))
@@ -1007,6 +1256,18 @@ static void set_phase_set(struct parser *p, unsigned line, const struct key_def 
         *(unsigned *)(base + k->offset) = set;
 }
 
+static void check_vars(struct parser *p, unsigned line, const struct key_def *k,
+                       const char *v, char *const *environment)
+{
+        char why[512];
+        int r = config_check_command_vars(v, (enum config_command_kind)(k->vars - 1),
+                                          environment, why, sizeof(why));
+        if (r == -ENOMEM)
+                p->ec->oom = true;
+        else if (r < 0)
+                perr(p, line, k->name, "%s", why);
+}
+
 static void assign(struct parser *p, unsigned line, const struct key_def *k, const char *v)
 {
         char *base = p->target;
@@ -1152,10 +1413,36 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                         perr(p, line, k->name, "empty command name");
                         return;
                 }
-                if (set_str((char **)(base + k->offset), v) < 0)
+                if (set_str((char **)(base + k->offset), v) < 0) {
                         p->ec->oom = true;
+                        return;
+                }
+                if (k->vars == VARS_HOOK) {
+                        check_vars(p, line, k, v, NULL);
+                        return;
+                }
+                size_t i = 0;
+                while (i < p->nlate && p->late[i].k != k)
+                        i++;
+                /* (one slot per such key of exec_keys: never full) */
+                if (i < sizeof(p->late) / sizeof(p->late[0])) {
+                        p->late[i].k = k;
+                        p->late[i].line = line;
+                        p->nlate += i == p->nlate;
+                }
                 return;
         }
+        }
+}
+
+/* The variables of the command keys recorded by assign, against the
+ * schedule's final Environment=. */
+static void check_late_vars(struct parser *p, char *const *environment)
+{
+        for (size_t i = 0; i < p->nlate; i++) {
+                const char *v = *(char **)((char *)p->target + p->late[i].k->offset);
+                if (v && *v)
+                        check_vars(p, p->late[i].line, p->late[i].k, v, environment);
         }
 }
 
@@ -1569,6 +1856,8 @@ static int parse_schedule(const char *name, const char *path, const char *text, 
                 .section = -1,
         };
         parse_text(&p, text, len);
+        if (!ec->oom)
+                check_late_vars(&p, out->environment);
         if (wc.oom)
                 ec->oom = true;
         if (ec->oom) {

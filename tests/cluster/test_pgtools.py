@@ -45,7 +45,7 @@ ACT = r"""#!/bin/sh
   > "$OUT/run2.out" || exit 4
 printf 'report\n' | "$KAIROSCTL" tool write --key "write-$KAIROS_IDEM_KEY" "$ROOT/report" || exit 5
 printf 'other\n' | "$KAIROSCTL" tool write --key "write-$KAIROS_IDEM_KEY" "$ROOT/report" \
-  > "$OUT/write2.out" || exit 6
+  2> "$OUT/write2.out" || exit 6
 # a tool that cannot be executed is stored as failed, and replayed as such
 "$KAIROSCTL" tool run --key "fail-$KAIROS_IDEM_KEY" -- "$OUT/no-such-tool" 2> /dev/null
 echo $? > "$OUT/fail1.rc"

@@ -238,6 +238,121 @@ class Corrupt(unittest.TestCase):
         self.assertEqual(j["mandates"][0]["rows"], n)
 
 
+class Conninfo(unittest.TestCase):
+    """No password on a command line (every user reads /proc/PID/cmdline):
+    one there is refused (64) and nothing connects; "@FILE" reads the
+    connection string from a file; libpq's PG* environment fills what the
+    string leaves out (PGPASSWORD, PGPASSFILE, PGHOST, ...), kairos sets
+    none of them itself.  The role pwuser needs its password (scram)."""
+
+    @classmethod
+    def setUpClass(cls):
+        PG.psql(DB, "DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pwuser') "
+                    "THEN CREATE ROLE pwuser LOGIN SUPERUSER PASSWORD 'sekrit'; END IF; END$$")
+        hba = os.path.join(PG.data, "pg_hba.conf")
+        with open(hba) as f:
+            text = f.read()
+        if "pwuser" not in text:
+            with open(hba, "w") as f:
+                f.write("local all pwuser scram-sha-256\n" + text)
+            PG.psql(DB, "SELECT pg_reload_conf()")
+        cls.tmp = tempfile.mkdtemp(prefix="kconninfo")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def base(self, user="pwuser"):
+        return f"host={PG.dir} port={pg_fixture.PORT} user={user} dbname={DB}"
+
+    def file(self, name, text):
+        path = os.path.join(self.tmp, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+
+    def verify(self, db, env=None, prog=None):
+        e = dict(os.environ)
+        for k in list(e):
+            if k.startswith("PG"):
+                del e[k]
+        e.update(env or {})
+        argv = prog or [KAIROSCTL, "wal", "verify", "--db", db, "m-real"]
+        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=60, env=e)
+
+    def test_password_on_the_command_line_is_refused(self):
+        why = ("the connection string holds a password, which every user of this host can "
+               "read in /proc/PID/cmdline: write it in a file given as @FILE (mode 0600), or "
+               "leave it to ~/.pgpass, PGPASSFILE or PGPASSWORD")
+        for db in (self.base() + " password=sekrit",
+                   f"postgresql://pwuser:sekrit@/{DB}?host={PG.dir}&port={pg_fixture.PORT}",
+                   f"postgresql:///{DB}?host={PG.dir}&password=sekrit"):
+            for sub in ("verify", "dump"):
+                with self.subTest(db=db, sub=sub):
+                    r = self.verify(db, prog=[KAIROSCTL, "wal", sub, "--db", db, "m-real"])
+                    self.assertEqual((r.returncode, r.stdout), (64, ""), r.stderr)
+                    self.assertEqual(r.stderr, f"kairosctl: wal {sub} --db: {why} (see "
+                                               "kairosctl --help)\n")
+            with self.subTest(db=db, prog="kairosd"):
+                r = self.verify(db, prog=[KAIROSD, "--init-db", db])
+                self.assertEqual((r.returncode, r.stdout), (64, ""), r.stderr)
+                self.assertEqual(r.stderr, "kairosd: --init-db: " + why + "\n")
+        # a string libpq cannot read is a usage error too, its text not shown
+        r = self.verify("host=x password='sekrit")
+        self.assertEqual(r.returncode, 64, r.stderr)
+        self.assertNotIn("sekrit", r.stderr)
+
+    def test_password_from_a_file_or_the_environment(self):
+        # without it: refused by the server
+        r = self.verify(self.base())
+        self.assertEqual(r.returncode, 66, r.stderr)
+        self.assertIn("cannot connect to the database", r.stderr)
+        # from @FILE (the whole string, password included)
+        path = self.file("db.conninfo", self.base() + " password=sekrit\n")
+        r = self.verify("@" + path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("m-real: ok", r.stdout)
+        r = self.verify("@" + path, prog=[KAIROSD, "--init-db", "@" + path])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "kairos schema: up to date at version %s\n"
+                         % r.stdout.split()[-1])
+        # libpq's environment: PGPASSWORD, PGPASSFILE
+        r = self.verify(self.base(), env={"PGPASSWORD": "sekrit"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        passfile = self.file("pgpass", f"*:*:*:pwuser:sekrit\n")
+        r = self.verify(self.base(), env={"PGPASSFILE": passfile})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # nothing on the command line at all: PGHOST, PGPORT, PGUSER, PGDATABASE
+        env = {"PGHOST": PG.dir, "PGPORT": str(pg_fixture.PORT), "PGUSER": "pwuser",
+               "PGDATABASE": DB, "PGPASSWORD": "sekrit"}
+        r = self.verify("", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.verify("", env=env, prog=[KAIROSD, "--init-db", ""])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # PGAPPNAME and PGCONNECT_TIMEOUT are libpq's to read, not kairos's to set
+        r = self.verify("", env=dict(env, PGCONNECT_TIMEOUT="x"))
+        self.assertEqual(r.returncode, 66, r.stderr)
+        self.assertIn("connect_timeout", r.stderr)
+
+    def test_bad_files(self):
+        for arg, code, what in (("@" + os.path.join(self.tmp, "none"), 66,
+                                 "cannot read %s: No such file or directory"
+                                 % os.path.join(self.tmp, "none")),
+                                ("@" + self.tmp, 66, "%s: not a regular file" % self.tmp),
+                                ("@" + self.file("empty", "\n"), 66,
+                                 "%s: is empty (no connection string)"
+                                 % os.path.join(self.tmp, "empty"))):
+            with self.subTest(arg=arg):
+                r = self.verify(arg)
+                self.assertEqual((r.returncode, r.stdout), (code, ""), r.stderr)
+                self.assertEqual(r.stderr, "kairosctl: wal verify --db: %s\n" % what)
+                r = self.verify(arg, prog=[KAIROSD, "--init-db", arg])
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertEqual(r.stderr, "kairosd: --init-db: %s\n" % what)
+
+
 def main():
     global PG, WAL, BARRIERS
     if not LOAD_WAL:

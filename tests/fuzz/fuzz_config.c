@@ -105,6 +105,21 @@ static void check_command(const char *cmd)
         config_strv_free(argv);
 }
 
+/* A loaded command line names only variables its kind may use, and expands
+ * from any environment (here: its names with their own names as values). */
+static void check_command_vars(const char *cmd, enum config_command_kind kind, char **environment)
+{
+        int r = config_check_command_vars(cmd, kind, environment, NULL, 0);
+        CHECK(r == 0 || r == -ENOMEM);
+        char **argv;
+        size_t argc;
+        r = config_expand_command(cmd, environment, &argv, &argc, NULL, 0);
+        if (r == -ENOMEM)
+                return;
+        CHECK(r == 0 && !argv[argc]);
+        config_strv_free(argv);
+}
+
 /* Only what a parser can put there: no control characters, no blank at
  * either end, no trailing backslash (it would continue the line). */
 static void check_value(const char *v)
@@ -156,12 +171,18 @@ static void check_schedule(const struct config_schedule *s)
                 if (s->exec[i]) {
                         check_value(s->exec[i]);
                         check_command(s->exec[i]);
+                        check_command_vars(s->exec[i], CONFIG_COMMAND_HANDLER, s->environment);
                 }
         }
         if (s->probe) {
                 check_value(s->probe);
                 check_command(s->probe);
+                check_command_vars(s->probe, CONFIG_COMMAND_PROBE, s->environment);
         }
+        if (s->on_review && *s->on_review)
+                check_command_vars(s->on_review, CONFIG_COMMAND_HOOK, NULL);
+        if (s->on_failure && *s->on_failure)
+                check_command_vars(s->on_failure, CONFIG_COMMAND_HOOK, NULL);
         if (s->working_directory) {
                 check_value(s->working_directory);
                 CHECK(abs_path_ok(s->working_directory));

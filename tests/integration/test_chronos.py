@@ -648,10 +648,10 @@ class Reload(ChronosCase):
                               "schedules"], capture_output=True, text=True, timeout=30)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertRegex(out.stdout, r"(?m)^bad .* broken$")
-        self.assertIn("bad: broken: %s:2: Cron=" % bad, out.stdout)
+        self.assertIn("\nschedule bad is broken: %s:2: Cron=" % bad, out.stdout)
         out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
                               "status"], capture_output=True, text=True, timeout=30)
-        self.assertIn("Schedules:       3 (1 broken: bad)", out.stdout)
+        self.assertIn("Schedules:       3, 1 of them broken (skipped): bad\n", out.stdout)
         # Fixed: it runs again, its state kept meanwhile.
         with open(bad, "w") as f:
             f.write("[Schedule]\nCron=30 * * * *\n[Mandate]\nMaxCycles=1\n")

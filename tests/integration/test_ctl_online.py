@@ -530,10 +530,21 @@ class TestOperatorCommands(OnlineCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("uid 65534 is not allowed", r.stderr)
         self.assertEqual(r.stdout, "")
+        # the socket as kairosd makes it (0660): the kernel refuses the
+        # connection; refused all the same (exit 1), not "unreachable" (2)
+        os.chmod(self.sock, 0o660)
+        r = run_ctl("--socket", self.sock, "status", preexec_fn=as_nobody)
+        self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+        self.assertEqual(r.stderr, "kairosctl: cannot connect to %s: Permission denied (root, "
+                         "kairosd's user or the socket's group may connect)\n" % self.sock)
 
 
 def plan_hex(text):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+BIG_RESULT = ('{"n":123456789012345678901234567890123456789,"neg":-98765432109876543210,'
+              '"f":0.1,"e":1e400,"l":[18446744073709551616]}')
 
 
 class TestRetryWait(OnlineCase):
@@ -549,11 +560,15 @@ class TestRetryWait(OnlineCase):
         with open(act, "w") as f:
             f.write("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
                     "\"reason\":\"needs a human\"}}'\n")
+        big = os.path.join(self.dir, "big.sh")
+        with open(big, "w") as f:
+            f.write("#!/bin/sh\necho '%s'\n" % BIG_RESULT)
         one = {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"}}
         self.conf = write_config(self.dir, self.state, {
             "slow": SLOW_SCHEDULE,
             "approval": dict(one, Exec={"Act": "/bin/sh " + act}),
             "nul": dict(one, Exec={"Act": "/bin/sh " + nul}),
+            "big": dict(one, Exec={"Act": "/bin/sh " + big}),
             "fail": dict(one, Exec={"Act": "/bin/false"}),
             "ok": dict(one, Exec={"Act": "/bin/true"}),
             "fail2": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "2"},
@@ -585,6 +600,31 @@ class TestRetryWait(OnlineCase):
         self.assertEqual(act["result"], "a\x00b")
         raw = self.ok("--json", "show", m)
         self.assertIn('"a\\u0000b"', raw, "printed escaped")
+
+    def test_big_numbers_in_a_result(self):
+        # kjson keeps a result's digits; show --json printed them as a
+        # string, and 0.1 as 0.10000000000000001 (jansson on both ends)
+        m = self.fire("big")
+        r = self.wait(m, "--timeout", "60")
+        self.assertEqual((r.returncode, r.stdout, r.stderr),
+                         (0, "%s: done: MaxCycles reached\n" % m, ""))
+        raw = self.ok("--json", "show", m)
+        self.assertIn('"result": {\n'
+                      '            "n": 123456789012345678901234567890123456789,\n'
+                      '            "neg": -98765432109876543210,\n'
+                      '            "f": 0.1,\n'
+                      '            "e": 1e400,\n'
+                      '            "l": [\n'
+                      '              18446744073709551616\n'
+                      '            ]\n'
+                      '          },', raw)
+        got = json.loads(raw)
+        act = [s for s in got["plans"][0]["steps"] if s["step_id"] == "act_001"][0]
+        self.assertEqual(act["result"]["n"], 123456789012345678901234567890123456789)
+        self.assertEqual(act["result"]["l"], [2 ** 64])
+        self.assertEqual(got, self.raw("show", mandate=m)["result"], "the protocol's reply")
+        out = self.ok("show", m)
+        self.assertRegex(out, r"\n +act_001 +completed +1 +no ")
 
     def test_wait_exit_codes(self):
         ok = self.fire("ok")
@@ -760,6 +800,51 @@ class TestRetryWait(OnlineCase):
         self.assertEqual(r.returncode, 2, r)
         self.assertEqual(r.stdout, "%s: corrupt: damaged gzip file\n" % cut)
         self.assertIn("damaged gzip file: truncated", r.stderr)
+
+
+class TestListFilters(OnlineCase):
+    """list --status and --schedule name what is wrong; a broken schedule's
+    lines do not repeat "broken"."""
+    config = True
+
+    def test_bad_status_lists_the_valid_ones(self):
+        r = self.refused("list", "--status", "bogus")
+        self.assertEqual(r.stderr, "kairosctl: args.status: no status 'bogus' (one of: runnable, "
+                         "running, idle, paused, paused_review, probing, awaiting_approval, "
+                         "quarantined, wal_io_error, done, failed, terminated, abandoned, "
+                         "cancelled)\n")
+        self.assertEqual(r.stdout, "")
+
+    def test_unknown_schedule_is_an_error(self):
+        r = self.refused("list", "--schedule", "nosuch")
+        self.assertEqual(r.stderr, "kairosctl: args.schedule: no schedule 'nosuch' (none in the "
+                         "configuration, and no mandate of it is kept)\n")
+        r = self.refused("--json", "list", "--schedule", "nosuch")
+        self.assertEqual(json.loads(r.stdout)["code"], "not_found")
+        # configured, no mandate yet: an empty list
+        self.assertEqual(self.ok("list", "--schedule", "approval"), "no mandates\n")
+        self.assertEqual(self.ok("list", "--schedule", "slow", "--status", "done"),
+                         "no mandates\n")
+        # removed from the configuration: its history still lists
+        m = self.fire_slow()
+        os.unlink(os.path.join(self.dir, "schedules.d", "slow.conf"))
+        self.ok("reload")
+        self.assertEqual([r["ID"] for r in self.list_table("--schedule", "slow")], [m])
+        self.refused("list", "--schedule", "nosuch")
+
+    def test_broken_schedule_lines(self):
+        # a broken file named broken: listed (no mandates), its lines name it once
+        with open(os.path.join(self.dir, "schedules.d", "broken.conf"), "w") as f:
+            f.write("[Schedule]\nCron=61 * * * *\n")
+        self.ok("reload")
+        self.assertEqual(self.ok("list", "--schedule", "broken"), "no mandates\n")
+        out = self.ok("schedules")
+        self.assertNotIn("broken: broken", out)
+        self.assertIn("\nschedule broken is broken: %s/schedules.d/broken.conf:2: Cron=: "
+                      "invalid expression" % self.dir, out)
+        out = self.ok("status")
+        self.assertNotIn("broken: broken", out)
+        self.assertIn("\nSchedules:       3, 1 of them broken (skipped): broken\n", out)
 
 
 class TestSocketSelection(OnlineCase):
@@ -1119,7 +1204,8 @@ class TestClient(unittest.TestCase):
         self.assertEqual(text.returncode, 0, text.stderr)
         self.assertEqual(text.stdout.splitlines()[1].split()[0], "b\\x1bad")
         self.assertEqual(text.stdout.splitlines()[-1],
-                         "b\\x1bad: broken: line 1: \u00e9 \"quoted\" \\\\ /\\x09\\x01\\x7f")
+                         "schedule b\\x1bad is broken: line 1: \u00e9 \"quoted\" \\\\ "
+                         "/\\x09\\x01\\x7f")
 
     def test_schedules_refusal(self):
         self.serve(lambda c, line: reply(c, {"v": 1, "id": None, "ok": False,

@@ -370,7 +370,8 @@ class TestResults(ExecCase):
         "deep127": ("[" * 127 + "]" * 127, json.loads("[" * 127 + "]" * 127)),
         # one level more would make the completed record too deep to read back
         "deep128": ("[" * 128 + "]" * 128, "[" * 128 + "]" * 128),
-        "bigint": ("123456789012345678901234567890", "123456789012345678901234567890"),
+        # digit for digit, a number (show splices the WAL's text into its reply)
+        "bigint": ("123456789012345678901234567890", 123456789012345678901234567890),
         "nul": ('"a\\u0000b"', "a\u0000b"),
         "spaced": (' \t {"a" : [ 1 , 2 ] } ', {"a": [1, 2]}),
         "text": ("\x01 not json", "\x01 not json"),
@@ -769,6 +770,28 @@ class TestFailures(ExecCase):
             # root may execute nothing without an x bit either
             self.assertIn("cannot execute '%s': Permission denied" % h, rec["error_msg"])
         self.assertEqual(rec["error_class"], "exit_status")
+
+    def test_variables_in_the_command_line(self):
+        # $NAME alone splits at blanks, ${NAME} stays one argument, $$ is a $;
+        # a command name that expands to nothing fails the step
+        h = self.script("args.sh", 'cat > /dev/null\nprintf "%s|" "$@" > "$OUT/args"\n')
+        self.configure({"vars": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Act": "/bin/sh %s $OPTS ${OPTS} "
+                                                 "--step=${KAIROS_STEP_ID} $$HOME" % h,
+                                          "Environment": ['"OPTS=-a  -b"', "OUT=" + self.out]}},
+                        "empty": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                  "Exec": {"Act": "$NOTHING", "Environment": "NOTHING="}}})
+        self.start()
+        m = self.fire("vars")
+        self.d.wait_log("mandate %s done" % m)
+        with open(os.path.join(self.out, "args")) as f:
+            self.assertEqual(f.read(), "-a|-b|-a  -b|--step=act_001|$HOME|")
+        m = self.fire("empty")
+        self.d.wait_log("mandate %s failed" % m)
+        rec = self.last_status(self.archived(m), "act_001")
+        self.assertEqual(rec["status"], "failed")
+        self.assertIn("cannot start Act=: the command name is empty once its variables are "
+                      "expanded", rec["error_msg"])
 
     def test_two_failed_cycles_terminate(self):
         m, rec = self.run_failing("exit 1\n", max_cycles="3")

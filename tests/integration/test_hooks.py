@@ -380,6 +380,27 @@ class TestHooks(HookCase):
         self.assertIn("hooks: 64 failure pages waiting; the next failures", self.d.log())
         self.assertNotIn("dropped", self.d.log())
 
+    def test_variables_expand_from_the_hooks_environment(self):
+        # ${NAME} in a word and $$: from the hook's own environment
+        cmd = "/bin/sh %s %s ${KAIROS_EVENT}-${KAIROS_STATUS}-$$" % (self.hook, self.out)
+        self.configure({"nightly": self.failing_schedule({"OnFailure": cmd})})
+        self.start()
+        m = self.fire("nightly")
+        env, doc, tag = self.wait_hook("failure", m)
+        self.assertEqual(tag, "failure-failed-$")
+        # a name a hook does not get (a handler's, Environment='s): file:line
+        self.configure({"sched": {"Schedule": CRON, "Exec": {"Environment": "MINE=1"},
+                                  "Notify": {"OnFailure": "/bin/mail ${MINE}"}}},
+                       notify="OnReview=/bin/page $KAIROS_IDEM_KEY\n")
+        p = subprocess.run([os.environ.get("KAIROSD", "kairosd"), "--check-config", "-c",
+                            self.conf], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("kairosd.conf:6: OnReview=: unknown variable $KAIROS_IDEM_KEY: a hook "
+                      "gets only the variables of kairosd(8), NOTIFY (write $$ for a literal $)",
+                      p.stderr)
+        self.assertIn("sched.conf:6: OnFailure=: unknown variable ${MINE}: a hook gets only "
+                      "the variables of kairosd(8), NOTIFY (write $$ for a literal $)", p.stderr)
+
     def test_check_config_validates_notify(self):
         self.configure({"sched": {"Schedule": CRON, "Notify": {"OnReview": "'unbalanced"}}},
                        notify="OnFailure=\"\"\nOnPage=x\n")

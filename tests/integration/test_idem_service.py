@@ -227,6 +227,30 @@ class TestToolRun(IdemCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("reserved", p.stderr.decode())
 
+    def test_unexpanded_key_refused(self):
+        # a key that is a variable nothing expanded would be shared by every run
+        for key, env in (("$KAIROS_IDEM_KEY", None), ("${KAIROS_IDEM_KEY}", None),
+                         ("x-${KAIROS_STEP_ID}", None), ("$", None),
+                         (None, {"KAIROS_IDEM_KEY": "$KAIROS_IDEM_KEY"})):
+            for cmd in (["tool", "run"], ["tool", "write"]):
+                args = cmd + (["--key", key] if key else [])
+                args += ["--", "sh", "-c", 'echo run >> "$0"', self.counter] \
+                    if cmd[1] == "run" else [os.path.join(self.root, "f")]
+                p = self.ctl(*args, stdin=b"data", env=env)
+                self.assertEqual(p.returncode, 64, (args, p.stderr))
+                shown = key or "$KAIROS_IDEM_KEY"
+                self.assertEqual(p.stderr.decode(), "kairosctl: %s: the key \"%s\" holds a "
+                                 "variable that nothing expanded: every run would share it (in "
+                                 "an Exec line write $KAIROS_IDEM_KEY as a word of its own or "
+                                 "${KAIROS_IDEM_KEY}, which kairosd expands; in a shell script "
+                                 "\"$KAIROS_IDEM_KEY\"; or leave --key out) (see kairosctl "
+                                 "--help)\n" % (" ".join(cmd), shown))
+        self.assertEqual((self.runs(), os.listdir(self.root)), (0, []))
+        self.assertEqual(self.ok("idem-stats")["size"], 0)
+        # a $ inside a key is fine
+        self.assertEqual(self.run_counted("price-$5").returncode, 0)
+        self.assertEqual(self.runs(), 1)
+
     def test_failed_runs_are_cached_errors(self):
         p = self.ctl("tool", "run", "--key", "nx", "--", "/nonexistent/prog")
         self.assertEqual(p.returncode, 127)
@@ -513,13 +537,18 @@ class TestToolWrite(IdemCase):
         os.makedirs(os.path.dirname(target))
         data = b"first \x00 version\n"
         p = self.write(target, data)
-        self.assertEqual((p.returncode, p.stdout.decode()), (0, "wrote %d bytes to %s\n"
-                                                            % (len(data), target)))
+        # stdout stays clean (a handler's stdout is its step's result)
+        self.assertEqual((p.returncode, p.stdout, p.stderr.decode()),
+                         (0, b"", "kairosctl: wrote %d bytes to %s\n" % (len(data), target)))
         with open(target, "rb") as f:
             self.assertEqual(f.read(), data)
         self.assertEqual(os.stat(target).st_mode & 0o777, 0o644)
         mtime = os.stat(target).st_mtime_ns
         # a retry (even with other content, e.g. a new timestamp) does not write again
+        p = self.write(target, b"second version\n")
+        self.assertEqual((p.returncode, p.stdout, p.stderr.decode()),
+                         (0, b"", "kairosctl: wrote %d bytes to %s (key kairos.write:w was done "
+                          "before: not written again)\n" % (len(data), target)))
         p = self.write(target, b"second version\n", json_out=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         r = json.loads(p.stdout)
@@ -819,6 +848,37 @@ class TestOperator(IdemCase):
         self.restart()
         self.assertEqual(self.get("cmd:keep")["state"], "completed")
         self.assertEqual(self.ok("idem-stats")["size"], 1)
+
+
+class TestExecVariables(IdemCase):
+    """An Act= line names the step's key as $KAIROS_IDEM_KEY: kairosd expands
+    it (no shell runs the line), so every tick has its own key.  Left
+    literal, every tick shared the key "$KAIROS_IDEM_KEY": the second was
+    answered from the store, wrote nothing, and still ended done."""
+
+    def test_each_tick_writes_with_its_own_key(self):
+        with open(os.path.join(self.dir, "schedules.d", "lit.conf"), "w") as f:
+            f.write("[Schedule]\nCron=0 0 1 1 *\n[Exec]\n"
+                    "Act=%s tool write --key $KAIROS_IDEM_KEY %s/out-${KAIROS_MANDATE_ID}\n"
+                    % (KAIROSCTL, self.root))
+        self.restart()
+        mandates = []
+        for at in ("2026-01-01T00:00:00Z", "2027-01-01T00:00:00Z"):
+            p = self.ctl("--json", "fire", "lit", "--at", at)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            m = json.loads(p.stdout)["mandate"]
+            p = self.ctl("wait", m, "--timeout", "30")
+            self.assertEqual(p.returncode, 0, (p.stdout, p.stderr, self.daemon.log()[-2000:]))
+            mandates.append(m)
+        self.assertEqual(sorted(os.listdir(self.root)), sorted("out-" + m for m in mandates))
+        for m in mandates:
+            self.assertEqual(self.get("kairos.write:%s/act_001" % m)["state"], "completed")
+            with open(os.path.join(self.root, "out-" + m)) as f:
+                self.assertEqual(json.loads(f.read())["mandate"]["id"], m)
+            # tool write printed nothing on stdout: the step's result is null
+            show = json.loads(self.ctl("--json", "show", m).stdout)
+            act = [s for p in show["plans"] for s in p["steps"] if s["step_id"] == "act_001"]
+            self.assertEqual([s["result"] for s in act], [None], show)
 
 
 if __name__ == "__main__":

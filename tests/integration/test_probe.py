@@ -61,10 +61,10 @@ class ProbeCase(ExecCase):
         super().setUp()
         self.env = {"OUT": self.out}
 
-    def configure_probe(self, probe_body, timeout=None, act_body=ACT_SH):
+    def configure_probe(self, probe_body, timeout=None, act_body=ACT_SH, probe_args=""):
         act = self.script("act.sh", act_body)
         probe = self.script("probe.sh", probe_body)
-        ex = {"Act": "/bin/sh " + act, "Probe": "/bin/sh " + probe,
+        ex = {"Act": "/bin/sh " + act, "Probe": "/bin/sh " + probe + probe_args,
               "Environment": "OUT=" + self.out}
         if timeout:
             ex["ProbeTimeoutSec"] = str(timeout)
@@ -178,6 +178,19 @@ class TestProbeWord(ProbeCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         row = [line.split() for line in out.stdout.splitlines() if line.split()[:1] == ["act_001"]]
         self.assertEqual(row[0][1:4], ["completed", "1", "probe"], out.stdout)
+
+    def test_variables_expand_from_the_probes_environment(self):
+        # its arguments: the step's key, KAIROS_PROBE (a probe's own), an
+        # Environment= name, a literal $
+        self.configure_probe('printf "%s\\n" "$@" > "$OUT/probe.args"\n'
+                             'echo \'{"state":"not_started"}\'\n',
+                             probe_args=" key=${KAIROS_IDEM_KEY} $KAIROS_PROBE $OUT $$")
+        open(self.out_file("crash-before-outbox"), "w").close()
+        m = self.crash_in_act()
+        self.start()
+        self.wait_status(m, ("done",))
+        self.assertEqual(self.lines("probe.args"), ["key=%s/act_001" % m, "1", self.out, "$"])
+        self.assertEqual(self.lines("act.runs"), ["1", "2"])
 
     def test_not_started_retries_act(self):
         self.configure_probe(PROBE_SH)

@@ -1265,6 +1265,158 @@ static void test_split_command(void **state)
         config_strv_free(NULL);
 }
 
+/* ---- variables in command lines ----------------------------------------- */
+
+static void expect_expand(const char *cmd, char *const *env, const char *const *want)
+{
+        char **argv = NULL;
+        size_t argc = 99;
+        char why[256] = "";
+        assert_int_equal(config_expand_command(cmd, env, &argv, &argc, why, sizeof why), 0);
+        size_t n = 0;
+        while (want[n])
+                n++;
+        for (size_t i = 0; i < argc && i < n; i++)
+                if (strcmp(argv[i], want[i]) != 0)
+                        print_message("word %zu: got \"%s\", want \"%s\"\n", i, argv[i], want[i]);
+        assert_int_equal(argc, n);
+        for (size_t i = 0; i < n; i++)
+                assert_string_equal(argv[i], want[i]);
+        assert_null(argv[n]);
+        config_strv_free(argv);
+}
+
+static void test_expand_command(void **state)
+{
+        (void)state;
+        char *env[] = { "KAIROS_IDEM_KEY=mnd_plan_1/act_001", "X=x", "SP= two  words ",
+                        "EMPTY=", "D=a$b", NULL };
+        /* a word of its own: the value, split at white space */
+        expect_expand("kairosctl tool run --key $KAIROS_IDEM_KEY -- true", env,
+                      (const char *const[]){ "kairosctl", "tool", "run", "--key",
+                                             "mnd_plan_1/act_001", "--", "true", NULL });
+        expect_expand("prog $SP end", env, (const char *const[]){ "prog", "two", "words", "end",
+                                                                  NULL });
+        expect_expand("prog $EMPTY $UNSET end", env, (const char *const[]){ "prog", "end", NULL });
+        /* quotes are gone by then: "$SP" still splits, as in systemd */
+        expect_expand("prog \"$SP\"", env, (const char *const[]){ "prog", "two", "words", NULL });
+        /* ${NAME}: inside a word, as it is */
+        expect_expand("prog --key=${KAIROS_IDEM_KEY} a${X}b${X}", env, (const char *const[]){
+                "prog", "--key=mnd_plan_1/act_001", "axbx", NULL });
+        expect_expand("prog ${SP} \"${SP}\" ${EMPTY} ${UNSET}", env, (const char *const[]){
+                "prog", " two  words ", " two  words ", "", "", NULL });
+        /* $$: one $, never expanded further; a value is not expanded again */
+        expect_expand("prog $$ $$X a$$b $${X} $$$$ ${D}", env, (const char *const[]){
+                "prog", "$", "$X", "a$b", "${X}", "$$", "a$b", NULL });
+        /* any other $ stays: inside a word (for a shell), not a name */
+        expect_expand("sh -c 'echo $X; echo $1' $1 $ a$X $X-y $-", env, (const char *const[]){
+                "sh", "-c", "echo $X; echo $1", "$1", "$", "a$X", "$X-y", "$-", NULL });
+        expect_expand("prog", NULL, (const char *const[]){ "prog", NULL });
+        expect_expand("$UNSET", env, (const char *const[]){ NULL });
+
+        static const char *const bad[][2] = {
+                { "prog ${X", "\"${\" without \"}\" in \"${X\"" },
+                { "prog a${}b", "\"${}\" is not a variable name" },
+                { "prog ${1X}", "\"${1X}\" is not a variable name" },
+                { "prog ${X:-d}", "\"${X:-d}\" is not a variable name" },
+                { "prog \"open", "cannot split command line: unbalanced double quote" },
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                char **argv = (char **)0x1, why[256] = "";
+                size_t argc = 99;
+                assert_int_equal(config_expand_command(bad[i][0], env, &argv, &argc, why,
+                                                       sizeof why), -EINVAL);
+                assert_ptr_equal(argv, (char **)0x1);
+                assert_int_equal(argc, 99);
+                if (strncmp(why, bad[i][1], strlen(bad[i][1])) != 0)
+                        print_message("got: %s\nwant: %s...\n", why, bad[i][1]);
+                assert_int_equal(strncmp(why, bad[i][1], strlen(bad[i][1])), 0);
+        }
+        char **argv;
+        size_t argc;
+        assert_int_equal(config_expand_command(NULL, env, &argv, &argc, NULL, 0), -EINVAL);
+}
+
+static void test_command_vars(void **state)
+{
+        (void)state;
+        char why[512];
+        char *env[] = { "MINE=1", NULL };
+        /* each kind knows kairosd's names for it, plus Environment='s for
+         * handlers and probes */
+        assert_int_equal(config_check_command_vars("a $KAIROS_IDEM_KEY ${KAIROS_EPOCH} $MINE",
+                                                   CONFIG_COMMAND_HANDLER, env, why, sizeof why),
+                         0);
+        assert_int_equal(config_check_command_vars("a $KAIROS_PROBE", CONFIG_COMMAND_PROBE, NULL,
+                                                   why, sizeof why), 0);
+        assert_int_equal(config_check_command_vars("a $KAIROS_PROBE", CONFIG_COMMAND_HANDLER,
+                                                   NULL, why, sizeof why), -EINVAL);
+        assert_string_equal(why, "unknown variable $KAIROS_PROBE: a handler gets only the "
+                            "variables of kairosd(8), HANDLERS, and those of Environment= "
+                            "(write $$ for a literal $)");
+        assert_int_equal(config_check_command_vars("a ${KAIROS_EVENT} $KAIROSCTL",
+                                                   CONFIG_COMMAND_HOOK, NULL, why, sizeof why), 0);
+        /* (an OnFailure= page of folded failures) */
+        assert_int_equal(config_check_command_vars("a ${KAIROS_FOLDED} $KAIROS_SCHEDULES",
+                                                   CONFIG_COMMAND_HOOK, NULL, why, sizeof why), 0);
+        assert_int_equal(config_check_command_vars("a x${KAIROS_IDEM_KEY}",
+                                                   CONFIG_COMMAND_HOOK, NULL, why, sizeof why),
+                         -EINVAL);
+        assert_string_equal(why, "unknown variable ${KAIROS_IDEM_KEY}: a hook gets only the "
+                            "variables of kairosd(8), NOTIFY (write $$ for a literal $)");
+        /* $NAME inside a word is not expanded, so not checked */
+        assert_int_equal(config_check_command_vars("sh -c 'echo $NOPE' a$NOPE $$NOPE",
+                                                   CONFIG_COMMAND_HANDLER, NULL, why, sizeof why),
+                         0);
+        for (const char *const *v = config_command_vars(CONFIG_COMMAND_PROBE); *v; v++)
+                assert_true(strcmp(*v, "PATH") == 0 || strcmp(*v, "LANG") == 0 ||
+                            strcmp(*v, "HOME") == 0 || strcmp(*v, "USER") == 0 ||
+                            strcmp(*v, "LOGNAME") == 0 || strncmp(*v, "KAIROS", 6) == 0);
+        assert_null(config_command_vars((enum config_command_kind)7));
+
+        /* at load: the unknown name is an error naming file:line and key */
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\n"
+                              "Act=kairosctl tool run --key $KAIROS_IDEM -- true\n",
+                              "/schedules.d/x.conf:4: Act=: unknown variable $KAIROS_IDEM: a "
+                              "handler gets only the variables of kairosd(8), HANDLERS, and "
+                              "those of Environment= (write $$ for a literal $)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nProbe=p ${X\n",
+                              "/schedules.d/x.conf:4: Probe=: \"${\" without \"}\" in \"${X\" "
+                              "(write $$ for a literal $)");
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Notify]\nOnReview=page $MINE\n"
+                              "[Exec]\nEnvironment=MINE=1\n",
+                              "/schedules.d/x.conf:4: OnReview=: unknown variable $MINE: a hook "
+                              "gets only the variables of kairosd(8), NOTIFY (write $$ for a "
+                              "literal $)");
+        /* the last assignment's line; Environment= reset after it */
+        expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nEnvironment=MINE=1\n"
+                              "Decide=a\nDecide=b ${MINE}\nEnvironment=\n",
+                              "/schedules.d/x.conf:6: Decide=: unknown variable ${MINE}: a "
+                              "handler gets only the variables of kairosd(8), HANDLERS, and "
+                              "those of Environment= (write $$ for a literal $)");
+        expect_main_error("[Notify]\nOnFailure=mail ${KAIROS_GOAL}\n",
+                          "/kairosd.conf:2: OnFailure=: unknown variable ${KAIROS_GOAL}: a hook "
+                          "gets only the variables of kairosd(8), NOTIFY (write $$ for a "
+                          "literal $)");
+
+        /* Environment= names are known wherever the line is; $$ and ${X} in a
+         * word load as written (expanded only when the command starts) */
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        static const char text[] = "[Schedule]\nCron=@daily\n[Exec]\n"
+                                   "Act=prog --key=${KAIROS_IDEM_KEY} $MINE $$HOME a${MINE}b\n"
+                                   "Probe=probe $KAIROS_PROBE ${MINE}\n"
+                                   "Environment=MINE=1\n"
+                                   "[Notify]\nOnFailure=mail $$ ${KAIROS_STATUS}\n";
+        assert_int_equal(config_parse_schedule("x", "/x.conf", text, strlen(text), &s, &errs), 0);
+        assert_int_equal(errs.n, 0);
+        assert_string_equal(s.exec[3], "prog --key=${KAIROS_IDEM_KEY} $MINE $$HOME a${MINE}b");
+        char *env2[] = { "KAIROS_IDEM_KEY=k/act_001", "MINE=1", NULL };
+        expect_expand(s.exec[3], env2, (const char *const[]){ "prog", "--key=k/act_001", "1",
+                                                              "$HOME", "a1b", NULL });
+        config_schedule_clear(&s);
+}
+
 /* ---- resource limits ---------------------------------------------------- */
 
 static void test_limit_values(void **state)
@@ -1823,6 +1975,8 @@ int main(void)
                 T(test_notify),
                 T(test_phase_keys),
                 T(test_split_command),
+                T(test_expand_command),
+                cmocka_unit_test_setup_teardown(test_command_vars, setup_root, teardown_root),
                 cmocka_unit_test_setup_teardown(test_broken_schedule_skipped, setup_root,
                                                 teardown_root),
                 cmocka_unit_test_setup_teardown(test_retain_broken, setup_root, teardown_root),
