@@ -506,6 +506,12 @@ bool cluster_dropped(const struct mandate *m)
         return __atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE);
 }
 
+bool cluster_retry_creating(const struct mandate *m)
+{
+        return m->d->cluster && m->retry_of && m->flushes == 0 &&
+               (m->status == MANDATE_RUNNING || m->status == MANDATE_RUNNABLE);
+}
+
 /* Forget dropped mandates once nothing of theirs runs. */
 static void sweep(struct cluster *c)
 {
@@ -1569,6 +1575,7 @@ void cluster_hold(struct mandate *m) { (void)m; }
 void cluster_release(struct mandate *m) { (void)m; }
 void cluster_drop(struct mandate *m, const char *why) { (void)m; (void)why; }
 bool cluster_dropped(const struct mandate *m) { (void)m; return false; }
+bool cluster_retry_creating(const struct mandate *m) { (void)m; return false; }
 void cluster_backoff(unsigned attempt) { (void)attempt; }
 json_t *cluster_status(struct daemon *d)
 {

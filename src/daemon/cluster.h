@@ -82,6 +82,10 @@ void cluster_release(struct mandate *m);
  * once nothing of it runs.  why: for the log. */
 void cluster_drop(struct mandate *m, const char *why);
 bool cluster_dropped(const struct mandate *m);
+/* A retry this node is still creating (its first barrier, the database's
+ * kairos_retry_create, has not answered): another node's retry of the same
+ * tick may still win it.  Always false with the file backend. */
+bool cluster_retry_creating(const struct mandate *m);
 /* For kairosctl status: this node, its lease, the cluster's nodes (as of
  * the last heartbeat); NULL with the file backend. */
 typedef struct json_t json_t;

@@ -1660,8 +1660,17 @@ static bool refuse_tick_retry(struct control_request *req, const char *id, const
         }
         if (planner_retry_check(v, n, has_reason, &verdict, &which) < 0)
                 goto oom;
-        if (verdict == PLANNER_RETRY_UNFINISHED) {
-                const struct mandate *u = mandate_find(req->d, v[which].id);
+        const struct mandate *u =
+                verdict == PLANNER_RETRY_UNFINISHED ? mandate_find(req->d, v[which].id) : NULL;
+        if (u && cluster_retry_creating(u)) {
+                /* another node's retry may still win it: not named as the
+                 * tick's retry */
+                control_reply_error_detail(
+                        req, "conflict", json_pack("{s:s}", "creating", u->id),
+                        "the tick of %s (%s at %s) has a retry being made: mandate %s, not yet "
+                        "committed; one retry of a tick at a time",
+                        id, schedule, fired_at, u->id);
+        } else if (verdict == PLANNER_RETRY_UNFINISHED) {
                 control_reply_error_detail(
                         req, "conflict", json_pack("{s:s}", "unfinished", v[which].id),
                         "the tick of %s (%s at %s) has an unfinished %s: mandate %s is %s; "

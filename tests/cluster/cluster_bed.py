@@ -198,7 +198,11 @@ class Cluster:
             os.makedirs(node.state)
             self._write_config(node)
             self.nodes[k] = node
-        r = self.bed.run(1, [KAIROSD, "--init-db", self.bed.conninfo()], timeout=60)
+        # the password never on a command line: kairosd --init-db @FILE
+        conninfo = os.path.join(self.root, "conninfo")
+        with open(os.open(conninfo, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(self.bed.conninfo() + "\n")
+        r = self.bed.run(1, [KAIROSD, "--init-db", "@" + conninfo], timeout=60)
         if r.returncode != 0:
             raise RuntimeError(f"kairosd --init-db: {r.returncode} {r.stdout}{r.stderr}")
 
