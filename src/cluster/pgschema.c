@@ -713,7 +713,9 @@ static const char v5[] =
  * the unique index holds it for any writer, and kairos_retry_create checks
  * and creates under the tick's lock in one transaction, so that a refusal
  * names the unfinished mandate (of the tick: its first one too) or, without
- * a reason (p_forced false), the one that ended succeeded. */
+ * a reason (p_forced false), the one that ended succeeded, with its owner
+ * (two nodes make retry N of a tick under the same id: only the owner's
+ * unknown commit is its own). */
 static const char v6[] =
 "ALTER TABLE kairos_mandate ADD COLUMN retry_of text,\n"
 "  ADD COLUMN retry integer CHECK (retry >= 1);\n"
@@ -727,7 +729,7 @@ static const char v6[] =
 "CREATE FUNCTION kairos_retry_create(p_mandate text, p_schedule text, p_fired_at timestamptz,\n"
 "    p_retry_of text, p_retry integer, p_forced boolean, p_node text, p_lease_ms bigint,\n"
 "    p_lines bytea[], p_crcs bigint[])\n"
-"    RETURNS TABLE (r_created boolean, r_mandate_id text, r_status text)\n"
+"    RETURNS TABLE (r_created boolean, r_mandate_id text, r_status text, r_owner text)\n"
 "    LANGUAGE plpgsql AS $$\n"
 "DECLARE b record;\n"
 "BEGIN\n"
@@ -736,33 +738,34 @@ static const char v6[] =
 "  END IF;\n"
 "  PERFORM pg_advisory_xact_lock(hashtextextended('kairos_retry|' || p_schedule || '|' ||\n"
 "    (extract(epoch FROM p_fired_at) * 1000)::bigint, 0));\n"
-"  SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k\n"
+"  SELECT k.mandate_id, k.status, k.owner INTO b FROM kairos_mandate k\n"
 "    WHERE k.schedule = p_schedule AND k.fired_at = p_fired_at\n"
 "      AND k.status IN ('running', 'paused')\n"
 "    ORDER BY k.retry DESC NULLS LAST, k.mandate_id LIMIT 1;\n"
 "  IF FOUND THEN\n"
-"    RETURN QUERY SELECT false, b.mandate_id, b.status;\n"
+"    RETURN QUERY SELECT false, b.mandate_id, b.status, b.owner;\n"
 "    RETURN;\n"
 "  END IF;\n"
 "  IF NOT p_forced THEN\n"
-"    SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k\n"
+"    SELECT k.mandate_id, k.status, k.owner INTO b FROM kairos_mandate k\n"
 "      WHERE k.schedule = p_schedule AND k.fired_at = p_fired_at AND k.status = 'succeeded'\n"
 "      ORDER BY k.retry DESC NULLS LAST, k.mandate_id LIMIT 1;\n"
 "    IF FOUND THEN\n"
-"      RETURN QUERY SELECT false, b.mandate_id, b.status;\n"
+"      RETURN QUERY SELECT false, b.mandate_id, b.status, b.owner;\n"
 "      RETURN;\n"
 "    END IF;\n"
 "  END IF;\n"
-"  SELECT k.mandate_id, k.status INTO b FROM kairos_mandate k WHERE k.mandate_id = p_mandate;\n"
+"  SELECT k.mandate_id, k.status, k.owner INTO b FROM kairos_mandate k\n"
+"    WHERE k.mandate_id = p_mandate;\n"
 "  IF FOUND THEN\n"
-"    RETURN QUERY SELECT false, b.mandate_id, b.status;\n"
+"    RETURN QUERY SELECT false, b.mandate_id, b.status, b.owner;\n"
 "    RETURN;\n"
 "  END IF;\n"
 "  PERFORM kairos_mandate_create(p_mandate, p_schedule, p_fired_at, p_node, p_lease_ms,\n"
 "                                p_lines, p_crcs);\n"
 "  UPDATE kairos_mandate SET retry_of = p_retry_of, retry = p_retry\n"
 "    WHERE mandate_id = p_mandate;\n"
-"  RETURN QUERY SELECT true, p_mandate, 'running'::text;\n"
+"  RETURN QUERY SELECT true, p_mandate, 'running'::text, p_node;\n"
 "END $$;\n";
 
 const struct pgschema_migration pgschema_migrations[] = {

@@ -44,7 +44,7 @@ static const char *const prepared_sql[PREP_COUNT] = {
                                    "$3, $4, $5, $6::bytea[], $7::bigint[])",
         [PREP_MANDATE_CREATE] = "SELECT kairos_mandate_create($1, $2, NULL, $3, $4, "
                                 "$5::bytea[], $6::bigint[])",
-        [PREP_RETRY_CREATE] = "SELECT r_created, r_mandate_id, r_status FROM "
+        [PREP_RETRY_CREATE] = "SELECT r_created, r_mandate_id, r_status, r_owner FROM "
                               "kairos_retry_create($1, $2, 'epoch'::timestamptz + $3::bigint * "
                               "interval '1 millisecond', $4, $5, $6, $7, $8, $9::bytea[], "
                               "$10::bigint[])",
@@ -680,14 +680,14 @@ int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char
 
 int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, const char *node,
                          int64_t lease_ms, const char *lines, size_t len, bool *ret_created,
-                         char **ret_busy, char **ret_busy_status)
+                         char **ret_busy, char **ret_busy_status, char **ret_busy_owner)
 {
         if (!s || !rt || !rt->mandate_id || !*rt->mandate_id || !rt->schedule ||
             !rt->retry_of || rt->retry < 1 || !node || !*node || lease_ms <= 0 ||
-            (len && !lines) || !ret_created || !ret_busy || !ret_busy_status)
+            (len && !lines) || !ret_created || !ret_busy || !ret_busy_status || !ret_busy_owner)
                 return -EINVAL;
         *ret_created = false;
-        *ret_busy = *ret_busy_status = NULL;
+        *ret_busy = *ret_busy_status = *ret_busy_owner = NULL;
         struct kbuf la = KBUF_INIT, ca = KBUF_INIT;
         size_t n;
         PGresult *res = NULL;
@@ -704,7 +704,8 @@ int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, cons
         r = exec_prepared(s, PREP_RETRY_CREATE, 10, vals, lens, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 goto out;
-        if (PQntuples(res) != 1 || PQgetisnull(res, 0, 1) || PQgetisnull(res, 0, 2)) {
+        if (PQntuples(res) != 1 || PQnfields(res) != 4 || PQgetisnull(res, 0, 1) ||
+            PQgetisnull(res, 0, 2)) {
                 set_err(s, "kairos_retry_create returned %d rows", PQntuples(res));
                 r = -EIO;
                 goto out;
@@ -713,10 +714,12 @@ int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, cons
         if (!*ret_created) {
                 *ret_busy = dup_value(res, 0, 1);
                 *ret_busy_status = dup_value(res, 0, 2);
-                if (!*ret_busy || !*ret_busy_status) {
+                *ret_busy_owner = PQgetisnull(res, 0, 3) ? strdup("") : dup_value(res, 0, 3);
+                if (!*ret_busy || !*ret_busy_status || !*ret_busy_owner) {
                         free(*ret_busy);
                         free(*ret_busy_status);
-                        *ret_busy = *ret_busy_status = NULL;
+                        free(*ret_busy_owner);
+                        *ret_busy = *ret_busy_status = *ret_busy_owner = NULL;
                         r = -ENOMEM;
                 }
         }

@@ -143,7 +143,7 @@ struct pgstore_retry {
  * most one retry of a tick is unfinished, whoever writes. */
 int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, const char *node,
                          int64_t lease_ms, const char *lines, size_t len, bool *ret_created,
-                         char **ret_busy, char **ret_busy_status);
+                         char **ret_busy, char **ret_busy_status, char **ret_busy_owner);
 /* The highest retry number of the tick in the database (0: none). */
 int pgstore_tick_last_retry(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
                             int *ret_retry);

@@ -250,19 +250,23 @@ static int create_retry(struct cluster *c, struct pgstore *s, struct mandate *m,
                                     .fired_at_ms = fired_ms, .retry_of = m->retry_of,
                                     .retry = m->retry, .forced = m->retry_forced };
         bool created;
-        char *busy, *busy_status;
+        char *busy, *busy_status, *busy_owner;
         int r = pgstore_retry_create(s, &rt, c->node, c->lease_ms, lines, len, &created, &busy,
-                                     &busy_status);
+                                     &busy_status, &busy_owner);
         if (r < 0)
                 return r;
         if (created) {
                 m->epoch = 1;
                 return 0;
         }
-        /* Its own id: an earlier attempt whose commit was unknown (its rows
-         * are these bytes), or another node's retry of the same number */
+        /* Its own id: an earlier attempt of this node whose commit was
+         * unknown (its rows are these bytes); another node's retry of the
+         * same number has the same id, maybe even the same bytes (made in
+         * the same millisecond), and is never taken for ours */
         r = -EBUSY;
-        if (strcmp(busy, m->id) == 0 && strcmp(busy_status, "running") == 0) {
+        bool ours = strcmp(busy_owner, c->node) == 0;
+        free(busy_owner);
+        if (ours && strcmp(busy, m->id) == 0 && strcmp(busy_status, "running") == 0) {
                 int a = pgstore_wal_append(s, m->id, 1, 1, lines, len, NULL);
                 if (a == 0)
                         m->epoch = 1;
@@ -512,6 +516,39 @@ bool cluster_retry_creating(const struct mandate *m)
                (m->status == MANDATE_RUNNING || m->status == MANDATE_RUNNABLE);
 }
 
+static bool sweepable(const struct mandate *m)
+{
+        return cluster_dropped(m) && !m->busy && !m->queued && !m->holds_slot && !m->run &&
+               serialq_idle(&m->q);
+}
+
+/* Forget one dropped mandate (sweepable).  false: still busy, forgotten
+ * later. */
+static bool forget_dropped(struct cluster *c, struct mandate *m)
+{
+        if (m->wal) {
+                wal_close(m->wal);
+                m->wal = NULL;
+        }
+        /* (a newer copy of its rows, taken over, waits to be adopted
+         * under the same name: the file is that copy now) */
+        bool retaken = false;
+        for (struct cev *e = c->adopt_head; e && !retaken; e = e->next)
+                retaken = strcmp(e->id, m->id) == 0;
+        pthread_mutex_lock(&c->lock);
+        for (size_t t = 0; t < c->ntaking && !retaken; t++)
+                retaken = strcmp(c->taking[t], m->id) == 0;
+        pthread_mutex_unlock(&c->lock);
+        if (!retaken)
+                forget_file(c, m->wal_path);
+        cluster_release(m);
+        if (mandate_remove(m) < 0) {
+                log_debug("mandate %s: busy, forgotten later", m->id);
+                return false;
+        }
+        return true;
+}
+
 /* Forget dropped mandates once nothing of theirs runs. */
 static void sweep(struct cluster *c)
 {
@@ -523,31 +560,17 @@ static void sweep(struct cluster *c)
         size_t n = 0;
         while (n < 64 && strmap_next(d->mandates, &pos, &k, &v) == 0) {
                 struct mandate *m = v;
-                if (cluster_dropped(m) && !m->busy && !m->queued && !m->holds_slot && !m->run &&
-                    serialq_idle(&m->q))
+                if (sweepable(m))
                         gone[n++] = m;
         }
-        for (size_t i = 0; i < n; i++) {
-                struct mandate *m = gone[i];
-                if (m->wal) {
-                        wal_close(m->wal);
-                        m->wal = NULL;
-                }
-                /* (a newer copy of its rows, taken over, waits to be adopted
-                 * under the same name: the file is that copy now) */
-                bool retaken = false;
-                for (struct cev *e = c->adopt_head; e && !retaken; e = e->next)
-                        retaken = strcmp(e->id, m->id) == 0;
-                pthread_mutex_lock(&c->lock);
-                for (size_t t = 0; t < c->ntaking && !retaken; t++)
-                        retaken = strcmp(c->taking[t], m->id) == 0;
-                pthread_mutex_unlock(&c->lock);
-                if (!retaken)
-                        forget_file(c, m->wal_path);
-                cluster_release(m);
-                if (mandate_remove(m) < 0)
-                        log_debug("mandate %s: busy, forgotten later", m->id);
-        }
+        for (size_t i = 0; i < n; i++)
+                forget_dropped(c, gone[i]);
+}
+
+bool cluster_forget_dropped(struct mandate *m)
+{
+        struct cluster *c = m->d->cluster;
+        return c && sweepable(m) && forget_dropped(c, m);
 }
 
 /* ---- adopting taken mandates (loop) ---- */
@@ -1576,6 +1599,7 @@ void cluster_release(struct mandate *m) { (void)m; }
 void cluster_drop(struct mandate *m, const char *why) { (void)m; (void)why; }
 bool cluster_dropped(const struct mandate *m) { (void)m; return false; }
 bool cluster_retry_creating(const struct mandate *m) { (void)m; return false; }
+bool cluster_forget_dropped(struct mandate *m) { (void)m; return false; }
 void cluster_backoff(unsigned attempt) { (void)attempt; }
 json_t *cluster_status(struct daemon *d)
 {

@@ -86,6 +86,12 @@ bool cluster_dropped(const struct mandate *m);
  * kairos_retry_create, has not answered): another node's retry of the same
  * tick may still win it.  Always false with the file backend. */
 bool cluster_retry_creating(const struct mandate *m);
+/* m is no longer this node's (dropped: a lost or refused claim, fenced)
+ * and nothing of it runs: forget it now (as the sweep at the next fence
+ * tick would), so that a fire of its tick asks the database again instead
+ * of answering from the stale copy.  false: kept (not dropped, or busy;
+ * always with the file backend). */
+bool cluster_forget_dropped(struct mandate *m);
 /* For kairosctl status: this node, its lease, the cluster's nodes (as of
  * the last heartbeat); NULL with the file backend. */
 typedef struct json_t json_t;

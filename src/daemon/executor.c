@@ -699,6 +699,8 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 return;
         }
         struct mandate *m = mandate_find(d, p.mandate_id);
+        if (m && cluster_forget_dropped(m))
+                m = NULL; /* the database decides this fire */
         if (m && !op_reply_wanted(&reply)) {
                 log_info("schedule %s at %s: mandate %s exists already (%s): nothing to do",
                          schedule, fired_at, m->id, mandate_status_name(m->status));

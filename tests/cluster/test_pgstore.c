@@ -1560,7 +1560,7 @@ struct retrier {
         int id;
         int rc;
         bool created;
-        char *busy, *busy_status;
+        char *busy, *busy_status, *busy_owner;
 };
 
 static void *retry_thread(void *arg)
@@ -1574,27 +1574,37 @@ static void *retry_thread(void *arg)
                                     .retry_of = "m-rc-0", .retry = 1, .forced = true };
         pthread_barrier_wait(t->barrier);
         t->rc = pgstore_retry_create(s, &rt, node, 60000, NULL, 0, &t->created, &t->busy,
-                                     &t->busy_status);
+                                     &t->busy_status, &t->busy_owner);
         pgstore_close(s);
         return NULL;
 }
 
-static void retry_create(struct pgstore *s, int64_t at, const char *mid, int retry, bool forced,
-                         const char *want_busy, const char *want_status)
+static void retry_create_as(struct pgstore *s, const char *node, int64_t at, const char *mid,
+                            int retry, bool forced, const char *want_busy,
+                            const char *want_status, const char *want_owner)
 {
         struct pgstore_retry rt = { .mandate_id = mid, .schedule = "rcas", .fired_at_ms = at,
                                     .retry_of = "m-rc-0", .retry = retry, .forced = forced };
         bool created;
-        char *busy, *st;
-        assert_int_equal(pgstore_retry_create(s, &rt, "a", 60000, NULL, 0, &created, &busy, &st),
+        char *busy, *st, *owner;
+        assert_int_equal(pgstore_retry_create(s, &rt, node, 60000, NULL, 0, &created, &busy, &st,
+                                              &owner),
                          0);
         assert_int_equal(created, want_busy == NULL);
         if (want_busy) {
                 assert_string_equal(busy, want_busy);
                 assert_string_equal(st, want_status);
+                assert_string_equal(owner, want_owner);
         }
         free(busy);
         free(st);
+        free(owner);
+}
+
+static void retry_create(struct pgstore *s, int64_t at, const char *mid, int retry, bool forced,
+                         const char *want_busy, const char *want_status, const char *want_owner)
+{
+        retry_create_as(s, "a", at, mid, retry, forced, want_busy, want_status, want_owner);
 }
 
 static void test_retry_compare_and_set(void **state)
@@ -1609,7 +1619,7 @@ static void test_retry_compare_and_set(void **state)
         assert_true(cl.won);
         pgstore_claim_free(&cl);
         /* the tick's first mandate is unfinished: no retry */
-        retry_create(a, at, "m-rc-x", 1, true, "m-rc-0", "running");
+        retry_create(a, at, "m-rc-x", 1, true, "m-rc-0", "running", "a");
         assert_int_equal(pgstore_mandate_finish(a, "m-rc-0", 1, "failed"), 0);
 
         pthread_barrier_t barrier;
@@ -1635,18 +1645,26 @@ static void test_retry_compare_and_set(void **state)
         char wid[32];
         snprintf(wid, sizeof wid, "m-rc-1-%d", winner);
         for (int i = 0; i < NRETRIERS; i++) {
+                char wnode[32];
+                snprintf(wnode, sizeof wnode, "node-%d", winner);
                 if (i != winner) {
                         assert_string_equal(t[i].busy, wid);
                         assert_string_equal(t[i].busy_status, "running");
+                        assert_string_equal(t[i].busy_owner, wnode);
                 }
                 free(t[i].busy);
                 free(t[i].busy_status);
+                free(t[i].busy_owner);
         }
         assert_int_equal(count(c, "SELECT count(*) FROM kairos_mandate WHERE schedule = $1 "
                                   "AND retry IS NOT NULL", "rcas"), 1);
         /* the same id again (an unknown commit outcome, or another node's
-         * retry of the same number): the row tells */
-        retry_create(a, at, wid, 1, true, wid, "running");
+         * retry of the same number): the row tells, with its owner (only
+         * the owner may take the id for its own) */
+        char wnode[32];
+        snprintf(wnode, sizeof wnode, "node-%d", winner);
+        retry_create(a, at, wid, 1, true, wid, "running", wnode);
+        retry_create_as(a, wnode, at, wid, 1, true, wid, "running", wnode);
         /* any writer: the unique index */
         PGresult *res = PQexec(c, "INSERT INTO kairos_mandate (mandate_id, schedule, fired_at, "
                                   "retry) SELECT 'm-rc-raw', schedule, fired_at, 2 FROM "
@@ -1655,15 +1673,15 @@ static void test_retry_compare_and_set(void **state)
         PQclear(res);
         /* paused is unfinished too */
         assert_int_equal(pgstore_mandate_finish(a, wid, 1, "paused"), 0);
-        retry_create(a, at, "m-rc-2", 2, true, wid, "paused");
+        retry_create(a, at, "m-rc-2", 2, true, wid, "paused", wnode);
         /* ended succeeded: only forced */
         res = PQexecParams(c, "UPDATE kairos_mandate SET status = 'succeeded' "
                               "WHERE mandate_id = $1", 1, NULL, (const char *[]){ wid }, NULL,
                            NULL, 0);
         assert_int_equal(PQresultStatus(res), PGRES_COMMAND_OK);
         PQclear(res);
-        retry_create(a, at, "m-rc-2", 2, false, wid, "succeeded");
-        retry_create(a, at, "m-rc-2", 2, true, NULL, NULL);
+        retry_create(a, at, "m-rc-2", 2, false, wid, "succeeded", wnode);
+        retry_create(a, at, "m-rc-2", 2, true, NULL, NULL, NULL);
         res = PQexec(c, "SELECT retry_of, retry, fired_at = (SELECT fired_at FROM kairos_mandate "
                         "WHERE mandate_id = 'm-rc-0') FROM kairos_mandate "
                         "WHERE mandate_id = 'm-rc-2'");
