@@ -73,8 +73,6 @@ struct chronos {
         int tfd;
         uv_poll_t poll;
         bool poll_active;
-        bool fake;                          /* test clock */
-        int64_t fake_now;
         bool writing, dirty;
         bool stopped;
         bool clock_absurd;                  /* the last evaluation refused the clock */
@@ -91,13 +89,6 @@ struct chronos {
 static struct chronos *C(const struct daemon *d)
 {
         return d->chronos;
-}
-
-int64_t chronos_now(const struct daemon *d)
-{
-        if (C(d) && C(d)->fake)
-                return C(d)->fake_now;
-        return (int64_t)time(NULL);
 }
 
 static void fmt_time(int64_t t, char out[PLANNER_FIRED_AT_LEN])
@@ -844,7 +835,7 @@ static bool clock_usable(struct chronos *c, int64_t now)
 
 static void evaluate(struct chronos *c)
 {
-        int64_t now = chronos_now(c->d);
+        int64_t now = clock_now(c->d);
         if (!clock_usable(c, now)) {
                 arm(c);
                 return;
@@ -905,7 +896,7 @@ static void arm(struct chronos *c)
                         next = s->next_fire;
         }
         struct itimerspec its = { 0 };
-        if (c->fake)
+        if (c->d->fake_clock)
                 next = NEVER; /* the test drives the clock */
         if (next != NEVER) {
                 its.it_value.tv_sec = (time_t)next;
@@ -1004,8 +995,8 @@ int chronos_start(struct daemon *d)
 #ifdef KAIROS_TEST_HOOKS
         const char *fake = getenv("KAIROS_TEST_CLOCK");
         if (fake) {
-                c->fake = true;
-                c->fake_now = strtoll(fake, NULL, 10);
+                d->fake_clock = true;
+                d->fake_now = strtoll(fake, NULL, 10);
                 log_warning("test hook: chronos runs on a fake clock starting at %s", fake);
         }
 #endif
@@ -1134,6 +1125,7 @@ void chronos_free(struct daemon *d)
         free(c->list_text);
         free(c);
         d->chronos = NULL;
+        d->fake_clock = false; /* the real clock again, as before chronos_create */
 }
 
 /* ---- queries and operator actions ---- */
@@ -1236,7 +1228,7 @@ int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **o
         if (s->broken)
                 return -EBADR;
         json_t *arr = json_array();
-        int64_t t = chronos_now(d), next;
+        int64_t t = clock_now(d), next;
         for (unsigned i = 0; i < n && cron_next(&s->expr, s->tz, t, &next) == 0; i++) {
                 json_array_append_new(arr, time_json(next));
                 t = next;
@@ -1271,7 +1263,7 @@ void chronos_test_set_clock(struct daemon *d, int64_t now)
         struct chronos *c = C(d);
         if (!c)
                 return;
-        c->fake = true;
-        c->fake_now = now;
+        d->fake_clock = true;
+        d->fake_now = now;
         evaluate(c);
 }

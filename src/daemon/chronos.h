@@ -28,9 +28,6 @@ void chronos_reload(struct daemon *d);
 void chronos_stop(struct daemon *d);
 void chronos_free(struct daemon *d);
 
-/* The clock chronos uses (seconds since the epoch). */
-int64_t chronos_now(const struct daemon *d);
-
 /* kairosctl schedules [next NAME -n N] */
 json_t *chronos_list_json(struct daemon *d);
 /* The same as JSON text, kept until a schedule changes (owned by chronos;

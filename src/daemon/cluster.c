@@ -34,7 +34,6 @@
 #include <unistd.h>
 
 #include "deadman.h"
-#include "executor.h"
 #include "kairos/evidence.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -500,7 +499,8 @@ void cluster_drop(struct mandate *m, const char *why)
         if (h)
                 h->lost = true;
         pthread_mutex_unlock(&c->lock);
-        executor_kill_handler(m, SIGKILL);
+        if (m->d->up.kill_handler)
+                m->d->up.kill_handler(m, SIGKILL);
         /* a queued mandate leaves the queue when its turn comes (executor_kick
          * skips dropped ones); an idle one goes at the next fence tick */
 }
@@ -616,7 +616,7 @@ static bool adopt(struct cluster *c, struct cev *e)
                              { "PREV_OWNER", e->prev_owner }),
                   "mandate %s: taken over from %s at epoch %lld: deciding its interrupted steps",
                   m->id, e->prev_owner ? e->prev_owner : "nobody", (long long)e->epoch);
-        recover_adopt(d, m, e->prev_owner, e->ix, e->cb, e->ctx);
+        d->up.adopt(d, m, e->prev_owner, e->ix, e->cb, e->ctx);
         e->ix = NULL;
         e->cb = NULL;
         return true;

@@ -14,6 +14,7 @@
 
 #include "chronos.h"
 #include "cluster.h"
+#include "commands.h"
 #include "control.h"
 #include "executor.h"
 #include "idem_service.h"

@@ -316,10 +316,18 @@ static void request_free(struct control_request *req)
         client_unref(c);
 }
 
+/* commands.c's entry points (control_set_commands) */
+static struct control_commands commands;
+
+void control_set_commands(const struct control_commands *c)
+{
+        commands = *c;
+}
+
 /* Counted by command (unknown ones as "unknown") and code ("ok"). */
 static void count_reply(const struct control_request *req, const char *code)
 {
-        metrics_control(req->d->metrics, commands_known(req->cmd) ? req->cmd : NULL, code);
+        metrics_control(req->d->metrics, commands.known(req->cmd) ? req->cmd : NULL, code);
 }
 
 void control_reply_ok(struct control_request *req, json_t *result)
@@ -485,7 +493,7 @@ static void handle_line(struct control_client *c, const char *line, size_t len)
         req->uid = c->uid;
         req->gid = c->gid;
         req->pid = c->pid;
-        commands_dispatch(req);
+        commands.dispatch(req);
 }
 
 /* May the connection take another request now?  Not while it has

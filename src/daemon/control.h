@@ -139,7 +139,10 @@ void control_set_limits(struct daemon *d, const struct control_limits *lim);
  * The server must be running (control_start).  fd is taken over. */
 int control_adopt_fd(struct daemon *d, int fd);
 
-/* commands.c */
-void commands_dispatch(struct control_request *req);
-/* Is cmd the name of a command? */
-bool commands_known(const char *cmd);
+/* The commands' entry points (commands.h), set once at start before
+ * control_start: control calls up into commands only through these. */
+struct control_commands {
+        void (*dispatch)(struct control_request *req);
+        bool (*known)(const char *cmd);  /* is cmd the name of a command? */
+};
+void control_set_commands(const struct control_commands *c);

@@ -24,6 +24,9 @@ struct idem_service;
 struct metrics;
 struct runner;
 struct hooks;
+struct evidence_index;
+struct wal_options;
+struct mandate;
 
 enum mandate_status {
         MANDATE_RUNNABLE,          /* has work to do, waiting for the executor */
@@ -177,14 +180,37 @@ struct daemon {
         bool stopping;
         bool reloading;
         int exit_code;
+        /* clock.c: the scheduler's clock is faked (test-clock) at fake_now */
+        bool fake_clock;
+        int64_t fake_now;
+
+        /* Calls up into a higher module, registered at start by main.c: a
+         * lower module calls the function pointer it was given, never a
+         * module above it by name (docs/design.md §2, "Data flows one way"). */
+        struct daemon_upcalls {
+                /* mandate.c: a WAL's options (metrics' sync timing, the
+                 * cluster's barrier); freeing the executor's fields */
+                void (*wal_options)(struct mandate *m, struct wal_options *o);
+                void (*free_mandate)(struct mandate *m);
+                /* cluster.c: kill a dropped mandate's handler; recover a
+                 * mandate taken over (recover_adopt) */
+                void (*kill_handler)(struct mandate *m, int sig);
+                void (*adopt)(struct daemon *d, struct mandate *m, const char *prev_owner,
+                              struct evidence_index *ix,
+                              void (*done)(void *ctx, struct mandate *m, int err), void *ctx);
+        } up;
 };
 
-/* lifecycle.c: the daemon as a whole. */
+/* clock.c: the monotonic clock in ms and in us, the real-time one in ms; the
+ * scheduler's seconds (the test clock if faked). */
 uint64_t now_ms_monotonic(void);
 uint64_t now_us_monotonic(void);
 int64_t now_ms_realtime(void);
-/* STATUS= text. */
+int64_t clock_now(const struct daemon *d);
+/* status.c: STATUS= text. */
 void daemon_update_status(struct daemon *d);
+
+/* lifecycle.c: the daemon as a whole. */
 /* The graceful stop: the scheduler stops, running handlers get their
  * grace, then the loop ends with exit_code. */
 void daemon_stop(struct daemon *d, int exit_code);

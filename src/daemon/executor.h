@@ -77,7 +77,3 @@ int executor_init(struct daemon *d);
 void executor_check_limits(struct daemon *d);
 /* After the loop has ended: stop the runner. */
 void executor_free(struct daemon *d);
-/* What every handler's (and hook's) environment gets: PATH, HOME, USER and
- * KAIROSCTL (HOME, USER, KAIROSCTL may be NULL: unknown). */
-void executor_handler_env(const char **ret_path, const char **ret_home, const char **ret_user,
-                          const char **ret_kairosctl);

@@ -263,7 +263,7 @@ static void prune_start(struct daemon *d)
         struct mandate **all = NULL;
         const char *k;
         void *v;
-        int64_t now_ms = chronos_now(d) * 1000;
+        int64_t now_ms = clock_now(d) * 1000;
         int64_t cutoff = keep_sec ? now_ms - (int64_t)keep_sec * 1000 : INT64_MIN;
         /* First a count and the oldest end, without sorting: mostly nothing
          * is due, and a mandate's end must not cost a sort of the history. */

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "daemon.h"
-#include "executor.h"
+#include "runenv.h"
 #include "kairos/kbuf.h"
 #include "log.h"
 #include "runner.h"
@@ -433,7 +433,7 @@ static void utc_now(char at[32])
 static char **hook_env(struct daemon *d, const char *const (*kv)[2], size_t nkv)
 {
         const char *path, *home, *user, *kairosctl;
-        executor_handler_env(&path, &home, &user, &kairosctl);
+        runenv_get(&path, &home, &user, &kairosctl);
         const char *base[][2] = {
                 { "PATH", path },
                 { "LANG", getenv("LANG") },

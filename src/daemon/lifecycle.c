@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* lifecycle: the daemon's state as a whole — its clock, the status it
- * reports to systemd, configuration reloads, signals and the graceful
- * stop.  main.c wires these; the other modules call them through daemon.h. */
+/* lifecycle: the daemon's state as a whole — configuration reloads,
+ * signals, the status dump and the graceful stop.  main.c wires these.  The
+ * clock is clock.c, the STATUS= line status.c: the modules below call
+ * those, never up into lifecycle. */
 #include <errno.h>
 #include <grp.h>
 #include <signal.h>
@@ -20,55 +21,6 @@
 #include "kairos/kbuf.h"
 #include "log.h"
 #include "metrics.h"
-
-uint64_t now_ms_monotonic(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-uint64_t now_us_monotonic(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-int64_t now_ms_realtime(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* ---- status ---- */
-
-void daemon_update_status(struct daemon *d)
-{
-        unsigned c[MANDATE__STATUS_MAX];
-        mandates_count(d, c);
-        char buf[320];
-        if (!d->ready) {
-                snprintf(buf, sizeof buf, "recovering: %u WAL file%s", d->recovery.files,
-                         d->recovery.files == 1 ? "" : "s");
-        } else {
-                int n = snprintf(buf, sizeof buf,
-                                 "%u mandate%s running, %u runnable, %u paused for review, "
-                                 "%u paused, %u quarantined",
-                                 c[MANDATE_RUNNING], c[MANDATE_RUNNING] == 1 ? "" : "s",
-                                 c[MANDATE_RUNNABLE], c[MANDATE_PAUSED_REVIEW],
-                                 c[MANDATE_PAUSED],
-                                 c[MANDATE_QUARANTINED] + c[MANDATE_WAL_IO_ERROR]);
-                if (c[MANDATE_PROBING] && n > 0 && (size_t)n < sizeof buf)
-                        n += snprintf(buf + n, sizeof buf - (size_t)n, ", %u probing",
-                                      c[MANDATE_PROBING]);
-                if (d->cfg->nbroken && n > 0 && (size_t)n < sizeof buf)
-                        snprintf(buf + n, sizeof buf - (size_t)n, "; %zu schedule%s broken",
-                                 d->cfg->nbroken, d->cfg->nbroken == 1 ? "" : "s");
-        }
-        notify_status(buf);
-}
 
 static void status_dump(struct daemon *d)
 {

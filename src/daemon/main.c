@@ -16,6 +16,7 @@
 
 #include "chronos.h"
 #include "cluster.h"
+#include "commands.h"
 #include "deadman.h"
 #include "control.h"
 #include "daemon.h"
@@ -115,6 +116,26 @@ static void close_handle(uv_handle_t *h, void *arg)
         (void)arg;
         if (!uv_is_closing(h))
                 uv_close(h, NULL);
+}
+
+/* A mandate's WAL options: metrics' sync timing, then the cluster's barrier. */
+static void wire_wal_options(struct mandate *m, struct wal_options *o)
+{
+        const struct wal_options *mo = metrics_wal_options(m->d->metrics);
+        *o = mo ? *mo : (struct wal_options){ 0 };
+        cluster_wal_options(m, o);
+}
+
+/* The calls up a lower module makes, through the pointers it was given
+ * (docs/design.md §2: data flows one way). */
+static void wire_upcalls(struct daemon *d)
+{
+        d->up.wal_options = wire_wal_options;
+        d->up.free_mandate = executor_free_mandate;
+        d->up.kill_handler = executor_kill_handler;
+        d->up.adopt = recover_adopt;
+        control_set_commands(&(struct control_commands){ commands_dispatch, commands_known });
+        serialq_set_thread_done(cluster_thread_done);
 }
 
 static bool loop_healthy(void *ctx)
@@ -412,6 +433,7 @@ int main(int argc, char **argv)
         setenv("UV_THREADPOOL_SIZE", "16", 0);
 
         d->loop = uv_default_loop();
+        wire_upcalls(d);
         d->started_ms = now_ms_monotonic();
         d->mandates = strmap_new();
         d->jobs = (struct serialq_group){ .drained = daemon_on_jobs_drained, .ctx = d };

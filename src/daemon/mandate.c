@@ -5,11 +5,8 @@
 #include <string.h>
 
 #include "daemon.h"
-#include "cluster.h"
-#include "executor.h"
 #include "kairos/fold.h"
 #include "kairos/wal.h"
-#include "metrics.h"
 
 static const char *const status_names[MANDATE__STATUS_MAX] = {
         [MANDATE_RUNNABLE] = "runnable",
@@ -210,10 +207,10 @@ int mandate_wal_open(struct mandate *m)
                 return 0;
         struct wal_open_info info;
         /* the daemon made wal/ at start: no mkdir -p per open */
-        const struct wal_options *mo = metrics_wal_options(m->d->metrics);
-        struct wal_options opt = mo ? *mo : (struct wal_options){ 0 };
+        struct wal_options opt = { 0 };
+        if (m->d->up.wal_options)
+                m->d->up.wal_options(m, &opt);
         opt.dir_exists = true;
-        cluster_wal_options(m, &opt);
         int r = wal_open(m->wal_path, &opt, &m->wal, &info);
         if (r < 0)
                 return r;
@@ -248,7 +245,8 @@ static void mandate_free(struct mandate *m)
         free(m->review_step);
         free(m->plan_id);
         free(m->schedule);
-        executor_free_mandate(m);
+        if (m->d->up.free_mandate)
+                m->d->up.free_mandate(m);
         free(m);
 }
 

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "runner.h"
+#include "runenv.h"
 
 #define PROBE_STDERR_TAIL 2048
 
@@ -525,7 +526,7 @@ static char **probe_env(const struct probe_job *j, const struct config_schedule 
 {
         const struct mandate *m = j->m;
         const char *path, *home, *user, *kairosctl;
-        executor_handler_env(&path, &home, &user, &kairosctl);
+        runenv_get(&path, &home, &user, &kairosctl);
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", j->attempt);
         snprintf(cycle, sizeof cycle, "%lld", j->cycle);

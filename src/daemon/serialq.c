@@ -4,8 +4,6 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "cluster.h"
-
 struct serialq_job {
         void (*work)(void *arg);
         void (*done)(void *arg);
@@ -15,12 +13,21 @@ struct serialq_job {
 
 static void start_next(struct serialq *q);
 
+/* set once at start, before the first job (serialq_set_thread_done) */
+static void (*thread_done)(void);
+
+void serialq_set_thread_done(void (*fn)(void))
+{
+        thread_done = fn;
+}
+
 static void on_work(uv_work_t *req)
 {
         struct serialq *q = req->data;
         q->head->work(q->head->arg);
         /* a database connection the job was lent goes back (cluster mode) */
-        cluster_thread_done();
+        if (thread_done)
+                thread_done();
 }
 
 static void on_after_work(uv_work_t *req, int status)

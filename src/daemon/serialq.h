@@ -30,3 +30,7 @@ void serialq_init(struct serialq *q, uv_loop_t *loop, struct serialq_group *grou
 int serialq_submit(struct serialq *q, void (*work)(void *arg), void (*done)(void *arg),
                    void *arg);
 bool serialq_idle(const struct serialq *q);
+/* fn runs on the pool thread after each job's work (cluster mode: the
+ * connection the job was lent goes back).  Set once at start, before the
+ * first job; NULL: nothing. */
+void serialq_set_thread_done(void (*fn)(void));

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "control.h"
 #include "kairos/kbuf.h"
 #include "log.h"
@@ -284,6 +285,7 @@ static void setup(void)
         d.loop = &loop;
         d.cfg = &cfg;
         d.socket_gid = (gid_t)-1;
+        control_set_commands(&(struct control_commands){ commands_dispatch, commands_known });
         for (int i = 0; i < MAX_CONNS; i++)
                 peers[i].fd = -1;
 }

@@ -31,6 +31,84 @@ def code(text):
     return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
 
 
+def module_of(name):
+    """A daemon file's module: the executor's files are one module."""
+    base = name.rsplit(".", 1)[0]
+    return "executor" if base.startswith("executor") else base
+
+
+def external_names(text):
+    """Functions and globals a .c file defines with external linkage."""
+    funcs = set(re.findall(r"^(?!static\b|extern\b|typedef\b)[A-Za-z_][\w \*]*?\b(\w+)\s*\([^;]*?\)\s*\{",
+                           text, flags=re.M))
+    data = set(re.findall(r"^(?!static\b|extern\b|typedef\b|return\b|(?:struct|union|enum)\s+\w+\s*;)"
+                          r"[A-Za-z_][\w \*]*?\b(\w+)\s*(?:\[[^\]]*\])?\s*(?:=[^;]*)?;",
+                          text, flags=re.M))
+    return funcs, data
+
+
+def module_graph(daemon):
+    """{(A, B): {names}} for every use in module A of a function or global
+    with external linkage defined in module B != A.  A header without a .c
+    of its own (daemon.h: the shared declarations) is no module."""
+    modules = {module_of(n) for n in daemon if n.endswith(".c")}
+    daemon = {n: t for n, t in daemon.items() if module_of(n) in modules}
+    owner = {}
+    for name, text in daemon.items():
+        if name.endswith(".c"):
+            funcs, data = external_names(text)
+            for f in funcs | data:
+                owner[f] = module_of(name)
+    local = {}
+    for name, text in daemon.items():
+        own = local.setdefault(module_of(name), set())
+        own.update(re.findall(r"^static\b[^;{(=]*?\b(\w+)\s*[(\[=;]", text, flags=re.M))
+    edges = {}
+    for name, text in daemon.items():
+        a = module_of(name)
+        for ident in set(re.findall(r"(?<![\w.>])([A-Za-z_]\w*)\b", text)):
+            b = owner.get(ident)
+            if b is None or b == a or ident in local[a]:
+                continue
+            edges.setdefault((a, b), set()).add(ident)
+    return edges
+
+
+def cycles(edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    succ = {}
+    for a, b in edges:
+        succ.setdefault(a, set()).add(b)
+        succ.setdefault(b, set())
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(succ[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(succ):
+        if v not in index:
+            visit(v)
+    return out
+
+
 class Layering(unittest.TestCase):
     def setUp(self):
         self.raw = sources(DAEMON)
@@ -50,7 +128,7 @@ class Layering(unittest.TestCase):
 
     def test_only_commands_sees_requests(self):
         self.assertEqual(self.users(r"\bstruct\s+control_request\b"),
-                         {"commands.c", "control.c", "control.h"})
+                         {"commands.c", "commands.h", "control.c", "control.h"})
         self.assertEqual(self.includers("control.h"),
                          {"commands.c", "control.c", "main.c"})
 
@@ -73,6 +151,30 @@ class Layering(unittest.TestCase):
         inc = self.includers("executor_internal.h")
         self.assertTrue(inc)
         self.assertTrue(all(n.startswith("executor") for n in inc), inc)
+
+    def test_no_module_cycle(self):
+        """Data flows one way (docs/design.md §2): a lower module reports up
+        through a callback it was given, never by calling up.  A module is a
+        .c file with its .h; the executor's files are one module."""
+        edges = module_graph(self.daemon)
+        found = cycles(edges)
+        lines = []
+        for comp in found:
+            lines.append("cycle of %d modules: %s" % (len(comp), " ".join(comp)))
+            for (a, b), names in sorted(edges.items()):
+                if a in comp and b in comp:
+                    lines.append("  %s -> %s: %s" % (a, b, ", ".join(sorted(names))))
+        self.assertEqual(found, [], "\n" + "\n".join(lines))
+
+    def test_module_graph_sees_calls(self):
+        """The graph is read right: known edges down are there."""
+        edges = module_graph(self.daemon)
+        self.assertIn("executor_fire", edges.get(("commands", "executor"), set()))
+        self.assertIn("serialq_submit", edges.get(("executor", "serialq"), set()))
+        self.assertIn(("main", "lifecycle"), edges)
+        self.assertEqual(cycles({("a", "b"): {"f"}, ("b", "c"): {"g"}, ("c", "a"): {"h"},
+                                 ("c", "d"): {"i"}}), [["a", "b", "c"]])
+        self.assertEqual(module_of("executor_advance.c"), "executor")
 
     def test_core_library_is_pure(self):
         for name, text in sources(LIB).items():

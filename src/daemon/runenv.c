@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/* runenv: what every handler's, hook's and probe's environment has besides
+ * its own variables — PATH, HOME, USER and KAIROSCTL — found once at start.
+ * Below the executor, hooks and probe, which all read it. */
+#include <limits.h>
+#include <pwd.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "runenv.h"
+
+/* What every handler's environment has besides the step's own variables:
+ * the daemon user's identity and where kairosctl is.  Found once at start
+ * (getpwuid may ask NSS, which can block). */
+static struct {
+        char *home, *user;   /* of the daemon's user (getpwuid), NULL if unknown */
+        char *kairosctl;     /* absolute path of kairosctl, NULL if not found */
+        char *path;          /* PATH: kairosctl's directory, then kairosd's PATH */
+} henv;
+
+static bool is_executable_file(const char *path)
+{
+        struct stat st;
+        return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* The kairosctl that belongs to this kairosd: next to it (a build tree
+ * with both in one directory), ../ctl (the build tree: src/daemon and
+ * src/ctl), ../bin (installed: /usr/sbin/kairosd and /usr/bin/kairosctl),
+ * then the first one on PATH.  An absolute path without symlinks, or NULL. */
+static char *find_kairosctl(void)
+{
+        char exe[PATH_MAX], cand[PATH_MAX + 32];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+                exe[n] = '\0';
+                char *slash = strrchr(exe, '/');
+                if (slash)
+                        *slash = '\0';
+                static const char *const rel[] = { "kairosctl", "../ctl/kairosctl",
+                                                   "../bin/kairosctl" };
+                for (size_t i = 0; slash && i < sizeof rel / sizeof rel[0]; i++) {
+                        snprintf(cand, sizeof cand, "%s/%s", exe, rel[i]);
+                        if (is_executable_file(cand))
+                                return realpath(cand, NULL);
+                }
+        }
+        const char *path = getenv("PATH");
+        while (path && *path) {
+                size_t len = strcspn(path, ":");
+                if (len > 0 && len < PATH_MAX) {
+                        snprintf(cand, sizeof cand, "%.*s/kairosctl", (int)len, path);
+                        if (cand[0] == '/' && is_executable_file(cand))
+                                return realpath(cand, NULL);
+                }
+                path += len + (path[len] == ':');
+        }
+        return NULL;
+}
+
+void runenv_init(uid_t huid)
+{
+        struct passwd *pw = getpwuid(huid);
+        if (pw) {
+                henv.home = strdup(pw->pw_dir);
+                henv.user = strdup(pw->pw_name);
+        } else {
+                log_warning("uid %u has no passwd entry: handlers get no HOME, USER, LOGNAME",
+                            (unsigned)huid);
+        }
+        const char *path = getenv("PATH");
+        if (!path || !*path)
+                path = "/usr/local/bin:/usr/bin:/bin";
+        henv.kairosctl = find_kairosctl();
+        char *dir = henv.kairosctl ? strdup(henv.kairosctl) : NULL;
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash)
+                *(slash == dir ? slash + 1 : slash) = '\0';
+        size_t dlen = dir ? strlen(dir) : 0;
+        if (dir && !(strncmp(path, dir, dlen) == 0 && (path[dlen] == ':' || !path[dlen]))) {
+                if (asprintf(&henv.path, "%s:%s", dir, path) < 0)
+                        henv.path = NULL;
+        }
+        if (!henv.path)
+                henv.path = strdup(path);
+        free(dir);
+        if (henv.kairosctl)
+                log_debug("handlers get KAIROSCTL=%s", henv.kairosctl);
+        else
+                log_warning("no kairosctl next to kairosd or on PATH: handlers get no KAIROSCTL");
+}
+
+void runenv_get(const char **ret_path, const char **ret_home, const char **ret_user,
+                const char **ret_kairosctl)
+{
+        *ret_path = henv.path ? henv.path : "/usr/local/bin:/usr/bin:/bin";
+        *ret_home = henv.home;
+        *ret_user = henv.user;
+        *ret_kairosctl = henv.kairosctl;
+}

@@ -1,0 +1,16 @@
+/* SPDX-License-Identifier: MIT */
+/* runenv: the environment every handler, hook and probe gets besides its
+ * own variables.  Found once at start (getpwuid may ask NSS, which can
+ * block). */
+#pragma once
+
+#include <sys/types.h>
+
+/* Find HOME and USER of uid (the handlers' user), kairosctl next to kairosd
+ * or on PATH, and PATH with kairosctl's directory first; logs what it could
+ * not find. */
+void runenv_init(uid_t uid);
+/* PATH, HOME, USER and KAIROSCTL (HOME, USER, KAIROSCTL may be NULL:
+ * unknown).  Borrowed, valid until exit. */
+void runenv_get(const char **ret_path, const char **ret_home, const char **ret_user,
+                const char **ret_kairosctl);
