@@ -466,8 +466,10 @@ int main(int argc, char **argv)
         if ((r = executor_init(d)) < 0 || (r = hooks_init(d)) < 0) {
                 log_error("cannot start the process runner: %s", strerror(-r));
                 notify_stopping();
+                executor_free(d);
+                hooks_free(d);
                 uv_loop_close(d->loop);
-                goto out;
+                goto out_free;
         }
         char cerr[512];
         if ((r = cluster_start(d, cerr, sizeof cerr)) < 0) {
@@ -477,7 +479,7 @@ int main(int argc, char **argv)
                 hooks_free(d);
                 uv_loop_close(d->loop);
                 exit_code = 1;
-                goto out;
+                goto out_free;
         }
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
@@ -508,6 +510,11 @@ int main(int argc, char **argv)
         mandates_free(d);
         cluster_free(d);
         deadman_stop(d->deadman); /* every handler was reaped: nothing to kill */
+        metrics_free(d->metrics);
+        d->metrics = NULL;
+out_free: /* (a start that failed half way) */
+        if (d->mandates)
+                mandates_free(d);
         metrics_free(d->metrics);
 out:
         config_free(d->cfg);

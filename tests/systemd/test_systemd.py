@@ -537,7 +537,9 @@ def hostile_report(c, mid):
     """{what: "done"/"refused"/bytes} from the journal of a hostile mandate."""
     r = c.sh(["journalctl", "-u", "kairosd", f"MANDATE_ID={mid}", "-o", "cat", "-q"])
     return {m.group(1): m.group(2)
-            for m in re.finditer(r": HOSTILE (.+) (done|refused|\d+)$", r.stdout, re.M)}
+            # (one line each; a step's message that quotes its stderr tail
+            # holds several, their newlines escaped as \n: not a line)
+            for m in re.finditer(r": HOSTILE ([^\\\n]+?) (done|refused|\d+)$", r.stdout, re.M)}
 
 
 def test_hostile_handler(c, how):
