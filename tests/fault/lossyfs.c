@@ -199,17 +199,10 @@ static int lfs_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t 
         return 0;
 }
 
-static int lfs_open(const char *path, struct fuse_file_info *fi)
+/* A file opened (open or create) as fd: O_TRUNC empties its dirty copy
+ * (its synced bytes stay on the backing file until a sync). */
+static int opened(int fd, struct fuse_file_info *fi)
 {
-        /* O_APPEND is the kernel's business (it passes the offset); the
-         * backing file is opened for reading and writing whatever the caller
-         * asked, so that a sync can write the dirty bytes back. */
-        int flags = (fi->flags & ~(O_APPEND | O_ACCMODE | O_CREAT | O_EXCL)) | O_RDWR | O_CLOEXEC;
-        int fd = openat(backing, rel(path), flags);
-        if (fd < 0 && errno == EISDIR)
-                fd = openat(backing, rel(path), O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
         if (fi->flags & O_TRUNC) {
                 struct dirty *d;
                 int r = dirty_get(fd, &d);
@@ -224,6 +217,20 @@ static int lfs_open(const char *path, struct fuse_file_info *fi)
         return 0;
 }
 
+static int lfs_open(const char *path, struct fuse_file_info *fi)
+{
+        /* O_APPEND is the kernel's business (it passes the offset); the
+         * backing file is opened for reading and writing whatever the caller
+         * asked, so that a sync can write the dirty bytes back. */
+        int flags = (fi->flags & ~(O_APPEND | O_ACCMODE | O_CREAT | O_EXCL)) | O_RDWR | O_CLOEXEC;
+        int fd = openat(backing, rel(path), flags);
+        if (fd < 0 && errno == EISDIR)
+                fd = openat(backing, rel(path), O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        return opened(fd, fi);
+}
+
 static int lfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
         int fd = openat(backing, rel(path), O_RDWR | O_CREAT | O_CLOEXEC |
@@ -231,18 +238,7 @@ static int lfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
                         mode);
         if (fd < 0)
                 return -errno;
-        fi->fh = (uint64_t)fd;
-        if (fi->flags & O_TRUNC) {
-                struct dirty *d;
-                int r = dirty_get(fd, &d);
-                if (r < 0) {
-                        close(fd);
-                        return r;
-                }
-                d->len = 0;
-                d->overwritten = d->landed > 0;
-        }
-        return 0;
+        return opened(fd, fi);
 }
 
 static int lfs_read(const char *path, char *buf, size_t n, off_t off, struct fuse_file_info *fi)
