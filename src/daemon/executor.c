@@ -474,20 +474,20 @@ void executor_cancel(struct mandate *m, const char *reason, uid_t by,
         log_event(LOG_NOTICE, MSGID_OPERATOR,
                   LOG_FIELDS({ "MANDATE_ID", m->id }, { "OPERATOR_UID", uid }),
                   "mandate %s cancelled by uid %s: %s%s", m->id, uid, reason,
-                  m->run && (m->run->started || m->run->starting) && !m->run->exited
+                  m->run && (m->run->started || m->run->starting) && !m->run->child.exited
                           ? " (stopping its handler)"
                           : "");
         struct exec_run *run = m->run;
         if (run && run->waiting_retry) {
                 /* never started: the cancel records it */
-                uv_timer_stop(&run->timer);
+                child_cancel_after(&run->child);
                 run->waiting_retry = false;
                 m->run = NULL;
                 run->finished = true;
                 handler_close(run);
                 run = NULL;
         }
-        if (run && run->started && !run->exited) {
+        if (run && run->started && !run->child.exited) {
                 handler_stop(run); /* run_finished submits the cancel */
                 return;
         }

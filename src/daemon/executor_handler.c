@@ -30,7 +30,6 @@
 #define MAX_OUTPUT (1024 * 1024)
 #define STDERR_LOG_MAX (64 * 1024)  /* bytes of a step's stderr that are logged */
 #define STDERR_LINE_MAX 4096        /* bytes of one logged line */
-#define KILL_GRACE_MS 5000
 #define SPAWN_RETRY_MIN_MS 100
 #define SPAWN_RETRY_MAX_MS 5000
 
@@ -48,14 +47,12 @@ static void groups_add(struct exec_run *run);
 static void groups_remove(struct exec_run *run);
 static void run_finished(struct exec_run *run);
 
-static void on_run_handle_closed(uv_handle_t *h)
+static void on_run_closed(struct child *c)
 {
-        struct exec_run *run = h->data;
-        if (--run->open_handles > 0)
-                return;
+        struct exec_run *run = c->data;
         run_free_spawn_args(run);
         free(run->cmdline);
-        kbuf_free(&run->out_buf);
+        child_free(c);
         kbuf_free(&run->err_line);
         free(run->stdin_doc);
         free(run->step_id);
@@ -65,100 +62,21 @@ static void on_run_handle_closed(uv_handle_t *h)
 
 void handler_close(struct exec_run *run)
 {
-        uv_handle_t *hs[] = { (uv_handle_t *)&run->in, (uv_handle_t *)&run->out,
-                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer };
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
-                if (hs[i]->data == run && !uv_is_closing(hs[i]))
-                        uv_close(hs[i], on_run_handle_closed);
+        child_close(&run->child);
 }
 
-static void run_maybe_finish(struct exec_run *run)
+/* The handler is over: its records (the child's handles close after). */
+static void on_run_done(struct child *c)
 {
-        if (run->finished || !run->exited || !run->out_eof || !run->err_eof)
-                return;
+        struct exec_run *run = c->data;
+        groups_remove(run);
         run->finished = true;
-        uv_timer_stop(&run->timer);
         run_finished(run);
 }
 
 void handler_kill(struct exec_run *run, int sig)
 {
-        if (run->started && !run->exited)
-                runner_kill(&run->job, sig);
-}
-
-static void on_kill_timer(uv_timer_t *t)
-{
-        struct exec_run *run = t->data;
-        handler_kill(run, SIGKILL);
-}
-
-static void on_timeout(uv_timer_t *t)
-{
-        struct exec_run *run = t->data;
-        run->timed_out = true;
-        handler_kill(run, SIGTERM);
-        uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
-}
-
-/* The runner reaped the handler (and killed what was left of its group). */
-static void on_job_exited(struct runner_job *job, int exit_status, int term_signal)
-{
-        struct exec_run *run = job->data;
-        groups_remove(run);
-        run->exited = true;
-        run->exit_status = exit_status;
-        run->term_signal = term_signal;
-        run->oom_killed = job->oom_killed;
-        run_maybe_finish(run);
-}
-
-static void on_alloc_out(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-        (void)suggested;
-        struct exec_run *run = h->data;
-        struct kbuf *b = (uv_pipe_t *)h == &run->out ? &run->out_buf : &run->err_line;
-        if (kbuf_reserve(b, 65536) < 0) {
-                *buf = uv_buf_init(NULL, 0);
-                return;
-        }
-        *buf = uv_buf_init(b->data + b->len, 65536);
-}
-
-static void on_read_out(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
-{
-        (void)buf;
-        struct exec_run *run = s->data;
-        if (n < 0) {
-                run->out_eof = true;
-                uv_read_stop(s);
-                run_maybe_finish(run);
-                return;
-        }
-        run->out_buf.len += (size_t)n;
-        run->out_buf.data[run->out_buf.len] = '\0';
-        if (run->out_buf.len > MAX_OUTPUT && !run->overflow) {
-                run->overflow = true;
-                handler_kill(run, SIGKILL);
-        }
-        if (run->overflow)
-                run->out_buf.len = MAX_OUTPUT; /* keep memory bounded */
-}
-
-static void tail_add(struct exec_run *run, const char *p, size_t n)
-{
-        if (n >= STDERR_TAIL) {
-                memcpy(run->err_tail, p + n - STDERR_TAIL, STDERR_TAIL);
-                run->err_tail_len = STDERR_TAIL;
-                return;
-        }
-        if (run->err_tail_len + n > STDERR_TAIL) {
-                size_t drop = run->err_tail_len + n - STDERR_TAIL;
-                memmove(run->err_tail, run->err_tail + drop, run->err_tail_len - drop);
-                run->err_tail_len -= drop;
-        }
-        memcpy(run->err_tail + run->err_tail_len, p, n);
-        run->err_tail_len += n;
+        child_kill(&run->child, sig);
 }
 
 static void log_stderr_line(struct exec_run *run, const char *p, size_t n, const char *mark)
@@ -190,17 +108,17 @@ static size_t piece_len(const char *b, size_t n)
 /* stderr goes to the log line by line: the first STDERR_LOG_MAX bytes of a
  * step, in lines of at most STDERR_LINE_MAX bytes (a longer line is logged
  * in pieces, each but the last ending in "…"); what comes after is counted
- * and reported in one line at the end.  The tail for the error message sees
- * everything. */
-static void stderr_consume(struct exec_run *run, size_t n)
+ * and reported in one line at the end.  The tail for the error message
+ * (the child's) sees everything. */
+static void stderr_consume(struct exec_run *run, const char *p, size_t n)
 {
         struct kbuf *b = &run->err_line;
-        tail_add(run, b->data + b->len, n);
         size_t room = STDERR_LOG_MAX - run->err_accepted;
         size_t take = n < room ? n : room;
         run->err_accepted += take;
         run->err_dropped += n - take;
-        b->len += take;
+        if (take && kbuf_append(b, p, take) < 0)
+                return; /* out of memory: not logged (the tail has it) */
         size_t start = 0;
         for (;;) {
                 char *nl = memchr(b->data + start, '\n', b->len - start);
@@ -225,12 +143,13 @@ static void stderr_consume(struct exec_run *run, size_t n)
         b->len -= start;
 }
 
-static void on_read_err(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+static void on_run_read(struct child *c, int fd, const char *p, size_t n)
 {
-        (void)buf;
-        struct exec_run *run = s->data;
+        struct exec_run *run = c->data;
         struct kbuf *b = &run->err_line;
-        if (n < 0) {
+        if (fd != 2)
+                return;
+        if (!p) {
                 if (b->len)
                         log_stderr_line(run, b->data, b->len, "");
                 b->len = 0;
@@ -241,20 +160,9 @@ static void on_read_err(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
                                   "%s %s: \u2026 %zu bytes of stderr dropped (only the first %d "
                                   "bytes of a step are logged)",
                                   run->m->id, run->step_id, run->err_dropped, STDERR_LOG_MAX);
-                run->err_eof = true;
-                uv_read_stop(s);
-                run_maybe_finish(run);
                 return;
         }
-        stderr_consume(run, (size_t)n);
-}
-
-static void on_stdin_written(uv_write_t *req, int status)
-{
-        (void)status; /* a handler that does not read stdin is fine */
-        struct exec_run *run = req->data;
-        if (!uv_is_closing((uv_handle_t *)&run->in))
-                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
+        stderr_consume(run, p, n);
 }
 
 void executor_free(struct daemon *d)
@@ -323,7 +231,7 @@ int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
                 return -ESRCH;
         group_key(pgid, key);
         struct exec_run *run = strmap_get(d->handler_groups, key);
-        if (!run || run->exited)
+        if (!run || run->child.exited)
                 return -ESRCH;
         *ret = (struct idem_step_owner){ .attempt = run->attempt };
         snprintf(ret->mandate, sizeof ret->mandate, "%s", run->m->id);
@@ -407,14 +315,12 @@ static void run_start(struct exec_run *run);
 
 void handler_stop(struct exec_run *run)
 {
-        handler_kill(run, SIGTERM);
-        uv_timer_stop(&run->timer);
-        uv_timer_start(&run->timer, on_kill_timer, KILL_GRACE_MS, 0);
+        child_stop(&run->child);
 }
 
-static void on_spawn_retry(uv_timer_t *t)
+static void on_spawn_retry(struct child *c)
 {
-        struct exec_run *run = t->data;
+        struct exec_run *run = c->data;
         run->waiting_retry = false;
         run_start(run);
 }
@@ -432,7 +338,7 @@ static void spawn_retry_later(struct exec_run *run, int err)
                   "%s %s: cannot start %s now: %s; trying again in %u ms (try %u; the handler "
                   "did not run)",
                   m->id, run->step_id, run->cmdline, strerror(-err), run->retry_ms, run->tries);
-        uv_timer_start(&run->timer, on_spawn_retry, run->retry_ms, 0);
+        child_after(&run->child, run->retry_ms, on_spawn_retry);
 }
 
 /* Stopping while a start waits for resources: the step was never started;
@@ -443,7 +349,7 @@ void handler_retry_give_up(struct exec_run *run)
         struct mandate *m = run->m;
         log_warning("%s %s: not started (no resources to start it) before the stop", m->id,
                     run->step_id);
-        uv_timer_stop(&run->timer);
+        child_cancel_after(&run->child);
         m->run = NULL;
         run->finished = true;
         handler_close(run);
@@ -462,18 +368,18 @@ static void run_start_failed(struct exec_run *run, int err, const char *what)
                 snprintf(msg, sizeof msg, "kairosd: cannot execute '%s': %s",
                          run->argv ? run->argv[0] : "?", strerror(-err));
                 log_stderr_line(run, msg, strlen(msg), "");
-                tail_add(run, msg, strlen(msg));
-                run->exit_status = 127;
+                child_tail_add(&run->child, msg, strlen(msg));
+                run->child.exit_status = 127;
         } else {
                 snprintf(run->spawn_error, sizeof run->spawn_error, "cannot start %s: %s%s%s",
                          run->cmdline, what ? what : "", what ? ": " : "", strerror(-err));
                 run->spawn_failed = true;
         }
-        run->exited = run->out_eof = run->err_eof = run->finished = true;
+        run->child.exited = run->finished = true;
         run_finished(run);
 }
 
-static void on_job_started(struct runner_job *job)
+static void on_run_started(struct child *job)
 {
         struct exec_run *run = job->data;
         struct mandate *m = run->m;
@@ -504,17 +410,7 @@ static void on_job_started(struct runner_job *job)
         run->pid = job->pid;
         run->started_us = now_us_monotonic();
         groups_add(run);
-        uv_pipe_open(&run->in, job->fd_in);
-        uv_pipe_open(&run->out, job->fd_out);
-        uv_pipe_open(&run->err, job->fd_err);
         run_free_spawn_args(run);
-        uv_read_start((uv_stream_t *)&run->out, on_alloc_out, on_read_out);
-        uv_read_start((uv_stream_t *)&run->err, on_alloc_out, on_read_err);
-        uv_buf_t buf = uv_buf_init(run->stdin_doc, (unsigned)run->stdin_len);
-        run->stdin_req.data = run;
-        if (uv_write(&run->stdin_req, (uv_stream_t *)&run->in, &buf, 1, on_stdin_written) < 0)
-                uv_close((uv_handle_t *)&run->in, on_run_handle_closed);
-        uv_timer_start(&run->timer, on_timeout, (uint64_t)run->timeout_sec * 1000, 0);
         log_event(LOG_INFO, NULL,
                   LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
                   "%s %s: started %s (pid %d, attempt %u)", m->id, run->step_id, run->cmdline,
@@ -527,11 +423,11 @@ static void on_job_started(struct runner_job *job)
 
 static void run_start(struct exec_run *run)
 {
-        run->job = (struct runner_job){ .argv = run->argv, .envp = run->env, .cwd = run->cwd,
-                                        .started = on_job_started, .exited = on_job_exited,
-                                        .data = run, .cg_hint = run->step_id,
-                                        .limits = run->limits };
-        int r = runner_spawn(run->m->d->runner, &run->job);
+        struct child *c = &run->child;
+        c->argv = run->argv;
+        c->envp = run->env;
+        c->cwd = run->cwd;
+        int r = child_start(c, run->m->d->runner);
         if (r == 0) {
                 run->starting = true;
                 return;
@@ -574,7 +470,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
         const char *cmdline = sc ? sc->exec[a->phase] : NULL;
         if (!cmdline || !*cmdline) {
                 /* No command: the phase completes at once with a null result. */
-                run->exited = run->out_eof = run->err_eof = true;
+                run->child.exited = true;
                 run->finished = true;
                 run_finished(run);
                 free(run->step_id);
@@ -634,7 +530,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
                          : r < 0 ? strerror(-r)
                                  : "the command name is empty once its variables are expanded");
                 run->spawn_failed = true;
-                run->exited = run->out_eof = run->err_eof = run->finished = true;
+                run->child.exited = run->finished = true;
                 config_strv_free(argv);
                 config_strv_free(env);
                 run_finished(run);
@@ -651,18 +547,22 @@ void handler_spawn(struct mandate *m, struct advance *a)
         run->cwd = strdup(cwd);
         run->cmdline = strdup(cmdline);
         run->stdin_doc = strdup(a->stdin_doc.data ? a->stdin_doc.data : "{}\n");
-        run->stdin_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
         run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
+        struct child *c = &run->child;
+        child_init(c, d->loop);
         if (sc)
-                run->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
-                                                      sc->cpu_quota_pct };
-
-        uv_pipe_init(d->loop, &run->in, 0);
-        uv_pipe_init(d->loop, &run->out, 0);
-        uv_pipe_init(d->loop, &run->err, 0);
-        uv_timer_init(d->loop, &run->timer);
-        run->in.data = run->out.data = run->err.data = run->timer.data = run;
-        run->open_handles = 4;
+                c->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
+                                                    sc->cpu_quota_pct };
+        c->cg_hint = run->step_id;
+        c->in = run->stdin_doc;
+        c->in_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
+        c->timeout_ms = (uint64_t)run->timeout_sec * 1000;
+        c->out_max = MAX_OUTPUT;
+        c->read = on_run_read;
+        c->started = on_run_started;
+        c->done = on_run_done;
+        c->closed = on_run_closed;
+        c->data = run;
         if (!env || !run->cwd || !run->cmdline || !run->stdin_doc) {
                 if (!run->cmdline)
                         run->cmdline = strdup("?");
@@ -674,14 +574,13 @@ void handler_spawn(struct mandate *m, struct advance *a)
 
 /* The end of the handler's stderr, trailing blank lines and spaces trimmed
  * (NUL bytes shown as '?' so they do not end the text early). */
-static void stderr_tail(const struct exec_run *run, char out[STDERR_TAIL + 1])
+static void stderr_tail(const struct child *c, char out[CHILD_TAIL + 1])
 {
-        size_t n = run->err_tail_len;
-        while (n && (run->err_tail[n - 1] == '\n' || run->err_tail[n - 1] == '\r' ||
-                     run->err_tail[n - 1] == ' '))
+        size_t n = c->tail_len;
+        while (n && (c->tail[n - 1] == '\n' || c->tail[n - 1] == '\r' || c->tail[n - 1] == ' '))
                 n--;
         for (size_t i = 0; i < n; i++)
-                out[i] = run->err_tail[i] ? run->err_tail[i] : '?';
+                out[i] = c->tail[i] ? c->tail[i] : '?';
         out[n] = '\0';
 }
 
@@ -752,9 +651,10 @@ static void run_finished(struct exec_run *run)
         a->decide = !d->stopping && m->status != MANDATE_PAUSED;
         struct wal_record *r = &a->pre[a->npre++];
         const char *step = advance_own(a, run->step_id);
-        char tail[STDERR_TAIL + 1];
-        stderr_tail(run, tail);
-        char msg[STDERR_TAIL + 256];
+        const struct child *c = &run->child;
+        char tail[CHILD_TAIL + 1];
+        stderr_tail(c, tail);
+        char msg[CHILD_TAIL + 256];
         if (run->killed_for_shutdown) {
                 *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
                                           .reason = "killed_at_shutdown",
@@ -763,37 +663,37 @@ static void run_finished(struct exec_run *run)
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "spawn_error",
                                           .error_msg = advance_own(a, run->spawn_error) };
-        } else if (run->overflow) {
+        } else if (c->overflow) {
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "output_too_large",
                                           .error_msg = "the handler wrote more than 1 MiB to stdout" };
-        } else if (run->timed_out) {
+        } else if (c->timed_out) {
                 snprintf(msg, sizeof msg, "no exit within TimeoutSec=%u", run->timeout_sec);
                 append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "timeout", .error_msg = advance_own(a, msg) };
-        } else if (run->oom_killed && (run->term_signal || run->exit_status != 0)) {
+        } else if (c->oom_killed && (c->term_signal || c->exit_status != 0)) {
                 snprintf(msg, sizeof msg, "killed by the OOM killer: over MemoryMax= (%s)",
-                         run->term_signal ? strsignal(run->term_signal) : "exit status");
+                         c->term_signal ? strsignal(c->term_signal) : "exit status");
                 append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "oom", .error_msg = advance_own(a, msg) };
-        } else if (run->term_signal) {
-                snprintf(msg, sizeof msg, "killed by signal %d (%s)", run->term_signal,
-                         strsignal(run->term_signal));
+        } else if (c->term_signal) {
+                snprintf(msg, sizeof msg, "killed by signal %d (%s)", c->term_signal,
+                         strsignal(c->term_signal));
                 append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "signal", .error_msg = advance_own(a, msg) };
-        } else if (run->exit_status != 0) {
-                snprintf(msg, sizeof msg, "exit status %lld", (long long)run->exit_status);
+        } else if (c->exit_status != 0) {
+                snprintf(msg, sizeof msg, "exit status %lld", (long long)c->exit_status);
                 append_tail(msg, sizeof msg, tail);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "exit_status", .error_msg = advance_own(a, msg) };
         } else {
                 /* Completed: stdout is the result (JSON, or text kept as a string). */
                 struct kbuf res = KBUF_INIT;
-                size_t n = run->out_buf.len;
-                const char *out = run->out_buf.data ? run->out_buf.data : "";
+                size_t n = c->out.len;
+                const char *out = c->out.data ? c->out.data : "";
                 while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
                         n--;
                 char hash[CANON_HASH_STRLEN];
@@ -827,11 +727,11 @@ static void run_finished(struct exec_run *run)
         if (m->cancel && r->op != WAL_OP_COMPLETED && !run->killed_for_shutdown) {
                 /* stopped by the cancel: an interrupted step, recorded as such */
                 char how[64];
-                if (run->term_signal)
-                        snprintf(how, sizeof how, "signal %d", run->term_signal);
+                if (c->term_signal)
+                        snprintf(how, sizeof how, "signal %d", c->term_signal);
                 else
                         snprintf(how, sizeof how, "exit status %lld",
-                                 (long long)run->exit_status);
+                                 (long long)c->exit_status);
                 snprintf(msg, sizeof msg, "cancelled by uid %u while it ran: %s (the handler "
                          "was stopped: %s)", (unsigned)m->cancel->uid, m->cancel->reason, how);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
@@ -849,8 +749,7 @@ static void run_finished(struct exec_run *run)
                   : r->op == WAL_OP_FAILED  ? "failed"
                                             : "needs review",
                   r->error_msg ? ": " : "", r->error_msg ? r->error_msg : "");
-        if (run->in.data == run)
-                handler_close(run);
+        handler_close(run);
         if (m->cancel && !run->killed_for_shutdown) {
                 a->interrupted = strdup(run->step_id);
                 executor_cancel_submit(m, a);

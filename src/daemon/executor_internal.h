@@ -6,10 +6,10 @@
  *                       decision, the graceful stop           (executor_…)
  *   executor_advance.c  the advance job on the mandate's serial queue:
  *                       append, fold, decide, append, flush  (advance_…)
- *   executor_handler.c  handler runs: spawn through the runner, stdin,
- *                       stdout and stderr, timeouts and kills, the step's
- *                       records from how it ended; the handlers'
- *                       environment and process groups       (handler_…)
+ *   executor_handler.c  handler runs: through child.h (stdin, stdout,
+ *                       the end of stderr, timeouts and kills), stderr to
+ *                       the log, the step's records from how it ended; the
+ *                       handlers' environment and process groups (handler_…)
  *   executor_archive.c  finished mandates archived in batches (archive_…)
  * The functions of executor.h keep their executor_ names in whichever file
  * holds them (executor_init, executor_step_of, … are in executor_handler.c). */
@@ -25,10 +25,10 @@
 #include "kairos/planner.h"
 #include "kairos/wal.h"
 #include "result.h"
+#include "child.h"
 #include "runner.h"
 
 #define MAX_BATCH 8                 /* records an advance job appends first */
-#define STDERR_TAIL 2048            /* bytes of stderr kept for the error message */
 
 /* ---- the advance job (executor_advance.c) ---- */
 
@@ -110,32 +110,21 @@ void advance_work(void *arg);
 
 struct exec_run {
         struct mandate *m;
-        struct runner_job job;        /* the process (runner.h) */
-        char **argv, **env;           /* owned: the job's argv and environment */
+        struct child child;           /* the process (child.h): its output, how it ended */
+        char **argv, **env;           /* owned: the child's argv and environment */
         char *cwd;
         char *cmdline;
         bool starting;                /* handed to the runner, not started yet */
         bool waiting_retry;           /* its start failed for want of resources */
         bool started;
         unsigned retry_ms, tries;
-        uv_pipe_t in, out, err;
-        uv_timer_t timer;
-        unsigned open_handles;
         char *stdin_doc;
-        size_t stdin_len;
-        uv_write_t stdin_req;
-        struct kbuf out_buf;
         struct kbuf err_line;
-        char err_tail[STDERR_TAIL];
-        size_t err_tail_len;
         size_t err_accepted, err_dropped; /* stderr bytes logged / not logged */
-        bool exited, out_eof, err_eof, finished;
-        int64_t exit_status;
-        int term_signal;
-        bool overflow, timed_out, killed_for_shutdown, spawn_failed, oom_killed;
+        bool finished;
+        bool killed_for_shutdown, spawn_failed;
         char spawn_error[256];
         unsigned timeout_sec;
-        struct cgroup_limits limits;  /* the schedule's MemoryMax= etc. */
         unsigned attempt;
         pid_t pid;
         int phase;

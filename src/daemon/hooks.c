@@ -14,9 +14,8 @@
 #include "runenv.h"
 #include "kairos/kbuf.h"
 #include "log.h"
-#include "runner.h"
+#include "child.h"
 
-#define HOOK_KILL_GRACE_MS 5000
 #define HOOK_OUTPUT_MAX 2048      /* bytes of stdout + stderr kept for the log */
 
 /* Failures folded into one page: how many, of which schedules. */
@@ -45,13 +44,7 @@ struct hook_run {
         char *cwd;                    /* the state directory (a reload may replace cfg) */
         char *doc;
         size_t doc_len;
-        struct runner_job job;
-        uv_pipe_t in, out, err;
-        uv_timer_t timer;
-        unsigned open_handles;
-        uv_write_t write_req;
-        bool started, exited, out_eof, err_eof, finished, timed_out;
-        int exit_status, term_signal;
+        struct child child;
         char output[HOOK_OUTPUT_MAX];
         size_t output_len, output_dropped;
 };
@@ -72,7 +65,6 @@ struct hooks {
         struct hook_run *running_list;
         unsigned running;
         uint64_t timeout_ms;
-        char scratch[65536];          /* read buffer: consumed in the read callback */
 };
 
 static const char *const event_names[] = {
@@ -98,6 +90,7 @@ static void hook_free(struct hook_run *run)
         config_strv_free(run->env);
         free(run->cwd);
         free(run->doc);
+        child_free(&run->child);
         free(run);
 }
 
@@ -114,25 +107,14 @@ static void list_remove(struct hook_run **head, struct hook_run *run)
 
 static void start_next(struct hooks *h);
 
-static void on_handle_closed(uv_handle_t *handle)
+static void on_closed(struct child *c)
 {
-        struct hook_run *run = handle->data;
-        if (--run->open_handles > 0)
-                return;
+        struct hook_run *run = c->data;
         struct hooks *h = run->h;
         list_remove(&h->running_list, run);
         h->running--;
         hook_free(run);
         start_next(h);
-}
-
-static void close_handles(struct hook_run *run)
-{
-        uv_handle_t *hs[] = { (uv_handle_t *)&run->in, (uv_handle_t *)&run->out,
-                              (uv_handle_t *)&run->err, (uv_handle_t *)&run->timer };
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
-                if (!uv_is_closing(hs[i]))
-                        uv_close(hs[i], on_handle_closed);
 }
 
 /* The output kept, as one line: control characters shown as spaces. */
@@ -148,22 +130,19 @@ static void output_text(const struct hook_run *run, char *out, size_t len)
         out[n] = '\0';
 }
 
-static void finish(struct hook_run *run)
+static void on_done(struct child *c)
 {
-        if (run->finished)
-                return;
-        run->finished = true;
-        uv_timer_stop(&run->timer);
+        struct hook_run *run = c->data;
         char what[128], text[HOOK_OUTPUT_MAX + 1], more[64] = "";
         bool ok = false;
-        if (run->timed_out)
+        if (c->timed_out)
                 snprintf(what, sizeof what, "timed out after %llu ms (killed)",
                          (unsigned long long)run->h->timeout_ms);
-        else if (run->term_signal)
-                snprintf(what, sizeof what, "killed by signal %d (%s)", run->term_signal,
-                         strsignal(run->term_signal));
-        else if (run->exit_status != 0)
-                snprintf(what, sizeof what, "failed with exit status %d", run->exit_status);
+        else if (c->term_signal)
+                snprintf(what, sizeof what, "killed by signal %d (%s)", c->term_signal,
+                         strsignal(c->term_signal));
+        else if (c->exit_status != 0)
+                snprintf(what, sizeof what, "failed with exit status %d", c->exit_status);
         else {
                 snprintf(what, sizeof what, "succeeded");
                 ok = true;
@@ -175,112 +154,41 @@ static void finish(struct hook_run *run)
                   LOG_FIELDS({ "MANDATE_ID", run->mandate }),
                   "hook %s %s; the mandate is not affected%s%s%s", run->label, what,
                   text[0] ? "; output: " : "", text, more);
-        close_handles(run);
+        child_close(c);
 }
 
-static void maybe_finish(struct hook_run *run)
+/* stdout and stderr, as they come, into one buffer for the log */
+static void on_read(struct child *c, int fd, const char *p, size_t n)
 {
-        if (run->exited && run->out_eof && run->err_eof)
-                finish(run);
-}
-
-static void on_kill_timer(uv_timer_t *t)
-{
-        struct hook_run *run = t->data;
-        if (run->exited) {
-                finish(run); /* something else holds its output open: stop reading */
-                return;
-        }
-        runner_kill(&run->job, SIGKILL);
-        uv_timer_start(&run->timer, on_kill_timer, HOOK_KILL_GRACE_MS, 0);
-}
-
-static void on_timeout(uv_timer_t *t)
-{
-        struct hook_run *run = t->data;
-        if (run->exited) {
-                finish(run);
-                return;
-        }
-        run->timed_out = true;
-        runner_kill(&run->job, SIGTERM);
-        uv_timer_start(&run->timer, on_kill_timer, HOOK_KILL_GRACE_MS, 0);
-}
-
-static void on_exited(struct runner_job *job, int exit_status, int term_signal)
-{
-        struct hook_run *run = job->data;
-        run->exited = true;
-        run->exit_status = exit_status;
-        run->term_signal = term_signal;
-        maybe_finish(run);
-}
-
-static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
-{
-        (void)suggested;
-        struct hook_run *run = handle->data;
-        *buf = uv_buf_init(run->h->scratch, sizeof run->h->scratch);
-}
-
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
-{
-        struct hook_run *run = s->data;
-        if (n < 0) {
-                uv_read_stop(s);
-                if ((uv_pipe_t *)s == &run->out)
-                        run->out_eof = true;
-                else
-                        run->err_eof = true;
-                maybe_finish(run);
-                return;
-        }
+        (void)fd;
+        struct hook_run *run = c->data;
         size_t room = sizeof run->output - run->output_len;
-        size_t take = (size_t)n < room ? (size_t)n : room;
-        memcpy(run->output + run->output_len, buf->base, take);
+        size_t take = n < room ? n : room;
+        if (p)
+                memcpy(run->output + run->output_len, p, take);
         run->output_len += take;
-        run->output_dropped += (size_t)n - take;
+        run->output_dropped += n - take;
 }
 
-static void on_written(uv_write_t *req, int status)
+static void on_started(struct child *c)
 {
-        (void)status; /* a hook that does not read its stdin is fine */
-        struct hook_run *run = req->data;
-        if (!uv_is_closing((uv_handle_t *)&run->in))
-                uv_close((uv_handle_t *)&run->in, on_handle_closed);
-}
-
-static void on_started(struct runner_job *job)
-{
-        struct hook_run *run = job->data;
+        struct hook_run *run = c->data;
         config_strv_free(run->argv);
         run->argv = NULL;
         config_strv_free(run->env);
         run->env = NULL;
-        if (job->err) {
+        if (c->err) {
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
                           "hook %s cannot start: %s%s%s; the mandate is not affected",
-                          run->label, job->err_what ? job->err_what : "",
-                          job->err_what ? ": " : "", strerror(-job->err));
-                run->finished = true;
-                close_handles(run);
+                          run->label, c->err_what ? c->err_what : "",
+                          c->err_what ? ": " : "", strerror(-c->err));
+                child_close(c);
                 return;
         }
-        run->started = true;
-        uv_pipe_open(&run->in, job->fd_in);
-        uv_pipe_open(&run->out, job->fd_out);
-        uv_pipe_open(&run->err, job->fd_err);
-        uv_read_start((uv_stream_t *)&run->out, on_alloc, on_read);
-        uv_read_start((uv_stream_t *)&run->err, on_alloc, on_read);
-        uv_buf_t b = uv_buf_init(run->doc, (unsigned)run->doc_len);
-        run->write_req.data = run;
-        if (uv_write(&run->write_req, (uv_stream_t *)&run->in, &b, 1, on_written) < 0)
-                uv_close((uv_handle_t *)&run->in, on_handle_closed);
-        uv_timer_start(&run->timer, on_timeout, run->h->timeout_ms, 0);
         log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
-                  "hook %s started (pid %d)", run->label, (int)job->pid);
+                  "hook %s started (pid %d)", run->label, (int)c->pid);
         if (run->h->stopping)
-                runner_kill(job, SIGKILL);
+                child_kill(c, SIGKILL);
 }
 
 static void queue_push(struct hook_queue *q, struct hook_run *run)
@@ -319,23 +227,25 @@ static void start_one(struct hooks *h, struct hook_run *run)
                 h->running_list->prev = run;
         h->running_list = run;
         h->running++;
-        uv_pipe_init(d->loop, &run->in, 0);
-        uv_pipe_init(d->loop, &run->out, 0);
-        uv_pipe_init(d->loop, &run->err, 0);
-        uv_timer_init(d->loop, &run->timer);
-        run->in.data = run->out.data = run->err.data = run->timer.data = run;
-        run->open_handles = 4;
-        run->job = (struct runner_job){ .argv = run->argv, .envp = run->env,
-                                        .cwd = run->cwd,
-                                        .started = on_started, .exited = on_exited,
-                                        .data = run };
-        int r = runner_spawn(d->runner, &run->job);
+        struct child *c = &run->child;
+        child_init(c, d->loop);
+        c->argv = run->argv;
+        c->envp = run->env;
+        c->cwd = run->cwd;
+        c->in = run->doc;
+        c->in_len = run->doc_len;
+        c->timeout_ms = h->timeout_ms;
+        c->read = on_read;
+        c->started = on_started;
+        c->done = on_done;
+        c->closed = on_closed;
+        c->data = run;
+        int r = child_start(c, d->runner);
         if (r < 0) {
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
                           "hook %s cannot start: %s; the mandate is not affected", run->label,
                           strerror(-r));
-                run->finished = true;
-                close_handles(run);
+                        child_close(c);
         }
 }
 
@@ -672,8 +582,7 @@ void hooks_stop(struct daemon *d)
                             dropped == 1 ? "" : "s",
                             folded ? "; one of them the page of folded failures" : "");
         for (struct hook_run *run = h->running_list; run; run = run->next)
-                if (run->started && !run->exited)
-                        runner_kill(&run->job, SIGKILL);
+                child_kill(&run->child, SIGKILL);
 }
 
 void hooks_free(struct daemon *d)

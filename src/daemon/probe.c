@@ -21,10 +21,8 @@
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
-#include "runner.h"
+#include "child.h"
 #include "runenv.h"
-
-#define PROBE_STDERR_TAIL 2048
 
 /* One probe: waiting, preparing (on the mandate's queue), running. */
 struct probe_job {
@@ -45,18 +43,8 @@ struct probe_job {
         char **argv, **env;
         char *cwd, *cmdline;
         unsigned timeout_sec;
-        struct runner_job job;
-        uv_pipe_t in, out, err;
-        uv_timer_t timer;
-        unsigned open_handles;        /* 0: the handles were never made */
-        uv_write_t write_req;
-        bool started, exited, out_eof, err_eof, finished, timed_out, overflow;
-        int exit_status, term_signal;
+        struct child child;
         char start_error[256];
-        struct kbuf out_buf;
-        char err_tail[PROBE_STDERR_TAIL];
-        size_t err_tail_len;
-        char scratch[65536];
 };
 
 /* The probe's word, decided again on the mandate's queue. */
@@ -113,7 +101,7 @@ static void job_free(struct probe_job *j)
         config_strv_free(j->env);
         free(j->cwd);
         free(j->cmdline);
-        kbuf_free(&j->out_buf);
+        child_free(&j->child);
         free(j);
 }
 
@@ -319,13 +307,14 @@ static void decide_done(void *arg)
 static void decide(struct probe_job *j)
 {
         struct mandate *m = j->m;
-        char tail[PROBE_STDERR_TAIL + 1];
-        memcpy(tail, j->err_tail, j->err_tail_len);
-        tail[j->err_tail_len] = '\0';
+        const struct child *c = &j->child;
+        char tail[CHILD_TAIL + 1];
+        memcpy(tail, c->tail, c->tail_len);
+        tail[c->tail_len] = '\0';
         struct probe_run run = {
-                .out = j->out_buf.data, .out_len = j->out_buf.len, .out_overflow = j->overflow,
-                .err = tail, .err_len = j->err_tail_len, .exit_status = j->exit_status,
-                .term_signal = j->term_signal, .timed_out = j->timed_out,
+                .out = c->out.data, .out_len = c->out.len, .out_overflow = c->overflow,
+                .err = tail, .err_len = c->tail_len, .exit_status = c->exit_status,
+                .term_signal = c->term_signal, .timed_out = c->timed_out,
                 .timeout_sec = j->timeout_sec,
                 .start_error = j->start_error[0] ? j->start_error : NULL,
         };
@@ -361,158 +350,37 @@ static void decide(struct probe_job *j)
 
 /* ---- the process ---- */
 
-static void on_closed(uv_handle_t *h)
+static void on_closed(struct child *c)
 {
-        struct probe_job *j = h->data;
-        if (--j->open_handles == 0)
-                job_end(j);
+        job_end(c->data);
 }
 
-static void close_handles(struct probe_job *j)
+static void on_done(struct child *c)
 {
-        uv_handle_t *hs[] = { (uv_handle_t *)&j->in, (uv_handle_t *)&j->out,
-                              (uv_handle_t *)&j->err, (uv_handle_t *)&j->timer };
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
-                if (!uv_is_closing(hs[i]))
-                        uv_close(hs[i], on_closed);
+        decide(c->data);
+        child_close(c);
 }
 
-static void finish(struct probe_job *j)
+static void on_started(struct child *c)
 {
-        if (j->finished)
-                return;
-        j->finished = true;
-        uv_timer_stop(&j->timer);
-        decide(j);
-        close_handles(j);
-}
-
-static void maybe_finish(struct probe_job *j)
-{
-        if (j->exited && j->out_eof && j->err_eof)
-                finish(j);
-}
-
-static void on_kill_timer(uv_timer_t *t)
-{
-        struct probe_job *j = t->data;
-        if (j->exited) {
-                finish(j); /* something outside its group holds its output open */
-                return;
-        }
-        runner_kill(&j->job, SIGKILL);
-        uv_timer_start(&j->timer, on_kill_timer, PROBE_KILL_GRACE_MS, 0);
-}
-
-static void on_timeout(uv_timer_t *t)
-{
-        struct probe_job *j = t->data;
-        j->timed_out = true;
-        if (j->exited) {
-                finish(j);
-                return;
-        }
-        runner_kill(&j->job, SIGTERM);
-        uv_timer_start(&j->timer, on_kill_timer, PROBE_KILL_GRACE_MS, 0);
-}
-
-static void on_exited(struct runner_job *job, int exit_status, int term_signal)
-{
-        struct probe_job *j = job->data;
-        j->exited = true;
-        j->exit_status = exit_status;
-        j->term_signal = term_signal;
-        maybe_finish(j);
-}
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-        (void)suggested;
-        struct probe_job *j = h->data;
-        *buf = uv_buf_init(j->scratch, sizeof j->scratch);
-}
-
-static void tail_add(struct probe_job *j, const char *p, size_t n)
-{
-        if (n >= PROBE_STDERR_TAIL) {
-                memcpy(j->err_tail, p + n - PROBE_STDERR_TAIL, PROBE_STDERR_TAIL);
-                j->err_tail_len = PROBE_STDERR_TAIL;
-                return;
-        }
-        if (j->err_tail_len + n > PROBE_STDERR_TAIL) {
-                size_t drop = j->err_tail_len + n - PROBE_STDERR_TAIL;
-                memmove(j->err_tail, j->err_tail + drop, j->err_tail_len - drop);
-                j->err_tail_len -= drop;
-        }
-        memcpy(j->err_tail + j->err_tail_len, p, n);
-        j->err_tail_len += n;
-}
-
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
-{
-        struct probe_job *j = s->data;
-        bool is_out = (uv_pipe_t *)s == &j->out;
-        if (n < 0) {
-                uv_read_stop(s);
-                if (is_out)
-                        j->out_eof = true;
-                else
-                        j->err_eof = true;
-                maybe_finish(j);
-                return;
-        }
-        if (!is_out) {
-                tail_add(j, buf->base, (size_t)n);
-                return;
-        }
-        if (j->overflow)
-                return;
-        if (j->out_buf.len + (size_t)n > PROBE_STDOUT_MAX ||
-            kbuf_append(&j->out_buf, buf->base, (size_t)n) < 0) {
-                j->overflow = true;
-                runner_kill(&j->job, SIGKILL);
-        }
-}
-
-static void on_written(uv_write_t *req, int status)
-{
-        (void)status; /* a probe that does not read its stdin is fine */
-        struct probe_job *j = req->data;
-        if (!uv_is_closing((uv_handle_t *)&j->in))
-                uv_close((uv_handle_t *)&j->in, on_closed);
-}
-
-static void on_started(struct runner_job *job)
-{
-        struct probe_job *j = job->data;
+        struct probe_job *j = c->data;
         config_strv_free(j->argv);
         j->argv = NULL;
         config_strv_free(j->env);
         j->env = NULL;
         struct mandate *m = j->m;
-        if (job->err) {
+        if (c->err) {
                 snprintf(j->start_error, sizeof j->start_error, "%s%s%s",
-                         job->err_what ? job->err_what : "", job->err_what ? ": " : "",
-                         strerror(-job->err));
-                finish(j);
+                         c->err_what ? c->err_what : "", c->err_what ? ": " : "",
+                         strerror(-c->err));
+                on_done(c);
                 return;
         }
-        j->started = true;
-        uv_pipe_open(&j->in, job->fd_in);
-        uv_pipe_open(&j->out, job->fd_out);
-        uv_pipe_open(&j->err, job->fd_err);
-        uv_read_start((uv_stream_t *)&j->out, on_alloc, on_read);
-        uv_read_start((uv_stream_t *)&j->err, on_alloc, on_read);
-        uv_buf_t b = uv_buf_init(j->doc, (unsigned)j->doc_len);
-        j->write_req.data = j;
-        if (uv_write(&j->write_req, (uv_stream_t *)&j->in, &b, 1, on_written) < 0)
-                uv_close((uv_handle_t *)&j->in, on_closed);
-        uv_timer_start(&j->timer, on_timeout, (uint64_t)j->timeout_sec * 1000, 0);
         log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", j->step_id }),
                   "%s %s: probe started: %s (pid %d, ProbeTimeoutSec=%u)", m->id, j->step_id,
-                  j->cmdline, (int)job->pid, j->timeout_sec);
+                  j->cmdline, (int)c->pid, j->timeout_sec);
         if (P.stopping)
-                runner_kill(job, SIGKILL);
+                child_kill(c, SIGKILL);
 }
 
 static char *env_entry(const char *k, const char *v)
@@ -571,17 +439,17 @@ static void spawn(struct probe_job *j)
         struct mandate *m = j->m;
         struct daemon *d = m->d;
         const struct config_schedule *sc = schedule_of(m);
-        uv_pipe_init(d->loop, &j->in, 0);
-        uv_pipe_init(d->loop, &j->out, 0);
-        uv_pipe_init(d->loop, &j->err, 0);
-        uv_timer_init(d->loop, &j->timer);
-        j->in.data = j->out.data = j->err.data = j->timer.data = j;
-        j->open_handles = 4;
+        struct child *c = &j->child;
+        child_init(c, d->loop);
+        c->started = on_started;
+        c->done = on_done;
+        c->closed = on_closed;
+        c->data = j;
         if (!sc || !sc->probe || !*sc->probe) {
                 /* reloaded without it meanwhile */
                 snprintf(j->start_error, sizeof j->start_error,
                          "the schedule has no Probe= any more");
-                finish(j);
+                on_done(c);
                 return;
         }
         size_t argc = 0;
@@ -601,17 +469,22 @@ static void spawn(struct probe_job *j)
                 r = -EINVAL;
         }
         if (r == 0) {
-                j->job = (struct runner_job){
-                        .argv = j->argv, .envp = j->env, .cwd = j->cwd, .started = on_started,
-                        .exited = on_exited, .data = j, .cg_hint = j->step_id,
-                        .limits = { sc->memory_max, sc->tasks_max, sc->cpu_quota_pct },
-                };
-                r = runner_spawn(d->runner, &j->job);
+                c->argv = j->argv;
+                c->envp = j->env;
+                c->cwd = j->cwd;
+                c->cg_hint = j->step_id;
+                c->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
+                                                    sc->cpu_quota_pct };
+                c->in = j->doc;
+                c->in_len = j->doc_len;
+                c->timeout_ms = (uint64_t)j->timeout_sec * 1000;
+                c->out_max = PROBE_STDOUT_MAX;
+                r = child_start(c, d->runner);
         }
         if (r < 0) {
                 snprintf(j->start_error, sizeof j->start_error, "%s",
                          r == -EINVAL && why[0] ? why : strerror(-r));
-                finish(j);
+                on_done(c);
         }
 }
 
@@ -764,8 +637,7 @@ void probe_stop(struct daemon *d)
                 log_info("%u probe%s not run (stopping): their steps stay open", dropped,
                          dropped == 1 ? "" : "s");
         for (struct probe_job *j = P.running; j; j = j->next)
-                if (j->started && !j->exited)
-                        runner_kill(&j->job, SIGKILL);
+                child_kill(&j->child, SIGKILL);
 }
 
 void probe_free(struct daemon *d)

@@ -26,7 +26,6 @@
 #include "kairos/recovery.h"
 
 #define PROBES_MAX_RUNNING 8
-#define PROBE_KILL_GRACE_MS 5000
 
 struct daemon;
 struct mandate;

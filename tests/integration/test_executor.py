@@ -727,6 +727,30 @@ class TestFailures(ExecCase):
         self.assertEqual(rec["error_msg"], "no exit within TimeoutSec=1: hanging")
         self.assertIn("%s observe_001: failed: no exit within TimeoutSec=1" % m, self.d.log())
 
+    def test_timeout_with_output_held_by_an_escaped_child(self):
+        # The handler exits at once, but a child that left its process group
+        # (setsid) keeps its stdout and stderr open: the step ends at its
+        # TimeoutSec= all the same (it used to wait for the child's end).
+        # (With handler cgroups the cgroup kill ends the child at the
+        # handler's exit: then the step simply completes.)
+        # (the child tells through a FIFO that it has left the group: the
+        # runner kills the group when the handler exits)
+        fifo = self.fifo("escaped")
+        pidfile = os.path.join(self.dir, "escaped.pid")
+        try:
+            m, rec = self.run_failing(
+                "echo 'leaving' >&2\nsetsid /bin/sh -c 'echo $$ > %s; exec sleep 600' &\n"
+                "read pid < %s\necho $pid > %s\nexit 0\n" % (fifo, fifo, pidfile),
+                {"TimeoutSec": "1"})
+            self.assertEqual(rec["error_class"], "timeout")
+            self.assertEqual(rec["error_msg"], "no exit within TimeoutSec=1: leaving")
+        finally:
+            try:
+                with open(pidfile) as f:
+                    os.kill(int(f.read()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
     def test_output_too_large(self):
         m, rec = self.run_failing("exec head -c 2000000 /dev/zero\n")
         self.assertEqual(rec["error_class"], "output_too_large")
