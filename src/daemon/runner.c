@@ -31,6 +31,14 @@
 #define CHILD_STACK (256 * 1024)
 #define KEEPER_MAX_GROUPS 65536
 
+/* clone3(2), spelled out here (linux/sched.h clashes with sched.h): the
+ * arguments of its first version, and the flag that resets every handled
+ * signal to SIG_DFL in the child (Linux 5.5). */
+struct clone3_args {
+        uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
+};
+#define RUNNER_CLONE_CLEAR_SIGHAND 0x100000000ULL
+
 enum { STAGE_SETUP = 1, STAGE_CGROUP, STAGE_USER, STAGE_CHDIR, STAGE_EXEC };
 
 /* How long the runner's thread waits for a killed handler cgroup to empty
@@ -82,6 +90,19 @@ struct runner {
         int slot_hi;               /* the highest of slot[] */
         pid_t keeper;
         bool keeper_gone;          /* under lock: the thread starts a new one */
+        /* The keeper's table of handler process groups, shared with it
+         * (MAP_SHARED, made before it is forked; a new keeper inherits it):
+         * the child writes its group into its job's slot before it execs,
+         * the loop clears the slot before it reaps the child.  No message
+         * per step. */
+        int32_t *groups;
+        uint32_t *free_slots;      /* under lock: slots given back */
+        size_t nfree;
+        uint32_t slot_next;        /* under lock: slots never used from here */
+        /* the signals kairosd ignores (SIG_IGN survives exec and
+         * CLONE_CLEAR_SIGHAND): the child resets these, NSIG ends */
+        int ignored[NSIG];
+        bool no_clone3;            /* the thread's: clone3 failed once (ENOSYS…) */
         unsigned long spawns;
 };
 
@@ -113,7 +134,7 @@ static void close_from(int lowfd)
 }
 
 /* Forked from the daemon; only async-signal-safe calls, no allocation. */
-static void keeper_main(int sock)
+static void keeper_main(int sock, const int32_t *groups)
 {
         static const int ignore[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE, SIGQUIT };
         for (size_t i = 0; i < sizeof ignore / sizeof ignore[0]; i++)
@@ -131,37 +152,19 @@ static void keeper_main(int sock)
                 dup2(null, fd);
         close_from(4);
         prctl(PR_SET_NAME, "kairosd-keeper");
-        int32_t *groups = mmap(NULL, KEEPER_MAX_GROUPS * sizeof(int32_t), PROT_READ | PROT_WRITE,
-                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (groups == MAP_FAILED)
-                _exit(1);
-        size_t n = 0;
         for (;;) {
-                int32_t v;
-                ssize_t k = recv(sock, &v, sizeof v, 0);
+                char c;
+                ssize_t k = recv(sock, &c, sizeof c, 0);
                 if (k < 0 && errno == EINTR)
                         continue;
-                if (k != (ssize_t)sizeof v)
+                if (k <= 0)
                         break; /* end of file: kairosd is gone (or a broken socket) */
-                if (v > 0) {
-                        /* forget groups that are empty (missed removals) */
-                        for (size_t i = 0; i < n;)
-                                if (kill(-groups[i], 0) < 0 && errno == ESRCH)
-                                        groups[i] = groups[--n];
-                                else
-                                        i++;
-                        if (n < KEEPER_MAX_GROUPS)
-                                groups[n++] = v;
-                } else if (v < 0) {
-                        for (size_t i = 0; i < n; i++)
-                                if (groups[i] == -v) {
-                                        groups[i] = groups[--n];
-                                        break;
-                                }
-                }
         }
-        for (size_t i = 0; i < n; i++)
-                kill(-groups[i], SIGKILL);
+        for (size_t i = 0; i < KEEPER_MAX_GROUPS; i++) {
+                int32_t g = __atomic_load_n(&groups[i], __ATOMIC_ACQUIRE);
+                if (g > 0)
+                        kill(-g, SIGKILL);
+        }
         _exit(0);
 }
 
@@ -178,20 +181,32 @@ static int keeper_start(struct runner *r)
                 return -e;
         }
         if (pid == 0)
-                keeper_main(sv[1]); /* does not return */
+                keeper_main(sv[1], r->groups); /* does not return */
         close(sv[1]);
         r->keeper = pid;
         r->keeper_fd = sv[0];
         return 0;
 }
 
-static void keeper_forget(struct runner *r, pid_t pgid)
+/* A slot of the table for a job (the thread, under lock); -1: the table is
+ * full (the handler still dies with kairosd by PR_SET_PDEATHSIG). */
+static int keeper_slot_take(struct runner *r)
 {
-        int32_t v = -(int32_t)pgid;
+        if (r->nfree)
+                return (int)r->free_slots[--r->nfree];
+        return r->slot_next < KEEPER_MAX_GROUPS ? (int)r->slot_next++ : -1;
+}
+
+/* j's group is about to be reaped (or was never there): out of the table. */
+static void keeper_forget(struct runner *r, struct runner_job *j)
+{
+        if (j->keeper_slot < 0)
+                return;
+        __atomic_store_n(&r->groups[j->keeper_slot], 0, __ATOMIC_RELEASE);
         pthread_mutex_lock(&r->lock);
-        if (r->keeper_fd >= 0)
-                (void)send(r->keeper_fd, &v, sizeof v, MSG_DONTWAIT | MSG_NOSIGNAL);
+        r->free_slots[r->nfree++] = (uint32_t)j->keeper_slot;
         pthread_mutex_unlock(&r->lock);
+        j->keeper_slot = -1;
 }
 
 /* The keeper died (someone killed it): the runner's thread starts another
@@ -225,13 +240,19 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
         struct runner *r = j->r;
         j->child_stage = STAGE_SETUP;
         /* every signal is blocked (the runner's thread blocks them all):
-         * reset the handlers first, so none of the daemon's runs here */
+         * reset the handlers first, so none of the daemon's runs here —
+         * clone3 did it (CLONE_CLEAR_SIGHAND) but for the ignored ones */
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
-        for (int sig = 1; sig < NSIG; sig++)
-                if (sig != SIGKILL && sig != SIGSTOP)
-                        (void)sigaction(sig, &dfl, NULL);
+        if (j->clear_sighand) {
+                for (const int *sig = r->ignored; *sig; sig++)
+                        (void)sigaction(*sig, &dfl, NULL);
+        } else {
+                for (int sig = 1; sig < NSIG; sig++)
+                        if (sig != SIGKILL && sig != SIGSTOP)
+                                (void)sigaction(sig, &dfl, NULL);
+        }
         if (setpgid(0, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
                 goto fail;
         if (getppid() != r->self) {
@@ -268,10 +289,11 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                 }
                 j->child_stage = STAGE_SETUP;
         }
-        /* best effort: without a keeper the handler still dies with kairosd */
+        /* into the keeper's table (without a slot the handler still dies
+         * with kairosd) */
         int32_t me = (int32_t)getpid();
-        if (r->keeper_fd >= 0)
-                (void)send(r->keeper_fd, &me, sizeof me, MSG_NOSIGNAL);
+        if (j->keeper_slot >= 0)
+                __atomic_store_n(&r->groups[j->keeper_slot], me, __ATOMIC_RELEASE);
         /* cluster mode: killed at the lease deadline even if kairosd is
          * stopped (one write(2); deadman.h) */
         if (r->dm)
@@ -333,6 +355,63 @@ fail:
 
 /* ---- the runner's thread ---- */
 
+#if defined(__x86_64__) && defined(SYS_clone3)
+/* clone3 starting fn(arg) on the stack the arguments name (the child never
+ * returns into C: fn ends in exec or _exit).  The new child's registers are
+ * the parent's: fn and arg ride in r12 and r13. */
+__attribute__((no_sanitize("address", "undefined"))) static long
+clone3_run(struct clone3_args *ca, int (*fn)(void *), void *arg)
+{
+        long ret;
+        register void *rfn __asm__("r12") = (void *)fn;
+        register void *rarg __asm__("r13") = arg;
+        __asm__ volatile("syscall\n\t"
+                         "test %%rax, %%rax\n\t"
+                         "jnz 1f\n\t"
+                         "xor %%ebp, %%ebp\n\t"
+                         "mov %%r13, %%rdi\n\t"
+                         "call *%%r12\n\t"
+                         "mov %%eax, %%edi\n\t"
+                         "mov $60, %%eax\n\t" /* exit */
+                         "syscall\n\t"
+                         "ud2\n"
+                         "1:"
+                         : "=a"(ret)
+                         : "0"((long)SYS_clone3), "D"(ca), "S"(sizeof *ca), "r"(rfn), "r"(rarg)
+                         : "rcx", "r11", "memory");
+        return ret;
+}
+#endif
+
+/* The child, started with clone3(CLONE_CLEAR_SIGHAND) where the kernel has
+ * it (its handled signals already reset: no rt_sigaction per signal), else
+ * with clone.  A pid, or -1 with errno. */
+static pid_t clone_child(struct runner *r, struct runner_job *j, int flags)
+{
+#if defined(__x86_64__) && defined(SYS_clone3)
+        if (!r->no_clone3) {
+                struct clone3_args ca = {
+                        .flags = (uint64_t)(flags & ~0xff) | RUNNER_CLONE_CLEAR_SIGHAND,
+                        .exit_signal = (uint64_t)(flags & 0xff),
+                        .stack = (uint64_t)(uintptr_t)r->stack, .stack_size = CHILD_STACK,
+                };
+                j->clear_sighand = true;
+                long pid = clone3_run(&ca, child_main, j);
+                if (pid >= 0)
+                        return (pid_t)pid;
+                if (pid != -ENOSYS && pid != -EINVAL && pid != -E2BIG && pid != -EPERM) {
+                        errno = (int)-pid;
+                        return -1;
+                }
+                /* an older kernel, or a filter that refuses clone3: clone
+                 * from now on */
+                r->no_clone3 = true;
+        }
+#endif
+        j->clear_sighand = false;
+        return clone(child_main, (char *)r->stack + CHILD_STACK, flags, j);
+}
+
 /* The path of h's cgroup for the deadman (it kills by path, in a process
  * of its own): the v2 one, else a v1 one; "" none. */
 static void deadman_cgroup(struct runner *r, const struct cgroup_handler *h)
@@ -383,7 +462,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                         }
                 flags |= CLONE_FILES;
         }
-        pid = clone(child_main, (char *)r->stack + CHILD_STACK, flags, j);
+        pid = clone_child(r, j, flags);
         if (pid < 0) {
                 j->err = -errno;
                 j->err_what = "clone";
@@ -392,6 +471,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                  * (the deadman forgets it first: its id is free once reaped) */
                 if (r->dm)
                         (void)deadman_unwatch(r->dm, pid);
+                keeper_forget(r, j);
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 j->err = -j->child_errno;
@@ -413,6 +493,8 @@ out:
                         r->slot[i] = -1;
                         r->share_files = false;
                 }
+        if (j->err)
+                keeper_forget(r, j); /* the slot back (it never ran, or is reaped) */
         if (j->err && cgroup_handler_active(&j->cgh) &&
             cgroup_handler_destroy(r->cg, &j->cgh, CGROUP_EMPTY_MS) < 0)
                 r->cg_left++;
@@ -453,6 +535,7 @@ static void *thread_main(void *arg)
                         r->keeper_fd = -1;
                         (void)keeper_start(r);
                 }
+                j->keeper_slot = keeper_slot_take(r);
                 pthread_mutex_unlock(&r->lock);
                 thread_spawn(r, j);
                 pthread_mutex_lock(&r->lock);
@@ -526,7 +609,7 @@ static bool check_exit(struct runner *r, size_t i)
         /* the zombie still holds the group id: no other group can have it */
         kill(-j->pid, SIGKILL);
         cgroup_end(r, j);
-        keeper_forget(r, j->pid);
+        keeper_forget(r, j);
         if (r->dm)
                 (void)deadman_unwatch(r->dm, j->pid); /* before the reap (deadman.h) */
         int status = 0;
@@ -564,7 +647,7 @@ static void on_async(uv_async_t *h)
                         /* cannot watch it: end it now (it has not read its stdin) */
                         kill(-j->pid, SIGKILL);
                         cgroup_end(r, j);
-                        keeper_forget(r, j->pid);
+                        keeper_forget(r, j);
                         if (r->dm)
                                 (void)deadman_unwatch(r->dm, j->pid);
                         while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
@@ -658,6 +741,7 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         j->next = NULL;
         j->live = false;
         j->oom_killed = false;
+        j->keeper_slot = -1;
         cgroup_handler_init(&j->cgh);
         if (!j->argv || !j->argv[0])
                 return -EINVAL;
@@ -792,6 +876,27 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
                 r->stack = NULL;
                 goto fail;
         }
+        /* the keeper's table, shared with it: made before it is forked */
+        r->groups = mmap(NULL, KEEPER_MAX_GROUPS * sizeof(int32_t), PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (r->groups == MAP_FAILED) {
+                e = -errno;
+                r->groups = NULL;
+                goto fail;
+        }
+        if (!(r->free_slots = malloc(KEEPER_MAX_GROUPS * sizeof(uint32_t)))) {
+                e = -ENOMEM;
+                goto fail;
+        }
+        /* what the child resets besides what clone3 clears (SIGPIPE…) */
+        size_t n = 0;
+        for (int sig = 1; sig < NSIG; sig++) {
+                struct sigaction sa;
+                if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &sa) == 0 &&
+                    !(sa.sa_flags & SA_SIGINFO) && sa.sa_handler == SIG_IGN)
+                        r->ignored[n++] = sig;
+        }
+        r->ignored[n] = 0;
         if ((e = keeper_start(r)) < 0)
                 goto fail;
         share_files_probe(r);
@@ -848,6 +953,9 @@ void runner_free(struct runner *r)
                         ;
         if (r->stack)
                 munmap(r->stack, CHILD_STACK);
+        if (r->groups)
+                munmap(r->groups, KEEPER_MAX_GROUPS * sizeof(int32_t));
+        free(r->free_slots);
         for (int i = 0; i < 3; i++)
                 if (r->slot[i] >= 0)
                         close(r->slot[i]);

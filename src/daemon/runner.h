@@ -3,14 +3,17 @@
  * re-executing kairosd and without blocking the loop.
  *
  * A spawn: the loop makes the three stdio pipes and hands the job to the
- * runner's own thread, which starts the child with clone(CLONE_VM |
- * CLONE_VFORK) — no copy of the daemon's page tables, the thread waits only
- * until the child has exec'd — and reports back through a uv_async.  The
- * child, before exec: its own process group, PR_SET_PDEATHSIG SIGKILL (then
- * getppid() to close the race with a daemon that died meanwhile), reports
- * its group to the keeper, takes the pipes as fds 0-2, closes every other
- * fd, gets back the open-file soft limit kairosd started with, resets signal
- * dispositions and mask, changes directory and execs
+ * runner's own thread, which starts the child with clone3(CLONE_VM |
+ * CLONE_VFORK | CLONE_CLEAR_SIGHAND) (clone on a kernel before 5.5) — no
+ * copy of the daemon's page tables, the thread waits only until the child
+ * has exec'd — and reports back through a uv_async.  The child, before
+ * exec: its own process group, PR_SET_PDEATHSIG SIGKILL (then getppid() to
+ * close the race with a daemon that died meanwhile), writes its group into
+ * the keeper's table, takes the pipes as fds 0-2, closes every other fd,
+ * gets back the open-file soft limit kairosd started with, resets signal
+ * dispositions (the kernel did the handled ones; the child the ones kairosd
+ * ignores, known when the runner starts; every one of them one by one
+ * without clone3) and, in one call, the mask, changes directory and execs
  * (searching the handler's PATH, /bin/sh for a file without #!).
  *
  * Exit: SIGCHLD on the loop; an exited handler is seen with
@@ -21,10 +24,13 @@
  *  - a handler dies with kairosd by PR_SET_PDEATHSIG (set on the runner's
  *    thread, which lives as long as the daemon);
  *  - the keeper, a small process forked once at start (not an exec of
- *    kairosd), holds the list of handler process groups; each child adds its
- *    own group before it execs, kairosd removes it at the step's end.  When
- *    kairosd dies, however (kill -9 included), the keeper reads end-of-file
- *    on its socket and SIGKILLs every group it holds, then exits.
+ *    kairosd), shares with kairosd a table of handler process groups
+ *    (MAP_SHARED, made before the fork; a keeper started again after one
+ *    was killed inherits it): each child writes its own group into its
+ *    slot before it execs, kairosd clears the slot before it reaps the
+ *    child — no message, no system call per step.  When kairosd dies,
+ *    however (kill -9 included), the keeper reads end-of-file on its socket
+ *    and SIGKILLs every group in the table, then exits.
  *  A grandchild that leaves the handler's process group (setsid, setpgid)
  *  escapes both, unless handlers have cgroups (below).
  *
@@ -75,6 +81,8 @@ struct runner_job {
         char **sh_argv;             /* /bin/sh CAND ARGS… for a file without #! */
         int child_errno;
         int child_stage;
+        int keeper_slot;            /* its group's place in the keeper's table; -1 none */
+        bool clear_sighand;         /* started by clone3(CLONE_CLEAR_SIGHAND) */
         bool reset_nofile;          /* the handler gets the open-file limit kairosd started with */
         struct rlimit nofile;
         struct cgroup_handler cgh;

@@ -485,6 +485,18 @@ class TestHandlerProcess(ExecCase):
         # nothing but stdio and what python opened itself (the listing)
         self.assertLessEqual(len(got), 4, got)
 
+    def test_signals_of_a_handler(self):
+        # The handler starts with no signal ignored or blocked: SIGPIPE,
+        # which kairosd ignores, back to its default too (the clone resets
+        # only the handled ones; the child the ignored ones).
+        self.configure({"sig": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "grep -E '^Sig(Ign|Blk):' /proc/self/status"}}})
+        self.start()
+        m = self.fire("sig")
+        self.d.wait_log("mandate %s done" % m)
+        got = self.last_status(self.archived(m), "observe_001")["result"]
+        self.assertEqual(got.split(), ["SigBlk:", "0000000000000000", "SigIgn:", "0000000000000000"])
+
     def test_open_file_limit_of_the_start(self):
         # kairosd may raise its own soft open-file limit; its handlers get the
         # one kairosd started with
@@ -1142,6 +1154,42 @@ class TestStopAndCrash(ExecCase):
         finally:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+    def test_keeper_started_again_holds_the_earlier_handlers(self):
+        # The keeper is killed while a handler runs; the next spawn starts
+        # another, which shares kairosd's table of handler groups: a kill -9
+        # of kairosd then takes the children of the handler started before
+        # it too, not only of the one started after.
+        fifos = [self.fifo("childpid1"), self.fifo("childpid2")]
+        h = self.script("parent.sh", 'sleep 600 &\necho $! > "$1"\nwait\n')
+        self.configure({"sleepy%d" % i: {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                         "Exec": {"Observe": "/bin/sh %s %s" % (h, fifos[i])}}
+                        for i in (0, 1)})
+        d = self.start()
+        pids = []
+        try:
+            self.fire("sleepy0")
+            with open(fifos[0]) as f:
+                pids.append(int(f.read()))
+            keepers = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+            self.assertEqual(len(keepers), 1)
+            os.kill(keepers[0], signal.SIGKILL)
+            self.d.wait_log("the handler keeper (pid %d) died (signal 9): starting another"
+                            % keepers[0])
+            self.fire("sleepy1")
+            with open(fifos[1]) as f:
+                pids.append(int(f.read()))
+            self.d.kill()
+            # polling /proc with a bounded deadline: see test_no_handler_outlives_kill_9
+            deadline = time.monotonic() + 5
+            while any(alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertEqual([p for p in pids if alive(p)], [],
+                             "handlers' children outlived kairosd")
+        finally:
+            for p in pids:
+                if alive(p):
+                    os.kill(p, signal.SIGKILL)
 
     # The keeper (runner.h) holds the handlers' process groups: when kairosd
     # dies it kills them, so not even a child of the handler goes on after a
