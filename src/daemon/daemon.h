@@ -143,34 +143,15 @@ struct daemon {
         struct metrics *metrics;    /* metrics.h */
         struct cluster *cluster;    /* cluster.h: NULL with the file backend */
         struct deadman *deadman;    /* deadman.h: cluster mode only */
-        struct runner *runner;      /* runner.h: starts handlers */
-        struct strmap *handler_groups; /* executor: running handlers by process group */
+        struct runner *runner;      /* runner.h: starts handlers, hooks and probes */
+        struct executor *executor;  /* executor_internal.h: the executor's own state */
         struct hooks *hooks;        /* hooks.h: [Notify] commands */
-        struct cgroup_ctl *cgroup;  /* cgroup.h: handler cgroups; NULL: none */
-        char cgroup_why[256];       /* why there is none */
         struct handler_user handler_user; /* creds.h: HandlerUser= as started */
         struct recovery_summary recovery;
         uint64_t flushes_total;
         uint64_t cycles_completed;
 
-        /* executor */
-        struct mandate *queue_head, *queue_tail;  /* runnable, FIFO */
-        unsigned running;                          /* mandates holding a slot */
-        void (*executor_idle)(struct daemon *d);   /* shutdown: nothing runs any more */
-        uv_timer_t slot_timer;                     /* cluster: ask again for refused slots */
-        bool slot_timer_init;
-        uv_timer_t grace_timer;
-        /* finished mandates whose archives wait for one syncfs (executor_archive.c) */
-        struct mandate **arch_pending;
-        char **arch_paths;                         /* their archive paths */
-        size_t arch_npending, arch_cap;
-        char **arch_batch_paths;                   /* of the batch being synced */
-        bool arch_syncing;                         /* a batch's syncfs is running */
-        unsigned arch_unlinking;                   /* WAL unlinks in flight */
-        bool arch_unsynced;                        /* WALs unlinked since the last syncfs */
-        uv_timer_t arch_timer;
-        bool arch_timer_init;
-        uint64_t syncfs_calls;
+        uint64_t syncfs_calls;     /* recovery's and the archive's */
 
         uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
         uv_timer_t extend_timer;

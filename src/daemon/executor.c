@@ -25,20 +25,20 @@ void executor_release_slot(struct mandate *m)
 {
         if (m->holds_slot) {
                 m->holds_slot = false;
-                m->d->running--;
+                m->d->executor->running--;
         }
 }
 
 void executor_check_idle(struct daemon *d)
 {
-        if (d->stopping && d->running == 0 && d->executor_idle) {
+        if (d->stopping && d->executor->running == 0 && d->executor->idle) {
                 if (archive_busy(d)) {
-                        if (!d->arch_syncing && !d->arch_unlinking)
+                        if (!d->executor->arch_syncing && !d->executor->arch_unlinking)
                                 archive_flush(d);
                         return;
                 }
-                void (*cb)(struct daemon *) = d->executor_idle;
-                d->executor_idle = NULL;
+                void (*cb)(struct daemon *) = d->executor->idle;
+                d->executor->idle = NULL;
                 cb(d);
         }
 }
@@ -70,13 +70,13 @@ static void slot_retry_later(struct daemon *d)
 {
         if (d->stopping)
                 return;
-        if (!d->slot_timer_init) {
-                uv_timer_init(d->loop, &d->slot_timer);
-                d->slot_timer.data = d;
-                d->slot_timer_init = true;
+        if (!d->executor->slot_timer_init) {
+                uv_timer_init(d->loop, &d->executor->slot_timer);
+                d->executor->slot_timer.data = d;
+                d->executor->slot_timer_init = true;
         }
-        if (!uv_is_active((uv_handle_t *)&d->slot_timer))
-                uv_timer_start(&d->slot_timer, on_slot_timer, 1000, 0);
+        if (!uv_is_active((uv_handle_t *)&d->executor->slot_timer))
+                uv_timer_start(&d->executor->slot_timer, on_slot_timer, 1000, 0);
 }
 
 static void slot_done(void *arg)
@@ -394,7 +394,7 @@ out:
         daemon_update_status(d);
         executor_kick(d);
         /* nothing runs: no batch would grow, archive now */
-        if (d->running == 0 && d->arch_npending)
+        if (d->executor->running == 0 && d->executor->arch_npending)
                 archive_flush(d);
         executor_check_idle(d);
 }
@@ -513,11 +513,11 @@ void executor_enqueue(struct mandate *m)
         m->queued = true;
         m->next_queued = NULL;
         struct daemon *d = m->d;
-        if (d->queue_tail)
-                d->queue_tail->next_queued = m;
+        if (d->executor->queue_tail)
+                d->executor->queue_tail->next_queued = m;
         else
-                d->queue_head = m;
-        d->queue_tail = m;
+                d->executor->queue_head = m;
+        d->executor->queue_tail = m;
 }
 
 static const struct config_schedule *schedule_cfg(const struct daemon *d, const char *name)
@@ -575,7 +575,7 @@ static void start_mandate(struct mandate *m)
                 return;
         }
         m->holds_slot = true;
-        d->running++;
+        d->executor->running++;
         mandate_set_status(m, MANDATE_RUNNING, NULL);
         executor_submit(m, a);
 }
@@ -586,8 +586,8 @@ void executor_kick(struct daemon *d)
                 return;
         /* FIFO, except that a mandate of a Concurrency=queue schedule waits
          * while another mandate of its schedule runs. */
-        struct mandate **link = &d->queue_head, *last = NULL;
-        while (*link && d->running < d->cfg->max_concurrent_mandates) {
+        struct mandate **link = &d->executor->queue_head, *last = NULL;
+        while (*link && d->executor->running < d->cfg->max_concurrent_mandates) {
                 struct mandate *m = *link;
                 /* paused or cancelled meanwhile */
                 bool drop = m->status != MANDATE_RUNNABLE || m->cancel || cluster_dropped(m);
@@ -606,12 +606,12 @@ void executor_kick(struct daemon *d)
         }
         /* the tail is the last mandate left in the list */
         if (!*link) {
-                d->queue_tail = last;
+                d->executor->queue_tail = last;
         } else {
                 struct mandate *t = *link;
                 while (t->next_queued)
                         t = t->next_queued;
-                d->queue_tail = t;
+                d->executor->queue_tail = t;
         }
 }
 
@@ -784,19 +784,19 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         bool wait_turn = sc->concurrency == CONCURRENCY_QUEUE &&
                          (d->cluster || sibling(d, m, schedule, true));
         if (!d->stopping && d->ready && !wait_turn &&
-            d->running < d->cfg->max_concurrent_mandates && !d->queue_head) {
+            d->executor->running < d->cfg->max_concurrent_mandates && !d->executor->queue_head) {
                 m->holds_slot = true;
-                d->running++;
+                d->executor->running++;
                 mandate_set_status(m, MANDATE_RUNNING, NULL);
         } else {
                 a->decide = false;
                 mandate_set_status(m, MANDATE_RUNNABLE, NULL);
                 m->queued = true;
-                if (d->queue_tail)
-                        d->queue_tail->next_queued = m;
+                if (d->executor->queue_tail)
+                        d->executor->queue_tail->next_queued = m;
                 else
-                        d->queue_head = m;
-                d->queue_tail = m;
+                        d->executor->queue_head = m;
+                d->executor->queue_tail = m;
         }
         if (rt)
                 log_event(LOG_NOTICE, MSGID_OPERATOR,
@@ -833,7 +833,9 @@ static void on_grace_timeout(uv_timer_t *t)
 
 void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
 {
-        d->executor_idle = done;
+        if (d->executor->slot_timer_init)
+                uv_timer_stop(&d->executor->slot_timer);
+        d->executor->idle = done;
         size_t pos = 0;
         const char *k;
         void *v;
@@ -842,16 +844,16 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
                 if (m->run && m->run->waiting_retry)
                         handler_retry_give_up(m->run);
         }
-        if (d->running == 0) {
+        if (d->executor->running == 0) {
                 executor_check_idle(d);
                 return;
         }
         log_info("waiting up to %llus for %u running mandate%s",
-                 (unsigned long long)d->cfg->graceful_timeout_sec, d->running,
-                 d->running == 1 ? "" : "s");
-        uv_timer_init(d->loop, &d->grace_timer);
-        d->grace_timer.data = d;
-        uv_timer_start(&d->grace_timer, on_grace_timeout, d->cfg->graceful_timeout_sec * 1000, 0);
+                 (unsigned long long)d->cfg->graceful_timeout_sec, d->executor->running,
+                 d->executor->running == 1 ? "" : "s");
+        uv_timer_init(d->loop, &d->executor->grace_timer);
+        d->executor->grace_timer.data = d;
+        uv_timer_start(&d->executor->grace_timer, on_grace_timeout, d->cfg->graceful_timeout_sec * 1000, 0);
 }
 
 void executor_kill_handler(struct mandate *m, int sig)

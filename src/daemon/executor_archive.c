@@ -27,7 +27,7 @@
 struct archive_batch {
         struct daemon *d;
         struct mandate **m;
-        char *const *archives; /* m[i]'s archive path (d->arch_batch_paths) */
+        char *const *archives; /* m[i]'s archive path (d->executor->arch_batch_paths) */
         size_t n;
         int error;
 };
@@ -40,7 +40,7 @@ struct archive_unlink {
 
 bool archive_busy(const struct daemon *d)
 {
-        return d->arch_npending || d->arch_syncing || d->arch_unlinking || d->arch_unsynced;
+        return d->executor->arch_npending || d->executor->arch_syncing || d->executor->arch_unlinking || d->executor->arch_unsynced;
 }
 
 static void on_archive_timer(uv_timer_t *t)
@@ -56,35 +56,35 @@ void archive_enqueue(struct mandate *m, char *archive_path)
                 log_error("mandate %s: no archive path; its WAL stays", m->id);
                 return;
         }
-        if (d->arch_npending == d->arch_cap) {
-                size_t cap = d->arch_cap ? d->arch_cap * 2 : 16;
-                struct mandate **pm = realloc(d->arch_pending, cap * sizeof(*pm));
-                char **pp = realloc(d->arch_paths, cap * sizeof(*pp));
+        if (d->executor->arch_npending == d->executor->arch_cap) {
+                size_t cap = d->executor->arch_cap ? d->executor->arch_cap * 2 : 16;
+                struct mandate **pm = realloc(d->executor->arch_pending, cap * sizeof(*pm));
+                char **pp = realloc(d->executor->arch_paths, cap * sizeof(*pp));
                 if (pm)
-                        d->arch_pending = pm;
+                        d->executor->arch_pending = pm;
                 if (pp)
-                        d->arch_paths = pp;
+                        d->executor->arch_paths = pp;
                 if (!pm || !pp) {
                         log_error("mandate %s: out of memory; its WAL stays", m->id);
                         free(archive_path);
                         return;
                 }
-                d->arch_cap = cap;
+                d->executor->arch_cap = cap;
         }
         m->busy++; /* alive until its WAL is gone */
-        d->arch_pending[d->arch_npending] = m;
-        d->arch_paths[d->arch_npending++] = archive_path;
-        if (d->arch_npending >= ARCHIVE_BATCH || d->stopping) {
+        d->executor->arch_pending[d->executor->arch_npending] = m;
+        d->executor->arch_paths[d->executor->arch_npending++] = archive_path;
+        if (d->executor->arch_npending >= ARCHIVE_BATCH || d->stopping) {
                 archive_flush(d);
                 return;
         }
-        if (!d->arch_timer_init) {
-                uv_timer_init(d->loop, &d->arch_timer);
-                d->arch_timer.data = d;
-                d->arch_timer_init = true;
+        if (!d->executor->arch_timer_init) {
+                uv_timer_init(d->loop, &d->executor->arch_timer);
+                d->executor->arch_timer.data = d;
+                d->executor->arch_timer_init = true;
         }
-        if (!uv_is_active((uv_handle_t *)&d->arch_timer))
-                uv_timer_start(&d->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
+        if (!uv_is_active((uv_handle_t *)&d->executor->arch_timer))
+                uv_timer_start(&d->executor->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
 }
 
 static void archive_unlink_work(void *arg)
@@ -113,14 +113,14 @@ static void archive_unlink_done(void *arg)
                 free(m->wal_path);
                 m->wal_path = u->archive_path;
                 m->archived = true;
-                d->arch_unsynced = true;
+                d->executor->arch_unsynced = true;
                 history_finished(m); /* retention counts archived mandates */
         }
         m->busy--;
-        d->arch_unlinking--;
+        d->executor->arch_unlinking--;
         free(u);
         daemon_update_status(d);
-        if (d->arch_unlinking == 0)
+        if (d->executor->arch_unlinking == 0)
                 executor_check_idle(d);
 }
 
@@ -161,7 +161,7 @@ static void archive_sync_done(void *arg)
 {
         struct archive_batch *b = arg;
         struct daemon *d = b->d;
-        d->arch_syncing = false;
+        d->executor->arch_syncing = false;
         if (d->sync_mode == STATEDIR_SYNC_FS)
                 d->syncfs_calls++;
         if (b->error) {
@@ -175,14 +175,14 @@ static void archive_sync_done(void *arg)
                 for (size_t i = 0; i < b->n; i++)
                         b->m[i]->busy--;
         } else {
-                d->arch_unsynced = false;
+                d->executor->arch_unsynced = false;
                 for (size_t i = 0; i < b->n; i++) {
                         struct archive_unlink *u = calloc(1, sizeof(*u));
                         struct mandate *m = b->m[i];
                         if (u) {
                                 u->m = m;
-                                u->archive_path = d->arch_batch_paths[i];
-                                d->arch_batch_paths[i] = NULL;
+                                u->archive_path = d->executor->arch_batch_paths[i];
+                                d->executor->arch_batch_paths[i] = NULL;
                         }
                         if (!u || serialq_submit(&m->q, archive_unlink_work, archive_unlink_done,
                                                  u) < 0) {
@@ -193,20 +193,20 @@ static void archive_sync_done(void *arg)
                                 m->busy--;
                                 continue;
                         }
-                        d->arch_unlinking++;
+                        d->executor->arch_unlinking++;
                 }
         }
         for (size_t i = 0; i < b->n; i++)
-                free(d->arch_batch_paths[i]);
-        free(d->arch_batch_paths);
-        d->arch_batch_paths = NULL;
+                free(d->executor->arch_batch_paths[i]);
+        free(d->executor->arch_batch_paths);
+        d->executor->arch_batch_paths = NULL;
         free(b->m);
         free(b);
-        if (d->arch_npending >= ARCHIVE_BATCH || (d->stopping && d->arch_npending))
+        if (d->executor->arch_npending >= ARCHIVE_BATCH || (d->stopping && d->executor->arch_npending))
                 archive_flush(d);
-        else if (d->arch_npending && d->arch_timer_init &&
-                 !uv_is_active((uv_handle_t *)&d->arch_timer))
-                uv_timer_start(&d->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
+        else if (d->executor->arch_npending && d->executor->arch_timer_init &&
+                 !uv_is_active((uv_handle_t *)&d->executor->arch_timer))
+                uv_timer_start(&d->executor->arch_timer, on_archive_timer, ARCHIVE_DELAY_MS, 0);
         executor_check_idle(d);
 }
 
@@ -214,11 +214,11 @@ static void archive_sync_done(void *arg)
  * none waiting, for the unlinks since the last one). */
 void archive_flush(struct daemon *d)
 {
-        if (d->arch_syncing)
+        if (d->executor->arch_syncing)
                 return; /* archive_sync_done starts the next batch */
-        if (d->arch_timer_init)
-                uv_timer_stop(&d->arch_timer);
-        if (!d->arch_npending && !d->arch_unsynced)
+        if (d->executor->arch_timer_init)
+                uv_timer_stop(&d->executor->arch_timer);
+        if (!d->executor->arch_npending && !d->executor->arch_unsynced)
                 return;
         struct archive_batch *b = calloc(1, sizeof(*b));
         if (!b) {
@@ -226,21 +226,21 @@ void archive_flush(struct daemon *d)
                 return;
         }
         b->d = d;
-        b->m = d->arch_pending;
-        b->n = d->arch_npending;
-        d->arch_batch_paths = d->arch_paths;
-        b->archives = d->arch_batch_paths;
-        d->arch_pending = NULL;
-        d->arch_paths = NULL;
-        d->arch_npending = d->arch_cap = 0;
+        b->m = d->executor->arch_pending;
+        b->n = d->executor->arch_npending;
+        d->executor->arch_batch_paths = d->executor->arch_paths;
+        b->archives = d->executor->arch_batch_paths;
+        d->executor->arch_pending = NULL;
+        d->executor->arch_paths = NULL;
+        d->executor->arch_npending = d->executor->arch_cap = 0;
         if (serialq_submit(&d->admin_q, archive_sync_work, archive_sync_done, b) < 0) {
                 log_error("out of memory: archiving later");
-                d->arch_pending = b->m;
-                d->arch_paths = d->arch_batch_paths;
-                d->arch_npending = d->arch_cap = b->n;
-                d->arch_batch_paths = NULL;
+                d->executor->arch_pending = b->m;
+                d->executor->arch_paths = d->executor->arch_batch_paths;
+                d->executor->arch_npending = d->executor->arch_cap = b->n;
+                d->executor->arch_batch_paths = NULL;
                 free(b);
                 return;
         }
-        d->arch_syncing = true;
+        d->executor->arch_syncing = true;
 }

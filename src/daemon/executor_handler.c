@@ -169,31 +169,42 @@ void executor_free(struct daemon *d)
 {
         runner_free(d->runner);
         d->runner = NULL;
-        strmap_free(d->handler_groups);
-        d->handler_groups = NULL;
-        cgroup_ctl_free(d->cgroup);
-        d->cgroup = NULL;
         handler_user_clear(&d->handler_user);
+        struct executor *e = d->executor;
+        if (!e)
+                return;
+        strmap_free(e->handler_groups);
+        cgroup_ctl_free(e->cgroup);
+        free(e->arch_pending);
+        free(e->arch_paths);
+        free(e);
+        d->executor = NULL;
 }
+
+unsigned executor_running(const struct daemon *d)
+{
+        return d->executor ? d->executor->running : 0;
+}
+
 
 void executor_check_limits(struct daemon *d)
 {
-        unsigned have = cgroup_ctl_controllers(d->cgroup);
+        unsigned have = cgroup_ctl_controllers(d->executor->cgroup);
         for (size_t i = 0; i < d->cfg->nschedules; i++) {
                 const struct config_schedule *s = &d->cfg->schedules[i];
                 bool mem = s->memory_max && !(have & CGROUP_MEMORY);
                 bool pids = s->tasks_max && !(have & CGROUP_PIDS);
                 bool cpu = s->cpu_quota_pct && !(have & CGROUP_CPU);
-                if (d->cgroup && (mem || pids || cpu))
+                if (d->executor->cgroup && (mem || pids || cpu))
                         log_warning("schedule %s: %s%s%snot enforced: no such controller in "
                                     "%s (missing: %s)", s->name, mem ? "MemoryMax= " : "",
                                     pids ? "TasksMax= " : "", cpu ? "CPUQuota= " : "",
-                                    cgroup_ctl_where(d->cgroup), cgroup_ctl_missing(d->cgroup));
-                else if (!d->cgroup && config_schedule_has_limits(s))
+                                    cgroup_ctl_where(d->executor->cgroup), cgroup_ctl_missing(d->executor->cgroup));
+                else if (!d->executor->cgroup && config_schedule_has_limits(s))
                         log_warning("schedule %s: %s%s%snot enforced: no delegated cgroup (%s)",
                                     s->name, s->memory_max ? "MemoryMax= " : "",
                                     s->tasks_max ? "TasksMax= " : "",
-                                    s->cpu_quota_pct ? "CPUQuota= " : "", d->cgroup_why);
+                                    s->cpu_quota_pct ? "CPUQuota= " : "", d->executor->cgroup_why);
         }
 }
 
@@ -208,7 +219,7 @@ static void groups_add(struct exec_run *run)
 {
         char key[24];
         group_key(run->pid, key);
-        if (strmap_put(run->m->d->handler_groups, key, run) < 0)
+        if (strmap_put(run->m->d->executor->handler_groups, key, run) < 0)
                 log_warning("%s %s: out of memory: its tool calls are not attributed to it",
                             run->m->id, run->step_id);
 }
@@ -219,8 +230,8 @@ static void groups_remove(struct exec_run *run)
         if (!run->pid)
                 return;
         group_key(run->pid, key);
-        if (strmap_get(run->m->d->handler_groups, key) == run)
-                strmap_remove(run->m->d->handler_groups, key);
+        if (strmap_get(run->m->d->executor->handler_groups, key) == run)
+                strmap_remove(run->m->d->executor->handler_groups, key);
 }
 
 int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
@@ -230,7 +241,7 @@ int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
         if (pgid <= 0)
                 return -ESRCH;
         group_key(pgid, key);
-        struct exec_run *run = strmap_get(d->handler_groups, key);
+        struct exec_run *run = strmap_get(d->executor->handler_groups, key);
         if (!run || run->child.exited)
                 return -ESRCH;
         *ret = (struct idem_step_owner){ .attempt = run->attempt };
@@ -241,7 +252,8 @@ int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
 
 int executor_init(struct daemon *d)
 {
-        if (!(d->handler_groups = strmap_new()))
+        if (!(d->executor = calloc(1, sizeof(*d->executor))) ||
+            !(d->executor->handler_groups = strmap_new()))
                 return -ENOMEM;
         /* before anything is forked: the keeper and the deadman keep what
          * kairosd holds */
@@ -252,15 +264,15 @@ int executor_init(struct daemon *d)
                 return r;
         }
         /* before the runner: the keeper is forked into kairosd's leaf */
-        r = cgroup_ctl_new(&d->cgroup, d->cgroup_why, sizeof d->cgroup_why);
+        r = cgroup_ctl_new(&d->executor->cgroup, d->executor->cgroup_why, sizeof d->executor->cgroup_why);
         if (r < 0)
-                log_warning("handler cgroups: %s; handlers run without", d->cgroup_why);
-        else if (d->cgroup)
-                log_info("handler cgroups below %s%s%s", cgroup_ctl_where(d->cgroup),
-                         *cgroup_ctl_missing(d->cgroup) ? ", controllers not available: " : "",
-                         cgroup_ctl_missing(d->cgroup));
+                log_warning("handler cgroups: %s; handlers run without", d->executor->cgroup_why);
+        else if (d->executor->cgroup)
+                log_info("handler cgroups below %s%s%s", cgroup_ctl_where(d->executor->cgroup),
+                         *cgroup_ctl_missing(d->executor->cgroup) ? ", controllers not available: " : "",
+                         cgroup_ctl_missing(d->executor->cgroup));
         else
-                log_info("no handler cgroups: %s", d->cgroup_why);
+                log_info("no handler cgroups: %s", d->executor->cgroup_why);
         executor_check_limits(d);
         /* Cluster mode: the deadman, forked before any thread exists (the
          * runner's is the first) and after kairosd moved into its leaf
@@ -272,7 +284,7 @@ int executor_init(struct daemon *d)
         r = runner_new(d->loop, &d->runner);
         if (r < 0)
                 return r;
-        runner_set_cgroup(d->runner, d->cgroup);
+        runner_set_cgroup(d->runner, d->executor->cgroup);
         if (d->handler_user.set) {
                 runner_set_user(d->runner, &d->handler_user);
                 log_info("handlers run as user %s (uid %u), in its home %s unless "

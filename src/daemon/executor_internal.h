@@ -30,6 +30,31 @@
 
 #define MAX_BATCH 8                 /* records an advance job appends first */
 
+/* The executor's own state (d->executor), made by executor_init and freed
+ * by executor_free; other modules reach it through executor.h. */
+struct executor {
+        struct mandate *queue_head, *queue_tail;  /* runnable, FIFO */
+        unsigned running;                          /* mandates holding a slot */
+        void (*idle)(struct daemon *d);            /* shutdown: nothing runs any more */
+        uv_timer_t slot_timer;                     /* cluster: ask again for refused slots */
+        bool slot_timer_init;
+        uv_timer_t grace_timer;
+        /* finished mandates whose archives wait for one syncfs (executor_archive.c) */
+        struct mandate **arch_pending;
+        char **arch_paths;                         /* their archive paths */
+        size_t arch_npending, arch_cap;
+        char **arch_batch_paths;                   /* of the batch being synced */
+        bool arch_syncing;                         /* a batch's syncfs is running */
+        unsigned arch_unlinking;                   /* WAL unlinks in flight */
+        bool arch_unsynced;                        /* WALs unlinked since the last syncfs */
+        uv_timer_t arch_timer;
+        bool arch_timer_init;
+        /* handlers */
+        struct strmap *handler_groups;             /* running handlers by process group */
+        struct cgroup_ctl *cgroup;                 /* cgroup.h: handler cgroups; NULL: none */
+        char cgroup_why[256];                      /* why there is none */
+};
+
 /* ---- the advance job (executor_advance.c) ---- */
 
 enum next_kind {

@@ -223,7 +223,7 @@ void daemon_reload(struct daemon *d, void (*done)(void *ctx, const struct op_res
 void daemon_on_jobs_drained(void *ctx)
 {
         struct daemon *d = ctx;
-        if (d->stopping && d->running == 0)
+        if (d->stopping && executor_running(d) == 0)
                 uv_stop(d->loop);
 }
 
@@ -249,8 +249,8 @@ void daemon_stop(struct daemon *d, int exit_code)
         d->exit_code = exit_code;
         notify_stopping();
         log_event(LOG_NOTICE, MSGID_STOPPING, NULL, 0,
-                  "stopping: %u mandate%s running, %u jobs in flight", d->running,
-                  d->running == 1 ? "" : "s", d->jobs.inflight);
+                  "stopping: %u mandate%s running, %u jobs in flight", executor_running(d),
+                  executor_running(d) == 1 ? "" : "s", d->jobs.inflight);
         /* The control socket stays: read-only commands are answered until
          * the loop ends (commands.c refuses the others). */
         chronos_stop(d);
@@ -261,8 +261,6 @@ void daemon_stop(struct daemon *d, int exit_code)
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
         uv_timer_stop(&d->extend_timer);
-        if (d->slot_timer_init)
-                uv_timer_stop(&d->slot_timer);
         /* A backstop in case a job hangs in the kernel. */
         uv_timer_start(&d->stop_timer, on_stop_timeout,
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
