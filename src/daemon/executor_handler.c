@@ -302,13 +302,6 @@ int executor_init(struct daemon *d)
         return 0;
 }
 
-static char *env_entry(const char *k, const char *v)
-{
-        char *e = NULL;
-        if (asprintf(&e, "%s=%s", k, v ? v : "") < 0)
-                return NULL;
-        return e;
-}
 
 /* Starting a handler can fail for want of a resource that comes back:
  * file descriptors (EMFILE, ENFILE: e.g. many control connections), process
@@ -496,17 +489,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
         snprintf(cycle, sizeof cycle, "%lld", a->cycle);
         char epoch[24];
         snprintf(epoch, sizeof epoch, "%lld", (long long)m->epoch);
-        const char *env_path, *env_home, *env_user, *env_kairosctl;
-        runenv_get(&env_path, &env_home, &env_user, &env_kairosctl);
-        struct {
-                const char *k, *v;
-        } kv[] = {
-                { "PATH", env_path },
-                { "LANG", getenv("LANG") },
-                { "HOME", env_home },
-                { "USER", env_user },
-                { "LOGNAME", env_user },
-                { "KAIROSCTL", env_kairosctl },
+        const char *const kv[][2] = {
                 { "KAIROS_MANDATE_ID", m->id },
                 { "KAIROS_PLAN_ID", a->plan_id },
                 { "KAIROS_STEP_ID", a->step_id },
@@ -521,15 +504,8 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 { "KAIROS_NODE", cluster_node(d) },
                 { "KAIROS_EPOCH", m->epoch > 0 ? epoch : NULL },
         };
-        size_t nkv = sizeof kv / sizeof kv[0];
-        char **env = calloc(nkv + (sc ? sc->nenvironment : 0) + 1, sizeof(char *));
-        size_t ne = 0;
-        for (size_t i = 0; env && i < nkv; i++)
-                if (kv[i].v && (env[ne] = env_entry(kv[i].k, kv[i].v)))
-                        ne++;
-        for (size_t i = 0; env && sc && i < sc->nenvironment; i++)
-                if ((env[ne] = strdup(sc->environment[i])))
-                        ne++;
+        char **env = runenv_build(kv, sizeof kv / sizeof kv[0], sc ? sc->environment : NULL,
+                                  sc ? sc->nenvironment : 0);
         /* the command line's $NAME and ${NAME} expand from that environment */
         char **argv = NULL, why[256] = "";
         size_t argc = 0;

@@ -324,12 +324,6 @@ static void json_field(struct kbuf *b, const char *name, const char *v, bool fir
         v ? (void)kbuf_json_string_lossy(b, v, strlen(v), 0) : (void)kbuf_puts(b, "null");
 }
 
-static char *env_entry(const char *k, const char *v)
-{
-        char *e = NULL;
-        return asprintf(&e, "%s=%s", k, v) < 0 ? NULL : e;
-}
-
 static void utc_now(char at[32])
 {
         time_t now = time(NULL);
@@ -338,32 +332,16 @@ static void utc_now(char at[32])
         strftime(at, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* A hook's environment: PATH and the others handlers get, then kv (NULL
- * values left out).  NULL when out of memory. */
+/* A hook's environment: PATH and the others handlers get, the control
+ * socket, then kv (NULL values left out).  NULL when out of memory. */
 static char **hook_env(struct daemon *d, const char *const (*kv)[2], size_t nkv)
 {
-        const char *path, *home, *user, *kairosctl;
-        runenv_get(&path, &home, &user, &kairosctl);
-        const char *base[][2] = {
-                { "PATH", path },
-                { "LANG", getenv("LANG") },
-                { "HOME", home },
-                { "USER", user },
-                { "LOGNAME", user },
-                { "KAIROSCTL", kairosctl },
-                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
-        };
-        size_t nbase = sizeof base / sizeof base[0], ne = 0;
-        char **env = calloc(nbase + nkv + 1, sizeof(char *));
-        for (size_t i = 0; env && i < nbase + nkv; i++) {
-                const char *k = i < nbase ? base[i][0] : kv[i - nbase][0];
-                const char *v = i < nbase ? base[i][1] : kv[i - nbase][1];
-                if (v && !(env[ne++] = env_entry(k, v))) {
-                        config_strv_free(env);
-                        return NULL;
-                }
+        const char *all[8][2] = { { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket } };
+        for (size_t i = 0; i < nkv && i + 1 < 8; i++) {
+                all[i + 1][0] = kv[i][0];
+                all[i + 1][1] = kv[i][1];
         }
-        return env;
+        return runenv_build(all, nkv + 1 < 8 ? nkv + 1 : 8, NULL, 0);
 }
 
 /* A failure beyond HOOKS_MAX_QUEUED waiting: counted in the fold page of

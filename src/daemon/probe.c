@@ -383,30 +383,14 @@ static void on_started(struct child *c)
                 child_kill(c, SIGKILL);
 }
 
-static char *env_entry(const char *k, const char *v)
-{
-        char *e = NULL;
-        return asprintf(&e, "%s=%s", k, v) < 0 ? NULL : e;
-}
-
 /* The environment of a handler of the step, plus KAIROS_PROBE=1. */
 static char **probe_env(const struct probe_job *j, const struct config_schedule *sc)
 {
         const struct mandate *m = j->m;
-        const char *path, *home, *user, *kairosctl;
-        runenv_get(&path, &home, &user, &kairosctl);
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", j->attempt);
         snprintf(cycle, sizeof cycle, "%lld", j->cycle);
-        struct {
-                const char *k, *v;
-        } kv[] = {
-                { "PATH", path },
-                { "LANG", getenv("LANG") },
-                { "HOME", home },
-                { "USER", user },
-                { "LOGNAME", user },
-                { "KAIROSCTL", kairosctl },
+        const char *const kv[][2] = {
                 { "KAIROS_MANDATE_ID", m->id },
                 { "KAIROS_PLAN_ID", j->plan_id },
                 { "KAIROS_STEP_ID", j->step_id },
@@ -420,18 +404,7 @@ static char **probe_env(const struct probe_job *j, const struct config_schedule 
                 { "KAIROS_CONTROL_SOCKET", m->d->cfg->control_socket },
                 { "KAIROS_PROBE", "1" },
         };
-        size_t nkv = sizeof kv / sizeof kv[0], ne = 0;
-        char **env = calloc(nkv + sc->nenvironment + 1, sizeof(char *));
-        for (size_t i = 0; env && i < nkv; i++)
-                if (kv[i].v && !(env[ne++] = env_entry(kv[i].k, kv[i].v)))
-                        goto oom;
-        for (size_t i = 0; env && i < sc->nenvironment; i++)
-                if (!(env[ne++] = strdup(sc->environment[i])))
-                        goto oom;
-        return env;
-oom:
-        config_strv_free(env);
-        return NULL;
+        return runenv_build(kv, sizeof kv / sizeof kv[0], sc->environment, sc->nenvironment);
 }
 
 static void spawn(struct probe_job *j)

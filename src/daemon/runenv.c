@@ -103,3 +103,30 @@ void runenv_get(const char **ret_path, const char **ret_home, const char **ret_u
         *ret_user = henv.user;
         *ret_kairosctl = henv.kairosctl;
 }
+
+char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra)
+{
+        const char *path, *home, *user, *kairosctl;
+        runenv_get(&path, &home, &user, &kairosctl);
+        const char *const base[][2] = {
+                { "PATH", path }, { "LANG", getenv("LANG") }, { "HOME", home },
+                { "USER", user }, { "LOGNAME", user },        { "KAIROSCTL", kairosctl },
+        };
+        size_t nbase = sizeof base / sizeof base[0], ne = 0;
+        char **env = calloc(nbase + nkv + nextra + 1, sizeof(char *));
+        for (size_t i = 0; env && i < nbase + nkv + nextra; i++) {
+                const char *const *p = i < nbase ? base[i] : i < nbase + nkv ? kv[i - nbase] : NULL;
+                if (p && !p[1])
+                        continue;
+                if ((p && asprintf(&env[ne], "%s=%s", p[0], p[1]) < 0) ||
+                    (!p && !(env[ne] = strdup(extra[i - nbase - nkv])))) {
+                        env[ne] = NULL;
+                        for (size_t k = 0; k < ne; k++)
+                                free(env[k]);
+                        free(env);
+                        return NULL;
+                }
+                ne++;
+        }
+        return env;
+}

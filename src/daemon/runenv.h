@@ -14,3 +14,8 @@ void runenv_init(uid_t uid);
  * unknown).  Borrowed, valid until exit. */
 void runenv_get(const char **ret_path, const char **ret_home, const char **ret_user,
                 const char **ret_kairosctl);
+/* A handler's, hook's or probe's environment: PATH, LANG, HOME, USER,
+ * LOGNAME and KAIROSCTL (those known), then kv's NAME, VALUE pairs (NULL
+ * values left out), then extra's nextra NAME=VALUE strings.  NULL-terminated
+ * and allocated (config_strv_free); NULL when out of memory. */
+char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra);
