@@ -10,8 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cluster.h"
+#include "chronos_internal.h"
 #include "daemon.h"
+#include "driver.h"
 #include "executor.h"
 #include "kairos/canon.h"
 #include "kairos/cron.h"
@@ -19,79 +20,8 @@
 #include "kairos/missed.h"
 #include "kairos/planner.h"
 #include "log.h"
-#ifdef KAIROS_HAVE_PGSTORE
-#include "pgstore.h"
-#endif
 
-#define NEVER INT64_MIN
-_Static_assert(NEVER == MISSED_NEVER, "one value for never");
-
-struct sched {
-        char *name;
-        struct cron_expr expr;
-        struct cron_tz *tz;
-        const struct config_schedule *cfg;  /* in d->cfg (refreshed on reload); NULL for a
-                                             * broken schedule without a retained one */
-        const char *error;                  /* broken: its first error (in d->cfg) */
-        bool broken;                        /* its file has errors: never fires */
-        bool frozen;                        /* its next fire cannot be represented (the
-                                             * clock is beyond year 9999): state kept */
-        int64_t last_evaluated;             /* NEVER: first sight */
-        int64_t last_fire;
-        int64_t next_fire;                  /* NEVER: none */
-        bool paused;
-        char *pause_reason;
-        /* cluster mode (docs/design.md §14, "Ticks") */
-        char hash[CANON_HASH_STRLEN];       /* of its timing configuration */
-        char *foreign_hash;                 /* another node's, warned about */
-        int64_t hole_lo, hole_hi;           /* on-time ticks whose fire failed for want of
-                                             * the database; NEVER: none */
-        int64_t local_from;                 /* its last evaluation in chronos.json at start,
-                                             * until a round reached its row; NEVER: none */
-};
-
-/* A tick that fires: queued, and handed to the executor a few per loop turn,
- * so that a large catch-up never blocks the loop. */
-#define FIRES_PER_TURN 32
-struct pending_fire {
-        struct pending_fire *next;
-        char *schedule;
-        int64_t t;
-        const char *why;                    /* static text */
-};
-
-struct chronos {
-        struct daemon *d;
-        struct pending_fire *fire_head, *fire_tail;
-        size_t nqueued;
-        size_t nunanswered;                 /* fires queued or not yet durable: chronos.json
-                                             * waits for them (docs/design.md §9) */
-        uv_idle_t idle;
-        bool idle_init;
-        struct sched *s;
-        size_t n;
-        int tfd;
-        uv_poll_t poll;
-        bool poll_active;
-        bool writing, dirty;
-        bool stopped;
-        bool clock_absurd;                  /* the last evaluation refused the clock */
-        char *list_text;                    /* the `schedules` result as JSON text */
-        size_t list_len;
-        uint64_t list_fp;                   /* ... for this state of the schedules */
-        /* cluster mode: the schedule rounds in the database (one at a time) */
-        bool db_busy, db_dirty;
-        bool db_down;                       /* the last round failed (logged once) */
-        uv_timer_t db_retry;
-        bool db_timer_init;
-};
-
-static struct chronos *C(const struct daemon *d)
-{
-        return d->chronos;
-}
-
-static void fmt_time(int64_t t, char out[PLANNER_FIRED_AT_LEN])
+void chronos_fmt_time(int64_t t, char out[PLANNER_FIRED_AT_LEN])
 {
         if (t == NEVER || planner_format_fired_at(t, out) < 0)
                 snprintf(out, PLANNER_FIRED_AT_LEN, "-");
@@ -225,7 +155,7 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
         return s->name ? 0 : -ENOMEM;
 }
 
-static const char *policy_name(enum config_missed_policy p);
+const char *chronos_policy_name(enum config_missed_policy p);
 
 /* What decides which ticks fire, hashed: nodes that share a schedule must
  * agree on it (cluster mode compares it with the database's row). */
@@ -236,7 +166,7 @@ static void timing_hash(const struct config_schedule *cfg, char out[CANON_HASH_S
                      "cron=%s\ntime_zone=%s\nmissed_policy=%s\nmax_catch_up_runs=%u\n"
                      "stale_after_sec=%llu\nmissed_grace_sec=%llu\n",
                      cfg->cron, cfg->time_zone ? cfg->time_zone : "UTC",
-                     policy_name(cfg->missed_policy), cfg->max_catch_up_runs,
+                     chronos_policy_name(cfg->missed_policy), cfg->max_catch_up_runs,
                      (unsigned long long)cfg->stale_after_sec,
                      (unsigned long long)cfg->missed_grace_sec) < 0) {
                 snprintf(out, CANON_HASH_STRLEN, "unknown");
@@ -264,7 +194,7 @@ static int sched_build(struct sched *s, const struct config_schedule *cfg)
         return s->name ? 0 : -ENOMEM;
 }
 
-static struct sched *find(struct chronos *c, const char *name)
+struct sched *chronos_find(struct chronos *c, const char *name)
 {
         for (size_t i = 0; i < c->n; i++)
                 if (strcmp(c->s[i].name, name) == 0)
@@ -274,16 +204,13 @@ static struct sched *find(struct chronos *c, const char *name)
 
 /* ---- evaluation ---- */
 
-static void db_round(struct chronos *c);
-
 /* A fire is durable or final: once none is left, chronos.json may say so. */
 static void fire_settled(struct chronos *c)
 {
         if (c->nunanswered && --c->nunanswered == 0) {
                 if (c->dirty)
                         save_state(c);
-                if (c->db_dirty)
-                        db_round(c);
+                c->d->drv->ticks.settled(c);
         }
 }
 
@@ -296,25 +223,6 @@ struct fire_wait {
         char schedule[];
 };
 
-static struct sched *find(struct chronos *c, const char *name);
-
-/* Cluster mode: an on-time tick whose claim could not reach the database
- * is fired again by the next round that does (docs/design.md §14). */
-static bool note_hole(struct chronos *c, const char *name, int64_t t, const struct op_result *r)
-{
-        if (!c || !c->d->cluster || strcmp(r->code, "cluster_unavailable") != 0)
-                return false;
-        struct sched *s = find(c, name);
-        if (!s)
-                return false;
-        if (s->hole_lo == NEVER || t < s->hole_lo)
-                s->hole_lo = t;
-        if (s->hole_hi == NEVER || t > s->hole_hi)
-                s->hole_hi = t;
-        c->db_dirty = true; /* a round once the fires are answered */
-        return true;
-}
-
 static void on_fire_answered(void *ctx, const struct op_result *r)
 {
         struct fire_wait *w = ctx;
@@ -323,7 +231,7 @@ static void on_fire_answered(void *ctx, const struct op_result *r)
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", w->schedule }),
                           "schedule %s: tick not fired: %s (%s)%s", w->schedule, r->message,
                           r->code,
-                          note_hole(c, w->schedule, w->t, r)
+                          w->d->drv->ticks.unclaimed(c, w->schedule, w->t, r)
                                   ? ": it is fired again once the database answers, "
                                     "if the missed-run policy says so"
                                   : "");
@@ -342,7 +250,7 @@ static void on_fire_answered(void *ctx, const struct op_result *r)
 static void fire_now(struct chronos *c, const char *name, int64_t t, const char *why)
 {
         char at[PLANNER_FIRED_AT_LEN];
-        fmt_time(t, at);
+        chronos_fmt_time(t, at);
         log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", name }),
                   "schedule %s: tick %s fires%s", name, at, why);
         size_t n = strlen(name) + 1;
@@ -383,7 +291,7 @@ static void on_idle(uv_idle_t *h)
                 uv_idle_stop(&c->idle);
 }
 
-static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why)
+void chronos_fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why)
 {
         if (s->last_fire == NEVER || t > s->last_fire)
                 s->last_fire = t;
@@ -407,13 +315,13 @@ static void fire_tick(struct chronos *c, struct sched *s, int64_t t, const char 
         uv_idle_start(&c->idle, on_idle);
 }
 
-static const char *policy_name(enum config_missed_policy p)
+const char *chronos_policy_name(enum config_missed_policy p)
 {
         return p == MISSED_SKIP ? "skip" : p == MISSED_CATCH_UP_ONCE ? "catch_up_once"
                                                                     : "catch_up_bounded";
 }
 
-static struct missed_rule rule_of(const struct config_schedule *cfg)
+struct missed_rule chronos_rule_of(const struct config_schedule *cfg)
 {
         return (struct missed_rule){ .policy = cfg->missed_policy,
                                      .max_catch_up_runs = cfg->max_catch_up_runs,
@@ -433,8 +341,8 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
         }
         if (now < s->last_evaluated) {
                 char from[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
-                fmt_time(s->last_evaluated, from);
-                fmt_time(now, to);
+                chronos_fmt_time(s->last_evaluated, from);
+                chronos_fmt_time(now, to);
                 log_notice("schedule %s: the clock went back from %s to %s; ticks already "
                            "fired are not fired again",
                            s->name, from, to);
@@ -446,7 +354,7 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
                 return;
         }
         /* Ticks in (last_evaluated, now]: the pure rule says which fire. */
-        struct missed_rule rule = rule_of(cfg);
+        struct missed_rule rule = chronos_rule_of(cfg);
         struct missed_plan *p = malloc(sizeof(*p));
         if (!p) {
                 log_error("schedule %s: out of memory evaluating its ticks", s->name);
@@ -458,360 +366,28 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
                 free(p);
                 return;
         }
-        /* Cluster mode: this node fires the on-time ticks; the missed ones
-         * are the cluster's, decided once by the round that wins the
-         * schedule's row (db_after). */
-        bool cluster = c->d->cluster != NULL;
-        if (p->dropped && !cluster) {
+        /* Its ticks driver may decide the missed ones elsewhere (postgres:
+         * the round that wins the schedule's row); this node fires the
+         * on-time ticks. */
+        bool missed_here = c->d->drv->ticks.missed_here(c);
+        if (p->dropped && missed_here) {
                 char from[PLANNER_FIRED_AT_LEN];
-                fmt_time(s->last_evaluated, from);
+                chronos_fmt_time(s->last_evaluated, from);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
                           "schedule %s: %s%llu missed tick%s since %s dropped "
                           "(MissedPolicy=%s%s)",
                           s->name, p->dropped_more ? "more than " : "",
                           (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
-                          policy_name(cfg->missed_policy), p->stale ? ", stale" : "");
+                          chronos_policy_name(cfg->missed_policy), p->stale ? ", stale" : "");
         }
-        for (size_t i = cluster ? p->ncatch_up : 0; i < p->nfire; i++) {
+        for (size_t i = missed_here ? 0 : p->ncatch_up; i < p->nfire; i++) {
                 bool late = now - p->fire[i] > MISSED_ON_TIME_SEC;
-                fire_tick(c, s, p->fire[i],
+                chronos_fire_tick(c, s, p->fire[i],
                           i < p->ncatch_up ? " (catch-up)" : late ? " (late, within MissedGraceSec=)"
                                                                   : "");
         }
         free(p);
         s->last_evaluated = now;
-}
-
-/* ---- cluster mode: the schedule rows (docs/design.md §14, "Ticks") ----
- *
- * Each node fires the on-time ticks it evaluates (the tick claim makes one
- * mandate of each).  The missed ones are decided once for the cluster: after
- * an evaluation whose fires are all answered, one pool job reads every
- * schedule's row and moves its last_evaluated_at on to this node's
- * evaluation under compare-and-set (pgstore_schedule_advance at the version
- * read).  The node whose set wins owns the window (row's last evaluation,
- * its own] and fires the missed ticks of it, by the schedule's policy; a
- * node that loses re-reads the row and fires nothing for that window.  A
- * database that does not answer changes nothing for on-time ticks: the
- * round is logged once and tried again every DB_RETRY_MS. */
-
-#define DB_RETRY_MS 5000
-
-#ifdef KAIROS_HAVE_PGSTORE
-enum db_outcome { DB_NOT_REACHED, DB_WON, DB_LOST, DB_BEHIND };
-
-struct db_item {
-        char *name;
-        char hash[CANON_HASH_STRLEN];
-        int64_t upto;              /* this node's evaluation (s) */
-        int64_t next_fire;         /* (s), NEVER: none */
-        int64_t local_from;        /* (s) sched.local_from */
-        enum db_outcome outcome;
-        int64_t prev_ms;           /* the row's last_evaluated_at as read (-1: none) */
-        int64_t after_ms;          /* ... after the round (-1: none) */
-        char *db_hash;             /* the row's config_hash as read (NULL: no row) */
-};
-
-struct db_job {
-        uv_work_t req;
-        struct daemon *d;
-        struct db_item *items;
-        size_t n;
-        int r;
-        char err[256];
-};
-
-static void db_job_free(struct db_job *j)
-{
-        for (size_t i = 0; i < j->n; i++) {
-                free(j->items[i].name);
-                free(j->items[i].db_hash);
-        }
-        free(j->items);
-        free(j);
-}
-
-/* Pool thread: one connection (lent for the job), every schedule in turn; the
- * first failure ends the round (the rest waits for the next). */
-static void db_work_run(uv_work_t *w)
-{
-        struct db_job *j = w->data;
-        int r = 0;
-        struct pgstore *s = cluster_thread_store(j->d, &r);
-        if (!s) {
-                j->r = r < 0 ? r : -EIO;
-                snprintf(j->err, sizeof j->err, "cannot connect: %s", strerror(-j->r));
-                return;
-        }
-        for (size_t i = 0; i < j->n && r == 0; i++) {
-                struct db_item *it = &j->items[i];
-                struct pgstore_schedule st;
-                if ((r = pgstore_schedule_get(s, it->name, &st)) < 0)
-                        break;
-                it->db_hash = st.config_hash;
-                st.config_hash = NULL;
-                it->prev_ms = it->after_ms = st.last_evaluated_ms;
-                if (st.last_evaluated_ms >= it->upto * 1000) {
-                        it->outcome = DB_BEHIND;
-                        continue;
-                }
-                int64_t v;
-                r = pgstore_schedule_advance(s, it->name, it->hash, st.version, it->upto * 1000,
-                                             it->next_fire == NEVER ? -1 : it->next_fire * 1000,
-                                             &v);
-                if (r == 0) {
-                        it->outcome = DB_WON;
-                        it->after_ms = it->upto * 1000;
-                        /* its first row: the window starts at this node's
-                         * own last evaluation (a node that ran on its own
-                         * before the cluster, or a new database) */
-                        if (st.version == 0 && it->local_from != NEVER)
-                                it->prev_ms = it->local_from * 1000;
-                } else if (r == -EAGAIN) {
-                        /* another node got there first: read what it wrote */
-                        if ((r = pgstore_schedule_get(s, it->name, &st)) < 0)
-                                break;
-                        it->outcome = DB_LOST;
-                        it->after_ms = st.last_evaluated_ms;
-                        pgstore_schedule_free(&st);
-                }
-        }
-        j->r = r;
-        if (r < 0) {
-                snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
-                if (r == -ENOTCONN)
-                        (void)pgstore_reset(s);
-        }
-}
-
-static void db_work(uv_work_t *w)
-{
-        db_work_run(w);
-        cluster_thread_done();  /* its connection goes back to the pool */
-}
-
-static bool sched_fires(const struct sched *s)
-{
-        return !s->broken && !s->frozen && s->cfg && s->cfg->enabled && !s->paused;
-}
-
-/* This node won the window (prev, it->upto] of s: its missed ticks fire
- * here, by the policy. */
-static void db_fire_window(struct chronos *c, struct sched *s, const struct db_item *it)
-{
-        int64_t prev = it->prev_ms < 0 ? NEVER : it->prev_ms / 1000;
-        int64_t upto = it->upto;
-        if (prev == NEVER || prev >= upto)
-                return; /* the schedule's first evaluation in the cluster */
-        struct missed_rule rule = rule_of(s->cfg);
-        struct missed_plan *p = malloc(sizeof(*p));
-        int r = p ? missed_plan(&s->expr, s->tz, &rule, prev, s->last_fire, upto, p) : -ENOMEM;
-        if (r < 0) {
-                log_error("schedule %s: cannot evaluate its missed ticks: %s", s->name,
-                          strerror(-r));
-                free(p);
-                return;
-        }
-        char from[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
-        fmt_time(prev, from);
-        fmt_time(upto, to);
-        if (p->dropped)
-                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                          "schedule %s: %s%llu missed tick%s since %s dropped "
-                          "(MissedPolicy=%s%s)",
-                          s->name, p->dropped_more ? "more than " : "",
-                          (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
-                          policy_name(s->cfg->missed_policy), p->stale ? ", stale" : "");
-        if (p->ncatch_up)
-                log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                          "schedule %s: this node evaluates the missed ticks of (%s, %s] for "
-                          "the cluster: %zu to fire",
-                          s->name, from, to, p->ncatch_up);
-        for (size_t i = 0; i < p->ncatch_up; i++)
-                fire_tick(c, s, p->fire[i], " (catch-up)");
-        free(p);
-}
-
-/* The database answers again: this node's on-time ticks whose claims
- * failed are fired again while they are still on time (their claims
- * decide, as for any on-time tick); older ones are missed ticks, decided by
- * the missed-run policy of the window they fell in. */
-static void db_refire_holes(struct chronos *c, struct sched *s, int64_t upto)
-{
-        if (s->hole_lo == NEVER)
-                return;
-        struct missed_rule rule = rule_of(s->cfg);
-        uint64_t window = rule.grace_sec > MISSED_ON_TIME_SEC ? rule.grace_sec
-                                                              : MISSED_ON_TIME_SEC;
-        int64_t g = upto - (int64_t)window - 1, t = g, next;
-        if (s->hole_lo <= g) {
-                char at[PLANNER_FIRED_AT_LEN];
-                fmt_time(s->hole_lo, at);
-                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                          "schedule %s: its ticks since %s that could not be claimed are no "
-                          "longer on time: the missed-run policy decides them",
-                          s->name, at);
-        }
-        if (t < s->hole_lo - 1)
-                t = s->hole_lo - 1;
-        int64_t hi = s->hole_hi;
-        s->hole_lo = s->hole_hi = NEVER; /* a fire that fails again sets them again */
-        for (size_t n = 0; n < MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 &&
-                           next <= hi && next <= upto;
-             n++) {
-                fire_tick(c, s, next, " (again: the database answers)");
-                t = next;
-        }
-}
-
-static void on_db_retry(uv_timer_t *t);
-
-static void db_retry_later(struct chronos *c)
-{
-        if (c->db_timer_init && !c->stopped && !uv_is_active((uv_handle_t *)&c->db_retry))
-                uv_timer_start(&c->db_retry, on_db_retry, DB_RETRY_MS, 0);
-}
-
-static void db_after(uv_work_t *w, int status)
-{
-        struct db_job *j = w->data;
-        struct chronos *c = C(j->d);
-        if (status == UV_ECANCELED && j->r == 0) {
-                j->r = -ECANCELED;
-                snprintf(j->err, sizeof j->err, "cancelled");
-        }
-        if (!c) {
-                db_job_free(j);
-                return;
-        }
-        c->db_busy = false;
-        /* what was reached, even in a round that failed half-way */
-        for (size_t i = 0; i < j->n; i++) {
-                struct db_item *it = &j->items[i];
-                struct sched *s = it->outcome == DB_NOT_REACHED ? NULL : find(c, it->name);
-                if (!s)
-                        continue;
-                int64_t after = it->after_ms < 0 ? NEVER : it->after_ms / 1000;
-                s->local_from = NEVER;
-                if (it->db_hash && strcmp(it->db_hash, s->hash) != 0) {
-                        if (!s->foreign_hash || strcmp(s->foreign_hash, it->db_hash) != 0) {
-                                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                                          "schedule %s: another node evaluates it with other "
-                                          "timing (Cron=, TimeZone=, MissedPolicy=, "
-                                          "MaxCatchUpRuns=, StaleAfter=, MissedGraceSec=): "
-                                          "its hash in the database is %s, this node's %s; "
-                                          "nodes must share their schedule files",
-                                          s->name, it->db_hash, s->hash);
-                                free(s->foreign_hash);
-                                s->foreign_hash = strdup(it->db_hash);
-                        }
-                } else if (it->db_hash && s->foreign_hash) {
-                        log_notice("schedule %s: the nodes agree on its timing again", s->name);
-                        free(s->foreign_hash);
-                        s->foreign_hash = NULL;
-                }
-                if (c->stopped)
-                        continue;
-                if (it->outcome == DB_LOST) {
-                        char at[PLANNER_FIRED_AT_LEN];
-                        fmt_time(after, at);
-                        log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                                  "schedule %s: another node evaluated it up to %s first: the "
-                                  "missed ticks are that node's",
-                                  s->name, at);
-                }
-                if (!sched_fires(s)) {
-                        s->hole_lo = s->hole_hi = NEVER;
-                        continue;
-                }
-                if (it->outcome == DB_WON)
-                        db_fire_window(c, s, it);
-                db_refire_holes(c, s, it->upto);
-        }
-        if (j->r < 0) {
-                if (!c->db_down)
-                        log_event(LOG_WARNING, NULL, NULL, 0,
-                                  "the schedules' state in the database cannot be read or "
-                                  "written (%s): on-time ticks fire from this node's state, "
-                                  "missed ones wait; trying again every %d s",
-                                  j->err, DB_RETRY_MS / 1000);
-                c->db_down = true;
-                c->db_dirty = true;
-                db_retry_later(c);
-        } else if (c->db_down) {
-                c->db_down = false;
-                log_notice("the schedules' state in the database is reachable again");
-        }
-        db_job_free(j);
-        if (c->db_dirty && !c->db_down)
-                db_round(c);
-}
-
-static void on_db_retry(uv_timer_t *t)
-{
-        struct chronos *c = t->data;
-        db_round(c);
-}
-#endif /* KAIROS_HAVE_PGSTORE */
-
-/* Start a round, or note that one is due once the fires are answered and
- * the round in flight is over. */
-static void db_round(struct chronos *c)
-{
-#ifdef KAIROS_HAVE_PGSTORE
-        if (!c->d->cluster || c->stopped)
-                return;
-        if (c->db_busy || c->nunanswered) {
-                c->db_dirty = true;
-                return;
-        }
-        if (!cluster_may_act(c->d)) {
-                /* its claims would fail: wait for the lease to be renewed */
-                c->db_dirty = true;
-                db_retry_later(c);
-                return;
-        }
-        c->db_dirty = false;
-        if (c->db_timer_init)
-                uv_timer_stop(&c->db_retry);
-        struct db_job *j = calloc(1, sizeof(*j));
-        if (!j || !(j->items = calloc(c->n ? c->n : 1, sizeof(*j->items)))) {
-                free(j);
-                log_error("out of memory: the schedules' state is not written to the database");
-                return;
-        }
-        j->d = c->d;
-        for (size_t i = 0; i < c->n; i++) {
-                const struct sched *s = &c->s[i];
-                if (s->broken || s->frozen || s->last_evaluated == NEVER)
-                        continue;
-                struct db_item *it = &j->items[j->n];
-                if (!(it->name = strdup(s->name))) {
-                        db_job_free(j);
-                        return;
-                }
-                j->n++;
-                memcpy(it->hash, s->hash, sizeof it->hash);
-                it->upto = s->last_evaluated;
-                it->next_fire = s->next_fire;
-                it->local_from = s->local_from;
-                it->prev_ms = it->after_ms = -1;
-        }
-        if (j->n == 0) {
-                db_job_free(j);
-                return;
-        }
-        j->req.data = j;
-        if (uv_queue_work(c->d->loop, &j->req, db_work, db_after) < 0) {
-                db_job_free(j);
-                c->db_dirty = true;
-                db_retry_later(c);
-                return;
-        }
-        c->db_busy = true;
-#else
-        (void)c;
-#endif
 }
 
 static void arm(struct chronos *c);
@@ -863,7 +439,7 @@ static void evaluate(struct chronos *c)
                 s->next_fire = next;
         }
         save_state(c);
-        db_round(c);
+        c->d->drv->ticks.round(c);
         arm(c);
 }
 
@@ -1015,14 +591,8 @@ int chronos_start(struct daemon *d)
                 return r;
         c->idle.data = c;
         c->idle_init = true;
-#ifdef KAIROS_HAVE_PGSTORE
-        if (d->cluster) {
-                if ((r = uv_timer_init(d->loop, &c->db_retry)) < 0)
-                        return r;
-                c->db_retry.data = c;
-                c->db_timer_init = true;
-        }
-#endif
+        if ((r = d->drv->ticks.attach(c)) < 0)
+                return r;
         if ((r = uv_poll_start(&c->poll, UV_READABLE, on_timer)) < 0)
                 return r;
         evaluate(c);
@@ -1042,7 +612,7 @@ void chronos_reload(struct daemon *d)
         }
         /* Keep the state of schedules that stay. */
         for (size_t i = 0; i < n; i++) {
-                struct sched *old = find(c, s[i].name);
+                struct sched *old = chronos_find(c, s[i].name);
                 if (!old)
                         continue;
                 s[i].last_evaluated = old->last_evaluated;
@@ -1091,11 +661,7 @@ void chronos_stop(struct daemon *d)
                 uv_idle_stop(&c->idle);
                 uv_close((uv_handle_t *)&c->idle, NULL);
         }
-        if (c->db_timer_init) {
-                uv_timer_stop(&c->db_retry);
-                uv_close((uv_handle_t *)&c->db_retry, NULL);
-                c->db_timer_init = false;
-        }
+        c->d->drv->ticks.stop(c);
         if (c->poll_active) {
                 uv_poll_stop(&c->poll);
                 uv_close((uv_handle_t *)&c->poll, on_poll_closed);
@@ -1123,6 +689,7 @@ void chronos_free(struct daemon *d)
                 sched_clear(&c->s[i]);
         free(c->s);
         free(c->list_text);
+        d->drv->ticks.detach(c);
         free(c);
         d->chronos = NULL;
         d->fake_clock = false; /* the real clock again, as before chronos_create */
@@ -1156,7 +723,7 @@ json_t *chronos_list_json(struct daemon *d)
                         cfg ? (cfg->time_zone ? cfg->time_zone : "UTC") : NULL, "next_fire_at",
                         time_json(fires ? s->next_fire : NEVER), "last_fire_at",
                         time_json(s->last_fire), "missed_policy",
-                        cfg ? policy_name(cfg->missed_policy) : NULL, "concurrency",
+                        cfg ? chronos_policy_name(cfg->missed_policy) : NULL, "concurrency",
                         cfg ? concurrency_name(cfg->concurrency) : NULL, "enabled",
                         cfg && cfg->enabled && !s->broken, "paused", s->paused, "state",
                         sched_state(s));
@@ -1222,7 +789,7 @@ const char *chronos_list_text(struct daemon *d, size_t *ret_len)
 int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out)
 {
         struct chronos *c = C(d);
-        struct sched *s = c ? find(c, name) : NULL;
+        struct sched *s = c ? chronos_find(c, name) : NULL;
         if (!s)
                 return -ENOENT;
         if (s->broken)
@@ -1242,7 +809,7 @@ int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **o
 int chronos_set_paused(struct daemon *d, const char *name, bool paused, const char *reason)
 {
         struct chronos *c = C(d);
-        struct sched *s = c ? find(c, name) : NULL;
+        struct sched *s = c ? chronos_find(c, name) : NULL;
         if (!s)
                 return -ENOENT;
         if (s->paused == paused)

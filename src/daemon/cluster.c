@@ -13,7 +13,7 @@
  *                  taken mandates through recovery.
  * The two threads and the loop share `struct cluster`'s lists under
  * c->lock; the heartbeat thread tells the loop through c->async. */
-#include "cluster.h"
+#include "driver_postgres.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -23,8 +23,6 @@
 #include "daemon.h"
 
 #include <jansson.h>
-
-#ifdef KAIROS_HAVE_PGSTORE
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -109,6 +107,8 @@ struct cluster {
         uv_timer_t fence_timer;
         bool fenced;                   /* the deadline passed: everything dropped */
         bool deadman_reported;
+        struct deadman *deadman;       /* forked at start (pgd_prefork) */
+        uv_timer_t slot_timer;         /* ask again for refused slots (executor_cluster.c) */
         struct cev *adopt_head;        /* taken, waiting for the old copy to go */
         struct serialq ops_q;          /* operators' reads and takes (cluster_submit) */
         struct take_job *waiters;      /* taken for a command, waiting to settle */
@@ -118,7 +118,11 @@ struct cluster {
         size_t ntaking;
 };
 
+/* the deadman between pgd_prefork and pgd_start (one daemon per process) */
+static struct deadman *deadman;
+
 static void park_scan(struct cluster *c);
+static int finish_as(struct mandate *m, const char *status);
 static void check_waiters(struct cluster *c);
 
 static __thread struct pgstore *tls_store;     /* lent to this thread until its job ends */
@@ -272,10 +276,10 @@ static int create_retry(struct cluster *c, struct pgstore *s, struct mandate *m,
                 if (a == 0 || a == -ENOTCONN || a == -ECONNREFUSED || a == -ETIMEDOUT)
                         r = a; /* (a broken connection: the barrier asks again) */
         }
-        free(m->cluster_busy);
-        free(m->cluster_busy_status);
-        m->cluster_busy = r ? busy : NULL;
-        m->cluster_busy_status = r ? busy_status : NULL;
+        free(CM(m)->busy);
+        free(CM(m)->busy_status);
+        CM(m)->busy = r ? busy : NULL;
+        CM(m)->busy_status = r ? busy_status : NULL;
         if (!r) {
                 free(busy);
                 free(busy_status);
@@ -292,7 +296,7 @@ static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate 
         if (m->retry_of)
                 return create_retry(c, s, m, fired_ms, lines, len);
         struct pgstore_claim cl;
-        int r = m->cluster_reject
+        int r = CM(m)->reject
                         ? pgstore_claim_tick_reject(s, m->schedule, fired_ms, m->id, c->node,
                                                     c->lease_ms, lines, len, &cl)
                         : pgstore_claim_tick(s, m->schedule, fired_ms, m->id, c->node, c->lease_ms,
@@ -302,10 +306,10 @@ static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate 
         if (cl.rejected) {
                 /* Concurrency=reject: another mandate of the schedule is
                  * unfinished in the cluster (said by advance_done) */
-                free(m->cluster_busy);
-                free(m->cluster_busy_status);
-                m->cluster_busy = cl.busy;
-                m->cluster_busy_status = cl.busy_status;
+                free(CM(m)->busy);
+                free(CM(m)->busy_status);
+                CM(m)->busy = cl.busy;
+                CM(m)->busy_status = cl.busy_status;
                 cl.busy = cl.busy_status = NULL;
                 r = -EBUSY;
         } else if (cl.won) {
@@ -321,8 +325,8 @@ static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate 
                 else
                         r = -EALREADY;
         } else {
-                free(m->cluster_winner);
-                m->cluster_winner = cl.claimed_by ? strdup(cl.claimed_by) : NULL;
+                free(CM(m)->winner);
+                CM(m)->winner = cl.claimed_by ? strdup(cl.claimed_by) : NULL;
                 r = -EALREADY;
         }
         pgstore_claim_free(&cl);
@@ -336,7 +340,7 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
         int64_t give_up = mono_ms() + c->lease_ms / 2;
         int r = 0;
         for (unsigned attempt = 0;; attempt++) {
-                if (__atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE))
+                if (__atomic_load_n(&CM(m)->dropped, __ATOMIC_ACQUIRE))
                         return -ESTALE;
                 struct pgstore *s = cluster_thread_store(m->d, &r);
                 if (s) {
@@ -358,7 +362,7 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
         }
 }
 
-void cluster_wal_options(struct mandate *m, struct wal_options *o)
+void pgd_wal_options(struct mandate *m, struct wal_options *o)
 {
         if (!m->d->cluster)
                 return;
@@ -376,10 +380,10 @@ static struct held *held_find(struct cluster *c, const char *id)
         return NULL;
 }
 
-void cluster_hold(struct mandate *m)
+void pgd_hold(struct mandate *m)
 {
         struct cluster *c = m->d->cluster;
-        if (!c || m->cluster_held || m->epoch <= 0)
+        if (!c || CM(m)->held || m->epoch <= 0)
                 return;
         char *id = strdup(m->id);
         if (!id)
@@ -405,13 +409,14 @@ void cluster_hold(struct mandate *m)
                         free(id);
         }
         pthread_mutex_unlock(&c->lock);
-        m->cluster_held = true;
+        CM(m)->held = true;
 }
 
-void cluster_release(struct mandate *m)
+void pgd_release(struct mandate *m)
 {
         struct cluster *c = m->d->cluster;
-        if (!c || !m->cluster_held)
+        CM(m)->db_slot = false; /* freed with the row's end or park */
+        if (!c || !CM(m)->held)
                 return;
         pthread_mutex_lock(&c->lock);
         struct held *h = held_find(c, m->id);
@@ -420,10 +425,10 @@ void cluster_release(struct mandate *m)
                 *h = c->held[--c->nheld];
         }
         pthread_mutex_unlock(&c->lock);
-        m->cluster_held = false;
+        CM(m)->held = false;
 }
 
-const char *cluster_node(const struct daemon *d)
+const char *pgd_node(const struct daemon *d)
 {
         return d->cluster ? d->cluster->node : NULL;
 }
@@ -433,7 +438,7 @@ int64_t cluster_lease_ms(const struct daemon *d)
         return d->cluster ? d->cluster->lease_ms : 0;
 }
 
-bool cluster_may_act(const struct daemon *d)
+bool pgd_may_act(const struct daemon *d)
 {
         struct cluster *c = d->cluster;
         if (!c)
@@ -480,12 +485,12 @@ static void forget_file(struct cluster *c, const char *path)
         free(p);
 }
 
-void cluster_drop(struct mandate *m, const char *why)
+void pgd_drop(struct mandate *m, const char *why)
 {
         struct cluster *c = m->d->cluster;
-        if (!c || __atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE))
+        if (!c || __atomic_load_n(&CM(m)->dropped, __ATOMIC_ACQUIRE))
                 return;
-        __atomic_store_n(&m->cluster_dropped, true, __ATOMIC_RELEASE);
+        __atomic_store_n(&CM(m)->dropped, true, __ATOMIC_RELEASE);
         char ep[24];
         snprintf(ep, sizeof ep, "%lld", (long long)m->epoch);
         /* (a lost tick claim was never this node's: said by the caller) */
@@ -505,12 +510,12 @@ void cluster_drop(struct mandate *m, const char *why)
          * skips dropped ones); an idle one goes at the next fence tick */
 }
 
-bool cluster_dropped(const struct mandate *m)
+bool pgd_dropped(const struct mandate *m)
 {
-        return __atomic_load_n(&m->cluster_dropped, __ATOMIC_ACQUIRE);
+        return __atomic_load_n(&CM(m)->dropped, __ATOMIC_ACQUIRE);
 }
 
-bool cluster_retry_creating(const struct mandate *m)
+bool pgd_retry_creating(const struct mandate *m)
 {
         return m->d->cluster && m->retry_of && m->flushes == 0 &&
                (m->status == MANDATE_RUNNING || m->status == MANDATE_RUNNABLE);
@@ -518,7 +523,7 @@ bool cluster_retry_creating(const struct mandate *m)
 
 static bool sweepable(const struct mandate *m)
 {
-        return cluster_dropped(m) && !m->busy && !m->queued && !m->holds_slot && !m->run &&
+        return pgd_dropped(m) && !m->busy && !m->queued && !m->holds_slot && !m->run &&
                serialq_idle(&m->q);
 }
 
@@ -541,7 +546,7 @@ static bool forget_dropped(struct cluster *c, struct mandate *m)
         pthread_mutex_unlock(&c->lock);
         if (!retaken)
                 forget_file(c, m->wal_path);
-        cluster_release(m);
+        pgd_release(m);
         if (mandate_remove(m) < 0) {
                 log_debug("mandate %s: busy, forgotten later", m->id);
                 return false;
@@ -567,7 +572,7 @@ static void sweep(struct cluster *c)
                 forget_dropped(c, gone[i]);
 }
 
-bool cluster_forget_dropped(struct mandate *m)
+bool pgd_forget_dropped(struct mandate *m)
 {
         struct cluster *c = m->d->cluster;
         return c && sweepable(m) && forget_dropped(c, m);
@@ -592,7 +597,7 @@ static bool adopt(struct cluster *c, struct cev *e)
         struct mandate *old = mandate_find(d, e->id);
         if (old) {
                 /* our old copy (lost, or its lease ran out): it must go first */
-                cluster_drop(old, "taken over at a newer epoch");
+                pgd_drop(old, "taken over at a newer epoch");
                 return false;
         }
         if (d->stopping)
@@ -608,7 +613,7 @@ static bool adopt(struct cluster *c, struct cev *e)
                 return true;
         }
         m->epoch = e->epoch;
-        cluster_hold(m);
+        pgd_hold(m);
         char ep[24];
         snprintf(ep, sizeof ep, "%lld", (long long)e->epoch);
         log_event(LOG_NOTICE, MSGID_RECOVERY,
@@ -650,7 +655,7 @@ static void on_async(uv_async_t *h)
                 if (e->kind == CEV_LOST) {
                         struct mandate *m = mandate_find(c->d, e->id);
                         if (m && m->epoch == e->epoch)
-                                cluster_drop(m, e->why ? e->why : "lease not renewed");
+                                pgd_drop(m, e->why ? e->why : "lease not renewed");
                         cev_free(e);
                 } else {
                         e->next = c->adopt_head;
@@ -689,8 +694,8 @@ static void on_fence_tick(uv_timer_t *t)
                 void *v;
                 while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
                         struct mandate *m = v;
-                        if (m->epoch > 0 && !cluster_dropped(m))
-                                cluster_drop(m, "this node's lease ended");
+                        if (m->epoch > 0 && !pgd_dropped(m))
+                                pgd_drop(m, "this node's lease ended");
                 }
         } else if (c->fenced && deadline > 0) {
                 c->fenced = false;
@@ -766,11 +771,10 @@ static int renew(struct cluster *c, struct pgstore *s)
                 pthread_mutex_lock(&c->lock);
                 c->deadline_ms = sent + c->lease_ms - c->margin_ms;
                 /* A dead deadman (-EPIPE) cannot guard handlers any more:
-                 * this node then stops acting (cluster_may_act) and its
+                 * this node then stops acting (pgd_may_act) and its
                  * mandates go to the other nodes.  A full pipe (-EAGAIN)
                  * leaves the earlier deadline: the safe side. */
-                if (c->d->deadman &&
-                    deadman_set_deadline(c->d->deadman, c->deadline_ms) == -EPIPE)
+                if (c->deadman && deadman_set_deadline(c->deadman, c->deadline_ms) == -EPIPE)
                         c->deadman_dead = true;
                 c->renew_failures = 0;
                 c->renew_error[0] = '\0';
@@ -1008,7 +1012,7 @@ struct park_job {
 static void park_work(void *arg)
 {
         struct park_job *pj = arg;
-        pj->err = cluster_finish(pj->m, "paused");
+        pj->err = finish_as(pj->m, "paused");
 }
 
 static void park_done(void *arg)
@@ -1026,13 +1030,13 @@ static void park_done(void *arg)
                           "mandate %s is %s: released by node %s (paused in the database; "
                           "kairosctl resolve, approve or resume on any node takes it)",
                           m->id, mandate_status_name(m->status), c->node);
-                cluster_release(m);
+                pgd_release(m);
                 /* forgotten (sweep) without a word more: nothing of it runs */
-                __atomic_store_n(&m->cluster_dropped, true, __ATOMIC_RELEASE);
+                __atomic_store_n(&CM(m)->dropped, true, __ATOMIC_RELEASE);
         } else if (pj->err == -ESTALE) {
-                cluster_drop(m, "fenced while releasing it paused");
+                pgd_drop(m, "fenced while releasing it paused");
         } else {
-                m->cluster_park_after = mono_ms() + 1000;   /* again later */
+                CM(m)->park_after = mono_ms() + 1000;   /* again later */
         }
         free(pj);
         sweep(c);
@@ -1052,10 +1056,10 @@ static void park_scan(struct cluster *c)
         void *v;
         while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
                 struct mandate *m = v;
-                if (m->epoch <= 0 || !m->cluster_held || cluster_dropped(m) ||
+                if (m->epoch <= 0 || !CM(m)->held || pgd_dropped(m) ||
                     m->cluster_parking || !parkable(m->status) || m->busy || m->queued ||
                     m->holds_slot || m->run || m->cancel || !serialq_idle(&m->q) ||
-                    now < m->cluster_park_after || waited_for(c, m->id))
+                    now < CM(m)->park_after || waited_for(c, m->id))
                         continue;
                 struct park_job *pj = calloc(1, sizeof(*pj));
                 if (!pj)
@@ -1204,7 +1208,7 @@ static void check_waiters(struct cluster *c)
         while (*pp) {
                 struct take_job *tj = *pp;
                 struct mandate *m = mandate_find(d, tj->id);
-                bool gone = !m || cluster_dropped(m);
+                bool gone = !m || pgd_dropped(m);
                 bool settled = gone || d->stopping || now >= tj->deadline ||
                                (m->status != MANDATE_RUNNABLE && m->status != MANDATE_PROBING &&
                                 !m->busy) ||
@@ -1320,11 +1324,9 @@ static int clear_copies(struct daemon *d, char *err, size_t errlen)
         return r;
 }
 
-int cluster_start(struct daemon *d, char *err, size_t errlen)
+int pgd_start(struct daemon *d, char *err, size_t errlen)
 {
         const struct config *cfg = d->cfg;
-        if (cfg->backend != CONFIG_BACKEND_POSTGRES)
-                return 0;
         struct cluster *c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
@@ -1351,6 +1353,8 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
                 return -ENOMEM;
         }
         pthread_condattr_destroy(&ca);
+        c->deadman = deadman;
+        deadman = NULL;
         d->cluster = c;
         int r = clear_copies(d, err, errlen);
         if (r < 0)
@@ -1378,12 +1382,14 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         }
         pgstore_close(s);
         c->deadline_ms = sent + c->lease_ms - c->margin_ms;
-        if (d->deadman)
-                (void)deadman_set_deadline(d->deadman, c->deadline_ms);
+        if (c->deadman)
+                (void)deadman_set_deadline(c->deadman, c->deadline_ms);
         if (from != to)
                 log_notice("cluster: the database schema was migrated from version %d to %d",
                            from, to);
         serialq_init(&c->ops_q, d->loop, &d->jobs);
+        uv_timer_init(d->loop, &c->slot_timer);
+        c->slot_timer.data = d;
         uv_async_init(d->loop, &c->async, on_async);
         c->async.data = c;
         uv_timer_init(d->loop, &c->fence_timer);
@@ -1401,6 +1407,7 @@ int cluster_start(struct daemon *d, char *err, size_t errlen)
         return 0;
 fail:
         d->cluster = NULL;
+        deadman = c->deadman;
         pthread_mutex_destroy(&c->lock);
         pthread_cond_destroy(&c->cond);
         pthread_cond_destroy(&c->store_cond);
@@ -1410,7 +1417,7 @@ fail:
         return r;
 }
 
-void cluster_ready(struct daemon *d)
+void pgd_ready(struct daemon *d)
 {
         struct cluster *c = d->cluster;
         if (!c)
@@ -1421,7 +1428,7 @@ void cluster_ready(struct daemon *d)
         pthread_mutex_unlock(&c->lock);
 }
 
-void cluster_quiesce(struct daemon *d)
+void pgd_quiesce(struct daemon *d)
 {
         struct cluster *c = d->cluster;
         if (!c)
@@ -1429,10 +1436,11 @@ void cluster_quiesce(struct daemon *d)
         pthread_mutex_lock(&c->lock);
         c->takeover = false;
         pthread_mutex_unlock(&c->lock);
+        uv_timer_stop(&c->slot_timer);
         check_waiters(c);   /* stopping: each command answers now */
 }
 
-void cluster_stop(struct daemon *d)
+void pgd_stop(struct daemon *d)
 {
         struct cluster *c = d->cluster;
         if (!c)
@@ -1448,12 +1456,15 @@ void cluster_stop(struct daemon *d)
         uv_timer_stop(&c->fence_timer);
 }
 
-void cluster_free(struct daemon *d)
+void pgd_free(struct daemon *d)
 {
         struct cluster *c = d->cluster;
-        if (!c)
+        if (!c) {
+                deadman_stop(deadman);  /* every handler was reaped: nothing to kill */
+                deadman = NULL;
                 return;
-        cluster_stop(d);
+        }
+        pgd_stop(d);
         for (size_t i = 0; i < c->nheld; i++)
                 free(c->held[i].id);
         free(c->held);
@@ -1490,11 +1501,12 @@ void cluster_free(struct daemon *d)
         pthread_cond_destroy(&c->store_cond);
         free(c->node);
         free(c->conninfo);
+        deadman_stop(c->deadman);  /* every handler was reaped: nothing to kill */
         free(c);
         d->cluster = NULL;
 }
 
-json_t *cluster_status(struct daemon *d)
+json_t *pgd_status(struct daemon *d)
 {
         struct cluster *c = d->cluster;
         if (!c)
@@ -1530,7 +1542,7 @@ json_t *cluster_status(struct daemon *d)
         return o;
 }
 
-int cluster_finish(struct mandate *m, const char *status)
+static int finish_as(struct mandate *m, const char *status)
 {
         int r = 0;
         struct pgstore *s = cluster_thread_store(m->d, &r);
@@ -1543,7 +1555,7 @@ int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
 {
         *ret_taken = false;
         *ret_holder = NULL;
-        if (cluster_dropped(m) || m->epoch <= 0)
+        if (pgd_dropped(m) || m->epoch <= 0)
                 return -ESTALE;
         int r = 0;
         struct pgstore *s = cluster_thread_store(m->d, &r);
@@ -1557,7 +1569,7 @@ int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
 
 int cluster_slot_release(struct mandate *m)
 {
-        if (cluster_dropped(m) || m->epoch <= 0)
+        if (pgd_dropped(m) || m->epoch <= 0)
                 return -ESTALE;
         int r = 0;
         struct pgstore *s = cluster_thread_store(m->d, &r);
@@ -1569,77 +1581,71 @@ int cluster_slot_release(struct mandate *m)
         return r;
 }
 
-#else /* !KAIROS_HAVE_PGSTORE */
 
-int cluster_start(struct daemon *d, char *err, size_t errlen)
+int pgd_finish(struct mandate *m, enum mandate_status end, char *err, size_t errlen)
 {
-        if (d->cfg->backend != CONFIG_BACKEND_POSTGRES)
-                return 0;
-        snprintf(err, errlen, "kairosd was built without PostgreSQL support (-Dpostgres=enabled)");
-        return -EPROTONOSUPPORT;
-}
-void cluster_ready(struct daemon *d) { (void)d; }
-void cluster_quiesce(struct daemon *d) { (void)d; }
-void cluster_stop(struct daemon *d) { (void)d; }
-void cluster_free(struct daemon *d) { (void)d; }
-const char *cluster_node(const struct daemon *d) { (void)d; return NULL; }
-int64_t cluster_lease_ms(const struct daemon *d) { (void)d; return 0; }
-int64_t cluster_deadline_ms(const struct daemon *d) { (void)d; return 0; }
-bool cluster_may_act(const struct daemon *d) { (void)d; return true; }
-struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
-{
-        (void)d;
-        *ret_err = -EPROTONOSUPPORT;
-        return NULL;
-}
-void cluster_thread_done(void) {}
-void cluster_wal_options(struct mandate *m, struct wal_options *o) { (void)m; (void)o; }
-void cluster_hold(struct mandate *m) { (void)m; }
-void cluster_release(struct mandate *m) { (void)m; }
-void cluster_drop(struct mandate *m, const char *why) { (void)m; (void)why; }
-bool cluster_dropped(const struct mandate *m) { (void)m; return false; }
-bool cluster_retry_creating(const struct mandate *m) { (void)m; return false; }
-bool cluster_forget_dropped(struct mandate *m) { (void)m; return false; }
-void cluster_backoff(unsigned attempt) { (void)attempt; }
-json_t *cluster_status(struct daemon *d)
-{
-        (void)d;
-        return NULL;
-}
-int cluster_take(struct daemon *d, const char *mandate_id, cluster_take_cb cb, void *ctx)
-{
-        (void)d;
-        (void)mandate_id;
-        (void)cb;
-        (void)ctx;
-        return -EPROTONOSUPPORT;
-}
-int cluster_submit(struct daemon *d, void (*work)(void *arg), void (*done)(void *arg),
-                   void *arg)
-{
-        (void)d;
-        (void)work;
-        (void)done;
-        (void)arg;
-        return -EPROTONOSUPPORT;
-}
-int cluster_finish(struct mandate *m, const char *status)
-{
-        (void)m;
-        (void)status;
-        return -EPROTONOSUPPORT;
-}
-int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
-{
-        (void)m;
-        *ret_taken = false;
-        *ret_holder = NULL;
-        return -EPROTONOSUPPORT;
-}
-int cluster_slot_release(struct mandate *m)
-{
-        (void)m;
-        return -EPROTONOSUPPORT;
+        /* its rows say it ended; the row says so too (for list and
+         * takeover); fenced: a node that lost it meanwhile changes
+         * nothing, and the new owner ends it again */
+        static const char *const db_status[] = {
+                [MANDATE_DONE] = "succeeded", [MANDATE_FAILED] = "failed",
+                [MANDATE_CANCELLED] = "cancelled",
+        };
+        const char *st = (size_t)end < sizeof db_status / sizeof db_status[0] && db_status[end]
+                                 ? db_status[end]
+                                 : "abandoned";
+        int r = finish_as(m, st);
+        if (r < 0)
+                snprintf(err, errlen, "recording the end of %s in the database: %s", m->id,
+                         strerror(-r));
+        return r;
 }
 
-#endif
+/* The message of a barrier that failed: the barrier is a transaction. */
+void pgd_wal_failed(const struct mandate *m, int r, char *buf, size_t len)
+{
+        snprintf(buf, len, "committing %s to the database: %s", m->id,
+                 r == -ESTALE     ? "fenced: another node holds it now"
+                 : r == -EALREADY ? "its tick was claimed by another node"
+                 : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
+                 : r == -ETIME    ? "the tick is ahead of the database's clock"
+                 : r == -ENOTCONN ? "the connection broke (outcome unknown)"
+                                  : strerror(-r));
+}
+
+/* Before any thread exists (executor_init): the deadman (deadman.h), held
+ * here until pgd_start gives it to the node. */
+int pgd_prefork(struct daemon *d, struct deadman **ret_deadman)
+{
+        (void)d;
+        int r = deadman_start(&deadman);
+        if (r < 0) {
+                log_error("cluster mode cannot start its deadman: %s", strerror(-r));
+                return r;
+        }
+        *ret_deadman = deadman;
+        return 0;
+}
+
+int pgd_attach(struct mandate *m)
+{
+        return (m->drv_state = calloc(1, sizeof(struct cluster_mandate))) ? 0 : -ENOMEM;
+}
+
+void pgd_detach(struct mandate *m)
+{
+        struct cluster_mandate *cm = m->drv_state;
+        if (!cm)
+                return;
+        free(cm->winner);
+        free(cm->busy);
+        free(cm->busy_status);
+        free(cm->slot_waits_for);
+        free(cm);
+        m->drv_state = NULL;
+}
+
+uv_timer_t *cluster_slot_timer(struct daemon *d)
+{
+        return &d->cluster->slot_timer;
+}

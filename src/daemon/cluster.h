@@ -21,44 +21,62 @@
  * taken over (epoch + 1), their rows copied to the WAL file, an owner
  * record appended, and startup recovery's decision runs on them.
  *
- * Without -Dpostgres=enabled every function is a stub: cluster_start
- * returns -EPROTONOSUPPORT. */
+ * The postgres driver (driver.h, driver_postgres.c): this file, cluster.c
+ * (the node, its pool, heartbeat, takeover, the barrier), cluster_ticks.c
+ * (the schedules' rows), executor_cluster.c (claims refused and the
+ * schedules' slots, as the executor sees them) and initdb.c; built with
+ * -Dpostgres=enabled only. */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "driver.h"
+
+typedef struct json_t json_t;
 struct daemon;
+struct deadman;
 struct mandate;
 struct pgstore;
 struct wal_options;
 
-/* Backend=postgres: connect, create or migrate the schema, register the
- * node (a new incarnation), start the heartbeat thread and the deadman.
- * Before recovery.  -errno with a message in err. */
-int cluster_start(struct daemon *d, char *err, size_t errlen);
-/* READY: from now on the node takes over expired mandates. */
-void cluster_ready(struct daemon *d);
-/* Stopping: take over nothing more (what it holds is handed over by
- * cluster_stop). */
-void cluster_quiesce(struct daemon *d);
-/* Once the loop has stopped running mandates: stop the heartbeat thread,
- * handing over the mandates still held (their leases end at once). */
-void cluster_stop(struct daemon *d);
-/* After the loop is closed. */
-void cluster_free(struct daemon *d);
+/* A mandate's state in the postgres driver (m->drv_state, pgd_attach). */
+struct cluster_mandate {
+        bool held;                 /* renewed by the heartbeat (loop only) */
+        bool dropped;              /* no longer this node's (atomic: read by pool threads) */
+        char *winner;              /* a lost tick claim: the node that won it */
+        /* Concurrency= across the cluster (docs/design.md §14) */
+        bool reject;               /* its tick is claimed with kairos_claim_tick_reject */
+        char *busy;                /* a refused claim: the unfinished mandate ... */
+        char *busy_status;         /* ... and its status (running, paused) */
+        bool db_slot;              /* holds its schedule's slot in the database (queue) */
+        bool slot_taking;          /* a take of that slot is in flight */
+        char *slot_waits_for;      /* the last take was refused: the mandate it waits for */
+        int64_t park_after;        /* monotonic ms: not before (after a failure) */
+};
 
-/* This node's name (NodeName=), NULL with the file backend. */
-const char *cluster_node(const struct daemon *d);
-/* LeaseSec= in ms (0: file backend); the monotonic ms after which this
- * node's leases may have ended (0: file backend). */
+static inline struct cluster_mandate *CM(const struct mandate *m)
+{
+        return m->drv_state;
+}
+
+/* The names commands.c and idem_service.c still call (their own drivers
+ * replace them): through the daemon's driver, so they mean the same with
+ * either backend. */
+static inline json_t *cluster_status(struct daemon *d) { return d->drv->status(d); }
+static inline const char *cluster_node(const struct daemon *d) { return own_node(d); }
+static inline bool cluster_dropped(const struct mandate *m) { return own_dropped(m); }
+static inline bool cluster_retry_creating(const struct mandate *m)
+{
+        return own_retry_creating(m);
+}
+static inline void cluster_drop(struct mandate *m, const char *why) { own_drop(m, why); }
+
+/* LeaseSec= in ms; the monotonic ms after which this node's leases may have
+ * ended. */
 int64_t cluster_lease_ms(const struct daemon *d);
 int64_t cluster_deadline_ms(const struct daemon *d);
-/* May this node spawn a handler or claim a tick now?  true with the file
- * backend; false once its lease is too close to its end. */
-bool cluster_may_act(const struct daemon *d);
-
 /* A connection for the calling pool thread's job: one of the node's few
  * (connected on first use, reconnected after a broken connection), lent to
  * this thread until cluster_thread_done; the same one on every call in
@@ -69,41 +87,15 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err);
  * back to the node's pool.  Called by every job runner (serialq, ...). */
 void cluster_thread_done(void);
 
-/* Fill o's barrier hook for m's WAL (wal.h): with the file backend nothing
- * changes. */
-void cluster_wal_options(struct mandate *m, struct wal_options *o);
-
-/* m is held by this node (renewed with the node) / no longer (ended,
- * lost, dropped). */
-void cluster_hold(struct mandate *m);
-void cluster_release(struct mandate *m);
-/* m is no longer this node's (fenced, claim lost, lease ended): nothing
- * more reaches the database, its handler is killed, and it is forgotten
- * once nothing of it runs.  why: for the log. */
-void cluster_drop(struct mandate *m, const char *why);
-bool cluster_dropped(const struct mandate *m);
-/* A retry this node is still creating (its first barrier, the database's
- * kairos_retry_create, has not answered): another node's retry of the same
- * tick may still win it.  Always false with the file backend. */
-bool cluster_retry_creating(const struct mandate *m);
-/* m is no longer this node's (dropped: a lost or refused claim, fenced)
- * and nothing of it runs: forget it now (as the sweep at the next fence
- * tick would), so that a fire of its tick asks the database again instead
- * of answering from the stale copy.  false: kept (not dropped, or busy;
- * always with the file backend). */
-bool cluster_forget_dropped(struct mandate *m);
-/* For kairosctl status: this node, its lease, the cluster's nodes (as of
- * the last heartbeat); NULL with the file backend. */
-typedef struct json_t json_t;
-json_t *cluster_status(struct daemon *d);
-/* Pool thread: the mandate ended (status succeeded, failed or abandoned). */
-int cluster_finish(struct mandate *m, const char *status);
 /* Pool thread, Concurrency=queue across the cluster (docs/design.md §14,
  * "Concurrency"): take the one slot of m's schedule in the database
  * (pgstore_slot_take, fenced by m's epoch): *ret_taken, else *ret_holder
  * (malloc'd, may be NULL) the mandate m waits for.  -ESTALE: not this
  * node's; other errors: the database did not answer (try again later). */
 int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder);
+/* The loop's timer that asks again for the slots refused
+ * (executor_cluster.c). */
+uv_timer_t *cluster_slot_timer(struct daemon *d);
 /* Pool thread: give the slot back while m stays running (it waits for an
  * approval or a review). */
 int cluster_slot_release(struct mandate *m);

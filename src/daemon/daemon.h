@@ -84,21 +84,12 @@ struct mandate {
         struct exec_run *run;      /* the handler being run, if any */
         char *step_id;             /* the step being run */
         struct mandate_cancel *cancel; /* kairosctl cancel in progress */
-        /* cluster mode (cluster.h): the epoch this node holds it at; 0 with
-         * the file backend */
+        /* the epoch this node holds it at (the postgres driver's, written
+         * into its records); 0 on one host */
         int64_t epoch;
-        bool cluster_held;         /* renewed by the heartbeat (loop only) */
-        bool cluster_dropped;      /* no longer this node's (atomic: read by pool threads) */
-        char *cluster_winner;      /* a lost tick claim: the node that won it */
-        bool cluster_parking;      /* paused: its row is being marked paused */
-        /* Concurrency= across the cluster (docs/design.md §14) */
-        bool cluster_reject;       /* its tick is claimed with kairos_claim_tick_reject */
-        char *cluster_busy;        /* a refused claim: the unfinished mandate ... */
-        char *cluster_busy_status; /* ... and its status (running, paused) */
-        bool db_slot;              /* holds its schedule's slot in the database (queue) */
-        bool slot_taking;          /* a take of that slot is in flight */
-        char *slot_waits_for;      /* the last take was refused: the mandate it waits for */
-        int64_t cluster_park_after; /* monotonic ms: not before (after a failure) */
+        bool cluster_parking;      /* postgres: its row is being marked paused
+                                    * (commands.c reads it) */
+        void *drv_state;           /* driver.h: its driver's, own.attach */
 };
 
 struct recovery_summary {
@@ -141,8 +132,10 @@ struct daemon {
         struct chronos *chronos;
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
         struct metrics *metrics;    /* metrics.h */
-        struct cluster *cluster;    /* cluster.h: NULL with the file backend */
-        struct deadman *deadman;    /* deadman.h: cluster mode only */
+        const struct driver *drv;   /* driver.h: Backend=, chosen at start */
+        struct cluster *cluster;    /* the postgres driver's state (cluster.h); NULL
+                                     * on one host: commands.c and idem_service.c
+                                     * still test it */
         struct runner *runner;      /* runner.h: starts handlers, hooks and probes */
         struct executor *executor;  /* executor_internal.h: the executor's own state */
         struct hooks *hooks;        /* hooks.h: [Notify] commands */

@@ -17,7 +17,7 @@
 
 #include "executor_internal.h"
 #include "kairos/strmap.h"
-#include "cluster.h"
+#include "driver.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -43,141 +43,6 @@ void executor_check_idle(struct daemon *d)
         }
 }
 
-/* ---- Concurrency=queue across the cluster (docs/design.md §14) ---- */
-
-struct slot_job {
-        struct mandate *m;
-        bool release;
-        int err;
-        bool taken;
-        char *holder;
-};
-
-static void slot_work(void *arg)
-{
-        struct slot_job *j = arg;
-        j->err = j->release ? cluster_slot_release(j->m)
-                            : cluster_slot_take(j->m, &j->taken, &j->holder);
-}
-
-static void on_slot_timer(uv_timer_t *t)
-{
-        executor_kick(t->data);
-}
-
-/* Ask again in a second: another node's mandate may end meanwhile. */
-static void slot_retry_later(struct daemon *d)
-{
-        if (d->stopping)
-                return;
-        if (!d->executor->slot_timer_init) {
-                uv_timer_init(d->loop, &d->executor->slot_timer);
-                d->executor->slot_timer.data = d;
-                d->executor->slot_timer_init = true;
-        }
-        if (!uv_is_active((uv_handle_t *)&d->executor->slot_timer))
-                uv_timer_start(&d->executor->slot_timer, on_slot_timer, 1000, 0);
-}
-
-static void slot_done(void *arg)
-{
-        struct slot_job *j = arg;
-        struct mandate *m = j->m;
-        struct daemon *d = m->d;
-        m->busy--;
-        if (!j->release) {
-                m->slot_taking = false;
-                if (j->err == -ESTALE) {
-                        cluster_drop(m, "fenced: another node holds it");
-                } else if (j->err < 0) {
-                        /* ("": the database did not answer; said once) */
-                        if (!m->slot_waits_for || *m->slot_waits_for)
-                                log_warning("mandate %s: cannot take the slot of schedule %s in "
-                                            "the database (%s): asking again every second",
-                                            m->id, m->schedule, strerror(-j->err));
-                        free(m->slot_waits_for);
-                        m->slot_waits_for = strdup("");
-                        slot_retry_later(d);
-                } else if (j->taken) {
-                        if (m->slot_waits_for)
-                                log_info("mandate %s: takes the slot of schedule %s (waited "
-                                         "for %s)",
-                                         m->id, m->schedule,
-                                         *m->slot_waits_for ? m->slot_waits_for
-                                                            : "the database");
-                        free(m->slot_waits_for);
-                        m->slot_waits_for = NULL;
-                        /* (a paused or dropped one gives it back at its end) */
-                        m->db_slot = true;
-                } else {
-                        if (!m->slot_waits_for ||
-                            (j->holder && strcmp(j->holder, m->slot_waits_for) != 0))
-                                log_event(LOG_INFO, NULL,
-                                          LOG_FIELDS({ "MANDATE_ID", m->id },
-                                                     { "SCHEDULE", m->schedule }),
-                                          "mandate %s waits for mandate %s of schedule %s "
-                                          "(Concurrency=queue, in the cluster)",
-                                          m->id, j->holder ? j->holder : "?", m->schedule);
-                        free(m->slot_waits_for);
-                        m->slot_waits_for = j->holder ? j->holder : strdup("?");
-                        j->holder = NULL;
-                        slot_retry_later(d);
-                }
-        } else if (j->err < 0 && j->err != -ESTALE) {
-                /* its row keeps the slot until the mandate's end or park */
-                log_warning("mandate %s: cannot give back the slot of schedule %s in the "
-                            "database (%s): it is freed when the mandate is parked or ends",
-                            m->id, m->schedule, strerror(-j->err));
-        }
-        free(j->holder);
-        free(j);
-        executor_kick(d);
-}
-
-static int slot_submit(struct mandate *m, bool release)
-{
-        struct slot_job *j = calloc(1, sizeof(*j));
-        if (!j)
-                return -ENOMEM;
-        j->m = m;
-        j->release = release;
-        m->busy++;
-        if (serialq_submit(&m->q, slot_work, slot_done, j) < 0) {
-                m->busy--;
-                free(j);
-                return -ENOMEM;
-        }
-        return 0;
-}
-
-/* The mandate stops running but goes on later (approval, review, pause):
- * its schedule's slot goes back (after the records queued before). */
-static void db_slot_release(struct mandate *m)
-{
-        if (!m->db_slot)
-                return;
-        m->db_slot = false;
-        if (slot_submit(m, true) < 0)
-                log_warning("out of memory: the slot of %s is freed when it is parked or ends",
-                            m->id);
-}
-
-/* Cluster mode, Concurrency=queue: may m start, holding its schedule's slot
- * in the database?  If not, it is asked for (one take at a time, after the
- * records queued before: the claim first). */
-static bool db_slot_ready(struct mandate *m)
-{
-        if (!m->d->cluster || m->db_slot)
-                return true;
-        if (!m->slot_taking && m->cluster_held && m->epoch > 0 && !cluster_dropped(m)) {
-                if (slot_submit(m, false) == 0)
-                        m->slot_taking = true;
-                else
-                        slot_retry_later(m->d);
-        }
-        return false;
-}
-
 static void finish_fire_reply(struct advance *a, bool fired)
 {
         if (!op_reply_wanted(&a->reply))
@@ -197,36 +62,6 @@ static void finish_fire_reply(struct advance *a, bool fired)
         }
 }
 
-/* Cluster mode: the database refused a retry (kairos_retry_create): the
- * tick's mandate cluster_busy is unfinished, or it ended done and no reason
- * was given, or it holds the retry's id already; as on one host
- * (commands.c). */
-static void executor_retry_refused(struct advance *a)
-{
-        struct mandate *m = a->m;
-        const char *busy = m->cluster_busy ? m->cluster_busy : "?";
-        const char *st = m->cluster_busy_status ? m->cluster_busy_status : "?";
-        bool unfinished = strcmp(st, "running") == 0 || strcmp(st, "paused") == 0;
-        if (unfinished)
-                op_reply_error(&a->reply, "conflict",
-                               "the tick of %s (%s at %s) has an unfinished retry: mandate %s is "
-                               "%s in the cluster; one retry of a tick at a time",
-                               m->retry_of, m->schedule, m->fired_at, busy, st);
-        else if (strcmp(st, "succeeded") == 0 && strcmp(busy, m->id) != 0)
-                op_reply_error(&a->reply, "conflict",
-                               "the tick of %s (%s at %s) ended done as mandate %s: retrying it "
-                               "repeats its work; give --reason to do it anyway",
-                               m->retry_of, m->schedule, m->fired_at, busy);
-        else
-                op_reply_error(&a->reply, "conflict",
-                               "retry %d of the tick of %s (%s at %s) exists already in the "
-                               "cluster (mandate %s, %s): try again",
-                               m->retry, m->retry_of, m->schedule, m->fired_at, busy, st);
-        log_info("retry %d of %s at %s refused by the database: mandate %s is %s", m->retry,
-                 m->schedule, m->fired_at, busy, st);
-        cluster_drop(m, "its retry was refused");
-}
-
 static void advance_done(void *arg)
 {
         struct advance *a = arg;
@@ -240,52 +75,8 @@ static void advance_done(void *arg)
                 m->plan_id = strdup(a->plan_id);
                 m->cycle = a->cycle;
         }
-        if (a->error && d->cluster) {
-                /* Cluster mode: a barrier that failed means the mandate is
-                 * not this node's any more (docs/design.md §14). */
-                executor_release_slot(m);
-                if (a->cancel)
-                        op_reply_error(&a->cancel_reply, "fenced",
-                                       "mandate %s is no longer held by this node", m->id);
-                if (a->cancel)
-                        executor_cancel_drop(m);
-                m->db_slot = false;
-                if (a->error == -EBUSY && m->retry_of) {
-                        executor_retry_refused(a);
-                } else if (a->error == -EBUSY) {
-                        /* Concurrency=reject, decided by the database under
-                         * the schedule's lock: as on one host */
-                        const char *busy = m->cluster_busy ? m->cluster_busy : "?";
-                        const char *st = m->cluster_busy_status ? m->cluster_busy_status : "?";
-                        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", m->schedule }),
-                                  "fire of %s at %s rejected: mandate %s is still %s "
-                                  "(Concurrency=reject, in the cluster)",
-                                  m->schedule, m->fired_at, busy, st);
-                        op_reply_error(&a->reply, "rejected",
-                                       "schedule %s has Concurrency=reject and mandate %s is "
-                                       "still %s",
-                                       m->schedule, busy, st);
-                        cluster_drop(m, "its tick was rejected (Concurrency=reject)");
-                } else if (a->error == -EALREADY) {
-                        if (op_reply_wanted(&a->reply))
-                                op_reply_ok(&a->reply,
-                                            json_pack("{s:s, s:s, s:s, s:b, s:s, s:s?}", "mandate",
-                                                      m->id, "schedule", m->schedule, "fired_at",
-                                                      m->fired_at, "fired", false, "status",
-                                                      "claimed", "node", m->cluster_winner));
-                        log_info("schedule %s at %s: claimed by node %s: nothing to do here",
-                                 m->schedule, m->fired_at,
-                                 m->cluster_winner ? m->cluster_winner : "?");
-                        cluster_drop(m, "its tick was claimed by another node");
-                } else {
-                        op_reply_error(&a->reply,
-                                       a->error == -ESTALE ? "fenced" : "cluster_unavailable",
-                                       "%s", a->errmsg);
-                        cluster_drop(m, a->error == -ESTALE ? "fenced: another node holds it"
-                                                            : a->errmsg);
-                }
-                goto out;
-        }
+        if (a->error && d->drv->own.barrier_failed(a))
+                goto out; /* (postgres: the mandate is not this node's any more) */
         if (a->error) {
                 bool corrupt = a->error == -EBADMSG;
                 mandate_set_status(m, corrupt ? MANDATE_QUARANTINED : MANDATE_WAL_IO_ERROR,
@@ -302,7 +93,7 @@ static void advance_done(void *arg)
                 goto out;
         }
         finish_fire_reply(a, true);
-        cluster_hold(m);
+        own_hold(m);
         for (int i = 0; i < PLANNER_PHASES; i++)
                 for (unsigned k = 0; k < a->completed_inline[i]; k++)
                         metrics_step(d->metrics, i, WAL_OP_COMPLETED, 0);
@@ -350,7 +141,7 @@ static void advance_done(void *arg)
                           a->reason, m->id);
                 hooks_event(d, HOOK_APPROVAL, m, m->review_step, NULL);
                 executor_release_slot(m);
-                db_slot_release(m);
+                d->drv->own.slot_release(m);
                 break;
         case NEXT_REVIEW:
                 mandate_set_status(m, MANDATE_PAUSED_REVIEW, a->reason);
@@ -361,14 +152,14 @@ static void advance_done(void *arg)
                           m->review_step ? m->review_step : "?", a->reason);
                 hooks_event(d, HOOK_REVIEW, m, m->review_step, NULL);
                 executor_release_slot(m);
-                db_slot_release(m);
+                d->drv->own.slot_release(m);
                 break;
         case NEXT_PAUSE:
                 mandate_set_status(m, MANDATE_PAUSED, a->reason);
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s paused: %s", m->id, a->reason);
                 executor_release_slot(m);
-                db_slot_release(m);
+                d->drv->own.slot_release(m);
                 break;
         case NEXT_END:
                 m->ended_ms = now_ms_realtime();
@@ -380,8 +171,7 @@ static void advance_done(void *arg)
                 if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
                 executor_release_slot(m);
-                m->db_slot = false; /* freed with the row's end */
-                cluster_release(m); /* its row says it ended: nothing to renew */
+                own_release(m); /* (postgres: its row says it ended, its slot is free) */
                 archive_enqueue(m, a->archive_path);
                 a->archive_path = NULL;
                 break;
@@ -546,7 +336,7 @@ static struct mandate *sibling(const struct daemon *d, const struct mandate *sel
                 if (o == self || !o->schedule || strcmp(o->schedule, schedule) != 0)
                         continue;
                 /* (cluster: a lost or refused claim, not this node's) */
-                if (cluster_dropped(o) && !o->holds_slot)
+                if (own_dropped(o) && !o->holds_slot)
                         continue;
                 if (running_only ? o->holds_slot : !is_final_status(o->status))
                         return o;
@@ -590,10 +380,10 @@ void executor_kick(struct daemon *d)
         while (*link && d->executor->running < d->cfg->max_concurrent_mandates) {
                 struct mandate *m = *link;
                 /* paused or cancelled meanwhile */
-                bool drop = m->status != MANDATE_RUNNABLE || m->cancel || cluster_dropped(m);
+                bool drop = m->status != MANDATE_RUNNABLE || m->cancel || own_dropped(m);
                 const struct config_schedule *sc = schedule_cfg(d, m->schedule);
                 if (!drop && sc && sc->concurrency == CONCURRENCY_QUEUE &&
-                    (sibling(d, m, m->schedule, true) || !db_slot_ready(m))) {
+                    (sibling(d, m, m->schedule, true) || !d->drv->own.slot_ready(m))) {
                         last = m;
                         link = &m->next_queued;
                         continue;
@@ -686,10 +476,10 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 op_reply_error(&reply, "not_found", "no schedule named '%s'", schedule);
                 return;
         }
-        if (!cluster_may_act(d)) {
+        if (!own_may_act(d)) {
                 op_reply_error(&reply, "cluster_unavailable",
                                "node %s cannot renew its lease: it claims no tick now",
-                               cluster_node(d));
+                               own_node(d));
                 return;
         }
         struct planner_plan p;
@@ -699,7 +489,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 return;
         }
         struct mandate *m = mandate_find(d, p.mandate_id);
-        if (m && cluster_forget_dropped(m))
+        if (m && own_forget_dropped(m))
                 m = NULL; /* the database decides this fire */
         if (m && !op_reply_wanted(&reply)) {
                 log_info("schedule %s at %s: mandate %s exists already (%s): nothing to do",
@@ -780,9 +570,8 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
          * (the claim must not hold an executing record without it), and a
          * Concurrency=reject tick is claimed only while no mandate of the
          * schedule is unfinished in the cluster. */
-        m->cluster_reject = d->cluster && sc->concurrency == CONCURRENCY_REJECT;
-        bool wait_turn = sc->concurrency == CONCURRENCY_QUEUE &&
-                         (d->cluster || sibling(d, m, schedule, true));
+        bool wait_turn = d->drv->own.fired(m, sc) ||
+                         (sc->concurrency == CONCURRENCY_QUEUE && sibling(d, m, schedule, true));
         if (!d->stopping && d->ready && !wait_turn &&
             d->executor->running < d->cfg->max_concurrent_mandates && !d->executor->queue_head) {
                 m->holds_slot = true;
@@ -833,8 +622,6 @@ static void on_grace_timeout(uv_timer_t *t)
 
 void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
 {
-        if (d->executor->slot_timer_init)
-                uv_timer_stop(&d->executor->slot_timer);
         d->executor->idle = done;
         size_t pos = 0;
         const char *k;
@@ -870,9 +657,5 @@ void executor_free_mandate(struct mandate *m)
         free(m->fired_at);
         free(m->goal);
         free(m->retry_of);
-        free(m->cluster_winner);
-        free(m->cluster_busy);
-        free(m->cluster_busy_status);
-        free(m->slot_waits_for);
         free(m->step_id);
 }

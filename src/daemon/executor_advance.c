@@ -19,7 +19,7 @@
 #include "kairos/kio.h"
 #include "kairos/idem.h"
 #include "kairos/stepdoc.h"
-#include "cluster.h"
+#include "driver.h"
 #include "log.h"
 
 char *advance_own(struct advance *a, const char *s)
@@ -392,40 +392,13 @@ void advance_work(void *arg)
                 decide_loop(a);
         if (!a->error && (r = wal_flush(m->wal)) < 0) {
                 a->error = r;
-                if (m->d->cluster)
-                        /* the barrier is a transaction (cluster.h) */
-                        snprintf(a->errmsg, sizeof a->errmsg, "committing %s to the database: %s",
-                                 m->id,
-                                 r == -ESTALE     ? "fenced: another node holds it now"
-                                 : r == -EALREADY ? "its tick was claimed by another node"
-                                 : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
-                                 : r == -ETIME    ? "the tick is ahead of the database's clock"
-                                 : r == -ENOTCONN ? "the connection broke (outcome unknown)"
-                                                  : strerror(-r));
-                else
-                        snprintf(a->errmsg, sizeof a->errmsg, "fdatasync of %s: %s", m->wal_path,
-                                 strerror(-r));
+                m->d->drv->wal.failed(m, r, a->errmsg, sizeof a->errmsg);
         }
         a->flushes = wal_flush_count(m->wal) - flushes_before;
-        if (!a->error && a->next == NEXT_END && m->d->cluster) {
-                /* its rows say it ended; the row says so too (for list and
-                 * takeover); fenced: a node that lost it meanwhile changes
-                 * nothing, and the new owner ends it again */
-                static const char *const db_status[] = {
-                        [MANDATE_DONE] = "succeeded", [MANDATE_FAILED] = "failed",
-                        [MANDATE_CANCELLED] = "cancelled",
-                };
-                const char *st = (size_t)a->end_status < sizeof db_status / sizeof db_status[0] &&
-                                                 db_status[a->end_status]
-                                         ? db_status[a->end_status]
-                                         : "abandoned";
-                if ((r = cluster_finish(m, st)) < 0) {
-                        a->error = r == -ESTALE ? -ESTALE : r;
-                        snprintf(a->errmsg, sizeof a->errmsg,
-                                 "recording the end of %s in the database: %s", m->id,
-                                 strerror(-r));
-                }
-        }
+        /* the driver records the end too (postgres: the mandate's row) */
+        if (!a->error && a->next == NEXT_END &&
+            (r = own_finish(m, a->end_status, a->errmsg, sizeof a->errmsg)) < 0)
+                a->error = r;
         if (!a->error && a->next == NEXT_END) {
                 char *dest = NULL;
                 const char *archive_dir = m->d->paths.archive;

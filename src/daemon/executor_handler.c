@@ -21,8 +21,7 @@
 #include "kairos/idem.h"
 #include "kairos/kjson.h"
 #include "kairos/strmap.h"
-#include "cluster.h"
-#include "deadman.h"
+#include "driver.h"
 #include "log.h"
 #include "metrics.h"
 #include "runenv.h"
@@ -274,13 +273,13 @@ int executor_init(struct daemon *d)
         else
                 log_info("no handler cgroups: %s", d->executor->cgroup_why);
         executor_check_limits(d);
-        /* Cluster mode: the deadman, forked before any thread exists (the
-         * runner's is the first) and after kairosd moved into its leaf
-         * cgroup, which it must hold alone (deadman.h) */
-        if (d->cfg->backend == CONFIG_BACKEND_POSTGRES && (r = deadman_start(&d->deadman)) < 0) {
-                log_error("cluster mode cannot start its deadman: %s", strerror(-r));
+        /* The driver's helpers (postgres: the deadman), forked before any
+         * thread exists (the runner's is the first) and after kairosd moved
+         * into its leaf cgroup, which the deadman must hold alone
+         * (deadman.h) */
+        struct deadman *deadman = NULL;
+        if ((r = d->drv->prefork(d, &deadman)) < 0)
                 return r;
-        }
         r = runner_new(d->loop, &d->runner);
         if (r < 0)
                 return r;
@@ -295,8 +294,8 @@ int executor_init(struct daemon *d)
                            "handler can change its cgroup's limits, leave its cgroup, signal "
                            "kairosd and write its state; see kairosd(8), HANDLERS");
         }
-        if (d->deadman)
-                runner_set_deadman(d->runner, d->deadman);
+        if (deadman)
+                runner_set_deadman(d->runner, deadman);
         uid_t huid = d->handler_user.set ? d->handler_user.uid : getuid();
         runenv_init(huid);
         return 0;
@@ -451,10 +450,10 @@ void handler_spawn(struct mandate *m, struct advance *a)
         for (size_t i = 0; i < d->cfg->nschedules; i++)
                 if (strcmp(d->cfg->schedules[i].name, m->schedule) == 0)
                         sc = &d->cfg->schedules[i];
-        if (!cluster_may_act(d) || cluster_dropped(m)) {
+        if (!own_may_act(d) || own_dropped(m)) {
                 /* its lease may end before the handler would: another node
                  * takes it over and decides (the step never started) */
-                cluster_drop(m, "this node's lease is ending: no handler starts");
+                own_drop(m, "this node's lease is ending: no handler starts");
                 executor_release_slot(m);
                 return;
         }
@@ -501,7 +500,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
                 { "KAIROS_ATTEMPT", attempt },
                 { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
-                { "KAIROS_NODE", cluster_node(d) },
+                { "KAIROS_NODE", own_node(d) },
                 { "KAIROS_EPOCH", m->epoch > 0 ? epoch : NULL },
         };
         char **env = runenv_build(kv, sizeof kv / sizeof kv[0], sc ? sc->environment : NULL,

@@ -36,8 +36,6 @@ struct executor {
         struct mandate *queue_head, *queue_tail;  /* runnable, FIFO */
         unsigned running;                          /* mandates holding a slot */
         void (*idle)(struct daemon *d);            /* shutdown: nothing runs any more */
-        uv_timer_t slot_timer;                     /* cluster: ask again for refused slots */
-        bool slot_timer_init;
         uv_timer_t grace_timer;
         /* finished mandates whose archives wait for one syncfs (executor_archive.c) */
         struct mandate **arch_pending;

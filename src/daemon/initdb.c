@@ -1,21 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /* kairosd --init-db CONNINFO: create or migrate cluster mode's PostgreSQL
  * schema (docs/design.md §14), idempotently.  Runs before any event loop
- * exists, so blocking on the database is fine here. */
-#include "initdb.h"
-
-#include <stdio.h>
-
-#ifdef KAIROS_HAVE_PGSTORE
+ * exists, so blocking on the database is fine here.  The postgres driver's
+ * init_db (driver.h). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver_postgres.h"
 #include "conninfo.h"
 #include "pgschema.h"
 #include "pgstore.h"
 
-int initdb_main(const char *arg)
+int pgd_init_db(const char *arg)
 {
         struct pgstore *s = NULL;
         char err[512];
@@ -49,11 +47,3 @@ int initdb_main(const char *arg)
                 printf("kairos schema: migrated from version %d to %d\n", from, to);
         return 0;
 }
-#else
-int initdb_main(const char *arg)
-{
-        fprintf(stderr, "kairosd: --init-db: this kairosd was built without PostgreSQL "
-                "support (meson setup -Dpostgres=enabled, with libpq-dev)\n");
-        return 1;
-}
-#endif

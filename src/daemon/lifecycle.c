@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "chronos.h"
-#include "cluster.h"
+#include "driver.h"
 #include "daemon.h"
 #include "executor.h"
 #include "hooks.h"
@@ -254,7 +254,7 @@ void daemon_stop(struct daemon *d, int exit_code)
         /* The control socket stays: read-only commands are answered until
          * the loop ends (commands.c refuses the others). */
         chronos_stop(d);
-        cluster_quiesce(d);
+        d->drv->quiesce(d);
         metrics_stop(d->metrics);
         history_stop(d);
         notify_watchdog_stop(&d->watchdog);

@@ -15,16 +15,14 @@
 #include <unistd.h>
 
 #include "chronos.h"
-#include "cluster.h"
 #include "commands.h"
-#include "deadman.h"
 #include "control.h"
 #include "daemon.h"
+#include "driver.h"
 #include "executor.h"
 #include "hooks.h"
 #include "probe.h"
 #include "idem_service.h"
-#include "initdb.h"
 #include "kairos/canon.h"
 #include "kairos/evidence.h"
 #include "kairos/kio.h"
@@ -32,6 +30,24 @@
 #include "metrics.h"
 
 #define DEFAULT_CONFIG "/etc/kairos/kairosd.conf"
+
+#ifdef KAIROS_HAVE_PGSTORE
+#include "driver_postgres.h"
+#endif
+
+/* The drivers of this build (driver.h), by [Cluster] Backend=: one is
+ * chosen at start; a backend without one was not built in. */
+static const struct driver *const drivers[] = {
+        [CONFIG_BACKEND_FILES] = &files_driver,
+#ifdef KAIROS_HAVE_PGSTORE
+        [CONFIG_BACKEND_POSTGRES] = &postgres_driver,
+#endif
+};
+
+static const struct driver *driver_of(enum config_backend backend)
+{
+        return (size_t)backend < sizeof drivers / sizeof drivers[0] ? drivers[backend] : NULL;
+}
 
 static void usage(FILE *f)
 {
@@ -118,12 +134,12 @@ static void close_handle(uv_handle_t *h, void *arg)
                 uv_close(h, NULL);
 }
 
-/* A mandate's WAL options: metrics' sync timing, then the cluster's barrier. */
+/* A mandate's WAL options: metrics' sync timing, then the driver's barrier. */
 static void wire_wal_options(struct mandate *m, struct wal_options *o)
 {
         const struct wal_options *mo = metrics_wal_options(m->d->metrics);
         *o = mo ? *mo : (struct wal_options){ 0 };
-        cluster_wal_options(m, o);
+        m->d->drv->wal.options(m, o);
 }
 
 /* The calls up a lower module makes, through the pointers it was given
@@ -135,7 +151,7 @@ static void wire_upcalls(struct daemon *d)
         d->up.kill_handler = executor_kill_handler;
         d->up.adopt = recover_adopt;
         control_set_commands(&(struct control_commands){ commands_dispatch, commands_known });
-        serialq_set_thread_done(cluster_thread_done);
+        serialq_set_thread_done(d->drv->thread_done);
 }
 
 static bool loop_healthy(void *ctx)
@@ -167,7 +183,7 @@ static void on_recovered(struct daemon *d)
                   r->files, (unsigned long long)r->duration_ms, r->resumed, r->paused_review,
                   r->quarantined, d->cfg->control_socket);
         executor_kick(d);
-        cluster_ready(d);
+        d->drv->ready(d);
         metrics_start(d->metrics);
         history_start(d);
         if ((rc = chronos_start(d)) < 0)
@@ -381,7 +397,14 @@ int main(int argc, char **argv)
                                 "Try 'kairosd --help'.\n");
                         return 64;
                 }
-                return initdb_main(init_db);
+                const struct driver *pg = driver_of(CONFIG_BACKEND_POSTGRES);
+                if (!pg) {
+                        fprintf(stderr, "kairosd: --init-db: this kairosd was built without "
+                                "PostgreSQL support (meson setup -Dpostgres=enabled, with "
+                                "libpq-dev)\n");
+                        return 1;
+                }
+                return pg->init_db(init_db);
         }
         if (state_dir && state_dir[0] != '/') {
                 fprintf(stderr, "kairosd: --state-dir must be an absolute path: %s\n", state_dir);
@@ -420,6 +443,16 @@ int main(int argc, char **argv)
         if (state_dir)
                 d->state_dir_override = strdup(state_dir);
         log_setup(d->cfg->log_level);
+        if (!(d->drv = driver_of(d->cfg->backend))) {
+                /* (the configuration refuses it already) */
+                log_error("cluster mode cannot start: kairosd was built without PostgreSQL "
+                          "support (-Dpostgres=enabled)");
+                notify_stopping();
+                config_free(d->cfg);
+                free(d->config_path);
+                free(d->state_dir_override);
+                return 1;
+        }
         raise_fd_limit();
         d->socket_gid = daemon_lookup_group(d->cfg->socket_group);
         int exit_code = 1;
@@ -462,7 +495,7 @@ int main(int argc, char **argv)
         notify_status("recovering");
         notify_extend_timeout(10 * 1000 * 1000);
         uv_timer_start(&d->extend_timer, daemon_on_extend, 5000, 5000);
-        /* (in cluster mode, executor_init also forks the deadman) */
+        /* (executor_init also forks the driver's helpers: the deadman) */
         if ((r = executor_init(d)) < 0 || (r = hooks_init(d)) < 0) {
                 log_error("cannot start the process runner: %s", strerror(-r));
                 notify_stopping();
@@ -472,7 +505,7 @@ int main(int argc, char **argv)
                 goto out_free;
         }
         char cerr[512];
-        if ((r = cluster_start(d, cerr, sizeof cerr)) < 0) {
+        if ((r = d->drv->start(d, cerr, sizeof cerr)) < 0) {
                 log_error("cluster mode cannot start: %s", cerr);
                 notify_stopping();
                 executor_free(d);
@@ -495,7 +528,7 @@ int main(int argc, char **argv)
         /* Close every handle and let the pool finish what it runs. */
         if (!d->stopping)
                 daemon_stop(d, d->exit_code);
-        cluster_stop(d);
+        d->drv->stop(d);
         control_stop(d);
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
@@ -508,8 +541,7 @@ int main(int argc, char **argv)
         chronos_free(d);
         idem_service_free(d);
         mandates_free(d);
-        cluster_free(d);
-        deadman_stop(d->deadman); /* every handler was reaped: nothing to kill */
+        d->drv->free(d);  /* (its deadman: every handler was reaped, nothing to kill) */
         metrics_free(d->metrics);
         d->metrics = NULL;
 out_free: /* (a start that failed half way) */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "driver.h"
 #include "kairos/fold.h"
 #include "kairos/wal.h"
 
@@ -47,6 +48,13 @@ struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_pa
         m->id = strdup(id);
         m->wal_path = strdup(wal_path);
         if (!m->id || !m->wal_path || strmap_put(d->mandates, id, m) < 0) {
+                free(m->id);
+                free(m->wal_path);
+                free(m);
+                return NULL;
+        }
+        if (d->drv->own.attach(m) < 0) {
+                strmap_remove(d->mandates, id);
                 free(m->id);
                 free(m->wal_path);
                 free(m);
@@ -247,6 +255,7 @@ static void mandate_free(struct mandate *m)
         free(m->schedule);
         if (m->d->up.free_mandate)
                 m->d->up.free_mandate(m);
+        m->d->drv->own.detach(m);
         free(m);
 }
 

@@ -31,7 +31,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "probe.h"
-#include "cluster.h"
+#include "driver.h"
 
 #include <jansson.h>
 
@@ -227,7 +227,7 @@ static void recover_work(void *arg)
         const struct wal_options *mo = metrics_wal_options(j->d->metrics);
         struct wal_options wopt = mo ? *mo : (struct wal_options){ 0 };
         wopt.dir_exists = true;
-        cluster_wal_options(j->m, &wopt);
+        j->d->drv->wal.options(j->m, &wopt);
         int r = wal_open_folded(j->m->wal_path, &wopt, &w, &info, &f);
         if (r < 0) {
                 j->error = r;
@@ -301,7 +301,7 @@ static void recover_work(void *arg)
         if (j->adopt) {
                 /* who holds it now, before what it decides */
                 struct wal_record own = { .op = WAL_OP_OWNER, .mandate_id = j->m->id,
-                                          .node = cluster_node(j->d), .epoch = j->m->epoch,
+                                          .node = own_node(j->d), .epoch = j->m->epoch,
                                           .prev_owner = j->prev_owner };
                 r = wal_append(w, &own);
         }
@@ -887,8 +887,8 @@ static void adopt_done(void *arg)
         if (j->error || j->io_error) {
                 /* fenced again, or the rows cannot be read: not ours */
                 err = j->io_error == -ESTALE ? -ESTALE : -EIO;
-                cluster_drop(m, j->io_error == -ESTALE ? "fenced while taking it over"
-                                                       : "cannot record the takeover");
+                own_drop(m, j->io_error == -ESTALE ? "fenced while taking it over"
+                                                   : "cannot record the takeover");
                 j->error = j->io_error = 0;
                 j->status = MANDATE_PAUSED;
         }
@@ -934,7 +934,7 @@ void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
         }
         return;
 oom:
-        cluster_drop(m, "out of memory");
+        own_drop(m, "out of memory");
         if (done)
                 done(ctx, m, -ENOMEM);
 }
