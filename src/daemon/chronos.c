@@ -155,8 +155,6 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
         return s->name ? 0 : -ENOMEM;
 }
 
-const char *chronos_policy_name(enum config_missed_policy p);
-
 /* What decides which ticks fire, hashed: nodes that share a schedule must
  * agree on it (cluster mode compares it with the database's row). */
 static void timing_hash(const struct config_schedule *cfg, char out[CANON_HASH_STRLEN])
