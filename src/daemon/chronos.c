@@ -14,7 +14,6 @@
 #include "daemon.h"
 #include "driver.h"
 #include "executor.h"
-#include "kairos/canon.h"
 #include "kairos/cron.h"
 #include "kairos/kio.h"
 #include "kairos/missed.h"
@@ -132,11 +131,11 @@ static void save_state(struct chronos *c)
 
 /* ---- schedules ---- */
 
-static void sched_clear(struct sched *s)
+static void sched_clear(struct chronos *c, struct sched *s)
 {
+        c->d->drv->ticks.sched_free(s);
         free(s->name);
         free(s->pause_reason);
-        free(s->foreign_hash);
         cron_tz_free(s->tz);
         memset(s, 0, sizeof(*s));
 }
@@ -147,7 +146,6 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
 {
         memset(s, 0, sizeof(*s));
         s->last_evaluated = s->last_fire = s->next_fire = NEVER;
-        s->hole_lo = s->hole_hi = s->local_from = NEVER;
         s->broken = true;
         s->error = b->errors.n ? b->errors.msgs[0] : "broken";
         s->cfg = retained;
@@ -155,32 +153,11 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
         return s->name ? 0 : -ENOMEM;
 }
 
-/* What decides which ticks fire, hashed: nodes that share a schedule must
- * agree on it (cluster mode compares it with the database's row). */
-static void timing_hash(const struct config_schedule *cfg, char out[CANON_HASH_STRLEN])
-{
-        char *text = NULL;
-        if (asprintf(&text,
-                     "cron=%s\ntime_zone=%s\nmissed_policy=%s\nmax_catch_up_runs=%u\n"
-                     "stale_after_sec=%llu\nmissed_grace_sec=%llu\n",
-                     cfg->cron, cfg->time_zone ? cfg->time_zone : "UTC",
-                     chronos_policy_name(cfg->missed_policy), cfg->max_catch_up_runs,
-                     (unsigned long long)cfg->stale_after_sec,
-                     (unsigned long long)cfg->missed_grace_sec) < 0) {
-                snprintf(out, CANON_HASH_STRLEN, "unknown");
-                return;
-        }
-        canon_hash_bytes(text, strlen(text), out);
-        free(text);
-}
-
 static int sched_build(struct sched *s, const struct config_schedule *cfg)
 {
         char err[256];
         memset(s, 0, sizeof(*s));
         s->last_evaluated = s->last_fire = s->next_fire = NEVER;
-        s->hole_lo = s->hole_hi = s->local_from = NEVER;
-        timing_hash(cfg, s->hash);
         int r = cron_parse(cfg->cron, &s->expr, err, sizeof err);
         if (r < 0)
                 return r; /* the config parser validated it already */
@@ -507,7 +484,7 @@ static void load_state(struct chronos *c)
                 if (!json_is_object(o))
                         continue;
                 s->last_evaluated = json_time(json_object_get(o, "last_evaluated_at"));
-                s->local_from = s->last_evaluated;
+                c->d->drv->ticks.sched_loaded(s);
                 s->last_fire = json_time(json_object_get(o, "last_fire_at"));
                 s->paused = json_is_true(json_object_get(o, "paused"));
                 const char *why = json_string_value(json_object_get(o, "pause_reason"));
@@ -534,19 +511,22 @@ static int build_all(struct chronos *c, struct sched **out, size_t *nout)
                 if (cfg->schedules[i].retained)
                         continue; /* listed with the broken ones */
                 int r = sched_build(&s[n], &cfg->schedules[i]);
+                if (r == 0)
+                        r = c->d->drv->ticks.sched_new(c, &s[n]);
                 if (r < 0) {
                         log_error("schedule %s: cannot use Cron=%s TimeZone=%s: %s",
                                   cfg->schedules[i].name, cfg->schedules[i].cron,
                                   cfg->schedules[i].time_zone, strerror(-r));
-                        sched_clear(&s[n]);
+                        sched_clear(c, &s[n]);
                         continue;
                 }
                 n++;
         }
         for (size_t i = 0; i < cfg->nbroken; i++) {
                 const struct config_schedule *kept = config_find_schedule(cfg, cfg->broken[i].name);
-                if (sched_build_broken(&s[n], &cfg->broken[i], kept) < 0) {
-                        sched_clear(&s[n]);
+                if (sched_build_broken(&s[n], &cfg->broken[i], kept) < 0 ||
+                    c->d->drv->ticks.sched_new(c, &s[n]) < 0) {
+                        sched_clear(c, &s[n]);
                         continue;
                 }
                 n++;
@@ -621,16 +601,10 @@ void chronos_reload(struct daemon *d)
                 s[i].paused = old->paused;
                 s[i].pause_reason = old->pause_reason;
                 old->pause_reason = NULL;
-                s[i].hole_lo = old->hole_lo;
-                s[i].local_from = old->local_from;
-                s[i].hole_hi = old->hole_hi;
-                if (strcmp(s[i].hash, old->hash) == 0) {
-                        s[i].foreign_hash = old->foreign_hash;
-                        old->foreign_hash = NULL;
-                }
+                c->d->drv->ticks.sched_carry(&s[i], old);
         }
         for (size_t i = 0; i < c->n; i++)
-                sched_clear(&c->s[i]);
+                sched_clear(c, &c->s[i]);
         free(c->s);
         c->s = s;
         c->n = n;
@@ -684,7 +658,7 @@ void chronos_free(struct daemon *d)
                 free(f);
         }
         for (size_t i = 0; i < c->n; i++)
-                sched_clear(&c->s[i]);
+                sched_clear(c, &c->s[i]);
         free(c->s);
         free(c->list_text);
         d->drv->ticks.detach(c);

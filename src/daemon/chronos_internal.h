@@ -8,7 +8,6 @@
 #include <stdint.h>
 
 #include "daemon.h"
-#include "kairos/canon.h"
 #include "kairos/cron.h"
 #include "kairos/missed.h"
 #include "kairos/planner.h"
@@ -31,14 +30,7 @@ struct sched {
         int64_t next_fire;                  /* NEVER: none */
         bool paused;
         char *pause_reason;
-        /* the ticks driver's (driver.h), kept across reloads: the postgres
-         * driver's (docs/design.md §14, "Ticks") */
-        char hash[CANON_HASH_STRLEN];       /* of its timing configuration */
-        char *foreign_hash;                 /* another node's, warned about */
-        int64_t hole_lo, hole_hi;           /* on-time ticks whose fire failed for want of
-                                             * the database; NEVER: none */
-        int64_t local_from;                 /* its last evaluation in chronos.json at start,
-                                             * until a round reached its row; NEVER: none */
+        void *drv_state;                    /* the ticks driver's (driver.h: sched_new) */
 };
 
 /* A tick that fires: queued, and handed to the executor a few per loop turn,

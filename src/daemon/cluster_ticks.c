@@ -9,8 +9,24 @@
 
 #include "chronos_internal.h"
 #include "driver_postgres.h"
+#include "kairos/canon.h"
 #include "log.h"
 #include "pgstore.h"
+
+/* A schedule's state here (s->drv_state), kept across reloads. */
+struct sched_ticks {
+        char hash[CANON_HASH_STRLEN];       /* of its timing configuration */
+        char *foreign_hash;                 /* another node's, warned about */
+        int64_t hole_lo, hole_hi;           /* on-time ticks whose fire failed for want of
+                                             * the database; NEVER: none */
+        int64_t local_from;                 /* its last evaluation in chronos.json at start,
+                                             * until a round reached its row; NEVER: none */
+};
+
+static struct sched_ticks *ST(const struct sched *s)
+{
+        return s->drv_state;
+}
 
 /* ---- the schedule rows (docs/design.md §14, "Ticks") ----
  *
@@ -176,24 +192,24 @@ static void db_fire_window(struct chronos *c, struct sched *s, const struct db_i
  * the missed-run policy of the window they fell in. */
 static void db_refire_holes(struct chronos *c, struct sched *s, int64_t upto)
 {
-        if (s->hole_lo == NEVER)
+        if (ST(s)->hole_lo == NEVER)
                 return;
         struct missed_rule rule = chronos_rule_of(s->cfg);
         uint64_t window = rule.grace_sec > MISSED_ON_TIME_SEC ? rule.grace_sec
                                                               : MISSED_ON_TIME_SEC;
         int64_t g = upto - (int64_t)window - 1, t = g, next;
-        if (s->hole_lo <= g) {
+        if (ST(s)->hole_lo <= g) {
                 char at[PLANNER_FIRED_AT_LEN];
-                chronos_fmt_time(s->hole_lo, at);
+                chronos_fmt_time(ST(s)->hole_lo, at);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
                           "schedule %s: its ticks since %s that could not be claimed are no "
                           "longer on time: the missed-run policy decides them",
                           s->name, at);
         }
-        if (t < s->hole_lo - 1)
-                t = s->hole_lo - 1;
-        int64_t hi = s->hole_hi;
-        s->hole_lo = s->hole_hi = NEVER; /* a fire that fails again sets them again */
+        if (t < ST(s)->hole_lo - 1)
+                t = ST(s)->hole_lo - 1;
+        int64_t hi = ST(s)->hole_hi;
+        ST(s)->hole_lo = ST(s)->hole_hi = NEVER; /* a fire that fails again sets them again */
         for (size_t n = 0; n < MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 &&
                            next <= hi && next <= upto;
              n++) {
@@ -232,23 +248,23 @@ static void db_after(uv_work_t *w, int status)
                 if (!s)
                         continue;
                 int64_t after = it->after_ms < 0 ? NEVER : it->after_ms / 1000;
-                s->local_from = NEVER;
-                if (it->db_hash && strcmp(it->db_hash, s->hash) != 0) {
-                        if (!s->foreign_hash || strcmp(s->foreign_hash, it->db_hash) != 0) {
+                ST(s)->local_from = NEVER;
+                if (it->db_hash && strcmp(it->db_hash, ST(s)->hash) != 0) {
+                        if (!ST(s)->foreign_hash || strcmp(ST(s)->foreign_hash, it->db_hash) != 0) {
                                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
                                           "schedule %s: another node evaluates it with other "
                                           "timing (Cron=, TimeZone=, MissedPolicy=, "
                                           "MaxCatchUpRuns=, StaleAfter=, MissedGraceSec=): "
                                           "its hash in the database is %s, this node's %s; "
                                           "nodes must share their schedule files",
-                                          s->name, it->db_hash, s->hash);
-                                free(s->foreign_hash);
-                                s->foreign_hash = strdup(it->db_hash);
+                                          s->name, it->db_hash, ST(s)->hash);
+                                free(ST(s)->foreign_hash);
+                                ST(s)->foreign_hash = strdup(it->db_hash);
                         }
-                } else if (it->db_hash && s->foreign_hash) {
+                } else if (it->db_hash && ST(s)->foreign_hash) {
                         log_notice("schedule %s: the nodes agree on its timing again", s->name);
-                        free(s->foreign_hash);
-                        s->foreign_hash = NULL;
+                        free(ST(s)->foreign_hash);
+                        ST(s)->foreign_hash = NULL;
                 }
                 if (c->stopped)
                         continue;
@@ -261,7 +277,7 @@ static void db_after(uv_work_t *w, int status)
                                   s->name, at);
                 }
                 if (!sched_fires(s)) {
-                        s->hole_lo = s->hole_hi = NEVER;
+                        ST(s)->hole_lo = ST(s)->hole_hi = NEVER;
                         continue;
                 }
                 if (it->outcome == DB_WON)
@@ -309,6 +325,62 @@ int pgt_attach(struct chronos *c)
         ts->timer_init = true;
         c->drv_state = ts;
         return 0;
+}
+
+/* What decides which ticks fire, hashed: nodes that share a schedule must
+ * agree on it (compared with the database's row). */
+static void timing_hash(const struct config_schedule *cfg, char out[CANON_HASH_STRLEN])
+{
+        char *text = NULL;
+        if (asprintf(&text,
+                     "cron=%s\ntime_zone=%s\nmissed_policy=%s\nmax_catch_up_runs=%u\n"
+                     "stale_after_sec=%llu\nmissed_grace_sec=%llu\n",
+                     cfg->cron, cfg->time_zone ? cfg->time_zone : "UTC",
+                     chronos_policy_name(cfg->missed_policy), cfg->max_catch_up_runs,
+                     (unsigned long long)cfg->stale_after_sec,
+                     (unsigned long long)cfg->missed_grace_sec) < 0) {
+                snprintf(out, CANON_HASH_STRLEN, "unknown");
+                return;
+        }
+        canon_hash_bytes(text, strlen(text), out);
+        free(text);
+}
+
+int pgt_sched_new(struct chronos *c, struct sched *s)
+{
+        struct sched_ticks *st = calloc(1, sizeof(*st));
+        if (!st)
+                return -ENOMEM;
+        st->hole_lo = st->hole_hi = st->local_from = NEVER;
+        if (!s->broken)
+                timing_hash(s->cfg, st->hash);
+        s->drv_state = st;
+        return 0;
+}
+
+void pgt_sched_carry(struct sched *s, struct sched *old)
+{
+        ST(s)->hole_lo = ST(old)->hole_lo;
+        ST(s)->local_from = ST(old)->local_from;
+        ST(s)->hole_hi = ST(old)->hole_hi;
+        if (strcmp(ST(s)->hash, ST(old)->hash) == 0) {
+                ST(s)->foreign_hash = ST(old)->foreign_hash;
+                ST(old)->foreign_hash = NULL;
+        }
+}
+
+void pgt_sched_loaded(struct sched *s)
+{
+        ST(s)->local_from = s->last_evaluated;
+}
+
+void pgt_sched_free(struct sched *s)
+{
+        struct sched_ticks *st = s->drv_state;
+        if (st)
+                free(st->foreign_hash);
+        free(st);
+        s->drv_state = NULL;
 }
 
 /* after the loop is closed */
@@ -380,10 +452,10 @@ void pgt_round(struct chronos *c)
                         return;
                 }
                 j->n++;
-                memcpy(it->hash, s->hash, sizeof it->hash);
+                memcpy(it->hash, ST(s)->hash, sizeof it->hash);
                 it->upto = s->last_evaluated;
                 it->next_fire = s->next_fire;
-                it->local_from = s->local_from;
+                it->local_from = ST(s)->local_from;
                 it->prev_ms = it->after_ms = -1;
         }
         if (j->n == 0) {
@@ -410,10 +482,10 @@ bool pgt_unclaimed(struct chronos *c, const char *name, int64_t t, const struct 
         struct sched *s = chronos_find(c, name);
         if (!s)
                 return false;
-        if (s->hole_lo == NEVER || t < s->hole_lo)
-                s->hole_lo = t;
-        if (s->hole_hi == NEVER || t > s->hole_hi)
-                s->hole_hi = t;
+        if (ST(s)->hole_lo == NEVER || t < ST(s)->hole_lo)
+                ST(s)->hole_lo = t;
+        if (ST(s)->hole_hi == NEVER || t > ST(s)->hole_hi)
+                ST(s)->hole_hi = t;
         ts->dirty = true; /* a round once the fires are answered */
         return true;
 }

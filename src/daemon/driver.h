@@ -24,6 +24,7 @@ struct chronos;
 struct config_schedule;
 struct deadman;
 struct op_result;
+struct sched;
 struct wal_options;
 typedef struct json_t json_t;
 
@@ -42,6 +43,14 @@ struct ticks_driver {
         /* chronos_start / chronos_free: the driver's state of the schedules */
         int (*attach)(struct chronos *c);
         void (*detach)(struct chronos *c);
+        /* A schedule's state in the driver (s->drv_state), made with the
+         * schedule (at start and each reload), carried from the schedule
+         * of the same name it replaces, told its last evaluation as
+         * chronos.json had it, freed with it. */
+        int (*sched_new)(struct chronos *c, struct sched *s);
+        void (*sched_carry)(struct sched *s, struct sched *old);
+        void (*sched_loaded)(struct sched *s);
+        void (*sched_free)(struct sched *s);
         /* Does this node decide the missed ticks of its own evaluations?
          * files: yes; postgres: no, the round that wins a schedule's row
          * does (round). */

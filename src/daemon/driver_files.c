@@ -14,6 +14,9 @@ static void wal_failed(const struct mandate *m, int err, char *buf, size_t len)
 }
 
 static int ticks_attach(struct chronos *c) { return 0; }
+static int sched_new(struct chronos *c, struct sched *s) { return 0; }
+static void sched_carry(struct sched *s, struct sched *old) {}
+static void sched_none(struct sched *s) {}
 static void ticks_none(struct chronos *c) {}
 static bool ticks_missed_here(const struct chronos *c) { return true; }
 static bool ticks_unclaimed(struct chronos *c, const char *name, int64_t t,
@@ -56,7 +59,9 @@ const struct driver files_driver = {
         .thread_done = thread_done,
         .init_db = init_db,
         .wal = { .options = wal_options, .failed = wal_failed },
-        .ticks = { .attach = ticks_attach, .detach = ticks_none,
+        .ticks = { .attach = ticks_attach, .detach = ticks_none, .sched_new = sched_new,
+                   .sched_carry = sched_carry, .sched_loaded = sched_none,
+                   .sched_free = sched_none,
                    .missed_here = ticks_missed_here, .unclaimed = ticks_unclaimed,
                    .round = ticks_none, .settled = ticks_none, .stop = ticks_none },
         .own = { .attach = own_attach, .detach = own_none, .hold = own_none,

@@ -41,6 +41,10 @@ bool pgx_barrier_failed(struct advance *a);
 /* ---- cluster_ticks.c ---- */
 int pgt_attach(struct chronos *c);
 void pgt_detach(struct chronos *c);
+int pgt_sched_new(struct chronos *c, struct sched *s);
+void pgt_sched_carry(struct sched *s, struct sched *old);
+void pgt_sched_loaded(struct sched *s);
+void pgt_sched_free(struct sched *s);
 bool pgt_missed_here(const struct chronos *c);
 bool pgt_unclaimed(struct chronos *c, const char *name, int64_t t, const struct op_result *r);
 void pgt_round(struct chronos *c);
