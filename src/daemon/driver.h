@@ -8,9 +8,10 @@
  *   postgres  (cluster*.c, built with -Dpostgres=enabled only) many nodes
  *             sharing PostgreSQL: the rows are the truth (cluster.h).
  * Each role's table carries function pointers only; a driver keeps its own
- * state behind d->drv_state (the daemon's), m->drv_state (a mandate's,
- * allocated by own.attach) and the chronos' (ticks.attach).  A driver fills
- * every pointer: the loop never tests one for NULL. */
+ * state behind the daemon's d->cluster (postgres; commands.c and
+ * idem_service.c still test it), a mandate's m->drv_state (own.attach), the
+ * chronos' and each schedule's drv_state (ticks.attach, ticks.sched_new).
+ * A driver fills every pointer: the loop never tests one for NULL. */
 #pragma once
 
 #include <stdbool.h>
