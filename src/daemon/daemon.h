@@ -21,6 +21,8 @@
 struct control_server;
 struct chronos;
 struct idem_service;
+struct opreads;
+struct toolclaims;
 struct metrics;
 struct runner;
 struct hooks;
@@ -140,6 +142,8 @@ struct daemon {
         struct control_server *control;
         struct chronos *chronos;
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
+        const struct opreads *opreads;       /* opreads.h: set by main.c at start */
+        const struct toolclaims *toolclaims; /* toolclaims.h: set by main.c at start */
         struct metrics *metrics;    /* metrics.h */
         struct cluster *cluster;    /* cluster.h: NULL with the file backend */
         struct deadman *deadman;    /* deadman.h: cluster mode only */
@@ -277,6 +281,15 @@ struct history_filter {
  * -ENOMEM. */
 int history_list(struct daemon *d, const struct history_filter *f, size_t limit,
                  json_t **ret_result);
+/* A schedule name neither configured (running, retained or broken) nor
+ * that of any mandate kept here: a typo, not an empty list.  (A schedule
+ * removed from the configuration still lists its history.)  Its error: */
+bool history_schedule_unknown(struct daemon *d, const char *name);
+#define HISTORY_NO_SCHEDULE_FMT                                                                   \
+        "args.schedule: no schedule '%s' (none in the configuration, and no mandate of it is "   \
+        "kept)"
+/* A time (ms since the epoch) as list and show print it; null if <= 0. */
+json_t *history_ms_json(int64_t ms);
 
 /* control.c */
 int control_start(struct daemon *d, const char *path);

@@ -16,6 +16,7 @@
 
 #include "chronos.h"
 #include "cluster.h"
+#include "opreads.h"
 #include "commands.h"
 #include "deadman.h"
 #include "control.h"
@@ -136,6 +137,17 @@ static void wire_upcalls(struct daemon *d)
         d->up.adopt = recover_adopt;
         control_set_commands(&(struct control_commands){ commands_dispatch, commands_known });
         serialq_set_thread_done(cluster_thread_done);
+}
+
+/* The drivers of the roles that differ between one host and a cluster
+ * (opreads.h): the database's once cluster_start found [Cluster]. */
+static void wire_drivers(struct daemon *d)
+{
+        d->opreads = &opreads_files;
+#ifdef KAIROS_HAVE_PGSTORE
+        if (d->cluster)
+                d->opreads = &opreads_postgres;
+#endif
 }
 
 static bool loop_healthy(void *ctx)
@@ -481,6 +493,7 @@ int main(int argc, char **argv)
                 exit_code = 1;
                 goto out_free;
         }
+        wire_drivers(d);
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
         if ((r = idem_service_start(d, start_recovery)) == 0)
