@@ -17,6 +17,7 @@
 #include "chronos.h"
 #include "cluster.h"
 #include "opreads.h"
+#include "toolclaims.h"
 #include "commands.h"
 #include "deadman.h"
 #include "control.h"
@@ -140,13 +141,16 @@ static void wire_upcalls(struct daemon *d)
 }
 
 /* The drivers of the roles that differ between one host and a cluster
- * (opreads.h): the database's once cluster_start found [Cluster]. */
+ * (opreads.h, toolclaims.h): the database's once cluster_start found [Cluster]. */
 static void wire_drivers(struct daemon *d)
 {
         d->opreads = &opreads_files;
+        d->toolclaims = &toolclaims_files;
 #ifdef KAIROS_HAVE_PGSTORE
-        if (d->cluster)
+        if (d->cluster) {
                 d->opreads = &opreads_postgres;
+                d->toolclaims = &toolclaims_postgres;
+        }
 #endif
 }
 
