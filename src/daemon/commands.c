@@ -1385,41 +1385,20 @@ static void idem_call(struct control_request *req, void (*op)(const struct idem_
         op(&call);
 }
 
-static void cmd_tool_begin(struct control_request *req)
-{
-        idem_call(req, idem_tool_begin);
-}
-
-static void cmd_tool_finish(struct control_request *req)
-{
-        idem_call(req, idem_tool_finish);
-}
-
-static void cmd_tool_write(struct control_request *req)
-{
-        idem_call(req, idem_tool_write);
-}
-
-static void cmd_idem_stats(struct control_request *req)
-{
-        idem_call(req, idem_stats_get);
-}
-
-static void cmd_idem_get(struct control_request *req)
-{
-        idem_call(req, idem_get_entry);
-}
-
-static void cmd_idem_forget(struct control_request *req)
-{
-        idem_call(req, idem_forget_entry);
-}
-
+/* cmd_NAME: the request as a call of the idempotency service's op */
+#define IDEM_COMMAND(name, op)                                                                    \
+        static void name(struct control_request *req)                                            \
+        {                                                                                         \
+                idem_call(req, op);                                                               \
+        }
+IDEM_COMMAND(cmd_tool_begin, idem_tool_begin)
+IDEM_COMMAND(cmd_tool_finish, idem_tool_finish)
+IDEM_COMMAND(cmd_tool_write, idem_tool_write)
+IDEM_COMMAND(cmd_idem_stats, idem_stats_get)
+IDEM_COMMAND(cmd_idem_get, idem_get_entry)
+IDEM_COMMAND(cmd_idem_forget, idem_forget_entry)
 #ifdef KAIROS_TEST_HOOKS
-static void cmd_test_idem_clock(struct control_request *req)
-{
-        idem_call(req, idem_test_clock);
-}
+IDEM_COMMAND(cmd_test_idem_clock, idem_test_clock)
 #endif
 
 /* While kairosd stops (up to GracefulTimeoutSec=), the commands that only

@@ -1,18 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* idem_admin: the operator's commands of the idempotency store (kairosctl
  * idem stats, get, forget) and what other modules read of it (idem_service.h). */
+
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <signal.h>
-#include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "idem_core.h"
 #include "kairos/evidence.h"
@@ -183,14 +176,9 @@ static int find_entry(struct idem_call *call, const char *key, struct idem_view 
 
 void idem_get_entry(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_call_dup(in);
-        if (!call)
-                return;
-        bool failed;
-        if (idem_core_unavailable(call))
-                return;
-        const char *key = idem_core_arg_string(call, "key", true, &failed);
-        if (failed)
+        struct idem_call *call = idem_core_open(in);
+        const char *key;
+        if (!call || !idem_core_required(call, "key", &key, NULL))
                 return;
         struct idem_view v;
         char full[IDEM_FULL_KEY_SIZE];
@@ -238,19 +226,11 @@ static void forget_durable(struct waiter *w, int err)
 
 void idem_forget_entry(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_call_dup(in);
-        if (!call)
+        struct idem_call *call = idem_core_open(in);
+        const char *key, *reason;
+        if (!call || !idem_core_required(call, "key", &key, "reason", &reason, NULL))
                 return;
         struct idem_service *svc = SVC(call->d);
-        bool failed;
-        if (idem_core_unavailable(call))
-                return;
-        const char *key = idem_core_arg_string(call, "key", true, &failed);
-        if (failed)
-                return;
-        const char *reason = idem_core_arg_string(call, "reason", true, &failed);
-        if (failed)
-                return;
         if (!*reason) {
                 idem_core_error(call, "bad_argument", "args.reason: must not be empty");
                 return;

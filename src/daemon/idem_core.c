@@ -1,20 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* idem_core: the idempotency service's shared parts (idem_core.h). */
+
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <signal.h>
-#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "idem_core.h"
-#include "kairos/kio.h"
 #include "log.h"
 
 bool idem_core_step(const struct idem_call *call, struct idem_step_owner *ret)
@@ -30,7 +24,6 @@ json_t *idem_core_step_json(const struct idem_step_owner *o)
         return json_pack("{s:s, s:s, s:I}", "mandate", o->mandate, "step", o->step, "attempt",
                          (json_int_t)o->attempt);
 }
-
 
 /* ---- clock, formatting ---- */
 
@@ -237,6 +230,25 @@ struct idem_call *idem_core_call_dup(const struct idem_call *in)
         }
         *call = *in;
         return call;
+}
+
+struct idem_call *idem_core_open(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_call_dup(in);
+        return call && !idem_core_unavailable(call) ? call : NULL;
+}
+
+bool idem_core_required(struct idem_call *call, ...)
+{
+        va_list ap;
+        bool failed = false;
+        va_start(ap, call);
+        for (const char *name; !failed && (name = va_arg(ap, const char *));) {
+                const char **out = va_arg(ap, const char **);
+                *out = idem_core_arg_string(call, name, true, &failed);
+        }
+        va_end(ap);
+        return !failed;
 }
 
 /* Deliver the result and free the call (exactly one result per call). */
@@ -461,7 +473,6 @@ bool idem_core_claim_adopt(struct idem_service *svc, struct idem_claim *c, struc
         }
         return true;
 }
-
 
 struct idem_claim *idem_core_claim_find(struct idem_service *svc, const char *key)
 {

@@ -1,21 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* idem_run: tool-begin and tool-finish, the calls of kairosctl tool run
  * (idem_service.h). */
+
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <signal.h>
-#include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "idem_core.h"
-#include "log.h"
 
 /* ---- tool-begin / tool-finish ---- */
 
@@ -76,16 +68,12 @@ static bool parse_identity(struct idem_call *call, const char *tool, const char 
 
 void idem_tool_begin(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_call_dup(in);
-        if (!call)
+        struct idem_call *call = idem_core_open(in);
+        const char *tool;
+        bool failed;
+        if (!call || !idem_core_required(call, "tool", &tool, NULL))
                 return;
         struct idem_service *svc = SVC(call->d);
-        bool failed;
-        if (idem_core_unavailable(call))
-                return;
-        const char *tool = idem_core_arg_string(call, "tool", true, &failed);
-        if (failed)
-                return;
         const char *key = idem_core_arg_string(call, "key", false, &failed);
         if (failed)
                 return;
@@ -180,16 +168,12 @@ static bool arg_b64(struct idem_call *call, const char *name, const char **out)
 
 void idem_tool_finish(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_call_dup(in);
-        if (!call)
+        struct idem_call *call = idem_core_open(in);
+        const char *key;
+        bool failed;
+        if (!call || !idem_core_required(call, "key", &key, NULL))
                 return;
         struct idem_service *svc = SVC(call->d);
-        bool failed;
-        if (idem_core_unavailable(call))
-                return;
-        const char *key = idem_core_arg_string(call, "key", true, &failed);
-        if (failed)
-                return;
         json_t *es = json_object_get(call->args, "exit_status");
         if (!json_is_integer(es) || json_integer_value(es) < 0 ||
             json_integer_value(es) > 255) {

@@ -3,18 +3,11 @@
  * load, reload and end.  See idem_service.h; the calls are answered by
  * idem_run.c (tool run), idem_write.c (tool write) and idem_admin.c (idem
  * stats, get, forget), over idem_core.c. */
+
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <signal.h>
-#include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "idem_write.h"
 #include "kairos/beneath.h"

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* idem_write: tool-write and the settling of interrupted writes
  * (idem_write.h). */
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -11,12 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "idem_write.h"
 #include "kairos/beneath.h"
-#include "kairos/kio.h"
 #include "log.h"
 
 /* ---- tool-write ---- */
@@ -551,22 +550,12 @@ static void check_done(void *arg)
 
 void idem_tool_write(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_call_dup(in);
-        if (!call)
+        struct idem_call *call = idem_core_open(in);
+        const char *key, *path, *content;
+        if (!call ||
+            !idem_core_required(call, "key", &key, "path", &path, "content", &content, NULL))
                 return;
         struct idem_service *svc = SVC(call->d);
-        bool failed;
-        if (idem_core_unavailable(call))
-                return;
-        const char *key = idem_core_arg_string(call, "key", true, &failed);
-        if (failed)
-                return;
-        const char *path = idem_core_arg_string(call, "path", true, &failed);
-        if (failed)
-                return;
-        const char *content = idem_core_arg_string(call, "content", true, &failed);
-        if (failed)
-                return;
         if (!svc->roots && !(svc->roots = idem_write_roots_new(call->d->cfg))) {
                 idem_core_error(call, "internal", "out of memory");
                 return;
