@@ -175,13 +175,7 @@ static void cmd_status(struct control_request *req)
 
 static json_t *mandate_json(const struct mandate *m)
 {
-        json_t *o = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:s?}", "id", m->id,
-                              "status", mandate_status_name(m->status), "reason", m->reason,
-                              "review_step", m->review_step, "plan_id", m->plan_id, "cycle",
-                              (json_int_t)m->cycle, "schedule", m->schedule, "fired_at",
-                              m->fired_at);
-        json_object_set_new(o, "started_at", history_ms_json(m->started_ms));
-        json_object_set_new(o, "ended_at", history_ms_json(m->ended_ms));
+        json_t *o = history_mandate_json(m);
         if (o && m->retry_of) {
                 json_object_set_new(o, "retry_of", json_string(m->retry_of));
                 json_object_set_new(o, "retry", json_integer(m->retry));

@@ -288,6 +288,9 @@ bool history_schedule_unknown(struct daemon *d, const char *name);
 #define HISTORY_NO_SCHEDULE_FMT                                                                   \
         "args.schedule: no schedule '%s' (none in the configuration, and no mandate of it is "   \
         "kept)"
+/* The fields of m that list's rows and show share (id, status, reason,
+ * review_step, plan_id, cycle, schedule, fired_at, started_at, ended_at). */
+json_t *history_mandate_json(const struct mandate *m);
 /* A time (ms since the epoch) as list and show print it; null if <= 0. */
 json_t *history_ms_json(int64_t ms);
 

@@ -90,7 +90,7 @@ json_t *history_ms_json(int64_t ms)
         return json_string(ts);
 }
 
-static json_t *row_json(const struct mandate *m)
+json_t *history_mandate_json(const struct mandate *m)
 {
         json_t *o = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:s?}", "id", m->id,
                               "status", mandate_status_name(m->status), "reason", m->reason,
@@ -99,6 +99,12 @@ static json_t *row_json(const struct mandate *m)
                               m->fired_at);
         json_object_set_new(o, "started_at", history_ms_json(m->started_ms));
         json_object_set_new(o, "ended_at", history_ms_json(m->ended_ms));
+        return o;
+}
+
+static json_t *row_json(const struct mandate *m)
+{
+        json_t *o = history_mandate_json(m);
         json_object_set_new(o, "duration_ms",
                             m->started_ms > 0 && m->ended_ms >= m->started_ms
                                     ? json_integer(m->ended_ms - m->started_ms)

@@ -7,34 +7,25 @@
 
 static bool files_holds(const struct mandate *m)
 {
-        (void)m;
         return true;
 }
 
 static bool files_retry_creating(const struct mandate *m)
 {
-        (void)m;
         return false;
 }
 
 static json_t *files_status(struct daemon *d)
 {
-        (void)d;
         return NULL;
 }
 
 static void files_owner(struct daemon *d, const struct mandate *m, json_t *mj)
 {
-        (void)d;
-        (void)m;
-        (void)mj;
 }
 
 static bool files_list(struct daemon *d, const struct opreads_list *q, struct op_reply to)
 {
-        (void)d;
-        (void)q;
-        (void)to;
         return false;
 }
 
@@ -42,17 +33,12 @@ static bool files_list(struct daemon *d, const struct opreads_list *q, struct op
 static int files_show(struct daemon *d, const char *id, json_t *(*render)(const struct fold *f),
                       opreads_show_cb cb, void *ctx)
 {
-        (void)d;
-        (void)render;
         cb(ctx, &(struct op_result){ .code = "not_found", .message = "no such mandate" }, NULL);
-        (void)id;
         return 0;
 }
 
 static int files_take(struct daemon *d, const char *id, opreads_take_cb cb, void *ctx)
 {
-        (void)d;
-        (void)id;
         cb(ctx, -ENOENT, NULL);
         return 0;
 }
@@ -61,10 +47,6 @@ static int files_take(struct daemon *d, const char *id, opreads_take_cb cb, void
 static int files_tick(struct daemon *d, const char *id, bool remote, const char *schedule,
                       const char *fired_at, opreads_tick_cb cb, void *ctx)
 {
-        (void)d;
-        (void)remote;
-        (void)schedule;
-        (void)fired_at;
         cb(ctx, NULL, &(struct opreads_tick){ .id = id });
         return 0;
 }

@@ -5,54 +5,34 @@
 
 static bool files_dropped(const struct mandate *m)
 {
-        (void)m;
         return false;
 }
 
 static bool files_begin(struct idem_call *call, const char *key, const char *tool,
                         const char *fp, const struct idem_step_owner *step, int64_t epoch)
 {
-        (void)call;
-        (void)key;
-        (void)tool;
-        (void)fp;
-        (void)step;
-        (void)epoch;
         return false;
 }
 
 static bool files_finish(struct idem_call *call, struct idem_claim *c, json_int_t exit_status,
                          const char *out, const char *err, const char *eclass, const char *emsg)
 {
-        (void)call;
-        (void)c;
-        (void)exit_status;
-        (void)out;
-        (void)err;
-        (void)eclass;
-        (void)emsg;
         return false;
 }
 
 static bool files_closed(struct idem_claim *c, const char *why)
 {
-        (void)c;
-        (void)why;
         return false;
 }
 
 static bool files_write_begin(struct write_op *op, const struct idem_step_owner *step,
                               int64_t epoch)
 {
-        (void)op;
-        (void)step;
-        (void)epoch;
         return false;
 }
 
 static bool files_write_done(struct write_op *op)
 {
-        (void)op;
         return false;
 }
 
