@@ -176,6 +176,20 @@ class Layering(unittest.TestCase):
                                  ("c", "d"): {"i"}}), [["a", "b", "c"]])
         self.assertEqual(module_of("executor_advance.c"), "executor")
 
+    def test_drivers_keep_cluster_mode_out(self):
+        """The operator's reads (commands.c) and the tool calls (idem_*.c)
+        reach cluster mode only through their drivers (opreads.h,
+        toolclaims.h; docs/design.md §14, "Drivers"): no KAIROS_HAVE_PGSTORE,
+        no test of cluster mode, no call into cluster.c or pgstore."""
+        shared = sorted(n for n in self.daemon
+                        if n == "commands.c" or n.startswith(("idem_", "opreads.", "toolclaims.")))
+        rx = re.compile(r"KAIROS_HAVE_PGSTORE|pgstore\.h|\bpgstore_\w+\s*\(|->cluster\b|"
+                        r"\bcluster_\w+\s*\(")
+        for name in shared:
+            m = rx.search(self.daemon[name])
+            self.assertIsNone(m, "%s: %s" % (name, m and m.group(0)))
+        self.assertIn("idem_core.c", shared)
+
     def test_core_library_is_pure(self):
         for name, text in sources(LIB).items():
             self.assertIsNone(re.search(r'#include\s*[<"](uv\.h|log\.h|systemd/)', text), name)
