@@ -54,17 +54,6 @@ static int collect_call(const struct idem_view *v, void *arg)
         return 0;
 }
 
-static int cmp_calls(const void *a, const void *b)
-{
-        const struct evidence_call *x = a, *y = b;
-        int c = strcmp(x->step, y->step);
-        if (c)
-                return c;
-        if (x->created_ms != y->created_ms)
-                return x->created_ms < y->created_ms ? -1 : 1;
-        return strcmp(x->key, y->key);
-}
-
 json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id)
 {
         struct idem_service *svc = SVC(d);
@@ -76,7 +65,7 @@ json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id)
                 return NULL;
         }
         if (c.n > 1)
-                qsort(c.calls, c.n, sizeof(*c.calls), cmp_calls);
+                qsort(c.calls, c.n, sizeof(*c.calls), evidence_call_cmp);
         json_t *o = json_object();
         for (size_t i = 0; o && i < c.n; i++) {
                 const struct evidence_call *e = &c.calls[i];
