@@ -37,6 +37,8 @@ struct evidence_call {
         int64_t created_ms;
         int64_t finished_ms;      /* 0 unless completed/failed */
 };
+/* qsort order of a mandate's calls: by step, then start, then key. */
+int evidence_call_cmp(const void *a, const void *b);
 
 struct evidence_index;
 

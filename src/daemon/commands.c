@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "chronos.h"
-#include "cluster.h"
 #include "commands.h"
 #include "control.h"
 #include "executor.h"
@@ -28,24 +27,19 @@
 #include "kairos/wal.h"
 #include "log.h"
 #include "metrics.h"
-#ifdef KAIROS_HAVE_PGSTORE
-#include "pgstore.h"
-#endif
+#include "opreads.h"
 
 /* ---- status / list ---- */
 
-/* cluster mode (below) */
-static bool cluster_list(struct control_request *req, const struct history_filter *f,
-                         size_t limit, const char *after);
-static void cluster_show(struct control_request *req, const char *id);
-static void cluster_take_for(struct control_request *req, const char *id);
-static void cluster_retry(struct control_request *req, const char *id, bool remote);
+/* a mandate no node here holds (opreads.h, below) */
+static void remote_show(struct control_request *req, const char *id);
+static void remote_take(struct control_request *req, const char *id);
 /* What a retry needs of the mandate named. */
 struct retry_target {
         const char *id, *schedule, *fired_at; /* NULL: unknown */
         const char *status;                   /* its status's name */
         bool ended, done;
-        int db_last;      /* cluster mode: the tick's highest retry number in the database */
+        int db_last;      /* the tick's highest retry number on other nodes (opreads.h) */
 };
 static void retry_target(struct control_request *req, const struct retry_target *t);
 static struct retry_target retry_target_of(const struct mandate *m);
@@ -60,8 +54,8 @@ static void reply_result(void *ctx, const struct op_result *r)
                 control_reply_error_detail(req, r->code, r->detail, "%s", r->message);
 }
 
-/* ret_after: the cursor's id (cluster mode: it may be a mandate of another
- * node; f->after then NULL). */
+/* ret_after: the cursor's id (it may be a mandate of another node: f->after
+ * then NULL). */
 static int parse_filter(struct control_request *req, struct history_filter *f, size_t *limit,
                         const char **ret_after)
 {
@@ -95,7 +89,7 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
         if (failed)
                 return -EINVAL;
         *ret_after = after;
-        if (after && !(f->after = mandate_find(req->d, after)) && !req->d->cluster) {
+        if (after && !(f->after = mandate_find(req->d, after)) && !req->d->opreads->others) {
                 control_reply_error(req, "not_found", "args.after: no mandate %s (pruned?)",
                                     after);
                 return -EINVAL;
@@ -113,28 +107,6 @@ static int parse_filter(struct control_request *req, struct history_filter *f, s
         return 0;
 }
 
-/* A schedule name neither configured (running, retained or broken) nor
- * that of any mandate kept here: a typo, not an empty list.  (A schedule
- * removed from the configuration still lists its history.) */
-static bool schedule_unheard_of(struct daemon *d, const char *name)
-{
-        if (config_find_schedule(d->cfg, name) || config_find_broken(d->cfg, name))
-                return false;
-        struct history_filter f = { .status = -1, .schedule = name };
-        json_t *res = NULL;
-        if (history_list(d, &f, 1, &res) < 0)
-                return false;
-        bool none = json_integer_value(json_object_get(res, "total")) == 0;
-        json_decref(res);
-        return none;
-}
-
-static void reply_no_schedule(struct control_request *req, const char *name)
-{
-        control_reply_error(req, "not_found", "args.schedule: no schedule '%s' (none in the "
-                            "configuration, and no mandate of it is kept)", name);
-}
-
 static void cmd_list(struct control_request *req)
 {
         struct history_filter f = { 0 };
@@ -142,13 +114,14 @@ static void cmd_list(struct control_request *req)
         const char *after;
         if (parse_filter(req, &f, &limit, &after) < 0)
                 return;
-        if (f.schedule && !req->d->cluster && schedule_unheard_of(req->d, f.schedule)) {
-                reply_no_schedule(req, f.schedule);
+        /* the rows of other nodes too (opreads.h) */
+        if (req->d->opreads->list(req->d, &(struct opreads_list){ &f, limit, after },
+                                  (struct op_reply){ reply_result, req }))
+                return;
+        if (f.schedule && history_schedule_unknown(req->d, f.schedule)) {
+                control_reply_error(req, "not_found", HISTORY_NO_SCHEDULE_FMT, f.schedule);
                 return;
         }
-        /* cluster mode: the database's rows too (on a pool thread) */
-        if (cluster_list(req, &f, limit, after))
-                return;
         json_t *res = NULL;
         if (history_list(req->d, &f, limit, &res) < 0) {
                 control_reply_error(req, "internal", "out of memory");
@@ -194,30 +167,15 @@ static void cmd_status(struct control_request *req)
                                 (int)strmap_size(d->mandates), "by_status", by, "recovery", rec,
                                 "fdatasync_calls", (json_int_t)d->flushes_total, "schedules",
                                 sched);
-        json_t *cl = cluster_status(d);
+        json_t *cl = d->opreads->status(d);
         if (res && cl)
                 json_object_set_new(res, "cluster", cl);
         control_reply_ok(req, res);
 }
 
-static json_t *ms_or_null(int64_t ms)
-{
-        char ts[32];
-        if (ms <= 0)
-                return json_null();
-        wal_format_ts(ms, ts);
-        return json_string(ts);
-}
-
 static json_t *mandate_json(const struct mandate *m)
 {
-        json_t *o = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:s?}", "id", m->id,
-                              "status", mandate_status_name(m->status), "reason", m->reason,
-                              "review_step", m->review_step, "plan_id", m->plan_id, "cycle",
-                              (json_int_t)m->cycle, "schedule", m->schedule, "fired_at",
-                              m->fired_at);
-        json_object_set_new(o, "started_at", ms_or_null(m->started_ms));
-        json_object_set_new(o, "ended_at", ms_or_null(m->ended_ms));
+        json_t *o = history_mandate_json(m);
         if (o && m->retry_of) {
                 json_object_set_new(o, "retry_of", json_string(m->retry_of));
                 json_object_set_new(o, "retry", json_integer(m->retry));
@@ -573,6 +531,22 @@ static void op_work(void *arg)
         }
 }
 
+/* Each step of a shown mandate's plans gets its tool calls (calls: step id
+ * -> array; NULL: unknown). */
+static void set_tool_calls(json_t *result, json_t *calls)
+{
+        json_t *p, *st;
+        size_t i, k;
+        json_array_foreach(json_object_get(result, "plans"), i, p)
+                json_array_foreach(json_object_get(p, "steps"), k, st) {
+                        const char *sid = json_string_value(json_object_get(st, "step_id"));
+                        json_t *c = sid && calls ? json_object_get(calls, sid) : NULL;
+                        json_object_set_new(st, "tool_calls",
+                                            c ? json_incref(c)
+                                              : calls ? json_array() : json_null());
+                }
+}
+
 static void op_done(void *arg)
 {
         struct mandate_op *op = arg;
@@ -598,28 +572,13 @@ static void op_done(void *arg)
         switch (op->kind) {
         case OP_SHOW: {
                 /* each step's tool calls, from the idempotency store */
-                json_t *calls = idem_service_calls_json(d, m->id), *p, *st;
-                size_t i, k;
-                json_array_foreach(json_object_get(op->result, "plans"), i, p)
-                        json_array_foreach(json_object_get(p, "steps"), k, st) {
-                                const char *sid =
-                                        json_string_value(json_object_get(st, "step_id"));
-                                json_t *c = sid ? json_object_get(calls, sid) : NULL;
-                                json_object_set_new(st, "tool_calls",
-                                                    c ? json_incref(c)
-                                                      : calls ? json_array() : json_null());
-                        }
+                json_t *calls = idem_service_calls_json(d, m->id);
+                set_tool_calls(op->result, calls);
                 json_decref(calls);
                 json_t *mj = mandate_json(m);
                 json_object_set_new(mj, "retried_by", retried_by_json(d, m));
                 json_object_set_new(mj, "fired_at", str_or_null(m->fired_at));
-                if (d->cluster) {
-                        json_object_set_new(mj, "node", m->epoch > 0
-                                                                ? json_string(cluster_node(d))
-                                                                : json_null());
-                        json_object_set_new(mj, "epoch", m->epoch > 0 ? json_integer(m->epoch)
-                                                                      : json_null());
-                }
+                d->opreads->owner(d, m, mj);
                 json_object_update_missing(op->result, mj);
                 json_decref(mj);
                 break;
@@ -677,10 +636,10 @@ out:
         free(op);
 }
 
-/* ret_remote (may be NULL): in cluster mode, a mandate this node does not
- * hold (unknown here, or released or lost) is not an error: *ret_remote is
- * its id and nothing is replied (once per request: not after it was taken
- * for the request). */
+/* ret_remote (may be NULL): where other nodes hold mandates (opreads.h), a
+ * mandate this node does not hold (unknown here, or released or lost) is
+ * not an error: *ret_remote is its id and nothing is replied (once per
+ * request: not after it was taken for the request). */
 static struct mandate *arg_mandate_at(struct control_request *req, const char **ret_remote)
 {
         bool failed;
@@ -693,8 +652,8 @@ static struct mandate *arg_mandate_at(struct control_request *req, const char **
         struct mandate *m;
         const struct mandate *cand[11];
         int r = history_resolve(req->d, id, &m, cand, sizeof cand / sizeof cand[0]);
-        bool remote_ok = ret_remote && req->d->cluster && !req->cluster_taken;
-        if (remote_ok && r == 0 && (cluster_dropped(m) || m->cluster_parking)) {
+        bool remote_ok = ret_remote && req->d->opreads->others && !req->taken_remote;
+        if (remote_ok && r == 0 && !req->d->opreads->holds(m)) {
                 *ret_remote = m->id;   /* (valid until the loop runs on) */
                 return NULL;
         }
@@ -753,502 +712,38 @@ static void submit_op(struct control_request *req, struct mandate *m, enum op_ki
         }
 }
 
-/* ---- cluster mode: any mandate of the cluster (docs/design.md §14) ---- */
+/* ---- a mandate no node here holds (opreads.h) ---- */
 
-#ifdef KAIROS_HAVE_PGSTORE
-
-/* The database's status of a mandate no node here knows, as a status of
- * kairosctl(1); and back, for a filter (NULL: no row of the database has
- * that status). */
-static const char *db_status_name(const char *db)
+static void remote_shown(void *ctx, const struct op_result *r, json_t *calls)
 {
-        if (!db)
-                return "running";
-        if (strcmp(db, "succeeded") == 0)
-                return mandate_status_name(MANDATE_DONE);
-        return db; /* running, failed, paused, abandoned, cancelled: the same words */
-}
-
-/* A row waiting for its schedule's slot in the cluster (Concurrency=queue)
- * is what one host calls a queued mandate: runnable. */
-static const char *db_row_status(const struct pgstore_mandate_row *r)
-{
-        if (r->slot_waiting)
-                return mandate_status_name(MANDATE_RUNNABLE);
-        return db_status_name(r->status);
-}
-
-static const char *db_status_of(int status)
-{
-        switch (status) {
-        case MANDATE_RUNNING: return "running";
-        case MANDATE_RUNNABLE: return "running"; /* (the rows waiting for a slot) */
-        case MANDATE_DONE: return "succeeded";
-        case MANDATE_FAILED: return "failed";
-        case MANDATE_PAUSED: return "paused";
-        case MANDATE_ABANDONED: return "abandoned";
-        case MANDATE_CANCELLED: return "cancelled";
-        default: return NULL;
-        }
-}
-
-/* A mandate this node knows and holds (or finished): its own row wins. */
-static struct mandate *known_here(struct daemon *d, const char *id)
-{
-        struct mandate *m = mandate_find(d, id);
-        return m && !cluster_dropped(m) && !m->cluster_parking ? m : NULL;
-}
-
-static int64_t key_ms(const char *ts)
-{
-        int64_t ms = -1;
-        return ts && wal_parse_ts(ts, &ms) == 0 ? ms : -1;
-}
-
-struct list_job {
-        struct control_request *req;
-        struct history_filter f;
-        size_t limit;
-        char *status, *schedule, *since, *after;
-        size_t margin;              /* rows of the database this node may override */
-        bool skip_db;               /* the status filter is one no row there has */
-        /* results */
-        int err;
-        char errmsg[256];
-        struct pgstore_mandate_row *rows;
-        size_t nrows, total;
-        bool after_found;
-        bool db_uncut;              /* the cursor is not in the database: cut here */
-        int64_t after_ms;           /* the cursor's key (fired_at, else created) */
-};
-
-static void list_job_free(struct list_job *j)
-{
-        pgstore_mandate_rows_free(j->rows, j->nrows);
-        free(j->status);
-        free(j->schedule);
-        free(j->since);
-        free(j->after);
-        free(j);
-}
-
-static void list_work(void *arg)
-{
-        struct list_job *j = arg;
-        int r = 0;
-        struct pgstore *s = cluster_thread_store(j->req->d, &r);
-        if (!s) {
-                j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+        struct control_request *req = ctx;
+        if (r->code) {
+                reply_result(req, r);
                 return;
         }
-        if (j->after) {
-                struct pgstore_mandate_filter a = { .since_ms = -1, .mandate_id = j->after };
-                struct pgstore_mandate_row *ar = NULL;
-                size_t an = 0;
-                if ((r = pgstore_mandates_list(s, &a, &ar, &an, NULL)) == 0 && an == 1) {
-                        j->after_found = true;
-                        j->after_ms = ar[0].fired_ms >= 0 ? ar[0].fired_ms : ar[0].created_ms;
-                }
-                pgstore_mandate_rows_free(ar, an);
-                if (r < 0)
-                        goto fail;
-        }
-        /* a cursor the database does not know (maybe this node does): every
-         * row, cut on the loop */
-        j->db_uncut = j->after && !j->after_found;
-        if (j->skip_db)
-                return;
-        struct pgstore_mandate_filter f = {
-                .status = j->status, .schedule = j->schedule, .since_ms = -1,
-                .after = j->db_uncut ? NULL : j->after,
-                .limit = j->limit && !j->db_uncut ? j->limit + j->margin : 0,
-        };
-        if (j->since && wal_parse_ts(j->since, &f.since_ms) < 0)
-                f.since_ms = -1;
-        r = pgstore_mandates_list(s, &f, &j->rows, &j->nrows, &j->total);
-        if (r == 0)
-                return;
-fail:
-        j->err = r;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+        set_tool_calls(r->result, calls);
+        reply_ok_raw(req, r->result);
 }
 
-struct merged {
-        int64_t ms;
-        const char *id;
-        json_t *row;     /* borrowed */
-};
-
-static int cmp_merged(const void *a, const void *b)
+static void remote_show(struct control_request *req, const char *id)
 {
-        const struct merged *x = a, *y = b;
-        if (x->ms != y->ms)
-                return x->ms > y->ms ? -1 : 1;
-        return -strcmp(x->id, y->id);
-}
-
-static void set_owner(json_t *row, const char *node, int64_t epoch)
-{
-        json_object_set_new(row, "node", node ? json_string(node) : json_null());
-        json_object_set_new(row, "epoch", epoch > 0 ? json_integer(epoch) : json_null());
-}
-
-static json_t *db_row_json(const struct pgstore_mandate_row *r)
-{
-        json_t *o = json_pack("{s:s, s:s, s:n, s:n, s:n, s:I, s:s?, s:s?}", "id", r->mandate_id,
-                              "status", db_row_status(r), "reason", "review_step",
-                              "plan_id", "cycle", (json_int_t)0, "schedule", r->schedule,
-                              "fired_at", r->fired_at);
-        json_object_set_new(o, "started_at", ms_or_null(r->created_ms));
-        json_object_set_new(o, "ended_at", ms_or_null(r->ended_ms));
-        json_object_set_new(o, "duration_ms",
-                            r->created_ms > 0 && r->ended_ms >= r->created_ms
-                                    ? json_integer(r->ended_ms - r->created_ms)
-                                    : json_null());
-        set_owner(o, r->owner, r->epoch);
-        return o;
-}
-
-/* The rows of the database merged with this node's own (richer: status,
- * reason, cycle, times), newest first, then the filters, cursor and limit
- * as history_list applies them. */
-static void list_done(void *arg)
-{
-        struct list_job *j = arg;
-        struct control_request *req = j->req;
-        struct daemon *d = req->d;
-        json_t *local = NULL, *res = NULL, *dbrows = NULL;
-        struct merged *v = NULL;
-        if (j->err) {
-                control_reply_error(req, "cluster_unavailable",
-                                    "cannot read the mandates of the cluster: %s", j->errmsg);
-                goto out;
-        }
-        const struct mandate *after_m = j->after ? known_here(d, j->after) : NULL;
-        if (j->after && !after_m && !j->after_found) {
-                control_reply_error(req, "not_found", "args.after: no mandate %s (pruned?)",
-                                    j->after);
-                goto out;
-        }
-        int64_t after_ms = after_m ? key_ms(after_m->fired_at) : j->after_ms;
-        struct history_filter lf = j->f;
-        lf.after = NULL;   /* the cut is made below, on both */
-        if (history_list(d, &lf, 0, &local) < 0)
-                goto oom;
-        json_t *lrows = json_object_get(local, "mandates");
-        size_t cap = json_array_size(lrows) + j->nrows, n = 0;
-        v = cap ? calloc(cap, sizeof(*v)) : NULL;
-        if (cap && !v)
-                goto oom;
-        size_t i;
-        json_t *row;
-        json_array_foreach(lrows, i, row) {
-                const char *id = json_string_value(json_object_get(row, "id"));
-                struct mandate *m = id ? known_here(d, id) : NULL;
-                if (!m)
-                        continue;   /* dropped: the database's row says */
-                int64_t ms = key_ms(m->fired_at);
-                if (j->after && (ms > after_ms || (ms == after_ms && strcmp(id, j->after) >= 0)))
-                        continue;
-                set_owner(row, m->epoch > 0 ? cluster_node(d) : NULL, m->epoch);
-                v[n++] = (struct merged){ ms, id, row };
-        }
-        size_t overridden = 0;
-        dbrows = json_array();
-        for (size_t k = 0; k < j->nrows; k++) {
-                const struct pgstore_mandate_row *r = &j->rows[k];
-                struct mandate *m = known_here(d, r->mandate_id);
-                if (m) {
-                        overridden++;
-                        /* its owner and epoch as the database has them */
-                        for (size_t x = 0; x < n; x++)
-                                if (strcmp(v[x].id, r->mandate_id) == 0)
-                                        set_owner(v[x].row, r->owner, r->epoch);
-                        continue;
-                }
-                int64_t ms = r->fired_ms >= 0 ? r->fired_ms : r->created_ms;
-                if (j->f.status >= 0 &&
-                    strcmp(db_row_status(r), mandate_status_name(j->f.status)) != 0) {
-                        overridden++;   /* running and runnable share the database's word */
-                        continue;
-                }
-                if (j->db_uncut &&
-                    (ms > after_ms || (ms == after_ms && strcmp(r->mandate_id, j->after) >= 0))) {
-                        overridden++;   /* (not a row after the cursor) */
-                        continue;
-                }
-                json_t *o = db_row_json(r);
-                if (!o || json_array_append_new(dbrows, o) < 0)
-                        goto oom;
-                v[n++] = (struct merged){ ms, r->mandate_id, o };
-        }
-        if (n > 1)
-                qsort(v, n, sizeof(*v), cmp_merged);
-        size_t kept = n < j->limit || !j->limit ? n : j->limit;
-        size_t nlocal = n - (j->nrows - overridden);
-        size_t total = j->total >= overridden ? j->total - overridden + nlocal : n;
-        if (total < n)
-                total = n;
-        /* nothing in the database nor here under that name, whatever the time */
-        if (total == 0 && j->f.schedule && j->f.status < 0 && !j->f.since && !j->after &&
-            schedule_unheard_of(d, j->f.schedule)) {
-                reply_no_schedule(req, j->f.schedule);
-                json_decref(dbrows);
-                goto out;
-        }
-        json_t *arr = json_array();
-        for (size_t k = 0; k < kept; k++)
-                json_array_append(arr, v[k].row);
-        res = json_pack("{s:o, s:I, s:b}", "mandates", arr, "total", (json_int_t)total, "more",
-                        total > kept);
-        if (!res)
-                goto oom;
-        if (total > kept && kept)
-                json_object_set_new(res, "next", json_string(v[kept - 1].id));
-        json_decref(dbrows);
-        control_reply_ok(req, res);
-        goto out;
-oom:
-        json_decref(dbrows);
-        control_reply_error(req, "internal", "out of memory");
-out:
-        free(v);
-        json_decref(local);
-        list_job_free(j);
-}
-
-static bool cluster_list(struct control_request *req, const struct history_filter *f,
-                         size_t limit, const char *after)
-{
-        struct daemon *d = req->d;
-        if (!d->cluster)
-                return false;
-        struct list_job *j = calloc(1, sizeof(*j));
-        if (!j)
-                goto oom;
-        j->req = req;
-        j->f = *f;   /* (its strings are the request's: they live as long) */
-        j->f.after = NULL;
-        j->limit = limit;
-        j->margin = strmap_size(d->mandates);
-        if (f->status >= 0) {
-                const char *st = db_status_of(f->status);
-                j->skip_db = !st;
-                if (st && !(j->status = strdup(st)))
-                        goto oom;
-        }
-        if ((f->schedule && !(j->schedule = strdup(f->schedule))) ||
-            (f->since && !(j->since = strdup(f->since))) || (after && !(j->after = strdup(after))))
-                goto oom;
-        if (cluster_submit(d, list_work, list_done, j) < 0)
-                goto oom;
-        return true;
-oom:
-        if (j)
-                list_job_free(j);
-        control_reply_error(req, "internal", "out of memory");
-        return true;
-}
-
-/* show of a mandate this node does not hold: its rows, folded. */
-struct show_job {
-        struct control_request *req;
-        char *id;
-        int err;
-        char errmsg[256];
-        struct pgstore_mandate_row *row;
-        size_t nrow;
-        json_t *result;    /* fold_json */
-        json_t *calls;     /* step → tool calls, or NULL */
-        char *review_step, *review_reason;
-        char *plan_id;
-        long long cycle;
-        char *schedule, *fired_at, *retry_of, *started_at;
-        long long retry;
-};
-
-static void show_job_free(struct show_job *j)
-{
-        pgstore_mandate_rows_free(j->row, j->nrow);
-        free(j->review_reason);
-        json_decref(j->result);
-        json_decref(j->calls);
-        free(j->review_step);
-        free(j->plan_id);
-        free(j->schedule);
-        free(j->fired_at);
-        free(j->retry_of);
-        free(j->started_at);
-        free(j->id);
-        free(j);
-}
-
-static char *dup_or_null(const char *s)
-{
-        return s ? strdup(s) : NULL;
-}
-
-static void show_work(void *arg)
-{
-        struct show_job *j = arg;
-        int r = 0;
-        struct pgstore *s = cluster_thread_store(j->req->d, &r);
-        struct kbuf b = KBUF_INIT;
-        struct fold *f = NULL;
-        struct pgstore_idem_row *calls = NULL;
-        size_t ncalls = 0;
-        if (!s) {
-                j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
-                return;
-        }
-        struct pgstore_mandate_filter mf = { .since_ms = -1, .mandate_id = j->id };
-        int64_t nrows = 0;
-        if ((r = pgstore_mandates_list(s, &mf, &j->row, &j->nrow, NULL)) < 0)
-                goto db_fail;
-        if (j->nrow != 1) {
-                j->err = -ENOENT;
-                return;
-        }
-        if ((r = pgstore_wal_read(s, j->id, &b, &nrows)) < 0)
-                goto db_fail;
-        if ((r = fold_buffer(b.data ? b.data : "", b.len, &f)) < 0) {
-                j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot fold its rows: %s", strerror(-r));
-                goto out;
-        }
-        j->result = fold_json(f);
-        for (size_t i = 0; i < f->nsteps; i++)
-                if (f->steps[i].state == STEP_NEEDS_REVIEW && !j->review_step) {
-                        j->review_step = dup_or_null(f->steps[i].step_id);
-                        j->review_reason = dup_or_null(f->steps[i].reason);
-                }
-        if (f->nplans) {
-                j->plan_id = dup_or_null(f->plans[f->nplans - 1].plan_id);
-                j->cycle = f->plans[f->nplans - 1].cycle;
-        }
-        j->schedule = dup_or_null(f->mandate.schedule);
-        j->fired_at = dup_or_null(f->mandate.fired_at);
-        j->retry_of = dup_or_null(f->mandate.retry_of);
-        j->retry = f->mandate.retry;
-        j->started_at = dup_or_null(f->mandate.ts ? f->mandate.ts : f->first_ts);
-        /* each step's tool calls, from the database */
-        if (pgstore_idem_of_mandate(s, j->id, &calls, &ncalls) == 0) {
-                j->calls = json_object();
-                for (size_t i = 0; i < ncalls; i++) {
-                        const struct pgstore_idem_row *c = &calls[i];
-                        if (!c->step_id)
-                                continue;
-                        json_t *arr = json_object_get(j->calls, c->step_id);
-                        if (!arr) {
-                                arr = json_array();
-                                if (json_object_set_new(j->calls, c->step_id, arr) < 0)
-                                        break;
-                        }
-                        bool finished = strcmp(c->state, "completed") == 0 ||
-                                        strcmp(c->state, "failed") == 0;
-                        json_array_append_new(
-                                arr, json_pack("{s:s, s:s, s:s, s:I, s:o, s:o}", "key", c->key,
-                                               "tool", c->tool, "state", c->state, "attempt",
-                                               (json_int_t)c->attempt, "started",
-                                               ms_or_null(c->created_ms), "finished",
-                                               finished ? ms_or_null(c->updated_ms)
-                                                        : json_null()));
-                }
-        }
-        goto out;
-db_fail:
-        j->err = r;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
-out:
-        pgstore_idem_rows_free(calls, ncalls);
-        fold_free(f);
-        kbuf_free(&b);
-}
-
-static void show_done(void *arg)
-{
-        struct show_job *j = arg;
-        struct control_request *req = j->req;
-        if (j->err == -ENOENT) {
-                control_reply_error(req, "not_found", "no mandate %s", j->id);
-                goto out;
-        }
-        if (j->err || !j->result) {
-                control_reply_error(req, "cluster_unavailable", "cannot read mandate %s: %s",
-                                    j->id, j->err ? j->errmsg : "out of memory");
-                goto out;
-        }
-        const struct pgstore_mandate_row *r = &j->row[0];
-        json_t *p, *st;
-        size_t i, k;
-        json_array_foreach(json_object_get(j->result, "plans"), i, p)
-                json_array_foreach(json_object_get(p, "steps"), k, st) {
-                        const char *sid = json_string_value(json_object_get(st, "step_id"));
-                        json_t *c = sid && j->calls ? json_object_get(j->calls, sid) : NULL;
-                        json_object_set_new(st, "tool_calls",
-                                            c ? json_incref(c)
-                                              : j->calls ? json_array() : json_null());
-                }
-        /* a paused mandate with a step under review is what its owner
-         * called paused_review */
-        const char *status = db_row_status(r);
-        if (strcmp(r->status, "paused") == 0 && j->review_step)
-                status = mandate_status_name(MANDATE_PAUSED_REVIEW);
-        bool review = strcmp(status, "paused_review") == 0;
-        json_t *mj = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:o}", "id", r->mandate_id,
-                               "status", status, "reason", review ? j->review_reason : NULL,
-                               "review_step", review ? j->review_step : NULL,
-                               "plan_id", j->plan_id, "cycle", (json_int_t)j->cycle, "schedule",
-                               j->schedule ? j->schedule : r->schedule, "fired_at",
-                               str_or_null(j->fired_at ? j->fired_at : r->fired_at));
-        json_object_set_new(mj, "started_at", str_or_null(j->started_at));
-        json_object_set_new(mj, "ended_at", ms_or_null(r->ended_ms));
-        if (j->retry_of && j->retry >= 1) {
-                json_object_set_new(mj, "retry_of", json_string(j->retry_of));
-                json_object_set_new(mj, "retry", json_integer(j->retry));
-        }
-        json_object_set_new(mj, "retried_by", json_array());
-        set_owner(mj, r->owner, r->epoch);
-        json_object_update_missing(j->result, mj);
-        json_decref(mj);
-        reply_ok_raw(req, j->result);
-        j->result = NULL;
-out:
-        show_job_free(j);
-}
-
-static void cluster_show(struct control_request *req, const char *id)
-{
-        struct show_job *j = calloc(1, sizeof(*j));
-        if (!j || !(j->id = strdup(id))) {
-                free(j);
+        if (req->d->opreads->show(req->d, id, fold_json, remote_shown, req) < 0)
                 control_reply_error(req, "internal", "out of memory");
-                return;
-        }
-        j->req = req;
-        if (cluster_submit(req->d, show_work, show_done, j) < 0) {
-                show_job_free(j);
-                control_reply_error(req, "internal", "out of memory");
-        }
 }
 
-/* resolve, approve, resume of a mandate this node does not hold: take it,
- * then run the command again, now on a mandate of this node. */
-static void taken(void *ctx, struct mandate *m, int err, const char *detail)
+/* resolve, approve, resume, cancel of a mandate this node does not hold:
+ * taken, then the command runs again, now on a mandate of this node. */
+static void taken(void *ctx, int err, const char *detail)
 {
         struct control_request *req = ctx;
         const char *id = json_string_value(json_object_get(req->args, "mandate"));
-        (void)m;
         if (err == -EBUSY)
                 control_reply_error_detail(req, "busy", json_pack("{s:s?}", "node", detail),
                                            "mandate %s is held by node %s: run the command there "
                                            "or wait",
                                            id, detail && *detail ? detail : "?");
         else if (err == -EALREADY)
-                control_reply_error(req, "conflict", "mandate %s has ended (%s)", id,
-                                    detail && *detail ? db_status_name(detail) : "ended");
+                control_reply_error(req, "conflict", "mandate %s has ended (%s)", id, detail);
         else if (err == -ENOENT)
                 control_reply_error(req, "not_found", "no mandate %s", id);
         else if (err == -ESHUTDOWN)
@@ -1257,164 +752,16 @@ static void taken(void *ctx, struct mandate *m, int err, const char *detail)
                 control_reply_error(req, "cluster_unavailable", "cannot take mandate %s: %s", id,
                                     detail && *detail ? detail : strerror(-err));
         else {
-                req->cluster_taken = true;
+                req->taken_remote = true;
                 commands_dispatch(req);
         }
 }
 
-static void cluster_take_for(struct control_request *req, const char *id)
+static void remote_take(struct control_request *req, const char *id)
 {
-        if (cluster_take(req->d, id, taken, req) < 0)
+        if (req->d->opreads->take(req->d, id, taken, req) < 0)
                 control_reply_error(req, "internal", "out of memory");
 }
-
-/* retry in cluster mode: the tick's highest retry number in the database
- * (another node may have made retries this one does not know), and for a
- * mandate this node does not hold, its row (tick and status).  The tick's
- * rule is then judged on the loop over what this node holds, and by the
- * database when it creates the retry (kairos_retry_create). */
-struct retry_job {
-        struct control_request *req;
-        char *id;
-        bool remote;
-        char *schedule, *fired_at, *status;  /* remote: its row's */
-        int last;
-        int err;
-        char errmsg[256];
-};
-
-static void retry_job_free(struct retry_job *j)
-{
-        free(j->id);
-        free(j->schedule);
-        free(j->fired_at);
-        free(j->status);
-        free(j);
-}
-
-static void retry_work(void *arg)
-{
-        struct retry_job *j = arg;
-        int r = 0;
-        struct pgstore *s = cluster_thread_store(j->req->d, &r);
-        struct pgstore_mandate_row *row = NULL;
-        size_t nrow = 0;
-        int64_t fired_ms;
-        if (!s) {
-                j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
-                return;
-        }
-        if (j->remote) {
-                struct pgstore_mandate_filter mf = { .since_ms = -1, .mandate_id = j->id };
-                if ((r = pgstore_mandates_list(s, &mf, &row, &nrow, NULL)) < 0)
-                        goto db_fail;
-                if (nrow != 1) {
-                        j->err = -ENOENT;
-                        goto out;
-                }
-                j->schedule = dup_or_null(row[0].schedule);
-                j->fired_at = dup_or_null(row[0].fired_at);
-                j->status = dup_or_null(row[0].status);
-                if (!j->status) {
-                        j->err = -ENOMEM;
-                        snprintf(j->errmsg, sizeof j->errmsg, "out of memory");
-                        goto out;
-                }
-        }
-        /* (a mandate of this node: its tick was copied on the loop) */
-        if (j->schedule && j->fired_at && wal_parse_ts(j->fired_at, &fired_ms) == 0 &&
-            (r = pgstore_tick_last_retry(s, j->schedule, fired_ms, &j->last)) < 0)
-                goto db_fail;
-        goto out;
-db_fail:
-        j->err = r;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
-out:
-        pgstore_mandate_rows_free(row, nrow);
-}
-
-static void retry_done(void *arg)
-{
-        struct retry_job *j = arg;
-        struct control_request *req = j->req;
-        struct retry_target t;
-        if (j->err == -ENOENT) {
-                control_reply_error(req, "not_found", "no mandate %s", j->id);
-                goto out;
-        }
-        if (j->err) {
-                control_reply_error(req, "cluster_unavailable", "cannot retry mandate %s: %s",
-                                    j->id, j->errmsg);
-                goto out;
-        }
-        if (j->remote) {
-                bool unfinished = strcmp(j->status, "running") == 0 ||
-                                  strcmp(j->status, "paused") == 0;
-                t = (struct retry_target){
-                        .id = j->id, .schedule = j->schedule, .fired_at = j->fired_at,
-                        .status = db_status_name(j->status), .ended = !unfinished,
-                        .done = strcmp(j->status, "succeeded") == 0,
-                };
-        } else {
-                struct mandate *m = mandate_find(req->d, j->id);
-                if (!m) {
-                        control_reply_error(req, "not_found", "no mandate %s", j->id);
-                        goto out;
-                }
-                t = retry_target_of(m);
-        }
-        t.db_last = j->last;
-        retry_target(req, &t);
-out:
-        retry_job_free(j);
-}
-
-static void cluster_retry(struct control_request *req, const char *id, bool remote)
-{
-        struct retry_job *j = calloc(1, sizeof(*j));
-        struct mandate *m = remote ? NULL : mandate_find(req->d, id);
-        if (!j || !(j->id = strdup(id)) ||
-            (m && ((m->schedule && !(j->schedule = strdup(m->schedule))) ||
-                   (m->fired_at && !(j->fired_at = strdup(m->fired_at))))))
-                goto oom;
-        j->req = req;
-        j->remote = remote;
-        if (cluster_submit(req->d, retry_work, retry_done, j) < 0)
-                goto oom;
-        return;
-oom:
-        if (j)
-                retry_job_free(j);
-        control_reply_error(req, "internal", "out of memory");
-}
-
-#else
-
-static bool cluster_list(struct control_request *req, const struct history_filter *f,
-                         size_t limit, const char *after)
-{
-        (void)req;
-        (void)f;
-        (void)limit;
-        (void)after;
-        return false;
-}
-static void cluster_show(struct control_request *req, const char *id)
-{
-        control_reply_error(req, "not_found", "no mandate %s", id);
-}
-static void cluster_take_for(struct control_request *req, const char *id)
-{
-        control_reply_error(req, "not_found", "no mandate %s", id);
-}
-static void cluster_retry(struct control_request *req, const char *id, bool remote)
-{
-        (void)remote;
-        control_reply_error(req, "not_found", "no mandate %s", id);
-}
-
-#endif
 
 static bool refuse_if_stopping(struct control_request *req)
 {
@@ -1455,7 +802,7 @@ static void cmd_show(struct control_request *req)
         if (m)
                 submit_op(req, m, OP_SHOW, 0, NULL, NULL);
         else if (remote)
-                cluster_show(req, remote);
+                remote_show(req, remote);
 }
 
 /* pause/resume --schedule NAME */
@@ -1523,9 +870,9 @@ static void cmd_cancel(struct control_request *req)
                 return;
         }
         if (remote) {
-                /* cluster mode: a mandate no node holds (paused) is taken
-                 * here first; one running elsewhere is busy */
-                cluster_take_for(req, remote);
+                /* a mandate no node holds (paused) is taken here first;
+                 * one running elsewhere is busy */
+                remote_take(req, remote);
                 return;
         }
         if (is_final(m->status)) {
@@ -1548,10 +895,10 @@ static void cmd_resume(struct control_request *req)
         const char *remote;
         struct mandate *m = arg_mandate_at(req, &remote);
         if (remote && !refuse_if_stopping(req))
-                cluster_take_for(req, remote);
+                remote_take(req, remote);
         if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
                 return;
-        if (req->cluster_taken && m->status != MANDATE_PAUSED &&
+        if (req->taken_remote && m->status != MANDATE_PAUSED &&
             m->status != MANDATE_PAUSED_REVIEW && m->status != MANDATE_AWAITING_APPROVAL) {
                 /* taking it over resumed it (an operator's pause lasts as
                  * long as its node holds it, as it lasts until a restart) */
@@ -1609,7 +956,7 @@ static void cmd_resolve(struct control_request *req)
                 return;
         }
         if (remote)
-                cluster_take_for(req, remote);
+                remote_take(req, remote);
         else
                 submit_op(req, m, OP_RESOLVE, mode, reason, step);
 }
@@ -1624,9 +971,10 @@ static bool can_retry(enum mandate_status s)
  * node knows: its WALs and its archive, so it holds across a restart.  A
  * retry is registered on the loop (fire_tick's mandate_add) before anything
  * asynchronous, so the check and the creation are one step for every other
- * request; a retry whose creation failed is no longer registered (cluster
- * mode: dropped) and blocks nothing.  In cluster mode the database checks
- * the same rule again across the nodes when it creates the retry. */
+ * request; a retry whose creation failed is no longer registered (or no
+ * longer counts: opreads.h) and blocks nothing.  In cluster mode the
+ * database checks the same rule again across the nodes when it creates the
+ * retry. */
 static bool refuse_tick_retry(struct control_request *req, const char *id, const char *schedule,
                               const char *fired_at, bool has_reason)
 {
@@ -1639,7 +987,7 @@ static bool refuse_tick_retry(struct control_request *req, const char *id, const
         while (strmap_next(req->d->mandates, &pos, &k, &p) == 0) {
                 const struct mandate *o = p;
                 if (!o->schedule || !o->fired_at || strcmp(o->schedule, schedule) != 0 ||
-                    strcmp(o->fired_at, fired_at) != 0 || cluster_dropped(o))
+                    strcmp(o->fired_at, fired_at) != 0 || !req->d->opreads->counts(o))
                         continue;
                 if (n == cap) {
                         size_t ncap = 2 * cap;
@@ -1663,7 +1011,7 @@ static bool refuse_tick_retry(struct control_request *req, const char *id, const
                 goto oom;
         const struct mandate *u =
                 verdict == PLANNER_RETRY_UNFINISHED ? mandate_find(req->d, v[which].id) : NULL;
-        if (u && cluster_retry_creating(u)) {
+        if (u && req->d->opreads->retry_creating(u)) {
                 /* another node's retry may still win it: not named as the
                  * tick's retry */
                 control_reply_error_detail(
@@ -1755,15 +1103,41 @@ static struct retry_target retry_target_of(const struct mandate *m)
         };
 }
 
+/* The tick beyond this node (opreads.h) of the mandate cmd_retry named. */
+static void retry_tick(void *ctx, const struct op_result *err, const struct opreads_tick *t)
+{
+        struct control_request *req = ctx;
+        if (err) {
+                reply_result(req, err);
+                return;
+        }
+        struct retry_target rt;
+        if (t->remote) {
+                rt = (struct retry_target){
+                        .id = t->id, .schedule = t->schedule, .fired_at = t->fired_at,
+                        .status = t->status, .ended = t->ended, .done = t->done,
+                };
+        } else {
+                struct mandate *m = mandate_find(req->d, t->id);
+                if (!m) {
+                        control_reply_error(req, "not_found", "no mandate %s", t->id);
+                        return;
+                }
+                rt = retry_target_of(m);
+        }
+        rt.db_last = t->last;
+        retry_target(req, &rt);
+}
+
 /* retry MANDATE [--reason T]: a new mandate for the same tick (retry N, the
  * first N not taken), refused unless MANDATE has ended; one that ended done
- * needs a reason.  In cluster mode MANDATE may be another node's, and the
- * database is asked first for the tick's retries (cluster_retry). */
+ * needs a reason.  MANDATE may be another node's, and the other nodes are
+ * asked first for the tick's retries (opreads.h: tick). */
 static void cmd_retry(struct control_request *req)
 {
         bool failed;
         const char *remote = NULL;
-        struct mandate *m = arg_mandate_at(req, req->d->cluster ? &remote : NULL);
+        struct mandate *m = arg_mandate_at(req, &remote);
         if ((!m && !remote) || refuse_if_stopping(req))
                 return;
         const char *reason = control_arg_string(req, "reason", false, &failed);
@@ -1773,12 +1147,9 @@ static void cmd_retry(struct control_request *req)
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
                 return;
         }
-        if (req->d->cluster) {
-                cluster_retry(req, m ? m->id : remote, !m);
-        } else {
-                struct retry_target t = retry_target_of(m);
-                retry_target(req, &t);
-        }
+        if (req->d->opreads->tick(req->d, m ? m->id : remote, !m, m ? m->schedule : NULL,
+                                  m ? m->fired_at : NULL, retry_tick, req) < 0)
+                control_reply_error(req, "internal", "out of memory");
 }
 
 static void cmd_fire(struct control_request *req)
@@ -1818,7 +1189,7 @@ static void cmd_approve(struct control_request *req)
         const char *remote;
         struct mandate *m = arg_mandate_at(req, &remote);
         if (remote && !refuse_if_stopping(req))
-                cluster_take_for(req, remote);
+                remote_take(req, remote);
         if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
                 return;
         if (m->status != MANDATE_AWAITING_APPROVAL) {
@@ -2008,41 +1379,20 @@ static void idem_call(struct control_request *req, void (*op)(const struct idem_
         op(&call);
 }
 
-static void cmd_tool_begin(struct control_request *req)
-{
-        idem_call(req, idem_tool_begin);
-}
-
-static void cmd_tool_finish(struct control_request *req)
-{
-        idem_call(req, idem_tool_finish);
-}
-
-static void cmd_tool_write(struct control_request *req)
-{
-        idem_call(req, idem_tool_write);
-}
-
-static void cmd_idem_stats(struct control_request *req)
-{
-        idem_call(req, idem_stats_get);
-}
-
-static void cmd_idem_get(struct control_request *req)
-{
-        idem_call(req, idem_get_entry);
-}
-
-static void cmd_idem_forget(struct control_request *req)
-{
-        idem_call(req, idem_forget_entry);
-}
-
+/* cmd_NAME: the request as a call of the idempotency service's op */
+#define IDEM_COMMAND(name, op)                                                                    \
+        static void name(struct control_request *req)                                            \
+        {                                                                                         \
+                idem_call(req, op);                                                               \
+        }
+IDEM_COMMAND(cmd_tool_begin, idem_tool_begin)
+IDEM_COMMAND(cmd_tool_finish, idem_tool_finish)
+IDEM_COMMAND(cmd_tool_write, idem_tool_write)
+IDEM_COMMAND(cmd_idem_stats, idem_stats_get)
+IDEM_COMMAND(cmd_idem_get, idem_get_entry)
+IDEM_COMMAND(cmd_idem_forget, idem_forget_entry)
 #ifdef KAIROS_TEST_HOOKS
-static void cmd_test_idem_clock(struct control_request *req)
-{
-        idem_call(req, idem_test_clock);
-}
+IDEM_COMMAND(cmd_test_idem_clock, idem_test_clock)
 #endif
 
 /* While kairosd stops (up to GracefulTimeoutSec=), the commands that only

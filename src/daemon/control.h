@@ -89,7 +89,7 @@ struct control_request {
         uid_t uid;
         gid_t gid;
         pid_t pid;
-        bool cluster_taken;   /* cluster mode: its mandate was taken for it */
+        bool taken_remote;   /* its mandate was taken from another node for it */
 };
 
 /* Reply and free the request (exactly one of these per request). result is stolen. */

@@ -21,6 +21,8 @@
 struct control_server;
 struct chronos;
 struct idem_service;
+struct opreads;
+struct toolclaims;
 struct metrics;
 struct runner;
 struct hooks;
@@ -131,6 +133,8 @@ struct daemon {
         struct control_server *control;
         struct chronos *chronos;
         struct idem_service *idem;  /* idem_service.h: the idempotency store */
+        const struct opreads *opreads;       /* opreads.h: set by main.c at start */
+        const struct toolclaims *toolclaims; /* toolclaims.h: set by main.c at start */
         struct metrics *metrics;    /* metrics.h */
         const struct driver *drv;   /* driver.h: Backend=, chosen at start */
         struct cluster *cluster;    /* the postgres driver's state (cluster.h); NULL
@@ -270,6 +274,18 @@ struct history_filter {
  * -ENOMEM. */
 int history_list(struct daemon *d, const struct history_filter *f, size_t limit,
                  json_t **ret_result);
+/* A schedule name neither configured (running, retained or broken) nor
+ * that of any mandate kept here: a typo, not an empty list.  (A schedule
+ * removed from the configuration still lists its history.)  Its error: */
+bool history_schedule_unknown(struct daemon *d, const char *name);
+#define HISTORY_NO_SCHEDULE_FMT                                                                   \
+        "args.schedule: no schedule '%s' (none in the configuration, and no mandate of it is "   \
+        "kept)"
+/* The fields of m that list's rows and show share (id, status, reason,
+ * review_step, plan_id, cycle, schedule, fired_at, started_at, ended_at). */
+json_t *history_mandate_json(const struct mandate *m);
+/* A time (ms since the epoch) as list and show print it; null if <= 0. */
+json_t *history_ms_json(int64_t ms);
 
 /* control.c */
 int control_start(struct daemon *d, const char *path);

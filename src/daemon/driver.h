@@ -109,6 +109,9 @@ struct own_driver {
         bool (*barrier_failed)(struct advance *a);
 };
 
+struct opreads;
+struct toolclaims;
+
 struct driver {
         const char *name;  /* Backend= */
         /* before recovery: -errno with a message in err */
@@ -131,6 +134,8 @@ struct driver {
         struct wal_driver wal;
         struct ticks_driver ticks;
         struct own_driver own;
+        const struct opreads *opreads;       /* operators' reads (opreads.h) */
+        const struct toolclaims *toolclaims; /* tool-call claims (toolclaims.h) */
 };
 
 extern const struct driver files_driver;

@@ -2,6 +2,8 @@
 /* The files driver (driver.h): kairosd on one host.  The WAL file and its
  * fdatasync are the truth; every mandate and every tick is this node's; the
  * chronos decides its missed ticks itself (chronos.json). */
+#include "opreads.h"
+#include "toolclaims.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -49,6 +51,8 @@ static int init_db(const char *arg) { return 1; } /* (main.c asks the postgres d
 
 const struct driver files_driver = {
         .name = "files",
+        .opreads = &opreads_files,
+        .toolclaims = &toolclaims_files,
         .start = start,
         .prefork = prefork,
         .ready = daemon_none,

@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* The postgres driver's table (driver.h, cluster.h): Backend=postgres. */
+#include "opreads.h"
+#include "toolclaims.h"
 #include "driver_postgres.h"
 
 const struct driver postgres_driver = {
         .name = "postgres",
+        .opreads = &opreads_postgres,
+        .toolclaims = &toolclaims_postgres,
         .start = pgd_start,
         .prefork = pgd_prefork,
         .ready = pgd_ready,

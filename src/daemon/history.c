@@ -81,7 +81,7 @@ static bool matches(const struct history_filter *f, const struct mandate *m)
         return true;
 }
 
-static json_t *ms_json(int64_t ms)
+json_t *history_ms_json(int64_t ms)
 {
         if (ms <= 0)
                 return json_null();
@@ -90,15 +90,21 @@ static json_t *ms_json(int64_t ms)
         return json_string(ts);
 }
 
-static json_t *row_json(const struct mandate *m)
+json_t *history_mandate_json(const struct mandate *m)
 {
         json_t *o = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:s?}", "id", m->id,
                               "status", mandate_status_name(m->status), "reason", m->reason,
                               "review_step", m->review_step, "plan_id", m->plan_id, "cycle",
                               (json_int_t)m->cycle, "schedule", m->schedule, "fired_at",
                               m->fired_at);
-        json_object_set_new(o, "started_at", ms_json(m->started_ms));
-        json_object_set_new(o, "ended_at", ms_json(m->ended_ms));
+        json_object_set_new(o, "started_at", history_ms_json(m->started_ms));
+        json_object_set_new(o, "ended_at", history_ms_json(m->ended_ms));
+        return o;
+}
+
+static json_t *row_json(const struct mandate *m)
+{
+        json_t *o = history_mandate_json(m);
         json_object_set_new(o, "duration_ms",
                             m->started_ms > 0 && m->ended_ms >= m->started_ms
                                     ? json_integer(m->ended_ms - m->started_ms)
@@ -385,4 +391,17 @@ void history_stop(struct daemon *d)
                 uv_close((uv_handle_t *)&hist.timer, NULL);
                 hist.started = false;
         }
+}
+
+bool history_schedule_unknown(struct daemon *d, const char *name)
+{
+        if (config_find_schedule(d->cfg, name) || config_find_broken(d->cfg, name))
+                return false;
+        struct history_filter f = { .status = -1, .schedule = name };
+        json_t *res = NULL;
+        if (history_list(d, &f, 1, &res) < 0)
+                return false;
+        bool none = json_integer_value(json_object_get(res, "total")) == 0;
+        json_decref(res);
+        return none;
 }

@@ -28,12 +28,15 @@
  *   idem-stats, idem-get {key}, idem-forget {key, reason}
  * tool-begin and tool-write take args.epoch? (kairosctl: KAIROS_EPOCH): a
  * call from a step whose mandate this node holds at another epoch, or no
- * longer holds, or with an epoch from no step, is refused "fenced".  In
- * cluster mode a step's calls are claimed and finished in the database
- * (pgstore_idem_*, on pool threads, fenced by (mandate, epoch): "fenced"
- * when the database refuses, and the node gives the mandate up); the local
- * store keeps the calls of no step.
- *   test-idem-clock {advance_sec} (test hooks only) */
+ * longer holds, or with an epoch from no step, is refused "fenced".  A
+ * step's calls go to the driver of tool-call claims (toolclaims.h): in
+ * cluster mode they are claimed and finished in the database (pool threads,
+ * fenced by (mandate, epoch): "fenced" when the database refuses, and the
+ * node gives the mandate up); the local store keeps the calls of no step.
+ *   test-idem-clock {advance_sec} (test hooks only)
+ *
+ * The operations are answered by idem_run.c (tool-begin, tool-finish),
+ * idem_write.c (tool-write) and idem_admin.c (idem-*), over idem_core.c. */
 #pragma once
 
 #include <jansson.h>

@@ -514,6 +514,8 @@ int main(int argc, char **argv)
                 exit_code = 1;
                 goto out_free;
         }
+        d->opreads = d->drv->opreads;
+        d->toolclaims = d->drv->toolclaims;
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
         if ((r = idem_service_start(d, start_recovery)) == 0)

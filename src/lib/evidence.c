@@ -102,7 +102,7 @@ static int add_call(const struct idem_view *v, void *ctx)
         return add_one(ctx, v->owner->mandate, &c);
 }
 
-static int cmp_call(const void *a, const void *b)
+int evidence_call_cmp(const void *a, const void *b)
 {
         const struct evidence_call *x = a, *y = b;
         int c = strcmp(x->step, y->step);
@@ -121,7 +121,7 @@ static void sort_calls(struct evidence_index *ix)
         while (strmap_next(ix->map, &pos, &k, &v) == 0) {
                 struct mandate_calls *mc = v;
                 if (mc->n > 1)
-                        qsort(mc->calls, mc->n, sizeof(*mc->calls), cmp_call);
+                        qsort(mc->calls, mc->n, sizeof(*mc->calls), evidence_call_cmp);
         }
 }
 

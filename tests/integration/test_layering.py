@@ -35,13 +35,10 @@ def code(text):
 # The postgres driver (driver.h): the only files that may name PostgreSQL,
 # the cluster's functions or its state.
 POSTGRES_DRIVER = {"cluster.c", "cluster.h", "cluster_ticks.c", "executor_cluster.c",
-                   "driver_postgres.c", "driver_postgres.h", "initdb.c"}
+                   "driver_postgres.c", "driver_postgres.h", "initdb.c",
+                   "cluster_commands.c", "cluster_idem.c"}
 # The drivers' registration: Backend= to a driver, built in or not.
 REGISTRATION = {"main.c"}
-# Shared modules that still test cluster mode themselves until their roles
-# (operator reads, tool-call claims) have drivers of their own: shrink this
-# set as they move, never grow it.
-NOT_YET_BEHIND_A_DRIVER = {"commands.c", "idem_service.c"}
 # What only the postgres driver may say: the build's PostgreSQL switch, a
 # call to the cluster's or the database's functions, the cluster's state in
 # the daemon or a mandate, the backend tested by name.
@@ -201,7 +198,7 @@ class Layering(unittest.TestCase):
         through its driver (driver.h), whichever runs."""
         found = []
         for name, text in sorted(self.raw.items()):
-            if name in POSTGRES_DRIVER or name in NOT_YET_BEHIND_A_DRIVER:
+            if name in POSTGRES_DRIVER:
                 continue
             for m in CLUSTER_HEADER.finditer(text):
                 if name not in REGISTRATION:
@@ -230,7 +227,7 @@ class Layering(unittest.TestCase):
                      "/* cluster_hold(m) */", "d->drv->wal.options(m, o);"):
             self.assertIsNone(CLUSTER_ONLY.search(code(fine)), fine)
         self.assertIsNotNone(CLUSTER_HEADER.search('#include "cluster.h"\n'))
-        self.assertTrue(POSTGRES_DRIVER | NOT_YET_BEHIND_A_DRIVER <= set(self.raw))
+        self.assertTrue(POSTGRES_DRIVER <= set(self.raw))
 
     def test_core_library_is_pure(self):
         for name, text in sources(LIB).items():

@@ -1,0 +1,283 @@
+/* SPDX-License-Identifier: MIT */
+/* idem_admin: the operator's commands of the idempotency store (kairosctl
+ * idem stats, get, forget) and what other modules read of it (idem_service.h). */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem_core.h"
+#include "kairos/evidence.h"
+#include "log.h"
+
+/* ---- operator commands ---- */
+
+int idem_service_evidence_index(struct daemon *d, struct evidence_index **ret)
+{
+        struct idem_service *svc = SVC(d);
+        struct idem_stats st;
+        if (!svc || !svc->loaded || !svc->store)
+                return evidence_index_unknown(ret);
+        idem_stats(svc->store, &st);
+        if (st.quarantined || st.error)
+                return evidence_index_unknown(ret);
+        return evidence_index_build(svc->store, ret);
+}
+
+struct calls_ctx {
+        const char *mandate;
+        struct evidence_call *calls;
+        size_t n, cap;
+        int error;
+};
+
+static int collect_call(const struct idem_view *v, void *arg)
+{
+        struct calls_ctx *c = arg;
+        if (!v->owner || strcmp(v->owner->mandate, c->mandate) != 0)
+                return 0;
+        if (c->n == c->cap) {
+                size_t cap = c->cap ? c->cap * 2 : 8;
+                struct evidence_call *n = realloc(c->calls, cap * sizeof(*n));
+                if (!n)
+                        return c->error = -ENOMEM;
+                c->calls = n;
+                c->cap = cap;
+        }
+        /* borrowed: the store does not change while this runs (loop thread) */
+        c->calls[c->n++] = (struct evidence_call){
+                .key = v->key, .tool = v->tool, .step = v->owner->step,
+                .attempt = v->owner->attempt, .state = v->state,
+                .created_ms = v->created_ms, .finished_ms = v->finished_ms,
+        };
+        return 0;
+}
+
+json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id)
+{
+        struct idem_service *svc = SVC(d);
+        if (!svc || !svc->loaded || !svc->store || !mandate_id)
+                return NULL;
+        struct calls_ctx c = { .mandate = mandate_id };
+        if (idem_foreach(svc->store, collect_call, &c) < 0) {
+                free(c.calls);
+                return NULL;
+        }
+        if (c.n > 1)
+                qsort(c.calls, c.n, sizeof(*c.calls), evidence_call_cmp);
+        json_t *o = json_object();
+        for (size_t i = 0; o && i < c.n; i++) {
+                const struct evidence_call *e = &c.calls[i];
+                char started[EVIDENCE_TS_SIZE], finished[EVIDENCE_TS_SIZE];
+                evidence_format_ms(e->created_ms, started);
+                evidence_format_ms(e->finished_ms, finished);
+                json_t *arr = json_object_get(o, e->step);
+                if (!arr) {
+                        arr = json_array();
+                        if (json_object_set_new(o, e->step, arr) < 0)
+                                break;
+                }
+                json_array_append_new(
+                        arr, json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "key", e->key, "tool",
+                                       e->tool, "state", idem_state_name(e->state), "attempt",
+                                       (json_int_t)e->attempt, "started", started, "finished",
+                                       e->finished_ms ? json_string(finished) : json_null()));
+        }
+        free(c.calls);
+        return o;
+}
+
+int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats)
+{
+        struct idem_service *svc = SVC(d);
+        if (!svc || !svc->store || !svc->loaded)
+                return -EAGAIN;
+        idem_stats(svc->store, ret_stats);
+        return 0;
+}
+
+void idem_stats_get(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_call_dup(in);
+        if (!call)
+                return;
+        struct idem_service *svc = SVC(call->d);
+        json_t *roots = json_array();
+        for (size_t i = 0; i < call->d->cfg->nwrite_roots; i++)
+                json_array_append_new(roots, json_string(call->d->cfg->write_roots[i]));
+        if (!svc || !svc->store || !svc->loaded) {
+                char why[512];
+                snprintf(why, sizeof why, "cannot load %s: %s", svc ? svc->dir : "?",
+                         strerror(svc && svc->load_error ? -svc->load_error : EAGAIN));
+                idem_core_ok(call, json_pack("{s:b, s:s, s:o}", "available", 0, "error", why,
+                                                "write_roots", roots));
+                return;
+        }
+        struct idem_stats st;
+        idem_stats(svc->store, &st);
+        json_t *res = json_pack(
+                "{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+                "s:I, s:I, s:I, s:b}",
+                "available", 1, "size", (json_int_t)st.size, "capacity",
+                (json_int_t)st.capacity, "ttl_sec", (json_int_t)st.ttl_sec, "processing",
+                (json_int_t)st.processing, "completed", (json_int_t)st.completed, "failed",
+                (json_int_t)st.failed, "interrupted", (json_int_t)st.interrupted, "hits",
+                (json_int_t)st.hits, "misses", (json_int_t)st.misses, "conflicts",
+                (json_int_t)st.conflicts, "mismatches", (json_int_t)st.mismatches, "evictions",
+                (json_int_t)st.evictions, "expirations", (json_int_t)st.expirations,
+                "store_full", (json_int_t)st.store_full, "forgets", (json_int_t)st.forgets,
+                "log_records", (json_int_t)st.log_records, "lsn", (json_int_t)st.lsn,
+                "quarantined", st.quarantined);
+        json_object_set_new(res, "durable_lsn", json_integer((json_int_t)st.durable_lsn));
+        json_object_set_new(res, "error", st.error ? json_string(strerror(-st.error))
+                                                   : json_null());
+        json_object_set_new(res, "log_path", json_string(idem_log_path(svc->log)));
+        json_object_set_new(res, "log_flushes", json_integer((json_int_t)svc->flushes));
+        json_object_set_new(res, "compactions", json_integer((json_int_t)svc->compactions));
+        json_object_set_new(res, "claims", json_integer((json_int_t)svc->nclaims));
+        json_object_set_new(res, "write_roots", roots);
+        idem_core_ok(call, res);
+}
+
+/* The entry named by args.key: the full key "TOOL:KEY", or KEY alone for
+ * a tool run ("cmd:KEY") or a tool write ("kairos.write:KEY").  Replies
+ * not_found and returns -ENOENT. */
+static int find_entry(struct idem_call *call, const char *key, struct idem_view *v,
+                      char full[IDEM_FULL_KEY_SIZE])
+{
+        static const char *const prefixes[] = { "", "cmd:", WRITE_TOOL ":" };
+        struct idem_service *svc = SVC(call->d);
+        for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+                size_t pl = strlen(prefixes[i]), kl = strlen(key);
+                if (pl + kl >= IDEM_FULL_KEY_SIZE)
+                        continue;
+                memcpy(full, prefixes[i], pl);
+                memcpy(full + pl, key, kl + 1);
+                if (idem_get(svc->store, full, v) == 0)
+                        return 0;
+        }
+        idem_core_error(call, "not_found",
+                            "no idempotency entry %s (nor cmd:%s, " WRITE_TOOL ":%s)", key, key,
+                            key);
+        return -ENOENT;
+}
+
+void idem_get_entry(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *key;
+        if (!call || !idem_core_required(call, "key", &key, NULL))
+                return;
+        struct idem_view v;
+        char full[IDEM_FULL_KEY_SIZE];
+        if (find_entry(call, key, &v, full) < 0)
+                return;
+        json_t *res = json_pack("{s:s, s:s, s:s, s:s, s:b, s:o, s:o, s:o}", "key", v.key, "tool",
+                                v.tool, "fingerprint", v.fingerprint, "state",
+                                idem_state_name(v.state), "durable", v.durable, "created_at",
+                                idem_core_ms_json(v.created_ms), "finished_at", idem_core_ms_json(v.finished_ms),
+                                "expires_at", idem_core_ms_json(v.expires_ms));
+        if (v.error_class)
+                json_object_set_new(res, "error_class", json_string(v.error_class));
+        if (v.error_msg)
+                json_object_set_new(res, "error_msg", json_string(v.error_msg));
+        if (v.reason)
+                json_object_set_new(res, "reason", json_string(v.reason));
+        json_object_set_new(res, "owner", idem_core_step_json(v.owner));
+        if (v.result_len > 0) {
+                json_t *pl = json_loadb(v.result, v.result_len, 0, NULL);
+                json_object_set_new(res, "result", pl ? pl : json_pack("{s:o}", "result_b64",
+                                                                      idem_core_b64_json(v.result,
+                                                                               v.result_len)));
+        }
+        idem_core_ok(call, res);
+}
+
+struct forget_op {
+        struct waiter w;
+        struct idem_call *call;
+        char key[IDEM_FULL_KEY_SIZE];
+        const char *state;
+};
+
+static void forget_durable(struct waiter *w, int err)
+{
+        struct forget_op *op = (struct forget_op *)w;
+        if (err)
+                idem_core_store_error(op->call, err);
+        else
+                idem_core_ok(op->call, json_pack("{s:s, s:s, s:b, s:I}", "key", op->key,
+                                                    "state", op->state, "forgotten", 1, "uid",
+                                                    (json_int_t)op->call->uid));
+        free(op);
+}
+
+void idem_forget_entry(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *key, *reason;
+        if (!call || !idem_core_required(call, "key", &key, "reason", &reason, NULL))
+                return;
+        struct idem_service *svc = SVC(call->d);
+        if (!*reason) {
+                idem_core_error(call, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        struct idem_view v;
+        char full[IDEM_FULL_KEY_SIZE];
+        if (find_entry(call, key, &v, full) < 0)
+                return;
+        struct forget_op *op = calloc(1, sizeof(*op));
+        if (!op) {
+                idem_core_error(call, "internal", "out of memory");
+                return;
+        }
+        op->state = idem_state_name(v.state);
+        uint64_t lsn = 0;
+        int r = idem_forget(svc->store, full, (long long)call->uid, reason, &lsn);
+        if (r == -EBUSY) {
+                free(op);
+                idem_core_error(call, "conflict",
+                                    "key %s is processing: its caller may still be running "
+                                    "the tool; it can be forgotten once it is finished or "
+                                    "interrupted",
+                                    full);
+                return;
+        }
+        if (r < 0) {
+                free(op);
+                idem_core_store_error(call, r);
+                return;
+        }
+        char uid[32];
+        snprintf(uid, sizeof uid, "%u", (unsigned)call->uid);
+        log_event(LOG_NOTICE, MSGID_OPERATOR,
+                  LOG_FIELDS({ "IDEM_KEY", full }, { "OPERATOR_UID", uid }),
+                  "idempotency key %s (%s) forgotten by uid %s: %s", full, op->state, uid,
+                  reason);
+        op->call = call;
+        snprintf(op->key, sizeof op->key, "%s", full);
+        idem_core_wait_durable(svc, &op->w, lsn, forget_durable);
+}
+
+#ifdef KAIROS_TEST_HOOKS
+void idem_test_clock(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_call_dup(in);
+        if (!call)
+                return;
+        struct idem_service *svc = SVC(call->d);
+        json_t *v = json_object_get(call->args, "advance_sec");
+        if (!svc || !json_is_integer(v) || json_integer_value(v) < 0) {
+                idem_core_error(call, "bad_argument",
+                                    "args.advance_sec: must be a non-negative integer");
+                return;
+        }
+        svc->clock_offset_ms += (int64_t)json_integer_value(v) * 1000;
+        log_warning("test hook: the idempotency store's clock is %lld s ahead",
+                    (long long)(svc->clock_offset_ms / 1000));
+        idem_core_ok(call, json_pack("{s:I}", "offset_sec",
+                                        (json_int_t)(svc->clock_offset_ms / 1000)));
+}
+#endif

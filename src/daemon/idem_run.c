@@ -1,0 +1,238 @@
+/* SPDX-License-Identifier: MIT */
+/* idem_run: tool-begin and tool-finish, the calls of kairosctl tool run
+ * (idem_service.h). */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem_core.h"
+
+/* ---- tool-begin / tool-finish ---- */
+
+struct begin_op {
+        struct waiter w;
+        struct idem_call *call;
+        char key[IDEM_FULL_KEY_SIZE];
+        char fp[CANON_HASH_STRLEN];
+        char tool[IDEM_TOOL_MAX + 1];
+};
+
+static void begin_durable(struct waiter *w, int err)
+{
+        struct begin_op *op = (struct begin_op *)w;
+        if (err)
+                idem_core_store_error(op->call, err);
+        else
+                idem_core_ok(op->call, json_pack("{s:s, s:s, s:s, s:s}", "outcome", "proceed",
+                                                    "key", op->key, "tool", op->tool,
+                                                    "fingerprint", op->fp));
+        free(op);
+}
+
+/* The request's identity: tool, key or input, fingerprint.  Replies and
+ * returns false on a bad argument. */
+static bool parse_identity(struct idem_call *call, const char *tool, const char *key,
+                           char full[IDEM_FULL_KEY_SIZE], char fp[CANON_HASH_STRLEN])
+{
+        bool failed;
+        const char *given_fp = idem_core_arg_string(call, "fingerprint", false, &failed);
+        if (failed)
+                return false;
+        json_t *input = json_object_get(call->args, "input");
+        char *text = NULL;
+        if (input)
+                text = json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY);
+        else if (!given_fp && !key) {
+                idem_core_error(call, "bad_argument",
+                                    "give args.key or args.input (for a content key)");
+                return false;
+        }
+        struct idem_request ir = { .tool = tool,
+                                   .key = key,
+                                   .input_json = text ? text : "null",
+                                   .input_len = text ? strlen(text) : 4,
+                                   .fingerprint = given_fp };
+        int r = idem_make_key(&ir, full, fp);
+        free(text);
+        if (r < 0) {
+                idem_core_error(call, "bad_argument",
+                                    "bad identity: the tool must be 1..64 of [A-Za-z0-9_.-], the "
+                                    "key 1..512 bytes of UTF-8 without control characters, not "
+                                    "starting with 'content:', a fingerprint 'sha256-<64 hex>'");
+                return false;
+        }
+        return true;
+}
+
+void idem_tool_begin(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *tool;
+        bool failed;
+        if (!call || !idem_core_required(call, "tool", &tool, NULL))
+                return;
+        struct idem_service *svc = SVC(call->d);
+        const char *key = idem_core_arg_string(call, "key", false, &failed);
+        if (failed)
+                return;
+        if (strncmp(tool, "kairos.", 7) == 0) {
+                idem_core_error(call, "bad_argument",
+                                    "args.tool: names starting with 'kairos.' are reserved");
+                return;
+        }
+        struct begin_op *op = calloc(1, sizeof(*op));
+        struct idem_claim *c = calloc(1, sizeof(*c));
+        if (!op || !c) {
+                free(op);
+                free(c);
+                idem_core_error(call, "internal", "out of memory");
+                return;
+        }
+        if (!parse_identity(call, tool, key, op->key, op->fp))
+                goto out;
+        snprintf(op->tool, sizeof op->tool, "%s", tool);
+        struct idem_step_owner step;
+        bool owned = idem_core_step(call, &step);
+        int64_t epoch;
+        if (!idem_core_epoch(call, owned ? &step : NULL, &epoch))
+                goto out;
+        /* a step's call at an epoch: the driver's claim (toolclaims.h) */
+        if (owned && epoch > 0 &&
+            call->d->toolclaims->begin(call, op->key, op->tool, op->fp, &step, epoch))
+                goto out;
+        struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp,
+                                   .owner = owned ? &step : NULL };
+        struct idem_view v;
+        uint64_t lsn = 0;
+        int r = idem_begin(svc->store, &ir, &v, &lsn);
+        if (r < 0) {
+                idem_core_store_error(call, r);
+                goto out;
+        }
+        if (r != IDEM_PROCEED) {
+                idem_core_existing(call, (enum idem_outcome)r, &v, op->fp);
+                goto out;
+        }
+        /* The claim is this connection's from now on. */
+        snprintf(c->key, sizeof c->key, "%s", op->key);
+        (void)idem_core_claim_adopt(svc, c, call); /* (closed at once if the caller is gone) */
+        c = NULL;
+        op->call = call;
+        idem_core_wait_durable(svc, &op->w, lsn, begin_durable);
+        return;
+out:
+        free(op);
+        free(c);
+}
+
+struct finish_op {
+        struct waiter w;
+        struct idem_call *call;
+        char key[IDEM_FULL_KEY_SIZE];
+        bool failed;
+};
+
+static void finish_durable(struct waiter *w, int err)
+{
+        struct finish_op *op = (struct finish_op *)w;
+        if (err)
+                idem_core_store_error(op->call, err);
+        else
+                idem_core_ok(op->call,
+                                 json_pack("{s:s, s:s, s:b}", "key", op->key, "outcome",
+                                           op->failed ? "failed" : "completed", "durable", 1));
+        free(op);
+}
+
+/* A base64 argument, validated; returns false after replying. */
+static bool arg_b64(struct idem_call *call, const char *name, const char **out)
+{
+        bool failed;
+        const char *s = idem_core_arg_string(call, name, false, &failed);
+        if (failed)
+                return false;
+        unsigned char *bin;
+        size_t n;
+        int r = idem_core_b64_decode(s ? s : "", &bin, &n);
+        if (r < 0) {
+                idem_core_error(call, "bad_argument", "args.%s: %s", name,
+                                    r == -EINVAL ? "not base64" : "out of memory");
+                return false;
+        }
+        free(bin);
+        *out = s ? s : "";
+        return true;
+}
+
+void idem_tool_finish(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *key;
+        bool failed;
+        if (!call || !idem_core_required(call, "key", &key, NULL))
+                return;
+        struct idem_service *svc = SVC(call->d);
+        json_t *es = json_object_get(call->args, "exit_status");
+        if (!json_is_integer(es) || json_integer_value(es) < 0 ||
+            json_integer_value(es) > 255) {
+                idem_core_error(call, "bad_argument", "args.exit_status: must be 0..255");
+                return;
+        }
+        const char *out, *err;
+        if (!arg_b64(call, "stdout", &out) || !arg_b64(call, "stderr", &err))
+                return;
+        const char *eclass = idem_core_arg_string(call, "error_class", false, &failed);
+        if (failed)
+                return;
+        const char *emsg = idem_core_arg_string(call, "error_msg", false, &failed);
+        if (failed)
+                return;
+        struct idem_claim *c = idem_core_claim_find(svc, key);
+        if (!c || !c->owner_id || c->owner_id != call->owner.id) {
+                idem_core_error(call, "conflict",
+                                    "key %s is not claimed on this connection: send tool-begin "
+                                    "first (on the same connection)",
+                                    key);
+                return;
+        }
+        if (call->d->toolclaims->finish(call, c, json_integer_value(es), out, err, eclass,
+                                        emsg))
+                return;
+        json_t *payload = json_pack("{s:I, s:s, s:s}", "exit_status", json_integer_value(es),
+                                    "stdout", out, "stderr", err);
+        char *text = payload ? json_dumps(payload, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(payload);
+        struct finish_op *op = calloc(1, sizeof(*op));
+        if (!text || !op) {
+                free(text);
+                free(op);
+                idem_core_error(call, "internal", "out of memory");
+                return;
+        }
+        uint64_t lsn = 0;
+        int r;
+        if (eclass)
+                r = idem_fail(svc->store, key, eclass, emsg ? emsg : "", text, strlen(text),
+                              &lsn);
+        else
+                r = idem_complete(svc->store, key, text, strlen(text), &lsn);
+        free(text);
+        if (r == -EINVAL) {
+                free(op);
+                idem_core_error(call, "bad_argument",
+                                    "args.error_class: 1..64 of [A-Za-z0-9_.-]");
+                return;
+        }
+        if (r < 0) {
+                free(op);
+                idem_core_store_error(call, r);
+                return;
+        }
+        idem_core_claim_free(c);
+        op->call = call;
+        op->failed = eclass != NULL;
+        snprintf(op->key, sizeof op->key, "%s", key);
+        idem_core_wait_durable(svc, &op->w, lsn, finish_durable);
+}

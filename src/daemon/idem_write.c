@@ -1,0 +1,810 @@
+/* SPDX-License-Identifier: MIT */
+/* idem_write: tool-write and the settling of interrupted writes
+ * (idem_write.h). */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "idem_write.h"
+#include "kairos/beneath.h"
+#include "log.h"
+
+/* ---- tool-write ---- */
+
+/* WriteRoots=: one descriptor per configured root, opened (O_PATH) by the
+ * first tool write after start or reload and kept until the next reload,
+ * so a root's own path is resolved once; everything below it is walked
+ * with beneath_open_dir (no symbolic link, never out of the tree).  A set
+ * is shared by the write_ops that use it (refs on the loop thread); its
+ * descriptors and paths are touched only by jobs of write_q, which run one
+ * at a time. */
+struct write_root {
+        char *path;             /* as configured, without a trailing '/' ("/" stays) */
+        char *real;             /* its resolved path, once opened */
+        int fd;                 /* -1 until opened */
+        int error;              /* errno of the last failed open */
+};
+
+struct write_roots {
+        unsigned refs;
+        size_t n;
+        struct write_root r[];
+};
+
+void idem_write_roots_unref(struct write_roots *rs)
+{
+        if (!rs || --rs->refs > 0)
+                return;
+        for (size_t i = 0; i < rs->n; i++) {
+                if (rs->r[i].fd >= 0)
+                        close(rs->r[i].fd);
+                free(rs->r[i].path);
+                free(rs->r[i].real);
+        }
+        free(rs);
+}
+
+/* Loop: the set for cfg (nothing opened yet). */
+struct write_roots *idem_write_roots_new(const struct config *cfg)
+{
+        struct write_roots *rs = calloc(1, sizeof(*rs) + cfg->nwrite_roots * sizeof(rs->r[0]));
+        if (!rs)
+                return NULL;
+        rs->refs = 1;
+        for (size_t i = 0; i < cfg->nwrite_roots; i++) {
+                struct write_root *r = &rs->r[rs->n];
+                size_t len = strlen(cfg->write_roots[i]);
+                while (len > 1 && cfg->write_roots[i][len - 1] == '/')
+                        len--;
+                if (!(r->path = strndup(cfg->write_roots[i], len))) {
+                        idem_write_roots_unref(rs);
+                        return NULL;
+                }
+                r->fd = -1;
+                rs->n++;
+        }
+        return rs;
+}
+
+/* Pool (write_q): open the roots not open yet (a root that did not exist
+ * is tried again at the next write). */
+static void roots_open(struct write_roots *rs)
+{
+        for (size_t i = 0; i < rs->n; i++) {
+                struct write_root *r = &rs->r[i];
+                if (r->fd >= 0)
+                        continue;
+                r->fd = open(r->path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+                r->error = r->fd < 0 ? errno : 0;
+                if (r->fd >= 0 && !r->real)
+                        r->real = realpath(r->path, NULL);
+        }
+}
+
+void idem_write_op_free(struct write_op *op)
+{
+        idem_write_roots_unref(op->roots);
+        free(op->explicit_key);
+        free(op->path);
+        free(op->content);
+        if (op->dfd >= 0)
+                close(op->dfd);
+        free(op->base);
+        free(op->shown);
+        free(op);
+}
+
+void idem_write_refuse(struct write_op *op, const char *code, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(op->msg, sizeof op->msg, fmt, ap);
+        va_end(ap);
+        op->code = code;
+}
+
+static void roots_text(const struct write_roots *rs, char *buf, size_t len)
+{
+        size_t used = 0;
+        buf[0] = '\0';
+        if (rs->n == 0) {
+                snprintf(buf, len, "(none configured)");
+                return;
+        }
+        for (size_t i = 0; i < rs->n && used < len; i++)
+                used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "",
+                                         rs->r[i].path);
+}
+
+/* The length of root if path is root itself or below it, else 0. */
+static size_t under(const char *path, const char *root)
+{
+        if (!root)
+                return 0;
+        if (strcmp(root, "/") == 0)
+                return 1;
+        size_t n = strlen(root);
+        return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/') ? n : 0;
+}
+
+/* path without empty and "." components and without a trailing '/';
+ * *ret_dir: it ended in '/' or "/.".  -EINVAL for a ".." component. */
+static int normalize(const char *path, char *out, size_t size, bool *ret_dir)
+{
+        size_t o = 0;
+        *ret_dir = false;
+        for (const char *s = path; *s;) {
+                while (*s == '/')
+                        s++;
+                size_t n = strcspn(s, "/");
+                if (n == 2 && s[0] == '.' && s[1] == '.')
+                        return -EINVAL;
+                *ret_dir = n == 0 || (n == 1 && s[0] == '.');
+                if (!*ret_dir) {
+                        if (o + 1 + n >= size)
+                                return -ENAMETOOLONG;
+                        out[o++] = '/';
+                        memcpy(out + o, s, n);
+                        o += n;
+                }
+                s += n;
+        }
+        if (o == 0)
+                out[o++] = '/';
+        out[o] = '\0';
+        return 0;
+}
+
+/* Pool (write_q): is op->path a file within a WriteRoots= directory?  Opens
+ * its directory beneath the root (op->dfd, op->base, op->shown) or refuses;
+ * the file itself is checked by check_file. */
+static void check_path(struct write_op *op)
+{
+        char roots[1024], norm[PATH_MAX];
+        const char *p = op->path;
+        bool dir_only;
+        op->code = NULL;
+        roots_text(op->roots, roots, sizeof roots);
+        if (p[0] != '/') {
+                idem_write_refuse(op, "path_refused",
+                       "%s: not an absolute path; tool write takes an absolute path within "
+                       "WriteRoots= (%s)",
+                       p, roots);
+                return;
+        }
+        int r = normalize(p, norm, sizeof norm, &dir_only);
+        if (r == -EINVAL) {
+                idem_write_refuse(op, "path_refused",
+                       "%s: '..' is not allowed in the path; write within WriteRoots= (%s)", p,
+                       roots);
+                return;
+        }
+        if (r < 0) {
+                idem_write_refuse(op, "path_refused", "%s: %s", p, strerror(-r));
+                return;
+        }
+        /* The root: the longest that holds the path, as configured or
+         * resolved. */
+        struct write_roots *rs = op->roots;
+        roots_open(rs);
+        const struct write_root *root = NULL;
+        size_t best = 0;
+        bool any_root = false;
+        char why[1024] = "";
+        size_t wused = 0;
+        for (size_t i = 0; i < rs->n; i++) {
+                const struct write_root *w = &rs->r[i];
+                if (w->fd < 0) {
+                        if (wused < sizeof why)
+                                wused += (size_t)snprintf(why + wused, sizeof why - wused,
+                                                          "; WriteRoots= %s: %s", w->path,
+                                                          strerror(w->error));
+                        continue;
+                }
+                any_root = true;
+                size_t n = under(norm, w->path), m = under(norm, w->real);
+                if (m > n)
+                        n = m;
+                if (n > best) {
+                        best = n;
+                        root = w;
+                }
+        }
+        if (!root) {
+                if (rs->n == 0)
+                        idem_write_refuse(op, "path_refused",
+                               "%s: tool write is not enabled: no WriteRoots= in the "
+                               "[Idempotency] section of the configuration",
+                               p);
+                else if (!any_root)
+                        idem_write_refuse(op, "path_refused", "%s: no WriteRoots= directory exists (%s)%s",
+                               p, roots, why);
+                else
+                        idem_write_refuse(op, "path_refused", "%s: not within WriteRoots= (%s)%s", p,
+                               roots, why);
+                return;
+        }
+        const char *rel = norm + best;
+        while (*rel == '/')
+                rel++;
+        if (!*rel) {
+                idem_write_refuse(op, "path_refused",
+                       "%s: names a directory (the WriteRoots= directory %s itself), not a file",
+                       p, root->path);
+                return;
+        }
+        if (dir_only) {
+                idem_write_refuse(op, "path_refused", "%s: names a directory, not a file", p);
+                return;
+        }
+        const char *slash = strrchr(rel, '/');
+        const char *base = slash ? slash + 1 : rel;
+        size_t dlen = slash ? (size_t)(slash - rel) : 0;
+        char dir[PATH_MAX];
+        memcpy(dir, rel, dlen);
+        dir[dlen] = '\0';
+        /* Reported paths start with the root as the caller named it. */
+        size_t plen = (size_t)(rel - norm);
+        int dfd = -1;
+        size_t bad = 0;
+        r = beneath_open_dir(root->fd, dir, op->beneath_flags, &dfd, &bad);
+        if (r < 0) {
+                int blen = (int)(plen + bad);
+                if (r == -ELOOP && bad)
+                        idem_write_refuse(op, "path_refused",
+                               "%s: %.*s is a symbolic link; tool write follows no symbolic "
+                               "link below a WriteRoots= directory (name the real path)",
+                               p, blen, norm);
+                else if (r == -ELOOP)
+                        idem_write_refuse(op, "path_refused",
+                               "%s: a directory on the path is a symbolic link; tool write "
+                               "follows no symbolic link below a WriteRoots= directory (name "
+                               "the real path)",
+                               p);
+                else if (r == -ENOTDIR && bad)
+                        idem_write_refuse(op, "path_refused", "%s: %.*s is not a directory", p, blen,
+                               norm);
+                else if (r == -ENOENT && bad)
+                        idem_write_refuse(op, "path_refused",
+                               "%s: its directory cannot be resolved: %.*s does not exist", p,
+                               blen, norm);
+                else
+                        idem_write_refuse(op, "path_refused",
+                               "%s: its directory cannot be resolved below WriteRoots= %s: %s",
+                               p, root->path, strerror(-r));
+                return;
+        }
+        if (op->dfd >= 0)
+                close(op->dfd);
+        op->dfd = dfd;
+        free(op->base);
+        free(op->shown);
+        op->base = strdup(base);
+        op->shown = strdup(norm);
+        if (!op->base || !op->shown)
+                idem_write_refuse(op, "internal", "out of memory");
+}
+
+/* Pool (write_q): the file in the verified directory is absent or a
+ * regular file (a symbolic link is never replaced). */
+static void check_file(struct write_op *op)
+{
+        struct stat st;
+        if (fstatat(op->dfd, op->base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                if (S_ISLNK(st.st_mode))
+                        idem_write_refuse(op, "path_refused",
+                               "%s: is a symbolic link (tool write replaces no symbolic "
+                               "link; name its target)",
+                               op->path);
+                else if (!S_ISREG(st.st_mode))
+                        idem_write_refuse(op, "path_refused", "%s: exists and is not a regular file",
+                               op->path);
+        } else if (errno != ENOENT) {
+                idem_write_refuse(op, "path_refused", "%s: %s", op->path, strerror(errno));
+        }
+}
+
+static void check_work(void *arg)
+{
+        struct write_op *op = arg;
+        check_path(op);
+        if (!op->code)
+                check_file(op);
+}
+
+/* Pool thread: in the directory verified by check_work (never by its path
+ * again): the file is still absent or regular, then a temporary file,
+ * write, fdatasync, rename, fsync of the directory. */
+void idem_write_work(void *arg)
+{
+        struct write_op *op = arg;
+        if (op->dfd < 0)
+                check_path(op);
+        if (!op->code)
+                check_file(op);
+        if (op->code)
+                return;
+        int dfd = op->dfd;
+        char tmp[NAME_MAX + 64];
+        int fd = -1;
+        for (int i = 0; i < 100 && fd < 0; i++) {
+                uint32_t rnd = randombytes_random();
+                snprintf(tmp, sizeof tmp, ".%.200s.kairos-tmp.%08x", op->base, rnd);
+                fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                            0644);
+                if (fd < 0 && errno != EEXIST)
+                        break;
+        }
+        if (fd < 0) {
+                idem_write_refuse(op, "write_failed", "%s: cannot create a temporary file in its "
+                       "directory: %s", op->path, strerror(errno));
+                return;
+        }
+        const unsigned char *p = op->content;
+        size_t left = op->len;
+        int e = 0;
+        while (left > 0 && !e) {
+                ssize_t n = write(fd, p, left);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        e = errno;
+                else {
+                        p += n;
+                        left -= (size_t)n;
+                }
+        }
+        if (!e && fdatasync(fd) < 0)
+                e = errno;
+        if (close(fd) < 0 && !e)
+                e = errno;
+#ifdef KAIROS_TEST_HOOKS
+        if (!e && op->svc->crash_at == 1)
+                raise(SIGKILL);
+#endif
+        if (!e && renameat(dfd, tmp, dfd, op->base) < 0)
+                e = errno;
+        if (e) {
+                unlinkat(dfd, tmp, 0);
+                idem_write_refuse(op, "write_failed", "%s: writing failed: %s", op->path, strerror(e));
+                return;
+        }
+        op->renamed = true;
+        if (fsync(dfd) < 0)
+                idem_write_refuse(op, "write_failed", "%s: written, but its directory could not be "
+                       "synced: %s", op->path, strerror(errno));
+#ifdef KAIROS_TEST_HOOKS
+        if (op->svc->crash_at == 2)
+                raise(SIGKILL);
+#endif
+}
+
+void idem_write_reply(struct write_op *op, bool cached)
+{
+        idem_core_ok(op->call, json_pack("{s:s, s:s, s:s, s:I, s:b}", "outcome",
+                                            cached ? "completed" : "written", "key", op->key,
+                                            "path", op->shown ? op->shown : op->path,
+                                            "bytes", (json_int_t)op->len, "cached", cached));
+}
+
+static void write_finished_durable(struct waiter *w, int err)
+{
+        struct write_op *op = (struct write_op *)w;
+        if (err)
+                idem_core_store_error(op->call, err);
+        else if (op->code)
+                idem_core_error_detail(op->call, op->code,
+                                           json_pack("{s:s, s:b}", "key", op->key, "cached",
+                                                     0),
+                                           "%s", op->msg);
+        else
+                idem_write_reply(op, false);
+        idem_write_op_free(op);
+}
+
+/* Loop: record the outcome.  A write that failed before its rename
+ * changed nothing: its entry is dropped (a retry with the key writes);
+ * one that may have replaced the file is kept, failed or completed. */
+
+void idem_write_done(void *arg)
+{
+        struct write_op *op = arg;
+        struct idem_service *svc = op->svc;
+        uint64_t lsn = 0;
+        int r;
+        if (svc->d->toolclaims->write_done(op))
+                return;
+        if (op->code && !op->renamed) {
+                r = idem_abandon(svc->store, op->key, op->msg, &lsn);
+        } else if (op->code) {
+                r = idem_fail(svc->store, op->key, strcmp(op->code, "path_refused") == 0
+                                                           ? "path_refused"
+                                                           : "write_failed",
+                              op->msg, NULL, 0, &lsn);
+        } else {
+                json_t *pl = json_pack("{s:s, s:I}", "path", op->shown, "bytes",
+                                       (json_int_t)op->len);
+                char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                json_decref(pl);
+                r = text ? idem_complete(svc->store, op->key, text, strlen(text), &lsn)
+                         : -ENOMEM;
+                free(text);
+        }
+        if (r < 0) {
+                log_error("cannot record the write of %s (%s): %s", op->path, op->key,
+                          strerror(-r));
+                idem_core_store_error(op->call, r);
+                idem_write_op_free(op);
+                return;
+        }
+        if (op->code)
+                log_warning("tool write %s (%s) failed%s: %s", op->path, op->key,
+                            op->renamed ? "" : ", nothing written, not kept", op->msg);
+        idem_core_wait_durable(svc, &op->w, lsn, write_finished_durable);
+}
+
+static void write_begin_durable(struct waiter *w, int err)
+{
+        struct write_op *op = (struct write_op *)w;
+        if (err) {
+                idem_core_store_error(op->call, err);
+                idem_write_op_free(op);
+                return;
+        }
+        if (serialq_submit(&op->svc->write_q, idem_write_work, idem_write_done, op) < 0) {
+                idem_write_refuse(op, "write_failed", "out of memory");
+                idem_write_done(op);
+        }
+}
+
+/* A duplicate of a write: answer as the first time. */
+void idem_write_existing(struct write_op *op, enum idem_outcome o, const struct idem_view *v)
+{
+        if (o == IDEM_HIT_COMPLETED) {
+                json_t *pl = json_loadb(v->result, v->result_len, 0, NULL);
+                const char *path = json_string_value(json_object_get(pl, "path"));
+                free(op->shown);
+                op->shown = path ? strdup(path) : NULL;
+                op->len = (size_t)json_integer_value(json_object_get(pl, "bytes"));
+                json_decref(pl);
+                idem_write_reply(op, true);
+        } else if (o == IDEM_HIT_FAILED) {
+                idem_core_error_detail(op->call,
+                                           v->error_class &&
+                                                           strcmp(v->error_class,
+                                                                  "path_refused") == 0
+                                                   ? "path_refused"
+                                                   : "write_failed",
+                                           json_pack("{s:s, s:b}", "key", v->key, "cached", 1),
+                                           "%s (cached: the first write with key %s failed)",
+                                           v->error_msg ? v->error_msg : "", v->key);
+        } else {
+                idem_core_existing(op->call, o, v, op->fp);
+        }
+        idem_write_op_free(op);
+}
+
+/* Loop: claim the key (after the path check, so a refused path is not
+ * claimed), then write once the begin record is durable. */
+static void begin_write(struct write_op *op)
+{
+        struct idem_service *svc = op->svc;
+        struct idem_step_owner step;
+        bool owned = idem_core_step(op->call, &step);
+        int64_t epoch;
+        if (!idem_core_epoch(op->call, owned ? &step : NULL, &epoch)) {
+                idem_write_op_free(op);
+                return;
+        }
+        if (owned && epoch > 0 && svc->d->toolclaims->write_begin(op, &step, epoch))
+                return;
+        struct idem_write_claim claim = { .path = op->path, .sha256 = op->sha,
+                                          .bytes = op->len };
+        struct idem_request ir = { .tool = WRITE_TOOL, .key = op->explicit_key,
+                                   .fingerprint = op->fp,
+                                   .owner = owned ? &step : NULL,
+                                   .write = strlen(op->path) <= IDEM_WRITE_PATH_MAX ? &claim
+                                                                                    : NULL };
+        struct idem_view v;
+        uint64_t lsn = 0;
+        int r = idem_begin(svc->store, &ir, &v, &lsn);
+        if (r < 0) {
+                idem_core_store_error(op->call, r);
+                idem_write_op_free(op);
+                return;
+        }
+        if (r != IDEM_PROCEED) {
+                idem_write_existing(op, (enum idem_outcome)r, &v);
+                return;
+        }
+        idem_core_wait_durable(svc, &op->w, lsn, write_begin_durable);
+}
+
+static void check_done(void *arg)
+{
+        struct write_op *op = arg;
+        if (op->code) {
+                idem_core_error_detail(op->call, op->code,
+                                           json_pack("{s:s, s:s, s:b}", "key", op->key, "path",
+                                                     op->path, "cached", 0),
+                                           "%s", op->msg);
+                idem_write_op_free(op);
+                return;
+        }
+        if (SVC(op->call->d)->load_error || !SVC(op->call->d)->store) {
+                idem_core_unavailable(op->call);
+                idem_write_op_free(op);
+                return;
+        }
+        begin_write(op);
+}
+
+void idem_tool_write(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *key, *path, *content;
+        if (!call ||
+            !idem_core_required(call, "key", &key, "path", &path, "content", &content, NULL))
+                return;
+        struct idem_service *svc = SVC(call->d);
+        if (!svc->roots && !(svc->roots = idem_write_roots_new(call->d->cfg))) {
+                idem_core_error(call, "internal", "out of memory");
+                return;
+        }
+        struct write_op *op = calloc(1, sizeof(*op));
+        if (!op) {
+                idem_core_error(call, "internal", "out of memory");
+                return;
+        }
+        op->svc = svc;
+        op->call = call;
+        op->dfd = -1;
+        op->roots = svc->roots;
+        op->roots->refs++;
+        op->beneath_flags = svc->beneath_flags;
+        int r = idem_core_b64_decode(content, &op->content, &op->len);
+        if (r < 0) {
+                idem_core_error(call, "bad_argument", "args.content: %s",
+                                    r == -EINVAL ? "not base64" : "out of memory");
+                idem_write_op_free(op);
+                return;
+        }
+        idem_core_sha256_hex(op->content, op->len, op->sha);
+        /* The identity is the key and the path: content may differ on a
+         * retry (a timestamp) and is still the same write. */
+        json_t *input = json_pack("{s:s}", "path", path);
+        char *text = input ? json_dumps(input, JSON_COMPACT) : NULL;
+        json_decref(input);
+        struct idem_request ir = { .tool = WRITE_TOOL, .key = key, .input_json = text,
+                                   .input_len = text ? strlen(text) : 0 };
+        r = text ? idem_make_key(&ir, op->key, op->fp) : -ENOMEM;
+        free(text);
+        op->explicit_key = strdup(key);
+        op->path = strdup(path);
+        if (r == 0 && (!op->explicit_key || !op->path))
+                r = -ENOMEM;
+        if (r < 0) {
+                if (r == -ENOMEM)
+                        idem_core_error(call, "internal", "out of memory");
+                else
+                        idem_core_error(call, "bad_argument",
+                                            "args.key: 1..512 bytes of UTF-8 without control "
+                                            "characters, not starting with 'content:'");
+                idem_write_op_free(op);
+                return;
+        }
+        /* Known key: a duplicate is answered without touching the path. */
+        struct idem_view v;
+        if (idem_get(svc->store, op->key, &v) == 0) {
+                begin_write(op);
+                return;
+        }
+        if (serialq_submit(&svc->write_q, check_work, check_done, op) < 0) {
+                idem_core_error(call, "internal", "out of memory");
+                idem_write_op_free(op);
+        }
+}
+
+/* ---- settling tool writes a crash interrupted (docs/design.md §11) ---- */
+
+enum settle_verdict { SETTLE_WRITTEN, SETTLE_NOT_WRITTEN, SETTLE_UNKNOWN };
+
+/* Pool: does the file named by the claim hold the claimed content?  The
+ * path is resolved beneath its WriteRoots= directory exactly as a tool
+ * write resolves it (no symbolic link followed); the file is opened
+ * O_NOFOLLOW.  why: for the log and the record. */
+static enum settle_verdict settle_check(struct idem_service *svc,
+                                        const struct idem_write_claim *w, char **ret_shown,
+                                        char *why, size_t whylen)
+{
+        struct write_op op = { .svc = svc, .dfd = -1, .roots = svc->settle_roots,
+                               .beneath_flags = svc->beneath_flags, .path = (char *)w->path };
+        enum settle_verdict v = SETTLE_UNKNOWN;
+        *ret_shown = NULL;
+        check_path(&op);
+        if (op.code) {
+                snprintf(why, whylen, "%s", op.msg);
+                goto out;
+        }
+        int fd = openat(op.dfd, op.base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+                snprintf(why, whylen, "the file does not exist: the write never reached its "
+                         "rename");
+                v = SETTLE_NOT_WRITTEN;
+                goto out;
+        }
+        if (fd < 0) {
+                snprintf(why, whylen, "the file cannot be opened: %s", strerror(errno));
+                goto out;
+        }
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                snprintf(why, whylen, "the file is not a regular file");
+                close(fd);
+                goto out;
+        }
+        if ((uint64_t)st.st_size != w->bytes) {
+                snprintf(why, whylen, "the file holds %lld bytes, the write %llu: its content "
+                         "is not the write's",
+                         (long long)st.st_size, (unsigned long long)w->bytes);
+                v = SETTLE_NOT_WRITTEN;
+                close(fd);
+                goto out;
+        }
+        crypto_hash_sha256_state hs;
+        crypto_hash_sha256_init(&hs);
+        unsigned char buf[65536];
+        uint64_t total = 0;
+        for (;;) {
+                ssize_t n = read(fd, buf, sizeof buf);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0) {
+                        snprintf(why, whylen, "the file cannot be read: %s", strerror(errno));
+                        close(fd);
+                        goto out;
+                }
+                if (n == 0)
+                        break;
+                total += (uint64_t)n;
+                crypto_hash_sha256_update(&hs, buf, (size_t)n);
+        }
+        close(fd);
+        unsigned char h[crypto_hash_sha256_BYTES];
+        char hex[IDEM_SHA256_HEX + 1];
+        crypto_hash_sha256_final(&hs, h);
+        sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+        if (total == w->bytes && strcmp(hex, w->sha256) == 0) {
+                snprintf(why, whylen, "the file holds the write's content (sha256 %s, %llu "
+                         "bytes): the write took effect",
+                         hex, (unsigned long long)total);
+                v = SETTLE_WRITTEN;
+        } else {
+                snprintf(why, whylen, "the file's content (sha256 %s) is not the write's "
+                         "(sha256 %s)",
+                         hex, w->sha256);
+                v = SETTLE_NOT_WRITTEN;
+        }
+out:
+        if (op.dfd >= 0)
+                close(op.dfd);
+        free(op.base);
+        if (v == SETTLE_WRITTEN)
+                *ret_shown = op.shown;
+        else
+                free(op.shown);
+        return v;
+}
+
+struct settle_item {
+        char key[IDEM_FULL_KEY_SIZE];
+        char *path;
+        char sha[IDEM_SHA256_HEX + 1];
+        uint64_t bytes;
+};
+
+struct settle_list {
+        struct settle_item *v;
+        size_t n, cap;
+        int err;
+};
+
+static int collect_open_write(const struct idem_view *v, void *arg)
+{
+        struct settle_list *l = arg;
+        if ((v->state != IDEM_ST_INTERRUPTED && v->state != IDEM_ST_PROCESSING) ||
+            strcmp(v->tool, WRITE_TOOL) != 0 || !v->write.path)
+                return 0;
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? l->cap * 2 : 8;
+                struct settle_item *nv = realloc(l->v, cap * sizeof(*nv));
+                if (!nv) {
+                        l->err = -ENOMEM;
+                        return 1;
+                }
+                l->v = nv;
+                l->cap = cap;
+        }
+        struct settle_item *it = &l->v[l->n];
+        snprintf(it->key, sizeof it->key, "%s", v->key);
+        memcpy(it->sha, v->write.sha256, sizeof it->sha);
+        it->bytes = v->write.bytes;
+        if (!(it->path = strdup(v->write.path))) {
+                l->err = -ENOMEM;
+                return 1;
+        }
+        l->n++;
+        return 0;
+}
+
+/* Pool, at load (before anything else uses the store): every tool write
+ * that a crash left open is decided from its file — the content it claimed
+ * is there → completed (a retry replays it); it is not → dropped (a retry
+ * writes; the write is an atomic replace, so it never reached its rename,
+ * or the file was replaced since).  Unreadable → left interrupted for an
+ * operator.  The records are made durable here. */
+void idem_write_settle(struct idem_service *svc)
+{
+        struct settle_list l = { 0 };
+        idem_foreach(svc->store, collect_open_write, &l);
+        if (!(svc->settled = json_array()))
+                l.err = -ENOMEM;
+        for (size_t i = 0; i < l.n && !l.err; i++) {
+                struct settle_item *it = &l.v[i];
+                struct idem_write_claim w = { .path = it->path, .sha256 = it->sha,
+                                              .bytes = it->bytes };
+                char why[2200], *shown = NULL;
+                enum settle_verdict v = settle_check(svc, &w, &shown, why, sizeof why);
+                int r = 0;
+                const char *outcome = "left_interrupted";
+                if (v == SETTLE_WRITTEN) {
+                        json_t *pl = json_pack("{s:s, s:I, s:s}", "path", shown ? shown : it->path,
+                                               "bytes", (json_int_t)it->bytes, "settled",
+                                               "at kairosd start, from the file");
+                        char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                                        : NULL;
+                        json_decref(pl);
+                        r = text ? idem_settle_complete(svc->store, it->key, text, strlen(text),
+                                                        NULL)
+                                 : -ENOMEM;
+                        free(text);
+                        outcome = "completed";
+                } else if (v == SETTLE_NOT_WRITTEN) {
+                        char reason[2400];
+                        snprintf(reason, sizeof reason, "settled at kairosd start: %s", why);
+                        r = idem_settle_abandon(svc->store, it->key, reason, NULL);
+                        outcome = "dropped";
+                }
+                free(shown);
+                if (r < 0)
+                        outcome = "left_interrupted";
+                json_array_append_new(svc->settled,
+                                      json_pack("{s:s, s:s, s:s, s:s}", "key", it->key, "path",
+                                                it->path, "outcome", outcome, "why",
+                                                r < 0 ? strerror(-r) : why));
+        }
+        for (size_t i = 0; i < l.n; i++)
+                free(l.v[i].path);
+        free(l.v);
+        if (idem_pending_bytes(svc->store) == 0)
+                return;
+        struct kbuf b = { 0 };
+        uint64_t upto = 0;
+        int r = idem_take_pending(svc->store, &b, &upto);
+        if (r == 0)
+                r = idem_log_append(svc->log, b.data, b.len);
+        kbuf_free(&b);
+        if (r == 0)
+                idem_durable(svc->store, upto);
+        else
+                idem_set_failed(svc->store, r);
+}
