@@ -1143,7 +1143,15 @@ class TestStopAndCrash(ExecCase):
         with open(fifo) as f:
             pid = int(f.read())
         try:
-            new = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+            # the new keeper is forked before the handler's clone, but names
+            # itself (PR_SET_NAME) on its own time: no event to wait on, poll
+            # /proc with a deadline
+            deadline = time.monotonic() + 10
+            while True:
+                new = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+                if new or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
             self.assertEqual(len(new), 1)
             self.assertNotEqual(new[0], keepers[0])
             self.d.kill()
