@@ -136,6 +136,10 @@ struct wal_options {
          * after a failed fdatasync. */
         int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
         void *barrier_ctx;
+        /* Keep the lines appended through this WAL in memory until
+         * wal_take_appended() takes them: who appends folds what it wrote
+         * without reading the file back. */
+        bool keep_appended;
 };
 
 struct wal_open_info {
@@ -186,6 +190,14 @@ size_t wal_pending(const struct wal *w);
 
 /* Append one record (not yet durable). */
 int wal_append(struct wal *w, const struct wal_record *r);
+/* With keep_appended: move the lines appended since the last take (or the
+ * open) into out, which must be empty (its storage is replaced), and set
+ * *ret_at to the file offset of the first of them (the file's end when there
+ * are none).  The lines are whole records as written, durable or not.
+ * -ENODATA: they were not kept (the option is off, or memory ran out while
+ * keeping them): read the file; keeping restarts at its current end. */
+int wal_take_appended(struct wal *w, struct kbuf *out, uint64_t *ret_at);
+
 /* Barrier: make everything appended so far durable (one fdatasync, none if
  * nothing is pending). */
 int wal_flush(struct wal *w);

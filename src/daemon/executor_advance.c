@@ -120,21 +120,42 @@ static void build_stdin(struct advance *a, const struct fold *f, const struct fo
         (void)stepdoc_build(f, p, idx, &in, &a->stdin_doc);
 }
 
-/* Bring the mandate's fold up to date with its WAL: fold the bytes after
- * the last folded record (what was appended since — by this job, a command
- * or recovery).  Reads each byte of the WAL once over the mandate's life. */
+/* Fold bytes into the mandate's fold and keep them (the archive is made
+ * from them, not read again). */
+static int fold_more(struct mandate *m, const struct kbuf *b)
+{
+        size_t used = 0;
+        int r = b->len ? fold_feed(m->fold, b->data, b->len, &used) : 0;
+        if (used && kbuf_append(&m->wal_bytes, b->data, used) < 0)
+                kbuf_free(&m->wal_bytes);
+        return r;
+}
+
+/* Bring the mandate's fold up to date with its WAL: fold the records after
+ * the last folded one.  What was appended through m->wal (by this job, a
+ * command, a probe) comes from memory: the file is never read back while
+ * the mandate runs.  The file is read only for what this handle did not
+ * write (a WAL reopened after recovery or another process) or when memory
+ * ran out keeping the lines. */
 static int fold_catch_up(struct mandate *m)
 {
         int r;
         if (!m->fold && (r = fold_new(&m->fold)) < 0)
                 return r;
+        struct kbuf b = KBUF_INIT;
+        uint64_t at = 0;
+        if (m->wal && wal_take_appended(m->wal, &b, &at) == 0 && at == m->fold->good_end) {
+                r = fold_more(m, &b);
+                kbuf_free(&b);
+                return r;
+        }
+        kbuf_free(&b); /* (what was kept is in the file: read from there) */
         int fd;
         do
                 fd = open(m->wal_path, O_RDONLY | O_CLOEXEC);
         while (fd < 0 && errno == EINTR);
         if (fd < 0)
                 return -errno;
-        struct kbuf b = KBUF_INIT;
         off_t off = (off_t)m->fold->good_end;
         r = 0;
         for (;;) {
@@ -152,12 +173,8 @@ static int fold_catch_up(struct mandate *m)
                 b.len += (size_t)k;
         }
         close(fd);
-        size_t used = 0;
-        if (r == 0 && b.len)
-                r = fold_feed(m->fold, b.data, b.len, &used);
-        /* keep what was folded: the archive is made from it, not read again */
-        if (used && kbuf_append(&m->wal_bytes, b.data, used) < 0)
-                kbuf_free(&m->wal_bytes);
+        if (r == 0)
+                r = fold_more(m, &b);
         kbuf_free(&b);
         return r;
 }
@@ -417,6 +434,8 @@ void advance_work(void *arg)
                         snprintf(a->errmsg, sizeof a->errmsg, "writing the summary of %s: %s",
                                  m->id, strerror(-r));
                 } else {
+                        /* the last records too: the archive is made from memory */
+                        (void)fold_catch_up(m);
                         wal_close(m->wal);
                         m->wal = NULL;
                         /* from the bytes folded when they are the whole file */

@@ -219,6 +219,7 @@ int mandate_wal_open(struct mandate *m)
         if (m->d->up.wal_options)
                 m->d->up.wal_options(m, &opt);
         opt.dir_exists = true;
+        opt.keep_appended = true; /* folded from memory (executor_advance.c) */
         int r = wal_open(m->wal_path, &opt, &m->wal, &info);
         if (r < 0)
                 return r;

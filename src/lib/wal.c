@@ -413,6 +413,11 @@ struct wal {
         int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
         void *barrier_ctx;
         struct kbuf unbarriered;
+        /* keep_appended: the lines since the last take, from offset kept_at */
+        bool keep;
+        bool kept_lost;      /* one could not be kept: the reader reads the file */
+        off_t kept_at;
+        struct kbuf kept;
 };
 
 static int64_t realtime_ms(void *ctx)
@@ -599,6 +604,7 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
         w->dir_exists = opt && opt->dir_exists;
         w->barrier = opt ? opt->barrier : NULL;
         w->barrier_ctx = opt ? opt->barrier_ctx : NULL;
+        w->keep = opt && opt->keep_appended;
         w->state = WAL_STATE_OK;
         w->path = strdup(path);
         if (!w->path) {
@@ -625,6 +631,7 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
                 free(w);
                 return r;
         }
+        w->kept_at = w->size;
         *out = w;
         return 0;
 }
@@ -658,6 +665,7 @@ int wal_close(struct wal *w)
         int r = wal_shutdown(w);
         pthread_mutex_destroy(&w->lock);
         kbuf_free(&w->unbarriered);
+        kbuf_free(&w->kept);
         free(w->path);
         free(w);
         return r;
@@ -759,6 +767,11 @@ int wal_append(struct wal *w, const struct wal_record *rec)
                         w->io->ftruncate(w->io->ctx, w->fd, w->size);
                         fail_locked(w, r = -ENOMEM);
                 } else {
+                        if (w->keep && !w->kept_lost &&
+                            kbuf_append(&w->kept, line.data, line.len) < 0) {
+                                kbuf_free(&w->kept);
+                                w->kept_lost = true;
+                        }
                         w->size += (off_t)line.len;
                         w->pending++;
                         w->records++;
@@ -778,6 +791,26 @@ int64_t wal_records(const struct wal *w)
         int64_t n = w->records;
         pthread_mutex_unlock(&unconst(w)->lock);
         return n;
+}
+
+int wal_take_appended(struct wal *w, struct kbuf *out, uint64_t *ret_at)
+{
+        if (!w || !out || out->len || !ret_at)
+                return -EINVAL;
+        pthread_mutex_lock(&w->lock);
+        int r = w->keep && !w->kept_lost ? 0 : -ENODATA;
+        *ret_at = (uint64_t)w->kept_at;
+        if (r == 0) {
+                kbuf_free(out);
+                *out = w->kept;
+                w->kept = (struct kbuf)KBUF_INIT;
+        } else {
+                kbuf_free(&w->kept);
+        }
+        w->kept_lost = false;
+        w->kept_at = w->size;
+        pthread_mutex_unlock(&w->lock);
+        return r;
 }
 
 int wal_flush(struct wal *w)

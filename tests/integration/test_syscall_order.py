@@ -21,7 +21,10 @@ and, from the trace, in the daemon's threads:
      file after its last write -- except the mandate's archive and summary,
      which finished mandates write unsynced in batches: a successful syncfs
      must follow their rename before the WAL is unlinked (until then the WAL
-     is the truth, and a crash makes the next start archive it again).
+     is the truth, and a crash makes the next start archive it again);
+  4. the daemon never reads a WAL back while it runs (no WAL is left when it
+     starts, so its whole life counts): what it appended it folds from
+     memory; read(2)/pread64(2)/readv/preadv on a WAL's fd return 0 bytes.
 
 fds are mapped to paths through the trace (open/openat/creat results, dup,
 dup2, dup3, fcntl F_DUPFD, close), per process.  A self-test first removes
@@ -42,7 +45,7 @@ from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E
 REAL_KAIROSD = os.environ.get("KAIROSD", "kairosd")
 AT = "2026-04-20T12:00:00Z"
 TRACED = ("%file,write,writev,sendmsg,sendto,fdatasync,fsync,syncfs,rename,renameat,renameat2,"
-          "execve,clone,clone3,fork,vfork,close,dup,dup2,dup3,fcntl")
+          "execve,clone,clone3,fork,vfork,close,dup,dup2,dup3,fcntl,read,pread64,readv,preadv")
 
 HANDLER = r"""#!/bin/sh
 cat > /dev/null
@@ -167,7 +170,8 @@ class Trace:
                     and e.ret >= 0:
                 fds[e.ret] = fds.get(e.ints()[0]) if e.ints() else None
                 fd_set[e.ret] = e.seq
-            elif e.name in ("write", "writev", "fdatasync", "fsync", "syncfs", "close") and e.ints():
+            elif e.name in ("write", "writev", "fdatasync", "fsync", "syncfs", "close", "read",
+                            "pread64", "readv", "preadv") and e.ints():
                 self.fdpath[e.seq] = fds.get(e.ints()[0])
                 # A close frees its number when it starts: an open on another
                 # thread that returned the same number while the close was
@@ -350,6 +354,16 @@ def check(trace, mandate):
             else:
                 n["renames synced"] += 1
             state[dst] = state.pop(src, None)
+
+    # --- 4. no WAL read back
+    n["wal bytes read"] = 0
+    for e in T.daemon(("read", "pread64", "readv", "preadv")):
+        p = T.fdpath.get(e.seq) or ""
+        if p.endswith(".wal.jsonl") and T.in_state(p) and isinstance(e.ret, int) and e.ret > 0:
+            n["wal bytes read"] += e.ret
+            if n["wal bytes read"] == e.ret:
+                bad.append("the WAL %s read back while running (%r): what the daemon "
+                           "appended it must fold from memory" % (p, e))
     return n, bad
 
 
@@ -362,6 +376,8 @@ def self_test(trace, mandate):
 
     wal = os.path.join(T.state, "wal", mandate + ".wal.jsonl")
     cases = {
+        # a read of the WAL is noticed: one made up from its first write
+        "a WAL read back": None,
         "fdatasync before a spawn": lambda e: e.name == "fdatasync" and
         T.fdpath.get(e.seq) == wal,
         "fsync of wal/": lambda e: e.name == "fsync" and
@@ -374,7 +390,13 @@ def self_test(trace, mandate):
     }
     missed = []
     for what, pred in cases.items():
-        if not without(pred):
+        if pred is None:
+            w = next(e for e in T.daemon(("write",)) if T.fdpath.get(e.seq) == wal)
+            fake = Event(w.start, w.seq, w.tid, "pread64", w.args, w.ret)
+            t = Trace([fake if e is w else e for e in T.events], T.state)
+            if not check(t, mandate)[1]:
+                missed.append(what)
+        elif not without(pred):
             missed.append(what)
     return len(cases), missed
 

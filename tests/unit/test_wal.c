@@ -1520,6 +1520,59 @@ static void test_encode_owner(void **state)
         kbuf_free(&b);
 }
 
+/* keep_appended: the lines appended come back from memory, byte for byte
+ * what the file holds after the offset given; a reopen starts at the end;
+ * without the option, or after a failed write, -ENODATA. */
+static void test_take_appended(void **state)
+{
+        struct fx *f = *state;
+        struct wal *w = NULL;
+        struct kbuf b = KBUF_INIT;
+        uint64_t at = 99;
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, NULL), 0);
+        assert_int_equal(wal_mark_reset(w, "a"), 0);
+        assert_int_equal(wal_take_appended(w, &b, &at), -ENODATA);
+        assert_int_equal(b.len, 0);
+        assert_int_equal(wal_close(w), 0);
+
+        struct wal_options o = f->opt;
+        o.keep_appended = true;
+        size_t len0;
+        char *file = slurp(f->wal, &len0);
+        free(file);
+        assert_int_equal(wal_open(f->wal, &o, &w, NULL), 0);
+        assert_int_equal(wal_take_appended(w, &b, &at), 0);
+        assert_int_equal(at, len0);
+        assert_int_equal(b.len, 0);
+        assert_int_equal(wal_mark_reset(w, "b"), 0);
+        assert_int_equal(wal_mark_reset(w, "c"), 0);
+        assert_int_equal(wal_take_appended(w, &b, &at), 0);
+        assert_int_equal(at, len0);
+        size_t len;
+        file = slurp(f->wal, &len);
+        assert_int_equal(b.len, len - len0);
+        assert_memory_equal(b.data, file + len0, b.len);
+        free(file);
+        struct kbuf nonempty = b;
+        assert_int_equal(wal_take_appended(w, &nonempty, &at), -EINVAL);
+        kbuf_free(&b);
+        /* taken once: the next take starts after them */
+        assert_int_equal(wal_mark_reset(w, "d"), 0);
+        assert_int_equal(wal_take_appended(w, &b, &at), 0);
+        assert_int_equal(at, len);
+        assert_non_null(strstr(b.data, "\"step_id\":\"d\""));
+        kbuf_free(&b);
+        /* a failed write keeps nothing of its line */
+        f->rec.fail_op = OP_WRITE;
+        f->rec.fail_nth = f->rec.calls[OP_WRITE] + 1;
+        f->rec.fail_err = -ENOSPC;
+        assert_int_equal(wal_mark_reset(w, "e"), -ENOSPC);
+        assert_int_equal(wal_take_appended(w, &b, &at), 0);
+        assert_int_equal(b.len, 0);
+        assert_int_equal(wal_close(w), 0);
+        kbuf_free(&b);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1552,6 +1605,7 @@ int main(void)
                 T(test_archive),
                 T(test_archive_stage),
                 T(test_archive_failure_keeps_wal),
+                T(test_take_appended),
         };
 #undef T
         return cmocka_run_group_tests(tests, NULL, NULL);
