@@ -105,25 +105,17 @@ static void shortest_digits(double d, char dig[32], int *decpt)
         *decpt = 0;
 }
 
-int canon_format_double(double d, struct kbuf *out)
+/* d = [-]0.DIG x 10^decpt written as Ruby's flo_to_s does: fixed notation
+ * when the point falls inside the digits, or for up to DBL_DIG (15) integer
+ * digits, or for 0.000ddd; exponent form otherwise. */
+static int format_digits(bool neg, const char *dig, int decpt, struct kbuf *out)
 {
-        char dig[32];
-        int decpt;
         char tmp[64];
         size_t k = 0;
-
-        if (!isfinite(d))
-                return -EDOM;
-        if (d == 0)
-                return kbuf_puts(out, signbit(d) ? "-0.0" : "0.0");
-        if (d < 0)
-                tmp[k++] = '-';
-        shortest_digits(fabs(d), dig, &decpt);
         int n = (int)strlen(dig);
 
-        /* Ruby's flo_to_s: fixed notation when the point falls inside the
-         * digits, or for up to DBL_DIG (15) integer digits, or for
-         * 0.000ddd; exponent form otherwise. */
+        if (neg)
+                tmp[k++] = '-';
         if (decpt > 0 && (decpt < n || decpt <= 15)) {
                 for (int i = 0; i < decpt; i++)
                         tmp[k++] = i < n ? dig[i] : '0';
@@ -153,6 +145,83 @@ int canon_format_double(double d, struct kbuf *out)
                 k += (size_t)snprintf(tmp + k, sizeof(tmp) - k, "e%+03d", decpt - 1);
         }
         return kbuf_append(out, tmp, k);
+}
+
+int canon_format_double(double d, struct kbuf *out)
+{
+        char dig[32];
+        int decpt;
+
+        if (!isfinite(d))
+                return -EDOM;
+        if (d == 0)
+                return kbuf_puts(out, signbit(d) ? "-0.0" : "0.0");
+        shortest_digits(fabs(d), dig, &decpt);
+        return format_digits(d < 0, dig, decpt, out);
+}
+
+/* The shortest digits of a JSON number's text without converting it: a
+ * decimal of at most DBL_DIG (15) significant digits, well inside the normal
+ * range, reads back from the double it denotes (C11 5.2.4.2.2), and no other
+ * decimal of 15 digits or fewer denotes the same double; so its own digits
+ * (without leading and trailing zeros) are the shortest ones, the ones
+ * shortest_digits finds from the double.  false: not such a text (more
+ * digits, zero, an exponent out of range, not a number): convert it. */
+static bool text_digits(const char *t, size_t n, bool *ret_neg, char dig[32], int *ret_decpt)
+{
+        size_t i = 0, k = 0;
+        int point = 0, lead = 0;
+        bool seen = false;
+        *ret_neg = n && t[0] == '-';
+        i = *ret_neg;
+        if (i >= n || t[i] < '0' || t[i] > '9')
+                return false;
+        for (int part = 0; part < 2; part++) {
+                if (part == 1) {
+                        if (i >= n || t[i] != '.')
+                                break;
+                        if (++i >= n || t[i] < '0' || t[i] > '9')
+                                return false;
+                }
+                for (; i < n && t[i] >= '0' && t[i] <= '9'; i++) {
+                        if (part == 0)
+                                point++;
+                        if (!seen && t[i] == '0') {
+                                lead++;
+                                continue;
+                        }
+                        seen = true;
+                        if (k == 31)
+                                return false;
+                        dig[k++] = t[i];
+                }
+        }
+        if (!seen)
+                return false;
+        long exp10 = 0;
+        if (i < n && (t[i] == 'e' || t[i] == 'E')) {
+                bool eneg = false;
+                if (++i < n && (t[i] == '+' || t[i] == '-'))
+                        eneg = t[i++] == '-';
+                size_t e0 = i;
+                for (; i < n && t[i] >= '0' && t[i] <= '9' && i - e0 < 6; i++)
+                        exp10 = exp10 * 10 + (t[i] - '0');
+                if (i == e0)
+                        return false;
+                exp10 = eneg ? -exp10 : exp10;
+        }
+        if (i != n)
+                return false;
+        while (k > 1 && dig[k - 1] == '0')
+                k--;
+        if (k > 15)
+                return false;
+        dig[k] = '\0';
+        long decpt = point - lead + exp10;
+        if (decpt < -290 || decpt > 290)
+                return false;
+        *ret_decpt = (int)decpt;
+        return true;
 }
 
 /* ------------------------------------------------------------ canonical */
@@ -201,6 +270,11 @@ static int write_number(struct kbuf *out, const struct kjson *v)
                         return kbuf_putc(out, '0');
                 return kbuf_append(out, t, n);
         }
+        char dig[32];
+        int decpt;
+        bool neg;
+        if (text_digits(t, n, &neg, dig, &decpt))
+                return format_digits(neg, dig, decpt, out);
         /* strtod needs a terminated copy: the tree may not come from kjson */
         char small[64];
         char *buf = n < sizeof(small) ? small : malloc(n + 1);

@@ -59,14 +59,18 @@ int stepdoc_build(const struct fold *f, const struct fold_plan *p, size_t idx,
                 const struct fold_step *e = plan_step(f, p, i);
                 if (e->state != STEP_COMPLETED)
                         continue;
-                kbuf_printf(b, "%s\"%s\":%s", first ? "" : ",",
-                            planner_phase_name((enum planner_phase)i),
-                            e->result_json ? e->result_json : "null");
+                /* a result may be 1 MiB: copied by its length, no printf */
+                const char *res = e->result_json ? e->result_json : "null";
+                if ((!first && kbuf_putc(b, ',') < 0) || kbuf_putc(b, '"') < 0 ||
+                    kbuf_puts(b, planner_phase_name((enum planner_phase)i)) < 0 ||
+                    kbuf_puts(b, "\":") < 0 || kbuf_append(b, res, strlen(res)) < 0)
+                        return -ENOMEM;
                 first = false;
         }
         kbuf_puts(b, "},\"previous_reflect\":");
         const char *prev = reflect_result(f, plan_of_cycle(f, p->cycle - 1));
-        kbuf_puts(b, prev ? prev : "null");
+        if (kbuf_puts(b, prev ? prev : "null") < 0)
+                return -ENOMEM;
         /* one check at the end: kbuf leaves its data consistent on failure */
         return kbuf_puts(b, "}\n") < 0 || !b->data ? -ENOMEM : 0;
 }

@@ -550,6 +550,64 @@ static void test_value_from_parse(void **state)
         kjson_arena_free(a);
 }
 
+/* A number's text of at most 15 significant digits is written from its own
+ * digits, never converted: the same bytes as from the double it denotes
+ * (the shortest digits that read back), for random texts of 1 to 17 digits,
+ * leading and trailing zeros, points, exponents near and past the range. */
+static void test_float_text_same_as_double(void **state)
+{
+        (void)state;
+        uint64_t x = 0x9e3779b97f4a7c15ULL;
+        for (int round = 0; round < 60000; round++) {
+                char t[80];
+                size_t k = 0;
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                if (x & 1)
+                        t[k++] = '-';
+                int ndig = 1 + (int)((x >> 1) % 17);
+                int point = (int)((x >> 6) % (unsigned)(ndig + 1));
+                int zeros = (int)((x >> 11) % 4);
+                char dg[20];
+                for (int i = 0; i < ndig; i++) {
+                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                        /* digit 0 often: trailing and inner zeros */
+                        dg[i] = (char)('0' + ((x & 3) == 0 ? 0 : (int)((x >> 8) % 10)));
+                }
+                if (point && dg[0] == '0')
+                        dg[0] = '7'; /* no leading zero in the integer part */
+                if (point == 0)
+                        t[k++] = '0';
+                for (int i = 0; i < point; i++)
+                        t[k++] = dg[i];
+                if (point < ndig || !((x >> 30) & 1)) {
+                        t[k++] = '.';
+                        for (int z = 0; point == 0 && z < zeros; z++)
+                                t[k++] = '0';
+                        for (int i = point; i < ndig; i++)
+                                t[k++] = dg[i];
+                        if (point == ndig)
+                                t[k++] = '0';
+                }
+                if ((x >> 30) & 1) {
+                        int e = (int)((x >> 32) % 641) - 320;
+                        k += (size_t)snprintf(t + k, sizeof t - k, "%s%d", (x >> 40) & 1 ? "E" : "e",
+                                              e);
+                }
+                t[k] = '\0';
+                struct kbuf via_text = KBUF_INIT, via_double = KBUF_INIT;
+                int r1 = canon_json(t, k, &via_text, NULL);
+                double d = strtod(t, NULL);
+                int r2 = isfinite(d) ? canon_format_double(d, &via_double) : -EDOM;
+                if (r1 == 0 && r2 == 0 && strcmp(via_text.data, via_double.data) != 0)
+                        fail_msg("%s: %s from the text, %s from the double", t, via_text.data,
+                                 via_double.data);
+                if ((r1 == 0) != (r2 == 0))
+                        fail_msg("%s: %d from the text, %d from the double", t, r1, r2);
+                kbuf_free(&via_text);
+                kbuf_free(&via_double);
+        }
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -561,6 +619,7 @@ int main(void)
                 cmocka_unit_test(test_format_double),
                 cmocka_unit_test(test_format_double_roundtrip),
                 cmocka_unit_test(test_float_literals),
+                cmocka_unit_test(test_float_text_same_as_double),
                 cmocka_unit_test(test_integers_exact),
                 cmocka_unit_test(test_volatile_keys),
                 cmocka_unit_test(test_sorting_and_duplicates),
