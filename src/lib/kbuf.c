@@ -46,7 +46,8 @@ int kbuf_reserve(struct kbuf *b, size_t extra)
 
 int kbuf_append(struct kbuf *b, const void *p, size_t n)
 {
-        int r = kbuf_reserve(b, n);
+        /* room (and the NUL's) already there: no call to reserve */
+        int r = n < b->cap - b->len ? 0 : kbuf_reserve(b, n);
         if (r < 0)
                 return r;
         if (n)
@@ -63,7 +64,11 @@ int kbuf_puts(struct kbuf *b, const char *s)
 
 int kbuf_putc(struct kbuf *b, char c)
 {
-        return kbuf_append(b, &c, 1);
+        if (b->cap - b->len < 2)
+                return kbuf_append(b, &c, 1);
+        b->data[b->len++] = c;
+        b->data[b->len] = '\0';
+        return 0;
 }
 
 int kbuf_vprintf(struct kbuf *b, const char *fmt, va_list ap)
