@@ -172,7 +172,10 @@ static void advance_done(void *arg)
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
                 executor_release_slot(m);
                 own_release(m); /* (postgres: its row says it ended, its slot is free) */
-                archive_enqueue(m, a->archive_path);
+                if (a->end_synced)
+                        archive_synced(m, a->archive_path);
+                else
+                        archive_enqueue(m, a->archive_path);
                 a->archive_path = NULL;
                 break;
         case NEXT_NONE:

@@ -72,6 +72,12 @@ struct advance *advance_new(struct mandate *m)
         a->fired_at = m->fired_at ? strdup(m->fired_at) : NULL;
         a->goal = m->goal ? strdup(m->goal) : NULL;
         a->retry = m->retry;
+        /* (a barrier of the driver's own, a transaction: not alone) */
+        struct wal_options wo = { 0 };
+        d->drv->wal.options(m, &wo);
+        const struct executor *x = d->executor;
+        a->end_alone = !wo.barrier && d->sync_mode == STATEDIR_SYNC_FS && x->running <= 1 &&
+                       !x->queue_head && !x->arch_npending && !x->arch_syncing;
         return a;
 }
 
@@ -407,7 +413,10 @@ void advance_work(void *arg)
                 cancel_work(a, m->wal);
         else if (a->decide && !a->error)
                 decide_loop(a);
-        if (!a->error && (r = wal_flush(m->wal)) < 0) {
+        /* Ending alone: the syncfs after the summary and the archive is the
+         * barrier of the last records too (nothing acts on them before it). */
+        bool end_by_syncfs = a->end_alone && a->next == NEXT_END;
+        if (!a->error && !end_by_syncfs && (r = wal_flush(m->wal)) < 0) {
                 a->error = r;
                 m->d->drv->wal.failed(m, r, a->errmsg, sizeof a->errmsg);
         }
@@ -452,6 +461,15 @@ void advance_work(void *arg)
                                 a->error = r;
                                 snprintf(a->errmsg, sizeof a->errmsg, "archiving %s: %s",
                                          m->wal_path, strerror(-r));
+                        } else if (end_by_syncfs &&
+                                   (r = kio_syncfs(kio_posix(),
+                                                   m->d->cfg->state_directory)) < 0) {
+                                /* its last records may be lost: wal_io_error */
+                                a->error = r;
+                                snprintf(a->errmsg, sizeof a->errmsg, "syncfs of %s: %s",
+                                         m->d->cfg->state_directory, strerror(-r));
+                        } else {
+                                a->end_synced = end_by_syncfs;
                         }
                         free(dest);
                         a->archive_path = arch_path;

@@ -124,6 +124,33 @@ static void archive_unlink_done(void *arg)
                 executor_check_idle(d);
 }
 
+/* Its archive and summary are durable: the WAL goes (a job on the
+ * mandate's queue).  false: out of memory, the WAL stays (the next start
+ * ends and archives it again); archive_path is freed either way. */
+static bool unlink_wal(struct mandate *m, char *archive_path)
+{
+        struct archive_unlink *u = archive_path ? calloc(1, sizeof(*u)) : NULL;
+        if (u) {
+                u->m = m;
+                u->archive_path = archive_path;
+        }
+        if (!u || serialq_submit(&m->q, archive_unlink_work, archive_unlink_done, u) < 0) {
+                log_error("mandate %s: out of memory; its WAL stays", m->id);
+                free(archive_path);
+                free(u);
+                return false;
+        }
+        m->d->executor->arch_unlinking++;
+        return true;
+}
+
+void archive_synced(struct mandate *m, char *archive_path)
+{
+        m->d->syncfs_calls++;
+        if (unlink_wal(m, archive_path))
+                m->busy++; /* alive until its WAL is gone */
+}
+
 /* File by file: each summary and archive, then the directories that name
  * them and the WAL directory (the unlinks since the last batch). */
 static int archive_sync_files(const struct archive_batch *b)
@@ -177,23 +204,10 @@ static void archive_sync_done(void *arg)
         } else {
                 d->executor->arch_unsynced = false;
                 for (size_t i = 0; i < b->n; i++) {
-                        struct archive_unlink *u = calloc(1, sizeof(*u));
-                        struct mandate *m = b->m[i];
-                        if (u) {
-                                u->m = m;
-                                u->archive_path = d->executor->arch_batch_paths[i];
-                                d->executor->arch_batch_paths[i] = NULL;
-                        }
-                        if (!u || serialq_submit(&m->q, archive_unlink_work, archive_unlink_done,
-                                                 u) < 0) {
-                                log_error("mandate %s: out of memory; its WAL stays", m->id);
-                                if (u)
-                                        free(u->archive_path);
-                                free(u);
-                                m->busy--;
-                                continue;
-                        }
-                        d->executor->arch_unlinking++;
+                        char *path = d->executor->arch_batch_paths[i];
+                        d->executor->arch_batch_paths[i] = NULL;
+                        if (!unlink_wal(b->m[i], path))
+                                b->m[i]->busy--;
                 }
         }
         for (size_t i = 0; i < b->n; i++)

@@ -96,6 +96,14 @@ struct advance {
         char *idem_key;
         char *expected_post;
         char *archive_path;           /* NEXT_END: where the WAL went */
+        /* Decided on the loop when the job was made: the mandate runs alone
+         * (nothing else holds a slot, no batch waits) on a file system whose
+         * syncfs is a barrier, not in cluster mode.  If it ends, its last
+         * records, summary and archive are made durable by ONE syncfs of
+         * its own (no fdatasync of the WAL first) and its WAL goes at once
+         * (docs/design.md §6, rule 4). */
+        bool end_alone;
+        bool end_synced;              /* NEXT_END: that syncfs returned 0 */
         unsigned attempt;
         int phase;
         struct kbuf stdin_doc;
@@ -184,6 +192,9 @@ void executor_check_idle(struct daemon *d);
 
 /* m ended: archive_path (stolen) joins the next batch. */
 void archive_enqueue(struct mandate *m, char *archive_path);
+/* m ended alone and its own syncfs made its summary and archive durable
+ * (struct advance, end_alone): its WAL is unlinked now, no batch. */
+void archive_synced(struct mandate *m, char *archive_path);
 /* Start a batch now. */
 void archive_flush(struct daemon *d);
 /* Anything waiting, syncing, unlinking or unsynced. */

@@ -14,13 +14,14 @@
  *     posix_spawn CMD in its own process group with stdin/stdout/stderr
  *     pipes, write a ~350-byte JSON document to stdin, read stdout and
  *     stderr to EOF, waitpid;
- *     append completed(phase) + append/executing(next phase), or, after
- *     reflect, completed(reflect) + plan_finalize; fdatasync             (2-6)
+ *     append completed(phase) + append/executing(next phase); fdatasync (2-5),
+ *     or, after reflect, completed(reflect) + plan_finalize (no fdatasync:
+ *     a mandate that ends alone has them made durable by its syncfs)
  *   write DIR/mandates/M.json (tmp + rename), the gzip archive of the WAL
  *   (from memory, tmp + rename) in DIR/archive, syncfs, unlink the WAL.
  *
  * Record sizes are those kairosd writes (strace -y of a one-cycle mandate).
- * The fsync-family calls (1 fsync of wal/, 6 fdatasync, 1 syncfs) mirror
+ * The fsync-family calls (1 fsync of wal/, 5 fdatasync, 1 syncfs) mirror
  * kairosd's; their count is printed.  It never reads the WAL back.
  *
  * Prints one line for tests/bench/bench_cycle.py:
@@ -214,10 +215,10 @@ static void one_mandate(const char *dir, char **argv, long i)
                 if (ph < 4) {
                         wal_append(&w, "append", phases[ph + 1], 183);
                         wal_append(&w, "transition", phases[ph + 1], 198);
+                        wal_barrier(&w);
                 } else {
                         wal_append(&w, "plan_finalize", "none", 123);
                 }
-                wal_barrier(&w);
         }
         close(w.fd);
 

@@ -1169,10 +1169,11 @@ static void life_alpha(struct wl *x)
                 m_start(m, 1, i + 1);
                 m_flush(m);
         }
-        phase(x, "alpha: completed(reflect) + plan_finalize(succeeded)");
+        /* As a mandate that ends alone: its last records get no fdatasync;
+         * the syncfs after its summary and archive is their barrier. */
+        phase(x, "alpha: completed(reflect) + plan_finalize(succeeded), not flushed");
         m_complete(m, 1, 4);
         DO(m, wal_finalize_plan(m->w, m->p[1].plan_id, PLAN_SUCCEEDED, NULL));
-        m_flush(m);
         m_capture(m);
         b_copy(&x->arch_payload, &x->wal_final[0]);
 
@@ -1181,8 +1182,9 @@ static void life_alpha(struct wl *x)
                 return;
         }
         /* As kairosd ends a mandate: summary and archive written unsynced,
-         * one syncfs for the batch, the WAL unlinked, the next batch's
-         * syncfs (or the one at the stop) makes the unlink durable. */
+         * one syncfs for the batch (here: of the mandate alone, which also
+         * makes its last records durable), the WAL unlinked, the next
+         * batch's syncfs (or the one at the stop) makes the unlink durable. */
         phase(x, "alpha: mandate summary written unsynced (batch)");
         int r = kio_mkdir_p(&x->io, x->mandir, 0750);
         if (r < 0 && !x->R->injected)
@@ -1217,9 +1219,12 @@ static void life_alpha(struct wl *x)
         char *dest = NULL;
         r = wal_archive_stage(&x->io, wpath, x->archdir, &dest);
         free(dest);
-        if (r == 0)
-                r = kio_syncfs(&x->io, x->state);
         if (r == 0) {
+                mark(x, K_BEGIN_WAL, m->W, 0, 0);
+                r = kio_syncfs(&x->io, x->state);
+        }
+        if (r == 0) {
+                m_ack(m);
                 mark(x, K_ACK_FILE, 1, sv, 0);
                 r = x->io.unlink(x->io.ctx, wpath);
         }

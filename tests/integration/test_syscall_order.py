@@ -24,7 +24,10 @@ and, from the trace, in the daemon's threads:
      is the truth, and a crash makes the next start archive it again);
   4. the daemon never reads a WAL back while it runs (no WAL is left when it
      starts, so its whole life counts): what it appended it folds from
-     memory; read(2)/pread64(2)/readv/preadv on a WAL's fd return 0 bytes.
+     memory; read(2)/pread64(2)/readv/preadv on a WAL's fd return 0 bytes;
+  5. every write to the WAL is made durable before the WAL is unlinked: an
+     fdatasync of the WAL after it, or a syncfs (a mandate that ends alone
+     has its last records, summary and archive synced by one syncfs).
 
 fds are mapped to paths through the trace (open/openat/creat results, dup,
 dup2, dup3, fcntl F_DUPFD, close), per process.  A self-test first removes
@@ -355,6 +358,19 @@ def check(trace, mandate):
                 n["renames synced"] += 1
             state[dst] = state.pop(src, None)
 
+    # --- 5. the WAL's last records durable before it goes
+    if unlink_wal is not None:
+        last = max((e for e in T.daemon(("write",)) if T.fdpath.get(e.seq) == wal and
+                    e.seq < unlink_wal.seq), key=lambda e: e.seq, default=None)
+        n["last wal write synced"] = 0
+        if last is not None:
+            if fsync_of_dir(wal, last.seq, unlink_wal.seq) or \
+                    syncfs_between(last.seq, unlink_wal.seq):
+                n["last wal write synced"] = 1
+            else:
+                bad.append("the WAL's last write (%r) not made durable (fdatasync or syncfs) "
+                           "before the WAL was unlinked (%r)" % (last, unlink_wal))
+
     # --- 4. no WAL read back
     n["wal bytes read"] = 0
     for e in T.daemon(("read", "pread64", "readv", "preadv")):
@@ -452,6 +468,12 @@ def main():
         print("traced one mandate life (%d syscalls of the daemon and its children, %d daemon "
               "threads, %.1f s)" % (len(events), len(trace.threads), t_run))
         print("checked: %s" % ", ".join("%s %d" % kv for kv in counts.items()))
+        # alone, its end is made durable by the syncfs of its summary and
+        # archive: 5 barriers per cycle (the last of cycle 1 shared with the
+        # plan of cycle 2), none of its own at the end
+        if counts["wal fdatasyncs"] != 10:
+            bad.append("expected 10 fdatasyncs of the WAL (2 cycles, the end synced by the "
+                       "syncfs of its archive), saw %d" % counts["wal fdatasyncs"])
         if counts["spawns"] != 10:
             bad.append("expected 10 handler spawns (5 phases x 2 cycles), saw %d"
                        % counts["spawns"])
