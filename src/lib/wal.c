@@ -534,8 +534,10 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         }
         w->size = st.st_size;
         w->records = 0;
-        for (size_t i = 0; i < f->good_end && i < len; i++)
-                w->records += data[i] == '\n';
+        size_t end = f->good_end < len ? f->good_end : len;
+        for (const char *p = data, *e = data + end;
+             p < e && (p = memchr(p, '\n', (size_t)(e - p))) != NULL; p++)
+                w->records++;
         r = 0;
 out:
         if (r == 0 && ret_fold) {
