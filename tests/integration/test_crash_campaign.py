@@ -771,8 +771,9 @@ class Campaign:
         elif d.proc.returncode == 0 and term:
             self.graceful_stops += 1
         else:
-            self.fail("kairosd exited with %s (%s)" % (d.proc.returncode, "after SIGTERM"
-                                                        if term else "before the SIGKILL"))
+            self.fail("kairosd exited with %s (%s); its log ends:\n%s"
+                      % (d.proc.returncode, "after SIGTERM" if term else "before the SIGKILL",
+                         d.log()[-6000:]))
         self.collect_log(d)
         self.after_kill()
 
