@@ -71,6 +71,9 @@ struct wal_record {
         bool recovered;
         const char *evidence_json;  /* completed, needs_review, reset (optional) */
         const char *result_json;    /* completed */
+        /* result_json is the compact form of a parsed value (kjson_write's
+         * bytes): written as it is, not read again */
+        bool result_compact;
         /* failed */
         const char *error_class;
         const char *error_msg;      /* cut at 500 characters, invalid UTF-8 replaced */

@@ -603,19 +603,31 @@ static void append_tail(char *msg, size_t size, char *tail)
  * digits, integers of any size and numbers beyond double range included).
  * The record nests the result one level deeper, and a record nested deeper
  * than KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt):
- * such output is kept as text, like any other non-JSON output.  Returns 0,
- * or -EINVAL with why it is not (err), or -ENOMEM. */
-static int result_json_check(const char *out, size_t n, struct kjson_error *err)
+ * such output is kept as text, like any other non-JSON output.  The one
+ * parse serves all: when it is JSON, its compact form (the bytes the WAL
+ * holds) goes to compact and its canonical hash to hash, so neither the
+ * encoder nor the hash reads the text again.  Returns 0, or -EINVAL with
+ * why it is not (err), or -ENOMEM. */
+static int result_json_read(const char *out, size_t n, struct kbuf *compact,
+                            char hash[CANON_HASH_STRLEN], struct kjson_error *err)
 {
         struct kbuf wrapped = KBUF_INIT;
         struct kjson_arena *ar = kjson_arena_new();
-        struct kjson *v;
+        struct kjson *v = NULL;
         int r = -ENOMEM;
-        if (ar && kbuf_putc(&wrapped, '[') == 0 && kbuf_append(&wrapped, out, n) == 0 &&
-            kbuf_putc(&wrapped, ']') == 0)
+        if (ar && kbuf_reserve(&wrapped, n + 2) == 0 && kbuf_putc(&wrapped, '[') == 0 &&
+            kbuf_append(&wrapped, out, n) == 0 && kbuf_putc(&wrapped, ']') == 0)
                 r = kjson_parse(ar, wrapped.data, wrapped.len, &v, err);
         if (r == -EINVAL && err->offset > 0)
                 err->offset--; /* an offset in the output, not in the wrapper */
+        if (r == 0) {
+                const struct kjson *res = v->u.arr.items[0];
+                if (canon_hash_value(res, hash) < 0)
+                        canon_hash_bytes(out, n, hash);
+                r = kbuf_reserve(compact, n);
+                if (r == 0)
+                        r = kjson_write(compact, res);
+        }
         kjson_arena_free(ar);
         kbuf_free(&wrapped);
         return r;
@@ -684,14 +696,16 @@ static void run_finished(struct exec_run *run)
                 while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
                         n--;
                 char hash[CANON_HASH_STRLEN];
+                bool compact = false;
                 if (n == 0) {
                         kbuf_puts(&res, "null");
                 } else {
                         struct kjson_error jerr = { 0 };
-                        int jr = result_json_check(out, n, &jerr);
+                        int jr = result_json_read(out, n, &res, hash, &jerr);
                         if (jr == 0) {
-                                kbuf_append(&res, out, n);
+                                compact = true;
                         } else {
+                                kbuf_reset(&res);
                                 kbuf_json_string_lossy(&res, out, n, 0);
                                 if (jr == -EINVAL)
                                         log_event(LOG_INFO, NULL,
@@ -703,12 +717,13 @@ static void run_finished(struct exec_run *run)
                                                   kjson_error_string(jerr.code), jerr.offset);
                         }
                 }
-                if (canon_hash_json(res.data, res.len, hash, NULL) < 0)
+                if (!compact && canon_hash_json(res.data, res.len, hash, NULL) < 0)
                         canon_hash_bytes(res.data, res.len, hash);
                 *r = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = step,
                                           .post_hash = advance_own(a, run->expected_post ? run->expected_post : ""),
                                           .result_hash = advance_own(a, hash),
-                                          .result_json = advance_own(a, res.data) };
+                                          .result_json = advance_own(a, res.data),
+                                          .result_compact = compact };
                 kbuf_free(&res);
         }
         if (m->cancel && r->op != WAL_OP_COMPLETED && !run->killed_for_shutdown) {

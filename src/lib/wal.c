@@ -181,6 +181,22 @@ static void enc_json(struct enc *e, const char *key, const char *json, const cha
         kjson_arena_free(a);
 }
 
+/* A result its maker already wrote compactly from a parse (kjson_write): its
+ * bytes are what enc_json would write, so they are copied by length. */
+static void enc_result(struct enc *e, const struct wal_record *rec)
+{
+        if (!rec->result_compact || !rec->result_json) {
+                enc_json(e, "result", rec->result_json, "result is not valid JSON");
+                return;
+        }
+        enc_key(e, "result");
+        if (e->r == 0) {
+                int r = kbuf_append(e->b, rec->result_json, strlen(rec->result_json));
+                if (r < 0)
+                        enc_fail(e, r, "out of memory");
+        }
+}
+
 /* The normalized steps array: exactly the five keys, in the WAL's order. */
 static int steps_json(const struct wal_step *steps, size_t n, struct kbuf *out)
 {
@@ -271,7 +287,7 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 if (rec->recovered)
                         enc_raw(e, "recovered", "true");
                 enc_json(e, "evidence", rec->evidence_json, "evidence is not valid JSON");
-                enc_json(e, "result", rec->result_json, "result is not valid JSON");
+                enc_result(e, rec);
                 break;
         case WAL_OP_FAILED:
                 enc_str(e, "step_id", rec->step_id, "failed needs step_id");

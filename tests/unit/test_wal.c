@@ -1573,6 +1573,48 @@ static void test_take_appended(void **state)
         kbuf_free(&b);
 }
 
+/* A result already written compactly from its parse (result_compact) is
+ * copied by length: the line is byte for byte the one the encoder makes when
+ * it parses the text itself, and the text is not read again (what is given
+ * is what is written, so a text that is not compact shows the copy). */
+static void test_encode_compact_result(void **state)
+{
+        (void)state;
+        static const char *const texts[] = {
+                "null", "true", "-0", "1.50e+3", "123456789012345678901234567890",
+                "\"a\\u00e9\\/\\u0000b\"", " [ 1 , { \"k\" : [ ] , \"a\" : 2.0 } ] ",
+                "{\"z\":1,\"a\":{\"b\":[true,false,null,\"\\n\"]}}",
+        };
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+                struct kjson_arena *ar = kjson_arena_new();
+                assert_non_null(ar);
+                struct kjson *v = NULL;
+                struct kjson_error err;
+                assert_int_equal(kjson_parse(ar, texts[i], strlen(texts[i]), &v, &err), 0);
+                struct kbuf compact = KBUF_INIT;
+                assert_int_equal(kjson_write(&compact, v), 0);
+                struct wal_record parsed = { .op = WAL_OP_COMPLETED, .step_id = "s1",
+                                             .post_hash = "", .result_hash = "sha256-x",
+                                             .evidence_json = "{\"e\": 1}",
+                                             .result_json = texts[i] };
+                struct wal_record given = parsed;
+                given.result_json = compact.data;
+                given.result_compact = true;
+                char *a = enc(&parsed), *b = enc(&given);
+                assert_string_equal(a, b);
+                free(a);
+                free(b);
+                kbuf_free(&compact);
+                kjson_arena_free(ar);
+        }
+        struct wal_record r = { .op = WAL_OP_COMPLETED, .step_id = "s1", .post_hash = "",
+                                .result_hash = "sha256-x", .result_json = "[1, 2]",
+                                .result_compact = true };
+        char *line = enc(&r);
+        assert_non_null(strstr(line, ",\"result\":[1, 2],"));
+        free(line);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1587,6 +1629,7 @@ int main(void)
                 cmocka_unit_test(test_encode_error_msg_cut_at_500_characters),
                 cmocka_unit_test(test_encode_error_msg_invalid_utf8_replaced),
                 cmocka_unit_test(test_encode_rejects_bad_records),
+                cmocka_unit_test(test_encode_compact_result),
                 cmocka_unit_test(test_encoded_lines_fold_clean),
                 T(test_create_fsyncs_parent),
                 T(test_reopen_does_not_truncate),
