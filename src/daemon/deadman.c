@@ -64,7 +64,7 @@ static int64_t clock_ms(clockid_t id)
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void close_from(int lowfd)
+void deadman_close_from(int lowfd)
 {
 #ifdef SYS_close_range
         if (syscall(SYS_close_range, (unsigned)lowfd, ~0U, 0) == 0)
@@ -436,7 +436,7 @@ static void watcher_setup(int *fd)
                 dup2(null, 0);
                 dup2(null, 1);
         }
-        close_from(4); /* stderr stays: a sanitizer's report goes somewhere */
+        deadman_close_from(4); /* stderr stays: a sanitizer's report goes somewhere */
         prctl(PR_SET_NAME, "kairosd-deadman");
         int fl = fcntl(3, F_GETFL);
         if (fl < 0 || fcntl(3, F_SETFL, fl | O_NONBLOCK) < 0)

@@ -97,5 +97,10 @@ void deadman_stop(struct deadman *dm);
 /* The watcher's pid (for the log). */
 pid_t deadman_pid(const struct deadman *dm);
 
+/* Close every fd from lowfd up (close_range, else one by one); only
+ * async-signal-safe calls: for a child between fork and exec (the watcher,
+ * the keeper). */
+void deadman_close_from(int lowfd);
+
 /* Test support: a watcher that keeps at most max_watched groups. */
 int deadman_start_max(struct deadman **ret, unsigned max_watched);

@@ -120,19 +120,6 @@ __attribute__((constructor)) static void note_initial_nofile(void)
 
 /* ---- the keeper ---- */
 
-static void close_from(int lowfd)
-{
-#ifdef SYS_close_range
-        if (syscall(SYS_close_range, (unsigned)lowfd, ~0U, 0) == 0)
-                return;
-#endif
-        long max = sysconf(_SC_OPEN_MAX);
-        if (max < 0 || max > 1 << 20)
-                max = 1 << 20;
-        for (long fd = lowfd; fd < max; fd++)
-                close((int)fd);
-}
-
 /* Forked from the daemon; only async-signal-safe calls, no allocation. */
 static void keeper_main(int sock, const int32_t *groups)
 {
@@ -150,7 +137,7 @@ static void keeper_main(int sock, const int32_t *groups)
         }
         for (int fd = 0; fd < 3 && null >= 0; fd++)
                 dup2(null, fd);
-        close_from(4);
+        deadman_close_from(4);
         prctl(PR_SET_NAME, "kairosd-keeper");
         for (;;) {
                 char c;
@@ -321,7 +308,7 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
                         goto fail;
                 }
         }
-        close_from(3);
+        deadman_close_from(3);
         if (j->reset_nofile && setrlimit(RLIMIT_NOFILE, &j->nofile) < 0)
                 goto fail;
         j->child_stage = STAGE_CHDIR;
