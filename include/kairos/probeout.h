@@ -55,5 +55,9 @@ void probe_word_clear(struct probe_word *w);
  * nothing set, when the schedule has no Probe= or is not in cfg. */
 bool probe_schedule_evidence(const struct config *cfg, const char *schedule,
                              struct recovery_evidence *ret);
+/* Keep the last cap bytes of a stream in tail (*tail_len of them held) after
+ * p[0..n) is appended: the stderr tail that kairosd's children (probes,
+ * handlers, hooks) and kairosctl's probe keep alike. */
+void probe_tail_keep(char *tail, size_t cap, size_t *tail_len, const char *p, size_t n);
 /* "done", "not_started", "failed" ("none" for RECOVERY_PROBE_NONE). */
 const char *probe_word_name(enum recovery_probe p);

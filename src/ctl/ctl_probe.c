@@ -20,6 +20,7 @@
 #include "ctl_probe.h"
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
+#include "kairos/probeout.h"
 #include "kairos/stepdoc.h"
 
 #define KILL_GRACE_MS 5000
@@ -110,21 +111,6 @@ struct proc {
         size_t tail_len;
 };
 
-static void tail_add(struct proc *p, const char *b, size_t n)
-{
-        if (n >= ERR_TAIL) {
-                memcpy(p->tail, b + n - ERR_TAIL, ERR_TAIL);
-                p->tail_len = ERR_TAIL;
-                return;
-        }
-        if (p->tail_len + n > ERR_TAIL) {
-                size_t drop = p->tail_len + n - ERR_TAIL;
-                memmove(p->tail, p->tail + drop, p->tail_len - drop);
-                p->tail_len -= drop;
-        }
-        memcpy(p->tail + p->tail_len, b, n);
-        p->tail_len += n;
-}
 
 /* Feed stdin, read stdout and stderr until both end and the probe exited
  * (then its process group is killed: nothing of it outlives it); SIGTERM
@@ -186,7 +172,7 @@ static void pump(struct proc *p, unsigned timeout_sec, int *ret_status)
                                 close(*fd);
                                 *fd = -1;
                         } else if (i == 2) {
-                                tail_add(p, buf, (size_t)n);
+                                probe_tail_keep(p->tail, ERR_TAIL, &p->tail_len, buf, (size_t)n);
                         } else if (!p->overflow &&
                                    (p->out_buf.len + (size_t)n > PROBE_STDOUT_MAX ||
                                     kbuf_append(&p->out_buf, buf, (size_t)n) < 0)) {

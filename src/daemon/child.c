@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <string.h>
 
+#include "kairos/probeout.h"
+
 #define READ_CHUNK 65536
 
 /* Read buffer for what is not kept: consumed in the read callback (the loop
@@ -117,18 +119,7 @@ static void on_exited(struct runner_job *job, int exit_status, int term_signal)
 
 void child_tail_add(struct child *c, const char *p, size_t n)
 {
-        if (n >= CHILD_TAIL) {
-                memcpy(c->tail, p + n - CHILD_TAIL, CHILD_TAIL);
-                c->tail_len = CHILD_TAIL;
-                return;
-        }
-        if (c->tail_len + n > CHILD_TAIL) {
-                size_t drop = c->tail_len + n - CHILD_TAIL;
-                memmove(c->tail, c->tail + drop, c->tail_len - drop);
-                c->tail_len -= drop;
-        }
-        memcpy(c->tail + c->tail_len, p, n);
-        c->tail_len += n;
+        probe_tail_keep(c->tail, CHILD_TAIL, &c->tail_len, p, n);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)

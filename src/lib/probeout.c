@@ -172,6 +172,22 @@ int probe_judge(const struct probe_run *run, struct probe_word *w)
         return r;
 }
 
+void probe_tail_keep(char *tail, size_t cap, size_t *tail_len, const char *p, size_t n)
+{
+        if (n >= cap) {
+                memcpy(tail, p + n - cap, cap);
+                *tail_len = cap;
+                return;
+        }
+        if (*tail_len + n > cap) {
+                size_t drop = *tail_len + n - cap;
+                memmove(tail, tail + drop, *tail_len - drop);
+                *tail_len -= drop;
+        }
+        memcpy(tail + *tail_len, p, n);
+        *tail_len += n;
+}
+
 void probe_word_clear(struct probe_word *w)
 {
         if (!w)
