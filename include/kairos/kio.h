@@ -5,6 +5,7 @@
  * Every function returns 0 (write: bytes written; open: a fd) or -errno. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -33,6 +34,9 @@ const struct kio *kio_posix(void);
 /* Write all n bytes (retrying partial writes and EINTR).  On failure returns
  * -errno and *written (if non-NULL) tells how many bytes did land. */
 int kio_write_all(const struct kio *io, int fd, const void *buf, size_t n, size_t *written);
+/* Write all n bytes, fdatasync if sync, then close fd (closed on every
+ * path): the first error, or 0. */
+int kio_write_close(const struct kio *io, int fd, const void *buf, size_t n, bool sync);
 /* syncfs of the file system that holds path: one call makes every file,
  * rename and unlink on it durable.  -ENOSYS when io offers none. */
 int kio_syncfs(const struct kio *io, const char *path);

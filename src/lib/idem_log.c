@@ -389,12 +389,7 @@ static int save_aside(struct idem_log *l, const char *what, const char *bytes, s
         }
         if (fd < 0)
                 return fd;
-        int r = kio_write_all(io, fd, bytes, n, NULL);
-        if (r == 0)
-                r = io->fdatasync(io->ctx, fd);
-        int rc = io->close(io->ctx, fd);
-        if (r == 0)
-                r = rc;
+        int r = kio_write_close(io, fd, bytes, n, true);
         if (r == 0)
                 r = io->fsync_dir(io->ctx, l->dir);
         return r;

@@ -331,12 +331,7 @@ int kio_write_file_atomic(const struct kio *io, const char *path, const void *da
                 r = fd;
                 goto out;
         }
-        r = kio_write_all(io, fd, data, n, NULL);
-        if (r == 0)
-                r = io->fdatasync(io->ctx, fd);
-        int rc = io->close(io->ctx, fd);
-        if (r == 0)
-                r = rc;
+        r = kio_write_close(io, fd, data, n, true);
         if (r == 0)
                 r = io->rename(io->ctx, tmp, path);
         if (r < 0) {
@@ -464,6 +459,15 @@ int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
         return r;
 }
 
+int kio_write_close(const struct kio *io, int fd, const void *buf, size_t n, bool sync)
+{
+        int r = kio_write_all(io, fd, buf, n, NULL);
+        if (r == 0 && sync)
+                r = io->fdatasync(io->ctx, fd);
+        int rc = io->close(io->ctx, fd);
+        return r == 0 ? rc : r;
+}
+
 int kio_syncfs(const struct kio *io, const char *path)
 {
         if (!io->syncfs)
@@ -492,10 +496,7 @@ int kio_write_file_nosync(const struct kio *io, const char *path, const void *da
         int fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
         if (fd < 0)
                 return fd;
-        int r = kio_write_all(io, fd, data, n, NULL);
-        int rc = io->close(io->ctx, fd);
-        if (r == 0)
-                r = rc;
+        int r = kio_write_close(io, fd, data, n, false);
         if (r == 0)
                 r = io->rename(io->ctx, tmp, path);
         if (r < 0)
