@@ -4,6 +4,7 @@
  * chronos decides its missed ticks itself (chronos.json). */
 #include "opreads.h"
 #include "toolclaims.h"
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +38,60 @@ static bool own_fired(struct mandate *m, const struct config_schedule *sc) { ret
 static bool own_slot_ready(struct mandate *m) { return true; }
 /* a failed barrier is the mandate's own WAL error (executor.c) */
 static bool own_barrier_failed(struct advance *a) { return false; }
+
+/* operator's reads (opreads.h): every mandate is this node's, nothing lies
+ * beyond it */
+static bool reads_holds(const struct mandate *m) { return true; }
+static bool reads_retry_creating(const struct mandate *m) { return false; }
+static json_t *reads_status(struct daemon *d) { return NULL; }
+static void reads_owner(struct daemon *d, const struct mandate *m, json_t *mj) {}
+static bool reads_list(struct daemon *d, const struct opreads_list *q, struct op_reply to)
+{ return false; }
+/* (not reached: no mandate is another node's) */
+static int reads_show(struct daemon *d, const char *id, json_t *(*render)(const struct fold *f),
+                      opreads_show_cb cb, void *ctx)
+{
+        cb(ctx, &(struct op_result){ .code = "not_found", .message = "no such mandate" }, NULL);
+        return 0;
+}
+static int reads_take(struct daemon *d, const char *id, opreads_take_cb cb, void *ctx)
+{
+        cb(ctx, -ENOENT, NULL);
+        return 0;
+}
+/* the tick of a mandate of this node: nothing beyond it */
+static int reads_tick(struct daemon *d, const char *id, bool remote, const char *schedule,
+                      const char *fired_at, opreads_tick_cb cb, void *ctx)
+{
+        cb(ctx, NULL, &(struct opreads_tick){ .id = id });
+        return 0;
+}
+
+const struct opreads opreads_files = {
+        .name = "files", .others = false, .holds = reads_holds, .counts = reads_holds,
+        .retry_creating = reads_retry_creating, .status = reads_status, .owner = reads_owner,
+        .list = reads_list, .show = reads_show, .take = reads_take, .tick = reads_tick,
+};
+
+/* tool-call claims (toolclaims.h): every claim is in the local store
+ * (idem_core.c), none is the driver's */
+static bool claims_dropped(const struct mandate *m) { return false; }
+static bool claims_begin(struct idem_call *call, const char *key, const char *tool,
+                         const char *fp, const struct idem_step_owner *step, int64_t epoch)
+{ return false; }
+static bool claims_finish(struct idem_call *call, struct idem_claim *c, json_int_t exit_status,
+                          const char *out, const char *err, const char *eclass, const char *emsg)
+{ return false; }
+static bool claims_closed(struct idem_claim *c, const char *why) { return false; }
+static bool claims_write_begin(struct write_op *op, const struct idem_step_owner *step,
+                               int64_t epoch) { return false; }
+static bool claims_write_done(struct write_op *op) { return false; }
+
+const struct toolclaims toolclaims_files = {
+        .name = "files", .dropped = claims_dropped, .begin = claims_begin,
+        .finish = claims_finish, .closed = claims_closed, .write_begin = claims_write_begin,
+        .write_done = claims_write_done,
+};
 
 static int start(struct daemon *d, char *err, size_t errlen) { return 0; }
 static int prefork(struct daemon *d, struct deadman **ret_deadman)

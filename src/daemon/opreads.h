@@ -5,7 +5,7 @@
  * commands that act on a mandate no node here holds (cancel, resolve,
  * approve, resume); it never asks which driver runs.  main.c picks one at
  * start:
- *   opreads_files      (opreads.c) one host: every mandate is this node's;
+ *   opreads_files      (driver_files.c) one host: every mandate is this node's;
  *   opreads_postgres   (cluster_commands.c, -Dpostgres=enabled only) the
  *                      cluster's rows in PostgreSQL.
  * A driver fills every pointer.  Answers reach commands.c through the

@@ -5,7 +5,7 @@
  * step at an epoch to d->toolclaims and keeps in its local store what the
  * driver does not take; it never asks which driver runs.  main.c picks one
  * at start:
- *   toolclaims_files     (toolclaims.c) one host: every claim is in the
+ *   toolclaims_files     (driver_files.c) one host: every claim is in the
  *                        local store;
  *   toolclaims_postgres  (cluster_idem.c, -Dpostgres=enabled only) a
  *                        step's calls in the cluster's database, fenced by
