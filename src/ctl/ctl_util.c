@@ -16,15 +16,21 @@
 #include "kairos/kio.h"
 #include "kairos/kbuf.h"
 
+/* "kairosctl: MESSAGE" and end on stderr */
+static void say(const char *end, const char *fmt, va_list ap)
+{
+        fputs("kairosctl: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputs(end, stderr);
+}
+
 int ctl_usage_error(const char *fmt, ...)
 {
         va_list ap;
 
-        fputs("kairosctl: ", stderr);
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        say(" (see kairosctl --help)\n", fmt, ap);
         va_end(ap);
-        fputs(" (see kairosctl --help)\n", stderr);
         return CTL_EXIT_USAGE;
 }
 
@@ -32,11 +38,9 @@ int ctl_error(int status, const char *fmt, ...)
 {
         va_list ap;
 
-        fputs("kairosctl: ", stderr);
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        say("\n", fmt, ap);
         va_end(ap);
-        fputc('\n', stderr);
         return status;
 }
 
