@@ -453,18 +453,29 @@ out:
         return r;
 }
 
+/* What both loaders check first: a directory and an empty store never
+ * loaded; *info zeroed (dummy when the caller wants none). */
+static int load_begin(const char *dir, const struct idem_store *s, struct idem_load_info **info,
+                      struct idem_load_info *dummy)
+{
+        if (!dir || !*dir || !s || s->loaded || s->lsn || strmap_size(s->map))
+                return -EINVAL;
+        if (!*info)
+                *info = dummy;
+        memset(*info, 0, sizeof(**info));
+        return 0;
+}
+
 int idem_log_open(const char *dir, const struct kio *io, struct idem_store *s,
                   struct idem_log **out, struct idem_load_info *info)
 {
         struct idem_load_info dummy;
-        if (!dir || !*dir || !s || !out)
+        if (!out)
                 return -EINVAL;
         *out = NULL;
-        if (s->loaded || s->lsn || strmap_size(s->map))
-                return -EINVAL;
-        if (!info)
-                info = &dummy;
-        memset(info, 0, sizeof(*info));
+        int r = load_begin(dir, s, &info, &dummy);
+        if (r < 0)
+                return r;
 
         struct idem_log *l = calloc(1, sizeof(*l));
         if (!l)
@@ -476,7 +487,7 @@ int idem_log_open(const char *dir, const struct kio *io, struct idem_store *s,
         l->dir = strdup(dir);
         size_t need = strlen(dir) + 1 + strlen(IDEM_LOG_NAME) + 1;
         l->path = malloc(need);
-        int r = -ENOMEM;
+        r = -ENOMEM;
         if (!l->dir || !l->path)
                 goto fail;
         snprintf(l->path, need, "%s/%s", dir, IDEM_LOG_NAME);
@@ -507,20 +518,16 @@ fail:
 int idem_log_read(const char *dir, struct idem_store *s, struct idem_load_info *info)
 {
         struct idem_load_info dummy;
-        if (!dir || !*dir || !s)
-                return -EINVAL;
-        if (s->loaded || s->lsn || strmap_size(s->map))
-                return -EINVAL;
-        if (!info)
-                info = &dummy;
-        memset(info, 0, sizeof(*info));
+        int r = load_begin(dir, s, &info, &dummy);
+        if (r < 0)
+                return r;
         char *path = NULL;
         if (asprintf(&path, "%s/%s", dir, IDEM_LOG_NAME) < 0)
                 return -ENOMEM;
         char *data = NULL;
         size_t len = 0, good_end = 0;
         struct loader ld = { .s = s, .info = info };
-        int r = kio_read_file(path, LOG_MAX_BYTES, 0, &data, &len);
+        r = kio_read_file(path, LOG_MAX_BYTES, 0, &data, &len);
         free(path);
         if (r == -ENOENT) {
                 info->created = true;
