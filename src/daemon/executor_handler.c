@@ -483,28 +483,20 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 return;
         }
         /* environment */
-        char attempt[16], cycle[24];
-        snprintf(attempt, sizeof attempt, "%u", a->attempt);
-        snprintf(cycle, sizeof cycle, "%lld", a->cycle);
         char epoch[24];
         snprintf(epoch, sizeof epoch, "%lld", (long long)m->epoch);
+        const struct runenv_step step = {
+                .mandate_id = m->id, .plan_id = a->plan_id, .step_id = a->step_id,
+                .phase = a->phase, .cycle = a->cycle, .idem_key = a->idem_key,
+                .schedule = m->schedule, .fired_at = m->fired_at, .goal = m->goal,
+                .attempt = a->attempt, .control_socket = d->cfg->control_socket,
+        };
         const char *const kv[][2] = {
-                { "KAIROS_MANDATE_ID", m->id },
-                { "KAIROS_PLAN_ID", a->plan_id },
-                { "KAIROS_STEP_ID", a->step_id },
-                { "KAIROS_PHASE", planner_phase_name((enum planner_phase)a->phase) },
-                { "KAIROS_CYCLE", cycle },
-                { "KAIROS_IDEM_KEY", a->idem_key },
-                { "KAIROS_SCHEDULE", m->schedule },
-                { "KAIROS_FIRED_AT", m->fired_at },
-                { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
-                { "KAIROS_ATTEMPT", attempt },
-                { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket },
                 { "KAIROS_NODE", own_node(d) },
                 { "KAIROS_EPOCH", m->epoch > 0 ? epoch : NULL },
         };
-        char **env = runenv_build(kv, sizeof kv / sizeof kv[0], sc ? sc->environment : NULL,
-                                  sc ? sc->nenvironment : 0);
+        char **env = runenv_build_step(&step, kv, sizeof kv / sizeof kv[0],
+                                       sc ? sc->environment : NULL, sc ? sc->nenvironment : 0);
         /* the command line's $NAME and ${NAME} expand from that environment */
         char **argv = NULL, why[256] = "";
         size_t argc = 0;

@@ -387,24 +387,14 @@ static void on_started(struct child *c)
 static char **probe_env(const struct probe_job *j, const struct config_schedule *sc)
 {
         const struct mandate *m = j->m;
-        char attempt[16], cycle[24];
-        snprintf(attempt, sizeof attempt, "%u", j->attempt);
-        snprintf(cycle, sizeof cycle, "%lld", j->cycle);
-        const char *const kv[][2] = {
-                { "KAIROS_MANDATE_ID", m->id },
-                { "KAIROS_PLAN_ID", j->plan_id },
-                { "KAIROS_STEP_ID", j->step_id },
-                { "KAIROS_PHASE", planner_phase_name((enum planner_phase)j->phase) },
-                { "KAIROS_CYCLE", cycle },
-                { "KAIROS_IDEM_KEY", j->idem_key },
-                { "KAIROS_SCHEDULE", m->schedule },
-                { "KAIROS_FIRED_AT", m->fired_at },
-                { "KAIROS_GOAL", m->goal ? m->goal : m->schedule },
-                { "KAIROS_ATTEMPT", attempt },
-                { "KAIROS_CONTROL_SOCKET", m->d->cfg->control_socket },
-                { "KAIROS_PROBE", "1" },
+        const struct runenv_step step = {
+                .mandate_id = m->id, .plan_id = j->plan_id, .step_id = j->step_id,
+                .phase = j->phase, .cycle = j->cycle, .idem_key = j->idem_key,
+                .schedule = m->schedule, .fired_at = m->fired_at, .goal = m->goal,
+                .attempt = j->attempt, .control_socket = m->d->cfg->control_socket,
         };
-        return runenv_build(kv, sizeof kv / sizeof kv[0], sc->environment, sc->nenvironment);
+        const char *const kv[][2] = { { "KAIROS_PROBE", "1" } };
+        return runenv_build_step(&step, kv, 1, sc->environment, sc->nenvironment);
 }
 
 static void spawn(struct probe_job *j)

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kairos/planner.h"
 #include "log.h"
 #include "runenv.h"
 
@@ -129,4 +130,29 @@ char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, 
                 ne++;
         }
         return env;
+}
+
+char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
+                         char *const *extra, size_t nextra)
+{
+        char attempt[16], cycle[24];
+        snprintf(attempt, sizeof attempt, "%u", s->attempt);
+        snprintf(cycle, sizeof cycle, "%lld", s->cycle);
+        const char *kv[11 + 4][2] = {
+                { "KAIROS_MANDATE_ID", s->mandate_id },
+                { "KAIROS_PLAN_ID", s->plan_id },
+                { "KAIROS_STEP_ID", s->step_id },
+                { "KAIROS_PHASE", planner_phase_name((enum planner_phase)s->phase) },
+                { "KAIROS_CYCLE", cycle },
+                { "KAIROS_IDEM_KEY", s->idem_key },
+                { "KAIROS_SCHEDULE", s->schedule },
+                { "KAIROS_FIRED_AT", s->fired_at },
+                { "KAIROS_GOAL", s->goal ? s->goal : s->schedule },
+                { "KAIROS_ATTEMPT", attempt },
+                { "KAIROS_CONTROL_SOCKET", s->control_socket },
+        };
+        if (nmore > 4)
+                return NULL;
+        memcpy(kv[11], more, nmore * sizeof *more);
+        return runenv_build((const char *const (*)[2])kv, 11 + nmore, extra, nextra);
 }

@@ -19,3 +19,17 @@ void runenv_get(const char **ret_path, const char **ret_home, const char **ret_u
  * values left out), then extra's nextra NAME=VALUE strings.  NULL-terminated
  * and allocated (config_strv_free); NULL when out of memory. */
 char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra);
+
+/* runenv_build with what a step's handler and its probe both get
+ * (KAIROS_MANDATE_ID ... KAIROS_CONTROL_SOCKET: runenv.c) before more's
+ * nmore (at most 4) pairs. */
+struct runenv_step {
+        const char *mandate_id, *plan_id, *step_id;
+        int phase;                    /* enum planner_phase */
+        long long cycle;
+        const char *idem_key, *schedule, *fired_at, *goal; /* goal NULL: the schedule's name */
+        unsigned attempt;
+        const char *control_socket;
+};
+char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
+                         char *const *extra, size_t nextra);
