@@ -272,6 +272,19 @@ static inline bool is_digit(unsigned char c)
         return c >= '0' && c <= '9';
 }
 
+/* One digit or more from at; *ret_p: past them. */
+static int digits(struct parser *P, const unsigned char **ret_p, const unsigned char *at)
+{
+        if (at == P->end)
+                return fail_eof(P);
+        if (!is_digit(*at))
+                return fail_at(P, KJSON_E_SYNTAX, at);
+        while (at < P->end && is_digit(*at))
+                at++;
+        *ret_p = at;
+        return 0;
+}
+
 static int parse_number(struct parser *P, struct kjson **out)
 {
         const unsigned char *s = P->p, *p = s, *end = P->end;
@@ -293,28 +306,16 @@ static int parse_number(struct parser *P, struct kjson **out)
         }
         if (p < end && *p == '.') {
                 is_float = true;
-                p++;
-                if (p == end)
-                        return fail_eof(P);
-                if (!is_digit(*p))
-                        return fail_at(P, KJSON_E_SYNTAX, p);
-                while (p < end && is_digit(*p))
-                        p++;
+                if (digits(P, &p, p + 1) < 0)
+                        return -1;
         }
         if (p < end && (*p == 'e' || *p == 'E')) {
                 is_float = true;
                 p++;
-                if (p == end)
-                        return fail_eof(P);
-                if (*p == '+' || *p == '-') {
+                if (p < end && (*p == '+' || *p == '-'))
                         p++;
-                        if (p == end)
-                                return fail_eof(P);
-                }
-                if (!is_digit(*p))
-                        return fail_at(P, KJSON_E_SYNTAX, p);
-                while (p < end && is_digit(*p))
-                        p++;
+                if (digits(P, &p, p) < 0)
+                        return -1;
         }
         struct kjson *v = node_new(P, KJSON_NUMBER);
         if (!v)
@@ -629,22 +630,56 @@ static int next_item(struct parser *P, char close)
         return -1;
 }
 
+/* Whitespace, then not the end of the input, and want there (0: anything). */
+static int ws_then(struct parser *P, unsigned char want)
+{
+        skip_ws(P);
+        if (P->p >= P->end)
+                return fail_eof(P);
+        if (want && *P->p != want)
+                return fail_at(P, KJSON_E_SYNTAX, P->p);
+        return 0;
+}
+
+/* The container of type t opening at P->p: its node, P->p past the bracket
+ * and whitespace; NULL: failed. */
+static struct kjson *container_open(struct parser *P, int depth, enum kjson_type t)
+{
+        if (depth > KJSON_MAX_DEPTH) {
+                fail_at(P, KJSON_E_DEPTH, P->p);
+                return NULL;
+        }
+        struct kjson *v = node_new(P, t);
+        if (!v) {
+                fail_nomem(P);
+                return NULL;
+        }
+        P->p++;
+        return ws_then(P, 0) < 0 ? NULL : v;
+}
+
+/* A container's n items of size bytes from its stack into the arena
+ * (*ret NULL when there are none). */
+static int container_items(struct parser *P, const void *stack, size_t n, size_t size,
+                           size_t align, void **ret)
+{
+        *ret = NULL;
+        if (!n)
+                return 0;
+        if (!(*ret = arena_alloc_aligned(P->a, n * size, align)))
+                return fail_nomem(P);
+        memcpy(*ret, stack, n * size);
+        return 0;
+}
+
 static int parse_array(struct parser *P, int depth, struct kjson **out)
 {
-        if (depth > KJSON_MAX_DEPTH)
-                return fail_at(P, KJSON_E_DEPTH, P->p);
-        struct kjson *v = node_new(P, KJSON_ARRAY);
+        struct kjson *v = container_open(P, depth, KJSON_ARRAY);
         if (!v)
-                return fail_nomem(P);
+                return -1;
         size_t base = P->a->vtop;
         int r = -1;
 
-        P->p++;
-        skip_ws(P);
-        if (P->p >= P->end) {
-                fail_eof(P);
-                goto out;
-        }
         if (*P->p != ']') {
                 for (;;) {
                         struct kjson *item;
@@ -658,18 +693,12 @@ static int parse_array(struct parser *P, int depth, struct kjson **out)
                 }
         }
         P->p++;
-        size_t n = P->a->vtop - base;
-        v->u.arr.n = n;
-        v->u.arr.items = NULL;
-        if (n) {
-                v->u.arr.items = arena_alloc_aligned(P->a, n * sizeof(struct kjson *),
-                                                     alignof(struct kjson *));
-                if (!v->u.arr.items) {
-                        fail_nomem(P);
-                        goto out;
-                }
-                memcpy(v->u.arr.items, P->a->vstack + base, n * sizeof(struct kjson *));
-        }
+        void *items;
+        v->u.arr.n = P->a->vtop - base;
+        if (container_items(P, P->a->vstack + base, v->u.arr.n, sizeof(struct kjson *),
+                            alignof(struct kjson *), &items) < 0)
+                goto out;
+        v->u.arr.items = items;
         *out = v;
         r = 0;
 out:
@@ -679,46 +708,21 @@ out:
 
 static int parse_object(struct parser *P, int depth, struct kjson **out)
 {
-        if (depth > KJSON_MAX_DEPTH)
-                return fail_at(P, KJSON_E_DEPTH, P->p);
-        struct kjson *v = node_new(P, KJSON_OBJECT);
+        struct kjson *v = container_open(P, depth, KJSON_OBJECT);
         if (!v)
-                return fail_nomem(P);
+                return -1;
         size_t base = P->a->mtop;
         int r = -1;
 
-        P->p++;
-        skip_ws(P);
-        if (P->p >= P->end) {
-                fail_eof(P);
-                goto out;
-        }
         if (*P->p != '}') {
                 for (;;) {
                         const char *key;
                         size_t key_len;
                         struct kjson *item;
 
-                        skip_ws(P);
-                        if (P->p >= P->end) {
-                                fail_eof(P);
+                        if (ws_then(P, '"') < 0 || parse_string_raw(P, &key, &key_len) < 0 ||
+                            ws_then(P, ':') < 0)
                                 goto out;
-                        }
-                        if (*P->p != '"') {
-                                fail_at(P, KJSON_E_SYNTAX, P->p);
-                                goto out;
-                        }
-                        if (parse_string_raw(P, &key, &key_len) < 0)
-                                goto out;
-                        skip_ws(P);
-                        if (P->p >= P->end) {
-                                fail_eof(P);
-                                goto out;
-                        }
-                        if (*P->p != ':') {
-                                fail_at(P, KJSON_E_SYNTAX, P->p);
-                                goto out;
-                        }
                         P->p++;
                         if (parse_value(P, depth, &item) < 0 || mpush(P, key, key_len, item) < 0)
                                 goto out;
@@ -730,18 +734,12 @@ static int parse_object(struct parser *P, int depth, struct kjson **out)
                 }
         }
         P->p++;
-        size_t n = P->a->mtop - base;
-        v->u.obj.n = n;
-        v->u.obj.members = NULL;
-        if (n) {
-                v->u.obj.members = arena_alloc_aligned(P->a, n * sizeof(struct kjson_member),
-                                                       alignof(struct kjson_member));
-                if (!v->u.obj.members) {
-                        fail_nomem(P);
-                        goto out;
-                }
-                memcpy(v->u.obj.members, P->a->mstack + base, n * sizeof(struct kjson_member));
-        }
+        void *members;
+        v->u.obj.n = P->a->mtop - base;
+        if (container_items(P, P->a->mstack + base, v->u.obj.n, sizeof(struct kjson_member),
+                            alignof(struct kjson_member), &members) < 0)
+                goto out;
+        v->u.obj.members = members;
         *out = v;
         r = 0;
 out:
