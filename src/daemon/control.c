@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "kairos/dlist.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "control_proto.h"
@@ -156,12 +157,7 @@ static void client_unlink(struct control_client *c)
         if (!srv)
                 return;
         bool was_over = srv->queued > CONTROL_MAX_QUEUED_TOTAL;
-        if (c->prev)
-                c->prev->next = c->next;
-        else
-                srv->clients = c->next;
-        if (c->next)
-                c->next->prev = c->prev;
+        DLIST_UNLINK(srv->clients, c);
         if (c->admitted)
                 srv->nclients--;
         if (c->refusing)
@@ -414,11 +410,7 @@ bool control_claim_attach(struct control_request *req, struct control_claim *cl,
                 return false;
         cl->on_close = on_close;
         cl->client = c;
-        cl->prev = NULL;
-        cl->next = c->claims;
-        if (c->claims)
-                c->claims->prev = cl;
-        c->claims = cl;
+        DLIST_PUSH(c->claims, cl);
         return true;
 }
 
@@ -427,12 +419,7 @@ void control_claim_release(struct control_claim *cl)
         struct control_client *c = cl->client;
         if (!c)
                 return;
-        if (cl->prev)
-                cl->prev->next = cl->next;
-        else
-                c->claims = cl->next;
-        if (cl->next)
-                cl->next->prev = cl->prev;
+        DLIST_UNLINK(c->claims, cl);
         cl->prev = cl->next = NULL;
         cl->client = NULL;
 }

@@ -12,6 +12,7 @@
 
 #include "daemon.h"
 #include "runenv.h"
+#include "kairos/dlist.h"
 #include "kairos/kbuf.h"
 #include "log.h"
 #include "child.h"
@@ -94,24 +95,13 @@ static void hook_free(struct hook_run *run)
         free(run);
 }
 
-static void list_remove(struct hook_run **head, struct hook_run *run)
-{
-        if (run->prev)
-                run->prev->next = run->next;
-        else
-                *head = run->next;
-        if (run->next)
-                run->next->prev = run->prev;
-        run->next = run->prev = NULL;
-}
-
 static void start_next(struct hooks *h);
 
 static void on_closed(struct child *c)
 {
         struct hook_run *run = c->data;
         struct hooks *h = run->h;
-        list_remove(&h->running_list, run);
+        DLIST_UNLINK(h->running_list, run);
         h->running--;
         hook_free(run);
         start_next(h);
@@ -193,26 +183,13 @@ static void on_started(struct child *c)
 
 static void queue_push(struct hook_queue *q, struct hook_run *run)
 {
-        run->next = NULL;
-        run->prev = q->tail;
-        if (q->tail)
-                q->tail->next = run;
-        else
-                q->head = run;
-        q->tail = run;
+        DQUEUE_PUSH_TAIL(q->head, q->tail, run);
         q->n++;
 }
 
 static void queue_remove(struct hook_queue *q, struct hook_run *run)
 {
-        if (run->prev)
-                run->prev->next = run->next;
-        else
-                q->head = run->next;
-        if (run->next)
-                run->next->prev = run->prev;
-        else
-                q->tail = run->prev;
+        DQUEUE_UNLINK(q->head, q->tail, run);
         run->next = run->prev = NULL;
         q->n--;
 }
@@ -222,10 +199,7 @@ static int foldpage_prepare(struct hooks *h, struct hook_run *run);
 static void start_one(struct hooks *h, struct hook_run *run)
 {
         struct daemon *d = h->d;
-        run->next = h->running_list;
-        if (h->running_list)
-                h->running_list->prev = run;
-        h->running_list = run;
+        DLIST_PUSH(h->running_list, run);
         h->running++;
         struct child *c = &run->child;
         child_init(c, d->loop);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "idem_core.h"
+#include "kairos/dlist.h"
 #include "log.h"
 
 bool idem_core_step(const struct idem_call *call, struct idem_step_owner *ret)
@@ -422,12 +423,7 @@ void idem_core_claim_free(struct idem_claim *c)
         struct idem_service *svc = c->svc;
         if (c->hold)
                 c->release(c->hold);
-        if (c->prev)
-                c->prev->next = c->next;
-        else
-                svc->claims = c->next;
-        if (c->next)
-                c->next->prev = c->prev;
+        DLIST_UNLINK(svc->claims, c);
         svc->nclaims--;
         free(c);
 }
@@ -459,10 +455,7 @@ static void claim_closed(struct idem_claim *c)
 bool idem_core_claim_adopt(struct idem_service *svc, struct idem_claim *c, struct idem_call *call)
 {
         c->svc = svc;
-        c->next = svc->claims;
-        if (svc->claims)
-                svc->claims->prev = c;
-        svc->claims = c;
+        DLIST_PUSH(svc->claims, c);
         svc->nclaims++;
         c->owner_id = call->owner.id;
         c->release = call->owner.release;

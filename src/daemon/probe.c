@@ -12,6 +12,7 @@
 #include "executor.h"
 #include "hooks.h"
 #include "kairos/decide.h"
+#include "kairos/dlist.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
@@ -80,17 +81,6 @@ static struct {
 
 static void start_next(void);
 
-static void list_remove(struct probe_job **head, struct probe_job *j)
-{
-        if (j->prev)
-                j->prev->next = j->next;
-        else
-                *head = j->next;
-        if (j->next)
-                j->next->prev = j->prev;
-        j->next = j->prev = NULL;
-}
-
 static void job_free(struct probe_job *j)
 {
         free(j->step_id);
@@ -108,7 +98,7 @@ static void job_free(struct probe_job *j)
 /* The job leaves the running list (its slot is free again) and goes. */
 static void job_end(struct probe_job *j)
 {
-        list_remove(&P.running, j);
+        DLIST_UNLINK(P.running, j);
         P.nrunning--;
         job_free(j);
         start_next();
@@ -533,11 +523,7 @@ static void start_next(void)
                 P.q_head = j->next;
                 if (!P.q_head)
                         P.q_tail = NULL;
-                j->next = P.running;
-                j->prev = NULL;
-                if (P.running)
-                        P.running->prev = j;
-                P.running = j;
+                DLIST_PUSH(P.running, j);
                 P.nrunning++;
                 const struct config_schedule *sc = schedule_of(j->m);
                 j->max_cycles = sc ? sc->max_cycles : 1;

@@ -3,6 +3,7 @@
  * contract: an in-memory store that produces log records.  Its log, which
  * loads, appends and compacts them: idem_log.c. */
 #include "kairos/idem.h"
+#include "kairos/dlist.h"
 #include "idem_internal.h"
 
 #include <errno.h>
@@ -240,14 +241,7 @@ static void lru_unlink(struct idem_store *s, struct entry *e)
 {
         if (!e->in_lru)
                 return;
-        if (e->prev)
-                e->prev->next = e->next;
-        else
-                s->mru = e->next;
-        if (e->next)
-                e->next->prev = e->prev;
-        else
-                s->lru = e->prev;
+        DQUEUE_UNLINK(s->mru, s->lru, e);
         e->prev = e->next = NULL;
         e->in_lru = false;
 }
@@ -255,13 +249,7 @@ static void lru_unlink(struct idem_store *s, struct entry *e)
 static void lru_push_mru(struct idem_store *s, struct entry *e)
 {
         lru_unlink(s, e);
-        e->prev = NULL;
-        e->next = s->mru;
-        if (s->mru)
-                s->mru->prev = e;
-        else
-                s->lru = e;
-        s->mru = e;
+        DQUEUE_PUSH_HEAD(s->mru, s->lru, e);
         e->in_lru = true;
 }
 
