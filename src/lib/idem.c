@@ -636,8 +636,15 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
         return IDEM_PROCEED;
 }
 
-static int processing_entry(struct idem_store *s, const char *key, struct entry **out)
+/* The entry of key that a call may finish: processing (settle: or
+ * interrupted); *lsn zeroed first. */
+static int entry_open(struct idem_store *s, const char *key, bool settle, uint64_t *lsn,
+                      struct entry **out)
 {
+        if (lsn)
+                *lsn = 0;
+        if (!s)
+                return -EINVAL;
         int r = writable(s);
         if (r < 0)
                 return r;
@@ -646,7 +653,7 @@ static int processing_entry(struct idem_store *s, const char *key, struct entry 
         struct entry *e = strmap_get(s->map, key);
         if (!e)
                 return -ENOENT;
-        if (e->state != IDEM_ST_PROCESSING)
+        if (e->state != IDEM_ST_PROCESSING && !(settle && e->state == IDEM_ST_INTERRUPTED))
                 return -ESTALE;
         *out = e;
         return 0;
@@ -695,11 +702,7 @@ int idem_complete(struct idem_store *s, const char *key, const void *result, siz
 {
         struct entry *e;
         unsigned char *copy;
-        if (lsn)
-                *lsn = 0;
-        if (!s)
-                return -EINVAL;
-        int r = processing_entry(s, key, &e);
+        int r = entry_open(s, key, false, lsn, &e);
         if (r < 0 || (r = copy_result(result, len, &copy)) < 0)
                 return r;
         return finish(s, e, IDEM_ST_COMPLETED, copy, len, NULL, NULL, lsn);
@@ -714,7 +717,7 @@ int idem_fail(struct idem_store *s, const char *key, const char *error_class,
                 *lsn = 0;
         if (!s || !error_class || !idem_valid_name(error_class, strlen(error_class), IDEM_CLASS_MAX))
                 return -EINVAL;
-        int r = processing_entry(s, key, &e);
+        int r = entry_open(s, key, false, lsn, &e);
         if (r < 0 || (r = copy_result(result, len, &copy)) < 0)
                 return r;
         char *cls = strdup(error_class);
@@ -731,11 +734,7 @@ int idem_fail(struct idem_store *s, const char *key, const char *error_class,
 int idem_interrupt(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn)
 {
         struct entry *e;
-        if (lsn)
-                *lsn = 0;
-        if (!s)
-                return -EINVAL;
-        int r = processing_entry(s, key, &e);
+        int r = entry_open(s, key, false, lsn, &e);
         if (r < 0)
                 return r;
         char *why = clean_text(reason ? reason : "caller_vanished", IDEM_TEXT_MAX_CHARS);
@@ -790,31 +789,10 @@ int idem_forget(struct idem_store *s, const char *key, long long uid, const char
 int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint64_t *lsn)
 {
         struct entry *e;
-        if (lsn)
-                *lsn = 0;
-        if (!s)
-                return -EINVAL;
-        int r = processing_entry(s, key, &e);
+        int r = entry_open(s, key, false, lsn, &e);
         if (r < 0)
                 return r;
         return drop_recorded(s, e, -1, reason, lsn);
-}
-
-/* An entry settle may decide: processing or interrupted. */
-static int open_entry(struct idem_store *s, const char *key, struct entry **out)
-{
-        int r = writable(s);
-        if (r < 0)
-                return r;
-        if (!key)
-                return -EINVAL;
-        struct entry *e = strmap_get(s->map, key);
-        if (!e)
-                return -ENOENT;
-        if (e->state != IDEM_ST_PROCESSING && e->state != IDEM_ST_INTERRUPTED)
-                return -ESTALE;
-        *out = e;
-        return 0;
 }
 
 int idem_settle_complete(struct idem_store *s, const char *key, const void *result, size_t len,
@@ -822,11 +800,7 @@ int idem_settle_complete(struct idem_store *s, const char *key, const void *resu
 {
         struct entry *e;
         unsigned char *copy;
-        if (lsn)
-                *lsn = 0;
-        if (!s)
-                return -EINVAL;
-        int r = open_entry(s, key, &e);
+        int r = entry_open(s, key, true, lsn, &e);
         if (r < 0 || (r = copy_result(result, len, &copy)) < 0)
                 return r;
         enum idem_state old = e->state;
@@ -846,11 +820,7 @@ int idem_settle_abandon(struct idem_store *s, const char *key, const char *reaso
                         uint64_t *lsn)
 {
         struct entry *e;
-        if (lsn)
-                *lsn = 0;
-        if (!s)
-                return -EINVAL;
-        int r = open_entry(s, key, &e);
+        int r = entry_open(s, key, true, lsn, &e);
         if (r < 0)
                 return r;
         return drop_recorded(s, e, -2, reason, lsn);
