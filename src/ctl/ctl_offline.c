@@ -180,19 +180,6 @@ static int load_wal(const char *path, struct loaded_wal *w)
         return 0;
 }
 
-static const char *status_word(enum fold_status s)
-{
-        switch (s) {
-        case FOLD_CLEAN:
-                return "clean";
-        case FOLD_TORN:
-                return "torn";
-        case FOLD_CORRUPT:
-                return "corrupt";
-        }
-        return "unknown";
-}
-
 static size_t torn_bytes(const struct loaded_wal *w)
 {
         return w->fold->bad_offset <= w->len ? w->len - w->fold->bad_offset : 0;
@@ -385,7 +372,7 @@ static void dump_summary(const char *path, const struct loaded_wal *w)
                 unfinished += !f->plans[i].finalized;
         printf("\nfile: ");
         ctl_put_safe(stdout, path);
-        printf("\nstatus: %s (%zu records, %zu legacy unchecked", status_word(f->status),
+        printf("\nstatus: %s (%zu records, %zu legacy unchecked", fold_status_name(f->status),
                f->records, f->legacy_records);
         if (f->unknown_ops)
                 printf(", %zu unknown ops ignored", f->unknown_ops);
@@ -501,7 +488,7 @@ static json_t *dump_json(const char *path, const struct loaded_wal *w)
                 return NULL;
         }
         json_object_set_new(o, "file", ctl_json_str(path));
-        json_object_set_new(o, "status", json_string(status_word(f->status)));
+        json_object_set_new(o, "status", json_string(fold_status_name(f->status)));
         json_object_set_new(o, "bytes", json_integer((json_int_t)w->len));
         json_object_set_new(o, "lines", json_integer((json_int_t)f->lines));
         json_object_set_new(o, "records", json_integer((json_int_t)f->records));
@@ -649,7 +636,7 @@ int ctl_cmd_wal_verify(const struct ctl_opts *o, int argc, char **argv)
                 if (files) {
                         json_t *j = json_pack("{s:o,s:s,s:I,s:I,s:I,s:o}", "file",
                                               ctl_json_str(argv[i]), "status",
-                                              status_word(f->status), "bytes",
+                                              fold_status_name(f->status), "bytes",
                                               (json_int_t)w.len, "records",
                                               (json_int_t)f->records, "legacy_unchecked",
                                               (json_int_t)f->legacy_records, "problem",
@@ -1020,12 +1007,12 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
                                                        : NULL;
         if (jfiles) {
                 jf = json_pack("{s:o,s:s,s:o,s:o}", "file", ctl_json_str(path), "status",
-                               status_word(f->status), "problem", problem_json(&w), "action",
+                               fold_status_name(f->status), "problem", problem_json(&w), "action",
                                ctl_json_str(action));
                 jplans = json_array();
         } else {
                 ctl_put_safe(stdout, path);
-                printf(": %s", status_word(f->status));
+                printf(": %s", fold_status_name(f->status));
                 if (f->status != FOLD_CLEAN) {
                         printf(", ");
                         print_problem(&w);
