@@ -40,21 +40,6 @@ void log_set_level(int max_level)
         level = max_level;
 }
 
-int log_get_level(void)
-{
-        return level;
-}
-
-int log_level_from_string(const char *s)
-{
-        static const char *const names[] = { "emerg", "alert", "crit", "err",
-                                              "warning", "notice", "info", "debug" };
-        for (int i = 0; i < 8; i++)
-                if (strcmp(s, names[i]) == 0)
-                        return i;
-        return -1;
-}
-
 /* __FILE__ as the compiler saw it, relative to the build directory
  * ("../src/daemon/main.c"): name it from the top of the source tree. */
 static const char *source_path(const char *file)

@@ -34,8 +34,6 @@ struct log_field {
 /* Decide the output once at start (reads JOURNAL_STREAM); level filters. */
 void log_setup(int max_level);
 void log_set_level(int max_level);
-int log_get_level(void);
-int log_level_from_string(const char *s);
 
 /* Cluster mode (from the loop thread, once): every record gets NODE=node
  * (a string that outlives logging), and a record with MANDATE_ID= logged

@@ -103,7 +103,6 @@ struct runner {
          * CLONE_CLEAR_SIGHAND): the child resets these, NSIG ends */
         int ignored[NSIG];
         bool no_clone3;            /* the thread's: clone3 failed once (ENOSYS…) */
-        unsigned long spawns;
 };
 
 /* The open-file limit kairosd started with.  kairosd raises its own soft
@@ -647,8 +646,6 @@ static void on_async(uv_async_t *h)
                         close(j->fd_out);
                         close(j->fd_err);
                         j->fd_in = j->fd_out = j->fd_err = -1;
-                } else {
-                        r->spawns++;
                 }
                 j->started(j);
                 /* it may have exited before we watched it */
@@ -789,11 +786,6 @@ void runner_set_user(struct runner *r, const struct handler_user *u)
         r->user = u;
 }
 
-unsigned long runner_spawn_count(const struct runner *r)
-{
-        return r->spawns;
-}
-
 /* fds 0-2 must be open: a pipe made later must never get one of them. */
 static void ensure_stdio(void)
 {
@@ -910,16 +902,6 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
 fail:
         runner_free(r);
         return e;
-}
-
-void runner_close(struct runner *r)
-{
-        if (!r)
-                return;
-        if (!uv_is_closing((uv_handle_t *)&r->async))
-                uv_close((uv_handle_t *)&r->async, NULL);
-        if (!uv_is_closing((uv_handle_t *)&r->sigchld))
-                uv_close((uv_handle_t *)&r->sigchld, NULL);
 }
 
 void runner_free(struct runner *r)

@@ -91,9 +91,7 @@ struct runner_job {
 
 /* Start the runner: its thread, the keeper and the SIGCHLD watch. */
 int runner_new(uv_loop_t *loop, struct runner **ret);
-/* Close its handles (the loop then ends) and stop its thread and the keeper
- * (after the loop has ended: runner_free). */
-void runner_close(struct runner *r);
+/* Stop its thread and the keeper (after the loop has ended). */
 void runner_free(struct runner *r);
 
 /* Cluster mode: every process started from now on is watched by dm (its
@@ -115,6 +113,3 @@ int runner_spawn(struct runner *r, struct runner_job *job);
 /* Signal the job's process group (nothing once it was reaped); SIGKILL with
  * a cgroup kills the whole cgroup. */
 void runner_kill(struct runner_job *job, int sig);
-
-/* Test and bench support: spawns so far. */
-unsigned long runner_spawn_count(const struct runner *r);
