@@ -499,15 +499,12 @@ void handler_spawn(struct mandate *m, struct advance *a)
                                        sc ? sc->environment : NULL, sc ? sc->nenvironment : 0);
         /* the command line's $NAME and ${NAME} expand from that environment */
         char **argv = NULL, why[256] = "";
-        size_t argc = 0;
-        int r = env ? config_expand_command(cmdline, env, &argv, &argc, why, sizeof why)
-                    : -ENOMEM;
-        if (r < 0 || argc == 0 || !argv[0][0]) {
+        int r = env ? runenv_command(cmdline, env, &argv, why, sizeof why) : -ENOMEM;
+        if (r < 0) {
+                /* (an empty command name was split: it cannot start) */
                 snprintf(run->spawn_error, sizeof run->spawn_error, "cannot %s %s=: %s",
-                         r < 0 ? "split" : "start", config_phase_key(a->phase),
-                         r == -EINVAL && why[0] ? why
-                         : r < 0 ? strerror(-r)
-                                 : "the command name is empty once its variables are expanded");
+                         argv ? "start" : "split", config_phase_key(a->phase),
+                         r == -EINVAL && why[0] ? why : strerror(-r));
                 run->spawn_failed = true;
                 run->child.exited = run->finished = true;
                 config_strv_free(argv);

@@ -400,15 +400,9 @@ static int foldpage_prepare(struct hooks *h, struct hook_run *run)
                 run->label = NULL;
         int r = !run->doc || !run->env || !run->cwd || !run->label ? -ENOMEM : 0;
         /* its $NAME and ${NAME} expand from its environment */
-        size_t argc = 0;
         char why[256] = "";
         if (r == 0)
-                r = config_expand_command(f->cmd, run->env, &run->argv, &argc, why, sizeof why);
-        if (r == 0 && (argc == 0 || !run->argv[0][0])) {
-                snprintf(why, sizeof why, "the command name is empty once its variables are "
-                         "expanded");
-                r = -EINVAL;
-        }
+                r = runenv_command(f->cmd, run->env, &run->argv, why, sizeof why);
         if (r == -EINVAL)
                 log_warning("hooks: a page for %lu folded failures not sent: cannot prepare %s: "
                             "%s", f->count, f->cmd, why[0] ? why : "cannot split it");
@@ -484,15 +478,10 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         }
         /* its $NAME and ${NAME} expand from its environment */
         char why[256] = "";
-        size_t argc = 0;
-        int r = config_expand_command(cmd, run->env, &run->argv, &argc, why, sizeof why);
-        if (r < 0 || argc == 0 || !run->argv[0][0]) {
+        int r = runenv_command(cmd, run->env, &run->argv, why, sizeof why);
+        if (r < 0) {
                 log_warning("hook %s for %s: cannot prepare %s: %s; the mandate is not affected",
-                            key, m->id, cmd,
-                            r == -EINVAL && why[0] ? why
-                            : r < 0 ? strerror(-r)
-                                    : "the command name is empty once its variables are "
-                                      "expanded");
+                            key, m->id, cmd, r == -EINVAL && why[0] ? why : strerror(-r));
                 hook_free(run);
                 return;
         }

@@ -405,7 +405,6 @@ static void spawn(struct probe_job *j)
                 on_done(c);
                 return;
         }
-        size_t argc = 0;
         j->timeout_sec = (unsigned)sc->probe_timeout_sec;
         j->cmdline = strdup(sc->probe);
         j->cwd = strdup(sc->working_directory ? sc->working_directory : d->cfg->state_directory);
@@ -415,12 +414,7 @@ static void spawn(struct probe_job *j)
                 r = -ENOMEM;
         /* its $NAME and ${NAME} expand from its environment */
         if (r == 0)
-                r = config_expand_command(sc->probe, j->env, &j->argv, &argc, why, sizeof why);
-        if (r == 0 && (argc == 0 || !j->argv[0][0])) {
-                snprintf(why, sizeof why, "the command name is empty once its variables are "
-                         "expanded");
-                r = -EINVAL;
-        }
+                r = runenv_command(sc->probe, j->env, &j->argv, why, sizeof why);
         if (r == 0) {
                 c->argv = j->argv;
                 c->envp = j->env;

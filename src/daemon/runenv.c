@@ -2,6 +2,7 @@
 /* runenv: what every handler's, hook's and probe's environment has besides
  * its own variables — PATH, HOME, USER and KAIROSCTL — found once at start.
  * Below the executor, hooks and probe, which all read it. */
+#include <errno.h>
 #include <limits.h>
 #include <pwd.h>
 #include <stdbool.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kairos/config.h"
 #include "kairos/planner.h"
 #include "log.h"
 #include "runenv.h"
@@ -155,4 +157,17 @@ char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[
                 return NULL;
         memcpy(kv[11], more, nmore * sizeof *more);
         return runenv_build((const char *const (*)[2])kv, 11 + nmore, extra, nextra);
+}
+
+int runenv_command(const char *cmdline, char *const *env, char ***ret_argv, char *why,
+                   size_t why_len)
+{
+        size_t argc = 0;
+        int r = config_expand_command(cmdline, env, ret_argv, &argc, why, why_len);
+        if (r == 0 && (argc == 0 || !(*ret_argv)[0][0])) {
+                snprintf(why, why_len, "the command name is empty once its variables are "
+                         "expanded");
+                r = -EINVAL;
+        }
+        return r;
 }

@@ -33,3 +33,10 @@ struct runenv_step {
 };
 char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
                          char *const *extra, size_t nextra);
+
+/* A handler's, hook's or probe's command line split into *ret_argv (left
+ * NULL on an error it was given NULL), its $NAME and ${NAME} expanded from
+ * env (config_expand_command).  -EINVAL with why filled, also for a command
+ * name that comes out empty; -ENOMEM. */
+int runenv_command(const char *cmdline, char *const *env, char ***ret_argv, char *why,
+                   size_t why_len);
