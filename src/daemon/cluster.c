@@ -159,6 +159,13 @@ static int64_t mono_ms(void)
 
 /* ---- the connection of a pool thread ---- */
 
+void cluster_thread_failed(struct pgstore *s, int r, char *buf, size_t len)
+{
+        snprintf(buf, len, "%s", pgstore_error(s));
+        if (r == -ENOTCONN)
+                (void)pgstore_reset(s);
+}
+
 struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
 {
         struct cluster *c = d->cluster;

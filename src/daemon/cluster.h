@@ -83,6 +83,9 @@ int64_t cluster_deadline_ms(const struct daemon *d);
  * between.  Waits while every connection is lent, at most half a lease
  * (-ETIMEDOUT).  NULL and *ret_err on failure.  Never on the loop thread. */
 struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err);
+/* A pool thread's call on s failed with r: its error into buf; after a
+ * broken connection (-ENOTCONN) the next call on s reconnects. */
+void cluster_thread_failed(struct pgstore *s, int r, char *buf, size_t len);
 /* The end of a pool thread's job: the connection it was lent, if any, goes
  * back to the node's pool.  Called by every job runner (serialq, ...). */
 void cluster_thread_done(void);

@@ -156,12 +156,8 @@ static void pg_work_run(uv_work_t *w)
         if (r == -ESTALE && repeated && pg_finished_before(s, j))
                 r = 0;
         j->r = r;
-        if (r < 0) {
-                snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
-                /* the next call on this connection reconnects */
-                if (r == -ENOTCONN)
-                        (void)pgstore_reset(s);
-        }
+        if (r < 0)
+                cluster_thread_failed(s, r, j->err, sizeof j->err);
 }
 
 static void pg_work(uv_work_t *w)

@@ -131,11 +131,8 @@ static void db_work_run(uv_work_t *w)
                 }
         }
         j->r = r;
-        if (r < 0) {
-                snprintf(j->err, sizeof j->err, "%s", pgstore_error(s));
-                if (r == -ENOTCONN)
-                        (void)pgstore_reset(s);
-        }
+        if (r < 0)
+                cluster_thread_failed(s, r, j->err, sizeof j->err);
 }
 
 static void db_work(uv_work_t *w)
