@@ -1072,10 +1072,8 @@ static void park_scan(struct cluster *c)
                 if (!pj)
                         return;
                 pj->m = m;
-                m->busy++;
                 m->cluster_parking = true;
-                if (serialq_submit(&m->q, park_work, park_done, pj) < 0) {
-                        m->busy--;
+                if (mandate_submit(m, park_work, park_done, pj) < 0) {
                         m->cluster_parking = false;
                         free(pj);
                         return;

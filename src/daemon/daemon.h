@@ -224,6 +224,10 @@ int mandates_ordered(struct daemon *d, struct mandate *const **ret, size_t *ret_
  * handler, not queued) and free it: -EBUSY otherwise. */
 int mandate_remove(struct mandate *m);
 void mandates_free(struct daemon *d);
+/* Queue work, then done, on m's serial queue (serialq_submit), m kept
+ * alive (busy) until done gives it back (m->busy--); -ENOMEM: nothing is
+ * queued and m is as it was. */
+int mandate_submit(struct mandate *m, void (*work)(void *arg), void (*done)(void *arg), void *arg);
 /* Open the mandate's WAL if needed (pool thread, inside a job of m->q). */
 int mandate_wal_open(struct mandate *m);
 void mandate_wal_close(struct mandate *m);

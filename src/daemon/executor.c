@@ -194,9 +194,7 @@ out:
 
 void executor_submit(struct mandate *m, struct advance *a)
 {
-        m->busy++;
-        if (serialq_submit(&m->q, advance_work, advance_done, a) < 0) {
-                m->busy--;
+        if (mandate_submit(m, advance_work, advance_done, a) < 0) {
                 log_error("out of memory: cannot advance %s", m->id);
                 finish_fire_reply(a, false);
                 op_reply_error(&a->cancel_reply, "internal", "out of memory");
@@ -510,9 +508,7 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 }
                 dup->reply = reply;
                 dup->m = m;
-                m->busy++;
-                if (serialq_submit(&m->q, fire_dup_work, fire_dup_done, dup) < 0) {
-                        m->busy--;
+                if (mandate_submit(m, fire_dup_work, fire_dup_done, dup) < 0) {
                         free(dup);
                         op_reply_error(&reply, "internal", "out of memory");
                 }

@@ -107,9 +107,7 @@ static int slot_submit(struct mandate *m, bool release)
                 return -ENOMEM;
         j->m = m;
         j->release = release;
-        m->busy++;
-        if (serialq_submit(&m->q, slot_work, slot_done, j) < 0) {
-                m->busy--;
+        if (mandate_submit(m, slot_work, slot_done, j) < 0) {
                 free(j);
                 return -ENOMEM;
         }

@@ -209,6 +209,15 @@ int mandates_ordered(struct daemon *d, struct mandate *const **ret, size_t *ret_
         return 0;
 }
 
+int mandate_submit(struct mandate *m, void (*work)(void *arg), void (*done)(void *arg), void *arg)
+{
+        m->busy++;
+        int r = serialq_submit(&m->q, work, done, arg);
+        if (r < 0)
+                m->busy--;
+        return r;
+}
+
 int mandate_wal_open(struct mandate *m)
 {
         if (m->wal)

@@ -329,9 +329,7 @@ static void decide(struct probe_job *j)
                 return;
         }
         pd->have_ev = probe_schedule_evidence(m->d->cfg, m->schedule, &pd->ev);
-        m->busy++;
-        if (serialq_submit(&m->q, decide_work, decide_done, pd) < 0) {
-                m->busy--;
+        if (mandate_submit(m, decide_work, decide_done, pd) < 0) {
                 log_error("%s %s: out of memory recording its probe's word; the mandate stays "
                           "probing until the next start", m->id, j->step_id);
                 decision_free(pd);
@@ -521,9 +519,7 @@ static void start_next(void)
                 P.nrunning++;
                 const struct config_schedule *sc = schedule_of(j->m);
                 j->max_cycles = sc ? sc->max_cycles : 1;
-                j->m->busy++;
-                if (serialq_submit(&j->m->q, prep_work, prep_done, j) < 0) {
-                        j->m->busy--;
+                if (mandate_submit(j->m, prep_work, prep_done, j) < 0) {
                         log_error("%s %s: out of memory starting its probe; the mandate stays "
                                   "probing until the next start", j->m->id, j->step_id);
                         job_end(j);
