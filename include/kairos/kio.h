@@ -71,3 +71,9 @@ int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
                   size_t *ret_len);
 /* The same from an open descriptor (not closed), e.g. standard input. */
 int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len);
+/* Inflate every gzip member of data[0..len) (as gzip(1) reads them) onto out,
+ * NUL-terminated: 0, -EFBIG beyond max bytes, -ENOMEM, or -EBADMSG with
+ * *ret_why (may be NULL) saying what is damaged (zlib's word, or that the
+ * data ends inside the stream). */
+struct kbuf;
+int kio_gunzip(const char *data, size_t len, size_t max, struct kbuf *out, const char **ret_why);

@@ -10,7 +10,6 @@
 #include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <zlib.h>
 
 #include "ctl.h"
 #include "ctl_probe.h"
@@ -20,6 +19,7 @@
 #include "kairos/idem.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
+#include "kairos/kio.h"
 #include "kairos/kjson.h"
 #include "kairos/planner.h"
 #include "kairos/decide.h"
@@ -55,67 +55,6 @@ static bool is_gzip(const char *data, size_t len)
         return len >= 2 && (unsigned char)data[0] == 0x1f && (unsigned char)data[1] == 0x8b;
 }
 
-/* Inflate every gzip member of in[0..len) into *out (NUL-terminated).
- * Returns 0, or -EBADMSG with *ret_why describing the damage, or -ENOMEM /
- * -EFBIG (more than GZIP_OUT_MAX bytes). */
-static int gunzip(const char *in, size_t len, struct kbuf *out, const char **ret_why)
-{
-        z_stream z = { 0 };
-        int zr, r = 0;
-
-        *ret_why = NULL;
-        if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
-                return -ENOMEM;
-        z.next_in = (Bytef *)in;
-        z.avail_in = (uInt)(len > UINT_MAX ? UINT_MAX : len);
-        size_t left = len - z.avail_in;
-        for (;;) {
-                if ((r = kbuf_reserve(out, 65536 + 1)) < 0)
-                        break;
-                z.next_out = (Bytef *)out->data + out->len;
-                z.avail_out = (uInt)(out->cap - out->len - 1);
-                uInt before = z.avail_out;
-                zr = inflate(&z, Z_NO_FLUSH);
-                out->len += before - z.avail_out;
-                out->data[out->len] = '\0';
-                if (out->len > GZIP_OUT_MAX) {
-                        r = -EFBIG;
-                        break;
-                }
-                if (z.avail_in == 0 && left > 0) {
-                        z.avail_in = (uInt)(left > UINT_MAX ? UINT_MAX : left);
-                        left -= z.avail_in;
-                }
-                if (zr == Z_STREAM_END) {
-                        if (z.avail_in == 0)
-                                break;
-                        /* another member follows */
-                        if (inflateReset(&z) != Z_OK) {
-                                r = -ENOMEM;
-                                break;
-                        }
-                        continue;
-                }
-                if (zr == Z_MEM_ERROR) {
-                        r = -ENOMEM;
-                        break;
-                }
-                if (zr == Z_DATA_ERROR || zr == Z_NEED_DICT || zr == Z_STREAM_ERROR) {
-                        *ret_why = z.msg ? z.msg : "invalid compressed data";
-                        r = -EBADMSG;
-                        break;
-                }
-                if (zr == Z_BUF_ERROR && z.avail_in == 0) {
-                        *ret_why = "truncated: the compressed data ends before the end of the "
-                               "gzip stream";
-                        r = -EBADMSG;
-                        break;
-                }
-        }
-        inflateEnd(&z);
-        return r;
-}
-
 /* Read a WAL, plain or gzip-compressed.  Returns 0 or a printed error's
  * exit status: CTL_EXIT_NOINPUT (unreadable), CTL_EXIT_DATAERR (a damaged
  * gzip file). */
@@ -135,7 +74,7 @@ static int read_wal(const char *path, char **ret_data, size_t *ret_len)
                 *ret_len = len;
                 return 0;
         }
-        r = gunzip(data, len, &b, &why);
+        r = kio_gunzip(data, len, GZIP_OUT_MAX, &b, &why);
         free(data);
         if (r < 0) {
                 kbuf_free(&b);

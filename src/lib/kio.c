@@ -373,9 +373,10 @@ static int read_all(int fd, size_t max, struct kbuf *b)
         }
 }
 
-static int gunzip(const char *data, size_t len, size_t max, struct kbuf *out)
+int kio_gunzip(const char *data, size_t len, size_t max, struct kbuf *out, const char **ret_why)
 {
         z_stream zs;
+        const char *why = NULL;
         memset(&zs, 0, sizeof(zs));
         if (inflateInit2(&zs, 15 + 16) != Z_OK)
                 return -ENOMEM;
@@ -410,11 +411,20 @@ static int gunzip(const char *data, size_t len, size_t max, struct kbuf *out)
                                 r = -EBADMSG;
                         continue;
                 }
-                if (zr == Z_MEM_ERROR)
+                if (zr == Z_MEM_ERROR) {
                         r = -ENOMEM;
-                else if (zr != Z_OK && !(zr == Z_BUF_ERROR && (zs.avail_in || left)))
-                        r = -EBADMSG; /* corrupt, or truncated: no more input */
+                } else if (zr == Z_BUF_ERROR && !zs.avail_in && !left) {
+                        why = "truncated: the compressed data ends before the end of the gzip "
+                              "stream";
+                        r = -EBADMSG;
+                } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+                        r = -EBADMSG;
+                }
         }
+        if (r == -EBADMSG && !why)
+                why = zs.msg ? zs.msg : "invalid compressed data";
+        if (ret_why)
+                *ret_why = why;
         inflateEnd(&zs);
         return r;
 }
@@ -428,7 +438,7 @@ int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret
         if (r == 0 && (flags & KIO_READ_GZIP) && b.len >= 2 &&
             (unsigned char)b.data[0] == 0x1f && (unsigned char)b.data[1] == 0x8b) {
                 struct kbuf plain = KBUF_INIT;
-                r = gunzip(b.data, b.len, max, &plain);
+                r = kio_gunzip(b.data, b.len, max, &plain, NULL);
                 kbuf_free(&b);
                 b = plain;
         }
