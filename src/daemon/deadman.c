@@ -525,8 +525,15 @@ int deadman_start(struct deadman **ret)
         return deadman_start_max(ret, DEADMAN_MAX_WATCHED);
 }
 
-/* Also called in a handler's child between clone(CLONE_VM) and exec (runner.c):
- * not instrumented, like the runner's child_main. */
+/* Both also called in a handler's child between clone(CLONE_VM) and exec
+ * (runner.c): not instrumented, like the runner's child_main. */
+__attribute__((no_sanitize("address", "undefined"))) static void rec_init(struct rec *r,
+                                                                        uint32_t type)
+{
+        memset(r, 0, sizeof *r);
+        r->type = type;
+}
+
 __attribute__((no_sanitize("address", "undefined"))) static int send_rec(const struct deadman *dm,
                                                                        const struct rec *r)
 {
@@ -546,8 +553,7 @@ int deadman_set_deadline(struct deadman *dm, int64_t mono_ms)
         if (mono_ms < 0)
                 return -EINVAL;
         struct rec r;
-        memset(&r, 0, sizeof r);
-        r.type = REC_DEADLINE;
+        rec_init(&r, REC_DEADLINE);
         r.ms = mono_ms;
         return send_rec(dm, &r);
 }
@@ -558,8 +564,7 @@ __attribute__((no_sanitize("address", "undefined"))) int deadman_watch(struct de
         if (pgid <= 1 || pgid == dm->own_pgid || pgid == dm->pid)
                 return -EINVAL;
         struct rec r;
-        memset(&r, 0, sizeof r);
-        r.type = REC_WATCH;
+        rec_init(&r, REC_WATCH);
         r.pgid = pgid;
         if (cgroup_dir && cgroup_dir[0]) {
                 /* by hand: no libc string call in a child before exec */
@@ -584,8 +589,7 @@ int deadman_unwatch(struct deadman *dm, pid_t pgid)
         if (pgid <= 1)
                 return -EINVAL;
         struct rec r;
-        memset(&r, 0, sizeof r);
-        r.type = REC_UNWATCH;
+        rec_init(&r, REC_UNWATCH);
         r.pgid = pgid;
         return send_rec(dm, &r);
 }
@@ -600,8 +604,7 @@ void deadman_stop(struct deadman *dm)
         if (!dm)
                 return;
         struct rec r;
-        memset(&r, 0, sizeof r);
-        r.type = REC_STOP;
+        rec_init(&r, REC_STOP);
         int64_t until = clock_ms(CLOCK_MONOTONIC) + STOP_SEND_MS;
         while (send_rec(dm, &r) == -EAGAIN) {
                 int64_t left = until - clock_ms(CLOCK_MONOTONIC);
