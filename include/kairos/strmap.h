@@ -9,6 +9,8 @@ struct strmap;
 
 struct strmap *strmap_new(void);
 void strmap_free(struct strmap *m);
+/* strmap_free after free_value(value) of every entry. */
+void strmap_free_with(struct strmap *m, void (*free_value)(void *value));
 /* Insert or replace.  -ENOMEM. */
 int strmap_put(struct strmap *m, const char *key, void *value);
 void *strmap_get(const struct strmap *m, const char *key);

@@ -251,8 +251,9 @@ void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX])
         memcpy(counts, d->status_count, sizeof(unsigned) * MANDATE__STATUS_MAX);
 }
 
-static void mandate_free(struct mandate *m)
+static void mandate_free(void *p)
 {
+        struct mandate *m = p;
         if (m->wal)
                 wal_close(m->wal);
         fold_free(m->fold);
@@ -286,12 +287,7 @@ int mandate_remove(struct mandate *m)
 
 void mandates_free(struct daemon *d)
 {
-        size_t pos = 0;
-        const char *k;
-        void *v;
-        while (strmap_next(d->mandates, &pos, &k, &v) == 0)
-                mandate_free(v);
-        strmap_free(d->mandates);
+        strmap_free_with(d->mandates, mandate_free);
         d->mandates = NULL;
         memset(d->status_count, 0, sizeof d->status_count);
         free(d->ordered);

@@ -22,8 +22,9 @@ struct evidence_index {
         size_t size;
 };
 
-static void calls_free(struct mandate_calls *mc)
+static void calls_free(void *p)
 {
+        struct mandate_calls *mc = p;
         if (!mc)
                 return;
         for (size_t i = 0; i < mc->n; i++) {
@@ -39,14 +40,7 @@ void evidence_index_free(struct evidence_index *ix)
 {
         if (!ix)
                 return;
-        if (ix->map) {
-                size_t pos = 0;
-                const char *k;
-                void *v;
-                while (strmap_next(ix->map, &pos, &k, &v) == 0)
-                        calls_free(v);
-                strmap_free(ix->map);
-        }
+        strmap_free_with(ix->map, calls_free);
         free(ix);
 }
 

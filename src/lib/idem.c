@@ -276,8 +276,9 @@ void idem_entry_clear_payload(struct entry *e)
         e->error_class = e->error_msg = e->reason = NULL;
 }
 
-static void entry_free(struct entry *e)
+static void entry_free(void *p)
 {
+        struct entry *e = p;
         if (!e)
                 return;
         idem_entry_clear_payload(e);
@@ -368,12 +369,7 @@ void idem_store_free(struct idem_store *s)
 {
         if (!s)
                 return;
-        size_t pos = 0;
-        const char *k;
-        void *v;
-        while (strmap_next(s->map, &pos, &k, &v) == 0)
-                entry_free(v);
-        strmap_free(s->map);
+        strmap_free_with(s->map, entry_free);
         kbuf_free(&s->pending);
         free(s);
 }

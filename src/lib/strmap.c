@@ -37,15 +37,23 @@ struct strmap *strmap_new(void)
         return calloc(1, sizeof(struct strmap));
 }
 
-void strmap_free(struct strmap *m)
+void strmap_free_with(struct strmap *m, void (*free_value)(void *value))
 {
         if (!m)
                 return;
         for (size_t i = 0; i < m->cap; i++)
-                if (m->slots[i].key && m->slots[i].key != TOMBSTONE)
+                if (m->slots[i].key && m->slots[i].key != TOMBSTONE) {
+                        if (free_value)
+                                free_value(m->slots[i].value);
                         free(m->slots[i].key);
+                }
         free(m->slots);
         free(m);
+}
+
+void strmap_free(struct strmap *m)
+{
+        strmap_free_with(m, NULL);
 }
 
 static struct slot *find(const struct strmap *m, const char *key, uint64_t h)
