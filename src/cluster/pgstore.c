@@ -446,6 +446,13 @@ static int build_lines(struct pgstore *s, const char *lines, size_t len, struct 
         return 0;
 }
 
+/* v as the decimal text of a query parameter, in buf */
+static const char *i64(char buf[24], int64_t v)
+{
+        snprintf(buf, 24, "%" PRId64, v);
+        return buf;
+}
+
 static char *dup_value(PGresult *res, int row, int col)
 {
         if (PQgetisnull(res, row, col))
@@ -461,9 +468,7 @@ int pgstore_node_heartbeat(struct pgstore *s, const char *node, int64_t incarnat
         if (!node || !*node || lease_ms <= 0)
                 return -EINVAL;
         char inc[24], lease[24];
-        snprintf(inc, sizeof inc, "%" PRId64, incarnation);
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        const char *vals[] = { node, inc, lease };
+        const char *vals[] = { node, i64(inc, incarnation), i64(lease, lease_ms) };
         return exec_params(s, "SELECT kairos_node_heartbeat($1, $2, $3)", 3, vals, 0,
                            PGRES_TUPLES_OK, NULL);
 }
@@ -474,8 +479,7 @@ int pgstore_node_register(struct pgstore *s, const char *node, int64_t lease_ms,
         if (!node || !*node || lease_ms <= 0 || !ret_incarnation)
                 return -EINVAL;
         char lease[24];
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        const char *vals[] = { node, lease };
+        const char *vals[] = { node, i64(lease, lease_ms) };
         PGresult *res;
         int r = exec_params(s, "SELECT kairos_node_register($1, $2)", 2, vals, 0,
                             PGRES_TUPLES_OK, &res);
@@ -511,9 +515,8 @@ int pgstore_renew_held(struct pgstore *s, const char *node, int64_t incarnation,
         if (r < 0)
                 goto out;
         char inc[24], lease[24];
-        snprintf(inc, sizeof inc, "%" PRId64, incarnation);
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        const char *vals[] = { node, inc, lease, ia.data, ea.data };
+        const char *vals[] = { node, i64(inc, incarnation), i64(lease, lease_ms), ia.data,
+                               ea.data };
         PGresult *res;
         r = exec_params(s, "SELECT * FROM kairos_renew_held($1, $2, $3, $4::text[], "
                            "$5::bigint[])",
@@ -568,9 +571,8 @@ static int claim_tick(struct pgstore *s, const char *schedule, int64_t fired_at_
         if (r < 0)
                 goto out;
         char at[24], lease[24];
-        snprintf(at, sizeof at, "%" PRId64, fired_at_ms);
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        const char *vals[] = { schedule, at, mandate_id, node, lease, la.data, ca.data };
+        const char *vals[] = { schedule, i64(at, fired_at_ms), mandate_id, node,
+                               i64(lease, lease_ms), la.data, ca.data };
         const int lens[] = { 0, 0, 0, 0, 0, (int)la.len, (int)ca.len };
         PGresult *res;
         r = exec_prepared(s, reject ? PREP_CLAIM_TICK_REJECT : PREP_CLAIM_TICK, 7, vals, lens,
@@ -627,8 +629,7 @@ int pgstore_slot_take(struct pgstore *s, const char *mandate_id, int64_t epoch,
         if (ret_holder)
                 *ret_holder = NULL;
         char ep[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        const char *vals[] = { mandate_id, ep };
+        const char *vals[] = { mandate_id, i64(ep, epoch) };
         PGresult *res;
         int r = exec_params(s, "SELECT r_taken, r_holder FROM kairos_slot_take($1, $2)", 2, vals,
                             0, PGRES_TUPLES_OK, &res);
@@ -651,8 +652,7 @@ int pgstore_slot_release(struct pgstore *s, const char *mandate_id, int64_t epoc
         if (!s || !mandate_id || !*mandate_id || epoch < 1)
                 return -EINVAL;
         char ep[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        const char *vals[] = { mandate_id, ep };
+        const char *vals[] = { mandate_id, i64(ep, epoch) };
         return exec_params(s, "SELECT kairos_slot_release($1, $2)", 2, vals, 0, PGRES_TUPLES_OK,
                            NULL);
 }
@@ -668,8 +668,8 @@ int pgstore_mandate_create(struct pgstore *s, const char *mandate_id, const char
         int r = build_lines(s, lines, len, &la, &ca, &n);
         if (r == 0) {
                 char lease[24];
-                snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-                const char *vals[] = { mandate_id, schedule, node, lease, la.data, ca.data };
+                const char *vals[] = { mandate_id, schedule, node, i64(lease, lease_ms), la.data,
+                                       ca.data };
                 const int lens[] = { 0, 0, 0, 0, (int)la.len, (int)ca.len };
                 r = exec_prepared(s, PREP_MANDATE_CREATE, 6, vals, lens, PGRES_TUPLES_OK, NULL);
         }
@@ -695,11 +695,10 @@ int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, cons
         if (r < 0)
                 goto out;
         char at[24], num[16], lease[24];
-        snprintf(at, sizeof at, "%" PRId64, rt->fired_at_ms);
         snprintf(num, sizeof num, "%d", rt->retry);
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        const char *vals[] = { rt->mandate_id, rt->schedule, at, rt->retry_of, num,
-                               rt->forced ? "t" : "f", node, lease, la.data, ca.data };
+        const char *vals[] = { rt->mandate_id, rt->schedule, i64(at, rt->fired_at_ms),
+                               rt->retry_of, num, rt->forced ? "t" : "f", node,
+                               i64(lease, lease_ms), la.data, ca.data };
         const int lens[] = { 0, 0, 0, 0, 0, 0, 0, 0, (int)la.len, (int)ca.len };
         r = exec_prepared(s, PREP_RETRY_CREATE, 10, vals, lens, PGRES_TUPLES_OK, &res);
         if (r < 0)
@@ -737,8 +736,7 @@ int pgstore_tick_last_retry(struct pgstore *s, const char *schedule, int64_t fir
                 return -EINVAL;
         *ret_retry = 0;
         char at[24];
-        snprintf(at, sizeof at, "%" PRId64, fired_at_ms);
-        const char *vals[] = { schedule, at };
+        const char *vals[] = { schedule, i64(at, fired_at_ms) };
         PGresult *res;
         int r = exec_params(s, "SELECT coalesce(max(retry), 0) FROM kairos_mandate "
                                "WHERE schedule = $1 AND fired_at = 'epoch'::timestamptz + "
@@ -758,9 +756,7 @@ int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *n
         if (!mandate_id || !node || lease_ms <= 0)
                 return -EINVAL;
         char ep[24], lease[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        const char *vals[] = { mandate_id, node, ep, lease };
+        const char *vals[] = { mandate_id, node, i64(ep, epoch), i64(lease, lease_ms) };
         return exec_params(s, "SELECT kairos_lease_renew($1, $2, $3, $4)", 4, vals, 0,
                            PGRES_TUPLES_OK, NULL);
 }
@@ -781,9 +777,7 @@ int pgstore_lease_takeover(struct pgstore *s, const char *mandate_id, const char
                 return -EINVAL;
         memset(ret, 0, sizeof *ret);
         char lease[24], grace[24];
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        snprintf(grace, sizeof grace, "%" PRId64, grace_ms);
-        const char *vals[] = { mandate_id, node, lease, grace };
+        const char *vals[] = { mandate_id, node, i64(lease, lease_ms), i64(grace, grace_ms) };
         PGresult *res;
         int r = exec_params(s, "SELECT r_mandate_id, r_epoch, r_prev_owner, r_interrupted FROM "
                                "kairos_lease_takeover($1, $2, $3, $4)",
@@ -814,8 +808,7 @@ int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t ep
         if (!mandate_id || !status)
                 return -EINVAL;
         char ep[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        const char *vals[] = { mandate_id, ep, status };
+        const char *vals[] = { mandate_id, i64(ep, epoch), status };
         return exec_params(s, "SELECT kairos_mandate_finish($1, $2, $3)", 3, vals, 0,
                            PGRES_TUPLES_OK, NULL);
 }
@@ -830,9 +823,7 @@ int pgstore_mandate_take(struct pgstore *s, const char *mandate_id, const char *
         if (ret_prev_owner)
                 *ret_prev_owner = NULL;
         char lease[24], grace[24];
-        snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-        snprintf(grace, sizeof grace, "%" PRId64, grace_ms);
-        const char *vals[] = { mandate_id, node, lease, grace };
+        const char *vals[] = { mandate_id, node, i64(lease, lease_ms), i64(grace, grace_ms) };
         PGresult *res;
         int r = exec_params(s, "SELECT r_epoch, r_prev_owner FROM "
                                "kairos_mandate_take($1, $2, $3, $4)",
@@ -886,10 +877,10 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
         if (ret_total)
                 *ret_total = 0;
         char since[24], limit[24];
-        snprintf(since, sizeof since, "%" PRId64, f->since_ms);
         snprintf(limit, sizeof limit, "%zu", f->limit);
-        const char *vals[] = { f->status, f->schedule, f->since_ms >= 0 ? since : NULL,
-                               f->after, f->limit ? limit : NULL, f->mandate_id };
+        const char *vals[] = { f->status, f->schedule,
+                               f->since_ms >= 0 ? i64(since, f->since_ms) : NULL, f->after,
+                               f->limit ? limit : NULL, f->mandate_id };
         PGresult *res;
         int r = exec_params(
                 s,
@@ -1016,10 +1007,8 @@ int pgstore_schedule_advance(struct pgstore *s, const char *name, const char *co
         if (!name || !config_hash || version < 0 || last_evaluated_ms < 0)
                 return -EINVAL;
         char v[24], le[24], nf[24];
-        snprintf(v, sizeof v, "%" PRId64, version);
-        snprintf(le, sizeof le, "%" PRId64, last_evaluated_ms);
-        snprintf(nf, sizeof nf, "%" PRId64, next_fire_ms);
-        const char *vals[] = { name, config_hash, v, le, next_fire_ms < 0 ? NULL : nf };
+        const char *vals[] = { name, config_hash, i64(v, version), i64(le, last_evaluated_ms),
+                               next_fire_ms < 0 ? NULL : i64(nf, next_fire_ms) };
         PGresult *res;
         int r = exec_params(s, "SELECT kairos_schedule_advance($1, $2, $3, "
                                "'epoch'::timestamptz + $4::bigint * interval '1 millisecond', "
@@ -1047,9 +1036,8 @@ int pgstore_wal_append(struct pgstore *s, const char *mandate_id, int64_t epoch,
         if (r < 0)
                 goto out;
         char ep[24], first[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        snprintf(first, sizeof first, "%" PRId64, first_seq);
-        const char *vals[] = { mandate_id, ep, first_seq ? first : NULL, la.data, ca.data };
+        const char *vals[] = { mandate_id, i64(ep, epoch),
+                               first_seq ? i64(first, first_seq) : NULL, la.data, ca.data };
         const int lens[] = { 0, 0, 0, (int)la.len, (int)ca.len };
         PGresult *res;
         r = exec_prepared(s, PREP_WAL_APPEND, 5, vals, lens, PGRES_TUPLES_OK, &res);
@@ -1201,11 +1189,9 @@ int pgstore_idem_claim(struct pgstore *s, const char *key, const char *tool,
                 return -EINVAL;
         memset(ret, 0, sizeof *ret);
         char ep[24], ttl[24], att[16];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
         snprintf(att, sizeof att, "%" PRIu32, attempt);
-        const char *vals[] = { key, tool, fingerprint, mandate_id, ep, node, step_id,
-                               step_id ? att : NULL, ttl };
+        const char *vals[] = { key, tool, fingerprint, mandate_id, i64(ep, epoch), node, step_id,
+                               step_id ? att : NULL, i64(ttl, ttl_ms) };
         PGresult *res;
         /* binary results: the cached result's bytes as stored */
         int r = exec_params(s, "SELECT r_outcome, r_state, r_result, r_fingerprint, "
@@ -1266,8 +1252,8 @@ int pgstore_idem_finish(struct pgstore *s, const char *key, const char *mandate_
         if (!s || !key || !mandate_id || (result_len && !result) || result_len > INT32_MAX)
                 return -EINVAL;
         char ep[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        const char *vals[] = { key, mandate_id, ep, failed ? "failed" : "completed", result };
+        const char *vals[] = { key, mandate_id, i64(ep, epoch), failed ? "failed" : "completed",
+                               result };
         const int lens[] = { 0, 0, 0, 0, (int)result_len };
         const int formats[] = { 0, 0, 0, 0, 1 };   /* the result as raw bytes */
         PGresult *res = PQexecParams(s->conn, "SELECT kairos_idem_finish($1, $2, $3, $4, "
@@ -1285,8 +1271,7 @@ int pgstore_idem_release(struct pgstore *s, const char *key, const char *mandate
         if (!key || !mandate_id)
                 return -EINVAL;
         char ep[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        const char *vals[] = { key, mandate_id, ep, drop ? "t" : "f" };
+        const char *vals[] = { key, mandate_id, i64(ep, epoch), drop ? "t" : "f" };
         return exec_params(s, "SELECT kairos_idem_release($1, $2, $3, $4)", 4, vals, 0,
                            PGRES_TUPLES_OK, NULL);
 }
@@ -1330,9 +1315,8 @@ int pgstore_lease_release_many(struct pgstore *s, const char *node, const char *
         if (r == 0 && kbuf_putc(&epl, '}') < 0)
                 r = -ENOMEM;
         char grace[24];
-        snprintf(grace, sizeof grace, "%" PRId64, grace_ms + 1);
         if (r == 0) {
-                const char *vals[] = { idl.data, epl.data, grace, node };
+                const char *vals[] = { idl.data, epl.data, i64(grace, grace_ms + 1), node };
                 r = exec_params(s,
                                 "UPDATE kairos_mandate m SET lease_expires_at = now() - "
                                 "$3::bigint * interval '1 millisecond' "
