@@ -470,12 +470,7 @@ static int save_torn(struct wal *w, const char *bytes, size_t n, char *torn_path
         }
         if (fd < 0)
                 return fd;
-        int r = kio_write_all(io, fd, bytes, n, NULL);
-        if (r == 0)
-                r = io->fdatasync(io->ctx, fd);
-        int rc = io->close(io->ctx, fd);
-        if (r == 0)
-                r = rc;
+        int r = kio_write_close(io, fd, bytes, n, true);
         if (r == 0)
                 r = kio_fsync_parent(io, torn_path);
         return r;
@@ -1082,13 +1077,8 @@ static int archive_file(const struct kio *io, const char *wal_path, const char *
                 r = fd;
                 goto out;
         }
-        r = kio_write_all(io, fd, gz.data, gz.len, NULL);
-        if (r == 0 && sync)
-                r = io->fdatasync(io->ctx, fd);
-        int rc = io->close(io->ctx, fd);
+        r = kio_write_close(io, fd, gz.data, gz.len, sync);
         fd = -1;
-        if (r == 0)
-                r = rc;
         if (r == 0)
                 r = io->rename(io->ctx, tmp, final);
         if (r < 0) {
