@@ -110,14 +110,7 @@ static struct {
 
 static void schedules_free(struct strmap *schedules)
 {
-        if (!schedules)
-                return;
-        size_t pos = 0;
-        const char *k;
-        void *v;
-        while (strmap_next(schedules, &pos, &k, &v) == 0)
-                free(v);
-        strmap_free(schedules);
+        strmap_free_with(schedules, free);
 }
 
 static void snap_free(void)
@@ -923,9 +916,7 @@ void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
                 free(j);
                 goto oom;
         }
-        m->busy++;
-        if (serialq_submit(&m->q, adopt_work, adopt_done, j) < 0) {
-                m->busy--;
+        if (mandate_submit(m, adopt_work, adopt_done, j) < 0) {
                 evidence_index_free(j->ix);
                 schedules_free(j->schedules);
                 free(j->prev_owner);
