@@ -130,6 +130,8 @@ struct wal_options {
         int64_t (*now_ms)(void *ctx);         /* NULL: CLOCK_REALTIME */
         void *clock_ctx;
         bool dir_exists;                      /* the caller made the directory: no mkdir -p */
+        bool exists;                          /* the caller found the file: opened once,
+                                               * read and appended through one descriptor */
         /* Cluster mode (docs/design.md §14): when set, a barrier (wal_flush)
          * hands the lines appended since the last barrier to barrier(ctx,
          * first_seq, lines, len) instead of calling fdatasync.  first_seq is

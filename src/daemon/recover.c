@@ -220,6 +220,7 @@ static void recover_work(void *arg)
         const struct wal_options *mo = metrics_wal_options(j->d->metrics);
         struct wal_options wopt = mo ? *mo : (struct wal_options){ 0 };
         wopt.dir_exists = true;
+        wopt.exists = true;
         j->d->drv->wal.options(j->m, &wopt);
         int r = wal_open_folded(j->m->wal_path, &wopt, &w, &info, &f);
         if (r < 0) {

@@ -424,6 +424,7 @@ struct wal {
         size_t pending;      /* appended since the last flush */
         uint64_t flush_count;
         bool dir_exists;
+        bool exists;
         int64_t records;     /* good lines in the file */
         /* cluster mode: the barrier hook and the lines since the last barrier */
         int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
@@ -496,7 +497,11 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         char *data = NULL;
         size_t len = 0;
         struct fold *f = NULL;
-        int r = kio_read_file(w->path, 0, 0, &data, &len);
+        /* opened for reading and appending already (wal_options.exists):
+         * read through that descriptor, no second open and no fstat */
+        bool have_fd = w->fd >= 0;
+        int r = have_fd ? kio_read_fd(w->fd, 0, 0, &data, &len)
+                        : kio_read_file(w->path, 0, 0, &data, &len);
         if (r < 0)
                 goto out;
         if (len == 0) {
@@ -510,6 +515,10 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
 
         if (f->status == FOLD_CORRUPT) {
                 w->state = WAL_STATE_QUARANTINED;
+                if (have_fd) {
+                        io->close(io->ctx, w->fd);
+                        w->fd = -1;
+                }
                 info->corrupt = true;
                 set_info_bad(info, f);
                 r = 0;
@@ -521,8 +530,7 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
                               sizeof(info->torn_path));
                 if (r < 0)
                         goto out;
-                w->fd = open_append(w, 0);
-                if (w->fd < 0) {
+                if (!have_fd && (w->fd = open_append(w, 0)) < 0) {
                         r = w->fd;
                         goto out;
                 }
@@ -531,19 +539,20 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
                         goto out;
                 info->torn_repaired = true;
                 info->torn_bytes = len - f->good_end;
-        } else {
-                w->fd = open_append(w, 0);
-                if (w->fd < 0) {
-                        r = w->fd;
-                        goto out;
-                }
-        }
-        struct stat st;
-        if (fstat(w->fd, &st) < 0) {
-                r = -errno;
+        } else if (!have_fd && (w->fd = open_append(w, 0)) < 0) {
+                r = w->fd;
                 goto out;
         }
-        w->size = st.st_size;
+        if (have_fd) {
+                w->size = (off_t)(info->torn_repaired ? f->good_end : len);
+        } else {
+                struct stat st;
+                if (fstat(w->fd, &st) < 0) {
+                        r = -errno;
+                        goto out;
+                }
+                w->size = st.st_size;
+        }
         w->records = 0;
         size_t end = f->good_end < len ? f->good_end : len;
         for (const char *p = data, *e = data + end;
@@ -577,6 +586,16 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
         if (r < 0)
                 return r;
 
+        /* Known to exist (recovery found it): one open, for reading and
+         * appending; gone meanwhile, it is created as below. */
+        if (w->exists) {
+                w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
+                if (w->fd >= 0)
+                        return open_existing(w, info, ret_fold);
+                if (w->fd != -ENOENT)
+                        return w->fd;
+                w->fd = -1;
+        }
         /* O_EXCL tells creation from an existing file without a race. */
         int fd = open_append(w, O_EXCL);
         if (fd == -EEXIST)
@@ -615,6 +634,7 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
         w->now_ms = opt && opt->now_ms ? opt->now_ms : realtime_ms;
         w->clock_ctx = opt ? opt->clock_ctx : NULL;
         w->dir_exists = opt && opt->dir_exists;
+        w->exists = opt && opt->exists;
         w->barrier = opt ? opt->barrier : NULL;
         w->barrier_ctx = opt ? opt->barrier_ctx : NULL;
         w->keep = opt && opt->keep_appended;

@@ -1062,6 +1062,73 @@ static void test_torn_tail_repaired(void **state)
         kbuf_free(&torn);
 }
 
+/* A WAL the caller knows exists (recovery): one open, read and appended
+ * through that one descriptor; its fold handed back; a torn tail cut through
+ * it; gone meanwhile, created as usual. */
+static void test_exists_one_open(void **state)
+{
+        struct fx *f = *state;
+        write_two_records(f);
+        size_t good_len;
+        char *good = slurp(f->wal, &good_len);
+        f->opt.exists = true;
+
+        struct wal *w = NULL;
+        struct fold *fo = NULL;
+        struct wal_open_info info;
+        assert_int_equal(wal_open_folded(f->wal, &f->opt, &w, &info, &fo), 0);
+        assert_int_equal(f->rec.calls[OP_OPEN], 1);
+        assert_non_null(fo);
+        assert_int_equal(fo->records, 2);
+        assert_false(info.created);
+        fold_free(fo);
+        assert_int_equal(wal_mark_completed(w, "observe_001", "post", "rh", false, NULL, NULL), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        assert_int_equal(f->rec.calls[OP_OPEN], 1);
+        size_t len;
+        char *after = slurp(f->wal, &len);
+        assert_true(len > good_len);
+        assert_memory_equal(after, good, good_len);
+        assert_int_equal(fold_buffer(after, len, &fo), 0);
+        assert_int_equal(fo->status, FOLD_CLEAN);
+        assert_int_equal(fo->records, 3);
+        fold_free(fo);
+
+        /* torn: the fragment kept, the WAL cut, through the same descriptor */
+        struct kbuf torn = KBUF_INIT;
+        assert_int_equal(kbuf_append(&torn, after, len), 0);
+        assert_int_equal(kbuf_append(&torn, "{\"op\":\"comp", 12), 0);
+        spit(f->wal, torn.data, torn.len);
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_true(info.torn_repaired);
+        assert_int_equal(info.torn_bytes, 12);
+        assert_int_equal(f->rec.calls[OP_OPEN], 2); /* the WAL and its .torn file */
+        assert_int_equal(wal_mark_executing(w, "orient_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        char *cut = slurp(f->wal, &good_len);
+        assert_memory_equal(cut, after, len);
+        assert_int_equal(fold_buffer(cut, good_len, &fo), 0);
+        assert_int_equal(fo->status, FOLD_CLEAN);
+        assert_int_equal(fo->records, 4);
+        fold_free(fo);
+        free(cut);
+        kbuf_free(&torn);
+        free(after);
+        free(good);
+
+        /* gone: created, its directory synced */
+        assert_int_equal(unlink(f->wal), 0);
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(f->wal, &f->opt, &w, &info), 0);
+        assert_true(info.created);
+        assert_int_equal(f->rec.calls[OP_OPEN], 2); /* ENOENT, then O_EXCL */
+        assert_int_equal(f->rec.calls[OP_FSYNC_DIR], 1);
+        assert_int_equal(wal_close(w), 0);
+}
+
 static void test_corrupt_quarantined(void **state)
 {
         struct fx *f = *state;
@@ -1638,6 +1705,7 @@ int main(void)
                 T(test_flush_barrier),
                 T(test_threads_all_intact),
                 T(test_torn_tail_repaired),
+                T(test_exists_one_open),
                 T(test_corrupt_quarantined),
                 T(test_closed_refuses),
                 T(test_write_eio_fails_wal),
