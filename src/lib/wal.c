@@ -589,7 +589,11 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
         /* Known to exist (recovery found it): one open, for reading and
          * appending; gone meanwhile, it is created as below. */
         if (w->exists) {
-                w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
+                /* no access-time update (an inode write per WAL read): the
+                 * file is kairosd's own; where the flag is refused, without */
+                w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC | O_NOATIME, 0);
+                if (w->fd == -EPERM)
+                        w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
                 if (w->fd >= 0)
                         return open_existing(w, info, ret_fold);
                 if (w->fd != -ENOENT)
