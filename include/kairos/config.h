@@ -97,6 +97,8 @@ struct config {
         char **write_roots;            /* absolute paths, NULL-terminated (NULL when empty);
                                         * accumulate over lines and drop-ins, "" resets */
         size_t nwrite_roots;
+        uint64_t max_write_bytes;      /* MaxWriteBytes= [1 GiB] (a tool write's size);
+                                        * CONFIG_LIMIT_INFINITY; 0 (empty): the default */
         /* [Notify]: command lines, NULL = none */
         char *on_review;               /* OnReview= */
         char *on_failure;              /* OnFailure= */
@@ -184,6 +186,7 @@ bool config_valid_schedule_name(const char *name);
  * least 1; TasksMax=: a number >= 1; CPUQuota=: "N%" with N >= 1 (100% is
  * one CPU).  -EINVAL on bad syntax or 0, -ERANGE if too large. */
 #define CONFIG_LIMIT_INFINITY UINT64_MAX
+#define CONFIG_MAX_WRITE_BYTES_DEFAULT (UINT64_C(1) << 30)
 int config_parse_bytes(const char *s, uint64_t *ret_bytes);
 int config_parse_tasks(const char *s, uint64_t *ret_tasks);
 int config_parse_percent(const char *s, uint64_t *ret_pct);

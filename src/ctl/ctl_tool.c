@@ -14,7 +14,8 @@
  * tool write --key K PATH
  *   stdin → PATH, written atomically by the daemon (within WriteRoots=,
  *   following no symbolic link below a root), once per key; a write that
- *   failed before the file was replaced is not kept under its key. */
+ *   failed before the file was replaced is not kept under its key.  stdin
+ *   streams to the daemon in parts, up to its MaxWriteBytes=. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -29,8 +30,8 @@
 #include "kairos/kbuf.h"
 
 /* The control socket takes requests up to 1 MiB: stdout + stderr of a run
- * (or the content of a write) are kept up to this many bytes, which fit
- * base64-encoded in one request. */
+ * are kept up to this many bytes, which fit base64-encoded in one
+ * request. */
 #define CTL_TOOL_CAPTURE_MAX (700u * 1024)
 #define CTL_TOOL_DEFAULT "cmd"
 
@@ -538,14 +539,68 @@ static void text_write(json_t *r)
         fputc('\n', stderr);
 }
 
+/* stdin as it comes, in parts that fit one request base64-encoded. */
+#define CTL_WRITE_PART (512u * 1024)
+
+/* Up to len bytes of stdin (fewer only at its end): the count, or -errno. */
+static ssize_t read_part(unsigned char *buf, size_t len)
+{
+        size_t got = 0;
+        while (got < len) {
+                ssize_t n = read(STDIN_FILENO, buf + got, len - got);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        break;
+                got += (size_t)n;
+        }
+        return (ssize_t)got;
+}
+
+/* A request of the write (args stolen); 0 or the exit status, *ret_res
+ * the result. */
+static int write_call(const struct ctl_opts *o, struct ctl_session *s, const char *method,
+                      json_t *args, json_t **ret_res)
+{
+        json_t *err = NULL;
+        int status;
+        *ret_res = NULL;
+        if (!args)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        status = add_epoch(args);
+        if (status) {
+                json_decref(args);
+                return status;
+        }
+        status = ctl_session_call(s, method, args, ret_res, &err);
+        if (status == CTL_EXIT_REFUSED) {
+                const char *code = jstr(err, "code");
+                if (code && strcmp(code, "too_large") == 0) {
+                        fputs("kairosctl: tool write: ", stderr);
+                        ctl_put_safe(stderr, jstr(err, "message"));
+                        fputc('\n', stderr);
+                        status = CTL_EXIT_DATAERR;
+                        if (o->json && ctl_json_print(json_incref(err)) != 0)
+                                status = CTL_EXIT_IOERR;
+                } else {
+                        status = claim_refused(o, err);
+                }
+        }
+        json_decref(err);
+        return status;
+}
+
+/* The content streams to kairosd (tool-write with stream, tool-write-data
+ * per part, tool-write-end): never held whole here. */
 int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
 {
         const char *key = NULL;
         const struct ctl_option opts[] = { { "key", true, &key, NULL }, { NULL } };
-        json_t *res = NULL, *err = NULL, *content;
+        json_t *res = NULL;
         struct ctl_session *s = NULL;
-        char *data = NULL;
-        size_t len = 0;
+        unsigned char *buf = NULL;
         int npos, status;
 
         status = ctl_parse_options("tool write", argc, argv, opts, &npos);
@@ -559,41 +614,49 @@ int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
                 return ctl_usage_error("tool write needs --key K (or $KAIROS_IDEM_KEY)");
         if ((status = refuse_unexpanded_key("tool write", key)))
                 return status;
-        int r = ctl_read_file("-", &data, &len);
-        if (r < 0)
-                return ctl_file_error("-", r);
-        if (len > CTL_TOOL_CAPTURE_MAX) {
-                free(data);
-                return ctl_error(CTL_EXIT_DATAERR,
-                                 "tool write: stdin has %zu bytes; at most %u can be written",
-                                 len, CTL_TOOL_CAPTURE_MAX);
-        }
-        content = b64_json(data, len);
-        free(data);
-        json_t *args = content ? json_pack("{s:s, s:s, s:o}", "key", key, "path", argv[0],
-                                           "content", content)
-                               : NULL;
-        if (!args)
+        if (!(buf = malloc(CTL_WRITE_PART)))
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");
-        status = add_epoch(args);
-        if (status) {
-                json_decref(args);
-                return status;
-        }
         status = ctl_session_open(o, &s);
-        if (status != CTL_EXIT_OK) {
-                json_decref(args);
-                return status;
+        if (status != CTL_EXIT_OK)
+                goto out;
+        status = write_call(o, s, "tool-write",
+                            json_pack("{s:s, s:s, s:b}", "key", key, "path", argv[0], "stream",
+                                      1),
+                            &res);
+        if (status != CTL_EXIT_OK)
+                goto out;
+        /* a duplicate is answered at once: nothing to send */
+        if (strcmp(jstr(res, "outcome") ? jstr(res, "outcome") : "", "send") == 0) {
+                for (;;) {
+                        ssize_t n = read_part(buf, CTL_WRITE_PART);
+                        if (n < 0) {
+                                /* the connection closes: kairosd keeps nothing */
+                                status = ctl_file_error("-", (int)n);
+                                goto out;
+                        }
+                        if (n == 0)
+                                break;
+                        json_decref(res);
+                        status = write_call(o, s, "tool-write-data",
+                                            json_pack("{s:o}", "data", b64_json(buf, (size_t)n)),
+                                            &res);
+                        if (status != CTL_EXIT_OK)
+                                goto out;
+                        if ((size_t)n < CTL_WRITE_PART)
+                                break;
+                }
+                json_decref(res);
+                status = write_call(o, s, "tool-write-end", json_object(), &res);
+                if (status != CTL_EXIT_OK)
+                        goto out;
         }
-        status = ctl_session_call(s, "tool-write", args, &res, &err);
-        if (status == CTL_EXIT_REFUSED)
-                status = claim_refused(o, err);
-        else if (status == CTL_EXIT_OK && o->json)
+        if (o->json)
                 status = ctl_json_print(json_incref(res));
-        else if (status == CTL_EXIT_OK)
+        else
                 text_write(res);
+out:
         json_decref(res);
-        json_decref(err);
+        free(buf);
         ctl_session_close(s);
         return status;
 }

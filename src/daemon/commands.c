@@ -1388,6 +1388,8 @@ static void idem_call(struct control_request *req, void (*op)(const struct idem_
 IDEM_COMMAND(cmd_tool_begin, idem_tool_begin)
 IDEM_COMMAND(cmd_tool_finish, idem_tool_finish)
 IDEM_COMMAND(cmd_tool_write, idem_tool_write)
+IDEM_COMMAND(cmd_tool_write_data, idem_tool_write_data)
+IDEM_COMMAND(cmd_tool_write_end, idem_tool_write_end)
 IDEM_COMMAND(cmd_idem_stats, idem_stats_get)
 IDEM_COMMAND(cmd_idem_get, idem_get_entry)
 IDEM_COMMAND(cmd_idem_forget, idem_forget_entry)
@@ -1408,6 +1410,8 @@ static const struct command commands[] = {
         { "tool-begin", cmd_tool_begin, true },
         { "tool-finish", cmd_tool_finish, true },
         { "tool-write", cmd_tool_write, true },
+        { "tool-write-data", cmd_tool_write_data, true },
+        { "tool-write-end", cmd_tool_write_end, true },
         { "idem-stats", cmd_idem_stats, true },
         { "idem-get", cmd_idem_get, true },
         { "idem-forget", cmd_idem_forget, false },

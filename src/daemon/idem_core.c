@@ -433,6 +433,10 @@ static void claim_closed(struct idem_claim *c)
         struct idem_service *svc = c->svc;
         uint64_t lsn;
         bool stopping = svc->d->stopping;
+        if (c->gone) {
+                c->gone(c);
+                return;
+        }
         /* a claim of the driver's (toolclaims.h) */
         if (svc->d->toolclaims->closed(c, stopping ? STOP_REASON : INTERRUPT_REASON))
                 return;
@@ -470,7 +474,7 @@ bool idem_core_claim_adopt(struct idem_service *svc, struct idem_claim *c, struc
 struct idem_claim *idem_core_claim_find(struct idem_service *svc, const char *key)
 {
         for (struct idem_claim *c = svc->claims; c; c = c->next)
-                if (strcmp(c->key, key) == 0)
+                if (!c->stream && strcmp(c->key, key) == 0)
                         return c;
         return NULL;
 }

@@ -37,6 +37,11 @@ struct idem_claim {
          * epoch (0: in the local store) */
         int64_t epoch;
         char mandate[IDEM_OWNER_ID_MAX + 1];
+        /* not a tool call: ties a streamed tool write to its connection
+         * (idem_write.h), found by no key; gone runs instead of the
+         * interruption when the connection goes */
+        struct write_op *stream;
+        void (*gone)(struct idem_claim *c);
 };
 
 struct idem_service {

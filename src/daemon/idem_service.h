@@ -24,7 +24,15 @@
  *               finish record is durable)
  *   tool-write  {key, path, content (base64)} → atomic write within
  *               WriteRoots= (no symbolic link below a root), once per key;
- *               one that failed before the rename is not kept
+ *               one that failed before the rename is not kept; at most
+ *               MaxWriteBytes= ("too_large").  With {key, path, stream:true}
+ *               and no content, a duplicate is answered as above, else
+ *               {outcome:"send", key, max_bytes} opens a write on the
+ *               connection: tool-write-data {data (base64)} → {bytes} (the
+ *               total so far) appends to its temporary file, one part at a
+ *               time; tool-write-end {} claims the key with the content's
+ *               sha256 and length and renames, answered as tool-write.  A
+ *               connection that closes before the end leaves nothing.
  *   idem-stats, idem-get {key}, idem-forget {key, reason}
  * tool-begin and tool-write take args.epoch? (kairosctl: KAIROS_EPOCH): a
  * call from a step whose mandate this node holds at another epoch, or no
@@ -108,6 +116,8 @@ int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 void idem_tool_begin(const struct idem_call *call);
 void idem_tool_finish(const struct idem_call *call);
 void idem_tool_write(const struct idem_call *call);
+void idem_tool_write_data(const struct idem_call *call);
+void idem_tool_write_end(const struct idem_call *call);
 void idem_stats_get(const struct idem_call *call);
 void idem_get_entry(const struct idem_call *call);
 void idem_forget_entry(const struct idem_call *call);

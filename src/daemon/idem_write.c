@@ -90,7 +90,7 @@ static void roots_open(struct write_roots *rs)
         }
 }
 
-void idem_write_op_free(struct write_op *op)
+static void op_release(struct write_op *op)
 {
         idem_write_roots_unref(op->roots);
         free(op->explicit_key);
@@ -100,7 +100,44 @@ void idem_write_op_free(struct write_op *op)
                 close(op->dfd);
         free(op->base);
         free(op->shown);
+        free(op->tmp);
+        free(op->chunk);
         free(op);
+}
+
+/* write_q: a streamed write's temporary file goes (it was never renamed). */
+static void discard_work(void *arg)
+{
+        struct write_op *op = arg;
+        if (op->tmp_fd >= 0)
+                close(op->tmp_fd);
+        op->tmp_fd = -1;
+        if (op->tmp && op->dfd >= 0)
+                unlinkat(op->dfd, op->tmp, 0);
+}
+
+static void discard_done(void *arg)
+{
+        struct write_op *op = arg;
+        if (op->refused)
+                idem_core_error_detail(op->refused, op->code,
+                                       json_pack("{s:s, s:b}", "key", op->key, "cached", 0),
+                                       "%s", op->msg);
+        op_release(op);
+}
+
+void idem_write_op_free(struct write_op *op)
+{
+        if (!op)
+                return;
+        if (op->tmp_fd < 0 && !op->tmp) {
+                op_release(op);
+                return;
+        }
+        if (serialq_submit(&op->svc->write_q, discard_work, discard_done, op) < 0) {
+                discard_work(op); /* out of memory: here rather than never */
+                discard_done(op);
+        }
 }
 
 void idem_write_refuse(struct write_op *op, const char *code, const char *fmt, ...)
@@ -324,22 +361,16 @@ static void check_work(void *arg)
 /* Pool thread: in the directory verified by check_work (never by its path
  * again): the file is still absent or regular, then a temporary file,
  * write, fdatasync, rename, fsync of the directory. */
-void idem_write_work(void *arg)
+/* Pool (write_q): a temporary file next to op->base in op->dfd (its name
+ * in op->tmp, open in op->tmp_fd), or refused. */
+static void tmp_create(struct write_op *op)
 {
-        struct write_op *op = arg;
-        if (op->dfd < 0)
-                check_path(op);
-        if (!op->code)
-                check_file(op);
-        if (op->code)
-                return;
-        int dfd = op->dfd;
         char tmp[NAME_MAX + 64];
         int fd = -1;
         for (int i = 0; i < 100 && fd < 0; i++) {
                 uint32_t rnd = randombytes_random();
                 snprintf(tmp, sizeof tmp, ".%.200s.kairos-tmp.%08x", op->base, rnd);
-                fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                fd = openat(op->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                             0644);
                 if (fd < 0 && errno != EEXIST)
                         break;
@@ -349,24 +380,62 @@ void idem_write_work(void *arg)
                        "directory: %s", op->path, strerror(errno));
                 return;
         }
-        const unsigned char *p = op->content;
-        size_t left = op->len;
-        int e = 0;
-        while (left > 0 && !e) {
+        if (!(op->tmp = strdup(tmp))) {
+                unlinkat(op->dfd, tmp, 0);
+                close(fd);
+                idem_write_refuse(op, "internal", "out of memory");
+                return;
+        }
+        op->tmp_fd = fd;
+}
+
+/* Pool: all of p to fd; 0 or an errno. */
+static int write_full(int fd, const unsigned char *p, size_t left)
+{
+        while (left > 0) {
                 ssize_t n = write(fd, p, left);
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n < 0)
-                        e = errno;
-                else {
-                        p += n;
-                        left -= (size_t)n;
-                }
+                        return errno;
+                p += n;
+                left -= (size_t)n;
         }
-        if (!e && fdatasync(fd) < 0)
+        return 0;
+}
+
+/* Pool: the temporary file's content is on disk and the file closed. */
+static int tmp_sync(struct write_op *op)
+{
+        int e = fdatasync(op->tmp_fd) < 0 ? errno : 0;
+        if (close(op->tmp_fd) < 0 && !e)
                 e = errno;
-        if (close(fd) < 0 && !e)
-                e = errno;
+        op->tmp_fd = -1;
+        return e;
+}
+
+void idem_write_work(void *arg)
+{
+        struct write_op *op = arg;
+        int e = 0;
+        if (op->dfd < 0)
+                check_path(op);
+        if (!op->code)
+                check_file(op);
+        if (op->code)
+                goto unstage;
+        int dfd = op->dfd;
+        /* a streamed write's content is in its temporary file already */
+        if (!op->tmp) {
+                tmp_create(op);
+                if (op->code)
+                        return;
+                e = write_full(op->tmp_fd, op->content, op->len);
+                int e2 = tmp_sync(op);
+                if (!e)
+                        e = e2;
+        }
+        const char *tmp = op->tmp;
 #ifdef KAIROS_TEST_HOOKS
         if (!e && op->svc->crash_at == 1)
                 raise(SIGKILL);
@@ -375,9 +444,13 @@ void idem_write_work(void *arg)
                 e = errno;
         if (e) {
                 unlinkat(dfd, tmp, 0);
+                free(op->tmp);
+                op->tmp = NULL;
                 idem_write_refuse(op, "write_failed", "%s: writing failed: %s", op->path, strerror(e));
                 return;
         }
+        free(op->tmp);
+        op->tmp = NULL;
         op->renamed = true;
         if (fsync(dfd) < 0)
                 idem_write_refuse(op, "write_failed", "%s: written, but its directory could not be "
@@ -386,6 +459,13 @@ void idem_write_work(void *arg)
         if (op->svc->crash_at == 2)
                 raise(SIGKILL);
 #endif
+        return;
+unstage:
+        /* refused before the rename: a streamed content goes */
+        if (op->tmp && op->dfd >= 0)
+                unlinkat(op->dfd, op->tmp, 0);
+        free(op->tmp);
+        op->tmp = NULL;
 }
 
 void idem_write_reply(struct write_op *op, bool cached)
@@ -548,37 +628,50 @@ static void check_done(void *arg)
         begin_write(op);
 }
 
-void idem_tool_write(const struct idem_call *in)
+/* The largest tool write (MaxWriteBytes=). */
+static uint64_t max_write_bytes(const struct daemon *d)
 {
-        struct idem_call *call = idem_core_open(in);
-        const char *key, *path, *content;
-        if (!call ||
-            !idem_core_required(call, "key", &key, "path", &path, "content", &content, NULL))
-                return;
+        return d->cfg->max_write_bytes ? d->cfg->max_write_bytes : CONFIG_MAX_WRITE_BYTES_DEFAULT;
+}
+
+static void refuse_too_large(struct idem_call *call, const char *key, uint64_t max)
+{
+        idem_core_error_detail(call, "too_large",
+                               json_pack("{s:s, s:I, s:b}", "key", key, "max_bytes",
+                                         (json_int_t)max, "cached", 0),
+                               "the content is larger than MaxWriteBytes= (%llu bytes, the "
+                               "[Idempotency] section of kairosd.conf): nothing was written",
+                               (unsigned long long)max);
+}
+
+static void too_large(struct write_op *op, uint64_t max)
+{
+        idem_write_refuse(op, "too_large",
+                          "the content is larger than MaxWriteBytes= (%llu bytes, the "
+                          "[Idempotency] section of kairosd.conf): nothing was written",
+                          (unsigned long long)max);
+}
+
+/* A write_op for call's key and path (answered and NULL on a bad one). */
+static struct write_op *op_new(struct idem_call *call, const char *key, const char *path)
+{
         struct idem_service *svc = SVC(call->d);
         if (!svc->roots && !(svc->roots = idem_write_roots_new(call->d->cfg))) {
                 idem_core_error(call, "internal", "out of memory");
-                return;
+                return NULL;
         }
         struct write_op *op = calloc(1, sizeof(*op));
         if (!op) {
                 idem_core_error(call, "internal", "out of memory");
-                return;
+                return NULL;
         }
         op->svc = svc;
         op->call = call;
         op->dfd = -1;
+        op->tmp_fd = -1;
         op->roots = svc->roots;
         op->roots->refs++;
         op->beneath_flags = svc->beneath_flags;
-        int r = idem_core_b64_decode(content, &op->content, &op->len);
-        if (r < 0) {
-                idem_core_error(call, "bad_argument", "args.content: %s",
-                                    r == -EINVAL ? "not base64" : "out of memory");
-                idem_write_op_free(op);
-                return;
-        }
-        idem_core_sha256_hex(op->content, op->len, op->sha);
         /* The identity is the key and the path: content may differ on a
          * retry (a timestamp) and is still the same write. */
         json_t *input = json_pack("{s:s}", "path", path);
@@ -586,7 +679,7 @@ void idem_tool_write(const struct idem_call *in)
         json_decref(input);
         struct idem_request ir = { .tool = WRITE_TOOL, .key = key, .input_json = text,
                                    .input_len = text ? strlen(text) : 0 };
-        r = text ? idem_make_key(&ir, op->key, op->fp) : -ENOMEM;
+        int r = text ? idem_make_key(&ir, op->key, op->fp) : -ENOMEM;
         free(text);
         op->explicit_key = strdup(key);
         op->path = strdup(path);
@@ -599,9 +692,298 @@ void idem_tool_write(const struct idem_call *in)
                         idem_core_error(call, "bad_argument",
                                             "args.key: 1..512 bytes of UTF-8 without control "
                                             "characters, not starting with 'content:'");
+                op->call = NULL;
+                idem_write_op_free(op);
+                return NULL;
+        }
+        return op;
+}
+
+/* ---- a streamed write: tool-write {stream:true}, tool-write-data,
+ * tool-write-end on one connection ---- */
+
+/* The stream ends refused: call (not NULL) is answered with op->code and
+ * op->msg once its temporary file is gone. */
+static void stream_drop(struct write_op *op, struct idem_call *call)
+{
+        struct idem_claim *c = op->stream;
+        op->refused = call;
+        op->stream = NULL;
+        if (c)
+                idem_core_claim_free(c); /* unties it from the connection */
+        if (op->busy)
+                op->gone = true; /* freed when its job is done */
+        else
+                idem_write_op_free(op);
+}
+
+/* The stream's connection went before tool-write-end. */
+static void stream_gone(struct idem_claim *c)
+{
+        struct write_op *op = c->stream;
+        c->hold = NULL;
+        op->stream = NULL;
+        idem_core_claim_free(c);
+        if (op->busy)
+                op->gone = true;
+        else
+                idem_write_op_free(op);
+}
+
+/* The stream of the call's connection (answered and NULL: none, or busy). */
+static struct write_op *stream_of(struct idem_call *call)
+{
+        struct idem_service *svc = SVC(call->d);
+        for (struct idem_claim *c = svc->claims; c; c = c->next) {
+                if (!c->stream || c->owner_id != call->owner.id)
+                        continue;
+                if (c->stream->busy) {
+                        idem_core_error(call, "bad_argument",
+                                        "the previous part of the tool write on this "
+                                        "connection is not answered yet");
+                        return NULL;
+                }
+                return c->stream;
+        }
+        idem_core_error(call, "bad_argument",
+                        "no tool write is open on this connection (tool-write with "
+                        "args.stream first)");
+        return NULL;
+}
+
+static void stream_open_work(void *arg)
+{
+        struct write_op *op = arg;
+        check_work(op);
+        if (op->code)
+                return;
+        tmp_create(op);
+        crypto_hash_sha256_init(&op->hash);
+}
+
+static void stream_open_done(void *arg)
+{
+        struct write_op *op = arg;
+        struct idem_service *svc = op->svc;
+        if (op->code) {
+                check_done(op); /* answers the refusal */
+                return;
+        }
+        struct idem_claim *c = calloc(1, sizeof(*c));
+        if (!c) {
+                idem_core_error(op->call, "internal", "out of memory");
                 idem_write_op_free(op);
                 return;
         }
+        c->stream = op;
+        c->gone = stream_gone;
+        op->stream = c;
+        struct idem_call *call = op->call;
+        op->call = NULL;
+        /* false: the caller went already (stream_gone dropped op) */
+        if (!idem_core_claim_adopt(svc, c, call)) {
+                idem_core_error(call, "internal", "the connection closed");
+                return;
+        }
+        idem_core_ok(call, json_pack("{s:s, s:s, s:I}", "outcome", "send", "key", op->key,
+                                     "max_bytes", (json_int_t)max_write_bytes(svc->d)));
+}
+
+/* tool-write {stream:true}: a duplicate is answered as such at once (its
+ * content does not matter: the identity is the key and the path); else
+ * the path is checked and a temporary file made for the content. */
+static void stream_open(struct write_op *op)
+{
+        struct idem_service *svc = op->svc;
+        struct idem_step_owner step;
+        bool owned = idem_core_step(op->call, &step);
+        int64_t epoch;
+        if (!idem_core_epoch(op->call, owned ? &step : NULL, &epoch)) {
+                op->call = NULL;
+                idem_write_op_free(op);
+                return;
+        }
+        struct idem_request ir = { .tool = WRITE_TOOL, .key = op->explicit_key,
+                                   .fingerprint = op->fp };
+        struct idem_view v;
+        int r = idem_lookup(svc->store, &ir, &v);
+        if (r < 0) {
+                idem_core_store_error(op->call, r);
+                op->call = NULL;
+                idem_write_op_free(op);
+                return;
+        }
+        if (r != IDEM_MISS) {
+                idem_write_existing(op, (enum idem_outcome)r, &v);
+                return;
+        }
+        if (serialq_submit(&svc->write_q, stream_open_work, stream_open_done, op) < 0) {
+                idem_core_error(op->call, "internal", "out of memory");
+                op->call = NULL;
+                idem_write_op_free(op);
+        }
+}
+
+static void chunk_work(void *arg)
+{
+        struct write_op *op = arg;
+        op->chunk_err = write_full(op->tmp_fd, op->chunk, op->chunk_len);
+        if (!op->chunk_err)
+                crypto_hash_sha256_update(&op->hash, op->chunk, op->chunk_len);
+}
+
+static void chunk_done(void *arg)
+{
+        struct write_op *op = arg;
+        struct idem_call *call = op->call;
+        op->call = NULL;
+        op->busy = false;
+        free(op->chunk);
+        op->chunk = NULL;
+        if (op->gone) {
+                idem_core_error(call, "internal", "the connection closed");
+                idem_write_op_free(op);
+                return;
+        }
+        if (op->chunk_err) {
+                idem_write_refuse(op, "write_failed", "%s: writing failed: %s", op->path,
+                                  strerror(op->chunk_err));
+                stream_drop(op, call);
+                return;
+        }
+        op->len += op->chunk_len;
+        idem_core_ok(call, json_pack("{s:I}", "bytes", (json_int_t)op->len));
+}
+
+void idem_tool_write_data(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *data;
+        struct write_op *op;
+        if (!call || !idem_core_required(call, "data", &data, NULL) || !(op = stream_of(call)))
+                return;
+        uint64_t max = max_write_bytes(call->d);
+        size_t n = strlen(data) / 4 * 3;
+        int r = op->len + n > max + 2 /* base64 padding: decoded below */
+                        ? -EFBIG
+                        : idem_core_b64_decode(data, &op->chunk, &op->chunk_len);
+        if (r == 0 && op->len + op->chunk_len > max)
+                r = -EFBIG;
+        if (r < 0) {
+                if (r == -EFBIG)
+                        too_large(op, max);
+                else
+                        idem_write_refuse(op, "bad_argument", "args.data: %s",
+                                          r == -EINVAL ? "not base64" : "out of memory");
+                stream_drop(op, call);
+                return;
+        }
+        op->call = call;
+        op->busy = true;
+        if (serialq_submit(&op->svc->write_q, chunk_work, chunk_done, op) < 0) {
+                op->chunk_err = ENOMEM;
+                chunk_done(op);
+        }
+}
+
+static void end_work(void *arg)
+{
+        struct write_op *op = arg;
+        unsigned char h[crypto_hash_sha256_BYTES];
+        op->chunk_err = tmp_sync(op);
+        crypto_hash_sha256_final(&op->hash, h);
+        sodium_bin2hex(op->sha, sizeof op->sha, h, sizeof h);
+}
+
+static void end_done(void *arg)
+{
+        struct write_op *op = arg;
+        op->busy = false;
+        if (op->gone) {
+                idem_core_error(op->call, "internal", "the connection closed");
+                op->call = NULL;
+                idem_write_op_free(op);
+                return;
+        }
+        if (op->chunk_err) {
+                idem_write_refuse(op, "write_failed", "%s: writing failed: %s", op->path,
+                                  strerror(op->chunk_err));
+                struct idem_call *call = op->call;
+                op->call = NULL;
+                stream_drop(op, call);
+                return;
+        }
+        /* all there: claimed now, then renamed (idem_write_work) */
+        struct idem_claim *c = op->stream;
+        op->stream = NULL;
+        idem_core_claim_free(c);
+        begin_write(op);
+}
+
+void idem_tool_write_end(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        struct write_op *op;
+        if (!call || !(op = stream_of(call)))
+                return;
+        op->call = call;
+        op->busy = true;
+        if (serialq_submit(&op->svc->write_q, end_work, end_done, op) < 0) {
+                op->chunk_err = ENOMEM;
+                end_done(op);
+        }
+}
+
+void idem_tool_write(const struct idem_call *in)
+{
+        struct idem_call *call = idem_core_open(in);
+        const char *key, *path, *content = NULL;
+        bool failed = false;
+        if (!call || !idem_core_required(call, "key", &key, "path", &path, NULL))
+                return;
+        json_t *sv = json_object_get(call->args, "stream");
+        if (sv && !json_is_boolean(sv)) {
+                idem_core_error(call, "bad_argument", "args.stream: must be true or false");
+                return;
+        }
+        bool stream = json_is_true(sv);
+        content = idem_core_arg_string(call, "content", !stream, &failed);
+        if (failed)
+                return;
+        if (stream && content) {
+                idem_core_error(call, "bad_argument",
+                                "args.content: not with args.stream (send it with "
+                                "tool-write-data)");
+                return;
+        }
+        uint64_t max = max_write_bytes(call->d);
+        if (!stream && strlen(content) / 4 * 3 > max + 2) {
+                refuse_too_large(call, key, max);
+                return;
+        }
+        struct write_op *op = op_new(call, key, path);
+        if (!op)
+                return;
+        struct idem_service *svc = op->svc;
+        if (stream) {
+                stream_open(op);
+                return;
+        }
+        int r = idem_core_b64_decode(content, &op->content, &op->len);
+        if (r < 0) {
+                idem_core_error(call, "bad_argument", "args.content: %s",
+                                    r == -EINVAL ? "not base64" : "out of memory");
+                op->call = NULL;
+                idem_write_op_free(op);
+                return;
+        }
+        if (op->len > max) {
+                refuse_too_large(call, key, max);
+                op->call = NULL;
+                idem_write_op_free(op);
+                return;
+        }
+        idem_core_sha256_hex(op->content, op->len, op->sha);
         /* Known key: a duplicate is answered without touching the path. */
         struct idem_view v;
         if (idem_get(svc->store, op->key, &v) == 0) {
@@ -610,6 +992,7 @@ void idem_tool_write(const struct idem_call *in)
         }
         if (serialq_submit(&svc->write_q, check_work, check_done, op) < 0) {
                 idem_core_error(call, "internal", "out of memory");
+                op->call = NULL;
                 idem_write_op_free(op);
         }
 }

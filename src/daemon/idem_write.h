@@ -34,6 +34,19 @@ struct write_op {
          * epoch (0: in the local store) */
         int64_t epoch;
         char mandate[IDEM_OWNER_ID_MAX + 1];
+        /* a streamed write (tool-write with args.stream): the content goes
+         * into a temporary file in the verified directory as it comes,
+         * hashed on the way; the key is claimed once it is all there */
+        struct idem_claim *stream; /* ties the stream to its connection */
+        int tmp_fd;              /* -1 */
+        char *tmp;               /* the temporary file in dfd until renamed or removed */
+        crypto_hash_sha256_state hash;
+        unsigned char *chunk;    /* the chunk being written (pool) */
+        size_t chunk_len;
+        int chunk_err;           /* errno of the pool job */
+        bool busy;               /* a pool job of the stream in flight */
+        bool gone;               /* its connection went meanwhile */
+        struct idem_call *refused; /* answered (code, msg) once its temporary is gone */
 };
 
 
@@ -43,6 +56,7 @@ void idem_write_roots_unref(struct write_roots *rs);
 /* Pool, at load: settle the writes a crash interrupted (svc->settle_roots). */
 void idem_write_settle(struct idem_service *svc);
 
+/* Frees op; a temporary file it left is removed on write_q first. */
 void idem_write_op_free(struct write_op *op);
 /* op is refused: code and message */
 void idem_write_refuse(struct write_op *op, const char *code, const char *fmt, ...)

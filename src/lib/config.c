@@ -911,6 +911,9 @@ static const struct key_def idempotency_keys[] = {
           .min = 1, .max = 10000000 },
         { .name = "WriteRoots", .type = KT_PATH_LIST, .offset = DFIELD(write_roots),
           .count_offset = DFIELD(nwrite_roots) },
+        { .name = "MaxWriteBytes", .type = KT_LIMIT, .offset = DFIELD(max_write_bytes),
+          .parse_limit = config_parse_bytes,
+          .limit_form = "bytes with an optional K, M, G or T suffix, or infinity" },
         { .name = NULL },
 };
 
@@ -2051,6 +2054,7 @@ static struct config *config_new(void)
         c->keep_finished_sec = 30 * 86400;
         c->idem_ttl_sec = 86400;
         c->idem_max_entries = 10000;
+        c->max_write_bytes = CONFIG_MAX_WRITE_BYTES_DEFAULT;
         c->backend = CONFIG_BACKEND_FILES;
         c->lease_sec = 10;
         if (!c->state_directory || !c->control_socket || !c->socket_group) {

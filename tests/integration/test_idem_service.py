@@ -653,10 +653,12 @@ class TestToolWrite(IdemCase):
         self.assertEqual(json.loads(p.stdout)["path"], os.path.join(self.root, "z"))
         os.unlink(os.path.join(self.root, "z"))
         self.assertTrue(os.path.exists(os.path.join(self.dir, "real", "y")))
-        # too much input: refused before connecting
-        p = self.write(os.path.join(self.root, "big"), b"x" * (800 * 1024))
-        self.assertEqual(p.returncode, 65)
-        self.assert_nothing_written()
+        # more than one request holds: streamed in parts
+        big = bytes(range(256)) * (3 * 1024 * 4 + 7)
+        p = self.write(os.path.join(self.root, "big"), big, key="big")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(self.root, "big"), "rb") as f:
+            self.assertEqual(f.read(), big)
 
     def test_a_failed_write_is_not_kept(self):
         """Nothing written: a retry with the key writes (issue 14 item 7)."""
@@ -741,20 +743,81 @@ class TestToolWriteFaults(IdemCase):
             self.assertIn("%s: %s" % (target, want), p.stderr.decode())
             self.assertEqual(os.listdir(self.root), [], "nothing written, no temporary left")
             self.assertEqual(self.ok("idem-stats")["size"], 0)
+            if i < 3:
+                continue  # the content streams in before the key is claimed
             self.daemon.wait_log("tool write %s (kairos.write:k) failed, nothing written, "
                                  "not kept: %s: %s" % (target, target, want))
         p = self.ctl("tool", "write", "--key", "k", target, stdin=b"last")
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(target, "rb") as f:
             self.assertEqual(f.read(), b"last")
-        # the dropped claims are in the log as forgets by uid -1, and stay dropped
+        # the dropped claim (of the failed rename) is in the log as a forget by
+        # uid -1, and stays dropped
         forgets = [r for r in self.log_records() if r["op"] == "forget"]
-        self.assertEqual(len(forgets), 4)
+        self.assertEqual(len(forgets), 1)
         self.assertTrue(all(r["uid"] == -1 for r in forgets), forgets)
         self.kill9()
         self.start()
         st = self.ok("idem-stats")
         self.assertEqual((st["size"], st["completed"], st["interrupted"]), (1, 1, 0))
+
+
+class TestWriteLimit(IdemCase):
+    """MaxWriteBytes=: a write streams in parts up to it; one over it is
+    refused with nothing left behind (no file, no temporary, no entry)."""
+    idem_conf = "WriteRoots=ROOT\nMaxWriteBytes=600K\n"
+
+    def test_limit(self):
+        target = os.path.join(self.root, "f")
+        p = self.ctl("tool", "write", "--key", "at", target, stdin=b"a" * (600 << 10))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        os.unlink(target)
+        p = self.ctl("tool", "write", "--key", "over", target, stdin=b"b" * ((600 << 10) + 1))
+        self.assertEqual((p.returncode, p.stdout, p.stderr.decode()),
+                         (65, b"", "kairosctl: tool write: the content is larger than "
+                          "MaxWriteBytes= (614400 bytes, the [Idempotency] section of "
+                          "kairosd.conf): nothing was written\n"))
+        self.assertEqual(os.listdir(self.root), [], "no file, no temporary")
+        self.assertEqual(self.ok("idem-stats")["size"], 1)
+        self.assertEqual(self.raw("idem-get", key="kairos.write:over")["error"]["code"],
+                         "not_found")
+        # the one-request form is held to it too
+        r = self.raw("tool-write", key="one", path=target,
+                     content=base64.b64encode(b"c" * (700 << 10)).decode())
+        self.assertEqual(r["error"]["code"], "too_large", r)
+        self.assertEqual(os.listdir(self.root), [])
+
+    def test_stream_protocol(self):
+        target = os.path.join(self.root, "g")
+        r = self.raw("tool-write-data", data="eA==")
+        self.assertEqual(r["error"]["code"], "bad_argument", r)
+        self.assertIn("no tool write is open on this connection", r["error"]["message"])
+        r = self.raw("tool-write", key="k", path=target, stream=True, content="eA==")
+        self.assertEqual(r["error"]["code"], "bad_argument", r)
+        r = self.raw("tool-write", key="k", path=target, stream="yes")
+        self.assertIn("args.stream", r["error"]["message"])
+        # a caller that goes before the end leaves nothing behind
+        c = Client(self.sock)
+        r = c.call("tool-write", key="k", path=target, stream=True)
+        self.assertEqual((r["result"]["outcome"], r["result"]["max_bytes"]), ("send", 600 << 10))
+        self.assertEqual(len([n for n in os.listdir(self.root) if ".kairos-tmp." in n]), 1)
+        r = c.call("tool-write-data", data=base64.b64encode(b"part").decode())
+        self.assertEqual(r["result"]["bytes"], 4, r)
+        c.close()
+        wait_for(lambda: os.listdir(self.root) == [], "the temporary file is removed")
+        self.assertEqual(self.ok("idem-stats")["size"], 0)
+        # the whole exchange
+        c = Client(self.sock)
+        r = c.call("tool-write", key="k", path=target, stream=True)
+        for part in (b"one ", b"two"):
+            self.assertTrue(c.call("tool-write-data", data=base64.b64encode(part).decode())["ok"])
+        r = c.call("tool-write-end")
+        c.close()
+        self.assertEqual((r["result"]["outcome"], r["result"]["bytes"]), ("written", 7), r)
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), b"one two")
+        e = self.ok("idem-get", key="kairos.write:k")
+        self.assertEqual(e["state"], "completed", e)
 
 
 class TestWriteRootSlash(IdemCase):

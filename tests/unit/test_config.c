@@ -171,6 +171,7 @@ static const char main_conf[] =
         "TTLSec=1d 2h\r\n"
         "MaxEntries=500\r\n"
         "MaxEntries=10000000\r\n" /* the last one wins */
+        "MaxWriteBytes=100M\r\n"
         "WriteRoots=/srv/a /srv/b \\\r\n"
         "# a comment inside a continuation is skipped\r\n"
         "    /srv/c\r\n";
@@ -237,6 +238,7 @@ static void test_full_valid_set(void **state)
         assert_int_equal(c->log_level, 4);
         assert_int_equal(c->idem_ttl_sec, 86400 + 7200);
         assert_int_equal(c->idem_max_entries, 10000000);
+        assert_true(c->max_write_bytes == 100u << 20);
         assert_int_equal(c->nwrite_roots, 4);
         assert_string_equal(c->write_roots[0], "/srv/a");
         assert_string_equal(c->write_roots[1], "/srv/b");
@@ -319,6 +321,7 @@ static void test_defaults_and_state_dir(void **state)
         assert_int_equal(c->log_level, 6);
         assert_int_equal(c->idem_ttl_sec, 86400);
         assert_int_equal(c->idem_max_entries, 10000);
+        assert_true(c->max_write_bytes == CONFIG_MAX_WRITE_BYTES_DEFAULT);
         assert_null(c->write_roots);
         assert_int_equal(c->nwrite_roots, 0);
         assert_null(c->schedules);
@@ -656,6 +659,11 @@ static void test_err_relative_path(void **state)
                           "absolute path");
         expect_main_error("[Idempotency]\nWriteRoots=/srv/ok srv/bad\n",
                           "/kairosd.conf:2: WriteRoots=: \"srv/bad\" is not an absolute path");
+        expect_main_error("[Idempotency]\nTTLSec=1h\nMaxWriteBytes=1 GB\n",
+                          "/kairosd.conf:3: MaxWriteBytes=: \"1 GB\" is not valid (expected "
+                          "bytes with an optional K, M, G or T suffix, or infinity)");
+        expect_main_error("[Idempotency]\nMaxWriteBytes=0\n",
+                          "/kairosd.conf:2: MaxWriteBytes=: \"0\" is not valid");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nWorkingDirectory=./w\n",
                               "/schedules.d/x.conf:4: WorkingDirectory=: \"./w\" is not an "
                               "absolute path");
