@@ -663,7 +663,8 @@ static void test_err_relative_path(void **state)
                           "/kairosd.conf:3: MaxWriteBytes=: \"1 GB\" is not valid (expected "
                           "bytes with an optional K, M, G or T suffix, or infinity)");
         expect_main_error("[Idempotency]\nMaxWriteBytes=0\n",
-                          "/kairosd.conf:2: MaxWriteBytes=: \"0\" is not valid");
+                          "/kairosd.conf:2: MaxWriteBytes=: \"0\" is not valid (expected "
+                          "bytes with an optional K, M, G or T suffix, or infinity)");
         expect_schedule_error("[Schedule]\nCron=@daily\n[Exec]\nWorkingDirectory=./w\n",
                               "/schedules.d/x.conf:4: WorkingDirectory=: \"./w\" is not an "
                               "absolute path");
