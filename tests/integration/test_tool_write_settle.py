@@ -27,7 +27,10 @@ from kairos_harness import KAIROSCTL, Client, Daemon, NotifySocket, write_config
 
 HANDLER = r"""#!/bin/sh
 cat >/dev/null
-if [ "$1" = act ]; then
+if [ "$1" = act ] && [ -n "$SIZE" ]; then
+        yes "payload $KAIROS_IDEM_KEY" | head -c "$SIZE" | "$KAIROSCTL" --json tool write \
+                --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" > "$OUT/write.$KAIROS_ATTEMPT" || exit 1
+elif [ "$1" = act ]; then
         echo "payload $KAIROS_IDEM_KEY" | "$KAIROSCTL" --json tool write \
                 --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" > "$OUT/write.$KAIROS_ATTEMPT" || exit 1
 fi
@@ -38,6 +41,8 @@ PHASES = ("observe", "orient", "decide", "act", "reflect")
 
 
 class ToolWriteSettle(unittest.TestCase):
+    SIZE = 0  # the handler writes one line
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-twres-")
         self.state = os.path.join(self.dir, "state")
@@ -50,8 +55,8 @@ class ToolWriteSettle(unittest.TestCase):
             f.write(HANDLER)
         os.chmod(handler, 0o755)
         keys = {p.capitalize(): "%s %s" % (handler, p) for p in PHASES}
-        keys["Environment"] = "OUT=%s ROOT=%s KAIROSCTL=%s" % (
-            self.out, self.root, os.path.abspath(KAIROSCTL))
+        keys["Environment"] = "OUT=%s ROOT=%s KAIROSCTL=%s SIZE=%s" % (
+            self.out, self.root, os.path.abspath(KAIROSCTL), self.SIZE or "")
         keys["EffectsVia"] = "kairosctl"
         self.conf = write_config(self.dir, self.state,
                                  {"job": {"Schedule": {"Cron": "0 0 1 1 *"}, "Exec": keys}},
@@ -108,7 +113,10 @@ class ToolWriteSettle(unittest.TestCase):
         self.assertEqual(mine[0]["write"]["bytes"], len(self.payload()))
 
     def payload(self):
-        return ("payload %s/act_001\n" % self.mid).encode()
+        line = ("payload %s/act_001\n" % self.mid).encode()
+        if not self.SIZE:
+            return line
+        return (line * (self.SIZE // len(line) + 1))[:self.SIZE]
 
     def recover(self):
         self.start()
@@ -163,6 +171,15 @@ class ToolWriteSettle(unittest.TestCase):
         w2 = self.recover()
         self.daemon.wait_log("interrupted by the crash: dropped, a retry writes it")
         self.assertFalse(w2["cached"], w2)
+
+
+class LargeToolWriteSettle(ToolWriteSettle):
+    """The same with 100 MB streamed through kairosctl (MaxWriteBytes=):
+    decided alone, the file whole, written once."""
+    SIZE = 100 * 1000 * 1000
+
+    def test_changed_file_is_written_again(self):
+        self.skipTest("the same as with one line")
 
 
 if __name__ == "__main__":
