@@ -1487,6 +1487,17 @@ static int text_mandate_status(json_t *r)
         fputs(": ", stdout);
         ctl_put_safe(stdout, jstr(r, "status"));
         putchar('\n');
+        /* resolve --retry|--done: the step's interrupted tool calls */
+        for (int i = 0; i < 2; i++) {
+                const char *name = i ? "tool_calls_completed" : "tool_calls_released";
+                json_t *keys = json_object_get(r, name), *k;
+                size_t n;
+                json_array_foreach(keys, n, k) {
+                        fputs(i ? "  completed tool call " : "  released tool call ", stdout);
+                        ctl_put_safe(stdout, json_string_value(k));
+                        putchar('\n');
+                }
+        }
         return CTL_EXIT_OK;
 }
 

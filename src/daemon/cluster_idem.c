@@ -16,7 +16,7 @@
 
 /* One database call of a tool call, on a pool thread (a connection lent for
  * the job, cluster_thread_store); done runs on the loop. */
-enum pg_op { PG_CLAIM, PG_FINISH, PG_RELEASE };
+enum pg_op { PG_CLAIM, PG_FINISH, PG_RELEASE, PG_LIST };
 
 struct pg_job {
         uv_work_t req;
@@ -38,6 +38,10 @@ struct pg_job {
         int r;
         char err[512];
         struct pgstore_idem_claim claim;
+        struct pgstore_idem_row *rows; /* PG_LIST */
+        size_t nrows;
+        struct op_reply to;            /* PG_LIST */
+        bool complete;                 /* PG_LIST: resolve --done */
         void (*done)(struct pg_job *j);
         void *ctx;
 };
@@ -47,6 +51,7 @@ static void pg_job_free(struct pg_job *j)
         if (!j)
                 return;
         pgstore_idem_claim_free(&j->claim);
+        pgstore_idem_rows_free(j->rows, j->nrows);
         free(j->result);
         free(j->node);
         free(j);
@@ -144,6 +149,9 @@ static void pg_work_run(uv_work_t *w)
                         break;
                 case PG_RELEASE:
                         r = pgstore_idem_release(s, j->key, j->mandate, j->epoch, j->drop);
+                        break;
+                case PG_LIST:
+                        r = pgstore_idem_of_mandate(s, j->mandate, &j->rows, &j->nrows);
                         break;
                 }
                 /* the effect has happened: a finish whose outcome is unknown
@@ -543,6 +551,64 @@ static bool pg_write_done_hook(struct write_op *op)
         return true;
 }
 
+/* resolve --retry|--done of a step: releasing or completing its calls in
+ * the database is not done yet, so a step with an interrupted call there
+ * is refused (nothing resolved) rather than resolved with the call still
+ * held; a step without one resolves. */
+static void pg_settle_listed(struct pg_job *j)
+{
+        struct kbuf keys = KBUF_INIT;
+        size_t n = 0;
+        if (j->r < 0) {
+                op_reply_error(&j->to, "unavailable",
+                               "the tool calls of step %s are in the cluster's database, which "
+                               "cannot be read: %s; nothing was resolved",
+                               j->step, j->err);
+                goto out;
+        }
+        for (size_t i = 0; i < j->nrows; i++) {
+                const struct pgstore_idem_row *r = &j->rows[i];
+                if (!r->step_id || strcmp(r->step_id, j->step) != 0 ||
+                    strcmp(r->state, "interrupted") != 0)
+                        continue;
+                kbuf_printf(&keys, "%s%s", n++ ? ", " : "", r->key);
+        }
+        if (n == 0)
+                op_reply_ok(&j->to, json_pack("{s:[]}", "keys"));
+        else
+                op_reply_error(&j->to, "not_supported",
+                               "step %s has %zu interrupted tool call%s in the cluster's "
+                               "database (%s), which resolve --%s cannot %s in cluster mode "
+                               "yet: nothing was resolved",
+                               j->step, n, n == 1 ? "" : "s", keys.data ? keys.data : "",
+                               j->complete ? "done" : "retry",
+                               j->complete ? "complete" : "release");
+out:
+        kbuf_free(&keys);
+        pg_job_free(j);
+}
+
+static bool pg_settle_step_hook(struct daemon *d, const char *mandate_id, const char *step_id,
+                                bool complete, uid_t uid, const char *reason,
+                                struct op_reply to)
+{
+        (void)uid;
+        (void)reason;
+        struct pg_job *j = pg_job_new(d, PG_LIST, "", mandate_id, 0);
+        if (!j) {
+                op_reply_error(&to, "internal", "out of memory");
+                return true;
+        }
+        snprintf(j->step, sizeof j->step, "%s", step_id);
+        j->to = to;
+        j->complete = complete;
+        if (pg_submit(j, pg_settle_listed, NULL) < 0) {
+                op_reply_error(&j->to, "internal", "out of memory");
+                pg_job_free(j);
+        }
+        return true;
+}
+
 const struct toolclaims toolclaims_postgres = {
         .name = "postgres",
         .dropped = cluster_dropped,
@@ -551,4 +617,5 @@ const struct toolclaims toolclaims_postgres = {
         .closed = pg_closed,
         .write_begin = pg_write_begin_hook,
         .write_done = pg_write_done_hook,
+        .settle_step = pg_settle_step_hook,
 };

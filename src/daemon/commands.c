@@ -229,6 +229,11 @@ struct mandate_op {
         json_t *result;
         uint64_t flushes_before, flushes_after;
         bool wal_failed;
+        /* resolve --retry|--done: the step's interrupted tool calls are
+         * settled (idem_service_settle_step) between the check and the
+         * resolution's records, which name them (keys) */
+        bool settle;
+        json_t *keys;
 };
 
 /* Fold an archived (gzipped) WAL. */
@@ -422,6 +427,21 @@ static void op_wal_error(struct mandate_op *op, int r)
                 strerror(-r));
 }
 
+/* The keys of a resolution's record, one a line (a key holds no control
+ * character). */
+static char *join_keys(json_t *keys)
+{
+        struct kbuf b = KBUF_INIT;
+        size_t i;
+        json_t *k;
+        json_array_foreach(keys, i, k)
+                if (kbuf_printf(&b, "%s%s", i ? "\n" : "", json_string_value(k)) < 0) {
+                        kbuf_free(&b);
+                        return NULL;
+                }
+        return b.data;
+}
+
 static void do_resolve(struct mandate_op *op, struct mandate *m)
 {
         struct fold *f = NULL;
@@ -442,10 +462,29 @@ static void do_resolve(struct mandate_op *op, struct mandate *m)
         }
         static const char *const actions[] = { "resolve_done", "resolve_retry",
                                                "resolve_abandon" };
+        /* first its tool calls (the loop, then here again): released or
+         * completed durably before the resolution is written */
+        if (op->mode != RESOLVE_ABANDON && !op->keys) {
+                op->settle = true;
+                goto out;
+        }
+        char *keys = NULL;
+        size_t nkeys = json_array_size(op->keys);
+        if (nkeys && !(keys = join_keys(op->keys))) {
+                op_fail(op, "internal", "out of memory");
+                goto out;
+        }
         if ((r = mandate_wal_open(m)) < 0 ||
             (r = wal_operator(m->wal, m->id, actions[op->mode], op->step, (long long)op->uid,
-                              op->reason)) < 0)
+                              op->reason)) < 0 ||
+            (nkeys && (r = wal_operator(m->wal, m->id,
+                                        op->mode == RESOLVE_DONE ? "tool_calls_completed"
+                                                                 : "tool_calls_released",
+                                        op->step, (long long)op->uid, keys)) < 0)) {
+                free(keys);
                 goto wal_err;
+        }
+        free(keys);
         op->flushes_before = wal_flush_count(m->wal);
         switch (op->mode) {
         case RESOLVE_DONE: {
@@ -472,6 +511,11 @@ static void do_resolve(struct mandate_op *op, struct mandate *m)
                 goto wal_err;
         op->result = json_pack("{s:s, s:s, s:s}", "mandate", m->id, "step", op->step, "action",
                                actions[op->mode]);
+        if (op->mode != RESOLVE_ABANDON)
+                json_object_set(op->result,
+                                op->mode == RESOLVE_DONE ? "tool_calls_completed"
+                                                         : "tool_calls_released",
+                                op->keys);
         goto out;
 wal_err:
         op_wal_error(op, r);
@@ -547,6 +591,18 @@ static void set_tool_calls(json_t *result, json_t *calls)
                 }
 }
 
+static void resolve_settled(void *ctx, const struct op_result *r);
+
+static char *join_keys_comma(json_t *keys)
+{
+        struct kbuf b = KBUF_INIT;
+        size_t i;
+        json_t *k;
+        json_array_foreach(keys, i, k)
+                kbuf_printf(&b, "%s%s", i ? ", " : "", json_string_value(k));
+        return b.data;
+}
+
 static void op_done(void *arg)
 {
         struct mandate_op *op = arg;
@@ -557,6 +613,13 @@ static void op_done(void *arg)
                                  : 0;
         m->flushes += delta;
         d->flushes_total += delta;
+        if (op->settle && !op->err_code) {
+                op->settle = false;
+                idem_service_settle_step(d, m->id, op->step, op->mode == RESOLVE_DONE, op->uid,
+                                         op->reason,
+                                         (struct op_reply){ .done = resolve_settled, .ctx = op });
+                return;
+        }
         m->busy--;
         if (op->wal_failed) {
                 mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
@@ -605,14 +668,22 @@ static void op_done(void *arg)
                 break;
         case OP_RESOLVE: {
                 static const char *const modes[] = { "done", "retry", "abandon" };
+                char *keys_text = json_array_size(op->keys) ? join_keys_comma(op->keys) : NULL;
                 /* The executor decides from the WAL what comes next (for an
                  * abandoned plan: the end of the mandate). */
                 executor_enqueue(m);
                 log_event(LOG_NOTICE, MSGID_OPERATOR,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", op->step },
                                      { "OPERATOR_UID", uid }),
-                          "step %s of %s resolved --%s by uid %s: %s", op->step, m->id,
-                          modes[op->mode], uid, op->reason);
+                          "step %s of %s resolved --%s by uid %s: %s%s%s", op->step, m->id,
+                          modes[op->mode], uid, op->reason,
+                          op->mode == RESOLVE_ABANDON ? ""
+                          : op->mode == RESOLVE_DONE  ? "; tool calls completed: "
+                                                      : "; tool calls released: ",
+                          op->mode == RESOLVE_ABANDON ? ""
+                          : json_array_size(op->keys) ? keys_text
+                                                      : "none");
+                free(keys_text);
                 break;
         }
         }
@@ -631,9 +702,35 @@ static void op_done(void *arg)
         executor_kick(d);
 out:
         json_decref(op->result);
+        json_decref(op->keys);
         free(op->reason);
         free(op->step);
         free(op);
+}
+
+/* The step's tool calls are settled (r->result: {keys}): now the
+ * resolution. */
+static void resolve_settled(void *ctx, const struct op_result *r)
+{
+        struct mandate_op *op = ctx;
+        struct mandate *m = op->m;
+        if (!r->code) {
+                op->keys = json_incref(json_object_get(r->result, "keys"));
+                json_decref(r->result);
+                if (op->keys && serialq_submit(&m->q, op_work, op_done, op) == 0)
+                        return;
+        }
+        m->busy--;
+        if (r->code)
+                control_reply_error_detail(op->req, r->code, r->detail, "%s", r->message);
+        else
+                control_reply_error(op->req, "internal", "out of memory");
+        json_decref(op->keys);
+        free(op->reason);
+        free(op->step);
+        free(op);
+        daemon_update_status(m->d);
+        executor_kick(m->d);
 }
 
 /* ret_remote (may be NULL): where other nodes hold mandates (opreads.h), a

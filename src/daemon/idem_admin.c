@@ -261,6 +261,122 @@ void idem_forget_entry(const struct idem_call *in)
         idem_core_wait_durable(svc, &op->w, lsn, forget_durable);
 }
 
+/* ---- resolve of a step: its interrupted calls ---- */
+
+struct step_keys {
+        const char *mandate, *step;
+        json_t *keys;
+        int error;
+};
+
+static int collect_interrupted(const struct idem_view *v, void *arg)
+{
+        struct step_keys *c = arg;
+        if (!v->owner || v->state != IDEM_ST_INTERRUPTED ||
+            strcmp(v->owner->mandate, c->mandate) != 0 || strcmp(v->owner->step, c->step) != 0)
+                return 0;
+        if (json_array_append_new(c->keys, json_string(v->key)) < 0)
+                return c->error = -ENOMEM;
+        return 0;
+}
+
+struct settle_op {
+        struct waiter w;
+        struct op_reply to;
+        json_t *keys;
+};
+
+static void settle_durable(struct waiter *w, int err)
+{
+        struct settle_op *op = (struct settle_op *)w;
+        if (err)
+                op_reply_error(&op->to, "io_error",
+                               "the idempotency log could not be written: %s", strerror(-err));
+        else
+                op_reply_ok(&op->to, json_pack("{s:O}", "keys", op->keys));
+        json_decref(op->keys);
+        free(op);
+}
+
+/* The result an operator's --done leaves: what a duplicate is answered
+ * with (a tool run: exit status 0, no output; a write: its claim). */
+static char *done_payload(const struct idem_view *v, uid_t uid, const char *reason)
+{
+        json_t *by = json_pack("{s:I, s:s, s:s}", "uid", (json_int_t)uid, "reason", reason,
+                               "how", "kairosctl resolve --done");
+        json_t *pl;
+        if (strcmp(v->tool, WRITE_TOOL) == 0 && v->write.path)
+                pl = json_pack("{s:s, s:I, s:o}", "path", v->write.path, "bytes",
+                               (json_int_t)v->write.bytes, "completed_by", by);
+        else
+                pl = json_pack("{s:i, s:s, s:s, s:o}", "exit_status", 0, "stdout", "", "stderr",
+                               "", "completed_by", by);
+        char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(pl);
+        return text;
+}
+
+void idem_service_settle_step(struct daemon *d, const char *mandate_id, const char *step_id,
+                              bool complete, uid_t uid, const char *reason,
+                              struct op_reply to)
+{
+        struct idem_service *svc = SVC(d);
+        if (d->toolclaims->settle_step &&
+            d->toolclaims->settle_step(d, mandate_id, step_id, complete, uid, reason, to))
+                return;
+        if (!svc || !svc->loaded || !svc->store) {
+                op_reply_error(&to, "unavailable",
+                               "the idempotency store is not loaded: the tool calls of step %s "
+                               "cannot be %s; try again once it is",
+                               step_id, complete ? "completed" : "released");
+                return;
+        }
+        struct settle_op *op = calloc(1, sizeof(*op));
+        struct step_keys c = { .mandate = mandate_id, .step = step_id, .keys = json_array() };
+        if (!op || !c.keys || idem_foreach(svc->store, collect_interrupted, &c) < 0 || c.error) {
+                free(op);
+                json_decref(c.keys);
+                op_reply_error(&to, "internal", "out of memory");
+                return;
+        }
+        op->to = to;
+        op->keys = c.keys;
+        char why[1200];
+        snprintf(why, sizeof why, "kairosctl resolve %s %s --%s: %s", mandate_id, step_id,
+                 complete ? "done" : "retry", reason);
+        uint64_t lsn = 0, l;
+        size_t i;
+        json_t *k;
+        json_array_foreach(c.keys, i, k) {
+                const char *key = json_string_value(k);
+                struct idem_view v;
+                int r = idem_get(svc->store, key, &v);
+                char *text = NULL;
+                if (r == 0 && complete)
+                        r = (text = done_payload(&v, uid, reason))
+                                    ? idem_settle_complete(svc->store, key, text, strlen(text),
+                                                           &l)
+                                    : -ENOMEM;
+                else if (r == 0)
+                        r = idem_forget(svc->store, key, (long long)uid, why, &l);
+                free(text);
+                if (r < 0) {
+                        log_error("cannot %s tool call %s of step %s of %s: %s",
+                                  complete ? "complete" : "release", key, step_id, mandate_id,
+                                  strerror(-r));
+                        op_reply_error(&op->to, r == -ENOMEM ? "internal" : "io_error",
+                                       "cannot %s tool call %s: %s",
+                                       complete ? "complete" : "release", key, strerror(-r));
+                        /* those before it are recorded: wait for them, answer nobody */
+                        break;
+                }
+                if (l > lsn)
+                        lsn = l;
+        }
+        idem_core_kick(svc);
+        idem_core_wait_durable(svc, &op->w, lsn, settle_durable);
+}
+
 #ifdef KAIROS_TEST_HOOKS
 void idem_test_clock(const struct idem_call *in)
 {

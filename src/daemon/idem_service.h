@@ -113,6 +113,18 @@ json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id);
 /* The store's counters; -EAGAIN while it is not loaded. */
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 
+/* An operator resolved a step under review (kairosctl resolve): its
+ * interrupted tool calls (owned by step_id of mandate_id, any attempt) are
+ * released (complete false: forgotten, recorded with uid and reason, so
+ * that the step's re-run runs each once) or completed by the operator
+ * (complete true: a duplicate is answered from the store, the result
+ * saying who completed it).  Answers to once those records are durable:
+ * {"keys": [...]} (none: []), or an error (the store not loaded; in
+ * cluster mode: a driver that cannot do it refuses, naming the keys). */
+void idem_service_settle_step(struct daemon *d, const char *mandate_id, const char *step_id,
+                              bool complete, uid_t uid, const char *reason,
+                              struct op_reply to);
+
 void idem_tool_begin(const struct idem_call *call);
 void idem_tool_finish(const struct idem_call *call);
 void idem_tool_write(const struct idem_call *call);

@@ -43,6 +43,16 @@ if [ "$1" = act ]; then
                 echo "report $KAIROS_ATTEMPT" | "$KAIROSCTL" --json tool write \
                         --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" > "$OUT/write.$KAIROS_ATTEMPT"
                 ;;
+        hang-then-run)
+                if [ "$KAIROS_ATTEMPT" != 1 ]; then
+                        exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- \
+                                sh -c 'echo "$0" >> "$1"' "$KAIROS_IDEM_KEY" "$OUT/outbox" >/dev/null
+                fi
+                ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.handler"
+                exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh -c \
+                        'ps -o pgid= $$ | tr -d " " > "$0/pgid.tool"; touch "$0/started"; exec sleep 600' \
+                        "$OUT"
+                ;;
         hang)
                 if [ "$KAIROS_ATTEMPT" = 1 ]; then
                         ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.handler"
@@ -270,6 +280,55 @@ class EvidenceRecovery(unittest.TestCase):
         self.assertEqual(s["evidence"]["tool_calls"][0]["key"], key)
         self.assertEqual(s["tool_calls"][0]["state"], "interrupted")
         self.assertFalse(os.path.exists(os.path.join(self.out, "outbox")))
+
+    def resolve_interrupted_call(self, action):
+        """kairosd killed inside a slow tool run: the step is paused for
+        review; the operator resolves it with action."""
+        self.configure(self.exec_keys(["ACT_MODE=hang-then-run"], EffectsVia="kairosctl"))
+        self.crash_during()
+        self.restart_and_check("act_001", "manual_review", "tool_call_interrupted")
+        self.daemon.wait_log("mandate %s paused for review at step act_001" % self.mid)
+        self.key = "cmd:out-%s/act_001" % self.mid
+        p = self.ctl("resolve", self.mid, "act_001", "--" + action, "--reason", "checked it")
+        word = "released" if action == "retry" else "completed"
+        self.assertIn("\n  %s tool call %s\n" % (word, self.key), p.stdout)
+        self.daemon.wait_log("step act_001 of %s resolved --%s by uid %d: checked it; tool "
+                             "calls %s: %s" % (self.mid, action, os.getuid(), word, self.key))
+        self.daemon.wait_log("mandate %s done after" % self.mid)
+        shown = self.show()
+        self.assertEqual(shown["status"], "done", shown)
+        ops = [(o["action"], o["step_id"], o["reason"]) for o in shown["operators"]]
+        self.assertEqual(ops, [("resolve_" + action, "act_001", "checked it"),
+                               ("tool_calls_" + word, "act_001", self.key)], ops)
+        text = self.ctl("show", self.mid).stdout
+        self.assertIn("tool_calls_%s act_001: %s\n" % (word, self.key), text)
+        return shown
+
+    def test_resolve_retry_releases_the_call(self):
+        """resolve --retry releases the step's interrupted call in the same
+        resolution: the re-run runs the effect, once, with no idem forget."""
+        self.resolve_interrupted_call("retry")
+        with open(os.path.join(self.out, "outbox")) as f:
+            self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])
+        recs = [json.loads(x) for x in open(os.path.join(self.state, "idem", "idem.jsonl"))]
+        forgets = [r for r in recs if r["key"] == self.key and r["op"] == "forget"]
+        self.assertEqual([r["uid"] for r in forgets], [os.getuid()], forgets)
+        self.assertIn("resolve %s act_001 --retry: checked it" % self.mid, forgets[0]["reason"])
+
+    def test_resolve_done_completes_the_call(self):
+        """resolve --done completes the step's interrupted call: recorded as
+        completed by the operator, a duplicate is answered from the store."""
+        self.resolve_interrupted_call("done")
+        self.assertFalse(os.path.exists(os.path.join(self.out, "outbox")))
+        e = json.loads(self.ctl("--json", "idem", "get", self.key).stdout)
+        self.assertEqual(e["state"], "completed", e)
+        # the same call again (it would sleep for 600 s): answered from the store
+        p = self.ctl("--json", "tool", "run", "--key", "out-%s/act_001" % self.mid, "--",
+                     "sh", "-c", 'ps -o pgid= $$ | tr -d " " > "$0/pgid.tool"; touch '
+                     '"$0/started"; exec sleep 600', self.out)
+        r = json.loads(p.stdout)
+        self.assertEqual((r["cached"], r["exit_status"], r["completed_by"]["uid"],
+                          r["completed_by"]["reason"]), (True, 0, os.getuid(), "checked it"), r)
 
     def test_without_effects_via_needs_review(self):
         self.configure(self.exec_keys(["BLOCK=act", "ACT_MODE=run"]))
