@@ -44,14 +44,10 @@ if [ "$1" = act ]; then
                         --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" > "$OUT/write.$KAIROS_ATTEMPT"
                 ;;
         hang-then-run)
-                if [ "$KAIROS_ATTEMPT" != 1 ]; then
-                        exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- \
-                                sh -c 'echo "$0" >> "$1"' "$KAIROS_IDEM_KEY" "$OUT/outbox" >/dev/null
-                fi
+                # the same call each attempt; the first one hangs
                 ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.handler"
-                exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh -c \
-                        'ps -o pgid= $$ | tr -d " " > "$0/pgid.tool"; touch "$0/started"; exec sleep 600' \
-                        "$OUT"
+                exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh "$OUT/slow.sh" \
+                        "$KAIROS_IDEM_KEY" "$OUT" >/dev/null
                 ;;
         hang)
                 if [ "$KAIROS_ATTEMPT" = 1 ]; then
@@ -72,6 +68,10 @@ echo '{"ok":true}'
 """
 
 PHASES = ("observe", "orient", "decide", "act", "reflect")
+# $OUT/slow.sh, the effect of ACT_MODE=hang-then-run: slow (killed with
+# kairosd) at attempt 1
+SLOW_CALL = ('if [ "$KAIROS_ATTEMPT" = 1 ]; then ps -o pgid= $$ | tr -d " " > "$2/pgid.tool"; '
+             'touch "$2/started"; exec sleep 600; fi; echo "$1" >> "$2/outbox"\n')
 WAIT = 60.0
 
 
@@ -284,6 +284,8 @@ class EvidenceRecovery(unittest.TestCase):
     def resolve_interrupted_call(self, action):
         """kairosd killed inside a slow tool run: the step is paused for
         review; the operator resolves it with action."""
+        with open(os.path.join(self.out, "slow.sh"), "w") as f:
+            f.write(SLOW_CALL)
         self.configure(self.exec_keys(["ACT_MODE=hang-then-run"], EffectsVia="kairosctl"))
         self.crash_during()
         self.restart_and_check("act_001", "manual_review", "tool_call_interrupted")
@@ -322,10 +324,9 @@ class EvidenceRecovery(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.out, "outbox")))
         e = json.loads(self.ctl("--json", "idem", "get", self.key).stdout)
         self.assertEqual(e["state"], "completed", e)
-        # the same call again (it would sleep for 600 s): answered from the store
+        # the same call again: answered from the store, not run
         p = self.ctl("--json", "tool", "run", "--key", "out-%s/act_001" % self.mid, "--",
-                     "sh", "-c", 'ps -o pgid= $$ | tr -d " " > "$0/pgid.tool"; touch '
-                     '"$0/started"; exec sleep 600', self.out)
+                     "sh", os.path.join(self.out, "slow.sh"), "%s/act_001" % self.mid, self.out)
         r = json.loads(p.stdout)
         self.assertEqual((r["cached"], r["exit_status"], r["completed_by"]["uid"],
                           r["completed_by"]["reason"]), (True, 0, os.getuid(), "checked it"), r)
