@@ -456,8 +456,9 @@ class TestOperatorCommands(OnlineCase):
 
     def test_resolve_done(self):
         got = self.json_ok("resolve", "mnd_x000", "observe_001", "--done", "--reason", "verified by hand")
+        # the step had no interrupted tool call: none completed
         self.assertEqual(got, {"mandate": "mnd_x000", "step": "observe_001", "action": "resolve_done",
-                               "status": "runnable"})
+                               "tool_calls_completed": [], "status": "runnable"})
         recs = self.records("mnd_x000")
         self.assertEqual(recs[-2]["action"], "resolve_done")
         self.assertEqual((recs[-1]["status"], recs[-1]["post_hash"]), ("completed", "sha256-post-observe"))
