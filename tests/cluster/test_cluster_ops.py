@@ -37,6 +37,9 @@ APPROVE = ("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
            "\"reason\":\"3 invoices over the limit\"}}'\n")
 # the act runs until its node dies
 HANG = "#!/bin/sh\ntouch \"$OUT/act-$KAIROS_MANDATE_ID\"\nexec sleep 600\n"
+# the act's effect is a tool call that runs until its node dies
+TOOLHANG = ("#!/bin/sh\nexec \"$KAIROSCTL\" tool run --key \"out-$KAIROS_IDEM_KEY\" -- sh -c "
+            "'touch \"$0\"; exec sleep 600' \"$OUT/act-$KAIROS_MANDATE_ID\"\n")
 # the observe step waits for the test's go
 GATE = ("#!/bin/sh\ntouch \"$OUT/obs-$KAIROS_MANDATE_ID\"\n"
         "while [ ! -e \"$OUT/go-$KAIROS_MANDATE_ID\" ]; do sleep 0.05; done\necho '{}'\n")
@@ -48,7 +51,8 @@ wait_for = pg_node.wait_for
 def node(test, name):
     """A node of the test's database with the four schedules."""
     scheds = {}
-    for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG), ("gate", GATE)):
+    for sched, text in (("quick", QUICK), ("appr", APPROVE), ("hang", HANG), ("gate", GATE),
+                        ("toolhang", TOOLHANG)):
         path = os.path.join(test.dir, sched + ".sh")
         if not os.path.exists(path):
             with open(path, "w") as f:
@@ -56,6 +60,10 @@ def node(test, name):
             os.chmod(path, 0o755)
         scheds[sched] = {"Schedule": {"Cron": "0 0 1 1 *"},
                          "Exec": {"Act": path, "Environment": "OUT=%s" % test.out}}
+        if sched == "toolhang":
+            scheds[sched]["Exec"]["EffectsVia"] = "kairosctl"
+            scheds[sched]["Exec"]["Environment"] += " KAIROSCTL=%s" % os.path.abspath(
+                pg_node.KAIROSCTL)
         if sched == "gate":
             scheds[sched]["Exec"] = {"Observe": path,
                                      "Act": os.path.join(test.dir, "quick.sh"),
@@ -180,6 +188,32 @@ class ClusterOps(pg_node.TwoNodes):
         for n in (n1, n2):
             r = n.rows()[mid]
             self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 3), r)
+
+    def test_resolve_refuses_a_call_held_in_the_database(self):
+        """resolve --retry/--done cannot settle a step's interrupted call in
+        the database yet: refused, naming the key, nothing resolved."""
+        n1, n2 = self.n1, self.n2
+        mid = self.fire(n1, "toolhang", "2026-03-01T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + mid)), "the tool call")
+        n1.daemon.proc.send_signal(signal.SIGKILL)
+        n1.close()
+        wait_for(lambda: self.db_row(mid) == ("paused", "n2", "2"), "n2 to take and release it",
+                 timeout=90)
+        rc, s, err = n2.ctl("show", mid)
+        self.assertEqual((s["status"], s["review_step"]), ("paused_review", "act_001"), s)
+        key = "cmd:out-%s/act_001" % mid
+        for action in ("--retry", "--done"):
+            rc, out, err = n2.ctl("resolve", mid, "act_001", action, "--reason", "x")
+            self.assertEqual(rc, 1, (out, err))
+            self.assertIn("not_supported", err + json.dumps(out))
+            self.assertIn("step act_001 has 1 interrupted tool call in the cluster's database "
+                          "(%s)" % key, err + json.dumps(out))
+        rc, s, err = n2.ctl("show", mid)
+        self.assertEqual(s["status"], "paused_review", s)
+        self.assertNotIn("resolve_retry", [o["action"] for o in s["operators"]], s)
+        # --abandon still decides it
+        rc, out, err = n2.ctl("resolve", mid, "act_001", "--abandon", "--reason", "x")
+        self.assertEqual(rc, 0, err)
 
     def test_paused_by_operator_taken_back_by_its_node(self):
         n1, n2 = self.n1, self.n2
