@@ -636,9 +636,7 @@ static uint64_t max_write_bytes(const struct daemon *d)
 
 static void refuse_too_large(struct idem_call *call, const char *key, uint64_t max)
 {
-        idem_core_error_detail(call, "too_large",
-                               json_pack("{s:s, s:I, s:b}", "key", key, "max_bytes",
-                                         (json_int_t)max, "cached", 0),
+        idem_core_error_detail(call, "too_large", json_pack("{s:s, s:b}", "key", key, "cached", 0),
                                "the content is larger than MaxWriteBytes= (%llu bytes, the "
                                "[Idempotency] section of kairosd.conf): nothing was written",
                                (unsigned long long)max);
@@ -785,8 +783,11 @@ static void stream_open_done(void *arg)
                 idem_core_error(call, "internal", "the connection closed");
                 return;
         }
-        idem_core_ok(call, json_pack("{s:s, s:s, s:I}", "outcome", "send", "key", op->key,
-                                     "max_bytes", (json_int_t)max_write_bytes(svc->d)));
+        uint64_t max = max_write_bytes(svc->d);
+        idem_core_ok(call, json_pack("{s:s, s:s, s:o}", "outcome", "send", "key", op->key,
+                                     "max_bytes", max == CONFIG_LIMIT_INFINITY
+                                                          ? json_null()
+                                                          : json_integer((json_int_t)max)));
 }
 
 /* tool-write {stream:true}: a duplicate is answered as such at once (its
@@ -862,12 +863,12 @@ void idem_tool_write_data(const struct idem_call *in)
         struct write_op *op;
         if (!call || !idem_core_required(call, "data", &data, NULL) || !(op = stream_of(call)))
                 return;
-        uint64_t max = max_write_bytes(call->d);
-        size_t n = strlen(data) / 4 * 3;
-        int r = op->len + n > max + 2 /* base64 padding: decoded below */
-                        ? -EFBIG
-                        : idem_core_b64_decode(data, &op->chunk, &op->chunk_len);
-        if (r == 0 && op->len + op->chunk_len > max)
+        /* (a reload may have lowered it meanwhile) */
+        uint64_t max = max_write_bytes(call->d), room = op->len < max ? max - op->len : 0;
+        size_t n = strlen(data) / 4 * 3; /* at most 2 more than it decodes to */
+        int r = n > 2 && n - 2 > room ? -EFBIG
+                                      : idem_core_b64_decode(data, &op->chunk, &op->chunk_len);
+        if (r == 0 && op->chunk_len > room)
                 r = -EFBIG;
         if (r < 0) {
                 if (r == -EFBIG)
@@ -957,7 +958,7 @@ void idem_tool_write(const struct idem_call *in)
                 return;
         }
         uint64_t max = max_write_bytes(call->d);
-        if (!stream && strlen(content) / 4 * 3 > max + 2) {
+        if (!stream && strlen(content) / 4 * 3 > 2 && strlen(content) / 4 * 3 - 2 > max) {
                 refuse_too_large(call, key, max);
                 return;
         }

@@ -820,6 +820,23 @@ class TestWriteLimit(IdemCase):
         self.assertEqual(e["state"], "completed", e)
 
 
+class TestWriteNoLimit(IdemCase):
+    """MaxWriteBytes=infinity: no limit but the file system's."""
+    idem_conf = "WriteRoots=ROOT\nMaxWriteBytes=infinity\n"
+
+    def test_infinity(self):
+        target = os.path.join(self.root, "f")
+        data = b"z" * ((1 << 20) + 3)
+        p = self.ctl("tool", "write", "--key", "big", target, stdin=data)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), data)
+        c = Client(self.sock)
+        r = c.call("tool-write", key="k", path=target + "2", stream=True)
+        c.close()
+        self.assertEqual((r["result"]["outcome"], r["result"]["max_bytes"]), ("send", None), r)
+
+
 class TestWriteRootSlash(IdemCase):
     """WriteRoots=/: every absolute path is below it, still no symbolic link."""
     idem_conf = "WriteRoots=/\n"
