@@ -135,7 +135,11 @@ void idem_stats_get(const struct idem_call *in)
         json_object_set_new(res, "log_path", json_string(idem_log_path(svc->log)));
         json_object_set_new(res, "log_flushes", json_integer((json_int_t)svc->flushes));
         json_object_set_new(res, "compactions", json_integer((json_int_t)svc->compactions));
-        json_object_set_new(res, "claims", json_integer((json_int_t)svc->nclaims));
+        /* tool calls held by their callers (a streamed write is none yet) */
+        size_t claims = 0;
+        for (struct idem_claim *c = svc->claims; c; c = c->next)
+                claims += !c->stream;
+        json_object_set_new(res, "claims", json_integer((json_int_t)claims));
         json_object_set_new(res, "write_roots", roots);
         idem_core_ok(call, res);
 }

@@ -803,6 +803,7 @@ class TestWriteLimit(IdemCase):
         self.assertEqual(len([n for n in os.listdir(self.root) if ".kairos-tmp." in n]), 1)
         r = c.call("tool-write-data", data=base64.b64encode(b"part").decode())
         self.assertEqual(r["result"]["bytes"], 4, r)
+        self.assertEqual(self.ok("idem-stats")["claims"], 0, "nothing claimed yet")
         c.close()
         wait_for(lambda: os.listdir(self.root) == [], "the temporary file is removed")
         self.assertEqual(self.ok("idem-stats")["size"], 0)
