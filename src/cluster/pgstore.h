@@ -320,6 +320,16 @@ void pgstore_idem_rows_free(struct pgstore_idem_row *rows, size_t n);
 int pgstore_idem_of_mandate(struct pgstore *s, const char *mandate_id,
                             struct pgstore_idem_row **ret_rows, size_t *ret_n);
 
+/* An operator resolved step_id of mandate_id (kairosctl resolve) on node,
+ * which holds the mandate at epoch: the step's interrupted calls are
+ * dropped (result NULL: --retry, so a re-run runs them) or completed with
+ * result, which expires after ttl_ms (--done), in one statement.  Their
+ * keys, one a line, in *ret_keys (owned; "" for none).  -ESTALE unless
+ * node holds the mandate at epoch (nothing changed). */
+int pgstore_idem_settle_step(struct pgstore *s, const char *mandate_id, const char *step_id,
+                             const char *node, int64_t epoch, const char *result,
+                             size_t result_len, int64_t ttl_ms, char **ret_keys);
+
 struct evidence_index;
 /* The rows (of mandate_id, from pgstore_idem_of_mandate) as a known
  * evidence index (kairos/evidence.h) holding that mandate's calls: rows

@@ -16,7 +16,7 @@
 
 /* One database call of a tool call, on a pool thread (a connection lent for
  * the job, cluster_thread_store); done runs on the loop. */
-enum pg_op { PG_CLAIM, PG_FINISH, PG_RELEASE, PG_LIST };
+enum pg_op { PG_CLAIM, PG_FINISH, PG_RELEASE, PG_SETTLE };
 
 struct pg_job {
         uv_work_t req;
@@ -38,10 +38,8 @@ struct pg_job {
         int r;
         char err[512];
         struct pgstore_idem_claim claim;
-        struct pgstore_idem_row *rows; /* PG_LIST */
-        size_t nrows;
-        struct op_reply to;            /* PG_LIST */
-        bool complete;                 /* PG_LIST: resolve --done */
+        struct op_reply to;            /* PG_SETTLE */
+        char *keys;                    /* PG_SETTLE: the keys settled, one a line */
         void (*done)(struct pg_job *j);
         void *ctx;
 };
@@ -51,7 +49,7 @@ static void pg_job_free(struct pg_job *j)
         if (!j)
                 return;
         pgstore_idem_claim_free(&j->claim);
-        pgstore_idem_rows_free(j->rows, j->nrows);
+        free(j->keys);
         free(j->result);
         free(j->node);
         free(j);
@@ -150,8 +148,10 @@ static void pg_work_run(uv_work_t *w)
                 case PG_RELEASE:
                         r = pgstore_idem_release(s, j->key, j->mandate, j->epoch, j->drop);
                         break;
-                case PG_LIST:
-                        r = pgstore_idem_of_mandate(s, j->mandate, &j->rows, &j->nrows);
+                case PG_SETTLE:
+                        r = pgstore_idem_settle_step(s, j->mandate, j->step, j->node, j->epoch,
+                                                     j->result, j->result_len, j->ttl_ms,
+                                                     &j->keys);
                         break;
                 }
                 /* the effect has happened: a finish whose outcome is unknown
@@ -551,40 +551,33 @@ static bool pg_write_done_hook(struct write_op *op)
         return true;
 }
 
-/* resolve --retry|--done of a step: releasing or completing its calls in
- * the database is not done yet, so a step with an interrupted call there
- * is refused (nothing resolved) rather than resolved with the call still
- * held; a step without one resolves. */
-static void pg_settle_listed(struct pg_job *j)
+/* resolve --retry|--done of a step: its interrupted calls in the
+ * database are dropped or completed there, in one statement fenced by the
+ * mandate's owner and epoch (this node holds it: resolve took it). */
+static void pg_settled(struct pg_job *j)
 {
-        struct kbuf keys = KBUF_INIT;
-        size_t n = 0;
-        if (j->r < 0) {
+        if (j->r == -ESTALE)
+                op_reply_error(&j->to, "fenced",
+                               "mandate %s is no longer this node's at epoch %lld: the tool "
+                               "calls of step %s were not settled; nothing was resolved",
+                               j->mandate, (long long)j->epoch, j->step);
+        else if (j->r < 0)
                 op_reply_error(&j->to, "unavailable",
-                               "the tool calls of step %s are in the cluster's database, which "
-                               "cannot be read: %s; nothing was resolved",
+                               "the tool calls of step %s are in the cluster's database: %s; "
+                               "nothing was resolved",
                                j->step, j->err);
-                goto out;
+        else {
+                json_t *keys = json_array();
+                for (char *k = j->keys, *nl; keys && k && *k; k = nl ? nl + 1 : NULL) {
+                        nl = strchr(k, '\n');
+                        json_array_append_new(keys, json_stringn(k, nl ? (size_t)(nl - k)
+                                                                        : strlen(k)));
+                }
+                if (keys)
+                        op_reply_ok(&j->to, json_pack("{s:o}", "keys", keys));
+                else
+                        op_reply_error(&j->to, "internal", "out of memory");
         }
-        for (size_t i = 0; i < j->nrows; i++) {
-                const struct pgstore_idem_row *r = &j->rows[i];
-                if (!r->step_id || strcmp(r->step_id, j->step) != 0 ||
-                    strcmp(r->state, "interrupted") != 0)
-                        continue;
-                kbuf_printf(&keys, "%s%s", n++ ? ", " : "", r->key);
-        }
-        if (n == 0)
-                op_reply_ok(&j->to, json_pack("{s:[]}", "keys"));
-        else
-                op_reply_error(&j->to, "not_supported",
-                               "step %s has %zu interrupted tool call%s in the cluster's "
-                               "database (%s), which resolve --%s cannot %s in cluster mode "
-                               "yet: nothing was resolved",
-                               j->step, n, n == 1 ? "" : "s", keys.data ? keys.data : "",
-                               j->complete ? "done" : "retry",
-                               j->complete ? "complete" : "release");
-out:
-        kbuf_free(&keys);
         pg_job_free(j);
 }
 
@@ -592,17 +585,17 @@ static bool pg_settle_step_hook(struct daemon *d, const char *mandate_id, const 
                                 bool complete, uid_t uid, const char *reason,
                                 struct op_reply to)
 {
-        (void)uid;
-        (void)reason;
-        struct pg_job *j = pg_job_new(d, PG_LIST, "", mandate_id, 0);
-        if (!j) {
+        struct mandate *m = mandate_find(d, mandate_id);
+        struct pg_job *j = pg_job_new(d, PG_SETTLE, "", mandate_id, m ? m->epoch : 0);
+        if (!j || (complete && !(j->result = idem_core_done_payload(NULL, uid, reason)))) {
+                pg_job_free(j);
                 op_reply_error(&to, "internal", "out of memory");
                 return true;
         }
+        j->result_len = j->result ? strlen(j->result) : 0;
         snprintf(j->step, sizeof j->step, "%s", step_id);
         j->to = to;
-        j->complete = complete;
-        if (pg_submit(j, pg_settle_listed, NULL) < 0) {
+        if (pg_submit(j, pg_settled, NULL) < 0) {
                 op_reply_error(&j->to, "internal", "out of memory");
                 pg_job_free(j);
         }

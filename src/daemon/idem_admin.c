@@ -302,24 +302,6 @@ static void settle_durable(struct waiter *w, int err)
         free(op);
 }
 
-/* The result an operator's --done leaves: what a duplicate is answered
- * with (a tool run: exit status 0, no output; a write: its claim). */
-static char *done_payload(const struct idem_view *v, uid_t uid, const char *reason)
-{
-        json_t *by = json_pack("{s:I, s:s, s:s}", "uid", (json_int_t)uid, "reason", reason,
-                               "how", "kairosctl resolve --done");
-        json_t *pl;
-        if (strcmp(v->tool, WRITE_TOOL) == 0 && v->write.path)
-                pl = json_pack("{s:s, s:I, s:o}", "path", v->write.path, "bytes",
-                               (json_int_t)v->write.bytes, "completed_by", by);
-        else
-                pl = json_pack("{s:i, s:s, s:s, s:o}", "exit_status", 0, "stdout", "", "stderr",
-                               "", "completed_by", by);
-        char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-        json_decref(pl);
-        return text;
-}
-
 void idem_service_settle_step(struct daemon *d, const char *mandate_id, const char *step_id,
                               bool complete, uid_t uid, const char *reason,
                               struct op_reply to)
@@ -357,7 +339,10 @@ void idem_service_settle_step(struct daemon *d, const char *mandate_id, const ch
                 int r = idem_get(svc->store, key, &v);
                 char *text = NULL;
                 if (r == 0 && complete)
-                        r = (text = done_payload(&v, uid, reason))
+                        r = (text = idem_core_done_payload(strcmp(v.tool, WRITE_TOOL) == 0 && v.write.path
+                                                                ? &v.write
+                                                                : NULL,
+                                                        uid, reason))
                                     ? idem_settle_complete(svc->store, key, text, strlen(text),
                                                            &l)
                                     : -ENOMEM;

@@ -416,6 +416,19 @@ void idem_core_existing(struct idem_call *call, enum idem_outcome o,
         }
 }
 
+char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const char *reason)
+{
+        json_t *by = json_pack("{s:I, s:s, s:s}", "uid", (json_int_t)uid, "reason", reason,
+                               "how", "kairosctl resolve --done");
+        json_t *pl = w ? json_pack("{s:s, s:I, s:o}", "path", w->path, "bytes",
+                                   (json_int_t)w->bytes, "completed_by", by)
+                       : json_pack("{s:i, s:s, s:s, s:o}", "exit_status", 0, "stdout", "",
+                                   "stderr", "", "completed_by", by);
+        char *text = pl ? json_dumps(pl, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(pl);
+        return text;
+}
+
 /* ---- claims ---- */
 
 void idem_core_claim_free(struct idem_claim *c)

@@ -114,6 +114,12 @@ void idem_core_store_error(struct idem_call *call, int r);
 void idem_core_existing(struct idem_call *call, enum idem_outcome o, const struct idem_view *v,
                         const char *given_fp);
 
+/* The result an operator's resolve --done leaves for a call (what a
+ * duplicate is answered with): a tool write's claim w, else a tool run's
+ * exit status 0 and no output; "completed_by" names uid and reason.
+ * NULL: out of memory. */
+char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const char *reason);
+
 /* claims of callers */
 void idem_core_claim_free(struct idem_claim *c);
 /* c becomes the claim of call's connection; false: the caller is gone. */

@@ -37,9 +37,11 @@ APPROVE = ("#!/bin/sh\necho '{\"kairos\":{\"pause\":\"awaiting_approval\","
            "\"reason\":\"3 invoices over the limit\"}}'\n")
 # the act runs until its node dies
 HANG = "#!/bin/sh\ntouch \"$OUT/act-$KAIROS_MANDATE_ID\"\nexec sleep 600\n"
-# the act's effect is a tool call that runs until its node dies
+# the act's effect is a tool call: the first one runs until its node dies,
+# a later one (the same call) appends to the outbox
 TOOLHANG = ("#!/bin/sh\nexec \"$KAIROSCTL\" tool run --key \"out-$KAIROS_IDEM_KEY\" -- sh -c "
-            "'touch \"$0\"; exec sleep 600' \"$OUT/act-$KAIROS_MANDATE_ID\"\n")
+            "'if [ ! -e \"$0.first\" ]; then touch \"$0.first\" \"$0\"; exec sleep 600; fi; "
+            "echo \"$0\" >> \"$1\"' \"$OUT/act-$KAIROS_MANDATE_ID\" \"$OUT/outbox\"\n")
 # the observe step waits for the test's go
 GATE = ("#!/bin/sh\ntouch \"$OUT/obs-$KAIROS_MANDATE_ID\"\n"
         "while [ ! -e \"$OUT/go-$KAIROS_MANDATE_ID\" ]; do sleep 0.05; done\necho '{}'\n")
@@ -189,9 +191,10 @@ class ClusterOps(pg_node.TwoNodes):
             r = n.rows()[mid]
             self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 3), r)
 
-    def test_resolve_refuses_a_call_held_in_the_database(self):
-        """resolve --retry/--done cannot settle a step's interrupted call in
-        the database yet: refused, naming the key, nothing resolved."""
+    def resolve_interrupted_call(self, action):
+        """n1 is killed inside the act's tool call; n2 takes the mandate over
+        (paused for review, the call interrupted in the database) and the
+        operator resolves it there with action."""
         n1, n2 = self.n1, self.n2
         mid = self.fire(n1, "toolhang", "2026-03-01T00:00:00Z")
         wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + mid)), "the tool call")
@@ -202,18 +205,33 @@ class ClusterOps(pg_node.TwoNodes):
         rc, s, err = n2.ctl("show", mid)
         self.assertEqual((s["status"], s["review_step"]), ("paused_review", "act_001"), s)
         key = "cmd:out-%s/act_001" % mid
-        for action in ("--retry", "--done"):
-            rc, out, err = n2.ctl("resolve", mid, "act_001", action, "--reason", "x")
-            self.assertEqual(rc, 1, (out, err))
-            self.assertIn("not_supported", err + json.dumps(out))
-            self.assertIn("step act_001 has 1 interrupted tool call in the cluster's database "
-                          "(%s)" % key, err + json.dumps(out))
-        rc, s, err = n2.ctl("show", mid)
-        self.assertEqual(s["status"], "paused_review", s)
-        self.assertNotIn("resolve_retry", [o["action"] for o in s["operators"]], s)
-        # --abandon still decides it
-        rc, out, err = n2.ctl("resolve", mid, "act_001", "--abandon", "--reason", "x")
+        self.assertEqual(self.sql("SELECT state FROM kairos_idem WHERE key = '%s'" % key),
+                         [["interrupted"]])
+        rc, out, err = n2.ctl("resolve", mid, "act_001", "--" + action, "--reason", "checked")
         self.assertEqual(rc, 0, err)
+        word = "released" if action == "retry" else "completed"
+        self.assertEqual(out["tool_calls_" + word], [key], out)
+        wait_for(lambda: self.db_row(mid) == ("succeeded", "n2", "3"), "it to end on n2")
+        rc, s, err = n2.ctl("show", mid)
+        self.assertIn(("tool_calls_" + word, key),
+                      [(o["action"], o["reason"]) for o in s["operators"]], s)
+        return mid, key
+
+    def test_resolve_retry_releases_a_call_in_the_database(self):
+        mid, key = self.resolve_interrupted_call("retry")
+        # the re-run ran the effect, once
+        with open(os.path.join(self.out, "outbox")) as f:
+            self.assertEqual(f.read().splitlines(), [os.path.join(self.out, "act-" + mid)])
+        self.assertEqual(self.sql("SELECT state, epoch FROM kairos_idem WHERE key = '%s'" % key),
+                         [["completed", "3"]])
+
+    def test_resolve_done_completes_a_call_in_the_database(self):
+        mid, key = self.resolve_interrupted_call("done")
+        self.assertFalse(os.path.exists(os.path.join(self.out, "outbox")))
+        rows = self.sql("SELECT state, convert_from(result, 'UTF8') FROM kairos_idem "
+                        "WHERE key = '%s'" % key)
+        self.assertEqual(rows[0][0], "completed", rows)
+        self.assertEqual(json.loads(rows[0][1])["completed_by"]["reason"], "checked", rows)
 
     def test_paused_by_operator_taken_back_by_its_node(self):
         n1, n2 = self.n1, self.n2

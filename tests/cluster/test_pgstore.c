@@ -653,6 +653,61 @@ static void test_idem_claim_outcomes(void **state)
         pgstore_idem_claim_free(&ic);
 }
 
+/* An operator's resolve: the step's interrupted calls dropped or completed,
+ * fenced by the mandate's owner and epoch. */
+static void test_idem_settle_step(void **state)
+{
+        struct pgstore *s = store();
+        struct pgstore_idem_claim ic = { 0 };
+        char *keys = NULL;
+        assert_int_equal(pgstore_mandate_create(s, "m-settle", "sched", "a", 60000, NULL, 0), 0);
+        static const char *const mine[] = { "t:s1", "t:s2", "t:done" };
+        for (size_t i = 0; i < 3; i++) {
+                assert_int_equal(idem_claim(s, mine[i], "t", "fp", "m-settle", 1, "a",
+                                            i < 2 ? "act_001" : "act_002", 1, 60000, &ic), 0);
+                assert_int_equal(pgstore_idem_release(s, mine[i], "m-settle", 1, false), 0);
+        }
+        assert_int_equal(idem_claim(s, "t:run", "t", "fp", "m-settle", 1, "a", "act_001", 1,
+                                    60000, &ic), 0);
+        /* not the holder at that epoch: nothing changes */
+        assert_int_equal(pgstore_idem_settle_step(s, "m-settle", "act_001", "a", 2, NULL, 0,
+                                                  60000, &keys), -ESTALE);
+        assert_int_equal(pgstore_idem_settle_step(s, "m-settle", "act_001", "b", 1, NULL, 0,
+                                                  60000, &keys), -ESTALE);
+        assert_null(keys);
+        assert_int_equal(idem_claim(s, "t:s1", "t", "fp", "m-settle", 1, "a", "act_001", 1,
+                                    60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_INTERRUPTED);
+        /* --retry: the step's interrupted calls go (not its running one, not
+         * another step's) */
+        assert_int_equal(pgstore_idem_settle_step(s, "m-settle", "act_001", "a", 1, NULL, 0,
+                                                  60000, &keys), 0);
+        assert_string_equal(keys, "t:s1\nt:s2");
+        free(keys);
+        assert_int_equal(idem_claim(s, "t:s1", "t", "fp", "m-settle", 1, "a", "act_001", 2,
+                                    60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CLAIMED);
+        assert_int_equal(idem_claim(s, "t:run", "t", "fp", "m-settle", 1, "a", "act_001", 1,
+                                    60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_IN_PROGRESS);
+        assert_int_equal(pgstore_idem_settle_step(s, "m-settle", "act_001", "a", 1, NULL, 0,
+                                                  60000, &keys), 0);
+        assert_string_equal(keys, "");
+        free(keys);
+        /* --done: completed with the result */
+        assert_int_equal(pgstore_idem_settle_step(s, "m-settle", "act_002", "a", 1, "{}", 2,
+                                                  60000, &keys), 0);
+        assert_string_equal(keys, "t:done");
+        free(keys);
+        assert_int_equal(idem_claim(s, "t:done", "t", "fp", "m-settle", 1, "a", "act_002", 2,
+                                    60000, &ic), 0);
+        assert_int_equal(ic.outcome, PGSTORE_IDEM_CACHED);
+        assert_int_equal(ic.result_len, 2);
+        assert_memory_equal(ic.result, "{}", 2);
+        pgstore_idem_claim_free(&ic);
+        pgstore_close(s);
+}
+
 /* ---- WAL rows ---- */
 
 static void test_rows_are_the_file_bytes(void **state)
@@ -1722,6 +1777,7 @@ int main(void)
                 cmocka_unit_test(test_mandate_take),
                 cmocka_unit_test(test_mandates_list),
                 cmocka_unit_test(test_idem_of_mandate_evidence),
+                cmocka_unit_test(test_idem_settle_step),
                 cmocka_unit_test(test_slot_queue),
                 cmocka_unit_test(test_slot_concurrent_takes_one_holder),
                 cmocka_unit_test(test_claim_reject),

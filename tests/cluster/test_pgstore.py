@@ -188,7 +188,7 @@ class Store(unittest.TestCase):
             dropped = px.dropped
         sys.stderr.write(r.stdout)
         self.assertEqual(r.returncode, 0, "test_pgstore failed (output above)")
-        self.assertIn("[  PASSED  ] 24 test(s).", r.stdout)
+        self.assertIn("[  PASSED  ] 25 test(s).", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
         self.assertEqual(dropped, 1, "the proxy did not swallow the append's answer")
         # what the store's tests left behind obeys the invariants
