@@ -4,6 +4,7 @@
  * are durable. */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -714,6 +715,11 @@ static void resolve_settled(void *ctx, const struct op_result *r)
 {
         struct mandate_op *op = ctx;
         struct mandate *m = op->m;
+#ifdef KAIROS_TEST_HOOKS
+        /* kairosd dies between the settled calls and the resolution */
+        if (!r->code && getenv("KAIROS_TEST_RESOLVE_CRASH"))
+                raise(SIGKILL);
+#endif
         if (!r->code) {
                 op->keys = json_incref(json_object_get(r->result, "keys"));
                 json_decref(r->result);

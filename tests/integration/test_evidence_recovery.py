@@ -141,9 +141,9 @@ class EvidenceRecovery(unittest.TestCase):
         keys.update(extra)
         return keys
 
-    def start(self):
+    def start(self, env=None):
         self.notify.clear()
-        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify)
+        self.daemon = Daemon(self.state, config=self.conf, notify=self.notify, env=env)
         self.notify.wait_ready()
 
     def ctl(self, *args, check=True):
@@ -330,6 +330,34 @@ class EvidenceRecovery(unittest.TestCase):
         r = json.loads(p.stdout)
         self.assertEqual((r["cached"], r["exit_status"], r["completed_by"]["uid"],
                           r["completed_by"]["reason"]), (True, 0, os.getuid(), "checked it"), r)
+
+    def test_crash_between_release_and_resolution(self):
+        """kairosd dies after the released call is durable, before the
+        resolution: the step is still in review; the same resolve again
+        ends as one without the crash (the effect once)."""
+        with open(os.path.join(self.out, "slow.sh"), "w") as f:
+            f.write(SLOW_CALL)
+        self.configure(self.exec_keys(["ACT_MODE=hang-then-run"], EffectsVia="kairosctl"))
+        self.crash_during()
+        self.start({"KAIROS_TEST_RESOLVE_CRASH": "1"})
+        c = subprocess.run([KAIROSCTL, "--socket", self.daemon.socket_path, "resolve",
+                            self.mid, "act_001", "--retry", "--reason", "checked it"],
+                           capture_output=True, text=True, timeout=60)
+        try:
+            rc = self.daemon.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.skipTest("kairosd built without -Dtest_hooks=true")
+        self.assertEqual(rc, -9, self.daemon.log()[-3000:])
+        self.assertNotEqual(c.returncode, 0, c)
+        self.daemon.proc.stderr.close()
+        self.start()
+        self.daemon.wait_log("mandate %s paused for review at step act_001" % self.mid)
+        self.assertEqual(self.step_of(self.show(), "act_001")["status"], "needs_review")
+        p = self.ctl("resolve", self.mid, "act_001", "--retry", "--reason", "checked it")
+        self.assertNotIn("released tool call", p.stdout)   # released already
+        self.daemon.wait_log("mandate %s done after" % self.mid)
+        with open(os.path.join(self.out, "outbox")) as f:
+            self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])
 
     def test_without_effects_via_needs_review(self):
         self.configure(self.exec_keys(["BLOCK=act", "ACT_MODE=run"]))
