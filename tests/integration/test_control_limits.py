@@ -117,7 +117,8 @@ COMMANDS = {
     "resolve": {"mandate": "m-none", "step": "act_001", "action": "done", "reason": "x"},
     "reload": {}, "fire": {"schedule": "none"}, "approve": {"mandate": "m-none"},
     "retry": {"mandate": "m-none"}, "cancel": {"mandate": "m-none"},
-    "tool-begin": {}, "tool-finish": {}, "tool-write": {},
+    "tool-begin": {}, "tool-finish": {}, "tool-write": {}, "tool-write-data": {},
+    "tool-write-end": {},
     "idem-stats": {}, "idem-get": {"key": "none"}, "idem-forget": {"key": "none"},
     "metrics": {},
 }
