@@ -682,7 +682,7 @@ static void op_done(void *arg)
                           : op->mode == RESOLVE_DONE  ? "; tool calls completed: "
                                                       : "; tool calls released: ",
                           op->mode == RESOLVE_ABANDON ? ""
-                          : json_array_size(op->keys) ? keys_text
+                          : json_array_size(op->keys) ? (keys_text ? keys_text : "?")
                                                       : "none");
                 free(keys_text);
                 break;
