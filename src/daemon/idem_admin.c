@@ -297,7 +297,8 @@ static void settle_durable(struct waiter *w, int err)
                 op_reply_error(&op->to, "io_error",
                                "the idempotency log could not be written: %s", strerror(-err));
         else
-                op_reply_ok(&op->to, json_pack("{s:O}", "keys", op->keys));
+                op_reply_ok(&op->to, json_pack("{s:O}", "keys", op->keys ? op->keys
+                                                                          : json_null()));
         json_decref(op->keys);
         free(op);
 }
@@ -326,29 +327,31 @@ void idem_service_settle_step(struct daemon *d, const char *mandate_id, const ch
                 return;
         }
         op->to = to;
-        op->keys = c.keys;
+        op->keys = json_array();   /* the keys settled (one gone by its TTL meanwhile is not) */
         char why[1200];
         snprintf(why, sizeof why, "kairosctl resolve %s %s --%s: %s", mandate_id, step_id,
                  complete ? "done" : "retry", reason);
-        uint64_t lsn = 0, l;
+        uint64_t lsn = 0, l = 0;
         size_t i;
         json_t *k;
         json_array_foreach(c.keys, i, k) {
                 const char *key = json_string_value(k);
                 struct idem_view v;
-                int r = idem_get(svc->store, key, &v);
                 char *text = NULL;
+                int r = idem_get(svc->store, key, &v);
+                if (r == -ENOENT)
+                        continue;
+                bool write = r == 0 && strcmp(v.tool, WRITE_TOOL) == 0 && v.write.path;
                 if (r == 0 && complete)
-                        r = (text = idem_core_done_payload(strcmp(v.tool, WRITE_TOOL) == 0 && v.write.path
-                                                                ? &v.write
-                                                                : NULL,
-                                                        uid, reason))
+                        r = (text = idem_core_done_payload(write ? &v.write : NULL, uid, reason))
                                     ? idem_settle_complete(svc->store, key, text, strlen(text),
                                                            &l)
                                     : -ENOMEM;
                 else if (r == 0)
                         r = idem_forget(svc->store, key, (long long)uid, why, &l);
                 free(text);
+                if (r == 0 && op->keys && json_array_append(op->keys, k) < 0)
+                        r = -ENOMEM;
                 if (r < 0) {
                         log_error("cannot %s tool call %s of step %s of %s: %s",
                                   complete ? "complete" : "release", key, step_id, mandate_id,
@@ -362,6 +365,9 @@ void idem_service_settle_step(struct daemon *d, const char *mandate_id, const ch
                 if (l > lsn)
                         lsn = l;
         }
+        json_decref(c.keys);
+        if (!op->keys)
+                op_reply_error(&op->to, "internal", "out of memory");
         idem_core_kick(svc);
         idem_core_wait_durable(svc, &op->w, lsn, settle_durable);
 }
