@@ -1276,50 +1276,6 @@ int pgstore_idem_release(struct pgstore *s, const char *key, const char *mandate
                            PGRES_TUPLES_OK, NULL);
 }
 
-int pgstore_idem_settle_step(struct pgstore *s, const char *mandate_id, const char *step_id,
-                             const char *node, int64_t epoch, const char *result,
-                             size_t result_len, int64_t ttl_ms, char **ret_keys)
-{
-        if (!s || !s->conn || !mandate_id || !step_id || !node || !ret_keys ||
-            result_len > INT32_MAX || ttl_ms < 0)
-                return -EINVAL;
-        *ret_keys = NULL;
-        char ep[24], ttl[24];
-        snprintf(ep, sizeof ep, "%" PRId64, epoch);
-        snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
-        const char *vals[] = { mandate_id, step_id, node, ep, result ? result : "", ttl };
-        const int lens[] = { 0, 0, 0, 0, (int)result_len, 0 };
-        const int formats[] = { 0, 0, 0, 0, 1, 0 };
-        /* the mandate row locked and checked, then the calls changed: one
-         * statement, so all of them or none */
-        const char *sql =
-                result ? "WITH m AS (SELECT 1 FROM kairos_mandate WHERE mandate_id = $1 "
-                         "AND owner = $3 AND epoch = $4::bigint FOR UPDATE), "
-                         "c AS (UPDATE kairos_idem SET state = 'completed', result = $5::bytea, "
-                         "updated_at = now(), expires_at = now() + $6::bigint * "
-                         "interval '1 millisecond' WHERE mandate_id = $1 AND step_id = $2 "
-                         "AND state = 'interrupted' AND EXISTS (SELECT 1 FROM m) RETURNING key) "
-                         "SELECT (SELECT count(*) FROM m), "
-                         "coalesce((SELECT string_agg(key, E'\\n' ORDER BY key) FROM c), '')"
-                       : "WITH m AS (SELECT 1 FROM kairos_mandate WHERE mandate_id = $1 "
-                         "AND owner = $3 AND epoch = $4::bigint FOR UPDATE), "
-                         "c AS (DELETE FROM kairos_idem WHERE mandate_id = $1 AND step_id = $2 "
-                         "AND state = 'interrupted' AND EXISTS (SELECT 1 FROM m) "
-                         "AND $5::bytea IS NOT NULL AND $6::bigint >= 0 RETURNING key) "
-                         "SELECT (SELECT count(*) FROM m), "
-                         "coalesce((SELECT string_agg(key, E'\\n' ORDER BY key) FROM c), '')";
-        PGresult *res = PQexecParams(s->conn, sql, 6, NULL, vals, lens, formats, 0);
-        int r = check(s, res, PGRES_TUPLES_OK);
-        if (r < 0)
-                return r;
-        if (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 0), "1") != 0)
-                r = -ESTALE;
-        else if (!(*ret_keys = strdup(PQgetvalue(res, 0, 1))))
-                r = -ENOMEM;
-        PQclear(res);
-        return r;
-}
-
 /* ---- the leases of the mandates a node holds, renewed together ---- */
 
 /* A text[] or bigint[] literal: {"a","b"} (elements quoted and escaped). */
@@ -1475,6 +1431,50 @@ int pgstore_idem_of_mandate(struct pgstore *s, const char *mandate_id,
         *ret_rows = rows;
         *ret_n = n;
         return 0;
+}
+
+int pgstore_idem_settle_step(struct pgstore *s, const char *mandate_id, const char *step_id,
+                             const char *node, int64_t epoch, const char *result,
+                             size_t result_len, int64_t ttl_ms, char **ret_keys)
+{
+        if (!s || !s->conn || !mandate_id || !step_id || !node || !ret_keys ||
+            result_len > INT32_MAX || ttl_ms < 0)
+                return -EINVAL;
+        *ret_keys = NULL;
+        char ep[24], ttl[24];
+        snprintf(ep, sizeof ep, "%" PRId64, epoch);
+        snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
+        const char *vals[] = { mandate_id, step_id, node, ep, result ? result : "", ttl };
+        const int lens[] = { 0, 0, 0, 0, (int)result_len, 0 };
+        const int formats[] = { 0, 0, 0, 0, 1, 0 };
+        /* the mandate row locked and checked, then the calls changed: one
+         * statement, so all of them or none */
+        const char *sql =
+                result ? "WITH m AS (SELECT 1 FROM kairos_mandate WHERE mandate_id = $1 "
+                         "AND owner = $3 AND epoch = $4::bigint FOR UPDATE), "
+                         "c AS (UPDATE kairos_idem SET state = 'completed', result = $5::bytea, "
+                         "updated_at = now(), expires_at = now() + $6::bigint * "
+                         "interval '1 millisecond' WHERE mandate_id = $1 AND step_id = $2 "
+                         "AND state = 'interrupted' AND EXISTS (SELECT 1 FROM m) RETURNING key) "
+                         "SELECT (SELECT count(*) FROM m), "
+                         "coalesce((SELECT string_agg(key, E'\\n' ORDER BY key) FROM c), '')"
+                       : "WITH m AS (SELECT 1 FROM kairos_mandate WHERE mandate_id = $1 "
+                         "AND owner = $3 AND epoch = $4::bigint FOR UPDATE), "
+                         "c AS (DELETE FROM kairos_idem WHERE mandate_id = $1 AND step_id = $2 "
+                         "AND state = 'interrupted' AND EXISTS (SELECT 1 FROM m) "
+                         "AND $5::bytea IS NOT NULL AND $6::bigint >= 0 RETURNING key) "
+                         "SELECT (SELECT count(*) FROM m), "
+                         "coalesce((SELECT string_agg(key, E'\\n' ORDER BY key) FROM c), '')";
+        PGresult *res = PQexecParams(s->conn, sql, 6, NULL, vals, lens, formats, 0);
+        int r = check(s, res, PGRES_TUPLES_OK);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 0), "1") != 0)
+                r = -ESTALE;
+        else if (!(*ret_keys = strdup(PQgetvalue(res, 0, 1))))
+                r = -ENOMEM;
+        PQclear(res);
+        return r;
 }
 
 int pgstore_idem_evidence(const char *mandate_id, const struct pgstore_idem_row *rows, size_t n,
