@@ -113,5 +113,16 @@ size_t recovery_record_count(const struct recovery *r);
 const struct wal_record *recovery_record_at(const struct recovery *r, size_t i);
 
 const char *recovery_outcome_name(enum recovery_outcome o);
+
+/* The reason of the needs_review record kairosd writes for a step whose
+ * handler a graceful stop killed (GracefulTimeoutSec= ran out). */
+#define RECOVERY_KILLED_AT_SHUTDOWN "killed_at_shutdown"
+/* Was s's handler killed by a graceful stop, and nothing recorded since?
+ * Recovery decides such a step as one cut off by a crash (the same
+ * evidence, the same order); its records say "killed_at_shutdown":true, and
+ * when nothing beyond the WAL decides it the stop's record stands. */
+bool recovery_step_stopped(const struct fold_step *s);
+/* Was s cut off while its handler ran: executing, or stopped? */
+bool recovery_step_interrupted(const struct fold_step *s);
 /* What a decision does to its step, as the journal and kairosctl say it. */
 const char *recovery_action_text(const struct recovery_decision *dec);

@@ -20,6 +20,7 @@
 #include "kairos/canon.h"
 #include "kairos/idem.h"
 #include "kairos/kjson.h"
+#include "kairos/recovery.h"
 #include "kairos/strmap.h"
 #include "driver.h"
 #include "log.h"
@@ -645,8 +646,8 @@ static void run_finished(struct exec_run *run)
         char msg[CHILD_TAIL + 256];
         if (run->killed_for_shutdown) {
                 *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
-                                          .reason = "killed_at_shutdown",
-                                          .evidence_json = "{\"reason\":\"killed_at_shutdown\"}" };
+                                          .reason = RECOVERY_KILLED_AT_SHUTDOWN,
+                                          .evidence_json = "{\"reason\":\"" RECOVERY_KILLED_AT_SHUTDOWN "\"}" };
         } else if (run->spawn_failed) {
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "spawn_error",

@@ -17,6 +17,7 @@
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
 #include "kairos/probeout.h"
+#include "kairos/recovery.h"
 #include "kairos/stepdoc.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
@@ -447,7 +448,7 @@ static void prep_work(void *arg)
         const struct fold_step *s = fold_find_step(f, j->step_id);
         if (f->status == FOLD_CORRUPT) {
                 j->prep_error = -EBADMSG;
-        } else if (!s || s->state != STEP_EXECUTING || s->plan >= f->nplans) {
+        } else if (!recovery_step_interrupted(s) || s->plan >= f->nplans) {
                 j->prep_error = 1;
         } else {
                 const struct fold_plan *p = &f->plans[s->plan];

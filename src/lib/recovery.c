@@ -137,6 +137,29 @@ static int keep(struct recovery *r, const char *s, const char **out)
         return 0;
 }
 
+bool recovery_step_stopped(const struct fold_step *s)
+{
+        return s && s->state == STEP_NEEDS_REVIEW && s->reason &&
+               strcmp(s->reason, RECOVERY_KILLED_AT_SHUTDOWN) == 0;
+}
+
+bool recovery_step_interrupted(const struct fold_step *s)
+{
+        return s && (s->state == STEP_EXECUTING || recovery_step_stopped(s));
+}
+
+/* The evidence of a decision on a stopped step says so. */
+static int say_stopped(struct recovery *r, struct verdict *v)
+{
+        char *x = NULL;
+        if (asprintf(&x, "%s%s\"" RECOVERY_KILLED_AT_SHUTDOWN "\":true",
+                     v->extra_json ? v->extra_json : "", v->extra_json ? "," : "") < 0)
+                return -ENOMEM;
+        int ret = keep(r, x, &v->extra_json);
+        free(x);
+        return ret;
+}
+
 static int evidence_json(struct recovery *r, const struct verdict *v, const char **out)
 {
         struct kbuf b = KBUF_INIT;
@@ -195,9 +218,15 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                 .post_hash = s->post_hash,
                 .result_hash = s->result_hash,
         };
+        /* a step a graceful stop killed is decided as one a crash cut off */
+        bool stopped = recovery_step_stopped(s);
+        if (stopped)
+                vs.state = STEP_EXECUTING;
         d->step = idx;
         verdict_check(&vs, cur_pre, cur_post, &d->verdict);
         if ((ret = evidence_sources(r, s, evi, &d->verdict)) < 0)
+                return ret;
+        if (ret == 0 && stopped && (ret = say_stopped(r, &d->verdict)) < 0)
                 return ret;
         *stop = true;
         if (ret == 1) {
@@ -238,7 +267,7 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                 *stop = false;
                 return 0;
         case VERDICT_SAFE_TO_RETRY:
-                if (s->observed_pre_hash || s->state == STEP_EXECUTING) {
+                if (s->observed_pre_hash || s->state == STEP_EXECUTING || stopped) {
                         d->has_record = true;
                         d->record = (struct wal_record){ .op = WAL_OP_RESET, .step_id = s->step_id };
                         /* decided by evidence beyond the WAL: say which */
@@ -254,8 +283,10 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
         case VERDICT_MANUAL_REVIEW:
                 rp->outcome = RECOVERY_PAUSED_REVIEW;
                 rp->pause_step = s->step_id;
-                if (s->state == STEP_NEEDS_REVIEW) {
-                        /* already recorded: no second record */
+                if (s->state == STEP_NEEDS_REVIEW && (!stopped || d->verdict.row == 6)) {
+                        /* already recorded: no second record (a stopped
+                         * step only gets one when evidence beyond the WAL
+                         * has more to say, e.g. its interrupted call) */
                         rp->pause_reason = s->reason ? s->reason : d->verdict.reason;
                         return 0;
                 }

@@ -1063,8 +1063,11 @@ class TestStopAndCrash(ExecCase):
                         '[ "$KAIROS_ATTEMPT" = 1 ] && exec sleep 600\n'
                         'echo \'"second time"\'\n')
         runs = os.path.join(self.out, "runs")
+        # observe changes the world (Effects=) and nothing else tells whether
+        # it did: the step a stop killed waits for a human
         self.configure({"long": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
-                                 "Exec": {"Observe": "/bin/sh %s %s" % (h, runs)}}})
+                                 "Exec": {"Observe": "/bin/sh %s %s" % (h, runs),
+                                          "Effects": "observe"}}})
         self.start()
         m = self.fire("long")
         self.d.wait_log("%s observe_001: started" % m)

@@ -315,6 +315,76 @@ static void test_already_needs_review_no_duplicate(void **state)
         kbuf_free(&w.b);
 }
 
+/* A step a graceful stop killed is decided as one a crash cut off: the same
+ * evidence; the stop's record stands when nothing beyond the WAL decides. */
+static void test_stopped_step_decided_by_evidence(void **state)
+{
+        (void)state;
+        struct w w = { KBUF_INIT, 0 };
+        commit(&w, "plan_a", 1, STEPS3, 3);
+        run_ok(&w, "observe_001", "plan_a");
+        pending(&w, "act_001", "plan_a");
+        executing(&w, "act_001", "obs-a");
+        struct wal_record nr = { .op = WAL_OP_NEEDS_REVIEW, .step_id = "act_001",
+                                 .reason = RECOVERY_KILLED_AT_SHUTDOWN,
+                                 .evidence_json = "{\"reason\":\"killed_at_shutdown\"}" };
+        put(&w, &nr);
+
+        /* the WAL alone: paused as the stop left it, no second record */
+        struct fold *f;
+        struct recovery *r = plan_w(&w, &f);
+        assert_true(recovery_step_stopped(fold_find_step(f, "act_001")));
+        assert_true(recovery_step_interrupted(fold_find_step(f, "act_001")));
+        assert_false(recovery_step_stopped(fold_find_step(f, "observe_001")));
+        const struct recovery_plan *rp = &r->plans[0];
+        assert_int_equal(rp->outcome, RECOVERY_PAUSED_REVIEW);
+        assert_string_equal(rp->pause_reason, "killed_at_shutdown");
+        assert_int_equal(rp->decisions[0].verdict.row, 6);
+        assert_false(rp->decisions[0].has_record);
+        assert_string_equal(rp->decisions[0].verdict.extra_json, "\"killed_at_shutdown\":true");
+        recovery_free(r);
+
+        /* act is not in Effects=: run again, the reset says why and that a
+         * stop killed it */
+        struct recovery_evidence ev = { .effects = 1u << PHASE_OBSERVE };
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                ev.has_command[i] = true;
+        assert_int_equal(recovery_plan_fold_evidence(f, &ev, &r), 0);
+        rp = &r->plans[0];
+        assert_int_equal(rp->outcome, RECOVERY_RESUME);
+        assert_true(rp->decisions[0].has_record);
+        assert_int_equal(rp->decisions[0].record.op, WAL_OP_RESET);
+        assert_string_equal(rp->decisions[0].record.evidence_json,
+                            "{\"reason\":\"declared_rerunnable\",\"status\":\"needs_review\","
+                            "\"phase\":\"act\",\"killed_at_shutdown\":true}");
+        apply(&w, r);
+        recovery_free(r);
+        fold_free(f);
+        f = fold_w(&w);
+        assert_int_equal(fold_find_step(f, "act_001")->state, STEP_PENDING);
+        assert_false(recovery_step_interrupted(fold_find_step(f, "act_001")));
+        fold_free(f);
+
+        /* a review recorded for another reason is a human's, as before */
+        kbuf_free(&w.b);
+        w.ts = 0;
+        commit(&w, "plan_a", 1, STEPS3, 3);
+        pending(&w, "observe_001", "plan_a");
+        executing(&w, "observe_001", "obs-o");
+        nr.step_id = "observe_001";
+        nr.reason = "interrupted_during_execution";
+        put(&w, &nr);
+        f = fold_w(&w);
+        assert_false(recovery_step_stopped(fold_find_step(f, "observe_001")));
+        assert_int_equal(recovery_plan_fold_evidence(f, &ev, &r), 0);
+        assert_int_equal(r->plans[0].outcome, RECOVERY_PAUSED_REVIEW);
+        assert_int_equal(r->plans[0].decisions[0].verdict.row, 3);
+        assert_int_equal(recovery_record_count(r), 0);
+        recovery_free(r);
+        fold_free(f);
+        kbuf_free(&w.b);
+}
+
 static void test_failed_step_finalizes_failed(void **state)
 {
         (void)state;
@@ -678,6 +748,7 @@ int main(void)
                 cmocka_unit_test(test_plan_without_appends_resumes_at_first_step),
                 cmocka_unit_test(test_interrupted_pauses),
                 cmocka_unit_test(test_already_needs_review_no_duplicate),
+                cmocka_unit_test(test_stopped_step_decided_by_evidence),
                 cmocka_unit_test(test_failed_step_finalizes_failed),
                 cmocka_unit_test(test_all_completed_finalizes_succeeded),
                 cmocka_unit_test(test_probe_current_pre_resets),
