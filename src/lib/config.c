@@ -1449,6 +1449,155 @@ static void check_late_vars(struct parser *p, char *const *environment)
         }
 }
 
+/* What a `kairosctl tool run` in an effects phase's command line must not
+ * pass: a value that changes from one attempt of the step to the next.
+ * After a crash the step runs again and makes the same call with the same
+ * key, which then carries other arguments: refused (exit 65, mismatch);
+ * without --key the content key differs and the effect runs twice.  The
+ * names kairosd sets per attempt (KAIROS_ATTEMPT; KAIROS_EPOCH and
+ * KAIROS_NODE change when another node takes a mandate over) and what a
+ * shell makes new each time. */
+static const char *const attempt_vars[] = {
+        "KAIROS_ATTEMPT", "KAIROS_EPOCH", "KAIROS_NODE", "RANDOM", "SRANDOM",
+        "EPOCHSECONDS", "EPOCHREALTIME", "BASHPID", NULL,
+};
+static const char *const attempt_subst[] = { "$(date", "`date", NULL };
+
+static bool is_name_char(char c)
+{
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+               c == '_';
+}
+
+/* The first per-attempt value in w[0, n) ("$KAIROS_ATTEMPT", "$(date"), or NULL. */
+static const char *attempt_value(const char *w, size_t n, char *buf, size_t len)
+{
+        for (size_t i = 0; i < n; i++) {
+                if (w[i] != '$' && w[i] != '`')
+                        continue;
+                for (size_t k = 0; attempt_subst[k]; k++) {
+                        size_t m = strlen(attempt_subst[k]);
+                        if (m <= n - i && memcmp(w + i, attempt_subst[k], m) == 0 &&
+                            (m == n - i || !is_name_char(w[i + m])))
+                                return attempt_subst[k];
+                }
+                if (w[i] != '$')
+                        continue;
+                size_t j = i + 1 + (i + 1 < n && w[i + 1] == '{');
+                for (size_t k = 0; attempt_vars[k]; k++) {
+                        size_t m = strlen(attempt_vars[k]);
+                        if (m <= n - j && memcmp(w + j, attempt_vars[k], m) == 0 &&
+                            (j + m == n || !is_name_char(w[j + m]))) {
+                                snprintf(buf, len, "$%s", attempt_vars[k]);
+                                return buf;
+                        }
+                }
+        }
+        return NULL;
+}
+
+/* Is the word w[0, n) kairosctl: a path ending in it, or $KAIROSCTL? */
+static bool is_kairosctl(const char *w, size_t n)
+{
+        while (n && (*w == '"' || *w == '\'')) /* (inside a shell script) */
+                w++, n--;
+        while (n && (w[n - 1] == '"' || w[n - 1] == '\''))
+                n--;
+        if ((n == 10 && memcmp(w, "$KAIROSCTL", 10) == 0) ||
+            (n == 12 && memcmp(w, "${KAIROSCTL}", 12) == 0))
+                return true;
+        return n >= 9 && memcmp(w + n - 9, "kairosctl", 9) == 0 &&
+               (n == 9 || w[n - 10] == '/');
+}
+
+/* The next word of t from *pos (blank-separated; a shell separator - a
+ * newline, ; & | - is a word of its own): its start and length, 0 at the end. */
+static size_t next_word(const char *t, size_t *pos, const char **w)
+{
+        size_t i = *pos;
+        while (t[i] == ' ' || t[i] == '\t')
+                i++;
+        *w = t + i;
+        size_t n = 0;
+        if (strchr("\n;&|", t[i]) && t[i])
+                n = 1;
+        else
+                while (t[i + n] && !strchr(" \t\n;&|", t[i + n]))
+                        n++;
+        *pos = i + n;
+        return n;
+}
+
+/* An effects phase's command line (a whole line, or a shell script in one
+ * of its arguments) that calls `kairosctl tool run` with a per-attempt
+ * value among its arguments: warned, with the value. */
+static void warn_attempt_args(struct parser *p, unsigned line, const char *key,
+                              const char *cmdline)
+{
+        char **argv;
+        size_t argc;
+        const char *why;
+        struct kbuf t = KBUF_INIT;
+        if (split_command(cmdline, &argv, &argc, &why) < 0)
+                return;
+        /* the words joined, each $$ one $ (as when the command starts) */
+        for (size_t i = 0; i < argc; i++) {
+                if (i && kbuf_putc(&t, ' ') < 0)
+                        goto out;
+                for (const char *c = argv[i]; *c; c++) {
+                        if (c[0] == '$' && c[1] == '$')
+                                c++;
+                        if (kbuf_putc(&t, *c) < 0)
+                                goto out;
+                }
+        }
+        size_t pos = 0, n;
+        const char *w;
+        while (t.data && (n = next_word(t.data, &pos, &w)) > 0) {
+                if (!is_kairosctl(w, n))
+                        continue;
+                /* global options, then "tool run" */
+                size_t at = pos;
+                while ((n = next_word(t.data, &at, &w)) > 0 && w[0] == '-')
+                        if (n == 8 && memcmp(w, "--socket", 8) == 0)
+                                next_word(t.data, &at, &w);
+                if (n != 4 || memcmp(w, "tool", 4) != 0 || next_word(t.data, &at, &w) != 3 ||
+                    memcmp(w, "run", 3) != 0)
+                        continue;
+                char buf[32];
+                while ((n = next_word(t.data, &at, &w)) > 0 && !strchr("\n;&|", w[0])) {
+                        const char *v = attempt_value(w, n, buf, sizeof buf);
+                        if (!v)
+                                continue;
+                        pwarn(p, line, key,
+                              "'kairosctl tool run' gets %s, which changes from one attempt "
+                              "of the step to the next: the run after a crash makes the same "
+                              "call with other arguments, refused as a mismatch (exit 65), or "
+                              "without --key runs the effect again; pass only what every "
+                              "attempt passes alike (e.g. $KAIROS_IDEM_KEY)", v);
+                        goto out;
+                }
+                pos = at;
+        }
+out:
+        kbuf_free(&t);
+        config_strv_free(argv);
+}
+
+/* The Effects= phases' commands, once Effects= is known. */
+static void warn_effect_commands(struct parser *p, const struct config_schedule *sc)
+{
+        for (size_t i = 0; i < p->nlate; i++) {
+                const struct key_def *k = p->late[i].k;
+                for (int ph = 0; ph < CONFIG_PHASES; ph++) {
+                        if (k->offset != offsetof(struct config_schedule, exec[ph]) ||
+                            !(sc->effects & (1u << ph)) || !sc->exec[ph] || !*sc->exec[ph])
+                                continue;
+                        warn_attempt_args(p, p->late[i].line, k->name, sc->exec[ph]);
+                }
+        }
+}
+
 static void rtrim(char *s)
 {
         size_t n = strlen(s);
@@ -1859,8 +2008,10 @@ static int parse_schedule(const char *name, const char *path, const char *text, 
                 .section = -1,
         };
         parse_text(&p, text, len);
-        if (!ec->oom)
+        if (!ec->oom) {
                 check_late_vars(&p, out->environment);
+                warn_effect_commands(&p, out);
+        }
         if (wc.oom)
                 ec->oom = true;
         if (ec->oom) {

@@ -409,6 +409,30 @@ class TestLifecycle(DaemonCase):
             self.assertIn("cluster: postgres, node n1, lease 10 s\n", out.stdout)
         self.assertNotIn(secret, out.stdout + out.stderr)
 
+    def test_check_config_warns_per_attempt_tool_run_args(self):
+        """--check-config warns, with file:line, when an Effects= phase calls
+        kairosctl tool run with a per-attempt value; a clean one gets none."""
+        good = self.write_config()
+        sdir = os.path.join(self.dir, "schedules.d")
+        os.makedirs(sdir, exist_ok=True)
+        with open(os.path.join(sdir, "send.conf"), "w") as f:
+            f.write("[Schedule]\nCron=@daily\n[Exec]\nAct=kairosctl tool run --key "
+                    "$KAIROS_IDEM_KEY -- /usr/bin/send $KAIROS_ATTEMPT\n")
+        with open(os.path.join(sdir, "clean.conf"), "w") as f:
+            f.write("[Schedule]\nCron=@daily\n[Exec]\nAct=kairosctl tool run --key "
+                    "$KAIROS_IDEM_KEY -- /usr/bin/send $KAIROS_STEP_ID\n"
+                    "Observe=/bin/echo $KAIROS_ATTEMPT\n")
+        kd = os.environ["KAIROSD"]
+        out = subprocess.run([kd, "-c", good, "--check-config"], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)  # a warning does not fail
+        warnings = [x for x in out.stderr.splitlines() if x.startswith("warning: ")]
+        self.assertEqual(len(warnings), 1, out.stderr)
+        self.assertTrue(warnings[0].startswith(
+            "warning: %s/send.conf:4: Act=: 'kairosctl tool run' gets $KAIROS_ATTEMPT, which "
+            "changes from one attempt of the step to the next" % sdir), warnings)
+        self.assertIn("(exit 65)", warnings[0])
+
     def test_check_config_schedules_warnings_and_main_only(self):
         good = self.write_config()
         sdir = os.path.join(self.dir, "schedules.d")

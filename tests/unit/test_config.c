@@ -1081,6 +1081,74 @@ static void test_warn_eaten_json_quotes(void **state)
         assert_int_equal(s.warnings.n, 0);
 }
 
+/* An Effects= phase whose `kairosctl tool run` gets a per-attempt value: a
+ * warning with file:line and the value; the schedule is valid all the same. */
+static void test_warn_tool_run_attempt_args(void **state)
+{
+        (void)state;
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        const char *text =
+                "[Schedule]\nCron=@daily\n[Exec]\n"
+                /* 4: not an effects phase: no warning */
+                "Observe=kairosctl tool run --key $KAIROS_IDEM_KEY -- /bin/echo $KAIROS_ATTEMPT\n"
+                /* 5: a word of the line */
+                "Act=/usr/bin/kairosctl --socket /run/k.sock --json tool run --key "
+                "$KAIROS_IDEM_KEY -- /usr/bin/send n=${KAIROS_ATTEMPT}\n"
+                /* 6: in a shell script, after a clean call */
+                "Reflect=/bin/sh -c 'echo $$KAIROS_ATTEMPT; \"$$KAIROSCTL\" tool run --key k -- "
+                "true; $$KAIROSCTL tool run --key k2 -- curl -d \"$$(date +%s)\" x'\n"
+                /* 7: only values every attempt shares */
+                "Decide=kairosctl tool run --key $KAIROS_IDEM_KEY -- /bin/echo $KAIROS_STEP_ID\n"
+                "Effects=act reflect decide\n";
+        assert_int_equal(config_parse_schedule("x", "/s/x.conf", text, strlen(text), &s, &errs),
+                         0);
+        assert_int_equal(errs.n, 0);
+        assert_int_equal(s.warnings.n, 2);
+        const char *tail = ", which changes from one attempt of the step to the next: the run "
+                           "after a crash makes the same call with other arguments, refused as "
+                           "a mismatch (exit 65), or without --key runs the effect again; pass "
+                           "only what every attempt passes alike (e.g. $KAIROS_IDEM_KEY)";
+        char want[1024];
+        snprintf(want, sizeof want, "/s/x.conf:5: Act=: 'kairosctl tool run' gets "
+                 "$KAIROS_ATTEMPT%s", tail);
+        assert_string_equal(s.warnings.msgs[0], want);
+        snprintf(want, sizeof want, "/s/x.conf:6: Reflect=: 'kairosctl tool run' gets "
+                 "$(date%s", tail);
+        assert_string_equal(s.warnings.msgs[1], want);
+        config_schedule_clear(&s);
+
+        /* a clean schedule: none; a per-attempt value outside the call: none */
+        text = "[Schedule]\nCron=@daily\n[Exec]\n"
+               "Act=/bin/sh -c 'kairosctl tool run --key \"$$KAIROS_IDEM_KEY\" -- send; "
+               "echo $$KAIROS_ATTEMPT $$RANDOM'\n"
+               "EffectsVia=kairosctl\n";
+        assert_int_equal(config_parse_schedule("x", "/s/x.conf", text, strlen(text), &s, &errs),
+                         0);
+        assert_int_equal(errs.n, 0);
+        assert_int_equal(s.warnings.n, 0);
+        config_schedule_clear(&s);
+
+        /* every name of the list, the shell's too */
+        static const char *const bad[] = { "$KAIROS_EPOCH", "${KAIROS_NODE}", "$RANDOM",
+                                           "$SRANDOM", "$EPOCHSECONDS", "$EPOCHREALTIME",
+                                           "$BASHPID", "`date`" };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                char t[512];
+                snprintf(t, sizeof t, "[Schedule]\nCron=@daily\n[Exec]\nAct=/bin/sh -c "
+                         "'kairosctl tool run -- send x%s'\n", bad[i]);
+                for (char *c = strchr(t, '$'); c; c = strchr(c + 2, '$')) {
+                        memmove(c + 1, c, strlen(c) + 1); /* $$: a literal $ for the shell */
+                }
+                assert_int_equal(config_parse_schedule("x", "/s/x.conf", t, strlen(t), &s, &errs),
+                                 0);
+                assert_int_equal(errs.n, 0);
+                assert_int_equal(s.warnings.n, 1);
+                assert_non_null(strstr(s.warnings.msgs[0], "/s/x.conf:4: Act=: "));
+                config_schedule_clear(&s);
+        }
+}
+
 /* ---- durations ---------------------------------------------------------- */
 
 static void test_durations(void **state)
@@ -1990,6 +2058,7 @@ int main(void)
                                                 teardown_root),
                 cmocka_unit_test_setup_teardown(test_retain_broken, setup_root, teardown_root),
                 cmocka_unit_test(test_warn_eaten_json_quotes),
+                cmocka_unit_test(test_warn_tool_run_attempt_args),
                 T(test_effects_keys),
                 T(test_err_effects_keys),
                 T(test_cluster_defaults),
