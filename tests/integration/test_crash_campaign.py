@@ -30,6 +30,17 @@ Schedule "jwrite" (EffectsVia=kairosctl) makes act's side effect only through
 a write cut off by a kill is settled from its file at the next start, so its
 steps are never interrupted_during_execution; a file, once seen after a kill,
 never changes (written at most once).
+Schedules "tcheck" and "tprobe" (EffectsVia=kairosctl) make act's effect
+slow inside the call: `kairosctl tool run` of a command that sleeps, then
+writes the outbox line; a kill lands inside the call.  "tcheck" gives the
+call its own `--check` (it asks the outbox; only when this kairosctl has
+`tool run --check`, else the workload is left out and the report says so),
+"tprobe" has only the schedule's Probe= (the same question).  Schedule
+"rerun" has only phases outside Effects= (no act command): every step of it
+cut off must be decided without a human, a graceful stop's too.  The report
+gives, per workload: interrupted steps, decided alone (%), paused,
+duplicates (outbox lines or files made twice, counted outside kairos) and
+acknowledged fires lost.
 Besides: every handler start follows a durable `executing` record (the
 barrier of docs/design.md §6); no handler outlives a killed daemon (docs/design.md §10: once
 the killed daemon is reaped the harness appends a marker "K RUN" to the side
@@ -39,6 +50,8 @@ mandate is quarantined or fails its WAL I/O.
 Run it longer by hand:
   KAIROS_CRASH_KILLS=2000 KAIROS_CRASH_SEED=42 KAIROSD=... KAIROSCTL=... \\
       python3 tests/integration/test_crash_campaign.py
+(the issue's proof: KAIROS_CRASH_KILLS=300 or more; its figures are the
+report's "workloads with evidence" line and the per-workload table)
 KAIROS_CRASH_BUDGET=SECONDS bounds the kill loop (default: 170 s, 420 s under
 sanitizers; unbounded when KAIROS_CRASH_KILLS is given).  KAIROS_CRASH_KEEP=1
 keeps the temporary directory (it is always kept on a failure).
@@ -75,7 +88,8 @@ RECOVERY_RE = re.compile(r"recovery: (\S+) (\S+): (already_done|safe_to_retry|ma
 # reasons of steps that were executing when the daemon died, and those among
 # them that recovery decides without a human
 INTERRUPTED = ("declared_rerunnable", "no_command", "effects_journaled",
-               "tool_call_interrupted", "interrupted_during_execution",
+               "tool_call_interrupted", "tool_check_inconclusive",
+               "interrupted_during_execution",
                "current_state_matches_expected_post", "current_pre_matches_expected",
                "probe_inconclusive")
 BY_ITSELF = ("declared_rerunnable", "no_command", "effects_journaled",
@@ -112,6 +126,22 @@ if [ "$1" = act ] && [ "${CRASH_JOURNAL:-0}" = 1 ] && [ "$rc" = 0 ]; then
                 sh -c 'printf "%s\n" "$0" >>"$1"' "$KAIROS_IDEM_KEY" "$CRASH_OUTBOX" \
                 >/dev/null || rc=1
 fi
+# schedules "tcheck" and "tprobe" (EffectsVia=kairosctl): act's side effect,
+# the outbox line, is slow inside the call (a kill lands in it); "tcheck"
+# gives the call its own check, "tprobe" leaves it to the schedule's Probe=
+if [ "$1" = act ] && [ -n "${CRASH_INCALL:-}" ] && [ "$rc" = 0 ]; then
+        ims=$(( (h / 13) % (CRASH_INCALL_MAXMS + 1) ))
+        secs="$((ims / 1000)).$(printf %03d $((ims % 1000)))"
+        if [ "$CRASH_INCALL" = check ]; then
+                "$KAIROSCTL" tool run --key "fx-$KAIROS_IDEM_KEY" --check "sh $CRASH_CHECK" -- \
+                        sh -c 'sleep "$2"; printf "%s\n" "$0" >>"$1"' "$KAIROS_IDEM_KEY" \
+                        "$CRASH_OUTBOX" "$secs" >/dev/null || rc=1
+        else
+                "$KAIROSCTL" tool run --key "fx-$KAIROS_IDEM_KEY" -- \
+                        sh -c 'sleep "$2"; printf "%s\n" "$0" >>"$1"' "$KAIROS_IDEM_KEY" \
+                        "$CRASH_OUTBOX" "$secs" >/dev/null || rc=1
+        fi
+fi
 # schedule "jwrite" (EffectsVia=kairosctl): act's side effect, a file per step,
 # only through kairosctl tool write
 if [ "$1" = act ] && [ "${CRASH_JWRITE:-0}" = 1 ] && [ "$rc" = 0 ]; then
@@ -139,6 +169,45 @@ case $line in
 *) printf 'the handler failed: %s\n' "$line" ;;
 esac
 """
+# The check of "tcheck"'s call (tool run --check) and the Probe= of "tprobe":
+# the effect is the step's line in the outbox (the command that writes it is
+# dead when this runs).
+CHECK = r"""#!/bin/sh
+cat >/dev/null
+if [ -e "$CRASH_OUTBOX" ] && grep -qxF "$KAIROS_IDEM_KEY" "$CRASH_OUTBOX"; then
+        printf '{"state":"done","result":"in the outbox"}\n'
+else
+        printf '{"state":"not_started"}\n'
+fi
+"""
+
+
+def ctl_has_check():
+    """Has this kairosctl `tool run --check`?  (Its usage, or the error a bad
+    --check gets: a kairosctl without it calls the option unknown.)"""
+    try:
+        h = subprocess.run([KAIROSCTL, "tool", "run", "--help"], capture_output=True,
+                           text=True, timeout=30)
+        if "--check" in h.stdout + h.stderr:
+            return True
+        p = subprocess.run([KAIROSCTL, "--socket", "/nonexistent", "tool", "run", "--key", "k",
+                            "--check", "", "--", "true"], capture_output=True, text=True,
+                           timeout=30)
+        return "--check: " in p.stderr
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+# The workloads of the report: schedule -> what it is.
+WORKLOADS = (
+    ("journal", "tool run, the call after the slow part"),
+    ("tcheck", "tool run --check, killed inside the call"),
+    ("tprobe", "tool run + Probe=, killed inside the call"),
+    ("jwrite", "tool write"),
+    ("probed", "plain act + Probe="),
+    ("rerun", "phases outside Effects= only"),
+    ("other", "alpha beta gamma gate queued: default Effects=act, no evidence"),
+)
 # safe_to_retry from evidence beyond the WAL: the reset record carries it
 SAFE_REASONS = ("declared_rerunnable", "no_command", "effects_journaled",
                 "current_pre_matches_expected")
@@ -198,6 +267,11 @@ class Campaign:
         with open(self.probe, "w") as f:
             f.write(PROBE)
         os.chmod(self.probe, 0o755)
+        self.check = os.path.join(self.dir, "check.sh")
+        with open(self.check, "w") as f:
+            f.write(CHECK)
+        os.chmod(self.check, 0o755)
+        self.has_check = ctl_has_check()
         open(self.side_log, "w").close()
         # Created by run() only: a closed NotifySocket's reader thread can
         # end up in recv() on a later socket that reuses its fd number and
@@ -215,8 +289,9 @@ class Campaign:
         self.verdicts = {v: 0 for v in VERDICTS}
         self.probe_verdicts = {r: 0 for r in PROBE_REASONS}  # decided by a probe
         self.reasons = {}           # reason -> count, every recovery decision
-        self.journal_reasons = {}   # ... of the "journal" schedule's mandates
-        self.jwrite_reasons = {}    # ... of the "jwrite" schedule's mandates
+        self.sched_reasons = {}     # workload -> reason -> count
+        self.sched_paused = {}      # workload -> interrupted steps left to a human
+        self.stop_decided = [0, 0]  # steps a graceful stop killed: decided, alone
         self.wroot = os.path.join(self.dir, "wroot")  # WriteRoots= of "jwrite"
         os.makedirs(self.wroot)
         self.wseen = {}             # jwrite file -> its content when first seen
@@ -270,10 +345,10 @@ class Campaign:
     def schedules(self):
         def sched(max_cycles, maxms, act_maxms, fail, done, gate=0, concurrency="allow",
                   phases=("Observe", "Orient", "Decide", "Act", "Reflect"), journal=False,
-                  jwrite=False, probe=False):
+                  jwrite=False, probe=False, incall=None):
             ex = {p: "%s %s" % (self.handler, p.lower()) for p in phases}
             if probe:
-                ex["Probe"] = self.probe
+                ex["Probe"] = self.check if incall else self.probe
                 ex["ProbeTimeoutSec"] = "30"
             ex["TimeoutSec"] = "60"
             ex["Environment"] = ["CRASH_LOG=%s" % self.side_log, "CRASH_SEED=%d" % self.seed,
@@ -288,9 +363,15 @@ class Campaign:
                 ex["Environment"] += ["CRASH_JWRITE=1", "CRASH_WROOT=%s" % self.wroot,
                                       "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)]
                 ex["EffectsVia"] = "kairosctl"
+            if incall:
+                ex["Environment"] += ["CRASH_INCALL=%s" % incall, "CRASH_INCALL_MAXMS=400",
+                                      "CRASH_OUTBOX=%s" % self.outbox,
+                                      "CRASH_CHECK=%s" % self.check,
+                                      "KAIROSCTL=%s" % os.path.abspath(KAIROSCTL)]
+                ex["EffectsVia"] = "kairosctl"
             return {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": concurrency},
                     "Mandate": {"MaxCycles": str(max_cycles)}, "Exec": ex}
-        return {
+        out = {
             "alpha": sched(3, 50, 250, 0, 0),
             "beta": sched(2, 50, 400, 0, 200),
             "gamma": sched(3, 30, 100, 60, 0, phases=("Observe", "Decide", "Act", "Reflect")),
@@ -299,7 +380,16 @@ class Campaign:
             "probed": sched(2, 40, 300, 40, 0, probe=True),
             "journal": sched(2, 40, 250, 0, 0, journal=True),
             "jwrite": sched(2, 40, 250, 0, 0, jwrite=True),
+            "tprobe": sched(2, 30, 30, 0, 0, probe=True, incall="probe"),
+            "rerun": sched(2, 300, 0, 0, 0, phases=("Observe", "Orient", "Decide", "Reflect")),
         }
+        if self.has_check:
+            out["tcheck"] = sched(2, 30, 30, 0, 0, incall="check")
+        return out
+
+    def workload(self, mid):
+        sched = self.acked.get(mid, (None,))[0]
+        return sched if sched in dict(WORKLOADS) else "other"
 
     def write_config(self, max_concurrent, graceful):
         return write_config(self.dir, self.state, self.schedules(),
@@ -343,17 +433,23 @@ class Campaign:
                 self.reasons[reason] = self.reasons.get(reason, 0) + 1
                 if reason in PROBE_REASONS:
                     self.probe_verdicts[reason] += 1
-                if self.acked.get(m.group(1), (None,))[0] == "journal":
-                    self.journal_reasons[reason] = self.journal_reasons.get(reason, 0) + 1
-                    if reason == "interrupted_during_execution":
-                        self.fail("%s %s (schedule journal, EffectsVia=kairosctl) decided "
-                                  "interrupted_during_execution: the store should have decided"
-                                  % (m.group(1), m.group(2)))
-                if self.acked.get(m.group(1), (None,))[0] == "jwrite":
-                    self.jwrite_reasons[reason] = self.jwrite_reasons.get(reason, 0) + 1
-                    if reason == "interrupted_during_execution":
-                        self.fail("%s %s (schedule jwrite, EffectsVia=kairosctl) decided "
-                                  "interrupted_during_execution" % (m.group(1), m.group(2)))
+                w = self.workload(m.group(1))
+                rs = self.sched_reasons.setdefault(w, {})
+                rs[reason] = rs.get(reason, 0) + 1
+                if reason in INTERRUPTED and reason not in BY_ITSELF:
+                    self.sched_paused[w] = self.sched_paused.get(w, 0) + 1
+                if w in ("journal", "jwrite", "tcheck", "tprobe") and \
+                        reason == "interrupted_during_execution":
+                    self.fail("%s %s (schedule %s, EffectsVia=kairosctl) decided "
+                              "interrupted_during_execution: the store should have decided"
+                              % (m.group(1), m.group(2), w))
+                if w == "rerun" and m.group(3) == "manual_review":
+                    # (a graceful stop's kill too: decided as a crash's)
+                    self.fail("%s %s (schedule rerun: no phase in Effects=) left to a human "
+                              "(%s)" % (m.group(1), m.group(2), reason))
+                if '"killed_at_shutdown":true' in line:
+                    self.stop_decided[0] += 1
+                    self.stop_decided[1] += reason in BY_ITSELF
                 if m.group(3) == "manual_review" and m.group(5).startswith("marked"):
                     self.new_reviews += 1
                 if m.group(3) == "safe_to_retry" and m.group(5).startswith("reset"):
@@ -685,7 +781,8 @@ class Campaign:
         while live + len(todo) < target_live:
             sched = self.rng.choice(["alpha", "alpha", "beta", "gamma", "gate", "queued",
                                      "journal", "journal", "jwrite", "jwrite", "probed",
-                                     "probed"])
+                                     "probed", "tprobe", "tprobe", "rerun", "rerun"]
+                                    + (["tcheck", "tcheck"] if self.has_check else []))
             todo.append((sched, fired_at(self.next_fire)))
             self.next_fire += 1
         for i, (sched, at) in enumerate(todo):
@@ -864,6 +961,15 @@ class Campaign:
                 for key in f.read().splitlines():
                     lines[key] = lines.get(key, 0) + 1
         twice = {k: n for k, n in lines.items() if n > 1}
+        self.duplicates = {}
+        for k, n in twice.items():
+            w = self.workload(k.split("/")[0])
+            self.duplicates[w] = self.duplicates.get(w, 0) + n - 1
+        self.lost = {}
+        for mid in self.acked:
+            if mid not in snap:
+                w = self.workload(mid)
+                self.lost[w] = self.lost.get(w, 0) + 1
         if twice:
             self.fail("side effects made twice (outbox lines per key): %s" % twice)
         self.outbox_keys = len(lines)
@@ -921,15 +1027,35 @@ class Campaign:
         print("  torn tails:           %d seen after a kill, %d repaired at startup"
               % (self.torn_seen, self.torn_repaired))
         print("  recovery reasons:     " + json.dumps(self.reasons, sort_keys=True))
-        for what, rs in (("all schedules", self.reasons),
-                         ("schedule journal (EffectsVia=kairosctl, tool run)",
-                          self.journal_reasons),
-                         ("schedule jwrite (EffectsVia=kairosctl, tool write)",
-                          self.jwrite_reasons)):
+        n = sum(self.reasons.get(r, 0) for r in INTERRUPTED)
+        k = sum(self.reasons.get(r, 0) for r in BY_ITSELF)
+        print("  interrupted steps, all schedules: %d decided, %d without a human (%s)"
+              % (n, k, "%.1f %%" % (100.0 * k / n) if n else "-"))
+        proof = [w for w, _ in WORKLOADS if w != "other"]
+        n = sum(self.sched_reasons.get(w, {}).get(r, 0) for w in proof for r in INTERRUPTED)
+        k = sum(self.sched_reasons.get(w, {}).get(r, 0) for w in proof for r in BY_ITSELF)
+        print("  interrupted steps, workloads with evidence (%s): %d decided, %d without a "
+              "human (%s)" % (" ".join(proof), n, k, "%.1f %%" % (100.0 * k / n) if n else "-"))
+        print("  steps a graceful stop killed: %d decided at the next start, %d without a "
+              "human" % tuple(self.stop_decided))
+        print("  per workload (interrupted steps: decided alone, paused; duplicates counted "
+              "outside kairos; acknowledged fires lost):")
+        fired = {}
+        for mid in self.acked:
+            fired[self.workload(mid)] = fired.get(self.workload(mid), 0) + 1
+        for w, what in WORKLOADS:
+            if w == "tcheck" and not self.has_check:
+                print("    %-8s %s: not run (this kairosctl has no tool run --check)"
+                      % (w, what))
+                continue
+            rs = self.sched_reasons.get(w, {})
             n = sum(rs.get(r, 0) for r in INTERRUPTED)
             k = sum(rs.get(r, 0) for r in BY_ITSELF)
-            print("  interrupted steps, %s: %d decided, %d without a human (%s)"
-                  % (what, n, k, "%.1f %%" % (100.0 * k / n) if n else "-"))
+            print("    %-8s %d interrupted, %d alone (%s), %d paused, %d duplicates, "
+                  "%d of %d fires lost  [%s]"
+                  % (w, n, k, "%.1f %%" % (100.0 * k / n) if n else "-",
+                     self.sched_paused.get(w, 0), getattr(self, "duplicates", {}).get(w, 0),
+                     getattr(self, "lost", {}).get(w, 0), fired.get(w, 0), what))
         print("  journal side effects: %d keys in the outbox, none twice"
               % getattr(self, "outbox_keys", 0))
         print("  jwrite side effects:  %d files, none written twice" % len(self.wseen))
