@@ -46,7 +46,7 @@ if [ "$1" = "$BLOCK" ]; then
                         "$ROOT/report" >/dev/null
                 ;;
         incall)
-                exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh -c \
+                exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" ${CHECK:+--check "$CHECK"} -- sh -c \
                         'if [ "$2" = 1 ]; then touch "$1/started"; exec sleep 600; fi; echo "$0" >> "$1/outbox"' \
                         "$KAIROS_IDEM_KEY" "$OUT" "$KAIROS_ATTEMPT" >/dev/null
                 ;;
@@ -61,6 +61,14 @@ echo '{"ok":true}'
 
 PHASES = ("observe", "orient", "decide", "act", "reflect")
 WAIT = 60.0
+
+
+def ctl_has_check():
+    """Has this kairosctl `tool run --check` (and kairosd the decision of a
+    cut-off call by its check, else by Probe=, that comes with it)?"""
+    p = subprocess.run([KAIROSCTL, "--socket", "/nonexistent", "tool", "run", "--key", "k",
+                        "--check", "", "--", "true"], capture_output=True, text=True, timeout=30)
+    return "--check: " in p.stderr
 
 
 def wait_file(path, daemon, timeout=WAIT):
@@ -257,6 +265,42 @@ class StopEvidence(unittest.TestCase):
         self.assertEqual((s["status"], s["evidence"]["reason"]),
                          ("needs_review", "tool_call_interrupted"), s)
         self.assertFalse(os.path.exists(os.path.join(self.out, "outbox")))
+
+    def outbox_check(self):
+        """A check (and probe) that asks the outbox."""
+        path = os.path.join(self.out, "check.sh")
+        with open(path, "w") as f:
+            f.write('cat >/dev/null\n'
+                    'if grep -qxF "$KAIROS_IDEM_KEY" "$OUT/outbox" 2>/dev/null; then\n'
+                    '  echo \'{"state":"done","result":"sent"}\'\n'
+                    'else echo \'{"state":"not_started"}\'; fi\n')
+        return "/bin/sh " + path
+
+    @unittest.skipUnless(ctl_has_check(), "kairosctl without tool run --check")
+    def test_interrupted_call_decided_by_its_check(self):
+        self.configure(["BLOCK=act", "MODE=incall", "\"CHECK=%s\"" % self.outbox_check()],
+                       EffectsVia="kairosctl")
+        self.stop_during("act_001")
+        self.start()
+        key = "cmd:out-%s/act_001" % self.mid
+        self.daemon.wait_log("tool call %s released by its check" % key)
+        self.assert_done()
+        with open(os.path.join(self.out, "outbox")) as f:
+            self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])  # once
+        self.assertIn('"killed_at_shutdown":true', self.daemon.wait_log(
+            "recovery: %s act_001: safe_to_retry" % self.mid))
+
+    @unittest.skipUnless(ctl_has_check(), "kairosctl without tool run --check")
+    def test_interrupted_call_decided_by_probe(self):
+        self.configure(["BLOCK=act", "MODE=incall"], EffectsVia="kairosctl",
+                       Probe=self.outbox_check())
+        self.stop_during("act_001")
+        self.start()
+        self.assert_done()
+        with open(os.path.join(self.out, "outbox")) as f:
+            self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])  # once
+        self.assertIn('"killed_at_shutdown":true', self.daemon.wait_log(
+            "recovery: %s act_001: safe_to_retry" % self.mid))
 
     def test_no_evidence_still_pauses(self):
         self.configure(["BLOCK=act"])
