@@ -206,6 +206,9 @@ class StopEvidence(unittest.TestCase):
         self.assertIs(after[0]["evidence"]["killed_at_shutdown"], True)
         s = self.step_of(self.show(), "observe_001")
         self.assertEqual((s["status"], s["executions"]), ("completed", 2), s)
+        # show says so too
+        self.assertEqual((s["evidence"]["reason"], s["evidence"]["killed_at_shutdown"]),
+                         ("declared_rerunnable", True), s)
 
     def test_journaled_effects_replay(self):
         self.configure(["BLOCK=act", "MODE=journaled"], EffectsVia="kairosctl")
