@@ -1538,17 +1538,20 @@ static void warn_attempt_args(struct parser *p, unsigned line, const char *key,
         size_t argc;
         const char *why;
         struct kbuf t = KBUF_INIT;
-        if (split_command(cmdline, &argv, &argc, &why) < 0)
+        int r = split_command(cmdline, &argv, &argc, &why);
+        if (r < 0) {
+                p->ec->oom |= r == -ENOMEM; /* (a line that cannot be split was an error) */
                 return;
+        }
         /* the words joined, each $$ one $ (as when the command starts) */
         for (size_t i = 0; i < argc; i++) {
                 if (i && kbuf_putc(&t, ' ') < 0)
-                        goto out;
+                        goto oom;
                 for (const char *c = argv[i]; *c; c++) {
                         if (c[0] == '$' && c[1] == '$')
                                 c++;
                         if (kbuf_putc(&t, *c) < 0)
-                                goto out;
+                                goto oom;
                 }
         }
         size_t pos = 0, n;
@@ -1579,6 +1582,9 @@ static void warn_attempt_args(struct parser *p, unsigned line, const char *key,
                 }
                 pos = at;
         }
+        goto out;
+oom:
+        p->ec->oom = true;
 out:
         kbuf_free(&t);
         config_strv_free(argv);
