@@ -36,6 +36,7 @@ struct evidence_call {
         enum idem_state state;
         int64_t created_ms;
         int64_t finished_ms;      /* 0 unless completed/failed */
+        const char *check;        /* its own check (tool run --check; idem.h), or NULL */
 };
 /* qsort order of a mandate's calls: by step, then start, then key. */
 int evidence_call_cmp(const void *a, const void *b);
@@ -81,7 +82,7 @@ struct evidence_mandate {
 
 /* The evidence of one mandate: the schedule's declarations and, per step
  * that owns tool calls, how many are still open (processing or interrupted)
- * or finished, and as idem_json the open ones if any, else the finished ones:
+ * or finished, how many open ones carry a check, and as idem_json the open ones if any, else the finished ones:
  * [{"key","tool","state","attempt","started"}...] (started: UTC,
  * 2026-01-01T00:00:00.000Z).  ix may be NULL (= unknown).  Release with
  * evidence_mandate_release. */

@@ -44,10 +44,10 @@
  * Log format: one JSON object per line ending ,"crc":"xxxxxxxx"}\n (crc as
  * wal_crc), keys in this order; every record but forget is self-contained
  * (it carries the entry's whole state), so replay sets state, never merges:
- *   {"op":"begin","key","tool","fp","created"[,"owner"][,"write"],"ts"}
- *   {"op":"complete","key","tool","fp","created"[,"owner"][,"write"],"finished","result","ts"}
- *   {"op":"fail","key","tool","fp","created"[,"owner"][,"write"],"finished","error_class","error_msg","result","ts"}
- *   {"op":"interrupt","key","tool","fp","created"[,"owner"][,"write"],"reason","ts"}
+ *   {"op":"begin","key","tool","fp","created"[,"owner"][,"write"][,"check"],"ts"}
+ *   {"op":"complete","key","tool","fp","created"[,"owner"][,"write"][,"check"],"finished","result","ts"}
+ *   {"op":"fail","key","tool","fp","created"[,"owner"][,"write"][,"check"],"finished","error_class","error_msg","result","ts"}
+ *   {"op":"interrupt","key","tool","fp","created"[,"owner"][,"write"][,"check"],"reason","ts"}
  *   {"op":"forget","key","uid","reason","ts"}
  * owner = {"mandate":ID,"step":STEP_ID,"attempt":N}: the step whose handler
  * made the call (attributed by kairosd from the caller's process group; see
@@ -55,6 +55,10 @@
  * write = {"sha256":HEX,"bytes":N,"path":P}: a tool write's claim (struct
  * idem_write_claim); absent in logs written before it existed and for other
  * tools.
+ * check = {"cmd":[WORD...],"argv":[...]}: a tool run's check (kairosctl tool
+ * run --check) and the call's own command line, as the caller gave them
+ * (idem_valid_check); absent in logs written before it existed and for
+ * calls without one.
  * created/finished are ms since the epoch, result is the payload in base64,
  * ts the record's time (YYYY-MM-DDTHH:MM:SS.mmmZ).  Unknown ops are ignored.
  *
@@ -137,6 +141,16 @@ struct idem_step_owner {
         uint32_t attempt;
 };
 
+/* The check of a call (docs/design.md §11): a JSON object
+ * {"cmd":[WORD...],"argv":[...]} in compact form, cmd 1..IDEM_CHECK_WORDS
+ * non-empty strings, argv an array, the whole at most IDEM_CHECK_MAX bytes. */
+#define IDEM_CHECK_MAX (64u * 1024)
+#define IDEM_CHECK_WORDS 256
+bool idem_valid_check(const char *json, size_t len);
+/* json as a check in the compact form the store keeps (*ret owned), or
+ * -EINVAL when it is no valid check, -ENOMEM. */
+int idem_check_normalize(const char *json, size_t len, char **ret);
+
 /* -EINVAL unless owner is a valid owner (see struct idem_step_owner). */
 int idem_owner_check(const struct idem_step_owner *owner);
 
@@ -165,6 +179,8 @@ struct idem_request {
                                             * recorded by idem_begin for a new
                                             * entry */
         const struct idem_write_claim *write; /* NULL: none; recorded like owner */
+        const char *check;            /* NULL: none; the check JSON (see the log format,
+                                       * idem_valid_check), recorded like owner */
 };
 
 /* An entry as seen by a caller.  Pointers are borrowed from the store and
@@ -187,6 +203,7 @@ struct idem_view {
         const char *reason;          /* interrupted: why */
         const struct idem_step_owner *owner; /* NULL: no owner */
         struct idem_write_claim write;       /* .path NULL: no claim */
+        const char *check;                   /* NULL: none (the check JSON) */
 };
 
 struct idem_stats {

@@ -66,9 +66,9 @@ int recovery_plan_fold_probe(const struct fold *f, recovery_probe_fn probe, void
 /* Evidence beyond the WAL, for steps the WAL alone leaves open (interrupted
  * during execution).  Sources in order: what the step is (its phase is not
  * in `effects`, or has no command → safe_to_retry), the idempotency store
- * (an owned tool call still open → manual_review; none, and the schedule
- * promises every effect goes through kairosctl → safe_to_retry), the probe's
- * word.  A step that only a probe can decide and whose probe has not spoken
+ * (an owned tool call still open: its own check, else the probe, decides
+ * it, else manual_review; none, and the schedule promises every effect
+ * goes through kairosctl → safe_to_retry), the probe's word.  A step that only a probe can decide and whose probe has not spoken
  * yet is left undecided: its plan's outcome is RECOVERY_AWAIT_PROBE (no
  * record for it, nothing after it); the caller runs the probe and decides
  * again with its word.  A NULL evidence pointer: the WAL alone decides. */
@@ -83,12 +83,19 @@ struct recovery_step_evidence {
         const char *step_id;
         /* idempotency store: tool calls owned by this step */
         unsigned idem_open;           /* entries still processing or interrupted */
+        unsigned idem_checks;         /* ... of them, those that carry their own check */
         unsigned idem_finished;
         const char *idem_json;        /* the entries as a JSON array (evidence), or NULL */
         /* probe */
         enum recovery_probe probe;
         const char *probe_result_json;/* PROBE_DONE: the result (JSON) */
         const char *probe_output;     /* PROBE_FAILED: what it said (text) */
+        /* a call's own check (kairosctl tool run --check): the daemon runs
+         * it and settles the call (done: completed, not_started: released)
+         * before deciding again; only an inconclusive word reaches here */
+        enum recovery_probe check;    /* PROBE_FAILED: inconclusive */
+        const char *check_key;        /* the call it checked */
+        const char *check_output;     /* what it said (text) */
 };
 
 struct recovery_evidence {

@@ -763,7 +763,7 @@ static int recover_probe(const struct config *cfg, const struct fold *f, bool ha
         char *step = strdup(dr->probe_step);
         /* the store's evidence of every step, and the probe's word on its step */
         struct recovery_step_evidence *steps = calloc(ev->nsteps + 1, sizeof(*steps));
-        int r = step && sc && steps ? ctl_probe_run(cfg, sc, f, step, &w) : -ENOMEM;
+        int r = step && sc && steps ? ctl_probe_run(cfg, sc, f, step, NULL, &w) : -ENOMEM;
         if (r < 0) {
                 free(steps);
                 free(step);
@@ -806,6 +806,117 @@ static int recover_probe(const struct config *cfg, const struct fold *f, bool ha
         probe_word_clear(&w);
         free(steps);
         free(step);
+        return r;
+}
+
+/* The step's interrupted calls with their own check (kairosctl tool run
+ * --check), oldest first, run offline as kairosd runs them after its start;
+ * each word settles its call in a copy of the evidence (done: completed,
+ * not_started: released; the store itself is not touched) and the step is
+ * decided again, until no check is left (Probe= is next) or one could not
+ * say (tool_check_inconclusive).  *ix and *em are replaced (*own_ix: the
+ * index this made, freed by the caller after *em). */
+static int recover_checks(const struct config *cfg, const struct fold *f, bool had_summary,
+                          const char *mid, const struct evidence_schedule *es,
+                          const struct evidence_index **ix, struct evidence_index **own_ix,
+                          struct evidence_mandate *em, struct decide_recovery *dr, json_t *jf)
+{
+        const struct config_schedule *sc = NULL;
+        for (size_t i = 0; i < cfg->nschedules; i++)
+                if (strcmp(cfg->schedules[i].name, f->mandate.schedule) == 0)
+                        sc = &cfg->schedules[i];
+        int r = 0;
+        while (r == 0 && sc && dr->file == DECIDE_FILE_RECOVER &&
+               dr->mandate == DECIDE_MANDATE_PROBING) {
+                const struct evidence_call *c;
+                size_t n = evidence_index_calls(*ix, mid, &c), k = n;
+                char *step = strdup(dr->probe_step);
+                if (!step)
+                        return -ENOMEM;
+                for (size_t i = 0; i < n && k == n; i++)
+                        if (c[i].check && strcmp(c[i].step, step) == 0 &&
+                            (c[i].state == IDEM_ST_INTERRUPTED ||
+                             c[i].state == IDEM_ST_PROCESSING))
+                                k = i;
+                if (k == n) {
+                        free(step);
+                        break; /* none: Probe=, if any, is next */
+                }
+                struct ctl_check_call call = { .key = c[k].key, .tool = c[k].tool,
+                                               .check = c[k].check };
+                struct probe_word w = { .probe = RECOVERY_PROBE_NONE };
+                r = ctl_probe_run(cfg, sc, f, step, &call, &w);
+                if (r < 0) {
+                        free(step);
+                        return r;
+                }
+                if (jf) {
+                        json_t *checks = json_object_get(jf, "checks");
+                        if (!checks)
+                                json_object_set_new(jf, "checks", checks = json_array());
+                        json_array_append_new(
+                                checks,
+                                json_pack("{s:o,s:o,s:s,s:o,s:o}", "step", ctl_json_str(step),
+                                          "key", ctl_json_str(c[k].key), "said",
+                                          probe_word_name(w.probe), "result",
+                                          w.result_json ? ctl_json_raw(w.result_json)
+                                                        : json_null(),
+                                          "output", ctl_json_str(w.output)));
+                } else {
+                        printf("  check of tool call ");
+                        ctl_put_safe(stdout, c[k].key);
+                        printf(" said %s", probe_word_name(w.probe));
+                        if (w.result_json || w.output) {
+                                printf(": ");
+                                ctl_put_safe(stdout, w.result_json ? w.result_json : w.output);
+                        }
+                        printf(w.probe == RECOVERY_PROBE_DONE ? " (would complete the call)\n"
+                               : w.probe == RECOVERY_PROBE_NOT_STARTED
+                                       ? " (would release the call)\n"
+                                       : "\n");
+                }
+                /* the calls as the check leaves them */
+                struct evidence_call *copy = calloc(n ? n : 1, sizeof(*copy));
+                size_t m = 0;
+                for (size_t i = 0; copy && i < n; i++) {
+                        if (i == k && w.probe == RECOVERY_PROBE_NOT_STARTED)
+                                continue;
+                        copy[m] = c[i];
+                        if (i == k && w.probe == RECOVERY_PROBE_DONE)
+                                copy[m].state = IDEM_ST_COMPLETED;
+                        m++;
+                }
+                struct evidence_index *nix = NULL;
+                r = copy ? evidence_index_from_calls(mid, copy, m, &nix) : -ENOMEM;
+                free(copy);
+                if (r == 0) {
+                        evidence_mandate_release(em);
+                        evidence_index_free(*own_ix);
+                        *own_ix = nix;
+                        *ix = nix;
+                        r = evidence_for_mandate(nix, mid, es, em);
+                }
+                for (size_t i = 0; r == 0 && w.probe == RECOVERY_PROBE_FAILED && i < em->n; i++)
+                        if (strcmp(em->steps[i].step_id, step) == 0) {
+                                em->steps[i].check = RECOVERY_PROBE_FAILED;
+                                em->steps[i].check_key = call.key;
+                                em->steps[i].check_output = w.output;
+                        }
+                if (r == 0) {
+                        decide_recovery_release(dr);
+                        r = decide_recover(f, had_summary, &em->ev, dr);
+                }
+                /* (the decision keeps its own copies of what it took) */
+                for (size_t i = 0; i < em->n; i++) {
+                        em->steps[i].check_key = NULL;
+                        em->steps[i].check_output = NULL;
+                }
+                bool stop = w.probe == RECOVERY_PROBE_FAILED;
+                probe_word_clear(&w);
+                free(step);
+                if (stop)
+                        break;
+        }
         return r;
 }
 
@@ -919,6 +1030,7 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
         struct loaded_wal w;
         struct decide_recovery dr = { .recovery = NULL };
         struct evidence_mandate em = { .n = 0 };
+        struct evidence_index *own_ix = NULL;
         struct evidence_schedule es_buf, *es = NULL;
         const struct recovery *rec = NULL;
         json_t *jf = NULL, *jplans = NULL;
@@ -996,8 +1108,22 @@ static void recover_file(const char *state_dir, const char *dir, const char *nam
         if (r == 0)
                 r = decide_recover(f, had_summary, es ? &em.ev : NULL, &dr);
         if (r == 0 && re->probe && es && dr.file == DECIDE_FILE_RECOVER &&
-            dr.mandate == DECIDE_MANDATE_PROBING)
-                r = recover_probe(re->cfg, f, had_summary, &em.ev, &dr, jf);
+            dr.mandate == DECIDE_MANDATE_PROBING) {
+                /* the calls' own checks first, then Probe= */
+                const struct evidence_index *ix = re->ix;
+                char *mid = strndup(name, strlen(name) - strlen(WAL_SUFFIX));
+                r = mid ? recover_checks(re->cfg, f, had_summary, mid, es, &ix, &own_ix, &em,
+                                         &dr, jf)
+                        : -ENOMEM;
+                free(mid);
+                if (r == 0 && dr.file == DECIDE_FILE_RECOVER &&
+                    dr.mandate == DECIDE_MANDATE_PROBING) {
+                        const struct config_schedule *sc = config_find_schedule(
+                                re->cfg, f->mandate.schedule);
+                        if (sc && sc->probe && *sc->probe)
+                                r = recover_probe(re->cfg, f, had_summary, &em.ev, &dr, jf);
+                }
+        }
         if (r < 0) {
                 if (jfiles)
                         json_object_set_new(jf, "error", json_string(strerror(-r)));
@@ -1040,6 +1166,7 @@ out:
         }
         decide_recovery_release(&dr);
         evidence_mandate_release(&em);
+        evidence_index_free(own_ix);
         loaded_wal_free(&w);
         free(path);
 }

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "ctl_probe.h"
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
@@ -50,7 +52,7 @@ static int env_add(char ***env, size_t *n, const char *k, const char *v)
 static char **probe_env(const struct config *cfg, const struct config_schedule *sc,
                         const struct fold *f, const struct fold_plan *p,
                         const struct fold_step *s, int phase, const char *mandate_id,
-                        const char *idem_key)
+                        const char *idem_key, const struct ctl_check_call *call)
 {
         char attempt[16], cycle[24], self[PATH_MAX], *kairosctl = NULL;
         ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -79,7 +81,9 @@ static char **probe_env(const struct config *cfg, const struct config_schedule *
                 { "KAIROS_GOAL", goal },
                 { "KAIROS_ATTEMPT", attempt },
                 { "KAIROS_CONTROL_SOCKET", cfg->control_socket },
-                { "KAIROS_PROBE", "1" },
+                { call ? "KAIROS_CHECK" : "KAIROS_PROBE", "1" },
+                { "KAIROS_TOOL", call ? call->tool : NULL },
+                { "KAIROS_TOOL_KEY", call ? call->key : NULL },
         };
         char **env = calloc(1, sizeof(char *));
         size_t n = 0;
@@ -250,11 +254,49 @@ fail:;
         return e;
 }
 
+/* The check's argv (words of "cmd") and its stdin {"tool","key","argv"}
+ * (replacing doc), as kairosd gives them. */
+static int check_argv(const struct ctl_check_call *call, char ***ret_argv, struct kbuf *doc)
+{
+        json_t *chk = json_loads(call->check, 0, NULL);
+        json_t *cmd = json_object_get(chk, "cmd");
+        const char *colon = strchr(call->key, ':');
+        size_t n = json_array_size(cmd);
+        char **argv = n ? calloc(n + 1, sizeof(*argv)) : NULL;
+        int r = argv ? 0 : chk && !n ? -EINVAL : -ENOMEM;
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                const char *w = json_string_value(json_array_get(cmd, i));
+                if (!w || !(argv[i] = strdup(w)))
+                        r = w ? -ENOMEM : -EINVAL;
+        }
+        json_t *in = r == 0 ? json_pack("{s:s, s:s, s:O}", "tool", call->tool, "key",
+                                        colon ? colon + 1 : call->key, "argv",
+                                        json_object_get(chk, "argv"))
+                            : NULL;
+        char *text = in ? json_dumps(in, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (r == 0 && !text)
+                r = -ENOMEM;
+        if (r == 0) {
+                doc->len = 0;
+                r = kbuf_puts(doc, text);
+        }
+        free(text);
+        json_decref(in);
+        json_decref(chk);
+        if (r < 0) {
+                config_strv_free(argv);
+                return r;
+        }
+        *ret_argv = argv;
+        return 0;
+}
+
 int ctl_probe_run(const struct config *cfg, const struct config_schedule *sc,
-                  const struct fold *f, const char *step_id, struct probe_word *ret)
+                  const struct fold *f, const char *step_id, const struct ctl_check_call *call,
+                  struct probe_word *ret)
 {
         const struct fold_step *s = fold_find_step(f, step_id);
-        if (!s || s->plan >= f->nplans || !sc->probe)
+        if (!s || s->plan >= f->nplans || (!call && !sc->probe))
                 return -ENOENT;
         const struct fold_plan *p = &f->plans[s->plan];
         size_t idx = 0;
@@ -276,12 +318,19 @@ int ctl_probe_run(const struct config *cfg, const struct config_schedule *sc,
         struct proc pr = { .pid = -1, .in = -1, .out = -1, .err = -1 };
         char why[256] = "";
         int r = stepdoc_build(f, p, idx, &in, &doc);
-        if (r == 0 && !(env = probe_env(cfg, sc, f, p, s, (int)idx, mandate_id, idem_key)))
+        const char *colon = call ? strchr(call->key, ':') : NULL;
+        if (r == 0 && !(env = probe_env(cfg, sc, f, p, s, (int)idx, mandate_id,
+                                        colon ? colon + 1 : idem_key, call)))
                 r = -ENOMEM;
-        /* its $NAME and ${NAME} expand from its environment, as in kairosd */
-        if (r == 0 && (r = config_expand_command(sc->probe, env, &argv, &argc, NULL, 0)) == 0 &&
-            (argc == 0 || !argv[0][0]))
+        if (r == 0 && call) {
+                /* the call's check: its words as given, its stdin the call */
+                r = check_argv(call, &argv, &doc);
+        } else if (r == 0 && (r = config_expand_command(sc->probe, env, &argv, &argc, NULL,
+                                                        0)) == 0 &&
+                   (argc == 0 || !argv[0][0])) {
+                /* its $NAME and ${NAME} expand from its environment, as in kairosd */
                 r = -EINVAL;
+        }
         /* a probe that does not read its stdin must not kill kairosctl */
         void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
         if (r == 0) {

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "kairos/config.h"
 #include "kairos/kbuf.h"
 
 /* The control socket takes requests up to 1 MiB: stdout + stderr of a run
@@ -336,6 +337,46 @@ static json_t *argv_input(int argc, char **argv)
         return list ? json_pack("{s:o}", "argv", list) : NULL;
 }
 
+/* --check CHECK: split like a command line of kairos.schedule(5), without
+ * expanding $NAME (config_split_command), into *ret (a JSON array of the
+ * words); 0, or a usage error's exit status. */
+static int check_words(const char *check, json_t **ret)
+{
+        char **words = NULL;
+        size_t n = 0;
+        *ret = NULL;
+        int r = config_split_command(check, &words, &n);
+        if (r == -ENOMEM)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        if (r < 0 || n == 0) {
+                config_strv_free(words);
+                return ctl_usage_error("tool run: --check: %s (a command line such as "
+                                       "--check 'my-check --for \"$KEY\"', quoted as in "
+                                       "kairos.schedule(5), $NAME not expanded)",
+                                       r < 0 ? "an unbalanced quote or a trailing backslash"
+                                             : "empty");
+        }
+        json_t *list = json_array();
+        for (size_t k = 0; list && k < n; k++) {
+                json_t *w = json_string(words[k]);
+                if (!w) {
+                        config_strv_free(words);
+                        json_decref(list);
+                        return ctl_usage_error("tool run: --check: word %zu is not UTF-8",
+                                               k + 1);
+                }
+                if (json_array_append_new(list, w) < 0) {
+                        json_decref(list);
+                        list = NULL;
+                }
+        }
+        config_strv_free(words);
+        if (!list)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        *ret = list;
+        return 0;
+}
+
 static json_t *finish_args(const char *key, const struct capture *cap, int wstatus,
                            int exec_errno, const char *prog, int *exit_status)
 {
@@ -377,7 +418,7 @@ static json_t *finish_args(const char *key, const struct capture *cap, int wstat
 
 int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
 {
-        const char *key = NULL, *tool = CTL_TOOL_DEFAULT;
+        const char *key = NULL, *tool = CTL_TOOL_DEFAULT, *check = NULL;
         struct ctl_session *s = NULL;
         json_t *res = NULL, *err = NULL, *fin = NULL;
         struct capture cap = { .out = KBUF_INIT, .err = KBUF_INIT, .pass = !o->json };
@@ -399,6 +440,8 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                         dst = &key, name = "key";
                 else if (strncmp(a, "--tool", 6) == 0 && (a[6] == '\0' || a[6] == '='))
                         dst = &tool, name = "tool";
+                else if (strncmp(a, "--check", 7) == 0 && (a[7] == '\0' || a[7] == '='))
+                        dst = &check, name = "check";
                 else
                         return ctl_usage_error("tool run: unknown option '%s' (put CMD after "
                                                "--)",
@@ -424,11 +467,21 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                 return ctl_usage_error("tool run: missing CMD (tool run --key K -- CMD ARGS...)");
         char **cmd = argv + i;
         int ncmd = argc - i;
+        json_t *check_json = NULL;
+        if (check && (status = check_words(check, &check_json)))
+                return status;
 
         json_t *input = argv_input(ncmd, cmd);
-        if (!input)
+        if (!input) {
+                json_decref(check_json);
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        }
         json_t *begin = json_pack("{s:s, s:s, s:o}", "tool", tool, "key", key, "input", input);
+        if (begin && check_json &&
+            json_object_set_new(begin, "check", json_pack("{s:o}", "cmd", check_json)) < 0) {
+                json_decref(begin);
+                begin = NULL;
+        }
         if (!begin)
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");
         status = add_epoch(begin);

@@ -522,6 +522,17 @@ static bool pg_closed(struct idem_claim *c, const char *why)
 static bool pg_begin_hook(struct idem_call *call, const char *key, const char *tool,
                           const char *fp, const struct idem_step_owner *step, int64_t epoch)
 {
+        json_t *chk = json_object_get(call->args, "check");
+        if (chk && !json_is_null(chk)) {
+                /* the database keeps no check: refused rather than kept
+                 * without one (docs/design.md §14) */
+                idem_core_error(call, "unsupported",
+                                "args.check: kairosctl tool run --check is not supported in "
+                                "cluster mode (the claim is in the cluster's database, which "
+                                "keeps no check); run without --check, use the schedule's "
+                                "Probe=");
+                return true;
+        }
         pg_begin(call, key, tool, fp, step, epoch);
         return true;
 }
@@ -583,11 +594,11 @@ static void pg_settled(struct pg_job *j)
 
 static bool pg_settle_step_hook(struct daemon *d, const char *mandate_id, const char *step_id,
                                 bool complete, uid_t uid, const char *reason,
-                                struct op_reply to)
+                                const char *how, struct op_reply to)
 {
         struct mandate *m = mandate_find(d, mandate_id);
         struct pg_job *j = pg_job_new(d, PG_SETTLE, "", mandate_id, m ? m->epoch : 0);
-        if (!j || (complete && !(j->result = idem_core_done_payload(NULL, uid, reason)))) {
+        if (!j || (complete && !(j->result = idem_core_done_payload(NULL, uid, reason, how)))) {
                 pg_job_free(j);
                 op_reply_error(&to, "internal", "out of memory");
                 return true;

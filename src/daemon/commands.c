@@ -617,7 +617,7 @@ static void op_done(void *arg)
         if (op->settle && !op->err_code) {
                 op->settle = false;
                 idem_service_settle_step(d, m->id, op->step, op->mode == RESOLVE_DONE, op->uid,
-                                         op->reason,
+                                         op->reason, NULL,
                                          (struct op_reply){ .done = resolve_settled, .ctx = op });
                 return;
         }

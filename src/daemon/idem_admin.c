@@ -304,12 +304,12 @@ static void settle_durable(struct waiter *w, int err)
 }
 
 void idem_service_settle_step(struct daemon *d, const char *mandate_id, const char *step_id,
-                              bool complete, uid_t uid, const char *reason,
+                              bool complete, uid_t uid, const char *reason, const char *how,
                               struct op_reply to)
 {
         struct idem_service *svc = SVC(d);
         if (d->toolclaims->settle_step &&
-            d->toolclaims->settle_step(d, mandate_id, step_id, complete, uid, reason, to))
+            d->toolclaims->settle_step(d, mandate_id, step_id, complete, uid, reason, how, to))
                 return;
         if (!svc || !svc->loaded || !svc->store) {
                 op_reply_error(&to, "unavailable",
@@ -329,8 +329,11 @@ void idem_service_settle_step(struct daemon *d, const char *mandate_id, const ch
         op->to = to;
         op->keys = json_array();   /* the keys settled (one gone by its TTL meanwhile is not) */
         char why[1200];
-        snprintf(why, sizeof why, "kairosctl resolve %s %s --%s: %s", mandate_id, step_id,
-                 complete ? "done" : "retry", reason);
+        if (how)
+                snprintf(why, sizeof why, "%s: %s", how, reason);
+        else
+                snprintf(why, sizeof why, "kairosctl resolve %s %s --%s: %s", mandate_id,
+                         step_id, complete ? "done" : "retry", reason);
         uint64_t lsn = 0, l = 0;
         size_t i;
         json_t *k;
@@ -343,10 +346,13 @@ void idem_service_settle_step(struct daemon *d, const char *mandate_id, const ch
                         continue;
                 bool write = r == 0 && strcmp(v.tool, WRITE_TOOL) == 0 && v.write.path;
                 if (r == 0 && complete)
-                        r = (text = idem_core_done_payload(write ? &v.write : NULL, uid, reason))
+                        r = (text = idem_core_done_payload(write ? &v.write : NULL, uid, reason,
+                                                               how))
                                     ? idem_settle_complete(svc->store, key, text, strlen(text),
                                                            &l)
                                     : -ENOMEM;
+                else if (r == 0 && how)
+                        r = idem_settle_abandon(svc->store, key, why, &l);
                 else if (r == 0)
                         r = idem_forget(svc->store, key, (long long)uid, why, &l);
                 free(text);

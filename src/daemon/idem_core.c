@@ -85,10 +85,11 @@ void idem_core_sha256_hex(const void *data, size_t len, char out[IDEM_SHA256_HEX
         sodium_bin2hex(out, IDEM_SHA256_HEX + 1, h, sizeof h);
 }
 
-char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const char *reason)
+char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const char *reason,
+                             const char *how)
 {
         json_t *by = json_pack("{s:I, s:s, s:s}", "uid", (json_int_t)uid, "reason", reason,
-                               "how", "kairosctl resolve --done");
+                               "how", how ? how : "kairosctl resolve --done");
         json_t *pl = w ? json_pack("{s:s, s:I, s:o}", "path", w->path, "bytes",
                                    (json_int_t)w->bytes, "completed_by", by)
                        : json_pack("{s:i, s:s, s:s, s:o}", "exit_status", 0, "stdout", "",

@@ -118,7 +118,8 @@ void idem_core_existing(struct idem_call *call, enum idem_outcome o, const struc
  * duplicate is answered with): a tool write's claim w, else a tool run's
  * exit status 0 and no output; "completed_by" names uid and reason.
  * NULL: out of memory. */
-char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const char *reason);
+char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const char *reason,
+                             const char *how);
 
 /* claims of callers */
 void idem_core_claim_free(struct idem_claim *c);

@@ -66,6 +66,41 @@ static bool parse_identity(struct idem_call *call, const char *tool, const char 
         return true;
 }
 
+/* args.check {"cmd":[WORD...]} (kairosctl tool run --check), kept with
+ * the call's args.input.argv as the entry's check (idem.h); *ret NULL
+ * without one.  Replies and returns false on a bad argument. */
+static bool parse_check(struct idem_call *call, char **ret)
+{
+        *ret = NULL;
+        json_t *chk = json_object_get(call->args, "check");
+        if (!chk || json_is_null(chk))
+                return true;
+        json_t *cmd = json_object_get(chk, "cmd");
+        json_t *argv = json_object_get(json_object_get(call->args, "input"), "argv");
+        if (!json_is_object(chk) || !json_is_array(cmd)) {
+                idem_core_error(call, "bad_argument", "args.check: must be {\"cmd\":[WORD...]}");
+                return false;
+        }
+        json_t *all = json_pack("{s:O, s:O}", "cmd", cmd, "argv",
+                                json_is_array(argv) ? argv : json_array());
+        char *text = all ? json_dumps(all, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(all);
+        int r = text ? idem_check_normalize(text, strlen(text), ret) : -ENOMEM;
+        free(text);
+        if (r == -EINVAL) {
+                idem_core_error(call, "bad_argument",
+                                "args.check.cmd: 1..%u non-empty words, at most %u bytes with "
+                                "the call's argv",
+                                IDEM_CHECK_WORDS, IDEM_CHECK_MAX);
+                return false;
+        }
+        if (r < 0) {
+                idem_core_error(call, "internal", "out of memory");
+                return false;
+        }
+        return true;
+}
+
 void idem_tool_begin(const struct idem_call *in)
 {
         struct idem_call *call = idem_core_open(in);
@@ -84,13 +119,14 @@ void idem_tool_begin(const struct idem_call *in)
         }
         struct begin_op *op = calloc(1, sizeof(*op));
         struct idem_claim *c = calloc(1, sizeof(*c));
+        char *check = NULL;
         if (!op || !c) {
                 free(op);
                 free(c);
                 idem_core_error(call, "internal", "out of memory");
                 return;
         }
-        if (!parse_identity(call, tool, key, op->key, op->fp))
+        if (!parse_identity(call, tool, key, op->key, op->fp) || !parse_check(call, &check))
                 goto out;
         snprintf(op->tool, sizeof op->tool, "%s", tool);
         struct idem_step_owner step;
@@ -103,7 +139,7 @@ void idem_tool_begin(const struct idem_call *in)
             call->d->toolclaims->begin(call, op->key, op->tool, op->fp, &step, epoch))
                 goto out;
         struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp,
-                                   .owner = owned ? &step : NULL };
+                                   .owner = owned ? &step : NULL, .check = check };
         struct idem_view v;
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
@@ -121,10 +157,12 @@ void idem_tool_begin(const struct idem_call *in)
         c = NULL;
         op->call = call;
         idem_core_wait_durable(svc, &op->w, lsn, begin_durable);
+        free(check);
         return;
 out:
         free(op);
         free(c);
+        free(check);
 }
 
 struct finish_op {

@@ -113,7 +113,8 @@ json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id);
 /* The store's counters; -EAGAIN while it is not loaded. */
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
 
-/* An operator resolved a step under review (kairosctl resolve): its
+/* An operator resolved a step under review (kairosctl resolve; how NULL),
+ * or its probe spoke at recovery (how names it, uid is kairosd's): its
  * interrupted tool calls (owned by step_id of mandate_id, any attempt) are
  * released (complete false: forgotten, recorded with uid and reason, so
  * that the step's re-run runs each once) or completed by the operator
@@ -122,8 +123,33 @@ int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats);
  * {"keys": [...]} (none: []), or an error (the store not loaded; in
  * cluster mode: a driver that cannot do it refuses, naming the keys). */
 void idem_service_settle_step(struct daemon *d, const char *mandate_id, const char *step_id,
-                              bool complete, uid_t uid, const char *reason,
+                              bool complete, uid_t uid, const char *reason, const char *how,
                               struct op_reply to);
+
+/* An interrupted call of a step that carries its own check (kairosctl tool
+ * run --check; docs/design.md §8): the oldest one of step_id of
+ * mandate_id → 1 and *ret (release it), none → 0, or -ENOMEM. */
+struct idem_check_call {
+        char key[IDEM_FULL_KEY_SIZE];  /* "<tool>:<key>" */
+        char tool[IDEM_TOOL_MAX + 1];
+        char *check;                   /* {"cmd":[...],"argv":[...]} (owned) */
+        int64_t created_ms;
+        bool interrupted;
+};
+int idem_service_step_check(struct daemon *d, const char *mandate_id, const char *step_id,
+                            struct idem_check_call *ret);
+void idem_check_call_release(struct idem_check_call *c);
+/* Whether step_id of mandate_id may own open (interrupted) calls: the
+ * local store holds one, or the claims driver keeps them elsewhere. */
+bool idem_service_step_may_own_open(struct daemon *d, const char *mandate_id,
+                                    const char *step_id);
+/* Settle call key by its check's word: done → completed (its result
+ * {"exit_status":0,"stdout":"","stderr":"","settled":"by its check",
+ * "check_result":V}, V from result_json), else released (recorded like a
+ * forget, uid -2, reason why).  cb(ctx, 0 or -errno) once durable. */
+void idem_service_settle_check(struct daemon *d, const char *key, bool done,
+                               const char *result_json, const char *why,
+                               void (*cb)(void *ctx, int err), void *ctx);
 
 void idem_tool_begin(const struct idem_call *call);
 void idem_tool_finish(const struct idem_call *call);

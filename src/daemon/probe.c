@@ -7,11 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "executor.h"
 #include "hooks.h"
+#include "idem_service.h"
 #include "kairos/decide.h"
+#include "kairos/evidence.h"
 #include "kairos/dlist.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
@@ -47,6 +50,9 @@ struct probe_job {
         unsigned timeout_sec;
         struct child child;
         char start_error[256];
+        /* an interrupted call's own check runs instead of Probe= */
+        bool is_check;
+        struct idem_check_call chk;
 };
 
 /* The probe's word, decided again on the mandate's queue. */
@@ -56,6 +62,12 @@ struct probe_decision {
         struct probe_word word;
         bool have_ev;
         struct recovery_evidence ev;  /* the schedule's, read on the loop */
+        /* a call's check spoke: the store's evidence after it (ix, em) */
+        bool is_check;
+        char check_key[IDEM_FULL_KEY_SIZE];
+        struct evidence_index *ix;
+        struct evidence_mandate em;
+        bool have_em;
         /* results */
         int error;
         char errmsg[256];
@@ -92,6 +104,7 @@ static void job_free(struct probe_job *j)
         config_strv_free(j->env);
         free(j->cwd);
         free(j->cmdline);
+        idem_check_call_release(&j->chk);
         child_free(&j->child);
         free(j);
 }
@@ -119,6 +132,9 @@ static const struct config_schedule *schedule_of(const struct mandate *m)
 static void decision_free(struct probe_decision *pd)
 {
         probe_word_clear(&pd->word);
+        if (pd->have_em)
+                evidence_mandate_release(&pd->em);
+        evidence_index_free(pd->ix);
         free(pd->step_id);
         free(pd->review_step);
         free(pd->review_reason);
@@ -172,14 +188,29 @@ static void decide_work(void *arg)
         }
         pd->ev.steps = &se;
         pd->ev.nsteps = 1;
+        const struct recovery_evidence *ev = pd->have_ev ? &pd->ev : NULL;
+        if (pd->is_check) {
+                /* the store's evidence after the check settled its call (or
+                 * the check's word when it could not say) */
+                ev = &pd->em.ev;
+                for (size_t i = 0; i < pd->em.n; i++)
+                        if (strcmp(pd->em.steps[i].step_id, pd->step_id) == 0 &&
+                            pd->word.probe == RECOVERY_PROBE_FAILED) {
+                                pd->em.steps[i].check = RECOVERY_PROBE_FAILED;
+                                pd->em.steps[i].check_key = pd->check_key;
+                                pd->em.steps[i].check_output = pd->word.output;
+                        }
+        }
         /* (a summary only matters to a WAL without plans: this one has one) */
-        if ((r = decide_recover(f, true, pd->have_ev ? &pd->ev : NULL, &dr)) < 0) {
+        if ((r = decide_recover(f, true, ev, &dr)) < 0) {
                 pd->error = r;
                 snprintf(pd->errmsg, sizeof pd->errmsg, "deciding %s: %s", m->id, strerror(-r));
                 goto out;
         }
         if (dr.mandate == DECIDE_MANDATE_PROBING) {
-                pd->still_probing = true; /* no word was taken (cannot happen) */
+                /* a check settled its call: another check, or Probe=, is next
+                 * (a probe's word is always taken) */
+                pd->still_probing = true;
                 goto out;
         }
         size_t n = recovery_record_count(dr.recovery);
@@ -269,6 +300,19 @@ static void decide_done(void *arg)
                         pd->plan_id = NULL;
                         m->cycle = pd->cycle;
                 }
+                if (pd->still_probing && pd->is_check) {
+                        /* the check settled its call: what is left of the step
+                         * (another call's check, or Probe=) decides next */
+                        struct mandate *mm = m;
+                        char *step = pd->step_id;
+                        pd->step_id = NULL;
+                        decision_free(pd);
+                        probe_enqueue(mm, step);
+                        free(step);
+                        daemon_update_status(d);
+                        executor_kick(d);
+                        return;
+                }
                 if (pd->still_probing || pd->outcome == DECIDE_MANDATE_PAUSED_REVIEW) {
                         const char *step = pd->review_step ? pd->review_step : pd->step_id;
                         const char *why = pd->review_reason ? pd->review_reason
@@ -292,6 +336,106 @@ static void decide_done(void *arg)
         decision_free(pd);
         daemon_update_status(d);
         executor_kick(d);
+}
+
+/* The decision is taken on the mandate's queue (the word, and for a check
+ * the store's evidence after it, in pd). */
+static void decide_submit(struct probe_decision *pd)
+{
+        struct mandate *m = pd->m;
+        if (P.stopping || m->status != MANDATE_PROBING || m->cancel) {
+                log_info("%s %s: the %s's word is not used (%s); the step stays open", m->id,
+                         pd->step_id, pd->is_check ? "check" : "probe",
+                         P.stopping ? "kairosd is stopping" : "no longer probing");
+                decision_free(pd);
+                return;
+        }
+        if (pd->is_check) {
+                /* the store as the check left it: the step decided as if its
+                 * call had finished (docs/design.md §8) */
+                const struct config_schedule *sc = schedule_of(m);
+                struct evidence_schedule es;
+                evidence_schedule_from_config(sc, &es);
+                if (idem_service_evidence_index(m->d, &pd->ix) < 0 ||
+                    evidence_for_mandate(pd->ix, m->id, &es, &pd->em) < 0) {
+                        log_error("%s %s: out of memory deciding after its check; the mandate "
+                                  "stays probing until the next start", m->id, pd->step_id);
+                        decision_free(pd);
+                        return;
+                }
+                pd->have_em = true;
+        } else {
+                pd->have_ev = probe_schedule_evidence(m->d->cfg, m->schedule, &pd->ev);
+        }
+        if (mandate_submit(m, decide_work, decide_done, pd) < 0) {
+                log_error("%s %s: out of memory recording its probe's word; the mandate stays "
+                          "probing until the next start", m->id, pd->step_id);
+                decision_free(pd);
+        }
+}
+
+/* A word that could not be acted on: the step goes to a human with why. */
+static void word_fails(struct probe_decision *pd, const char *what, const char *why)
+{
+        char *o = NULL;
+        if (asprintf(&o, "%s said %s, but %s", pd->is_check ? "the check" : "the probe",
+                     probe_word_name(pd->word.probe), why) < 0)
+                o = NULL;
+        probe_word_clear(&pd->word);
+        pd->word.probe = RECOVERY_PROBE_FAILED;
+        pd->word.output = o;
+        log_event(LOG_WARNING, NULL,
+                  LOG_FIELDS({ "MANDATE_ID", pd->m->id }, { "STEP_ID", pd->step_id }),
+                  "%s %s: %s: %s", pd->m->id, pd->step_id, what, o ? o : why);
+}
+
+/* The check's call is settled (durable) or could not be. */
+static void check_settled(void *ctx, int err)
+{
+        struct probe_decision *pd = ctx;
+        if (err < 0) {
+                char why[IDEM_FULL_KEY_SIZE + 256];
+                snprintf(why, sizeof why, "the call %s could not be settled in the store: %s",
+                         pd->check_key, strerror(-err));
+                word_fails(pd, "settling its call", why);
+        } else {
+                log_event(LOG_NOTICE, MSGID_RECOVERY,
+                          LOG_FIELDS({ "MANDATE_ID", pd->m->id }, { "STEP_ID", pd->step_id },
+                                     { "IDEM_KEY", pd->check_key }),
+                          "recovery: %s %s: tool call %s %s by its check", pd->m->id,
+                          pd->step_id, pd->check_key,
+                          pd->word.probe == RECOVERY_PROBE_DONE ? "completed" : "released");
+        }
+        decide_submit(pd);
+}
+
+/* The probe spoke on a step with interrupted calls: they are settled with
+ * its word (as resolve --done|--retry does) before the step is decided. */
+static void probe_settled(void *ctx, const struct op_result *res)
+{
+        struct probe_decision *pd = ctx;
+        if (res->code) {
+                char why[1200];
+                snprintf(why, sizeof why, "the step's tool calls could not be %s: %s",
+                         pd->word.probe == RECOVERY_PROBE_DONE ? "completed" : "released",
+                         res->message ? res->message : res->code);
+                word_fails(pd, "settling its tool calls", why);
+        } else {
+                json_t *keys = json_object_get(res->result, "keys");
+                char *text = keys ? json_dumps(keys, JSON_COMPACT) : NULL;
+                if (json_array_size(keys))
+                        log_event(LOG_NOTICE, MSGID_RECOVERY,
+                                  LOG_FIELDS({ "MANDATE_ID", pd->m->id },
+                                             { "STEP_ID", pd->step_id }),
+                                  "recovery: %s %s: tool calls %s %s by the probe's word",
+                                  pd->m->id, pd->step_id, text ? text : "?",
+                                  pd->word.probe == RECOVERY_PROBE_DONE ? "completed"
+                                                                        : "released");
+                free(text);
+        }
+        json_decref(res->result);
+        json_decref(res->detail);
+        decide_submit(pd);
 }
 
 /* The run is over: judge it, then decide again on the mandate's queue. */
@@ -318,22 +462,37 @@ static void decide(struct probe_job *j)
                 return;
         }
         pd->m = m;
+        pd->is_check = j->is_check;
+        if (j->is_check)
+                snprintf(pd->check_key, sizeof pd->check_key, "%s", j->chk.key);
         log_event(pd->word.probe == RECOVERY_PROBE_FAILED ? LOG_WARNING : LOG_NOTICE, NULL,
                   LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", j->step_id }),
-                  "%s %s: the probe said %s%s%s", m->id, j->step_id,
+                  "%s %s: the %s%s said %s%s%s", m->id, j->step_id,
+                  j->is_check ? "check of tool call " : "probe", j->is_check ? j->chk.key : "",
                   probe_word_name(pd->word.probe), pd->word.output ? ": " : "",
                   pd->word.output ? pd->word.output : "");
         if (P.stopping || m->status != MANDATE_PROBING || m->cancel) {
-                log_info("%s %s: the probe's word is not used (%s); the step stays open", m->id,
-                         j->step_id, P.stopping ? "kairosd is stopping" : "no longer probing");
-                decision_free(pd);
+                decide_submit(pd); /* (drops it, saying why) */
                 return;
         }
-        pd->have_ev = probe_schedule_evidence(m->d->cfg, m->schedule, &pd->ev);
-        if (mandate_submit(m, decide_work, decide_done, pd) < 0) {
-                log_error("%s %s: out of memory recording its probe's word; the mandate stays "
-                          "probing until the next start", m->id, j->step_id);
-                decision_free(pd);
+        bool done = pd->word.probe == RECOVERY_PROBE_DONE;
+        if (pd->word.probe == RECOVERY_PROBE_FAILED) {
+                decide_submit(pd);
+        } else if (j->is_check) {
+                char why[IDEM_FULL_KEY_SIZE + 128];
+                snprintf(why, sizeof why,
+                         "released by its check at recovery (it said not_started): %s %s",
+                         m->id, j->step_id);
+                idem_service_settle_check(m->d, j->chk.key, done, pd->word.result_json, why,
+                                          check_settled, pd);
+        } else if (idem_service_step_may_own_open(m->d, m->id, j->step_id)) {
+                idem_service_settle_step(m->d, m->id, j->step_id, done, getuid(),
+                                         done ? "its probe said done"
+                                              : "its probe said not_started",
+                                         "the schedule's Probe= at recovery",
+                                         (struct op_reply){ .done = probe_settled, .ctx = pd });
+        } else {
+                decide_submit(pd);
         }
 }
 
@@ -366,8 +525,9 @@ static void on_started(struct child *c)
                 return;
         }
         log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", j->step_id }),
-                  "%s %s: probe started: %s (pid %d, ProbeTimeoutSec=%u)", m->id, j->step_id,
-                  j->cmdline, (int)c->pid, j->timeout_sec);
+                  "%s %s: %s started: %s (pid %d, ProbeTimeoutSec=%u)", m->id, j->step_id,
+                  j->is_check ? "the check of a tool call" : "probe", j->cmdline, (int)c->pid,
+                  j->timeout_sec);
         if (P.stopping)
                 child_kill(c, SIGKILL);
 }
@@ -386,6 +546,78 @@ static char **probe_env(const struct probe_job *j, const struct config_schedule 
         return runenv_build_step(&step, kv, 1, sc->environment, sc->nenvironment);
 }
 
+static void spawn_check(struct probe_job *j, const struct config_schedule *sc);
+
+/* The environment of a handler of the step, its KAIROS_IDEM_KEY the call's
+ * key, plus KAIROS_CHECK=1, KAIROS_TOOL and KAIROS_TOOL_KEY. */
+static char **check_env(const struct probe_job *j, const struct config_schedule *sc)
+{
+        const struct mandate *m = j->m;
+        const char *colon = strchr(j->chk.key, ':');
+        const struct runenv_step step = {
+                .mandate_id = m->id, .plan_id = j->plan_id, .step_id = j->step_id,
+                .phase = j->phase, .cycle = j->cycle,
+                .idem_key = colon ? colon + 1 : j->chk.key, .schedule = m->schedule,
+                .fired_at = m->fired_at, .goal = m->goal, .attempt = j->attempt,
+                .control_socket = m->d->cfg->control_socket,
+        };
+        const char *const kv[][2] = {
+                { "KAIROS_CHECK", "1" },
+                { "KAIROS_TOOL", j->chk.tool },
+                { "KAIROS_TOOL_KEY", j->chk.key },
+        };
+        return runenv_build_step(&step, kv, 3, sc->environment, sc->nenvironment);
+}
+
+/* The check's argv and stdin ({"tool","key","argv"}) from the call's
+ * check (idem.h): 0, -EINVAL, -ENOMEM. */
+static int check_command(struct probe_job *j)
+{
+        json_t *chk = json_loads(j->chk.check, 0, NULL);
+        json_t *cmd = json_object_get(chk, "cmd");
+        const char *colon = strchr(j->chk.key, ':');
+        size_t n = json_array_size(cmd);
+        int r = 0;
+        if (!chk || !n) {
+                r = chk ? -EINVAL : -ENOMEM;
+                goto out;
+        }
+        if (!(j->argv = calloc(n + 1, sizeof(*j->argv)))) {
+                r = -ENOMEM;
+                goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+                const char *w = json_string_value(json_array_get(cmd, i));
+                if (!w || !(j->argv[i] = strdup(w))) {
+                        r = w ? -ENOMEM : -EINVAL;
+                        goto out;
+                }
+        }
+        json_t *in = json_pack("{s:s, s:s, s:O}", "tool", j->chk.tool, "key",
+                               colon ? colon + 1 : j->chk.key, "argv",
+                               json_object_get(chk, "argv"));
+        free(j->doc);
+        j->doc = in ? json_dumps(in, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(in);
+        if (!j->doc) {
+                r = -ENOMEM;
+                goto out;
+        }
+        j->doc_len = strlen(j->doc);
+        /* what the log says it ran */
+        struct kbuf b = KBUF_INIT;
+        for (size_t i = 0; i < n && r == 0; i++)
+                r = kbuf_printf(&b, "%s%s", i ? " " : "", j->argv[i]);
+        free(j->cmdline);
+        j->cmdline = r == 0 ? kbuf_steal(&b) : NULL;
+        kbuf_free(&b);
+        if (r == 0 && !j->cmdline)
+                r = -ENOMEM;
+out:
+        json_decref(chk);
+        return r;
+}
+
 static void spawn(struct probe_job *j)
 {
         struct mandate *m = j->m;
@@ -397,6 +629,10 @@ static void spawn(struct probe_job *j)
         c->done = on_done;
         c->closed = on_closed;
         c->data = j;
+        if (j->is_check) {
+                spawn_check(j, sc);
+                return;
+        }
         if (!sc || !sc->probe || !*sc->probe) {
                 /* reloaded without it meanwhile */
                 snprintf(j->start_error, sizeof j->start_error,
@@ -430,6 +666,46 @@ static void spawn(struct probe_job *j)
         if (r < 0) {
                 snprintf(j->start_error, sizeof j->start_error, "%s",
                          r == -EINVAL && why[0] ? why : strerror(-r));
+                on_done(c);
+        }
+}
+
+/* An interrupted call's own check: run like the probe (the schedule's
+ * limits, cgroup, ProbeTimeoutSec=), its protocol the probe's. */
+static void spawn_check(struct probe_job *j, const struct config_schedule *sc)
+{
+        struct mandate *m = j->m;
+        struct child *c = &j->child;
+        int r = 0;
+        if (!sc) {
+                snprintf(j->start_error, sizeof j->start_error,
+                         "the schedule %s is no longer configured", m->schedule ? m->schedule : "");
+                on_done(c);
+                return;
+        }
+        j->timeout_sec = (unsigned)sc->probe_timeout_sec;
+        j->cwd = strdup(sc->working_directory ? sc->working_directory
+                                              : m->d->cfg->state_directory);
+        if (!j->cwd || !(j->env = check_env(j, sc)))
+                r = -ENOMEM;
+        if (r == 0)
+                r = check_command(j);
+        if (r == 0) {
+                c->argv = j->argv;
+                c->envp = j->env;
+                c->cwd = j->cwd;
+                c->cg_hint = j->step_id;
+                c->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
+                                                    sc->cpu_quota_pct };
+                c->in = j->doc;
+                c->in_len = j->doc_len;
+                c->timeout_ms = (uint64_t)j->timeout_sec * 1000;
+                c->out_max = PROBE_STDOUT_MAX;
+                r = child_start(c, m->d->runner);
+        }
+        if (r < 0) {
+                snprintf(j->start_error, sizeof j->start_error, "%s",
+                         r == -EINVAL ? "the call's check is not a command line" : strerror(-r));
                 on_done(c);
         }
 }
@@ -506,6 +782,15 @@ static void prep_done(void *arg)
                 job_end(j);
                 return;
         }
+        /* an interrupted call of the step with its own check comes first */
+        int r = idem_service_step_check(m->d, m->id, j->step_id, &j->chk);
+        if (r < 0) {
+                log_error("%s %s: out of memory finding its calls' checks; the mandate stays "
+                          "probing until the next start", m->id, j->step_id);
+                job_end(j);
+                return;
+        }
+        j->is_check = r == 1;
         spawn(j);
 }
 

@@ -42,10 +42,12 @@ struct toolclaims {
         bool (*write_begin)(struct write_op *op, const struct idem_step_owner *step,
                             int64_t epoch);
         bool (*write_done)(struct write_op *op);
-        /* resolve --retry|--done of a step (idem_service_settle_step):
-         * answered to by the driver (NULL, or false: the local store) */
+        /* resolve --retry|--done of a step, or its probe's word
+         * (idem_service_settle_step): answered to by the driver (NULL, or
+         * false: the local store) */
         bool (*settle_step)(struct daemon *d, const char *mandate_id, const char *step_id,
-                            bool complete, uid_t uid, const char *reason, struct op_reply to);
+                            bool complete, uid_t uid, const char *reason, const char *how,
+                            struct op_reply to);
 };
 
 extern const struct toolclaims toolclaims_files;

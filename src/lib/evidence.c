@@ -31,6 +31,7 @@ static void calls_free(void *p)
                 free((char *)mc->calls[i].key);
                 free((char *)mc->calls[i].tool);
                 free((char *)mc->calls[i].step);
+                free((char *)mc->calls[i].check);
         }
         free(mc->calls);
         free(mc);
@@ -69,10 +70,12 @@ static int add_one(struct evidence_index *ix, const char *mandate, const struct 
         c->key = strdup(src->key);
         c->tool = strdup(src->tool);
         c->step = strdup(src->step);
-        if (!c->key || !c->tool || !c->step) {
+        c->check = src->check ? strdup(src->check) : NULL;
+        if (!c->key || !c->tool || !c->step || (src->check && !c->check)) {
                 free((char *)c->key);
                 free((char *)c->tool);
                 free((char *)c->step);
+                free((char *)c->check);
                 return -ENOMEM;
         }
         mc->n++;
@@ -92,6 +95,7 @@ static int add_call(const struct idem_view *v, void *ctx)
                 .state = v->state,
                 .created_ms = v->created_ms,
                 .finished_ms = v->finished_ms,
+                .check = v->check,
         };
         return add_one(ctx, v->owner->mandate, &c);
 }
@@ -330,12 +334,14 @@ int evidence_for_mandate(const struct evidence_index *ix, const char *mandate_id
         }
         for (size_t i = 0; i < n;) {
                 size_t j = i;
-                unsigned nopen = 0, nfin = 0;
+                unsigned nopen = 0, nfin = 0, nchecks = 0;
                 for (; j < n && strcmp(c[j].step, c[i].step) == 0; j++) {
-                        if (is_open(c[j].state))
+                        if (is_open(c[j].state)) {
                                 nopen++;
-                        else
+                                nchecks += c[j].check != NULL;
+                        } else {
                                 nfin++;
+                        }
                 }
                 struct recovery_step_evidence *se = &em->steps[em->n];
                 int r = step_json(c, i, j, nopen, &em->json[em->n]);
@@ -346,6 +352,7 @@ int evidence_for_mandate(const struct evidence_index *ix, const char *mandate_id
                 *se = (struct recovery_step_evidence){
                         .step_id = c[i].step,
                         .idem_open = nopen,
+                        .idem_checks = nchecks,
                         .idem_finished = nfin,
                         .idem_json = em->json[em->n],
                 };
@@ -366,6 +373,7 @@ const char *evidence_source_name(const struct verdict *v)
                 { "declared_rerunnable", "step" },
                 { "no_command", "step" },
                 { "tool_call_interrupted", "idem" },
+                { "tool_check_inconclusive", "check" },
                 { "effects_journaled", "idem" },
                 { "current_state_matches_expected_post", "probe" },
                 { "current_pre_matches_expected", "probe" },

@@ -120,6 +120,62 @@ bool idem_valid_write_claim(const char *path, size_t path_len, const char *sha, 
         return true;
 }
 
+/* The tree of a check (see idem_valid_check), or false. */
+static bool check_tree_ok(const struct kjson *v)
+{
+        if (!v || v->type != KJSON_OBJECT)
+                return false;
+        const struct kjson *cmd = kjson_get(v, "cmd"), *argv = kjson_get(v, "argv");
+        if (!cmd || cmd->type != KJSON_ARRAY || cmd->u.arr.n < 1 ||
+            cmd->u.arr.n > IDEM_CHECK_WORDS || !argv || argv->type != KJSON_ARRAY)
+                return false;
+        for (size_t i = 0; i < cmd->u.arr.n; i++) {
+                const struct kjson *w = cmd->u.arr.items[i];
+                if (w->type != KJSON_STRING || w->u.str.len == 0 ||
+                    memchr(w->u.str.ptr, '\0', w->u.str.len))
+                        return false;
+        }
+        return true;
+}
+
+int idem_check_normalize(const char *json, size_t len, char **ret)
+{
+        *ret = NULL;
+        if (!json || len == 0 || len > IDEM_CHECK_MAX)
+                return -EINVAL;
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v = NULL;
+        struct kjson_error err = { 0 };
+        struct kbuf b = KBUF_INIT;
+        int r = a ? kjson_parse(a, json, len, &v, &err) : -ENOMEM;
+        if (r == 0 && !check_tree_ok(v))
+                r = -EINVAL;
+        if (r == 0)
+                r = kjson_write(&b, v);
+        if (r == 0 && b.len > IDEM_CHECK_MAX)
+                r = -EINVAL;
+        if (r == 0)
+                *ret = kbuf_steal(&b);
+        kbuf_free(&b);
+        kjson_arena_free(a);
+        return r == -ENOMEM || err.code == KJSON_E_NOMEM ? -ENOMEM : r < 0 ? -EINVAL : 0;
+}
+
+bool idem_valid_check(const char *json, size_t len)
+{
+        if (!json || len == 0 || len > IDEM_CHECK_MAX)
+                return false;
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v = NULL;
+        struct kjson_error err = { 0 };
+        struct kbuf b = KBUF_INIT;
+        bool ok = a && kjson_parse(a, json, len, &v, &err) == 0 && check_tree_ok(v) &&
+                  kjson_write(&b, v) == 0 && b.len == len && memcmp(b.data, json, len) == 0;
+        kbuf_free(&b);
+        kjson_arena_free(a);
+        return ok;
+}
+
 bool idem_valid_fp(const char *fp, size_t n)
 {
         if (n != CANON_HASH_STRLEN - 1 || memcmp(fp, "sha256-", 7) != 0)
@@ -283,6 +339,7 @@ static void entry_free(void *p)
                 return;
         idem_entry_clear_payload(e);
         free(e->wpath);
+        free(e->check);
         free(e);
 }
 
@@ -432,6 +489,9 @@ static int encode_record(struct kbuf *b, const char *op, const struct entry *e, 
                                       e->wsha, (unsigned long long)e->wbytes)) < 0 ||
                      (r = put_str(b, "path", e->wpath)) < 0 || (r = kbuf_puts(b, "}")) < 0))
                         goto fail;
+                if (e->check && ((r = kbuf_puts(b, ",\"check\":")) < 0 ||
+                                 (r = kbuf_puts(b, e->check)) < 0))
+                        goto fail;
                 if (is_finished(e) &&
                     (r = kbuf_printf(b, ",\"finished\":%lld", (long long)e->finished_ms)) < 0)
                         goto fail;
@@ -517,6 +577,7 @@ static void fill_view(const struct idem_store *s, const struct entry *e, struct 
         if (e->wpath)
                 v->write = (struct idem_write_claim){ .path = e->wpath, .sha256 = e->wsha,
                                                       .bytes = e->wbytes };
+        v->check = e->check;
         if (is_finished(e)) {
                 v->finished_ms = e->finished_ms;
                 v->expires_ms = e->finished_ms + s->ttl_ms;
@@ -600,6 +661,8 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
                                              req->write->sha256,
                                              req->write->sha256 ? strlen(req->write->sha256) : 0))
                 return -EINVAL;
+        if (req->check && !idem_valid_check(req->check, strlen(req->check)))
+                return -EINVAL;
         struct entry *e = find_live(s, key);
         if (e)
                 return decide(s, e, fp, v);
@@ -622,6 +685,10 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
                 }
                 memcpy(e->wsha, req->write->sha256, IDEM_SHA256_HEX + 1);
                 e->wbytes = req->write->bytes;
+        }
+        if (req->check && !(e->check = strdup(req->check))) {
+                idem_entry_drop(s, e);
+                return -ENOMEM;
         }
         r = emit(s, e, NULL, 0, NULL, lsn);
         if (r < 0) {

@@ -33,6 +33,7 @@ struct entry {
         char *wpath;                    /* write claim: path, NULL if none */
         char wsha[IDEM_SHA256_HEX + 1];
         uint64_t wbytes;
+        char *check;                    /* the call's check (JSON), NULL if none */
         char key[];
 };
 

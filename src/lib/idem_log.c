@@ -112,6 +112,8 @@ static int load_entry(struct idem_store *s, const char *key, size_t tool_len, co
         e->owner = (struct idem_step_owner){ 0 };
         free(e->wpath);
         e->wpath = NULL;
+        free(e->check);
+        e->check = NULL;
         *out = e;
         return 0;
 }
@@ -137,6 +139,24 @@ static int get_write(const struct kjson *obj, char **ret_path, char sha[IDEM_SHA
         memcpy(sha, h->u.str.ptr, IDEM_SHA256_HEX + 1);
         *ret_bytes = (uint64_t)bytes;
         return 0;
+}
+
+/* The optional check of a record (compact JSON, idem_valid_check): 0
+ * (absent, or kept in *ret), -EINVAL, -ENOMEM. */
+static int get_check(const struct kjson *obj, char **ret)
+{
+        *ret = NULL;
+        const struct kjson *v = kjson_get(obj, "check");
+        if (!v)
+                return 0;
+        struct kbuf b = KBUF_INIT;
+        int r = kjson_write(&b, v);
+        if (r == 0 && !idem_valid_check(b.data, b.len))
+                r = -EINVAL;
+        if (r == 0)
+                *ret = kbuf_steal(&b);
+        kbuf_free(&b);
+        return r;
 }
 
 /* The optional owner of a record: 0 (absent: *o cleared, or valid), -EINVAL. */
@@ -208,9 +228,14 @@ static int apply(struct loader *ld, const struct kjson *obj)
         struct idem_step_owner owner;
         char *wpath = NULL, wsha[IDEM_SHA256_HEX + 1];
         uint64_t wbytes = 0;
+        char *check = NULL;
         int r = get_owner(obj, &owner);
         if (r < 0 || (r = get_write(obj, &wpath, wsha, &wbytes)) < 0)
                 return r;
+        if ((r = get_check(obj, &check)) < 0) {
+                free(wpath);
+                return r;
+        }
         r = -EINVAL;
         if (st == IDEM_ST_COMPLETED || st == IDEM_ST_FAILED) {
                 const struct kjson *res = get_cstr(obj, "result");
@@ -249,6 +274,8 @@ static int apply(struct loader *ld, const struct kjson *obj)
                 memcpy(e->wsha, wsha, sizeof wsha);
                 e->wbytes = wbytes;
         }
+        free(e->check);
+        e->check = check;
         e->finished_ms = finished;
         e->lsn = 0;
         idem_entry_set_state(s, e, st);
@@ -259,6 +286,7 @@ out:
         free(msg);
         free(reason);
         free(wpath);
+        free(check);
         return r;
 }
 

@@ -63,7 +63,34 @@ static int evidence_sources(struct recovery *r, const struct fold_step *s,
                 }
         }
         const struct recovery_step_evidence *se = step_evidence(ev, s->step_id);
-        if (se && se->idem_open) {
+        if (se && se->idem_open && se->check == RECOVERY_PROBE_FAILED) {
+                /* a call's own check could not say: a human, with its words */
+                struct kbuf b = KBUF_INIT;
+                const char *o = se->check_output ? se->check_output : "";
+                const char *k = se->check_key ? se->check_key : "";
+                v->kind = VERDICT_MANUAL_REVIEW;
+                v->row = 0;
+                v->reason = "tool_check_inconclusive";
+                v->evidence = VERDICT_EV_STATUS;
+                if (kbuf_printf(&b, "\"tool_calls\":%s,\"check\":{\"key\":",
+                                se->idem_json ? se->idem_json : "null") < 0 ||
+                    kbuf_json_string_lossy(&b, k, strlen(k), 0) < 0 ||
+                    kbuf_puts(&b, ",\"output\":") < 0 ||
+                    kbuf_json_string_lossy(&b, o, strlen(o), 0) < 0 || kbuf_putc(&b, '}') < 0) {
+                        kbuf_free(&b);
+                        return -ENOMEM;
+                }
+                x = kbuf_steal(&b);
+                goto keep;
+        }
+        /* an open call that its own check or the schedule's probe can
+         * decide waits for them (run after READY=1); the probe's word,
+         * once given, decides the step below (the caller settles the
+         * calls with it) */
+        if (se && se->idem_open && se->probe == RECOVERY_PROBE_NONE &&
+            (se->idem_checks || ev->has_probe))
+                return 1;
+        if (se && se->idem_open && se->probe == RECOVERY_PROBE_NONE) {
                 v->kind = VERDICT_MANUAL_REVIEW;
                 v->row = 0;
                 v->reason = "tool_call_interrupted";
@@ -72,7 +99,8 @@ static int evidence_sources(struct recovery *r, const struct fold_step *s,
                         return -ENOMEM;
                 goto keep;
         }
-        if (ev->effects_via_kairosctl) {
+        /* (a call still open with the probe's word: the word decides) */
+        if (ev->effects_via_kairosctl && !(se && se->idem_open)) {
                 v->kind = VERDICT_SAFE_TO_RETRY;
                 v->row = 0;
                 v->reason = "effects_journaled";

@@ -699,6 +699,55 @@ static void test_recover_evidence_sources(void **state)
                         "\"status\":\"executing\"");
 }
 
+/* An open tool call that its own check or the schedule's probe can decide
+ * waits for them; a check that could not say pages a human with its
+ * words; the probe's word decides a step whose call is still open. */
+static void test_recover_open_call_checks(void **state)
+{
+        (void)state;
+        struct sim s;
+        struct decide_recovery dr;
+        struct recovery_step_evidence se = { .step_id = "act_001", .idem_open = 1,
+                                             .idem_checks = 1,
+                                             .idem_json = "[{\"key\":\"cmd:k\"}]" };
+        struct recovery_evidence ev = { .effects = 1u << PHASE_ACT,
+                                        .effects_via_kairosctl = true,
+                                        .has_command = { true, true, true, true, true },
+                                        .steps = &se, .nsteps = 1 };
+        interrupted_at(&s, PHASE_ACT);
+        /* its check first */
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PROBING);
+        assert_string_equal(dr.probe_step, "act_001");
+        decide_recovery_release(&dr);
+        /* no check, the schedule's probe */
+        se.idem_checks = 0;
+        ev.has_probe = true;
+        assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PROBING);
+        decide_recovery_release(&dr);
+        sim_free(&s);
+        /* the probe's word decides, not EffectsVia= (the call is open) */
+        se.probe = RECOVERY_PROBE_NOT_STARTED;
+        expect_evidence(PHASE_ACT, &ev, VERDICT_SAFE_TO_RETRY, "current_pre_matches_expected",
+                        "\"source\":\"probe\"");
+        /* the check could not say */
+        se.probe = RECOVERY_PROBE_NONE;
+        se.idem_checks = 1;
+        se.check = RECOVERY_PROBE_FAILED;
+        se.check_key = "cmd:k";
+        se.check_output = "no idea";
+        expect_evidence(PHASE_ACT, &ev, VERDICT_MANUAL_REVIEW, "tool_check_inconclusive",
+                        "\"tool_calls\":[{\"key\":\"cmd:k\"}],\"check\":{\"key\":\"cmd:k\","
+                        "\"output\":\"no idea\"}");
+        /* neither: a human, as before */
+        se.check = RECOVERY_PROBE_NONE;
+        se.idem_checks = 0;
+        ev.has_probe = false;
+        expect_evidence(PHASE_ACT, &ev, VERDICT_MANUAL_REVIEW, "tool_call_interrupted",
+                        "\"tool_calls\":[{\"key\":\"cmd:k\"}]");
+}
+
 static void test_recover_probe_done_completes(void **state)
 {
         (void)state;
@@ -788,11 +837,10 @@ static void test_recover_awaits_probe(void **state)
         assert_string_equal(dr.review_reason, "interrupted_during_execution");
         decide_recovery_release(&dr);
         ev.has_probe = true;
-        /* sources 2 and 3 come before the probe */
+        /* an open call of the step waits for the probe too (before a human) */
         se.idem_open = 1;
         assert_int_equal(decide_recover(s.f, false, &ev, &dr), 0);
-        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
-        assert_string_equal(dr.review_reason, "tool_call_interrupted");
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PROBING);
         decide_recovery_release(&dr);
         se.idem_open = 0;
         ev.effects_via_kairosctl = true;
@@ -924,15 +972,16 @@ static void test_recover_evidence_from_store(void **state)
         evidence_mandate_release(&em);
         evidence_index_free(ix);
 
-        /* with Probe=, a call of the step cut off decides first (source 3):
-         * no probe is asked */
+        /* with Probe=, a call of the step cut off is the probe's to decide
+         * too, before a human */
         owned_call(st, s.mid, "act_001", "cut", false);
-        d = decide_with(&s, st, &es, &ix, &em, &dr);
+        assert_int_equal(evidence_index_build(st, &ix), 0);
+        assert_int_equal(evidence_for_mandate(ix, s.mid, &es, &em), 0);
         assert_true(em.ev.has_probe);
-        assert_int_equal(dr.mandate, DECIDE_MANDATE_PAUSED_REVIEW);
-        assert_int_equal(d->verdict.kind, VERDICT_MANUAL_REVIEW);
-        assert_string_equal(d->verdict.reason, "tool_call_interrupted");
-        assert_non_null(strstr(d->record.evidence_json, "\"key\":\"cmd:cut\""));
+        assert_int_equal(em.ev.steps[0].idem_open, 1);
+        assert_int_equal(decide_recover(s.f, false, &em.ev, &dr), 0);
+        assert_int_equal(dr.mandate, DECIDE_MANDATE_PROBING);
+        assert_string_equal(dr.probe_step, "act_001");
         decide_recovery_release(&dr);
         evidence_mandate_release(&em);
         evidence_index_free(ix);
@@ -979,6 +1028,7 @@ int main(void)
                 cmocka_unit_test(test_recover_plan_kept_and_corrupt),
                 cmocka_unit_test(test_recover_wal_alone_pauses),
                 cmocka_unit_test(test_recover_evidence_sources),
+                cmocka_unit_test(test_recover_open_call_checks),
                 cmocka_unit_test(test_recover_probe_done_completes),
                 cmocka_unit_test(test_recover_awaits_probe),
                 cmocka_unit_test(test_recover_evidence_from_store),

@@ -655,6 +655,62 @@ static void test_write_claim_and_settle(void **state)
         assert_string_equal(v.write.path, w.path);
 }
 
+/* A tool run's check is kept with its claim: in the begin record, through
+ * a reload, a settle and a compaction; a bad one is refused; an entry
+ * without one has none. */
+static void test_check_recorded_and_reloaded(void **state)
+{
+        struct fx *f = *state;
+        static const char chk[] = "{\"cmd\":[\"sh\",\"/c \\\"q\\\"\"],\"argv\":[\"sh\",{\"b64\":\"/w==\"}]}";
+        struct idem_request r1 = rq("cmd", "k1", "{}");
+        struct idem_request r2 = rq("cmd", "k2", "{}");
+        struct idem_view v;
+        uint64_t lsn;
+        char *norm = NULL;
+
+        open_fresh(f);
+        static const char *const bad[] = {
+                "{}", "[]", "{\"cmd\":[],\"argv\":[]}", "{\"cmd\":[\"\"],\"argv\":[]}",
+                "{\"cmd\":[\"x\"]}", "{\"cmd\":[1],\"argv\":[]}", "{\"cmd\":[\"x\"],\"argv\":{}}",
+                "{\"cmd\":[\"x\"], \"argv\":[]}", /* not compact */
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                r1.check = bad[i];
+                assert_int_equal(idem_begin(f->s, &r1, &v, &lsn), -EINVAL);
+        }
+        static const char loose[] = "{\"cmd\":[\"x\"], \"argv\":[ ]}";
+        assert_int_equal(idem_check_normalize(loose, strlen(loose), &norm), 0);
+        assert_string_equal(norm, "{\"cmd\":[\"x\"],\"argv\":[]}");
+        free(norm);
+        assert_int_equal(idem_check_normalize("{\"cmd\":[]}", 10, &norm), -EINVAL);
+        assert_null(norm);
+        r1.check = chk;
+        assert_int_equal(idem_begin(f->s, &r1, &v, &lsn), IDEM_PROCEED);
+        assert_string_equal(v.check, chk);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_null(v.check);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        size_t len;
+        char *log = slurp(f->log, &len);
+        assert_non_null(strstr(log, ",\"check\":{\"cmd\":[\"sh\",\"/c \\\"q\\\"\"],"));
+        free(log);
+        /* the daemon dies: the call comes back interrupted, with its check */
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(idem_get(f->s, "cmd:k1", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_INTERRUPTED);
+        assert_string_equal(v.check, chk);
+        assert_int_equal(idem_get(f->s, "cmd:k2", &v), 0);
+        assert_null(v.check);
+        /* settled by its check: completed, the check kept */
+        assert_int_equal(idem_settle_complete(f->s, "cmd:k1", "{}", 2, &lsn), 0);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        assert_int_equal(idem_compact_sync(f->s, f->l), 0);
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(idem_get(f->s, "cmd:k1", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_COMPLETED);
+        assert_string_equal(v.check, chk);
+}
+
 /* idem_log_read: an offline reader (kairosctl recover --dry-run) sees what a
  * daemon's start would (processing → interrupted, owners) and changes nothing
  * on disk: no directory made, a torn tail counted but not cut, no lock. */
@@ -1023,6 +1079,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_owner_recorded_and_reloaded, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_write_claim_and_settle, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_check_recorded_and_reloaded, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_owner_bad_in_log_is_corruption, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_abandon, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_reload_after_begin_only_is_interrupted, setup, teardown),
