@@ -2,7 +2,7 @@
 /* kairosctl tool run / tool write / idem stats|get|forget: the idempotency
  * store of kairosd (docs/design.md §11).
  *
- * tool run --key K [--tool NAME] -- CMD ARGS...
+ * tool run --key K [--tool NAME] [--check CHECK] -- CMD ARGS...
  *   claims "NAME:K" from the daemon (tool-begin) on a connection that stays
  *   open while CMD runs: the daemon answers "proceed" only once the claim is
  *   durable; a connection that closes before tool-finish leaves the key
@@ -10,7 +10,9 @@
  *   passed through and captured; tool-finish reports the exit status and
  *   both streams (base64), and is answered once that record is durable.  A
  *   duplicate replays the cached exit status, stdout and stderr byte for
- *   byte without running CMD.
+ *   byte without running CMD.  --check CHECK (split like a command line of
+ *   kairos.schedule(5), nothing expanded) goes with the claim: recovery runs
+ *   it for a call a crash cut off (docs/design.md §8).
  * tool write --key K PATH
  *   stdin → PATH, written atomically by the daemon (within WriteRoots=,
  *   following no symbolic link below a root), once per key; a write that

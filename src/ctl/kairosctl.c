@@ -67,9 +67,10 @@ static const struct ctl_command commands[] = {
         { "metrics", ctl_cmd_metrics, true, "[--openmetrics]",
           "kairosd's metrics in the Prometheus text format (the format of MetricsFile=),\n"
           "or with --openmetrics in OpenMetrics 1.0." },
-        { "tool run", ctl_cmd_tool_run, true, "--key K [--tool NAME] -- CMD ARGS...",
+        { "tool run", ctl_cmd_tool_run, true, "--key K [--tool NAME] [--check CHECK] -- CMD ARGS...",
           "For handlers: run CMD at most once per key; a duplicate replays the stored\n"
-          "exit status, output and error." },
+          "exit status, output and error. --check CHECK: the command line recovery\n"
+          "runs to ask whether CMD took effect when a crash cut the call off." },
         { "tool write", ctl_cmd_tool_write, true, "--key K PATH",
           "For handlers: the daemon writes standard input to PATH atomically, at most\n"
           "once per key, only inside its WriteRoots=." },

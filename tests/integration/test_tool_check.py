@@ -163,7 +163,9 @@ class ToolCheck(unittest.TestCase):
         self.assertEqual(e["result"]["settled"], "by its check", e)
         self.assertEqual(e["result"]["check_result"], {"by": "check"}, e)
         # what the check was given: the call's key, tool, argv
-        self.assertEqual(json.loads(open(os.path.join(self.out, "check.stdin")).read()),
+        with open(os.path.join(self.out, "check.stdin")) as f:
+            stdin = json.load(f)
+        self.assertEqual(stdin,
                          {"tool": "cmd", "key": "%s/act_001" % self.mid,
                           "argv": ["sh", os.path.join(self.out, "effect.sh"), "an arg"]})
         env = dict(x.split("=", 1) for x in self.lines("check.env") if "=" in x)
@@ -261,13 +263,13 @@ class ToolCheck(unittest.TestCase):
             self.assertIn("--check", p.stderr)
             self.assertIn(why, p.stderr)
 
-    def test_old_log_without_check_loads(self):
-        """A begin record without "check" (an older log) still loads: the
-        call is interrupted and, with neither check nor probe, reviewed."""
+    def test_check_is_kept_with_the_claim(self):
+        """The check is in the begin record, durable before the command ran
+        (logs without it load: tests/unit/test_idem_log.c)."""
         self.setup_case(check=True)
         self.crash()
-        path = os.path.join(self.state, "idem", "idem.jsonl")
         recs = self.idem_records()
+        self.assertEqual(recs[-1]["op"], "begin")
         self.assertIn("check", recs[-1])
         self.assertEqual(recs[-1]["check"]["cmd"], ["sh", os.path.join(self.out, "check.sh"),
                                                     "x"])
@@ -293,7 +295,7 @@ class ToolKills(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def run_case(self, with_check):
+    def run_case(self, with_check, with_probe=True, expect_alone=True):
         kills = int(os.environ.get("KAIROS_TOOL_KILLS", "3"))
         alone = dup = done = 0
         ends = {}
@@ -303,7 +305,7 @@ class ToolKills(unittest.TestCase):
             try:
                 with open(os.path.join(t.out, "effect.sh"), "w") as f:
                     f.write(LONG_EFFECT)
-                t.setup_case(check=with_check, probe=not with_check)
+                t.setup_case(check=with_check, probe=with_probe and not with_check)
                 t.crash_during()
                 t.start()
                 deadline = time.monotonic() + 60
@@ -319,16 +321,24 @@ class ToolKills(unittest.TestCase):
                     done += 1
             finally:
                 t.tearDown()
+        what = "--check" if with_check else "Probe=" if with_probe else "neither"
         print("\n%s: %d kills inside a 2 s tool run: %d decided alone, %d duplicates, "
-              "final states %s; load %s" % ("--check" if with_check else "Probe=", kills, alone,
-                                            dup, ends, os.getloadavg()), file=sys.stderr)
-        self.assertEqual((alone, dup, done), (kills, 0, kills))
+              "final states %s; load %s" % (what, kills, alone, dup, ends, os.getloadavg()),
+              file=sys.stderr)
+        if expect_alone:
+            self.assertEqual((alone, dup, done), (kills, 0, kills))
+        else:
+            self.assertEqual((dup, ends), (0, {"paused_review": kills}))
 
     def test_kills_with_check(self):
         self.run_case(True)
 
     def test_kills_with_probe(self):
         self.run_case(False)
+
+    def test_kills_with_neither(self):
+        """(the client died with the handler: a human decides, as before)"""
+        self.run_case(False, with_probe=False, expect_alone=False)
 
 
 if __name__ == "__main__":
