@@ -69,6 +69,10 @@ KAIROS_EPOCH=$((KAIROS_EPOCH + 7)) "$KAIROSCTL" tool run --key "wrong-$KAIROS_ID
 echo $? > "$OUT/wrong.rc"
 KAIROS_EPOCH=x "$KAIROSCTL" tool run --key "bad-$KAIROS_IDEM_KEY" -- true 2> /dev/null
 echo $? > "$OUT/bad.rc"
+# the database keeps no check: --check is refused, the tool does not run
+"$KAIROSCTL" tool run --key "chk-$KAIROS_IDEM_KEY" --check true -- \
+  sh -c 'echo ran >> "$0"' "$OUT/chk" 2> "$OUT/chk.err"
+echo $? > "$OUT/chk.rc"
 touch "$OUT/waiting"
 while [ ! -e "$OUT/go" ]; do sleep 0.05; done
 "$KAIROSCTL" tool run --key "late-$KAIROS_IDEM_KEY" -- sh -c 'echo ran >> "$0"' "$OUT/late" \
@@ -168,6 +172,11 @@ class ToolCalls(unittest.TestCase):
         self.assertIn("epoch %d" % (epoch + 7), self.read("wrong.err"))
         self.assertFalse(os.path.exists(os.path.join(self.out, "wrong")))
         self.assertEqual(self.read("bad.rc").strip(), "64")
+        self.assertEqual(self.read("chk.rc").strip(), "1", self.read("chk.err"))
+        self.assertIn("--check is not supported in cluster mode", self.read("chk.err"))
+        self.assertFalse(os.path.exists(os.path.join(self.out, "chk")))
+        self.assertEqual(self.sql("SELECT count(*) FROM kairos_idem WHERE key = 'cmd:chk-%s'"
+                                  % key), [["0"]])
         self.assertEqual(self.read("mismatch.rc").strip(), "65")
         self.assertIn("not written again", self.read("write2.out"))
         self.assertEqual(self.read("fail1.rc").strip(), "127")
