@@ -393,6 +393,7 @@ static void word_fails(struct probe_decision *pd, const char *what, const char *
 static void check_settled(void *ctx, int err)
 {
         struct probe_decision *pd = ctx;
+        pd->m->busy--;
         if (err < 0) {
                 char why[IDEM_FULL_KEY_SIZE + 256];
                 snprintf(why, sizeof why, "the call %s could not be settled in the store: %s",
@@ -414,6 +415,7 @@ static void check_settled(void *ctx, int err)
 static void probe_settled(void *ctx, const struct op_result *res)
 {
         struct probe_decision *pd = ctx;
+        pd->m->busy--;
         if (res->code) {
                 char why[1200];
                 snprintf(why, sizeof why, "the step's tool calls could not be %s: %s",
@@ -479,6 +481,8 @@ static void decide(struct probe_job *j)
         if (pd->word.probe == RECOVERY_PROBE_FAILED) {
                 decide_submit(pd);
         } else if (j->is_check) {
+                /* (the mandate is kept alive until the call is settled) */
+                m->busy++;
                 char why[IDEM_FULL_KEY_SIZE + 128];
                 snprintf(why, sizeof why,
                          "released by its check at recovery (it said not_started): %s %s",
@@ -486,6 +490,7 @@ static void decide(struct probe_job *j)
                 idem_service_settle_check(m->d, j->chk.key, done, pd->word.result_json, why,
                                           check_settled, pd);
         } else if (idem_service_step_may_own_open(m->d, m->id, j->step_id)) {
+                m->busy++;
                 idem_service_settle_step(m->d, m->id, j->step_id, done, getuid(),
                                          done ? "its probe said done"
                                               : "its probe said not_started",
