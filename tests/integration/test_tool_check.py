@@ -24,6 +24,7 @@ The 20-kill figure of the long run: KAIROS_TOOL_KILLS=20 (default 3).
 No sleeps as synchronization: READY=1, log lines, files with a deadline."""
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -277,16 +278,20 @@ class ToolCheck(unittest.TestCase):
 
 # ---- the long run: N kills inside a 2-second tool run ----
 
+# the effect made at the start of 2 s of work, or ($OUT/late) at its end
 LONG_EFFECT = r"""
-echo "$KAIROS_IDEM_KEY" >> "$OUT/outbox"
+[ -e "$OUT/late" ] || echo "$KAIROS_IDEM_KEY" >> "$OUT/outbox"
 touch "$OUT/started"
 sleep 2
+[ -e "$OUT/late" ] && echo "$KAIROS_IDEM_KEY" >> "$OUT/outbox"
+exit 0
 """
 
 
 class ToolKills(unittest.TestCase):
     """KAIROS_TOOL_KILLS kill -9s of kairosd inside a 2 s tool run (its
-    effect made at once, then 2 s of work), for --check and for Probe=:
+    effect made at its start in even rounds, at its end in odd ones; the
+    kill at a random point of the first 1.5 s), for --check and for Probe=:
     how many decided alone, duplicates, final states."""
 
     def setUp(self):
@@ -297,8 +302,10 @@ class ToolKills(unittest.TestCase):
 
     def run_case(self, with_check, with_probe=True, expect_alone=True):
         kills = int(os.environ.get("KAIROS_TOOL_KILLS", "3"))
-        alone = dup = done = 0
+        alone = dup = done = lost = 0
         ends = {}
+        seed = int(os.environ.get("KAIROS_TOOL_SEED", random.randrange(1 << 30)))
+        rng = random.Random(seed)
         for i in range(kills):
             t = ToolCheck("test_neither_needs_review")
             t.setUp()
@@ -306,7 +313,17 @@ class ToolKills(unittest.TestCase):
                 with open(os.path.join(t.out, "effect.sh"), "w") as f:
                     f.write(LONG_EFFECT)
                 t.setup_case(check=with_check, probe=with_probe and not with_check)
-                t.crash_during()
+                if i % 2:
+                    t.touch("late")
+                t.start()
+                r = json.loads(t.ctl("--json", "fire", "job", "--at",
+                                     "2030-01-01T00:00:00Z").stdout)
+                t.mid = r["mandate"]
+                ter.wait_file(os.path.join(t.out, "started"), t.daemon)
+                time.sleep(rng.uniform(0, 1.5))  # the kill point (not a synchronization)
+                t.daemon.kill()
+                t.daemon.proc.stderr.close()
+                t.kill_handlers()
                 t.start()
                 deadline = time.monotonic() + 60
                 while True:
@@ -315,6 +332,7 @@ class ToolKills(unittest.TestCase):
                         break
                     time.sleep(0.05)  # polling the mandate's state with a deadline
                 dup += max(0, len(t.lines("outbox")) - 1)
+                lost += st == "done" and not t.lines("outbox")
                 ends[st] = ends.get(st, 0) + 1
                 if st == "done":
                     alone += 1
@@ -322,11 +340,12 @@ class ToolKills(unittest.TestCase):
             finally:
                 t.tearDown()
         what = "--check" if with_check else "Probe=" if with_probe else "neither"
-        print("\n%s: %d kills inside a 2 s tool run: %d decided alone, %d duplicates, "
-              "final states %s; load %s" % (what, kills, alone, dup, ends, os.getloadavg()),
+        print("\n%s: %d kills inside a 2 s tool run (seed %d): %d decided alone, "
+              "%d duplicates, %d done without their effect, final states %s; load %s"
+              % (what, kills, seed, alone, dup, lost, ends, os.getloadavg()),
               file=sys.stderr)
         if expect_alone:
-            self.assertEqual((alone, dup, done), (kills, 0, kills))
+            self.assertEqual((alone, dup, lost, done), (kills, 0, 0, kills))
         else:
             self.assertEqual((dup, ends), (0, {"paused_review": kills}))
 
