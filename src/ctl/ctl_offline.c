@@ -970,7 +970,9 @@ static void recover_plan_text(const struct fold *f, const struct recovery_plan *
         case RECOVERY_AWAIT_PROBE:
                 printf("    -> would run the probe for ");
                 ctl_put_safe(stdout, rp->probe_step);
-                printf(" (kairosd runs it after READY=1; the mandate is probing meanwhile)\n");
+                printf(" (kairosd runs it, or first the checks of the step's interrupted tool "
+                       "calls, after READY=1; the mandate is probing meanwhile; --probe runs "
+                       "them now)\n");
                 break;
         }
 }

@@ -318,9 +318,8 @@ int ctl_probe_run(const struct config *cfg, const struct config_schedule *sc,
         struct proc pr = { .pid = -1, .in = -1, .out = -1, .err = -1 };
         char why[256] = "";
         int r = stepdoc_build(f, p, idx, &in, &doc);
-        const char *colon = call ? strchr(call->key, ':') : NULL;
-        if (r == 0 && !(env = probe_env(cfg, sc, f, p, s, (int)idx, mandate_id,
-                                        colon ? colon + 1 : idem_key, call)))
+        if (r == 0 && !(env = probe_env(cfg, sc, f, p, s, (int)idx, mandate_id, idem_key,
+                                        call)))
                 r = -ENOMEM;
         if (r == 0 && call) {
                 /* the call's check: its words as given, its stdin the call */

@@ -266,8 +266,13 @@ static void decide_done(void *arg)
                           "recovery: %s %s: %s (%s): %s", m->id, pd->decs[i].step_id,
                           verdict_kind_name(pd->decs[i].kind), pd->decs[i].reason,
                           pd->decs[i].action);
+                /* the probe's step: its source by its reason (after a check:
+                 * the store, or the check) */
+                const struct verdict why = { .reason = pd->decs[i].reason };
                 metrics_verdict(d->metrics, verdict_kind_name(pd->decs[i].kind),
-                                strcmp(pd->decs[i].step_id, pd->step_id) == 0 ? "probe" : "wal",
+                                strcmp(pd->decs[i].step_id, pd->step_id) != 0 ? "wal"
+                                : pd->is_check ? evidence_source_name(&why)
+                                               : "probe",
                                 pd->decs[i].reason);
                 s->decisions++;
                 if (pd->decs[i].kind == VERDICT_ALREADY_DONE)
@@ -553,16 +558,16 @@ static char **probe_env(const struct probe_job *j, const struct config_schedule 
 
 static void spawn_check(struct probe_job *j, const struct config_schedule *sc);
 
-/* The environment of a handler of the step, its KAIROS_IDEM_KEY the call's
- * key, plus KAIROS_CHECK=1, KAIROS_TOOL and KAIROS_TOOL_KEY. */
+/* The environment of a handler of the step (KAIROS_IDEM_KEY the step's, as
+ * for the probe: one script may serve both), plus KAIROS_CHECK=1,
+ * KAIROS_TOOL and KAIROS_TOOL_KEY (the call's full key). */
 static char **check_env(const struct probe_job *j, const struct config_schedule *sc)
 {
         const struct mandate *m = j->m;
-        const char *colon = strchr(j->chk.key, ':');
         const struct runenv_step step = {
                 .mandate_id = m->id, .plan_id = j->plan_id, .step_id = j->step_id,
                 .phase = j->phase, .cycle = j->cycle,
-                .idem_key = colon ? colon + 1 : j->chk.key, .schedule = m->schedule,
+                .idem_key = j->idem_key, .schedule = m->schedule,
                 .fired_at = m->fired_at, .goal = m->goal, .attempt = j->attempt,
                 .control_socket = m->d->cfg->control_socket,
         };

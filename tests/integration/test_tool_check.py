@@ -41,10 +41,10 @@ ACT_SH = r"""#!/bin/sh
 cat >/dev/null
 ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.handler"
 if [ -e "$OUT/use-check" ]; then
-        exec "$KAIROSCTL" tool run --key "$KAIROS_IDEM_KEY" --check "sh '$OUT/check.sh' x" \
+        exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" --check "sh '$OUT/check.sh' x" \
                 -- sh "$OUT/effect.sh" "an arg"
 fi
-exec "$KAIROSCTL" tool run --key "$KAIROS_IDEM_KEY" -- sh "$OUT/effect.sh" "an arg"
+exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh "$OUT/effect.sh" "an arg"
 """
 
 # the effect: one line in the outbox per run; the first attempt then waits
@@ -120,7 +120,7 @@ class ToolCheck(unittest.TestCase):
 
     def crash(self):
         self.crash_during()
-        self.key = "cmd:%s/act_001" % self.mid
+        self.key = "cmd:out-%s/act_001" % self.mid
         self.assertEqual(self.idem_log_state(), "begin")
 
     def idem_records(self):
@@ -167,7 +167,7 @@ class ToolCheck(unittest.TestCase):
         with open(os.path.join(self.out, "check.stdin")) as f:
             stdin = json.load(f)
         self.assertEqual(stdin,
-                         {"tool": "cmd", "key": "%s/act_001" % self.mid,
+                         {"tool": "cmd", "key": "out-%s/act_001" % self.mid,
                           "argv": ["sh", os.path.join(self.out, "effect.sh"), "an arg"]})
         env = dict(x.split("=", 1) for x in self.lines("check.env") if "=" in x)
         self.assertEqual((env["KAIROS_CHECK"], env["KAIROS_TOOL"], env["KAIROS_TOOL_KEY"],
