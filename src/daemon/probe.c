@@ -844,7 +844,8 @@ void probe_enqueue(struct mandate *m, const char *step_id)
                 P.q_head = j;
         P.q_tail = j;
         log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", step_id }),
-                  "recovery: %s %s: interrupted; its probe decides (after READY=1)", m->id,
+                  "recovery: %s %s: interrupted; its tool calls' checks or its probe decide (after "
+                  "READY=1)", m->id,
                   step_id);
         start_next();
 }

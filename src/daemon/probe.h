@@ -16,7 +16,14 @@
  * mandate resumes or is paused for review.  At most PROBES_MAX_RUNNING run
  * at once.  A probe whose mandate stopped probing meanwhile (cancelled), or
  * that was cut short by kairosd stopping, leaves nothing behind: the step
- * stays open and the next start probes it again. */
+ * stays open and the next start probes it again.
+ *
+ * A step with interrupted tool calls that carry their own check (kairosctl
+ * tool run --check) runs those checks first, one at a time, the same way;
+ * each word settles its call in the store (idem_service_settle_check)
+ * before the step is decided again from the store (docs/design.md §8).
+ * The probe's word on a step with interrupted calls settles them too
+ * (idem_service_settle_step), before its records. */
 #pragma once
 
 #include <stdbool.h>

@@ -151,10 +151,19 @@ class ToolCheck(unittest.TestCase):
     def test_check_done_completes_the_call(self):
         self.setup_case(check=True)
         self.crash()
-        plan, _ = self.dry_probe()
+        plan, p = self.dry_probe()
         dec = [d for d in plan["decisions"] if d["step_id"] == "act_001"]
         self.assertEqual((dec[0]["verdict"], dec[0]["reason"]),
                          ("safe_to_retry", "effects_journaled"), plan)
+        checks = json.loads(p.stdout)["files"][0]["checks"]
+        self.assertEqual([(c["step"], c["key"], c["said"], c["result"]) for c in checks],
+                         [("act_001", self.key, "done", {"by": "check"})], checks)
+        # the text says it too, and the check ran (the dry run's own run)
+        t = subprocess.run([KAIROSCTL, "recover", "--dry-run", "--probe", "--state-dir",
+                            self.state, "--config", self.conf], capture_output=True, text=True,
+                           timeout=60)
+        self.assertIn("check of tool call %s said done" % self.key, t.stdout)
+        self.assertIn("(would complete the call)", t.stdout)
         self.start()
         self.daemon.wait_log("tool call %s completed by its check" % self.key)
         self.wait_end("done after")
