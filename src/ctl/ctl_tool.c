@@ -828,6 +828,19 @@ static int text_get(json_t *r)
         } else {
                 field("owner:", "none (not called from a step's handler)");
         }
+        json_t *chk = json_object_get(json_object_get(r, "check"), "cmd");
+        if (json_is_array(chk)) {
+                /* the words as stored (the call's own check) */
+                printf("  %-12s ", "check:");
+                size_t i;
+                json_t *w;
+                json_array_foreach(chk, i, w) {
+                        if (i)
+                                putchar(' ');
+                        ctl_put_safe(stdout, json_string_value(w));
+                }
+                putchar('\n');
+        }
         if (json_is_integer(json_object_get(res, "exit_status"))) {
                 snprintf(num, sizeof num, "%lld", jint(res, "exit_status"));
                 field("exit status:", num);

@@ -189,6 +189,8 @@ void idem_get_entry(const struct idem_call *in)
         if (v.reason)
                 json_object_set_new(res, "reason", json_string(v.reason));
         json_object_set_new(res, "owner", idem_core_step_json(v.owner));
+        if (v.check)
+                json_object_set_new(res, "check", json_loads(v.check, 0, NULL));
         if (v.result_len > 0) {
                 json_t *pl = json_loadb(v.result, v.result_len, 0, NULL);
                 json_object_set_new(res, "result", pl ? pl : json_pack("{s:o}", "result_b64",

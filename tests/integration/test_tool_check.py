@@ -171,6 +171,9 @@ class ToolCheck(unittest.TestCase):
         e = json.loads(self.ctl("--json", "idem", "get", self.key).stdout)
         self.assertEqual(e["state"], "completed", e)
         self.assertEqual(e["result"]["settled"], "by its check", e)
+        self.assertEqual(e["check"]["cmd"], ["sh", os.path.join(self.out, "check.sh"), "x"], e)
+        self.assertIn("  check:       sh %s x\n" % os.path.join(self.out, "check.sh"),
+                      self.ctl("idem", "get", self.key).stdout)
         self.assertEqual(e["result"]["check_result"], {"by": "check"}, e)
         # what the check was given: the call's key, tool, argv
         with open(os.path.join(self.out, "check.stdin")) as f:
