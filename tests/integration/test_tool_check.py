@@ -34,7 +34,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_evidence_recovery as ter  # noqa: E402
-from kairos_harness import KAIROSCTL, NotifySocket  # noqa: E402
+from kairos_harness import KAIROSCTL, Client  # noqa: E402
 
 # the act: one tool run of $OUT/effect.sh, with the check when $OUT/use-check
 ACT_SH = r"""#!/bin/sh
@@ -275,6 +275,25 @@ class ToolCheck(unittest.TestCase):
             self.assertEqual(p.returncode, 64, (bad, p.stderr))
             self.assertIn("--check", p.stderr)
             self.assertIn(why, p.stderr)
+
+    def test_bad_check_request_is_refused(self):
+        """tool-begin with a bad args.check: bad_argument naming it, nothing
+        claimed."""
+        self.setup_case()
+        self.start()
+        c = Client(self.daemon.socket_path)
+        try:
+            for bad in ({"cmd": []}, {"cmd": [""]}, {"cmd": "sh"}, {"cmd": [1]}, "sh",
+                        {"cmd": ["x" * 70000]}):
+                r = c.call("tool-begin", tool="cmd", key="k", input={"argv": ["true"]},
+                           check=bad)
+                self.assertFalse(r["ok"], r)
+                self.assertEqual(r["error"]["code"], "bad_argument", r)
+                self.assertIn("args.check", r["error"]["message"], r)
+            r = c.call("idem-get", key="cmd:k")
+            self.assertFalse(r["ok"], r)
+        finally:
+            c.close()
 
     def test_check_is_kept_with_the_claim(self):
         """The check is in the begin record, durable before the command ran
