@@ -92,6 +92,7 @@ static int add_call(const struct idem_view *v, void *ctx)
                 .state = v->state,
                 .created_ms = v->created_ms,
                 .finished_ms = v->finished_ms,
+                .client = v->client,
         };
         return add_one(ctx, v->owner->mandate, &c);
 }

@@ -33,6 +33,7 @@ struct entry {
         char *wpath;                    /* write claim: path, NULL if none */
         char wsha[IDEM_SHA256_HEX + 1];
         uint64_t wbytes;
+        struct idem_client client;      /* client.pid 0 if none */
         char key[];
 };
 
