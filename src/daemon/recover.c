@@ -215,28 +215,26 @@ static void settle_status(struct recover_job *j, const struct fold *f,
         }
 }
 
-/* The hold (toolhold.h), a step of its own before anything is recorded:
- * the step that recovery would leave to a human or a probe has open tool
- * calls whose clients still run (they outlived the last kairosd).  Then
- * nothing is decided now: true, with their pidfds in j->hold. */
-static bool hold_running_calls(struct recover_job *j, const struct evidence_index *ix,
-                               const struct recovery *rec)
+/* The hold (toolhold.h), a step of its own before anything is recorded: a
+ * step of the mandate has open tool calls whose clients still run (they
+ * outlived the last kairosd; only the step that was running can have
+ * them).  Whatever recovery would decide for it (a human, a probe, a check,
+ * a re-run), the call is still making its effect: nothing is decided now.
+ * true, with their pidfds in j->hold. */
+static bool hold_running_calls(struct recover_job *j, const struct evidence_index *ix)
 {
         const struct evidence_call *calls;
         size_t n = ix ? evidence_index_calls(ix, j->m->id, &calls) : 0;
-        if (n == 0 || j->grace_ms == 0)
+        if (j->grace_ms == 0)
                 return false;
-        for (size_t i = 0; i < rec->nplans; i++) {
-                const struct recovery_plan *rp = &rec->plans[i];
-                const char *step = rp->outcome == RECOVERY_PAUSED_REVIEW ? rp->pause_step
-                                   : rp->outcome == RECOVERY_AWAIT_PROBE ? rp->probe_step
-                                                                         : NULL;
-                if (!step)
+        for (size_t i = 0; i < n; i++) {
+                if ((calls[i].state != IDEM_ST_PROCESSING &&
+                     calls[i].state != IDEM_ST_INTERRUPTED) || calls[i].client.pid <= 0)
                         continue;
-                j->nhold = toolhold_find(calls, n, step, j->hold, TOOLHOLD_MAX);
+                j->nhold = toolhold_find(calls, n, calls[i].step, j->hold, TOOLHOLD_MAX);
                 if (j->nhold == 0)
                         continue;
-                if (!(j->hold_step = strdup(step))) {
+                if (!(j->hold_step = strdup(calls[i].step))) {
                         toolhold_release(j->hold, j->nhold);
                         j->nhold = 0;
                         return false;
@@ -336,7 +334,7 @@ static void recover_work(void *arg)
         /* (the configuration cannot change before READY=1) */
         if (!later)
                 j->grace_ms = j->d->cfg->tool_grace_sec * 1000;
-        if (!later && hold_running_calls(j, snap.ix, rec)) {
+        if (!later && hold_running_calls(j, snap.ix)) {
                 settle_status(j, f, &dr);
                 free(j->reason);
                 free(j->review_step);
