@@ -234,6 +234,25 @@ class ToolOutlive(unittest.TestCase):
         s = self.act_step(shown)
         self.assertEqual(s["evidence"]["reason"], "effects_journaled", s)
 
+    def test_held_before_the_probe(self):
+        """With a Probe= that would say not_started (a re-run: the effect
+        twice while the call still runs), the call is waited for first."""
+        probe = os.path.join(self.dir, "probe.sh")
+        with open(probe, "w") as f:
+            f.write('#!/bin/sh\ncat >/dev/null\necho \'{"state":"not_started"}\'\n')
+        os.chmod(probe, 0o755)
+        self.gate()
+        self.configure(exec_extra={"Probe": probe})
+        mid = self.crash_in_call()
+        self.start()
+        row = self.wait_status(mid, ("probing",))
+        self.assertIn("waiting for tool call", row.get("reason", ""), row)
+        self.open_gate()
+        shown = self.wait_status(mid, ("done", "paused_review", "failed"))
+        self.assertEqual(shown["status"], "done", self.daemon.log()[-4000:])
+        self.assertEqual(self.outbox(), ["%s/act_001" % mid])
+        self.assertNotIn("the probe said", self.daemon.log())
+
     def test_stop_while_held_holds_again(self):
         """kairosd stopped (gracefully) while it waits: the call runs on, the
         next start waits again, then completes it."""
