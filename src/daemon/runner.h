@@ -20,8 +20,7 @@
  * waitid(WNOWAIT), its whole process group is killed (SIGKILL) while the
  * zombie still holds the group id, then it is reaped.
  *
- * No handler and no child of it outlives kairosd, but the tool calls the
- * handler registered (runner_add_tool_group):
+ * No handler and no child of it outlives kairosd:
  *  - a handler dies with kairosd by PR_SET_PDEATHSIG (set on the runner's
  *    thread, which lives as long as the daemon);
  *  - the keeper, a small process forked once at start (not an exec of
@@ -33,7 +32,10 @@
  *    however (kill -9 included), the keeper reads end-of-file on its socket
  *    and SIGKILLs every group in the table, then exits.
  *  A grandchild that leaves the handler's process group (setsid, setpgid)
- *  escapes both, unless handlers have cgroups (below).
+ *  escapes both, unless handlers have cgroups (below).  So does, on
+ *  purpose, a tool call the handler's step registered in a group of its own
+ *  (runner_add_tool_group): kairosd kills it with the handler, the keeper
+ *  does not, so that it outlives a kairosd that dies (docs/design.md §10).
  *
  * With a delegated cgroup (runner_set_cgroup; cgroup.h) the runner's thread
  * creates the handler's own cgroup with its limits before the clone, the
