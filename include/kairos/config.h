@@ -99,6 +99,8 @@ struct config {
         size_t nwrite_roots;
         uint64_t max_write_bytes;      /* MaxWriteBytes= [1 GiB] (a tool write's size);
                                         * CONFIG_LIMIT_INFINITY; 0 (empty): the default */
+        uint64_t tool_grace_sec;       /* ToolGraceSec= [300]: how long recovery waits for
+                                        * a tool run that outlived kairosd; 0: not at all */
         /* [Notify]: command lines, NULL = none */
         char *on_review;               /* OnReview= */
         char *on_failure;              /* OnFailure= */
@@ -187,6 +189,8 @@ bool config_valid_schedule_name(const char *name);
  * one CPU).  -EINVAL on bad syntax or 0, -ERANGE if too large. */
 #define CONFIG_LIMIT_INFINITY UINT64_MAX
 #define CONFIG_MAX_WRITE_BYTES_DEFAULT (UINT64_C(1) << 30)
+/* ToolGraceSec= when not set (docs/design.md §10). */
+#define CONFIG_TOOL_GRACE_SEC_DEFAULT 300
 int config_parse_bytes(const char *s, uint64_t *ret_bytes);
 int config_parse_tasks(const char *s, uint64_t *ret_tasks);
 int config_parse_percent(const char *s, uint64_t *ret_pct);

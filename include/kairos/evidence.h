@@ -37,6 +37,7 @@ struct evidence_call {
         int64_t created_ms;
         int64_t finished_ms;      /* 0 unless completed/failed */
         const char *check;        /* its own check (tool run --check; idem.h), or NULL */
+        struct idem_client client; /* the process that claimed it (.pid 0: not known) */
 };
 /* qsort order of a mandate's calls: by step, then start, then key. */
 int evidence_call_cmp(const void *a, const void *b);

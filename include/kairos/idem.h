@@ -44,10 +44,10 @@
  * Log format: one JSON object per line ending ,"crc":"xxxxxxxx"}\n (crc as
  * wal_crc), keys in this order; every record but forget is self-contained
  * (it carries the entry's whole state), so replay sets state, never merges:
- *   {"op":"begin","key","tool","fp","created"[,"owner"][,"write"][,"check"],"ts"}
- *   {"op":"complete","key","tool","fp","created"[,"owner"][,"write"][,"check"],"finished","result","ts"}
- *   {"op":"fail","key","tool","fp","created"[,"owner"][,"write"][,"check"],"finished","error_class","error_msg","result","ts"}
- *   {"op":"interrupt","key","tool","fp","created"[,"owner"][,"write"][,"check"],"reason","ts"}
+ *   {"op":"begin","key","tool","fp","created"[,"owner"][,"write"][,"check"][,"client"],"ts"}
+ *   {"op":"complete","key","tool","fp","created"[,"owner"][,"write"][,"check"][,"client"],"finished","result","ts"}
+ *   {"op":"fail","key","tool","fp","created"[,"owner"][,"write"][,"check"][,"client"],"finished","error_class","error_msg","result","ts"}
+ *   {"op":"interrupt","key","tool","fp","created"[,"owner"][,"write"][,"check"][,"client"],"reason","ts"}
  *   {"op":"forget","key","uid","reason","ts"}
  * owner = {"mandate":ID,"step":STEP_ID,"attempt":N}: the step whose handler
  * made the call (attributed by kairosd from the caller's process group; see
@@ -59,6 +59,9 @@
  * run --check) and the call's own command line, as the caller gave them
  * (idem_valid_check); absent in logs written before it existed and for
  * calls without one.
+ * client = {"pid":N,"start":T}: the process that holds a tool run's claim
+ * (struct idem_client), so that a kairosd started again can tell whether it
+ * still runs (docs/design.md §11); absent for calls from outside any step.
  * created/finished are ms since the epoch, result is the payload in base64,
  * ts the record's time (YYYY-MM-DDTHH:MM:SS.mmmZ).  Unknown ops are ignored.
  *
@@ -166,6 +169,14 @@ struct idem_write_claim {
         uint64_t bytes;
 };
 
+/* The process that claimed a call: its pid and its start time (clock ticks
+ * after boot, field 22 of /proc/PID/stat), which tells it from a later
+ * process given the same pid.  pid 0: none. */
+struct idem_client {
+        int32_t pid;
+        uint64_t start;
+};
+
 /* One call's identity. */
 struct idem_request {
         const char *tool;
@@ -181,6 +192,7 @@ struct idem_request {
         const struct idem_write_claim *write; /* NULL: none; recorded like owner */
         const char *check;            /* NULL: none; the check JSON (see the log format,
                                        * idem_valid_check), recorded like owner */
+        const struct idem_client *client;     /* NULL: none; recorded like owner */
 };
 
 /* An entry as seen by a caller.  Pointers are borrowed from the store and
@@ -204,6 +216,7 @@ struct idem_view {
         const struct idem_step_owner *owner; /* NULL: no owner */
         struct idem_write_claim write;       /* .path NULL: no claim */
         const char *check;                   /* NULL: none (the check JSON) */
+        struct idem_client client;           /* .pid 0: none */
 };
 
 struct idem_stats {
@@ -273,6 +286,15 @@ int idem_settle_complete(struct idem_store *s, const char *key, const void *resu
                          uint64_t *lsn);
 int idem_settle_abandon(struct idem_store *s, const char *key, const char *reason,
                         uint64_t *lsn);
+/* The caller of an entry a kairosd crash left interrupted finished its call
+ * after all (its command ran to the end while kairosd was down): interrupted
+ * → completed, or failed with error_class/error_msg (not NULL), with the
+ * result payload, as idem_complete/idem_fail.  fp must be the entry's input
+ * fingerprint.  -ENOENT, -ESTALE not interrupted, -EPERM another fingerprint,
+ * -EINVAL a bad error_class. */
+int idem_finish_late(struct idem_store *s, const char *key, const char *fp,
+                     const char *error_class, const char *error_msg, const void *result,
+                     size_t len, uint64_t *lsn);
 /* Operator: drop an entry (recorded with uid and reason).  -EBUSY while
  * processing (its caller may still be running the tool), -ENOENT. */
 int idem_forget(struct idem_store *s, const char *key, long long uid, const char *reason,

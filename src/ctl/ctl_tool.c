@@ -25,7 +25,10 @@
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ctl.h"
@@ -283,6 +286,131 @@ out:
         return r;
 }
 
+/* ---- tool run: outliving kairosd (docs/design.md §10) ------------------ */
+
+/* How long past ToolGraceSec= a call whose kairosd died keeps its result
+ * waiting for a kairosd to answer again. */
+#define CTL_TOOL_LATE_MARGIN_SEC 60
+/* The wait between two tries: doubled from the first, up to the last. */
+#define CTL_TOOL_LATE_FIRST_MS 100
+#define CTL_TOOL_LATE_MAX_MS 2000
+
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void nap_ms(int64_t ms)
+{
+        struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
+/* Does a kairosd accept connections on path?  Quietly. */
+static bool socket_answers(const char *path)
+{
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof sa.sun_path)
+                return false;
+        strcpy(sa.sun_path, path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return false;
+        bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        return ok;
+}
+
+/* A handler that is kairosctl itself leads its handler's process group and
+ * cannot leave it: the call runs in a child of ours, which can, while we
+ * wait for it and exit as it did.  Returns -1 in the child (go on), else the
+ * exit status to end with. */
+static int fork_for_own_group(void)
+{
+        if (getpgrp() != getpid() || !getenv("KAIROS_MANDATE_ID"))
+                return -1;
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid < 0)
+                return -1; /* then in the handler's group, as before */
+        if (pid == 0)
+                return -1;
+        int ws;
+        while (waitpid(pid, &ws, 0) < 0)
+                if (errno != EINTR)
+                        return CTL_EXIT_OSERR;
+        return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
+
+/* The kairosd that answered tool-begin is gone (its connection broke before
+ * tool-finish was answered): keep the result, try the socket again and
+ * again until a kairosd answers there, then finish the call there as a late
+ * one (it completes the claim that the new kairosd loaded as interrupted).
+ * At most grace_sec + CTL_TOOL_LATE_MARGIN_SEC.  The exit status of CMD, or
+ * 75 when no kairosd took the result. */
+static int finish_late(const struct ctl_opts *o, const char *full, const char *fp, json_t *fin,
+                       int exit_status, json_int_t grace_sec)
+{
+        const char *path = ctl_socket_path(o);
+        int64_t deadline = mono_ms() + ((int64_t)grace_sec + CTL_TOOL_LATE_MARGIN_SEC) * 1000;
+        int64_t wait = CTL_TOOL_LATE_FIRST_MS;
+        fputs("kairosctl: ", stderr);
+        ctl_put_safe(stderr, full);
+        fprintf(stderr, ": kairosd went away while the command ran (exit status %d); keeping its "
+                "result for a kairosd to answer on ", exit_status);
+        ctl_put_safe(stderr, path);
+        fprintf(stderr, " (up to %lld s)\n",
+                (long long)grace_sec + CTL_TOOL_LATE_MARGIN_SEC);
+        json_object_set_new(fin, "late", json_true());
+        json_object_set_new(fin, "fingerprint", json_string(fp));
+        while (mono_ms() < deadline) {
+                if (!socket_answers(path)) {
+                        nap_ms(wait);
+                        wait = wait * 2 > CTL_TOOL_LATE_MAX_MS ? CTL_TOOL_LATE_MAX_MS : wait * 2;
+                        continue;
+                }
+                struct ctl_session *s = NULL;
+                json_t *res = NULL, *err = NULL;
+                int status = ctl_session_open(o, &s);
+                if (status == CTL_EXIT_OK)
+                        status = ctl_session_call(s, "tool-finish", json_incref(fin), &res, &err);
+                ctl_session_close(s);
+                const char *code = jstr(err, "code");
+                if (status == CTL_EXIT_OK) {
+                        json_decref(res);
+                        fputs("kairosctl: ", stderr);
+                        ctl_put_safe(stderr, full);
+                        fputs(": result recorded by the kairosd started again\n", stderr);
+                        return exit_status;
+                }
+                bool again = status == CTL_EXIT_UNREACHABLE ||
+                             (status == CTL_EXIT_REFUSED && code &&
+                              strcmp(code, "unavailable") == 0);
+                if (!again) {
+                        fputs("kairosctl: ", stderr);
+                        ctl_put_safe(stderr, full);
+                        fputs(": the kairosd started again did not take the result: ", stderr);
+                        ctl_put_safe(stderr, jstr(err, "message"));
+                        fputc('\n', stderr);
+                        json_decref(err);
+                        return CTL_EXIT_TEMPFAIL;
+                }
+                json_decref(err);
+                nap_ms(wait);
+                wait = wait * 2 > CTL_TOOL_LATE_MAX_MS ? CTL_TOOL_LATE_MAX_MS : wait * 2;
+        }
+        fputs("kairosctl: ", stderr);
+        ctl_put_safe(stderr, full);
+        fprintf(stderr, ": no kairosd answered on the socket within %lld s: the result is lost, "
+                "the call stays interrupted (see kairosctl idem get)\n",
+                (long long)grace_sec + CTL_TOOL_LATE_MARGIN_SEC);
+        return CTL_EXIT_TEMPFAIL;
+}
+
 /* ---- tool run --------------------------------------------------------- */
 
 /* Replay a finished entry: its stdout and stderr byte for byte, then its
@@ -424,7 +552,7 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         struct ctl_session *s = NULL;
         json_t *res = NULL, *err = NULL, *fin = NULL;
         struct capture cap = { .out = KBUF_INIT, .err = KBUF_INIT, .pass = !o->json };
-        char *full = NULL;
+        char *full = NULL, *fp = NULL;
         int i, status;
 
         /* Options up to "--" or the first word of CMD. */
@@ -473,6 +601,9 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         if (check && (status = check_words(check, &check_json)))
                 return status;
 
+        /* (before anything is sent: the child is the caller) */
+        if ((status = fork_for_own_group()) >= 0)
+                return status;
         json_t *input = argv_input(ncmd, cmd);
         if (!input) {
                 json_decref(check_json);
@@ -513,6 +644,12 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                 status = ctl_error(CTL_EXIT_UNREACHABLE, "tool-begin: the reply has no key");
                 goto out;
         }
+        /* kairosd registered our process id as a group of this step's: lead
+         * it, and the call outlives a kairosd that dies (the keeper kills the
+         * handler's group, not ours; kairosd kills ours with the handler's) */
+        bool own_group = json_is_true(json_object_get(res, "own_group")) && setpgid(0, 0) == 0;
+        json_int_t grace_sec = json_integer_value(json_object_get(res, "grace_sec"));
+        fp = jstr(res, "fingerprint") ? strdup(jstr(res, "fingerprint")) : NULL;
 
         int wstatus = 0, exec_errno = 0, exit_status = 0;
         signal(SIGPIPE, SIG_IGN);
@@ -536,6 +673,10 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         json_decref(res);
         res = NULL;
         status = ctl_session_call(s, "tool-finish", json_incref(fin), &res, &err);
+        if (status == CTL_EXIT_UNREACHABLE && own_group && fp) {
+                status = finish_late(o, full, fp, fin, exit_status, grace_sec);
+                goto out;
+        }
         if (status == CTL_EXIT_REFUSED) {
                 fputs("kairosctl: ", stderr);
                 ctl_put_safe(stderr, full);
@@ -568,6 +709,7 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
         status = exit_status;
 out:
         free(full);
+        free(fp);
         kbuf_free(&cap.out);
         kbuf_free(&cap.err);
         json_decref(fin);

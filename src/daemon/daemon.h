@@ -251,6 +251,10 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
 void recover_adopt(struct daemon *d, struct mandate *m, const char *prev_owner,
                    struct evidence_index *ix, void (*done)(void *ctx, struct mandate *m, int err),
                    void *ctx);
+/* The mandate (probing) waited for a tool call that outlived the last
+ * kairosd (toolhold.h): decide it again from the store as it is now, on its
+ * queue, with no wait this time. */
+void recover_again(struct daemon *d, const char *mandate_id);
 
 /* history.c: list, mandate prefixes, retention of finished mandates. */
 /* Resolve a MANDATE argument: an id or a unique prefix of one.  -ENOENT

@@ -8,6 +8,7 @@
  * what they share is executor_internal.h. */
 #include "executor.h"
 #include "hooks.h"
+#include "toolhold.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -260,6 +261,7 @@ void executor_cancel(struct mandate *m, const char *reason, uid_t by,
         c->uid = by;
         c->reply = reply;
         m->cancel = c;
+        toolhold_cancel(m); /* a tool run that outlived the last kairosd */
         char uid[32];
         snprintf(uid, sizeof uid, "%u", (unsigned)by);
         log_event(LOG_NOTICE, MSGID_OPERATOR,

@@ -67,6 +67,10 @@ void executor_kill_handler(struct mandate *m, int sig);
  * filled, or -ESRCH (tool calls are attributed with it). */
 struct idem_step_owner;
 int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret);
+/* add: pid, a tool call's client still in the process group of a running
+ * step's handler, is about to lead a process group of its own for the call
+ * (runner_add_tool_group; 0 or a negative errno).  !add: that call is over. */
+int executor_tool_group(struct daemon *d, pid_t pid, bool add);
 
 /* Once at start, before the loop runs: the process runner (runner.h) and
  * what every handler's environment gets besides its step's variables (HOME,

@@ -250,6 +250,25 @@ int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
         return idem_owner_check(ret) < 0 ? -ESRCH : 0;
 }
 
+int executor_tool_group(struct daemon *d, pid_t pid, bool add)
+{
+        if (!add) {
+                runner_remove_tool_group(d->runner, pid);
+                return 0;
+        }
+        char key[24];
+        pid_t pgid = getpgid(pid);
+        if (pgid <= 0)
+                return -ESRCH;
+        if (pgid == pid)
+                return -EPERM; /* the handler itself: it cannot leave its group */
+        group_key(pgid, key);
+        struct exec_run *run = strmap_get(d->executor->handler_groups, key);
+        if (!run || run->child.exited || !run->child.running)
+                return -ESRCH;
+        return runner_add_tool_group(&run->child.job, pid);
+}
+
 int executor_init(struct daemon *d)
 {
         if (!(d->executor = calloc(1, sizeof(*d->executor))) ||

@@ -2,14 +2,17 @@
 /* idem_core: the idempotency service's shared parts (idem_core.h). */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "idem_core.h"
 #include "kairos/dlist.h"
+#include "kairos/procstat.h"
 #include "log.h"
 
 bool idem_core_step(const struct idem_call *call, struct idem_step_owner *ret)
@@ -430,11 +433,35 @@ void idem_core_existing(struct idem_call *call, enum idem_outcome o,
         }
 }
 
+/* ---- the client of a call ---- */
+
+bool idem_core_client(const struct idem_call *call, struct idem_client *ret)
+{
+        char path[64], buf[1024];
+        *ret = (struct idem_client){ 0 };
+        if (call->pid <= 0)
+                return false;
+        /* procfs: served from memory, never waits on a disk */
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)call->pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        ssize_t n = read(fd, buf, sizeof buf);
+        close(fd);
+        struct procstat st;
+        if (n <= 0 || procstat_parse(buf, (size_t)n, &st) < 0 || st.state == 'Z')
+                return false;
+        *ret = (struct idem_client){ .pid = (int32_t)call->pid, .start = st.start };
+        return true;
+}
+
 /* ---- claims ---- */
 
 void idem_core_claim_free(struct idem_claim *c)
 {
         struct idem_service *svc = c->svc;
+        if (c->group > 0 && svc->tool_group)
+                (void)svc->tool_group(svc->d, c->group, false);
         if (c->hold)
                 c->release(c->hold);
         DLIST_UNLINK(svc->claims, c);

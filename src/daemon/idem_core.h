@@ -42,6 +42,9 @@ struct idem_claim {
          * interruption when the connection goes */
         struct write_op *stream;
         void (*gone)(struct idem_claim *c);
+        /* a tool run leading process group group of its own (0: none):
+         * forgotten by svc->tool_group when the claim ends */
+        pid_t group;
 };
 
 struct idem_service {
@@ -66,6 +69,8 @@ struct idem_service {
         struct write_roots *roots; /* WriteRoots= opened; NULL until the first tool write */
         unsigned beneath_flags;    /* BENEATH_NO_OPENAT2 (test hook) */
         idem_step_lookup_fn step_of; /* attributes a call to a running step */
+        idem_tool_group_fn tool_group; /* tool calls in a process group of their own */
+        int64_t tool_grace_ms;     /* ToolGraceSec= (told to each tool run) */
         struct write_roots *settle_roots; /* WriteRoots= for settling writes at load */
         json_t *settled;           /* what the load settled: [{key,path,outcome,why}] */
         int crash_at;              /* test hook: SIGKILL inside a tool write (1 before its
@@ -123,6 +128,8 @@ char *idem_core_done_payload(const struct idem_write_claim *w, uid_t uid, const 
 
 /* claims of callers */
 void idem_core_claim_free(struct idem_claim *c);
+/* The client of call (its SO_PEERCRED pid and start time); false: gone. */
+bool idem_core_client(const struct idem_call *call, struct idem_client *ret);
 /* c becomes the claim of call's connection; false: the caller is gone. */
 bool idem_core_claim_adopt(struct idem_service *svc, struct idem_claim *c, struct idem_call *call);
 struct idem_claim *idem_core_claim_find(struct idem_service *svc, const char *key);

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "idem_core.h"
+#include "log.h"
+#include "toolhold.h"
 
 /* ---- tool-begin / tool-finish ---- */
 
@@ -17,17 +19,25 @@ struct begin_op {
         char key[IDEM_FULL_KEY_SIZE];
         char fp[CANON_HASH_STRLEN];
         char tool[IDEM_TOOL_MAX + 1];
+        bool own_group;           /* the caller may lead a process group of its own */
+        json_int_t grace_sec;
 };
 
 static void begin_durable(struct waiter *w, int err)
 {
         struct begin_op *op = (struct begin_op *)w;
+        json_t *res = err ? NULL
+                          : json_pack("{s:s, s:s, s:s, s:s}", "outcome", "proceed", "key",
+                                      op->key, "tool", op->tool, "fingerprint", op->fp);
+        /* docs/design.md §10: the call outlives a kairosd that dies */
+        if (res && op->own_group) {
+                json_object_set_new(res, "own_group", json_true());
+                json_object_set_new(res, "grace_sec", json_integer(op->grace_sec));
+        }
         if (err)
                 idem_core_store_error(op->call, err);
         else
-                idem_core_ok(op->call, json_pack("{s:s, s:s, s:s, s:s}", "outcome", "proceed",
-                                                    "key", op->key, "tool", op->tool,
-                                                    "fingerprint", op->fp));
+                idem_core_ok(op->call, res);
         free(op);
 }
 
@@ -138,8 +148,13 @@ void idem_tool_begin(const struct idem_call *in)
         if (owned && epoch > 0 &&
             call->d->toolclaims->begin(call, op->key, op->tool, op->fp, &step, epoch))
                 goto out;
+        /* a step's call in the local store: its client is recorded, so that
+         * a kairosd started again can wait for it (toolhold.h) */
+        struct idem_client client;
+        bool have_client = owned && idem_core_client(call, &client);
         struct idem_request ir = { .tool = tool, .key = key, .fingerprint = op->fp,
-                                   .owner = owned ? &step : NULL, .check = check };
+                                   .owner = owned ? &step : NULL, .check = check,
+                                   .client = have_client ? &client : NULL };
         struct idem_view v;
         uint64_t lsn = 0;
         int r = idem_begin(svc->store, &ir, &v, &lsn);
@@ -151,8 +166,15 @@ void idem_tool_begin(const struct idem_call *in)
                 idem_core_existing(call, (enum idem_outcome)r, &v, op->fp);
                 goto out;
         }
-        /* The claim is this connection's from now on. */
+        /* The claim is this connection's from now on.  The caller leads a
+         * process group of its own for the call once told to: the handler's
+         * kills reach it, the keeper's does not (runner.h). */
         snprintf(c->key, sizeof c->key, "%s", op->key);
+        if (have_client && svc->tool_group && svc->tool_group(call->d, call->pid, true) == 0) {
+                c->group = call->pid;
+                op->own_group = true;
+                op->grace_sec = (json_int_t)call->d->cfg->tool_grace_sec;
+        }
         (void)idem_core_claim_adopt(svc, c, call); /* (closed at once if the caller is gone) */
         c = NULL;
         op->call = call;
@@ -170,17 +192,32 @@ struct finish_op {
         struct idem_call *call;
         char key[IDEM_FULL_KEY_SIZE];
         bool failed;
+        bool late;                               /* after a kairosd restart */
+        char mandate[IDEM_OWNER_ID_MAX + 1];     /* ... its owner ("" none) */
 };
 
 static void finish_durable(struct waiter *w, int err)
 {
         struct finish_op *op = (struct finish_op *)w;
-        if (err)
+        struct daemon *d = op->call->d;
+        if (err) {
                 idem_core_store_error(op->call, err);
-        else
-                idem_core_ok(op->call,
-                                 json_pack("{s:s, s:s, s:b}", "key", op->key, "outcome",
-                                           op->failed ? "failed" : "completed", "durable", 1));
+                free(op);
+                return;
+        }
+        json_t *res = json_pack("{s:s, s:s, s:b}", "key", op->key, "outcome",
+                                op->failed ? "failed" : "completed", "durable", 1);
+        if (res && op->late)
+                json_object_set_new(res, "finished_after_restart", json_true());
+        idem_core_ok(op->call, res);
+        if (op->late) {
+                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "IDEM_KEY", op->key }),
+                          "tool call %s finished after kairosd restarted (its command ran to "
+                          "the end meanwhile): recorded %s",
+                          op->key, op->failed ? "failed" : "completed");
+                if (op->mandate[0])
+                        toolhold_finished(d, op->mandate);
+        }
         free(op);
 }
 
@@ -202,6 +239,82 @@ static bool arg_b64(struct idem_call *call, const char *name, const char **out)
         free(bin);
         *out = s ? s : "";
         return true;
+}
+
+/* The payload of a finish: exit status, stdout, stderr (base64), and
+ * finished_after_restart for a late one.  NULL: out of memory. */
+static char *finish_payload(json_int_t es, const char *out, const char *err, bool late)
+{
+        json_t *payload = json_pack("{s:I, s:s, s:s}", "exit_status", es, "stdout", out,
+                                    "stderr", err);
+        if (payload && late)
+                json_object_set_new(payload, "finished_after_restart", json_true());
+        char *text = payload ? json_dumps(payload, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(payload);
+        return text;
+}
+
+/* tool-finish {"late":true, "fingerprint"} of a call a kairosd crash left
+ * interrupted, from the client that claimed it (the same pid and start
+ * time), whose command ran to the end meanwhile (docs/design.md §11). */
+static void finish_late(struct idem_call *call, const char *key, json_int_t es,
+                        const char *out, const char *err, const char *eclass, const char *emsg)
+{
+        struct idem_service *svc = SVC(call->d);
+        bool failed;
+        const char *fp = idem_core_arg_string(call, "fingerprint", true, &failed);
+        if (failed)
+                return;
+        struct idem_view v;
+        struct idem_client me;
+        int r = idem_get(svc->store, key, &v);
+        if (r < 0 || v.state != IDEM_ST_INTERRUPTED) {
+                idem_core_error(call, "conflict",
+                                "key %s is %s: only a call a kairosd crash left interrupted can "
+                                "be finished late",
+                                key, r < 0 ? "not in the store" : idem_state_name(v.state));
+                return;
+        }
+        if (v.client.pid <= 0 || !idem_core_client(call, &me) || me.pid != v.client.pid ||
+            me.start != v.client.start) {
+                idem_core_error(call, "conflict",
+                                "key %s was claimed by another process: only the tool run that "
+                                "claimed it can finish it",
+                                key);
+                return;
+        }
+        struct finish_op *op = calloc(1, sizeof(*op));
+        char *text = finish_payload(es, out, err, true);
+        if (!op || !text) {
+                free(op);
+                free(text);
+                idem_core_error(call, "internal", "out of memory");
+                return;
+        }
+        if (v.owner)
+                snprintf(op->mandate, sizeof op->mandate, "%s", v.owner->mandate);
+        uint64_t lsn = 0;
+        r = idem_finish_late(svc->store, key, fp, eclass, emsg ? emsg : "", text, strlen(text),
+                             &lsn);
+        free(text);
+        if (r < 0) {
+                free(op);
+                if (r == -EPERM)
+                        idem_core_error(call, "mismatch",
+                                        "args.fingerprint: not the input key %s was claimed "
+                                        "with", key);
+                else if (r == -EINVAL)
+                        idem_core_error(call, "bad_argument",
+                                        "args.error_class: 1..64 of [A-Za-z0-9_.-]");
+                else
+                        idem_core_store_error(call, r);
+                return;
+        }
+        op->call = call;
+        op->failed = eclass != NULL;
+        op->late = true;
+        snprintf(op->key, sizeof op->key, "%s", key);
+        idem_core_wait_durable(svc, &op->w, lsn, finish_durable);
 }
 
 void idem_tool_finish(const struct idem_call *in)
@@ -228,6 +341,11 @@ void idem_tool_finish(const struct idem_call *in)
         if (failed)
                 return;
         struct idem_claim *c = idem_core_claim_find(svc, key);
+        if ((!c || !c->owner_id || c->owner_id != call->owner.id) &&
+            json_is_true(json_object_get(call->args, "late"))) {
+                finish_late(call, key, json_integer_value(es), out, err, eclass, emsg);
+                return;
+        }
         if (!c || !c->owner_id || c->owner_id != call->owner.id) {
                 idem_core_error(call, "conflict",
                                     "key %s is not claimed on this connection: send tool-begin "
@@ -238,10 +356,7 @@ void idem_tool_finish(const struct idem_call *in)
         if (call->d->toolclaims->finish(call, c, json_integer_value(es), out, err, eclass,
                                         emsg))
                 return;
-        json_t *payload = json_pack("{s:I, s:s, s:s}", "exit_status", json_integer_value(es),
-                                    "stdout", out, "stderr", err);
-        char *text = payload ? json_dumps(payload, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-        json_decref(payload);
+        char *text = finish_payload(json_integer_value(es), out, err, false);
         struct finish_op *op = calloc(1, sizeof(*op));
         if (!text || !op) {
                 free(text);

@@ -19,6 +19,12 @@ void idem_service_set_step_lookup(struct daemon *d, idem_step_lookup_fn fn)
                 SVC(d)->step_of = fn;
 }
 
+void idem_service_set_tool_groups(struct daemon *d, idem_tool_group_fn fn)
+{
+        if (SVC(d))
+                SVC(d)->tool_group = fn;
+}
+
 /* The step a call comes from: the running step whose handler's process
  * group the caller (its SO_PEERCRED pid) is in.  Never from the request
  * itself: a caller cannot claim to be another step.  false: from no step. */

@@ -100,6 +100,12 @@ void idem_service_free(struct daemon *d);
  * process is recorded with that owner (docs/design.md §11). */
 typedef int (*idem_step_lookup_fn)(struct daemon *d, pid_t pid, struct idem_step_owner *ret);
 void idem_service_set_step_lookup(struct daemon *d, idem_step_lookup_fn fn);
+/* The process groups of tool calls (docs/design.md §10): fn(d, pid, true)
+ * before a `tool run` of a running step is told to lead a process group of
+ * its own (0, or it stays in its handler's), fn(d, pid, false) once the
+ * call is over on its connection. */
+typedef int (*idem_tool_group_fn)(struct daemon *d, pid_t pid, bool add);
+void idem_service_set_tool_groups(struct daemon *d, idem_tool_group_fn fn);
 /* The store's owned calls by mandate, for recovery (kairos/evidence.h): a
  * snapshot of the loaded store, or an "unknown" index when the store is not
  * loaded, quarantined or failed (no call can then be ruled out). */

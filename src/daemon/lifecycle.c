@@ -17,6 +17,7 @@
 #include "executor.h"
 #include "hooks.h"
 #include "probe.h"
+#include "toolhold.h"
 #include "idem_service.h"
 #include "kairos/kbuf.h"
 #include "log.h"
@@ -266,6 +267,7 @@ void daemon_stop(struct daemon *d, int exit_code)
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
         hooks_stop(d);
         probe_stop(d);
+        toolhold_stop(d);
         executor_shutdown(d, on_executor_idle);
 }
 

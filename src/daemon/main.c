@@ -518,8 +518,10 @@ int main(int argc, char **argv)
         d->toolclaims = d->drv->toolclaims;
         if (d->mandates && (r = recover_load_finished(d)) < 0)
                 log_warning("cannot read %s: %s", d->paths.mandates, strerror(-r));
-        if ((r = idem_service_start(d, start_recovery)) == 0)
+        if ((r = idem_service_start(d, start_recovery)) == 0) {
                 idem_service_set_step_lookup(d, executor_step_of);
+                idem_service_set_tool_groups(d, executor_tool_group);
+        }
         if (r < 0) {
                 log_error("the idempotency store cannot start: %s", strerror(-r));
                 start_recovery(d);

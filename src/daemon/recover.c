@@ -31,7 +31,9 @@
 #include "log.h"
 #include "metrics.h"
 #include "probe.h"
+#include "toolhold.h"
 #include "driver.h"
+#include "idem_service.h"
 
 #include <jansson.h>
 
@@ -82,6 +84,14 @@ struct recover_job {
         char *prev_owner;
         struct evidence_index *ix;          /* its tool calls (owned) */
         struct strmap *schedules;           /* the declarations when it was taken (owned) */
+        /* a step whose tool calls outlived the last kairosd (toolhold.h) */
+        bool again;                         /* decided again after such a wait: no wait */
+        bool not_ours;                      /* ... the mandate changed meanwhile */
+        bool held;                          /* waits for them: nothing decided */
+        char *hold_step;
+        struct toolhold_client hold[TOOLHOLD_MAX];
+        size_t nhold;
+        uint64_t grace_ms;
         bool ended;                         /* the WAL says the mandate is over: */
         enum decide_end end;                /* ... how, and why */
         char *end_reason;
@@ -205,6 +215,35 @@ static void settle_status(struct recover_job *j, const struct fold *f,
         }
 }
 
+/* The hold (toolhold.h), a step of its own before anything is recorded: a
+ * step of the mandate has open tool calls whose clients still run (they
+ * outlived the last kairosd; only the step that was running can have
+ * them).  Whatever recovery would decide for it (a human, a probe, a check,
+ * a re-run), the call is still making its effect: nothing is decided now.
+ * true, with their pidfds in j->hold. */
+static bool hold_running_calls(struct recover_job *j, const struct evidence_index *ix)
+{
+        const struct evidence_call *calls;
+        size_t n = ix ? evidence_index_calls(ix, j->m->id, &calls) : 0;
+        if (j->grace_ms == 0)
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                if ((calls[i].state != IDEM_ST_PROCESSING &&
+                     calls[i].state != IDEM_ST_INTERRUPTED) || calls[i].client.pid <= 0)
+                        continue;
+                j->nhold = toolhold_find(calls, n, calls[i].step, j->hold, TOOLHOLD_MAX);
+                if (j->nhold == 0)
+                        continue;
+                if (!(j->hold_step = strdup(calls[i].step))) {
+                        toolhold_release(j->hold, j->nhold);
+                        j->nhold = 0;
+                        return false;
+                }
+                return true;
+        }
+        return false;
+}
+
 static void recover_work(void *arg)
 {
         struct recover_job *j = arg;
@@ -253,12 +292,13 @@ static void recover_work(void *arg)
         /* Evidence beyond the WAL: the schedule's declarations and the
          * store's record of this mandate's tool calls.  A schedule that is
          * no longer configured declares nothing: the WAL alone decides. */
+        bool later = j->adopt || j->again; /* its own evidence, not the start's */
         const struct evidence_schedule *es =
                 !f->mandate.schedule ? NULL
-                : j->adopt           ? strmap_get(j->schedules, f->mandate.schedule)
+                : later              ? strmap_get(j->schedules, f->mandate.schedule)
                 : snap.schedules     ? strmap_get(snap.schedules, f->mandate.schedule)
                                      : NULL;
-        if (es && (r = evidence_for_mandate(j->adopt ? j->ix : snap.ix, j->m->id, es, &em)) < 0) {
+        if (es && (r = evidence_for_mandate(later ? j->ix : snap.ix, j->m->id, es, &em)) < 0) {
                 j->error = r;
                 goto out;
         }
@@ -291,6 +331,24 @@ static void recover_work(void *arg)
                 goto out;
         }
         rec = dr.recovery;
+        /* (the configuration cannot change before READY=1) */
+        if (!later)
+                j->grace_ms = j->d->cfg->tool_grace_sec * 1000;
+        if (!later && hold_running_calls(j, snap.ix)) {
+                settle_status(j, f, &dr);
+                free(j->reason);
+                free(j->review_step);
+                free(j->probe_step);
+                j->review_step = j->probe_step = NULL;
+                j->held = true;
+                j->status = MANDATE_PROBING;
+                if (asprintf(&j->reason, "%s: waiting for tool call %s (client pid %d, it "
+                             "outlived the last kairosd), up to ToolGraceSec=%llu",
+                             j->hold_step, j->hold[0].key, (int)j->hold[0].pid,
+                             (unsigned long long)(j->grace_ms / 1000)) < 0)
+                        j->reason = NULL;
+                goto out;
+        }
         size_t appended = 0;
         if (j->adopt) {
                 /* who holds it now, before what it decides */
@@ -319,7 +377,7 @@ static void recover_work(void *arg)
         /* No barrier here: the closing syncfs is the barrier of every WAL
          * (nothing runs before it; see the top of this file).  A mandate
          * taken over in cluster mode has its own: one transaction. */
-        if (r == 0 && j->adopt)
+        if (r == 0 && later)
                 r = wal_flush(w);
         else if (r == 0 && appended)
                 j->unsynced = true;
@@ -333,7 +391,7 @@ static void recover_work(void *arg)
         /* (not for a mandate taken over while kairosd runs: the
          * configuration may be reloaded meanwhile; the executor finds its
          * end the same way) */
-        if (j->status == MANDATE_RUNNABLE && !j->adopt) {
+        if (j->status == MANDATE_RUNNABLE && !later) {
                 /* Over already (ended before its archive was durable)?  Then
                  * it only needs its archive finished.  The configuration
                  * cannot change before READY=1, so reading it here is safe. */
@@ -499,7 +557,10 @@ static void recover_settle(struct recover_job *j)
                 else
                         s->manual_review++;
         }
-        if (j->empty && !j->unlink_error) {
+        if (j->not_ours) {
+                log_info("%s: %s meanwhile; its step is decided and recorded, nothing more",
+                         m->id, m->cancel ? "being cancelled" : mandate_status_name(m->status));
+        } else if (j->empty && !j->unlink_error) {
                 log_event(LOG_NOTICE, MSGID_RECOVERY,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "WAL", m->wal_path }),
                           "recovery: %s holds no plan (a fire that was never acknowledged): "
@@ -582,6 +643,9 @@ static void recover_settle(struct recover_job *j)
                                     strcmp(j->decisions[i].step_id, m->review_step) == 0)
                                         evidence = j->decisions[i].evidence;
                         hooks_event(d, HOOK_REVIEW, m, m->review_step, evidence);
+                } else if (j->status == MANDATE_PROBING && j->held) {
+                        toolhold_start(m, j->hold_step, j->hold, j->nhold, j->grace_ms,
+                                       recover_again);
                 } else if (j->status == MANDATE_PROBING) {
                         probe_enqueue(m, j->probe_step ? j->probe_step : "");
                 } else if (j->ended) {
@@ -600,6 +664,8 @@ static void recover_settle(struct recover_job *j)
                 free(j->decisions[i].evidence);
         }
         free(j->decisions);
+        toolhold_release(j->hold, j->nhold);
+        free(j->hold_step);
         free(j->prev_owner);
         evidence_index_free(j->ix);
         schedules_free(j->schedules);
@@ -929,4 +995,47 @@ oom:
         own_drop(m, "out of memory");
         if (done)
                 done(ctx, m, -ENOMEM);
+}
+
+/* ---- a step that waited for its tool calls (toolhold.h) ---- */
+
+static void again_done(void *arg)
+{
+        struct recover_job *j = arg;
+        struct mandate *m = j->m;
+        struct daemon *d = j->d;
+        m->busy--;
+        j->not_ours = m->status != MANDATE_PROBING || m->cancel;
+        recover_settle(j);
+        daemon_update_status(d);
+        executor_kick(d);
+}
+
+void recover_again(struct daemon *d, const char *mandate_id)
+{
+        struct mandate *m = mandate_find(d, mandate_id);
+        struct recover_job *j = m ? calloc(1, sizeof(*j)) : NULL;
+        if (!m)
+                return;
+        if (!j)
+                goto oom;
+        j->m = m;
+        j->d = d;
+        j->again = true;
+        j->had_summary = true; /* (it has a plan) */
+        if (idem_service_evidence_index(d, &j->ix) < 0) {
+                free(j);
+                goto oom;
+        }
+        if (schedules_map(d->cfg, &j->schedules) < 0 ||
+            mandate_submit(m, recover_work, again_done, j) < 0) {
+                evidence_index_free(j->ix);
+                schedules_free(j->schedules);
+                free(j);
+                goto oom;
+        }
+        return;
+oom:
+        log_error("%s: out of memory deciding it after its tool call; it stays probing until "
+                  "the next start", mandate_id);
 }

@@ -584,6 +584,17 @@ static void cgroup_end(struct runner *r, struct runner_job *j)
         cgroup_handler_init(&j->cgh);
 }
 
+/* j's tool-call groups: SIGKILLed and forgotten (its handler is over). */
+static void tool_groups_end(struct runner *r, struct runner_job *j)
+{
+        for (unsigned i = 0; i < j->ntool_groups; i++) {
+                kill(-j->tool_groups[i], SIGKILL);
+                if (r->dm)
+                        (void)deadman_unwatch(r->dm, j->tool_groups[i]);
+        }
+        j->ntool_groups = 0;
+}
+
 /* Has j exited?  Then kill what is left of its group, reap it, report. */
 static bool check_exit(struct runner *r, size_t i)
 {
@@ -594,6 +605,7 @@ static bool check_exit(struct runner *r, size_t i)
                 return false;
         /* the zombie still holds the group id: no other group can have it */
         kill(-j->pid, SIGKILL);
+        tool_groups_end(r, j);
         cgroup_end(r, j);
         keeper_forget(r, j);
         if (r->dm)
@@ -726,6 +738,7 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         j->live = false;
         j->oom_killed = false;
         j->keeper_slot = -1;
+        j->ntool_groups = 0;
         cgroup_handler_init(&j->cgh);
         if (!j->argv || !j->argv[0])
                 return -EINVAL;
@@ -767,8 +780,42 @@ void runner_kill(struct runner_job *j, int sig)
         if (!j->live || j->pid <= 0)
                 return;
         kill(-j->pid, sig);
+        /* after the handler's: a call still in the handler's group (it has
+         * not left it yet) got the signal there */
+        for (unsigned i = 0; i < j->ntool_groups; i++)
+                kill(-j->tool_groups[i], sig);
         if (sig == SIGKILL)
                 cgroup_handler_kill(&j->cgh);
+}
+
+int runner_add_tool_group(struct runner_job *j, pid_t pgid)
+{
+        if (!j->live || j->pid <= 0 || pgid <= 0)
+                return -ESRCH;
+        if (j->ntool_groups == RUNNER_TOOL_GROUPS)
+                return -ENOSPC;
+        if (j->r->dm) {
+                int e = deadman_watch(j->r->dm, pgid, NULL);
+                if (e < 0)
+                        return e;
+        }
+        j->tool_groups[j->ntool_groups++] = pgid;
+        return 0;
+}
+
+void runner_remove_tool_group(struct runner *r, pid_t pgid)
+{
+        for (size_t k = 0; k < r->nlive; k++) {
+                struct runner_job *j = r->live[k];
+                for (unsigned i = 0; i < j->ntool_groups; i++) {
+                        if (j->tool_groups[i] != pgid)
+                                continue;
+                        j->tool_groups[i] = j->tool_groups[--j->ntool_groups];
+                        if (r->dm)
+                                (void)deadman_unwatch(r->dm, pgid);
+                        return;
+                }
+        }
 }
 
 void runner_set_deadman(struct runner *r, struct deadman *dm)

@@ -32,7 +32,10 @@
  *    however (kill -9 included), the keeper reads end-of-file on its socket
  *    and SIGKILLs every group in the table, then exits.
  *  A grandchild that leaves the handler's process group (setsid, setpgid)
- *  escapes both, unless handlers have cgroups (below).
+ *  escapes both, unless handlers have cgroups (below).  So does, on
+ *  purpose, a tool call the handler's step registered in a group of its own
+ *  (runner_add_tool_group): kairosd kills it with the handler, the keeper
+ *  does not, so that it outlives a kairosd that dies (docs/design.md §10).
  *
  * With a delegated cgroup (runner_set_cgroup; cgroup.h) the runner's thread
  * creates the handler's own cgroup with its limits before the clone, the
@@ -53,6 +56,10 @@
 
 struct runner;
 struct runner_job;
+
+/* The most tool calls of one handler that run in a process group of their
+ * own at once (runner_add_tool_group). */
+#define RUNNER_TOOL_GROUPS 8
 
 typedef void (*runner_started_cb)(struct runner_job *job);
 typedef void (*runner_exited_cb)(struct runner_job *job, int exit_status, int term_signal);
@@ -87,6 +94,9 @@ struct runner_job {
         struct rlimit nofile;
         struct cgroup_handler cgh;
         bool live;
+        /* the process groups of its tool calls (runner_add_tool_group) */
+        pid_t tool_groups[RUNNER_TOOL_GROUPS];
+        unsigned ntool_groups;
 };
 
 /* Start the runner: its thread, the keeper and the SIGCHLD watch. */
@@ -110,6 +120,18 @@ void runner_set_user(struct runner *r, const struct handler_user *u);
  * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM). */
 int runner_spawn(struct runner *r, struct runner_job *job);
 
-/* Signal the job's process group (nothing once it was reaped); SIGKILL with
- * a cgroup kills the whole cgroup. */
+/* Signal the job's process group and those of its tool calls (nothing once
+ * it was reaped); SIGKILL with a cgroup kills the whole cgroup. */
 void runner_kill(struct runner_job *job, int sig);
+
+/* A tool call of the job (a `kairosctl tool run` its handler started) runs
+ * in process group pgid of its own, not in the handler's: it is not in the
+ * keeper's table, so it outlives a kairosd that dies (docs/design.md §10),
+ * but every signal runner_kill sends the handler goes to it too (after the
+ * handler's group), and it is SIGKILLed when the handler exits, as the
+ * handler's group is.  With a deadman (cluster mode) it is watched as the
+ * handler is.  0; -ESRCH the job is not running; -ENOSPC it has
+ * RUNNER_TOOL_GROUPS already; -EAGAIN the deadman cannot take it. */
+int runner_add_tool_group(struct runner_job *job, pid_t pgid);
+/* pgid's call is over (finished, or its connection closed): forgotten. */
+void runner_remove_tool_group(struct runner *r, pid_t pgid);

@@ -914,6 +914,8 @@ static const struct key_def idempotency_keys[] = {
         { .name = "MaxWriteBytes", .type = KT_LIMIT, .offset = DFIELD(max_write_bytes),
           .parse_limit = config_parse_bytes,
           .limit_form = "bytes with an optional K, M, G or T suffix, or infinity" },
+        { .name = "ToolGraceSec", .type = KT_DURATION, .offset = DFIELD(tool_grace_sec),
+          .min = 0, .max = CONFIG_DURATION_MAX },
         { .name = NULL },
 };
 
@@ -2212,6 +2214,7 @@ static struct config *config_new(void)
         c->idem_ttl_sec = 86400;
         c->idem_max_entries = 10000;
         c->max_write_bytes = CONFIG_MAX_WRITE_BYTES_DEFAULT;
+        c->tool_grace_sec = CONFIG_TOOL_GRACE_SEC_DEFAULT;
         c->backend = CONFIG_BACKEND_FILES;
         c->lease_sec = 10;
         if (!c->state_directory || !c->control_socket || !c->socket_group) {

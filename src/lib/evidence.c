@@ -96,6 +96,7 @@ static int add_call(const struct idem_view *v, void *ctx)
                 .created_ms = v->created_ms,
                 .finished_ms = v->finished_ms,
                 .check = v->check,
+                .client = v->client,
         };
         return add_one(ctx, v->owner->mandate, &c);
 }

@@ -492,6 +492,11 @@ static int encode_record(struct kbuf *b, const char *op, const struct entry *e, 
                 if (e->check && ((r = kbuf_puts(b, ",\"check\":")) < 0 ||
                                  (r = kbuf_puts(b, e->check)) < 0))
                         goto fail;
+                if (e->client.pid > 0 &&
+                    (r = kbuf_printf(b, ",\"client\":{\"pid\":%d,\"start\":%llu}",
+                                     (int)e->client.pid,
+                                     (unsigned long long)e->client.start)) < 0)
+                        goto fail;
                 if (is_finished(e) &&
                     (r = kbuf_printf(b, ",\"finished\":%lld", (long long)e->finished_ms)) < 0)
                         goto fail;
@@ -573,6 +578,7 @@ static void fill_view(const struct idem_store *s, const struct entry *e, struct 
                 .error_msg = e->error_msg,
                 .reason = e->reason,
                 .owner = e->owner.mandate[0] ? &e->owner : NULL,
+                .client = e->client,
         };
         if (e->wpath)
                 v->write = (struct idem_write_claim){ .path = e->wpath, .sha256 = e->wsha,
@@ -678,6 +684,8 @@ int idem_begin(struct idem_store *s, const struct idem_request *req, struct idem
                 return r;
         if (req->owner)
                 e->owner = *req->owner;
+        if (req->client && req->client->pid > 0)
+                e->client = *req->client;
         if (req->write) {
                 if (!(e->wpath = strdup(req->write->path))) {
                         idem_entry_drop(s, e);
@@ -887,6 +895,48 @@ int idem_settle_abandon(struct idem_store *s, const char *key, const char *reaso
         if (r < 0)
                 return r;
         return drop_recorded(s, e, -2, reason, lsn);
+}
+
+int idem_finish_late(struct idem_store *s, const char *key, const char *fp,
+                     const char *error_class, const char *error_msg, const void *result,
+                     size_t len, uint64_t *lsn)
+{
+        struct entry *e;
+        unsigned char *copy = NULL;
+        char *cls = NULL, *msg = NULL;
+        if (lsn)
+                *lsn = 0;
+        if (!s || !fp ||
+            (error_class && !idem_valid_name(error_class, strlen(error_class), IDEM_CLASS_MAX)))
+                return -EINVAL;
+        int r = entry_open(s, key, true, lsn, &e);
+        if (r < 0)
+                return r;
+        if (e->state != IDEM_ST_INTERRUPTED)
+                return -ESTALE;
+        if (strcmp(e->fp, fp) != 0)
+                return -EPERM;
+        if ((r = copy_result(result, len, &copy)) < 0)
+                return r;
+        if (error_class) {
+                cls = strdup(error_class);
+                msg = clean_text(error_msg ? error_msg : "", IDEM_TEXT_MAX_CHARS);
+                if (!cls || !msg) {
+                        free(copy);
+                        free(cls);
+                        free(msg);
+                        return -ENOMEM;
+                }
+        }
+        char *why = e->reason;
+        e->reason = NULL;
+        r = finish(s, e, error_class ? IDEM_ST_FAILED : IDEM_ST_COMPLETED, copy, len, cls, msg,
+                   lsn);
+        if (r < 0)
+                e->reason = why; /* still interrupted */
+        else
+                free(why);
+        return r;
 }
 
 int idem_get(struct idem_store *s, const char *key, struct idem_view *v)

@@ -34,6 +34,7 @@ struct entry {
         char wsha[IDEM_SHA256_HEX + 1];
         uint64_t wbytes;
         char *check;                    /* the call's check (JSON), NULL if none */
+        struct idem_client client;      /* client.pid 0 if none */
         char key[];
 };
 

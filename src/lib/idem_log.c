@@ -110,6 +110,7 @@ static int load_entry(struct idem_store *s, const char *key, size_t tool_len, co
         e->created_ms = created;
         e->finished_ms = 0;
         e->owner = (struct idem_step_owner){ 0 };
+        e->client = (struct idem_client){ 0 };
         free(e->wpath);
         e->wpath = NULL;
         free(e->check);
@@ -179,6 +180,22 @@ static int get_owner(const struct kjson *obj, struct idem_step_owner *o)
         return idem_owner_check(o);
 }
 
+/* The optional client of a record: 0 (absent: *c cleared, or valid), -EINVAL. */
+static int get_client(const struct kjson *obj, struct idem_client *c)
+{
+        *c = (struct idem_client){ 0 };
+        const struct kjson *v = kjson_get(obj, "client");
+        if (!v)
+                return 0;
+        int64_t pid = 0, start = -1;
+        if (v->type != KJSON_OBJECT || !get_i64(v, "pid", &pid) || pid < 1 ||
+            pid > INT32_MAX || !get_i64(v, "start", &start) || start < 0)
+                return -EINVAL;
+        c->pid = (int32_t)pid;
+        c->start = (uint64_t)start;
+        return 0;
+}
+
 /* Apply one good record.  1: applied, 0: unknown op (ignored), -EINVAL: a
  * known op with missing or bad fields, -ENOMEM. */
 static int apply(struct loader *ld, const struct kjson *obj)
@@ -226,11 +243,12 @@ static int apply(struct loader *ld, const struct kjson *obj)
         size_t result_len = 0;
         char *cls = NULL, *msg = NULL, *reason = NULL;
         struct idem_step_owner owner;
+        struct idem_client client;
         char *wpath = NULL, wsha[IDEM_SHA256_HEX + 1];
         uint64_t wbytes = 0;
         char *check = NULL;
         int r = get_owner(obj, &owner);
-        if (r < 0 || (r = get_write(obj, &wpath, wsha, &wbytes)) < 0)
+        if (r < 0 || (r = get_client(obj, &client)) < 0 || (r = get_write(obj, &wpath, wsha, &wbytes)) < 0)
                 return r;
         if ((r = get_check(obj, &check)) < 0) {
                 free(wpath);
@@ -269,6 +287,7 @@ static int apply(struct loader *ld, const struct kjson *obj)
         e->error_msg = msg;
         e->reason = reason;
         e->owner = owner;
+        e->client = client;
         e->wpath = wpath;
         if (wpath) {
                 memcpy(e->wsha, wsha, sizeof wsha);

@@ -48,8 +48,11 @@ exec "$KAIROSCTL" tool run --key "out-$KAIROS_IDEM_KEY" -- sh "$OUT/effect.sh" "
 """
 
 # the effect: one line in the outbox per run; the first attempt then waits
-# to be killed ($OUT/before: before the outbox line)
+# to be killed ($OUT/before: before the outbox line); its process group is
+# recorded so that the test can kill the call with kairosd, as a host crash
+# would (a kairosd crash alone lets the call finish: test_tool_outlive.py)
 EFFECT_SH = r"""
+ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.tool"
 if [ -e "$OUT/before" ] && [ "$KAIROS_ATTEMPT" = 1 ]; then
         touch "$OUT/started"; exec sleep 600
 fi
@@ -309,8 +312,10 @@ class ToolCheck(unittest.TestCase):
 
 # ---- the long run: N kills inside a 2-second tool run ----
 
-# the effect made at the start of 2 s of work, or ($OUT/late) at its end
+# the effect made at the start of 2 s of work, or ($OUT/late) at its end;
+# killed with kairosd, as by a host crash (pgid.tool)
 LONG_EFFECT = r"""
+ps -o pgid= $$ | tr -d ' ' > "$OUT/pgid.tool"
 [ -e "$OUT/late" ] || echo "$KAIROS_IDEM_KEY" >> "$OUT/outbox"
 touch "$OUT/started"
 sleep 2

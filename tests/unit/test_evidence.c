@@ -78,9 +78,9 @@ static void test_from_calls_equals_store(void **state)
         char k[3][16] = { "cmd:look", "cmd:half", "cmd:sent" };
         char step[3][16] = { "observe_001", "act_001", "act_001" };
         struct evidence_call calls[3] = {
-                { k[0], "cmd", step[0], 1, IDEM_ST_COMPLETED, T0, T0, NULL },
-                { k[1], "cmd", step[1], 2, IDEM_ST_PROCESSING, T0, 0, NULL },
-                { k[2], "cmd", step[2], 2, IDEM_ST_COMPLETED, T0, T0, NULL },
+                { k[0], "cmd", step[0], 1, IDEM_ST_COMPLETED, T0, T0, NULL, { 0 } },
+                { k[1], "cmd", step[1], 2, IDEM_ST_PROCESSING, T0, 0, NULL, { 0 } },
+                { k[2], "cmd", step[2], 2, IDEM_ST_COMPLETED, T0, T0, NULL, { 0 } },
         };
         struct evidence_index *ix;
         assert_int_equal(evidence_index_from_calls(MID, calls, 3, &ix), 0);
@@ -132,7 +132,7 @@ static void test_from_calls_bad_input(void **state)
 {
         (void)state;
         struct evidence_index *ix = (void *)1;
-        struct evidence_call bad = { "cmd:k", "cmd", NULL, 1, IDEM_ST_COMPLETED, T0, T0, NULL };
+        struct evidence_call bad = { "cmd:k", "cmd", NULL, 1, IDEM_ST_COMPLETED, T0, T0, NULL, { 0 } };
         assert_int_equal(evidence_index_from_calls(MID, &bad, 1, &ix), -EINVAL);
         assert_null(ix);
         assert_int_equal(evidence_index_from_calls(NULL, NULL, 0, &ix), -EINVAL);

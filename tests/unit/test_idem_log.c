@@ -580,6 +580,63 @@ static void test_owner_recorded_and_reloaded(void **state)
         assert_int_equal(c.processing, 1);
 }
 
+/* A tool run's client (pid, start time) is recorded and reloaded (also after
+ * a compaction); a call a crash left interrupted is finished late only with
+ * its fingerprint, and only while interrupted. */
+static void test_client_and_late_finish(void **state)
+{
+        struct fx *f = *state;
+        struct idem_client cl = { .pid = 4242, .start = 987654321 };
+        struct idem_request r = rq("cmd_run", "k1", "[\"x\"]");
+        struct idem_request r2 = rq("cmd_run", "k2", "[\"y\"]");
+        struct idem_view v;
+        uint64_t lsn;
+        char fp[CANON_HASH_STRLEN];
+
+        open_fresh(f);
+        r.client = &cl;
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(v.client.pid, 4242);
+        snprintf(fp, sizeof fp, "%s", v.fingerprint);
+        assert_int_equal(idem_begin(f->s, &r2, &v, &lsn), IDEM_PROCEED);
+        assert_int_equal(v.client.pid, 0);
+        /* a processing entry is its connection's: not finished late */
+        assert_int_equal(idem_finish_late(f->s, "cmd_run:k1", fp, NULL, NULL, "ok", 2, &lsn),
+                         -ESTALE);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        size_t len;
+        char *log = slurp(f->log, &len);
+        assert_non_null(strstr(log, ",\"client\":{\"pid\":4242,\"start\":987654321},"));
+        free(log);
+
+        /* kairosd dies: k1 comes back interrupted with its client */
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(idem_get(f->s, "cmd_run:k1", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_INTERRUPTED);
+        assert_int_equal(v.client.pid, 4242);
+        assert_int_equal(v.client.start, 987654321);
+        assert_int_equal(idem_finish_late(f->s, "cmd_run:k1", "sha256-0000", NULL, NULL, "ok", 2,
+                                          &lsn),
+                         -EPERM);
+        assert_int_equal(idem_finish_late(f->s, "cmd_run:k1", fp, "bad class!", "x", "ok", 2,
+                                          &lsn),
+                         -EINVAL);
+        assert_int_equal(idem_finish_late(f->s, "cmd_run:nope", fp, NULL, NULL, "ok", 2, &lsn),
+                         -ENOENT);
+        assert_int_equal(idem_finish_late(f->s, "cmd_run:k1", fp, NULL, NULL, "ok", 2, &lsn), 0);
+        assert_int_equal(idem_get(f->s, "cmd_run:k1", &v), 0);
+        assert_int_equal(v.state, IDEM_ST_COMPLETED);
+        assert_null(v.reason);
+        assert_int_equal(idem_finish_late(f->s, "cmd_run:k1", fp, NULL, NULL, "ok", 2, &lsn),
+                         -ESTALE);
+        assert_int_equal(idem_sync(f->s, f->l), 0);
+        assert_int_equal(idem_compact_sync(f->s, f->l), 0);
+        assert_int_equal(reopen(f), 0);
+        assert_int_equal(idem_begin(f->s, &r, &v, &lsn), IDEM_HIT_COMPLETED);
+        assert_int_equal(v.result_len, 2);
+        assert_int_equal(v.client.pid, 4242);
+}
+
 /* A tool write's claim (path, sha256, bytes) is kept in every record of its
  * entry, across a reload and a compaction; a log without it still loads;
  * settle decides an interrupted entry: completed (a duplicate replays it) or
@@ -1078,6 +1135,7 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_owner_recorded_and_reloaded, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_client_and_late_finish, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_write_claim_and_settle, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_check_recorded_and_reloaded, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_owner_bad_in_log_is_corruption, setup, teardown),
