@@ -22,6 +22,7 @@
 #include "executor.h"
 #include "hooks.h"
 #include "probe.h"
+#include "runner.h"
 #include "idem_service.h"
 #include "kairos/canon.h"
 #include "kairos/evidence.h"
@@ -532,6 +533,7 @@ int main(int argc, char **argv)
                 daemon_stop(d, d->exit_code);
         d->drv->stop(d);
         control_stop(d);
+        runner_stop(d->runner); /* its thread wakes the loop: joined before the close */
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
         exit_code = d->exit_code;

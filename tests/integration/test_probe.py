@@ -469,5 +469,39 @@ class TestProbeCrash(ProbeCase):
         self.assertEqual([r["status"] for r in self.act_records(m)], ["executing", "completed"])
 
 
+class TestStopWithProbeQueued(ProbeCase):
+    """A SIGTERM right after READY=1 while the runner's thread still holds a
+    probe it has not started (KAIROS_TEST_RUNNER_HOLD, -Dtest_hooks=true:
+    the thread holds the spawn until kairosd stops, as a slow clone would):
+    kairosd stops cleanly (it aborted in libuv: the thread spawned the probe
+    after the loop had closed its handles and woke the closed loop), the
+    probe never runs, nothing is recorded."""
+
+    def test_sigterm_before_the_probe_is_spawned(self):
+        self.configure_probe(PROBE_SH)
+        m = self.crash_in_act()
+        wal_before = read_records(self.wal_path(m))
+        held = self.out_file("held")
+        self.start(env={"KAIROS_TEST_RUNNER_HOLD": held})
+        deadline = time.monotonic() + 10
+        while not os.path.exists(held) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not os.path.exists(held):
+            self.skipTest("kairosd was built without -Dtest_hooks=true")
+        rc = self.d.stop()
+        self.assertEqual(rc, 0, self.d.log()[-3000:])
+        self.assertIn("stopping: 1 handler not started", self.d.log())
+        self.assertEqual(self.lines("probe.runs"), [])  # never started
+        self.assertEqual(read_records(self.wal_path(m)), wal_before)
+        # the next start probes it
+        os.mkfifo(self.out_file("go"))
+        self.start()
+        self.d.wait_log("act_001: probe started")
+        self.assertEqual(self.wait_lines("probe.runs", 1), ["run"])
+        self.release(self.out_file("go"))
+        self.wait_status(m, ("done",))
+        self.assertEqual(self.lines("act.runs"), ["1"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
