@@ -36,6 +36,7 @@ struct conn {
         int fd;
         int64_t deadline;       /* CLOCK_MONOTONIC, ms */
         int timeout_ms;
+        bool quiet_timeout;     /* no reply in time: CTL_EXIT_TIMEOUT, nothing printed */
 };
 
 static int64_t now_ms(void)
@@ -422,7 +423,10 @@ static int session_exchange(struct ctl_session *s, const char *cmd, json_t *args
         }
         kbuf_reset(line);
         r = conn_recv_line(c, line);
-        status = r < 0 ? recv_error(c, r) : CTL_EXIT_OK;
+        if (r == -ETIMEDOUT && c->quiet_timeout)
+                status = CTL_EXIT_TIMEOUT;
+        else
+                status = r < 0 ? recv_error(c, r) : CTL_EXIT_OK;
 out:
         json_decref(req);
         free(text);
@@ -1421,12 +1425,43 @@ static int wait_report(const struct ctl_opts *o, json_t *r, int outcome, bool ti
 }
 
 /* Poll `show` with a growing pause (50 ms doubling to 2 s) until the
- * mandate settles or the timeout passes. */
+ * mandate settles or the deadline (-1: none) passes: for a mandate another
+ * node runs, or a kairosd without the wait command. */
+static int wait_poll(const struct ctl_opts *o, const char *mandate, int64_t deadline)
+{
+        int64_t pause_ms = 50;
+
+        for (;;) {
+                json_t *res;
+                int status = call_show(o, mandate, false, &res);
+                if (status != CTL_EXIT_OK)
+                        return status;
+                int outcome = wait_outcome(jstr(res, "status"));
+                if (outcome >= 0) {
+                        status = wait_report(o, res, outcome, false);
+                        json_decref(res);
+                        return status;
+                }
+                int64_t now = now_ms();
+                if (deadline >= 0 && now >= deadline) {
+                        status = wait_report(o, res, CTL_EXIT_TIMEOUT, true);
+                        json_decref(res);
+                        return status;
+                }
+                json_decref(res);
+                sleep_ms(deadline >= 0 && deadline - now < pause_ms ? deadline - now : pause_ms);
+                if (pause_ms < 2000)
+                        pause_ms = pause_ms * 2 > 2000 ? 2000 : pause_ms * 2;
+        }
+}
+
+/* One wait request, answered by kairosd when the mandate settles (or the
+ * deadline passes: then one show says where it is). */
 int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
 {
         const char *timeout = NULL;
         const struct ctl_option opts[] = { { "timeout", true, &timeout, NULL }, { NULL } };
-        int64_t deadline = -1, pause_ms = 50;
+        int64_t deadline = -1;
         int npos, r;
 
         r = ctl_parse_options("wait", argc, argv, opts, &npos);
@@ -1450,26 +1485,41 @@ int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
                 deadline = now_ms() + (int64_t)(sec * 1000);
         }
         for (;;) {
-                json_t *res;
-                int status = call_show(o, argv[0], false, &res);
+                int64_t left = deadline >= 0 ? deadline - now_ms() : INT32_MAX;
+                if (left <= 0)
+                        return wait_poll(o, argv[0], deadline); /* one show */
+                struct ctl_session *s;
+                int status = ctl_session_open(o, &s);
                 if (status != CTL_EXIT_OK)
                         return status;
-                int outcome = wait_outcome(jstr(res, "status"));
-                if (outcome >= 0) {
-                        status = wait_report(o, res, outcome, false);
+                s->c.timeout_ms = left > INT32_MAX ? INT32_MAX : (int)left;
+                s->c.quiet_timeout = true;
+                json_t *res = NULL, *err = NULL;
+                status = ctl_session_call(s, "wait", json_pack("{s:s}", "mandate", argv[0]), &res,
+                                          &err);
+                ctl_session_close(s);
+                if (status == CTL_EXIT_TIMEOUT)
+                        continue; /* the deadline passed (or 24 days without one) */
+                if (status == CTL_EXIT_OK) {
+                        int outcome = wait_outcome(jstr(res, "status"));
+                        status = wait_report(o, res, outcome >= 0 ? outcome : CTL_EXIT_REFUSED,
+                                             false);
                         json_decref(res);
                         return status;
                 }
-                int64_t now = now_ms();
-                if (deadline >= 0 && now >= deadline) {
-                        status = wait_report(o, res, CTL_EXIT_TIMEOUT, true);
-                        json_decref(res);
+                if (status != CTL_EXIT_REFUSED || !err)
                         return status;
+                const char *code = jstr(err, "code");
+                if (code && (strcmp(code, "poll") == 0 || strcmp(code, "unknown_command") == 0)) {
+                        json_decref(err);
+                        return wait_poll(o, argv[0], deadline);
                 }
-                json_decref(res);
-                sleep_ms(deadline >= 0 && deadline - now < pause_ms ? deadline - now : pause_ms);
-                if (pause_ms < 2000)
-                        pause_ms = pause_ms * 2 > 2000 ? 2000 : pause_ms * 2;
+                status = print_refusal(o, err);
+                /* kairosd stopped first: as when it cannot be reached */
+                if (code && strcmp(code, "shutting_down") == 0)
+                        status = CTL_EXIT_UNREACHABLE;
+                json_decref(err);
+                return status;
         }
 }
 

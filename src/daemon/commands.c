@@ -19,6 +19,7 @@
 #include "executor.h"
 #include "idem_service.h"
 #include "kairos/canon.h"
+#include "kairos/dlist.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -44,6 +45,8 @@ struct retry_target {
 };
 static void retry_target(struct control_request *req, const struct retry_target *t);
 static struct retry_target retry_target_of(const struct mandate *m);
+/* wait requests waiting (below) */
+static unsigned waiters_count(void);
 
 /* The result of an operation (result.h) as the reply to req. */
 static void reply_result(void *ctx, const struct op_result *r)
@@ -171,6 +174,8 @@ static void cmd_status(struct control_request *req)
         json_t *cl = d->opreads->status(d);
         if (res && cl)
                 json_object_set_new(res, "cluster", cl);
+        if (res)
+                json_object_set_new(res, "wait_requests", json_integer(waiters_count()));
         control_reply_ok(req, res);
 }
 
@@ -1427,6 +1432,155 @@ static void cmd_metrics(struct control_request *req)
         kbuf_free(&text);
 }
 
+/* ---- wait: answered when the mandate settles ---- */
+
+/* A wait request is kept until its mandate settles (is no longer runnable,
+ * running, idle or probing), its connection closes, or kairosd stops. */
+struct waiter {
+        struct control_claim cc;     /* its connection: gone, the waiter goes */
+        struct waiter *prev, *next;
+        struct control_request *req;
+        char *id;
+};
+
+static struct {
+        struct waiter *head;
+        unsigned n;
+        uv_timer_t turn;             /* a status changed: look on the next turn */
+        bool turn_ready;
+} W;
+
+static unsigned waiters_count(void)
+{
+        return W.n;
+}
+
+static bool wait_settled(enum mandate_status s)
+{
+        return s != MANDATE_RUNNABLE && s != MANDATE_RUNNING && s != MANDATE_IDLE &&
+               s != MANDATE_PROBING;
+}
+
+static void waiter_free(struct waiter *w)
+{
+        DLIST_UNLINK(W.head, w);
+        W.n--;
+        control_claim_release(&w->cc);
+        free(w->id);
+        free(w);
+}
+
+/* The connection closed: the request goes unanswered. */
+static void waiter_gone(struct control_claim *cc)
+{
+        struct waiter *w = (struct waiter *)cc;
+        struct control_request *req = w->req;
+        waiter_free(w);
+        control_reply_error(req, "gone", "the connection closed"); /* (goes nowhere) */
+}
+
+static void waiters_check(uv_timer_t *t)
+{
+        struct daemon *d = t->data;
+        for (struct waiter *w = W.head, *next; w; w = next) {
+                next = w->next;
+                struct mandate *m = mandate_find(d, w->id);
+                struct control_request *req = w->req;
+                if (!m) {
+                        waiter_free(w);
+                        control_reply_error(req, "not_found", "no mandate %s", w->id);
+                } else if (wait_settled(m->status)) {
+                        waiter_free(w);
+                        control_reply_ok(req, mandate_json(m));
+                }
+        }
+}
+
+void commands_status_changed(struct mandate *m)
+{
+        /* (its reason and review step are set just after: answered on the
+         * next turn of the loop) */
+        if (W.n && W.turn_ready)
+                uv_timer_start(&W.turn, waiters_check, 0, 0);
+        (void)m;
+}
+
+void commands_stopping(struct daemon *d)
+{
+        while (W.head) {
+                struct waiter *w = W.head;
+                struct control_request *req = w->req;
+                struct mandate *m = mandate_find(d, w->id);
+                if (m && wait_settled(m->status)) {
+                        waiter_free(w);
+                        control_reply_ok(req, mandate_json(m));
+                        continue;
+                }
+                control_reply_error(req, "shutting_down",
+                                    "kairosd is stopping before mandate %s settled (it is %s)",
+                                    w->id, m ? mandate_status_name(m->status) : "gone");
+                waiter_free(w);
+        }
+        if (W.turn_ready)
+                uv_timer_stop(&W.turn);
+}
+
+static void cmd_wait(struct control_request *req)
+{
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if (!m && remote) {
+                /* another node runs it: nothing here sees it end */
+                control_reply_error(req, "poll",
+                                    "mandate %s is not this node's: ask show until it settles",
+                                    remote);
+                return;
+        }
+        if (!m)
+                return;
+        if (wait_settled(m->status)) {
+                control_reply_ok(req, mandate_json(m));
+                return;
+        }
+        if (req->d->stopping) {
+                control_reply_error(req, "shutting_down",
+                                    "kairosd is stopping before mandate %s settled (it is %s)",
+                                    m->id, mandate_status_name(m->status));
+                return;
+        }
+        unsigned mine = 0;
+        for (struct waiter *w = W.head; w; w = w->next)
+                mine += control_claim_owned_by(&w->cc, req);
+        if (W.n >= COMMANDS_WAIT_MAX || mine >= COMMANDS_WAIT_MAX_PER_CONN) {
+                control_reply_error(req, "too_many_waiters",
+                                    "too many wait requests (at most %u per connection and %u in "
+                                    "all): wait for mandate %s later",
+                                    (unsigned)COMMANDS_WAIT_MAX_PER_CONN,
+                                    (unsigned)COMMANDS_WAIT_MAX, m->id);
+                return;
+        }
+        struct waiter *w = calloc(1, sizeof(*w));
+        if (!w || !(w->id = strdup(m->id))) {
+                free(w);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        if (!W.turn_ready) {
+                uv_timer_init(req->d->loop, &W.turn);
+                W.turn.data = req->d;
+                W.turn_ready = true;
+        }
+        w->req = req;
+        if (!control_claim_attach(req, &w->cc, waiter_gone)) {
+                free(w->id);
+                free(w);
+                control_reply_error(req, "gone", "the connection closed"); /* (goes nowhere) */
+                return;
+        }
+        DLIST_PUSH(W.head, w);
+        W.n++;
+}
+
 /* ---- the idempotency service (idem_service.h) ---- */
 
 /* A claim tied to the connection its tool-begin came on. */
@@ -1510,6 +1664,7 @@ static const struct command commands[] = {
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
         { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
         { "retry", cmd_retry, false },        { "cancel", cmd_cancel, false },
+        { "wait", cmd_wait, true },
         { "tool-begin", cmd_tool_begin, true },
         { "tool-finish", cmd_tool_finish, true },
         { "tool-write", cmd_tool_write, true },

@@ -266,6 +266,8 @@ void daemon_stop(struct daemon *d, int exit_code)
                        (d->cfg->graceful_timeout_sec + 30) * 1000, 0);
         hooks_stop(d);
         probe_stop(d);
+        if (d->up.stopping)
+                d->up.stopping(d);
         executor_shutdown(d, on_executor_idle);
 }
 

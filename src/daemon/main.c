@@ -151,6 +151,8 @@ static void wire_upcalls(struct daemon *d)
         d->up.free_mandate = executor_free_mandate;
         d->up.kill_handler = executor_kill_handler;
         d->up.adopt = recover_adopt;
+        d->up.status_changed = commands_status_changed;
+        d->up.stopping = commands_stopping;
         control_set_commands(&(struct control_commands){ commands_dispatch, commands_known });
         serialq_set_thread_done(d->drv->thread_done);
 }
