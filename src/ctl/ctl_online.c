@@ -1197,6 +1197,70 @@ static void print_tool_calls(json_t *steps)
         }
 }
 
+/* Each step's interrupted execution (kairosd went down under it, or killed
+ * it at shutdown): how long it ran, up to its last record before the
+ * restart, and what decided it, on what evidence. */
+static void print_interrupted(json_t *steps, json_t *ops)
+{
+        json_t *s;
+        size_t i;
+        bool head = false;
+
+        json_array_foreach(steps, i, s) {
+                json_t *in = json_object_get(s, "interrupted");
+                if (!json_is_object(in))
+                        continue;
+                json_t *ev = json_object_get(in, "evidence");
+                const char *decision = jstr(in, "decision"), *reason = jstr(ev, "reason");
+                const char *source = jstr(ev, "source");
+                long long n = jint(in, "execution");
+                bool killed = json_is_true(json_object_get(ev, "killed_at_shutdown")) ||
+                              (reason && strcmp(reason, "killed_at_shutdown") == 0);
+                char dur[32];
+                human_duration(json_object_get(in, "duration_ms"), dur);
+                if (!head)
+                        puts("    Interrupted executions:");
+                head = true;
+                fputs("      ", stdout);
+                ctl_put_safe(stdout, jstr(s, "step_id"));
+                printf(" execution %lld: ran %s ", n, dur);
+                fputs(killed ? "until killed at shutdown (" :
+                               "up to the last record before kairosd went down (", stdout);
+                ctl_put_safe(stdout, jstr(in, "ended_at"));
+                fputs("); ", stdout);
+                if (!decision || strcmp(decision, "needs_review") == 0) {
+                        fputs(killed && (!reason || strcmp(reason, "killed_at_shutdown") == 0)
+                                      ? "waiting for a decision"
+                                      : "sent to review",
+                              stdout);
+                } else {
+                        if (strcmp(decision, "pending") == 0) {
+                                if (jint(s, "executions") > n)
+                                        printf("re-run as execution %lld", n + 1);
+                                else
+                                        fputs("to be run again", stdout);
+                        } else {
+                                ctl_put_safe(stdout, decision);
+                        }
+                        const char *by = strcmp(recovered_text(s, ops), "operator") == 0
+                                                 ? "an operator"
+                                         : source && strcmp(source, "probe") == 0
+                                                 ? "its probe"
+                                                 : "recovery";
+                        printf(", decided by %s", by);
+                }
+                if (reason && strcmp(reason, "killed_at_shutdown") != 0) {
+                        fputs(": ", stdout);
+                        ctl_put_safe(stdout, reason);
+                }
+                if (jstr(in, "decided_at")) {
+                        fputs(" at ", stdout);
+                        ctl_put_safe(stdout, jstr(in, "decided_at"));
+                }
+                putchar('\n');
+        }
+}
+
 static int text_show(json_t *r)
 {
         json_t *plans = json_object_get(r, "plans"), *ops = json_object_get(r, "operators");
@@ -1266,6 +1330,7 @@ static int text_show(json_t *r)
                 putchar('\n');
                 if (print_steps(json_object_get(p, "steps"), ops) < 0)
                         return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                print_interrupted(json_object_get(p, "steps"), ops);
                 print_tool_calls(json_object_get(p, "steps"));
         }
         if (json_array_size(ops) == 0)

@@ -355,6 +355,30 @@ static void reply_ok_raw(struct control_request *req, json_t *result)
         kbuf_free(&b);
 }
 
+/* Milliseconds from a to b (WAL timestamps), or null. */
+static json_t *ts_span(const char *a, const char *b)
+{
+        int64_t t0 = 0, t1 = 0;
+        return wal_parse_ts(a, &t0) == 0 && wal_parse_ts(b, &t1) == 0 && t1 >= t0
+                       ? json_integer(t1 - t0)
+                       : json_null();
+}
+
+/* A step's execution that kairosd's end cut short, and what decided it. */
+static json_t *interrupted_json(const struct fold_step *s)
+{
+        json_t *o = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o}", "execution",
+                              (int)s->interrupted_execution, "started_at",
+                              str_or_null(s->interrupted_started_ts), "ended_at",
+                              str_or_null(s->interrupted_ended_ts), "duration_ms",
+                              ts_span(s->interrupted_started_ts, s->interrupted_ended_ts),
+                              "decided_at", str_or_null(s->decided_ts), "decision",
+                              str_or_null(s->decided_status));
+        if (o && s->decided_evidence_json)
+                json_object_set_new(o, "evidence", raw_json(s->decided_evidence_json));
+        return o;
+}
+
 static json_t *fold_json(const struct fold *f)
 {
         json_t *plans = json_array();
@@ -370,15 +394,19 @@ static json_t *fold_json(const struct fold *f)
                                 "result_hash", str_or_null(s->result_hash), "reason",
                                 str_or_null(s->reason), "executions", (int)s->executions,
                                 "recovered", s->recovered);
-                        int64_t t0 = 0, t1 = 0;
                         json_object_set_new(js, "started_at", str_or_null(s->started_ts));
                         json_object_set_new(js, "ended_at", str_or_null(s->ended_ts));
+                        /* not run again after an interruption: it ran until
+                         * the restart, not until what decided it (the time
+                         * kairosd was down is not the step's) */
+                        bool cut = s->interrupted_execution &&
+                                   s->interrupted_execution == s->executions;
                         json_object_set_new(js, "duration_ms",
-                                            wal_parse_ts(s->started_ts, &t0) == 0 &&
-                                                            wal_parse_ts(s->ended_ts, &t1) == 0 &&
-                                                            t1 >= t0
-                                                    ? json_integer(t1 - t0)
-                                                    : json_null());
+                                            cut ? ts_span(s->interrupted_started_ts,
+                                                          s->interrupted_ended_ts)
+                                                : ts_span(s->started_ts, s->ended_ts));
+                        if (s->interrupted_execution)
+                                json_object_set_new(js, "interrupted", interrupted_json(s));
                         if (s->error_class)
                                 json_object_set_new(js, "error_class", json_string(s->error_class));
                         if (s->error_msg)

@@ -469,6 +469,65 @@ class TestProbeCrash(ProbeCase):
         self.assertEqual([r["status"] for r in self.act_records(m)], ["executing", "completed"])
 
 
+def ts_ms(ts):
+    """A WAL timestamp (2026-04-20T12:00:00.123Z) in ms since the epoch."""
+    import calendar
+    base, frac = ts.rstrip("Z").split(".")
+    return calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) * 1000 + int(frac)
+
+
+class TestShowInterrupted(ProbeCase):
+    """show: an interrupted act's duration ends at the last record before
+    kairosd went down (the downtime is not the step's), and the text view
+    says what decided it, on what evidence (only --json did)."""
+
+    DOWNTIME = 0.5  # how long kairosd stays down (not a synchronization)
+
+    def interrupted(self, probe_body):
+        self.configure_probe(probe_body)
+        m = self.crash_in_act()
+        time.sleep(self.DOWNTIME)
+        self.start()
+        self.wait_status(m, ("done",))
+        out = self.ctl("--json", "show", m)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        got = json.loads(out.stdout)
+        act = [s for p in got["plans"] for s in p["steps"] if s["step_id"] == "act_001"][0]
+        text = self.ctl("show", m)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        return m, act, text.stdout
+
+    def test_completed_by_the_probe(self):
+        m, act, text = self.interrupted(READ_OUTBOX_SH)
+        executing = [r for r in self.act_records(m) if r["status"] == "executing"][0]
+        it = act["interrupted"]
+        self.assertEqual((it["execution"], it["started_at"], it["decision"]),
+                         (1, executing["ts"], "completed"))
+        # it ran until the last record before the crash: its executing record
+        self.assertEqual(it["ended_at"], executing["ts"])
+        self.assertEqual(act["duration_ms"], ts_ms(it["ended_at"]) - ts_ms(it["started_at"]))
+        self.assertLess(act["duration_ms"], self.DOWNTIME * 1000)
+        self.assertGreaterEqual(ts_ms(it["decided_at"]) - ts_ms(it["started_at"]),
+                                self.DOWNTIME * 1000)
+        self.assertEqual(it["evidence"]["source"], "probe")
+        self.assertIn("\n    Interrupted executions:\n      act_001 execution 1: ran %dms up to "
+                      "the last record before kairosd went down (%s); completed, decided by its "
+                      "probe: current_state_matches_expected_post at %s\n"
+                      % (act["duration_ms"], it["ended_at"], it["decided_at"]), text)
+
+    def test_run_again_after_the_probe_said_not_started(self):
+        m, act, text = self.interrupted('cat >/dev/null\nprintf \'{"state":"not_started"}\\n\'\n')
+        self.assertEqual(act["executions"], 2)
+        it = act["interrupted"]
+        self.assertEqual((it["execution"], it["decision"]), (1, "pending"))
+        # the step's duration is its second execution's, shown separately
+        self.assertEqual(act["duration_ms"], ts_ms(act["ended_at"]) - ts_ms(act["started_at"]))
+        self.assertGreater(ts_ms(act["started_at"]), ts_ms(it["ended_at"]))
+        self.assertRegex(text, r"\n      act_001 execution 1: ran \d+ms up to the last record "
+                               r"before kairosd went down \(\S+\); re-run as execution 2, "
+                               r"decided by its probe: current_pre_matches_expected at \S+\n")
+
+
 class TestStopWithProbeQueued(ProbeCase):
     """A SIGTERM right after READY=1 while the runner's thread still holds a
     probe it has not started (KAIROS_TEST_RUNNER_HOLD, -Dtest_hooks=true:
