@@ -759,6 +759,11 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         j->fd_out = p[1][0];
         j->fd_err = p[2][0];
         pthread_mutex_lock(&r->lock);
+        if (r->quit) { /* runner_stop: nothing starts any more */
+                pthread_mutex_unlock(&r->lock);
+                e = -ESHUTDOWN;
+                goto fail;
+        }
         if (r->todo_tail)
                 r->todo_tail->next = j;
         else

@@ -112,7 +112,8 @@ void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c);
 void runner_set_user(struct runner *r, const struct handler_user *u);
 
 /* Start job.  0: started() will be called; a negative errno: nothing
- * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM). */
+ * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM; ESHUTDOWN: after
+ * runner_stop). */
 int runner_spawn(struct runner *r, struct runner_job *job);
 
 /* Signal the job's process group (nothing once it was reaped); SIGKILL with
