@@ -1581,8 +1581,9 @@ static void cmd_wait(struct control_request *req)
                 mine += control_claim_owned_by(&w->cc, req);
         if (W.n >= COMMANDS_WAIT_MAX || mine >= COMMANDS_WAIT_MAX_PER_CONN) {
                 control_reply_error(req, "too_many_waiters",
-                                    "too many wait requests (at most %u per connection and %u in "
-                                    "all): wait for mandate %s later",
+                                    "too many wait requests %s (at most %u per connection and %u "
+                                    "in all): wait for mandate %s later",
+                                    W.n >= COMMANDS_WAIT_MAX ? "in all" : "on this connection",
                                     (unsigned)COMMANDS_WAIT_MAX_PER_CONN,
                                     (unsigned)COMMANDS_WAIT_MAX, m->id);
                 return;

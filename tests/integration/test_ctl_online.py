@@ -730,7 +730,8 @@ class TestRetryWait(OnlineCase):
         reply = c.recv_reply()  # the 17th: refused at once
         self.assertEqual((reply["id"], reply["ok"], reply["error"]["code"]),
                          (17, False, "too_many_waiters"), reply)
-        self.assertIn("at most 16 per connection and 1024 in all", reply["error"]["message"])
+        self.assertIn("too many wait requests on this connection (at most 16 per connection and "
+                      "1024 in all)", reply["error"]["message"])
         self.wait_requests(16)
         # another connection may still wait
         r = self.raw("wait", mandate="mnd_nope")
@@ -739,6 +740,38 @@ class TestRetryWait(OnlineCase):
         self.wait_requests(0)
         r = self.raw("wait", mandate="")
         self.assertFalse(r["ok"], r)
+
+    def test_wait_requests_are_bounded_in_all(self):
+        slow = self.fire_slow()
+        conns = []
+        try:
+            for k in range(64):  # 64 x 16 = 1024, the bound in all
+                c = Client(self.sock)
+                conns.append(c)
+                c.send_raw(b"".join(json.dumps({"v": 1, "id": i + 1, "cmd": "wait",
+                                                "args": {"mandate": slow}}).encode() + b"\n"
+                                    for i in range(16)))
+            # (64 connections: this user's bound; the first one asks)
+            c0 = conns[0]
+            deadline = time.monotonic() + 30
+            while c0.call("status")["result"]["wait_requests"] != 1024:
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.005)
+            r = c0.call("wait", mandate=slow)
+            self.assertEqual(r["error"]["code"], "too_many_waiters", r)
+            self.assertIn("too many wait requests in all", r["error"]["message"])
+            # a settled mandate is answered at once, bound or not
+            r = c0.call("wait", mandate="mnd_r")
+            self.assertTrue(r["ok"], r)
+            r = c0.call("pause", mandate=slow, reason="enough")
+            self.assertTrue(r["ok"], r)
+            for c in conns:  # every waiter answered, in order
+                self.assertEqual([c.recv_reply()["result"]["status"] for _ in range(16)],
+                                 ["paused"] * 16)
+            self.assertEqual(c0.call("status")["result"]["wait_requests"], 0)
+        finally:
+            for c in conns:
+                c.close()
 
     def test_a_stop_answers_the_waiters(self):
         slow = self.fire_slow()
