@@ -1507,21 +1507,51 @@ static void waiter_gone(struct control_claim *cc)
         control_reply_error(req, "gone", "the connection closed"); /* (goes nowhere) */
 }
 
+/* Take w out of the waiters (and off its connection) to be answered: a
+ * reply may run the connection's next requests or close it, which must not
+ * touch the waiters being walked. */
+static void waiter_take(struct waiter *w, struct waiter ***tail)
+{
+        DLIST_UNLINK(W.head, w);
+        W.n--;
+        control_claim_release(&w->cc);
+        w->next = NULL;
+        **tail = w;
+        *tail = &w->next;
+}
+
+/* Answer the waiters taken: the mandate's row if it settled (err NULL: it
+ * had), else err. */
+static void waiters_answer(struct daemon *d, struct waiter *list, const char *err)
+{
+        while (list) {
+                struct waiter *w = list;
+                list = w->next;
+                struct mandate *m = mandate_find(d, w->id);
+                if (m && (wait_settled(m->status) || !err)) /* (it settled when taken) */
+                        control_reply_ok(w->req, mandate_json(m));
+                else if (!m)
+                        control_reply_error(w->req, "not_found", "no mandate %s", w->id);
+                else
+                        control_reply_error(w->req, "shutting_down", "%s before mandate %s "
+                                            "settled (it is %s)", err, w->id,
+                                            mandate_status_name(m->status));
+                free(w->id);
+                free(w);
+        }
+}
+
 static void waiters_check(uv_timer_t *t)
 {
         struct daemon *d = t->data;
+        struct waiter *ready = NULL, **tail = &ready;
         for (struct waiter *w = W.head, *next; w; w = next) {
                 next = w->next;
                 struct mandate *m = mandate_find(d, w->id);
-                struct control_request *req = w->req;
-                if (!m) {
-                        waiter_free(w);
-                        control_reply_error(req, "not_found", "no mandate %s", w->id);
-                } else if (wait_settled(m->status)) {
-                        waiter_free(w);
-                        control_reply_ok(req, mandate_json(m));
-                }
+                if (!m || wait_settled(m->status))
+                        waiter_take(w, &tail);
         }
+        waiters_answer(d, ready, NULL);
 }
 
 void commands_status_changed(struct mandate *m)
@@ -1535,22 +1565,12 @@ void commands_status_changed(struct mandate *m)
 
 void commands_stopping(struct daemon *d)
 {
-        while (W.head) {
-                struct waiter *w = W.head;
-                struct control_request *req = w->req;
-                struct mandate *m = mandate_find(d, w->id);
-                if (m && wait_settled(m->status)) {
-                        waiter_free(w);
-                        control_reply_ok(req, mandate_json(m));
-                        continue;
-                }
-                control_reply_error(req, "shutting_down",
-                                    "kairosd is stopping before mandate %s settled (it is %s)",
-                                    w->id, m ? mandate_status_name(m->status) : "gone");
-                waiter_free(w);
-        }
+        struct waiter *all = NULL, **tail = &all;
+        while (W.head)
+                waiter_take(W.head, &tail);
         if (W.turn_ready)
                 uv_timer_stop(&W.turn);
+        waiters_answer(d, all, "kairosd is stopping");
 }
 
 static void cmd_wait(struct control_request *req)
