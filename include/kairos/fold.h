@@ -79,6 +79,17 @@ struct fold_step {
         const char *ended_ts;            /* ts of the completed/failed/needs_review after it */
         unsigned executions;             /* executing records seen */
         unsigned resets;
+        /* The last execution that ended without its handler's word (kairosd
+         * went down under it, or killed it at shutdown) and what decided it
+         * (recovery, its probe, an operator); 0/NULL: none. */
+        unsigned interrupted_execution;  /* its number (1-based) */
+        const char *interrupted_started_ts; /* its executing record */
+        const char *interrupted_ended_ts;   /* the last record before the restart
+                                             * (a kill at shutdown: that record) */
+        const char *decided_ts;             /* the record that decided it */
+        const char *decided_status;         /* pending (run again), completed, failed,
+                                             * needs_review */
+        const char *decided_evidence_json;
         size_t plan;                     /* index into fold.plans */
 };
 

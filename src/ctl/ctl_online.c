@@ -36,6 +36,7 @@ struct conn {
         int fd;
         int64_t deadline;       /* CLOCK_MONOTONIC, ms */
         int timeout_ms;
+        bool quiet_timeout;     /* no reply in time: CTL_EXIT_TIMEOUT, nothing printed */
 };
 
 static int64_t now_ms(void)
@@ -422,7 +423,10 @@ static int session_exchange(struct ctl_session *s, const char *cmd, json_t *args
         }
         kbuf_reset(line);
         r = conn_recv_line(c, line);
-        status = r < 0 ? recv_error(c, r) : CTL_EXIT_OK;
+        if (r == -ETIMEDOUT && c->quiet_timeout)
+                status = CTL_EXIT_TIMEOUT;
+        else
+                status = r < 0 ? recv_error(c, r) : CTL_EXIT_OK;
 out:
         json_decref(req);
         free(text);
@@ -1193,6 +1197,70 @@ static void print_tool_calls(json_t *steps)
         }
 }
 
+/* Each step's interrupted execution (kairosd went down under it, or killed
+ * it at shutdown): how long it ran, up to its last record before the
+ * restart, and what decided it, on what evidence. */
+static void print_interrupted(json_t *steps, json_t *ops)
+{
+        json_t *s;
+        size_t i;
+        bool head = false;
+
+        json_array_foreach(steps, i, s) {
+                json_t *in = json_object_get(s, "interrupted");
+                if (!json_is_object(in))
+                        continue;
+                json_t *ev = json_object_get(in, "evidence");
+                const char *decision = jstr(in, "decision"), *reason = jstr(ev, "reason");
+                const char *source = jstr(ev, "source");
+                long long n = jint(in, "execution");
+                bool killed = json_is_true(json_object_get(ev, "killed_at_shutdown")) ||
+                              (reason && strcmp(reason, "killed_at_shutdown") == 0);
+                char dur[32];
+                human_duration(json_object_get(in, "duration_ms"), dur);
+                if (!head)
+                        puts("    Interrupted executions:");
+                head = true;
+                fputs("      ", stdout);
+                ctl_put_safe(stdout, jstr(s, "step_id"));
+                printf(" execution %lld: ran %s ", n, dur);
+                fputs(killed ? "until killed at shutdown (" :
+                               "up to the last record before kairosd went down (", stdout);
+                ctl_put_safe(stdout, jstr(in, "ended_at"));
+                fputs("); ", stdout);
+                if (!decision || strcmp(decision, "needs_review") == 0) {
+                        fputs(killed && (!reason || strcmp(reason, "killed_at_shutdown") == 0)
+                                      ? "waiting for a decision"
+                                      : "sent to review",
+                              stdout);
+                } else {
+                        if (strcmp(decision, "pending") == 0) {
+                                if (jint(s, "executions") > n)
+                                        printf("re-run as execution %lld", n + 1);
+                                else
+                                        fputs("to be run again", stdout);
+                        } else {
+                                ctl_put_safe(stdout, decision);
+                        }
+                        const char *by = strcmp(recovered_text(s, ops), "operator") == 0
+                                                 ? "an operator"
+                                         : source && strcmp(source, "probe") == 0
+                                                 ? "its probe"
+                                                 : "recovery";
+                        printf(", decided by %s", by);
+                }
+                if (reason && strcmp(reason, "killed_at_shutdown") != 0) {
+                        fputs(": ", stdout);
+                        ctl_put_safe(stdout, reason);
+                }
+                if (jstr(in, "decided_at")) {
+                        fputs(" at ", stdout);
+                        ctl_put_safe(stdout, jstr(in, "decided_at"));
+                }
+                putchar('\n');
+        }
+}
+
 static int text_show(json_t *r)
 {
         json_t *plans = json_object_get(r, "plans"), *ops = json_object_get(r, "operators");
@@ -1262,6 +1330,7 @@ static int text_show(json_t *r)
                 putchar('\n');
                 if (print_steps(json_object_get(p, "steps"), ops) < 0)
                         return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                print_interrupted(json_object_get(p, "steps"), ops);
                 print_tool_calls(json_object_get(p, "steps"));
         }
         if (json_array_size(ops) == 0)
@@ -1421,12 +1490,43 @@ static int wait_report(const struct ctl_opts *o, json_t *r, int outcome, bool ti
 }
 
 /* Poll `show` with a growing pause (50 ms doubling to 2 s) until the
- * mandate settles or the timeout passes. */
+ * mandate settles or the deadline (-1: none) passes: for a mandate another
+ * node runs, or a kairosd without the wait command. */
+static int wait_poll(const struct ctl_opts *o, const char *mandate, int64_t deadline)
+{
+        int64_t pause_ms = 50;
+
+        for (;;) {
+                json_t *res;
+                int status = call_show(o, mandate, false, &res);
+                if (status != CTL_EXIT_OK)
+                        return status;
+                int outcome = wait_outcome(jstr(res, "status"));
+                if (outcome >= 0) {
+                        status = wait_report(o, res, outcome, false);
+                        json_decref(res);
+                        return status;
+                }
+                int64_t now = now_ms();
+                if (deadline >= 0 && now >= deadline) {
+                        status = wait_report(o, res, CTL_EXIT_TIMEOUT, true);
+                        json_decref(res);
+                        return status;
+                }
+                json_decref(res);
+                sleep_ms(deadline >= 0 && deadline - now < pause_ms ? deadline - now : pause_ms);
+                if (pause_ms < 2000)
+                        pause_ms = pause_ms * 2 > 2000 ? 2000 : pause_ms * 2;
+        }
+}
+
+/* One wait request, answered by kairosd when the mandate settles (or the
+ * deadline passes: then one show says where it is). */
 int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
 {
         const char *timeout = NULL;
         const struct ctl_option opts[] = { { "timeout", true, &timeout, NULL }, { NULL } };
-        int64_t deadline = -1, pause_ms = 50;
+        int64_t deadline = -1;
         int npos, r;
 
         r = ctl_parse_options("wait", argc, argv, opts, &npos);
@@ -1450,26 +1550,41 @@ int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
                 deadline = now_ms() + (int64_t)(sec * 1000);
         }
         for (;;) {
-                json_t *res;
-                int status = call_show(o, argv[0], false, &res);
+                int64_t left = deadline >= 0 ? deadline - now_ms() : INT32_MAX;
+                if (left <= 0)
+                        return wait_poll(o, argv[0], deadline); /* one show */
+                struct ctl_session *s;
+                int status = ctl_session_open(o, &s);
                 if (status != CTL_EXIT_OK)
                         return status;
-                int outcome = wait_outcome(jstr(res, "status"));
-                if (outcome >= 0) {
-                        status = wait_report(o, res, outcome, false);
+                s->c.timeout_ms = left > INT32_MAX ? INT32_MAX : (int)left;
+                s->c.quiet_timeout = true;
+                json_t *res = NULL, *err = NULL;
+                status = ctl_session_call(s, "wait", json_pack("{s:s}", "mandate", argv[0]), &res,
+                                          &err);
+                ctl_session_close(s);
+                if (status == CTL_EXIT_TIMEOUT)
+                        continue; /* the deadline passed (or 24 days without one) */
+                if (status == CTL_EXIT_OK) {
+                        int outcome = wait_outcome(jstr(res, "status"));
+                        status = wait_report(o, res, outcome >= 0 ? outcome : CTL_EXIT_REFUSED,
+                                             false);
                         json_decref(res);
                         return status;
                 }
-                int64_t now = now_ms();
-                if (deadline >= 0 && now >= deadline) {
-                        status = wait_report(o, res, CTL_EXIT_TIMEOUT, true);
-                        json_decref(res);
+                if (status != CTL_EXIT_REFUSED || !err)
                         return status;
+                const char *code = jstr(err, "code");
+                if (code && (strcmp(code, "poll") == 0 || strcmp(code, "unknown_command") == 0)) {
+                        json_decref(err);
+                        return wait_poll(o, argv[0], deadline);
                 }
-                json_decref(res);
-                sleep_ms(deadline >= 0 && deadline - now < pause_ms ? deadline - now : pause_ms);
-                if (pause_ms < 2000)
-                        pause_ms = pause_ms * 2 > 2000 ? 2000 : pause_ms * 2;
+                status = print_refusal(o, err);
+                /* kairosd stopped first: as when it cannot be reached */
+                if (code && strcmp(code, "shutting_down") == 0)
+                        status = CTL_EXIT_UNREACHABLE;
+                json_decref(err);
+                return status;
         }
 }
 

@@ -19,6 +19,7 @@
 #include "executor.h"
 #include "idem_service.h"
 #include "kairos/canon.h"
+#include "kairos/dlist.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
@@ -44,6 +45,8 @@ struct retry_target {
 };
 static void retry_target(struct control_request *req, const struct retry_target *t);
 static struct retry_target retry_target_of(const struct mandate *m);
+/* wait requests waiting (below) */
+static unsigned waiters_count(void);
 
 /* The result of an operation (result.h) as the reply to req. */
 static void reply_result(void *ctx, const struct op_result *r)
@@ -171,6 +174,8 @@ static void cmd_status(struct control_request *req)
         json_t *cl = d->opreads->status(d);
         if (res && cl)
                 json_object_set_new(res, "cluster", cl);
+        if (res)
+                json_object_set_new(res, "wait_requests", json_integer(waiters_count()));
         control_reply_ok(req, res);
 }
 
@@ -350,6 +355,30 @@ static void reply_ok_raw(struct control_request *req, json_t *result)
         kbuf_free(&b);
 }
 
+/* Milliseconds from a to b (WAL timestamps), or null. */
+static json_t *ts_span(const char *a, const char *b)
+{
+        int64_t t0 = 0, t1 = 0;
+        return wal_parse_ts(a, &t0) == 0 && wal_parse_ts(b, &t1) == 0 && t1 >= t0
+                       ? json_integer(t1 - t0)
+                       : json_null();
+}
+
+/* A step's execution that kairosd's end cut short, and what decided it. */
+static json_t *interrupted_json(const struct fold_step *s)
+{
+        json_t *o = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o}", "execution",
+                              (int)s->interrupted_execution, "started_at",
+                              str_or_null(s->interrupted_started_ts), "ended_at",
+                              str_or_null(s->interrupted_ended_ts), "duration_ms",
+                              ts_span(s->interrupted_started_ts, s->interrupted_ended_ts),
+                              "decided_at", str_or_null(s->decided_ts), "decision",
+                              str_or_null(s->decided_status));
+        if (o && s->decided_evidence_json)
+                json_object_set_new(o, "evidence", raw_json(s->decided_evidence_json));
+        return o;
+}
+
 static json_t *fold_json(const struct fold *f)
 {
         json_t *plans = json_array();
@@ -365,15 +394,19 @@ static json_t *fold_json(const struct fold *f)
                                 "result_hash", str_or_null(s->result_hash), "reason",
                                 str_or_null(s->reason), "executions", (int)s->executions,
                                 "recovered", s->recovered);
-                        int64_t t0 = 0, t1 = 0;
                         json_object_set_new(js, "started_at", str_or_null(s->started_ts));
                         json_object_set_new(js, "ended_at", str_or_null(s->ended_ts));
+                        /* not run again after an interruption: it ran until
+                         * the restart, not until what decided it (the time
+                         * kairosd was down is not the step's) */
+                        bool cut = s->interrupted_execution &&
+                                   s->interrupted_execution == s->executions;
                         json_object_set_new(js, "duration_ms",
-                                            wal_parse_ts(s->started_ts, &t0) == 0 &&
-                                                            wal_parse_ts(s->ended_ts, &t1) == 0 &&
-                                                            t1 >= t0
-                                                    ? json_integer(t1 - t0)
-                                                    : json_null());
+                                            cut ? ts_span(s->interrupted_started_ts,
+                                                          s->interrupted_ended_ts)
+                                                : ts_span(s->started_ts, s->ended_ts));
+                        if (s->interrupted_execution)
+                                json_object_set_new(js, "interrupted", interrupted_json(s));
                         if (s->error_class)
                                 json_object_set_new(js, "error_class", json_string(s->error_class));
                         if (s->error_msg)
@@ -1427,6 +1460,176 @@ static void cmd_metrics(struct control_request *req)
         kbuf_free(&text);
 }
 
+/* ---- wait: answered when the mandate settles ---- */
+
+/* A wait request is kept until its mandate settles (is no longer runnable,
+ * running, idle or probing), its connection closes, or kairosd stops. */
+struct waiter {
+        struct control_claim cc;     /* its connection: gone, the waiter goes */
+        struct waiter *prev, *next;
+        struct control_request *req;
+        char *id;
+};
+
+static struct {
+        struct waiter *head;
+        unsigned n;
+        uv_timer_t turn;             /* a status changed: look on the next turn */
+        bool turn_ready;
+} W;
+
+static unsigned waiters_count(void)
+{
+        return W.n;
+}
+
+static bool wait_settled(enum mandate_status s)
+{
+        return s != MANDATE_RUNNABLE && s != MANDATE_RUNNING && s != MANDATE_IDLE &&
+               s != MANDATE_PROBING;
+}
+
+static void waiter_free(struct waiter *w)
+{
+        DLIST_UNLINK(W.head, w);
+        W.n--;
+        control_claim_release(&w->cc);
+        free(w->id);
+        free(w);
+}
+
+/* The connection closed: the request goes unanswered. */
+static void waiter_gone(struct control_claim *cc)
+{
+        struct waiter *w = (struct waiter *)cc;
+        struct control_request *req = w->req;
+        waiter_free(w);
+        control_reply_error(req, "gone", "the connection closed"); /* (goes nowhere) */
+}
+
+/* Take w out of the waiters (and off its connection) to be answered: a
+ * reply may run the connection's next requests or close it, which must not
+ * touch the waiters being walked. */
+static void waiter_take(struct waiter *w, struct waiter ***tail)
+{
+        DLIST_UNLINK(W.head, w);
+        W.n--;
+        control_claim_release(&w->cc);
+        w->next = NULL;
+        **tail = w;
+        *tail = &w->next;
+}
+
+/* Answer the waiters taken: the mandate's row if it settled (err NULL: it
+ * had), else err. */
+static void waiters_answer(struct daemon *d, struct waiter *list, const char *err)
+{
+        while (list) {
+                struct waiter *w = list;
+                list = w->next;
+                struct mandate *m = mandate_find(d, w->id);
+                if (m && (wait_settled(m->status) || !err)) /* (it settled when taken) */
+                        control_reply_ok(w->req, mandate_json(m));
+                else if (!m)
+                        control_reply_error(w->req, "not_found", "no mandate %s", w->id);
+                else
+                        control_reply_error(w->req, "shutting_down", "%s before mandate %s "
+                                            "settled (it is %s)", err, w->id,
+                                            mandate_status_name(m->status));
+                free(w->id);
+                free(w);
+        }
+}
+
+static void waiters_check(uv_timer_t *t)
+{
+        struct daemon *d = t->data;
+        struct waiter *ready = NULL, **tail = &ready;
+        for (struct waiter *w = W.head, *next; w; w = next) {
+                next = w->next;
+                struct mandate *m = mandate_find(d, w->id);
+                if (!m || wait_settled(m->status))
+                        waiter_take(w, &tail);
+        }
+        waiters_answer(d, ready, NULL);
+}
+
+void commands_status_changed(struct mandate *m)
+{
+        /* (its reason and review step are set just after: answered on the
+         * next turn of the loop) */
+        if (W.n && W.turn_ready)
+                uv_timer_start(&W.turn, waiters_check, 0, 0);
+        (void)m;
+}
+
+void commands_stopping(struct daemon *d)
+{
+        struct waiter *all = NULL, **tail = &all;
+        while (W.head)
+                waiter_take(W.head, &tail);
+        if (W.turn_ready)
+                uv_timer_stop(&W.turn);
+        waiters_answer(d, all, "kairosd is stopping");
+}
+
+static void cmd_wait(struct control_request *req)
+{
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if (!m && remote) {
+                /* another node runs it: nothing here sees it end */
+                control_reply_error(req, "poll",
+                                    "mandate %s is not this node's: ask show until it settles",
+                                    remote);
+                return;
+        }
+        if (!m)
+                return;
+        if (wait_settled(m->status)) {
+                control_reply_ok(req, mandate_json(m));
+                return;
+        }
+        if (req->d->stopping) {
+                control_reply_error(req, "shutting_down",
+                                    "kairosd is stopping before mandate %s settled (it is %s)",
+                                    m->id, mandate_status_name(m->status));
+                return;
+        }
+        unsigned mine = 0;
+        for (struct waiter *w = W.head; w; w = w->next)
+                mine += control_claim_owned_by(&w->cc, req);
+        if (W.n >= COMMANDS_WAIT_MAX || mine >= COMMANDS_WAIT_MAX_PER_CONN) {
+                control_reply_error(req, "too_many_waiters",
+                                    "too many wait requests %s (at most %u per connection and %u "
+                                    "in all): wait for mandate %s later",
+                                    W.n >= COMMANDS_WAIT_MAX ? "in all" : "on this connection",
+                                    (unsigned)COMMANDS_WAIT_MAX_PER_CONN,
+                                    (unsigned)COMMANDS_WAIT_MAX, m->id);
+                return;
+        }
+        struct waiter *w = calloc(1, sizeof(*w));
+        if (!w || !(w->id = strdup(m->id))) {
+                free(w);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        if (!W.turn_ready) {
+                uv_timer_init(req->d->loop, &W.turn);
+                W.turn.data = req->d;
+                W.turn_ready = true;
+        }
+        w->req = req;
+        if (!control_claim_attach(req, &w->cc, waiter_gone)) {
+                free(w->id);
+                free(w);
+                control_reply_error(req, "gone", "the connection closed"); /* (goes nowhere) */
+                return;
+        }
+        DLIST_PUSH(W.head, w);
+        W.n++;
+}
+
 /* ---- the idempotency service (idem_service.h) ---- */
 
 /* A claim tied to the connection its tool-begin came on. */
@@ -1510,6 +1713,7 @@ static const struct command commands[] = {
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
         { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
         { "retry", cmd_retry, false },        { "cancel", cmd_cancel, false },
+        { "wait", cmd_wait, true },
         { "tool-begin", cmd_tool_begin, true },
         { "tool-finish", cmd_tool_finish, true },
         { "tool-write", cmd_tool_write, true },

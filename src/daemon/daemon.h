@@ -176,6 +176,10 @@ struct daemon {
                 void (*adopt)(struct daemon *d, struct mandate *m, const char *prev_owner,
                               struct evidence_index *ix,
                               void (*done)(void *ctx, struct mandate *m, int err), void *ctx);
+                /* mandate.c: m's status changed; lifecycle.c: kairosd
+                 * stops (commands.c answers its wait requests) */
+                void (*status_changed)(struct mandate *m);
+                void (*stopping)(struct daemon *d);
         } up;
 };
 

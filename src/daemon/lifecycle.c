@@ -268,6 +268,8 @@ void daemon_stop(struct daemon *d, int exit_code)
         hooks_stop(d);
         probe_stop(d);
         toolhold_stop(d);
+        if (d->up.stopping)
+                d->up.stopping(d);
         executor_shutdown(d, on_executor_idle);
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 /* CODE_FILE=/CODE_LINE=/CODE_FUNC= are the caller's (log_event_at's
  * arguments), not the location of the sd_journal_sendv call below. */
 #define SD_JOURNAL_SUPPRESS_LOCATION
@@ -18,6 +19,7 @@
 #include "kairos/kbuf.h"
 
 static bool use_journal;
+static bool plain;  /* stderr is a terminal (not the journal): the message only */
 static const char *node_name;                 /* cluster mode: NODE= */
 static long long (*epoch_of)(const char *mandate_id);
 static pthread_t loop_thread;
@@ -33,6 +35,7 @@ void log_setup(int max_level)
         if (js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0)
                 use_journal = (unsigned long long)st.st_dev == dev &&
                               (unsigned long long)st.st_ino == ino;
+        plain = !use_journal && isatty(STDERR_FILENO);
 }
 
 void log_set_level(int max_level)
@@ -140,8 +143,23 @@ static void log_journal(const char *file, int line, const char *func, int priori
 static void log_stderr(int priority, const struct log_field *fields, size_t n, const char *msg)
 {
         struct kbuf b = KBUF_INIT;
-        /* One record is one line: a newline inside would forge a record. */
-        kbuf_printf(&b, "<%d>", priority);
+        /* One record is one line: a newline inside would forge a record.
+         * On a terminal, a person reads it: the time and the message (a
+         * warning or worse says so), no syslog prefix, no journal fields. */
+        if (plain) {
+                char when[16] = "";
+                time_t now = time(NULL);
+                struct tm tm;
+                if (localtime_r(&now, &tm))
+                        strftime(when, sizeof when, "%H:%M:%S ", &tm);
+                kbuf_printf(&b, "%s%s", when,
+                            priority <= LOG_ERR       ? "error: "
+                            : priority == LOG_WARNING ? "warning: "
+                                                      : "");
+                n = 0;
+        } else {
+                kbuf_printf(&b, "<%d>", priority);
+        }
         log_escape(&b, msg);
         for (size_t i = 0; i < n; i++) {
                 if (!fields[i].value)

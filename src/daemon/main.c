@@ -22,6 +22,7 @@
 #include "executor.h"
 #include "hooks.h"
 #include "probe.h"
+#include "runner.h"
 #include "idem_service.h"
 #include "kairos/canon.h"
 #include "kairos/evidence.h"
@@ -150,6 +151,8 @@ static void wire_upcalls(struct daemon *d)
         d->up.free_mandate = executor_free_mandate;
         d->up.kill_handler = executor_kill_handler;
         d->up.adopt = recover_adopt;
+        d->up.status_changed = commands_status_changed;
+        d->up.stopping = commands_stopping;
         control_set_commands(&(struct control_commands){ commands_dispatch, commands_known });
         serialq_set_thread_done(d->drv->thread_done);
 }
@@ -534,6 +537,7 @@ int main(int argc, char **argv)
                 daemon_stop(d, d->exit_code);
         d->drv->stop(d);
         control_stop(d);
+        runner_stop(d->runner); /* its thread wakes the loop: joined before the close */
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
         exit_code = d->exit_code;

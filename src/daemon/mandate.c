@@ -98,6 +98,8 @@ void mandate_set_status(struct mandate *m, enum mandate_status s, const char *re
                 free(m->review_step);
                 m->review_step = NULL;
         }
+        if (m->d->up.status_changed)
+                m->d->up.status_changed(m);
 }
 
 /* "YYYY-MM-DDTHH:MM:SSZ" -> YYYYMMDDHHMMSS: two such texts compare as

@@ -508,8 +508,23 @@ static void *thread_main(void *arg)
                         pthread_mutex_lock(&r->lock);
                         continue;
                 }
-                if (!r->todo_head && r->quit)
+                /* stopping: start nothing more (runner_stop drops the
+                 * jobs left; the loop may be about to close its handles) */
+                if (r->quit)
                         break;
+#ifdef KAIROS_TEST_HOOKS
+                /* a spawn held until kairosd stops (the file says it is
+                 * held): the stop must not start it */
+                const char *hold = getenv("KAIROS_TEST_RUNNER_HOLD");
+                if (hold && *hold && !r->quit) {
+                        int fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+                        if (fd >= 0)
+                                close(fd);
+                        while (!r->quit)
+                                pthread_cond_wait(&r->cond, &r->lock);
+                        continue;
+                }
+#endif
                 struct runner_job *j = r->todo_head;
                 r->todo_head = j->next;
                 if (!r->todo_head)
@@ -757,6 +772,11 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         j->fd_out = p[1][0];
         j->fd_err = p[2][0];
         pthread_mutex_lock(&r->lock);
+        if (r->quit) { /* runner_stop: nothing starts any more */
+                pthread_mutex_unlock(&r->lock);
+                e = -ESHUTDOWN;
+                goto fail;
+        }
         if (r->todo_tail)
                 r->todo_tail->next = j;
         else
@@ -951,17 +971,70 @@ fail:
         return e;
 }
 
+/* A job the thread started that the loop never saw: end it now. */
+static void end_unseen(struct runner *r, struct runner_job *j)
+{
+        if (j->err == 0) {
+                kill(-j->pid, SIGKILL);
+                if (cgroup_handler_active(&j->cgh))
+                        cgroup_handler_kill(&j->cgh);
+                keeper_forget(r, j);
+                if (r->dm)
+                        (void)deadman_unwatch(r->dm, j->pid);
+                while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
+                if (cgroup_handler_active(&j->cgh) &&
+                    cgroup_handler_destroy(r->cg, &j->cgh, CGROUP_EMPTY_MS) < 0)
+                        r->cg_left++;
+        }
+        close(j->fd_in);
+        close(j->fd_out);
+        close(j->fd_err);
+        j->fd_in = j->fd_out = j->fd_err = -1;
+        job_free_prep(j);
+}
+
+void runner_stop(struct runner *r)
+{
+        if (!r || !r->thread_started)
+                return;
+        pthread_mutex_lock(&r->lock);
+        r->quit = true;
+        pthread_cond_signal(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+        pthread_join(r->thread, NULL);
+        r->thread_started = false;
+        /* the thread is gone: the lists are the loop's */
+        unsigned dropped = 0, ended = 0;
+        for (struct runner_job *j = r->todo_head, *next; j; j = next) {
+                next = j->next;
+                j->next = NULL;
+                for (int i = 0; i < 3; i++) {
+                        close(j->child_fd[i]);
+                        j->child_fd[i] = -1;
+                }
+                j->err = -ECANCELED;
+                end_unseen(r, j);
+                dropped++;
+        }
+        r->todo_head = r->todo_tail = NULL;
+        for (struct runner_job *j = r->done_head, *next; j; j = next) {
+                next = j->next;
+                j->next = NULL;
+                ended += j->err == 0;
+                end_unseen(r, j);
+        }
+        r->done_head = r->done_tail = NULL;
+        if (dropped || ended)
+                log_info("stopping: %u handler%s not started, %u started too late and killed",
+                         dropped, dropped == 1 ? "" : "s", ended);
+}
+
 void runner_free(struct runner *r)
 {
         if (!r)
                 return;
-        if (r->thread_started) {
-                pthread_mutex_lock(&r->lock);
-                r->quit = true;
-                pthread_cond_signal(&r->cond);
-                pthread_mutex_unlock(&r->lock);
-                pthread_join(r->thread, NULL);
-        }
+        runner_stop(r);
         if (r->keeper_fd >= 0)
                 close(r->keeper_fd); /* the keeper sees end-of-file and exits */
         if (r->keeper > 0)

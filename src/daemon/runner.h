@@ -101,7 +101,12 @@ struct runner_job {
 
 /* Start the runner: its thread, the keeper and the SIGCHLD watch. */
 int runner_new(uv_loop_t *loop, struct runner **ret);
-/* Stop its thread and the keeper (after the loop has ended). */
+/* Stop its thread, on the loop once it has ended and before it closes its
+ * handles: a job it has not started is never started (its callbacks are
+ * never called), one started but not yet reported is killed and reaped.
+ * The thread never touches the loop again. */
+void runner_stop(struct runner *r);
+/* Stop its thread (runner_stop, if not done) and the keeper. */
 void runner_free(struct runner *r);
 
 /* Cluster mode: every process started from now on is watched by dm (its
@@ -117,7 +122,8 @@ void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c);
 void runner_set_user(struct runner *r, const struct handler_user *u);
 
 /* Start job.  0: started() will be called; a negative errno: nothing
- * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM). */
+ * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM; ESHUTDOWN: after
+ * runner_stop). */
 int runner_spawn(struct runner *r, struct runner_job *job);
 
 /* Signal the job's process group and those of its tool calls (nothing once

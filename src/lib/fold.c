@@ -128,6 +128,8 @@ struct fold_internal {
         size_t cap_steps;
         size_t cap_operators;
         size_t *plan_step_cap;       /* capacity of plans[i].steps */
+        const char *work_ts;         /* ts of the last record before this one, but an
+                                      * operator's (written after a restart) */
 };
 
 /* One parsed record's top-level members (the last one of a key wins). */
@@ -456,6 +458,43 @@ static int apply_str(struct fold *f, const struct kjson *v, const char **field)
         return keep_str(f, v, field);
 }
 
+/* An execution that ended without its handler's word: a step executing
+ * that recovery completes, runs again or sends to review (or that was
+ * killed at shutdown), and then what decided it.  It ran until the last
+ * record before the restart: the time kairosd was down is not its. */
+static int note_interruption(struct fold *f, const struct rec *rc, struct fold_step *s,
+                             enum step_status prev, unsigned prev_interrupted)
+{
+        int r;
+        if (!is_str(rc->status) || s->state == STEP_EXECUTING)
+                return 0;
+        bool recovered = rc->recovered && rc->recovered->type == KJSON_TRUE;
+        bool reset = rc->reset && rc->reset->type == KJSON_TRUE;
+        if (prev == STEP_EXECUTING && (recovered || reset || s->state == STEP_NEEDS_REVIEW)) {
+                bool killed = s->state == STEP_NEEDS_REVIEW &&
+                              str_eq(rc->reason, "killed_at_shutdown");
+                s->interrupted_execution = s->executions;
+                s->interrupted_started_ts = s->started_ts;
+                s->interrupted_ended_ts = NULL;
+                if (killed)
+                        r = apply_str(f, rc->ts, &s->interrupted_ended_ts);
+                else
+                        r = (s->interrupted_ended_ts = f->internal->work_ts, 0);
+                if (r < 0)
+                        return r;
+        } else if (!(prev == STEP_NEEDS_REVIEW && prev_interrupted &&
+                     prev_interrupted == s->executions)) {
+                return 0; /* (a later word on the same interrupted execution: below) */
+        }
+        s->decided_evidence_json = NULL;
+        if ((r = apply_str(f, rc->ts, &s->decided_ts)) < 0 ||
+            (r = apply_str(f, rc->status, &s->decided_status)) < 0)
+                return r;
+        if (rc->evidence && (r = keep_json(f, rc->evidence, &s->decided_evidence_json)) < 0)
+                return r;
+        return 0;
+}
+
 static int op_transition(struct fold *f, const struct rec *rc)
 {
         size_t si;
@@ -464,6 +503,8 @@ static int op_transition(struct fold *f, const struct rec *rc)
         if (!is_str(rc->step_id) || !map_get(&f->internal->step_map, rc->step_id->u.str.ptr, &si))
                 return 0; /* unknown step: ignored */
         struct fold_step *s = &f->steps[si];
+        const enum step_status prev = s->state;
+        const unsigned prev_interrupted = s->interrupted_execution;
 
         if ((r = apply_str(f, rc->status, &s->status)) < 0 ||
             (r = apply_str(f, rc->pre_hash, &s->observed_pre_hash)) < 0 ||
@@ -481,6 +522,8 @@ static int op_transition(struct fold *f, const struct rec *rc)
                 return r;
         if (rc->recovered && (rc->recovered->type == KJSON_TRUE || rc->recovered->type == KJSON_FALSE))
                 s->recovered = rc->recovered->type == KJSON_TRUE;
+        if ((r = note_interruption(f, rc, s, prev, prev_interrupted)) < 0)
+                return r;
         if (is_str(rc->status) && s->state == STEP_EXECUTING) {
                 s->executions++;
                 s->ended_ts = NULL;
@@ -558,6 +601,8 @@ static int op_mandate(struct fold *f, const struct rec *rc, size_t line)
         return 0;
 }
 
+static int apply_op(struct fold *f, const struct rec *rc, size_t line);
+
 static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
 {
         struct rec rc;
@@ -570,6 +615,15 @@ static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
                 if (!f->first_ts)
                         f->first_ts = f->last_ts;
         }
+        int r = apply_op(f, &rc, line);
+        if (r == 0 && is_str(rc.ts) && !str_eq(rc.op, "operator"))
+                f->internal->work_ts = f->last_ts;
+        return r;
+}
+
+static int apply_op(struct fold *f, const struct rec *rcp, size_t line)
+{
+        const struct rec rc = *rcp;
         if (str_eq(rc.op, "plan_commit"))
                 return op_plan_commit(f, &rc, line);
         if (str_eq(rc.op, "append"))

@@ -144,6 +144,12 @@ class ClusterOps(pg_node.TwoNodes):
         rc, out, err = n1.ctl("show", "mnd_no_such_mandate")
         self.assertEqual(rc, 1)
         self.assertIn("no mandate", err)
+        # wait on a node that does not hold the mandate: it asks show (the
+        # database's word), as kairosd answers "poll"
+        rc, out, err = n2.ctl("wait", quick)
+        self.assertEqual((rc, out["status"], out["exit"]), (0, "done", 0), err)
+        rc, out, err = n1.ctl("wait", appr, "--timeout", "30")
+        self.assertEqual((rc, out["status"], out["timed_out"]), (4, "paused", False), err)
         # approved on n1: taken (epoch 2), approved, and it ends there
         rc, out, err = n1.ctl("approve", appr, "--reason", "fine")
         self.assertEqual(rc, 0, err)

@@ -120,7 +120,7 @@ COMMANDS = {
     "tool-begin": {}, "tool-finish": {}, "tool-write": {}, "tool-write-data": {},
     "tool-write-end": {},
     "idem-stats": {}, "idem-get": {"key": "none"}, "idem-forget": {"key": "none"},
-    "metrics": {},
+    "metrics": {}, "wait": {"mandate": "m-none"},
 }
 
 

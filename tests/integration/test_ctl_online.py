@@ -673,6 +673,118 @@ class TestRetryWait(OnlineCase):
             r = self.ctl("wait", ok, "--timeout", bad)
             self.assertEqual(r.returncode, 64, (bad, r))
 
+    def wait_requests(self, n):
+        """Poll status (with a deadline) until kairosd holds n wait requests."""
+        deadline = time.monotonic() + 30
+        while self.raw("status")["result"]["wait_requests"] != n:
+            self.assertLess(time.monotonic(), deadline, "wait_requests never became %d" % n)
+            time.sleep(0.005)
+
+    def show_requests(self):
+        found = re.search(r'kairos_control_requests\{command="show",code="ok"\} (\d+)',
+                          self.ok("metrics"))
+        return int(found.group(1)) if found else 0
+
+    def test_wait_is_answered_by_kairosd_when_the_mandate_settles(self):
+        slow = self.fire_slow()
+        # the protocol: the reply comes when the mandate settles, <= 50 ms
+        c = Client(self.sock)
+        c.send_raw(json.dumps({"v": 1, "id": 7, "cmd": "wait",
+                               "args": {"mandate": slow}}).encode() + b"\n")
+        self.wait_requests(1)
+        self.ok("pause", slow, "--reason", "look")
+        paused = time.monotonic()  # (the pause is answered once it is durable)
+        reply = c.recv_reply()
+        late = time.monotonic() - paused
+        c.close()
+        self.assertEqual((reply["id"], reply["ok"]), (7, True), reply)
+        self.assertEqual((reply["result"]["id"], reply["result"]["status"],
+                          reply["result"]["reason"]), (slow, "paused", "look"))
+        self.assertLess(late, 0.05)
+        self.wait_requests(0)
+        # kairosctl wait: one request, no show polled
+        self.ok("resume", slow)
+        shows = self.show_requests()
+        proc = subprocess.Popen([KAIROSCTL, "--socket", self.sock, "wait", slow, "--timeout", "60"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ctl_env())
+        self.wait_requests(1)
+        self.ok("cancel", slow, "--reason", "enough")
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual((proc.returncode, err), (1, ""))
+        self.assertRegex(out, r"^%s: cancelled" % slow)
+        self.assertEqual(self.show_requests(), shows, "wait polled show")
+        # settled already: answered at once
+        t0 = time.monotonic()
+        r = self.wait(slow)
+        self.assertEqual(r.returncode, 1, r)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(self.show_requests(), shows)
+
+    def test_wait_requests_are_bounded_and_dropped_with_their_connection(self):
+        slow = self.fire_slow()
+        c = Client(self.sock)
+        for i in range(17):
+            c.send_raw(json.dumps({"v": 1, "id": i + 1, "cmd": "wait",
+                                   "args": {"mandate": slow}}).encode() + b"\n")
+        reply = c.recv_reply()  # the 17th: refused at once
+        self.assertEqual((reply["id"], reply["ok"], reply["error"]["code"]),
+                         (17, False, "too_many_waiters"), reply)
+        self.assertIn("too many wait requests on this connection (at most 16 per connection and "
+                      "1024 in all)", reply["error"]["message"])
+        self.wait_requests(16)
+        # another connection may still wait
+        r = self.raw("wait", mandate="mnd_nope")
+        self.assertEqual(r["error"]["code"], "not_found", r)
+        c.close()
+        self.wait_requests(0)
+        r = self.raw("wait", mandate="")
+        self.assertFalse(r["ok"], r)
+
+    def test_wait_requests_are_bounded_in_all(self):
+        slow = self.fire_slow()
+        conns = []
+        try:
+            for k in range(64):  # 64 x 16 = 1024, the bound in all
+                c = Client(self.sock)
+                conns.append(c)
+                c.send_raw(b"".join(json.dumps({"v": 1, "id": i + 1, "cmd": "wait",
+                                                "args": {"mandate": slow}}).encode() + b"\n"
+                                    for i in range(16)))
+            # (64 connections: this user's bound; the first one asks)
+            c0 = conns[0]
+            deadline = time.monotonic() + 30
+            while c0.call("status")["result"]["wait_requests"] != 1024:
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.005)
+            r = c0.call("wait", mandate=slow)
+            self.assertEqual(r["error"]["code"], "too_many_waiters", r)
+            self.assertIn("too many wait requests in all", r["error"]["message"])
+            # a settled mandate is answered at once, bound or not
+            r = c0.call("wait", mandate="mnd_r")
+            self.assertTrue(r["ok"], r)
+            r = c0.call("pause", mandate=slow, reason="enough")
+            self.assertTrue(r["ok"], r)
+            for c in conns:  # every waiter answered, in order
+                self.assertEqual([c.recv_reply()["result"]["status"] for _ in range(16)],
+                                 ["paused"] * 16)
+            self.assertEqual(c0.call("status")["result"]["wait_requests"], 0)
+        finally:
+            for c in conns:
+                c.close()
+
+    def test_a_stop_answers_the_waiters(self):
+        slow = self.fire_slow()
+        proc = subprocess.Popen([KAIROSCTL, "--socket", self.sock, "wait", slow],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ctl_env())
+        self.wait_requests(1)
+        self.assertEqual(self.daemon.stop(), 0, self.daemon.log()[-3000:])
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual((proc.returncode, out), (2, ""))
+        self.assertEqual(err, "kairosctl: kairosd is stopping before mandate %s settled "
+                              "(it is running)\n" % slow)
+
     def test_retry_a_failed_mandate(self):
         old = self.fire("fail")
         self.assertEqual(self.wait(old).returncode, 1)

@@ -511,6 +511,64 @@ class TestLifecycle(DaemonCase):
         self.assertIn("missing.conf", out.stderr)
 
 
+class TestLogOnATerminal(DaemonCase):
+    """kairosd's stderr on a terminal (not the journal): plain lines, the
+    time and the message; no <N> syslog prefix, no journal fields (on a
+    pipe they stay: systemd reads the prefix, the other tests the fields)."""
+
+    def test_plain_lines_on_a_tty(self):
+        import pty
+        conf = write_config(self.dir, self.state, {
+            "ok": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"},
+                   "Exec": {"Act": "/bin/true"}}})
+        master, slave = pty.openpty()
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify.path)
+        env.pop("JOURNAL_STREAM", None)
+        proc = subprocess.Popen([os.environ["KAIROSD"], "-c", conf], stdout=subprocess.DEVNULL,
+                                stderr=slave, env=env)
+        os.close(slave)
+        out = []
+
+        def read():
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer is gone
+                    return
+                if not chunk:
+                    return
+                out.append(chunk)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            self.notify.wait_ready()
+            c = self.client()
+            m = c.call("fire", schedule="ok", at="2026-04-20T12:00:00Z")["result"]["mandate"]
+            c.close()
+            deadline = time.monotonic() + 30
+            while ("mandate %s done" % m) not in b"".join(out).decode(errors="replace"):
+                self.assertLess(time.monotonic(), deadline, b"".join(out))
+                time.sleep(0.01)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(30)
+            reader.join(30)
+            os.close(master)
+        self.assertEqual(rc, 0)
+        lines = b"".join(out).decode(errors="replace").replace("\r\n", "\n").splitlines()
+        # (the sanitizer build's own warnings are not kairosd's records)
+        lines = [line for line in lines if not line.startswith("==") and
+                 not line.startswith(("False positive error reports", "For details see"))]
+        self.assertTrue(lines)
+        for line in lines:
+            self.assertRegex(line, r"^\d\d:\d\d:\d\d (?:warning: |error: )?[^<\s]", line)
+            self.assertNotIn("MANDATE_ID=", line)
+            self.assertNotIn("STEP_ID=", line)
+        self.assertTrue(any(" ready: " in line for line in lines), lines)
+        self.assertTrue(any("mandate %s done" % m in line for line in lines), lines)
+
+
 class TestControl(DaemonCase):
     def setUp(self):
         super().setUp()

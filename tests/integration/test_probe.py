@@ -469,5 +469,98 @@ class TestProbeCrash(ProbeCase):
         self.assertEqual([r["status"] for r in self.act_records(m)], ["executing", "completed"])
 
 
+def ts_ms(ts):
+    """A WAL timestamp (2026-04-20T12:00:00.123Z) in ms since the epoch."""
+    import calendar
+    base, frac = ts.rstrip("Z").split(".")
+    return calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) * 1000 + int(frac)
+
+
+class TestShowInterrupted(ProbeCase):
+    """show: an interrupted act's duration ends at the last record before
+    kairosd went down (the downtime is not the step's), and the text view
+    says what decided it, on what evidence (only --json did)."""
+
+    DOWNTIME = 0.5  # how long kairosd stays down (not a synchronization)
+
+    def interrupted(self, probe_body):
+        self.configure_probe(probe_body)
+        m = self.crash_in_act()
+        time.sleep(self.DOWNTIME)
+        self.start()
+        self.wait_status(m, ("done",))
+        out = self.ctl("--json", "show", m)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        got = json.loads(out.stdout)
+        act = [s for p in got["plans"] for s in p["steps"] if s["step_id"] == "act_001"][0]
+        text = self.ctl("show", m)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        return m, act, text.stdout
+
+    def test_completed_by_the_probe(self):
+        m, act, text = self.interrupted(READ_OUTBOX_SH)
+        executing = [r for r in self.act_records(m) if r["status"] == "executing"][0]
+        it = act["interrupted"]
+        self.assertEqual((it["execution"], it["started_at"], it["decision"]),
+                         (1, executing["ts"], "completed"))
+        # it ran until the last record before the crash: its executing record
+        self.assertEqual(it["ended_at"], executing["ts"])
+        self.assertEqual(act["duration_ms"], ts_ms(it["ended_at"]) - ts_ms(it["started_at"]))
+        self.assertLess(act["duration_ms"], self.DOWNTIME * 1000)
+        self.assertGreaterEqual(ts_ms(it["decided_at"]) - ts_ms(it["started_at"]),
+                                self.DOWNTIME * 1000)
+        self.assertEqual(it["evidence"]["source"], "probe")
+        self.assertIn("\n    Interrupted executions:\n      act_001 execution 1: ran %dms up to "
+                      "the last record before kairosd went down (%s); completed, decided by its "
+                      "probe: current_state_matches_expected_post at %s\n"
+                      % (act["duration_ms"], it["ended_at"], it["decided_at"]), text)
+
+    def test_run_again_after_the_probe_said_not_started(self):
+        m, act, text = self.interrupted('cat >/dev/null\nprintf \'{"state":"not_started"}\\n\'\n')
+        self.assertEqual(act["executions"], 2)
+        it = act["interrupted"]
+        self.assertEqual((it["execution"], it["decision"]), (1, "pending"))
+        # the step's duration is its second execution's, shown separately
+        self.assertEqual(act["duration_ms"], ts_ms(act["ended_at"]) - ts_ms(act["started_at"]))
+        self.assertGreater(ts_ms(act["started_at"]), ts_ms(it["ended_at"]))
+        self.assertRegex(text, r"\n      act_001 execution 1: ran \d+ms up to the last record "
+                               r"before kairosd went down \(\S+\); re-run as execution 2, "
+                               r"decided by its probe: current_pre_matches_expected at \S+\n")
+
+
+class TestStopWithProbeQueued(ProbeCase):
+    """A SIGTERM right after READY=1 while the runner's thread still holds a
+    probe it has not started (KAIROS_TEST_RUNNER_HOLD, -Dtest_hooks=true:
+    the thread holds the spawn until kairosd stops, as a slow clone would):
+    kairosd stops cleanly (it aborted in libuv: the thread spawned the probe
+    after the loop had closed its handles and woke the closed loop), the
+    probe never runs, nothing is recorded."""
+
+    def test_sigterm_before_the_probe_is_spawned(self):
+        self.configure_probe(PROBE_SH)
+        m = self.crash_in_act()
+        wal_before = read_records(self.wal_path(m))
+        held = self.out_file("held")
+        self.start(env={"KAIROS_TEST_RUNNER_HOLD": held})
+        deadline = time.monotonic() + 10
+        while not os.path.exists(held) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not os.path.exists(held):
+            self.skipTest("kairosd was built without -Dtest_hooks=true")
+        rc = self.d.stop()
+        self.assertEqual(rc, 0, self.d.log()[-3000:])
+        self.assertIn("stopping: 1 handler not started", self.d.log())
+        self.assertEqual(self.lines("probe.runs"), [])  # never started
+        self.assertEqual(read_records(self.wal_path(m)), wal_before)
+        # the next start probes it
+        os.mkfifo(self.out_file("go"))
+        self.start()
+        self.d.wait_log("act_001: probe started")
+        self.assertEqual(self.wait_lines("probe.runs", 1), ["run"])
+        self.release(self.out_file("go"))
+        self.wait_status(m, ("done",))
+        self.assertEqual(self.lines("act.runs"), ["1"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

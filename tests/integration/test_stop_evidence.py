@@ -220,6 +220,13 @@ class StopEvidence(unittest.TestCase):
             self.assertEqual(f.read().splitlines(), ["%s/act_001" % self.mid])
         s = self.step_of(self.show(), "act_001")
         self.assertEqual((s["status"], s["executions"]), ("completed", 2), s)
+        # the text view says why it ran twice; the stop's wait is not its time
+        self.assertEqual((s["interrupted"]["decision"],
+                          s["interrupted"]["evidence"]["reason"]), ("pending", "effects_journaled"))
+        self.assertRegex(self.ctl("show", self.mid).stdout,
+                         r"\n      act_001 execution 1: ran \d+(?:ms|\.\ds) until killed at shutdown "
+                         r"\(\S+\); re-run as execution 2, decided by recovery: effects_journaled "
+                         r"at \S+\n")
 
     def write_probe(self, said):
         probe = os.path.join(self.out, "probe.sh")

@@ -628,6 +628,76 @@ static void test_reset_clears_hashes(void **state)
         kbuf_free(&b);
 }
 
+#define AT(t) "\"ts\":\"2026-04-20T12:00:0" t "Z\""
+
+/* An interrupted execution: until the last record before the restart (an
+ * operator's record does not count), then what decided it; a kill at
+ * shutdown ends at its needs_review record and a later word replaces the
+ * decision; a plain completion is no interruption. */
+static void test_interrupted_execution(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\","
+                "\"pre_hash\":\"p\"," AT("1.000") "}");
+        rec(&b, "{\"op\":\"append\",\"step_id\":\"x\",\"plan_id\":\"plan_a\",\"idem_key\":\"k\","
+                "\"status\":\"pending\"," AT("2.000") "}");
+        rec(&b, "{\"op\":\"operator\",\"mandate_id\":\"mnd_x\",\"action\":\"pause\",\"uid\":0,"
+                AT("8.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":true,"
+                "\"evidence\":{\"reason\":\"effects_journaled\"}," AT("9.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\","
+                "\"pre_hash\":\"p\"," AT("9.100") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\","
+                "\"post_hash\":\"q\",\"result_hash\":\"r\"," AT("9.200") "}");
+        struct fold *f = fold_kbuf(&b, b.len);
+        const struct fold_step *s = fold_find_step(f, "s1");
+        assert_int_equal(s->executions, 2);
+        assert_int_equal(s->interrupted_execution, 1);
+        assert_string_equal(s->interrupted_started_ts, "2026-04-20T12:00:01.000Z");
+        assert_string_equal(s->interrupted_ended_ts, "2026-04-20T12:00:02.000Z");
+        assert_string_equal(s->decided_ts, "2026-04-20T12:00:09.000Z");
+        assert_string_equal(s->decided_status, "pending");
+        assert_string_equal(s->decided_evidence_json, "{\"reason\":\"effects_journaled\"}");
+        assert_string_equal(s->started_ts, "2026-04-20T12:00:09.100Z");
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* killed at shutdown, decided after the restart by an operator */
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\","
+                "\"pre_hash\":\"p\"," AT("1.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"needs_review\","
+                "\"reason\":\"killed_at_shutdown\",\"evidence\":{\"reason\":\"killed_at_shutdown\"},"
+                AT("3.000") "}");
+        rec(&b, "{\"op\":\"operator\",\"mandate_id\":\"mnd_x\",\"action\":\"resolve_done\","
+                "\"step_id\":\"s1\",\"uid\":0," AT("8.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\","
+                "\"post_hash\":\"q\",\"result_hash\":\"r\",\"recovered\":true,"
+                "\"evidence\":{\"reason\":\"operator_resolved\"}," AT("8.000") "}");
+        f = fold_kbuf(&b, b.len);
+        s = fold_find_step(f, "s1");
+        assert_int_equal(s->interrupted_execution, 1);
+        assert_string_equal(s->interrupted_ended_ts, "2026-04-20T12:00:03.000Z");
+        assert_string_equal(s->decided_status, "completed");
+        assert_string_equal(s->decided_evidence_json, "{\"reason\":\"operator_resolved\"}");
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* a handler's own completion is no interruption */
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, EXECUTING("s1"));
+        rec(&b, COMPLETED("s1"));
+        f = fold_kbuf(&b, b.len);
+        s = fold_find_step(f, "s1");
+        assert_int_equal(s->interrupted_execution, 0);
+        assert_null(s->interrupted_started_ts);
+        assert_null(s->decided_ts);
+        fold_free(f);
+        kbuf_free(&b);
+}
+
 /* FIX (torn tail): a partial last line is reported and not folded. */
 static void test_torn_tail(void **state)
 {
@@ -1119,6 +1189,7 @@ int main(void)
                 cmocka_unit_test(test_bad_lines),
                 cmocka_unit_test(test_crc_line_with_two_crc_fields),
                 cmocka_unit_test(test_reset_clears_hashes),
+                cmocka_unit_test(test_interrupted_execution),
                 cmocka_unit_test(test_torn_tail),
                 cmocka_unit_test(test_bad_last_line_is_corrupt),
                 cmocka_unit_test(test_mid_file_garbage),
