@@ -26,6 +26,7 @@ struct toolclaims;
 struct metrics;
 struct runner;
 struct hooks;
+struct hook_failure;
 struct evidence_index;
 struct wal_options;
 struct mandate;
@@ -63,6 +64,7 @@ struct mandate {
         enum mandate_status status;
         char *reason;              /* why paused / quarantined / failed */
         char *review_step;         /* PAUSED_REVIEW: the step to resolve */
+        struct hook_failure *failure; /* its last failed execution, for OnFailure= (hooks.h) */
         char *plan_id;             /* the open (or last) plan */
         long long cycle;
         char *schedule;            /* NULL when unknown */

@@ -23,6 +23,7 @@
 #include "kairos/recovery.h"
 #include "kairos/strmap.h"
 #include "driver.h"
+#include "hooks.h"
 #include "log.h"
 #include "metrics.h"
 #include "runenv.h"
@@ -747,6 +748,20 @@ static void run_finished(struct exec_run *run)
                          "was stopped: %s)", (unsigned)m->cancel->uid, m->cancel->reason, how);
                 *r = (struct wal_record){ .op = WAL_OP_FAILED, .step_id = step,
                                           .error_class = "cancelled", .error_msg = advance_own(a, msg) };
+        }
+        if (r->op == WAL_OP_FAILED) {
+                /* what an OnFailure= page says of it (hooks.h) */
+                char last[CHILD_TAIL + 1];
+                stderr_tail(c, last);
+                bool exited = !run->spawn_failed && !c->term_signal;
+                hooks_note_failure(m, &(struct hook_failure){
+                                              .step = (char *)run->step_id,
+                                              .error_class = (char *)r->error_class,
+                                              .error_msg = (char *)r->error_msg,
+                                              .exit_status = exited ? (int)c->exit_status : -1,
+                                              .exit_signal = run->spawn_failed ? 0 : c->term_signal,
+                                              .attempt = run->attempt,
+                                              .stderr_tail = last });
         }
         metrics_step(d->metrics, run->phase, r->op, run->pid ? run->started_us : 0);
         if (r->op == WAL_OP_COMPLETED && !r->result_json) {

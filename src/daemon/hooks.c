@@ -21,6 +21,7 @@
 
 /* Failures folded into one page: how many, of which schedules. */
 #define FOLD_MAX_SCHEDULES 64
+#define FOLD_MAX_CLASSES 16
 struct hook_fold {
         char *cmd;                    /* the OnFailure= command they share */
         unsigned long count;
@@ -31,6 +32,12 @@ struct hook_fold {
                 unsigned long count;
         } schedules[FOLD_MAX_SCHEDULES];
         char first_at[32];
+        char *first_mandate, *last_mandate;
+        size_t nclasses;              /* error classes of the failed steps */
+        struct {
+                char *name;
+                unsigned long count;
+        } classes[FOLD_MAX_CLASSES];
 };
 
 struct hook_run {
@@ -79,6 +86,10 @@ static void foldpage_free(struct hook_fold *f)
         free(f->cmd);
         for (size_t i = 0; i < f->nschedules; i++)
                 free(f->schedules[i].name);
+        for (size_t i = 0; i < f->nclasses; i++)
+                free(f->classes[i].name);
+        free(f->first_mandate);
+        free(f->last_mandate);
         free(f);
 }
 
@@ -308,14 +319,94 @@ static void utc_now(char at[32])
 
 /* A hook's environment: PATH and the others handlers get, the control
  * socket, then kv (NULL values left out).  NULL when out of memory. */
+#define HOOK_ENV_MAX 24
 static char **hook_env(struct daemon *d, const char *const (*kv)[2], size_t nkv)
 {
-        const char *all[8][2] = { { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket } };
-        for (size_t i = 0; i < nkv && i + 1 < 8; i++) {
+        const char *all[HOOK_ENV_MAX][2] = { { "KAIROS_CONTROL_SOCKET", d->cfg->control_socket } };
+        for (size_t i = 0; i < nkv && i + 1 < HOOK_ENV_MAX; i++) {
                 all[i + 1][0] = kv[i][0];
                 all[i + 1][1] = kv[i][1];
         }
-        return runenv_build(all, nkv + 1 < 8 ? nkv + 1 : 8, NULL, 0);
+        return runenv_build(all, nkv + 1 < HOOK_ENV_MAX ? nkv + 1 : HOOK_ENV_MAX, NULL, 0);
+}
+
+/* One word of a shell command line: as is when it has nothing the shell
+ * reads, else in single quotes. */
+static void shell_word(struct kbuf *b, const char *w)
+{
+        if (*w && strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                            "0123456789_-+=.,/:@%") == strlen(w)) {
+                kbuf_puts(b, w);
+                return;
+        }
+        kbuf_putc(b, '\'');
+        for (; *w; w++)
+                *w == '\'' ? (void)kbuf_puts(b, "'\\''") : (void)kbuf_putc(b, *w);
+        kbuf_putc(b, '\'');
+}
+
+/* The command that shows mandate id: kairosctl (its path when known), the
+ * control socket, show id.  NULL when out of memory. */
+static char *show_command(struct daemon *d, const char *id)
+{
+        const char *path, *home, *user, *ctl;
+        runenv_get(&path, &home, &user, &ctl);
+        struct kbuf b = KBUF_INIT;
+        shell_word(&b, ctl ? ctl : "kairosctl");
+        kbuf_puts(&b, " --socket ");
+        shell_word(&b, d->cfg->control_socket);
+        kbuf_puts(&b, " show ");
+        shell_word(&b, id);
+        return kbuf_steal(&b);
+}
+
+void hooks_failure_free(struct hook_failure *f)
+{
+        if (!f)
+                return;
+        free(f->step);
+        free(f->error_class);
+        free(f->error_msg);
+        free(f->stderr_tail);
+        free(f);
+}
+
+/* The last HOOKS_STDERR_LINES lines of s, HOOKS_STDERR_MAX bytes at most,
+ * starting at a UTF-8 character. */
+static char *stderr_last(const char *s)
+{
+        size_t len = strlen(s), start = len > HOOKS_STDERR_MAX ? len - HOOKS_STDERR_MAX : 0;
+        while (start < len && ((unsigned char)s[start] & 0xc0) == 0x80)
+                start++;
+        unsigned lines = 0;
+        for (size_t i = len; i-- > start;)
+                if (s[i] == '\n' && ++lines == HOOKS_STDERR_LINES) {
+                        start = i + 1;
+                        break;
+                }
+        return strdup(s + start);
+}
+
+void hooks_note_failure(struct mandate *m, const struct hook_failure *f)
+{
+        hooks_failure_free(m->failure);
+        m->failure = NULL;
+        struct hook_failure *c = calloc(1, sizeof(*c));
+        if (!c)
+                return;
+        *c = (struct hook_failure){ .exit_status = f->exit_status,
+                                    .exit_signal = f->exit_signal,
+                                    .attempt = f->attempt };
+        c->step = f->step ? strdup(f->step) : NULL;
+        c->error_class = f->error_class ? strdup(f->error_class) : NULL;
+        c->error_msg = f->error_msg ? strdup(f->error_msg) : NULL;
+        c->stderr_tail = stderr_last(f->stderr_tail ? f->stderr_tail : "");
+        if ((f->step && !c->step) || (f->error_class && !c->error_class) ||
+            (f->error_msg && !c->error_msg) || !c->stderr_tail) {
+                hooks_failure_free(c);
+                return;
+        }
+        m->failure = c;
 }
 
 /* A failure beyond HOOKS_MAX_QUEUED waiting: counted in the fold page of
@@ -350,6 +441,19 @@ static void foldpage_add(struct hooks *h, const char *cmd, const struct mandate 
         }
         struct hook_fold *f = run->fold;
         f->count++;
+        if (!f->first_mandate)
+                f->first_mandate = strdup(m->id);
+        free(f->last_mandate);
+        f->last_mandate = strdup(m->id);
+        const char *cls = m->failure && m->failure->error_class ? m->failure->error_class
+                                                                : "unknown";
+        size_t k = 0;
+        while (k < f->nclasses && strcmp(f->classes[k].name, cls) != 0)
+                k++;
+        if (k < f->nclasses)
+                f->classes[k].count++;
+        else if (k < FOLD_MAX_CLASSES && (f->classes[k].name = strdup(cls)) != NULL)
+                f->classes[f->nclasses++].count = 1;
         const char *name = m->schedule ? m->schedule : "";
         for (size_t i = 0; i < f->nschedules; i++)
                 if (strcmp(f->schedules[i].name, name) == 0) {
@@ -383,7 +487,29 @@ static int foldpage_prepare(struct hooks *h, struct hook_run *run)
                                        0);
                 kbuf_printf(&b, ":%lu", f->schedules[i].count);
         }
-        kbuf_printf(&b, "},\"unnamed\":%lu", f->unnamed);
+        kbuf_printf(&b, "},\"unnamed\":%lu,\"error_classes\":{", f->unnamed);
+        struct kbuf classes = KBUF_INIT;
+        for (size_t i = 0; i < f->nclasses; i++) {
+                kbuf_printf(&classes, "%s%s=%lu", i ? " " : "", f->classes[i].name,
+                            f->classes[i].count);
+                if (i)
+                        kbuf_putc(&b, ',');
+                kbuf_json_string_lossy(&b, f->classes[i].name, strlen(f->classes[i].name), 0);
+                kbuf_printf(&b, ":%lu", f->classes[i].count);
+        }
+        kbuf_puts(&b, "}");
+        json_field(&b, "first_mandate", f->first_mandate, false);
+        json_field(&b, "last_mandate", f->last_mandate, false);
+        char *list = NULL;
+        const char *path, *home, *user, *ctl;
+        runenv_get(&path, &home, &user, &ctl);
+        struct kbuf lb = KBUF_INIT;
+        shell_word(&lb, ctl ? ctl : "kairosctl");
+        kbuf_puts(&lb, " --socket ");
+        shell_word(&lb, h->d->cfg->control_socket);
+        kbuf_puts(&lb, " list --status failed");
+        list = kbuf_steal(&lb);
+        json_field(&b, "list", list, false);
         json_field(&b, "first_at", f->first_at, false);
         json_field(&b, "at", at, false);
         kbuf_puts(&b, "}\n");
@@ -393,12 +519,18 @@ static int foldpage_prepare(struct hooks *h, struct hook_run *run)
                 { "KAIROS_EVENT", "failures" },
                 { "KAIROS_FOLDED", count },
                 { "KAIROS_SCHEDULES", names.data ? names.data : "" },
+                { "KAIROS_ERROR_CLASSES", classes.data ? classes.data : "" },
+                { "KAIROS_FIRST_MANDATE_ID", f->first_mandate },
+                { "KAIROS_LAST_MANDATE_ID", f->last_mandate },
+                { "KAIROS_LIST", list },
         };
         run->env = hook_env(h->d, kv, sizeof kv / sizeof kv[0]);
         run->cwd = strdup(h->d->cfg->state_directory);
         if (asprintf(&run->label, "OnFailure for %lu folded failures (failures)", f->count) < 0)
                 run->label = NULL;
-        int r = !run->doc || !run->env || !run->cwd || !run->label ? -ENOMEM : 0;
+        int r = !run->doc || !run->env || !run->cwd || !run->label || !list ? -ENOMEM : 0;
+        kbuf_free(&classes);
+        free(list);
         /* its $NAME and ${NAME} expand from its environment */
         char why[256] = "";
         if (r == 0)
@@ -430,11 +562,24 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         const char *status = mandate_status_name(m->status);
         char at[32];
         utc_now(at);
+        /* a failure: its last failed execution, if this kairosd saw it */
+        const struct hook_failure *fl = ev == HOOK_FAILURE ? m->failure : NULL;
+        char exit_status[16] = "", exit_signal[16] = "", attempt[16] = "";
+        if (fl && fl->exit_status >= 0)
+                snprintf(exit_status, sizeof exit_status, "%d", fl->exit_status);
+        if (fl && fl->exit_signal > 0)
+                snprintf(exit_signal, sizeof exit_signal, "%d", fl->exit_signal);
+        if (fl && fl->attempt)
+                snprintf(attempt, sizeof attempt, "%u", fl->attempt);
+        if (fl && !step)
+                step = fl->step;
+        char *show = show_command(d, m->id);
 
         struct hook_run *run = calloc(1, sizeof(*run));
         if (!run) {
                 log_warning("hook %s for %s: out of memory; the mandate is not affected", key,
                             m->id);
+                free(show);
                 return;
         }
         run->h = h;
@@ -452,8 +597,20 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
         json_field(&b, "status", status, false);
         json_field(&b, "reason", m->reason, false);
         json_field(&b, "step", step, false);
+        if (fl) {
+                json_field(&b, "error_class", fl->error_class, false);
+                json_field(&b, "error", fl->error_msg, false);
+                kbuf_puts(&b, ",\"exit_status\":");
+                exit_status[0] ? (void)kbuf_puts(&b, exit_status) : (void)kbuf_puts(&b, "null");
+                kbuf_puts(&b, ",\"exit_signal\":");
+                exit_signal[0] ? (void)kbuf_puts(&b, exit_signal) : (void)kbuf_puts(&b, "null");
+                kbuf_puts(&b, ",\"attempt\":");
+                attempt[0] ? (void)kbuf_puts(&b, attempt) : (void)kbuf_puts(&b, "null");
+                json_field(&b, "stderr", fl->stderr_tail, false);
+        }
         if (evidence && *evidence)
                 kbuf_printf(&b, ",\"evidence\":%s", evidence);
+        json_field(&b, "show", show, false);
         json_field(&b, "at", at, false);
         kbuf_puts(&b, "}\n");
         run->doc_len = b.len;
@@ -467,10 +624,20 @@ void hooks_event(struct daemon *d, enum hook_event ev, const struct mandate *m,
                 { "KAIROS_STATUS", status },
                 { "KAIROS_REASON", m->reason },
                 { "KAIROS_STEP_ID", step },
+                { "KAIROS_ERROR_CLASS", fl ? fl->error_class : NULL },
+                { "KAIROS_ERROR", fl ? fl->error_msg : NULL },
+                { "KAIROS_EXIT_STATUS", exit_status[0] ? exit_status : NULL },
+                { "KAIROS_EXIT_SIGNAL", exit_signal[0] ? exit_signal : NULL },
+                { "KAIROS_ATTEMPT", attempt[0] ? attempt : NULL },
+                { "KAIROS_STDERR", fl ? fl->stderr_tail : NULL },
+                { "KAIROS_EVIDENCE", evidence && *evidence ? evidence : NULL },
+                { "KAIROS_SHOW", show },
         };
         run->env = hook_env(d, kv, sizeof kv / sizeof kv[0]);
         run->cwd = strdup(d->cfg->state_directory);
-        if (!run->env || !run->cwd || !run->doc || !run->mandate || !run->label) {
+        bool nomem = !show;
+        free(show);
+        if (nomem || !run->env || !run->cwd || !run->doc || !run->mandate || !run->label) {
                 log_warning("hook %s for %s: out of memory; the mandate is not affected", key,
                             m->id);
                 hook_free(run);

@@ -19,6 +19,10 @@
 #define HOOKS_MAX_RUNNING 4
 #define HOOKS_MAX_QUEUED 64
 #define HOOKS_TIMEOUT_SEC 30
+/* The end of a failed step's stderr a failure page carries: its last
+ * HOOKS_STDERR_LINES lines, HOOKS_STDERR_MAX bytes at most. */
+#define HOOKS_STDERR_LINES 10
+#define HOOKS_STDERR_MAX 1024
 
 struct daemon;
 struct mandate;
@@ -28,6 +32,23 @@ enum hook_event {
         HOOK_APPROVAL,  /* awaiting_approval: OnReview= */
         HOOK_FAILURE,   /* ended failed or terminated: OnFailure= */
 };
+
+/* A step's execution that failed, as its handler ended: what an OnFailure=
+ * page says of the failure (kairosd(8), NOTIFY). */
+struct hook_failure {
+        char *step;
+        char *error_class;            /* exit_status, signal, timeout, oom, ... */
+        char *error_msg;              /* the failed record's error_msg */
+        int exit_status;              /* -1: it did not exit (killed, not started) */
+        int exit_signal;              /* 0: no signal ended it */
+        unsigned attempt;             /* KAIROS_ATTEMPT of that execution */
+        char *stderr_tail;            /* its last lines (bounded above), "" none */
+};
+
+/* Keep f (copied) as m's last failure, replacing an older one (out of
+ * memory: m keeps none). */
+void hooks_note_failure(struct mandate *m, const struct hook_failure *f);
+void hooks_failure_free(struct hook_failure *f);
 
 int hooks_init(struct daemon *d);
 /* READY=1 was sent: start what waits. */

@@ -6,6 +6,7 @@
 
 #include "daemon.h"
 #include "driver.h"
+#include "hooks.h"
 #include "kairos/fold.h"
 #include "kairos/wal.h"
 
@@ -264,6 +265,7 @@ static void mandate_free(void *p)
         free(m->wal_path);
         free(m->reason);
         free(m->review_step);
+        hooks_failure_free(m->failure);
         free(m->plan_id);
         free(m->schedule);
         if (m->d->up.free_mandate)

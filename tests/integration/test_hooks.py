@@ -31,7 +31,7 @@ CRON = {"Cron": "0 0 1 1 *"}
 # renamed, stdin last, so a test that sees .stdin sees everything.
 HOOK_SH = r"""#!/bin/sh
 base="$1/$KAIROS_EVENT.$KAIROS_MANDATE_ID"
-env > "$base.env.tmp" && mv "$base.env.tmp" "$base.env"
+env -0 > "$base.env.tmp" && mv "$base.env.tmp" "$base.env"
 echo "$2" > "$base.tag.tmp" && mv "$base.tag.tmp" "$base.tag"
 cat > "$base.stdin.tmp" && mv "$base.stdin.tmp" "$base.stdin"
 """
@@ -112,10 +112,11 @@ class HookCase(unittest.TestCase):
                 self.fail("no %s hook for %s:\n%s" % (event, m, self.d.log()[-3000:]))
             time.sleep(0.01)  # polling for a file with a deadline
         env = {}
-        with open(base + ".env") as f:
-            for line in f.read().splitlines():
-                k, _, v = line.partition("=")
-                env[k] = v
+        with open(base + ".env") as f:  # env -0: values may hold newlines
+            for item in f.read().split("\0"):
+                if item:
+                    k, _, v = item.partition("=")
+                    env[k] = v
         with open(base + ".stdin") as f:
             doc = json.loads(f.read())
         with open(base + ".tag") as f:
@@ -146,7 +147,7 @@ class TestHooks(HookCase):
         self.assertEqual(env["KAIROS_FIRED_AT"], AT)
         self.assertEqual(env["KAIROS_STATUS"], "failed")
         self.assertEqual(env["KAIROS_REASON"], "the last cycle failed")
-        self.assertNotIn("KAIROS_STEP_ID", env)
+        self.assertEqual(env["KAIROS_STEP_ID"], "act_001")
         self.assertEqual(env["KAIROS_CONTROL_SOCKET"], self.d.socket_path)
         self.assertEqual(env["KAIROSCTL"], KAIROSCTL_PATH)
         self.assertEqual(env["PATH"].split(":")[0], os.path.dirname(KAIROSCTL_PATH))
@@ -154,9 +155,14 @@ class TestHooks(HookCase):
         self.assertNotIn("KAIROS_PHASE", env, "not a handler's variables")
         at = doc.pop("at")
         self.assertRegex(at, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        show = "%s --socket %s show %s" % (KAIROSCTL_PATH, self.d.socket_path, m)
         self.assertEqual(doc, {"event": "failure", "mandate": m, "schedule": "nightly",
                                "fired_at": AT, "status": "failed",
-                               "reason": "the last cycle failed", "step": None})
+                               "reason": "the last cycle failed", "step": "act_001",
+                               "error_class": "exit_status",
+                               "error": "exit status 3: disk full", "exit_status": 3,
+                               "exit_signal": None, "attempt": 1, "stderr": "disk full",
+                               "show": show})
         self.d.wait_log("hook OnFailure for %s (failure) succeeded" % m)
         self.assertFalse(os.path.exists(os.path.join(self.out, "review.%s.stdin" % m)))
         # the hook reported a durable state: the archive and summary exist
@@ -186,6 +192,13 @@ class TestHooks(HookCase):
                          ("review", m, "paused_review", "act_001"))
         self.assertEqual(doc["reason"], env["KAIROS_REASON"])
         self.assertIsInstance(doc["evidence"], dict, "the recovery's evidence")
+        self.assertEqual(json.loads(env["KAIROS_EVIDENCE"]), doc["evidence"])
+        self.assertEqual(doc["evidence"]["reason"], "interrupted_during_execution")
+        self.assertEqual(env["KAIROS_SHOW"], doc["show"])
+        self.assertEqual(doc["show"], "%s --socket %s show %s"
+                         % (KAIROSCTL_PATH, self.d.socket_path, m))
+        for k in ("KAIROS_ERROR_CLASS", "KAIROS_EXIT_STATUS", "KAIROS_STDERR"):
+            self.assertNotIn(k, env, "a review is not a failure")
         # sent after READY=1 (the ready log line comes right after it)
         self.d.wait_log("hook OnReview for %s (review) succeeded" % m)
         lines = self.d.log().splitlines()
@@ -364,6 +377,19 @@ class TestHooks(HookCase):
         self.assertEqual(sorted(doc["schedules"]), ["fail_a", "fail_b"])
         self.assertEqual(sum(doc["schedules"].values()), folded)
         self.assertEqual(doc["unnamed"], 0)
+        self.assertEqual(doc["error_classes"], {"exit_status": folded})
+        self.assertEqual(env["KAIROS_ERROR_CLASSES"], "exit_status=%d" % folded)
+        # the first failure folded (the log names it) and the last one
+        first = re.search(r"the next failures \(from (\S+) on\) are folded",
+                          self.d.log()).group(1)
+        ended = [re.search(r"mandate (\S+) failed after", x).group(1)
+                 for x in self.d.log().splitlines() if re.search(r"mandate \S+ failed after", x)]
+        self.assertEqual((doc["first_mandate"], doc["last_mandate"]), (first, ended[-1]))
+        self.assertEqual((env["KAIROS_FIRST_MANDATE_ID"], env["KAIROS_LAST_MANDATE_ID"]),
+                         (first, ended[-1]))
+        self.assertEqual(doc["list"], "%s --socket %s list --status failed"
+                         % (KAIROSCTL_PATH, self.d.socket_path))
+        self.assertEqual(env["KAIROS_LIST"], doc["list"])
         # every failure page that waited went out too, the approvals first
         deadline = time.monotonic() + 60
         while len(re.findall(r"\(failure\) succeeded", self.d.log())) < 68:
@@ -411,6 +437,81 @@ class TestHooks(HookCase):
         self.assertIn("kairosd.conf:7: OnPage=: unknown key in [Notify]", p.stderr)
         self.assertIn("sched.conf:4: OnReview=: cannot split command line: unbalanced single "
                       "quote", p.stderr)
+
+
+class TestFailurePages(HookCase):
+    """What a failure page says of the failure: the step, its error class,
+    exit status or signal, the end of its stderr (bounded), the attempt and
+    the command that shows the mandate, in the environment and on stdin."""
+
+    def page_for(self, act_body, exec_extra=None):
+        act = self.script("act.sh", act_body)
+        ex = {"Act": "/bin/sh " + act}
+        ex.update(exec_extra or {})
+        self.configure({"nightly": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                    "Exec": ex}},
+                       notify="OnFailure=%s\n" % self.hook_cmd("page"))
+        self.start()
+        m = self.fire("nightly")
+        env, doc, tag = self.wait_hook("failure", m)
+        self.assertEqual((env["KAIROS_STEP_ID"], doc["step"]), ("act_001", "act_001"))
+        self.assertEqual((env["KAIROS_ATTEMPT"], doc["attempt"]), ("1", 1))
+        show = "%s --socket %s show %s" % (KAIROSCTL_PATH, self.d.socket_path, m)
+        self.assertEqual((env["KAIROS_SHOW"], doc["show"]), (show, show))
+        self.assertEqual(env["KAIROS_ERROR_CLASS"], doc["error_class"])
+        self.assertEqual(env["KAIROS_ERROR"], doc["error"])
+        self.assertEqual(env["KAIROS_STDERR"], doc["stderr"])
+        # the page links back: the command it names shows the mandate
+        p = subprocess.run(show, shell=True, capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(m, p.stdout)
+        return m, env, doc
+
+    def test_exit_status_and_the_last_lines_of_stderr(self):
+        # 15 lines of stderr: the page carries the last 10
+        m, env, doc = self.page_for(
+            "cat > /dev/null\nfor i in $(seq 1 15); do echo \"line $i\" >&2; done\nexit 3\n")
+        self.assertEqual(doc["error_class"], "exit_status")
+        self.assertEqual((env["KAIROS_EXIT_STATUS"], doc["exit_status"]), ("3", 3))
+        self.assertNotIn("KAIROS_EXIT_SIGNAL", env)
+        self.assertIsNone(doc["exit_signal"])
+        self.assertEqual(doc["stderr"], "\n".join("line %d" % i for i in range(6, 16)))
+        self.assertTrue(doc["error"].startswith("exit status 3: "), doc["error"])
+
+    def test_stderr_bounded_in_bytes(self):
+        # one 1500-byte line: the page keeps its last 1024 bytes
+        m, env, doc = self.page_for("cat > /dev/null\nprintf '%01500d' 7 >&2\nexit 1\n")
+        self.assertEqual(doc["stderr"], "0" * 1023 + "7")
+
+    def test_timeout(self):
+        m, env, doc = self.page_for("cat > /dev/null\necho waiting >&2\nexec sleep 600\n",
+                                    {"TimeoutSec": "1"})
+        self.assertEqual(doc["error_class"], "timeout")
+        self.assertEqual((env["KAIROS_EXIT_SIGNAL"], doc["exit_signal"]), ("15", 15))
+        self.assertNotIn("KAIROS_EXIT_STATUS", env)
+        self.assertIsNone(doc["exit_status"])
+        self.assertEqual(doc["stderr"], "waiting")
+
+    def test_signal(self):
+        m, env, doc = self.page_for("cat > /dev/null\necho 'about to crash' >&2\nkill -SEGV $$\n")
+        self.assertEqual(doc["error_class"], "signal")
+        self.assertEqual((env["KAIROS_EXIT_SIGNAL"], doc["exit_signal"]), ("11", 11))
+        self.assertNotIn("KAIROS_EXIT_STATUS", env)
+        self.assertEqual(doc["stderr"], "about to crash")
+
+    def test_new_variables_expand_in_a_hook_command(self):
+        cmd = ("/bin/sh %s %s ${KAIROS_STEP_ID}-${KAIROS_ERROR_CLASS}-${KAIROS_EXIT_STATUS}"
+               % (self.hook, self.out))
+        self.configure({"nightly": self.failing_schedule({"OnFailure": cmd})},
+                       notify="OnFailure=notify --step ${KAIROS_STEP_ID} --why "
+                       "${KAIROS_ERROR_CLASS} --show \"$KAIROS_SHOW\"\n")
+        p = subprocess.run([os.environ.get("KAIROSD", "kairosd"), "--check-config", "-c",
+                            self.conf], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.start()
+        m = self.fire("nightly")
+        env, doc, tag = self.wait_hook("failure", m)
+        self.assertEqual(tag, "act_001-exit_status-3")
 
 
 if __name__ == "__main__":
