@@ -360,20 +360,9 @@ static char *show_command(struct daemon *d, const char *id)
         return kbuf_steal(&b);
 }
 
-void hooks_failure_free(struct hook_failure *f)
-{
-        if (!f)
-                return;
-        free(f->step);
-        free(f->error_class);
-        free(f->error_msg);
-        free(f->stderr_tail);
-        free(f);
-}
-
-/* The last HOOKS_STDERR_LINES lines of s, HOOKS_STDERR_MAX bytes at most,
- * starting at a UTF-8 character. */
-static char *stderr_last(const char *s)
+/* The start of the last HOOKS_STDERR_LINES lines of s, HOOKS_STDERR_MAX
+ * bytes at most, at a UTF-8 character. */
+static const char *stderr_last(const char *s)
 {
         size_t len = strlen(s), start = len > HOOKS_STDERR_MAX ? len - HOOKS_STDERR_MAX : 0;
         while (start < len && ((unsigned char)s[start] & 0xc0) == 0x80)
@@ -384,28 +373,40 @@ static char *stderr_last(const char *s)
                         start = i + 1;
                         break;
                 }
-        return strdup(s + start);
+        return s + start;
+}
+
+/* s copied to *p (advanced past it), or NULL for NULL. */
+static char *put_str(char **p, const char *s)
+{
+        if (!s)
+                return NULL;
+        size_t n = strlen(s) + 1;
+        char *out = memcpy(*p, s, n);
+        *p += n;
+        return out;
 }
 
 void hooks_note_failure(struct mandate *m, const struct hook_failure *f)
 {
-        hooks_failure_free(m->failure);
+        free(m->failure);
         m->failure = NULL;
-        struct hook_failure *c = calloc(1, sizeof(*c));
+        const char *tail = stderr_last(f->stderr_tail ? f->stderr_tail : "");
+        size_t size = sizeof(struct hook_failure) + strlen(tail) + 1;
+        const char *strs[] = { f->step, f->error_class, f->error_msg };
+        for (size_t i = 0; i < 3; i++)
+                size += strs[i] ? strlen(strs[i]) + 1 : 0;
+        struct hook_failure *c = malloc(size);
         if (!c)
                 return;
+        char *p = (char *)(c + 1);
         *c = (struct hook_failure){ .exit_status = f->exit_status,
                                     .exit_signal = f->exit_signal,
                                     .attempt = f->attempt };
-        c->step = f->step ? strdup(f->step) : NULL;
-        c->error_class = f->error_class ? strdup(f->error_class) : NULL;
-        c->error_msg = f->error_msg ? strdup(f->error_msg) : NULL;
-        c->stderr_tail = stderr_last(f->stderr_tail ? f->stderr_tail : "");
-        if ((f->step && !c->step) || (f->error_class && !c->error_class) ||
-            (f->error_msg && !c->error_msg) || !c->stderr_tail) {
-                hooks_failure_free(c);
-                return;
-        }
+        c->step = put_str(&p, f->step);
+        c->error_class = put_str(&p, f->error_class);
+        c->error_msg = put_str(&p, f->error_msg);
+        c->stderr_tail = put_str(&p, tail);
         m->failure = c;
 }
 

@@ -45,10 +45,10 @@ struct hook_failure {
         char *stderr_tail;            /* its last lines (bounded above), "" none */
 };
 
-/* Keep f (copied) as m's last failure, replacing an older one (out of
- * memory: m keeps none). */
+/* Keep f (copied, its stderr cut to the bound above) as m's last failure,
+ * replacing an older one (out of memory: m keeps none).  The copy is one
+ * allocation: free(m->failure) frees it. */
 void hooks_note_failure(struct mandate *m, const struct hook_failure *f);
-void hooks_failure_free(struct hook_failure *f);
 
 int hooks_init(struct daemon *d);
 /* READY=1 was sent: start what waits. */

@@ -6,7 +6,6 @@
 
 #include "daemon.h"
 #include "driver.h"
-#include "hooks.h"
 #include "kairos/fold.h"
 #include "kairos/wal.h"
 
@@ -265,7 +264,7 @@ static void mandate_free(void *p)
         free(m->wal_path);
         free(m->reason);
         free(m->review_step);
-        hooks_failure_free(m->failure);
+        free(m->failure); /* one allocation (hooks.h) */
         free(m->plan_id);
         free(m->schedule);
         if (m->d->up.free_mandate)
