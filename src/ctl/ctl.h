@@ -112,6 +112,17 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_canon(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_cron_next(const struct ctl_opts *o, int argc, char **argv);
+/* list and show --state-dir: the documents kairosd would answer, made from
+ * the state directory without it (nothing written).  0 with the result, or
+ * an exit status after saying why (a refusal as kairosd words it).
+ * ctl_offline_list takes the request's args; ctl_offline_show's result is
+ * in a. */
+int ctl_offline_list(const struct ctl_opts *o, const char *state_dir, json_t *args,
+                     json_t **ret_result);
+struct kjson_arena;
+struct kjson;
+int ctl_offline_show(const struct ctl_opts *o, const char *state_dir, const char *mandate,
+                     struct kjson_arena *a, const struct kjson **ret_result);
 
 /* Online commands (ctl_online.c): one request over the control socket. */
 int ctl_cmd_status(const struct ctl_opts *o, int argc, char **argv);

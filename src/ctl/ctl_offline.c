@@ -3,6 +3,7 @@
  * recover --dry-run, canon, plan.  They use the core library directly and
  * never change a file. */
 #include <dirent.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -25,6 +26,8 @@
 #include "kairos/decide.h"
 #include "kairos/probeout.h"
 #include "kairos/recovery.h"
+#include "kairos/showdoc.h"
+#include "kairos/statedir.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
 
@@ -1556,4 +1559,409 @@ int ctl_cmd_plan(const struct ctl_opts *o, int argc, char **argv)
                        p.mandate_id, s->step_id);
         }
         return CTL_EXIT_OK;
+}
+
+/* ---- list and show --state-dir: the history without kairosd ----------- */
+
+/* The mandates the state directory holds, as kairosd's registry would
+ * after its start: finished ones from their summaries (mandates/), the
+ * others from their WALs (wal/; a WAL next to a summary is the summary's).
+ * Nothing is written: every file is opened read-only. */
+struct offline_reg {
+        struct statedir paths;
+        struct showdoc_mandate *v;    /* oldest first once sorted */
+        char **where;                 /* per row: its archive (finished) or WAL */
+        bool *archived;
+        size_t n, cap;
+        json_t **summaries;           /* own the summary rows' strings */
+        size_t nsummaries;
+        struct fold **folds;          /* own the WAL rows' strings */
+        size_t nfolds;
+        char **ids;                   /* own the WAL rows' ids */
+};
+
+#define OFFLINE_INTERRUPTED_STATUS "interrupted"
+#define OFFLINE_INTERRUPTED_REASON "kairosd is not running: its next start recovers this mandate"
+
+static void offline_reg_free(struct offline_reg *g)
+{
+        for (size_t i = 0; i < g->n; i++)
+                free(g->where[i]);
+        for (size_t i = 0; i < g->nsummaries; i++)
+                json_decref(g->summaries[i]);
+        for (size_t i = 0; i < g->nfolds; i++) {
+                fold_free(g->folds[i]);
+                free(g->ids[i]);
+        }
+        free(g->v);
+        free(g->where);
+        free(g->archived);
+        free(g->summaries);
+        free(g->folds);
+        free(g->ids);
+        statedir_free(&g->paths);
+}
+
+static int offline_push(struct offline_reg *g, const struct showdoc_mandate *m, const char *where,
+                        bool archived)
+{
+        if (g->n == g->cap) {
+                size_t cap = g->cap ? g->cap * 2 : 64;
+                struct showdoc_mandate *v = realloc(g->v, cap * sizeof(*v));
+                if (v)
+                        g->v = v;
+                char **w = v ? realloc(g->where, cap * sizeof(*w)) : NULL;
+                if (w)
+                        g->where = w;
+                bool *a = w ? realloc(g->archived, cap * sizeof(*a)) : NULL;
+                if (!a)
+                        return -ENOMEM;
+                g->archived = a;
+                g->cap = cap;
+        }
+        if (!(g->where[g->n] = strdup(where)))
+                return -ENOMEM;
+        g->v[g->n] = *m;
+        g->archived[g->n] = archived;
+        g->n++;
+        return 0;
+}
+
+static int cmp_rows_oldest_first(const void *a, const void *b)
+{
+        const struct showdoc_mandate *x = a, *y = b;
+        return -showdoc_order(x->fired_key, x->fired_at, x->id, y->fired_key, y->fired_at, y->id);
+}
+
+/* Sort the rows with their where/archived alongside: an index sort. */
+static int offline_sort(struct offline_reg *g)
+{
+        struct row { struct showdoc_mandate m; char *where; bool archived; } *t;
+        if (!g->n)
+                return 0;
+        if (!(t = malloc(g->n * sizeof(*t))))
+                return -ENOMEM;
+        for (size_t i = 0; i < g->n; i++)
+                t[i] = (struct row){ g->v[i], g->where[i], g->archived[i] };
+        qsort(t, g->n, sizeof(*t), cmp_rows_oldest_first);
+        for (size_t i = 0; i < g->n; i++) {
+                g->v[i] = t[i].m;
+                g->where[i] = t[i].where;
+                g->archived[i] = t[i].archived;
+        }
+        free(t);
+        return 0;
+}
+
+static bool offline_known(const struct offline_reg *g, const char *id)
+{
+        for (size_t i = 0; i < g->n; i++)
+                if (strcmp(g->v[i].id, id) == 0)
+                        return true;
+        return false;
+}
+
+/* A mandate without a summary: what its WAL says of it. */
+static int offline_add_wal(struct offline_reg *g, const char *id, const char *path)
+{
+        struct fold *f = NULL;
+        int r = fold_file(path, &f);
+        if (r < 0)
+                return r;
+        struct fold **fs = realloc(g->folds, (g->nfolds + 1) * sizeof(*fs));
+        char **ids = fs ? realloc(g->ids, (g->nfolds + 1) * sizeof(*ids)) : NULL;
+        if (fs)
+                g->folds = fs;
+        if (ids)
+                g->ids = ids;
+        char *own = ids ? strdup(id) : NULL;
+        if (!own) {
+                fold_free(f);
+                return -ENOMEM;
+        }
+        g->folds[g->nfolds] = f;
+        g->ids[g->nfolds++] = own;
+        const struct fold_plan *p = f->nplans ? &f->plans[f->nplans - 1] : NULL;
+        struct showdoc_mandate m = {
+                .id = own, .status = OFFLINE_INTERRUPTED_STATUS,
+                .reason = OFFLINE_INTERRUPTED_REASON,
+                .plan_id = p ? p->plan_id : NULL, .cycle = p ? p->cycle : 0,
+                .schedule = f->mandate.schedule, .fired_at = f->mandate.fired_at,
+                .fired_key = showdoc_fired_key(f->mandate.fired_at),
+                .retry_of = f->mandate.retry_of, .retry = (int)f->mandate.retry,
+        };
+        /* started: when it was fired, its mandate record (or first record) */
+        wal_parse_ts(f->mandate.ts ? f->mandate.ts : f->first_ts, &m.started_ms);
+        return offline_push(g, &m, path, false);
+}
+
+/* Read the registry of state_dir.  0, or an exit status after saying why. */
+static int offline_load(const char *state_dir, struct offline_reg *g)
+{
+        int r = statedir_init(&g->paths, state_dir);
+        if (r < 0)
+                return ctl_errno_error("state directory", r);
+        struct stat st;
+        if (stat(state_dir, &st) < 0)
+                return ctl_file_error(state_dir, errno);
+        if (!S_ISDIR(st.st_mode))
+                return ctl_file_error(state_dir, ENOTDIR);
+        DIR *dir = opendir(g->paths.mandates);
+        if (!dir && errno != ENOENT)
+                return ctl_file_error(g->paths.mandates, errno);
+        for (struct dirent *de; dir && (de = readdir(dir));) {
+                char id[256], *path = NULL, why[160];
+                struct showdoc_mandate m;
+                const char *archive;
+                json_t *j;
+                if (!statedir_entry_id(de->d_name, STATEDIR_SUMMARY_SUFFIX, id, sizeof id))
+                        continue;
+                if (statedir_summary_path(&g->paths, id, &path) < 0) {
+                        closedir(dir);
+                        return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                }
+                r = showdoc_summary_read(path, &m, &archive, &j, why, sizeof why);
+                if (r < 0) {
+                        /* as kairosd does at its start: said and left out */
+                        fputs("kairosctl: ignoring the mandate summary ", stderr);
+                        ctl_put_safe(stderr, path);
+                        fprintf(stderr, ": %s\n", why);
+                        free(path);
+                        continue;
+                }
+                free(path);
+                if (offline_known(g, m.id)) {
+                        json_decref(j);
+                        continue;
+                }
+                json_t **s = realloc(g->summaries, (g->nsummaries + 1) * sizeof(*s));
+                if (!s) {
+                        json_decref(j);
+                        closedir(dir);
+                        return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                }
+                g->summaries = s;
+                g->summaries[g->nsummaries++] = j;
+                if (offline_push(g, &m, archive, true) < 0) {
+                        closedir(dir);
+                        return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                }
+        }
+        if (dir)
+                closedir(dir);
+        dir = opendir(g->paths.wal);
+        if (!dir && errno != ENOENT)
+                return ctl_file_error(g->paths.wal, errno);
+        for (struct dirent *de; dir && (de = readdir(dir));) {
+                char id[256], *path = NULL;
+                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id) ||
+                    offline_known(g, id))
+                        continue;
+                if (statedir_wal_path(&g->paths, id, &path) < 0) {
+                        closedir(dir);
+                        return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                }
+                r = offline_add_wal(g, id, path);
+                if (r == -ENOMEM) {
+                        free(path);
+                        closedir(dir);
+                        return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                }
+                if (r < 0) {
+                        fputs("kairosctl: ignoring the WAL ", stderr);
+                        ctl_put_safe(stderr, path);
+                        fprintf(stderr, ": %s\n", strerror(-r));
+                }
+                free(path);
+        }
+        if (dir)
+                closedir(dir);
+        if (offline_sort(g) < 0)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        return 0;
+}
+
+static void offline_row(void *ctx, size_t i, struct showdoc_mandate *ret)
+{
+        const struct offline_reg *g = ctx;
+        *ret = g->v[i];
+}
+
+/* A refusal worded as kairosd's (the same message, code and exit status). */
+static int offline_refuse(const struct ctl_opts *o, const char *code, json_t *detail,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int offline_refuse(const struct ctl_opts *o, const char *code, json_t *detail,
+                          const char *fmt, ...)
+{
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        json_t *e = json_pack("{s:s, s:s}", "code", code, "message", msg);
+        if (e && detail)
+                json_object_set_new(e, "detail", detail);
+        else
+                json_decref(detail);
+        if (!e)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
+        int r = ctl_print_refusal(o, e);
+        json_decref(e);
+        return r;
+}
+
+int ctl_offline_list(const struct ctl_opts *o, const char *state_dir, json_t *args,
+                     json_t **ret_result)
+{
+        struct offline_reg g = { 0 };
+        const char *status = json_string_value(json_object_get(args, "status"));
+        const char *after = json_string_value(json_object_get(args, "after"));
+        struct showdoc_filter f = {
+                .status = status,
+                .schedule = json_string_value(json_object_get(args, "schedule")),
+                .since = json_string_value(json_object_get(args, "since")),
+        };
+        size_t limit = (size_t)json_integer_value(json_object_get(args, "limit"));
+        int r;
+        *ret_result = NULL;
+        if (status && !showdoc_status_known(status)) {
+                char all[512] = "";
+                size_t off = 0;
+                for (size_t i = 0; showdoc_status_names[i] && off < sizeof all; i++)
+                        off += (size_t)snprintf(all + off, sizeof all - off, "%s%s",
+                                                i ? ", " : "", showdoc_status_names[i]);
+                r = offline_refuse(o, "bad_argument", NULL,
+                                   "args.status: no status '%s' (one of: %s)", status, all);
+                goto out;
+        }
+        if ((r = offline_load(state_dir, &g)) != 0)
+                goto out;
+        for (size_t i = 0; after && i < g.n && !f.after; i++)
+                if (strcmp(g.v[i].id, after) == 0)
+                        f.after = &g.v[i];
+        if (after && !f.after) {
+                r = offline_refuse(o, "not_found", NULL, "args.after: no mandate %s (pruned?)",
+                                   after);
+                goto out;
+        }
+        bool any_of_schedule = !f.schedule;
+        for (size_t i = 0; i < g.n && !any_of_schedule; i++)
+                any_of_schedule = g.v[i].schedule && strcmp(g.v[i].schedule, f.schedule) == 0;
+        if (!any_of_schedule) {
+                /* no configuration read: a schedule without any mandate kept */
+                r = offline_refuse(o, "not_found", NULL,
+                                   "args.schedule: no mandate of schedule '%s' is kept in %s",
+                                   f.schedule, state_dir);
+                goto out;
+        }
+        struct showdoc_rows rows = { .n = g.n, .get = offline_row, .ctx = &g };
+        if (showdoc_list(&rows, &f, limit, ret_result) < 0)
+                r = ctl_error(CTL_EXIT_OSERR, "out of memory");
+out:
+        offline_reg_free(&g);
+        return r;
+}
+
+/* The idempotency store as kairosd would load it, read without changing
+ * anything; NULL when it cannot be read (show's tool_calls: null). */
+static struct idem_store *offline_idem(const struct statedir *paths)
+{
+        struct idem_options opt = { 0 };
+        struct idem_store *s = NULL;
+        struct idem_load_info info;
+        if (idem_store_new(&opt, &s) < 0)
+                return NULL;
+        if (idem_log_read(paths->idem, s, &info) < 0 || info.corrupt) {
+                idem_store_free(s);
+                return NULL;
+        }
+        return s;
+}
+
+int ctl_offline_show(const struct ctl_opts *o, const char *state_dir, const char *arg,
+                     struct kjson_arena *a, const struct kjson **ret_result)
+{
+        struct offline_reg g = { 0 };
+        struct fold *f = NULL;
+        struct idem_store *store = NULL;
+        json_t *res = NULL, *calls = NULL;
+        struct kbuf text = KBUF_INIT;
+        int r;
+        *ret_result = NULL;
+        if ((r = offline_load(state_dir, &g)) != 0)
+                goto out;
+        /* an id or a unique prefix of one */
+        size_t found = 0, at = 0, len = strlen(arg);
+        for (size_t i = 0; i < g.n; i++)
+                if (strcmp(g.v[i].id, arg) == 0) {
+                        found = 1;
+                        at = i;
+                        break;
+                }
+        if (!found)
+                for (size_t i = 0; len && i < g.n; i++)
+                        if (strncmp(g.v[i].id, arg, len) == 0 && found++ == 0)
+                                at = i;
+        if (!found) {
+                r = offline_refuse(o, "not_found", NULL, "no mandate %s", arg);
+                goto out;
+        }
+        if (found > 1) {
+                json_t *list = json_array();
+                struct kbuf b = KBUF_INIT;
+                size_t shown = 0;
+                for (size_t i = 0; i < g.n && shown < 10; i++)
+                        if (strncmp(g.v[i].id, arg, len) == 0) {
+                                json_array_append_new(list, json_string(g.v[i].id));
+                                kbuf_printf(&b, "\n  %s", g.v[i].id);
+                                shown++;
+                        }
+                r = offline_refuse(o, "ambiguous", json_pack("{s:o}", "candidates", list),
+                                   "mandate prefix '%s' is ambiguous; candidates:%s%s", arg,
+                                   b.data ? b.data : "", found > 10 ? "\n  ..." : "");
+                kbuf_free(&b);
+                goto out;
+        }
+        const struct showdoc_mandate *m = &g.v[at];
+        r = showdoc_fold_file(g.where[at], g.archived[at], &f);
+        if (r < 0) {
+                char msg[PATH_MAX + 64];
+                snprintf(msg, sizeof msg, "cannot read %s: %s", g.where[at], strerror(-r));
+                r = offline_refuse(o, r == -ENOENT ? "not_found" : "wal_io_error", NULL, "%s",
+                                   msg);
+                goto out;
+        }
+        /* the document kairosd's show makes (commands.c, OP_SHOW) */
+        res = showdoc_fold_json(f);
+        store = offline_idem(&g.paths);
+        calls = store ? showdoc_calls_json(store, m->id) : NULL;
+        showdoc_set_tool_calls(res, calls);
+        json_t *mj = showdoc_mandate_json(m);
+        if (mj && m->retry_of) {
+                json_object_set_new(mj, "retry_of", json_string(m->retry_of));
+                json_object_set_new(mj, "retry", json_integer(m->retry));
+        }
+        struct showdoc_rows rows = { .n = g.n, .get = offline_row, .ctx = &g };
+        json_object_set_new(mj, "retried_by", showdoc_retried_by(&rows, m->id));
+        json_object_set_new(mj, "fired_at", m->fired_at ? json_string(m->fired_at) : json_null());
+        json_object_update_missing(res, mj);
+        json_decref(mj);
+        json_object_set_new(res, "status", json_string(m->status));
+        struct kjson *v = NULL;
+        struct kjson_error jerr;
+        if (showdoc_print(res, &text) < 0 ||
+            kjson_parse(a, text.data, text.len, &v, &jerr) < 0) {
+                r = ctl_error(CTL_EXIT_OSERR, "out of memory");
+                goto out;
+        }
+        *ret_result = v;
+        r = 0;
+out:
+        kbuf_free(&text);
+        json_decref(res);
+        json_decref(calls);
+        idem_store_free(store);
+        fold_free(f);
+        offline_reg_free(&g);
+        return r;
 }

@@ -238,21 +238,33 @@ static int unreachable(const char *fmt_path_first, const char *path, const char 
         return CTL_EXIT_UNREACHABLE;
 }
 
+/* list and show say how to read the history without kairosd when none
+ * answers: the command, or NULL. */
+static const char *offline_hint;
+
 static int connect_error(const char *path, int r)
 {
-        char rest[256];
+        char rest[512];
         const char *hint = "";
+        char offline[256];
 
         struct stat st;
 
-        if (r == -ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        if (r == -ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
                 hint = " (not a socket)";
-        else if (r == -ENOENT || r == -ECONNREFUSED)
+        } else if ((r == -ENOENT || r == -ECONNREFUSED) && offline_hint &&
+                   access(CTL_DEFAULT_STATE_DIR, R_OK | X_OK) == 0) {
+                snprintf(offline, sizeof offline,
+                         " (is kairosd running?  Without it: kairosctl %s --state-dir "
+                         CTL_DEFAULT_STATE_DIR " ...)", offline_hint);
+                hint = offline;
+        } else if (r == -ENOENT || r == -ECONNREFUSED) {
                 hint = " (is kairosd running?)";
-        else if (r == -EACCES || r == -EPERM)
+        } else if (r == -EACCES || r == -EPERM) {
                 hint = " (root, kairosd's user or the socket's group may connect)";
-        else if (r == -ETIMEDOUT)
+        } else if (r == -ETIMEDOUT) {
                 hint = " (kairosd is not accepting connections)";
+        }
         snprintf(rest, sizeof(rest), ": %s%s", strerror(-r), hint);
         unreachable("cannot connect to ", path, rest);
         /* not allowed: refused, as when kairosd itself says so (kairosctl(1),
@@ -1042,16 +1054,20 @@ static int since_arg(const char *v, char out[PLANNER_FIRED_AT_LEN])
 int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv)
 {
         const char *status = NULL, *schedule = NULL, *since = NULL, *limit = NULL, *after = NULL;
+        const char *state_dir = NULL;
         const struct ctl_option opts[] = {
                 { "status", true, &status, NULL },     { "schedule", true, &schedule, NULL },
                 { "since", true, &since, NULL },       { "limit", true, &limit, NULL },
-                { "after", true, &after, NULL },       { NULL },
+                { "after", true, &after, NULL },       { "state-dir", true, &state_dir, NULL },
+                { NULL },
         };
         int npos, r;
 
         r = ctl_parse_options("list", argc, argv, opts, &npos);
         if (r == 0)
                 r = want_args("list", npos, 0, "");
+        if (r == 0 && state_dir && !*state_dir)
+                r = ctl_usage_error("list: --state-dir needs a directory");
         if (r)
                 return r;
         json_t *args = json_object();
@@ -1081,7 +1097,21 @@ int ctl_cmd_list(const struct ctl_opts *o, int argc, char **argv)
                 json_object_set_new(args, "schedule", json_string(schedule));
         if (after)
                 json_object_set_new(args, "after", json_string(after));
-        return run(o, "list", args, text_list);
+        if (!state_dir) {
+                offline_hint = "list";
+                return run(o, "list", args, text_list);
+        }
+        /* without kairosd: the same document from the state directory */
+        json_t *result;
+        r = ctl_offline_list(o, state_dir, args, &result);
+        json_decref(args);
+        if (r != CTL_EXIT_OK)
+                return r;
+        if (o->json)
+                return ctl_json_print(result);
+        r = text_list(result);
+        json_decref(result);
+        return r;
 }
 
 /* ---- show ------------------------------------------------------------- */
@@ -1358,8 +1388,8 @@ static int text_show(json_t *r)
  * (integers beyond 64 bits): the reply is read with kjson, which keeps
  * every digit; --json prints it as it came, the text gets a jansson copy
  * (ret_text; NULL with --json).  Returns the exit status. */
-static int call_show(const struct ctl_opts *o, const char *mandate, bool want_json,
-                     json_t **ret_text)
+static int call_show(const struct ctl_opts *o, const char *state_dir, const char *mandate,
+                     bool want_json, json_t **ret_text)
 {
         struct kjson_arena *a = kjson_arena_new();
         const struct kjson *res = NULL;
@@ -1368,7 +1398,13 @@ static int call_show(const struct ctl_opts *o, const char *mandate, bool want_js
         *ret_text = NULL;
         if (!a)
                 return ctl_error(CTL_EXIT_OSERR, "out of memory");
-        status = ctl_call_kjson(o, "show", json_pack("{s:s}", "mandate", mandate), a, &res);
+        if (state_dir) {
+                status = ctl_offline_show(o, state_dir, mandate, a, &res);
+        } else {
+                offline_hint = "show";
+                status = ctl_call_kjson(o, "show", json_pack("{s:s}", "mandate", mandate), a,
+                                        &res);
+        }
         if (status == CTL_EXIT_OK && want_json)
                 status = ctl_kjson_print(res);
         else if (status == CTL_EXIT_OK && !(*ret_text = ctl_kjson_to_json(res)))
@@ -1382,12 +1418,16 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
         json_t *res;
         int npos, r;
 
-        r = ctl_parse_options("show", argc, argv, NULL, &npos);
+        const char *state_dir = NULL;
+        const struct ctl_option opts[] = { { "state-dir", true, &state_dir, NULL }, { NULL } };
+        r = ctl_parse_options("show", argc, argv, opts, &npos);
         if (r == 0)
                 r = want_args("show", npos, 1, "MANDATE");
+        if (r == 0 && state_dir && !*state_dir)
+                r = ctl_usage_error("show: --state-dir needs a directory");
         if (r)
                 return r;
-        r = call_show(o, argv[0], o->json, &res);
+        r = call_show(o, state_dir, argv[0], o->json, &res);
         if (r == CTL_EXIT_OK && res)
                 r = text_show(res);
         json_decref(res);
@@ -1498,7 +1538,7 @@ static int wait_poll(const struct ctl_opts *o, const char *mandate, int64_t dead
 
         for (;;) {
                 json_t *res;
-                int status = call_show(o, mandate, false, &res);
+                int status = call_show(o, NULL, mandate, false, &res);
                 if (status != CTL_EXIT_OK)
                         return status;
                 int outcome = wait_outcome(jstr(res, "status"));

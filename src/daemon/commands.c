@@ -25,6 +25,7 @@
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
 #include "kairos/planner.h"
+#include "kairos/showdoc.h"
 #include <time.h>
 #include "kairos/wal.h"
 #include "log.h"
@@ -193,27 +194,10 @@ static json_t *mandate_json(const struct mandate *m)
  * retry number. */
 static json_t *retried_by_json(struct daemon *d, const struct mandate *m)
 {
-        json_t *arr = json_array();
-        size_t pos = 0;
-        const char *k;
-        void *v;
-        int best_prev = 0;
-        /* a few retries at most: repeated scans keep it simple */
-        for (;;) {
-                const struct mandate *next = NULL;
-                pos = 0;
-                while (strmap_next(d->mandates, &pos, &k, &v) == 0) {
-                        const struct mandate *o = v;
-                        if (o->retry_of && strcmp(o->retry_of, m->id) == 0 &&
-                            o->retry > best_prev && (!next || o->retry < next->retry))
-                                next = o;
-                }
-                if (!next)
-                        break;
-                json_array_append_new(arr, json_string(next->id));
-                best_prev = next->retry;
-        }
-        return arr;
+        struct showdoc_rows rows;
+        if (history_rows(d, &rows) < 0)
+                return json_array();
+        return showdoc_retried_by(&rows, m->id);
 }
 
 /* ---- jobs on a mandate's queue ---- */
@@ -242,200 +226,24 @@ struct mandate_op {
         json_t *keys;
 };
 
-/* Fold an archived (gzipped) WAL. */
-static int fold_gzip_file(const char *path, struct fold **out)
-{
-        char *data = NULL;
-        size_t len = 0;
-        int r = kio_read_file(path, 0, KIO_READ_GZIP, &data, &len);
-        if (r == 0)
-                r = fold_buffer(data, len, out);
-        free(data);
-        return r;
-}
-
 static json_t *str_or_null(const char *s)
 {
         return s ? json_string(s) : json_null();
 }
 
-/* A handler's result (or a recovery's evidence) goes into a reply as the
- * WAL holds it, numbers digit for digit: jansson would turn an integer
- * beyond 64 bits into text and re-print 0.1 as 0.10000000000000001.  The
- * tree carries a placeholder string, RAW_MARK and a per-process random
- * token followed by the value's compact text in hex, which reply_ok_raw
- * replaces with the text itself once the reply is printed.  The token is
- * unknown outside kairosd: no handler's string can pose as a placeholder. */
-#define RAW_MARK "kairos.raw."
-static char raw_token[sizeof RAW_MARK + 32];
-static pthread_once_t raw_token_once = PTHREAD_ONCE_INIT;
-
-static void raw_token_init(void)
-{
-        unsigned char rnd[16];
-        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-                /* no entropy: still unguessable enough for a marker nobody sees */
-                struct timespec ts;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
-                             ((uint64_t)getpid() << 48) ^ (uint64_t)(uintptr_t)&ts;
-                for (size_t i = 0; i < sizeof rnd; i++, x = x * 6364136223846793005u + 1)
-                        rnd[i] = (unsigned char)(x >> 56);
-        }
-        char *p = raw_token + snprintf(raw_token, sizeof raw_token, "%s", RAW_MARK);
-        for (size_t i = 0; i < sizeof rnd; i++)
-                p += snprintf(p, 3, "%02x", rnd[i]);
-}
-
-static json_t *raw_json(const char *text)
-{
-        struct kjson_arena *a = kjson_arena_new();
-        struct kjson *v = NULL;
-        struct kjson_error err;
-        struct kbuf compact = KBUF_INIT, mark = KBUF_INIT;
-        json_t *out = NULL;
-        pthread_once(&raw_token_once, raw_token_init);
-        if (a && kjson_parse(a, text, strlen(text), &v, &err) == 0 &&
-            kjson_write(&compact, v) == 0 && kbuf_puts(&mark, raw_token) == 0 &&
-            kbuf_putc(&mark, '.') == 0 && kbuf_reserve(&mark, 2 * compact.len) == 0) {
-                static const char hex[] = "0123456789abcdef";
-                for (size_t i = 0; i < compact.len; i++) {
-                        unsigned char c = (unsigned char)compact.data[i];
-                        mark.data[mark.len++] = hex[c >> 4];
-                        mark.data[mark.len++] = hex[c & 15];
-                }
-                mark.data[mark.len] = '\0';
-                out = json_string(mark.data);
-        }
-        kjson_arena_free(a);
-        kbuf_free(&compact);
-        kbuf_free(&mark);
-        return out ? out : json_string(text); /* not JSON: kept as text */
-}
-
-static int unhex(char c)
-{
-        return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* Reply with result (stolen), its raw_json placeholders replaced by their
- * values' text. */
+/* Reply with result (stolen), its placeholders replaced by their values'
+ * text (showdoc_print). */
 static void reply_ok_raw(struct control_request *req, json_t *result)
 {
-        char *text = json_dumps(result, JSON_COMPACT);
-        json_decref(result);
         struct kbuf b = KBUF_INIT;
-        pthread_once(&raw_token_once, raw_token_init);
-        size_t tlen = strlen(raw_token);
-        int r = text ? 0 : -ENOMEM;
-        const char *s = text;
-        for (const char *q; r == 0 && (q = strstr(s, raw_token));) {
-                /* the dumped placeholder: "TOKEN.HEX" */
-                if (q == text || q[-1] != '"' || q[tlen] != '.') {
-                        r = kbuf_append(&b, s, (size_t)(q + tlen - s));
-                        s = q + tlen;
-                        continue;
-                }
-                r = kbuf_append(&b, s, (size_t)(q - 1 - s));
-                const char *h = q + tlen + 1;
-                for (; r == 0 && unhex(h[0]) >= 0 && unhex(h[1]) >= 0; h += 2)
-                        r = kbuf_putc(&b, (char)(unhex(h[0]) << 4 | unhex(h[1])));
-                if (r == 0 && *h != '"')
-                        r = -EINVAL; /* not reached: only raw_json makes them */
-                s = h + 1;
-        }
-        if (r == 0)
-                r = kbuf_puts(&b, s);
-        if (r < 0 || !b.data)
+        int r = showdoc_print(result, &b);
+        json_decref(result);
+        if (r < 0)
                 control_reply_error(req, "internal", "cannot print the reply: %s",
-                                    strerror(r < 0 ? -r : ENOMEM));
+                                    strerror(-r));
         else
                 control_reply_ok_text(req, b.data, b.len);
-        free(text);
         kbuf_free(&b);
-}
-
-/* Milliseconds from a to b (WAL timestamps), or null. */
-static json_t *ts_span(const char *a, const char *b)
-{
-        int64_t t0 = 0, t1 = 0;
-        return wal_parse_ts(a, &t0) == 0 && wal_parse_ts(b, &t1) == 0 && t1 >= t0
-                       ? json_integer(t1 - t0)
-                       : json_null();
-}
-
-/* A step's execution that kairosd's end cut short, and what decided it. */
-static json_t *interrupted_json(const struct fold_step *s)
-{
-        json_t *o = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o}", "execution",
-                              (int)s->interrupted_execution, "started_at",
-                              str_or_null(s->interrupted_started_ts), "ended_at",
-                              str_or_null(s->interrupted_ended_ts), "duration_ms",
-                              ts_span(s->interrupted_started_ts, s->interrupted_ended_ts),
-                              "decided_at", str_or_null(s->decided_ts), "decision",
-                              str_or_null(s->decided_status));
-        if (o && s->decided_evidence_json)
-                json_object_set_new(o, "evidence", raw_json(s->decided_evidence_json));
-        return o;
-}
-
-static json_t *fold_json(const struct fold *f)
-{
-        json_t *plans = json_array();
-        for (size_t i = 0; i < f->nplans; i++) {
-                const struct fold_plan *p = &f->plans[i];
-                json_t *steps = json_array();
-                for (size_t k = 0; k < p->nsteps; k++) {
-                        const struct fold_step *s = &f->steps[p->steps[k]];
-                        json_t *js = json_pack(
-                                "{s:s, s:o, s:o, s:o, s:o, s:o, s:i, s:b}", "step_id", s->step_id,
-                                "status", str_or_null(s->status), "idem_key",
-                                str_or_null(s->idem_key), "post_hash", str_or_null(s->post_hash),
-                                "result_hash", str_or_null(s->result_hash), "reason",
-                                str_or_null(s->reason), "executions", (int)s->executions,
-                                "recovered", s->recovered);
-                        json_object_set_new(js, "started_at", str_or_null(s->started_ts));
-                        json_object_set_new(js, "ended_at", str_or_null(s->ended_ts));
-                        /* not run again after an interruption: it ran until
-                         * the restart, not until what decided it (the time
-                         * kairosd was down is not the step's) */
-                        bool cut = s->interrupted_execution &&
-                                   s->interrupted_execution == s->executions;
-                        json_object_set_new(js, "duration_ms",
-                                            cut ? ts_span(s->interrupted_started_ts,
-                                                          s->interrupted_ended_ts)
-                                                : ts_span(s->started_ts, s->ended_ts));
-                        if (s->interrupted_execution)
-                                json_object_set_new(js, "interrupted", interrupted_json(s));
-                        if (s->error_class)
-                                json_object_set_new(js, "error_class", json_string(s->error_class));
-                        if (s->error_msg)
-                                json_object_set_new(js, "error_msg", json_string(s->error_msg));
-                        if (s->evidence_json)
-                                json_object_set_new(js, "evidence", raw_json(s->evidence_json));
-                        if (s->result_json)
-                                json_object_set_new(js, "result", raw_json(s->result_json));
-                        json_array_append_new(steps, js);
-                }
-                json_array_append_new(
-                        plans, json_pack("{s:o, s:I, s:b, s:o, s:o, s:o}", "plan_id",
-                                         str_or_null(p->plan_id), "cycle", (json_int_t)p->cycle,
-                                         "finalized", p->finalized, "status",
-                                         str_or_null(p->final_status), "reason",
-                                         str_or_null(p->final_reason), "steps", steps));
-        }
-        json_t *ops = json_array();
-        for (size_t i = 0; i < f->noperators; i++) {
-                const struct fold_operator *o = &f->operators[i];
-                json_array_append_new(ops, json_pack("{s:o, s:o, s:I, s:o, s:o}", "action",
-                                                     str_or_null(o->action), "step_id",
-                                                     str_or_null(o->step_id), "uid",
-                                                     (json_int_t)o->uid, "reason",
-                                                     str_or_null(o->reason), "ts",
-                                                     str_or_null(o->ts)));
-        }
-        return json_pack("{s:s, s:i, s:o, s:o}", "wal_status", fold_status_name(f->status),
-                         "records", (int)f->records, "plans", plans, "operators", ops);
 }
 
 static void op_fail(struct mandate_op *op, const char *code, const char *fmt, ...)
@@ -568,7 +376,7 @@ static void op_work(void *arg)
         case OP_SHOW: {
                 struct fold *f = NULL;
                 if (m->archived)
-                        r = fold_gzip_file(m->wal_path, &f);
+                        r = showdoc_fold_file(m->wal_path, true, &f);
                 else
                         r = fold_file(m->wal_path, &f);
                 if (r < 0) {
@@ -576,7 +384,7 @@ static void op_work(void *arg)
                                 "cannot read %s: %s", m->wal_path, strerror(-r));
                         return;
                 }
-                op->result = fold_json(f);
+                op->result = showdoc_fold_json(f);
                 fold_free(f);
                 return;
         }
@@ -607,22 +415,6 @@ static void op_work(void *arg)
                         m->wal = NULL;
                 }
         }
-}
-
-/* Each step of a shown mandate's plans gets its tool calls (calls: step id
- * -> array; NULL: unknown). */
-static void set_tool_calls(json_t *result, json_t *calls)
-{
-        json_t *p, *st;
-        size_t i, k;
-        json_array_foreach(json_object_get(result, "plans"), i, p)
-                json_array_foreach(json_object_get(p, "steps"), k, st) {
-                        const char *sid = json_string_value(json_object_get(st, "step_id"));
-                        json_t *c = sid && calls ? json_object_get(calls, sid) : NULL;
-                        json_object_set_new(st, "tool_calls",
-                                            c ? json_incref(c)
-                                              : calls ? json_array() : json_null());
-                }
 }
 
 static void resolve_settled(void *ctx, const struct op_result *r);
@@ -670,7 +462,7 @@ static void op_done(void *arg)
         case OP_SHOW: {
                 /* each step's tool calls, from the idempotency store */
                 json_t *calls = idem_service_calls_json(d, m->id);
-                set_tool_calls(op->result, calls);
+                showdoc_set_tool_calls(op->result, calls);
                 json_decref(calls);
                 json_t *mj = mandate_json(m);
                 json_object_set_new(mj, "retried_by", retried_by_json(d, m));
@@ -857,13 +649,13 @@ static void remote_shown(void *ctx, const struct op_result *r, json_t *calls)
                 reply_result(req, r);
                 return;
         }
-        set_tool_calls(r->result, calls);
+        showdoc_set_tool_calls(r->result, calls);
         reply_ok_raw(req, r->result);
 }
 
 static void remote_show(struct control_request *req, const char *id)
 {
-        if (req->d->opreads->show(req->d, id, fold_json, remote_shown, req) < 0)
+        if (req->d->opreads->show(req->d, id, showdoc_fold_json, remote_shown, req) < 0)
                 control_reply_error(req, "internal", "out of memory");
 }
 

@@ -300,6 +300,13 @@ bool history_schedule_unknown(struct daemon *d, const char *name);
 json_t *history_mandate_json(const struct mandate *m);
 /* A time (ms since the epoch) as list and show print it; null if <= 0. */
 json_t *history_ms_json(int64_t ms);
+/* m's fields as list and show print them (kairos/showdoc.h; borrowed from
+ * m), and every mandate's, oldest first (valid until the registry
+ * changes); -ENOMEM. */
+struct showdoc_mandate;
+struct showdoc_rows;
+void history_row(const struct mandate *m, struct showdoc_mandate *ret);
+int history_rows(struct daemon *d, struct showdoc_rows *ret);
 
 /* control.c */
 int control_start(struct daemon *d, const char *path);

@@ -71,6 +71,8 @@ static void advance_done(void *arg)
         m->flushes += a->flushes;
         d->flushes_total += a->flushes;
         m->busy--;
+        if (a->started_ms > 0)
+                m->started_ms = a->started_ms;
         if (a->plan_id) {
                 free(m->plan_id);
                 m->plan_id = strdup(a->plan_id);
@@ -163,7 +165,7 @@ static void advance_done(void *arg)
                 d->drv->own.slot_release(m);
                 break;
         case NEXT_END:
-                m->ended_ms = now_ms_realtime();
+                m->ended_ms = a->ended_ms ? a->ended_ms : now_ms_realtime();
                 mandate_set_status(m, a->end_status, a->reason);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s %s after %lld cycle%s (%s)", m->id,

@@ -303,6 +303,11 @@ static void decide_loop(struct advance *a)
                 break;
         }
         free(n);
+        /* started: its mandate record's time (or its first record's), as
+         * recovery and kairosctl list --state-dir read it */
+        const struct fold *f = m->fold;
+        if (f && !a->error)
+                wal_parse_ts(f->mandate.ts ? f->mandate.ts : f->first_ts, &a->started_ms);
 }
 
 static int write_summary(struct advance *a, const struct statedir *paths, const char *archive)
@@ -324,10 +329,16 @@ static int write_summary(struct advance *a, const struct statedir *paths, const 
                 kbuf_json_string_lossy(&b, a->m->retry_of, strlen(a->m->retry_of), 0);
                 kbuf_printf(&b, ",\"retry\":%d", a->m->retry);
         }
-        int64_t ended_ms = now_ms_realtime();
+        if (a->plan_id) {
+                kbuf_puts(&b, ",\"plan_id\":");
+                kbuf_json_string_lossy(&b, a->plan_id, strlen(a->plan_id), 0);
+        }
+        /* the end the registry says too (list is the same after a restart) */
+        int64_t ended_ms = a->ended_ms = now_ms_realtime();
         kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"started_ms\":%lld,\"ended_ms\":%lld,"
                     "\"archive\":", a->cycle, (long long)(ended_ms / 1000),
-                    (long long)a->m->started_ms, (long long)ended_ms);
+                    (long long)(a->started_ms > 0 ? a->started_ms : a->m->started_ms),
+                    (long long)ended_ms);
         kbuf_json_string_lossy(&b, archive, strlen(archive), 0);
         kbuf_puts(&b, "}\n");
         char *path = NULL;

@@ -96,6 +96,8 @@ struct advance {
         char *idem_key;
         char *expected_post;
         char *archive_path;           /* NEXT_END: where the WAL went */
+        int64_t ended_ms;             /* NEXT_END: the end its summary holds */
+        int64_t started_ms;           /* its WAL's mandate record's time; 0 unknown */
         /* Decided on the loop when the job was made: the mandate runs alone
          * (nothing else holds a slot, no batch waits) on a file system whose
          * syncfs is a barrier, not in cluster mode.  If it ends, its last

@@ -13,6 +13,7 @@
 #include "daemon.h"
 #include "kairos/kio.h"
 #include "kairos/planner.h"
+#include "kairos/showdoc.h"
 #include "kairos/wal.h"
 #include "log.h"
 
@@ -63,107 +64,62 @@ int history_resolve(struct daemon *d, const char *arg, struct mandate **ret,
 
 /* ---- list ---- */
 
-static int order(const struct mandate *a, const struct mandate *b)
+void history_row(const struct mandate *m, struct showdoc_mandate *ret)
 {
-        return mandate_order(a, b);
+        *ret = (struct showdoc_mandate){
+                .id = m->id, .status = mandate_status_name(m->status), .reason = m->reason,
+                .review_step = m->review_step, .plan_id = m->plan_id, .cycle = m->cycle,
+                .schedule = m->schedule, .fired_at = m->fired_at, .fired_key = m->fired_key,
+                .started_ms = m->started_ms, .ended_ms = m->ended_ms,
+                .retry_of = m->retry_of, .retry = m->retry,
+        };
 }
 
-static bool matches(const struct history_filter *f, const struct mandate *m)
+static void row_at(void *ctx, size_t i, struct showdoc_mandate *ret)
 {
-        if (f->status >= 0 && (int)m->status != f->status)
-                return false;
-        if (f->schedule && (!m->schedule || strcmp(m->schedule, f->schedule) != 0))
-                return false;
-        if (f->since && (!m->fired_at || strcmp(m->fired_at, f->since) < 0))
-                return false;
-        if (f->after && order(m, f->after) <= 0)
-                return false;
-        return true;
+        struct mandate *const *v = ctx;
+        history_row(v[i], ret);
 }
 
-json_t *history_ms_json(int64_t ms)
+int history_rows(struct daemon *d, struct showdoc_rows *ret)
 {
-        if (ms <= 0)
-                return json_null();
-        char ts[32];
-        wal_format_ts(ms, ts);
-        return json_string(ts);
-}
-
-json_t *history_mandate_json(const struct mandate *m)
-{
-        json_t *o = json_pack("{s:s, s:s, s:s?, s:s?, s:s?, s:I, s:s?, s:s?}", "id", m->id,
-                              "status", mandate_status_name(m->status), "reason", m->reason,
-                              "review_step", m->review_step, "plan_id", m->plan_id, "cycle",
-                              (json_int_t)m->cycle, "schedule", m->schedule, "fired_at",
-                              m->fired_at);
-        json_object_set_new(o, "started_at", history_ms_json(m->started_ms));
-        json_object_set_new(o, "ended_at", history_ms_json(m->ended_ms));
-        return o;
-}
-
-static json_t *row_json(const struct mandate *m)
-{
-        json_t *o = history_mandate_json(m);
-        json_object_set_new(o, "duration_ms",
-                            m->started_ms > 0 && m->ended_ms >= m->started_ms
-                                    ? json_integer(m->ended_ms - m->started_ms)
-                                    : json_null());
-        return o;
-}
-
-int history_list(struct daemon *d, const struct history_filter *filter, size_t limit,
-                 json_t **ret_result)
-{
-        struct history_filter f = *filter;
         struct mandate *const *v;
         size_t n;
         int r = mandates_ordered(d, &v, &n);
         if (r < 0)
                 return r;
-        /* v is oldest first: the rows are v[end - 1], v[end - 2], ... where
-         * end is the cursor's place (the rows strictly after it) */
-        size_t end = n;
-        if (f.after) {
-                size_t lo = 0, hi = n;
-                while (lo < hi) {
-                        size_t mid = lo + (hi - lo) / 2;
-                        if (order(v[mid], f.after) > 0)
-                                lo = mid + 1;
-                        else
-                                hi = mid;
-                }
-                end = lo;
-                f.after = NULL;  /* the cut is made */
-        }
-        bool any = f.status >= 0 || f.schedule || f.since;
-        json_t *arr = json_array();
-        size_t kept = 0, total = 0;
-        const struct mandate *last = NULL;
-        for (size_t i = end; i-- > 0;) {
-                if (!limit || kept < limit) {
-                        if (any && !matches(&f, v[i]))
-                                continue;
-                        json_array_append_new(arr, row_json(v[i]));
-                        last = v[i];
-                        kept++;
-                        total++;
-                        continue;
-                }
-                if (!any) {
-                        total = end;  /* every one matches */
-                        break;
-                }
-                total += matches(&f, v[i]);
-        }
-        json_t *res = json_pack("{s:o, s:I, s:b}", "mandates", arr, "total", (json_int_t)total,
-                                "more", total > kept);
-        if (!res)
-                return -ENOMEM;
-        if (total > kept && last)
-                json_object_set_new(res, "next", json_string(last->id));
-        *ret_result = res;
+        *ret = (struct showdoc_rows){ .n = n, .get = row_at, .ctx = (void *)v };
         return 0;
+}
+
+json_t *history_ms_json(int64_t ms)
+{
+        return showdoc_ms_json(ms);
+}
+
+json_t *history_mandate_json(const struct mandate *m)
+{
+        struct showdoc_mandate row;
+        history_row(m, &row);
+        return showdoc_mandate_json(&row);
+}
+
+int history_list(struct daemon *d, const struct history_filter *filter, size_t limit,
+                 json_t **ret_result)
+{
+        struct showdoc_rows rows;
+        int r = history_rows(d, &rows);
+        if (r < 0)
+                return r;
+        struct showdoc_mandate after;
+        if (filter->after)
+                history_row(filter->after, &after);
+        struct showdoc_filter f = {
+                .status = filter->status >= 0 ? mandate_status_name(filter->status) : NULL,
+                .schedule = filter->schedule, .since = filter->since,
+                .after = filter->after ? &after : NULL,
+        };
+        return showdoc_list(&rows, &f, limit, ret_result);
 }
 
 /* ---- retention ---- */
@@ -194,7 +150,7 @@ static int cmp_ended_desc(const void *a, const void *b)
         int64_t ey = y->ended_ms ? y->ended_ms : y->started_ms;
         if (ex != ey)
                 return ex > ey ? -1 : 1;
-        return order(x, y);
+        return mandate_order(x, y);
 }
 
 static void prune_unlink(struct prune_job *j, const struct kio *io, size_t first)

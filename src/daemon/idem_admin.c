@@ -9,6 +9,7 @@
 
 #include "idem_core.h"
 #include "kairos/evidence.h"
+#include "kairos/showdoc.h"
 #include "log.h"
 
 /* ---- operator commands ---- */
@@ -25,67 +26,13 @@ int idem_service_evidence_index(struct daemon *d, struct evidence_index **ret)
         return evidence_index_build(svc->store, ret);
 }
 
-struct calls_ctx {
-        const char *mandate;
-        struct evidence_call *calls;
-        size_t n, cap;
-        int error;
-};
-
-static int collect_call(const struct idem_view *v, void *arg)
-{
-        struct calls_ctx *c = arg;
-        if (!v->owner || strcmp(v->owner->mandate, c->mandate) != 0)
-                return 0;
-        if (c->n == c->cap) {
-                size_t cap = c->cap ? c->cap * 2 : 8;
-                struct evidence_call *n = realloc(c->calls, cap * sizeof(*n));
-                if (!n)
-                        return c->error = -ENOMEM;
-                c->calls = n;
-                c->cap = cap;
-        }
-        /* borrowed: the store does not change while this runs (loop thread) */
-        c->calls[c->n++] = (struct evidence_call){
-                .key = v->key, .tool = v->tool, .step = v->owner->step,
-                .attempt = v->owner->attempt, .state = v->state,
-                .created_ms = v->created_ms, .finished_ms = v->finished_ms,
-        };
-        return 0;
-}
-
 json_t *idem_service_calls_json(struct daemon *d, const char *mandate_id)
 {
         struct idem_service *svc = SVC(d);
         if (!svc || !svc->loaded || !svc->store || !mandate_id)
                 return NULL;
-        struct calls_ctx c = { .mandate = mandate_id };
-        if (idem_foreach(svc->store, collect_call, &c) < 0) {
-                free(c.calls);
-                return NULL;
-        }
-        if (c.n > 1)
-                qsort(c.calls, c.n, sizeof(*c.calls), evidence_call_cmp);
-        json_t *o = json_object();
-        for (size_t i = 0; o && i < c.n; i++) {
-                const struct evidence_call *e = &c.calls[i];
-                char started[EVIDENCE_TS_SIZE], finished[EVIDENCE_TS_SIZE];
-                evidence_format_ms(e->created_ms, started);
-                evidence_format_ms(e->finished_ms, finished);
-                json_t *arr = json_object_get(o, e->step);
-                if (!arr) {
-                        arr = json_array();
-                        if (json_object_set_new(o, e->step, arr) < 0)
-                                break;
-                }
-                json_array_append_new(
-                        arr, json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "key", e->key, "tool",
-                                       e->tool, "state", idem_state_name(e->state), "attempt",
-                                       (json_int_t)e->attempt, "started", started, "finished",
-                                       e->finished_ms ? json_string(finished) : json_null()));
-        }
-        free(c.calls);
-        return o;
+        /* the store does not change while this runs (loop thread) */
+        return showdoc_calls_json(svc->store, mandate_id);
 }
 
 int idem_service_stats(struct daemon *d, struct idem_stats *ret_stats)

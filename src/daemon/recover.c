@@ -24,6 +24,7 @@
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "kairos/planner.h"
+#include "kairos/showdoc.h"
 #include "kairos/recovery.h"
 #include "kairos/statedir.h"
 #include "kairos/strmap.h"
@@ -732,37 +733,31 @@ static int cmp_str(const void *a, const void *b)
  * `list` and `show` find them and firing them again is a no-op. */
 static void load_summary(struct daemon *d, const char *path)
 {
-        json_error_t err;
-        json_t *j = json_load_file(path, 0, &err);
-        const char *id = json_string_value(json_object_get(j, "mandate_id"));
-        const char *status = json_string_value(json_object_get(j, "status"));
-        const char *archive = json_string_value(json_object_get(j, "archive"));
-        if (!j || !id || !status || !archive) {
-                log_warning("ignoring the mandate summary %s: %s", path,
-                            j ? "missing fields" : err.text);
-                json_decref(j);
+        struct showdoc_mandate sm;
+        const char *archive;
+        json_t *j;
+        char why[160];
+        if (showdoc_summary_read(path, &sm, &archive, &j, why, sizeof why) < 0) {
+                log_warning("ignoring the mandate summary %s: %s", path, why);
                 return;
         }
-        struct mandate *m = mandate_find(d, id) ? NULL : mandate_add(d, id, archive);
+        struct mandate *m = mandate_find(d, sm.id) ? NULL : mandate_add(d, sm.id, archive);
         if (m) {
-                int st = mandate_status_parse(status);
-                mandate_set_status(m, st < 0 ? MANDATE_DONE : st, json_string_value(json_object_get(j, "reason")));
-                const char *v;
-                if ((v = json_string_value(json_object_get(j, "schedule"))))
-                        m->schedule = strdup(v);
-                if ((v = json_string_value(json_object_get(j, "fired_at"))))
-                        mandate_set_fired_at(m, strdup(v));
-                json_int_t n = json_integer_value(json_object_get(j, "retry"));
-                if ((v = json_string_value(json_object_get(j, "retry_of"))) && n >= 1 &&
-                    n <= PLANNER_MAX_RETRY) {
-                        m->retry_of = strdup(v);
-                        m->retry = (int)n;
+                int st = mandate_status_parse(sm.status);
+                mandate_set_status(m, st < 0 ? MANDATE_DONE : st, sm.reason);
+                if (sm.schedule)
+                        m->schedule = strdup(sm.schedule);
+                if (sm.fired_at)
+                        mandate_set_fired_at(m, strdup(sm.fired_at));
+                if (sm.retry_of && sm.retry <= PLANNER_MAX_RETRY) {
+                        m->retry_of = strdup(sm.retry_of);
+                        m->retry = sm.retry;
                 }
-                m->cycle = json_integer_value(json_object_get(j, "cycles"));
-                m->started_ms = json_integer_value(json_object_get(j, "started_ms"));
-                m->ended_ms = json_integer_value(json_object_get(j, "ended_ms"));
-                if (!m->ended_ms)
-                        m->ended_ms = json_integer_value(json_object_get(j, "ended_at")) * 1000;
+                if (sm.plan_id)
+                        m->plan_id = strdup(sm.plan_id);
+                m->cycle = sm.cycle;
+                m->started_ms = sm.started_ms;
+                m->ended_ms = sm.ended_ms;
                 m->archived = true;
         }
         json_decref(j);
