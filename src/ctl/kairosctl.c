@@ -29,15 +29,17 @@ static const struct ctl_command commands[] = {
           "The next N fire times (default 5, at most 1000) of schedule NAME, in UTC\n"
           "and in the schedule's time zone." },
         { "list", ctl_cmd_list, true,
-          "[--status S] [--schedule N] [--since T] [--limit N] [--after MANDATE]",
+          "[--status S] [--schedule N] [--since T] [--limit N] [--after MANDATE] [--state-dir DIR]",
           "Mandates, newest first: id, schedule, fired at, status, cycle, started, ended,\n"
           "duration and the reason or the step under review.  --status, --schedule and\n"
           "--since T (YYYY-MM-DDTHH:MM:SSZ or 30min, 2h, 7d ago) filter; --limit N rows\n"
-          "(default 1000, 0: all); --after MANDATE: the page after that row." },
-        { "show", ctl_cmd_show, true, "MANDATE",
+          "(default 1000, 0: all); --after MANDATE: the page after that row.\n"
+          "--state-dir DIR: read the state directory, without kairosd." },
+        { "show", ctl_cmd_show, true, "MANDATE [--state-dir DIR]",
           "One mandate: status, reason, schedule, times, plan, cycle, its WAL, each plan\n"
           "with its steps (start, end, duration), the operator actions, and the retries\n"
-          "linked to it.  MANDATE: an id or any unique prefix of one." },
+          "linked to it.  MANDATE: an id or any unique prefix of one.  --state-dir DIR:\n"
+          "read the state directory, without kairosd." },
         { "retry", ctl_cmd_retry, true, "MANDATE [--reason T]",
           "Run a mandate that ended again: a new mandate for the same schedule and tick\n"
           "(id from NAME|FIRED_AT|retry:N).  Refused while MANDATE has not ended; a\n"
