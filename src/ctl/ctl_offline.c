@@ -28,6 +28,7 @@
 #include "kairos/recovery.h"
 #include "kairos/showdoc.h"
 #include "kairos/statedir.h"
+#include "kairos/strmap.h"
 #include "kairos/verdict.h"
 #include "kairos/wal.h"
 
@@ -1578,6 +1579,7 @@ struct offline_reg {
         struct fold **folds;          /* own the WAL rows' strings */
         size_t nfolds;
         char **ids;                   /* own the WAL rows' ids */
+        struct strmap *known;         /* the ids read so far */
 };
 
 #define OFFLINE_INTERRUPTED_STATUS "interrupted"
@@ -1599,6 +1601,7 @@ static void offline_reg_free(struct offline_reg *g)
         free(g->summaries);
         free(g->folds);
         free(g->ids);
+        strmap_free(g->known);
         statedir_free(&g->paths);
 }
 
@@ -1619,6 +1622,8 @@ static int offline_push(struct offline_reg *g, const struct showdoc_mandate *m, 
                 g->archived = a;
                 g->cap = cap;
         }
+        if (strmap_put(g->known, m->id, (void *)1) < 0)
+                return -ENOMEM;
         if (!(g->where[g->n] = strdup(where)))
                 return -ENOMEM;
         g->v[g->n] = *m;
@@ -1655,10 +1660,7 @@ static int offline_sort(struct offline_reg *g)
 
 static bool offline_known(const struct offline_reg *g, const char *id)
 {
-        for (size_t i = 0; i < g->n; i++)
-                if (strcmp(g->v[i].id, id) == 0)
-                        return true;
-        return false;
+        return strmap_get(g->known, id) != NULL;
 }
 
 /* A mandate without a summary: what its WAL says of it. */
@@ -1701,6 +1703,8 @@ static int offline_load(const char *state_dir, struct offline_reg *g)
         int r = statedir_init(&g->paths, state_dir);
         if (r < 0)
                 return ctl_errno_error("state directory", r);
+        if (!(g->known = strmap_new()))
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
         struct stat st;
         if (stat(state_dir, &st) < 0)
                 return ctl_file_error(state_dir, errno);

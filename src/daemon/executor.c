@@ -173,6 +173,8 @@ static void advance_done(void *arg)
                           a->reason ? a->reason : "");
                 if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
+                free(m->failure); /* its page is made: not kept with the history */
+                m->failure = NULL;
                 executor_release_slot(m);
                 own_release(m); /* (postgres: its row says it ended, its slot is free) */
                 if (a->end_synced)
