@@ -1401,7 +1401,6 @@ static int call_show(const struct ctl_opts *o, const char *state_dir, const char
         if (state_dir) {
                 status = ctl_offline_show(o, state_dir, mandate, a, &res);
         } else {
-                offline_hint = "show";
                 status = ctl_call_kjson(o, "show", json_pack("{s:s}", "mandate", mandate), a,
                                         &res);
         }
@@ -1427,6 +1426,8 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
                 r = ctl_usage_error("show: --state-dir needs a directory");
         if (r)
                 return r;
+        if (!state_dir)
+                offline_hint = "show";
         r = call_show(o, state_dir, argv[0], o->json, &res);
         if (r == CTL_EXIT_OK && res)
                 r = text_show(res);
