@@ -3,14 +3,12 @@
  * mandate's serial queue; the reply is sent only after the records it wrote
  * are durable. */
 #include <errno.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "chronos.h"
