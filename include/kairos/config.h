@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kairos/retry.h"
+
 enum config_missed_policy { MISSED_SKIP, MISSED_CATCH_UP_ONCE, MISSED_CATCH_UP_BOUNDED };
 enum config_concurrency { CONCURRENCY_QUEUE, CONCURRENCY_ALLOW, CONCURRENCY_REJECT };
 enum config_effects_via { EFFECTS_VIA_NONE, EFFECTS_VIA_KAIROSCTL };
@@ -62,6 +64,11 @@ struct config_schedule {
         uint64_t memory_max;           /* MemoryMax= bytes; 0 unset, CONFIG_LIMIT_INFINITY */
         uint64_t tasks_max;            /* TasksMax=; 0 unset, CONFIG_LIMIT_INFINITY */
         uint64_t cpu_quota_pct;        /* CPUQuota= percent of one CPU; 0 unset */
+        /* RetryAttempts=, RetryBackoffSec=, RetryOn= and their per-phase
+         * forms (ActRetryAttempts=, ...): retry[phase] is what applies to
+         * that phase (the schedule's keys, overridden by the phase's);
+         * retry[CONFIG_PHASES] holds the schedule's keys alone */
+        struct retry_policy retry[CONFIG_PHASES + 1];
 };
 
 /* A schedule file with errors: skipped, the others run. */

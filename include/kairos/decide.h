@@ -28,6 +28,7 @@
 #include "kairos/fold.h"
 #include "kairos/planner.h"
 #include "kairos/recovery.h"
+#include "kairos/retry.h"
 #include "kairos/wal.h"
 
 /* ---- the live rule ---- */
@@ -43,6 +44,11 @@ struct decide_input {
         bool schedule_known;             /* the schedule is in the configuration */
         unsigned max_cycles;             /* MaxCycles= (1 when the schedule is unknown) */
         bool has_command[PLANNER_PHASES];/* which phases have a command */
+        /* the step retry policy per phase (NULL: no retry), the time now
+         * (ms since the epoch) and a random number for the jitter */
+        const struct retry_policy *retry_policy;  /* [PLANNER_PHASES] */
+        int64_t now_ms;
+        uint32_t jitter_rand;
 };
 
 enum decide_kind {
@@ -55,6 +61,9 @@ enum decide_kind {
         DECIDE_REVIEW,          /* a step needs a human */
         DECIDE_PAUSE,           /* cannot go on (schedule unknown or missing, ...) */
         DECIDE_END,             /* the mandate is over */
+        DECIDE_RETRY_WAIT,      /* a failed step is retried at due_ms: with records[0]
+                                 * (retry_wait), append it and decide again; without,
+                                 * wait until due_ms and decide again */
 };
 
 enum decide_end {
@@ -77,6 +86,7 @@ struct decide_next {
         size_t step;                 /* index into fold.steps (RUN/COMPLETE) */
         int phase;                   /* RUN/COMPLETE: enum planner_phase, else -1 */
         unsigned attempt;            /* RUN: executions + 1 */
+        long long due_ms;            /* RETRY_WAIT: when the step runs again */
         bool cycle_finished;         /* FINALIZE: a cycle ended */
         const char *idem_key;        /* RUN/COMPLETE */
         const char *expected_post;   /* RUN/COMPLETE: "" when the plan has none */

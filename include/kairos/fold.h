@@ -90,7 +90,27 @@ struct fold_step {
         const char *decided_status;         /* pending (run again), completed, failed,
                                              * needs_review */
         const char *decided_evidence_json;
+        /* Step retries (RetryAttempts=): retry_wait records of this step,
+         * the due time of the last one, and whether the step waits for it
+         * (failed, and no record since). */
+        unsigned retries;
+        long long retry_due_ms;
+        bool retry_waiting;
         size_t plan;                     /* index into fold.plans */
+};
+
+/* One retry_wait record: attempt `attempt` of the step failed; the step
+ * runs again at due_ms.  The attempt's times and error are the step's when
+ * the record was folded. */
+struct fold_retry {
+        size_t step;                     /* index into fold.steps */
+        long long attempt;
+        const char *error_class;
+        const char *error_msg;
+        const char *started_ts;
+        const char *ended_ts;
+        long long due_ms;
+        const char *ts;
 };
 
 struct fold_plan {
@@ -139,6 +159,8 @@ struct fold {
         size_t nsteps;
         struct fold_operator *operators;
         size_t noperators;
+        struct fold_retry *retries;      /* in WAL order */
+        size_t nretries;
         const char *first_ts;            /* ts of the first and last good record */
         const char *last_ts;
 

@@ -38,6 +38,7 @@ enum wal_op {
         WAL_OP_OPERATOR,
         WAL_OP_MANDATE,         /* kairos: who fired the mandate (first record of a WAL) */
         WAL_OP_OWNER,           /* cluster mode: a node took the mandate over */
+        WAL_OP_RETRY_WAIT,      /* a failed step waits to be tried again */
 };
 
 struct wal_step {
@@ -98,6 +99,11 @@ struct wal_record {
         const char *node;
         long long epoch;
         const char *prev_owner;
+        /* retry_wait: {"op":"retry_wait","step_id","attempt","error_class",
+         * "due_ms","ts"}: attempt N of the step failed (error_class); it
+         * runs again, under the same key, at due_ms (ms since the epoch) */
+        long long attempt;
+        long long due_ms;
 };
 
 /* Encode one record as a full line: JSON, crc field, '\n'.  ts_ms is the

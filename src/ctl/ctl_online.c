@@ -1227,6 +1227,42 @@ static void print_tool_calls(json_t *steps)
         }
 }
 
+/* Each step's failed attempts that were tried again (RetryAttempts=):
+ * when each ran, how it failed, and when the next attempt was due. */
+static void print_retries(json_t *steps)
+{
+        json_t *s;
+        size_t i;
+        bool head = false;
+
+        json_array_foreach(steps, i, s) {
+                json_t *rs = json_object_get(s, "retries"), *t;
+                size_t k;
+                if (!json_is_array(rs))
+                        continue;
+                json_array_foreach(rs, k, t) {
+                        if (!head)
+                                puts("    Retried attempts:");
+                        head = true;
+                        fputs("      ", stdout);
+                        ctl_put_safe(stdout, jstr(s, "step_id"));
+                        printf(" attempt %lld: started ", jint(t, "attempt"));
+                        ctl_put_safe(stdout, jstr(t, "started_at"));
+                        fputs(", failed ", stdout);
+                        ctl_put_safe(stdout, jstr(t, "failed_at"));
+                        fputs(" (", stdout);
+                        ctl_put_safe(stdout, jstr(t, "error_class"));
+                        if (jstr(t, "error_msg") && *jstr(t, "error_msg")) {
+                                fputs(": ", stdout);
+                                ctl_put_safe(stdout, jstr(t, "error_msg"));
+                        }
+                        fputs("); retry due ", stdout);
+                        ctl_put_safe(stdout, jstr(t, "due_at"));
+                        putchar('\n');
+                }
+        }
+}
+
 /* Each step's interrupted execution (kairosd went down under it, or killed
  * it at shutdown): how long it ran, up to its last record before the
  * restart, and what decided it, on what evidence. */
@@ -1360,6 +1396,7 @@ static int text_show(json_t *r)
                 putchar('\n');
                 if (print_steps(json_object_get(p, "steps"), ops) < 0)
                         return ctl_error(CTL_EXIT_OSERR, "out of memory");
+                print_retries(json_object_get(p, "steps"));
                 print_interrupted(json_object_get(p, "steps"), ops);
                 print_tool_calls(json_object_get(p, "steps"));
         }

@@ -87,6 +87,7 @@ struct mandate {
         bool holds_slot;           /* counted in running (MaxConcurrentMandates) */
         struct exec_run *run;      /* the handler being run, if any */
         char *step_id;             /* the step being run */
+        uv_timer_t *retry_timer;   /* a failed step waits for its retry (RetryAttempts=) */
         struct mandate_cancel *cancel; /* kairosctl cancel in progress */
         /* the epoch this node holds it at (the postgres driver's, written
          * into its records); 0 on one host */

@@ -63,6 +63,63 @@ static void finish_fire_reply(struct advance *a, bool fired)
         }
 }
 
+static void retry_timer_closed(uv_handle_t *h)
+{
+        free(h);
+}
+
+void executor_retry_stop(struct mandate *m)
+{
+        if (!m->retry_timer)
+                return;
+        uv_timer_stop(m->retry_timer);
+        uv_close((uv_handle_t *)m->retry_timer, retry_timer_closed);
+        m->retry_timer = NULL;
+}
+
+/* The wait is over: decide again (the step runs again, from its WAL). */
+static void retry_due(uv_timer_t *t)
+{
+        struct mandate *m = t->data;
+        executor_retry_stop(m);
+        struct advance *a = advance_new(m);
+        if (!a) {
+                log_error("out of memory: cannot retry a step of %s", m->id);
+                executor_release_slot(m);
+                return;
+        }
+        a->decide = !m->d->stopping && m->status != MANDATE_PAUSED;
+        executor_submit(m, a);
+}
+
+/* A failed step waits for its retry: its retry_wait record is durable.
+ * The mandate keeps its slot; the wait is a timer on the loop (after a
+ * restart the WAL's due time arms it again). */
+static void retry_wait(struct mandate *m, struct advance *a)
+{
+        struct daemon *d = m->d;
+        int64_t now = now_ms_realtime();
+        uint64_t delay = a->retry_due_ms > now ? (uint64_t)(a->retry_due_ms - now) : 0;
+        char why[160];
+        snprintf(why, sizeof why, "retry_wait: %s runs again in %.3f s", a->step_id,
+                 (double)delay / 1000.0);
+        mandate_set_status(m, MANDATE_RUNNING, why);
+        executor_retry_stop(m);
+        uv_timer_t *t = malloc(sizeof(*t));
+        if (!t || uv_timer_init(d->loop, t) < 0) {
+                free(t);
+                log_error("out of memory: cannot wait for the retry of %s %s", m->id,
+                          a->step_id);
+                executor_release_slot(m);
+                return;
+        }
+        t->data = m;
+        m->retry_timer = t;
+        uv_timer_start(t, retry_due, delay, 0);
+        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
+                  "%s %s: retried in %.3f s", m->id, a->step_id, (double)delay / 1000.0);
+}
+
 static void advance_done(void *arg)
 {
         struct advance *a = arg;
@@ -97,9 +154,12 @@ static void advance_done(void *arg)
         }
         finish_fire_reply(a, true);
         own_hold(m);
-        for (int i = 0; i < PLANNER_PHASES; i++)
+        for (int i = 0; i < PLANNER_PHASES; i++) {
                 for (unsigned k = 0; k < a->completed_inline[i]; k++)
                         metrics_step(d->metrics, i, WAL_OP_COMPLETED, 0);
+                for (unsigned k = 0; k < a->retries_written[i]; k++)
+                        metrics_retry(d->metrics, i);
+        }
         if (a->cancel && a->cancel_too_late) {
                 op_reply_error(&a->cancel_reply, "conflict",
                                "mandate %s ended (%s) before the cancel took effect", m->id,
@@ -182,6 +242,9 @@ static void advance_done(void *arg)
                 else
                         archive_enqueue(m, a->archive_path);
                 a->archive_path = NULL;
+                break;
+        case NEXT_RETRY_WAIT:
+                retry_wait(m, a);
                 break;
         case NEXT_NONE:
                 executor_release_slot(m);
@@ -266,6 +329,7 @@ void executor_cancel(struct mandate *m, const char *reason, uid_t by,
         c->reply = reply;
         m->cancel = c;
         toolhold_cancel(m); /* a tool run that outlived the last kairosd */
+        executor_retry_stop(m); /* a step waiting for its retry: it ends here */
         char uid[32];
         snprintf(uid, sizeof uid, "%u", (unsigned)by);
         log_event(LOG_NOTICE, MSGID_OPERATOR,
@@ -635,6 +699,13 @@ void executor_shutdown(struct daemon *d, void (*done)(struct daemon *d))
                 struct mandate *m = v;
                 if (m->run && m->run->waiting_retry)
                         handler_retry_give_up(m->run);
+                if (m->retry_timer) {
+                        /* its retry_wait record is durable: the next start
+                         * waits for the rest of it */
+                        executor_retry_stop(m);
+                        mandate_set_status(m, MANDATE_RUNNABLE, NULL);
+                        executor_release_slot(m);
+                }
         }
         if (d->executor->running == 0) {
                 executor_check_idle(d);

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <sodium.h>
+
 #include "executor_internal.h"
 #include "kairos/canon.h"
 #include "kairos/fold.h"
@@ -66,8 +68,10 @@ struct advance *advance_new(struct mandate *m)
                         sc = &d->cfg->schedules[i];
         a->schedule_known = sc != NULL;
         a->max_cycles = sc ? sc->max_cycles : 1;
-        for (int i = 0; sc && i < PLANNER_PHASES; i++)
+        for (int i = 0; sc && i < PLANNER_PHASES; i++) {
                 a->has_command[i] = sc->exec[i] && *sc->exec[i];
+                a->retry_policy[i] = sc->retry[i];
+        }
         a->schedule = m->schedule ? strdup(m->schedule) : NULL;
         a->fired_at = m->fired_at ? strdup(m->fired_at) : NULL;
         a->goal = m->goal ? strdup(m->goal) : NULL;
@@ -227,6 +231,9 @@ static void decide_loop(struct advance *a)
                 .schedule_known = a->schedule_known,
                 .max_cycles = a->max_cycles,
                 .retry = a->retry,
+                .retry_policy = a->retry_policy,
+                .now_ms = now_ms_realtime(),
+                .jitter_rand = randombytes_random(),
         };
         memcpy(in.has_command, a->has_command, sizeof in.has_command);
         struct decide_next *n = malloc(sizeof(*n));
@@ -253,8 +260,13 @@ static void decide_loop(struct advance *a)
                         set_str(&a->plan_id, n->plan_id);
                         a->cycle = n->cycle;
                 }
-                for (size_t i = 0; i < n->nrecords && !a->error; i++)
+                for (size_t i = 0; i < n->nrecords && !a->error; i++) {
                         append_rec(a, m->wal, &n->records[i]);
+                        enum planner_phase ph;
+                        if (n->records[i].op == WAL_OP_RETRY_WAIT &&
+                            planner_parse_step_id(n->records[i].step_id, &ph, NULL) == 0)
+                                a->retries_written[ph]++;
+                }
                 if (a->error)
                         break;
                 if (n->cycle_finished)
@@ -290,6 +302,11 @@ static void decide_loop(struct advance *a)
                 case DECIDE_PAUSE:
                         a->next = NEXT_PAUSE;
                         set_str(&a->reason, n->reason);
+                        break;
+                case DECIDE_RETRY_WAIT:
+                        a->next = NEXT_RETRY_WAIT;
+                        a->retry_due_ms = n->due_ms;
+                        set_str(&a->step_id, n->step_id);
                         break;
                 case DECIDE_END:
                         a->next = NEXT_END;

@@ -62,6 +62,7 @@ enum next_kind {
         NEXT_REVIEW,         /* a step needs a human */
         NEXT_PAUSE,          /* cannot go on (schedule missing, ...) */
         NEXT_END,            /* the mandate is over: archived */
+        NEXT_RETRY_WAIT,     /* a failed step runs again at retry_due_ms */
 };
 
 struct advance {
@@ -117,6 +118,10 @@ struct advance {
         long long cancel_uid;
         struct op_reply cancel_reply;
         char *interrupted;            /* the step whose handler the cancel stopped */
+        /* the step retry policy (RetryAttempts=...) per phase */
+        struct retry_policy retry_policy[PLANNER_PHASES];
+        long long retry_due_ms;       /* NEXT_RETRY_WAIT */
+        unsigned retries_written[PLANNER_PHASES]; /* retry_wait records appended */
 };
 
 struct mandate_cancel {
@@ -183,6 +188,8 @@ void handler_kill(struct exec_run *run, int sig);
 void executor_submit(struct mandate *m, struct advance *a);
 /* Free m's pending cancel (answering "dropped" if it was not answered). */
 void executor_cancel_drop(struct mandate *m);
+/* Stop the wait for a step's retry, if any. */
+void executor_retry_stop(struct mandate *m);
 /* Queue the cancel's records (a: a job that already holds the interrupted
  * step's record, or NULL). */
 void executor_cancel_submit(struct mandate *m, struct advance *a);

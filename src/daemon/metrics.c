@@ -47,6 +47,7 @@ struct metrics {
         struct mset fires, steps, verdicts, control;
         uint64_t handler_counts[PLANNER_PHASES][HANDLER_NB + 1];
         uint64_t handler_sum_us[PLANNER_PHASES];
+        uint64_t retries[PLANNER_PHASES];  /* retry_wait records written */
         /* written by pool threads */
         _Atomic uint64_t sync_counts[SYNC_NB + 1];
         _Atomic uint64_t sync_sum_ns;
@@ -128,6 +129,23 @@ void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handle
         uint64_t us = now > handler_started_us ? now - handler_started_us : 0;
         mx->handler_counts[phase][om_bucket_index(handler_bounds, HANDLER_NB, (double)us / 1e6)]++;
         mx->handler_sum_us[phase] += us;
+}
+
+void metrics_retry(struct metrics *mx, int phase)
+{
+        if (mx && phase >= 0 && phase < PLANNER_PHASES)
+                mx->retries[phase]++;
+}
+
+static int render_retries(struct metrics *mx, enum om_format f, struct kbuf *out)
+{
+        int r = om_family(out, f, "kairos_step_retries", OM_COUNTER, NULL,
+                          "Failed steps tried again (RetryAttempts=), by phase.");
+        for (int i = 0; r >= 0 && i < PLANNER_PHASES; i++) {
+                struct om_label l[] = { { "phase", planner_phase_name((enum planner_phase)i) } };
+                r = om_sample_u64(out, "kairos_step_retries", OM_COUNTER, l, 1, mx->retries[i]);
+        }
+        return r;
 }
 
 void metrics_verdict(struct metrics *mx, const char *verdict, const char *source,
@@ -281,6 +299,7 @@ int metrics_render(struct metrics *mx, enum om_format f, struct kbuf *out)
                              &mx->fires, (const char *const[]){ "schedule", "source", NULL })) < 0 ||
             (r = render_mset(out, f, "kairos_steps", "Steps ended, by phase and outcome.",
                              &mx->steps, (const char *const[]){ "phase", "outcome", NULL })) < 0 ||
+            (r = render_retries(mx, f, out)) < 0 ||
             (r = render_mset(out, f, "kairos_recovery_verdicts",
                              "Recovery decisions about interrupted steps, by verdict, the source "
                              "of the evidence and the reason.",

@@ -41,6 +41,8 @@ void metrics_fire(struct metrics *mx, const char *schedule, bool manual);
  * (microseconds: a fast handler's run is a few hundred of them, which whole
  * milliseconds would count as 0). */
 void metrics_step(struct metrics *mx, int phase, enum wal_op op, uint64_t handler_started_us);
+/* A failed step of this phase waits for its retry (a retry_wait record). */
+void metrics_retry(struct metrics *mx, int phase);
 /* source: where the evidence came from ("wal": the step's records and
  * hashes); reason: the evidence's reason. */
 void metrics_verdict(struct metrics *mx, const char *verdict, const char *source,

@@ -759,6 +759,9 @@ enum key_type {
         KT_COMMAND,     /* command line; empty = none */
         KT_LIMIT,       /* uint64_t through parse_limit; empty = unset (0) */
         KT_PHASE_SET,   /* unsigned bit set of phases, space-separated names; empty = none */
+        KT_RETRY_ATTEMPTS, /* struct retry_policy: RetryAttempts= (0..100); empty = unset */
+        KT_RETRY_BACKOFF,  /* ... RetryBackoffSec= (retry_parse_backoff); empty = unset */
+        KT_RETRY_ON,       /* ... RetryOn= (retry_parse_on); empty = unset */
 };
 
 /* Extra check of a string value: NULL if fine, else a message in buf. */
@@ -847,6 +850,7 @@ static const char *check_time_zone(const char *v, char *buf, size_t len)
 #define VARS_PROBE (1 + CONFIG_COMMAND_PROBE)
 #define VARS_HOOK (1 + CONFIG_COMMAND_HOOK)
 #define SFIELD(f) offsetof(struct config_schedule, f)
+#define RFIELD(i) (offsetof(struct config_schedule, retry) + (i) * sizeof(struct retry_policy))
 
 static const char *const log_levels[] = {
         "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug", NULL,
@@ -1011,6 +1015,27 @@ static const struct key_def exec_keys[] = {
         { .name = "Effects", .type = KT_PHASE_SET, .offset = SFIELD(effects) },
         { .name = "EffectsVia", .type = KT_ENUM, .offset = SFIELD(effects_via),
           .words = effects_via_words },
+        /* the step retry policy: RFIELD(CONFIG_PHASES) is the schedule's own,
+         * parsed into a scratch policy, then given to each phase that does
+         * not set the key itself (parse_schedule) */
+        { .name = "RetryAttempts", .type = KT_RETRY_ATTEMPTS, .offset = RFIELD(CONFIG_PHASES) },
+        { .name = "RetryBackoffSec", .type = KT_RETRY_BACKOFF, .offset = RFIELD(CONFIG_PHASES) },
+        { .name = "RetryOn", .type = KT_RETRY_ON, .offset = RFIELD(CONFIG_PHASES) },
+        { .name = "ObserveRetryAttempts", .type = KT_RETRY_ATTEMPTS, .offset = RFIELD(0) },
+        { .name = "ObserveRetryBackoffSec", .type = KT_RETRY_BACKOFF, .offset = RFIELD(0) },
+        { .name = "ObserveRetryOn", .type = KT_RETRY_ON, .offset = RFIELD(0) },
+        { .name = "OrientRetryAttempts", .type = KT_RETRY_ATTEMPTS, .offset = RFIELD(1) },
+        { .name = "OrientRetryBackoffSec", .type = KT_RETRY_BACKOFF, .offset = RFIELD(1) },
+        { .name = "OrientRetryOn", .type = KT_RETRY_ON, .offset = RFIELD(1) },
+        { .name = "DecideRetryAttempts", .type = KT_RETRY_ATTEMPTS, .offset = RFIELD(2) },
+        { .name = "DecideRetryBackoffSec", .type = KT_RETRY_BACKOFF, .offset = RFIELD(2) },
+        { .name = "DecideRetryOn", .type = KT_RETRY_ON, .offset = RFIELD(2) },
+        { .name = "ActRetryAttempts", .type = KT_RETRY_ATTEMPTS, .offset = RFIELD(3) },
+        { .name = "ActRetryBackoffSec", .type = KT_RETRY_BACKOFF, .offset = RFIELD(3) },
+        { .name = "ActRetryOn", .type = KT_RETRY_ON, .offset = RFIELD(3) },
+        { .name = "ReflectRetryAttempts", .type = KT_RETRY_ATTEMPTS, .offset = RFIELD(4) },
+        { .name = "ReflectRetryBackoffSec", .type = KT_RETRY_BACKOFF, .offset = RFIELD(4) },
+        { .name = "ReflectRetryOn", .type = KT_RETRY_ON, .offset = RFIELD(4) },
         { .name = NULL },
 };
 
@@ -1307,6 +1332,28 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
                 case KT_PHASE_SET:
                         *(unsigned *)(base + k->offset) = 0;
                         return;
+                case KT_RETRY_ATTEMPTS:
+                case KT_RETRY_BACKOFF:
+                case KT_RETRY_ON: {
+                        struct retry_policy *rp = (struct retry_policy *)(base + k->offset);
+                        struct retry_policy def;
+                        retry_policy_init(&def);
+                        if (k->type == KT_RETRY_ATTEMPTS) {
+                                rp->attempts = def.attempts;
+                                rp->set_attempts = false;
+                        } else if (k->type == KT_RETRY_BACKOFF) {
+                                rp->first_ms = def.first_ms;
+                                rp->factor_pct = def.factor_pct;
+                                rp->max_ms = def.max_ms;
+                                rp->jitter_pct = def.jitter_pct;
+                                rp->set_backoff = false;
+                        } else {
+                                rp->on = def.on;
+                                memset(rp->exit_codes, 0, sizeof rp->exit_codes);
+                                rp->set_on = false;
+                        }
+                        return;
+                }
                 default:
                         perr(p, line, k->name, "empty value (a value is required)");
                         return;
@@ -1398,6 +1445,33 @@ static void assign(struct parser *p, unsigned line, const struct key_def *k, con
         case KT_PHASE_SET:
                 set_phase_set(p, line, k, base, v);
                 return;
+        case KT_RETRY_ATTEMPTS: {
+                struct retry_policy *rp = (struct retry_policy *)(base + k->offset);
+                const char *e;
+                r = parse_u64(v, &e, &u);
+                if (r < 0 || *e != '\0' || u > RETRY_ATTEMPTS_MAX) {
+                        perr(p, line, k->name, "\"%s\" is not a number of retries 0..%d", v,
+                             RETRY_ATTEMPTS_MAX);
+                        return;
+                }
+                rp->attempts = (unsigned)u;
+                rp->set_attempts = true;
+                return;
+        }
+        case KT_RETRY_BACKOFF: {
+                struct retry_policy *rp = (struct retry_policy *)(base + k->offset);
+                if (retry_parse_backoff(v, rp, &why) < 0)
+                        perr(p, line, k->name, "\"%s\": %s", v, why);
+                return;
+        }
+        case KT_RETRY_ON: {
+                struct retry_policy *rp = (struct retry_policy *)(base + k->offset);
+                if (retry_parse_on(v, rp, buf, sizeof buf) < 0)
+                        perr(p, line, k->name, "\"%s\" is not failure, exit_status, signal, "
+                             "oom, spawn_error, output_too_large, timeout or an exit status "
+                             "1..255 (a cancel is never retried)", buf);
+                return;
+        }
         case KT_PATH_LIST:
                 set_path_list(p, line, k, base, v);
                 return;
@@ -1997,6 +2071,8 @@ static int schedule_defaults(struct config_schedule *s, const char *name, const 
         s->probe_timeout_sec = 30;
         s->effects = 1u << 3; /* act */
         s->effects_via = EFFECTS_VIA_NONE;
+        for (int i = 0; i <= CONFIG_PHASES; i++)
+                retry_policy_init(&s->retry[i]);
         if (!s->name || !s->path || !s->time_zone)
                 return -ENOMEM;
         return 0;
@@ -2030,6 +2106,8 @@ static int parse_schedule(const char *name, const char *path, const char *text, 
                 goto fail;
         }
         check_required(&p);
+        for (int i = 0; i < CONFIG_PHASES; i++)
+                retry_policy_inherit(&out->retry[i], &out->retry[CONFIG_PHASES]);
         if (!out->goal) {
                 out->goal = strdup(name);
                 if (!out->goal)

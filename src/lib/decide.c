@@ -13,6 +13,11 @@
  *   ... cycle >= MaxCycles                    end done "MaxCycles reached"
  *   ... otherwise                             start the next cycle
  *   open plan, every step completed           finalize succeeded
+ *   first open step failed, waiting for its
+ *     retry (retry_wait), not due yet         wait until it is due
+ *   ... due                                   run it again (below)
+ *   ... its policy retries this failure and
+ *     retries are left                        retry_wait (due = now + backoff)
  *   first open step failed                    finalize failed (step_failed)
  *   first open step abandoned                 finalize failed (step_abandoned)
  *   first open step needs_review / executing  review
@@ -218,8 +223,33 @@ static int decide_open(const struct fold *f, const struct decide_input *in,
                 return 0;
         }
         const struct fold_step *s = plan_step(f, last, idx);
+        const struct retry_policy *rp =
+                in->retry_policy && idx < PLANNER_PHASES ? &in->retry_policy[idx] : NULL;
         switch (s->state) {
         case STEP_FAILED:
+                if (s->retry_waiting) {
+                        if (in->now_ms >= s->retry_due_ms)
+                                break; /* due: run it again below */
+                        n->kind = DECIDE_RETRY_WAIT;
+                        n->step_id = s->step_id;
+                        n->due_ms = s->retry_due_ms;
+                        return 0;
+                }
+                if (in->schedule_known && rp && s->retries < rp->attempts &&
+                    retry_matches(rp, s->error_class, s->error_msg)) {
+                        n->kind = DECIDE_RETRY_WAIT;
+                        n->again = true;
+                        n->step_id = s->step_id;
+                        n->due_ms = in->now_ms +
+                                    (long long)retry_delay_ms(rp, s->retries + 1, in->jitter_rand);
+                        n->records[0] = (struct wal_record){
+                                .op = WAL_OP_RETRY_WAIT, .step_id = s->step_id,
+                                .attempt = s->executions ? s->executions : 1,
+                                .error_class = s->error_class, .due_ms = n->due_ms
+                        };
+                        n->nrecords = 1;
+                        return 0;
+                }
                 finalize(last, PLAN_FAILED, "step_failed", n);
                 return 0;
         case STEP_ABANDONED:
@@ -326,6 +356,8 @@ const char *decide_kind_name(enum decide_kind k)
                 return "pause";
         case DECIDE_END:
                 return "end";
+        case DECIDE_RETRY_WAIT:
+                return "retry_wait";
         }
         return "unknown";
 }

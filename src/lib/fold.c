@@ -127,6 +127,7 @@ struct fold_internal {
         size_t cap_plans;
         size_t cap_steps;
         size_t cap_operators;
+        size_t cap_retries;
         size_t *plan_step_cap;       /* capacity of plans[i].steps */
         const char *work_ts;         /* ts of the last record before this one, but an
                                       * operator's (written after a restart) */
@@ -137,7 +138,7 @@ struct rec {
         const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
                 *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
                 *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts,
-                *schedule, *fired_at, *goal, *retry_of, *retry;
+                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms;
 };
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
@@ -202,6 +203,10 @@ static void rec_collect(const struct kjson *obj, struct rec *r)
                         r->retry_of = v;
                 else if (KEY_IS(m, "retry"))
                         r->retry = v;
+                else if (KEY_IS(m, "attempt"))
+                        r->attempt = v;
+                else if (KEY_IS(m, "due_ms"))
+                        r->due_ms = v;
         }
 }
 
@@ -443,6 +448,7 @@ static int op_append(struct fold *f, const struct rec *rc, size_t line)
         }
         s->status = "pending";
         s->state = STEP_PENDING;
+        s->retry_waiting = false;
         if (!s->plan_id && is_str(rc->plan_id)) {
                 r = keep_str(f, rc->plan_id, &s->plan_id);
                 if (r < 0)
@@ -514,8 +520,10 @@ static int op_transition(struct fold *f, const struct rec *rc)
             (r = apply_str(f, rc->error_msg, &s->error_msg)) < 0 ||
             (r = apply_str(f, rc->reason, &s->reason)) < 0)
                 return r;
-        if (is_str(rc->status))
+        if (is_str(rc->status)) {
                 s->state = step_status_parse(s->status);
+                s->retry_waiting = false;
+        }
         if (rc->result && (r = keep_json(f, rc->result, &s->result_json)) < 0)
                 return r;
         if (rc->evidence && (r = keep_json(f, rc->evidence, &s->evidence_json)) < 0)
@@ -584,6 +592,34 @@ static int op_operator(struct fold *f, const struct rec *rc, size_t line)
         return 0;
 }
 
+/* A failed step waits to be tried again (RetryAttempts=). */
+static int op_retry_wait(struct fold *f, const struct rec *rc)
+{
+        struct fold_internal *in = f->internal;
+        size_t si;
+        int r;
+
+        if (!is_str(rc->step_id) || !map_get(&in->step_map, rc->step_id->u.str.ptr, &si))
+                return 0; /* unknown step: ignored */
+        r = grow((void **)&f->retries, &in->cap_retries, f->nretries + 1, sizeof(*f->retries));
+        if (r < 0)
+                return r;
+        struct fold_step *s = &f->steps[si];
+        struct fold_retry *t = &f->retries[f->nretries];
+        long long due = num_ll(rc->due_ms);
+        *t = (struct fold_retry){ .step = si, .attempt = num_ll(rc->attempt), .due_ms = due,
+                                  .error_msg = s->error_msg, .started_ts = s->started_ts,
+                                  .ended_ts = s->ended_ts };
+        if ((r = keep_str(f, rc->error_class, &t->error_class)) < 0 ||
+            (r = keep_str(f, rc->ts, &t->ts)) < 0)
+                return r;
+        f->nretries++;
+        s->retries++;
+        s->retry_due_ms = due;
+        s->retry_waiting = s->state == STEP_FAILED;
+        return 0;
+}
+
 /* kairos's first record: who fired the mandate.  The last one wins. */
 static int op_mandate(struct fold *f, const struct rec *rc, size_t line)
 {
@@ -636,6 +672,8 @@ static int apply_op(struct fold *f, const struct rec *rcp, size_t line)
                 return op_operator(f, &rc, line);
         if (str_eq(rc.op, "mandate"))
                 return op_mandate(f, &rc, line);
+        if (str_eq(rc.op, "retry_wait"))
+                return op_retry_wait(f, &rc);
         if (str_eq(rc.op, "owner")) {
                 /* who holds the mandate changes nothing in its steps */
                 f->owner_records++;
@@ -703,6 +741,7 @@ void fold_free(struct fold *f)
         free(f->plans);
         free(f->steps);
         free(f->operators);
+        free(f->retries);
         fold_internal_free(f);
         free(f);
 }

@@ -371,6 +371,29 @@ static json_t *interrupted_json(const struct fold_step *s)
                 json_object_set_new(o, "evidence", raw_json(s->decided_evidence_json));
         return o;
 }
+
+/* The failed attempts of a step that were tried again (retry_wait). */
+static json_t *retries_json(const struct fold *f, size_t step)
+{
+        json_t *a = json_array();
+        for (size_t i = 0; a && i < f->nretries; i++) {
+                const struct fold_retry *t = &f->retries[i];
+                if (t->step != step)
+                        continue;
+                char due[32];
+                wal_format_ts(t->due_ms, due);
+                json_array_append_new(
+                        a, json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "attempt",
+                                     (json_int_t)t->attempt, "started_at",
+                                     str_or_null(t->started_ts), "failed_at",
+                                     str_or_null(t->ended_ts), "error_class",
+                                     str_or_null(t->error_class), "error_msg",
+                                     str_or_null(t->error_msg), "retry_at",
+                                     str_or_null(t->ts), "due_at", due));
+        }
+        return a;
+}
+
 json_t *showdoc_fold_json(const struct fold *f)
 {
         json_t *plans = json_array();
@@ -399,6 +422,9 @@ json_t *showdoc_fold_json(const struct fold *f)
                                                 : ts_span(s->started_ts, s->ended_ts));
                         if (s->interrupted_execution)
                                 json_object_set_new(js, "interrupted", interrupted_json(s));
+                        if (s->retries)
+                                json_object_set_new(js, "retries",
+                                                    retries_json(f, p->steps[k]));
                         if (s->error_class)
                                 json_object_set_new(js, "error_class", json_string(s->error_class));
                         if (s->error_msg)

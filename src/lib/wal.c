@@ -351,6 +351,16 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_int(e, "epoch", rec->epoch);
                 enc_opt_str(e, "prev_owner", rec->prev_owner);
                 break;
+        case WAL_OP_RETRY_WAIT:
+                enc_str(e, "step_id", rec->step_id, "retry_wait needs step_id");
+                if (e->r == 0 && rec->attempt < 1)
+                        enc_fail(e, -EINVAL, "retry_wait needs attempt >= 1");
+                enc_int(e, "attempt", rec->attempt);
+                enc_str(e, "error_class", rec->error_class, "retry_wait needs error_class");
+                if (e->r == 0 && rec->due_ms < 0)
+                        enc_fail(e, -EINVAL, "retry_wait needs due_ms >= 0");
+                enc_int(e, "due_ms", rec->due_ms);
+                break;
         default:
                 enc_fail(e, -EINVAL, "unknown op");
                 break;
@@ -372,6 +382,8 @@ static const char *op_name(enum wal_op op)
                 return "mandate";
         case WAL_OP_OWNER:
                 return "owner";
+        case WAL_OP_RETRY_WAIT:
+                return "retry_wait";
         default:
                 return "transition";
         }
