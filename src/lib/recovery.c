@@ -343,6 +343,13 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
         rp->plan = pi;
         for (size_t j = 0; j < p->nsteps; j++) {
                 const struct fold_step *s = &f->steps[p->steps[j]];
+                if (s->state == STEP_FAILED && s->retry_waiting) {
+                        /* waits for its retry (retry_wait): the executor
+                         * waits for the rest of it, nothing to recover */
+                        rp->outcome = RECOVERY_RESUME;
+                        rp->resume_step = p->steps[j];
+                        return 0;
+                }
                 if (s->state == STEP_FAILED) {
                         set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, PLAN_FAILED, "step_failed");
                         return 0;
