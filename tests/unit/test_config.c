@@ -1058,6 +1058,96 @@ static void test_retain_broken(void **state)
         assert_int_equal(config_retain_broken(NULL, NULL), -EINVAL);
 }
 
+/* The step retry policy: the schedule's keys, a phase's own overriding
+ * them, defaults (no retry, 1 s doubling to 60 s, failures but timeouts),
+ * an empty value back to the default, and every bad value with file:line. */
+static void test_retry_policy(void **state)
+{
+        (void)state;
+        struct config_schedule s;
+        struct config_errors errs = { 0 };
+        const char *text = "[Schedule]\nCron=@daily\n[Exec]\n"
+                           "RetryAttempts=3\n"
+                           "RetryBackoffSec=0.3 factor=1.5 max=10 jitter=10%\n"
+                           "RetryOn=exit_status 75 timeout\n"
+                           "ActRetryAttempts=5\n"
+                           "ActRetryOn=failure\n"
+                           "ReflectRetryAttempts=1\nReflectRetryAttempts=\n";
+        assert_int_equal(config_parse_schedule("x", "/s/x.conf", text, strlen(text), &s, &errs),
+                         0);
+        assert_int_equal(errs.n, 0);
+        const struct retry_policy *o = &s.retry[0], *a = &s.retry[3], *r = &s.retry[4];
+        assert_int_equal(o->attempts, 3);
+        assert_int_equal(o->first_ms, 300);
+        assert_int_equal(o->factor_pct, 150);
+        assert_int_equal(o->max_ms, 10000);
+        assert_int_equal(o->jitter_pct, 10);
+        assert_int_equal(o->on, RETRY_ON_EXIT_STATUS | RETRY_ON_TIMEOUT);
+        assert_true(retry_matches(o, "exit_status", "exit status 75\nboom"));
+        assert_false(retry_matches(o, "exit_status", "exit status 1"));
+        assert_true(retry_matches(o, "timeout", "no exit"));
+        assert_false(retry_matches(o, "cancelled", "x"));
+        assert_false(retry_matches(o, "signal", "x"));
+        assert_int_equal(a->attempts, 5);
+        assert_int_equal(a->first_ms, 300); /* inherited */
+        assert_int_equal(a->on, RETRY_ON_FAILURE);
+        assert_true(retry_matches(a, "signal", "killed"));
+        assert_false(retry_matches(a, "timeout", "no exit"));
+        assert_int_equal(r->attempts, 3); /* reset: the schedule's */
+        /* delays: 300, 450, 675, ... at most 10 s, plus up to 10% */
+        assert_int_equal(retry_delay_ms(o, 1, 0), 300);
+        assert_int_equal(retry_delay_ms(o, 2, 0), 450);
+        assert_int_equal(retry_delay_ms(o, 3, 0), 675);
+        assert_int_equal(retry_delay_ms(o, 50, 0), 10000);
+        assert_int_equal(retry_delay_ms(o, 1, UINT32_MAX), 329);
+        config_schedule_clear(&s);
+
+        /* defaults: no retry */
+        text = "[Schedule]\nCron=@daily\n";
+        assert_int_equal(config_parse_schedule("x", "/s/x.conf", text, strlen(text), &s, &errs),
+                         0);
+        assert_int_equal(s.retry[3].attempts, 0);
+        assert_int_equal(s.retry[3].first_ms, 1000);
+        assert_int_equal(s.retry[3].factor_pct, 200);
+        assert_int_equal(s.retry[3].max_ms, 60000);
+        assert_false(retry_matches(&s.retry[3], "exit_status", "exit status 1"));
+        config_schedule_clear(&s);
+
+        text = "[Schedule]\nCron=@daily\n[Exec]\n"
+               "RetryAttempts=101\n"
+               "RetryAttempts=-1\n"
+               "RetryBackoffSec=\n"
+               "RetryBackoffSec=fast\n"
+               "ActRetryBackoffSec=2 factor=0.5\n"
+               "ActRetryBackoffSec=2 max=1\n"
+               "ActRetryBackoffSec=2 jitter=10\n"
+               "ActRetryBackoffSec=2 speed=3\n"
+               "ActRetryBackoffSec=0.0001\n"
+               "RetryOn=cancelled\n"
+               "RetryOn=256\n"
+               "ObserveRetryTimes=2\n";
+        assert_int_equal(config_parse_schedule("x", "/s/x.conf", text, strlen(text), &s, &errs),
+                         -EINVAL);
+        assert_int_equal(errs.n, 11);
+        assert_string_equal(errs.msgs[0], "/s/x.conf:4: RetryAttempts=: \"101\" is not a number "
+                                          "of retries 0..100");
+        assert_string_equal(errs.msgs[1], "/s/x.conf:5: RetryAttempts=: \"-1\" is not a number "
+                                          "of retries 0..100");
+        assert_string_equal(errs.msgs[2], "/s/x.conf:7: RetryBackoffSec=: \"fast\": the first "
+                                          "wait must be seconds such as 2 or 0.3 (at most 3 "
+                                          "decimals)");
+        assert_non_null(strstr(errs.msgs[3], ":8: ActRetryBackoffSec=: \"2 factor=0.5\": factor="));
+        assert_non_null(strstr(errs.msgs[4], ":9: ActRetryBackoffSec=: \"2 max=1\": max= is less"));
+        assert_non_null(strstr(errs.msgs[5], ":10: ActRetryBackoffSec=: \"2 jitter=10\": expected"));
+        assert_non_null(strstr(errs.msgs[6], ":11: ActRetryBackoffSec=: \"2 speed=3\": expected"));
+        assert_non_null(strstr(errs.msgs[7], ":12: ActRetryBackoffSec=: \"0.0001\": the first"));
+        assert_non_null(strstr(errs.msgs[8], ":13: RetryOn=: \"cancelled\" is not failure"));
+        assert_non_null(strstr(errs.msgs[9], ":14: RetryOn=: \"256\" is not failure"));
+        assert_non_null(strstr(errs.msgs[10], ":15: ") );
+        assert_non_null(strstr(errs.msgs[10], "ObserveRetryTimes"));
+        config_errors_free(&errs);
+}
+
 /* A command-line argument that looks like JSON whose quotes were eaten: a
  * warning with file:line, the schedule is valid all the same. */
 static void test_warn_eaten_json_quotes(void **state)
@@ -2057,6 +2147,7 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_broken_schedule_skipped, setup_root,
                                                 teardown_root),
                 cmocka_unit_test_setup_teardown(test_retain_broken, setup_root, teardown_root),
+                cmocka_unit_test(test_retry_policy),
                 cmocka_unit_test(test_warn_eaten_json_quotes),
                 cmocka_unit_test(test_warn_tool_run_attempt_args),
                 T(test_effects_keys),

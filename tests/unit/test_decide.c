@@ -272,6 +272,78 @@ static void test_failed_step_finalizes_failed(void **state)
         sim_free(&s);
 }
 
+/* RetryAttempts=2: a failed step waits (retry_wait, folded), runs again
+ * at its due time under the same key as attempt 2, and when its retries
+ * are used up the plan fails as before; a timeout is not retried. */
+static void test_failed_step_retried(void **state)
+{
+        (void)state;
+        struct sim s;
+        struct decide_next n;
+        struct retry_policy pol[PLANNER_PHASES];
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                retry_policy_init(&pol[i]);
+        pol[PHASE_ORIENT].attempts = 2;
+        pol[PHASE_ORIENT].first_ms = 300;
+        sim_init(&s, 1, true);
+        s.in.retry_policy = pol;
+        s.in.now_ms = 1000000;
+        run_until(&s, 1, "1");
+        assert_int_equal(settle(&s, &n), DECIDE_RUN_STEP);
+        const char *key = s.f->steps[n.step].idem_key;
+        size_t si = n.step;
+        fail_step(&s, n.step_id);
+        /* the retry_wait record, folded */
+        assert_int_equal(step(&s, &n), DECIDE_RETRY_WAIT);
+        assert_true(n.again);
+        assert_int_equal(n.nrecords, 1);
+        assert_int_equal(n.records[0].op, WAL_OP_RETRY_WAIT);
+        assert_int_equal(n.due_ms, 1000300);
+        assert_true(s.f->steps[si].retry_waiting);
+        assert_int_equal(s.f->steps[si].retries, 1);
+        assert_int_equal(s.f->steps[si].retry_due_ms, 1000300);
+        assert_int_equal(s.f->nretries, 1);
+        assert_int_equal(s.f->retries[0].attempt, 1);
+        assert_string_equal(s.f->retries[0].error_class, "exit_status");
+        assert_string_equal(s.f->retries[0].error_msg, "exit status 1");
+        /* not due: wait, nothing recorded (also without a policy: a restart
+         * that lost the configuration still waits) */
+        s.in.now_ms = 1000299;
+        assert_int_equal(step(&s, &n), DECIDE_RETRY_WAIT);
+        assert_int_equal(n.nrecords, 0);
+        assert_int_equal(n.due_ms, 1000300);
+        /* due: run again, same key, attempt 2 */
+        s.in.now_ms = 1000300;
+        assert_int_equal(step(&s, &n), DECIDE_RUN_STEP);
+        assert_int_equal(n.attempt, 2);
+        assert_string_equal(n.idem_key, key);
+        assert_false(s.f->steps[si].retry_waiting);
+        fail_step(&s, n.step_id);
+        /* the second retry waits twice as long */
+        assert_int_equal(step(&s, &n), DECIDE_RETRY_WAIT);
+        assert_int_equal(n.due_ms, 1000300 + 600);
+        s.in.now_ms = 2000000;
+        assert_int_equal(step(&s, &n), DECIDE_RUN_STEP);
+        assert_int_equal(n.attempt, 3);
+        fail_step(&s, n.step_id);
+        /* retries used up: the plan fails as before */
+        assert_int_equal(step(&s, &n), DECIDE_FINALIZE);
+        assert_int_equal(n.records[0].status, PLAN_FAILED);
+        assert_int_equal(s.f->nretries, 2);
+        sim_free(&s);
+
+        /* a timeout is not retried by default, a cancel never */
+        sim_init(&s, 1, true);
+        s.in.retry_policy = pol;
+        run_until(&s, 1, "1");
+        assert_int_equal(settle(&s, &n), DECIDE_RUN_STEP);
+        struct wal_record t = { .op = WAL_OP_FAILED, .step_id = n.step_id,
+                                .error_class = "timeout", .error_msg = "no exit" };
+        put(&s, &t);
+        assert_int_equal(step(&s, &n), DECIDE_FINALIZE);
+        sim_free(&s);
+}
+
 static void test_abandoned_step_finalizes_failed(void **state)
 {
         (void)state;
@@ -1011,6 +1083,7 @@ int main(void)
                 cmocka_unit_test(test_no_command_completes_without_executing),
                 cmocka_unit_test(test_all_completed_finalizes_succeeded),
                 cmocka_unit_test(test_failed_step_finalizes_failed),
+                cmocka_unit_test(test_failed_step_retried),
                 cmocka_unit_test(test_abandoned_step_finalizes_failed),
                 cmocka_unit_test(test_failed_cycle_then_next_then_terminated),
                 cmocka_unit_test(test_reflect_done_ends),
