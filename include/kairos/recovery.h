@@ -107,6 +107,13 @@ struct recovery_evidence {
         bool has_command[PLANNER_PHASES];
         const struct recovery_step_evidence *steps;
         size_t nsteps;
+        /* A failed step waiting for its retry (retry_wait) whose due time
+         * is at or before retry_now_ms (ms since the epoch), of an Effects=
+         * phase under EffectsVia=kairosctl: decided as a step a crash cut
+         * off (the same sources, the same order) instead of being run again
+         * blindly.  0: such steps are left waiting (RECOVERY_RESUME at
+         * them, no record). */
+        int64_t retry_now_ms;
 };
 
 /* recovery_plan_fold with evidence (NULL: the WAL alone). */

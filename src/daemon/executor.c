@@ -63,6 +63,8 @@ static void finish_fire_reply(struct advance *a, bool fired)
         }
 }
 
+static const struct config_schedule *schedule_cfg(const struct daemon *d, const char *name);
+
 static void retry_timer_closed(uv_handle_t *h)
 {
         free(h);
@@ -81,7 +83,25 @@ void executor_retry_stop(struct mandate *m)
 static void retry_due(uv_timer_t *t)
 {
         struct mandate *m = t->data;
+        struct daemon *d = m->d;
         executor_retry_stop(m);
+        /* A step of an Effects= phase under EffectsVia=kairosctl: its
+         * effect is journaled, so its evidence decides, as after a crash
+         * (an interrupted call: its check, the probe or a human; none: run
+         * again, its finished calls answered from the store). */
+        const struct config_schedule *sc = schedule_cfg(d, m->schedule);
+        enum planner_phase ph;
+        if (sc && sc->effects_via == EFFECTS_VIA_KAIROSCTL && m->step_id &&
+            planner_parse_step_id(m->step_id, &ph, NULL) == 0 && (sc->effects & (1u << ph)) &&
+            !d->stopping && m->status == MANDATE_RUNNING) {
+                executor_release_slot(m);
+                char why[160];
+                snprintf(why, sizeof why, "retry of %s: deciding it from its evidence",
+                         m->step_id);
+                mandate_set_status(m, MANDATE_PROBING, why);
+                recover_again(d, m->id);
+                return;
+        }
         struct advance *a = advance_new(m);
         if (!a) {
                 log_error("out of memory: cannot retry a step of %s", m->id);
@@ -115,6 +135,8 @@ static void retry_wait(struct mandate *m, struct advance *a)
         }
         t->data = m;
         m->retry_timer = t;
+        free(m->step_id);
+        m->step_id = strdup(a->step_id);
         uv_timer_start(t, retry_due, delay, 0);
         log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", a->step_id }),
                   "%s %s: retried in %.3f s", m->id, a->step_id, (double)delay / 1000.0);

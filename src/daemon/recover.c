@@ -303,6 +303,9 @@ static void recover_work(void *arg)
                 j->error = r;
                 goto out;
         }
+        /* a step whose retry is due, its effect journaled: decided now */
+        if (es && j->again)
+                em.ev.retry_now_ms = now_ms_realtime();
         if ((r = decide_recover(f, j->had_summary, es ? &em.ev : NULL, &dr)) < 0) {
                 j->error = r;
                 goto out;

@@ -171,6 +171,17 @@ bool recovery_step_stopped(const struct fold_step *s)
                strcmp(s->reason, RECOVERY_KILLED_AT_SHUTDOWN) == 0;
 }
 
+/* A failed step whose retry is due, decided by the evidence (recovery.h). */
+static bool retry_by_evidence(const struct recovery_evidence *ev, const struct fold_step *s)
+{
+        enum planner_phase phase;
+        if (!ev || !ev->retry_now_ms || s->state != STEP_FAILED || !s->retry_waiting ||
+            s->retry_due_ms > ev->retry_now_ms || !ev->effects_via_kairosctl ||
+            planner_parse_step_id(s->step_id, &phase, NULL) < 0)
+                return false;
+        return (ev->effects & (1u << phase)) && ev->has_command[phase];
+}
+
 bool recovery_step_interrupted(const struct fold_step *s)
 {
         return s && (s->state == STEP_EXECUTING || recovery_step_stopped(s));
@@ -248,7 +259,10 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
         };
         /* a step a graceful stop killed is decided as one a crash cut off */
         bool stopped = recovery_step_stopped(s);
-        if (stopped)
+        /* ... and so is a failed attempt whose effect is journaled, when
+         * its retry is due: its calls, not the handler's exit, decide */
+        bool retrying = retry_by_evidence(evi, s);
+        if (stopped || retrying)
                 vs.state = STEP_EXECUTING;
         d->step = idx;
         verdict_check(&vs, cur_pre, cur_post, &d->verdict);
@@ -295,7 +309,7 @@ static int decide_step(struct recovery *r, const struct fold *f, size_t idx, str
                 *stop = false;
                 return 0;
         case VERDICT_SAFE_TO_RETRY:
-                if (s->observed_pre_hash || s->state == STEP_EXECUTING || stopped) {
+                if (s->observed_pre_hash || s->state == STEP_EXECUTING || stopped || retrying) {
                         d->has_record = true;
                         d->record = (struct wal_record){ .op = WAL_OP_RESET, .step_id = s->step_id };
                         /* decided by evidence beyond the WAL: say which */
@@ -343,13 +357,15 @@ static int plan_one(struct recovery *r, const struct fold *f, size_t pi, struct 
         rp->plan = pi;
         for (size_t j = 0; j < p->nsteps; j++) {
                 const struct fold_step *s = &f->steps[p->steps[j]];
-                if (s->state == STEP_FAILED && s->retry_waiting) {
+                if (s->state == STEP_FAILED && s->retry_waiting && !retry_by_evidence(ev, s)) {
                         /* waits for its retry (retry_wait): the executor
                          * waits for the rest of it, nothing to recover */
                         rp->outcome = RECOVERY_RESUME;
                         rp->resume_step = p->steps[j];
                         return 0;
                 }
+                if (s->state == STEP_FAILED && s->retry_waiting)
+                        break; /* due, its effect journaled: decided below */
                 if (s->state == STEP_FAILED) {
                         set_finalize(rp, p, RECOVERY_FINALIZED_FAILED, PLAN_FAILED, "step_failed");
                         return 0;

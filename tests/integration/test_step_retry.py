@@ -191,6 +191,48 @@ class StepRetry(unittest.TestCase):
         self.assertIn("act_001 attempt 2: started ", text)
         self.assertIn("(exit_status: exit status 3", text)
 
+    def wal_records(self, m, op):
+        for d in ("wal", "archive"):
+            path = os.path.join(self.state, d, m + ".wal.jsonl")
+            if os.path.exists(path):
+                with open(path) as f:
+                    return [json.loads(x) for x in f if json.loads(x)["op"] == op]
+        import gzip
+        with gzip.open(os.path.join(self.state, "archive", m + ".wal.jsonl.gz"), "rt") as f:
+            return [json.loads(x) for x in f if json.loads(x)["op"] == op]
+
+    def test_journaled_act_decided_by_its_evidence(self):
+        # the act's effect goes through kairosctl tool run, then the act
+        # fails: the retry is decided by the evidence (effects_journaled)
+        # and its tool run is answered from the store: one effect
+        self.configure({"RetryAttempts": "2", "RetryBackoffSec": "0.1",
+                        "EffectsVia": "kairosctl"},
+                       "\"$KAIROSCTL\" tool run --key \"$KAIROS_IDEM_KEY\" -- "
+                       "sh -c 'echo \"$KAIROS_IDEM_KEY\" >> %s' || exit 9\n"
+                       "[ \"$n\" -ge 2 ] || exit 1" % self.effects)
+        self.start()
+        m = self.fire()
+        self.assertEqual(self.wait(m), "done", self.daemon.log()[-3000:])
+        self.assertEqual([r[1] for r in self.rows()], ["1", "2"])
+        self.assertEqual(self.lines(self.effects), [m + "/act_001"])
+        resets = [r for r in self.wal_records(m, "transition") if r.get("reset")]
+        self.assertEqual(len(resets), 1, resets)
+        self.assertEqual(resets[0]["evidence"]["reason"], "effects_journaled")
+
+    def test_interrupted_call_goes_to_review(self):
+        # the act's tool call is cut off (its kairosctl killed), then the
+        # act fails: no blind re-run, a human decides (tool_call_interrupted)
+        self.configure({"RetryAttempts": "2", "RetryBackoffSec": "0.1",
+                        "EffectsVia": "kairosctl"},
+                       "\"$KAIROSCTL\" tool run --key \"$KAIROS_IDEM_KEY\" -- "
+                       "sh -c 'echo x >> %s; kill -9 $PPID; sleep 5'\nexit 1" % self.effects)
+        self.start()
+        m = self.fire()
+        self.assertEqual(self.wait(m), "paused_review", self.daemon.log()[-3000:])
+        self.assertEqual(len(self.rows()), 1)
+        show = json.loads(self.ok("--json", "show", m))
+        self.assertEqual(show["reason"], "tool_call_interrupted", show)
+
     def test_bad_values_name_file_and_line(self):
         self.configure({"RetryAttempts": "many", "ActRetryBackoffSec": "2 factor=0",
                         "RetryOn": "cancelled"}, "exit 0")
