@@ -173,6 +173,9 @@ struct daemon {
                  * cluster's barrier); freeing the executor's fields */
                 void (*wal_options)(struct mandate *m, struct wal_options *o);
                 void (*free_mandate)(struct mandate *m);
+                /* executor.c: a due step retry whose evidence decides
+                 * (recover.c, recover_again) */
+                void (*recover_again)(struct daemon *d, const char *mandate_id);
                 /* cluster.c: kill a dropped mandate's handler; recover a
                  * mandate taken over (recover_adopt) */
                 void (*kill_handler)(struct mandate *m, int sig);

@@ -93,13 +93,13 @@ static void retry_due(uv_timer_t *t)
         enum planner_phase ph;
         if (sc && sc->effects_via == EFFECTS_VIA_KAIROSCTL && m->step_id &&
             planner_parse_step_id(m->step_id, &ph, NULL) == 0 && (sc->effects & (1u << ph)) &&
-            !d->stopping && m->status == MANDATE_RUNNING) {
+            !d->stopping && m->status == MANDATE_RUNNING && d->up.recover_again) {
                 executor_release_slot(m);
                 char why[160];
                 snprintf(why, sizeof why, "retry of %s: deciding it from its evidence",
                          m->step_id);
                 mandate_set_status(m, MANDATE_PROBING, why);
-                recover_again(d, m->id);
+                d->up.recover_again(d, m->id);
                 return;
         }
         struct advance *a = advance_new(m);

@@ -149,6 +149,7 @@ static void wire_upcalls(struct daemon *d)
 {
         d->up.wal_options = wire_wal_options;
         d->up.free_mandate = executor_free_mandate;
+        d->up.recover_again = recover_again;
         d->up.kill_handler = executor_kill_handler;
         d->up.adopt = recover_adopt;
         d->up.status_changed = commands_status_changed;
