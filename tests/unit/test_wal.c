@@ -487,6 +487,30 @@ static void test_encode_every_op(void **state)
         kbuf_free(&b);
 }
 
+/* retry_wait: a failed attempt waits for its retry (docs/design.md §6). */
+static void test_encode_retry_wait(void **state)
+{
+        (void)state;
+        struct wal_record r = { .op = WAL_OP_RETRY_WAIT, .step_id = "act_001", .attempt = 2,
+                                .error_class = "exit_status", .due_ms = 1776686400123LL };
+        expect_encoded(&r, "{\"op\":\"retry_wait\",\"step_id\":\"act_001\",\"attempt\":2,"
+                           "\"error_class\":\"exit_status\",\"due_ms\":1776686400123,"
+                           "\"ts\":\"" TS "\"}");
+        struct kbuf b = KBUF_INIT;
+        r.attempt = 0;
+        assert_int_equal(wal_encode(&r, 0, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "retry_wait needs attempt >= 1");
+        r.attempt = 1;
+        r.error_class = NULL;
+        assert_int_equal(wal_encode(&r, 0, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "retry_wait needs error_class");
+        r.error_class = "timeout";
+        r.due_ms = -1;
+        assert_int_equal(wal_encode(&r, 0, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "retry_wait needs due_ms >= 0");
+        kbuf_free(&b);
+}
+
 static void test_encode_escaping(void **state)
 {
         (void)state;
@@ -1698,6 +1722,7 @@ int main(void)
                 T(test_barrier_hook_replaces_fdatasync),
                 cmocka_unit_test(test_encode_plan_commit_golden_hash),
                 cmocka_unit_test(test_encode_every_op),
+                cmocka_unit_test(test_encode_retry_wait),
                 cmocka_unit_test(test_encode_escaping),
                 cmocka_unit_test(test_encode_error_msg_cut_at_500_characters),
                 cmocka_unit_test(test_encode_error_msg_invalid_utf8_replaced),
