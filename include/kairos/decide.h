@@ -49,6 +49,10 @@ struct decide_input {
         const struct retry_policy *retry_policy;  /* [PLANNER_PHASES] */
         int64_t now_ms;
         uint32_t jitter_rand;
+        /* bit (1 << phase): a due retry of this phase is decided by the
+         * step's evidence, as after a crash (an Effects= phase under
+         * EffectsVia=kairosctl): DECIDE_RETRY_EVIDENCE, never run blindly */
+        unsigned retry_evidence_phases;
 };
 
 enum decide_kind {
@@ -64,6 +68,9 @@ enum decide_kind {
         DECIDE_RETRY_WAIT,      /* a failed step is retried at due_ms: with records[0]
                                  * (retry_wait), append it and decide again; without,
                                  * wait until due_ms and decide again */
+        DECIDE_RETRY_EVIDENCE,  /* step_id's retry is due and its effect journaled: the
+                                 * recovery's evidence decides it (recovery.h,
+                                 * retry_now_ms), nothing recorded here */
 };
 
 enum decide_end {

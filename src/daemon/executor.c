@@ -63,8 +63,6 @@ static void finish_fire_reply(struct advance *a, bool fired)
         }
 }
 
-static const struct config_schedule *schedule_cfg(const struct daemon *d, const char *name);
-
 static void retry_timer_closed(uv_handle_t *h)
 {
         free(h);
@@ -83,25 +81,7 @@ void executor_retry_stop(struct mandate *m)
 static void retry_due(uv_timer_t *t)
 {
         struct mandate *m = t->data;
-        struct daemon *d = m->d;
         executor_retry_stop(m);
-        /* A step of an Effects= phase under EffectsVia=kairosctl: its
-         * effect is journaled, so its evidence decides, as after a crash
-         * (an interrupted call: its check, the probe or a human; none: run
-         * again, its finished calls answered from the store). */
-        const struct config_schedule *sc = schedule_cfg(d, m->schedule);
-        enum planner_phase ph;
-        if (sc && sc->effects_via == EFFECTS_VIA_KAIROSCTL && m->step_id &&
-            planner_parse_step_id(m->step_id, &ph, NULL) == 0 && (sc->effects & (1u << ph)) &&
-            !d->stopping && m->status == MANDATE_RUNNING && d->up.recover_again) {
-                executor_release_slot(m);
-                char why[160];
-                snprintf(why, sizeof why, "retry of %s: deciding it from its evidence",
-                         m->step_id);
-                mandate_set_status(m, MANDATE_PROBING, why);
-                d->up.recover_again(d, m->id);
-                return;
-        }
         struct advance *a = advance_new(m);
         if (!a) {
                 log_error("out of memory: cannot retry a step of %s", m->id);
@@ -268,6 +248,26 @@ static void advance_done(void *arg)
         case NEXT_RETRY_WAIT:
                 retry_wait(m, a);
                 break;
+        case NEXT_RETRY_EVIDENCE: {
+                /* its effect is journaled: its evidence decides, as after a
+                 * crash (an interrupted call: its check, the probe or a
+                 * human; none: run again, its finished calls answered from
+                 * the store) */
+                char why[160];
+                snprintf(why, sizeof why, "retry of %s: deciding it from its evidence",
+                         a->step_id);
+                executor_release_slot(m);
+                mandate_set_status(m, MANDATE_PROBING, why);
+                /* recovery appends through a descriptor of its own: the
+                 * next advance folds the file again, its records included */
+                mandate_wal_close(m);
+                fold_free(m->fold);
+                m->fold = NULL;
+                kbuf_free(&m->wal_bytes);
+                if (d->up.recover_again)
+                        d->up.recover_again(d, m->id);
+                break;
+        }
         case NEXT_NONE:
                 executor_release_slot(m);
                 break;

@@ -71,6 +71,9 @@ struct advance *advance_new(struct mandate *m)
         for (int i = 0; sc && i < PLANNER_PHASES; i++) {
                 a->has_command[i] = sc->exec[i] && *sc->exec[i];
                 a->retry_policy[i] = sc->retry[i];
+                if (sc->effects_via == EFFECTS_VIA_KAIROSCTL && (sc->effects & (1u << i)) &&
+                    a->has_command[i])
+                        a->retry_evidence_phases |= 1u << i;
         }
         a->schedule = m->schedule ? strdup(m->schedule) : NULL;
         a->fired_at = m->fired_at ? strdup(m->fired_at) : NULL;
@@ -234,6 +237,7 @@ static void decide_loop(struct advance *a)
                 .retry_policy = a->retry_policy,
                 .now_ms = now_ms_realtime(),
                 .jitter_rand = randombytes_random(),
+                .retry_evidence_phases = a->retry_evidence_phases,
         };
         memcpy(in.has_command, a->has_command, sizeof in.has_command);
         struct decide_next *n = malloc(sizeof(*n));
@@ -302,6 +306,10 @@ static void decide_loop(struct advance *a)
                 case DECIDE_PAUSE:
                         a->next = NEXT_PAUSE;
                         set_str(&a->reason, n->reason);
+                        break;
+                case DECIDE_RETRY_EVIDENCE:
+                        a->next = NEXT_RETRY_EVIDENCE;
+                        set_str(&a->step_id, n->step_id);
                         break;
                 case DECIDE_RETRY_WAIT:
                         a->next = NEXT_RETRY_WAIT;

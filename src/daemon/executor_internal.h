@@ -63,6 +63,7 @@ enum next_kind {
         NEXT_PAUSE,          /* cannot go on (schedule missing, ...) */
         NEXT_END,            /* the mandate is over: archived */
         NEXT_RETRY_WAIT,     /* a failed step runs again at retry_due_ms */
+        NEXT_RETRY_EVIDENCE, /* ... its retry is due: its evidence decides (recover_again) */
 };
 
 struct advance {
@@ -120,6 +121,7 @@ struct advance {
         char *interrupted;            /* the step whose handler the cancel stopped */
         /* the step retry policy (RetryAttempts=...) per phase */
         struct retry_policy retry_policy[PLANNER_PHASES];
+        unsigned retry_evidence_phases;
         long long retry_due_ms;       /* NEXT_RETRY_WAIT */
         unsigned retries_written[PLANNER_PHASES]; /* retry_wait records appended */
 };

@@ -15,6 +15,7 @@
  *   open plan, every step completed           finalize succeeded
  *   first open step failed, waiting for its
  *     retry (retry_wait), not due yet         wait until it is due
+ *   ... due, its effect journaled             the evidence decides (recovery)
  *   ... due                                   run it again (below)
  *   ... its policy retries this failure and
  *     retries are left                        retry_wait (due = now + backoff)
@@ -228,6 +229,13 @@ static int decide_open(const struct fold *f, const struct decide_input *in,
         switch (s->state) {
         case STEP_FAILED:
                 if (s->retry_waiting) {
+                        if (in->now_ms >= s->retry_due_ms &&
+                            idx < PLANNER_PHASES && (in->retry_evidence_phases & (1u << idx))) {
+                                n->kind = DECIDE_RETRY_EVIDENCE;
+                                n->step_id = s->step_id;
+                                n->phase = (int)idx;
+                                return 0;
+                        }
                         if (in->now_ms >= s->retry_due_ms)
                                 break; /* due: run it again below */
                         n->kind = DECIDE_RETRY_WAIT;
@@ -358,6 +366,8 @@ const char *decide_kind_name(enum decide_kind k)
                 return "end";
         case DECIDE_RETRY_WAIT:
                 return "retry_wait";
+        case DECIDE_RETRY_EVIDENCE:
+                return "retry_evidence";
         }
         return "unknown";
 }

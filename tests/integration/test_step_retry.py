@@ -77,7 +77,9 @@ class StepRetry(unittest.TestCase):
         return json.loads(self.ok("--json", "fire", "flaky", "--at", at))["mandate"]
 
     def wait(self, m):
-        r = self.ctl("wait", m, "--timeout", "60")
+        r = self.ctl("wait", m, "--timeout", "30")
+        self.assertIn(": ", r.stdout, (r, self.ctl("show", m).stdout,
+                                       self.daemon.log()[-3000:]))
         return r.stdout.split(": ")[1].split(" ")[0]
 
     def rows(self, key=None):
@@ -175,6 +177,22 @@ class StepRetry(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5)
         self.assertEqual(len(self.rows()), 1)
 
+    def test_stop_during_backoff_leaves_it_to_the_next_start(self):
+        self.configure({"RetryAttempts": "1", "RetryBackoffSec": "30"}, "exit 1")
+        self.start()
+        m = self.fire()
+        rec = self.wait_for(lambda: self.wal_retry_waits(m), "no retry_wait")[0]
+        t0 = time.monotonic()
+        self.assertEqual(self.daemon.stop(), 0)   # not held up by the wait
+        self.assertLess(time.monotonic() - t0, 5)
+        self.daemon.proc.stderr.close()
+        self.start()
+        show = json.loads(self.ok("--json", "show", m))
+        self.assertEqual(show["status"], "running")
+        self.assertIn("retry_wait: act_001 runs again in", show["reason"])
+        self.assertEqual(self.wal_retry_waits(m), [rec])
+        self.assertEqual(len(self.rows()), 1)
+
     def test_timeout_not_retried_by_default(self):
         self.configure({"RetryAttempts": "3", "RetryBackoffSec": "0.1", "TimeoutSec": "1"},
                        "exec sleep 30")
@@ -233,7 +251,7 @@ class StepRetry(unittest.TestCase):
         self.start()
         m = self.fire()
         self.assertEqual(self.wait(m), "paused_review", self.daemon.log()[-3000:])
-        self.assertEqual(len(self.rows()), 1)
+        self.assertEqual(len(self.rows()), 1, self.daemon.log()[-4000:])
         show = json.loads(self.ok("--json", "show", m))
         self.assertEqual(show["reason"], "tool_call_interrupted", show)
 

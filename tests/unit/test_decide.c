@@ -312,8 +312,14 @@ static void test_failed_step_retried(void **state)
         assert_int_equal(step(&s, &n), DECIDE_RETRY_WAIT);
         assert_int_equal(n.nrecords, 0);
         assert_int_equal(n.due_ms, 1000300);
-        /* due: run again, same key, attempt 2 */
+        /* due, its effect journaled: the evidence decides, nothing runs */
         s.in.now_ms = 1000300;
+        s.in.retry_evidence_phases = 1u << PHASE_ORIENT;
+        assert_int_equal(step(&s, &n), DECIDE_RETRY_EVIDENCE);
+        assert_int_equal(n.nrecords, 0);
+        assert_string_equal(n.step_id, "orient_001");
+        s.in.retry_evidence_phases = 0;
+        /* due: run again, same key, attempt 2 */
         assert_int_equal(step(&s, &n), DECIDE_RUN_STEP);
         assert_int_equal(n.attempt, 2);
         assert_string_equal(n.idem_key, key);
