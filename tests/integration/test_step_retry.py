@@ -212,6 +212,14 @@ class StepRetry(unittest.TestCase):
         self.assertIn("act_001 attempt 1: started ", text)
         self.assertIn("act_001 attempt 2: started ", text)
         self.assertIn("(exit_status: exit status 3", text)
+        # the same without kairosd (read from the state directory)
+        self.assertEqual(self.daemon.stop(), 0)
+        self.daemon.proc.stderr.close()
+        self.daemon = None
+        r = subprocess.run([KAIROSCTL, "show", "--state-dir", self.state, m],
+                           capture_output=True, text=True, env=ctl_env(), timeout=60)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        self.assertIn("act_001 attempt 2: started ", r.stdout)
 
     def wal_records(self, m, op):
         for d in ("wal", "archive"):
