@@ -258,7 +258,7 @@ class TestGlobal(Case):
                 self.assertEqual(out2, out)
         # with arguments, --help still names the command and runs nothing
         out, _ = self.check(["show", "mnd_x", "--help"], 0)
-        self.assertTrue(out.startswith("Usage: kairosctl [--socket PATH] [--json] show MANDATE\n"))
+        self.assertTrue(out.startswith("Usage: kairosctl [--socket PATH] [--json] show MANDATE [--state-dir DIR]\n"))
         out, _ = self.check(["wait", "mnd_x", "--timeout", "1", "-h"], 0)
         self.assertIn("124 timed out", out)
         # a group: the usage of each of its commands
