@@ -408,6 +408,23 @@ const char *cgroup_ctl_where(const struct cgroup_ctl *c)
         return c ? c->where : "";
 }
 
+int cgroup_ctl_kill_dir(const struct cgroup_ctl *c, char *buf, size_t len, bool *ret_v2)
+{
+        for (int at = 0; at < CGROUP_AT_N; at++) {
+                if (c->root_fd[at] < 0)
+                        continue;
+                char link[64];
+                snprintf(link, sizeof link, "/proc/self/fd/%d", c->root_fd[at]);
+                ssize_t n = readlink(link, buf, len);
+                if (n <= 0 || (size_t)n >= len || buf[0] != '/')
+                        return -ENAMETOOLONG;
+                buf[n] = '\0';
+                *ret_v2 = at == CGROUP_AT_V2;
+                return 0;
+        }
+        return -ENOENT;
+}
+
 void cgroup_handler_init(struct cgroup_handler *h)
 {
         h->name[0] = '\0';

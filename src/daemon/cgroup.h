@@ -59,6 +59,10 @@ struct cgroup_handler {
  * cgroup that could not be set up (also described in why). */
 int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len);
 void cgroup_ctl_free(struct cgroup_ctl *c);
+/* The directory of kairosd's cgroup in the first hierarchy used (the v2 one
+ * if any: *ret_v2), below which each handler's cgroup has its name: 0, or
+ * -ENAMETOOLONG / -ENOENT. */
+int cgroup_ctl_kill_dir(const struct cgroup_ctl *c, char *buf, size_t len, bool *ret_v2);
 enum { CGROUP_MEMORY = 1, CGROUP_PIDS = 2, CGROUP_CPU = 4 };
 /* The controllers enabled for handlers, and the names of those that could
  * not be ("memory pids", "" none): a limit that needs a missing one is not

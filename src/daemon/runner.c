@@ -96,6 +96,9 @@ struct runner {
          * the loop clears the slot before it reaps the child.  No message
          * per step. */
         int32_t *groups;
+        /* ... and, per slot, the handler's cgroup and its tool-call groups,
+         * with the directory the cgroups are below (same lifetime) */
+        struct keeper_shared *ks;
         uint32_t *free_slots;      /* under lock: slots given back */
         size_t nfree;
         uint32_t slot_next;        /* under lock: slots never used from here */
@@ -119,8 +122,94 @@ __attribute__((constructor)) static void note_initial_nofile(void)
 
 /* ---- the keeper ---- */
 
+/* What the keeper needs besides the groups to kill what a dead kairosd's
+ * handlers leave in their cgroups while a tool call runs on (docs/design.md
+ * §10): the directory of kairosd's cgroup in one hierarchy (the v2 one if
+ * any; runner_set_cgroup) and, per slot, the handler's cgroup below it and
+ * the process groups of its tool calls (runner_add_tool_group). */
+struct keeper_slot {
+        int32_t calls[RUNNER_TOOL_GROUPS];
+        char cg[sizeof(((struct cgroup_handler *)0)->name)];
+};
+struct keeper_shared {
+        char root[4096];
+        int32_t v2;  /* root is on cgroup v2 (cgroup.kill, subtree_control) */
+        struct keeper_slot slot[KEEPER_MAX_GROUPS];
+};
+
+/* dst = a "/" b "/" c, cut to len (async-signal-safe) */
+static void keeper_path(char *dst, size_t len, const char *a, const char *b, const char *c)
+{
+        size_t n = 0;
+        const char *parts[] = { a, "/", b, "/", c };
+        for (size_t i = 0; i < 5 && n + 1 < len; i++)
+                for (const char *p = parts[i]; *p && n + 1 < len; p++)
+                        dst[n++] = *p;
+        dst[n] = '\0';
+}
+
+static bool keeper_is_call(const struct keeper_slot *s, pid_t pgid)
+{
+        for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
+                if (pgid > 0 && __atomic_load_n(&s->calls[i], __ATOMIC_ACQUIRE) == pgid)
+                        return true;
+        return false;
+}
+
+/* SIGKILL every process of a handler's cgroup but its tool calls (the
+ * processes whose group is one of s->calls), pass after pass until a pass
+ * kills nothing (what forks meanwhile is found by the next).  Without a
+ * call, cgroup v2's cgroup.kill does it in one write.  true: a call was
+ * spared.  Async-signal-safe: no allocation. */
+static bool keeper_kill_cgroup(const struct keeper_shared *ks, const struct keeper_slot *s)
+{
+        char path[sizeof ks->root + sizeof s->cg + 32];
+        bool calls = false;
+        for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
+                calls = calls || __atomic_load_n(&s->calls[i], __ATOMIC_ACQUIRE) > 0;
+        if (!calls && ks->v2) {
+                keeper_path(path, sizeof path, ks->root, s->cg, "cgroup.kill");
+                int fd = open(path, O_WRONLY | O_CLOEXEC);
+                bool done = fd >= 0 && write(fd, "1", 1) == 1;
+                if (fd >= 0)
+                        close(fd);
+                if (done)
+                        return false;
+        }
+        keeper_path(path, sizeof path, ks->root, s->cg, "cgroup.procs");
+        bool spared = false;
+        for (int pass = 0; pass < 100; pass++) {
+                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        return spared;
+                unsigned killed = 0;
+                long pid = 0;
+                char buf[4096];
+                ssize_t k;
+                while ((k = read(fd, buf, sizeof buf)) > 0 || (k < 0 && errno == EINTR)) {
+                        for (ssize_t i = 0; i < k; i++) {
+                                if (buf[i] >= '0' && buf[i] <= '9') {
+                                        pid = pid * 10 + (buf[i] - '0');
+                                        continue;
+                                }
+                                if (pid > 0) {
+                                        if (keeper_is_call(s, getpgid((pid_t)pid)))
+                                                spared = true;
+                                        else if (kill((pid_t)pid, SIGKILL) == 0)
+                                                killed++;
+                                }
+                                pid = 0;
+                        }
+                }
+                close(fd);
+                if (!killed)
+                        break;
+        }
+        return spared;
+}
+
 /* Forked from the daemon; only async-signal-safe calls, no allocation. */
-static void keeper_main(int sock, const int32_t *groups)
+static void keeper_main(int sock, const int32_t *groups, const struct keeper_shared *ks)
 {
         static const int ignore[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE, SIGQUIT };
         for (size_t i = 0; i < sizeof ignore / sizeof ignore[0]; i++)
@@ -151,6 +240,29 @@ static void keeper_main(int sock, const int32_t *groups)
                 if (g > 0)
                         kill(-g, SIGKILL);
         }
+        /* what the handlers left in their cgroups (setsid), but their tool
+         * calls: those finish (docs/design.md §10) */
+        bool spared = false;
+        for (size_t i = 0; ks->root[0] && i < KEEPER_MAX_GROUPS; i++)
+                if (__atomic_load_n(&groups[i], __ATOMIC_ACQUIRE) > 0 && ks->slot[i].cg[0])
+                        spared = keeper_kill_cgroup(ks, &ks->slot[i]) || spared;
+        /* a call spared: its cgroup outlives kairosd's service cgroup, which
+         * must take processes again at the next start (systemd puts the new
+         * kairosd there): cgroup v2 refuses that while controllers are
+         * enabled for its children ("no internal processes"), so they are
+         * disabled; the next kairosd enables them again */
+        if (spared && ks->v2) {
+                char path[sizeof ks->root + 32];
+                keeper_path(path, sizeof path, ks->root, "", "cgroup.subtree_control");
+                static const char *const off[] = { "-memory", "-pids", "-cpu" };
+                for (size_t i = 0; i < 3; i++) {
+                        int fd = open(path, O_WRONLY | O_CLOEXEC);
+                        if (fd >= 0) {
+                                (void)!write(fd, off[i], strlen(off[i]));
+                                close(fd);
+                        }
+                }
+        }
         _exit(0);
 }
 
@@ -167,7 +279,7 @@ static int keeper_start(struct runner *r)
                 return -e;
         }
         if (pid == 0)
-                keeper_main(sv[1], r->groups); /* does not return */
+                keeper_main(sv[1], r->groups, r->ks); /* does not return */
         close(sv[1]);
         r->keeper = pid;
         r->keeper_fd = sv[0];
@@ -181,6 +293,29 @@ static int keeper_slot_take(struct runner *r)
         if (r->nfree)
                 return (int)r->free_slots[--r->nfree];
         return r->slot_next < KEEPER_MAX_GROUPS ? (int)r->slot_next++ : -1;
+}
+
+/* j's cgroup (the thread, before the clone: the child's group makes the
+ * slot count) and no tool call yet, in its slot of the keeper's table. */
+static void keeper_slot_fill(struct runner *r, struct runner_job *j)
+{
+        if (j->keeper_slot < 0)
+                return;
+        struct keeper_slot *s = &r->ks->slot[j->keeper_slot];
+        for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
+                __atomic_store_n(&s->calls[i], 0, __ATOMIC_RELEASE);
+        snprintf(s->cg, sizeof s->cg, "%s", cgroup_handler_active(&j->cgh) ? j->cgh.name : "");
+}
+
+/* j's tool-call groups into its slot (the loop). */
+static void keeper_calls_sync(struct runner *r, struct runner_job *j)
+{
+        if (j->keeper_slot < 0)
+                return;
+        struct keeper_slot *s = &r->ks->slot[j->keeper_slot];
+        for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
+                __atomic_store_n(&s->calls[i], i < j->ntool_groups ? (int32_t)j->tool_groups[i] : 0,
+                                 __ATOMIC_RELEASE);
 }
 
 /* j's group is about to be reaped (or was never there): out of the table. */
@@ -438,6 +573,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 }
         }
         deadman_cgroup(r, &j->cgh);
+        keeper_slot_fill(r, j);
         int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
         if (r->share_files) {
                 for (int i = 0; i < 3; i++)
@@ -820,6 +956,7 @@ int runner_add_tool_group(struct runner_job *j, pid_t pgid)
                         return e;
         }
         j->tool_groups[j->ntool_groups++] = pgid;
+        keeper_calls_sync(j->r, j);
         return 0;
 }
 
@@ -831,6 +968,7 @@ void runner_remove_tool_group(struct runner *r, pid_t pgid)
                         if (j->tool_groups[i] != pgid)
                                 continue;
                         j->tool_groups[i] = j->tool_groups[--j->ntool_groups];
+                        keeper_calls_sync(r, j);
                         if (r->dm)
                                 (void)deadman_unwatch(r->dm, pgid);
                         return;
@@ -846,6 +984,12 @@ void runner_set_deadman(struct runner *r, struct deadman *dm)
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)
 {
         r->cg = c;
+        /* for the keeper (shared with it): where the handlers' cgroups are */
+        bool v2 = false;
+        if (c && cgroup_ctl_kill_dir(c, r->ks->root, sizeof r->ks->root, &v2) == 0)
+                r->ks->v2 = v2;
+        else
+                r->ks->root[0] = '\0';
 }
 
 void runner_set_user(struct runner *r, const struct handler_user *u)
@@ -928,6 +1072,13 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         if (r->groups == MAP_FAILED) {
                 e = -errno;
                 r->groups = NULL;
+                goto fail;
+        }
+        r->ks = mmap(NULL, sizeof(*r->ks), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (r->ks == MAP_FAILED) {
+                e = -errno;
+                r->ks = NULL;
                 goto fail;
         }
         if (!(r->free_slots = malloc(KEEPER_MAX_GROUPS * sizeof(uint32_t)))) {
@@ -1044,6 +1195,8 @@ void runner_free(struct runner *r)
                 munmap(r->stack, CHILD_STACK);
         if (r->groups)
                 munmap(r->groups, KEEPER_MAX_GROUPS * sizeof(int32_t));
+        if (r->ks)
+                munmap(r->ks, sizeof(*r->ks));
         free(r->free_slots);
         for (int i = 0; i < 3; i++)
                 if (r->slot[i] >= 0)

@@ -292,7 +292,17 @@ void toolhold_stop(struct daemon *d)
 {
         for (struct hold *h = holds, *next; h; h = next) {
                 next = h->next;
-                if (h->d == d)
-                        hold_end(h);
+                if (h->d != d)
+                        continue;
+                /* a stop leaves nothing of kairosd's behind (under the
+                 * shipped unit's KillMode=process systemd does not kill
+                 * them): the next start decides the step without them */
+                for (size_t i = 0; i < h->n; i++)
+                        if (!h->w[i].exited && h->w[i].c.pidfd >= 0)
+                                log_info("mandate %s %s: kairosd stops: the tool call's "
+                                         "client (pid %d) killed",
+                                         h->mandate_id, h->step_id, (int)h->w[i].c.pid);
+                kill_clients(h);
+                hold_end(h);
         }
 }

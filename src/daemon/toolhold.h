@@ -18,8 +18,9 @@
  *  - ToolGraceSec= passed: the clients still running are killed (their
  *    process groups), logged, and the step is decided as before.
  * A mandate cancelled meanwhile: its clients are killed, nothing decided
- * here.  kairosd stopping: the watches end, the clients run on, the next
- * start holds again. */
+ * here.  kairosd stopping: the clients still running are killed (a stop
+ * leaves no process of kairosd's behind), the watches end; the next start
+ * decides the step without them. */
 #pragma once
 
 #include <stdbool.h>
@@ -60,5 +61,5 @@ void toolhold_start(struct mandate *m, const char *step_id, struct toolhold_clie
 void toolhold_finished(struct daemon *d, const char *mandate_id);
 /* m is being cancelled: its held clients are killed. */
 void toolhold_cancel(struct mandate *m);
-/* kairosd stops: every watch ends (the clients run on). */
+/* kairosd stops: the clients still running are killed, every watch ends. */
 void toolhold_stop(struct daemon *d);

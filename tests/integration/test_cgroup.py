@@ -346,6 +346,55 @@ class CgroupCase:
         poll(lambda: not procs_with(marker), "the setsid grandchild to be gone")
         poll(lambda: not self.handler_cgroups(), "the handler cgroups to be removed")
 
+    def test_kill9_spares_the_tool_call_not_the_setsid_grandchild(self):
+        """kill -9 of kairosd during an act whose `kairosctl tool run` is
+        running: the keeper kills the handler and what it left in its cgroup
+        (a setsid grandchild) but not the call, which runs on in the
+        handler's cgroup; the next kairosd completes it (one effect).  On
+        cgroup v2 the keeper disables the controllers in kairosd's cgroup
+        (systemd puts the next kairosd there)."""
+        marker = "98764%d" % os.getpid()
+        out = os.path.join(self.dir, "out")
+        os.makedirs(out)
+        gate = os.path.join(out, "gate")
+        os.mkfifo(gate)
+        act = os.path.join(self.dir, "act.sh")
+        with open(act, "w") as f:
+            f.write("#!/bin/sh\ncat >/dev/null\n"
+                    "setsid /bin/sh -c 'exec sleep %s' </dev/null >/dev/null 2>&1 &\n"
+                    "%s tool run --key \"$KAIROS_IDEM_KEY\" -- /bin/sh -c "
+                    "'echo $$ >%s/pid; read x <%s; echo \"$0\" >>%s/outbox' "
+                    "\"$KAIROS_IDEM_KEY\" >/dev/null || exit $?\necho '{}'\n"
+                    % (marker, os.path.abspath(kairos_harness.KAIROSCTL), out, gate, out))
+        os.chmod(act, 0o755)
+        ok = "/bin/sh -c \"cat >/dev/null; echo '{}'\""
+        sched = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"}, "Exec": {
+            "Observe": ok, "Orient": ok, "Decide": ok, "Act": act, "Reflect": ok,
+            "Effects": "act", "EffectsVia": "kairosctl"}}
+        self.start({"call": sched})
+        r = self.c.call("fire", schedule="call", at="2030-01-01T00:00:00Z")
+        self.assertTrue(r["ok"], r)
+        mid = r["result"]["mandate"]
+        pidf = os.path.join(out, "pid")
+        poll(lambda: os.path.exists(pidf) and read(pidf).strip(), "the call to start")
+        poll(lambda: procs_with(marker), "the setsid grandchild to start")
+        cmd = int(read(pidf))
+        self.c.close()
+        self.c = None
+        self.d.proc.kill()
+        self.d.proc.wait()
+        self.d.proc.stderr.close()
+        poll(lambda: not procs_with(marker), "the setsid grandchild to die with kairosd")
+        self.assertTrue(os.path.exists("/proc/%d" % cmd), "the tool call died with kairosd")
+        if self.USE_V2:
+            self.assertEqual(read(self.cg + "/cgroup.subtree_control").split(), [])
+        self.notify.clear()
+        self.start({"call": sched})
+        with open(gate, "w") as f:
+            f.write("go\n")
+        self.d.wait_log("mandate %s done" % mid)
+        self.assertEqual(read(os.path.join(out, "outbox")).split(), ["%s/act_001" % mid])
+
     def need(self, line, controller):
         missing = line.partition("controllers not available:")[2].split()
         if self.USE_V1 and controller in V1:
