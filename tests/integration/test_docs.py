@@ -234,7 +234,7 @@ class KairosdPage(unittest.TestCase):
     def test_unit_settings_documented(self):
         with open(os.path.join(SRC, "systemd/kairosd.service.in")) as f:
             unit = f.read()
-        for key in ("Type=notify", "WatchdogSec=30s", "KillMode=mixed",
+        for key in ("Type=notify", "WatchdogSec=30s", "KillMode=process",
                     "ProtectSystem=strict", "OOMPolicy=continue", "LimitNOFILE=65536"):
             with self.subTest(setting=key):
                 self.assertIn(key, unit)
