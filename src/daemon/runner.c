@@ -3,6 +3,7 @@
 #include "runner.h"
 #include "deadman.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <linux/capability.h>
 #include <fcntl.h>
@@ -122,67 +123,47 @@ __attribute__((constructor)) static void note_initial_nofile(void)
 
 /* ---- the keeper ---- */
 
-/* What the keeper needs besides the groups to kill what a dead kairosd's
- * handlers leave in their cgroups while a tool call runs on (docs/design.md
- * §10): the directory of kairosd's cgroup in one hierarchy (the v2 one if
- * any; runner_set_cgroup) and, per slot, the handler's cgroup below it and
- * the process groups of its tool calls (runner_add_tool_group). */
+/* What the keeper needs besides the groups to leave nothing of kairosd's
+ * behind but running tool calls (docs/design.md §10): the directory of
+ * kairosd's cgroup in one hierarchy (the v2 one if any; runner_set_cgroup)
+ * and, per slot, the process groups of the handler's tool calls
+ * (runner_add_tool_group). */
 struct keeper_slot {
         int32_t calls[RUNNER_TOOL_GROUPS];
-        char cg[sizeof(((struct cgroup_handler *)0)->name)];
 };
 struct keeper_shared {
         char root[4096];
-        int32_t v2;  /* root is on cgroup v2 (cgroup.kill, subtree_control) */
+        int32_t v2;  /* root is on cgroup v2 (subtree_control) */
+        int32_t deadman;  /* cluster mode: the deadman's pid, spared (it ends by itself) */
         struct keeper_slot slot[KEEPER_MAX_GROUPS];
 };
 
-/* dst = a "/" b "/" c, cut to len (async-signal-safe) */
-static void keeper_path(char *dst, size_t len, const char *a, const char *b, const char *c)
-{
-        size_t n = 0;
-        const char *parts[] = { a, "/", b, "/", c };
-        for (size_t i = 0; i < 5 && n + 1 < len; i++)
-                for (const char *p = parts[i]; *p && n + 1 < len; p++)
-                        dst[n++] = *p;
-        dst[n] = '\0';
-}
+/* The keeper's own (static: it allocates nothing) */
+#define KEEPER_MAX_CALLS 4096
+static struct keeper_sweep {
+        pid_t self, daemon, deadman;
+        int32_t calls[KEEPER_MAX_CALLS];
+        size_t ncalls;
+        unsigned killed;
+        bool spared;
+} sweep;
 
-static bool keeper_is_call(const struct keeper_slot *s, pid_t pgid)
+static bool keeper_is_call(pid_t pgid)
 {
-        for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
-                if (pgid > 0 && __atomic_load_n(&s->calls[i], __ATOMIC_ACQUIRE) == pgid)
+        for (size_t i = 0; pgid > 0 && i < sweep.ncalls; i++)
+                if (sweep.calls[i] == pgid)
                         return true;
         return false;
 }
 
-/* SIGKILL every process of a handler's cgroup but its tool calls (the
- * processes whose group is one of s->calls), pass after pass until a pass
- * kills nothing (what forks meanwhile is found by the next).  Without a
- * call, cgroup v2's cgroup.kill does it in one write.  true: a call was
- * spared.  Async-signal-safe: no allocation. */
-static bool keeper_kill_cgroup(const struct keeper_shared *ks, const struct keeper_slot *s)
+/* One cgroup and those below it: SIGKILL every process listed but kairosd
+ * (a graceful exit waits for the keeper), the keeper and the processes of
+ * a running tool call (their process group is the call's).  Async-signal-
+ * safe calls only, no allocation. */
+static void keeper_sweep_dir(int dfd, int depth)
 {
-        char path[sizeof ks->root + sizeof s->cg + 32];
-        bool calls = false;
-        for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
-                calls = calls || __atomic_load_n(&s->calls[i], __ATOMIC_ACQUIRE) > 0;
-        if (!calls && ks->v2) {
-                keeper_path(path, sizeof path, ks->root, s->cg, "cgroup.kill");
-                int fd = open(path, O_WRONLY | O_CLOEXEC);
-                bool done = fd >= 0 && write(fd, "1", 1) == 1;
-                if (fd >= 0)
-                        close(fd);
-                if (done)
-                        return false;
-        }
-        keeper_path(path, sizeof path, ks->root, s->cg, "cgroup.procs");
-        bool spared = false;
-        for (int pass = 0; pass < 100; pass++) {
-                int fd = open(path, O_RDONLY | O_CLOEXEC);
-                if (fd < 0)
-                        return spared;
-                unsigned killed = 0;
+        int fd = openat(dfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
                 long pid = 0;
                 char buf[4096];
                 ssize_t k;
@@ -192,20 +173,92 @@ static bool keeper_kill_cgroup(const struct keeper_shared *ks, const struct keep
                                         pid = pid * 10 + (buf[i] - '0');
                                         continue;
                                 }
-                                if (pid > 0) {
-                                        if (keeper_is_call(s, getpgid((pid_t)pid)))
-                                                spared = true;
+                                if (pid > 0 && pid != sweep.self && pid != sweep.daemon &&
+                                    pid != sweep.deadman) {
+                                        if (keeper_is_call(getpgid((pid_t)pid)))
+                                                sweep.spared = true;
                                         else if (kill((pid_t)pid, SIGKILL) == 0)
-                                                killed++;
+                                                sweep.killed++;
                                 }
                                 pid = 0;
                         }
                 }
                 close(fd);
-                if (!killed)
+        }
+        if (depth >= 16)
+                return;
+        char ents[2048];
+        long n;
+        while ((n = syscall(SYS_getdents64, dfd, ents, sizeof ents)) > 0) {
+                for (long off = 0; off < n;) {
+                        struct {
+                                uint64_t ino;
+                                int64_t off;
+                                unsigned short reclen;
+                                unsigned char type;
+                                char name[];
+                        } *e = (void *)(ents + off);
+                        off += e->reclen;
+                        if (e->type != DT_DIR || e->name[0] == '.')
+                                continue;
+                        int sub = openat(dfd, e->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                        if (sub >= 0) {
+                                keeper_sweep_dir(sub, depth + 1);
+                                close(sub);
+                        }
+                }
+        }
+}
+
+/* kairosd is gone (or exits): what is left in its cgroup, its handlers'
+ * setsid children, processes a handler moved out of its own cgroup, dies,
+ * but the running tool calls, pass after pass until a pass kills nothing
+ * (what forks meanwhile is found by the next). */
+static void keeper_sweep(const int32_t *groups, const struct keeper_shared *ks)
+{
+        if (!ks->root[0])
+                return;
+        sweep.ncalls = 0;
+        sweep.deadman = __atomic_load_n(&ks->deadman, __ATOMIC_ACQUIRE);
+        for (size_t i = 0; i < KEEPER_MAX_GROUPS; i++) {
+                if (__atomic_load_n(&groups[i], __ATOMIC_ACQUIRE) <= 0)
+                        continue;
+                for (unsigned c = 0; c < RUNNER_TOOL_GROUPS; c++) {
+                        int32_t g = __atomic_load_n(&ks->slot[i].calls[c], __ATOMIC_ACQUIRE);
+                        if (g > 0 && sweep.ncalls < KEEPER_MAX_CALLS)
+                                sweep.calls[sweep.ncalls++] = g;
+                }
+        }
+        for (int pass = 0; pass < 100; pass++) {
+                int dfd = open(ks->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (dfd < 0)
+                        return;
+                sweep.killed = 0;
+                keeper_sweep_dir(dfd, 0);
+                close(dfd);
+                if (!sweep.killed)
                         break;
         }
-        return spared;
+        /* a call spared: it outlives kairosd in a cgroup below kairosd's,
+         * which must take a process again at the next start (systemd puts
+         * the new kairosd there): cgroup v2 refuses that while controllers
+         * are enabled for its children ("no internal processes"), so they
+         * are disabled; the next kairosd enables them again */
+        if (sweep.spared && ks->v2) {
+                char path[sizeof ks->root + 32];
+                size_t n = 0;
+                for (const char *p = ks->root; *p && n < sizeof ks->root; p++)
+                        path[n++] = *p;
+                memcpy(path + n, "/cgroup.subtree_control", sizeof "/cgroup.subtree_control");
+                static const char *const off[] = { "-memory", "-pids", "-cpu" };
+                for (size_t i = 0; i < 3; i++) {
+                        int fd = open(path, O_WRONLY | O_CLOEXEC);
+                        if (fd >= 0) {
+                                (void)!write(fd, off[i], strlen(off[i]));
+                                close(fd);
+                        }
+                }
+        }
 }
 
 /* Forked from the daemon; only async-signal-safe calls, no allocation. */
@@ -227,6 +280,8 @@ static void keeper_main(int sock, const int32_t *groups, const struct keeper_sha
                 dup2(null, fd);
         deadman_close_from(4);
         prctl(PR_SET_NAME, "kairosd-keeper");
+        sweep.self = getpid();
+        sweep.daemon = getppid();
         for (;;) {
                 char c;
                 ssize_t k = recv(sock, &c, sizeof c, 0);
@@ -240,29 +295,7 @@ static void keeper_main(int sock, const int32_t *groups, const struct keeper_sha
                 if (g > 0)
                         kill(-g, SIGKILL);
         }
-        /* what the handlers left in their cgroups (setsid), but their tool
-         * calls: those finish (docs/design.md §10) */
-        bool spared = false;
-        for (size_t i = 0; ks->root[0] && i < KEEPER_MAX_GROUPS; i++)
-                if (__atomic_load_n(&groups[i], __ATOMIC_ACQUIRE) > 0 && ks->slot[i].cg[0])
-                        spared = keeper_kill_cgroup(ks, &ks->slot[i]) || spared;
-        /* a call spared: its cgroup outlives kairosd's service cgroup, which
-         * must take processes again at the next start (systemd puts the new
-         * kairosd there): cgroup v2 refuses that while controllers are
-         * enabled for its children ("no internal processes"), so they are
-         * disabled; the next kairosd enables them again */
-        if (spared && ks->v2) {
-                char path[sizeof ks->root + 32];
-                keeper_path(path, sizeof path, ks->root, "", "cgroup.subtree_control");
-                static const char *const off[] = { "-memory", "-pids", "-cpu" };
-                for (size_t i = 0; i < 3; i++) {
-                        int fd = open(path, O_WRONLY | O_CLOEXEC);
-                        if (fd >= 0) {
-                                (void)!write(fd, off[i], strlen(off[i]));
-                                close(fd);
-                        }
-                }
-        }
+        keeper_sweep(groups, ks);
         _exit(0);
 }
 
@@ -295,8 +328,8 @@ static int keeper_slot_take(struct runner *r)
         return r->slot_next < KEEPER_MAX_GROUPS ? (int)r->slot_next++ : -1;
 }
 
-/* j's cgroup (the thread, before the clone: the child's group makes the
- * slot count) and no tool call yet, in its slot of the keeper's table. */
+/* No tool call yet in j's slot of the keeper's table (the thread, before
+ * the clone: the child's group makes the slot count). */
 static void keeper_slot_fill(struct runner *r, struct runner_job *j)
 {
         if (j->keeper_slot < 0)
@@ -304,7 +337,6 @@ static void keeper_slot_fill(struct runner *r, struct runner_job *j)
         struct keeper_slot *s = &r->ks->slot[j->keeper_slot];
         for (unsigned i = 0; i < RUNNER_TOOL_GROUPS; i++)
                 __atomic_store_n(&s->calls[i], 0, __ATOMIC_RELEASE);
-        snprintf(s->cg, sizeof s->cg, "%s", cgroup_handler_active(&j->cgh) ? j->cgh.name : "");
 }
 
 /* j's tool-call groups into its slot (the loop). */
@@ -979,6 +1011,7 @@ void runner_remove_tool_group(struct runner *r, pid_t pgid)
 void runner_set_deadman(struct runner *r, struct deadman *dm)
 {
         r->dm = dm;
+        __atomic_store_n(&r->ks->deadman, dm ? (int32_t)deadman_pid(dm) : 0, __ATOMIC_RELEASE);
 }
 
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)

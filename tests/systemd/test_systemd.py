@@ -411,6 +411,18 @@ MaxCycles=1
 Act=/bin/sh -c 'if [ "$KAIROS_ATTEMPT" = 1 ]; then echo "act attempt 1 sleeping" >&2; exec sleep 600; fi; echo "{\\"attempt\\": $KAIROS_ATTEMPT}"'
 Reflect=/bin/echo '{"kairos":{"done":true}}'
 """,
+    # A tool run that outlives kill -9 of kairosd (KillMode=process): see
+    # OUTLIVE_ACT.
+    "outlive": """[Schedule]
+Cron=0 0 1 1 *
+Enabled=no
+[Mandate]
+MaxCycles=1
+[Exec]
+Act=/usr/local/bin/kairos-test-outlive
+Reflect=/bin/echo '{"kairos":{"done":true}}'
+EffectsVia=kairosctl
+""",
     # Handler cgroups (Delegate=): a grandchild that leaves the handler's
     # session and process group (it writes to the fifo after setsid; the
     # handler returns only then) must not outlive the step.
@@ -736,6 +748,121 @@ def test_handler_cgroups(c, src):
         test_v1_limits(c, src)
 
 
+# The act of "outlive": its tool run's command notes its pid, waits for the
+# gate (a fifo the test writes), then appends its key to the outbox.  Nothing
+# is written to the handler's pipes after the crash.
+OUTLIVE_ACT = """#!/bin/sh
+cat >/dev/null
+kairosctl tool run --key "$KAIROS_IDEM_KEY" -- /bin/sh -c \\
+        'echo $$ >/srv/kairos-out/call.pid; read x </var/lib/kairos/gate; echo "$0" >>/srv/kairos-out/outbox' \\
+        "$KAIROS_IDEM_KEY" >/dev/null 2>&1 || exit $?
+echo '{}'
+"""
+
+
+def unit_processes(c, cg):
+    """The pids in the unit's cgroup CG (every hierarchy systemd tracks it
+    in), below it included."""
+    r = c.sh(["sh", "-c", "for d in /sys/fs/cgroup/unified%s /sys/fs/cgroup/systemd%s "
+              "/sys/fs/cgroup%s; do [ -d \"$d\" ] && find \"$d\" -name cgroup.procs "
+              "-exec cat {} +; done; true" % (cg, cg, cg)])
+    return sorted(set(r.stdout.split()))
+
+
+def call_started(c, what, timeout=30):
+    """The call's pid, once its command runs (a marker it writes, polled
+    with a deadline)."""
+    path = c.path("/srv/kairos-out/call.pid")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                pid = f.read().strip()
+            if pid.isdigit():
+                return pid
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise Failed(f"{what}: the tool run's command did not start within {timeout} s")
+        time.sleep(0.05)
+
+
+def test_tool_outlive(c):
+    """Under the shipped unit (KillMode=process) a `kairosctl tool run`
+    outlives kill -9 of kairosd's main pid: systemd restarts kairosd, the
+    call finishes and the mandate ends done with one effect.  A `systemctl
+    stop` during a call leaves no process in the unit's cgroup; the step is
+    then decided at the next start as a call cut off (a human)."""
+    c.write("/etc/kairos/kairosd.conf.d/grace.conf", "[Daemon]\nGracefulTimeoutSec=1\n")
+    c.write("/usr/local/bin/kairos-test-outlive", OUTLIVE_ACT, mode=0o755)
+    c.sh(["sh", "-c", "rm -f /var/lib/kairos/gate /srv/kairos-out/call.pid /srv/kairos-out/outbox"
+          " && mkfifo -m 0660 /var/lib/kairos/gate && chown kairos:kairos /var/lib/kairos/gate"])
+    c.sh(["systemctl", "restart", UNIT])
+    c.wait_active("before the tool run checks")
+
+    # --- kill -9 of the main pid inside the call --------------------------
+    cur = c.cursor()
+    mid = fire(c, "outlive")
+    call = call_started(c, "kill -9")
+    st = c.show("MainPID", "NRestarts")
+    t0 = time.monotonic()
+    c.sh(["kill", "-9", st["MainPID"]])
+    c.wait_journal(lambda x: "Main process exited, code=killed, status=9/KILL" in
+                   x.get("MESSAGE", ""), "kairosd to die of SIGKILL",
+                   matches=["-u", "kairosd"], after=cur)
+    c.wait_active("after kill -9 inside a tool run")
+    st2 = c.show("MainPID", "NRestarts")
+    check(int(st2["NRestarts"]) == int(st["NRestarts"]) + 1,
+          f"systemd restarted kairosd after kill -9 ({time.monotonic() - t0:.1f} s)")
+    check(c.sh(["kill", "-0", call], check=False).returncode == 0,
+          "the tool run's command outlived kairosd (KillMode=process; the keeper "
+          "spared it)")
+    c.sh(["sh", "-c", "echo go >/var/lib/kairos/gate"])
+    rec = c.wait_journal(mandate_done(mid), f"mandate {mid} to finish after the call",
+                         matches=[f"MANDATE_ID={mid}"], after=cur)
+    out = c.sh(["cat", "/srv/kairos-out/outbox"], check=False).stdout.split()
+    check(f"mandate {mid} done" in rec["MESSAGE"] and out == [f"{mid}/act_001"],
+          f"the call finished, the mandate is done with exactly one effect "
+          f"({rec['MESSAGE']!r}, outbox {out}, {time.monotonic() - t0:.1f} s after the kill)")
+
+    # --- systemctl stop inside the call ------------------------------------
+    c.sh(["rm", "-f", "/srv/kairos-out/call.pid"])
+    cur = c.cursor()
+    mid = fire(c, "outlive")
+    call = call_started(c, "stop")
+    cg = c.show("ControlGroup")["ControlGroup"]  # (empty once the unit is inactive)
+    check(cg.endswith("/kairosd.service") and unit_processes(c, cg),
+          f"the unit's cgroup {cg} lists its processes")
+    t0 = time.monotonic()
+    c.sh(["systemctl", "stop", UNIT])
+    left = unit_processes(c, cg)
+    check(not left and c.sh(["kill", "-0", call], check=False).returncode != 0,
+          f"systemctl stop during a tool run: no process left in the unit's cgroup "
+          f"({left}; {time.monotonic() - t0:.1f} s)")
+    c.sh(["systemctl", "start", UNIT])
+    c.wait_active("after the stop inside a tool run")
+    deadline = time.monotonic() + 30
+    while True:
+        _, shown = c.ctl("show", mid)
+        if shown.get("status") not in ("running", "probing", "recovering", "runnable"):
+            break
+        if time.monotonic() > deadline:
+            raise Failed(f"{mid} not decided 30 s after the start: {shown.get('status')}")
+        time.sleep(0.2)
+    act = [x for p in shown.get("plans", []) for x in p.get("steps", [])
+           if x.get("step_id") == "act_001"]
+    reason = ((act[-1] if act else {}).get("evidence") or {}).get("reason")
+    check(shown["status"] == "paused_review" and
+          reason in ("tool_call_interrupted", "killed_at_shutdown"),
+          f"the stopped call's step is decided at the next start as a call cut off: "
+          f"{shown['status']}/{reason}")
+    c.ctl("cancel", mid, "--reason", "systemd test")
+    check(c.sh(["cat", "/srv/kairos-out/outbox"], check=False).stdout.split() ==
+          [out[0]], "the stopped call made no effect")
+    os.unlink(c.path("/etc/kairos/kairosd.conf.d/grace.conf"))
+    c.sh(["systemctl", "restart", UNIT])
+
+
 def step_of(c, mid, step):
     _, shown = c.ctl("show", mid)
     return next(s for p in shown["plans"] for s in p["steps"] if s["step_id"] == step)
@@ -1054,6 +1181,9 @@ def test(c, src):
 
     # --- 5b. handler cgroups (Delegate=) ---------------------------------
     test_handler_cgroups(c, src)
+
+    # --- 5c. a tool run outlives kill -9 of kairosd; a stop kills it -----
+    test_tool_outlive(c)
 
     # --- 6. systemd-analyze security ----------------------------------
     unit = "/usr/lib/systemd/system/kairosd.service"
