@@ -11,8 +11,15 @@ kairosd starts again (docs/design.md §11), before recovery decides:
   effects_journaled, the re-run is answered from the store (cached) and the
   file is not written again (same inode).
 
+The same with 100 MB streamed (LargeToolWriteSettle; KAIROS_TOOL_WRITE_MB
+changes the size, 20 by default in the sanitized build): the file's sha256
+is the input's, no temporary file is left but the one a kill before the
+rename leaves (kairosctl(1)); and kairosd killed by the test while the
+content still streams (nothing claimed yet): the retry writes it once.
+
 kairosd dies inside the write through the test hook KAIROS_TEST_WRITE_CRASH
 (SIGKILL at that point).  Needs a build with -Dtest_hooks=true (77 without)."""
+import hashlib
 import json
 import os
 import shutil
@@ -27,7 +34,12 @@ from kairos_harness import KAIROSCTL, Client, Daemon, NotifySocket, write_config
 
 HANDLER = r"""#!/bin/sh
 cat >/dev/null
-if [ "$1" = act ] && [ -n "$SIZE" ]; then
+if [ "$1" = act ] && [ -n "$STALL" ] && [ "$KAIROS_ATTEMPT" = 1 ]; then
+        # half the content, then nothing more: kairosd is killed meanwhile
+        { yes "payload $KAIROS_IDEM_KEY" | head -c "$STALL"; cat "$OUT/never"; } | \
+                "$KAIROSCTL" --json tool write --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" \
+                > "$OUT/write.$KAIROS_ATTEMPT" || exit 1
+elif [ "$1" = act ] && [ -n "$SIZE" ]; then
         yes "payload $KAIROS_IDEM_KEY" | head -c "$SIZE" | "$KAIROSCTL" --json tool write \
                 --key "rep-$KAIROS_IDEM_KEY" "$ROOT/report" > "$OUT/write.$KAIROS_ATTEMPT" || exit 1
 elif [ "$1" = act ]; then
@@ -42,6 +54,7 @@ PHASES = ("observe", "orient", "decide", "act", "reflect")
 
 class ToolWriteSettle(unittest.TestCase):
     SIZE = 0  # the handler writes one line
+    STALL = 0  # attempt 1 streams this much, then stalls (LargeToolWriteSettle)
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kairos-twres-")
@@ -50,13 +63,15 @@ class ToolWriteSettle(unittest.TestCase):
         self.root = os.path.join(self.dir, "root")
         os.makedirs(self.out)
         os.makedirs(self.root)
+        os.mkfifo(os.path.join(self.out, "never"))  # opened by no writer
         handler = os.path.join(self.dir, "h.sh")
         with open(handler, "w") as f:
             f.write(HANDLER)
         os.chmod(handler, 0o755)
         keys = {p.capitalize(): "%s %s" % (handler, p) for p in PHASES}
-        keys["Environment"] = "OUT=%s ROOT=%s KAIROSCTL=%s SIZE=%s" % (
-            self.out, self.root, os.path.abspath(KAIROSCTL), self.SIZE or "")
+        keys["Environment"] = "OUT=%s ROOT=%s KAIROSCTL=%s SIZE=%s STALL=%s" % (
+            self.out, self.root, os.path.abspath(KAIROSCTL), self.SIZE or "",
+            self.STALL or "")
         keys["EffectsVia"] = "kairosctl"
         self.conf = write_config(self.dir, self.state,
                                  {"job": {"Schedule": {"Cron": "0 0 1 1 *"}, "Exec": keys}},
@@ -173,13 +188,89 @@ class ToolWriteSettle(unittest.TestCase):
         self.assertFalse(w2["cached"], w2)
 
 
+# 100 MB by default; KAIROS_TOOL_WRITE_MB changes it (the sanitized build
+# defaults to 20: ASan makes the stream several times slower).
+LARGE_MB = int(os.environ.get("KAIROS_TOOL_WRITE_MB") or
+               (20 if os.environ.get("KAIROS_SANITIZED") == "1" else 100))
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class LargeToolWriteSettle(ToolWriteSettle):
     """The same with 100 MB streamed through kairosctl (MaxWriteBytes=):
-    decided alone, the file whole, written once."""
-    SIZE = 100 * 1000 * 1000
+    decided alone, the file whole (its sha256 the input's), written once,
+    no temporary file left but the one a kill before the rename leaves
+    (kairosctl(1)); and a kill while the content still streams."""
+    SIZE = LARGE_MB * 1000 * 1000
+
+    def tmp_files(self):
+        return sorted(n for n in os.listdir(self.root) if ".kairos-tmp." in n)
+
+    def check_whole(self):
+        report = os.path.join(self.root, "report")
+        self.assertEqual(sha256_of(report), hashlib.sha256(self.payload()).hexdigest())
 
     def test_changed_file_is_written_again(self):
         self.skipTest("the same as with one line")
+
+    def test_killed_before_rename(self):
+        super().test_killed_before_rename()
+        self.check_whole()
+        # the temporary file of the write cut off before its rename stays
+        # (documented), whole: the retry wrote a file of its own
+        left = self.tmp_files()
+        self.assertEqual(len(left), 1, left)
+        self.assertEqual(os.path.getsize(os.path.join(self.root, left[0])), self.SIZE)
+
+    def test_killed_after_rename(self):
+        super().test_killed_after_rename()
+        self.check_whole()
+        self.assertEqual(self.tmp_files(), [])
+
+    def test_killed_while_streaming(self):
+        """kill -9 of kairosd while the content streams (half of it in the
+        temporary file, nothing claimed yet): the retry writes the file
+        once, whole; the idempotency log has the retry's claim alone."""
+        self.STALL = self.SIZE // 2
+        self.setUp_again()
+        self.start()
+        c = Client(self.daemon.socket_path)
+        r = json.loads(self.ctl("--json", "fire", "job", "--at", "2030-01-01T00:00:00Z").stdout)
+        c.close()
+        self.mid = r["mandate"]
+        self.key = "kairos.write:rep-%s/act_001" % self.mid
+        deadline = time.monotonic() + 60
+        while True:  # polling the temporary file's size with a deadline
+            tmp = self.tmp_files()
+            if tmp and os.path.getsize(os.path.join(self.root, tmp[0])) >= self.STALL - (1 << 20):
+                break
+            self.assertLess(time.monotonic(), deadline, "half the content never arrived")
+            time.sleep(0.02)
+        self.daemon.proc.kill()
+        self.assertEqual(self.daemon.proc.wait(timeout=30), -9)
+        self.daemon.proc.stderr.close()
+        self.assertFalse(os.path.exists(os.path.join(self.root, "report")))
+        w2 = self.recover()
+        self.assertFalse(w2["cached"], w2)
+        self.assertEqual(w2["outcome"], "written", w2)
+        self.check_whole()
+        with open(os.path.join(self.state, "idem", "idem.jsonl")) as f:
+            ops = [r["op"] for r in map(json.loads, f) if r["key"] == self.key]
+        self.assertEqual(ops, ["begin", "complete"], ops)
+        left = self.tmp_files()  # the cut-off stream's, partial (documented)
+        self.assertEqual(len(left), 1, left)
+        self.assertLess(os.path.getsize(os.path.join(self.root, left[0])), self.SIZE)
+
+    def setUp_again(self):
+        """The schedule again, with STALL set (setUp wrote it without)."""
+        self.tearDown()
+        self.setUp()
 
 
 if __name__ == "__main__":
