@@ -13,7 +13,9 @@ ways, each a class:
   kill works from the v1 cgroups' lists.
 
 A handler's setsid grandchild must not outlive its step and the handler's
-cgroups must be gone; a hostile handler run as HandlerUser=nobody can
+cgroups must be gone; kill -9 of kairosd during a `kairosctl tool run`
+kills the handler's setsid grandchild but not the call, which the next
+kairosd completes; a hostile handler run as HandlerUser=nobody can
 neither lift its limits nor leave its cgroup nor touch kairosd; where the controllers are there, MemoryMax= ends a
 greedy handler with error_class oom, TasksMax= limits its forks and
 CPUQuota= throttles a busy loop.
