@@ -134,7 +134,7 @@ struct keeper_slot {
 struct keeper_shared {
         char root[4096];
         int32_t v2;  /* root is on cgroup v2 (subtree_control) */
-        int32_t deadman;  /* cluster mode: the deadman's pid, spared (it ends by itself) */
+        int32_t spare_pid;  /* cluster mode: the deadman's pid, spared (it ends by itself) */
         struct keeper_slot slot[KEEPER_MAX_GROUPS];
 };
 
@@ -219,7 +219,7 @@ static void keeper_sweep(const int32_t *groups, const struct keeper_shared *ks)
         if (!ks->root[0])
                 return;
         sweep.ncalls = 0;
-        sweep.deadman = __atomic_load_n(&ks->deadman, __ATOMIC_ACQUIRE);
+        sweep.deadman = __atomic_load_n(&ks->spare_pid, __ATOMIC_ACQUIRE);
         for (size_t i = 0; i < KEEPER_MAX_GROUPS; i++) {
                 if (__atomic_load_n(&groups[i], __ATOMIC_ACQUIRE) <= 0)
                         continue;
@@ -1011,7 +1011,7 @@ void runner_remove_tool_group(struct runner *r, pid_t pgid)
 void runner_set_deadman(struct runner *r, struct deadman *dm)
 {
         r->dm = dm;
-        __atomic_store_n(&r->ks->deadman, dm ? (int32_t)deadman_pid(dm) : 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&r->ks->spare_pid, dm ? (int32_t)deadman_pid(dm) : 0, __ATOMIC_RELEASE);
 }
 
 void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c)
