@@ -135,6 +135,8 @@ struct keeper_shared {
         char root[4096];
         int32_t v2;  /* root is on cgroup v2 (subtree_control) */
         int32_t spare_pid;  /* cluster mode: the deadman's pid, spared (it ends by itself) */
+        /* the clients of calls an earlier kairosd left, held (toolhold) */
+        int32_t held[RUNNER_HELD_MAX];
         struct keeper_slot slot[KEEPER_MAX_GROUPS];
 };
 
@@ -228,6 +230,11 @@ static void keeper_sweep(const int32_t *groups, const struct keeper_shared *ks)
                         if (g > 0 && sweep.ncalls < KEEPER_MAX_CALLS)
                                 sweep.calls[sweep.ncalls++] = g;
                 }
+        }
+        for (size_t i = 0; i < RUNNER_HELD_MAX; i++) {
+                int32_t g = __atomic_load_n(&ks->held[i], __ATOMIC_ACQUIRE);
+                if (g > 0 && sweep.ncalls < KEEPER_MAX_CALLS)
+                        sweep.calls[sweep.ncalls++] = g;
         }
         for (int pass = 0; pass < 100; pass++) {
                 int dfd = open(ks->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1006,6 +1013,20 @@ void runner_remove_tool_group(struct runner *r, pid_t pgid)
                         return;
                 }
         }
+}
+
+int runner_spare_group(struct runner *r, pid_t pgid, bool spare)
+{
+        if (!r || pgid <= 0)
+                return -EINVAL;
+        int32_t want = spare ? 0 : (int32_t)pgid;
+        for (size_t i = 0; i < RUNNER_HELD_MAX; i++)
+                if (__atomic_load_n(&r->ks->held[i], __ATOMIC_ACQUIRE) == want) {
+                        __atomic_store_n(&r->ks->held[i], spare ? (int32_t)pgid : 0,
+                                         __ATOMIC_RELEASE);
+                        return 0;
+                }
+        return spare ? -ENOSPC : 0;
 }
 
 void runner_set_deadman(struct runner *r, struct deadman *dm)

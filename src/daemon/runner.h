@@ -141,3 +141,8 @@ void runner_kill(struct runner_job *job, int sig);
 int runner_add_tool_group(struct runner_job *job, pid_t pgid);
 /* pgid's call is over (finished, or its connection closed): forgotten. */
 void runner_remove_tool_group(struct runner *r, pid_t pgid);
+/* A process group of a call an earlier kairosd left (toolhold), which the
+ * keeper must spare too when this kairosd dies (spare), or no longer (its
+ * hold ended): 0, or -ENOSPC (RUNNER_HELD_MAX held already: it dies then). */
+#define RUNNER_HELD_MAX 64
+int runner_spare_group(struct runner *r, pid_t pgid, bool spare);

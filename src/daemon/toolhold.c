@@ -16,6 +16,7 @@
 #include "kairos/dlist.h"
 #include "kairos/procstat.h"
 #include "log.h"
+#include "runner.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -29,6 +30,7 @@ struct watch {
         bool polling;
         struct toolhold_client c;
         bool exited;
+        bool spared;               /* runner_spare_group: the keeper leaves it */
 };
 
 struct hold {
@@ -130,6 +132,9 @@ static void hold_end(struct hold *h)
                 return;
         h->ending = true;
         DLIST_UNLINK(holds, h);
+        for (size_t i = 0; i < h->n; i++)
+                if (h->w[i].spared)
+                        (void)runner_spare_group(h->d->runner, h->w[i].c.pid, false);
         h->open_handles = 1;
         uv_timer_stop(&h->timer);
         for (size_t i = 0; i < h->n; i++)
@@ -253,6 +258,8 @@ void toolhold_start(struct mandate *m, const char *step_id, struct toolhold_clie
                 } else {
                         w->exited = true;
                 }
+                /* the keeper spares it if this kairosd dies too */
+                w->spared = !w->exited && runner_spare_group(d->runner, w->c.pid, true) == 0;
                 log_event(LOG_NOTICE, MSGID_RECOVERY,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", step_id },
                                      { "IDEM_KEY", w->c.key }),

@@ -14,8 +14,8 @@ ways, each a class:
 
 A handler's setsid grandchild must not outlive its step and the handler's
 cgroups must be gone; kill -9 of kairosd during a `kairosctl tool run`
-kills the handler's setsid grandchild but not the call, which the next
-kairosd completes; a hostile handler run as HandlerUser=nobody can
+kills the handler's setsid grandchild but not the call, nor when the next
+kairosd, which holds the step for it, is killed too; the third completes it; a hostile handler run as HandlerUser=nobody can
 neither lift its limits nor leave its cgroup nor touch kairosd; where the controllers are there, MemoryMax= ends a
 greedy handler with error_class oom, TasksMax= limits its forks and
 CPUQuota= throttles a busy loop.
@@ -390,6 +390,17 @@ class CgroupCase:
         self.assertTrue(os.path.exists("/proc/%d" % cmd), "the tool call died with kairosd")
         if self.USE_V2:
             self.assertEqual(read(self.cg + "/cgroup.subtree_control").split(), [])
+        self.notify.clear()
+        self.start({"call": sched})
+        # the next kairosd holds the step for the call; killed too, its
+        # keeper spares the held call as well
+        self.d.wait_log("still runs (client pid")
+        self.c.close()
+        self.c = None
+        self.d.proc.kill()
+        self.d.proc.wait()
+        self.d.proc.stderr.close()
+        self.assertTrue(os.path.exists("/proc/%d" % cmd), "a held call died with kairosd")
         self.notify.clear()
         self.start({"call": sched})
         with open(gate, "w") as f:
