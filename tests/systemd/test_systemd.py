@@ -4,7 +4,9 @@
 systemd-nspawn, install kairos into it with `meson install`, and check the
 shipped unit: start and READY=1/STATUS=, a mandate and its journal records,
 reload good and bad, the watchdog, kill -9 during an act step plus recovery
-and resolve, handler cgroups (the setsid kill; MemoryMax= to error_class oom,
+and resolve, a `kairosctl tool run` that outlives kill -9 of the main pid
+(KillMode=process) and a stop during one that leaves no process, handler
+cgroups (the setsid kill; MemoryMax= to error_class oom,
 TasksMax=, CPUQuota=; on a cgroup v1 host with the drop-ins kairosd(8) gives,
 in a container whose v1 hierarchies boot() makes writable), and the
 `systemd-analyze security` exposure.
