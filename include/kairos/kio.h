@@ -25,6 +25,9 @@ struct kio {
          * (syncfs); NULL: not offered (kio_syncfs says -ENOSYS) */
         int (*syncfs)(void *ctx, const char *path);
         void *ctx;
+        /* open name relative to the directory dirfd (openat); NULL: not
+         * offered (the caller opens the whole path with open) */
+        int (*openat)(void *ctx, int dirfd, const char *name, int flags, mode_t mode);
 };
 
 /* The real thing: plain POSIX calls, EINTR retried. */

@@ -29,6 +29,16 @@ static int posix_open(void *ctx, const char *path, int flags, mode_t mode)
         return fd < 0 ? -errno : fd;
 }
 
+static int posix_openat(void *ctx, int dirfd, const char *name, int flags, mode_t mode)
+{
+        (void)ctx;
+        int fd;
+        do
+                fd = openat(dirfd, name, flags, mode);
+        while (fd < 0 && errno == EINTR);
+        return fd < 0 ? -errno : fd;
+}
+
 static ssize_t posix_write(void *ctx, int fd, const void *buf, size_t n)
 {
         (void)ctx;
@@ -149,6 +159,7 @@ static const struct kio kio_posix_impl = {
         .fsync_dir = posix_fsync_dir,
         .syncfs = posix_syncfs,
         .ctx = NULL,
+        .openat = posix_openat,
 };
 
 const struct kio *kio_posix(void)

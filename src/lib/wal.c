@@ -437,6 +437,8 @@ struct wal {
         uint64_t flush_count;
         bool dir_exists;
         bool exists;
+        bool at_dir;
+        int dir_fd;
         int64_t records;     /* good lines in the file */
         /* cluster mode: the barrier hook and the lines since the last barrier */
         int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
@@ -603,9 +605,16 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
         if (w->exists) {
                 /* no access-time update (an inode write per WAL read): the
                  * file is kairosd's own; where the flag is refused, without */
-                w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC | O_NOATIME, 0);
-                if (w->fd == -EPERM)
-                        w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
+                const char *name = strrchr(w->path, '/');
+                bool at = w->at_dir && io->openat && name;
+                int flags = O_RDWR | O_APPEND | O_CLOEXEC | O_NOATIME;
+                w->fd = at ? io->openat(io->ctx, w->dir_fd, name + 1, flags, 0)
+                           : io->open(io->ctx, w->path, flags, 0);
+                if (w->fd == -EPERM) {
+                        flags &= ~O_NOATIME;
+                        w->fd = at ? io->openat(io->ctx, w->dir_fd, name + 1, flags, 0)
+                                   : io->open(io->ctx, w->path, flags, 0);
+                }
                 if (w->fd >= 0)
                         return open_existing(w, info, ret_fold);
                 if (w->fd != -ENOENT)
@@ -651,6 +660,8 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
         w->clock_ctx = opt ? opt->clock_ctx : NULL;
         w->dir_exists = opt && opt->dir_exists;
         w->exists = opt && opt->exists;
+        w->at_dir = opt && opt->at_dir;
+        w->dir_fd = opt ? opt->dir_fd : -1;
         w->barrier = opt ? opt->barrier : NULL;
         w->barrier_ctx = opt ? opt->barrier_ctx : NULL;
         w->keep = opt && opt->keep_appended;
