@@ -24,6 +24,9 @@ static const char *node_name;                 /* cluster mode: NODE= */
 static long long (*epoch_of)(const char *mandate_id);
 static pthread_t loop_thread;
 static int level = LOG_INFO;
+/* log_hold: per thread (only the holding thread's records are kept) */
+static _Thread_local struct kbuf held = KBUF_INIT;
+static _Thread_local bool holding;
 
 void log_setup(int max_level)
 {
@@ -171,10 +174,27 @@ static void log_stderr(int priority, const struct log_field *fields, size_t n, c
                         kbuf_putc(&b, '"');
         }
         kbuf_putc(&b, '\n');
-        if (b.data)
+        if (holding && b.data &&
+            kbuf_append(&held, b.data, b.len) == 0) {
+                if (held.len >= 64 * 1024)
+                        log_hold(true);
+        } else if (b.data) {
                 fwrite(b.data, 1, b.len, stderr);
-        fflush(stderr);
+                fflush(stderr);
+        }
         kbuf_free(&b);
+}
+
+void log_hold(bool on)
+{
+        if (held.len) {
+                fwrite(held.data, 1, held.len, stderr);
+                fflush(stderr);
+                held.len = 0;
+        }
+        if (!on)
+                kbuf_free(&held);
+        holding = on;
 }
 
 void log_event_at(const char *file, int line, const char *func, int priority,
