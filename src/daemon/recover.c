@@ -751,7 +751,7 @@ static void recover_settle(struct recover_job *j)
  * before its job is settled, and the executor runs nothing before READY):
  * one hand-over to a pool thread and one wake-up of the loop per chunk, not
  * per WAL. */
-#define RECOVER_CHUNK 16
+#define RECOVER_CHUNK 64
 #define RECOVER_LANES 16
 
 struct recover_chunk {
