@@ -71,6 +71,15 @@ static int log_escape(struct kbuf *b, const char *s)
         int r = 0;
         for (const unsigned char *p = (const unsigned char *)s; r == 0 && *p; p++) {
                 unsigned char c = *p;
+                /* a run of plain bytes goes in at once */
+                const unsigned char *q = p;
+                while (*q >= 0x20 && *q != 0x7f && *q != 0xc2)
+                        q++;
+                if (q > p) {
+                        r = kbuf_append(b, p, (size_t)(q - p));
+                        p = q - 1;
+                        continue;
+                }
                 if (c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
                         char e[] = { '\\', 'u', '0', '0', hex[p[1] >> 4], hex[p[1] & 15] };
                         r = kbuf_append(b, e, sizeof e);
