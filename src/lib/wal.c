@@ -107,7 +107,11 @@ static void enc_fail(struct enc *e, int r, const char *err)
 static void enc_key(struct enc *e, const char *key)
 {
         if (e->r == 0) {
-                int r = kbuf_printf(e->b, ",\"%s\":", key);
+                int r = kbuf_append(e->b, ",\"", 2);
+                if (r == 0)
+                        r = kbuf_puts(e->b, key);
+                if (r == 0)
+                        r = kbuf_append(e->b, "\":", 2);
                 if (r < 0)
                         enc_fail(e, r, "out of memory");
         }
@@ -398,7 +402,8 @@ int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out)
         }
         size_t start = out->len;
         struct enc e = { .b = out };
-        if (kbuf_printf(out, "{\"op\":\"%s\"", op_name(r->op)) < 0)
+        if (kbuf_puts(out, "{\"op\":\"") < 0 || kbuf_puts(out, op_name(r->op)) < 0 ||
+            kbuf_putc(out, '"') < 0)
                 enc_fail(&e, -ENOMEM, "out of memory");
         enc_body(&e, r);
 
