@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+struct kbuf;
+
 struct kio {
         int (*open)(void *ctx, const char *path, int flags, mode_t mode);
         ssize_t (*write)(void *ctx, int fd, const void *buf, size_t n);
@@ -74,6 +76,10 @@ int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
                   size_t *ret_len);
 /* The same from an open descriptor (not closed), e.g. standard input. */
 int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len);
+/* The same (no flags) onto b from b->len on, b kept by the caller: a buffer
+ * used again for the next file, not a new one each time.  0 or -errno
+ * (-EFBIG beyond max bytes; 0: no limit); b NUL-terminated either way. */
+int kio_read_fd_kbuf(int fd, size_t max, struct kbuf *b);
 /* Inflate every gzip member of data[0..len) (as gzip(1) reads them) onto out,
  * NUL-terminated: 0, -EFBIG beyond max bytes, -ENOMEM, or -EBADMSG with
  * *ret_why (may be NULL) saying what is damaged (zlib's word, or that the

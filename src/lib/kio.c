@@ -440,6 +440,18 @@ int kio_gunzip(const char *data, size_t len, size_t max, struct kbuf *out, const
         return r;
 }
 
+int kio_read_fd_kbuf(int fd, size_t max, struct kbuf *b)
+{
+        if (max == 0 || max > SIZE_MAX / 2)
+                max = SIZE_MAX / 2;
+        int r = read_all(fd, max, b);
+        if (r == 0 && !b->data)
+                r = kbuf_reserve(b, 1);
+        if (b->data)
+                b->data[b->len] = '\0';
+        return r;
+}
+
 int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len)
 {
         struct kbuf b = KBUF_INIT;

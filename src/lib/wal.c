@@ -509,6 +509,12 @@ static void set_info_bad(struct wal_open_info *info, const struct fold *f)
         snprintf(info->bad_reason, sizeof(info->bad_reason), "%s", f->bad_reason);
 }
 
+/* The read buffer of WALs opened through a descriptor, kept per thread for
+ * the next one (recovery opens thousands in a row on a few pool threads);
+ * one that grew beyond READ_KEEP_MAX is given back after use. */
+#define READ_KEEP_MAX (256u * 1024u)
+static _Thread_local struct kbuf read_buf = KBUF_INIT;
+
 /* An existing file: scan it, repair a torn tail or quarantine. */
 static int open_existing(struct wal *w, struct wal_open_info *info, struct fold **ret_fold)
 {
@@ -517,19 +523,26 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         size_t len = 0;
         struct fold *f = NULL;
         /* opened for reading and appending already (wal_options.exists):
-         * read through that descriptor, no second open and no fstat */
+         * read through that descriptor, no second open */
         bool have_fd = w->fd >= 0;
-        int r = have_fd ? kio_read_fd(w->fd, 0, 0, &data, &len)
-                        : kio_read_file(w->path, 0, 0, &data, &len);
+        int r;
+        if (have_fd) {
+                read_buf.len = 0;
+                r = kio_read_fd_kbuf(w->fd, 0, &read_buf);
+                len = read_buf.len;
+        } else {
+                r = kio_read_file(w->path, 0, 0, &data, &len);
+        }
         if (r < 0)
                 goto out;
+        const char *bytes = have_fd ? read_buf.data : data;
         if (len == 0) {
                 /* Possibly created by an open whose directory fsync never
                  * succeeded (no record can have been acknowledged): redo it. */
                 if ((r = kio_fsync_parent(io, w->path)) < 0)
                         goto out;
         }
-        if ((r = fold_buffer(data, len, &f)) < 0)
+        if ((r = fold_buffer(bytes, len, &f)) < 0)
                 goto out;
 
         if (f->status == FOLD_CORRUPT) {
@@ -545,7 +558,7 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         }
         if (f->status == FOLD_TORN && f->good_end < len) {
                 set_info_bad(info, f);
-                r = save_torn(w, data + f->good_end, len - f->good_end, info->torn_path,
+                r = save_torn(w, bytes + f->good_end, len - f->good_end, info->torn_path,
                               sizeof(info->torn_path));
                 if (r < 0)
                         goto out;
@@ -574,7 +587,7 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         }
         w->records = 0;
         size_t end = f->good_end < len ? f->good_end : len;
-        for (const char *p = data, *e = data + end;
+        for (const char *p = bytes, *e = bytes + end;
              p < e && (p = memchr(p, '\n', (size_t)(e - p))) != NULL; p++)
                 w->records++;
         r = 0;
@@ -585,6 +598,8 @@ out:
         }
         fold_free(f);
         free(data);
+        if (read_buf.cap > READ_KEEP_MAX)
+                kbuf_free(&read_buf);
         return r;
 }
 
