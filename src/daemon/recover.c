@@ -850,7 +850,9 @@ int recover_load_finished(struct daemon *d)
 /* The WALs found at start, opened a window at a time: a job (and its
  * buffers) exists only while it is in flight, so memory does not grow with
  * the number of WALs. */
-#define RECOVER_WINDOW (RECOVER_CHUNK * RECOVER_LANES)
+/* Two chunks a lane: the next one waits on its lane while the loop settles
+ * the one before, so no lane idles meanwhile. */
+#define RECOVER_WINDOW (RECOVER_CHUNK * 2 * RECOVER_LANES)
 
 static struct {
         struct mandate **todo;
