@@ -77,7 +77,8 @@ int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
 /* The same from an open descriptor (not closed), e.g. standard input. */
 int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len);
 /* The same (no flags) onto b from b->len on, b kept by the caller: a buffer
- * used again for the next file, not a new one each time.  0 or -errno
+ * used again for the next file, not a new one each time (it is given room
+ * for 16 KB, and a file that fits is read without an fstat).  0 or -errno
  * (-EFBIG beyond max bytes; 0: no limit); b NUL-terminated either way. */
 int kio_read_fd_kbuf(int fd, size_t max, struct kbuf *b);
 /* Inflate every gzip member of data[0..len) (as gzip(1) reads them) onto out,
