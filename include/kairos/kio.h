@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+struct kbuf;
+
 struct kio {
         int (*open)(void *ctx, const char *path, int flags, mode_t mode);
         ssize_t (*write)(void *ctx, int fd, const void *buf, size_t n);
@@ -25,6 +27,9 @@ struct kio {
          * (syncfs); NULL: not offered (kio_syncfs says -ENOSYS) */
         int (*syncfs)(void *ctx, const char *path);
         void *ctx;
+        /* open name relative to the directory dirfd (openat); NULL: not
+         * offered (the caller opens the whole path with open) */
+        int (*openat)(void *ctx, int dirfd, const char *name, int flags, mode_t mode);
 };
 
 /* The real thing: plain POSIX calls, EINTR retried. */
@@ -71,6 +76,11 @@ int kio_read_file(const char *path, size_t max, unsigned flags, char **ret_data,
                   size_t *ret_len);
 /* The same from an open descriptor (not closed), e.g. standard input. */
 int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len);
+/* The same (no flags) onto b from b->len on, b kept by the caller: a buffer
+ * used again for the next file, not a new one each time (it is given room
+ * for 16 KB, and a file that fits is read without an fstat).  0 or -errno
+ * (-EFBIG beyond max bytes; 0: no limit); b NUL-terminated either way. */
+int kio_read_fd_kbuf(int fd, size_t max, struct kbuf *b);
 /* Inflate every gzip member of data[0..len) (as gzip(1) reads them) onto out,
  * NUL-terminated: 0, -EFBIG beyond max bytes, -ENOMEM, or -EBADMSG with
  * *ret_why (may be NULL) saying what is damaged (zlib's word, or that the

@@ -138,6 +138,11 @@ struct wal_options {
         bool dir_exists;                      /* the caller made the directory: no mkdir -p */
         bool exists;                          /* the caller found the file: opened once,
                                                * read and appended through one descriptor */
+        /* with exists: the file's directory is open as dir_fd (borrowed):
+         * the file is opened by its name relative to it (kio openat, where
+         * the kio offers it), not by walking the whole path again */
+        bool at_dir;
+        int dir_fd;
         /* Cluster mode (docs/design.md §14): when set, a barrier (wal_flush)
          * hands the lines appended since the last barrier to barrier(ctx,
          * first_seq, lines, len) instead of calling fdatasync.  first_seq is

@@ -24,6 +24,9 @@ static const char *node_name;                 /* cluster mode: NODE= */
 static long long (*epoch_of)(const char *mandate_id);
 static pthread_t loop_thread;
 static int level = LOG_INFO;
+/* log_hold: per thread (only the holding thread's records are kept) */
+static _Thread_local struct kbuf held = KBUF_INIT;
+static _Thread_local bool holding;
 
 void log_setup(int max_level)
 {
@@ -68,6 +71,15 @@ static int log_escape(struct kbuf *b, const char *s)
         int r = 0;
         for (const unsigned char *p = (const unsigned char *)s; r == 0 && *p; p++) {
                 unsigned char c = *p;
+                /* a run of plain bytes goes in at once */
+                const unsigned char *q = p;
+                while (*q >= 0x20 && *q != 0x7f && *q != 0xc2)
+                        q++;
+                if (q > p) {
+                        r = kbuf_append(b, p, (size_t)(q - p));
+                        p = q - 1;
+                        continue;
+                }
                 if (c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
                         char e[] = { '\\', 'u', '0', '0', hex[p[1] >> 4], hex[p[1] & 15] };
                         r = kbuf_append(b, e, sizeof e);
@@ -171,10 +183,27 @@ static void log_stderr(int priority, const struct log_field *fields, size_t n, c
                         kbuf_putc(&b, '"');
         }
         kbuf_putc(&b, '\n');
-        if (b.data)
+        if (holding && b.data &&
+            kbuf_append(&held, b.data, b.len) == 0) {
+                if (held.len >= 64 * 1024)
+                        log_hold(true);
+        } else if (b.data) {
                 fwrite(b.data, 1, b.len, stderr);
-        fflush(stderr);
+                fflush(stderr);
+        }
         kbuf_free(&b);
+}
+
+void log_hold(bool on)
+{
+        if (held.len) {
+                fwrite(held.data, 1, held.len, stderr);
+                fflush(stderr);
+                held.len = 0;
+        }
+        if (!on)
+                kbuf_free(&held);
+        holding = on;
 }
 
 void log_event_at(const char *file, int line, const char *func, int priority,

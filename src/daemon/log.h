@@ -5,6 +5,7 @@
  * each record is one "<N>message key=value…" line on stderr. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <syslog.h>
 
@@ -38,6 +39,12 @@ void log_set_level(int max_level);
 /* Cluster mode (from the loop thread, once): every record gets NODE=node
  * (a string that outlives logging), and a record with MANDATE_ID= logged
  * on this thread gets EPOCH= from epoch_lookup (> 0 only). */
+/* Between log_hold(true) and log_hold(false), on the thread that called it,
+ * records meant for stderr are kept and written together (one write, not
+ * one per record) at log_hold(false) or when 64 KB are kept: recovery logs
+ * a line per decision.  Journal records are sent one by one as ever. */
+void log_hold(bool on);
+
 void log_set_node(const char *node, long long (*epoch_lookup)(const char *mandate_id));
 
 /* Log one record.  message_id may be NULL.  fields may be NULL (n = 0).

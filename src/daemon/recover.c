@@ -11,9 +11,11 @@
  * needs no record is only read. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "hooks.h"
@@ -112,12 +114,30 @@ static struct {
         int error;
 } unsynced;
 
+/* Writeback started while the scan goes on: once EARLY_SYNC_MIN more WALs
+ * were written to, a syncfs runs on the admin queue while the pool reads
+ * the next ones, so that the closing syncfs (queued after it on the same
+ * queue) finds little left to write and READY=1 comes sooner.  It adds
+ * durability, never takes any away: the closing syncfs still covers every
+ * record, and nothing acts on one before it.  A failure is kept and counts
+ * as the closing syncfs's own (a syncfs reports a write-back error once:
+ * the closing one may not see it again). */
+#define EARLY_SYNC_MIN 1024
+
+static struct early_sync {
+        size_t since;           /* WALs written to since the last one was queued */
+        size_t min;             /* EARLY_SYNC_MIN, lower under test hooks */
+        bool inflight;
+        int error;              /* the first failure (sticky) */
+} early;
+
 /* Evidence beyond the WAL, built once before the first job and read-only
  * while jobs run (the pool threads only read it); freed when recovery ends. */
 static struct {
         struct evidence_index *ix;      /* tool calls by owner mandate */
         struct strmap *schedules;       /* name → struct evidence_schedule */
-} snap;
+        int wal_dir;                    /* wal/, open: each WAL opened by its name */
+} snap = { .wal_dir = -1 };
 
 static void schedules_free(struct strmap *schedules)
 {
@@ -130,6 +150,9 @@ static void snap_free(void)
         evidence_index_free(snap.ix);
         snap.schedules = NULL;
         snap.ix = NULL;
+        if (snap.wal_dir >= 0)
+                close(snap.wal_dir);
+        snap.wal_dir = -1;
 }
 
 /* The schedules' declarations (Effects=, EffectsVia=, commands, Probe=):
@@ -261,6 +284,13 @@ static void recover_work(void *arg)
         struct wal_options wopt = mo ? *mo : (struct wal_options){ 0 };
         wopt.dir_exists = true;
         wopt.exists = true;
+        /* at start, opened by name in wal/ (a path walk less per WAL) */
+        size_t dl = strlen(j->d->paths.wal);
+        if (!j->adopt && snap.wal_dir >= 0 && strncmp(j->m->wal_path, j->d->paths.wal, dl) == 0 &&
+            j->m->wal_path[dl] == '/' && !strchr(j->m->wal_path + dl + 1, '/')) {
+                wopt.at_dir = true;
+                wopt.dir_fd = snap.wal_dir;
+        }
         j->d->drv->wal.options(j->m, &wopt);
         int r = wal_open_folded(j->m->wal_path, &wopt, &w, &info, &f);
         if (r < 0) {
@@ -443,6 +473,34 @@ static void log_decision(const struct mandate *m, const struct recover_decision 
 
 static void submit_more(struct daemon *d);
 
+static void early_work(void *arg)
+{
+        struct daemon *d = arg;
+        int r = kio_syncfs(kio_posix(), d->paths.wal);
+        if (r < 0 && early.error == 0)
+                early.error = r;
+}
+
+static void early_done(void *arg)
+{
+        struct daemon *d = arg;
+        early.inflight = false;
+        d->syncfs_calls++;
+}
+
+/* On the loop, after each chunk is settled: start the writeback of what
+ * was written since the last one, if none is running. */
+static void early_sync(struct daemon *d)
+{
+        if (d->sync_mode != STATEDIR_SYNC_FS || early.inflight || early.since < early.min ||
+            pending_jobs == 0)
+                return;
+        if (serialq_submit(&d->admin_q, early_work, early_done, d) == 0) {
+                early.inflight = true;
+                early.since = 0;
+        }
+}
+
 static void recovery_complete(struct daemon *d)
 {
         free(unsynced.m);
@@ -476,7 +534,7 @@ static void sync_done(void *arg)
 {
         (void)arg;
         struct daemon *d = unsynced.d;
-        int r = unsynced.error;
+        int r = unsynced.error < 0 ? unsynced.error : early.error;
         if (d->sync_mode == STATEDIR_SYNC_FS)
                 d->syncfs_calls++;
         if (r < 0) {
@@ -523,6 +581,8 @@ static void recover_settle(struct recover_job *j)
 
         m->flushes += j->flushes;
         d->flushes_total += j->flushes;
+        if (j->unsynced)
+                early.since++;
         if (j->unsynced && j->empty) {
                 unsynced.unlinked++;
         } else if (j->unsynced && !j->io_error) {
@@ -691,7 +751,7 @@ static void recover_settle(struct recover_job *j)
  * before its job is settled, and the executor runs nothing before READY):
  * one hand-over to a pool thread and one wake-up of the loop per chunk, not
  * per WAL. */
-#define RECOVER_CHUNK 16
+#define RECOVER_CHUNK 64
 #define RECOVER_LANES 16
 
 struct recover_chunk {
@@ -715,12 +775,15 @@ static void chunk_done(void *arg)
         struct recover_chunk *c = arg;
         struct daemon *d = c->d;
         size_t n = c->n;
+        log_hold(true);         /* the chunk's lines in one write */
         for (size_t i = 0; i < n; i++)
                 recover_settle(c->jobs[i]);
+        log_hold(false);
         free(c);
         recover_inflight -= n;
         submit_more(d);
         pending_jobs -= n;
+        early_sync(d);
         if (pending_jobs == 0) {
                 snap_free();
                 recovery_sync(d);
@@ -787,7 +850,9 @@ int recover_load_finished(struct daemon *d)
 /* The WALs found at start, opened a window at a time: a job (and its
  * buffers) exists only while it is in flight, so memory does not grow with
  * the number of WALs. */
-#define RECOVER_WINDOW (RECOVER_CHUNK * RECOVER_LANES)
+/* Two chunks a lane: the next one waits on its lane while the loop settles
+ * the one before, so no lane idles meanwhile. */
+#define RECOVER_WINDOW (RECOVER_CHUNK * 2 * RECOVER_LANES)
 
 static struct {
         struct mandate **todo;
@@ -844,9 +909,16 @@ static void submit_more(struct daemon *d)
 int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(struct daemon *d))
 {
         recovery_done_cb = done;
+        early = (struct early_sync){ .min = EARLY_SYNC_MIN };
+#ifdef KAIROS_TEST_HOOKS
+        const char *em = getenv("KAIROS_TEST_EARLY_SYNC_MIN");
+        if (em && *em)
+                early.min = strtoul(em, NULL, 10);
+#endif
         d->recovery.started_ms = now_ms_monotonic();
         snap.ix = ix;
         int r = snap_schedules(d->cfg);
+        snap.wal_dir = open(d->paths.wal, O_PATH | O_DIRECTORY | O_CLOEXEC);
         DIR *dir = r < 0 ? NULL : opendir(d->paths.wal);
         if (!dir) {
                 r = r < 0 ? r : -errno;

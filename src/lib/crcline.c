@@ -62,7 +62,11 @@ int crcline_seal(struct kbuf *b, size_t start)
         uint32_t crc = (uint32_t)crc_bytes(crc32(0L, Z_NULL, 0), b->data + start,
                                            b->len - start);
         b->len--; /* the '}' was only for the crc */
-        return kbuf_printf(b, ",\"crc\":\"%08x\"}\n", crc);
+        static const char hex[] = "0123456789abcdef";
+        char s[] = ",\"crc\":\"00000000\"}\n";
+        for (int i = 0; i < 8; i++)
+                s[8 + i] = hex[(crc >> (28 - 4 * i)) & 15];
+        return kbuf_append(b, s, sizeof s - 1);
 }
 
 int crcline_check(struct kjson_arena *arena, unsigned flags, const char *l, size_t n,

@@ -225,18 +225,25 @@ static bool str_eq(const struct kjson *v, const char *lit)
  * Frequent statuses are interned. */
 static int keep_str(struct fold *f, const struct kjson *v, const char **out)
 {
-        static const char *const interned[] = {
-                "pending", "executing", "completed", "failed", "needs_review", "abandoned",
-                "succeeded",
+#define INTERNED(s) { s, sizeof(s) - 1 }
+        static const struct {
+                const char *s;
+                size_t n;
+        } interned[] = {
+                INTERNED("pending"), INTERNED("executing"), INTERNED("completed"),
+                INTERNED("failed"), INTERNED("needs_review"), INTERNED("abandoned"),
+                INTERNED("succeeded"),
         };
+#undef INTERNED
 
         if (!is_str(v)) {
                 *out = NULL;
                 return 0;
         }
         for (size_t i = 0; i < sizeof(interned) / sizeof(interned[0]); i++) {
-                if (str_eq(v, interned[i])) {
-                        *out = interned[i];
+                if (v->u.str.len == interned[i].n &&
+                    memcmp(v->u.str.ptr, interned[i].s, interned[i].n) == 0) {
+                        *out = interned[i].s;
                         return 0;
                 }
         }

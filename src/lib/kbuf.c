@@ -73,10 +73,19 @@ int kbuf_putc(struct kbuf *b, char c)
 
 int kbuf_vprintf(struct kbuf *b, const char *fmt, va_list ap)
 {
+        /* Formatted straight into the room there is: one pass when it fits
+         * (most do), a second into a buffer made big enough otherwise. */
+        size_t room = b->data && b->cap > b->len ? b->cap - b->len : 0;
         va_list ap2;
         va_copy(ap2, ap);
-        int n = vsnprintf(NULL, 0, fmt, ap2);
+        int n = vsnprintf(room ? b->data + b->len : NULL, room, fmt, ap2);
         va_end(ap2);
+        if (n >= 0 && (size_t)n < room) {
+                b->len += (size_t)n;
+                return 0;
+        }
+        if (room)
+                b->data[b->len] = '\0';        /* what did not fit is not in */
         if (n < 0)
                 return -EINVAL;
         int r = kbuf_reserve(b, (size_t)n);

@@ -29,6 +29,16 @@ static int posix_open(void *ctx, const char *path, int flags, mode_t mode)
         return fd < 0 ? -errno : fd;
 }
 
+static int posix_openat(void *ctx, int dirfd, const char *name, int flags, mode_t mode)
+{
+        (void)ctx;
+        int fd;
+        do
+                fd = openat(dirfd, name, flags, mode);
+        while (fd < 0 && errno == EINTR);
+        return fd < 0 ? -errno : fd;
+}
+
 static ssize_t posix_write(void *ctx, int fd, const void *buf, size_t n)
 {
         (void)ctx;
@@ -149,6 +159,7 @@ static const struct kio kio_posix_impl = {
         .fsync_dir = posix_fsync_dir,
         .syncfs = posix_syncfs,
         .ctx = NULL,
+        .openat = posix_openat,
 };
 
 const struct kio *kio_posix(void)
@@ -346,11 +357,12 @@ out:
 
 /* ---- reading ------------------------------------------------------------ */
 
-static int read_all(int fd, size_t max, struct kbuf *b)
+/* sized: the size is asked first (fstat) and room made for it at once */
+static int read_all(int fd, size_t max, bool sized, struct kbuf *b)
 {
         struct stat st;
         int r;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        if (sized && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
                 if ((uint64_t)st.st_size > max)
                         return -EFBIG;
                 if ((r = kbuf_reserve(b, (size_t)st.st_size + 1)) < 0)
@@ -429,12 +441,29 @@ int kio_gunzip(const char *data, size_t len, size_t max, struct kbuf *out, const
         return r;
 }
 
+#define READ_ROOM (16u * 1024u)
+
+int kio_read_fd_kbuf(int fd, size_t max, struct kbuf *b)
+{
+        if (max == 0 || max > SIZE_MAX / 2)
+                max = SIZE_MAX / 2;
+        /* room for a small file at once, kept with the buffer: no fstat */
+        int r = b->cap - b->len < READ_ROOM ? kbuf_reserve(b, READ_ROOM) : 0;
+        if (r == 0)
+                r = read_all(fd, max, false, b);
+        if (r == 0 && !b->data)
+                r = kbuf_reserve(b, 1);
+        if (b->data)
+                b->data[b->len] = '\0';
+        return r;
+}
+
 int kio_read_fd(int fd, size_t max, unsigned flags, char **ret_data, size_t *ret_len)
 {
         struct kbuf b = KBUF_INIT;
         if (max == 0 || max > SIZE_MAX / 2)
                 max = SIZE_MAX / 2;
-        int r = read_all(fd, max, &b);
+        int r = read_all(fd, max, true, &b);
         if (r == 0 && (flags & KIO_READ_GZIP) && b.len >= 2 &&
             (unsigned char)b.data[0] == 0x1f && (unsigned char)b.data[1] == 0x8b) {
                 struct kbuf plain = KBUF_INIT;

@@ -21,7 +21,11 @@
 
 /* ---------------------------------------------------------------- arena */
 
+/* Chunks start small and double up to ARENA_CHUNK: a one-line parse (a WAL
+ * record, a request) takes a few KB, and a 64 KB block per arena made
+ * every arena's free a consolidation of the malloc heap. */
 #define ARENA_CHUNK (64u * 1024u)
+#define ARENA_FIRST_CHUNK (4u * 1024u)
 
 struct arena_chunk {
         struct arena_chunk *next;
@@ -33,6 +37,7 @@ struct arena_chunk {
 struct kjson_arena {
         struct arena_chunk *head;
         struct arena_chunk *cur;
+        size_t grow;    /* the size of the next new chunk (0: the first) */
         /* scratch stacks of the parser, kept across parses */
         struct kjson **vstack;
         size_t vtop, vcap;
@@ -71,9 +76,10 @@ void kjson_arena_free(struct kjson_arena *a)
         free(a);
 }
 
-static struct arena_chunk *chunk_new(size_t need)
+static struct arena_chunk *chunk_new(struct kjson_arena *a, size_t need)
 {
-        size_t cap = need > ARENA_CHUNK ? need : ARENA_CHUNK;
+        size_t grow = a->grow ? a->grow : ARENA_FIRST_CHUNK;
+        size_t cap = need > grow ? need : grow;
         if (cap > SIZE_MAX - sizeof(struct arena_chunk))
                 return NULL;
         struct arena_chunk *c = malloc(sizeof(struct arena_chunk) + cap);
@@ -82,6 +88,7 @@ static struct arena_chunk *chunk_new(size_t need)
         c->next = NULL;
         c->cap = cap;
         c->used = 0;
+        a->grow = grow < ARENA_CHUNK ? 2 * grow : ARENA_CHUNK;
         return c;
 }
 
@@ -90,7 +97,7 @@ int kjson_arena_reserve(struct kjson_arena *a, size_t n, void **ret_mem, size_t 
         if (a->cur || (a->head && a->head->used))
                 return -EBUSY;
         if (!a->head || a->head->cap < n) {
-                struct arena_chunk *c = chunk_new(n);
+                struct arena_chunk *c = chunk_new(a, n);
                 if (!c)
                         return -ENOMEM;
                 if (a->head) {
@@ -121,7 +128,7 @@ static void *arena_alloc_aligned(struct kjson_arena *a, size_t n, size_t align)
                 return NULL;
         struct arena_chunk *next = c ? c->next : a->head;
         if (!next || next->cap < n) {
-                struct arena_chunk *nc = chunk_new(n);
+                struct arena_chunk *nc = chunk_new(a, n);
                 if (!nc)
                         return NULL;
                 if (next) {

@@ -107,7 +107,11 @@ static void enc_fail(struct enc *e, int r, const char *err)
 static void enc_key(struct enc *e, const char *key)
 {
         if (e->r == 0) {
-                int r = kbuf_printf(e->b, ",\"%s\":", key);
+                int r = kbuf_append(e->b, ",\"", 2);
+                if (r == 0)
+                        r = kbuf_puts(e->b, key);
+                if (r == 0)
+                        r = kbuf_append(e->b, "\":", 2);
                 if (r < 0)
                         enc_fail(e, r, "out of memory");
         }
@@ -398,7 +402,8 @@ int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out)
         }
         size_t start = out->len;
         struct enc e = { .b = out };
-        if (kbuf_printf(out, "{\"op\":\"%s\"", op_name(r->op)) < 0)
+        if (kbuf_puts(out, "{\"op\":\"") < 0 || kbuf_puts(out, op_name(r->op)) < 0 ||
+            kbuf_putc(out, '"') < 0)
                 enc_fail(&e, -ENOMEM, "out of memory");
         enc_body(&e, r);
 
@@ -437,6 +442,8 @@ struct wal {
         uint64_t flush_count;
         bool dir_exists;
         bool exists;
+        bool at_dir;
+        int dir_fd;
         int64_t records;     /* good lines in the file */
         /* cluster mode: the barrier hook and the lines since the last barrier */
         int (*barrier)(void *ctx, int64_t first_seq, const char *lines, size_t len);
@@ -502,6 +509,12 @@ static void set_info_bad(struct wal_open_info *info, const struct fold *f)
         snprintf(info->bad_reason, sizeof(info->bad_reason), "%s", f->bad_reason);
 }
 
+/* The read buffer of WALs opened through a descriptor, kept per thread for
+ * the next one (recovery opens thousands in a row on a few pool threads);
+ * one that grew beyond READ_KEEP_MAX is given back after use. */
+#define READ_KEEP_MAX (256u * 1024u)
+static _Thread_local struct kbuf read_buf = KBUF_INIT;
+
 /* An existing file: scan it, repair a torn tail or quarantine. */
 static int open_existing(struct wal *w, struct wal_open_info *info, struct fold **ret_fold)
 {
@@ -510,19 +523,26 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         size_t len = 0;
         struct fold *f = NULL;
         /* opened for reading and appending already (wal_options.exists):
-         * read through that descriptor, no second open and no fstat */
+         * read through that descriptor, no second open */
         bool have_fd = w->fd >= 0;
-        int r = have_fd ? kio_read_fd(w->fd, 0, 0, &data, &len)
-                        : kio_read_file(w->path, 0, 0, &data, &len);
+        int r;
+        if (have_fd) {
+                read_buf.len = 0;
+                r = kio_read_fd_kbuf(w->fd, 0, &read_buf);
+                len = read_buf.len;
+        } else {
+                r = kio_read_file(w->path, 0, 0, &data, &len);
+        }
         if (r < 0)
                 goto out;
+        const char *bytes = have_fd ? read_buf.data : data;
         if (len == 0) {
                 /* Possibly created by an open whose directory fsync never
                  * succeeded (no record can have been acknowledged): redo it. */
                 if ((r = kio_fsync_parent(io, w->path)) < 0)
                         goto out;
         }
-        if ((r = fold_buffer(data, len, &f)) < 0)
+        if ((r = fold_buffer(bytes, len, &f)) < 0)
                 goto out;
 
         if (f->status == FOLD_CORRUPT) {
@@ -538,7 +558,7 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         }
         if (f->status == FOLD_TORN && f->good_end < len) {
                 set_info_bad(info, f);
-                r = save_torn(w, data + f->good_end, len - f->good_end, info->torn_path,
+                r = save_torn(w, bytes + f->good_end, len - f->good_end, info->torn_path,
                               sizeof(info->torn_path));
                 if (r < 0)
                         goto out;
@@ -567,7 +587,7 @@ static int open_existing(struct wal *w, struct wal_open_info *info, struct fold 
         }
         w->records = 0;
         size_t end = f->good_end < len ? f->good_end : len;
-        for (const char *p = data, *e = data + end;
+        for (const char *p = bytes, *e = bytes + end;
              p < e && (p = memchr(p, '\n', (size_t)(e - p))) != NULL; p++)
                 w->records++;
         r = 0;
@@ -578,6 +598,8 @@ out:
         }
         fold_free(f);
         free(data);
+        if (read_buf.cap > READ_KEEP_MAX)
+                kbuf_free(&read_buf);
         return r;
 }
 
@@ -603,9 +625,16 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
         if (w->exists) {
                 /* no access-time update (an inode write per WAL read): the
                  * file is kairosd's own; where the flag is refused, without */
-                w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC | O_NOATIME, 0);
-                if (w->fd == -EPERM)
-                        w->fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
+                const char *name = strrchr(w->path, '/');
+                bool at = w->at_dir && io->openat && name;
+                int flags = O_RDWR | O_APPEND | O_CLOEXEC | O_NOATIME;
+                w->fd = at ? io->openat(io->ctx, w->dir_fd, name + 1, flags, 0)
+                           : io->open(io->ctx, w->path, flags, 0);
+                if (w->fd == -EPERM) {
+                        flags &= ~O_NOATIME;
+                        w->fd = at ? io->openat(io->ctx, w->dir_fd, name + 1, flags, 0)
+                                   : io->open(io->ctx, w->path, flags, 0);
+                }
                 if (w->fd >= 0)
                         return open_existing(w, info, ret_fold);
                 if (w->fd != -ENOENT)
@@ -651,6 +680,8 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
         w->clock_ctx = opt ? opt->clock_ctx : NULL;
         w->dir_exists = opt && opt->dir_exists;
         w->exists = opt && opt->exists;
+        w->at_dir = opt && opt->at_dir;
+        w->dir_fd = opt ? opt->dir_fd : -1;
         w->barrier = opt ? opt->barrier : NULL;
         w->barrier_ctx = opt ? opt->barrier_ctx : NULL;
         w->keep = opt && opt->keep_appended;

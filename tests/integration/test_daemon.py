@@ -246,6 +246,58 @@ class TestRecovery(DaemonCase):
             n = "mnd_x%03d.wal.jsonl" % i
             self.assertEqual(open(os.path.join(wal, n), "rb").read(), after_kill[n], n)
 
+    def test_early_syncfs_starts_writeback_closing_one_before_ready(self):
+        """With many WALs to write to, recovery starts the write-back early:
+        a syncfs each time KAIROS_TEST_EARLY_SYNC_MIN more WALs were written
+        to (1,024 without test hooks), queued while the scan goes on; the closing
+        syncfs still comes last, after every recovery record, and READY=1
+        after it.  A kill -9 right after READY=1 loses nothing."""
+        import kairos_harness
+        strace = shutil.which("strace")
+        if not strace:
+            self.skipTest("strace not installed")
+        prepare_state(self.state)
+        wal = os.path.join(self.state, "wal")
+        trace = os.path.join(self.dir, "trace.txt")
+        wrapper = os.path.join(self.dir, "kairosd-straced")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\nexec %s -f -y -qq -e signal=none '
+                    '-e trace=syncfs,write,sendmsg,sendto -o %s %s "$@"\n'
+                    % (strace, trace, os.path.abspath(kairos_harness.KAIROSD)))
+        os.chmod(wrapper, 0o755)
+        real, kairos_harness.KAIROSD = kairos_harness.KAIROSD, wrapper
+        try:
+            d = self.start(env={"KAIROS_TEST_EARLY_SYNC_MIN": "16"})
+        finally:
+            kairos_harness.KAIROSD = real
+        self.notify.wait_ready(timeout=60)
+        with open(os.path.join(self.state, "kairosd.pid")) as f:
+            os.kill(int(f.read().split()[0]), signal.SIGKILL)
+        d.proc.wait(60)
+        d.reader.join(30)
+        with open(trace, errors="replace") as f:
+            lines = f.read().splitlines()
+        ready = [i for i, line in enumerate(lines) if "READY=1" in line]
+        self.assertTrue(ready, "READY=1 was sent")
+        before = lines[:ready[0]]
+        syncfs = [i for i, line in enumerate(before) if "syncfs(" in line]
+        # (returned 0, on its line or on its "<... syncfs resumed>" one)
+        ok = [i for i, line in enumerate(before) if "syncfs" in line and line.endswith("= 0")]
+        self.assertGreaterEqual(len(ok), 2, "early syncfs before the closing one:\n" +
+                                "\n".join(before[i] for i in syncfs))
+        for i in syncfs:
+            self.assertIn("/wal>", before[i])
+        wal_writes = [i for i, line in enumerate(before)
+                      if line.split()[1].startswith("write(") and ".wal.jsonl>" in line]
+        self.assertTrue(wal_writes)
+        # (queued when a pool job is settled while another is pending; whether
+        # that one's writes come before it or after is up to the threads)
+        self.assertGreater(syncfs[0], wal_writes[0], "an early syncfs after records")
+        self.assertGreater(ok[-1], wal_writes[-1], "the closing syncfs after every record")
+        for i in range(EXTRA_REVIEW):
+            recs = read_records(os.path.join(wal, "mnd_x%03d.wal.jsonl" % i))
+            self.assertEqual(recs[-1]["status"], "needs_review")
+
 
 def settle(d, failed=True):
     """Wait for the executor's decisions on the prepared mandates."""

@@ -10,6 +10,32 @@
 
 #include "kairos/kbuf.h"
 
+/* printf into the room there is, and past it: the same text either way,
+ * always NUL-terminated at len */
+static void test_printf_fits_or_grows(void **state)
+{
+        (void)state;
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_printf(&b, "%s", ""), 0);        /* no buffer yet */
+        assert_int_equal(b.len, 0);
+        assert_string_equal(b.data, "");
+        assert_int_equal(kbuf_puts(&b, "ab"), 0);
+        size_t cap = b.cap;
+        assert_int_equal(kbuf_printf(&b, "%d", 7), 0);         /* fits */
+        assert_int_equal(b.cap, cap);
+        assert_string_equal(b.data, "ab7");
+        char big[300];
+        memset(big, 'q', sizeof big - 1);
+        big[sizeof big - 1] = '\0';
+        assert_true(b.cap - b.len < sizeof big);
+        assert_int_equal(kbuf_printf(&b, "<%s>%d", big, 12), 0);   /* does not */
+        assert_int_equal(b.len, 3 + 1 + 299 + 1 + 2);
+        assert_int_equal(memcmp(b.data, "ab7<qqq", 7), 0);
+        assert_string_equal(b.data + b.len - 4, "q>12");
+        assert_int_equal(b.data[b.len], '\0');
+        kbuf_free(&b);
+}
+
 static void test_append_printf_steal(void **state)
 {
         (void)state;
@@ -86,6 +112,7 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_append_printf_steal),
+                cmocka_unit_test(test_printf_fits_or_grows),
                 cmocka_unit_test(test_json_escapes),
                 cmocka_unit_test(test_json_rejects_bad_utf8),
                 cmocka_unit_test(test_json_lossy_cuts_characters),

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 #include <zlib.h>
 
+#include "kairos/kbuf.h"
 #include "kairos/kio.h"
 
 /* ---- a recording / failing kio wrapped around kio_posix ---------------- */
@@ -529,6 +530,47 @@ static void put_file(const char *path, const void *data, size_t n)
         fclose(fp);
 }
 
+/* kio_read_fd_kbuf: appended from b->len on, into a buffer used again;
+ * an empty file leaves it "" (not NULL); beyond max, -EFBIG */
+static void test_read_fd_kbuf_reuses(void **state)
+{
+        struct fx *f = *state;
+        char path[128], empty[128];
+        snprintf(path, sizeof path, "%s/r.txt", f->dir);
+        snprintf(empty, sizeof empty, "%s/empty", f->dir);
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        fputs("hello world", fp);
+        fclose(fp);
+        fp = fopen(empty, "w");
+        assert_non_null(fp);
+        fclose(fp);
+        struct kbuf b = KBUF_INIT;
+        int fd = open(empty, O_RDONLY | O_CLOEXEC);
+        assert_int_equal(kio_read_fd_kbuf(fd, 0, &b), 0);
+        close(fd);
+        assert_non_null(b.data);
+        assert_string_equal(b.data, "");
+        assert_int_equal(kbuf_puts(&b, ">"), 0);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        assert_int_equal(kio_read_fd_kbuf(fd, 0, &b), 0);
+        close(fd);
+        assert_string_equal(b.data, ">hello world");
+        char *kept = b.data;
+        b.len = 0;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        assert_int_equal(kio_read_fd_kbuf(fd, 0, &b), 0);
+        close(fd);
+        assert_ptr_equal(b.data, kept);          /* the same buffer */
+        assert_int_equal(b.len, 11);
+        assert_string_equal(b.data, "hello world");
+        b.len = 0;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        assert_int_equal(kio_read_fd_kbuf(fd, 5, &b), -EFBIG);
+        close(fd);
+        kbuf_free(&b);
+}
+
 static void test_read_file_plain_gzip_and_limits(void **state)
 {
         struct fx *f = *state;
@@ -674,6 +716,7 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_mkdir_p_fsyncs_each_created_parent, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_write_file_atomic_sequence, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_read_fd_kbuf_reuses, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_read_file_plain_gzip_and_limits, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_write_file_atomic_failures_remove_tmp, setup,

@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +71,56 @@ static void test_stderr_line_escaped(void **state)
         assert_false(has_control(line));
 }
 
+/* log_hold: the records are kept until log_hold(false), then written
+ * together, in order, each one its own line as before; another thread's
+ * records are not kept. */
+static void *log_other(void *arg)
+{
+        (void)arg;
+        log_event(LOG_NOTICE, NULL, NULL, 0, "other thread");
+        return NULL;
+}
+
+static void test_hold_writes_together(void **state)
+{
+        (void)state;
+        unsetenv("JOURNAL_STREAM");
+        log_setup(LOG_INFO);
+        int p[2];
+        assert_int_equal(pipe2(p, O_NONBLOCK), 0);
+        fflush(stderr);
+        int saved = dup(STDERR_FILENO);
+        assert_true(saved >= 0);
+        assert_true(dup2(p[1], STDERR_FILENO) >= 0);
+        char buf[4096];
+        log_hold(true);
+        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", "m1" }), "first");
+        log_event(LOG_NOTICE, NULL, NULL, 0, "second");
+        assert_int_equal(read(p[0], buf, sizeof buf), -1);   /* nothing yet */
+        assert_int_equal(errno, EAGAIN);
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, log_other, NULL), 0);
+        assert_int_equal(pthread_join(t, NULL), 0);
+        ssize_t n = read(p[0], buf, sizeof buf - 1);
+        assert_true(n > 0);
+        buf[n] = '\0';
+        assert_string_equal(buf, "<5>other thread\n");
+        log_hold(false);
+        n = read(p[0], buf, sizeof buf - 1);
+        assert_true(n > 0);
+        buf[n] = '\0';
+        assert_string_equal(buf, "<5>first MANDATE_ID=m1\n<5>second\n");
+        log_event(LOG_NOTICE, NULL, NULL, 0, "third");     /* not held any more */
+        n = read(p[0], buf, sizeof buf - 1);
+        assert_true(n > 0);
+        buf[n] = '\0';
+        assert_string_equal(buf, "<5>third\n");
+        assert_true(dup2(saved, STDERR_FILENO) >= 0);
+        close(saved);
+        close(p[0]);
+        close(p[1]);
+}
+
 static void test_journal_message_escaped(void **state)
 {
         (void)state;
@@ -91,6 +144,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_stderr_line_escaped),
                 cmocka_unit_test(test_journal_message_escaped),
+                cmocka_unit_test(test_hold_writes_together),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -83,6 +83,13 @@ static int r_open(void *ctx, const char *path, int flags, mode_t mode)
         return f ? f : kio_posix()->open(NULL, path, flags, mode);
 }
 
+static int r_openat(void *ctx, int dirfd, const char *name, int flags, mode_t mode)
+{
+        rec_log(ctx, "openat %s%s", name, (flags & O_APPEND) ? " APPEND" : "");
+        int f = rec_call(ctx, OP_OPEN);
+        return f ? f : kio_posix()->openat(NULL, dirfd, name, flags, mode);
+}
+
 static ssize_t r_write(void *ctx, int fd, const void *buf, size_t n)
 {
         struct rec *r = ctx;
@@ -167,6 +174,7 @@ static struct kio rec_kio(struct rec *r)
                 .mkdir = r_mkdir,
                 .fsync_dir = r_fsync_dir,
                 .ctx = r,
+                .openat = r_openat,
         };
         return io;
 }
@@ -991,6 +999,60 @@ static void write_two_records(struct fx *f)
         assert_int_equal(wal_close(w), 0);
 }
 
+/* at_dir (recovery at start): the WAL is opened by its name relative to the
+ * directory it was handed, not by its whole path: here another directory
+ * holding a WAL of the same name with one record more is the one read and
+ * appended to. */
+static void test_exists_at_dir_opens_by_name(void **state)
+{
+        struct fx *f = *state;
+        write_two_records(f);
+        size_t len;
+        char *two = slurp(f->wal, &len);
+        char other[128], other_wal[256];
+        snprintf(other, sizeof other, "%s/other", f->dir);
+        assert_int_equal(mkdir(other, 0700), 0);
+        const char *name = strrchr(f->wal, '/') + 1;
+        snprintf(other_wal, sizeof other_wal, "%s/%s", other, name);
+        struct kbuf three = KBUF_INIT;
+        struct wal_record rec = { .op = WAL_OP_COMPLETED, .step_id = "observe_001",
+                                  .post_hash = "post", .result_hash = "rh" };
+        assert_int_equal(kbuf_append(&three, two, len), 0);
+        assert_int_equal(wal_encode(&rec, TS_MS, &three), 0);
+        spit(other_wal, three.data, three.len);
+        int dfd = open(other, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        assert_true(dfd >= 0);
+
+        f->opt.exists = true;
+        f->opt.at_dir = true;
+        f->opt.dir_fd = dfd;
+        struct wal *w = NULL;
+        struct fold *fo = NULL;
+        struct wal_open_info info;
+        assert_int_equal(wal_open_folded(f->wal, &f->opt, &w, &info, &fo), 0);
+        assert_int_equal(f->rec.calls[OP_OPEN], 1);
+        char want[300];
+        snprintf(want, sizeof want, "openat %s APPEND", name);
+        assert_true(log_find(&f->rec, 0, want) >= 0);
+        assert_int_equal(fo->records, 3);       /* the other directory's file */
+        fold_free(fo);
+        assert_int_equal(wal_mark_executing(w, "orient_001", "pre"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+        close(dfd);
+        size_t n;
+        char *after = slurp(other_wal, &n);
+        assert_true(n > three.len);
+        assert_memory_equal(after, three.data, three.len);
+        free(after);
+        char *same = slurp(f->wal, &n);     /* the path's own file: untouched */
+        assert_int_equal(n, len);
+        assert_memory_equal(same, two, len);
+        free(same);
+        free(two);
+        kbuf_free(&three);
+}
+
 static void test_torn_tail_repaired(void **state)
 {
         struct fx *f = *state;
@@ -1731,6 +1793,7 @@ int main(void)
                 cmocka_unit_test(test_encoded_lines_fold_clean),
                 T(test_create_fsyncs_parent),
                 T(test_reopen_does_not_truncate),
+                T(test_exists_at_dir_opens_by_name),
                 T(test_one_line_per_op),
                 T(test_commit_planner_plan),
                 T(test_flush_barrier),
