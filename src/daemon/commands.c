@@ -41,6 +41,7 @@ struct retry_target {
         const char *id, *schedule, *fired_at; /* NULL: unknown */
         const char *status;                   /* its status's name */
         bool ended, done;
+        bool remote;      /* no node's here (opreads.h) */
         int db_last;      /* the tick's highest retry number on other nodes (opreads.h) */
 };
 static void retry_target(struct control_request *req, const struct retry_target *t,
@@ -1031,9 +1032,10 @@ static void retry_from_reply(void *ctx, const struct op_result *r)
 static void retry_from_read(struct control_request *req, const struct retry_target *t,
                             const char *from)
 {
-        struct mandate *m = mandate_find(req->d, t->id);
+        struct mandate *m = t->remote ? NULL : mandate_find(req->d, t->id);
         if (!m) {
-                /* another node's mandate: its steps are in its WAL there */
+                /* another node's mandate (opreads.h): its steps are in its
+                 * WAL there */
                 control_reply_error(req, "conflict",
                                     "args.from: mandate %s is not held by this node: retry "
                                     "--from reads the steps of a mandate this node holds; "
@@ -1141,6 +1143,7 @@ static void retry_tick(void *ctx, const struct op_result *err, const struct opre
                 rt = (struct retry_target){
                         .id = t->id, .schedule = t->schedule, .fired_at = t->fired_at,
                         .status = t->status, .ended = t->ended, .done = t->done,
+                        .remote = true,
                 };
         } else {
                 struct mandate *m = mandate_find(req->d, t->id);
