@@ -553,10 +553,11 @@ void executor_retry(struct daemon *d, const struct executor_retry *rt,
  * each step pending, then completed with the result of the step it is
  * carried from, marked carried_from; they are durable with the plan, so
  * the executor never runs them and recovery finds them completed. */
-static int carry_records(struct advance *a, const struct mandate *m, const struct carry *c)
+static int carry_records(struct advance *a, const struct mandate *m,
+                         const struct carry_step *steps, size_t n, const char *plan_id)
 {
-        for (size_t i = 0; i < c->nsteps; i++) {
-                const struct carry_step *s = &c->steps[i];
+        for (size_t i = 0; i < n; i++) {
+                const struct carry_step *s = &steps[i];
                 char key[PLANNER_ID_MAX + PLANNER_STEP_ID_MAX + 2];
                 char *from = NULL;
                 snprintf(key, sizeof key, "%s/%s", m->id, s->step_id);
@@ -573,13 +574,45 @@ static int carry_records(struct advance *a, const struct mandate *m, const struc
                     a->npre + 2 > MAX_BATCH)
                         return -ENOMEM;
                 a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_APPEND, .step_id = step_id,
-                                                         .plan_id = a->plan.plan_id,
+                                                         .plan_id = plan_id,
                                                          .idem_key = idem_key };
                 a->pre[a->npre++] = (struct wal_record){
                         .op = WAL_OP_COMPLETED, .step_id = step_id, .post_hash = post,
                         .result_hash = hash, .result_json = result, .carried_from = carried_from,
                 };
         }
+        return 0;
+}
+
+/* The cycle before the one a retry --from runs (c->prev_status not
+ * PLAN_OPEN): its plan, its completed steps carried, finalized as it was. */
+static int carry_prev_cycle(struct advance *a, const struct mandate *m, const struct carry *c,
+                            int retry)
+{
+        if (c->prev_status == PLAN_OPEN)
+                return 0;
+        struct planner_plan *pp = &a->prev_plan;
+        int r = planner_build_retry(m->schedule, m->fired_at, retry, (int)c->cycle - 1, pp);
+        if (r < 0)
+                return r;
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                a->prev_wsteps[i] = (struct wal_step){ pp->steps[i].step_id, pp->steps[i].tool,
+                                                       pp->steps[i].params_hash,
+                                                       pp->steps[i].pre_hash,
+                                                       pp->steps[i].expected_post_hash };
+        if (a->npre + 2 + 2 * c->prev_nsteps > MAX_BATCH)
+                return -ENOMEM;
+        a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_PLAN_COMMIT, .plan_id = pp->plan_id,
+                                                 .mandate_id = pp->mandate_id,
+                                                 .cycle = pp->cycle, .steps = a->prev_wsteps,
+                                                 .nsteps = PLANNER_PHASES };
+        if ((r = carry_records(a, m, c->prev_steps, c->prev_nsteps, pp->plan_id)) < 0)
+                return r;
+        const char *reason = c->prev_reason ? advance_own(a, c->prev_reason) : NULL;
+        if (c->prev_reason && !reason)
+                return -ENOMEM;
+        a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = pp->plan_id,
+                                                 .status = c->prev_status, .reason = reason };
         return 0;
 }
 
@@ -690,8 +723,13 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                         .op = WAL_OP_OPERATOR, .mandate_id = advance_own(a, m->id), .action = "retry",
                         .uid = rt->uid, .reason = advance_own(a, rt->reason),
                 };
+        if (carried && carry_prev_cycle(a, m, carried, retry) < 0) {
+                op_reply_error(&a->reply, "internal", "out of memory");
+                advance_free(a);
+                return;
+        }
         advance_set_plan(a, &a->pre[a->npre++], &p);
-        if (carried && carry_records(a, m, carried) < 0) {
+        if (carried && carry_records(a, m, carried->steps, carried->nsteps, a->plan.plan_id) < 0) {
                 op_reply_error(&a->reply, "internal", "out of memory");
                 advance_free(a);
                 return;

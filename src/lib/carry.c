@@ -90,6 +90,23 @@ int carry_select(const struct fold *f, const char *from, struct carry *ret_carry
         }
         ret_carry->nsteps = idx;
         ret_carry->cycle = p->cycle;
+        const struct fold_plan *prev = NULL;
+        for (size_t i = 0; i < f->nplans; i++)
+                if (!f->plans[i].orphan_reason && f->plans[i].cycle == p->cycle - 1)
+                        prev = &f->plans[i];
+        if (prev && prev->finalized && plan_status_name(prev->final_state)) {
+                ret_carry->prev_status = prev->final_state;
+                ret_carry->prev_reason = prev->final_reason;
+                for (size_t j = 0; j < prev->nsteps && j < PLANNER_PHASES; j++) {
+                        const struct fold_step *s = &f->steps[prev->steps[j]];
+                        if (s->state != STEP_COMPLETED || !s->post_hash || !s->result_hash)
+                                continue;
+                        ret_carry->prev_steps[ret_carry->prev_nsteps++] = (struct carry_step){
+                                .step_id = s->step_id, .post_hash = s->post_hash,
+                                .result_hash = s->result_hash, .result_json = s->result_json,
+                        };
+                }
+        }
         ret_carry->from_step = f->steps[p->steps[idx]].step_id;
         return 0;
 }

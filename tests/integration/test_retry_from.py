@@ -58,9 +58,27 @@ class RetryFrom(unittest.TestCase):
                     % (self.stdin_dir, self.calls, self.gate, self.okfile))
         exe = {p.capitalize(): "/bin/sh %s %s" % (h, p) for p in EARLY}
         exe["Act"] = "/bin/sh " + act
+        # two cycles: act_001 succeeds, act_002 fails until "ok" exists; the
+        # reflect of cycle 2 says done
+        act2 = os.path.join(self.dir, "act2.sh")
+        with open(act2, "w") as f:
+            f.write("#!/bin/sh\n"
+                    "cat > %s/\"${KAIROS_IDEM_KEY%%%%/*}\"_${KAIROS_IDEM_KEY##*/}\n"
+                    "echo \"$KAIROS_IDEM_KEY\" >> %s\n"
+                    "case $KAIROS_IDEM_KEY in */act_001) echo '\"a1\"'; exit 0;; esac\n"
+                    "[ -e %s ] && echo '\"acted\"'\n" % (self.stdin_dir, self.calls, self.okfile))
+        reflect = os.path.join(self.dir, "reflect.sh")
+        with open(reflect, "w") as f:
+            f.write("#!/bin/sh\n"
+                    "echo \"$KAIROS_IDEM_KEY\" >> %s\n"
+                    "case $KAIROS_IDEM_KEY in */reflect_001) echo '{\"again\":1}';;\n"
+                    "*) echo '{\"kairos\":{\"done\":true}}';; esac\n" % self.calls)
+        exe2 = dict(exe, Act="/bin/sh " + act2, Reflect="/bin/sh " + reflect)
         self.conf = write_config(self.dir, self.state, {
             "eff": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "1"},
                     "Exec": exe},
+            "two": {"Schedule": {"Cron": "0 0 1 1 *"}, "Mandate": {"MaxCycles": "2"},
+                    "Exec": exe2},
         }, daemon_extra="GracefulTimeoutSec=1\n")
         self.notify = NotifySocket(self.dir)
         self.start()
@@ -181,6 +199,34 @@ class RetryFrom(unittest.TestCase):
         steps = json.loads(self.ok("--json", "show", w))["plans"][0]["steps"]
         self.assertEqual([s.get("carried_from") for s in steps],
                          [m + "/observe_001", m + "/orient_001", None, None, None])
+
+    def test_from_the_second_cycle(self):
+        """retry --from act of a mandate whose act_002 failed: cycle 1 is
+        carried as it ended, cycle 2's steps before act too; act_002 reads
+        the same results and previous_reflect as the first time."""
+        m = json.loads(self.ok("--json", "fire", "two", "--at", AT))["mandate"]
+        self.assertEqual(self.wait_status(m), (1, "failed"))
+        ran = ["%s_00%d" % (p, c) for c in (1, 2) for p in EARLY + ("act", "reflect")]
+        self.assertEqual(self.called(m), ran[:9])
+        open(self.okfile, "w").close()
+        w = self.retry_from(m, "act")
+        self.assertEqual(self.wait_status(w), (0, "done"), self.daemon.log()[-3000:])
+        self.assertEqual(self.called(w), ["act_002", "reflect_002"])
+        first, doc = self.stdin_of(m + "_act_002"), self.stdin_of(w + "_act_002")
+        self.assertEqual(doc["previous_reflect"], {"again": 1})
+        self.assertEqual(doc["previous_reflect"], first["previous_reflect"])
+        self.assertEqual(doc["results"], first["results"])
+        self.assertEqual(doc["plan"]["cycle"], 2)
+        plans = json.loads(self.ok("--json", "show", w))["plans"]
+        self.assertEqual([(p["cycle"], p["status"]) for p in plans],
+                         [(1, "succeeded"), (2, "succeeded")])
+        self.assertEqual([s.get("carried_from") for p in plans for s in p["steps"]],
+                         ["%s/%s" % (m, s) for s in ran[:8]] + [None, None])
+        # a crash now: recovery folds the same
+        self.daemon.kill()
+        self.daemon.proc.stderr.close()
+        self.start()
+        self.assertEqual(json.loads(self.ok("--json", "show", w))["plans"], plans)
 
     def test_kill_9_after_the_retry_keeps_carried_steps(self):
         m = self.fire_failed()

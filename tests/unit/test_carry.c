@@ -104,6 +104,12 @@ static void test_phase_name(void **state)
         assert_string_equal(c.steps[0].post_hash, "post");
         assert_string_equal(c.steps[1].step_id, "orient_002");
         assert_string_equal(c.steps[1].result_json, "[1,2]");
+        /* the cycle before, as it ended, with its completed steps */
+        assert_int_equal(c.prev_status, PLAN_SUCCEEDED);
+        assert_null(c.prev_reason);
+        assert_int_equal(c.prev_nsteps, 5);
+        assert_string_equal(c.prev_steps[4].step_id, "reflect_001");
+        assert_string_equal(c.prev_steps[4].result_json, "{\"c\":1}");
         /* from the first phase: nothing carried */
         assert_int_equal(carry_select(f, "observe", &c, msg, sizeof msg), 0);
         assert_int_equal(c.nsteps, 0);
@@ -122,6 +128,8 @@ static void test_step_id(void **state)
         assert_int_equal(c.nsteps, 4);
         assert_string_equal(c.steps[3].step_id, "act_001");
         assert_string_equal(c.steps[3].result_json, "{\"c\":1}");
+        assert_int_equal(c.prev_status, PLAN_OPEN); /* cycle 1: none before */
+        assert_int_equal(c.prev_nsteps, 0);
         fold_free(f);
 }
 
