@@ -96,6 +96,9 @@ struct fold_step {
         unsigned retries;
         long long retry_due_ms;
         bool retry_waiting;
+        /* "MANDATE/STEP": the step was not run here but carried, completed
+         * with that step's result (kairosctl retry --from); NULL: not */
+        const char *carried_from;
         size_t plan;                     /* index into fold.plans */
 };
 

@@ -72,6 +72,10 @@ struct wal_record {
         bool recovered;
         const char *evidence_json;  /* completed, needs_review, reset (optional) */
         const char *result_json;    /* completed */
+        /* completed (optional): "MANDATE/STEP", the step is carried from
+         * that step of another mandate, with its result (kairosctl retry
+         * --from): nothing ran */
+        const char *carried_from;
         /* result_json is the compact form of a parsed value (kjson_write's
          * bytes): written as it is, not read again */
         bool result_compact;

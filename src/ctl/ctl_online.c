@@ -1127,9 +1127,13 @@ static void put_field(const char *label, const char *value)
 static char *step_detail(json_t *s)
 {
         const char *reason = jstr(s, "reason"), *cls = jstr(s, "error_class");
-        const char *msg = jstr(s, "error_msg");
+        const char *msg = jstr(s, "error_msg"), *carried = jstr(s, "carried_from");
         struct kbuf b = KBUF_INIT;
         int r = kbuf_puts(&b, reason ? reason : "");
+
+        /* retry --from: completed here with the result of that step */
+        if (r == 0 && carried)
+                r = kbuf_printf(&b, "%scarried from %s", reason ? "; " : "", carried);
 
         if (r == 0 && (cls || (msg && *msg)))
                 r = kbuf_printf(&b, "%serror: %s%s%s", reason ? "; " : "", cls ? cls : "",
@@ -1474,7 +1478,7 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv)
 
 /* ---- retry ------------------------------------------------------------ */
 
-/* "MANDATE retried as NEW (retry N, STATUS)" */
+/* "MANDATE retried as NEW (retry N, STATUS)[ from STEP]" */
 static int text_retry(json_t *r)
 {
         ctl_put_safe(stdout, jstr(r, "retry_of"));
@@ -1482,14 +1486,21 @@ static int text_retry(json_t *r)
         ctl_put_safe(stdout, jstr(r, "mandate"));
         printf(" (retry %lld, ", (long long)jint(r, "retry"));
         ctl_put_safe(stdout, jstr(r, "status"));
-        fputs(")\n", stdout);
+        fputs(")", stdout);
+        if (jstr(r, "from")) {
+                fputs(" from ", stdout);
+                ctl_put_safe(stdout, jstr(r, "from"));
+        }
+        putchar('\n');
         return CTL_EXIT_OK;
 }
 
 int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv)
 {
-        const char *reason = NULL;
-        const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
+        const char *reason = NULL, *from = NULL;
+        const struct ctl_option opts[] = { { "reason", true, &reason, NULL },
+                                           { "from", true, &from, NULL },
+                                           { NULL } };
         int npos, r;
 
         r = ctl_parse_options("retry", argc, argv, opts, &npos);
@@ -1497,12 +1508,16 @@ int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv)
                 r = want_args("retry", npos, 1, "MANDATE");
         if (r == 0 && reason && !*reason)
                 r = ctl_usage_error("retry: --reason must not be empty");
+        if (r == 0 && from && !*from)
+                r = ctl_usage_error("retry: --from must not be empty");
         if (r)
                 return r;
-        return run(o, "retry",
-                   reason ? json_pack("{s:s, s:s}", "mandate", argv[0], "reason", reason)
-                          : json_pack("{s:s}", "mandate", argv[0]),
-                   text_retry);
+        json_t *args = json_pack("{s:s}", "mandate", argv[0]);
+        if (args && reason)
+                json_object_set_new(args, "reason", json_string(reason));
+        if (args && from)
+                json_object_set_new(args, "from", json_string(from));
+        return run(o, "retry", args, text_retry);
 }
 
 /* ---- wait ------------------------------------------------------------- */

@@ -40,10 +40,12 @@ static const struct ctl_command commands[] = {
           "with its steps (start, end, duration), the operator actions, and the retries\n"
           "linked to it.  MANDATE: an id or any unique prefix of one.  --state-dir DIR:\n"
           "read the state directory, without kairosd." },
-        { "retry", ctl_cmd_retry, true, "MANDATE [--reason T]",
+        { "retry", ctl_cmd_retry, true, "MANDATE [--reason T] [--from STEP]",
           "Run a mandate that ended again: a new mandate for the same schedule and tick\n"
           "(id from NAME|FIRED_AT|retry:N).  Refused while MANDATE has not ended; a\n"
-          "mandate that ended done needs --reason." },
+          "mandate that ended done needs --reason.  --from STEP (a step id such as\n"
+          "act_001, or a phase: its step in the last cycle): the steps of its cycle\n"
+          "before STEP are taken as completed with their results, and it runs from STEP." },
         { "wait", ctl_cmd_wait, true, "MANDATE [--timeout S]",
           "Wait until a mandate ends or waits for an operator.  Exit 0 done, 1 ended\n"
           "otherwise, 4 paused for an operator, 124 timed out after S seconds." },

@@ -17,6 +17,7 @@
 #include "executor.h"
 #include "idem_service.h"
 #include "kairos/canon.h"
+#include "kairos/carry.h"
 #include "kairos/dlist.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
@@ -40,9 +41,11 @@ struct retry_target {
         const char *id, *schedule, *fired_at; /* NULL: unknown */
         const char *status;                   /* its status's name */
         bool ended, done;
+        bool remote;      /* no node's here (opreads.h) */
         int db_last;      /* the tick's highest retry number on other nodes (opreads.h) */
 };
-static void retry_target(struct control_request *req, const struct retry_target *t);
+static void retry_target(struct control_request *req, const struct retry_target *t,
+                         const struct carry *carried);
 static struct retry_target retry_target_of(const struct mandate *m);
 /* wait requests waiting (below) */
 static unsigned waiters_count(void);
@@ -970,9 +973,100 @@ out:
         return refused;
 }
 
+/* retry --from: the steps of the mandate retried, read off the loop on its
+ * queue, then the retry made (retry_target again: the checks hold at the
+ * moment it is created). */
+struct retry_from {
+        struct control_request *req;
+        struct mandate *m;
+        char *from;
+        int db_last;
+        int error;             /* reading its WAL */
+        int refused;           /* carry_select */
+        char msg[256];
+        struct fold *f;
+        struct carry carry;    /* borrows from f */
+};
+
+static void retry_from_work(void *arg)
+{
+        struct retry_from *j = arg;
+        const struct mandate *m = j->m;
+        j->error = m->archived ? showdoc_fold_file(m->wal_path, true, &j->f)
+                               : fold_file(m->wal_path, &j->f);
+        if (!j->error)
+                j->refused = carry_select(j->f, j->from, &j->carry, j->msg, sizeof j->msg);
+}
+
+static void retry_from_done(void *arg)
+{
+        struct retry_from *j = arg;
+        struct mandate *m = j->m;
+        m->busy--;
+        if (j->error) {
+                control_reply_error(j->req, "wal_io_error", "cannot read %s: %s", m->wal_path,
+                                    strerror(-j->error));
+        } else if (j->refused) {
+                control_reply_error(j->req, "bad_argument", "%s", j->msg);
+        } else {
+                struct retry_target rt = retry_target_of(m);
+                rt.db_last = j->db_last;
+                retry_target(j->req, &rt, &j->carry);
+        }
+        fold_free(j->f);
+        free(j->from);
+        free(j);
+}
+
+/* The reply of a retry --from names the step it runs from. */
+static void retry_from_reply(void *ctx, const struct op_result *r)
+{
+        struct control_request *req = ctx;
+        const char *from = json_string_value(json_object_get(req->args, "from"));
+        if (!r->code && r->result && from)
+                json_object_set_new(r->result, "from", json_string(from));
+        reply_result(req, r);
+}
+
+/* Start reading t's steps for retry --from FROM (t is this node's). */
+static void retry_from_read(struct control_request *req, const struct retry_target *t,
+                            const char *from)
+{
+        struct mandate *m = t->remote ? NULL : mandate_find(req->d, t->id);
+        if (!m) {
+                /* another node's mandate (opreads.h): its steps are in its
+                 * WAL there */
+                control_reply_error(req, "conflict",
+                                    "args.from: mandate %s is not held by this node: retry "
+                                    "--from reads the steps of a mandate this node holds; "
+                                    "retry it without --from, or on its node",
+                                    t->id);
+                return;
+        }
+        struct retry_from *j = calloc(1, sizeof(*j));
+        if (!j || !(j->from = strdup(from))) {
+                free(j);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        j->req = req;
+        j->m = m;
+        j->db_last = t->db_last;
+        m->busy++;
+        if (serialq_submit(&m->q, retry_from_work, retry_from_done, j) < 0) {
+                m->busy--;
+                free(j->from);
+                free(j);
+                control_reply_error(req, "internal", "out of memory");
+        }
+}
+
 /* Retry t's tick (args.reason validated by cmd_retry): refused unless t has
- * ended, one that ended done needs a reason, then the tick's rule. */
-static void retry_target(struct control_request *req, const struct retry_target *t)
+ * ended, one that ended done needs a reason, then the tick's rule.  With
+ * args.from, the steps to carry are read first (carried NULL), then the
+ * same checks again and the retry made with them. */
+static void retry_target(struct control_request *req, const struct retry_target *t,
+                         const struct carry *carried)
 {
         bool failed;
         const char *reason = control_arg_string(req, "reason", false, &failed);
@@ -1012,12 +1106,19 @@ static void retry_target(struct control_request *req, const struct retry_target 
                                     t->id, PLANNER_MAX_RETRY);
                 return;
         }
+        const char *from = control_arg_string(req, "from", false, &failed);
+        if (failed)
+                return;
+        if (from && !carried) {
+                retry_from_read(req, t, from);
+                return;
+        }
         struct executor_retry rt = {
                 .schedule = t->schedule, .fired_at = t->fired_at, .retry_of = t->id,
                 .reason = reason ? reason : "retried by operator", .retry = n,
-                .uid = (long long)req->uid, .forced = reason != NULL,
+                .uid = (long long)req->uid, .forced = reason != NULL, .carried = carried,
         };
-        executor_retry(req->d, &rt, reply_result, req);
+        executor_retry(req->d, &rt, carried ? retry_from_reply : reply_result, req);
 }
 
 static struct retry_target retry_target_of(const struct mandate *m)
@@ -1042,6 +1143,7 @@ static void retry_tick(void *ctx, const struct op_result *err, const struct opre
                 rt = (struct retry_target){
                         .id = t->id, .schedule = t->schedule, .fired_at = t->fired_at,
                         .status = t->status, .ended = t->ended, .done = t->done,
+                        .remote = true,
                 };
         } else {
                 struct mandate *m = mandate_find(req->d, t->id);
@@ -1052,12 +1154,14 @@ static void retry_tick(void *ctx, const struct op_result *err, const struct opre
                 rt = retry_target_of(m);
         }
         rt.db_last = t->last;
-        retry_target(req, &rt);
+        retry_target(req, &rt, NULL);
 }
 
-/* retry MANDATE [--reason T]: a new mandate for the same tick (retry N, the
- * first N not taken), refused unless MANDATE has ended; one that ended done
- * needs a reason.  MANDATE may be another node's, and the other nodes are
+/* retry MANDATE [--reason T] [--from STEP]: a new mandate for the same tick
+ * (retry N, the first N not taken), refused unless MANDATE has ended; one
+ * that ended done needs a reason.  --from: the new mandate takes the steps
+ * of STEP's cycle before STEP as completed, with their results, and runs
+ * from STEP (carry.h).  MANDATE may be another node's, and the other nodes are
  * asked first for the tick's retries (opreads.h: tick). */
 static void cmd_retry(struct control_request *req)
 {
@@ -1071,6 +1175,13 @@ static void cmd_retry(struct control_request *req)
                 return;
         if (reason && !*reason) {
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        const char *from = control_arg_string(req, "from", false, &failed);
+        if (failed)
+                return;
+        if (from && !*from) {
+                control_reply_error(req, "bad_argument", "args.from: must not be empty");
                 return;
         }
         if (req->d->opreads->tick(req->d, m ? m->id : remote, !m, m ? m->schedule : NULL,

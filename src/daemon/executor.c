@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "executor_internal.h"
+#include "kairos/carry.h"
 #include "kairos/strmap.h"
 #include "driver.h"
 #include "log.h"
@@ -548,6 +549,73 @@ void executor_retry(struct daemon *d, const struct executor_retry *rt,
                   (struct op_reply){ done, ctx });
 }
 
+/* The records of the steps a retry --from takes as completed (rt->carried):
+ * each step pending, then completed with the result of the step it is
+ * carried from, marked carried_from; they are durable with the plan, so
+ * the executor never runs them and recovery finds them completed. */
+static int carry_records(struct advance *a, const struct mandate *m,
+                         const struct carry_step *steps, size_t n, const char *plan_id)
+{
+        for (size_t i = 0; i < n; i++) {
+                const struct carry_step *s = &steps[i];
+                char key[PLANNER_ID_MAX + PLANNER_STEP_ID_MAX + 2];
+                char *from = NULL;
+                snprintf(key, sizeof key, "%s/%s", m->id, s->step_id);
+                if (asprintf(&from, "%s/%s", m->retry_of, s->step_id) < 0)
+                        return -ENOMEM;
+                char *carried_from = advance_own(a, from);
+                free(from);
+                const char *step_id = advance_own(a, s->step_id);
+                const char *idem_key = advance_own(a, key);
+                const char *post = advance_own(a, s->post_hash);
+                const char *hash = advance_own(a, s->result_hash);
+                const char *result = s->result_json ? advance_own(a, s->result_json) : "null";
+                if (!carried_from || !step_id || !idem_key || !post || !hash || !result ||
+                    a->npre + 2 > MAX_BATCH)
+                        return -ENOMEM;
+                a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_APPEND, .step_id = step_id,
+                                                         .plan_id = plan_id,
+                                                         .idem_key = idem_key };
+                a->pre[a->npre++] = (struct wal_record){
+                        .op = WAL_OP_COMPLETED, .step_id = step_id, .post_hash = post,
+                        .result_hash = hash, .result_json = result, .carried_from = carried_from,
+                };
+        }
+        return 0;
+}
+
+/* The cycle before the one a retry --from runs (c->prev_status not
+ * PLAN_OPEN): its plan, its completed steps carried, finalized as it was. */
+static int carry_prev_cycle(struct advance *a, const struct mandate *m, const struct carry *c,
+                            int retry)
+{
+        if (c->prev_status == PLAN_OPEN)
+                return 0;
+        struct planner_plan *pp = &a->prev_plan;
+        int r = planner_build_retry(m->schedule, m->fired_at, retry, (int)c->cycle - 1, pp);
+        if (r < 0)
+                return r;
+        for (int i = 0; i < PLANNER_PHASES; i++)
+                a->prev_wsteps[i] = (struct wal_step){ pp->steps[i].step_id, pp->steps[i].tool,
+                                                       pp->steps[i].params_hash,
+                                                       pp->steps[i].pre_hash,
+                                                       pp->steps[i].expected_post_hash };
+        if (a->npre + 2 + 2 * c->prev_nsteps > MAX_BATCH)
+                return -ENOMEM;
+        a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_PLAN_COMMIT, .plan_id = pp->plan_id,
+                                                 .mandate_id = pp->mandate_id,
+                                                 .cycle = pp->cycle, .steps = a->prev_wsteps,
+                                                 .nsteps = PLANNER_PHASES };
+        if ((r = carry_records(a, m, c->prev_steps, c->prev_nsteps, pp->plan_id)) < 0)
+                return r;
+        const char *reason = c->prev_reason ? advance_own(a, c->prev_reason) : NULL;
+        if (c->prev_reason && !reason)
+                return -ENOMEM;
+        a->pre[a->npre++] = (struct wal_record){ .op = WAL_OP_FINALIZE, .plan_id = pp->plan_id,
+                                                 .status = c->prev_status, .reason = reason };
+        return 0;
+}
+
 /* Fire (schedule, fired_at): its first mandate (retry 0), or with rt a
  * retry of it (kairosctl retry); timer: the schedule's clock fired it. */
 static void fire_tick(struct daemon *d, const char *schedule, const char *fired_at, int retry,
@@ -576,7 +644,9 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                 return;
         }
         struct planner_plan p;
-        if (planner_build_retry(schedule, fired_at, retry, 1, &p) < 0) {
+        const struct carry *carried = rt ? rt->carried : NULL;
+        if (planner_build_retry(schedule, fired_at, retry, carried ? (int)carried->cycle : 1,
+                                &p) < 0) {
                 op_reply_error(&reply, "bad_argument", "cannot plan %s at %s", schedule,
                                fired_at);
                 return;
@@ -653,7 +723,17 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                         .op = WAL_OP_OPERATOR, .mandate_id = advance_own(a, m->id), .action = "retry",
                         .uid = rt->uid, .reason = advance_own(a, rt->reason),
                 };
+        if (carried && carry_prev_cycle(a, m, carried, retry) < 0) {
+                op_reply_error(&a->reply, "internal", "out of memory");
+                advance_free(a);
+                return;
+        }
         advance_set_plan(a, &a->pre[a->npre++], &p);
+        if (carried && carry_records(a, m, carried->steps, carried->nsteps, a->plan.plan_id) < 0) {
+                op_reply_error(&a->reply, "internal", "out of memory");
+                advance_free(a);
+                return;
+        }
         /* With a free slot the first step's executing record shares the flush
          * of the plan_commit; otherwise the plan waits in the queue.  In
          * cluster mode a Concurrency=queue mandate always waits there: its
@@ -681,8 +761,10 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
         if (rt)
                 log_event(LOG_NOTICE, MSGID_OPERATOR,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),
-                          "retry %d of %s at %s by uid %lld: mandate %s (retries %s): %s", retry,
-                          schedule, fired_at, (long long)rt->uid, m->id, rt->retry_of, rt->reason);
+                          "retry %d of %s at %s by uid %lld: mandate %s (retries %s%s%s): %s",
+                          retry, schedule, fired_at, (long long)rt->uid, m->id, rt->retry_of,
+                          carried ? " from " : "", carried ? carried->from_step : "",
+                          rt->reason);
         else
                 log_event(LOG_NOTICE, NULL,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),

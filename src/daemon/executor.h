@@ -19,11 +19,17 @@
 /* kairosctl retry: retry number `retry` (>= 1) of the tick (schedule,
  * fired_at), a new mandate whose mandate record names retry_of; the reply
  * (like fire's) comes once its first records are durable. */
+struct carry;
 struct executor_retry {
         const char *schedule, *fired_at, *retry_of, *reason;
         int retry;
         long long uid;
         bool forced;       /* the operator gave a reason (a done tick may run again) */
+        /* kairosctl retry --from: the new mandate starts at carried->cycle
+         * and takes carried->steps as completed, carried from retry_of's
+         * (docs/design.md §6); NULL: the whole tick again.  Borrowed for the
+         * call. */
+        const struct carry *carried;
 };
 void executor_retry(struct daemon *d, const struct executor_retry *rt,
                     void (*done)(void *ctx, const struct op_result *r), void *ctx);

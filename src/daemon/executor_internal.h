@@ -28,7 +28,7 @@
 #include "child.h"
 #include "runner.h"
 
-#define MAX_BATCH 8                 /* records an advance job appends first */
+#define MAX_BATCH 24                /* records an advance job appends first */
 
 /* The executor's own state (d->executor), made by executor_init and freed
  * by executor_free; other modules reach it through executor.h. */
@@ -75,7 +75,9 @@ struct advance {
         size_t npre;
         struct planner_plan plan;     /* storage for a plan_commit in pre */
         struct wal_step wsteps[PLANNER_PHASES];
-        char *owned[32];
+        struct planner_plan prev_plan; /* retry --from: the cycle before (carry.h) */
+        struct wal_step prev_wsteps[PLANNER_PHASES];
+        char *owned[64];
         size_t nowned;
         /* configuration snapshot */
         unsigned max_cycles;

@@ -138,7 +138,7 @@ struct rec {
         const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
                 *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
                 *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts,
-                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms;
+                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms, *carried_from;
 };
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
@@ -207,6 +207,8 @@ static void rec_collect(const struct kjson *obj, struct rec *r)
                         r->attempt = v;
                 else if (KEY_IS(m, "due_ms"))
                         r->due_ms = v;
+                else if (KEY_IS(m, "carried_from"))
+                        r->carried_from = v;
         }
 }
 
@@ -526,6 +528,8 @@ static int op_transition(struct fold *f, const struct rec *rc)
             (r = apply_str(f, rc->error_class, &s->error_class)) < 0 ||
             (r = apply_str(f, rc->error_msg, &s->error_msg)) < 0 ||
             (r = apply_str(f, rc->reason, &s->reason)) < 0)
+                return r;
+        if (is_str(rc->status) && (r = keep_str(f, rc->carried_from, &s->carried_from)) < 0)
                 return r;
         if (is_str(rc->status)) {
                 s->state = step_status_parse(s->status);

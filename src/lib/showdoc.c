@@ -422,6 +422,9 @@ json_t *showdoc_fold_json(const struct fold *f)
                                                 : ts_span(s->started_ts, s->ended_ts));
                         if (s->interrupted_execution)
                                 json_object_set_new(js, "interrupted", interrupted_json(s));
+                        if (s->carried_from)
+                                json_object_set_new(js, "carried_from",
+                                                    json_string(s->carried_from));
                         if (s->retries)
                                 json_object_set_new(js, "retries",
                                                     retries_json(f, p->steps[k]));

@@ -290,6 +290,8 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                 enc_str(e, "result_hash", rec->result_hash, "completed needs result_hash");
                 if (rec->recovered)
                         enc_raw(e, "recovered", "true");
+                if (rec->carried_from)
+                        enc_str(e, "carried_from", rec->carried_from, NULL);
                 enc_json(e, "evidence", rec->evidence_json, "evidence is not valid JSON");
                 enc_result(e, rec);
                 break;

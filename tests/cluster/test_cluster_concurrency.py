@@ -16,6 +16,8 @@ host sharing a private PostgreSQL (pg_fixture.py).
 - kairosctl retry of one tick, four clients on each node at once: one retry
   is made (compare-and-set in the database), the others are refused naming
   it, its act runs once; the done tick then needs --reason on either node.
+- kairosctl retry --from: made on the node holding the mandate (its
+  carried steps are rows in the database too), refused on the other.
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
@@ -272,6 +274,32 @@ class ClusterConcurrency(pg_node.TwoNodes):
             r = n.text("retry", m0)
             self.assertEqual(r.returncode, 1, r)
             self.assertIn("ended done", r.stderr)
+
+    def test_retry_from_a_step(self):
+        """kairosctl retry --from on the node that holds the mandate: its
+        steps before act are carried (completed records with carried_from,
+        in the database too); on the other node it is refused, naming the
+        field."""
+        n1, n2 = self.n1, self.n2
+        m0 = self.fire(n1, "rt", "2026-03-06T00:00:00Z")
+        self.go(m0)
+        wait_for(lambda: self.db_status(m0) == ("succeeded", "n1", "1"), "m0 to end")
+        r = n2.text("retry", m0, "--from", "act", "--reason", "again")
+        self.assertEqual(r.returncode, 1, r)
+        self.assertIn("args.from: mandate %s is not held by this node" % m0, r.stderr)
+        r = n1.text("retry", m0, "--from", "act", "--reason", "again")
+        self.assertEqual(r.returncode, 0, r)
+        w = r.stdout.split(" retried as ")[1].split(" ")[0]
+        self.assertTrue(r.stdout.endswith(" from act\n"), r.stdout)
+        wait_for(lambda: self.started(w), "the retry's act")
+        carried = self.sql("SELECT count(*) FROM kairos_wal WHERE mandate_id = '%s' AND "
+                           "convert_from(line, 'UTF8') LIKE '%%\"carried_from\":\"%s/%%'"
+                           % (w, m0))
+        self.assertEqual(carried, [["3"]])
+        self.go(w)
+        wait_for(lambda: self.db_status(w) is not None and self.db_status(w)[0] == "succeeded",
+                 "the retry to end")
+        self.assertEqual(sorted(e[1] for e in self.log() if e[0] == "start"), sorted([m0, w]))
 
 
 def main():
