@@ -2002,6 +2002,24 @@ static int text_schedules(const struct kjson *r)
                 ctl_put_safe(stdout, err ? err : "?");
                 putchar('\n');
         }
+        /* the last missed period with ticks not fired, and why */
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+                const struct kjson *s = list->u.arr.items[i];
+                const struct kjson *sk = kjson_get(s, "skipped");
+                const struct kjson *cnt = sk ? kjson_get(sk, "count") : NULL;
+                if (!cnt || cnt->type != KJSON_NUMBER)
+                        continue;
+                const char *first = kjson_get_str(sk, "first"), *last = kjson_get_str(sk, "last");
+                const char *why = kjson_get_str(sk, "reason");
+                fputs("schedule ", stdout);
+                ctl_put_safe(stdout, kjson_get_str(s, "name"));
+                const char *num = cnt->u.num.text;
+                printf(" skipped %s%s missed tick%s, %s to %s: ",
+                       kis(sk, "more", KJSON_TRUE) ? "more than " : "", num,
+                       strcmp(num, "1") == 0 ? "" : "s", first ? first : "-", last ? last : "-");
+                ctl_put_safe(stdout, why ? why : "?");
+                putchar('\n');
+        }
         return rc == 0 ? CTL_EXIT_OK : ctl_error(CTL_EXIT_OSERR, "out of memory");
 }
 
