@@ -828,6 +828,31 @@ int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **o
         return 0;
 }
 
+int chronos_backfill_ticks(struct daemon *d, const char *name, int64_t from, int64_t to,
+                           size_t max, int64_t *ret_ticks, size_t *ret_n)
+{
+        struct chronos *c = C(d);
+        struct sched *s = c ? chronos_find(c, name) : NULL;
+        if (!s)
+                return -ENOENT;
+        if (s->broken)
+                return -EBADR;
+        if (from < CRON_TIME_MIN + 1 || to > CRON_TIME_MAX || from > to)
+                return -ERANGE;
+        size_t n = 0;
+        int64_t t = from - 1, next;
+        while (cron_next(&s->expr, s->tz, t, &next) == 0 && next <= to) {
+                if (n == max) {
+                        *ret_n = max + 1;
+                        return -E2BIG;
+                }
+                ret_ticks[n++] = next;
+                t = next;
+        }
+        *ret_n = n;
+        return 0;
+}
+
 int chronos_set_paused(struct daemon *d, const char *name, bool paused, const char *reason)
 {
         struct chronos *c = C(d);
