@@ -2122,6 +2122,22 @@ static int text_schedules(const struct kjson *r)
                 ctl_put_safe(stdout, why ? why : "?");
                 putchar('\n');
         }
+        /* ticks the daemon refused to fire (e.g. Concurrency=reject) */
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+                const struct kjson *s = list->u.arr.items[i];
+                const struct kjson *rf = kjson_get(s, "refused");
+                const struct kjson *cnt = rf ? kjson_get(rf, "count") : NULL;
+                if (!cnt || cnt->type != KJSON_NUMBER)
+                        continue;
+                const char *num = cnt->u.num.text, *last = kjson_get_str(rf, "last");
+                const char *why = kjson_get_str(rf, "reason");
+                fputs("schedule ", stdout);
+                ctl_put_safe(stdout, kjson_get_str(s, "name"));
+                printf(" refused %s tick%s since kairosd started, the last %s: ", num,
+                       strcmp(num, "1") == 0 ? "" : "s", last ? last : "-");
+                ctl_put_safe(stdout, why ? why : "?");
+                putchar('\n');
+        }
         return rc == 0 ? CTL_EXIT_OK : ctl_error(CTL_EXIT_OSERR, "out of memory");
 }
 

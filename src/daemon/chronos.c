@@ -136,6 +136,7 @@ static void sched_clear(struct chronos *c, struct sched *s)
         c->d->drv->ticks.sched_free(s);
         free(s->name);
         free(s->pause_reason);
+        free(s->refused_reason);
         cron_tz_free(s->tz);
         memset(s, 0, sizeof(*s));
 }
@@ -145,7 +146,7 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
                               const struct config_schedule *retained)
 {
         memset(s, 0, sizeof(*s));
-        s->last_evaluated = s->last_fire = s->next_fire = NEVER;
+        s->last_evaluated = s->last_fire = s->next_fire = s->refused_last = NEVER;
         s->broken = true;
         s->error = b->errors.n ? b->errors.msgs[0] : "broken";
         s->cfg = retained;
@@ -157,7 +158,7 @@ static int sched_build(struct sched *s, const struct config_schedule *cfg)
 {
         char err[256];
         memset(s, 0, sizeof(*s));
-        s->last_evaluated = s->last_fire = s->next_fire = NEVER;
+        s->last_evaluated = s->last_fire = s->next_fire = s->refused_last = NEVER;
         int r = cron_parse(cfg->cron, &s->expr, err, sizeof err);
         if (r < 0)
                 return r; /* the config parser validated it already */
@@ -210,6 +211,16 @@ static void on_fire_answered(void *ctx, const struct op_result *r)
                                   ? ": it is fired again once the database answers, "
                                     "if the missed-run policy says so"
                                   : "");
+        if (r->code && c) {
+                struct sched *s = chronos_find(c, w->schedule);
+                if (s) {
+                        s->refused++;
+                        if (s->refused_last == NEVER || w->t > s->refused_last)
+                                s->refused_last = w->t;
+                        free(s->refused_reason);
+                        s->refused_reason = r->message ? strdup(r->message) : NULL;
+                }
+        }
         if (!r->code && c) {
                 /* LAST: only ticks that have a mandate */
                 struct sched *s = chronos_find(c, w->schedule);
@@ -637,6 +648,10 @@ void chronos_reload(struct daemon *d)
                 s[i].skipped_first = old->skipped_first;
                 s[i].skipped_last = old->skipped_last;
                 s[i].skipped_reason = old->skipped_reason;
+                s[i].refused = old->refused;
+                s[i].refused_last = old->refused_last;
+                s[i].refused_reason = old->refused_reason;
+                old->refused_reason = NULL;
                 s[i].pause_reason = old->pause_reason;
                 old->pause_reason = NULL;
                 c->d->drv->ticks.sched_carry(&s[i], old);
@@ -747,6 +762,12 @@ json_t *chronos_list_json(struct daemon *d)
                                           "first", time_json(s->skipped_first), "last",
                                           time_json(s->skipped_last), "reason",
                                           s->skipped_reason));
+                if (s->refused)
+                        json_object_set_new(
+                                o, "refused",
+                                json_pack("{s:I, s:o, s:s?}", "count", (json_int_t)s->refused,
+                                          "last", time_json(s->refused_last), "reason",
+                                          s->refused_reason));
                 if (s->broken) {
                         json_object_set_new(o, "error", json_string(s->error));
                         nbroken++;
@@ -779,6 +800,7 @@ static uint64_t list_fingerprint(const struct chronos *c)
                 h = fp_mix(h, (uint64_t)s->skipped_first);
                 h = fp_mix(h, (uint64_t)s->skipped_last);
                 h = fp_mix(h, (uint64_t)(uintptr_t)s->skipped_reason);
+                h = fp_mix(h, s->refused);
                 for (const char *p = s->pause_reason; p && *p; p++)
                         h = fp_mix(h, (unsigned char)*p);
         }

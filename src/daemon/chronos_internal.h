@@ -35,6 +35,10 @@ struct sched {
         bool skipped_more;                  /* skipped is a lower bound */
         int64_t skipped_first, skipped_last;
         const char *skipped_reason;         /* static text */
+        /* ticks the executor refused (Concurrency=reject, ...) since start */
+        uint64_t refused;
+        int64_t refused_last;
+        char *refused_reason;
         void *drv_state;                    /* the ticks driver's (driver.h: sched_new) */
 };
 

@@ -849,7 +849,15 @@ class ThreeMinuteOutage(ChronosCase):
         self.daemon.wait_log("fire of r at 2026-04-01T14:00:00Z rejected")
         self.daemon.wait_log("schedule r: tick not fired")
         self.sync()
-        self.assertEqual(self.schedules()["r"]["last_fire_at"], "2026-04-01T13:00:00Z")
+        s = self.schedules()["r"]
+        self.assertEqual(s["last_fire_at"], "2026-04-01T13:00:00Z")
+        self.assertEqual(s["refused"]["count"], 1)
+        self.assertEqual(s["refused"]["last"], "2026-04-01T14:00:00Z")
+        self.assertIn("Concurrency=reject", s["refused"]["reason"])
+        out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
+                              "schedules"], capture_output=True, text=True, check=True).stdout
+        self.assertIn("schedule r refused 1 tick since kairosd started, the last "
+                      "2026-04-01T14:00:00Z: schedule r has Concurrency=reject", out)
 
 
 class Backfill(ChronosCase):
