@@ -4,14 +4,16 @@
  * no I/O, no clock; the scheduler of kairosd and the unit tests call it.
  *
  * The ticks of (last_evaluated, now] fall in two parts:
- *   - on time: the ticks of [now - max(MISSED_ON_TIME_SEC, grace_sec), now]
- *     fire, whatever the policy says (MissedGraceSec=: a restart or a late
- *     timer does not lose them);
- *   - missed: the older ones go through the policy: skip fires none,
- *     catch_up_once the latest one, catch_up_bounded the latest
+ *   - the current tick: the latest one, if it is at most
+ *     max(MISSED_ON_TIME_SEC, grace_sec) old (MissedGraceSec=); it always
+ *     fires, as an ordinary tick;
+ *   - missed: all the others, through the policy: skip fires none,
+ *     catch_up_once one run for the whole missed period (the latest missed
+ *     tick, or none when the current tick fires: it is that run, like
+ *     systemd's Persistent=true), catch_up_bounded the latest
  *     max_catch_up_runs — or, if the last fire is older than stale_after_sec
- *     ("stale"), one at most, and none when an on-time tick fires.
- * Every tick not fired is counted as dropped. */
+ *     ("stale"), as catch_up_once.
+ * Every missed tick not fired is counted as dropped (first and last kept). */
 #pragma once
 
 #include <stdbool.h>
@@ -49,11 +51,16 @@ struct missed_plan {
         int64_t fire[MISSED_FIRES_MAX]; /* the ticks that fire, ascending */
         size_t nfire;
         size_t ncatch_up;               /* fire[0..ncatch_up) are catch-up runs (policy),
-                                         * the rest are on time (within the grace) */
+                                         * ascending; fire[ncatch_up], if any, is the
+                                         * current tick (within the grace) */
         uint64_t dropped;               /* ticks of the window not fired */
         bool dropped_more;              /* dropped is a lower bound (too many to count) */
         bool stale;                     /* catch_up_bounded and the last fire is older
                                          * than stale_after_sec */
+        bool covered;                   /* dropped because the current tick runs for the
+                                         * missed period (catch_up_once, stale) */
+        int64_t dropped_first, dropped_last; /* the oldest and latest dropped tick, or
+                                              * MISSED_NEVER */
 };
 
 /* The ticks of (last_evaluated, now] of e in tz (NULL = UTC) that fire, into

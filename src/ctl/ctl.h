@@ -131,6 +131,7 @@ int ctl_cmd_show(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_retry(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_fire(const struct ctl_opts *o, int argc, char **argv);
+int ctl_cmd_backfill(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_pause(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_resume(const struct ctl_opts *o, int argc, char **argv);
 int ctl_cmd_approve(const struct ctl_opts *o, int argc, char **argv);

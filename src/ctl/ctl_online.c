@@ -1867,6 +1867,108 @@ int ctl_cmd_fire(const struct ctl_opts *o, int argc, char **argv)
                    text_fire);
 }
 
+/* One line per tick: the dry run's ticks, or each tick's outcome. */
+static int text_backfill(json_t *r)
+{
+        json_t *ticks = json_object_get(r, "ticks"), *t;
+        size_t i;
+        bool dry = json_is_true(json_object_get(r, "dry_run"));
+        int rc = CTL_EXIT_OK;
+
+        json_array_foreach(ticks, i, t) {
+                ctl_put_safe(stdout, jstr(t, "fired_at"));
+                if (dry) {
+                        fputs(": would fire\n", stdout);
+                } else if (jstr(t, "error")) {
+                        fputs(": not fired: ", stdout);
+                        ctl_put_safe(stdout, jstr(t, "message"));
+                        fputs(" (", stdout);
+                        ctl_put_safe(stdout, jstr(t, "error"));
+                        fputs(")\n", stdout);
+                        rc = CTL_EXIT_REFUSED;
+                } else {
+                        bool fired = json_is_true(json_object_get(t, "fired"));
+                        fputs(fired ? ": fired, mandate " : ": already fired, mandate ", stdout);
+                        ctl_put_safe(stdout, jstr(t, "mandate"));
+                        fputs(" (", stdout);
+                        ctl_put_safe(stdout, jstr(t, "status"));
+                        fputs(")\n", stdout);
+                }
+        }
+        fputs("schedule ", stdout);
+        ctl_put_safe(stdout, jstr(r, "schedule"));
+        if (dry)
+                printf(": %zu tick%s to fire (dry run)\n", json_array_size(ticks),
+                       json_array_size(ticks) == 1 ? "" : "s");
+        else
+                printf(": %lld fired, %lld already fired, %lld not fired\n",
+                       (long long)jint(r, "fired"), (long long)jint(r, "existing"),
+                       (long long)(jint(r, "failed") + jint(r, "not_fired")));
+        if (!dry && jint(r, "not_fired") > 0)
+                rc = CTL_EXIT_REFUSED;
+        return rc;
+}
+
+int ctl_cmd_backfill(const struct ctl_opts *o, int argc, char **argv)
+{
+        const char *from = NULL, *to = NULL, *max = NULL;
+        bool dry = false;
+        const struct ctl_option opts[] = { { "from", true, &from, NULL },
+                                           { "to", true, &to, NULL },
+                                           { "max", true, &max, NULL },
+                                           { "dry-run", false, NULL, &dry },
+                                           { NULL } };
+        int npos, r;
+
+        r = ctl_parse_options("backfill", argc, argv, opts, &npos);
+        if (r == 0)
+                r = want_args("backfill", npos, 1, "SCHEDULE");
+        if (r)
+                return r;
+        if (!planner_valid_name(argv[0])) {
+                char *name = safe_str(argv[0]);
+                r = ctl_usage_error("backfill: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})",
+                                    name ? name : "?");
+                free(name);
+                return r;
+        }
+        const char *const which[] = { "from", "to" };
+        const char *const val[] = { from, to };
+        int64_t t[2];
+        for (int i = 0; i < 2; i++) {
+                if (!val[i])
+                        return ctl_usage_error("backfill: --%s TIME is required", which[i]);
+                if (planner_parse_fired_at(val[i], &t[i]) < 0) {
+                        char *s = safe_str(val[i]);
+                        r = ctl_usage_error("backfill: --%s '%s' is not a UTC time "
+                                            "YYYY-MM-DDTHH:MM:SSZ",
+                                            which[i], s ? s : "?");
+                        free(s);
+                        return r;
+                }
+        }
+        if (t[0] > t[1])
+                return ctl_usage_error("backfill: --from %s is after --to %s", from, to);
+        long long n = 0;
+        if (max) {
+                char *end;
+                errno = 0;
+                n = strtoll(max, &end, 10);
+                if (errno || end == max || *end || n < 1 || n > 10000) {
+                        char *s = safe_str(max);
+                        r = ctl_usage_error("backfill: --max '%s' is not an integer 1..10000",
+                                            s ? s : "?");
+                        free(s);
+                        return r;
+                }
+        }
+        json_t *args = json_pack("{s:s, s:s, s:s, s:b}", "schedule", argv[0], "from", from, "to",
+                                 to, "dry_run", dry);
+        if (args && max)
+                json_object_set_new(args, "max", json_integer(n));
+        return run(o, "backfill", args, text_backfill);
+}
+
 /* "M: approved (STATUS)" */
 static int text_approve(json_t *r)
 {
@@ -2015,6 +2117,40 @@ static int text_schedules(const struct kjson *r)
                 ctl_put_safe(stdout, kjson_get_str(s, "name"));
                 fputs(" is broken: ", stdout);
                 ctl_put_safe(stdout, err ? err : "?");
+                putchar('\n');
+        }
+        /* the last missed period with ticks not fired, and why */
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+                const struct kjson *s = list->u.arr.items[i];
+                const struct kjson *sk = kjson_get(s, "skipped");
+                const struct kjson *cnt = sk ? kjson_get(sk, "count") : NULL;
+                if (!cnt || cnt->type != KJSON_NUMBER)
+                        continue;
+                const char *first = kjson_get_str(sk, "first"), *last = kjson_get_str(sk, "last");
+                const char *why = kjson_get_str(sk, "reason");
+                fputs("schedule ", stdout);
+                ctl_put_safe(stdout, kjson_get_str(s, "name"));
+                const char *num = cnt->u.num.text;
+                printf(" skipped %s%s missed tick%s, %s to %s: ",
+                       kis(sk, "more", KJSON_TRUE) ? "more than " : "", num,
+                       strcmp(num, "1") == 0 ? "" : "s", first ? first : "-", last ? last : "-");
+                ctl_put_safe(stdout, why ? why : "?");
+                putchar('\n');
+        }
+        /* ticks the daemon refused to fire (e.g. Concurrency=reject) */
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+                const struct kjson *s = list->u.arr.items[i];
+                const struct kjson *rf = kjson_get(s, "refused");
+                const struct kjson *cnt = rf ? kjson_get(rf, "count") : NULL;
+                if (!cnt || cnt->type != KJSON_NUMBER)
+                        continue;
+                const char *num = cnt->u.num.text, *last = kjson_get_str(rf, "last");
+                const char *why = kjson_get_str(rf, "reason");
+                fputs("schedule ", stdout);
+                ctl_put_safe(stdout, kjson_get_str(s, "name"));
+                printf(" refused %s tick%s since kairosd started, the last %s: ", num,
+                       strcmp(num, "1") == 0 ? "" : "s", last ? last : "-");
+                ctl_put_safe(stdout, why ? why : "?");
                 putchar('\n');
         }
         return rc == 0 ? CTL_EXIT_OK : ctl_error(CTL_EXIT_OSERR, "out of memory");

@@ -52,6 +52,10 @@ static const struct ctl_command commands[] = {
         { "fire", ctl_cmd_fire, true, "SCHEDULE [--at TIME]",
           "Fire a schedule now, or for the tick TIME (UTC, YYYY-MM-DDTHH:MM:SSZ).\n"
           "Firing the same tick again does nothing." },
+        { "backfill", ctl_cmd_backfill, true, "SCHEDULE --from TIME --to TIME [--dry-run] [--max N]",
+          "Fire the schedule's ticks in [--from, --to] (UTC), oldest first, each like\n"
+          "fire --at (a tick already fired is not fired again); --dry-run lists them.\n"
+          "At most 100 ticks unless --max N (at most 10000)." },
         { "pause", ctl_cmd_pause, true, "MANDATE [--reason T] | --schedule NAME [--reason T]",
           "Pause a mandate (a running handler finishes, no further step starts), or\n"
           "with --schedule a schedule (it does not fire on its own until resumed)." },

@@ -136,6 +136,7 @@ static void sched_clear(struct chronos *c, struct sched *s)
         c->d->drv->ticks.sched_free(s);
         free(s->name);
         free(s->pause_reason);
+        free(s->refused_reason);
         cron_tz_free(s->tz);
         memset(s, 0, sizeof(*s));
 }
@@ -145,7 +146,7 @@ static int sched_build_broken(struct sched *s, const struct config_broken *b,
                               const struct config_schedule *retained)
 {
         memset(s, 0, sizeof(*s));
-        s->last_evaluated = s->last_fire = s->next_fire = NEVER;
+        s->last_evaluated = s->last_fire = s->next_fire = s->refused_last = NEVER;
         s->broken = true;
         s->error = b->errors.n ? b->errors.msgs[0] : "broken";
         s->cfg = retained;
@@ -157,7 +158,7 @@ static int sched_build(struct sched *s, const struct config_schedule *cfg)
 {
         char err[256];
         memset(s, 0, sizeof(*s));
-        s->last_evaluated = s->last_fire = s->next_fire = NEVER;
+        s->last_evaluated = s->last_fire = s->next_fire = s->refused_last = NEVER;
         int r = cron_parse(cfg->cron, &s->expr, err, sizeof err);
         if (r < 0)
                 return r; /* the config parser validated it already */
@@ -210,7 +211,25 @@ static void on_fire_answered(void *ctx, const struct op_result *r)
                                   ? ": it is fired again once the database answers, "
                                     "if the missed-run policy says so"
                                   : "");
-        else if (r->result && json_is_false(json_object_get(r->result, "fired")))
+        if (r->code && c) {
+                struct sched *s = chronos_find(c, w->schedule);
+                if (s) {
+                        s->refused++;
+                        if (s->refused_last == NEVER || w->t > s->refused_last)
+                                s->refused_last = w->t;
+                        free(s->refused_reason);
+                        s->refused_reason = r->message ? strdup(r->message) : NULL;
+                }
+        }
+        if (!r->code && c) {
+                /* LAST: only ticks that have a mandate */
+                struct sched *s = chronos_find(c, w->schedule);
+                if (s && (s->last_fire == NEVER || w->t > s->last_fire)) {
+                        s->last_fire = w->t;
+                        c->dirty = true;
+                }
+        }
+        if (!r->code && r->result && json_is_false(json_object_get(r->result, "fired")))
                 log_info("schedule %s at %s: mandate %s exists already (%s): nothing to do",
                          w->schedule, json_string_value(json_object_get(r->result, "fired_at")),
                          json_string_value(json_object_get(r->result, "mandate")),
@@ -233,6 +252,9 @@ static void fire_now(struct chronos *c, const char *name, int64_t t, const char 
         if (!w) {
                 /* nobody waits: chronos.json may count this tick before its
                  * mandate is durable (only when memory is exhausted) */
+                struct sched *s = chronos_find(c, name);
+                if (s && (s->last_fire == NEVER || t > s->last_fire))
+                        s->last_fire = t;
                 executor_fire_timer(c->d, name, at, NULL, NULL);
                 fire_settled(c);
                 return;
@@ -268,8 +290,6 @@ static void on_idle(uv_idle_t *h)
 
 void chronos_fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why)
 {
-        if (s->last_fire == NEVER || t > s->last_fire)
-                s->last_fire = t;
         c->nunanswered++;
         struct pending_fire *f = c->idle_init && !c->stopped ? calloc(1, sizeof(*f)) : NULL;
         if (f)
@@ -302,6 +322,34 @@ struct missed_rule chronos_rule_of(const struct config_schedule *cfg)
                                      .max_catch_up_runs = cfg->max_catch_up_runs,
                                      .stale_after_sec = cfg->stale_after_sec,
                                      .grace_sec = cfg->missed_grace_sec };
+}
+
+void chronos_note_skipped(struct chronos *c, struct sched *s, const struct missed_plan *p,
+                          int64_t since)
+{
+        (void)c;
+        if (!p->dropped)
+                return;
+        const char *policy = chronos_policy_name(s->cfg->missed_policy);
+        s->skipped = p->dropped;
+        s->skipped_more = p->dropped_more;
+        s->skipped_first = p->dropped_first;
+        s->skipped_last = p->dropped_last;
+        s->skipped_reason = s->cfg->missed_policy == MISSED_SKIP ? "MissedPolicy=skip"
+                            : p->covered ? "the current tick runs for the missed period"
+                            : p->stale   ? "stale: older than StaleAfter="
+                                         : "beyond MaxCatchUpRuns=";
+        char from[PLANNER_FIRED_AT_LEN], first[PLANNER_FIRED_AT_LEN], last[PLANNER_FIRED_AT_LEN];
+        chronos_fmt_time(since, from);
+        chronos_fmt_time(p->dropped_first, first);
+        chronos_fmt_time(p->dropped_last, last);
+        log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                  "schedule %s: %s%llu missed tick%s since %s dropped "
+                  "(MissedPolicy=%s%s%s): first %s, last %s",
+                  s->name, p->dropped_more ? "more than " : "",
+                  (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from, policy,
+                  p->stale ? ", stale" : "",
+                  p->covered ? ", the current tick runs for them" : "", first, last);
 }
 
 static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
@@ -345,22 +393,18 @@ static void evaluate_one(struct chronos *c, struct sched *s, int64_t now)
          * the round that wins the schedule's row); this node fires the
          * on-time ticks. */
         bool missed_here = c->d->drv->ticks.missed_here(c);
-        if (p->dropped && missed_here) {
-                char from[PLANNER_FIRED_AT_LEN];
-                chronos_fmt_time(s->last_evaluated, from);
-                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                          "schedule %s: %s%llu missed tick%s since %s dropped "
-                          "(MissedPolicy=%s%s)",
-                          s->name, p->dropped_more ? "more than " : "",
-                          (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
-                          chronos_policy_name(cfg->missed_policy), p->stale ? ", stale" : "");
+        if (missed_here)
+                chronos_note_skipped(c, s, p, s->last_evaluated);
+        /* The current tick first: catch-up runs never make it wait for them
+         * (queue) nor be rejected by them (reject). */
+        if (p->nfire > p->ncatch_up) {
+                int64_t t = p->fire[p->ncatch_up];
+                chronos_fire_tick(c, s, t,
+                                  now - t > MISSED_ON_TIME_SEC ? " (late, within MissedGraceSec=)"
+                                                               : "");
         }
-        for (size_t i = missed_here ? 0 : p->ncatch_up; i < p->nfire; i++) {
-                bool late = now - p->fire[i] > MISSED_ON_TIME_SEC;
-                chronos_fire_tick(c, s, p->fire[i],
-                          i < p->ncatch_up ? " (catch-up)" : late ? " (late, within MissedGraceSec=)"
-                                                                  : "");
-        }
+        for (size_t i = 0; missed_here && i < p->ncatch_up; i++)
+                chronos_fire_tick(c, s, p->fire[i], " (catch-up)");
         free(p);
         s->last_evaluated = now;
 }
@@ -599,6 +643,15 @@ void chronos_reload(struct daemon *d)
                 if (s[i].broken)
                         s[i].next_fire = old->next_fire;
                 s[i].paused = old->paused;
+                s[i].skipped = old->skipped;
+                s[i].skipped_more = old->skipped_more;
+                s[i].skipped_first = old->skipped_first;
+                s[i].skipped_last = old->skipped_last;
+                s[i].skipped_reason = old->skipped_reason;
+                s[i].refused = old->refused;
+                s[i].refused_last = old->refused_last;
+                s[i].refused_reason = old->refused_reason;
+                old->refused_reason = NULL;
                 s[i].pause_reason = old->pause_reason;
                 old->pause_reason = NULL;
                 c->d->drv->ticks.sched_carry(&s[i], old);
@@ -701,6 +754,20 @@ json_t *chronos_list_json(struct daemon *d)
                         sched_state(s));
                 if (s->pause_reason)
                         json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
+                if (s->skipped)
+                        json_object_set_new(
+                                o, "skipped",
+                                json_pack("{s:I, s:b, s:o, s:o, s:s}", "count",
+                                          (json_int_t)s->skipped, "more", s->skipped_more,
+                                          "first", time_json(s->skipped_first), "last",
+                                          time_json(s->skipped_last), "reason",
+                                          s->skipped_reason));
+                if (s->refused)
+                        json_object_set_new(
+                                o, "refused",
+                                json_pack("{s:I, s:o, s:s?}", "count", (json_int_t)s->refused,
+                                          "last", time_json(s->refused_last), "reason",
+                                          s->refused_reason));
                 if (s->broken) {
                         json_object_set_new(o, "error", json_string(s->error));
                         nbroken++;
@@ -729,6 +796,11 @@ static uint64_t list_fingerprint(const struct chronos *c)
                 h = fp_mix(h, (uint64_t)s->paused << 1 | (uint64_t)(s->cfg && s->cfg->enabled) |
                                       (uint64_t)s->broken << 2 | (uint64_t)s->frozen << 3);
                 h = fp_mix(h, (uint64_t)(uintptr_t)s->error);
+                h = fp_mix(h, s->skipped);
+                h = fp_mix(h, (uint64_t)s->skipped_first);
+                h = fp_mix(h, (uint64_t)s->skipped_last);
+                h = fp_mix(h, (uint64_t)(uintptr_t)s->skipped_reason);
+                h = fp_mix(h, s->refused);
                 for (const char *p = s->pause_reason; p && *p; p++)
                         h = fp_mix(h, (unsigned char)*p);
         }
@@ -775,6 +847,31 @@ int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **o
         *out = json_pack("{s:s, s:s, s:s, s:o}", "name", s->name, "cron", s->cfg->cron,
                          "time_zone", s->cfg->time_zone ? s->cfg->time_zone : "UTC", "next",
                          arr);
+        return 0;
+}
+
+int chronos_backfill_ticks(struct daemon *d, const char *name, int64_t from, int64_t to,
+                           size_t max, int64_t *ret_ticks, size_t *ret_n)
+{
+        struct chronos *c = C(d);
+        struct sched *s = c ? chronos_find(c, name) : NULL;
+        if (!s)
+                return -ENOENT;
+        if (s->broken)
+                return -EBADR;
+        if (from < CRON_TIME_MIN + 1 || to > CRON_TIME_MAX || from > to)
+                return -ERANGE;
+        size_t n = 0;
+        int64_t t = from - 1, next;
+        while (cron_next(&s->expr, s->tz, t, &next) == 0 && next <= to) {
+                if (n == max) {
+                        *ret_n = max + 1;
+                        return -E2BIG;
+                }
+                ret_ticks[n++] = next;
+                t = next;
+        }
+        *ret_n = n;
         return 0;
 }
 

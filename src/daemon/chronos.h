@@ -35,6 +35,16 @@ json_t *chronos_list_json(struct daemon *d);
 const char *chronos_list_text(struct daemon *d, size_t *ret_len);
 /* -ENOENT: no such schedule. */
 int chronos_next_json(struct daemon *d, const char *name, unsigned n, json_t **out);
+/* kairosctl backfill: at most this many ticks unless the operator says
+ * more (--max), and never more than CHRONOS_BACKFILL_HARD_MAX. */
+#define CHRONOS_BACKFILL_MAX 100
+#define CHRONOS_BACKFILL_HARD_MAX 10000
+/* The ticks of schedule name in [from, to] (ascending) into ret_ticks (room
+ * for max), their count into *ret_n: -ENOENT no such schedule, -EBADR
+ * broken, -E2BIG more than max (*ret_n = max + 1), -ERANGE a time outside
+ * the cron range. */
+int chronos_backfill_ticks(struct daemon *d, const char *name, int64_t from, int64_t to,
+                           size_t max, int64_t *ret_ticks, size_t *ret_n);
 /* kairosctl pause/resume --schedule NAME.  -ENOENT, or 1 if nothing changed. */
 int chronos_set_paused(struct daemon *d, const char *name, bool paused, const char *reason);
 

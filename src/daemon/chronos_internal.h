@@ -30,6 +30,15 @@ struct sched {
         int64_t next_fire;                  /* NEVER: none */
         bool paused;
         char *pause_reason;
+        /* the last missed period with ticks not fired (schedules shows it) */
+        uint64_t skipped;                   /* 0: none */
+        bool skipped_more;                  /* skipped is a lower bound */
+        int64_t skipped_first, skipped_last;
+        const char *skipped_reason;         /* static text */
+        /* ticks the executor refused (Concurrency=reject, ...) since start */
+        uint64_t refused;
+        int64_t refused_last;
+        char *refused_reason;
         void *drv_state;                    /* the ticks driver's (driver.h: sched_new) */
 };
 
@@ -77,3 +86,8 @@ const char *chronos_policy_name(enum config_missed_policy p);
 struct missed_rule chronos_rule_of(const struct config_schedule *cfg);
 /* Queue the fire of tick t of s (why: for the log, static text). */
 void chronos_fire_tick(struct chronos *c, struct sched *s, int64_t t, const char *why);
+/* The ticks of p not fired, if any: kept for `schedules` and logged with the
+ * count, the first and the last (since: the start of the period). */
+struct missed_plan;
+void chronos_note_skipped(struct chronos *c, struct sched *s, const struct missed_plan *p,
+                          int64_t since);

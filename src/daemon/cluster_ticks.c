@@ -166,13 +166,7 @@ static void db_fire_window(struct chronos *c, struct sched *s, const struct db_i
         char from[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
         chronos_fmt_time(prev, from);
         chronos_fmt_time(upto, to);
-        if (p->dropped)
-                log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
-                          "schedule %s: %s%llu missed tick%s since %s dropped "
-                          "(MissedPolicy=%s%s)",
-                          s->name, p->dropped_more ? "more than " : "",
-                          (unsigned long long)p->dropped, p->dropped == 1 ? "" : "s", from,
-                          chronos_policy_name(s->cfg->missed_policy), p->stale ? ", stale" : "");
+        chronos_note_skipped(c, s, p, prev);
         if (p->ncatch_up)
                 log_event(LOG_INFO, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
                           "schedule %s: this node evaluates the missed ticks of (%s, %s] for "

@@ -1221,6 +1221,174 @@ static void cmd_fire(struct control_request *req)
         executor_fire(req->d, schedule, at, reply_result, req);
 }
 
+/* backfill: the ticks of a range, fired one after the other through the
+ * fire path of `fire` (a tick with a mandate already is not fired again);
+ * the answer lists each tick's outcome once all are answered. */
+struct backfill {
+        struct control_request *req;
+        char *schedule;
+        int64_t *ticks;
+        size_t n, next;
+        json_t *out;
+        size_t fired, existing, failed;
+        bool stepping, pending;     /* (an answer within executor_fire: no recursion) */
+};
+
+static void backfill_step(struct backfill *b);
+
+static void backfill_answered(void *ctx, const struct op_result *r)
+{
+        struct backfill *b = ctx;
+        char at[PLANNER_FIRED_AT_LEN];
+        planner_format_fired_at(b->ticks[b->next - 1], at);
+        json_t *o;
+        if (r->code) {
+                b->failed++;
+                o = json_pack("{s:s, s:s, s:s}", "fired_at", at, "error", r->code, "message",
+                              r->message);
+        } else {
+                bool fired = json_is_true(json_object_get(r->result, "fired"));
+                fired ? b->fired++ : b->existing++;
+                o = json_pack("{s:s, s:O?, s:b, s:O?}", "fired_at", at, "mandate",
+                              json_object_get(r->result, "mandate"), "fired", fired, "status",
+                              json_object_get(r->result, "status"));
+        }
+        if (o)
+                json_array_append_new(b->out, o);
+        json_decref(r->result);
+        json_decref(r->detail);
+        b->pending = false;
+        if (!b->stepping)
+                backfill_step(b);
+}
+
+static void backfill_step(struct backfill *b)
+{
+        b->stepping = true;
+        while (b->next < b->n && !b->req->d->stopping) {
+                char at[PLANNER_FIRED_AT_LEN];
+                planner_format_fired_at(b->ticks[b->next++], at);
+                b->pending = true;
+                executor_fire(b->req->d, b->schedule, at, backfill_answered, b);
+                if (b->pending) {
+                        b->stepping = false;
+                        return; /* backfill_answered goes on */
+                }
+        }
+        b->stepping = false;
+        control_reply_ok(b->req, json_pack("{s:s, s:b, s:o, s:I, s:I, s:I, s:I}", "schedule",
+                                           b->schedule, "dry_run", false, "ticks", b->out,
+                                           "fired", (json_int_t)b->fired, "existing",
+                                           (json_int_t)b->existing, "failed",
+                                           (json_int_t)b->failed, "not_fired",
+                                           (json_int_t)(b->n - b->next)));
+        free(b->schedule);
+        free(b->ticks);
+        free(b);
+}
+
+static bool arg_time(struct control_request *req, const char *key, int64_t *ret)
+{
+        bool failed;
+        const char *v = control_arg_string(req, key, true, &failed);
+        if (failed)
+                return false;
+        if (planner_parse_fired_at(v, ret) < 0) {
+                control_reply_error(req, "bad_argument",
+                                    "args.%s: '%s' is not a UTC time YYYY-MM-DDTHH:MM:SSZ", key, v);
+                return false;
+        }
+        return true;
+}
+
+static void cmd_backfill(struct control_request *req)
+{
+        bool failed;
+        if (refuse_if_stopping(req))
+                return;
+        const char *schedule = control_arg_string(req, "schedule", true, &failed);
+        if (failed)
+                return;
+        int64_t from, to;
+        if (!arg_time(req, "from", &from) || !arg_time(req, "to", &to))
+                return;
+        if (from > to) {
+                control_reply_error(req, "bad_argument", "args.from: %s is after args.to %s",
+                                    json_string_value(json_object_get(req->args, "from")),
+                                    json_string_value(json_object_get(req->args, "to")));
+                return;
+        }
+        json_t *mv = json_object_get(req->args, "max");
+        json_int_t max = CHRONOS_BACKFILL_MAX;
+        if (mv && (!json_is_integer(mv) || json_integer_value(mv) < 1 ||
+                   json_integer_value(mv) > CHRONOS_BACKFILL_HARD_MAX)) {
+                control_reply_error(req, "bad_argument", "args.max: must be an integer 1..%d",
+                                    CHRONOS_BACKFILL_HARD_MAX);
+                return;
+        }
+        if (mv)
+                max = json_integer_value(mv);
+        json_t *dv = json_object_get(req->args, "dry_run");
+        if (dv && !json_is_boolean(dv)) {
+                control_reply_error(req, "bad_argument", "args.dry_run: must be a boolean");
+                return;
+        }
+        int64_t *ticks = malloc((size_t)max * sizeof(*ticks));
+        size_t n = 0;
+        int r = ticks ? chronos_backfill_ticks(req->d, schedule, from, to, (size_t)max, ticks, &n)
+                      : -ENOMEM;
+        if (r == -ENOENT)
+                control_reply_error(req, "not_found", "no schedule named '%s'", schedule);
+        else if (r == -EBADR)
+                control_reply_error(req, "schedule_broken", "schedule '%s' is broken", schedule);
+        else if (r == -E2BIG)
+                control_reply_error(req, "too_many",
+                                    "schedule %s has more than %lld ticks in [%s, %s] (args.max; "
+                                    "kairosctl backfill --max N, at most %d)",
+                                    schedule, (long long)max,
+                                    json_string_value(json_object_get(req->args, "from")),
+                                    json_string_value(json_object_get(req->args, "to")),
+                                    CHRONOS_BACKFILL_HARD_MAX);
+        else if (r == -ERANGE)
+                control_reply_error(req, "bad_argument", "args.from/args.to: out of range");
+        else if (r < 0)
+                control_reply_error(req, "internal", "out of memory");
+        if (r < 0) {
+                free(ticks);
+                return;
+        }
+        if (json_is_true(dv) || n == 0) {
+                json_t *arr = json_array();
+                for (size_t i = 0; i < n; i++) {
+                        char at[PLANNER_FIRED_AT_LEN];
+                        planner_format_fired_at(ticks[i], at);
+                        json_array_append_new(arr, json_pack("{s:s}", "fired_at", at));
+                }
+                free(ticks);
+                control_reply_ok(req, json_pack("{s:s, s:b, s:o, s:I}", "schedule", schedule,
+                                                "dry_run", json_is_true(dv), "ticks", arr,
+                                                "count", (json_int_t)n));
+                return;
+        }
+        struct backfill *b = calloc(1, sizeof(*b));
+        if (!b || !(b->schedule = strdup(schedule)) || !(b->out = json_array())) {
+                if (b)
+                        free(b->schedule);
+                free(b);
+                free(ticks);
+                control_reply_error(req, "internal", "out of memory");
+                return;
+        }
+        b->req = req;
+        b->ticks = ticks;
+        b->n = n;
+        log_event(LOG_NOTICE, MSGID_OPERATOR, LOG_FIELDS({ "SCHEDULE", schedule }),
+                  "schedule %s: backfill of %zu tick%s in [%s, %s]", schedule, n,
+                  n == 1 ? "" : "s", json_string_value(json_object_get(req->args, "from")),
+                  json_string_value(json_object_get(req->args, "to")));
+        backfill_step(b);
+}
+
 static void cmd_approve(struct control_request *req)
 {
         const char *remote;
@@ -1613,6 +1781,7 @@ static const struct command commands[] = {
         { "pause", cmd_pause, false },         { "resume", cmd_resume, false },
         { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
         { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
+        { "backfill", cmd_backfill, false },
         { "retry", cmd_retry, false },        { "cancel", cmd_cancel, false },
         { "wait", cmd_wait, true },
         { "tool-begin", cmd_tool_begin, true },

@@ -77,6 +77,23 @@ static bool rule_ok(const struct missed_rule *rule)
         return false;
 }
 
+/* The latest tick of (lo, hi] into *ret (MISSED_NEVER if none): bounded work
+ * (a scan of MISSED_COUNT_MAX ticks, then bisection). */
+static void latest_tick(const struct cron_expr *e, const struct cron_tz *tz, int64_t lo,
+                        int64_t hi, int64_t *ret, uint64_t *ret_count, bool *ret_more)
+{
+        int64_t one[2];
+        struct ring r = { one, 2, 0, 0 };
+        uint64_t n;
+        *ret_more = false;
+        if (!scan(e, tz, lo, hi, MISSED_COUNT_MAX, &r, &n)) {
+                *ret_more = true;
+                latest_ticks(e, tz, lo, hi, 1, &r);
+        }
+        *ret_count = n;
+        *ret = r.n ? r.t[(r.head + r.n - 1) % r.cap] : MISSED_NEVER;
+}
+
 int missed_plan(const struct cron_expr *e, const struct cron_tz *tz,
                 const struct missed_rule *rule, int64_t last_evaluated, int64_t last_fire,
                 int64_t now, struct missed_plan *ret)
@@ -88,72 +105,72 @@ int missed_plan(const struct cron_expr *e, const struct cron_tz *tz,
                 return -ERANGE;
         ret->nfire = ret->ncatch_up = 0;
         ret->dropped = 0;
-        ret->dropped_more = ret->stale = false;
+        ret->dropped_more = ret->stale = ret->covered = false;
+        ret->dropped_first = ret->dropped_last = MISSED_NEVER;
         if (now <= last_evaluated)
                 return 0;
+
+        /* The current tick: the latest of (last_evaluated, now], if it is at
+         * most max(MISSED_ON_TIME_SEC, grace_sec) old. */
+        uint64_t window = rule->grace_sec > MISSED_ON_TIME_SEC ? rule->grace_sec
+                                                               : MISSED_ON_TIME_SEC;
+        int64_t g = now - (int64_t)window - 1;
+        if (g < last_evaluated)
+                g = last_evaluated;
+        int64_t current;
+        uint64_t n_on;
+        bool on_more;
+        latest_tick(e, tz, g, now, &current, &n_on, &on_more);
+        (void)n_on;
+        (void)on_more;
 
         size_t keep = 0;
         switch (rule->policy) {
         case MISSED_SKIP:
                 break;
         case MISSED_CATCH_UP_ONCE:
-                keep = 1;
+                /* one run for the missed period: the current tick is it */
+                keep = current == MISSED_NEVER ? 1 : 0;
                 break;
         case MISSED_CATCH_UP_BOUNDED:
                 keep = rule->max_catch_up_runs;
                 if (last_fire != MISSED_NEVER && now - last_fire > 0 &&
                     (uint64_t)(now - last_fire) > rule->stale_after_sec) {
                         ret->stale = true;
-                        keep = 1;
+                        keep = current == MISSED_NEVER ? 1 : 0;
                 }
                 break;
         }
 
-        /* on time: [now - window, now], i.e. (g, now] */
-        uint64_t window = rule->grace_sec > MISSED_ON_TIME_SEC ? rule->grace_sec
-                                                               : MISSED_ON_TIME_SEC;
-        int64_t g = now - (int64_t)window - 1;
-        if (g < last_evaluated)
-                g = last_evaluated;
-        int64_t ontime[MISSED_ON_TIME_MAX];
-        struct ring r_on = { ontime, MISSED_ON_TIME_MAX, 0, 0 };
-        uint64_t n_on;
-        bool all_on = scan(e, tz, g, now, MISSED_ON_TIME_MAX, &r_on, &n_on);
-        if (!all_on) {
-                /* (not with a bounded grace; counted as dropped all the same) */
-                uint64_t more;
-                struct ring none = { NULL, 0, 0, 0 };
-                scan(e, tz, r_on.t[(r_on.head + r_on.n - 1) % r_on.cap], now, MISSED_COUNT_MAX,
-                     &none, &more);
-                ret->dropped += more;
-        }
-        /* a stale schedule runs once, counting an on-time tick */
-        if (ret->stale && n_on > 0)
-                keep = 0;
-
-        /* missed: (last_evaluated, g] */
-        struct ring r_miss = { ret->fire, keep, 0, 0 };
+        /* missed: the ticks of (last_evaluated, current) or (last_evaluated, now] */
+        int64_t hi = current == MISSED_NEVER ? now : current - 1;
+        int64_t buf[MISSED_CATCH_UP_MAX + 1];
+        struct ring r_miss = { buf, keep + 1, 0, 0 };
         uint64_t n_miss = 0;
-        if (g > last_evaluated) {
-                /* (more than keep + 1 ticks when it stops: see latest_ticks) */
-                uint64_t cap = MISSED_COUNT_MAX > keep + 1 ? MISSED_COUNT_MAX : keep + 2;
-                if (scan(e, tz, last_evaluated, g, cap, &r_miss, &n_miss)) {
-                        ret->dropped += n_miss - (n_miss < keep ? n_miss : keep);
-                } else {
-                        ret->dropped += cap + 1 - keep; /* at least */
+        if (hi > last_evaluated) {
+                uint64_t cap = MISSED_COUNT_MAX > keep + 2 ? MISSED_COUNT_MAX : keep + 2;
+                if (!scan(e, tz, last_evaluated, hi, cap, &r_miss, &n_miss)) {
+                        n_miss = cap + 1; /* at least */
                         ret->dropped_more = true;
-                        if (keep)
-                                latest_ticks(e, tz, last_evaluated, g, keep, &r_miss);
+                        latest_ticks(e, tz, last_evaluated, hi, keep + 1, &r_miss);
                 }
         }
-        /* ascending: the ring's order, then the on-time ticks */
-        int64_t tmp[MISSED_CATCH_UP_MAX];
-        for (size_t i = 0; i < r_miss.n; i++)
-                tmp[i] = r_miss.t[(r_miss.head + i) % r_miss.cap];
-        memcpy(ret->fire, tmp, r_miss.n * sizeof(*tmp));
-        ret->ncatch_up = r_miss.n;
-        for (size_t i = 0; i < r_on.n; i++)
-                ret->fire[ret->ncatch_up + i] = r_on.t[(r_on.head + i) % r_on.cap];
-        ret->nfire = ret->ncatch_up + r_on.n;
+        size_t kept = n_miss < keep ? (size_t)n_miss : keep;
+        ret->dropped = n_miss - kept;
+        ret->covered = ret->dropped && current != MISSED_NEVER &&
+                       rule->policy != MISSED_SKIP && kept == 0;
+        if (ret->dropped) {
+                int64_t first;
+                if (cron_next(e, tz, last_evaluated, &first) == 0)
+                        ret->dropped_first = first;
+                ret->dropped_last = r_miss.t[(r_miss.head + r_miss.n - 1 - kept) % r_miss.cap];
+        }
+        /* the catch-up runs ascending, then the current tick */
+        for (size_t i = 0; i < kept; i++)
+                ret->fire[i] = r_miss.t[(r_miss.head + r_miss.n - kept + i) % r_miss.cap];
+        ret->ncatch_up = kept;
+        ret->nfire = kept;
+        if (current != MISSED_NEVER)
+                ret->fire[ret->nfire++] = current;
         return 0;
 }

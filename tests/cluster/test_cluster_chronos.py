@@ -7,7 +7,9 @@ past so that the database's clock never finds a tick ahead of it.
 
   1. both nodes fire every on-time tick; each tick has exactly one mandate
      and one node answers the other's claim "claimed by node ...";
-  2. every node down over 5 missed ticks (MissedPolicy=catch_up_once): after
+  2. every node down over 5 missed ticks (MissedPolicy=catch_up_bounded,
+     MaxCatchUpRuns=1; catch_up_once would let the on-time tick be the one
+     run of the period): after
      both restart at once, exactly one catch-up mandate in the cluster, fired
      by one node (the one whose compare-and-set on the schedule's row won);
   3. a node restarted after the other kept running catches nothing up: the
@@ -227,7 +229,8 @@ class ClusterChronos(unittest.TestCase):
         self.wait_row(tick(3) + 1)
 
     def test_2_all_down_one_catch_up(self):
-        a, b = self.node("n1"), self.node("n2")
+        sched = schedule("catch_up_bounded", runs=1)
+        a, b = self.node("n1", sched), self.node("n2", sched)
         self.start([a, b], tick(0) + 5)
         self.both_at([a, b], tick(1) + 1)
         self.wait_ticks([1], "tick 1")
@@ -308,7 +311,7 @@ class ClusterChronos(unittest.TestCase):
         # a schedule without a row (a new database, a node that ran on its
         # own before): its first row's window starts at the node's own last
         # evaluation, so its downtime is caught up all the same
-        a = self.node("n1")
+        a = self.node("n1", schedule("catch_up_bounded", runs=1))
         self.start([a], tick(0) + 5)
         a.clock(tick(1) + 1)
         self.wait_ticks([1], "tick 1")

@@ -182,6 +182,18 @@ class ChronosCase(unittest.TestCase):
     def schedules(self):
         return {s["name"]: s for s in self.ok("schedules")["schedules"]}
 
+    def wait_last(self, name, when, timeout=30.0):
+        """LAST (last_fire_at) is set once the tick's mandate is durable:
+        wait for it, with a deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.schedules()[name]["last_fire_at"]
+            if got == when:
+                return
+            if time.monotonic() > deadline:
+                self.assertEqual(got, when, name)
+            time.sleep(0.02)
+
     def mandates(self, schedule):
         return {m["id"]: m for m in self.ok("list")["mandates"] if m.get("schedule") == schedule}
 
@@ -320,10 +332,10 @@ class MissedPolicies(ChronosCase):
             self.assertNotIn(first[name][0][1], ids, name)
             listed = self.mandates(name)
             self.assertEqual(set(listed), set(ids) | {first[name][0][1]}, name)
+        for name in ("p_once", "p_bounded", "p_stale", "p_all"):
+            self.wait_last(name, "2026-03-02T17:00:00Z")
         s = self.schedules()
         self.assertEqual(s["p_skip"]["last_fire_at"], "2026-03-01T11:00:00Z")
-        for name in ("p_once", "p_bounded", "p_stale", "p_all"):
-            self.assertEqual(s[name]["last_fire_at"], "2026-03-02T17:00:00Z", name)
         for name in self.SCHEDULES:
             self.assertEqual(s[name]["next_fire_at"], "2026-03-02T18:00:00Z", name)
         self.stop()
@@ -370,11 +382,11 @@ class ClockSteps(ChronosCase):
         self.sync()
         self.assertEqual(self.fired_at("f_skip"), ["2026-04-01T16:00:00Z"])
         self.assertEqual(self.fired_at("f_once")[-1], "2026-04-01T17:00:00Z")
+        self.wait_last("f_once", "2026-04-01T17:00:00Z")
         s = self.schedules()
         for name in scheds:
             self.assertEqual(s[name]["next_fire_at"], "2026-04-01T18:00:00Z")
         self.assertEqual(s["f_skip"]["last_fire_at"], "2026-04-01T16:00:00Z")
-        self.assertEqual(s["f_once"]["last_fire_at"], "2026-04-01T17:00:00Z")
 
     def test_step_backward_fires_nothing_again(self):
         self.start("2026-04-01T10:30:00Z", {"back": hourly("catch_up_once")})
@@ -388,8 +400,8 @@ class ClockSteps(ChronosCase):
                              "2026-04-01T10:30:00Z")
         self.sync()
         self.assertEqual(len(self.fires("back")), 2)
+        self.wait_last("back", "2026-04-01T12:00:00Z")
         s = self.schedules()["back"]
-        self.assertEqual(s["last_fire_at"], "2026-04-01T12:00:00Z")
         self.assertEqual(s["next_fire_at"], "2026-04-01T11:00:00Z")
         # Forward again over the ticks already fired: no second mandate.
         self.clock("2026-04-01T11:00:05Z")
@@ -405,7 +417,7 @@ class ClockSteps(ChronosCase):
                                                  "2026-04-01T13:00:00Z"])
         self.assertEqual(len(set(ids)), 3)
         self.assertEqual(set(self.mandates("back")), set(ids))
-        self.assertEqual(self.schedules()["back"]["last_fire_at"], "2026-04-01T13:00:00Z")
+        self.wait_last("back", "2026-04-01T13:00:00Z")
 
 
 class EnabledAndPause(ChronosCase):
@@ -747,6 +759,185 @@ class Grace(ChronosCase):
         self.assertEqual(self.fired_at("g"), [])
 
 
+class ThreeMinuteOutage(ChronosCase):
+    """A minutely schedule, kairosd down from 12:00:30 to 12:03:10: 12:01 and
+    12:02 are missed, 12:03 is the current tick.  Each policy under
+    Concurrency=reject and queue gives exactly the documented ticks, and the
+    current tick always runs (kairos.schedule(5), MissedPolicy=)."""
+    EXTRA = "GracefulTimeoutSec=1\n"
+    SINCE = "2026-04-01T12:00:30Z"
+
+    def sched(self, policy, concurrency, gate):
+        return {"Schedule": {"Cron": "* * * * *", "MissedPolicy": policy,
+                             "Concurrency": concurrency},
+                "Mandate": {"MaxCycles": "1"}, "Exec": {"Observe": "cat " + gate}}
+
+    def test_each_policy_under_reject_and_queue(self):
+        gate = self.make_gate()  # never released: each mandate stays running
+        scheds = {}
+        for pol, short in (("skip", "s"), ("catch_up_once", "o"), ("catch_up_bounded", "b")):
+            for cc in ("reject", "queue"):
+                scheds["%s_%s" % (short, cc)] = self.sched(pol, cc, gate)
+        self.start(self.SINCE, scheds, self.EXTRA)
+        self.stop()
+        self.start("2026-04-01T12:03:10Z")
+        for name in scheds:
+            line = self.daemon.wait_log("fired %s at 2026-04-01T12:03:00Z" % name)
+            m = FIRED_RE.search(line).group(3)
+            # the current tick runs: it is never the one waiting or rejected
+            self.daemon.wait_log("%s observe_001: started" % m)
+        self.daemon.wait_log("fire of b_reject at 2026-04-01T12:02:00Z rejected")
+        self.daemon.wait_log("fired b_queue at 2026-04-01T12:02:00Z")
+        self.sync()
+        cur = ["2026-04-01T12:03:00Z"]
+        self.assertEqual(self.fired_at("s_reject"), cur)
+        self.assertEqual(self.fired_at("s_queue"), cur)
+        self.assertEqual(self.fired_at("o_reject"), cur)
+        self.assertEqual(self.fired_at("o_queue"), cur)
+        # bounded: the current tick first, then each missed tick; under
+        # reject those find the current one running
+        self.assertEqual(self.fired_at("b_reject"), cur)
+        self.assertEqual(self.fired_at("b_queue"), cur + ["2026-04-01T12:01:00Z",
+                                                          "2026-04-01T12:02:00Z"])
+        self.daemon.wait_log("fire of b_reject at 2026-04-01T12:01:00Z rejected")
+        listed = self.mandates("b_queue")
+        by_at = {m["fired_at"]: m["status"] for m in listed.values()}
+        self.assertEqual(by_at, {"2026-04-01T12:03:00Z": "running",
+                                 "2026-04-01T12:01:00Z": "runnable",
+                                 "2026-04-01T12:02:00Z": "runnable"})
+        # one journal line per skipped period: count, first, last, why
+        for name, why in (("s_reject", "skip"), ("s_queue", "skip"),
+                          ("o_reject", "catch_up_once, the current tick runs for them"),
+                          ("o_queue", "catch_up_once, the current tick runs for them")):
+            lines = self.log_lines("schedule %s: " % name)
+            dropped = [x for x in lines if "missed tick" in x]
+            self.assertEqual(len(dropped), 1, lines)
+            self.assertIn("schedule %s: 2 missed ticks since %s dropped (MissedPolicy=%s): "
+                          "first 2026-04-01T12:01:00Z, last 2026-04-01T12:02:00Z"
+                          % (name, self.SINCE, why), dropped[0])
+        self.assertEqual([x for x in self.log_lines("schedule b_") if "missed tick" in x], [])
+        # schedules: LAST is a tick that ran; what was skipped and why
+        for name in scheds:
+            self.wait_last(name, "2026-04-01T12:03:00Z")
+        s = self.schedules()
+        self.assertEqual(s["s_queue"]["skipped"], {
+            "count": 2, "more": False, "first": "2026-04-01T12:01:00Z",
+            "last": "2026-04-01T12:02:00Z", "reason": "MissedPolicy=skip"})
+        self.assertEqual(s["o_reject"]["skipped"]["reason"],
+                         "the current tick runs for the missed period")
+        self.assertNotIn("skipped", s["b_queue"])
+        out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
+                              "schedules"], capture_output=True, text=True, check=True).stdout
+        self.assertIn("schedule s_reject skipped 2 missed ticks, 2026-04-01T12:01:00Z to "
+                      "2026-04-01T12:02:00Z: MissedPolicy=skip\n", out)
+        self.assertIn("schedule o_queue skipped 2 missed ticks, 2026-04-01T12:01:00Z to "
+                      "2026-04-01T12:02:00Z: the current tick runs for the missed period\n", out)
+        self.assertNotIn("schedule b_queue skipped", out)
+
+    def test_last_is_never_a_rejected_tick(self):
+        # The old order fired the stalest catch-up first: it ran, the current
+        # tick was rejected, and LAST said the current tick.
+        gate = self.make_gate()
+        self.start(self.SINCE, {"r": {
+            "Schedule": {"Cron": "0 * * * *", "Concurrency": "reject"},
+            "Mandate": {"MaxCycles": "1"}, "Exec": {"Observe": "cat " + gate}}}, self.EXTRA)
+        self.clock("2026-04-01T13:00:05Z")
+        m1 = FIRED_RE.search(self.daemon.wait_log("fired r at 2026-04-01T13:00:00Z")).group(3)
+        self.daemon.wait_log("%s observe_001: started" % m1)
+        self.wait_last("r", "2026-04-01T13:00:00Z")
+        self.clock("2026-04-01T14:00:05Z")
+        self.daemon.wait_log("fire of r at 2026-04-01T14:00:00Z rejected")
+        self.daemon.wait_log("schedule r: tick not fired")
+        self.sync()
+        s = self.schedules()["r"]
+        self.assertEqual(s["last_fire_at"], "2026-04-01T13:00:00Z")
+        self.assertEqual(s["refused"]["count"], 1)
+        self.assertEqual(s["refused"]["last"], "2026-04-01T14:00:00Z")
+        self.assertIn("Concurrency=reject", s["refused"]["reason"])
+        out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
+                              "schedules"], capture_output=True, text=True, check=True).stdout
+        self.assertIn("schedule r refused 1 tick since kairosd started, the last "
+                      "2026-04-01T14:00:00Z: schedule r has Concurrency=reject", out)
+
+
+class Backfill(ChronosCase):
+    """kairosctl backfill NAME --from T --to T [--dry-run] [--max N]."""
+
+    def ctl(self, *args):
+        return subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path]
+                              + list(args), capture_output=True, text=True)
+
+    def test_dry_run_real_and_duplicates(self):
+        self.start("2026-04-02T00:00:00Z", {"h": hourly()})
+        r = self.ctl("backfill", "h", "--from", "2026-04-01T00:00:00Z",
+                     "--to", "2026-04-01T03:00:00Z", "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ticks = ["2026-04-01T0%d:00:00Z" % i for i in range(4)]
+        self.assertEqual(r.stdout, "".join("%s: would fire\n" % t for t in ticks)
+                         + "schedule h: 4 ticks to fire (dry run)\n")
+        self.assertEqual(self.mandates("h"), {})
+        r = self.ctl("backfill", "h", "--from", "2026-04-01T00:00:00Z",
+                     "--to", "2026-04-01T03:00:00Z")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("schedule h: 4 fired, 0 already fired, 0 not fired\n", r.stdout)
+        got = sorted(m["fired_at"] for m in self.mandates("h").values())
+        self.assertEqual(got, ticks)
+        # an overlapping range: the ticks fired already are not fired twice
+        res = self.ok("backfill", schedule="h", **{"from": "2026-04-01T02:00:00Z",
+                                                   "to": "2026-04-01T05:30:00Z"})
+        self.assertEqual((res["fired"], res["existing"], res["failed"]), (2, 2, 0))
+        self.assertEqual([t["fired"] for t in res["ticks"]], [False, False, True, True])
+        self.assertEqual(len(self.mandates("h")), 6)
+        self.daemon.wait_log("schedule h: backfill of 4 ticks in [2026-04-01T02:00:00Z, "
+                             "2026-04-01T05:30:00Z]")
+        # backfilled ticks are durable: a restart keeps them all
+        self.stop()
+        self.start("2026-04-02T00:00:00Z")
+        self.assertEqual(len(self.mandates("h")), 6)
+
+    def test_bounded_and_bad_input(self):
+        self.start("2026-04-02T00:00:00Z", {"h": hourly()})
+        r = self.ctl("backfill", "h", "--from", "2026-03-01T00:00:00Z",
+                     "--to", "2026-03-05T04:00:00Z")  # 101 ticks
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("schedule h has more than 100 ticks in [2026-03-01T00:00:00Z, "
+                      "2026-03-05T04:00:00Z]", r.stderr)
+        self.assertEqual(self.mandates("h"), {})
+        r = self.ctl("backfill", "h", "--from", "2026-03-01T00:00:00Z",
+                     "--to", "2026-03-05T04:00:00Z", "--max", "101", "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("schedule h: 101 ticks to fire (dry run)", r.stdout)
+        for args, want in (
+                (["--from", "2026-04-01T03:00:00Z", "--to", "2026-04-01T00:00:00Z"],
+                 "backfill: --from 2026-04-01T03:00:00Z is after --to 2026-04-01T00:00:00Z"),
+                (["--from", "yesterday", "--to", "2026-04-01T00:00:00Z"],
+                 "backfill: --from 'yesterday' is not a UTC time"),
+                (["--from", "2026-04-01T00:00:00Z", "--to", "2026-04-31T00:00:00Z"],
+                 "backfill: --to '2026-04-31T00:00:00Z' is not a UTC time"),
+                (["--from", "2026-04-01T00:00:00Z"], "backfill: --to TIME is required"),
+                (["--from", "2026-04-01T00:00:00Z", "--to", "2026-04-01T00:00:00Z",
+                  "--max", "0"], "backfill: --max '0' is not an integer 1..10000")):
+            r = self.ctl("backfill", "h", *args)
+            self.assertEqual(r.returncode, 64, (args, r.stderr))
+            self.assertIn(want, r.stderr)
+        r = self.ctl("backfill", "nope", "--from", "2026-04-01T00:00:00Z",
+                     "--to", "2026-04-01T01:00:00Z")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no schedule named 'nope'", r.stderr)
+        # the daemon checks on its own too, naming the field
+        for args, want in (({"from": "2026-04-01T03:00:00Z", "to": "2026-04-01T00:00:00Z"},
+                            "args.from: 2026-04-01T03:00:00Z is after args.to"),
+                           ({"from": "x", "to": "2026-04-01T00:00:00Z"},
+                            "args.from: 'x' is not a UTC time"),
+                           ({"from": "2026-04-01T00:00:00Z", "to": "2026-04-01T00:00:00Z",
+                             "max": 10001}, "args.max: must be an integer 1..10000")):
+            r = self.call("backfill", schedule="h", **args)
+            self.assertFalse(r["ok"], r)
+            self.assertEqual(r["error"]["code"], "bad_argument")
+            self.assertIn(want, r["error"]["message"])
+        self.assertEqual(self.mandates("h"), {})
+
+
 class AbsurdClocks(ChronosCase):
     def responsive(self, when_unix):
         """Step the clock; the step and a status answer within a few seconds."""
@@ -810,8 +1001,10 @@ class AbsurdClocks(ChronosCase):
                   "Mandate": {"MaxCycles": "1"}}})
         self.clock("2026-04-01T10:30:30Z")
         self.responsive(T("2026-04-03T00:00:30Z"))
-        self.daemon.wait_log("fired m at 2026-04-02T22:20:00Z", timeout=120)  # the oldest
-        self.daemon.wait_log("fired m at 2026-04-03T00:00:00Z", timeout=120)  # the newest
+        # the current tick first, then the catch-up runs, oldest first
+        self.daemon.wait_log("fired m at 2026-04-03T00:00:00Z", timeout=120)
+        self.daemon.wait_log("fired m at 2026-04-02T22:20:00Z", timeout=120)
+        self.daemon.wait_log("fired m at 2026-04-02T23:59:00Z", timeout=120)
         self.sync()
         self.assertEqual(len(self.fired_at("m")), 101)
         self.assertNotIn("2026-04-02T22:19:00Z", self.fired_at("m"))

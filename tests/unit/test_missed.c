@@ -80,36 +80,85 @@ static void test_on_time(void **state)
         assert_int_equal(plan.dropped, 0);
 }
 
-/* MissedGraceSec=: a tick missed by at most that fires whatever the policy
- * says (here skip), each with its own time; older ones follow the policy. */
-static void test_grace_fires_under_skip(void **state)
+/* MissedGraceSec=: the latest tick of the period, missed by at most that,
+ * is the current tick and fires whatever the policy says; every older tick
+ * is missed and follows the policy (before: each tick of the grace fired). */
+static void test_grace_fires_the_current_tick_only(void **state)
 {
         (void)state;
         /* a restart from 12:00:30 to 12:05:10 with a minutely schedule, grace 300 s:
-         * 12:01 .. 12:05 fire (12:01 is 250 s late) */
+         * 12:05 fires, 12:01 .. 12:04 are missed, skipped */
         run("* * * * *", R(MISSED_SKIP, 5, 172800, 300), T0 + 30, T0, T0 + 310);
-        assert_int_equal(plan.nfire, 5);
+        assert_int_equal(plan.nfire, 1);
         assert_int_equal(plan.ncatch_up, 0);
-        for (int i = 0; i < 5; i++)
-                assert_int_equal(plan.fire[i], T0 + 60 * (i + 1));
-        assert_int_equal(plan.dropped, 0);
+        assert_int_equal(plan.fire[0], T0 + 300);
+        assert_int_equal(plan.dropped, 4);
+        assert_int_equal(plan.dropped_first, T0 + 60);
+        assert_int_equal(plan.dropped_last, T0 + 240);
+        assert_false(plan.covered);
         /* a tick 301 s late is outside a 300 s grace: dropped */
         run("0 * * * *", R(MISSED_SKIP, 5, 172800, 300), T0, T0, T0 + 3600 + 301);
         assert_int_equal(plan.nfire, 0);
         assert_int_equal(plan.dropped, 1);
+        assert_int_equal(plan.dropped_first, T0 + 3600);
+        assert_int_equal(plan.dropped_last, T0 + 3600);
         /* exactly 300 s late: fires */
         run("0 * * * *", R(MISSED_SKIP, 5, 172800, 300), T0, T0, T0 + 3600 + 300);
         assert_int_equal(plan.nfire, 1);
         assert_int_equal(plan.fire[0], T0 + 3600);
-        /* grace under catch_up_once: the grace ticks and the latest older one */
+        assert_int_equal(plan.dropped, 0);
+        assert_int_equal(plan.dropped_first, MISSED_NEVER);
+        /* catch_up_once with a current tick: it is the one run of the period */
         run("* * * * *", R(MISSED_CATCH_UP_ONCE, 5, 172800, 120), T0, T0, T0 + 600);
-        assert_int_equal(plan.nfire, 4);
+        assert_int_equal(plan.nfire, 1);
+        assert_int_equal(plan.ncatch_up, 0);
+        assert_int_equal(plan.fire[0], T0 + 600);
+        assert_int_equal(plan.dropped, 9);
+        assert_true(plan.covered);
+}
+
+/* The 3-minute outage of a minutely schedule: down after 12:00:30, back at
+ * 12:03:10; 12:01 and 12:02 are missed, 12:03 is the current tick. */
+static void test_three_minute_outage(void **state)
+{
+        (void)state;
+        int64_t le = T0 + 30, now = T0 + 190;
+        /* skip: the current tick only */
+        run("* * * * *", R(MISSED_SKIP, 5, 172800, 300), le, T0, now);
+        assert_int_equal(plan.nfire, 1);
+        assert_int_equal(plan.fire[0], T0 + 180);
+        assert_int_equal(plan.dropped, 2);
+        assert_int_equal(plan.dropped_first, T0 + 60);
+        assert_int_equal(plan.dropped_last, T0 + 120);
+        /* catch_up_once: one run for the period, the current tick */
+        run("* * * * *", R(MISSED_CATCH_UP_ONCE, 5, 172800, 300), le, T0, now);
+        assert_int_equal(plan.nfire, 1);
+        assert_int_equal(plan.ncatch_up, 0);
+        assert_int_equal(plan.fire[0], T0 + 180);
+        assert_int_equal(plan.dropped, 2);
+        assert_true(plan.covered);
+        /* catch_up_once with no current tick (an hourly schedule back at
+         * 14:30): the latest missed tick, as a catch-up run */
+        run("0 * * * *", R(MISSED_CATCH_UP_ONCE, 5, 172800, 300), le, T0, T0 + 9000);
+        assert_int_equal(plan.nfire, 1);
         assert_int_equal(plan.ncatch_up, 1);
-        assert_int_equal(plan.fire[0], T0 + 420);
-        assert_int_equal(plan.fire[1], T0 + 480);
-        assert_int_equal(plan.fire[2], T0 + 540);
-        assert_int_equal(plan.fire[3], T0 + 600);
-        assert_int_equal(plan.dropped, 6);
+        assert_int_equal(plan.fire[0], T0 + 7200);
+        assert_int_equal(plan.dropped, 1);
+        assert_false(plan.covered);
+        /* catch_up_bounded: each missed tick (up to the bound), then the current */
+        run("* * * * *", R(MISSED_CATCH_UP_BOUNDED, 5, 172800, 300), le, T0, now);
+        assert_int_equal(plan.nfire, 3);
+        assert_int_equal(plan.ncatch_up, 2);
+        assert_int_equal(plan.fire[0], T0 + 60);
+        assert_int_equal(plan.fire[1], T0 + 120);
+        assert_int_equal(plan.fire[2], T0 + 180);
+        assert_int_equal(plan.dropped, 0);
+        run("* * * * *", R(MISSED_CATCH_UP_BOUNDED, 1, 172800, 300), le, T0, now);
+        assert_int_equal(plan.nfire, 2);
+        assert_int_equal(plan.fire[0], T0 + 120);
+        assert_int_equal(plan.dropped, 1);
+        assert_int_equal(plan.dropped_first, T0 + 60);
+        assert_int_equal(plan.dropped_last, T0 + 60);
 }
 
 /* catch_up_once: the latest missed tick runs, the others are dropped. */
@@ -225,17 +274,20 @@ static void test_huge_jump(void **state)
         int64_t now = U(9999, 6, 1, 0, 0) + 30;
         run("* * * * *", R(MISSED_SKIP, 5, 172800, 300), T0, T0, now);
         assert_int_equal(plan.ncatch_up, 0);
-        assert_int_equal(plan.nfire, 5);
-        assert_int_equal(plan.fire[0], now - 30 - 240);
+        assert_int_equal(plan.nfire, 1);
+        assert_int_equal(plan.fire[0], now - 30);
         assert_true(plan.dropped_more);
-        assert_true(plan.dropped >= MISSED_COUNT_MAX - 5);
+        assert_true(plan.dropped >= MISSED_COUNT_MAX);
+        assert_int_equal(plan.dropped_first, T0 + 60);
+        assert_int_equal(plan.dropped_last, now - 90);
 
         run("* * * * *", R(MISSED_CATCH_UP_BOUNDED, 7, UINT64_C(3153600000), 300), T0,
             MISSED_NEVER, now);
         assert_int_equal(plan.ncatch_up, 7);
-        assert_int_equal(plan.nfire, 12);
-        for (size_t i = 0; i < 7; i++)
-                assert_int_equal(plan.fire[i], now - 30 - 300 - 60 * (6 - (int64_t)i));
+        assert_int_equal(plan.nfire, 8);
+        for (size_t i = 0; i < 8; i++)
+                assert_int_equal(plan.fire[i], now - 30 - 60 * (7 - (int64_t)i));
+        assert_int_equal(plan.dropped_last, now - 30 - 60 * 8);
         assert_true(plan.dropped_more);
 
         run("0 0 * * *", R(MISSED_CATCH_UP_BOUNDED, MISSED_CATCH_UP_MAX, UINT64_C(3153600000), 0),
@@ -289,7 +341,8 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_skip_drops),
                 cmocka_unit_test(test_on_time),
-                cmocka_unit_test(test_grace_fires_under_skip),
+                cmocka_unit_test(test_grace_fires_the_current_tick_only),
+                cmocka_unit_test(test_three_minute_outage),
                 cmocka_unit_test(test_catch_up_once),
                 cmocka_unit_test(test_catch_up_bounded),
                 cmocka_unit_test(test_stale),
