@@ -602,8 +602,10 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                 return status;
 
         /* (before anything is sent: the child is the caller) */
-        if ((status = fork_for_own_group()) >= 0)
+        if ((status = fork_for_own_group()) >= 0) {
+                json_decref(check_json);
                 return status;
+        }
         json_t *input = argv_input(ncmd, cmd);
         if (!input) {
                 json_decref(check_json);
