@@ -121,6 +121,7 @@ COMMANDS = {
     "tool-write-end": {},
     "idem-stats": {}, "idem-get": {"key": "none"}, "idem-forget": {"key": "none"},
     "metrics": {}, "wait": {"mandate": "m-none"},
+    "backfill": {"schedule": "none", "from": "2030-01-01T00:00:00Z", "to": "2030-01-01T01:00:00Z"},
 }
 
 
