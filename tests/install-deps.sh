@@ -6,13 +6,13 @@
 #
 #   --runtime  the shared libraries kairosd and kairosctl run with (and the
 #              time zone data of TimeZone=); what a machine that only runs a
-#              build made elsewhere needs (libpq5 only for a build with
-#              -Dpostgres=enabled)
+#              build made elsewhere needs (libpq5: cluster mode, in every
+#              build but one with -Dpostgres=disabled)
 #   --build    everything to build and install a release from source
 #              (meson setup -Dtests=false): compiler, meson, the -dev
 #              packages, scdoc for the man pages, bash-completion so that meson
-#              finds the completion directory, libpq-dev for
-#              -Dpostgres=enabled; includes --runtime
+#              finds the completion directory, libpq-dev for cluster
+#              mode (-Dpostgres, enabled by default); includes --runtime
 #   --test     everything the test suite needs on top of --build: cmocka, clang
 #              (fuzz targets), debootstrap and systemd-container (the systemd
 #              and Debian package tests), strace, gzip, the Debian packaging

@@ -30,8 +30,9 @@ run_suite() {
         logs+=("$dir/meson-logs/testlog.json")
 }
 
-# -Dpostgres=enabled: the cluster tests (tests/cluster) run against a private
-# PostgreSQL; a default build does not link libpq.
+# -Dpostgres=enabled (the default, said so that a missing libpq-dev fails
+# here rather than skip cluster mode): the cluster tests (tests/cluster) run
+# against a private PostgreSQL.
 run_suite "$builddir/plain" -Dtest_hooks=true -Dpostgres=enabled
 san='-fno-sanitize-recover=all'
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=abort_on_error=1 \

@@ -296,6 +296,43 @@ class ConfigPages(unittest.TestCase):
                 self.assertTrue(f"Default: *{default}*" in text, default)
 
 
+class ClusterPage(unittest.TestCase):
+    """kairosd(8), CLUSTER MODE, against src/daemon/cluster.c: the takeover
+    grace it states is the code's, and it says what fencing covers."""
+
+    FRACTIONS = {2: "half", 3: "a third", 5: "a fifth", 10: "a tenth"}
+
+    def cluster_mode(self):
+        return re.sub(r"\s+", " ", sections(page("kairosd.8"))["CLUSTER MODE"])
+
+    def test_takeover_grace(self):
+        with open(os.path.join(SRC, "src/daemon/cluster.c"), encoding="utf-8") as f:
+            m = re.search(r"c->grace_ms = c->lease_ms / (\d+) > 1000", f.read())
+        self.assertIsNotNone(m, "cluster.c: no grace_ms = lease_ms / N")
+        word = self.FRACTIONS[int(m.group(1))]
+        text = self.cluster_mode()
+        stated = re.findall(r"a grace(?: ago)? \(([\w ]+?) of (?:\*LeaseSec=\*|it), "
+                            r"at least 1 s\)", text)
+        self.assertGreaterEqual(len(stated), 2, "kairosd.8, Takeover: the grace is not "
+                                f"stated where a lease is taken and in the failover time ({stated})")
+        for w in stated:
+            self.assertEqual(w, word, f"kairosd.8: the takeover grace is {w} of LeaseSec=, "
+                             f"the code's is {word}")
+        for later in re.findall(r"lease ended more than (.{0,40}?) ago", text):
+            self.assertTrue(later.startswith("a grace"),
+                            f"kairosd.8: takeover after a lease ended more than {later!r} ago; "
+                            f"the code's grace is {word} of LeaseSec=")
+
+    def test_what_fencing_covers(self):
+        text = self.cluster_mode()
+        m = re.search(r"\*What fencing covers\.\*(.*?)(?: \*[A-Z][a-z]+\.\* |$)", text)
+        self.assertIsNotNone(m, "kairosd.8: no paragraph *What fencing covers.*")
+        for words in ("*kairosctl tool run*", "*tool write*", "not fenced", "frozen",
+                      "*KAIROS_EPOCH*", "*LeaseSec=*"):
+            with self.subTest(words=words):
+                self.assertIn(words, m.group(1))
+
+
 class ManBuild(unittest.TestCase):
     def test_scdoc(self):
         scdoc = shutil.which("scdoc")

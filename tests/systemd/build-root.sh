@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Build (once) the Debian 12 root the systemd test boots with systemd-nspawn:
-# debootstrap minbase with systemd, dbus and kairosd's runtime libraries.
+# debootstrap minbase with systemd, dbus and kairosd's runtime libraries
+# (libpq5 among them: the package is built with cluster mode).
 # The root is cached outside the source tree and reused; it is never
 # modified afterwards (the test boots an overlay of it).
 #
@@ -76,9 +77,9 @@ if [ "${1:-}" = --print-mirror ]; then
 fi
 cache=${1:-${KAIROS_TEST_ROOT_CACHE:-/var/cache/kairos-test-root}}
 # Bump when the package list changes: a new root is built next to the old one.
-version=1
+version=2
 root=$cache/root-v$version
-pkgs=systemd,systemd-sysv,dbus,libuv1,libsodium23,libjansson4,zlib1g
+pkgs=systemd,systemd-sysv,dbus,libuv1,libsodium23,libjansson4,zlib1g,libpq5
 
 mkdir -p "$cache"
 exec 9>"$cache/lock"

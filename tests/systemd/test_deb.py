@@ -8,7 +8,20 @@ with lintian (no errors), then in a systemd-nspawn container: `apt install
 Status= line, conffile, journal catalog), run the demo schedule from
 /usr/share/kairos/examples, upgrade to a copy with a higher version (state,
 mandates and the admin's conffile edit survive; the service is restarted),
-remove (state kept), purge (state and configuration gone).
+cluster mode (below), remove (state kept), purge (state and configuration
+gone).
+
+Cluster mode: the package is built with it (libpq5 through shlibs), so the
+installed kairosd runs as a node with `[Cluster] Backend=postgres`.  The
+PostgreSQL server is not installed in the container (that would make the
+cached root larger and its build slower for one test): the test starts a
+private one on the host (tests/cluster/pg_fixture.py, Unix socket only, no
+TCP port) before the container boots, and bind-mounts its socket directory
+at PG_DIR in the container's root, where the packaged kairosd connects to
+it like to any local server.  `kairosd --init-db` from the package creates
+the schema; the node restarts into cluster mode, reaches READY, `kairosctl
+status` shows its node and lease, and the demo fired on it ends done, with
+its mandate and its tool call in the database at epoch 1.
 
     test_deb.py SOURCE_DIR WORK_DIR
 
@@ -29,10 +42,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_systemd as ts  # noqa: E402  (the container harness)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
+import pg_fixture  # noqa: E402  (a private PostgreSQL server)
 from test_systemd import Container, Failed, Skip, check, log, run  # noqa: E402
 
 SKIP = 77
 UNIT = "kairosd.service"
+PG_DIR = "/srv/kairos-pg"  # the host's PostgreSQL socket directory, in the container
+NODE = "deb-node"
 
 
 def check_no_mode_warning(c, when):
@@ -156,7 +173,53 @@ def state_files(c):
     return set(r.stdout.split())
 
 
-def test(c, src, deb, newer, version):
+def test_cluster(c, pg):
+    """The installed kairosd as a cluster node on the PostgreSQL at PG_DIR."""
+    pg.createdb("kairos")
+    conninfo = f"host={PG_DIR} port={pg_fixture.PORT} user={pg_fixture.SUPERUSER} dbname=kairos"
+    # --init-db from the package, as the daemon's user, before any node.
+    r = c.sh(["runuser", "-u", "kairos", "--", "kairosd", "--init-db", conninfo], check=False)
+    check(r.returncode == 0 and re.search(r"created at version \d+", r.stdout + r.stderr),
+          f"kairosd --init-db from the package: {(r.stdout + r.stderr).strip()!r}")
+    c.write("/etc/kairos/kairosd.conf.d/50-cluster.conf",
+            f"[Cluster]\nBackend=postgres\nConnectionString={conninfo}\nNodeName={NODE}\n"
+            "LeaseSec=10\n")
+    c.sh(["kairosd", "--check-config"])
+    # Type=notify: restart returns once the node sent READY=1.
+    t = time.monotonic()
+    r = c.sh(["systemctl", "restart", UNIT], check=False)
+    check(r.returncode == 0, f"kairosd restarted as node {NODE} and reached READY "
+          f"({time.monotonic() - t:.1f} s)" + ("" if r.returncode == 0 else
+                                              f"\n{r.stdout}{r.stderr}\n{status_text(c)}"))
+    check_running(c, "in cluster mode")
+    _, st = c.ctl("status")
+    cl = (st or {}).get("cluster") or {}
+    check(cl.get("backend") == "postgres" and cl.get("node") == NODE and
+          cl.get("lease_sec") == 10 and cl.get("lease_left_ms", 0) > 0 and
+          cl.get("may_act") is True and
+          [n.get("node") for n in cl.get("nodes", [])] == [NODE],
+          f"kairosctl status: cluster node {NODE}, lease 10 s, acting ({cl})")
+    text = c.sh(["kairosctl", "status"]).stdout
+    check(re.search(rf"^Cluster node: +{NODE} \(PostgreSQL\), lease 10 s, \d+\.\d s left, ",
+                    text, re.M), "kairosctl status (text) shows the node and its lease")
+    cur = c.cursor()
+    _, fired = c.ctl("fire", "demo")
+    mid = fired["mandate"]
+    rec = c.wait_journal(ts.mandate_done(mid), f"the demo mandate {mid} on node {NODE}",
+                         matches=[f"MANDATE_ID={mid}"], after=cur, timeout=120)
+    check(f"mandate {mid} done" in rec["MESSAGE"] and rec.get("NODE") == NODE,
+          f"the demo fired on node {NODE} is done ({rec['MESSAGE']!r})")
+    rows = pg.psql("kairos", "SELECT status, owner, epoch FROM kairos_mandate "
+                   f"WHERE mandate_id = '{mid}'")
+    check(rows == [["succeeded", NODE, "1"]],
+          f"the database holds mandate {mid}: succeeded by {NODE} at epoch 1 ({rows})")
+    rows = pg.psql("kairos", "SELECT tool, state, owner, epoch FROM kairos_idem "
+                   f"WHERE mandate_id = '{mid}'")
+    check(rows and all(r[1:] == ["completed", NODE, "1"] for r in rows),
+          f"its tool calls were claimed in the database at epoch 1 ({rows})")
+
+
+def test(c, src, deb, newer, version, pg):
     for p in (deb, newer):
         shutil.copy(p, c.path("/root/"))
     name, newname = os.path.basename(deb), os.path.basename(newer)
@@ -234,7 +297,10 @@ def test(c, src, deb, newer, version):
         check(f.read().endswith("# edited by the admin\n"),
               "the upgrade kept the admin's edit of the conffile")
 
+    test_cluster(c, pg)
+
     # --- remove, then purge -------------------------------------------------
+    before = state_files(c)
     c.sh(apt + ["remove", "kairos"], timeout=300)
     check(c.show("ActiveState")["ActiveState"] in ("inactive", ""), "remove stopped kairosd")
     check(state_files(c) >= before and os.path.exists(c.path("/etc/kairos/kairosd.conf")),
@@ -263,6 +329,9 @@ def main():
             print(f"SKIP: {tool} is not installed (tests/install-deps.sh --test installs it)",
                   file=sys.stderr)
             return SKIP
+    if not pg_fixture.find_bindir():
+        print(f"SKIP: {pg_fixture.skip_reason()}", file=sys.stderr)
+        return SKIP
     os.makedirs(work, exist_ok=True)
     t0 = time.monotonic()
     try:
@@ -289,10 +358,20 @@ def main():
     ts.cleanup_stale()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("FAIL: terminated (timeout?)"))
     c = Container(root, tempfile.mkdtemp(prefix="kairos-nspawn-", dir="/var/tmp"))
+    pg = pg_fixture.PgServer()
+    pgmount = None
     try:
         c.prepare()
+        t = time.monotonic()
+        pg.start()
+        # Before the boot: the container gets the bind mount with its root.
+        pgmount = c.path(PG_DIR)
+        os.makedirs(pgmount)
+        run(["mount", "--bind", pg.dir, pgmount])
+        log(f"PostgreSQL on the host, its socket at {PG_DIR} in the container "
+            f"({time.monotonic() - t:.1f} s)")
         c.boot()
-        test(c, src, deb, newer, version)
+        test(c, src, deb, newer, version, pg)
     except Skip as e:
         print(f"SKIP: systemd-nspawn cannot boot a container here: {e}", file=sys.stderr)
         return SKIP
@@ -302,8 +381,15 @@ def main():
             r = c.sh(["journalctl", "-n", "80", "--no-pager"], check=False)
             print("--- journalctl (last 80) ---\n" + r.stdout, file=sys.stderr)
         return 1
+    except RuntimeError as e:  # the private PostgreSQL (pg_fixture)
+        print(f"FAIL: {e}\n--- PostgreSQL's log ---\n{pg.server_log()[-3000:]}",
+              file=sys.stderr)
+        return 1
     finally:
+        if pgmount and run(["umount", pgmount], check=False).returncode != 0:
+            run(["umount", "-l", pgmount], check=False)
         c.teardown()
+        pg.stop()
         log("container torn down")
     log(f"all package checks passed ({time.monotonic() - t0:.1f} s in all)")
     return 0
