@@ -1532,3 +1532,24 @@ int pgstore_ping(struct pgstore *s)
                 r = pgstore_reset(s);
         return r;
 }
+
+int pgstore_db_now(struct pgstore *s, int64_t *ret_ms)
+{
+        if (!s || !s->conn || !ret_ms)
+                return -EINVAL;
+        PGresult *res;
+        /* clock_timestamp(): the time of this statement, not of its
+         * transaction */
+        int r = exec_params(s, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", 0,
+                            NULL, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) != 1) {
+                set_err(s, "SELECT clock_timestamp() returned %d rows", PQntuples(res));
+                PQclear(res);
+                return -EIO;
+        }
+        *ret_ms = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        PQclear(res);
+        return 0;
+}

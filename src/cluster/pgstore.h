@@ -56,6 +56,9 @@ int pgstore_reset(struct pgstore *s);
  * connection answers now. */
 int pgstore_ping(struct pgstore *s);
 const char *pgstore_error(const struct pgstore *s);
+/* The database's clock now (ms since the epoch), for a node's skew and for
+ * a tick claim refused with -ETIME. */
+int pgstore_db_now(struct pgstore *s, int64_t *ret_ms);
 
 /* Create or migrate the schema to PGSCHEMA_VERSION, in one transaction under
  * an advisory lock (concurrent callers wait, then find nothing to do). */

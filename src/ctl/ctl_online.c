@@ -891,6 +891,13 @@ static int text_status(json_t *r)
                         ctl_put_safe(stdout, jstr(cl, "renew_error"));
                         putchar('\n');
                 }
+                json_t *skew = json_object_get(cl, "clock_skew");
+                if (json_is_object(skew))
+                        printf("Clock skew:      %+.1f s off the database's clock%s\n",
+                               json_number_value(json_object_get(skew, "offset_sec")),
+                               json_is_true(json_object_get(skew, "over_bound"))
+                                       ? " (beyond the bound: fix time synchronization)"
+                                       : "");
                 json_t *nodes = json_object_get(cl, "nodes"), *n;
                 size_t i;
                 json_array_foreach(nodes, i, n) {

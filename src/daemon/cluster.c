@@ -38,6 +38,10 @@
 #include "kairos/statedir.h"
 #include "kairos/wal.h"
 #include "log.h"
+
+/* A clock this far off the database's is shown and warned about (it is
+ * also what the tick claim allows ahead of the database's clock). */
+#define CLUSTER_SKEW_BOUND_MS 2000
 #include "pgstore.h"
 
 #define TAKEOVER_PER_ROUND 16
@@ -98,6 +102,11 @@ struct cluster {
         pthread_cond_t store_cond;     /* a connection was given back */
         unsigned renew_failures;
         char renew_error[256];
+        /* this node's clock minus the database's, as of the last beat
+         * (skew_known: measured once at least) */
+        int64_t skew_ms;
+        bool skew_known, skew_over;     /* beyond CLUSTER_SKEW_BOUND_MS (warned) */
+        int64_t test_skew_ms;           /* test hook: added to this node's clock */
         bool deadman_dead;             /* its watcher is gone: act no more */
         struct pgstore_node_row *nodes;  /* the cluster's nodes at the last beat */
         size_t nnodes;
@@ -340,16 +349,48 @@ static int claim_or_create(struct cluster *c, struct pgstore *s, struct mandate 
         return r;
 }
 
+/* A tick claim refused as ahead of the database's clock (this node's clock
+ * runs fast): the claim waits until the tick is due by the database's clock,
+ * a second at a time (the mandate may be dropped meanwhile), then claims it.
+ * It waits at most SKEW_WAIT_MAX_MS in all: a clock that far ahead is broken
+ * (the barrier fails with -ETIME, logged). */
+#define SKEW_WAIT_MAX_MS (10 * 60 * 1000)
+
+/* How long until the tick of m is due by the database's clock (<= 0: due
+ * now), at most a second. */
+static int64_t skew_wait_ms(struct pgstore *s, const struct mandate *m)
+{
+        int64_t fired_ms, db_ms;
+        if (wal_parse_ts(m->fired_at, &fired_ms) < 0)
+                return 0;
+        if (pgstore_db_now(s, &db_ms) < 0)
+                return 1000;
+        int64_t w = fired_ms - db_ms;
+        return w > 1000 ? 1000 : w;
+}
+
 static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t len)
 {
         struct mandate *m = ctx;
         struct cluster *c = m->d->cluster;
         int64_t give_up = mono_ms() + c->lease_ms / 2;
+        int64_t skew_give_up = mono_ms() + SKEW_WAIT_MAX_MS;
+        bool not_due = false;           /* refused as ahead of the database's clock */
         int r = 0;
         for (unsigned attempt = 0;; attempt++) {
                 if (__atomic_load_n(&CM(m)->dropped, __ATOMIC_ACQUIRE))
                         return -ESTALE;
                 struct pgstore *s = cluster_thread_store(m->d, &r);
+                int64_t w = s && not_due ? skew_wait_ms(s, m) : 0;
+                if (w > 0 && mono_ms() < skew_give_up) {
+                        /* not yet due by the database's clock: nobody may
+                         * claim it yet, this node neither (its connection
+                         * goes back to the pool meanwhile) */
+                        cluster_thread_done();
+                        struct timespec ts = { w / 1000, (long)(w % 1000) * 1000000L };
+                        nanosleep(&ts, NULL);
+                        continue;
+                }
                 if (s) {
                         if (m->epoch == 0 && first_seq == 1)
                                 r = claim_or_create(c, s, m, lines, len);
@@ -360,6 +401,11 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                                                        NULL);
                         if (r == -ENOTCONN && pgstore_reset(s) < 0)
                                 r = -ENOTCONN;
+                        if (r == -ETIME && m->epoch == 0 && mono_ms() < skew_give_up) {
+                                not_due = true;
+                                give_up = mono_ms() + c->lease_ms / 2;
+                                continue;  /* (keeps its connection: asks the time) */
+                        }
                 }
                 if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
                     mono_ms() >= give_up)
@@ -909,6 +955,41 @@ static void unlink_forgotten(struct cluster *c)
         free(list);
 }
 
+/* This node's clock against the database's, from one round trip (the
+ * database's clock read half-way): kept for status and metrics, a warning
+ * once when it goes beyond CLUSTER_SKEW_BOUND_MS and a notice once when it is
+ * back within. */
+static void measure_skew(struct cluster *c, struct pgstore *s)
+{
+        int64_t db_ms, m0 = mono_ms(), t0 = now_ms_realtime();
+        if (pgstore_db_now(s, &db_ms) < 0)
+                return;
+        int64_t rtt = mono_ms() - m0;
+        int64_t skew = t0 + rtt / 2 + c->test_skew_ms - db_ms;
+        /* the round trip bounds the error: only a skew beyond it counts */
+        int64_t sure = skew > 0 ? skew - rtt / 2 : skew + rtt / 2;
+        if (sure > -rtt / 2 && sure < rtt / 2)
+                sure = 0;
+        bool over = sure > CLUSTER_SKEW_BOUND_MS || sure < -CLUSTER_SKEW_BOUND_MS;
+        pthread_mutex_lock(&c->lock);
+        bool was = c->skew_over;
+        c->skew_ms = skew;
+        c->skew_known = true;
+        c->skew_over = over;
+        pthread_mutex_unlock(&c->lock);
+        if (over && !was)
+                log_event(LOG_WARNING, NULL, NULL, 0,
+                          "node %s: this node's clock is %+.1f s off the database's (more than "
+                          "%d s): its cron ticks are claimed when they are due by the "
+                          "database's clock, up to that much late; fix its time "
+                          "synchronization (NTP)",
+                          c->node, (double)skew / 1000.0, CLUSTER_SKEW_BOUND_MS / 1000);
+        else if (!over && was)
+                log_notice("node %s: this node's clock is within %d s of the database's again "
+                           "(%+.1f s)",
+                           c->node, CLUSTER_SKEW_BOUND_MS / 1000, (double)skew / 1000.0);
+}
+
 static void *heartbeat_main(void *arg)
 {
         struct cluster *c = arg;
@@ -952,6 +1033,7 @@ static void *heartbeat_main(void *arg)
                                         c->nodes_at_ms = mono_ms();
                                         pthread_mutex_unlock(&c->lock);
                                 }
+                                measure_skew(c, s);
                                 takeover_round(c, s);
                         }
                 }
@@ -1339,6 +1421,13 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
         c->node = strdup(cfg->node_name ? cfg->node_name : "");
         c->conninfo = strdup(cfg->cluster_conninfo ? cfg->cluster_conninfo : "");
         c->lease_ms = (int64_t)cfg->lease_sec * 1000;
+#ifdef KAIROS_TEST_HOOKS
+        const char *skew = getenv("KAIROS_TEST_CLOCK_SKEW_MS");
+        if (skew) {
+                c->test_skew_ms = strtoll(skew, NULL, 10);
+                log_warning("test hook: this node's clock is taken as %s ms off", skew);
+        }
+#endif
         /* The node stops acting margin_ms before its lease can end (by its
          * own monotonic clock), and others take over grace_ms after it has
          * ended (by the database's): margin + grace of slack for the two
@@ -1534,7 +1623,13 @@ json_t *pgd_status(struct daemon *d)
                                                 (json_int_t)c->nodes[i].held));
         }
         int64_t left = c->deadline_ms > 0 ? c->deadline_ms - now : 0;
-        json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:b, s:I, s:I, s:s?, s:o}", "backend",
+        json_t *skew = c->skew_known
+                               ? json_pack("{s:f, s:b, s:f}", "offset_sec",
+                                           (double)c->skew_ms / 1000.0, "over_bound",
+                                           c->skew_over, "bound_sec",
+                                           (double)CLUSTER_SKEW_BOUND_MS / 1000.0)
+                               : json_null();
+        json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:b, s:I, s:I, s:s?, s:o, s:o}", "backend",
                               "postgres", "node", c->node, "incarnation",
                               (json_int_t)c->incarnation, "lease_sec",
                               (json_int_t)(c->lease_ms / 1000), "lease_left_ms",
@@ -1542,7 +1637,8 @@ json_t *pgd_status(struct daemon *d)
                               c->deadline_ms > 0 && now < c->deadline_ms - c->lease_ms / 3,
                               "held", (json_int_t)held, "renew_failures",
                               (json_int_t)c->renew_failures, "renew_error",
-                              c->renew_error[0] ? c->renew_error : NULL, "nodes", nodes);
+                              c->renew_error[0] ? c->renew_error : NULL, "nodes", nodes,
+                              "clock_skew", skew);
         pthread_mutex_unlock(&c->lock);
         return o;
 }
@@ -1613,7 +1709,8 @@ void pgd_wal_failed(const struct mandate *m, int r, char *buf, size_t len)
                  r == -ESTALE     ? "fenced: another node holds it now"
                  : r == -EALREADY ? "its tick was claimed by another node"
                  : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
-                 : r == -ETIME    ? "the tick is ahead of the database's clock"
+                 : r == -ETIME    ? "the tick is still ahead of the database's clock after "
+                                    "10 minutes: this node's clock is wrong"
                  : r == -ENOTCONN ? "the connection broke (outcome unknown)"
                                   : strerror(-r));
 }

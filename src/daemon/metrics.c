@@ -14,12 +14,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "daemon.h"
 #include "idem_service.h"
 #include "kairos/idem.h"
 #include "kairos/kio.h"
 #include "kairos/planner.h"
 #include "log.h"
+#include "opreads.h"
 
 #define MSET_MAX_ROWS 512
 
@@ -237,6 +240,19 @@ static int render_state(struct metrics *mx, enum om_format f, struct kbuf *out)
             (r = om_sample_u64(out, "kairos_cycles_completed", OM_COUNTER, NULL, 0,
                                d->cycles_completed)) < 0)
                 return r;
+        /* cluster mode: this node's clock against the database's */
+        json_t *cl = d->opreads && d->opreads->status ? d->opreads->status(d) : NULL;
+        json_t *off = json_object_get(json_object_get(cl, "clock_skew"), "offset_sec");
+        if (json_is_number(off) &&
+            ((r = om_family(out, f, "kairos_cluster_clock_offset_seconds", OM_GAUGE, "seconds",
+                            "Cluster mode: this node's clock minus the database's, as of the "
+                            "last heartbeat.")) < 0 ||
+             (r = om_sample_double(out, "kairos_cluster_clock_offset_seconds", OM_GAUGE, NULL, 0,
+                                   json_number_value(off))) < 0)) {
+                json_decref(cl);
+                return r;
+        }
+        json_decref(cl);
         return 0;
 }
 
