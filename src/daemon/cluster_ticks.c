@@ -201,11 +201,23 @@ static void db_refire_holes(struct chronos *c, struct sched *s, int64_t upto)
                 t = ST(s)->hole_lo - 1;
         int64_t hi = ST(s)->hole_hi;
         ST(s)->hole_lo = ST(s)->hole_hi = NEVER; /* a fire that fails again sets them again */
-        for (size_t n = 0; n < MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 &&
-                           next <= hi && next <= upto;
+        size_t n = 0;
+        for (; n < MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 &&
+               next <= hi && next <= upto;
              n++) {
                 chronos_fire_tick(c, s, next, " (again: the database answers)");
                 t = next;
+        }
+        if (n == MISSED_ON_TIME_MAX && cron_next(&s->expr, s->tz, t, &next) == 0 && next <= hi &&
+            next <= upto) {
+                /* no tick goes without a line */
+                char first[PLANNER_FIRED_AT_LEN], last[PLANNER_FIRED_AT_LEN];
+                chronos_fmt_time(next, first);
+                chronos_fmt_time(hi < upto ? hi : upto, last);
+                log_event(LOG_WARNING, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
+                          "schedule %s: its unclaimed ticks from %s to %s are not fired again "
+                          "(at most %d at once): dropped",
+                          s->name, first, last, MISSED_ON_TIME_MAX);
         }
 }
 
