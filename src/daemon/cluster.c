@@ -382,7 +382,10 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                         return -ESTALE;
                 struct pgstore *s = cluster_thread_store(m->d, &r);
                 int64_t w = s && not_due ? skew_wait_ms(s, m) : 0;
-                if (w > 0 && mono_ms() < skew_give_up) {
+                /* (kairosd stopping: the tick is left to the other nodes
+                 * rather than holding the stop up for the skew) */
+                if (w > 0 && mono_ms() < skew_give_up &&
+                    !__atomic_load_n(&m->d->stopping, __ATOMIC_RELAXED)) {
                         /* not yet due by the database's clock: nobody may
                          * claim it yet, this node neither (its connection
                          * goes back to the pool meanwhile) */
@@ -401,7 +404,8 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                                                        NULL);
                         if (r == -ENOTCONN && pgstore_reset(s) < 0)
                                 r = -ENOTCONN;
-                        if (r == -ETIME && m->epoch == 0 && mono_ms() < skew_give_up) {
+                        if (r == -ETIME && m->epoch == 0 && mono_ms() < skew_give_up &&
+                            !__atomic_load_n(&m->d->stopping, __ATOMIC_RELAXED)) {
                                 not_due = true;
                                 give_up = mono_ms() + c->lease_ms / 2;
                                 continue;  /* (keeps its connection: asks the time) */
