@@ -75,7 +75,7 @@ struct held {
 struct cluster {
         struct daemon *d;
         char *node, *conninfo;
-        int64_t lease_ms, grace_ms, margin_ms, incarnation;
+        int64_t lease_ms, grace_ms, incarnation;
 
         pthread_mutex_t lock;
         pthread_cond_t cond;
@@ -808,7 +808,7 @@ static int renew(struct cluster *c, struct pgstore *s)
                                        &renewed);
         if (r == 0) {
                 pthread_mutex_lock(&c->lock);
-                c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+                c->deadline_ms = sent + c->lease_ms;
                 /* A dead deadman (-EPIPE) cannot guard handlers any more:
                  * this node then stops acting (pgd_may_act) and its
                  * mandates go to the other nodes.  A full pipe (-EAGAIN)
@@ -1372,11 +1372,11 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
         c->node = strdup(cfg->node_name ? cfg->node_name : "");
         c->conninfo = strdup(cfg->cluster_conninfo ? cfg->cluster_conninfo : "");
         c->lease_ms = (int64_t)cfg->lease_sec * 1000;
-        /* The node stops acting margin_ms before its lease can end (by its
-         * own monotonic clock), and others take over grace_ms after it has
-         * ended (by the database's): margin + grace of slack for the two
+        /* The node's handlers run until its lease can end (the renewal's
+         * send time + the lease, by its own monotonic clock: the database
+         * set the lease later), and others take over grace_ms after it has
+         * ended (by the database's): the grace is the slack for the two
          * clocks' rates and the deadman's kill (docs/design.md §14). */
-        c->margin_ms = c->lease_ms / 5 > 1000 ? c->lease_ms / 5 : 1000;
         c->grace_ms = c->lease_ms / 10 > 1000 ? c->lease_ms / 10 : 1000;
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
@@ -1419,7 +1419,7 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
                 goto fail;
         }
         pgstore_close(s);
-        c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+        c->deadline_ms = sent + c->lease_ms;
         if (c->deadman)
                 (void)deadman_set_deadline(c->deadman, c->deadline_ms);
         if (from != to)
