@@ -43,6 +43,10 @@
 #define TAKEOVER_PER_ROUND 16
 #define TAKEOVER_POLL_MS 1000        /* between heartbeats, look for expired leases */
 #define FENCE_TICK_MS 200
+/* after a failed beat the next one comes this soon (at most a ninth of the
+ * lease): a database back from an outage is renewed with before the
+ * deadline passes */
+#define RENEW_RETRY_MS 250
 /* The connections a node's pool threads share (docs/design.md §14): each
  * costs the database a backend, whose first calls (start, catalog caches,
  * the functions compiled, their plans) cost it more CPU than a hundred
@@ -990,8 +994,10 @@ static void *heartbeat_main(void *arg)
                 }
                 unlink_forgotten(c);
                 /* the next beat: a third of a lease after this one started,
-                 * sooner after a failure */
-                next_renew = start + (r == 0 ? interval : interval / 3);
+                 * soon after a failure */
+                next_renew = start + (r == 0                          ? interval
+                                      : interval / 3 < RENEW_RETRY_MS ? interval / 3
+                                                                      : RENEW_RETRY_MS);
         wait:;
                 int64_t next = next_renew;
                 if (r == 0 && start + TAKEOVER_POLL_MS < next)

@@ -12,12 +12,14 @@ call (kairosctl tool run, appending to an outbox) followed by a long run.
   and the deadman kills the handler.  The node records nothing at that
   epoch (before, the handler's death was a step failure that committed at
   once: `failed` at epoch 1); the mandate is taken again at epoch 2 once
-  its lease ran out and decided by evidence (the tool call's): done, the
-  effect once.
+  its lease ran out, by the same node or by another one, and decided by
+  evidence (the tool call's): done, the effect once.
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled); KAIROS_OUTAGE_ROUNDS: postmaster kills of the
-first case (1).  Exit 77 (skipped, with the reason) without PostgreSQL
+first case (1); KAIROS_OUTAGE_LEASE_SEC: LeaseSec= (3);
+KAIROS_OUTAGE_DOWN_SEC: how long the postmaster stays dead before its
+restart (0).  Exit 77 (skipped, with the reason) without PostgreSQL
 support or the server binaries.  No sleeps as synchronization: polls with a
 deadline."""
 import os
@@ -33,7 +35,9 @@ import pg_fixture  # noqa: E402
 import pg_node  # noqa: E402
 
 PG = None
-LEASE = 3
+LEASE = int(os.environ.get("KAIROS_OUTAGE_LEASE_SEC", "3"))
+# how long the postmaster stays dead in the first case (beyond its restart)
+DOWN = float(os.environ.get("KAIROS_OUTAGE_DOWN_SEC", "0"))
 
 # the effect (once, through the database), then a long run the first time
 ACT = ("#!/bin/sh\n"
@@ -103,13 +107,13 @@ class Outage(pg_node.TwoNodes):
             with open(path, "w") as f:
                 f.write(ACT)
             os.chmod(path, 0o755)
-        self.hold = os.path.join(self.dir, "hold-renew")
+        self.hold = os.path.join(self.dir, "hold-renew-n1")
         scheds = {"job": {"Schedule": {"Cron": "0 0 1 1 *"},
                           "Exec": {"Act": path, "EffectsVia": "kairosctl",
                                    "Environment": "OUT=%s KAIROSCTL=%s" % (
                                        self.out, os.path.abspath(pg_node.KAIROSCTL))}}}
         n = pg_node.Node(self.dir, name, self.ci, scheds, LEASE)
-        env = {"KAIROS_TEST_RENEW_HOLD": self.hold}
+        env = {"KAIROS_TEST_RENEW_HOLD": os.path.join(self.dir, "hold-renew-" + name)}
         orig = n.start
 
         def start():
@@ -125,8 +129,9 @@ class Outage(pg_node.TwoNodes):
 
     def setUp(self):
         super().setUp()
-        # one node is enough: n2 would take the mandate over
-        self.n2.close(graceful=True)
+        # one node but where a test wants n2 to take the mandate over
+        if not self._testMethodName.endswith("_other_node"):
+            self.n2.close(graceful=True)
 
     def fire(self, at):
         rc, out, err = self.n1.ctl("fire", "job", "--at", at)
@@ -157,6 +162,8 @@ class Outage(pg_node.TwoNodes):
             self.running_act(mid)
             t0 = time.monotonic()
             kill_postmaster(PG)
+            if DOWN:
+                time.sleep(DOWN)   # the outage's length, not a synchronization
             pg_start(PG)
             down = time.monotonic() - t0
             self.assertLess(down, LEASE, "the outage was not shorter than the lease")
@@ -168,8 +175,16 @@ class Outage(pg_node.TwoNodes):
                                                                  self.n1.daemon.log()[-3000:]))
             self.assertEqual(self.failed_rows(mid), [])
             self.assertEqual(self.effects().count(mid), 1, self.effects())
+            print("round %d: down %.1f s, ended done at epoch %s (2: the deadman fired, decided "
+                  "by evidence)" % (i, down, self.db_row(mid)[2]), file=sys.stderr)
 
     def test_deadman_fires_nothing_recorded_at_the_old_epoch(self):
+        self.deadman_fires("n1")
+
+    def test_deadman_fires_other_node(self):
+        self.deadman_fires("n2")
+
+    def deadman_fires(self, next_holder):
         mid = self.fire("2026-04-01T00:00:00Z")
         pid = self.running_act(mid)
         self.assertEqual(self.effects(), [mid])
@@ -183,6 +198,10 @@ class Outage(pg_node.TwoNodes):
             raise
         wait_for(lambda: "killed by this node's fence" in self.n1.daemon.log()
                  or self.failed_rows(mid), "the node to see the kill")
+        if next_holder == "n2":
+            # n1 stays cut from its heartbeat until n2 took the mandate
+            wait_for(lambda: (self.db_row(mid) or ("", ""))[1] == "n2" or self.failed_rows(mid),
+                     "n2 to take it over", timeout=30)
         os.unlink(self.hold)
         wait_for(lambda: (self.db_row(mid) or ("",))[0] in ("succeeded", "failed", "paused"),
                  "the mandate to end", timeout=60)
@@ -191,7 +210,9 @@ class Outage(pg_node.TwoNodes):
         row = self.db_row(mid)
         self.assertEqual(row[0], "succeeded", log[-3000:])
         self.assertGreaterEqual(int(row[2]), 2, row)   # decided by its next holder
-        self.assertIn("deciding its interrupted steps", log)
+        self.assertEqual(row[1], next_holder, row)
+        holder = self.n1 if next_holder == "n1" else self.n2
+        self.assertIn("deciding its interrupted steps", holder.daemon.log())
         self.assertEqual(self.effects(), [mid])
 
 
