@@ -185,6 +185,8 @@ class Outage(pg_node.TwoNodes):
         self.deadman_fires("n2")
 
     def deadman_fires(self, next_holder):
+        if LEASE > 5:
+            self.skipTest("the act's run (7 s) ends before the deadline of a longer lease")
         mid = self.fire("2026-04-01T00:00:00Z")
         pid = self.running_act(mid)
         self.assertEqual(self.effects(), [mid])
