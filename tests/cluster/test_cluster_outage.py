@@ -155,11 +155,32 @@ class Outage(pg_node.TwoNodes):
                         "mandate_id = '%s' AND convert_from(line, 'UTF8') LIKE '%%failed%%'"
                         % mid)
 
+    def lease_left(self):
+        rc, out, err = self.n1.ctl("status")
+        self.assertEqual(rc, 0, err)
+        return out["cluster"]["lease_left_ms"]
+
+    def just_before_a_renewal(self):
+        """Wait until the next renewal is due in a quarter of a second: the
+        outage starts when the node's deadline is nearest (the worst case)."""
+        interval = LEASE * 1000 // 3
+        last = [self.lease_left()]
+
+        def renewed():
+            cur = self.lease_left()
+            jumped = cur > last[0] + 200
+            last[0] = cur
+            return cur if jumped else None
+        top = wait_for(renewed, "a renewal", timeout=3 * LEASE)
+        wait_for(lambda: self.lease_left() <= top - (interval - 250), "the next renewal's eve",
+                 timeout=3 * LEASE)
+
     def test_postmaster_killed_shorter_than_the_lease(self):
         rounds = int(os.environ.get("KAIROS_OUTAGE_ROUNDS", "1"))
         for i in range(rounds):
             mid = self.fire("2026-03-%02dT00:00:00Z" % (i + 1))
             self.running_act(mid)
+            self.just_before_a_renewal()
             t0 = time.monotonic()
             kill_postmaster(PG)
             if DOWN:
