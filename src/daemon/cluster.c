@@ -47,6 +47,10 @@
 #define TAKEOVER_PER_ROUND 16
 #define TAKEOVER_POLL_MS 1000        /* between heartbeats, look for expired leases */
 #define FENCE_TICK_MS 200
+/* after a failed beat the next one comes this soon (at most a ninth of the
+ * lease): a database back from an outage is renewed with before the
+ * deadline passes */
+#define RENEW_RETRY_MS 250
 /* The connections a node's pool threads share (docs/design.md §14): each
  * costs the database a backend, whose first calls (start, catalog caches,
  * the functions compiled, their plans) cost it more CPU than a hundred
@@ -79,7 +83,7 @@ struct held {
 struct cluster {
         struct daemon *d;
         char *node, *conninfo;
-        int64_t lease_ms, grace_ms, margin_ms, incarnation;
+        int64_t lease_ms, grace_ms, incarnation;
 
         pthread_mutex_t lock;
         pthread_cond_t cond;
@@ -567,6 +571,29 @@ void pgd_drop(struct mandate *m, const char *why)
          * skips dropped ones); an idle one goes at the next fence tick */
 }
 
+uint64_t pgd_kill_mark(const struct daemon *d)
+{
+        return d->cluster ? deadman_kills(d->cluster->deadman) : 0;
+}
+
+bool pgd_killed_here(struct mandate *m, uint64_t mark)
+{
+        struct cluster *c = m->d->cluster;
+        if (!c)
+                return false;
+        /* The deadman may kill at a deadline that a renewal answered just
+         * after (the database came back): kairosd's own deadline has moved
+         * on, the deadman's count says it killed. */
+        int64_t deadline = cluster_deadline_ms(m->d);
+        bool lapsed = deadline > 0 && mono_ms() >= deadline;
+        if (!pgd_dropped(m) && !lapsed && deadman_kills(c->deadman) == mark)
+                return false;
+        pgd_drop(m, lapsed || deadman_kills(c->deadman) != mark
+                            ? "its handler was killed at this node's lease deadline"
+                            : "its handler was killed when it was dropped");
+        return true;
+}
+
 bool pgd_dropped(const struct mandate *m)
 {
         return __atomic_load_n(&CM(m)->dropped, __ATOMIC_ACQUIRE);
@@ -819,6 +846,15 @@ static int renew(struct cluster *c, struct pgstore *s)
                 n = 0;
         }
         int64_t sent = mono_ms();
+        bool held_back = false;
+#ifdef KAIROS_TEST_HOOKS
+        /* tests: while this file exists the heartbeat gets no answer (the
+         * other connections do): the deadline passes with the database up */
+        const char *hold = getenv("KAIROS_TEST_RENEW_HOLD");
+        held_back = r == 0 && hold && *hold && access(hold, F_OK) == 0;
+        if (held_back)
+                r = -ETIMEDOUT;
+#endif
         /* the node's heartbeat and the leases, in one transaction, refused
          * to an older incarnation of this node */
         if (r == 0)
@@ -826,7 +862,7 @@ static int renew(struct cluster *c, struct pgstore *s)
                                        &renewed);
         if (r == 0) {
                 pthread_mutex_lock(&c->lock);
-                c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+                c->deadline_ms = sent + c->lease_ms;
                 /* A dead deadman (-EPIPE) cannot guard handlers any more:
                  * this node then stops acting (pgd_may_act) and its
                  * mandates go to the other nodes.  A full pipe (-EAGAIN)
@@ -844,7 +880,8 @@ static int renew(struct cluster *c, struct pgstore *s)
                 pthread_mutex_lock(&c->lock);
                 c->renew_failures++;
                 snprintf(c->renew_error, sizeof c->renew_error, "%s",
-                         r == -ENOMEM   ? "out of memory"
+                         held_back      ? "held back (KAIROS_TEST_RENEW_HOLD)"
+                         : r == -ENOMEM ? "out of memory"
                          : r == -ESTALE ? "a newer kairosd runs with this NodeName="
                                         : pgstore_error(s));
                 pthread_mutex_unlock(&c->lock);
@@ -1043,8 +1080,10 @@ static void *heartbeat_main(void *arg)
                 }
                 unlink_forgotten(c);
                 /* the next beat: a third of a lease after this one started,
-                 * sooner after a failure */
-                next_renew = start + (r == 0 ? interval : interval / 3);
+                 * soon after a failure */
+                next_renew = start + (r == 0                          ? interval
+                                      : interval / 3 < RENEW_RETRY_MS ? interval / 3
+                                                                      : RENEW_RETRY_MS);
         wait:;
                 int64_t next = next_renew;
                 if (r == 0 && start + TAKEOVER_POLL_MS < next)
@@ -1432,11 +1471,11 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
                 log_warning("test hook: this node's clock is taken as %s ms off", skew);
         }
 #endif
-        /* The node stops acting margin_ms before its lease can end (by its
-         * own monotonic clock), and others take over grace_ms after it has
-         * ended (by the database's): margin + grace of slack for the two
+        /* The node's handlers run until its lease can end (the renewal's
+         * send time + the lease, by its own monotonic clock: the database
+         * set the lease later), and others take over grace_ms after it has
+         * ended (by the database's): the grace is the slack for the two
          * clocks' rates and the deadman's kill (docs/design.md §14). */
-        c->margin_ms = c->lease_ms / 5 > 1000 ? c->lease_ms / 5 : 1000;
         c->grace_ms = c->lease_ms / 10 > 1000 ? c->lease_ms / 10 : 1000;
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
@@ -1479,7 +1518,7 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
                 goto fail;
         }
         pgstore_close(s);
-        c->deadline_ms = sent + c->lease_ms - c->margin_ms;
+        c->deadline_ms = sent + c->lease_ms;
         if (c->deadman)
                 (void)deadman_set_deadline(c->deadman, c->deadline_ms);
         if (from != to)

@@ -53,6 +53,7 @@ struct deadman {
         int fd;          /* the write end, O_CLOEXEC | O_NONBLOCK */
         pid_t pid;       /* the watcher */
         pid_t own_pgid;  /* kairosd's process group: never watched */
+        uint64_t *kills; /* shared with the watcher (deadman_kills) */
 };
 
 /* ---- small helpers (the watcher's too: no allocation) ---- */
@@ -150,6 +151,7 @@ struct watcher {
         size_t n, max;
         bool overflow;       /* a watch could not be kept */
         int64_t deadline;    /* CLOCK_BOOTTIME ms, 0 none */
+        uint64_t *kills;     /* the kills at a deadline, shared with kairosd */
         bool eof, stop;
         struct rec in;       /* a record being read */
         size_t have;
@@ -444,11 +446,11 @@ static void watcher_setup(int *fd)
 }
 
 __attribute__((noreturn)) static void watcher_main(int fd, pid_t kairosd, pid_t kairosd_pgid,
-                                                   unsigned max)
+                                                   unsigned max, uint64_t *kills)
 {
         watcher_setup(&fd);
         struct watcher w = { .fd = fd, .self = getpid(), .kairosd = kairosd,
-                             .kairosd_pgid = kairosd_pgid, .max = max };
+                             .kairosd_pgid = kairosd_pgid, .max = max, .kills = kills };
         w.e = mmap(NULL, max * sizeof(struct entry), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (w.e == MAP_FAILED)
@@ -464,6 +466,10 @@ __attribute__((noreturn)) static void watcher_main(int fd, pid_t kairosd, pid_t 
                 int64_t now = clock_ms(CLOCK_BOOTTIME), timeout = WATCHER_TICK_MS;
                 if (w.deadline) {
                         if (now >= w.deadline) {
+                                /* counted before the kill: kairosd reaps
+                                 * a handler only after it died */
+                                if (w.n || w.overflow)
+                                        __atomic_add_fetch(w.kills, 1, __ATOMIC_SEQ_CST);
                                 kill_all(&w);
                         } else if (w.deadline - now < timeout) {
                                 timeout = w.deadline - now;
@@ -483,9 +489,17 @@ int deadman_start_max(struct deadman **ret, unsigned max_watched)
         struct deadman *dm = calloc(1, sizeof(*dm));
         if (!dm)
                 return -ENOMEM;
+        dm->kills = mmap(NULL, sizeof(*dm->kills), PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (dm->kills == MAP_FAILED) {
+                int e = errno;
+                free(dm);
+                return -e;
+        }
         int p[2];
         if (pipe2(p, O_CLOEXEC) < 0) {
                 int e = errno;
+                munmap(dm->kills, sizeof(*dm->kills));
                 free(dm);
                 return -e;
         }
@@ -496,6 +510,7 @@ int deadman_start_max(struct deadman **ret, unsigned max_watched)
                 int e = errno;
                 close(p[0]);
                 close(p[1]);
+                munmap(dm->kills, sizeof(*dm->kills));
                 free(dm);
                 return -e;
         }
@@ -505,12 +520,13 @@ int deadman_start_max(struct deadman **ret, unsigned max_watched)
                 int e = errno;
                 close(p[0]);
                 close(p[1]);
+                munmap(dm->kills, sizeof(*dm->kills));
                 free(dm);
                 return -e;
         }
         if (pid == 0) {
                 close(p[1]);
-                watcher_main(p[0], me, my_pgid, max_watched);
+                watcher_main(p[0], me, my_pgid, max_watched, dm->kills);
         }
         close(p[0]);
         dm->fd = p[1];
@@ -599,6 +615,11 @@ pid_t deadman_pid(const struct deadman *dm)
         return dm->pid;
 }
 
+uint64_t deadman_kills(const struct deadman *dm)
+{
+        return dm ? __atomic_load_n(dm->kills, __ATOMIC_SEQ_CST) : 0;
+}
+
 void deadman_stop(struct deadman *dm)
 {
         if (!dm)
@@ -628,5 +649,6 @@ void deadman_stop(struct deadman *dm)
                 if (k == 0)
                         poll(NULL, 0, 5);
         }
+        munmap(dm->kills, sizeof(*dm->kills));
         free(dm);
 }

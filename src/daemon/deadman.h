@@ -94,6 +94,12 @@ int deadman_unwatch(struct deadman *dm, pid_t pgid);
  * fine. */
 void deadman_stop(struct deadman *dm);
 
+/* How many times the watcher killed at a deadline (while it watched
+ * something) so far, counted before it kills: a handler that was watched
+ * and died by SIGKILL while this changed was killed by the watcher (or
+ * would have been), not by its own fault.  0 for NULL. */
+uint64_t deadman_kills(const struct deadman *dm);
+
 /* The watcher's pid (for the log). */
 pid_t deadman_pid(const struct deadman *dm);
 

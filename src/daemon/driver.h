@@ -107,6 +107,16 @@ struct own_driver {
          * it (postgres: the mandate is not this node's any more); false:
          * the mandate's own WAL error. */
         bool (*barrier_failed)(struct advance *a);
+        /* A handler of m starts: a mark of the node's own kills so far
+         * (files: 0). */
+        uint64_t (*kill_mark)(const struct daemon *d);
+        /* m's handler, started at mark, died by SIGKILL: was it this
+         * node's own fence or deadman (postgres: the deadman killed at a
+         * deadline since mark, the node's deadline passed, or m was
+         * dropped)?  true: m was dropped now and its step is recorded at
+         * no epoch of this node; whoever holds m next decides the step by
+         * evidence, as after a crash.  files: false. */
+        bool (*killed_here)(struct mandate *m, uint64_t mark);
 };
 
 struct opreads;

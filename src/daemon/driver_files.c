@@ -38,6 +38,9 @@ static bool own_fired(struct mandate *m, const struct config_schedule *sc) { ret
 static bool own_slot_ready(struct mandate *m) { return true; }
 /* a failed barrier is the mandate's own WAL error (executor.c) */
 static bool own_barrier_failed(struct advance *a) { return false; }
+/* one host has no fence: a killed handler is the step's own failure */
+static uint64_t own_kill_mark(const struct daemon *d) { return 0; }
+static bool own_killed_here(struct mandate *m, uint64_t mark) { return false; }
 
 /* operator's reads (opreads.h): every mandate is this node's, nothing lies
  * beyond it */
@@ -128,5 +131,6 @@ const struct driver files_driver = {
                  .retry_creating = own_never, .forget_dropped = own_keep,
                  .may_act = own_may_act_, .node = own_node_, .finish = own_finish_,
                  .fired = own_fired, .slot_ready = own_slot_ready,
-                 .slot_release = own_none, .barrier_failed = own_barrier_failed },
+                 .slot_release = own_none, .barrier_failed = own_barrier_failed,
+                 .kill_mark = own_kill_mark, .killed_here = own_killed_here },
 };

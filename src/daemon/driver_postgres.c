@@ -28,5 +28,6 @@ const struct driver postgres_driver = {
                  .retry_creating = pgd_retry_creating, .forget_dropped = pgd_forget_dropped,
                  .may_act = pgd_may_act, .node = pgd_node, .finish = pgd_finish,
                  .fired = pgx_fired, .slot_ready = pgx_slot_ready,
-                 .slot_release = pgx_slot_release, .barrier_failed = pgx_barrier_failed },
+                 .slot_release = pgx_slot_release, .barrier_failed = pgx_barrier_failed,
+                 .kill_mark = pgd_kill_mark, .killed_here = pgd_killed_here },
 };

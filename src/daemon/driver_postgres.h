@@ -29,6 +29,8 @@ bool pgd_forget_dropped(struct mandate *m);
 bool pgd_may_act(const struct daemon *d);
 const char *pgd_node(const struct daemon *d);
 int pgd_finish(struct mandate *m, enum mandate_status end, char *err, size_t errlen);
+uint64_t pgd_kill_mark(const struct daemon *d);
+bool pgd_killed_here(struct mandate *m, uint64_t mark);
 /* initdb.c: kairosd --init-db */
 int pgd_init_db(const char *arg);
 

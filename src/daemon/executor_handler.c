@@ -452,6 +452,7 @@ static void run_start(struct exec_run *run)
         c->argv = run->argv;
         c->envp = run->env;
         c->cwd = run->cwd;
+        run->kill_mark = run->m->d->drv->own.kill_mark(run->m->d);
         int r = child_start(c, run->m->d->runner);
         if (r == 0) {
                 run->starting = true;
@@ -658,6 +659,29 @@ static void run_finished(struct exec_run *run)
         /* While stopping, or paused by an operator, a finished step is
          * recorded but nothing new starts. */
         a->decide = !d->stopping && m->status != MANDATE_PAUSED;
+        if (!run->killed_for_shutdown && !run->spawn_failed &&
+            run->child.term_signal == SIGKILL && d->drv->own.killed_here(m, run->kill_mark)) {
+                /* The node's own fence or deadman: not the step's failure.
+                 * Nothing is recorded at this epoch; the next holder of m
+                 * decides the step by evidence (docs/design.md §14). */
+                log_event(LOG_WARNING, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", run->step_id }),
+                          "%s %s: the handler was killed by this node's fence (its lease "
+                          "could not be renewed in time): nothing recorded, the mandate's "
+                          "next holder decides the step by evidence",
+                          m->id, run->step_id);
+                handler_close(run);
+                if (m->cancel) {
+                        op_reply_error(&m->cancel->reply, "fenced",
+                                       "the cancel of %s was not completed: this node lost "
+                                       "its lease (cancel it again on the node that holds it)",
+                                       m->id);
+                        executor_cancel_drop(m);
+                }
+                a->decide = false;
+                executor_submit(m, a);
+                return;
+        }
         struct wal_record *r = &a->pre[a->npre++];
         const char *step = advance_own(a, run->step_id);
         const struct child *c = &run->child;

@@ -173,6 +173,7 @@ struct exec_run {
         char *step_id;
         char *expected_post;
         uint64_t started_us;       /* now_us_monotonic() at the spawn */
+        uint64_t kill_mark;        /* own.kill_mark before the spawn */
 };
 
 /* Start the handler of a's step (a->step_id); the mandate holds a slot. */

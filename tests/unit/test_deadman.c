@@ -208,6 +208,7 @@ static void test_deadline_kills_group(void **state)
         struct group g;
         spawn_group(&g, false, NULL);
         assert_int_equal(deadman_watch(dm, g.leader, NULL), 0);
+        assert_int_equal(deadman_kills(dm), 0);
         int64_t deadline = now_ms() + 300;
         assert_int_equal(deadman_set_deadline(dm, deadline), 0);
         assert_alive_before(&g, deadline);
@@ -215,6 +216,9 @@ static void test_deadline_kills_group(void **state)
         assert_true(seen >= 0);
         assert_true(seen >= deadline); /* not before it */
         assert_killed(&g);
+        /* counted before the kill: kairosd sees it once the group is gone */
+        assert_int_equal(deadman_kills(dm), 1);
+        assert_int_equal(deadman_kills(NULL), 0);
         /* the watcher lives on */
         assert_int_equal(kill(deadman_pid(dm), 0), 0);
         deadman_stop(dm);
@@ -253,6 +257,7 @@ static void test_renewal_keeps_alive(void **state)
         assert_int_equal(deadman_set_deadline(dm, now_ms() + 120000), 0);
         until(old + 700);
         assert_true(still_running(&g));
+        assert_int_equal(deadman_kills(dm), 0); /* the renewal came first */
         /* shortened to now: it dies (the renewal was what kept it) */
         assert_int_equal(deadman_set_deadline(dm, now_ms()), 0);
         assert_true(wait_gone(&g) >= 0);
