@@ -178,6 +178,11 @@ int pgstore_reset(struct pgstore *s)
         return 0;
 }
 
+bool pgstore_connected(const struct pgstore *s)
+{
+        return s && s->conn && PQstatus(s->conn) == CONNECTION_OK;
+}
+
 /* The kairos_* functions raise these SQLSTATEs (pgschema.c). */
 static int sqlstate_errno(const char *st)
 {

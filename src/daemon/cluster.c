@@ -175,6 +175,14 @@ void cluster_thread_failed(struct pgstore *s, int r, char *buf, size_t len)
                 (void)pgstore_reset(s);
 }
 
+/* why this thread's last cluster_thread_store failed */
+static __thread char tls_store_err[256];
+
+const char *cluster_thread_error(void)
+{
+        return tls_store_err[0] ? tls_store_err : "cannot connect to the database";
+}
+
 struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
 {
         struct cluster *c = d->cluster;
@@ -194,10 +202,27 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
         }
         struct pgstore *s = NULL;
         int r = 0;
+        tls_store_err[0] = '\0';
         pthread_mutex_lock(&c->lock);
         while (!s) {
                 if (c->nidle) {
                         s = c->idle[--c->nidle];
+                        if (pgstore_connected(s))
+                                break;
+                        /* broken under an earlier job (the server
+                         * restarted): made again before it is lent, or
+                         * back to the pool and the reason to the caller */
+                        pthread_mutex_unlock(&c->lock);
+                        r = pgstore_reset(s);
+                        if (r < 0)
+                                snprintf(tls_store_err, sizeof tls_store_err, "%s",
+                                         pgstore_error(s));
+                        pthread_mutex_lock(&c->lock);
+                        if (r < 0) {
+                                c->idle[c->nidle++] = s;
+                                s = NULL;
+                                pthread_cond_signal(&c->store_cond);
+                        }
                         break;
                 }
                 if (c->nstores + c->nconnecting < POOL_CONNS) {
@@ -205,6 +230,8 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
                         pthread_mutex_unlock(&c->lock);
                         char err[256];
                         r = pgstore_connect(c->conninfo, &s, err, sizeof err);
+                        if (r < 0)
+                                snprintf(tls_store_err, sizeof tls_store_err, "%s", err);
                         pthread_mutex_lock(&c->lock);
                         c->nconnecting--;
                         if (r < 0) {
@@ -219,6 +246,8 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
                  * time, unless the database does not answer */
                 if (pthread_cond_timedwait(&c->store_cond, &c->lock, &until) == ETIMEDOUT) {
                         r = -ETIMEDOUT;
+                        snprintf(tls_store_err, sizeof tls_store_err,
+                                 "every connection to the database is busy");
                         break;
                 }
         }
@@ -1223,7 +1252,7 @@ static void take_work(void *arg)
         struct pgstore *s = cluster_thread_store(c->d, &r);
         if (!s) {
                 tj->err = r;
-                snprintf(tj->detail, sizeof tj->detail, "cannot connect to the database");
+                snprintf(tj->detail, sizeof tj->detail, "%s", cluster_thread_error());
                 return;
         }
         int64_t epoch = 0;
@@ -1254,7 +1283,7 @@ static void take_work(void *arg)
                 }
                 pgstore_mandate_rows_free(rows, n);
         } else if (r < 0 && r != -ENOENT) {
-                snprintf(tj->detail, sizeof tj->detail, "%s", pgstore_error(s));
+                cluster_thread_failed(s, r, tj->detail, sizeof tj->detail);
         }
         if (r == 0) {
                 taking_set(c, tj->id, true);
