@@ -431,6 +431,9 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                         else
                                 r = pgstore_wal_append(s, m->id, m->epoch, first_seq, lines, len,
                                                        NULL);
+                        if (r < 0)
+                                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s",
+                                         pgstore_error(s));
                         if (r == -ENOTCONN && pgstore_reset(s) < 0)
                                 r = -ENOTCONN;
                         if (r == -ETIME && m->epoch == 0 && mono_ms() < skew_give_up &&
@@ -439,6 +442,9 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                                 give_up = mono_ms() + c->lease_ms / 2;
                                 continue;  /* (keeps its connection: asks the time) */
                         }
+                } else {
+                        snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s",
+                                 cluster_thread_error());
                 }
                 if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
                     mono_ms() >= give_up)
@@ -1680,9 +1686,14 @@ static int finish_as(struct mandate *m, const char *status)
 {
         int r = 0;
         struct pgstore *s = cluster_thread_store(m->d, &r);
-        if (!s)
+        if (!s) {
+                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", cluster_thread_error());
                 return r;
-        return pgstore_mandate_finish(s, m->id, m->epoch, status);
+        }
+        r = pgstore_mandate_finish(s, m->id, m->epoch, status);
+        if (r < 0)
+                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", pgstore_error(s));
+        return r;
 }
 
 int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
@@ -1731,21 +1742,27 @@ int pgd_finish(struct mandate *m, enum mandate_status end, char *err, size_t err
         int r = finish_as(m, st);
         if (r < 0)
                 snprintf(err, errlen, "recording the end of %s in the database: %s", m->id,
-                         strerror(-r));
+                         CM(m)->db_error[0] ? CM(m)->db_error : strerror(-r));
         return r;
 }
 
 /* The message of a barrier that failed: the barrier is a transaction. */
 void pgd_wal_failed(const struct mandate *m, int r, char *buf, size_t len)
 {
-        snprintf(buf, len, "committing %s to the database: %s", m->id,
+        /* the database's own words (and SQLSTATE) when it gave any: a full
+         * disk is not "Input/output error", too many clients not
+         * "Connection refused" */
+        const char *db = CM(m) && CM(m)->db_error[0] ? CM(m)->db_error : NULL;
+        snprintf(buf, len, "committing %s to the database: %s%s%s", m->id,
                  r == -ESTALE     ? "fenced: another node holds it now"
                  : r == -EALREADY ? "its tick was claimed by another node"
                  : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
                  : r == -ETIME    ? "the tick is still ahead of the database's clock after "
                                     "10 minutes: this node's clock is wrong"
                  : r == -ENOTCONN ? "the connection broke (outcome unknown)"
-                                  : strerror(-r));
+                 : db             ? db
+                                  : strerror(-r),
+                 r == -ENOTCONN && db ? ": " : "", r == -ENOTCONN && db ? db : "");
 }
 
 /* Before any thread exists (executor_init): the deadman (deadman.h), held

@@ -54,6 +54,8 @@ struct cluster_mandate {
         bool slot_taking;          /* a take of that slot is in flight */
         char *slot_waits_for;      /* the last take was refused: the mandate it waits for */
         int64_t park_after;        /* monotonic ms: not before (after a failure) */
+        char db_error[256];        /* the database's words on its last failed barrier
+                                    * (written by the pool thread before its job ends) */
 };
 
 static inline struct cluster_mandate *CM(const struct mandate *m)

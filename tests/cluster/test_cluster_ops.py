@@ -328,6 +328,23 @@ class ClusterOps(pg_node.TwoNodes):
             self.assertTrue(reads_work(), last)
         self.assertLess(took, LEASE, last)
 
+    def test_database_error_in_its_own_words(self):
+        """The database refuses a write (a full disk): kairosctl fire says
+        what PostgreSQL said, with its SQLSTATE, not "Input/output
+        error"."""
+        n1 = self.n1
+        self.sql("CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "RAISE EXCEPTION 'could not extend file: No space left on device' "
+                 "USING ERRCODE = '53100'; END $$; "
+                 "CREATE TRIGGER full_disk BEFORE INSERT ON kairos_wal "
+                 "FOR EACH ROW EXECUTE FUNCTION full_disk()")
+        rc, out, err = n1.ctl("fire", "quick", "--at", "2026-06-01T00:00:00Z")
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("No space left on device (SQLSTATE 53100)", err)
+        self.assertNotIn("Input/output error", err)
+        self.sql("DROP TRIGGER full_disk ON kairos_wal")
+        self.fire(n1, "quick", "2026-06-02T00:00:00Z")
+
 
 def main():
     return pg_node.run_tests(lambda pg: globals().__setitem__("PG", pg))
