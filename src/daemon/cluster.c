@@ -108,6 +108,7 @@ struct cluster {
         bool skew_known, skew_over;     /* beyond CLUSTER_SKEW_BOUND_MS (warned) */
         int64_t test_skew_ms;           /* test hook: added to this node's clock */
         bool deadman_dead;             /* its watcher is gone: act no more */
+        bool superseded;               /* a newer kairosd registered this NodeName= */
         struct pgstore_node_row *nodes;  /* the cluster's nodes at the last beat */
         size_t nnodes;
         int64_t nodes_at_ms;
@@ -116,6 +117,7 @@ struct cluster {
         uv_timer_t fence_timer;
         bool fenced;                   /* the deadline passed: everything dropped */
         bool deadman_reported;
+        bool superseded_reported;
         struct deadman *deadman;       /* forked at start (pgd_prefork) */
         uv_timer_t slot_timer;         /* ask again for refused slots (executor_cluster.c) */
         struct cev *adopt_head;        /* taken, waiting for the old copy to go */
@@ -764,7 +766,22 @@ static void on_fence_tick(uv_timer_t *t)
         struct daemon *d = c->d;
         pthread_mutex_lock(&c->lock);
         bool deadman_dead = c->deadman_dead;
+        bool superseded = c->superseded;
         pthread_mutex_unlock(&c->lock);
+        if (superseded && !c->superseded_reported && !d->stopping) {
+                c->superseded_reported = true;
+                /* two kairosd under one name: the older one can never
+                 * renew again; it stops, failed, rather than stay up doing
+                 * nothing (its service then shows failed) */
+                log_event(LOG_ERR, NULL, NULL, 0,
+                          "node %s: a newer kairosd registered NodeName=%s (incarnation "
+                          "after %lld): this one stops (exit 1); give each node a "
+                          "NodeName= of its own",
+                          c->node, c->node, (long long)c->incarnation);
+                /* stopped as by SIGTERM, with this exit code */
+                d->exit_code = 1;
+                raise(SIGTERM);
+        }
         if (deadman_dead && !c->deadman_reported) {
                 c->deadman_reported = true;
                 log_event(LOG_ERR, NULL, NULL, 0,
@@ -882,6 +899,8 @@ static int renew(struct cluster *c, struct pgstore *s)
                          r == -ENOMEM   ? "out of memory"
                          : r == -ESTALE ? "a newer kairosd runs with this NodeName="
                                         : pgstore_error(s));
+                if (r == -ESTALE)
+                        c->superseded = true;
                 pthread_mutex_unlock(&c->lock);
         }
         for (size_t i = 0; ids && i < n; i++)

@@ -345,6 +345,23 @@ class ClusterOps(pg_node.TwoNodes):
         self.sql("DROP TRIGGER full_disk ON kairos_wal")
         self.fire(n1, "quick", "2026-06-02T00:00:00Z")
 
+    def test_duplicate_node_name_older_exits(self):
+        """A second kairosd started with n1's NodeName= (another state
+        directory): the first one can no longer renew and exits 1 with a
+        line that says why, within a lease or two; the new one serves."""
+        old = self.n1
+        root = os.path.join(self.dir, "dup")
+        os.makedirs(root)
+        dup = node(type("T", (), {"dir": root, "out": self.out, "ci": self.ci})(), "n1")
+        dup.start()
+        self.n1 = dup   # (stopped by tearDown)
+        rc = old.daemon.proc.wait(timeout=4 * LEASE + 10)
+        self.assertEqual(rc, 1, old.daemon.log()[-3000:])
+        log = old.daemon.log()
+        self.assertIn("a newer kairosd registered NodeName=n1", log)
+        old.close()
+        self.fire(dup, "quick", "2026-07-01T00:00:00Z")
+
 
 def main():
     return pg_node.run_tests(lambda pg: globals().__setitem__("PG", pg))
