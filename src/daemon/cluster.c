@@ -1300,6 +1300,22 @@ static void take_work(void *arg)
                             strcmp(rows[0].owner, c->node) == 0) {
                                 r = 0;
                                 epoch = rows[0].epoch;
+                        } else if (r == -EBUSY && rows[0].leased) {
+                                /* the node, and when its hold ends if it
+                                 * does not renew: its lease and the grace
+                                 * (kairos_mandate_take), by the database's
+                                 * clock, said in this node's */
+                                int64_t left = rows[0].lease_left_ms + c->grace_ms;
+                                time_t t = (time_t)((now_ms_realtime() +
+                                                     (left > 0 ? left : 0) + 999) / 1000);
+                                struct tm tm;
+                                char until[32] = "";
+                                if (gmtime_r(&t, &tm))
+                                        strftime(until, sizeof until, "%Y-%m-%dT%H:%M:%SZ",
+                                                 &tm);
+                                snprintf(tj->detail, sizeof tj->detail, "%s%s%s",
+                                         rows[0].owner ? rows[0].owner : "?",
+                                         *until ? " " : "", until);
                         } else {
                                 snprintf(tj->detail, sizeof tj->detail, "%s",
                                          r == -EBUSY ? (rows[0].owner ? rows[0].owner : "?")

@@ -666,12 +666,28 @@ static void taken(void *ctx, int err, const char *detail)
 {
         struct control_request *req = ctx;
         const char *id = json_string_value(json_object_get(req->args, "mandate"));
-        if (err == -EBUSY)
-                control_reply_error_detail(req, "busy", json_pack("{s:s?}", "node", detail),
-                                           "mandate %s is held by node %s: run the command there "
-                                           "or wait",
-                                           id, detail && *detail ? detail : "?");
-        else if (err == -EALREADY)
+        if (err == -EBUSY) {
+                /* "NODE" or "NODE UNTIL" (opreads.h) */
+                char node[64];
+                const char *sp = detail ? strchr(detail, ' ') : NULL;
+                snprintf(node, sizeof node, "%.*s", sp ? (int)(sp - detail) : 63,
+                         detail && *detail ? detail : "?");
+                const char *until = sp && strlen(sp + 1) >= 19 ? sp + 1 : NULL;
+                if (until)
+                        control_reply_error_detail(
+                                req, "busy",
+                                json_pack("{s:s, s:s}", "node", node, "until", until),
+                                "mandate %s is held by node %s until %.8s (its lease, if %s "
+                                "does not renew it), then any node may take it: run the "
+                                "command there or wait",
+                                id, node, until + 11, node);
+                else
+                        control_reply_error_detail(req, "busy",
+                                                   json_pack("{s:s}", "node", node),
+                                                   "mandate %s is held by node %s: run the "
+                                                   "command there or wait",
+                                                   id, node);
+        } else if (err == -EALREADY)
                 control_reply_error(req, "conflict", "mandate %s has ended (%s)", id, detail);
         else if (err == -ENOENT)
                 control_reply_error(req, "not_found", "no mandate %s", id);

@@ -19,8 +19,10 @@ Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
 PostgreSQL support or the PostgreSQL server binaries.  No sleeps as
 synchronization: polls with a deadline."""
+import calendar
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -361,6 +363,27 @@ class ClusterOps(pg_node.TwoNodes):
         self.assertIn("a newer kairosd registered NodeName=n1", log)
         old.close()
         self.fire(dup, "quick", "2026-07-01T00:00:00Z")
+
+    def test_hold_of_a_dead_node_says_when_it_ends(self):
+        """cancel on n2 of a mandate a killed n1 still holds: busy, naming
+        n1 and the time its hold ends (its lease and the grace); after that
+        time the cancel works from n2."""
+        n1, n2 = self.n1, self.n2
+        hang = self.fire(n1, "hang", "2026-08-01T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + hang)), "the act")
+        n1.close()   # kill -9
+        rc, out, err = n2.ctl("cancel", hang, "--reason", "x")
+        self.assertEqual(rc, 1, err)
+        m = re.search(r"held by node n1 until (\d\d:\d\d:\d\d) \(its lease, if n1 does "
+                      r"not renew it\), then any node may take it", err)
+        self.assertTrue(m, err)
+        now = time.time()
+        until = time.strftime("%Y-%m-%dT", time.gmtime(now)) + m.group(1) + "Z"
+        left = calendar.timegm(time.strptime(until, "%Y-%m-%dT%H:%M:%SZ")) - now
+        self.assertLessEqual(left, 2 * LEASE + 1, err)
+        wait_for(lambda: n2.ctl("cancel", hang, "--reason", "x")[0] == 0, "the cancel on n2",
+                 timeout=max(left, 0) + 2 * LEASE + 5)
+        self.assertEqual(self.db_row(hang)[0], "cancelled")
 
 
 def main():
