@@ -608,11 +608,6 @@ static struct mandate *arg_mandate_at(struct control_request *req, const char **
         return m;
 }
 
-static struct mandate *arg_mandate(struct control_request *req)
-{
-        return arg_mandate_at(req, NULL);
-}
-
 static void submit_op(struct control_request *req, struct mandate *m, enum op_kind kind,
                       enum resolve_mode mode, const char *reason, const char *step)
 {
@@ -781,14 +776,20 @@ static void cmd_pause(struct control_request *req)
         bool failed;
         if (schedule_pause(req, true))
                 return;
-        struct mandate *m = arg_mandate(req);
-        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
                 return;
         const char *reason = control_arg_string(req, "reason", false, &failed);
         if (failed)
                 return;
         if (reason && !*reason) {
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        if (remote) {
+                /* as cancel: taken here first, or busy naming its node */
+                remote_take(req, remote);
                 return;
         }
         if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||

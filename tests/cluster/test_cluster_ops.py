@@ -385,6 +385,32 @@ class ClusterOps(pg_node.TwoNodes):
                  timeout=max(left, 0) + 2 * LEASE + 5)
         self.assertEqual(self.db_row(hang)[0], "cancelled")
 
+    def test_pause_anywhere(self):
+        """pause on n2 of a mandate n1 runs: busy under n1's live lease
+        (not "no mandate"); once n1 is dead and its hold ended, n2 takes it
+        and pauses it there."""
+        n1, n2 = self.n1, self.n2
+        hang = self.fire(n1, "hang", "2026-08-02T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + hang)), "the act")
+        rc, out, err = n2.ctl("pause", hang, "--reason", "look first")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("is held by node n1", err)
+        n1.close()   # kill -9
+        last = []
+
+        def paused():
+            rc, out, err = n2.ctl("pause", hang, "--reason", "look first")
+            last[:] = [rc, err]
+            # paused by this command, or already paused for review by the
+            # takeover of its interrupted act: either way answered on n2
+            return rc == 0 or "is paused_review: cannot pause it" in err
+        try:
+            wait_for(paused, "the pause on n2", timeout=4 * LEASE + 5)
+        except AssertionError as e:
+            raise AssertionError("%s: %r" % (e, last))
+        self.assertIn(n2.rows()[hang]["status"], ("paused", "paused_review"))
+        self.assertEqual(self.db_row(hang)[1], "n2")
+
 
 def main():
     return pg_node.run_tests(lambda pg: globals().__setitem__("PG", pg))
