@@ -178,6 +178,11 @@ int pgstore_reset(struct pgstore *s)
         return 0;
 }
 
+bool pgstore_connected(const struct pgstore *s)
+{
+        return s && s->conn && PQstatus(s->conn) == CONNECTION_OK;
+}
+
 /* The kairos_* functions raise these SQLSTATEs (pgschema.c). */
 static int sqlstate_errno(const char *st)
 {
@@ -213,11 +218,16 @@ static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
         } else {
                 const char *st = PQresultErrorField(res, PG_DIAG_SQLSTATE);
                 const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-                if (msg)
+                err = sqlstate_errno(st);
+                /* the server's own cause: its SQLSTATE with its words,
+                 * except the kairos_* functions' own (their errno says) */
+                bool own = st && st[0] == 'K' && st[1] == 'R';
+                if (msg && st && !own)
+                        set_err(s, "%s (SQLSTATE %s)", msg, st);
+                else if (msg)
                         set_err(s, "%s", msg);
                 else
                         set_err(s, "unexpected result %s", PQresStatus(PQresultStatus(res)));
-                err = sqlstate_errno(st);
         }
         PQclear(res);
         return -err;

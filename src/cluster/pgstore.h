@@ -50,6 +50,9 @@ int pgstore_connect(const char *conninfo, struct pgstore **ret, char *err, size_
 void pgstore_close(struct pgstore *s);
 /* Reconnect after -ENOTCONN. */
 int pgstore_reset(struct pgstore *s);
+/* false once a call found the connection broken (until pgstore_reset
+ * succeeds); no round trip. */
+bool pgstore_connected(const struct pgstore *s);
 /* Before a call whose outcome must not be unknown for want of a live
  * connection (a tool call's claim or end): a round trip, and a reconnect if
  * the connection broke meanwhile (the server restarted, ...).  0: the

@@ -405,6 +405,38 @@ void ctl_session_close(struct ctl_session *s)
         free(s);
 }
 
+/* A request that acts was sent and no reply came (a timeout, the
+ * connection closed): kairosd may have done it.  Say so, and how to look. */
+static void outcome_unknown(const char *cmd, json_t *args)
+{
+        static const char *const acting[] = { "fire", "retry", "cancel", "resolve", "approve",
+                                              "resume", "pause", "backfill" };
+        bool acts = false;
+        for (size_t i = 0; i < sizeof acting / sizeof acting[0]; i++)
+                acts = acts || strcmp(cmd, acting[i]) == 0;
+        if (!acts)
+                return;
+        const char *sched = json_string_value(json_object_get(args, "schedule"));
+        const char *mid = json_string_value(json_object_get(args, "mandate"));
+        fputs("kairosctl: outcome unknown: the request reached kairosd, which may have done "
+              "it; check with ",
+              stderr);
+        if (sched && (strcmp(cmd, "fire") == 0 || strcmp(cmd, "backfill") == 0)) {
+                fputs("kairosctl list --schedule ", stderr);
+                ctl_put_safe(stderr, sched);
+        } else if (mid) {
+                fputs("kairosctl show ", stderr);
+                ctl_put_safe(stderr, mid);
+                if (strcmp(cmd, "retry") == 0)
+                        fputs(" (retried_by)", stderr);
+        } else if (sched) {
+                fputs("kairosctl schedules", stderr);
+        } else {
+                fputs("kairosctl list", stderr);
+        }
+        fputs(" before doing it again\n", stderr);
+}
+
 /* Send one request and read its reply line (*ret_id: the request's id);
  * CTL_EXIT_OK or an exit status (printed). */
 static int session_exchange(struct ctl_session *s, const char *cmd, json_t *args,
@@ -439,6 +471,8 @@ static int session_exchange(struct ctl_session *s, const char *cmd, json_t *args
                 status = CTL_EXIT_TIMEOUT;
         else
                 status = r < 0 ? recv_error(c, r) : CTL_EXIT_OK;
+        if (r < 0 && r != -EMSGSIZE && r != -ENOMEM && !c->quiet_timeout)
+                outcome_unknown(cmd, args);
 out:
         json_decref(req);
         free(text);

@@ -112,6 +112,7 @@ struct cluster {
         bool skew_known, skew_over;     /* beyond CLUSTER_SKEW_BOUND_MS (warned) */
         int64_t test_skew_ms;           /* test hook: added to this node's clock */
         bool deadman_dead;             /* its watcher is gone: act no more */
+        bool superseded;               /* a newer kairosd registered this NodeName= */
         struct pgstore_node_row *nodes;  /* the cluster's nodes at the last beat */
         size_t nnodes;
         int64_t nodes_at_ms;
@@ -120,6 +121,7 @@ struct cluster {
         uv_timer_t fence_timer;
         bool fenced;                   /* the deadline passed: everything dropped */
         bool deadman_reported;
+        bool superseded_reported;
         struct deadman *deadman;       /* forked at start (pgd_prefork) */
         uv_timer_t slot_timer;         /* ask again for refused slots (executor_cluster.c) */
         struct cev *adopt_head;        /* taken, waiting for the old copy to go */
@@ -179,6 +181,14 @@ void cluster_thread_failed(struct pgstore *s, int r, char *buf, size_t len)
                 (void)pgstore_reset(s);
 }
 
+/* why this thread's last cluster_thread_store failed */
+static __thread char tls_store_err[256];
+
+const char *cluster_thread_error(void)
+{
+        return tls_store_err[0] ? tls_store_err : "cannot connect to the database";
+}
+
 struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
 {
         struct cluster *c = d->cluster;
@@ -198,10 +208,27 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
         }
         struct pgstore *s = NULL;
         int r = 0;
+        tls_store_err[0] = '\0';
         pthread_mutex_lock(&c->lock);
         while (!s) {
                 if (c->nidle) {
                         s = c->idle[--c->nidle];
+                        if (pgstore_connected(s))
+                                break;
+                        /* broken under an earlier job (the server
+                         * restarted): made again before it is lent, or
+                         * back to the pool and the reason to the caller */
+                        pthread_mutex_unlock(&c->lock);
+                        r = pgstore_reset(s);
+                        if (r < 0)
+                                snprintf(tls_store_err, sizeof tls_store_err, "%s",
+                                         pgstore_error(s));
+                        pthread_mutex_lock(&c->lock);
+                        if (r < 0) {
+                                c->idle[c->nidle++] = s;
+                                s = NULL;
+                                pthread_cond_signal(&c->store_cond);
+                        }
                         break;
                 }
                 if (c->nstores + c->nconnecting < POOL_CONNS) {
@@ -209,6 +236,8 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
                         pthread_mutex_unlock(&c->lock);
                         char err[256];
                         r = pgstore_connect(c->conninfo, &s, err, sizeof err);
+                        if (r < 0)
+                                snprintf(tls_store_err, sizeof tls_store_err, "%s", err);
                         pthread_mutex_lock(&c->lock);
                         c->nconnecting--;
                         if (r < 0) {
@@ -223,6 +252,8 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
                  * time, unless the database does not answer */
                 if (pthread_cond_timedwait(&c->store_cond, &c->lock, &until) == ETIMEDOUT) {
                         r = -ETIMEDOUT;
+                        snprintf(tls_store_err, sizeof tls_store_err,
+                                 "every connection to the database is busy");
                         break;
                 }
         }
@@ -406,6 +437,9 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                         else
                                 r = pgstore_wal_append(s, m->id, m->epoch, first_seq, lines, len,
                                                        NULL);
+                        if (r < 0)
+                                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s",
+                                         pgstore_error(s));
                         if (r == -ENOTCONN && pgstore_reset(s) < 0)
                                 r = -ENOTCONN;
                         if (r == -ETIME && m->epoch == 0 && mono_ms() < skew_give_up &&
@@ -414,6 +448,9 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                                 give_up = mono_ms() + c->lease_ms / 2;
                                 continue;  /* (keeps its connection: asks the time) */
                         }
+                } else {
+                        snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s",
+                                 cluster_thread_error());
                 }
                 if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
                     mono_ms() >= give_up)
@@ -756,7 +793,22 @@ static void on_fence_tick(uv_timer_t *t)
         struct daemon *d = c->d;
         pthread_mutex_lock(&c->lock);
         bool deadman_dead = c->deadman_dead;
+        bool superseded = c->superseded;
         pthread_mutex_unlock(&c->lock);
+        if (superseded && !c->superseded_reported && !d->stopping) {
+                c->superseded_reported = true;
+                /* two kairosd under one name: the older one can never
+                 * renew again; it stops, failed, rather than stay up doing
+                 * nothing (its service then shows failed) */
+                log_event(LOG_ERR, NULL, NULL, 0,
+                          "node %s: a newer kairosd registered NodeName=%s (incarnation "
+                          "after %lld): this one stops (exit 1); give each node a "
+                          "NodeName= of its own",
+                          c->node, c->node, (long long)c->incarnation);
+                /* stopped as by SIGTERM, with this exit code */
+                d->exit_code = 1;
+                raise(SIGTERM);
+        }
         if (deadman_dead && !c->deadman_reported) {
                 c->deadman_reported = true;
                 log_event(LOG_ERR, NULL, NULL, 0,
@@ -884,6 +936,8 @@ static int renew(struct cluster *c, struct pgstore *s)
                          : r == -ENOMEM ? "out of memory"
                          : r == -ESTALE ? "a newer kairosd runs with this NodeName="
                                         : pgstore_error(s));
+                if (r == -ESTALE)
+                        c->superseded = true;
                 pthread_mutex_unlock(&c->lock);
         }
         for (size_t i = 0; ids && i < n; i++)
@@ -1262,7 +1316,7 @@ static void take_work(void *arg)
         struct pgstore *s = cluster_thread_store(c->d, &r);
         if (!s) {
                 tj->err = r;
-                snprintf(tj->detail, sizeof tj->detail, "cannot connect to the database");
+                snprintf(tj->detail, sizeof tj->detail, "%s", cluster_thread_error());
                 return;
         }
         int64_t epoch = 0;
@@ -1285,6 +1339,22 @@ static void take_work(void *arg)
                             strcmp(rows[0].owner, c->node) == 0) {
                                 r = 0;
                                 epoch = rows[0].epoch;
+                        } else if (r == -EBUSY && rows[0].leased) {
+                                /* the node, and when its hold ends if it
+                                 * does not renew: its lease and the grace
+                                 * (kairos_mandate_take), by the database's
+                                 * clock, said in this node's */
+                                int64_t left = rows[0].lease_left_ms + c->grace_ms;
+                                time_t t = (time_t)((now_ms_realtime() +
+                                                     (left > 0 ? left : 0) + 999) / 1000);
+                                struct tm tm;
+                                char until[32] = "";
+                                if (gmtime_r(&t, &tm))
+                                        strftime(until, sizeof until, "%Y-%m-%dT%H:%M:%SZ",
+                                                 &tm);
+                                snprintf(tj->detail, sizeof tj->detail, "%s%s%s",
+                                         rows[0].owner ? rows[0].owner : "?",
+                                         *until ? " " : "", until);
                         } else {
                                 snprintf(tj->detail, sizeof tj->detail, "%s",
                                          r == -EBUSY ? (rows[0].owner ? rows[0].owner : "?")
@@ -1293,7 +1363,7 @@ static void take_work(void *arg)
                 }
                 pgstore_mandate_rows_free(rows, n);
         } else if (r < 0 && r != -ENOENT) {
-                snprintf(tj->detail, sizeof tj->detail, "%s", pgstore_error(s));
+                cluster_thread_failed(s, r, tj->detail, sizeof tj->detail);
         }
         if (r == 0) {
                 taking_set(c, tj->id, true);
@@ -1690,9 +1760,14 @@ static int finish_as(struct mandate *m, const char *status)
 {
         int r = 0;
         struct pgstore *s = cluster_thread_store(m->d, &r);
-        if (!s)
+        if (!s) {
+                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", cluster_thread_error());
                 return r;
-        return pgstore_mandate_finish(s, m->id, m->epoch, status);
+        }
+        r = pgstore_mandate_finish(s, m->id, m->epoch, status);
+        if (r < 0)
+                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", pgstore_error(s));
+        return r;
 }
 
 int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder)
@@ -1741,21 +1816,27 @@ int pgd_finish(struct mandate *m, enum mandate_status end, char *err, size_t err
         int r = finish_as(m, st);
         if (r < 0)
                 snprintf(err, errlen, "recording the end of %s in the database: %s", m->id,
-                         strerror(-r));
+                         CM(m)->db_error[0] ? CM(m)->db_error : strerror(-r));
         return r;
 }
 
 /* The message of a barrier that failed: the barrier is a transaction. */
 void pgd_wal_failed(const struct mandate *m, int r, char *buf, size_t len)
 {
-        snprintf(buf, len, "committing %s to the database: %s", m->id,
+        /* the database's own words (and SQLSTATE) when it gave any: a full
+         * disk is not "Input/output error", too many clients not
+         * "Connection refused" */
+        const char *db = CM(m) && CM(m)->db_error[0] ? CM(m)->db_error : NULL;
+        snprintf(buf, len, "committing %s to the database: %s%s%s", m->id,
                  r == -ESTALE     ? "fenced: another node holds it now"
                  : r == -EALREADY ? "its tick was claimed by another node"
                  : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
                  : r == -ETIME    ? "the tick is still ahead of the database's clock after "
                                     "10 minutes: this node's clock is wrong"
                  : r == -ENOTCONN ? "the connection broke (outcome unknown)"
-                                  : strerror(-r));
+                 : db             ? db
+                                  : strerror(-r),
+                 r == -ENOTCONN && db ? ": " : "", r == -ENOTCONN && db ? db : "");
 }
 
 /* Before any thread exists (executor_init): the deadman (deadman.h), held

@@ -54,6 +54,8 @@ struct cluster_mandate {
         bool slot_taking;          /* a take of that slot is in flight */
         char *slot_waits_for;      /* the last take was refused: the mandate it waits for */
         int64_t park_after;        /* monotonic ms: not before (after a failure) */
+        char db_error[256];        /* the database's words on its last failed barrier
+                                    * (written by the pool thread before its job ends) */
 };
 
 static inline struct cluster_mandate *CM(const struct mandate *m)
@@ -86,6 +88,9 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err);
 /* A pool thread's call on s failed with r: its error into buf; after a
  * broken connection (-ENOTCONN) the next call on s reconnects. */
 void cluster_thread_failed(struct pgstore *s, int r, char *buf, size_t len);
+/* Why cluster_thread_store last failed on this thread (the database's
+ * words when it gave any). */
+const char *cluster_thread_error(void);
 /* The end of a pool thread's job: the connection it was lent, if any, goes
  * back to the node's pool.  Called by every job runner (serialq, ...). */
 void cluster_thread_done(void);

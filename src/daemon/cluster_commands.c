@@ -105,7 +105,7 @@ static void list_work(void *arg)
         struct pgstore *s = cluster_thread_store(j->d, &r);
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         if (j->after) {
@@ -137,7 +137,7 @@ static void list_work(void *arg)
                 return;
 fail:
         j->err = r;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+        cluster_thread_failed(s, r, j->errmsg, sizeof j->errmsg);
 }
 
 struct merged {
@@ -372,7 +372,7 @@ static void show_work(void *arg)
         size_t ncalls = 0;
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         struct pgstore_mandate_filter mf = { .since_ms = -1, .mandate_id = j->id };
@@ -432,7 +432,7 @@ static void show_work(void *arg)
         goto out;
 db_fail:
         j->err = r;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+        cluster_thread_failed(s, r, j->errmsg, sizeof j->errmsg);
 out:
         pgstore_idem_rows_free(calls, ncalls);
         fold_free(f);
@@ -572,7 +572,7 @@ static void retry_work(void *arg)
         int64_t fired_ms;
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "cannot connect to the database");
+                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         if (j->remote) {
@@ -599,7 +599,7 @@ static void retry_work(void *arg)
         goto out;
 db_fail:
         j->err = r;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", pgstore_error(s));
+        cluster_thread_failed(s, r, j->errmsg, sizeof j->errmsg);
 out:
         pgstore_mandate_rows_free(row, nrow);
 }

@@ -101,7 +101,7 @@ static struct pgstore *pg_reach(struct pg_job *j)
                 if ((int64_t)now_ms_monotonic() >= give_up) {
                         j->r = r < 0 ? r : -EIO;
                         snprintf(j->err, sizeof j->err, "cannot reach the database: %s",
-                                 s ? pgstore_error(s) : strerror(-j->r));
+                                 s ? pgstore_error(s) : cluster_thread_error());
                         return NULL;
                 }
                 cluster_thread_done();  /* others may use it meanwhile */

@@ -94,7 +94,7 @@ static void db_work_run(uv_work_t *w)
         struct pgstore *s = cluster_thread_store(j->d, &r);
         if (!s) {
                 j->r = r < 0 ? r : -EIO;
-                snprintf(j->err, sizeof j->err, "cannot connect: %s", strerror(-j->r));
+                snprintf(j->err, sizeof j->err, "cannot connect: %s", cluster_thread_error());
                 return;
         }
         for (size_t i = 0; i < j->n && r == 0; i++) {

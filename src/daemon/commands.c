@@ -608,11 +608,6 @@ static struct mandate *arg_mandate_at(struct control_request *req, const char **
         return m;
 }
 
-static struct mandate *arg_mandate(struct control_request *req)
-{
-        return arg_mandate_at(req, NULL);
-}
-
 static void submit_op(struct control_request *req, struct mandate *m, enum op_kind kind,
                       enum resolve_mode mode, const char *reason, const char *step)
 {
@@ -666,12 +661,28 @@ static void taken(void *ctx, int err, const char *detail)
 {
         struct control_request *req = ctx;
         const char *id = json_string_value(json_object_get(req->args, "mandate"));
-        if (err == -EBUSY)
-                control_reply_error_detail(req, "busy", json_pack("{s:s?}", "node", detail),
-                                           "mandate %s is held by node %s: run the command there "
-                                           "or wait",
-                                           id, detail && *detail ? detail : "?");
-        else if (err == -EALREADY)
+        if (err == -EBUSY) {
+                /* "NODE" or "NODE UNTIL" (opreads.h) */
+                char node[64];
+                const char *sp = detail ? strchr(detail, ' ') : NULL;
+                snprintf(node, sizeof node, "%.*s", sp ? (int)(sp - detail) : 63,
+                         detail && *detail ? detail : "?");
+                const char *until = sp && strlen(sp + 1) >= 19 ? sp + 1 : NULL;
+                if (until)
+                        control_reply_error_detail(
+                                req, "busy",
+                                json_pack("{s:s, s:s}", "node", node, "until", until),
+                                "mandate %s is held by node %s until %.8s (its lease, if %s "
+                                "does not renew it), then any node may take it: run the "
+                                "command there or wait",
+                                id, node, until + 11, node);
+                else
+                        control_reply_error_detail(req, "busy",
+                                                   json_pack("{s:s}", "node", node),
+                                                   "mandate %s is held by node %s: run the "
+                                                   "command there or wait",
+                                                   id, node);
+        } else if (err == -EALREADY)
                 control_reply_error(req, "conflict", "mandate %s has ended (%s)", id, detail);
         else if (err == -ENOENT)
                 control_reply_error(req, "not_found", "no mandate %s", id);
@@ -765,14 +776,20 @@ static void cmd_pause(struct control_request *req)
         bool failed;
         if (schedule_pause(req, true))
                 return;
-        struct mandate *m = arg_mandate(req);
-        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
                 return;
         const char *reason = control_arg_string(req, "reason", false, &failed);
         if (failed)
                 return;
         if (reason && !*reason) {
                 control_reply_error(req, "bad_argument", "args.reason: must not be empty");
+                return;
+        }
+        if (remote) {
+                /* as cancel: taken here first, or busy naming its node */
+                remote_take(req, remote);
                 return;
         }
         if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||

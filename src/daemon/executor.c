@@ -156,6 +156,10 @@ static void advance_done(void *arg)
                 goto out;
         }
         finish_fire_reply(a, true);
+        if (a->log_fired)
+                log_event(LOG_NOTICE, NULL,
+                          LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", m->schedule }),
+                          "fired %s at %s: mandate %s", m->schedule, m->fired_at, m->id);
         own_hold(m);
         for (int i = 0; i < PLANNER_PHASES; i++) {
                 for (unsigned k = 0; k < a->completed_inline[i]; k++)
@@ -765,6 +769,8 @@ static void fire_tick(struct daemon *d, const char *schedule, const char *fired_
                           retry, schedule, fired_at, (long long)rt->uid, m->id, rt->retry_of,
                           carried ? " from " : "", carried ? carried->from_step : "",
                           rt->reason);
+        else if (d->drv->own.node(d))
+                a->log_fired = true;  /* a node of a cluster: once its claim is won */
         else
                 log_event(LOG_NOTICE, NULL,
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "SCHEDULE", schedule }),

@@ -218,7 +218,7 @@ bool pgx_barrier_failed(struct advance *a)
                                               m->id, "schedule", m->schedule, "fired_at",
                                               m->fired_at, "fired", false, "status",
                                               "claimed", "node", CM(m)->winner));
-                log_info("schedule %s at %s: claimed by node %s: nothing to do here",
+                log_debug("schedule %s at %s: claimed by node %s: nothing to do here",
                          m->schedule, m->fired_at,
                          CM(m)->winner ? CM(m)->winner : "?");
                 own_drop(m, "its tick was claimed by another node");

@@ -69,6 +69,8 @@ enum next_kind {
 struct advance {
         struct mandate *m;
         struct op_reply reply;        /* fire: answered when durable */
+        bool log_fired;               /* fire in a cluster: "fired S at T" once
+                                       * durable, i.e. its tick's claim won */
         bool decide;                  /* fold + decide + act (false: only append + flush) */
         /* records to append first (strings owned by `owned`) */
         struct wal_record pre[MAX_BATCH];

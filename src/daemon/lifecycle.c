@@ -280,7 +280,7 @@ void daemon_on_signal(uv_signal_t *s, int signum)
         case SIGTERM:
         case SIGINT:
                 log_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
-                daemon_stop(d, 0);
+                daemon_stop(d, d->exit_code);  /* 0 unless a failure asked for the stop */
                 break;
         case SIGHUP:
                 if (d->ready)

@@ -45,7 +45,8 @@ struct opreads_tick {
 typedef void (*opreads_tick_cb)(void *ctx, const struct op_result *err,
                                 const struct opreads_tick *t);
 /* take: err 0 once the mandate is this node's; else -EBUSY (detail: the
- * node holding it), -EALREADY (detail: its status, a word of
+ * node holding it, then, after a space, when its hold ends unless it
+ * renews it, YYYY-MM-DDTHH:MM:SSZ, if known), -EALREADY (detail: its status, a word of
  * kairosctl(1)), -ENOENT, -ESHUTDOWN, other (detail: why). */
 typedef void (*opreads_take_cb)(void *ctx, int err, const char *detail);
 

@@ -20,8 +20,27 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
+import signal
 
 PORT = 5432
+
+
+def _ppid(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _alive(pid):
+    """pid exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 SUPERUSER = "kairos"
 
 
@@ -86,13 +105,46 @@ class PgServer:
         self.log = os.path.join(self.dir, "server.log")
         self._run([os.path.join(self.bindir, "initdb"), "-D", self.data, "-U", SUPERUSER,
                    "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"])
+        self._pg_start()
+        return self
+
+    def _pg_start(self):
         opts = (f"-k {self.dir} -p {PORT} -c listen_addresses='' -c fsync=off "
                 "-c full_page_writes=off -c max_connections=60 -c shared_buffers=16MB "
                 "-c log_min_messages=warning")
         self._run([os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-l", self.log,
                    "-o", opts, "-w", "-t", "60", "start"])
         self.running = True
-        return self
+
+    def crash(self):
+        """kill -9 the postmaster (and its children, as a host crash would
+        leave none), waiting until every one is gone; start() again on the
+        same data directory."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            pm = int(f.readline())
+        kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == pm]
+        for pid in [pm] + kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in [pm] + kids):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the postmaster's processes outlive SIGKILL")
+            time.sleep(0.02)
+        # (a zombie not yet reaped still answers kill(pid, 0): the new
+        # postmaster would take the dead one's lock files for a live one's)
+        for lock in (os.path.join(self.data, "postmaster.pid"),
+                     os.path.join(self.dir, ".s.PGSQL.%d.lock" % PORT)):
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:
+                pass
+        self.running = False
+
+    def restart_after_crash(self):
+        self._pg_start()
 
     def stop(self):
         if self.dir is None:

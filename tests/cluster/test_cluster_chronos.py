@@ -88,8 +88,8 @@ class Node:
         os.makedirs(self.dir)
         os.chmod(self.dir, 0o755)
         self.state = os.path.join(self.dir, "state")
-        extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\nLeaseSec=%d\n"
-                 % (case.ci, name, LEASE))
+        extra = ("LogLevel=debug\n[Cluster]\nBackend=postgres\nConnectionString=%s\n"
+                 "NodeName=%s\nLeaseSec=%d\n" % (case.ci, name, LEASE))
         self.conf = write_config(self.dir, self.state, {"every": schedule}, daemon_extra=extra)
         self.daemon = None
         self.notify = None
@@ -222,8 +222,15 @@ class ClusterChronos(unittest.TestCase):
                 n.daemon.wait_log("schedule every: tick %s fires" % at)
             lost = "schedule every at %s: claimed by node" % at
             wait_for(lambda: a.count(lost) or b.count(lost), "the losing node's answer for " + at)
-            # one node lost the claim (kairosd may log the loss more than once)
+            # one node lost the claim (kairosd may log the loss more than once),
+            # at debug level; only the winner says it fired the tick
             self.assertEqual(sum(1 for n in (a, b) if n.count(lost)), 1)
+            loser = a if a.count(lost) else b
+            self.assertEqual([ln[:3] for ln in loser.log().splitlines() if lost in ln],
+                             ["<7>"] * loser.count(lost))
+            fired = "fired every at %s: mandate" % at
+            wait_for(lambda: a.count(fired) + b.count(fired), "the winner's fired line")
+            self.assertEqual(loser.count(fired), 0, loser.log()[-3000:])
         self.assertEqual(self.ticks(), {iso(tick(k)): 1 for k in (1, 2, 3)})
         self.assertEqual(self.claims(), 3)
         self.wait_row(tick(3) + 1)

@@ -19,10 +19,13 @@ Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
 PostgreSQL support or the PostgreSQL server binaries.  No sleeps as
 synchronization: polls with a deadline."""
+import calendar
 import json
 import os
+import re
 import signal
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -288,6 +291,125 @@ class ClusterOps(pg_node.TwoNodes):
         rc, out, err = n2.ctl("cancel", "mnd_no_such_mandate", "--reason", "x")
         self.assertEqual(rc, 1)
         self.assertIn("no mandate", err)
+
+    def test_reads_recover_after_postmaster_crash(self):
+        """kill -9 of the postmaster: once it is back, list and show of the
+        other node's mandate work again on both nodes within one lease
+        (every pool connection broken by the crash is made again, not lent
+        broken to the next read)."""
+        n1, n2 = self.n1, self.n2
+        a = self.fire(n1, "quick", "2026-05-01T00:00:00Z")
+        b = self.fire(n2, "quick", "2026-05-02T00:00:00Z")
+        for mid in (a, b):
+            wait_for(lambda: (self.db_row(mid) or ("",))[0] == "succeeded", "%s done" % mid)
+        # every connection of both pools in use before the crash
+        for _ in range(4):
+            for n, mid in ((n1, b), (n2, a)):
+                self.assertEqual(n.ctl("show", mid)[0], 0)
+                self.assertEqual(n.ctl("list")[0], 0)
+        pg_node.SERVER.crash()
+        pg_node.SERVER.restart_after_crash()
+        back = time.monotonic()
+        last = {}
+
+        def reads_work():
+            ok = True
+            for n, mid in ((n1, b), (n2, a)):
+                for args in (("show", mid), ("list",)):
+                    rc, out, err = n.ctl(*args)
+                    last[(n.name,) + args] = (rc, err)
+                    ok = ok and rc == 0
+            return ok
+        try:
+            wait_for(reads_work, "show and list on both nodes", timeout=LEASE)
+        except AssertionError as e:
+            raise AssertionError("%s: %r" % (e, last))
+        took = time.monotonic() - back
+        # and they keep working (not one lucky connection of four)
+        for _ in range(4):
+            self.assertTrue(reads_work(), last)
+        self.assertLess(took, LEASE, last)
+
+    def test_database_error_in_its_own_words(self):
+        """The database refuses a write (a full disk): kairosctl fire says
+        what PostgreSQL said, with its SQLSTATE, not "Input/output
+        error"."""
+        n1 = self.n1
+        self.sql("CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "RAISE EXCEPTION 'could not extend file: No space left on device' "
+                 "USING ERRCODE = '53100'; END $$; "
+                 "CREATE TRIGGER full_disk BEFORE INSERT ON kairos_wal "
+                 "FOR EACH ROW EXECUTE FUNCTION full_disk()")
+        rc, out, err = n1.ctl("fire", "quick", "--at", "2026-06-01T00:00:00Z")
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("No space left on device (SQLSTATE 53100)", err)
+        self.assertNotIn("Input/output error", err)
+        self.sql("DROP TRIGGER full_disk ON kairos_wal")
+        self.fire(n1, "quick", "2026-06-02T00:00:00Z")
+
+    def test_duplicate_node_name_older_exits(self):
+        """A second kairosd started with n1's NodeName= (another state
+        directory): the first one can no longer renew and exits 1 with a
+        line that says why, within a lease or two; the new one serves."""
+        old = self.n1
+        root = os.path.join(self.dir, "dup")
+        os.makedirs(root)
+        dup = node(type("T", (), {"dir": root, "out": self.out, "ci": self.ci})(), "n1")
+        dup.start()
+        self.n1 = dup   # (stopped by tearDown)
+        rc = old.daemon.proc.wait(timeout=4 * LEASE + 10)
+        self.assertEqual(rc, 1, old.daemon.log()[-3000:])
+        log = old.daemon.log()
+        self.assertIn("a newer kairosd registered NodeName=n1", log)
+        old.close()
+        self.fire(dup, "quick", "2026-07-01T00:00:00Z")
+
+    def test_hold_of_a_dead_node_says_when_it_ends(self):
+        """cancel on n2 of a mandate a killed n1 still holds: busy, naming
+        n1 and the time its hold ends (its lease and the grace); after that
+        time the cancel works from n2."""
+        n1, n2 = self.n1, self.n2
+        hang = self.fire(n1, "hang", "2026-08-01T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + hang)), "the act")
+        n1.close()   # kill -9
+        rc, out, err = n2.ctl("cancel", hang, "--reason", "x")
+        self.assertEqual(rc, 1, err)
+        m = re.search(r"held by node n1 until (\d\d:\d\d:\d\d) \(its lease, if n1 does "
+                      r"not renew it\), then any node may take it", err)
+        self.assertTrue(m, err)
+        now = time.time()
+        until = time.strftime("%Y-%m-%dT", time.gmtime(now)) + m.group(1) + "Z"
+        left = calendar.timegm(time.strptime(until, "%Y-%m-%dT%H:%M:%SZ")) - now
+        self.assertLessEqual(left, 2 * LEASE + 1, err)
+        wait_for(lambda: n2.ctl("cancel", hang, "--reason", "x")[0] == 0, "the cancel on n2",
+                 timeout=max(left, 0) + 2 * LEASE + 5)
+        self.assertEqual(self.db_row(hang)[0], "cancelled")
+
+    def test_pause_anywhere(self):
+        """pause on n2 of a mandate n1 runs: busy under n1's live lease
+        (not "no mandate"); once n1 is dead and its hold ended, n2 takes it
+        and pauses it there."""
+        n1, n2 = self.n1, self.n2
+        hang = self.fire(n1, "hang", "2026-08-02T00:00:00Z")
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "act-" + hang)), "the act")
+        rc, out, err = n2.ctl("pause", hang, "--reason", "look first")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("is held by node n1", err)
+        n1.close()   # kill -9
+        last = []
+
+        def paused():
+            rc, out, err = n2.ctl("pause", hang, "--reason", "look first")
+            last[:] = [rc, err]
+            # paused by this command, or already paused for review by the
+            # takeover of its interrupted act: either way answered on n2
+            return rc == 0 or "is paused_review: cannot pause it" in err
+        try:
+            wait_for(paused, "the pause on n2", timeout=4 * LEASE + 5)
+        except AssertionError as e:
+            raise AssertionError("%s: %r" % (e, last))
+        self.assertIn(n2.rows()[hang]["status"], ("paused", "paused_review"))
+        self.assertEqual(self.db_row(hang)[1], "n2")
 
 
 def main():

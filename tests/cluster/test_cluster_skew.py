@@ -65,8 +65,9 @@ class Node:
         os.makedirs(self.dir)
         os.chmod(self.dir, 0o755)
         self.state = os.path.join(self.dir, "state")
-        extra = ("[Cluster]\nBackend=postgres\nConnectionString=%s\nNodeName=%s\nLeaseSec=%d\n"
-                 % (case.ci, name, LEASE))
+        # (debug: the loser's "claimed by node" line is at debug level)
+        extra = ("LogLevel=debug\n[Cluster]\nBackend=postgres\nConnectionString=%s\n"
+                 "NodeName=%s\nLeaseSec=%d\n" % (case.ci, name, LEASE))
         scheds = {"s%d" % i: {"Schedule": {"Cron": "* * * * *", "TimeZone": "SK",
                                            "MissedPolicy": "skip", "MissedGraceSec": "0"},
                               "Mandate": {"MaxCycles": "1"}, "Exec": {"Act": "true"}}

@@ -1353,6 +1353,21 @@ class TestClient(unittest.TestCase):
         err = self.unreachable("status", env={"KAIROSCTL_TIMEOUT": "0.3"})
         self.assertEqual(err, "kairosctl: no reply from %s within 0.300 s\n" % self.path)
 
+    def test_no_reply_to_an_act_says_outcome_unknown(self):
+        """A request that acts timed out: kairosd may have done it (a fire
+        whose reply came late had run); kairosctl says so and how to
+        look, still exit 2."""
+        self.serve(lambda c, line: wait_for_eof(c))
+        env = {"KAIROSCTL_TIMEOUT": "0.3"}
+        for args, check in ((("fire", "s", "--at", AT), "kairosctl list --schedule s"),
+                            (("retry", "m1", "--reason", "r"), "kairosctl show m1 (retried_by)"),
+                            (("cancel", "m1", "--reason", "r"), "kairosctl show m1")):
+            err = self.unreachable(*args, env=env)
+            self.assertEqual(err, "kairosctl: no reply from %s within 0.300 s\n"
+                                  "kairosctl: outcome unknown: the request reached kairosd, "
+                                  "which may have done it; check with %s before doing it "
+                                  "again\n" % (self.path, check), args)
+
     def test_bad_timeout(self):
         for bad in ("0", "-1", "abc", "1e9", "nan", "inf", "5s"):
             r = self.ctl("status", env={"KAIROSCTL_TIMEOUT": bad})
