@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* procstat: the fields of /proc/PID/stat that tell one process from a later
- * one given the same pid (docs/design.md §11, a tool call's client).  Pure:
- * the caller reads the file. */
+ * one given the same pid (docs/design.md §11, a tool call's client).  The
+ * parser is pure; procstat_read reads the file (procfs: served from memory,
+ * never waits on a disk). */
 #pragma once
 
 #include <stdbool.h>
@@ -23,3 +24,7 @@ int procstat_parse(const char *text, size_t len, struct procstat *ret);
  * recorded_start?  Not when it started at another time (the pid was given to
  * a later process) nor when it is a zombie (it has exited). */
 bool procstat_same_process(const struct procstat *st, uint64_t recorded_start);
+
+/* Read and parse /proc/PID/stat.  0, -ESRCH when there is no such process
+ * (or pid <= 0), -EINVAL when its text does not parse, or -errno. */
+int procstat_read(int pid, struct procstat *ret);

@@ -437,19 +437,9 @@ void idem_core_existing(struct idem_call *call, enum idem_outcome o,
 
 bool idem_core_client(const struct idem_call *call, struct idem_client *ret)
 {
-        char path[64], buf[1024];
-        *ret = (struct idem_client){ 0 };
-        if (call->pid <= 0)
-                return false;
-        /* procfs: served from memory, never waits on a disk */
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)call->pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return false;
-        ssize_t n = read(fd, buf, sizeof buf);
-        close(fd);
         struct procstat st;
-        if (n <= 0 || procstat_parse(buf, (size_t)n, &st) < 0 || st.state == 'Z')
+        *ret = (struct idem_client){ 0 };
+        if (procstat_read((int)call->pid, &st) < 0 || st.state == 'Z')
                 return false;
         *ret = (struct idem_client){ .pid = (int32_t)call->pid, .start = st.start };
         return true;

@@ -558,6 +558,26 @@ static char **probe_env(const struct probe_job *j, const struct config_schedule 
 
 static void spawn_check(struct probe_job *j, const struct config_schedule *sc);
 
+/* Start a probe's or a check's child, as the step's handler would run:
+ * the schedule's limits and cgroup, the step's document on stdin,
+ * ProbeTimeoutSec=, stdout bounded. */
+static int start_child(struct probe_job *j, const struct config_schedule *sc,
+                       struct runner *runner)
+{
+        struct child *c = &j->child;
+        c->argv = j->argv;
+        c->envp = j->env;
+        c->cwd = j->cwd;
+        c->cg_hint = j->step_id;
+        c->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max, sc->cpu_quota_pct };
+        c->in = j->doc;
+        c->in_len = j->doc_len;
+        c->timeout_ms = (uint64_t)j->timeout_sec * 1000;
+        c->out_max = PROBE_STDOUT_MAX;
+        return child_start(c, runner);
+}
+
+
 /* The environment of a handler of the step (KAIROS_IDEM_KEY the step's, as
  * for the probe: one script may serve both), plus KAIROS_CHECK=1,
  * KAIROS_TOOL and KAIROS_TOOL_KEY (the call's full key). */
@@ -660,19 +680,8 @@ static void spawn(struct probe_job *j)
         /* its $NAME and ${NAME} expand from its environment */
         if (r == 0)
                 r = runenv_command(sc->probe, j->env, &j->argv, why, sizeof why);
-        if (r == 0) {
-                c->argv = j->argv;
-                c->envp = j->env;
-                c->cwd = j->cwd;
-                c->cg_hint = j->step_id;
-                c->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
-                                                    sc->cpu_quota_pct };
-                c->in = j->doc;
-                c->in_len = j->doc_len;
-                c->timeout_ms = (uint64_t)j->timeout_sec * 1000;
-                c->out_max = PROBE_STDOUT_MAX;
-                r = child_start(c, d->runner);
-        }
+        if (r == 0)
+                r = start_child(j, sc, d->runner);
         if (r < 0) {
                 snprintf(j->start_error, sizeof j->start_error, "%s",
                          r == -EINVAL && why[0] ? why : strerror(-r));
@@ -700,19 +709,8 @@ static void spawn_check(struct probe_job *j, const struct config_schedule *sc)
                 r = -ENOMEM;
         if (r == 0)
                 r = check_command(j);
-        if (r == 0) {
-                c->argv = j->argv;
-                c->envp = j->env;
-                c->cwd = j->cwd;
-                c->cg_hint = j->step_id;
-                c->limits = (struct cgroup_limits){ sc->memory_max, sc->tasks_max,
-                                                    sc->cpu_quota_pct };
-                c->in = j->doc;
-                c->in_len = j->doc_len;
-                c->timeout_ms = (uint64_t)j->timeout_sec * 1000;
-                c->out_max = PROBE_STDOUT_MAX;
-                r = child_start(c, m->d->runner);
-        }
+        if (r == 0)
+                r = start_child(j, sc, m->d->runner);
         if (r < 0) {
                 snprintf(j->start_error, sizeof j->start_error, "%s",
                          r == -EINVAL ? "the call's check is not a command line" : strerror(-r));

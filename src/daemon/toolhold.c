@@ -53,16 +53,8 @@ static struct hold *holds;
 
 static bool same_start(pid_t pid, uint64_t start)
 {
-        char path[64], buf[1024];
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return false;
-        ssize_t n = read(fd, buf, sizeof buf);
-        close(fd);
         struct procstat st;
-        return n > 0 && procstat_parse(buf, (size_t)n, &st) == 0 &&
-               procstat_same_process(&st, start);
+        return procstat_read((int)pid, &st) == 0 && procstat_same_process(&st, start);
 }
 
 size_t toolhold_find(const struct evidence_call *calls, size_t n, const char *step_id,

@@ -3,6 +3,9 @@
 #include "kairos/procstat.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -58,4 +61,23 @@ int procstat_parse(const char *text, size_t len, struct procstat *ret)
 bool procstat_same_process(const struct procstat *st, uint64_t recorded_start)
 {
         return st && st->state != 'Z' && st->state != 'X' && st->start == recorded_start;
+}
+
+int procstat_read(int pid, struct procstat *ret)
+{
+        char path[64], buf[1024];
+        if (pid <= 0)
+                return -ESRCH;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? -ESRCH : -errno;
+        ssize_t n = read(fd, buf, sizeof buf);
+        int e = errno;
+        close(fd);
+        if (n < 0)
+                return e == ESRCH ? -ESRCH : -e;
+        if (n == 0)
+                return -ESRCH;
+        return procstat_parse(buf, (size_t)n, ret);
 }

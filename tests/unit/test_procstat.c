@@ -76,12 +76,26 @@ static void test_reused_pid_not_trusted(void **state)
         assert_false(procstat_same_process(NULL, 0));
 }
 
+static void test_read(void **state)
+{
+        (void)state;
+        struct procstat st;
+        assert_int_equal(procstat_read(getpid(), &st), 0);
+        assert_int_equal(st.pgrp, getpgrp());
+        assert_true(st.start > 0);
+        assert_int_equal(procstat_read(0, &st), -ESRCH);
+        assert_int_equal(procstat_read(-1, &st), -ESRCH);
+        /* a pid above pid_max is never in use */
+        assert_int_equal(procstat_read(0x7ffffff0, &st), -ESRCH);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fields),
                 cmocka_unit_test(test_bad),
                 cmocka_unit_test(test_reused_pid_not_trusted),
+                cmocka_unit_test(test_read),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
