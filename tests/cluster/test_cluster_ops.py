@@ -220,7 +220,11 @@ class ClusterOps(pg_node.TwoNodes):
         self.assertEqual(rc, 0, err)
         word = "released" if action == "retry" else "completed"
         self.assertEqual(out["tool_calls_" + word], [key], out)
-        wait_for(lambda: self.db_row(mid) == ("succeeded", "n2", "3"), "it to end on n2")
+        try:
+            wait_for(lambda: self.db_row(mid) == ("succeeded", "n2", "3"), "it to end on n2")
+        except AssertionError as e:
+            raise AssertionError("%s; the row: %r\n--- n2 ---\n%s" % (
+                e, self.db_row(mid), n2.daemon.log()[-6000:])) from None
         rc, s, err = n2.ctl("show", mid)
         self.assertIn(("tool_calls_" + word, key),
                       [(o["action"], o["reason"]) for o in s["operators"]], s)
