@@ -1206,23 +1206,34 @@ static void cmd_retry(struct control_request *req)
                 control_reply_error(req, "internal", "out of memory");
 }
 
+/* args.schedule, a well-formed schedule name; NULL: answered (the field
+ * named). */
+static const char *arg_schedule(struct control_request *req)
+{
+        bool failed;
+        const char *schedule = control_arg_string(req, "schedule", true, &failed);
+        if (failed)
+                return NULL;
+        if (!planner_valid_name(schedule)) {
+                control_reply_error(req, "bad_argument",
+                                    "args.schedule: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})",
+                                    schedule);
+                return NULL;
+        }
+        return schedule;
+}
+
 static void cmd_fire(struct control_request *req)
 {
         bool failed;
         if (refuse_if_stopping(req))
                 return;
-        const char *schedule = control_arg_string(req, "schedule", true, &failed);
-        if (failed)
+        const char *schedule = arg_schedule(req);
+        if (!schedule)
                 return;
         const char *at = control_arg_string(req, "at", false, &failed);
         if (failed)
                 return;
-        if (!planner_valid_name(schedule)) {
-                control_reply_error(req, "bad_argument",
-                                    "args.schedule: '%s' is not a schedule name ([A-Za-z0-9_-]{1,64})",
-                                    schedule);
-                return;
-        }
         char now[PLANNER_FIRED_AT_LEN];
         if (at) {
                 if (planner_parse_fired_at(at, NULL) < 0) {
@@ -1320,11 +1331,10 @@ static bool arg_time(struct control_request *req, const char *key, int64_t *ret)
 
 static void cmd_backfill(struct control_request *req)
 {
-        bool failed;
         if (refuse_if_stopping(req))
                 return;
-        const char *schedule = control_arg_string(req, "schedule", true, &failed);
-        if (failed)
+        const char *schedule = arg_schedule(req);
+        if (!schedule)
                 return;
         int64_t from, to;
         if (!arg_time(req, "from", &from) || !arg_time(req, "to", &to))

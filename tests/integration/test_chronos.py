@@ -930,8 +930,11 @@ class Backfill(ChronosCase):
                            ({"from": "x", "to": "2026-04-01T00:00:00Z"},
                             "args.from: 'x' is not a UTC time"),
                            ({"from": "2026-04-01T00:00:00Z", "to": "2026-04-01T00:00:00Z",
-                             "max": 10001}, "args.max: must be an integer 1..10000")):
-            r = self.call("backfill", schedule="h", **args)
+                             "max": 10001}, "args.max: must be an integer 1..10000"),
+                           ({"schedule": "../h", "from": "2026-04-01T00:00:00Z",
+                             "to": "2026-04-01T01:00:00Z"},
+                            "args.schedule: '../h' is not a schedule name")):
+            r = self.call("backfill", **dict({"schedule": "h"}, **args))
             self.assertFalse(r["ok"], r)
             self.assertEqual(r["error"]["code"], "bad_argument")
             self.assertIn(want, r["error"]["message"])
