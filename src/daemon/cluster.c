@@ -1594,6 +1594,16 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
         if (from != to)
                 log_notice("cluster: the database schema was migrated from version %d to %d",
                            from, to);
+        /* The thread first, so that a failure leaves no handle of c on the
+         * loop; it wakes the loop only after a section under c->lock (post),
+         * which it cannot enter before the handles are made. */
+        pthread_mutex_lock(&c->lock);
+        if ((r = -pthread_create(&c->thread, NULL, heartbeat_main, c)) < 0) {
+                pthread_mutex_unlock(&c->lock);
+                snprintf(err, errlen, "cannot start the heartbeat thread: %s", strerror(-r));
+                goto fail;
+        }
+        c->thread_started = true;
         serialq_init(&c->ops_q, d->loop, &d->jobs);
         uv_timer_init(d->loop, &c->slot_timer);
         c->slot_timer.data = d;
@@ -1602,11 +1612,7 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
         uv_timer_init(d->loop, &c->fence_timer);
         c->fence_timer.data = c;
         uv_timer_start(&c->fence_timer, on_fence_tick, FENCE_TICK_MS, FENCE_TICK_MS);
-        if ((r = -pthread_create(&c->thread, NULL, heartbeat_main, c)) < 0) {
-                snprintf(err, errlen, "cannot start the heartbeat thread: %s", strerror(-r));
-                goto fail;
-        }
-        c->thread_started = true;
+        pthread_mutex_unlock(&c->lock);
         log_daemon = d;
         log_set_node(c->node, epoch_lookup);
         log_notice("cluster: node %s (incarnation %lld) on PostgreSQL, LeaseSec=%u", c->node,
