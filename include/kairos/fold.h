@@ -193,6 +193,10 @@ int fold_new(struct fold **ret_fold);
  * consumed (f->good_end advances past the last good record).  -ENOMEM;
  * -EBADMSG when f is (or becomes) CORRUPT. */
 int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used);
+/* As fold_feed, for lines this process appended itself (wal_take_appended):
+ * a completed record's result is kept as the text written, not parsed and
+ * written again (it was parsed when the handler gave it: docs/design.md). */
+int fold_feed_own(struct fold *f, const char *data, size_t len, size_t *ret_used);
 int fold_file(const char *path, struct fold **out);
 void fold_free(struct fold *f);
 

@@ -16,6 +16,7 @@ enum kjson_type {
         KJSON_STRING,
         KJSON_ARRAY,
         KJSON_OBJECT,
+        KJSON_RAW,      /* an unbuilt value: only from kjson_parse_trusted */
 };
 
 struct kjson;
@@ -46,6 +47,10 @@ struct kjson {
                         struct kjson_member *members;
                         size_t n;
                 } obj;
+                struct {
+                        const char *text; /* in the parsed input, not copied */
+                        size_t len;
+                } raw;
         } u;
 };
 
@@ -85,6 +90,16 @@ int kjson_arena_reserve(struct kjson_arena *a, size_t n, void **ret_mem, size_t 
  * Returns 0 and *out, or -EINVAL with *err filled (-ENOMEM on allocation failure). */
 int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
                 struct kjson_error *err);
+/* As kjson_parse, for a line this process wrote itself from parsed values
+ * (its own WAL records): a member of the top-level object whose key is in
+ * raw_keys (NULL-terminated) and whose value is an object or an array is
+ * not built but kept as KJSON_RAW, its text pointing into s (valid while s
+ * is).  Inside such a value only the brackets and the strings' quotes are
+ * followed; nothing else is checked.  kjson_write writes a KJSON_RAW value
+ * as its text; canonical hashing refuses it. */
+int kjson_parse_trusted(struct kjson_arena *a, const char *s, size_t len,
+                        const char *const *raw_keys, struct kjson **out,
+                        struct kjson_error *err);
 
 /* Object lookup: the LAST member with that key (JSON.parse semantics), or NULL. */
 const struct kjson *kjson_get(const struct kjson *obj, const char *key);

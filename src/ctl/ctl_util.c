@@ -269,6 +269,8 @@ static int kjson_dump(struct kbuf *b, FILE *f, const struct kjson *v, size_t dep
                 return kbuf_append(b, v->u.num.text, v->u.num.len);
         case KJSON_STRING:
                 return kjson_dump_string(b, v->u.str.ptr, v->u.str.len);
+        case KJSON_RAW:
+                return kbuf_append(b, v->u.raw.text, v->u.raw.len);
         case KJSON_ARRAY:
         case KJSON_OBJECT:
                 break;
@@ -333,6 +335,8 @@ json_t *ctl_kjson_to_json(const struct kjson *v)
                 return o ? o : json_stringn_nocheck(v->u.num.text, v->u.num.len);
         case KJSON_STRING:
                 return json_stringn_nocheck(v->u.str.ptr, v->u.str.len);
+        case KJSON_RAW:
+                return json_loadb(v->u.raw.text, v->u.raw.len, JSON_DECODE_ANY, NULL);
         case KJSON_ARRAY:
                 o = json_array();
                 for (size_t i = 0; o && i < v->u.arr.n; i++) {

@@ -134,11 +134,13 @@ static void build_stdin(struct advance *a, const struct fold *f, const struct fo
 }
 
 /* Fold bytes into the mandate's fold and keep them (the archive is made
- * from them, not read again). */
-static int fold_more(struct mandate *m, const struct kbuf *b)
+ * from them, not read again); own: bytes this process appended itself. */
+static int fold_more(struct mandate *m, const struct kbuf *b, bool own)
 {
         size_t used = 0;
-        int r = b->len ? fold_feed(m->fold, b->data, b->len, &used) : 0;
+        int r = !b->len ? 0
+                : own   ? fold_feed_own(m->fold, b->data, b->len, &used)
+                        : fold_feed(m->fold, b->data, b->len, &used);
         if (used && kbuf_append(&m->wal_bytes, b->data, used) < 0)
                 kbuf_free(&m->wal_bytes);
         return r;
@@ -158,7 +160,7 @@ static int fold_catch_up(struct mandate *m)
         struct kbuf b = KBUF_INIT;
         uint64_t at = 0;
         if (m->wal && wal_take_appended(m->wal, &b, &at) == 0 && at == m->fold->good_end) {
-                r = fold_more(m, &b);
+                r = fold_more(m, &b, true);
                 kbuf_free(&b);
                 return r;
         }
@@ -187,7 +189,7 @@ static int fold_catch_up(struct mandate *m)
         }
         close(fd);
         if (r == 0)
-                r = fold_more(m, &b);
+                r = fold_more(m, &b, false);
         kbuf_free(&b);
         return r;
 }

@@ -369,6 +369,8 @@ static int write_canon(struct kbuf *out, const struct kjson *v, int depth)
                 return kbuf_putc(out, ']');
         case KJSON_OBJECT:
                 return write_object(out, v, depth);
+        case KJSON_RAW:
+                return -EINVAL; /* unparsed text has no canonical form here */
         }
         return -EINVAL;
 }

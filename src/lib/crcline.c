@@ -88,8 +88,9 @@ int crcline_check(struct kjson_arena *arena, unsigned flags, const char *l, size
                 snprintf(reason, rlen, "crc mismatch");
                 return 0;
         }
+        static const char *const own_raw[] = { "result", NULL };
         kjson_arena_reset(arena);
-        int r = kjson_parse(arena, l, n, &v, &err);
+        int r = kjson_parse_trusted(arena, l, n, flags & CRCLINE_OWN ? own_raw : NULL, &v, &err);
         if (r == -ENOMEM || (r < 0 && err.code == KJSON_E_NOMEM))
                 return -ENOMEM;
         if (r < 0) {

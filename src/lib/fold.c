@@ -261,6 +261,14 @@ static int keep_json(struct fold *f, const struct kjson *v, const char **out)
 {
         struct fold_internal *in = f->internal;
 
+        if (v->type == KJSON_RAW) {
+                /* (fold_feed_own: already the compact text) */
+                char *s = kjson_arena_strndup(in->keep, v->u.raw.text, v->u.raw.len);
+                if (!s)
+                        return -ENOMEM;
+                *out = s;
+                return 0;
+        }
         kbuf_reset(&in->json);
         int r = kjson_write(&in->json, v);
         if (r < 0)
@@ -806,7 +814,7 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
         return 0;
 }
 
-int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used)
+static int feed(struct fold *f, const char *data, size_t len, unsigned flags, size_t *ret_used)
 {
         size_t pos = 0;
         int r = 0;
@@ -838,7 +846,7 @@ int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used)
                 const struct kjson *obj = NULL;
                 bool legacy = false;
                 char reason[sizeof(f->bad_reason)];
-                r = crcline_check(f->internal->scratch, CRCLINE_LEGACY, l, n, &obj, &legacy,
+                r = crcline_check(f->internal->scratch, CRCLINE_LEGACY | flags, l, n, &obj, &legacy,
                                   reason, sizeof(reason));
                 if (r < 0)
                         break;
@@ -863,6 +871,16 @@ int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used)
         /* bound the memory a long-lived fold keeps between calls */
         kjson_arena_reset(f->internal->scratch);
         return r < 0 ? r : 0;
+}
+
+int fold_feed(struct fold *f, const char *data, size_t len, size_t *ret_used)
+{
+        return feed(f, data, len, 0, ret_used);
+}
+
+int fold_feed_own(struct fold *f, const char *data, size_t len, size_t *ret_used)
+{
+        return feed(f, data, len, CRCLINE_OWN, ret_used);
 }
 
 int fold_file(const char *path, struct fold **out)

@@ -189,6 +189,7 @@ struct parser {
         struct kjson_error *err;
         struct kjson *lit[KJSON_TRUE + 1]; /* null, false, true: one node each */
         struct intern *intern;             /* INTERN_SLOTS, or NULL: none */
+        const char *const *raw_keys;       /* kjson_parse_trusted */
 };
 
 /* below this, a parse does not pay for the cache */
@@ -702,7 +703,8 @@ static int parse_array(struct parser *P, int depth, struct kjson **out)
         P->p++;
         void *items;
         v->u.arr.n = P->a->vtop - base;
-        if (container_items(P, P->a->vstack + base, v->u.arr.n, sizeof(struct kjson *),
+        if (container_items(P, v->u.arr.n ? P->a->vstack + base : NULL, v->u.arr.n,
+                            sizeof(struct kjson *),
                             alignof(struct kjson *), &items) < 0)
                 goto out;
         v->u.arr.items = items;
@@ -711,6 +713,54 @@ static int parse_array(struct parser *P, int depth, struct kjson **out)
 out:
         P->a->vtop = base;
         return r;
+}
+
+/* kjson_parse_trusted: the object or array at P->p, skipped to its end by
+ * its brackets (outside strings) and kept as its text. */
+static int parse_raw(struct parser *P, struct kjson **out)
+{
+        const unsigned char *start = P->p;
+        size_t depth = 0;
+        do {
+                if (P->p >= P->end)
+                        return fail_eof(P);
+                unsigned char c = *P->p++;
+                if (c == '"') {
+                        for (;;) {
+                                const unsigned char *q =
+                                        memchr(P->p, '"', (size_t)(P->end - P->p));
+                                if (!q)
+                                        return fail_eof(P);
+                                size_t bs = 0;
+                                while (q - bs > P->p && q[-1 - (ptrdiff_t)bs] == '\\')
+                                        bs++;
+                                P->p = q + 1;
+                                if (!(bs & 1))
+                                        break;
+                        }
+                } else if (c == '{' || c == '[') {
+                        depth++;
+                } else if (c == '}' || c == ']') {
+                        depth--;
+                }
+        } while (depth);
+        struct kjson *v = node_new(P, KJSON_RAW);
+        if (!v)
+                return fail_nomem(P);
+        v->u.raw.text = (const char *)start;
+        v->u.raw.len = (size_t)(P->p - start);
+        *out = v;
+        return 0;
+}
+
+static bool raw_key(const struct parser *P, int depth, const char *key)
+{
+        if (!P->raw_keys || depth != 1)
+                return false;
+        for (const char *const *k = P->raw_keys; *k; k++)
+                if (strcmp(*k, key) == 0)
+                        return true;
+        return false;
 }
 
 static int parse_object(struct parser *P, int depth, struct kjson **out)
@@ -731,7 +781,11 @@ static int parse_object(struct parser *P, int depth, struct kjson **out)
                             ws_then(P, ':') < 0)
                                 goto out;
                         P->p++;
-                        if (parse_value(P, depth, &item) < 0 || mpush(P, key, key_len, item) < 0)
+                        skip_ws(P);
+                        bool raw = P->p < P->end && (*P->p == '{' || *P->p == '[') &&
+                                   raw_key(P, depth, key);
+                        if ((raw ? parse_raw(P, &item) : parse_value(P, depth, &item)) < 0 ||
+                            mpush(P, key, key_len, item) < 0)
                                 goto out;
                         int more = next_item(P, '}');
                         if (more < 0)
@@ -743,7 +797,8 @@ static int parse_object(struct parser *P, int depth, struct kjson **out)
         P->p++;
         void *members;
         v->u.obj.n = P->a->mtop - base;
-        if (container_items(P, P->a->mstack + base, v->u.obj.n, sizeof(struct kjson_member),
+        if (container_items(P, v->u.obj.n ? P->a->mstack + base : NULL, v->u.obj.n,
+                            sizeof(struct kjson_member),
                             alignof(struct kjson_member), &members) < 0)
                 goto out;
         v->u.obj.members = members;
@@ -782,8 +837,8 @@ static int parse_value(struct parser *P, int depth, struct kjson **out)
         }
 }
 
-int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
-                struct kjson_error *err)
+static int parse_top(struct kjson_arena *a, const char *s, size_t len,
+                     const char *const *raw_keys, struct kjson **out, struct kjson_error *err)
 {
         struct kjson_error dummy;
         if (!err)
@@ -805,6 +860,7 @@ int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson *
                 .p = (const unsigned char *)s,
                 .end = (const unsigned char *)s + len,
                 .err = err,
+                .raw_keys = raw_keys,
         };
         struct kjson *v = NULL;
         int r = 0;
@@ -830,6 +886,19 @@ int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson *
                 return err->code == KJSON_E_NOMEM ? -ENOMEM : -EINVAL;
         *out = v;
         return 0;
+}
+
+int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
+                struct kjson_error *err)
+{
+        return parse_top(a, s, len, NULL, out, err);
+}
+
+int kjson_parse_trusted(struct kjson_arena *a, const char *s, size_t len,
+                        const char *const *raw_keys, struct kjson **out,
+                        struct kjson_error *err)
+{
+        return parse_top(a, s, len, raw_keys, out, err);
 }
 
 /* --------------------------------------------------------------- access */
@@ -899,6 +968,8 @@ static int write_value(struct kbuf *out, const struct kjson *v, int depth)
                                 return r;
                 }
                 return kbuf_putc(out, '}');
+        case KJSON_RAW:
+                return kbuf_append(out, v->u.raw.text, v->u.raw.len);
         }
         return -EINVAL;
 }

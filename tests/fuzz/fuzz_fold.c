@@ -129,6 +129,17 @@ static void check_recovery(const struct fold *f, const uint8_t *data)
                 if (fold_buffer(b.data, b.len, &f2) == 0) {
                         CHECK(f2->status == FOLD_CLEAN);
                         CHECK(f2->records == f->records + n);
+                        /* as the daemon folds: the file's prefix, then the
+                         * records it appended itself (fold_feed_own) */
+                        struct fold *f3 = NULL;
+                        size_t used = 0, used_own = 0;
+                        if (fold_new(&f3) == 0 &&
+                            fold_feed(f3, b.data, f->good_end, &used) == 0 &&
+                            fold_feed_own(f3, b.data + used, b.len - used, &used_own) == 0) {
+                                CHECK(used == f->good_end && used + used_own == b.len);
+                                check_same(f2, f3);
+                        }
+                        fold_free(f3);
                         if (recovery_plan_fold(f2, &r2) == 0) {
                                 CHECK(recovery_record_count(r2) == 0);
                                 size_t open = 0;
@@ -180,6 +191,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 CHECK(prefix->status == FOLD_CLEAN);
                 check_same(f, prefix);
                 fold_free(prefix);
+        }
+
+        /* hostile bytes fed as if this process wrote them: no memory error,
+         * a consistent fold (what it accepts is not checked: it trusts) */
+        struct fold *own = NULL;
+        size_t used = 0;
+        if (fold_new(&own) == 0) {
+                (void)fold_feed_own(own, (const char *)data, size, &used);
+                check_consistent(own, size);
+                fold_free(own);
         }
 
         check_recovery(f, data);

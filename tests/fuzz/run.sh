@@ -39,15 +39,14 @@ command -v "$cc" >/dev/null 2>&1 || { echo "$0: $cc not found" >&2; exit 77; }
 
 # what a target needs besides src/lib
 extra=
-pkgs="libsodium zlib"
+pkgs="libsodium zlib jansson"  # jansson: src/lib/showdoc.c
 case $target in
 control)
         extra="$root/src/daemon/control_proto.c"
-        pkgs="$pkgs jansson"
         ;;
 conn)
         extra="$root/src/daemon/control.c $root/src/daemon/control_proto.c"
-        pkgs="$pkgs jansson libuv"
+        pkgs="$pkgs libuv"
         ;;
 esac
 

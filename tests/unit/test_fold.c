@@ -1005,6 +1005,57 @@ static void test_wal_encode_round_trip(void **state)
         kbuf_free(&b);
 }
 
+/* Lines this process wrote itself (fold_feed_own): every result is kept as
+ * the text written, byte for byte what fold_feed's parse and write give,
+ * quotes, backslashes and brackets inside strings included. */
+static void test_feed_own_same_fold(void **state)
+{
+        (void)state;
+        static const char *const results[] = {
+                "{\"a\": [1, 2.50]}",
+                "[{\"s\":\"a\\\"]}[{\\\\\",\"t\":[{\"u\":\"\\\\\"}]},{}]",
+                "{\"q\":\"\\\\\",\"e\":\"\\u00e9\\n{\"}",
+                "[]",
+                "\"plain text\"",
+                "null",
+        };
+        struct kbuf b = KBUF_INIT;
+        struct wal_step steps[] = { { "s1", "ooda.observe", "ph1", "pre1", "post1" } };
+        struct wal_record plan = { .op = WAL_OP_PLAN_COMMIT, .plan_id = "plan_e",
+                                   .mandate_id = "mnd_e", .cycle = 1, .steps = steps,
+                                   .nsteps = 1 };
+        assert_int_equal(wal_encode(&plan, 1776686400123LL, &b), 0);
+        for (size_t i = 0; i < sizeof(results) / sizeof(results[0]); i++) {
+                struct wal_record rc = { .op = WAL_OP_COMPLETED, .step_id = "s1",
+                                         .post_hash = "p1", .result_hash = "r1",
+                                         .result_json = results[i] };
+                assert_int_equal(wal_encode(&rc, 1776686400124LL + (int64_t)i, &b), 0);
+                struct fold *parsed = fold_kbuf(&b, b.len);
+                struct fold *own = NULL;
+                size_t used = 0;
+                assert_int_equal(fold_new(&own), 0);
+                assert_int_equal(fold_feed_own(own, b.data, b.len, &used), 0);
+                assert_int_equal(used, b.len);
+                char *d1 = digest(parsed), *d2 = digest(own);
+                assert_string_equal(d1, d2);
+                assert_string_equal(fold_find_step(own, "s1")->result_json,
+                                    fold_find_step(parsed, "s1")->result_json);
+                free(d1);
+                free(d2);
+                fold_free(parsed);
+                fold_free(own);
+        }
+        /* a torn own line is not folded: it waits for the rest */
+        size_t cut = b.len - 10;
+        struct fold *own = NULL;
+        size_t used = 0;
+        assert_int_equal(fold_new(&own), 0);
+        assert_int_equal(fold_feed_own(own, b.data, cut, &used), 0);
+        assert_true(used < cut);
+        fold_free(own);
+        kbuf_free(&b);
+}
+
 static void test_fold_file(void **state)
 {
         (void)state;
@@ -1199,6 +1250,7 @@ int main(void)
                 cmocka_unit_test(test_fold_file),
                 cmocka_unit_test(test_fold_file_eintr),
                 cmocka_unit_test(test_many_plans),
+                cmocka_unit_test(test_feed_own_same_fold),
                 cmocka_unit_test(test_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

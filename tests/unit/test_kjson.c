@@ -516,6 +516,50 @@ static void test_get_last_wins(void **state)
         kjson_arena_free(a);
 }
 
+/* kjson_parse_trusted: a raw key's object or array at the top level is kept
+ * as its text (strings with quotes and brackets followed); other members,
+ * and a raw key's scalar or nested occurrence, are built as usual. */
+static void test_parse_trusted(void **state)
+{
+        (void)state;
+        static const char *const raw[] = { "result", NULL };
+        const char *in = "{\"op\":\"completed\",\"result\": [{\"s\":\"]}\\\"[\\\\\"},"
+                         "{\"result\":[1]}] ,\"x\":{\"result\":{\"a\":1}},\"n\":2}";
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v = NULL;
+        assert_int_equal(kjson_parse_trusted(a, in, strlen(in), raw, &v, NULL), 0);
+        const struct kjson *r = kjson_get(v, "result");
+        assert_int_equal(r->type, KJSON_RAW);
+        assert_int_equal(r->u.raw.len,
+                         strlen("[{\"s\":\"]}\\\"[\\\\\"},{\"result\":[1]}]"));
+        assert_memory_equal(r->u.raw.text, "[{\"s\":\"]}\\\"[\\\\\"},{\"result\":[1]}]",
+                            r->u.raw.len);
+        /* not at the top level: built */
+        assert_int_equal(kjson_get(kjson_get(v, "x"), "result")->type, KJSON_OBJECT);
+        assert_string_equal(kjson_get(v, "op")->u.str.ptr, "completed");
+        assert_int_equal(kjson_get(v, "n")->type, KJSON_NUMBER);
+        /* written back as its text */
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kjson_write(&b, r), 0);
+        assert_memory_equal(b.data, r->u.raw.text, r->u.raw.len);
+        kbuf_free(&b);
+        /* a scalar under a raw key is built */
+        assert_int_equal(kjson_parse_trusted(a, "{\"result\":\"t\"}", 14, raw, &v, NULL), 0);
+        assert_int_equal(kjson_get(v, "result")->type, KJSON_STRING);
+        /* without keys it is kjson_parse */
+        assert_int_equal(kjson_parse_trusted(a, in, strlen(in), NULL, &v, NULL), 0);
+        assert_int_equal(kjson_get(v, "result")->type, KJSON_ARRAY);
+        /* a cut raw value: the end of the input, not a value */
+        struct kjson_error err;
+        assert_int_equal(kjson_parse_trusted(a, "{\"result\":[{\"s\":\"]\"}", 20, raw, &v, &err),
+                         -EINVAL);
+        assert_int_equal(err.code, KJSON_E_EOF);
+        assert_int_equal(kjson_parse_trusted(a, "{\"result\":[\"a\\\"]}", 17, raw, &v, &err),
+                         -EINVAL);
+        assert_int_equal(err.code, KJSON_E_EOF);
+        kjson_arena_free(a);
+}
+
 static void test_write(void **state)
 {
         (void)state;
@@ -718,6 +762,7 @@ int main(void)
                 cmocka_unit_test(test_depth_limit),
                 cmocka_unit_test(test_get_last_wins),
                 cmocka_unit_test(test_write),
+                cmocka_unit_test(test_parse_trusted),
                 cmocka_unit_test(test_arena),
                 cmocka_unit_test(test_big_string),
                 cmocka_unit_test(test_large_shares_strings),
