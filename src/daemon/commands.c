@@ -1781,15 +1781,57 @@ static void idem_call(struct control_request *req, void (*op)(const struct idem_
         op(&call);
 }
 
+/* A step's tool call (tool-begin, tool-write) from a process whose handler's
+ * start the runner has not reported yet: asked again after the report,
+ * so that it is attributed to its step (docs/design.md §11). */
+struct idem_waiting {
+        struct control_request *req;
+        void (*op)(const struct idem_call *call);
+};
+
+static void step_call(struct control_request *req, void (*op)(const struct idem_call *call));
+
+static void step_call_again(void *ctx, bool gone)
+{
+        struct idem_waiting *w = ctx;
+        struct control_request *req = w->req;
+        void (*op)(const struct idem_call *call) = w->op;
+        free(w);
+        if (gone)
+                control_reply_error(req, "unavailable", "kairosd is stopping");
+        else
+                step_call(req, op);
+}
+
+static void step_call(struct control_request *req, void (*op)(const struct idem_call *call))
+{
+        struct idem_waiting *w;
+        if (req->pid > 0 && executor_start_pending(req->d, req->pid) &&
+            (w = malloc(sizeof(*w)))) {
+                *w = (struct idem_waiting){ req, op };
+                if (executor_after_start(req->d, step_call_again, w) == 0)
+                        return;
+                free(w);
+        }
+        idem_call(req, op);
+}
+
 /* cmd_NAME: the request as a call of the idempotency service's op */
 #define IDEM_COMMAND(name, op)                                                                    \
         static void name(struct control_request *req)                                            \
         {                                                                                         \
                 idem_call(req, op);                                                               \
         }
-IDEM_COMMAND(cmd_tool_begin, idem_tool_begin)
+static void cmd_tool_begin(struct control_request *req)
+{
+        step_call(req, idem_tool_begin);
+}
+
+static void cmd_tool_write(struct control_request *req)
+{
+        step_call(req, idem_tool_write);
+}
 IDEM_COMMAND(cmd_tool_finish, idem_tool_finish)
-IDEM_COMMAND(cmd_tool_write, idem_tool_write)
 IDEM_COMMAND(cmd_tool_write_data, idem_tool_write_data)
 IDEM_COMMAND(cmd_tool_write_end, idem_tool_write_end)
 IDEM_COMMAND(cmd_idem_stats, idem_stats_get)

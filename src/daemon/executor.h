@@ -73,6 +73,14 @@ void executor_kill_handler(struct mandate *m, int sig);
  * filled, or -ESRCH (tool calls are attributed with it). */
 struct idem_step_owner;
 int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret);
+/* A handler's process can call kairosd (kairosctl tool run) before the
+ * runner's report of its start has reached the loop, when its process group
+ * is not known yet.  executor_start_pending: pid's group is no running
+ * handler's while starts are unreported.  executor_after_start: cb(ctx,
+ * false) runs on the loop after the next start report (ask again then), or
+ * cb(ctx, true) when the executor is freed first; -ENOMEM: not queued. */
+bool executor_start_pending(struct daemon *d, pid_t pid);
+int executor_after_start(struct daemon *d, void (*cb)(void *ctx, bool gone), void *ctx);
 /* add: pid, a tool call's client still in the process group of a running
  * step's handler, is about to lead a process group of its own for the call
  * (runner_add_tool_group; 0 or a negative errno).  !add: that call is over. */

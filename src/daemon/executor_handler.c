@@ -45,6 +45,7 @@ static void run_free_spawn_args(struct exec_run *run)
 }
 
 static void groups_add(struct exec_run *run);
+static void start_reported(struct executor *e, bool gone);
 static void groups_remove(struct exec_run *run);
 static void run_finished(struct exec_run *run);
 
@@ -174,6 +175,7 @@ void executor_free(struct daemon *d)
         struct executor *e = d->executor;
         if (!e)
                 return;
+        start_reported(e, true);
         strmap_free(e->handler_groups);
         cgroup_ctl_free(e->cgroup);
         free(e->arch_pending);
@@ -249,6 +251,47 @@ int executor_step_of(struct daemon *d, pid_t pid, struct idem_step_owner *ret)
         snprintf(ret->mandate, sizeof ret->mandate, "%s", run->m->id);
         snprintf(ret->step, sizeof ret->step, "%s", run->step_id);
         return idem_owner_check(ret) < 0 ? -ESRCH : 0;
+}
+
+struct start_waiter {
+        struct start_waiter *next;
+        void (*cb)(void *ctx, bool gone);
+        void *ctx;
+};
+
+bool executor_start_pending(struct daemon *d, pid_t pid)
+{
+        if (!d->executor || !d->executor->nstarting)
+                return false;
+        pid_t pgid = getpgid(pid);
+        if (pgid <= 0)
+                return false;
+        char key[24];
+        group_key(pgid, key);
+        return strmap_get(d->executor->handler_groups, key) == NULL;
+}
+
+int executor_after_start(struct daemon *d, void (*cb)(void *ctx, bool gone), void *ctx)
+{
+        struct start_waiter *w = malloc(sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        *w = (struct start_waiter){ d->executor->start_waiters, cb, ctx };
+        d->executor->start_waiters = w;
+        return 0;
+}
+
+/* A start was reported: every waiter asks again (it may wait again). */
+static void start_reported(struct executor *e, bool gone)
+{
+        struct start_waiter *w = e->start_waiters;
+        e->start_waiters = NULL;
+        while (w) {
+                struct start_waiter *next = w->next;
+                w->cb(w->ctx, gone);
+                free(w);
+                w = next;
+        }
 }
 
 int executor_tool_group(struct daemon *d, pid_t pid, bool add)
@@ -404,7 +447,7 @@ static void run_start_failed(struct exec_run *run, int err, const char *what)
         run_finished(run);
 }
 
-static void on_run_started(struct child *job)
+static void run_started(struct child *job)
 {
         struct exec_run *run = job->data;
         struct mandate *m = run->m;
@@ -446,6 +489,16 @@ static void on_run_started(struct child *job)
                 handler_stop(run);
 }
 
+/* The runner's report of a start: the run goes on, then the calls that
+ * waited for it ask again (executor_after_start). */
+static void on_run_started(struct child *job)
+{
+        struct executor *e = ((struct exec_run *)job->data)->m->d->executor;
+        e->nstarting--;
+        run_started(job);
+        start_reported(e, false);
+}
+
 static void run_start(struct exec_run *run)
 {
         struct child *c = &run->child;
@@ -456,6 +509,7 @@ static void run_start(struct exec_run *run)
         int r = child_start(c, run->m->d->runner);
         if (r == 0) {
                 run->starting = true;
+                run->m->d->executor->nstarting++;
                 return;
         }
         if (spawn_error_is_transient(r) && !run->m->d->stopping) {

@@ -49,6 +49,8 @@ struct executor {
         bool arch_timer_init;
         /* handlers */
         struct strmap *handler_groups;             /* running handlers by process group */
+        unsigned nstarting;                        /* started, their pid not yet reported */
+        struct start_waiter *start_waiters;        /* executor_after_start */
         struct cgroup_ctl *cgroup;                 /* cgroup.h: handler cgroups; NULL: none */
         char cgroup_why[256];                      /* why there is none */
 };

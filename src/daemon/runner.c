@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -714,6 +715,17 @@ static void *thread_main(void *arg)
                 j->keeper_slot = keeper_slot_take(r);
                 pthread_mutex_unlock(&r->lock);
                 thread_spawn(r, j);
+#ifdef KAIROS_TEST_HOOKS
+                /* the report of a start reaches the loop late: the child
+                 * runs (and may call kairosd) before the loop knows its pid */
+                const char *late = getenv("KAIROS_TEST_START_REPORT_DELAY_MS");
+                if (late && *late && j->err == 0) {
+                        long ms = strtol(late, NULL, 10);
+                        struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+                        while (ms > 0 && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                                ;
+                }
+#endif
                 pthread_mutex_lock(&r->lock);
                 j->next = NULL;
                 if (r->done_tail)
