@@ -90,6 +90,11 @@ int kjson_arena_reserve(struct kjson_arena *a, size_t n, void **ret_mem, size_t 
  * Returns 0 and *out, or -EINVAL with *err filled (-ENOMEM on allocation failure). */
 int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
                 struct kjson_error *err);
+/* As kjson_parse, for a value that will be nested inside levels_above
+ * containers: its own containers nest at most KJSON_MAX_DEPTH - levels_above
+ * deep (deeper: KJSON_E_DEPTH), so the whole can be read back. */
+int kjson_parse_nested(struct kjson_arena *a, const char *s, size_t len, int levels_above,
+                       struct kjson **out, struct kjson_error *err);
 /* As kjson_parse, for a line this process wrote itself from parsed values
  * (its own WAL records): a member of the top-level object whose key is in
  * raw_keys (NULL-terminated) and whose value is an object or an array is

@@ -676,17 +676,11 @@ static void append_tail(char *msg, size_t size, char *tail)
 static int result_json_read(const char *out, size_t n, struct kbuf *compact,
                             char hash[CANON_HASH_STRLEN], struct kjson_error *err)
 {
-        struct kbuf wrapped = KBUF_INIT;
         struct kjson_arena *ar = kjson_arena_new();
         struct kjson *v = NULL;
-        int r = -ENOMEM;
-        if (ar && kbuf_reserve(&wrapped, n + 2) == 0 && kbuf_putc(&wrapped, '[') == 0 &&
-            kbuf_append(&wrapped, out, n) == 0 && kbuf_putc(&wrapped, ']') == 0)
-                r = kjson_parse(ar, wrapped.data, wrapped.len, &v, err);
-        if (r == -EINVAL && err->offset > 0)
-                err->offset--; /* an offset in the output, not in the wrapper */
+        int r = ar ? kjson_parse_nested(ar, out, n, 1, &v, err) : -ENOMEM;
         if (r == 0) {
-                const struct kjson *res = v->u.arr.items[0];
+                const struct kjson *res = v;
                 if (canon_hash_value(res, hash) < 0)
                         canon_hash_bytes(out, n, hash);
                 r = kbuf_reserve(compact, n);
@@ -694,7 +688,6 @@ static int result_json_read(const char *out, size_t n, struct kbuf *compact,
                         r = kjson_write(compact, res);
         }
         kjson_arena_free(ar);
-        kbuf_free(&wrapped);
         return r;
 }
 

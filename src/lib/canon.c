@@ -297,15 +297,14 @@ static int write_canon(struct kbuf *out, const struct kjson *v, int depth);
 static int write_object(struct kbuf *out, const struct kjson *v, int depth)
 {
         size_t n = v->u.obj.n;
-        struct member_ref *refs = NULL;
+        /* most objects are small: their members sorted on the stack */
+        struct member_ref small[16];
+        struct member_ref *refs = small;
         size_t k = 0;
         int r;
 
-        if (n) {
-                refs = malloc(n * sizeof(*refs));
-                if (!refs)
-                        return -ENOMEM;
-        }
+        if (n > sizeof(small) / sizeof(small[0]) && !(refs = malloc(n * sizeof(*refs))))
+                return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 const struct kjson_member *m = &v->u.obj.members[i];
                 if (!m->key && m->key_len) {
@@ -315,8 +314,18 @@ static int write_object(struct kbuf *out, const struct kjson *v, int depth)
                 if (!volatile_key(m->key, m->key_len))
                         refs[k++] = (struct member_ref){ m, i };
         }
-        if (k > 1)
+        if (k > sizeof(small) / sizeof(small[0])) {
                 qsort(refs, k, sizeof(*refs), member_ref_cmp);
+        } else {
+                /* (insertion sort: the same total order, no qsort buffer) */
+                for (size_t i = 1; i < k; i++) {
+                        struct member_ref x = refs[i];
+                        size_t j = i;
+                        for (; j > 0 && member_ref_cmp(&refs[j - 1], &x) > 0; j--)
+                                refs[j] = refs[j - 1];
+                        refs[j] = x;
+                }
+        }
 
         bool first = true;
         if ((r = kbuf_putc(out, '{')) < 0)
@@ -336,7 +345,8 @@ static int write_object(struct kbuf *out, const struct kjson *v, int depth)
         }
         r = kbuf_putc(out, '}');
 out:
-        free(refs);
+        if (refs != small)
+                free(refs);
         return r;
 }
 

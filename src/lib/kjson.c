@@ -190,6 +190,7 @@ struct parser {
         struct kjson *lit[KJSON_TRUE + 1]; /* null, false, true: one node each */
         struct intern *intern;             /* INTERN_SLOTS, or NULL: none */
         const char *const *raw_keys;       /* kjson_parse_trusted */
+        int max_depth;                     /* KJSON_MAX_DEPTH; less: kjson_parse_nested */
 };
 
 /* below this, a parse does not pay for the cache */
@@ -653,7 +654,7 @@ static int ws_then(struct parser *P, unsigned char want)
  * and whitespace; NULL: failed. */
 static struct kjson *container_open(struct parser *P, int depth, enum kjson_type t)
 {
-        if (depth > KJSON_MAX_DEPTH) {
+        if (depth > P->max_depth) {
                 fail_at(P, KJSON_E_DEPTH, P->p);
                 return NULL;
         }
@@ -838,7 +839,8 @@ static int parse_value(struct parser *P, int depth, struct kjson **out)
 }
 
 static int parse_top(struct kjson_arena *a, const char *s, size_t len,
-                     const char *const *raw_keys, struct kjson **out, struct kjson_error *err)
+                     const char *const *raw_keys, int max_depth, struct kjson **out,
+                     struct kjson_error *err)
 {
         struct kjson_error dummy;
         if (!err)
@@ -861,6 +863,7 @@ static int parse_top(struct kjson_arena *a, const char *s, size_t len,
                 .end = (const unsigned char *)s + len,
                 .err = err,
                 .raw_keys = raw_keys,
+                .max_depth = max_depth,
         };
         struct kjson *v = NULL;
         int r = 0;
@@ -891,14 +894,22 @@ static int parse_top(struct kjson_arena *a, const char *s, size_t len,
 int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
                 struct kjson_error *err)
 {
-        return parse_top(a, s, len, NULL, out, err);
+        return parse_top(a, s, len, NULL, KJSON_MAX_DEPTH, out, err);
+}
+
+int kjson_parse_nested(struct kjson_arena *a, const char *s, size_t len, int levels_above,
+                       struct kjson **out, struct kjson_error *err)
+{
+        if (levels_above < 0 || levels_above >= KJSON_MAX_DEPTH)
+                levels_above = KJSON_MAX_DEPTH - 1;
+        return parse_top(a, s, len, NULL, KJSON_MAX_DEPTH - levels_above, out, err);
 }
 
 int kjson_parse_trusted(struct kjson_arena *a, const char *s, size_t len,
                         const char *const *raw_keys, struct kjson **out,
                         struct kjson_error *err)
 {
-        return parse_top(a, s, len, raw_keys, out, err);
+        return parse_top(a, s, len, raw_keys, KJSON_MAX_DEPTH, out, err);
 }
 
 /* --------------------------------------------------------------- access */

@@ -375,6 +375,9 @@ class TestResults(ExecCase):
         "nul": ('"a\\u0000b"', "a\u0000b"),
         "spaced": (' \t {"a" : [ 1 , 2 ] } ', {"a": [1, 2]}),
         "text": ("\x01 not json", "\x01 not json"),
+        # two values are not one: text, not the first of them
+        "two": ('{"a":1},{"b":2}', '{"a":1},{"b":2}'),
+        "two_scalars": ("1,2", "1,2"),
     }
 
     def test_result_kinds(self):

@@ -560,6 +560,33 @@ static void test_parse_trusted(void **state)
         kjson_arena_free(a);
 }
 
+/* kjson_parse_nested: the value's own nesting is limited by the levels
+ * above it; one value only (two are trailing bytes, not the first). */
+static void test_parse_nested(void **state)
+{
+        (void)state;
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v = NULL;
+        struct kjson_error err;
+        char deep[2 * KJSON_MAX_DEPTH + 1];
+        for (int levels = 0; levels <= 2; levels++) {
+                int ok = KJSON_MAX_DEPTH - levels;
+                memset(deep, '[', (size_t)ok);
+                memset(deep + ok, ']', (size_t)ok);
+                assert_int_equal(kjson_parse_nested(a, deep, (size_t)(2 * ok), levels, &v, &err), 0);
+                memset(deep, '[', (size_t)ok + 1);
+                memset(deep + ok + 1, ']', (size_t)ok + 1);
+                assert_int_equal(kjson_parse_nested(a, deep, (size_t)(2 * ok + 2), levels, &v, &err),
+                                 -EINVAL);
+                assert_int_equal(err.code, KJSON_E_DEPTH);
+                assert_int_equal(err.offset, (size_t)ok);
+        }
+        assert_int_equal(kjson_parse_nested(a, "{\"a\":1},{\"b\":2}", 15, 1, &v, &err), -EINVAL);
+        assert_int_equal(err.code, KJSON_E_TRAILING);
+        assert_int_equal(err.offset, 7);
+        kjson_arena_free(a);
+}
+
 static void test_write(void **state)
 {
         (void)state;
@@ -763,6 +790,7 @@ int main(void)
                 cmocka_unit_test(test_get_last_wins),
                 cmocka_unit_test(test_write),
                 cmocka_unit_test(test_parse_trusted),
+                cmocka_unit_test(test_parse_nested),
                 cmocka_unit_test(test_arena),
                 cmocka_unit_test(test_big_string),
                 cmocka_unit_test(test_large_shares_strings),
