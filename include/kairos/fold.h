@@ -73,6 +73,13 @@ struct fold_step {
         const char *evidence_json;
         const char *error_class;
         const char *error_msg;
+        /* the last failed record's handler end (optional in the record):
+         * its exit status (has_exit_status), signal (0: none) and the end
+         * of its stderr (NULL: none); cleared by the next status */
+        bool has_exit_status;
+        int exit_status;
+        int exit_signal;
+        const char *stderr_tail;
         const char *reason;
         bool recovered;
         const char *started_ts;          /* ts of the last executing record */

@@ -238,8 +238,15 @@ static void advance_done(void *arg)
                           "mandate %s %s after %lld cycle%s (%s)", m->id,
                           mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",
                           a->reason ? a->reason : "");
-                if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
+                if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED) {
+                        /* not seen failing here (a restart came between):
+                         * what its failed record says */
+                        if (!m->failure) {
+                                m->failure = a->wal_failure;
+                                a->wal_failure = NULL;
+                        }
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
+                }
                 free(m->failure); /* its page is made: not kept with the history */
                 m->failure = NULL;
                 executor_release_slot(m);

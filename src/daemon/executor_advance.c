@@ -22,6 +22,7 @@
 #include "kairos/idem.h"
 #include "kairos/stepdoc.h"
 #include "driver.h"
+#include "hooks.h"
 #include "log.h"
 
 char *advance_own(struct advance *a, const char *s)
@@ -49,6 +50,7 @@ void advance_free(struct advance *a)
         free(a->archive_path);
         free(a->cancel_reason);
         free(a->interrupted);
+        free(a->wal_failure);
         kbuf_free(&a->stdin_doc);
         free(a);
 }
@@ -224,6 +226,32 @@ static void set_str(char **dst, const char *src)
 
 /* Decide and append until a decision needs the loop (a spawn, a pause, the
  * end) or there is nothing to do. */
+/* The mandate ends failed or terminated: the failed step of its last plan
+ * as its failed record says (step, class, exit, stderr, attempt). */
+static void failure_from_wal(struct advance *a, const struct fold *f)
+{
+        const struct fold_plan *p = NULL;
+        for (size_t i = f ? f->nplans : 0; i-- > 0;)
+                if (!f->plans[i].orphan_reason) {
+                        p = &f->plans[i];
+                        break;
+                }
+        for (size_t i = 0; p && i < p->nsteps; i++) {
+                const struct fold_step *s = plan_step(f, p, i);
+                if (s->state != STEP_FAILED)
+                        continue;
+                a->wal_failure = hooks_failure_copy(&(struct hook_failure){
+                        .step = (char *)s->step_id,
+                        .error_class = (char *)s->error_class,
+                        .error_msg = (char *)s->error_msg,
+                        .exit_status = s->has_exit_status ? s->exit_status : -1,
+                        .exit_signal = s->exit_signal,
+                        .attempt = s->executions,
+                        .stderr_tail = (char *)s->stderr_tail });
+                return;
+        }
+}
+
 static void decide_loop(struct advance *a)
 {
         struct mandate *m = a->m;
@@ -513,6 +541,9 @@ void advance_work(void *arg)
                 }
                 free(arch_path);
         }
+        if (!a->error && a->next == NEXT_END &&
+            (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED))
+                failure_from_wal(a, m->fold);
         if (a->error || a->next == NEXT_END)
                 drop_fold(m);
 }

@@ -774,10 +774,16 @@ static void run_finished(struct exec_run *run)
                                           .error_class = "cancelled", .error_msg = advance_own(a, msg) };
         }
         if (r->op == WAL_OP_FAILED) {
-                /* what an OnFailure= page says of it (hooks.h) */
+                /* what an OnFailure= page says of it (hooks.h), in the
+                 * record too: a page after a restart says the same */
                 char last[CHILD_TAIL + 1];
                 stderr_tail(c, last);
                 bool exited = !run->spawn_failed && !c->term_signal;
+                const char *page_tail = hooks_stderr_last(last);
+                r->has_exit_status = exited;
+                r->exit_status = exited ? (int)c->exit_status : 0;
+                r->exit_signal = run->spawn_failed ? 0 : c->term_signal;
+                r->stderr_tail = *page_tail ? advance_own(a, page_tail) : NULL;
                 hooks_note_failure(m, &(struct hook_failure){
                                               .step = (char *)run->step_id,
                                               .error_class = (char *)r->error_class,

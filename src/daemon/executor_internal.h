@@ -128,6 +128,9 @@ struct advance {
         unsigned retry_evidence_phases;
         long long retry_due_ms;       /* NEXT_RETRY_WAIT */
         unsigned retries_written[PLANNER_PHASES]; /* retry_wait records appended */
+        /* NEXT_END failed or terminated: the failed step's end as its
+         * record says (hooks.h), for a page this kairosd did not see fail */
+        struct hook_failure *wal_failure;
 };
 
 struct mandate_cancel {

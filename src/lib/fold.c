@@ -138,7 +138,8 @@ struct rec {
         const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
                 *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
                 *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts,
-                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms, *carried_from;
+                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms, *carried_from,
+                *exit_status, *exit_signal, *stderr_tail;
 };
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
@@ -209,6 +210,12 @@ static void rec_collect(const struct kjson *obj, struct rec *r)
                         r->due_ms = v;
                 else if (KEY_IS(m, "carried_from"))
                         r->carried_from = v;
+                else if (KEY_IS(m, "exit_status"))
+                        r->exit_status = v;
+                else if (KEY_IS(m, "signal"))
+                        r->exit_signal = v;
+                else if (KEY_IS(m, "stderr"))
+                        r->stderr_tail = v;
         }
 }
 
@@ -534,6 +541,19 @@ static int op_transition(struct fold *f, const struct rec *rc)
         if (is_str(rc->status)) {
                 s->state = step_status_parse(s->status);
                 s->retry_waiting = false;
+                s->has_exit_status = false;
+                s->exit_status = s->exit_signal = 0;
+                s->stderr_tail = NULL;
+        }
+        if (is_str(rc->status) && s->state == STEP_FAILED) {
+                if (rc->exit_status && rc->exit_status->type == KJSON_NUMBER) {
+                        s->has_exit_status = true;
+                        s->exit_status = (int)num_ll(rc->exit_status);
+                }
+                if (rc->exit_signal && rc->exit_signal->type == KJSON_NUMBER)
+                        s->exit_signal = (int)num_ll(rc->exit_signal);
+                if ((r = keep_str(f, rc->stderr_tail, &s->stderr_tail)) < 0)
+                        return r;
         }
         if (rc->result && (r = keep_json(f, rc->result, &s->result_json)) < 0)
                 return r;

@@ -499,6 +499,44 @@ class TestFailurePages(HookCase):
         self.assertNotIn("KAIROS_EXIT_STATUS", env)
         self.assertEqual(doc["stderr"], "about to crash")
 
+    def test_details_kept_across_a_kill_9(self):
+        # the act fails while its mandate is paused (recorded, nothing
+        # decided), kairosd is killed -9: the kairosd after it ends the
+        # mandate and pages with what the failed record says
+        release = os.path.join(self.dir, "release")
+        os.mkfifo(release)
+        act = self.script("act_wait.sh", "cat > /dev/null\nread x < %s\n"
+                          "for i in $(seq 1 12); do echo \"line $i\" >&2; done\nexit 3\n"
+                          % release)
+        self.configure({"nightly": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                    "Exec": {"Act": "/bin/sh " + act}}},
+                       notify="OnFailure=%s\n" % self.hook_cmd("page"))
+        self.start()
+        m = self.fire("nightly")
+        self.d.wait_log("%s act_001: started" % m)
+        self.call_ok("pause", mandate=m, reason="look first")
+        with open(release, "w") as f:  # blocks until the act opens it
+            f.write("go\n")
+        self.d.wait_log("%s act_001: failed" % m)
+        # show reads the WAL after the failure's records are written (its
+        # job follows theirs on the mandate's queue)
+        steps = self.call_ok("show", mandate=m)["plans"][0]["steps"]
+        self.assertEqual(steps[3]["status"], "failed", steps)
+        self.d.kill()
+        self.assertFalse(os.path.exists(os.path.join(self.out, "failure.%s.stdin" % m)))
+        self.start()
+        env, doc, _ = self.wait_hook("failure", m)
+        stderr = "\n".join("line %d" % i for i in range(3, 13))
+        self.assertEqual((env["KAIROS_STEP_ID"], env["KAIROS_ERROR_CLASS"],
+                          env["KAIROS_EXIT_STATUS"], env["KAIROS_ATTEMPT"], env["KAIROS_STDERR"]),
+                         ("act_001", "exit_status", "3", "1", stderr), doc)
+        self.assertNotIn("KAIROS_EXIT_SIGNAL", env)
+        self.assertEqual((doc["step"], doc["error_class"], doc["exit_status"], doc["exit_signal"],
+                          doc["attempt"], doc["stderr"]),
+                         ("act_001", "exit_status", 3, None, 1, stderr))
+        self.assertTrue(doc["error"].startswith("exit status 3: "), doc["error"])
+        self.assertEqual(env["KAIROS_ERROR"], doc["error"])
+
     def test_new_variables_expand_in_a_hook_command(self):
         cmd = ("/bin/sh %s %s ${KAIROS_STEP_ID}-${KAIROS_ERROR_CLASS}-${KAIROS_EXIT_STATUS}"
                % (self.hook, self.out))
