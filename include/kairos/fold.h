@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum fold_status {
         FOLD_CLEAN,
@@ -173,6 +174,11 @@ struct fold {
         size_t nretries;
         const char *first_ts;            /* ts of the first and last good record */
         const char *last_ts;
+        /* The time a restart took from executions: for each execution that
+         * ended without its handler's word (interrupted_execution), from the
+         * last record before the restart to the first after it, summed (ms;
+         * list's DURATION leaves it out, as show's step durations do) */
+        int64_t down_ms;
 
         enum fold_status status;
         size_t lines;                    /* lines seen (incl. blank and bad) */

@@ -233,6 +233,7 @@ static void advance_done(void *arg)
                 break;
         case NEXT_END:
                 m->ended_ms = a->ended_ms ? a->ended_ms : now_ms_realtime();
+                m->down_ms = a->down_ms;
                 mandate_set_status(m, a->end_status, a->reason);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s %s after %lld cycle%s (%s)", m->id,

@@ -359,8 +359,10 @@ static void decide_loop(struct advance *a)
         /* started: its mandate record's time (or its first record's), as
          * recovery and kairosctl list --state-dir read it */
         const struct fold *f = m->fold;
-        if (f && !a->error)
+        if (f && !a->error) {
                 wal_parse_ts(f->mandate.ts ? f->mandate.ts : f->first_ts, &a->started_ms);
+                a->down_ms = f->down_ms;
+        }
 }
 
 static int write_summary(struct advance *a, const struct statedir *paths, const char *archive)
@@ -388,10 +390,13 @@ static int write_summary(struct advance *a, const struct statedir *paths, const 
         }
         /* the end the registry says too (list is the same after a restart) */
         int64_t ended_ms = a->ended_ms = now_ms_realtime();
-        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"started_ms\":%lld,\"ended_ms\":%lld,"
-                    "\"archive\":", a->cycle, (long long)(ended_ms / 1000),
+        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"started_ms\":%lld,\"ended_ms\":%lld,",
+                    a->cycle, (long long)(ended_ms / 1000),
                     (long long)(a->started_ms > 0 ? a->started_ms : a->m->started_ms),
                     (long long)ended_ms);
+        if (a->down_ms > 0)
+                kbuf_printf(&b, "\"down_ms\":%lld,", (long long)a->down_ms);
+        kbuf_puts(&b, "\"archive\":");
         kbuf_json_string_lossy(&b, archive, strlen(archive), 0);
         kbuf_puts(&b, "}\n");
         char *path = NULL;

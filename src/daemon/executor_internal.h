@@ -104,6 +104,7 @@ struct advance {
         char *archive_path;           /* NEXT_END: where the WAL went */
         int64_t ended_ms;             /* NEXT_END: the end its summary holds */
         int64_t started_ms;           /* its WAL's mandate record's time; 0 unknown */
+        int64_t down_ms;              /* NEXT_END: its fold's down_ms */
         /* Decided on the loop when the job was made: the mandate runs alone
          * (nothing else holds a slot, no batch waits) on a file system whose
          * syncfs is a barrier, not in cluster mode.  If it ends, its last

@@ -34,6 +34,7 @@
 #include "kairos/kio.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
+#include "kairos/wal.h"
 
 /* ---- string → index hash map (open addressing, linear probing) ---- */
 
@@ -504,6 +505,13 @@ static int note_interruption(struct fold *f, const struct rec *rc, struct fold_s
                         r = (s->interrupted_ended_ts = f->internal->work_ts, 0);
                 if (r < 0)
                         return r;
+                /* killed at a stop: its record is the stop's; else this
+                 * record is the first after the restart */
+                int64_t t0, t1;
+                if (!killed && is_str(rc->ts) &&
+                    wal_parse_ts(s->interrupted_ended_ts, &t0) == 0 &&
+                    wal_parse_ts(rc->ts->u.str.ptr, &t1) == 0 && t1 > t0)
+                        f->down_ms += t1 - t0;
         } else if (!(prev == STEP_NEEDS_REVIEW && prev_interrupted &&
                      prev_interrupted == s->executions)) {
                 return 0; /* (a later word on the same interrupted execution: below) */
