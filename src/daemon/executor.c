@@ -220,7 +220,7 @@ static void advance_done(void *arg)
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", m->review_step }),
                           "mandate %s paused for review at step %s (%s)", m->id,
                           m->review_step ? m->review_step : "?", a->reason);
-                hooks_event(d, HOOK_REVIEW, m, m->review_step, NULL);
+                hooks_event(d, HOOK_REVIEW, m, m->review_step, a->review_evidence);
                 executor_release_slot(m);
                 d->drv->own.slot_release(m);
                 break;

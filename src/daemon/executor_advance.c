@@ -51,6 +51,7 @@ void advance_free(struct advance *a)
         free(a->cancel_reason);
         free(a->interrupted);
         free(a->wal_failure);
+        free(a->review_evidence);
         kbuf_free(&a->stdin_doc);
         free(a);
 }
@@ -224,8 +225,15 @@ static void set_str(char **dst, const char *src)
         *dst = src ? strdup(src) : NULL;
 }
 
-/* Decide and append until a decision needs the loop (a spawn, a pause, the
- * end) or there is nothing to do. */
+/* A review: the evidence its page carries, the step's needs_review
+ * record's (as recovery's and the probe's reviews carry theirs). */
+static void review_evidence(struct advance *a, const struct fold *f, const char *step_id)
+{
+        const struct fold_step *s = f && step_id ? fold_find_step(f, step_id) : NULL;
+        if (s && s->state == STEP_NEEDS_REVIEW && s->evidence_json)
+                set_str(&a->review_evidence, s->evidence_json);
+}
+
 /* The mandate ends failed or terminated: the failed step of its last plan
  * as its failed record says (step, class, exit, stderr, attempt). */
 static void failure_from_wal(struct advance *a, const struct fold *f)
@@ -252,6 +260,8 @@ static void failure_from_wal(struct advance *a, const struct fold *f)
         }
 }
 
+/* Decide and append until a decision needs the loop (a spawn, a pause, the
+ * end) or there is nothing to do. */
 static void decide_loop(struct advance *a)
 {
         struct mandate *m = a->m;
@@ -330,6 +340,8 @@ static void decide_loop(struct advance *a)
                         a->next = n->kind == DECIDE_REVIEW ? NEXT_REVIEW : NEXT_AWAIT_APPROVAL;
                         set_str(&a->step_id, n->step_id);
                         set_str(&a->reason, n->reason);
+                        if (n->kind == DECIDE_REVIEW)
+                                review_evidence(a, m->fold, n->step_id);
                         break;
                 case DECIDE_PAUSE:
                         a->next = NEXT_PAUSE;

@@ -760,6 +760,19 @@ static void run_finished(struct exec_run *run)
                                           .result_compact = compact };
                 kbuf_free(&res);
         }
+#ifdef KAIROS_TEST_HOOKS
+        /* test hook: a handler that exits with this status asks for a human,
+         * with evidence: the review the executor decides while running */
+        const char *rx = getenv("KAIROS_TEST_REVIEW_EXIT");
+        if (rx && *rx && r->op == WAL_OP_FAILED && !run->spawn_failed && !c->term_signal &&
+            c->exit_status == strtoll(rx, NULL, 10)) {
+                snprintf(msg, sizeof msg, "{\"reason\":\"test_review_exit\",\"exit_status\":%lld}",
+                         (long long)c->exit_status);
+                *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
+                                          .reason = "test_review_exit",
+                                          .evidence_json = advance_own(a, msg) };
+        }
+#endif
         if (m->cancel && r->op != WAL_OP_COMPLETED && !run->killed_for_shutdown) {
                 /* stopped by the cancel: an interrupted step, recorded as such */
                 char how[64];

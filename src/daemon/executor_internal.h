@@ -132,6 +132,8 @@ struct advance {
         /* NEXT_END failed or terminated: the failed step's end as its
          * record says (hooks.h), for a page this kairosd did not see fail */
         struct hook_failure *wal_failure;
+        /* NEXT_REVIEW: the evidence of the step's needs_review record */
+        char *review_evidence;
 };
 
 struct mandate_cancel {

@@ -208,6 +208,30 @@ class TestHooks(HookCase):
         self.assertLess(ready, started)
         self.assertEqual(self.mandate(m)["status"], "paused_review")
 
+    def test_review_decided_while_running_carries_its_evidence(self):
+        # the executor (not recovery, not a probe) pauses the mandate for a
+        # human as the step ends: the page carries the evidence of the
+        # step's needs_review record (the test hook KAIROS_TEST_REVIEW_EXIT
+        # makes act's exit status 42 such a step)
+        act = self.script("act_42.sh", "cat > /dev/null\nexit 42\n")
+        self.configure({"deploy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Act": "/bin/sh " + act}}},
+                       notify="OnReview=%s\n" % self.hook_cmd("review"))
+        self.start(env={"KAIROS_TEST_REVIEW_EXIT": "42"})
+        r = self.c.call("test-stall", seconds=0)
+        if not r["ok"] and r["error"]["code"] == "unknown_command":
+            self.skipTest("kairosd was built without -Dtest_hooks=true")
+        m = self.fire("deploy")
+        env, doc, _ = self.wait_hook("review", m)
+        self.d.wait_log("mandate %s paused for review at step act_001 (test_review_exit)" % m)
+        self.assertNotIn("recovery:", self.d.log(), "decided while running")
+        self.assertEqual((env["KAIROS_STATUS"], env["KAIROS_STEP_ID"], env["KAIROS_REASON"]),
+                         ("paused_review", "act_001", "test_review_exit"))
+        want = {"reason": "test_review_exit", "exit_status": 42}
+        self.assertEqual(json.loads(env["KAIROS_EVIDENCE"]), want)
+        self.assertEqual(doc["evidence"], want)
+        self.assertEqual(self.mandate(m)["status"], "paused_review")
+
     def test_approval_runs_on_review(self):
         act = self.script("act_ask.sh", "cat > /dev/null\n"
                           "echo '{\"kairos\":{\"pause\":\"awaiting_approval\",\"reason\":\"delete 3 files?\"}}'\n")
