@@ -481,6 +481,16 @@ static int apply_str(struct fold *f, const struct kjson *v, const char **field)
         return keep_str(f, v, field);
 }
 
+/* The time from `from` (the last record before a restart) to rc (the first
+ * after it) is the restart's: fold.down_ms. */
+static void add_down(struct fold *f, const char *from, const struct rec *rc)
+{
+        int64_t t0, t1;
+        if (is_str(rc->ts) && wal_parse_ts(from, &t0) == 0 &&
+            wal_parse_ts(rc->ts->u.str.ptr, &t1) == 0 && t1 > t0)
+                f->down_ms += t1 - t0;
+}
+
 /* An execution that ended without its handler's word: a step executing
  * that recovery completes, runs again or sends to review (or that was
  * killed at shutdown), and then what decided it.  It ran until the last
@@ -505,16 +515,22 @@ static int note_interruption(struct fold *f, const struct rec *rc, struct fold_s
                         r = (s->interrupted_ended_ts = f->internal->work_ts, 0);
                 if (r < 0)
                         return r;
-                /* killed at a stop: its record is the stop's; else this
-                 * record is the first after the restart */
-                int64_t t0, t1;
-                if (!killed && is_str(rc->ts) &&
-                    wal_parse_ts(s->interrupted_ended_ts, &t0) == 0 &&
-                    wal_parse_ts(rc->ts->u.str.ptr, &t1) == 0 && t1 > t0)
-                        f->down_ms += t1 - t0;
+                /* killed at a stop: its record is the stop's (below); else
+                 * this record is the first after the restart */
+                if (!killed)
+                        add_down(f, s->interrupted_ended_ts, rc);
         } else if (!(prev == STEP_NEEDS_REVIEW && prev_interrupted &&
                      prev_interrupted == s->executions)) {
                 return 0; /* (a later word on the same interrupted execution: below) */
+        } else if (s->decided_ts && s->interrupted_ended_ts &&
+                   strcmp(s->decided_ts, s->interrupted_ended_ts) == 0 &&
+                   rc->evidence && rc->evidence->type == KJSON_OBJECT &&
+                   kjson_get(rc->evidence, "killed_at_shutdown") &&
+                   kjson_get(rc->evidence, "killed_at_shutdown")->type == KJSON_TRUE) {
+                /* recovery's word on a step killed at a stop, the first
+                 * after the stop's record (an operator's says nothing of
+                 * the stop: the wait for it is the review's) */
+                add_down(f, s->interrupted_ended_ts, rc);
         }
         s->decided_evidence_json = NULL;
         if ((r = apply_str(f, rc->ts, &s->decided_ts)) < 0 ||

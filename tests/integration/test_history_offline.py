@@ -237,6 +237,14 @@ class TestHistoryOffline(unittest.TestCase):
         # again after the restart: list's DURATION (online, offline and
         # after another restart) leaves the time kairosd was down out, as
         # show's step durations do
+        self.downtime_case(kill=True)
+
+    def test_duration_leaves_out_downtime_after_a_stop(self):
+        # the same with a graceful stop: observe is killed at the stop
+        # (GracefulTimeoutSec=1) and recovery runs it again after the restart
+        self.downtime_case(kill=False)
+
+    def downtime_case(self, kill):
         pause = float(os.environ.get("KAIROS_DOWNTIME_SEC", "2"))
         fifo = os.path.join(self.dir, "actpid")
         os.mkfifo(fifo)
@@ -246,7 +254,8 @@ class TestHistoryOffline(unittest.TestCase):
                     'echo "$$" > "%s"\nexec sleep 600\n' % fifo)
         conf = write_config(self.dir, self.state,
                             {"obs": {"Schedule": CRON, "Mandate": ONE,
-                                     "Exec": {"Observe": "/bin/sh " + obs}}})
+                                     "Exec": {"Observe": "/bin/sh " + obs}}},
+                            daemon_extra="GracefulTimeoutSec=1\n")
 
         def start():
             self.notify.clear()
@@ -265,11 +274,16 @@ class TestHistoryOffline(unittest.TestCase):
         m = self.c.call("fire", schedule="obs", at=at(0))["result"]["mandate"]
         with open(fifo) as f:  # blocks until observe runs
             self.actpid = int(f.read().strip())
-        self.d.kill()
+        t_run = time.monotonic()
+        if kill:
+            self.d.kill()
+            self.c.close()
+            self.d.proc.stderr.close()
+            self.kill_act()
+        else:
+            stop()  # observe killed after GracefulTimeoutSec=1
         down = time.monotonic()
-        self.c.close()
-        self.d.proc.stderr.close()
-        self.kill_act()
+        ran = down - t_run
         time.sleep(pause)  # the downtime measured (not a synchronization)
         start()
         downtime = time.monotonic() - down
@@ -285,11 +299,13 @@ class TestHistoryOffline(unittest.TestCase):
         offline = duration(json.loads(p.stdout)["mandates"])
         start()
         again = duration(json.loads(self.ctl_ok("--json", "list"))["mandates"])
-        print("downtime %.0f ms; DURATION online %s ms, offline %s ms, after a restart %s ms"
-              % (downtime * 1000, online, offline, again), file=sys.stderr)
+        print("%s: observe ran %.0f ms, kairosd down %.0f ms; DURATION online %s ms, "
+              "offline %s ms, after a restart %s ms"
+              % ("kill -9" if kill else "stop", ran * 1000, downtime * 1000, online, offline,
+                 again), file=sys.stderr)
         self.assertGreaterEqual(downtime, pause)
         self.assertEqual((offline, again), (online, online))
-        self.assertLess(online, pause * 1000 / 2, "the downtime counted")
+        self.assertLess(online, (ran + pause / 2) * 1000, "the downtime counted")
 
     def test_bad_input(self):
         os.makedirs(os.path.join(self.state, "mandates"))

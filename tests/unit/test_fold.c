@@ -685,7 +685,23 @@ static void test_interrupted_execution(void **state)
         assert_string_equal(s->interrupted_ended_ts, "2026-04-20T12:00:03.000Z");
         assert_string_equal(s->decided_status, "completed");
         assert_string_equal(s->decided_evidence_json, "{\"reason\":\"operator_resolved\"}");
-        assert_int_equal(f->down_ms, 0); /* a stop's: the wait is the review's */
+        assert_int_equal(f->down_ms, 0); /* the wait is the operator's review's */
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* killed at shutdown, decided by recovery after the restart */
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\","
+                "\"pre_hash\":\"p\"," AT("1.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"needs_review\","
+                "\"reason\":\"killed_at_shutdown\",\"evidence\":{\"reason\":\"killed_at_shutdown\"},"
+                AT("3.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":true,"
+                "\"evidence\":{\"reason\":\"no_side_effects\",\"killed_at_shutdown\":true},"
+                AT("7.500") "}");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(fold_find_step(f, "s1")->interrupted_execution, 1);
+        assert_int_equal(f->down_ms, 4500);
         fold_free(f);
         kbuf_free(&b);
 
