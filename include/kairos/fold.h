@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum fold_status {
         FOLD_CLEAN,
@@ -73,6 +74,13 @@ struct fold_step {
         const char *evidence_json;
         const char *error_class;
         const char *error_msg;
+        /* the last failed record's handler end (optional in the record):
+         * its exit status (has_exit_status), signal (0: none) and the end
+         * of its stderr (NULL: none); cleared by the next status */
+        bool has_exit_status;
+        int exit_status;
+        int exit_signal;
+        const char *stderr_tail;
         const char *reason;
         bool recovered;
         const char *started_ts;          /* ts of the last executing record */
@@ -166,6 +174,11 @@ struct fold {
         size_t nretries;
         const char *first_ts;            /* ts of the first and last good record */
         const char *last_ts;
+        /* The time a restart took from executions: for each execution that
+         * ended without its handler's word (interrupted_execution), from the
+         * last record before the restart to the first after it, summed (ms;
+         * list's DURATION leaves it out, as show's step durations do) */
+        int64_t down_ms;
 
         enum fold_status status;
         size_t lines;                    /* lines seen (incl. blank and bad) */

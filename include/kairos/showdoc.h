@@ -29,6 +29,7 @@ struct showdoc_mandate {
         const char *fired_at;
         int64_t fired_key;            /* showdoc_fired_key(fired_at) */
         int64_t started_ms, ended_ms; /* 0: unknown */
+        int64_t down_ms;              /* of that, the restarts' (fold.down_ms) */
         const char *retry_of;         /* a retry: the mandate it retries */
         int retry;                    /* ... its number (>= 1) */
 };
@@ -52,7 +53,7 @@ json_t *showdoc_ms_json(int64_t ms);
 /* id, status, reason, review_step, plan_id, cycle, schedule, fired_at,
  * started_at, ended_at (list's row and show's head). */
 json_t *showdoc_mandate_json(const struct showdoc_mandate *m);
-/* A row of list: the above and duration_ms. */
+/* A row of list: the above and duration_ms (ended - started - down). */
 json_t *showdoc_row_json(const struct showdoc_mandate *m);
 
 /* list: the rows of src (n of them, oldest first; get(ctx, i, ret) gives

@@ -25,6 +25,9 @@
 #include "kairos/planner.h"
 
 #define WAL_ERROR_MSG_MAX_CHARS 500
+/* A failed record's "stderr": the end of the handler's stderr, at most
+ * this many bytes (cut at a UTF-8 character; the writer cuts a longer one) */
+#define WAL_STDERR_MAX_BYTES 1024
 
 enum wal_op {
         WAL_OP_PLAN_COMMIT,
@@ -82,6 +85,13 @@ struct wal_record {
         /* failed */
         const char *error_class;
         const char *error_msg;      /* cut at 500 characters, invalid UTF-8 replaced */
+        /* failed (optional): how the handler ended, for a page after a
+         * restart: "exit_status" (has_exit_status), "signal" (> 0) and
+         * "stderr" (its last lines, not NULL) */
+        bool has_exit_status;
+        int exit_status;
+        int exit_signal;
+        const char *stderr_tail;
         /* needs_review, finalize, operator */
         const char *reason;
         /* finalize: PLAN_SUCCEEDED, PLAN_FAILED or PLAN_ABANDONED (written

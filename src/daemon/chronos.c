@@ -86,6 +86,14 @@ static json_t *state_json(struct chronos *c)
                                       time_json(s->next_fire), "paused", s->paused);
                 if (s->pause_reason)
                         json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
+                if (s->skipped)
+                        json_object_set_new(
+                                o, "skipped",
+                                json_pack("{s:I, s:b, s:o, s:o, s:s}", "count",
+                                          (json_int_t)s->skipped, "more", s->skipped_more,
+                                          "first", time_json(s->skipped_first), "last",
+                                          time_json(s->skipped_last), "reason",
+                                          s->skipped_reason));
                 json_object_set_new(all, s->name, o);
         }
         return json_pack("{s:i, s:o}", "version", 1, "schedules", all);
@@ -324,6 +332,12 @@ struct missed_rule chronos_rule_of(const struct config_schedule *cfg)
                                      .grace_sec = cfg->missed_grace_sec };
 }
 
+/* Why ticks were skipped (schedules, chronos.json). */
+static const char *const skipped_reasons[] = {
+        "MissedPolicy=skip", "the current tick runs for the missed period",
+        "stale: older than StaleAfter=", "beyond MaxCatchUpRuns=",
+};
+
 void chronos_note_skipped(struct chronos *c, struct sched *s, const struct missed_plan *p,
                           int64_t since)
 {
@@ -335,10 +349,10 @@ void chronos_note_skipped(struct chronos *c, struct sched *s, const struct misse
         s->skipped_more = p->dropped_more;
         s->skipped_first = p->dropped_first;
         s->skipped_last = p->dropped_last;
-        s->skipped_reason = s->cfg->missed_policy == MISSED_SKIP ? "MissedPolicy=skip"
-                            : p->covered ? "the current tick runs for the missed period"
-                            : p->stale   ? "stale: older than StaleAfter="
-                                         : "beyond MaxCatchUpRuns=";
+        s->skipped_reason = skipped_reasons[s->cfg->missed_policy == MISSED_SKIP ? 0
+                                            : p->covered                        ? 1
+                                            : p->stale                          ? 2
+                                                                                : 3];
         char from[PLANNER_FIRED_AT_LEN], first[PLANNER_FIRED_AT_LEN], last[PLANNER_FIRED_AT_LEN];
         chronos_fmt_time(since, from);
         chronos_fmt_time(p->dropped_first, first);
@@ -507,6 +521,25 @@ static void arm(struct chronos *c)
 
 /* ---- lifecycle ---- */
 
+/* The last skipped period as chronos.json keeps it (state_json); one
+ * this kairosd cannot read is left out. */
+static void load_skipped(struct sched *s, json_t *o)
+{
+        json_t *n = json_object_get(o, "count");
+        const char *why = json_string_value(json_object_get(o, "reason"));
+        if (!json_is_integer(n) || json_integer_value(n) < 1 || !why)
+                return;
+        for (size_t i = 0; i < sizeof skipped_reasons / sizeof skipped_reasons[0]; i++)
+                if (strcmp(why, skipped_reasons[i]) == 0) {
+                        s->skipped = (uint64_t)json_integer_value(n);
+                        s->skipped_more = json_is_true(json_object_get(o, "more"));
+                        s->skipped_first = json_time(json_object_get(o, "first"));
+                        s->skipped_last = json_time(json_object_get(o, "last"));
+                        s->skipped_reason = skipped_reasons[i];
+                        return;
+                }
+}
+
 static void load_state(struct chronos *c)
 {
         char *path = NULL;
@@ -533,6 +566,7 @@ static void load_state(struct chronos *c)
                 s->paused = json_is_true(json_object_get(o, "paused"));
                 const char *why = json_string_value(json_object_get(o, "pause_reason"));
                 s->pause_reason = why ? strdup(why) : NULL;
+                load_skipped(s, json_object_get(o, "skipped"));
         }
         json_decref(root);
         free(path);

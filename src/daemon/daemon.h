@@ -80,6 +80,7 @@ struct mandate {
         bool retry_forced;         /* ... made with a reason (cluster mode: kairos_retry_create) */
         int64_t started_ms;        /* wall clock: fired (or its WAL's first record); 0 unknown */
         int64_t ended_ms;          /* wall clock: finished; 0 while it runs */
+        int64_t down_ms;           /* finished: restarts' time in between (fold.down_ms) */
         bool archived;             /* finished: WAL gzipped to archive/ */
         /* executor */
         bool queued;               /* in the runnable queue */

@@ -220,7 +220,7 @@ static void advance_done(void *arg)
                           LOG_FIELDS({ "MANDATE_ID", m->id }, { "STEP_ID", m->review_step }),
                           "mandate %s paused for review at step %s (%s)", m->id,
                           m->review_step ? m->review_step : "?", a->reason);
-                hooks_event(d, HOOK_REVIEW, m, m->review_step, NULL);
+                hooks_event(d, HOOK_REVIEW, m, m->review_step, a->review_evidence);
                 executor_release_slot(m);
                 d->drv->own.slot_release(m);
                 break;
@@ -233,13 +233,21 @@ static void advance_done(void *arg)
                 break;
         case NEXT_END:
                 m->ended_ms = a->ended_ms ? a->ended_ms : now_ms_realtime();
+                m->down_ms = a->down_ms;
                 mandate_set_status(m, a->end_status, a->reason);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
                           "mandate %s %s after %lld cycle%s (%s)", m->id,
                           mandate_status_name(a->end_status), a->cycle, a->cycle == 1 ? "" : "s",
                           a->reason ? a->reason : "");
-                if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED)
+                if (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED) {
+                        /* not seen failing here (a restart came between):
+                         * what its failed record says */
+                        if (!m->failure) {
+                                m->failure = a->wal_failure;
+                                a->wal_failure = NULL;
+                        }
                         hooks_event(d, HOOK_FAILURE, m, NULL, NULL);
+                }
                 free(m->failure); /* its page is made: not kept with the history */
                 m->failure = NULL;
                 executor_release_slot(m);

@@ -22,6 +22,7 @@
 #include "kairos/idem.h"
 #include "kairos/stepdoc.h"
 #include "driver.h"
+#include "hooks.h"
 #include "log.h"
 
 char *advance_own(struct advance *a, const char *s)
@@ -49,6 +50,8 @@ void advance_free(struct advance *a)
         free(a->archive_path);
         free(a->cancel_reason);
         free(a->interrupted);
+        free(a->wal_failure);
+        free(a->review_evidence);
         kbuf_free(&a->stdin_doc);
         free(a);
 }
@@ -224,6 +227,41 @@ static void set_str(char **dst, const char *src)
         *dst = src ? strdup(src) : NULL;
 }
 
+/* A review: the evidence its page carries, the step's needs_review
+ * record's (as recovery's and the probe's reviews carry theirs). */
+static void review_evidence(struct advance *a, const struct fold *f, const char *step_id)
+{
+        const struct fold_step *s = f && step_id ? fold_find_step(f, step_id) : NULL;
+        if (s && s->state == STEP_NEEDS_REVIEW && s->evidence_json)
+                set_str(&a->review_evidence, s->evidence_json);
+}
+
+/* The mandate ends failed or terminated: the failed step of its last plan
+ * as its failed record says (step, class, exit, stderr, attempt). */
+static void failure_from_wal(struct advance *a, const struct fold *f)
+{
+        const struct fold_plan *p = NULL;
+        for (size_t i = f ? f->nplans : 0; i-- > 0;)
+                if (!f->plans[i].orphan_reason) {
+                        p = &f->plans[i];
+                        break;
+                }
+        for (size_t i = 0; p && i < p->nsteps; i++) {
+                const struct fold_step *s = plan_step(f, p, i);
+                if (s->state != STEP_FAILED)
+                        continue;
+                a->wal_failure = hooks_failure_copy(&(struct hook_failure){
+                        .step = (char *)s->step_id,
+                        .error_class = (char *)s->error_class,
+                        .error_msg = (char *)s->error_msg,
+                        .exit_status = s->has_exit_status ? s->exit_status : -1,
+                        .exit_signal = s->exit_signal,
+                        .attempt = s->executions,
+                        .stderr_tail = (char *)s->stderr_tail });
+                return;
+        }
+}
+
 /* Decide and append until a decision needs the loop (a spawn, a pause, the
  * end) or there is nothing to do. */
 static void decide_loop(struct advance *a)
@@ -304,6 +342,8 @@ static void decide_loop(struct advance *a)
                         a->next = n->kind == DECIDE_REVIEW ? NEXT_REVIEW : NEXT_AWAIT_APPROVAL;
                         set_str(&a->step_id, n->step_id);
                         set_str(&a->reason, n->reason);
+                        if (n->kind == DECIDE_REVIEW)
+                                review_evidence(a, m->fold, n->step_id);
                         break;
                 case DECIDE_PAUSE:
                         a->next = NEXT_PAUSE;
@@ -333,8 +373,10 @@ static void decide_loop(struct advance *a)
         /* started: its mandate record's time (or its first record's), as
          * recovery and kairosctl list --state-dir read it */
         const struct fold *f = m->fold;
-        if (f && !a->error)
+        if (f && !a->error) {
                 wal_parse_ts(f->mandate.ts ? f->mandate.ts : f->first_ts, &a->started_ms);
+                a->down_ms = f->down_ms;
+        }
 }
 
 static int write_summary(struct advance *a, const struct statedir *paths, const char *archive)
@@ -362,10 +404,13 @@ static int write_summary(struct advance *a, const struct statedir *paths, const 
         }
         /* the end the registry says too (list is the same after a restart) */
         int64_t ended_ms = a->ended_ms = now_ms_realtime();
-        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"started_ms\":%lld,\"ended_ms\":%lld,"
-                    "\"archive\":", a->cycle, (long long)(ended_ms / 1000),
+        kbuf_printf(&b, ",\"cycles\":%lld,\"ended_at\":%lld,\"started_ms\":%lld,\"ended_ms\":%lld,",
+                    a->cycle, (long long)(ended_ms / 1000),
                     (long long)(a->started_ms > 0 ? a->started_ms : a->m->started_ms),
                     (long long)ended_ms);
+        if (a->down_ms > 0)
+                kbuf_printf(&b, "\"down_ms\":%lld,", (long long)a->down_ms);
+        kbuf_puts(&b, "\"archive\":");
         kbuf_json_string_lossy(&b, archive, strlen(archive), 0);
         kbuf_puts(&b, "}\n");
         char *path = NULL;
@@ -515,6 +560,9 @@ void advance_work(void *arg)
                 }
                 free(arch_path);
         }
+        if (!a->error && a->next == NEXT_END &&
+            (a->end_status == MANDATE_FAILED || a->end_status == MANDATE_TERMINATED))
+                failure_from_wal(a, m->fold);
         if (a->error || a->next == NEXT_END)
                 drop_fold(m);
 }

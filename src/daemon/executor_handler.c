@@ -807,6 +807,19 @@ static void run_finished(struct exec_run *run)
                                           .result_compact = compact };
                 kbuf_free(&res);
         }
+#ifdef KAIROS_TEST_HOOKS
+        /* test hook: a handler that exits with this status asks for a human,
+         * with evidence: the review the executor decides while running */
+        const char *rx = getenv("KAIROS_TEST_REVIEW_EXIT");
+        if (rx && *rx && r->op == WAL_OP_FAILED && !run->spawn_failed && !c->term_signal &&
+            c->exit_status == strtoll(rx, NULL, 10)) {
+                snprintf(msg, sizeof msg, "{\"reason\":\"test_review_exit\",\"exit_status\":%lld}",
+                         (long long)c->exit_status);
+                *r = (struct wal_record){ .op = WAL_OP_NEEDS_REVIEW, .step_id = step,
+                                          .reason = "test_review_exit",
+                                          .evidence_json = advance_own(a, msg) };
+        }
+#endif
         if (m->cancel && r->op != WAL_OP_COMPLETED && !run->killed_for_shutdown) {
                 /* stopped by the cancel: an interrupted step, recorded as such */
                 char how[64];
@@ -821,10 +834,16 @@ static void run_finished(struct exec_run *run)
                                           .error_class = "cancelled", .error_msg = advance_own(a, msg) };
         }
         if (r->op == WAL_OP_FAILED) {
-                /* what an OnFailure= page says of it (hooks.h) */
+                /* what an OnFailure= page says of it (hooks.h), in the
+                 * record too: a page after a restart says the same */
                 char last[CHILD_TAIL + 1];
                 stderr_tail(c, last);
                 bool exited = !run->spawn_failed && !c->term_signal;
+                const char *page_tail = hooks_stderr_last(last);
+                r->has_exit_status = exited;
+                r->exit_status = exited ? (int)c->exit_status : 0;
+                r->exit_signal = run->spawn_failed ? 0 : c->term_signal;
+                r->stderr_tail = *page_tail ? advance_own(a, page_tail) : NULL;
                 hooks_note_failure(m, &(struct hook_failure){
                                               .step = (char *)run->step_id,
                                               .error_class = (char *)r->error_class,

@@ -106,6 +106,7 @@ struct advance {
         char *archive_path;           /* NEXT_END: where the WAL went */
         int64_t ended_ms;             /* NEXT_END: the end its summary holds */
         int64_t started_ms;           /* its WAL's mandate record's time; 0 unknown */
+        int64_t down_ms;              /* NEXT_END: its fold's down_ms */
         /* Decided on the loop when the job was made: the mandate runs alone
          * (nothing else holds a slot, no batch waits) on a file system whose
          * syncfs is a barrier, not in cluster mode.  If it ends, its last
@@ -130,6 +131,11 @@ struct advance {
         unsigned retry_evidence_phases;
         long long retry_due_ms;       /* NEXT_RETRY_WAIT */
         unsigned retries_written[PLANNER_PHASES]; /* retry_wait records appended */
+        /* NEXT_END failed or terminated: the failed step's end as its
+         * record says (hooks.h), for a page this kairosd did not see fail */
+        struct hook_failure *wal_failure;
+        /* NEXT_REVIEW: the evidence of the step's needs_review record */
+        char *review_evidence;
 };
 
 struct mandate_cancel {

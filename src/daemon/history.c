@@ -70,7 +70,7 @@ void history_row(const struct mandate *m, struct showdoc_mandate *ret)
                 .id = m->id, .status = mandate_status_name(m->status), .reason = m->reason,
                 .review_step = m->review_step, .plan_id = m->plan_id, .cycle = m->cycle,
                 .schedule = m->schedule, .fired_at = m->fired_at, .fired_key = m->fired_key,
-                .started_ms = m->started_ms, .ended_ms = m->ended_ms,
+                .started_ms = m->started_ms, .ended_ms = m->ended_ms, .down_ms = m->down_ms,
                 .retry_of = m->retry_of, .retry = m->retry,
         };
 }

@@ -360,9 +360,7 @@ static char *show_command(struct daemon *d, const char *id)
         return kbuf_steal(&b);
 }
 
-/* The start of the last HOOKS_STDERR_LINES lines of s, HOOKS_STDERR_MAX
- * bytes at most, at a UTF-8 character. */
-static const char *stderr_last(const char *s)
+const char *hooks_stderr_last(const char *s)
 {
         size_t len = strlen(s), start = len > HOOKS_STDERR_MAX ? len - HOOKS_STDERR_MAX : 0;
         while (start < len && ((unsigned char)s[start] & 0xc0) == 0x80)
@@ -387,18 +385,16 @@ static char *put_str(char **p, const char *s)
         return out;
 }
 
-void hooks_note_failure(struct mandate *m, const struct hook_failure *f)
+struct hook_failure *hooks_failure_copy(const struct hook_failure *f)
 {
-        free(m->failure);
-        m->failure = NULL;
-        const char *tail = stderr_last(f->stderr_tail ? f->stderr_tail : "");
+        const char *tail = hooks_stderr_last(f->stderr_tail ? f->stderr_tail : "");
         size_t size = sizeof(struct hook_failure) + strlen(tail) + 1;
         const char *strs[] = { f->step, f->error_class, f->error_msg };
         for (size_t i = 0; i < 3; i++)
                 size += strs[i] ? strlen(strs[i]) + 1 : 0;
         struct hook_failure *c = malloc(size);
         if (!c)
-                return;
+                return NULL;
         char *p = (char *)(c + 1);
         *c = (struct hook_failure){ .exit_status = f->exit_status,
                                     .exit_signal = f->exit_signal,
@@ -407,7 +403,13 @@ void hooks_note_failure(struct mandate *m, const struct hook_failure *f)
         c->error_class = put_str(&p, f->error_class);
         c->error_msg = put_str(&p, f->error_msg);
         c->stderr_tail = put_str(&p, tail);
-        m->failure = c;
+        return c;
+}
+
+void hooks_note_failure(struct mandate *m, const struct hook_failure *f)
+{
+        free(m->failure);
+        m->failure = hooks_failure_copy(f);
 }
 
 /* A failure beyond HOOKS_MAX_QUEUED waiting: counted in the fold page of

@@ -45,10 +45,17 @@ struct hook_failure {
         char *stderr_tail;            /* its last lines (bounded above), "" none */
 };
 
+/* The start of the last HOOKS_STDERR_LINES lines of s, HOOKS_STDERR_MAX
+ * bytes at most, at a UTF-8 character. */
+const char *hooks_stderr_last(const char *s);
+
 /* Keep f (copied, its stderr cut to the bound above) as m's last failure,
  * replacing an older one (out of memory: m keeps none).  The copy is one
  * allocation: free(m->failure) frees it. */
 void hooks_note_failure(struct mandate *m, const struct hook_failure *f);
+/* f copied as above (one allocation, for free()); NULL when out of memory.
+ * Touches nothing else: callable on a pool thread. */
+struct hook_failure *hooks_failure_copy(const struct hook_failure *f);
 
 int hooks_init(struct daemon *d);
 /* READY=1 was sent: start what waits. */

@@ -824,6 +824,7 @@ static void load_summary(struct daemon *d, const char *path)
                 m->cycle = sm.cycle;
                 m->started_ms = sm.started_ms;
                 m->ended_ms = sm.ended_ms;
+                m->down_ms = sm.down_ms;
                 m->archived = true;
         }
         json_decref(j);

@@ -34,6 +34,7 @@
 #include "kairos/kio.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
+#include "kairos/wal.h"
 
 /* ---- string → index hash map (open addressing, linear probing) ---- */
 
@@ -138,7 +139,8 @@ struct rec {
         const struct kjson *op, *step_id, *plan_id, *mandate_id, *cycle, *plan_hash, *steps,
                 *idem_key, *status, *pre_hash, *post_hash, *result_hash, *result, *evidence,
                 *recovered, *error_class, *error_msg, *reason, *reset, *action, *uid, *ts,
-                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms, *carried_from;
+                *schedule, *fired_at, *goal, *retry_of, *retry, *attempt, *due_ms, *carried_from,
+                *exit_status, *exit_signal, *stderr_tail;
 };
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
@@ -209,6 +211,12 @@ static void rec_collect(const struct kjson *obj, struct rec *r)
                         r->due_ms = v;
                 else if (KEY_IS(m, "carried_from"))
                         r->carried_from = v;
+                else if (KEY_IS(m, "exit_status"))
+                        r->exit_status = v;
+                else if (KEY_IS(m, "signal"))
+                        r->exit_signal = v;
+                else if (KEY_IS(m, "stderr"))
+                        r->stderr_tail = v;
         }
 }
 
@@ -481,6 +489,16 @@ static int apply_str(struct fold *f, const struct kjson *v, const char **field)
         return keep_str(f, v, field);
 }
 
+/* The time from `from` (the last record before a restart) to rc (the first
+ * after it) is the restart's: fold.down_ms. */
+static void add_down(struct fold *f, const char *from, const struct rec *rc)
+{
+        int64_t t0, t1;
+        if (is_str(rc->ts) && wal_parse_ts(from, &t0) == 0 &&
+            wal_parse_ts(rc->ts->u.str.ptr, &t1) == 0 && t1 > t0)
+                f->down_ms += t1 - t0;
+}
+
 /* An execution that ended without its handler's word: a step executing
  * that recovery completes, runs again or sends to review (or that was
  * killed at shutdown), and then what decided it.  It ran until the last
@@ -505,9 +523,22 @@ static int note_interruption(struct fold *f, const struct rec *rc, struct fold_s
                         r = (s->interrupted_ended_ts = f->internal->work_ts, 0);
                 if (r < 0)
                         return r;
+                /* killed at a stop: its record is the stop's (below); else
+                 * this record is the first after the restart */
+                if (!killed)
+                        add_down(f, s->interrupted_ended_ts, rc);
         } else if (!(prev == STEP_NEEDS_REVIEW && prev_interrupted &&
                      prev_interrupted == s->executions)) {
                 return 0; /* (a later word on the same interrupted execution: below) */
+        } else if (s->decided_ts && s->interrupted_ended_ts &&
+                   strcmp(s->decided_ts, s->interrupted_ended_ts) == 0 &&
+                   rc->evidence && rc->evidence->type == KJSON_OBJECT &&
+                   kjson_get(rc->evidence, "killed_at_shutdown") &&
+                   kjson_get(rc->evidence, "killed_at_shutdown")->type == KJSON_TRUE) {
+                /* recovery's word on a step killed at a stop, the first
+                 * after the stop's record (an operator's says nothing of
+                 * the stop: the wait for it is the review's) */
+                add_down(f, s->interrupted_ended_ts, rc);
         }
         s->decided_evidence_json = NULL;
         if ((r = apply_str(f, rc->ts, &s->decided_ts)) < 0 ||
@@ -542,6 +573,19 @@ static int op_transition(struct fold *f, const struct rec *rc)
         if (is_str(rc->status)) {
                 s->state = step_status_parse(s->status);
                 s->retry_waiting = false;
+                s->has_exit_status = false;
+                s->exit_status = s->exit_signal = 0;
+                s->stderr_tail = NULL;
+        }
+        if (is_str(rc->status) && s->state == STEP_FAILED) {
+                if (rc->exit_status && rc->exit_status->type == KJSON_NUMBER) {
+                        s->has_exit_status = true;
+                        s->exit_status = (int)num_ll(rc->exit_status);
+                }
+                if (rc->exit_signal && rc->exit_signal->type == KJSON_NUMBER)
+                        s->exit_signal = (int)num_ll(rc->exit_signal);
+                if ((r = keep_str(f, rc->stderr_tail, &s->stderr_tail)) < 0)
+                        return r;
         }
         if (rc->result && (r = keep_json(f, rc->result, &s->result_json)) < 0)
                 return r;

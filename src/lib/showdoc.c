@@ -96,9 +96,12 @@ json_t *showdoc_mandate_json(const struct showdoc_mandate *m)
 json_t *showdoc_row_json(const struct showdoc_mandate *m)
 {
         json_t *o = showdoc_mandate_json(m);
+        int64_t ran = m->ended_ms - m->started_ms;
+        if (m->down_ms > 0)
+                ran = m->down_ms < ran ? ran - m->down_ms : 0;
         json_object_set_new(o, "duration_ms",
                             m->started_ms > 0 && m->ended_ms >= m->started_ms
-                                    ? json_integer(m->ended_ms - m->started_ms)
+                                    ? json_integer(ran)
                                     : json_null());
         return o;
 }
@@ -228,6 +231,7 @@ int showdoc_summary_read(const char *path, struct showdoc_mandate *ret_m,
                 .fired_at = json_string_value(json_object_get(j, "fired_at")),
                 .started_ms = json_integer_value(json_object_get(j, "started_ms")),
                 .ended_ms = json_integer_value(json_object_get(j, "ended_ms")),
+                .down_ms = json_integer_value(json_object_get(j, "down_ms")),
         };
         if (!m.ended_ms)
                 m.ended_ms = json_integer_value(json_object_get(j, "ended_at")) * 1000;

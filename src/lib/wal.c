@@ -162,6 +162,21 @@ static void enc_int(struct enc *e, const char *key, long long v)
         }
 }
 
+/* A failed record's stderr: its last WAL_STDERR_MAX_BYTES bytes, from a
+ * UTF-8 character (invalid UTF-8 replaced). */
+static void enc_stderr(struct enc *e, const char *tail)
+{
+        size_t len = strlen(tail), start = len > WAL_STDERR_MAX_BYTES ? len - WAL_STDERR_MAX_BYTES : 0;
+        while (start < len && ((unsigned char)tail[start] & 0xc0) == 0x80)
+                start++;
+        enc_key(e, "stderr");
+        if (e->r == 0) {
+                int r = kbuf_json_string_lossy(e->b, tail + start, len - start, 0);
+                if (r < 0)
+                        enc_fail(e, r, "out of memory");
+        }
+}
+
 /* A JSON text, validated and re-written compactly (document order). */
 static void enc_json(struct enc *e, const char *key, const char *json, const char *err)
 {
@@ -308,6 +323,12 @@ static void enc_body(struct enc *e, const struct wal_record *rec)
                         if (r < 0)
                                 enc_fail(e, r, "out of memory");
                 }
+                if (rec->has_exit_status)
+                        enc_int(e, "exit_status", rec->exit_status);
+                if (rec->exit_signal > 0)
+                        enc_int(e, "signal", rec->exit_signal);
+                if (rec->stderr_tail)
+                        enc_stderr(e, rec->stderr_tail);
                 break;
         case WAL_OP_NEEDS_REVIEW:
                 enc_str(e, "step_id", rec->step_id, "needs_review needs step_id");

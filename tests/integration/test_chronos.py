@@ -343,7 +343,11 @@ class MissedPolicies(ChronosCase):
         self.assertEqual(st["p_skip"], {"last_evaluated_at": "2026-03-02T17:30:00Z",
                                         "last_fire_at": "2026-03-01T11:00:00Z",
                                         "next_fire_at": "2026-03-02T18:00:00Z",
-                                        "paused": False})
+                                        "paused": False,
+                                        "skipped": {"count": 30, "more": False,
+                                                    "first": "2026-03-01T12:00:00Z",
+                                                    "last": "2026-03-02T17:00:00Z",
+                                                    "reason": "MissedPolicy=skip"}})
         self.assertEqual(st["p_bounded"]["last_fire_at"], "2026-03-02T17:00:00Z")
 
 
@@ -833,6 +837,32 @@ class ThreeMinuteOutage(ChronosCase):
         self.assertIn("schedule o_queue skipped 2 missed ticks, 2026-04-01T12:01:00Z to "
                       "2026-04-01T12:02:00Z: the current tick runs for the missed period\n", out)
         self.assertNotIn("schedule b_queue skipped", out)
+
+    def test_skipped_ticks_survive_a_restart(self):
+        # what schedules says was skipped is in chronos.json: a restart
+        # (and a kill -9) shows it again
+        self.start(self.SINCE, {"s": {"Schedule": {"Cron": "* * * * *", "MissedPolicy": "skip"},
+                                      "Mandate": {"MaxCycles": "1"}}}, self.EXTRA)
+        self.stop()
+        self.start("2026-04-01T12:03:10Z")
+        self.wait_last("s", "2026-04-01T12:03:00Z")
+        want = {"count": 2, "more": False, "first": "2026-04-01T12:01:00Z",
+                "last": "2026-04-01T12:02:00Z", "reason": "MissedPolicy=skip"}
+        self.assertEqual(self.schedules()["s"]["skipped"], want)
+        self.stop()
+        self.assertEqual(self.chronos_json()["s"]["skipped"], want)
+        self.start("2026-04-01T12:03:20Z")
+        self.assertEqual(self.schedules()["s"]["skipped"], want)
+        self.client.close()
+        self.client = None
+        self.daemon.kill()
+        self.daemon.proc.stderr.close()
+        self.start("2026-04-01T12:03:30Z")
+        self.assertEqual(self.schedules()["s"]["skipped"], want)
+        out = subprocess.run([os.environ["KAIROSCTL"], "--socket", self.daemon.socket_path,
+                              "schedules"], capture_output=True, text=True, check=True).stdout
+        self.assertIn("schedule s skipped 2 missed ticks, 2026-04-01T12:01:00Z to "
+                      "2026-04-01T12:02:00Z: MissedPolicy=skip\n", out)
 
     def test_last_is_never_a_rejected_tick(self):
         # The old order fired the stalest catch-up first: it ran, the current

@@ -232,6 +232,81 @@ class TestHistoryOffline(unittest.TestCase):
         self.assertEqual([x for x in again if x["id"] != slow],
                          [x for x in rows if x["id"] != slow])
 
+    def test_duration_leaves_out_downtime(self):
+        # kill -9 while observe runs, kairosd down for PAUSE s, observe runs
+        # again after the restart: list's DURATION (online, offline and
+        # after another restart) leaves the time kairosd was down out, as
+        # show's step durations do
+        self.downtime_case(kill=True)
+
+    def test_duration_leaves_out_downtime_after_a_stop(self):
+        # the same with a graceful stop: observe is killed at the stop
+        # (GracefulTimeoutSec=1) and recovery runs it again after the restart
+        self.downtime_case(kill=False)
+
+    def downtime_case(self, kill):
+        pause = float(os.environ.get("KAIROS_DOWNTIME_SEC", "2"))
+        fifo = os.path.join(self.dir, "actpid")
+        os.mkfifo(fifo)
+        obs = os.path.join(self.dir, "obs.sh")
+        with open(obs, "w") as f:
+            f.write('#!/bin/sh\ncat > /dev/null\n[ "$KAIROS_ATTEMPT" = 1 ] || exit 0\n'
+                    'echo "$$" > "%s"\nexec sleep 600\n' % fifo)
+        conf = write_config(self.dir, self.state,
+                            {"obs": {"Schedule": CRON, "Mandate": ONE,
+                                     "Exec": {"Observe": "/bin/sh " + obs}}},
+                            daemon_extra="GracefulTimeoutSec=1\n")
+
+        def start():
+            self.notify.clear()
+            self.d = Daemon(self.state, config=conf, notify=self.notify)
+            self.notify.wait_ready()
+            self.c = Client(self.d.socket_path, timeout=60)
+
+        def stop():
+            self.c.close()
+            self.c = None
+            self.assertEqual(self.d.stop(), 0, self.d.log()[-3000:])
+            self.d.proc.stderr.close()
+            self.d = None
+
+        start()
+        m = self.c.call("fire", schedule="obs", at=at(0))["result"]["mandate"]
+        with open(fifo) as f:  # blocks until observe runs
+            self.actpid = int(f.read().strip())
+        t_run = time.monotonic()
+        if kill:
+            self.d.kill()
+            self.c.close()
+            self.d.proc.stderr.close()
+            self.kill_act()
+        else:
+            stop()  # observe killed after GracefulTimeoutSec=1
+        down = time.monotonic()
+        ran = down - t_run
+        time.sleep(pause)  # the downtime measured (not a synchronization)
+        start()
+        downtime = time.monotonic() - down
+        self.d.wait_log("mandate %s: WAL archived" % m)
+
+        def duration(rows):
+            return next(x for x in rows if x["id"] == m)["duration_ms"]
+
+        online = duration(json.loads(self.ctl_ok("--json", "list"))["mandates"])
+        stop()
+        p = self.ctl("--json", "list", "--state-dir", self.state, socket="/nonexistent")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        offline = duration(json.loads(p.stdout)["mandates"])
+        start()
+        again = duration(json.loads(self.ctl_ok("--json", "list"))["mandates"])
+        print("%s: observe ran %.0f ms, kairosd down %.0f ms; DURATION online %s ms, "
+              "offline %s ms, after a restart %s ms"
+              % ("kill -9" if kill else "stop", ran * 1000, downtime * 1000, online, offline,
+                 again), file=sys.stderr)
+        self.assertGreaterEqual(downtime, pause)
+        self.assertEqual((offline, again), (online, online))
+        self.assertLess(online, (ran + pause / 2) * 1000, "the downtime counted")
+
     def test_bad_input(self):
         os.makedirs(os.path.join(self.state, "mandates"))
         sock = os.path.join(self.dir, "none.sock")

@@ -208,6 +208,30 @@ class TestHooks(HookCase):
         self.assertLess(ready, started)
         self.assertEqual(self.mandate(m)["status"], "paused_review")
 
+    def test_review_decided_while_running_carries_its_evidence(self):
+        # the executor (not recovery, not a probe) pauses the mandate for a
+        # human as the step ends: the page carries the evidence of the
+        # step's needs_review record (the test hook KAIROS_TEST_REVIEW_EXIT
+        # makes act's exit status 42 such a step)
+        act = self.script("act_42.sh", "cat > /dev/null\nexit 42\n")
+        self.configure({"deploy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                   "Exec": {"Act": "/bin/sh " + act}}},
+                       notify="OnReview=%s\n" % self.hook_cmd("review"))
+        self.start(env={"KAIROS_TEST_REVIEW_EXIT": "42"})
+        r = self.c.call("test-stall", seconds=0)
+        if not r["ok"] and r["error"]["code"] == "unknown_command":
+            self.skipTest("kairosd was built without -Dtest_hooks=true")
+        m = self.fire("deploy")
+        env, doc, _ = self.wait_hook("review", m)
+        self.d.wait_log("mandate %s paused for review at step act_001 (test_review_exit)" % m)
+        self.assertNotIn("recovery:", self.d.log(), "decided while running")
+        self.assertEqual((env["KAIROS_STATUS"], env["KAIROS_STEP_ID"], env["KAIROS_REASON"]),
+                         ("paused_review", "act_001", "test_review_exit"))
+        want = {"reason": "test_review_exit", "exit_status": 42}
+        self.assertEqual(json.loads(env["KAIROS_EVIDENCE"]), want)
+        self.assertEqual(doc["evidence"], want)
+        self.assertEqual(self.mandate(m)["status"], "paused_review")
+
     def test_approval_runs_on_review(self):
         act = self.script("act_ask.sh", "cat > /dev/null\n"
                           "echo '{\"kairos\":{\"pause\":\"awaiting_approval\",\"reason\":\"delete 3 files?\"}}'\n")
@@ -498,6 +522,44 @@ class TestFailurePages(HookCase):
         self.assertEqual((env["KAIROS_EXIT_SIGNAL"], doc["exit_signal"]), ("11", 11))
         self.assertNotIn("KAIROS_EXIT_STATUS", env)
         self.assertEqual(doc["stderr"], "about to crash")
+
+    def test_details_kept_across_a_kill_9(self):
+        # the act fails while its mandate is paused (recorded, nothing
+        # decided), kairosd is killed -9: the kairosd after it ends the
+        # mandate and pages with what the failed record says
+        release = os.path.join(self.dir, "release")
+        os.mkfifo(release)
+        act = self.script("act_wait.sh", "cat > /dev/null\nread x < %s\n"
+                          "for i in $(seq 1 12); do echo \"line $i\" >&2; done\nexit 3\n"
+                          % release)
+        self.configure({"nightly": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                    "Exec": {"Act": "/bin/sh " + act}}},
+                       notify="OnFailure=%s\n" % self.hook_cmd("page"))
+        self.start()
+        m = self.fire("nightly")
+        self.d.wait_log("%s act_001: started" % m)
+        self.call_ok("pause", mandate=m, reason="look first")
+        with open(release, "w") as f:  # blocks until the act opens it
+            f.write("go\n")
+        self.d.wait_log("%s act_001: failed" % m)
+        # show reads the WAL after the failure's records are written (its
+        # job follows theirs on the mandate's queue)
+        steps = self.call_ok("show", mandate=m)["plans"][0]["steps"]
+        self.assertEqual(steps[3]["status"], "failed", steps)
+        self.d.kill()
+        self.assertFalse(os.path.exists(os.path.join(self.out, "failure.%s.stdin" % m)))
+        self.start()
+        env, doc, _ = self.wait_hook("failure", m)
+        stderr = "\n".join("line %d" % i for i in range(3, 13))
+        self.assertEqual((env["KAIROS_STEP_ID"], env["KAIROS_ERROR_CLASS"],
+                          env["KAIROS_EXIT_STATUS"], env["KAIROS_ATTEMPT"], env["KAIROS_STDERR"]),
+                         ("act_001", "exit_status", "3", "1", stderr), doc)
+        self.assertNotIn("KAIROS_EXIT_SIGNAL", env)
+        self.assertEqual((doc["step"], doc["error_class"], doc["exit_status"], doc["exit_signal"],
+                          doc["attempt"], doc["stderr"]),
+                         ("act_001", "exit_status", 3, None, 1, stderr))
+        self.assertTrue(doc["error"].startswith("exit status 3: "), doc["error"])
+        self.assertEqual(env["KAIROS_ERROR"], doc["error"])
 
     def test_new_variables_expand_in_a_hook_command(self):
         cmd = ("/bin/sh %s %s ${KAIROS_STEP_ID}-${KAIROS_ERROR_CLASS}-${KAIROS_EXIT_STATUS}"

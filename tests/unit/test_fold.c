@@ -661,6 +661,9 @@ static void test_interrupted_execution(void **state)
         assert_string_equal(s->decided_status, "pending");
         assert_string_equal(s->decided_evidence_json, "{\"reason\":\"effects_journaled\"}");
         assert_string_equal(s->started_ts, "2026-04-20T12:00:09.100Z");
+        /* the restart's time: the last record before it (the append; the
+         * operator's is after it) to the first after it */
+        assert_int_equal(f->down_ms, 7000);
         fold_free(f);
         kbuf_free(&b);
 
@@ -682,6 +685,23 @@ static void test_interrupted_execution(void **state)
         assert_string_equal(s->interrupted_ended_ts, "2026-04-20T12:00:03.000Z");
         assert_string_equal(s->decided_status, "completed");
         assert_string_equal(s->decided_evidence_json, "{\"reason\":\"operator_resolved\"}");
+        assert_int_equal(f->down_ms, 0); /* the wait is the operator's review's */
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* killed at shutdown, decided by recovery after the restart */
+        rec(&b, PLAN("plan_a", 1, STEP("s1")));
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"executing\","
+                "\"pre_hash\":\"p\"," AT("1.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"needs_review\","
+                "\"reason\":\"killed_at_shutdown\",\"evidence\":{\"reason\":\"killed_at_shutdown\"},"
+                AT("3.000") "}");
+        rec(&b, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":true,"
+                "\"evidence\":{\"reason\":\"no_side_effects\",\"killed_at_shutdown\":true},"
+                AT("7.500") "}");
+        f = fold_kbuf(&b, b.len);
+        assert_int_equal(fold_find_step(f, "s1")->interrupted_execution, 1);
+        assert_int_equal(f->down_ms, 4500);
         fold_free(f);
         kbuf_free(&b);
 
@@ -984,7 +1004,8 @@ static void test_wal_encode_round_trip(void **state)
                 { .op = WAL_OP_COMPLETED, .step_id = "s1", .post_hash = "p1", .result_hash = "r1",
                   .result_json = "{\"a\": [1, 2.50]}" },
                 { .op = WAL_OP_EXECUTING, .step_id = "s2", .pre_hash = "obs2" },
-                { .op = WAL_OP_FAILED, .step_id = "s2", .error_class = "E", .error_msg = "boom" },
+                { .op = WAL_OP_FAILED, .step_id = "s2", .error_class = "E", .error_msg = "boom",
+                  .has_exit_status = true, .exit_status = 3, .stderr_tail = "line 1\nline \xc3\xa9" },
                 { .op = WAL_OP_FINALIZE, .plan_id = "plan_e", .status = PLAN_FAILED, .reason = "step_failed" },
         };
         for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++)
@@ -1001,6 +1022,34 @@ static void test_wal_encode_round_trip(void **state)
         assert_string_equal(fold_find_step(f, "s1")->idem_key, "mnd_e/s1");
         assert_string_equal(fold_find_step(f, "s2")->error_msg, "boom");
         assert_string_equal(fold_find_step(f, "s2")->observed_pre_hash, "obs2");
+        /* how the failed handler ended, for a page after a restart */
+        const struct fold_step *s2 = fold_find_step(f, "s2");
+        assert_true(s2->has_exit_status);
+        assert_int_equal(s2->exit_status, 3);
+        assert_int_equal(s2->exit_signal, 0);
+        assert_string_equal(s2->stderr_tail, "line 1\nline \xc3\xa9");
+        assert_int_equal(f->down_ms, 0);
+        fold_free(f);
+        kbuf_free(&b);
+
+        /* a signal, and a stderr beyond the bound: its end, from a character */
+        char big[WAL_STDERR_MAX_BYTES + 64];
+        memset(big, 'x', sizeof big - 1);
+        big[sizeof big - 1] = '\0';
+        memcpy(big + sizeof big - 1 - WAL_STDERR_MAX_BYTES - 1, "\xc3\xa9", 2);
+        struct wal_record sig[] = {
+                recs[0], recs[1], recs[2],
+                { .op = WAL_OP_FAILED, .step_id = "s1", .error_class = "signal",
+                  .error_msg = "killed", .exit_signal = 9, .stderr_tail = big },
+        };
+        for (size_t i = 0; i < sizeof(sig) / sizeof(sig[0]); i++)
+                assert_int_equal(wal_encode(&sig[i], 1776686400123LL + (int64_t)i, &b), 0);
+        f = fold_kbuf(&b, b.len);
+        const struct fold_step *s1 = fold_find_step(f, "s1");
+        assert_false(s1->has_exit_status);
+        assert_int_equal(s1->exit_signal, 9);
+        assert_int_equal(strlen(s1->stderr_tail), WAL_STDERR_MAX_BYTES - 1);
+        assert_string_equal(s1->stderr_tail, big + sizeof big - WAL_STDERR_MAX_BYTES);
         fold_free(f);
         kbuf_free(&b);
 }
