@@ -75,6 +75,15 @@ static void save_done(void *arg)
                 save_state(c);
 }
 
+/* What a schedule skipped in its last missed period (chronos.json and
+ * `schedules` alike). */
+static json_t *skipped_json(const struct sched *s)
+{
+        return json_pack("{s:I, s:b, s:o, s:o, s:s}", "count", (json_int_t)s->skipped, "more",
+                         s->skipped_more, "first", time_json(s->skipped_first), "last",
+                         time_json(s->skipped_last), "reason", s->skipped_reason);
+}
+
 static json_t *state_json(struct chronos *c)
 {
         json_t *all = json_object();
@@ -87,13 +96,7 @@ static json_t *state_json(struct chronos *c)
                 if (s->pause_reason)
                         json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
                 if (s->skipped)
-                        json_object_set_new(
-                                o, "skipped",
-                                json_pack("{s:I, s:b, s:o, s:o, s:s}", "count",
-                                          (json_int_t)s->skipped, "more", s->skipped_more,
-                                          "first", time_json(s->skipped_first), "last",
-                                          time_json(s->skipped_last), "reason",
-                                          s->skipped_reason));
+                        json_object_set_new(o, "skipped", skipped_json(s));
                 json_object_set_new(all, s->name, o);
         }
         return json_pack("{s:i, s:o}", "version", 1, "schedules", all);
@@ -789,13 +792,7 @@ json_t *chronos_list_json(struct daemon *d)
                 if (s->pause_reason)
                         json_object_set_new(o, "pause_reason", json_string(s->pause_reason));
                 if (s->skipped)
-                        json_object_set_new(
-                                o, "skipped",
-                                json_pack("{s:I, s:b, s:o, s:o, s:s}", "count",
-                                          (json_int_t)s->skipped, "more", s->skipped_more,
-                                          "first", time_json(s->skipped_first), "last",
-                                          time_json(s->skipped_last), "reason",
-                                          s->skipped_reason));
+                        json_object_set_new(o, "skipped", skipped_json(s));
                 if (s->refused)
                         json_object_set_new(
                                 o, "refused",
