@@ -413,8 +413,10 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
         bool not_due = false;           /* refused as ahead of the database's clock */
         int r = 0;
         for (unsigned attempt = 0;; attempt++) {
+                /* never claimed (its claim failed): that failure, not a
+                 * fence, since no node may hold it */
                 if (__atomic_load_n(&CM(m)->dropped, __ATOMIC_ACQUIRE))
-                        return -ESTALE;
+                        return m->epoch == 0 && CM(m)->claim_err ? CM(m)->claim_err : -ESTALE;
                 struct pgstore *s = cluster_thread_store(m->d, &r);
                 int64_t w = s && not_due ? skew_wait_ms(s, m) : 0;
                 /* (kairosd stopping: the tick is left to the other nodes
@@ -433,7 +435,11 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                         if (m->epoch == 0 && first_seq == 1)
                                 r = claim_or_create(c, s, m, lines, len);
                         else if (m->epoch == 0)
-                                r = -ESTALE;
+                                /* its claim failed (this mandate's, or an
+                                 * earlier attempt's whose rows are still
+                                 * being forgotten here): not fenced, no
+                                 * node may hold it */
+                                r = CM(m)->claim_err ? CM(m)->claim_err : -EAGAIN;
                         else
                                 r = pgstore_wal_append(s, m->id, m->epoch, first_seq, lines, len,
                                                        NULL);
@@ -453,8 +459,14 @@ static int wal_barrier(void *ctx, int64_t first_seq, const char *lines, size_t l
                                  cluster_thread_error());
                 }
                 if ((r != -ENOTCONN && r != -ECONNREFUSED && r != -ETIMEDOUT) ||
-                    mono_ms() >= give_up)
+                    mono_ms() >= give_up) {
+                        /* a claim that failed, not lost: kept for what
+                         * comes after it (a later flush, a second fire) */
+                        if (m->epoch == 0 && first_seq == 1 && r < 0 && r != -EALREADY &&
+                            r != -EBUSY && r != -ESTALE)
+                                CM(m)->claim_err = r;
                         return r;
+                }
                 cluster_thread_done();  /* others may use it meanwhile */
                 cluster_backoff(attempt);
         }
@@ -1833,13 +1845,20 @@ void pgd_wal_failed(const struct mandate *m, int r, char *buf, size_t len)
          * disk is not "Input/output error", too many clients not
          * "Connection refused" */
         const char *db = CM(m) && CM(m)->db_error[0] ? CM(m)->db_error : NULL;
-        snprintf(buf, len, "committing %s to the database: %s%s%s", m->id,
+        /* (a later flush of a mandate whose claim failed says that claim's
+         * cause: no node holds it, it is not fenced) */
+        bool unclaimed = CM(m) && m->epoch == 0 && CM(m)->claim_err == r && r != 0;
+        snprintf(buf, len, "committing %s to the database: %s%s%s%s", m->id,
+                 unclaimed ? "the claim of its tick failed: " : "",
                  r == -ESTALE     ? "fenced: another node holds it now"
                  : r == -EALREADY ? "its tick was claimed by another node"
                  : r == -EBUSY    ? "its tick was rejected (Concurrency=reject)"
                  : r == -ETIME    ? "the tick is still ahead of the database's clock after "
                                     "10 minutes: this node's clock is wrong"
                  : r == -ENOTCONN ? "the connection broke (outcome unknown)"
+                 : r == -EAGAIN && m->epoch == 0
+                         ? "an earlier attempt at its tick on this node was not claimed and is "
+                           "still being forgotten: fire it again in a moment"
                  : db             ? db
                                   : strerror(-r),
                  r == -ENOTCONN && db ? ": " : "", r == -ENOTCONN && db ? db : "");

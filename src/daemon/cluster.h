@@ -56,6 +56,8 @@ struct cluster_mandate {
         int64_t park_after;        /* monotonic ms: not before (after a failure) */
         char db_error[256];        /* the database's words on its last failed barrier
                                     * (written by the pool thread before its job ends) */
+        int claim_err;             /* its tick's claim (or retry's creation) failed for
+                                    * want of the database: the error (pool thread), 0 */
 };
 
 static inline struct cluster_mandate *CM(const struct mandate *m)

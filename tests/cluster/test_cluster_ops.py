@@ -351,6 +351,35 @@ class ClusterOps(pg_node.TwoNodes):
         self.sql("DROP TRIGGER full_disk ON kairos_wal")
         self.fire(n1, "quick", "2026-06-02T00:00:00Z")
 
+    def test_failed_claim_is_not_called_fenced(self):
+        """A tick claim that fails for the database (a full disk): the
+        fire says the database's words; firing the tick again while the
+        failed attempt is being forgotten says that, never "fenced:
+        another node holds it now" (no node holds it) and answers
+        cluster_unavailable (a cron tick is fired again); once the database
+        takes writes the tick fires."""
+        n1 = self.n1
+        self.sql("CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "RAISE EXCEPTION 'could not extend file: No space left on device' "
+                 "USING ERRCODE = '53100'; END $$; "
+                 "CREATE TRIGGER full_disk BEFORE INSERT ON kairos_wal "
+                 "FOR EACH ROW EXECUTE FUNCTION full_disk()")
+        at = "2026-06-03T00:00:00Z"
+        first = ("the claim of its tick failed: could not extend file: No space left on "
+                 "device (SQLSTATE 53100)")
+        for wants in ((first,), (first, "an earlier attempt at its tick on this node was not "
+                                 "claimed and is still being forgotten: fire it again")):
+            rc, out, err = n1.ctl("fire", "quick", "--at", at)
+            self.assertEqual((rc, out["code"]), (1, "cluster_unavailable"), err)
+            self.assertNotIn("fenced", err)
+            self.assertTrue(any(w in err for w in wants), err)
+        self.assertEqual(self.sql("SELECT count(*) FROM kairos_mandate"), [["0"]])
+        self.sql("DROP TRIGGER full_disk ON kairos_wal")
+        wait_for(lambda: n1.ctl("fire", "quick", "--at", at)[0] == 0, "the fire", timeout=30)
+        wait_for(lambda: (self.sql("SELECT status FROM kairos_mandate") or [[""]])[0][0]
+                 == "succeeded", "the mandate to end")
+        self.assertNotIn("fenced", n1.daemon.log())
+
     def test_duplicate_node_name_older_exits(self):
         """A second kairosd started with n1's NodeName= (another state
         directory): the first one can no longer renew and exits 1 with a
