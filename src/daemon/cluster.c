@@ -1858,7 +1858,7 @@ void pgd_wal_failed(const struct mandate *m, int r, char *buf, size_t len)
                  : r == -ENOTCONN ? "the connection broke (outcome unknown)"
                  : r == -EAGAIN && m->epoch == 0
                          ? "an earlier attempt at its tick on this node was not claimed and is "
-                           "still being forgotten: fire it again in a moment"
+                           "still being forgotten: try again in a moment"
                  : db             ? db
                                   : strerror(-r),
                  r == -ENOTCONN && db ? ": " : "", r == -ENOTCONN && db ? db : "");

@@ -659,6 +659,71 @@ oom:
         return -ENOMEM;
 }
 
+/* retry --from of a mandate no node here holds: its rows, folded (they
+ * are final: only a mandate that ended is retried, and the retry is
+ * created compare-and-set in the database). */
+struct fold_job {
+        struct daemon *d;
+        opreads_fold_cb cb;
+        void *ctx;
+        char *id;
+        int err;
+        char errmsg[256];
+        struct fold *f;
+};
+
+static void fold_work(void *arg)
+{
+        struct fold_job *j = arg;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(j->d, &r);
+        struct kbuf b = KBUF_INIT;
+        int64_t nrows = 0;
+        if (!s) {
+                j->err = r;
+                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
+                return;
+        }
+        if ((r = pgstore_wal_read(s, j->id, &b, &nrows)) < 0) {
+                j->err = r;
+                cluster_thread_failed(s, r, j->errmsg, sizeof j->errmsg);
+        } else if (nrows == 0) {
+                j->err = -ENOENT;
+        } else if ((r = fold_buffer(b.data ? b.data : "", b.len, &j->f)) < 0) {
+                j->err = r;
+                snprintf(j->errmsg, sizeof j->errmsg, "cannot fold its rows: %s", strerror(-r));
+        }
+        kbuf_free(&b);
+}
+
+static void fold_done(void *arg)
+{
+        struct fold_job *j = arg;
+        j->cb(j->ctx, j->err, j->errmsg, j->err ? NULL : j->f);
+        if (j->err)
+                fold_free(j->f);
+        free(j->id);
+        free(j);
+}
+
+static int pg_fold(struct daemon *d, const char *id, opreads_fold_cb cb, void *ctx)
+{
+        struct fold_job *j = calloc(1, sizeof(*j));
+        if (!j || !(j->id = strdup(id))) {
+                free(j);
+                return -ENOMEM;
+        }
+        j->d = d;
+        j->cb = cb;
+        j->ctx = ctx;
+        if (cluster_submit(d, fold_work, fold_done, j) < 0) {
+                free(j->id);
+                free(j);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
 /* ---- the driver ---- */
 
 static bool pg_counts(const struct mandate *m)
@@ -684,4 +749,5 @@ const struct opreads opreads_postgres = {
         .show = pg_show,
         .take = pg_take,
         .tick = pg_tick,
+        .fold = pg_fold,
 };

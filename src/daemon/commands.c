@@ -995,7 +995,9 @@ out:
  * moment it is created). */
 struct retry_from {
         struct control_request *req;
-        struct mandate *m;
+        struct mandate *m;          /* NULL: another node's (its rows read by opreads) */
+        char *id, *schedule, *fired_at, *status; /* ... that mandate's, copied */
+        bool ended, done;
         char *from;
         int db_last;
         int error;             /* reading its WAL */
@@ -1035,6 +1037,42 @@ static void retry_from_done(void *arg)
         free(j);
 }
 
+static void retry_from_free(struct retry_from *j)
+{
+        fold_free(j->f);
+        free(j->from);
+        free(j->id);
+        free(j->schedule);
+        free(j->fired_at);
+        free(j->status);
+        free(j);
+}
+
+/* retry --from of another node's mandate: its rows, folded by the driver
+ * (opreads.h); then as for one of this node's. */
+static void retry_from_folded(void *ctx, int err, const char *errmsg, struct fold *f)
+{
+        struct retry_from *j = ctx;
+        j->f = f;
+        if (err == -ENOENT) {
+                control_reply_error(j->req, "not_found", "no mandate %s", j->id);
+        } else if (err) {
+                control_reply_error(j->req, "cluster_unavailable",
+                                    "cannot read the steps of mandate %s: %s", j->id,
+                                    errmsg && *errmsg ? errmsg : strerror(-err));
+        } else if (carry_select(j->f, j->from, &j->carry, j->msg, sizeof j->msg) < 0) {
+                control_reply_error(j->req, "bad_argument", "%s", j->msg);
+        } else {
+                struct retry_target rt = {
+                        .id = j->id, .schedule = j->schedule, .fired_at = j->fired_at,
+                        .status = j->status, .ended = j->ended, .done = j->done,
+                        .remote = true, .db_last = j->db_last,
+                };
+                retry_target(j->req, &rt, &j->carry);
+        }
+        retry_from_free(j);
+}
+
 /* The reply of a retry --from names the step it runs from. */
 static void retry_from_reply(void *ctx, const struct op_result *r)
 {
@@ -1050,16 +1088,6 @@ static void retry_from_read(struct control_request *req, const struct retry_targ
                             const char *from)
 {
         struct mandate *m = t->remote ? NULL : mandate_find(req->d, t->id);
-        if (!m) {
-                /* another node's mandate (opreads.h): its steps are in its
-                 * WAL there */
-                control_reply_error(req, "conflict",
-                                    "args.from: mandate %s is not held by this node: retry "
-                                    "--from reads the steps of a mandate this node holds; "
-                                    "retry it without --from, or on its node",
-                                    t->id);
-                return;
-        }
         struct retry_from *j = calloc(1, sizeof(*j));
         if (!j || !(j->from = strdup(from))) {
                 free(j);
@@ -1069,6 +1097,21 @@ static void retry_from_read(struct control_request *req, const struct retry_targ
         j->req = req;
         j->m = m;
         j->db_last = t->db_last;
+        if (!m) {
+                /* another node's mandate (opreads.h): its rows, read
+                 * through the driver (an ended mandate's rows are final) */
+                j->ended = t->ended;
+                j->done = t->done;
+                if (!(j->id = strdup(t->id)) ||
+                    (t->schedule && !(j->schedule = strdup(t->schedule))) ||
+                    (t->fired_at && !(j->fired_at = strdup(t->fired_at))) ||
+                    (t->status && !(j->status = strdup(t->status))) ||
+                    req->d->opreads->fold(req->d, t->id, retry_from_folded, j) < 0) {
+                        retry_from_free(j);
+                        control_reply_error(req, "internal", "out of memory");
+                }
+                return;
+        }
         m->busy++;
         if (serialq_submit(&m->q, retry_from_work, retry_from_done, j) < 0) {
                 m->busy--;

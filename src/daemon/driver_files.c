@@ -70,10 +70,18 @@ static int reads_tick(struct daemon *d, const char *id, bool remote, const char 
         return 0;
 }
 
+/* (not reached: no mandate is another node's) */
+static int reads_fold(struct daemon *d, const char *id, opreads_fold_cb cb, void *ctx)
+{
+        cb(ctx, -ENOENT, NULL, NULL);
+        return 0;
+}
+
 const struct opreads opreads_files = {
         .name = "files", .others = false, .holds = reads_holds, .counts = reads_holds,
         .retry_creating = reads_retry_creating, .status = reads_status, .owner = reads_owner,
         .list = reads_list, .show = reads_show, .take = reads_take, .tick = reads_tick,
+        .fold = reads_fold,
 };
 
 /* tool-call claims (toolclaims.h): every claim is in the local store

@@ -44,6 +44,9 @@ struct opreads_tick {
 /* err: an error to answer (the tick is then NULL). */
 typedef void (*opreads_tick_cb)(void *ctx, const struct op_result *err,
                                 const struct opreads_tick *t);
+/* fold: the rows of mandate id folded (stolen by the callback), or err
+ * (-ENOENT: no such mandate; other: errmsg says why) and f NULL. */
+typedef void (*opreads_fold_cb)(void *ctx, int err, const char *errmsg, struct fold *f);
 /* take: err 0 once the mandate is this node's; else -EBUSY (detail: the
  * node holding it, then, after a space, when its hold ends unless it
  * renews it, YYYY-MM-DDTHH:MM:SSZ, if known), -EALREADY (detail: its status, a word of
@@ -78,6 +81,9 @@ struct opreads {
          * of schedule's tick fired_at).  -ENOMEM: cb is not called. */
         int (*tick)(struct daemon *d, const char *id, bool remote, const char *schedule,
                     const char *fired_at, opreads_tick_cb cb, void *ctx);
+        /* the rows of id, no node's here, folded off the loop (retry
+         * --from).  -ENOMEM: cb is not called. */
+        int (*fold)(struct daemon *d, const char *id, opreads_fold_cb cb, void *ctx);
 };
 
 extern const struct opreads opreads_files;

@@ -16,8 +16,9 @@ host sharing a private PostgreSQL (pg_fixture.py).
 - kairosctl retry of one tick, four clients on each node at once: one retry
   is made (compare-and-set in the database), the others are refused naming
   it, its act runs once; the done tick then needs --reason on either node.
-- kairosctl retry --from: made on the node holding the mandate (its
-  carried steps are rows in the database too), refused on the other.
+- kairosctl retry --from: made on either node (the steps of a mandate
+  the node does not hold are read from the database; its carried steps
+  are rows in the database too).
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without
@@ -276,30 +277,48 @@ class ClusterConcurrency(pg_node.TwoNodes):
             self.assertIn("ended done", r.stderr)
 
     def test_retry_from_a_step(self):
-        """kairosctl retry --from on the node that holds the mandate: its
-        steps before act are carried (completed records with carried_from,
-        in the database too); on the other node it is refused, naming the
-        field."""
+        """kairosctl retry --from on a node that does not hold the mandate:
+        its steps are read from the database, the steps before act are
+        carried (completed records with carried_from, in the database too)
+        and the retry runs there; a step the mandate does not have is
+        refused naming the field; another retry of the tick while that one
+        is unfinished is refused on the holding node too."""
         n1, n2 = self.n1, self.n2
         m0 = self.fire(n1, "rt", "2026-03-06T00:00:00Z")
         self.go(m0)
         wait_for(lambda: self.db_status(m0) == ("succeeded", "n1", "1"), "m0 to end")
-        r = n2.text("retry", m0, "--from", "act", "--reason", "again")
+        r = n2.text("retry", m0, "--from", "nosuch", "--reason", "again")
         self.assertEqual(r.returncode, 1, r)
-        self.assertIn("args.from: mandate %s is not held by this node" % m0, r.stderr)
-        r = n1.text("retry", m0, "--from", "act", "--reason", "again")
+        self.assertIn("args.from", r.stderr)
+        r = n2.text("retry", m0, "--from", "act", "--reason", "again")
         self.assertEqual(r.returncode, 0, r)
+        w0 = r.stdout.split(" retried as ")[1].split(" ")[0]
+        r = n1.text("retry", m0, "--from", "act", "--reason", "again")
+        self.assertEqual(r.returncode, 1, r)
+        self.assertIn("has an unfinished retry: mandate %s is running" % w0, r.stderr)
+        self.go(w0)
+        wait_for(lambda: self.db_status(w0) == ("succeeded", "n2", "1"), "the retry on n2")
+        # (n1's refused attempt is forgotten first: "try again in a moment")
+        last = []
+
+        def retried():
+            last[:] = [n1.text("retry", m0, "--from", "act", "--reason", "again")]
+            return last[0].returncode == 0
+        wait_for(retried, "the retry on n1", timeout=30)
+        r = last[0]
         w = r.stdout.split(" retried as ")[1].split(" ")[0]
         self.assertTrue(r.stdout.endswith(" from act\n"), r.stdout)
         wait_for(lambda: self.started(w), "the retry's act")
-        carried = self.sql("SELECT count(*) FROM kairos_wal WHERE mandate_id = '%s' AND "
-                           "convert_from(line, 'UTF8') LIKE '%%\"carried_from\":\"%s/%%'"
-                           % (w, m0))
-        self.assertEqual(carried, [["3"]])
+        for x in (w0, w):
+            carried = self.sql("SELECT count(*) FROM kairos_wal WHERE mandate_id = '%s' AND "
+                               "convert_from(line, 'UTF8') LIKE '%%\"carried_from\":\"%s/%%'"
+                               % (x, m0))
+            self.assertEqual(carried, [["3"]], x)
         self.go(w)
         wait_for(lambda: self.db_status(w) is not None and self.db_status(w)[0] == "succeeded",
                  "the retry to end")
-        self.assertEqual(sorted(e[1] for e in self.log() if e[0] == "start"), sorted([m0, w]))
+        self.assertEqual(sorted(e[1] for e in self.log() if e[0] == "start"),
+                         sorted([m0, w0, w]))
 
 
 def main():

@@ -368,7 +368,7 @@ class ClusterOps(pg_node.TwoNodes):
         first = ("the claim of its tick failed: could not extend file: No space left on "
                  "device (SQLSTATE 53100)")
         for wants in ((first,), (first, "an earlier attempt at its tick on this node was not "
-                                 "claimed and is still being forgotten: fire it again")):
+                                 "claimed and is still being forgotten: try again")):
             rc, out, err = n1.ctl("fire", "quick", "--at", at)
             self.assertEqual((rc, out["code"]), (1, "cluster_unavailable"), err)
             self.assertNotIn("fenced", err)
