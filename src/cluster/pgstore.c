@@ -760,6 +760,48 @@ int pgstore_tick_last_retry(struct pgstore *s, const char *schedule, int64_t fir
         return 0;
 }
 
+int pgstore_tick_retries_of(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                            const char *retry_of, char ***ret_ids, size_t *ret_n)
+{
+        if (!s || !schedule || !retry_of || !ret_ids || !ret_n)
+                return -EINVAL;
+        *ret_ids = NULL;
+        *ret_n = 0;
+        char at[24];
+        const char *vals[] = { schedule, i64(at, fired_at_ms), retry_of };
+        PGresult *res;
+        int r = exec_params(s, "SELECT mandate_id FROM kairos_mandate "
+                               "WHERE schedule = $1 AND fired_at = 'epoch'::timestamptz + "
+                               "$2::bigint * interval '1 millisecond' AND retry_of = $3 "
+                               "ORDER BY retry, mandate_id",
+                            3, vals, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        int n = PQntuples(res);
+        char **ids = n ? calloc((size_t)n, sizeof(*ids)) : NULL;
+        if (n && !ids) {
+                PQclear(res);
+                return -ENOMEM;
+        }
+        for (int i = 0; i < n; i++)
+                if (!(ids[i] = strdup(PQgetvalue(res, i, 0)))) {
+                        pgstore_strings_free(ids, (size_t)i);
+                        PQclear(res);
+                        return -ENOMEM;
+                }
+        PQclear(res);
+        *ret_ids = ids;
+        *ret_n = (size_t)n;
+        return 0;
+}
+
+void pgstore_strings_free(char **v, size_t n)
+{
+        for (size_t i = 0; v && i < n; i++)
+                free(v[i]);
+        free(v);
+}
+
 int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *node,
                         int64_t epoch, int64_t lease_ms)
 {

@@ -153,6 +153,11 @@ int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, cons
 /* The highest retry number of the tick in the database (0: none). */
 int pgstore_tick_last_retry(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
                             int *ret_retry);
+/* The retries of mandate retry_of (its tick: schedule, fired_at_ms), by
+ * retry number: *ret_ids (malloc'd, pgstore_strings_free), *ret_n. */
+int pgstore_tick_retries_of(struct pgstore *s, const char *schedule, int64_t fired_at_ms,
+                            const char *retry_of, char ***ret_ids, size_t *ret_n);
+void pgstore_strings_free(char **v, size_t n);
 
 /* Extend the lease to lease_ms from the database's now. */
 int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *node,

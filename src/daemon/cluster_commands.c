@@ -338,6 +338,7 @@ struct show_job {
         long long cycle;
         char *schedule, *fired_at, *retry_of, *started_at;
         long long retry;
+        json_t *retried_by; /* its retries, from the database */
 };
 
 static void show_job_free(struct show_job *j)
@@ -346,6 +347,7 @@ static void show_job_free(struct show_job *j)
         free(j->review_reason);
         json_decref(j->result);
         json_decref(j->calls);
+        json_decref(j->retried_by);
         free(j->review_step);
         free(j->plan_id);
         free(j->schedule);
@@ -359,6 +361,29 @@ static void show_job_free(struct show_job *j)
 static char *dup_or_null(const char *s)
 {
         return s ? strdup(s) : NULL;
+}
+
+/* The retries of mandate id of the tick (schedule, fired_at) in the
+ * database: every retry in cluster mode is made there (kairos_retry_create),
+ * whichever node made it.  *ret NULL: no tick. */
+static int tick_retries(struct pgstore *s, const char *schedule, const char *fired_at,
+                        const char *id, json_t **ret)
+{
+        int64_t fired_ms;
+        char **ids = NULL;
+        size_t n = 0;
+        *ret = NULL;
+        if (!schedule || !fired_at || wal_parse_ts(fired_at, &fired_ms) < 0)
+                return 0;
+        int r = pgstore_tick_retries_of(s, schedule, fired_ms, id, &ids, &n);
+        if (r < 0)
+                return r;
+        json_t *arr = json_array();
+        for (size_t i = 0; arr && i < n; i++)
+                json_array_append_new(arr, json_string(ids[i]));
+        pgstore_strings_free(ids, n);
+        *ret = arr;
+        return arr ? 0 : -ENOMEM;
 }
 
 static void show_work(void *arg)
@@ -405,6 +430,10 @@ static void show_work(void *arg)
         j->retry_of = dup_or_null(f->mandate.retry_of);
         j->retry = f->mandate.retry;
         j->started_at = dup_or_null(f->mandate.ts ? f->mandate.ts : f->first_ts);
+        if ((r = tick_retries(s, j->schedule ? j->schedule : j->row[0].schedule,
+                              j->fired_at ? j->fired_at : j->row[0].fired_at, j->id,
+                              &j->retried_by)) < 0)
+                goto db_fail;
         /* each step's tool calls, from the database */
         if (pgstore_idem_of_mandate(s, j->id, &calls, &ncalls) == 0) {
                 j->calls = json_object();
@@ -477,7 +506,8 @@ static void show_done(void *arg)
                 json_object_set_new(mj, "retry_of", json_string(j->retry_of));
                 json_object_set_new(mj, "retry", json_integer(j->retry));
         }
-        json_object_set_new(mj, "retried_by", json_array());
+        json_object_set_new(mj, "retried_by",
+                            j->retried_by ? json_incref(j->retried_by) : json_array());
         set_owner(mj, r->owner, r->epoch);
         json_object_update_missing(j->result, mj);
         json_decref(mj);
@@ -724,6 +754,64 @@ static int pg_fold(struct daemon *d, const char *id, opreads_fold_cb cb, void *c
         return 0;
 }
 
+/* show of a mandate held here: its retries in the database (a retry of it
+ * another node made is not in this node's history). */
+struct retries_job {
+        struct daemon *d;
+        opreads_retries_cb cb;
+        void *ctx;
+        char *id, *schedule, *fired_at;
+        int err;
+        json_t *ids;
+};
+
+static void retries_work(void *arg)
+{
+        struct retries_job *j = arg;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(j->d, &r);
+        if (!s) {
+                j->err = r;
+                return;
+        }
+        if ((j->err = tick_retries(s, j->schedule, j->fired_at, j->id, &j->ids)) < 0)
+                cluster_thread_failed(s, j->err, NULL, 0);
+}
+
+static void retries_done(void *arg)
+{
+        struct retries_job *j = arg;
+        j->cb(j->ctx, j->err ? NULL : j->ids);
+        json_decref(j->ids);
+        free(j->id);
+        free(j->schedule);
+        free(j->fired_at);
+        free(j);
+}
+
+static int pg_retried_by(struct daemon *d, const struct mandate *m, opreads_retries_cb cb,
+                         void *ctx)
+{
+        struct retries_job *j = calloc(1, sizeof(*j));
+        if (!j || !(j->id = strdup(m->id)) || (m->schedule && !(j->schedule = strdup(m->schedule))) ||
+            (m->fired_at && !(j->fired_at = strdup(m->fired_at))))
+                goto oom;
+        j->d = d;
+        j->cb = cb;
+        j->ctx = ctx;
+        if (cluster_submit(d, retries_work, retries_done, j) < 0)
+                goto oom;
+        return 0;
+oom:
+        if (j) {
+                free(j->id);
+                free(j->schedule);
+                free(j->fired_at);
+                free(j);
+        }
+        return -ENOMEM;
+}
+
 /* ---- the driver ---- */
 
 static bool pg_counts(const struct mandate *m)
@@ -750,4 +838,5 @@ const struct opreads opreads_postgres = {
         .take = pg_take,
         .tick = pg_tick,
         .fold = pg_fold,
+        .retried_by = pg_retried_by,
 };

@@ -430,6 +430,51 @@ static char *join_keys_comma(json_t *keys)
         return b.data;
 }
 
+static void op_free(struct mandate_op *op)
+{
+        if (!op)
+                return;
+        json_decref(op->result);
+        json_decref(op->keys);
+        free(op->reason);
+        free(op->step);
+        free(op);
+}
+
+static bool ids_have(json_t *ids, json_t *id)
+{
+        size_t i;
+        json_t *o;
+        json_array_foreach(ids, i, o)
+                if (json_equal(o, id))
+                        return true;
+        return false;
+}
+
+/* show of a mandate held here: its retries made beyond this node too
+ * (opreads.h): their list when it has every one of its history (in retry
+ * order), else those of its history and then the others. */
+static void show_retried_by(void *ctx, json_t *ids)
+{
+        struct mandate_op *op = ctx;
+        json_t *mine = json_object_get(op->result, "retried_by");
+        size_t i;
+        json_t *id;
+        bool all = ids != NULL;
+        json_array_foreach(mine, i, id)
+                all = all && ids_have(ids, id);
+        if (all) {
+                json_object_set_new(op->result, "retried_by", json_deep_copy(ids));
+        } else if (mine) {
+                json_array_foreach(ids, i, id)
+                        if (!ids_have(mine, id))
+                                json_array_append(mine, id);
+        }
+        reply_ok_raw(op->req, op->result);
+        op->result = NULL;
+        op_free(op);
+}
+
 static void op_done(void *arg)
 {
         struct mandate_op *op = arg;
@@ -520,19 +565,19 @@ static void op_done(void *arg)
         json_object_set_new(op->result, "status",
                             json_string(abandoned ? mandate_status_name(MANDATE_ABANDONED)
                                                   : mandate_status_name(m->status)));
-        if (op->kind == OP_SHOW)
-                reply_ok_raw(op->req, op->result);
-        else
-                control_reply_ok(op->req, op->result);
-        op->result = NULL;
+        if (op->kind == OP_SHOW && d->opreads->retried_by(d, m, show_retried_by, op) == 0) {
+                op = NULL; /* answered with its retries beyond this node (show_retried_by) */
+        } else {
+                if (op->kind == OP_SHOW)
+                        reply_ok_raw(op->req, op->result);
+                else
+                        control_reply_ok(op->req, op->result);
+                op->result = NULL;
+        }
         daemon_update_status(d);
         executor_kick(d);
 out:
-        json_decref(op->result);
-        json_decref(op->keys);
-        free(op->reason);
-        free(op->step);
-        free(op);
+        op_free(op);
 }
 
 /* The step's tool calls are settled (r->result: {keys}): now the

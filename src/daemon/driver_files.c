@@ -77,11 +77,19 @@ static int reads_fold(struct daemon *d, const char *id, opreads_fold_cb cb, void
         return 0;
 }
 
+/* one host: its history holds every retry */
+static int reads_retried_by(struct daemon *d, const struct mandate *m, opreads_retries_cb cb,
+                            void *ctx)
+{
+        cb(ctx, NULL);
+        return 0;
+}
+
 const struct opreads opreads_files = {
         .name = "files", .others = false, .holds = reads_holds, .counts = reads_holds,
         .retry_creating = reads_retry_creating, .status = reads_status, .owner = reads_owner,
         .list = reads_list, .show = reads_show, .take = reads_take, .tick = reads_tick,
-        .fold = reads_fold,
+        .fold = reads_fold, .retried_by = reads_retried_by,
 };
 
 /* tool-call claims (toolclaims.h): every claim is in the local store

@@ -47,6 +47,10 @@ typedef void (*opreads_tick_cb)(void *ctx, const struct op_result *err,
 /* fold: the rows of mandate id folded (stolen by the callback), or err
  * (-ENOENT: no such mandate; other: errmsg says why) and f NULL. */
 typedef void (*opreads_fold_cb)(void *ctx, int err, const char *errmsg, struct fold *f);
+/* retried_by: the ids of the retries of a mandate beyond this node's
+ * history, by retry number (borrowed), or NULL: none known there (or the
+ * database did not answer). */
+typedef void (*opreads_retries_cb)(void *ctx, json_t *ids);
 /* take: err 0 once the mandate is this node's; else -EBUSY (detail: the
  * node holding it, then, after a space, when its hold ends unless it
  * renews it, YYYY-MM-DDTHH:MM:SSZ, if known), -EALREADY (detail: its status, a word of
@@ -84,6 +88,10 @@ struct opreads {
         /* the rows of id, no node's here, folded off the loop (retry
          * --from).  -ENOMEM: cb is not called. */
         int (*fold)(struct daemon *d, const char *id, opreads_fold_cb cb, void *ctx);
+        /* show of m held here: its retries beyond this node (made on any
+         * node).  -ENOMEM: cb is not called. */
+        int (*retried_by)(struct daemon *d, const struct mandate *m, opreads_retries_cb cb,
+                          void *ctx);
 };
 
 extern const struct opreads opreads_files;

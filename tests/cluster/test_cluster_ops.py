@@ -351,6 +351,37 @@ class ClusterOps(pg_node.TwoNodes):
         self.sql("DROP TRIGGER full_disk ON kairos_wal")
         self.fire(n1, "quick", "2026-06-02T00:00:00Z")
 
+    def test_retries_known_on_every_node(self):
+        """The retries of a mandate are the database's: show on either
+        node, the one that ran it or not, and across a restart, names every
+        retry whichever node made it; a retry asked for on either node
+        counts them all."""
+        n1, n2 = self.n1, self.n2
+        m = self.fire(n1, "quick", "2026-09-01T00:00:00Z")
+        wait_for(lambda: self.db_row(m) == ("succeeded", "n1", "1"), "m to end")
+        made = []
+        for n in (n2, n1):
+            rc, out, err = n.ctl("retry", m, "--reason", "again")
+            self.assertEqual(rc, 0, err)
+            made.append(out["mandate"])
+            wait_for(lambda: (self.db_row(made[-1]) or ("",))[0] == "succeeded",
+                     "the retry made on %s to end" % n.name)
+        self.assertEqual(self.sql("SELECT mandate_id, retry FROM kairos_mandate WHERE "
+                                  "retry_of = '%s' ORDER BY retry" % m),
+                         [[made[0], "1"], [made[1], "2"]])
+        for n in (n1, n2):
+            rc, s, err = n.ctl("show", m)
+            self.assertEqual((rc, s["retried_by"]), (0, made), "%s: %s" % (n.name, err))
+            t = n.text("show", m)
+            self.assertIn("retried by: %s, %s" % tuple(made), t.stdout)
+        self.n2.close(graceful=True)
+        self.n2.start()
+        rc, s, err = n2.ctl("show", m)
+        self.assertEqual((rc, s["retried_by"]), (0, made), err)
+        rc, out, err = n2.ctl("retry", m)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("ended done", err)
+
     def test_failed_claim_is_not_called_fenced(self):
         """A tick claim that fails for the database (a full disk): the
         fire says the database's words; firing the tick again while the
