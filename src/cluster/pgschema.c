@@ -768,6 +768,37 @@ static const char v6[] =
 "  RETURN QUERY SELECT true, p_mandate, 'running'::text, p_node;\n"
 "END $$;\n";
 
+/* v7: a mandate released paused (docs/design.md §14) says how: paused_as
+ * is its node's status word (paused, paused_review, awaiting_approval) and
+ * paused_reason why (the step's review reason), so every node counts and
+ * lists a released review as its node did; both are cleared as the row
+ * leaves paused (taken, cancelled), whoever writes it. */
+static const char v7[] =
+"ALTER TABLE kairos_mandate ADD COLUMN paused_as text, ADD COLUMN paused_reason text;\n"
+"CREATE FUNCTION kairos_mandate_unpaused() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+"BEGIN\n"
+"  IF NEW.status <> 'paused' THEN\n"
+"    NEW.paused_as := NULL;\n"
+"    NEW.paused_reason := NULL;\n"
+"  END IF;\n"
+"  RETURN NEW;\n"
+"END $$;\n"
+"CREATE TRIGGER kairos_mandate_unpaused BEFORE UPDATE ON kairos_mandate\n"
+"  FOR EACH ROW WHEN (NEW.status <> 'paused' AND\n"
+"                     (NEW.paused_as IS NOT NULL OR NEW.paused_reason IS NOT NULL))\n"
+"  EXECUTE FUNCTION kairos_mandate_unpaused();\n"
+"CREATE INDEX kairos_mandate_paused_as ON kairos_mandate (owner)\n"
+"  WHERE status = 'paused' AND paused_as IS NOT NULL;\n"
+/* kairos_mandate_finish(.., 'paused') and how, in one transaction (fenced
+ * as it is: KR001 unless running at p_epoch). */
+"CREATE FUNCTION kairos_mandate_park(p_mandate text, p_epoch bigint, p_as text,\n"
+"    p_reason text) RETURNS void LANGUAGE plpgsql AS $$\n"
+"BEGIN\n"
+"  PERFORM kairos_mandate_finish(p_mandate, p_epoch, 'paused');\n"
+"  UPDATE kairos_mandate SET paused_as = p_as, paused_reason = p_reason\n"
+"    WHERE mandate_id = p_mandate AND epoch = p_epoch;\n"
+"END $$;\n";
+
 const struct pgschema_migration pgschema_migrations[] = {
         { 1, "cluster mode: nodes, schedules, ticks, mandates with leases, WAL rows, tool calls", v1 },
         { 2, "nodes register and renew what they hold in one transaction, operators take "
@@ -778,6 +809,9 @@ const struct pgschema_migration pgschema_migrations[] = {
         { 5, "concurrent claims of one tick: the losers lose, none fails", v5 },
         { 6, "kairosctl retry is compare-and-set per tick: one unfinished retry of a tick",
           v6 },
+        { 7, "a mandate released paused says how (paused for review, awaiting approval) and "
+             "why",
+          v7 },
 };
 
 const size_t pgschema_nmigrations = sizeof pgschema_migrations / sizeof pgschema_migrations[0];

@@ -14,4 +14,4 @@ extern const struct pgschema_migration pgschema_migrations[];
 extern const size_t pgschema_nmigrations;
 
 /* The version this build creates and understands. */
-#define PGSCHEMA_VERSION 6
+#define PGSCHEMA_VERSION 7

@@ -865,6 +865,17 @@ int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t ep
                            PGRES_TUPLES_OK, NULL);
 }
 
+int pgstore_mandate_park(struct pgstore *s, const char *mandate_id, int64_t epoch,
+                         const char *paused_as, const char *reason)
+{
+        if (!mandate_id || !paused_as)
+                return -EINVAL;
+        char ep[24];
+        const char *vals[] = { mandate_id, i64(ep, epoch), paused_as, reason };
+        return exec_params(s, "SELECT kairos_mandate_park($1, $2, $3, $4)", 4, vals, 0,
+                           PGRES_TUPLES_OK, NULL);
+}
+
 int pgstore_mandate_take(struct pgstore *s, const char *mandate_id, const char *node,
                          int64_t lease_ms, int64_t grace_ms, int64_t *ret_epoch,
                          char **ret_prev_owner)
@@ -903,6 +914,8 @@ void pgstore_mandate_rows_free(struct pgstore_mandate_row *rows, size_t n)
                 free(rows[i].fired_at);
                 free(rows[i].status);
                 free(rows[i].owner);
+                free(rows[i].paused_as);
+                free(rows[i].paused_reason);
         }
         free(rows);
 }
@@ -940,7 +953,8 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
                 "m.epoch, CASE WHEN m.status = 'running' AND m.lease_expires_at IS NOT NULL "
                 "THEN " MS("(m.lease_expires_at - now())") " END, m.last_seq, "
                 MS("m.created_at") ", " MS("m.ended_at") ", count(*) OVER (), "
-                "m.status = 'running' AND m.slot_wait_since IS NOT NULL "
+                "m.status = 'running' AND m.slot_wait_since IS NOT NULL, "
+                "m.paused_as, m.paused_reason "
                 "FROM kairos_mandate m "
                 "WHERE ($1::text IS NULL OR m.status = $1) "
                 "AND ($2::text IS NULL OR m.schedule = $2) "
@@ -989,6 +1003,11 @@ int pgstore_mandates_list(struct pgstore *s, const struct pgstore_mandate_filter
                 m->created_ms = ms_at(res, row, 8);
                 m->ended_ms = ms_at(res, row, 9);
                 m->slot_waiting = strcmp(PQgetvalue(res, row, 11), "t") == 0;
+                m->paused_as = dup_value(res, row, 12);
+                m->paused_reason = dup_value(res, row, 13);
+                if ((!m->paused_as && !PQgetisnull(res, row, 12)) ||
+                    (!m->paused_reason && !PQgetisnull(res, row, 13)))
+                        r = -ENOMEM;
                 if (m->fired_ms >= 0 && !(m->fired_at = fired_text(m->fired_ms)))
                         r = -ENOMEM;
                 if (!m->mandate_id || !m->status || (!m->schedule && !PQgetisnull(res, row, 1)) ||
@@ -1400,7 +1419,10 @@ int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, siz
                             "SELECT n.node, n.incarnation, "
                             "(extract(epoch FROM n.expires_at - now()) * 1000)::bigint, "
                             "(SELECT count(*) FROM kairos_mandate m WHERE m.owner = n.node "
-                            "AND m.status = 'running') FROM kairos_node n ORDER BY n.node",
+                            "AND m.status = 'running'), "
+                            "(SELECT count(*) FROM kairos_mandate m WHERE m.owner = n.node "
+                            "AND m.status = 'paused' AND m.paused_as = 'paused_review') "
+                            "FROM kairos_node n ORDER BY n.node",
                             0, NULL, 0, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 return r;
@@ -1415,6 +1437,7 @@ int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, siz
                 out[i].incarnation = strtoll(PQgetvalue(res, i, 1), NULL, 10);
                 out[i].expires_in_ms = strtoll(PQgetvalue(res, i, 2), NULL, 10);
                 out[i].held = strtoll(PQgetvalue(res, i, 3), NULL, 10);
+                out[i].reviews = strtoll(PQgetvalue(res, i, 4), NULL, 10);
                 if (!out[i].node) {
                         pgstore_node_rows_free(out, (size_t)i);
                         PQclear(res);

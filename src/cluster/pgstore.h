@@ -181,6 +181,12 @@ int pgstore_lease_takeover(struct pgstore *s, const char *mandate_id, const char
 int pgstore_mandate_finish(struct pgstore *s, const char *mandate_id, int64_t epoch,
                            const char *status);
 
+/* pgstore_mandate_finish(.., "paused") and how: paused_as its status word
+ * (paused, paused_review, awaiting_approval), reason (may be NULL) why;
+ * both cleared once the row leaves paused (schema version 7). */
+int pgstore_mandate_park(struct pgstore *s, const char *mandate_id, int64_t epoch,
+                         const char *paused_as, const char *reason);
+
 /* Take mandate_id for an operator's action (resolve, approve) from any
  * node: a paused one, or a running one whose lease ended more than grace_ms
  * ago by the database's clock.  Owner = node, epoch + 1, running, lease_ms;
@@ -208,6 +214,9 @@ struct pgstore_mandate_row {
         int64_t created_ms;
         int64_t ended_ms;       /* -1: not ended (or ended before schema version 2) */
         bool slot_waiting;      /* running, waiting for its schedule's slot (queued) */
+        char *paused_as;        /* paused: how its node released it (paused_review, ...);
+                                 * NULL: not said (or not paused) */
+        char *paused_reason;    /* ... and why; NULL: none */
 };
 struct pgstore_mandate_filter {
         const char *status;     /* NULL: any */
@@ -309,6 +318,7 @@ struct pgstore_node_row {
         int64_t incarnation;
         int64_t expires_in_ms;     /* by the database's clock; < 0: expired */
         int64_t held;              /* running mandates it owns */
+        int64_t reviews;           /* mandates it released paused for review */
 };
 void pgstore_node_rows_free(struct pgstore_node_row *rows, size_t n);
 int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, size_t *ret_n);

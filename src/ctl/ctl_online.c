@@ -937,10 +937,18 @@ static int text_status(json_t *r)
                 json_array_foreach(nodes, i, n) {
                         fputs(i ? "                 " : "Nodes:           ", stdout);
                         ctl_put_safe(stdout, jstr(n, "node"));
-                        printf(" %s, %lld mandate%s\n",
+                        printf(" %s, %lld mandate%s",
                                json_is_true(json_object_get(n, "alive")) ? "alive" : "expired",
                                (long long)jint(n, "mandates"), plural(jint(n, "mandates")));
+                        if (jint(n, "reviews") > 0)
+                                printf(", %lld review%s released", (long long)jint(n, "reviews"),
+                                       plural(jint(n, "reviews")));
+                        putchar('\n');
                 }
+                if (json_is_integer(json_object_get(cl, "reviews_waiting")))
+                        printf("Reviews:         %lld paused for review in the cluster (released: "
+                               "resolve on any node)\n",
+                               (long long)jint(cl, "reviews_waiting"));
         }
         return CTL_EXIT_OK;
 }

@@ -1204,13 +1204,27 @@ static bool parkable(enum mandate_status st)
 
 struct park_job {
         struct mandate *m;
+        char *as, *reason;      /* its status and reason, copied on the loop */
         int err;
 };
 
+/* finish_as(m, "paused"), saying how and why (every node lists it so, and
+ * counts a review released here: pgstore_mandate_park) */
 static void park_work(void *arg)
 {
         struct park_job *pj = arg;
-        pj->err = finish_as(pj->m, "paused");
+        struct mandate *m = pj->m;
+        int r = 0;
+        struct pgstore *s = cluster_thread_store(m->d, &r);
+        if (!s) {
+                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", cluster_thread_error());
+                pj->err = r;
+                return;
+        }
+        r = pgstore_mandate_park(s, m->id, m->epoch, pj->as, pj->reason);
+        if (r < 0)
+                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", pgstore_error(s));
+        pj->err = r;
 }
 
 static void park_done(void *arg)
@@ -1236,6 +1250,8 @@ static void park_done(void *arg)
         } else {
                 CM(m)->park_after = mono_ms() + 1000;   /* again later */
         }
+        free(pj->as);
+        free(pj->reason);
         free(pj);
         sweep(c);
         daemon_update_status(d);
@@ -1263,9 +1279,17 @@ static void park_scan(struct cluster *c)
                 if (!pj)
                         return;
                 pj->m = m;
+                if (!(pj->as = strdup(mandate_status_name(m->status))) ||
+                    (m->reason && !(pj->reason = strdup(m->reason)))) {
+                        free(pj->as);
+                        free(pj);
+                        return;
+                }
                 m->cluster_parking = true;
                 if (mandate_submit(m, park_work, park_done, pj) < 0) {
                         m->cluster_parking = false;
+                        free(pj->as);
+                        free(pj->reason);
                         free(pj);
                         return;
                 }
@@ -1742,16 +1766,19 @@ json_t *pgd_status(struct daemon *d)
         for (size_t i = 0; i < c->nheld; i++)
                 held += !c->held[i].lost;
         json_t *nodes = json_array();
+        int64_t reviews = 0;
         for (size_t i = 0; i < c->nnodes; i++) {
                 /* as of the last beat, aged since */
                 int64_t left = c->nodes[i].expires_in_ms - (now - c->nodes_at_ms);
+                reviews += c->nodes[i].reviews;
                 json_array_append_new(nodes,
-                                      json_pack("{s:s, s:I, s:b, s:I, s:I}", "node",
+                                      json_pack("{s:s, s:I, s:b, s:I, s:I, s:I}", "node",
                                                 c->nodes[i].node, "incarnation",
                                                 (json_int_t)c->nodes[i].incarnation, "alive",
                                                 left > 0, "lease_left_ms",
                                                 (json_int_t)(left > 0 ? left : 0), "mandates",
-                                                (json_int_t)c->nodes[i].held));
+                                                (json_int_t)c->nodes[i].held, "reviews",
+                                                (json_int_t)c->nodes[i].reviews));
         }
         int64_t left = c->deadline_ms > 0 ? c->deadline_ms - now : 0;
         json_t *skew = c->skew_known
@@ -1770,6 +1797,9 @@ json_t *pgd_status(struct daemon *d)
                               (json_int_t)c->renew_failures, "renew_error",
                               c->renew_error[0] ? c->renew_error : NULL, "nodes", nodes,
                               "clock_skew", skew);
+        /* the reviews the nodes released (paused in the database: held by
+         * none, counted here on every node), as of the last beat */
+        json_object_set_new(o, "reviews_waiting", json_integer(reviews));
         pthread_mutex_unlock(&c->lock);
         return o;
 }

@@ -34,6 +34,13 @@ static const char *db_row_status(const struct pgstore_mandate_row *r)
 {
         if (r->slot_waiting)
                 return mandate_status_name(MANDATE_RUNNABLE);
+        /* released paused: as its node said (a review, an approval) */
+        if (r->paused_as && strcmp(r->status, "paused") == 0) {
+                if (strcmp(r->paused_as, mandate_status_name(MANDATE_PAUSED_REVIEW)) == 0)
+                        return mandate_status_name(MANDATE_PAUSED_REVIEW);
+                if (strcmp(r->paused_as, mandate_status_name(MANDATE_AWAITING_APPROVAL)) == 0)
+                        return mandate_status_name(MANDATE_AWAITING_APPROVAL);
+        }
         return db_status_name(r->status);
 }
 
@@ -45,6 +52,8 @@ static const char *db_status_of(int status)
         case MANDATE_DONE: return "succeeded";
         case MANDATE_FAILED: return "failed";
         case MANDATE_PAUSED: return "paused";
+        case MANDATE_PAUSED_REVIEW: return "paused";      /* (paused_as says which) */
+        case MANDATE_AWAITING_APPROVAL: return "paused";
         case MANDATE_ABANDONED: return "abandoned";
         case MANDATE_CANCELLED: return "cancelled";
         default: return NULL;
@@ -167,8 +176,10 @@ static json_t *str_or_null(const char *s)
 
 static json_t *db_row_json(const struct pgstore_mandate_row *r)
 {
-        json_t *o = json_pack("{s:s, s:s, s:n, s:n, s:n, s:I, s:s?, s:s?}", "id", r->mandate_id,
-                              "status", db_row_status(r), "reason", "review_step",
+        bool paused = strcmp(r->status, "paused") == 0;
+        json_t *o = json_pack("{s:s, s:s, s:s?, s:n, s:n, s:I, s:s?, s:s?}", "id", r->mandate_id,
+                              "status", db_row_status(r), "reason",
+                              paused ? r->paused_reason : NULL, "review_step",
                               "plan_id", "cycle", (json_int_t)0, "schedule", r->schedule,
                               "fired_at", r->fired_at);
         json_object_set_new(o, "started_at", history_ms_json(r->created_ms));

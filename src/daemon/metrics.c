@@ -252,6 +252,19 @@ static int render_state(struct metrics *mx, enum om_format f, struct kbuf *out)
                 json_decref(cl);
                 return r;
         }
+        /* cluster mode: the reviews released paused in the database, held by
+         * no node (the same figure on every node: take max, not sum) */
+        json_t *rw = json_object_get(cl, "reviews_waiting");
+        if (json_is_integer(rw) &&
+            ((r = om_family(out, f, "kairos_cluster_reviews_waiting", OM_GAUGE, NULL,
+                            "Cluster mode: mandates paused for review that their node "
+                            "released (any node resolves them), in the whole cluster, as of "
+                            "the last heartbeat.")) < 0 ||
+             (r = om_sample_u64(out, "kairos_cluster_reviews_waiting", OM_GAUGE, NULL, 0,
+                                (uint64_t)json_integer_value(rw))) < 0)) {
+                json_decref(cl);
+                return r;
+        }
         json_decref(cl);
         return 0;
 }

@@ -112,13 +112,17 @@ class ClusterOps(pg_node.TwoNodes):
             self.assertEqual(list(rows), [appr, quick], rows)   # newest first
             self.assertEqual((rows[quick]["status"], rows[quick]["node"], rows[quick]["epoch"]),
                              ("done", "n1", 1), rows)
-            self.assertEqual((rows[appr]["status"], rows[appr]["node"], rows[appr]["epoch"]),
-                             ("paused", "n2", 1), rows)
+            # as its node said it (released: the database's paused_as), with why
+            self.assertEqual((rows[appr]["status"], rows[appr]["node"], rows[appr]["epoch"],
+                              rows[appr]["reason"]),
+                             ("awaiting_approval", "n2", 1, "3 invoices over the limit"), rows)
             # the filters
             rc, out, err = n.ctl("list", "--status", "done")
             self.assertEqual([r["id"] for r in out["mandates"]], [quick], out)
-            rc, out, err = n.ctl("list", "--status", "paused", "--schedule", "appr")
+            rc, out, err = n.ctl("list", "--status", "awaiting_approval", "--schedule", "appr")
             self.assertEqual([r["id"] for r in out["mandates"]], [appr], out)
+            rc, out, err = n.ctl("list", "--status", "paused", "--schedule", "appr")
+            self.assertEqual([r["id"] for r in out["mandates"]], [], out)
             rc, out, err = n.ctl("list", "--limit", "1")
             self.assertEqual(([r["id"] for r in out["mandates"]], out["more"], out.get("next")),
                              ([appr], True, appr), out)
@@ -143,7 +147,7 @@ class ClusterOps(pg_node.TwoNodes):
         # a mandate nobody holds: both read it from the database
         rc, s, err = n1.ctl("show", appr)
         self.assertEqual(rc, 0, err)
-        self.assertEqual((s["status"], s["node"], s["epoch"]), ("paused", "n2", 1), s)
+        self.assertEqual((s["status"], s["node"], s["epoch"]), ("awaiting_approval", "n2", 1), s)
         rc, out, err = n1.ctl("show", "mnd_no_such_mandate")
         self.assertEqual(rc, 1)
         self.assertIn("no mandate", err)
@@ -152,7 +156,8 @@ class ClusterOps(pg_node.TwoNodes):
         rc, out, err = n2.ctl("wait", quick)
         self.assertEqual((rc, out["status"], out["exit"]), (0, "done", 0), err)
         rc, out, err = n1.ctl("wait", appr, "--timeout", "30")
-        self.assertEqual((rc, out["status"], out["timed_out"]), (4, "paused", False), err)
+        self.assertEqual((rc, out["status"], out["timed_out"]), (4, "awaiting_approval", False),
+                         err)
         # approved on n1: taken (epoch 2), approved, and it ends there
         rc, out, err = n1.ctl("approve", appr, "--reason", "fine")
         self.assertEqual(rc, 0, err)
@@ -167,6 +172,12 @@ class ClusterOps(pg_node.TwoNodes):
         self.assertEqual(rc, 1)
         self.assertIn("has ended (done)", err)
         self.assertEqual(self.db_row(appr), ("succeeded", "n1", "2"))
+
+    def reviews_waiting(self, n):
+        """(cluster.reviews_waiting, {node: reviews}) of n's status."""
+        rc, st, err = n.ctl("status")
+        cl = st["cluster"]
+        return cl.get("reviews_waiting"), {x["node"]: x.get("reviews") for x in cl["nodes"]}
 
     def test_review_resolved_on_another_node(self):
         n1, n2 = self.n1, self.n2
@@ -188,14 +199,30 @@ class ClusterOps(pg_node.TwoNodes):
         self.assertEqual(rc, 0, err)
         self.assertEqual((s["status"], s["review_step"], s["node"], s["epoch"]),
                          ("paused_review", "act_001", "n2", 2), s)
-        self.assertEqual(n2.rows()[mid]["status"], "paused")
-        # the restarted n1 resolves it: taken at epoch 3, done there
+        # released, the review is counted and listed on every node (n1
+        # restarted too): the database says how n2 released it
+        self.assertEqual(self.sql("SELECT paused_as FROM kairos_mandate WHERE mandate_id = "
+                                  "'%s'" % mid), [["paused_review"]])
         n1.start()
+        for n in (n1, n2):
+            r = n.rows()[mid]
+            self.assertEqual((r["status"], r["node"], r["epoch"]), ("paused_review", "n2", 2), r)
+            self.assertTrue(r["reason"], r)
+            self.assertIn("paused_review", n.text("list", "--status", "paused_review").stdout)
+            wait_for(lambda: self.reviews_waiting(n) == (1, {"n1": 0, "n2": 1}),
+                     "the review counted on %s" % n.name)
+            self.assertIn("n2 alive, 0 mandates, 1 review released", n.text("status").stdout)
+            self.assertIn("kairos_cluster_reviews_waiting 1", n.text("metrics").stdout)
+        # the restarted n1 resolves it: taken at epoch 3, done there
         rc, out, err = n1.ctl("resolve", mid, "act_001", "--done", "--reason", "checked by hand")
         self.assertEqual(rc, 0, err)
         wait_for(lambda: self.db_row(mid) == ("succeeded", "n1", "3"), "it to end on n1")
         s1, s2 = self.assert_same_show(mid, n1, n2)
         self.assertIn("resolve_done", [o["action"] for o in s2["operators"]], s2)
+        self.assertEqual(self.sql("SELECT paused_as, paused_reason FROM kairos_mandate WHERE "
+                                  "mandate_id = '%s'" % mid), [["", ""]])
+        for n in (n1, n2):
+            wait_for(lambda: self.reviews_waiting(n)[0] == 0, "no review on %s" % n.name)
         for n in (n1, n2):
             r = n.rows()[mid]
             self.assertEqual((r["status"], r["node"], r["epoch"]), ("done", "n1", 3), r)

@@ -43,7 +43,7 @@ KAIROSD = os.environ.get("KAIROSD", "kairosd")
 KAIROSCTL = os.environ.get("KAIROSCTL", "kairosctl")
 PGSTORE_TEST = os.environ.get("KAIROS_PGSTORE_TEST", "")
 # the schema version this build creates (src/cluster/pgschema.h)
-VERSION = 6
+VERSION = 7
 SKIP = 77
 
 PG = None
