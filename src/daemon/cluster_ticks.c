@@ -42,6 +42,8 @@ static struct sched_ticks *ST(const struct sched *s)
  * round is logged once and tried again every DB_RETRY_MS. */
 
 #define DB_RETRY_MS 5000
+/* the unclaimed ticks counted for their line, at most */
+#define HOLE_COUNT_MAX 100000UL
 
 /* The chronos' state in this driver (c->drv_state): the rounds, one at a
  * time. */
@@ -190,12 +192,24 @@ static void db_refire_holes(struct chronos *c, struct sched *s, int64_t upto)
                                                               : MISSED_ON_TIME_SEC;
         int64_t g = upto - (int64_t)window - 1, t = g, next;
         if (ST(s)->hole_lo <= g) {
-                char at[PLANNER_FIRED_AT_LEN];
+                /* no tick goes without a line: the ones gone past the
+                 * on-time window, counted (the policy's own line, on the
+                 * node that evaluates their window, says what it did) */
+                int64_t end = ST(s)->hole_hi < g ? ST(s)->hole_hi : g, last = ST(s)->hole_lo;
+                int64_t k = ST(s)->hole_lo - 1;
+                unsigned long n = 0;
+                for (; n < HOLE_COUNT_MAX && cron_next(&s->expr, s->tz, k, &next) == 0 &&
+                       next <= end;
+                     n++)
+                        last = k = next;
+                char at[PLANNER_FIRED_AT_LEN], to[PLANNER_FIRED_AT_LEN];
                 chronos_fmt_time(ST(s)->hole_lo, at);
+                chronos_fmt_time(last, to);
                 log_event(LOG_NOTICE, NULL, LOG_FIELDS({ "SCHEDULE", s->name }),
                           "schedule %s: its ticks since %s that could not be claimed are no "
-                          "longer on time: the missed-run policy decides them",
-                          s->name, at);
+                          "longer on time: the missed-run policy decides them (%s%lu, first "
+                          "%s, last %s)",
+                          s->name, at, n == HOLE_COUNT_MAX ? "more than " : "", n, at, to);
         }
         if (t < ST(s)->hole_lo - 1)
                 t = ST(s)->hole_lo - 1;

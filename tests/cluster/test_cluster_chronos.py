@@ -20,7 +20,11 @@ past so that the database's clock never finds a tick ahead of it.
      (catch_up_bounded), once for the cluster;
   5. a node whose schedule has another timing is named in a warning;
   6. a schedule without a row yet is caught up from the first node's own
-     state (a new database, a node that ran alone before).
+     state (a new database, a node that ran alone before);
+  7. MissedPolicy=skip, the database down during on-time ticks: the ticks
+     gone past the on-time window get one journal line for the cluster
+     (schedule, window, first and last tick) and a line on each node that
+     could not claim them; the on-time one fires again.
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built without
 -Dpostgres=enabled).  Exit 77 (skipped, with the reason) without PostgreSQL
@@ -313,6 +317,42 @@ class ClusterChronos(unittest.TestCase):
                          a.log()[-3000:] + b.log()[-3000:])
         self.assertTrue(a.count("(again: the database answers)") +
                         b.count("(again: the database answers)") >= 1)
+
+    def test_7_skipped_ticks_have_a_line(self):
+        # MissedPolicy=skip: ticks whose claims failed while the database
+        # was down, gone past the on-time window, are dropped by the policy
+        # with one line for the cluster (the schedule, the window, the
+        # first and last tick), and each node that could not claim them
+        # says so with the schedule and the first one's time; the on-time
+        # tick fires again
+        sched = schedule("skip")
+        a, b = self.node("n1", sched), self.node("n2", sched)
+        self.start([a, b], tick(0) + 5)
+        self.both_at([a, b], tick(1) + 1)
+        self.wait_ticks([1], "tick 1")
+        self.wait_row(tick(1) + 1)
+        pg_down()
+        self.both_at([a, b], tick(2) + 1)
+        for n in (a, b):
+            n.daemon.wait_log("tick not fired", timeout=60)
+        self.both_at([a, b], tick(4) + 1)
+        for n in (a, b):
+            wait_for(lambda: n.count("tick not fired") >= 2, "tick 4's failure on " + n.name)
+        pg_up()
+        self.wait_ticks([4], "the on-time tick again")
+        self.wait_row(tick(4) + 1)
+        line = ("schedule every: 2 missed ticks since %s dropped (MissedPolicy=skip): "
+                "first %s, last %s" % (iso(tick(1) + 1), iso(tick(2)), iso(tick(3))))
+        wait_for(lambda: a.count(line) + b.count(line) >= 1, "the skipped ticks' line")
+        self.assertEqual(a.count(line) + b.count(line), 1, a.log()[-3000:] + b.log()[-3000:])
+        # (each node's unclaimed ticks run from tick 2 to tick 4: 2 and 3
+        # are no longer on time)
+        hole = ("schedule every: its ticks since %s that could not be claimed are no longer "
+                "on time: the missed-run policy decides them (2, first %s, last %s)"
+                % (iso(tick(2)), iso(tick(2)), iso(tick(3))))
+        for n in (a, b):
+            wait_for(lambda: n.count(hole) >= 1, "the unclaimed ticks' line on " + n.name)
+        self.assertEqual(self.ticks(), {iso(tick(k)): 1 for k in (1, 4)})
 
     def test_6_first_row_from_the_node_own_state(self):
         # a schedule without a row (a new database, a node that ran on its
