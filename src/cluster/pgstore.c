@@ -1614,9 +1614,12 @@ int pgstore_db_now(struct pgstore *s, int64_t *ret_ms)
                 return -EINVAL;
         PGresult *res;
         /* clock_timestamp(): the time of this statement, not of its
-         * transaction */
-        int r = exec_params(s, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", 0,
-                            NULL, 0, PGRES_TUPLES_OK, &res);
+         * transaction; whole milliseconds rounded down (a cast rounds to
+         * the nearest: a tick waited for until it is due by this clock was
+         * claimed up to half a millisecond early) */
+        int r = exec_params(s,
+                            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                            0, NULL, 0, PGRES_TUPLES_OK, &res);
         if (r < 0)
                 return r;
         if (PQntuples(res) != 1) {
