@@ -296,7 +296,25 @@ int kio_mkdir_p(const struct kio *io, const char *path, mode_t mode)
         while (len > 1 && p[len - 1] == '/')
                 p[--len] = '\0';
 
+        /* The whole path first: where it exists (the common case: the
+         * archive directory of every mandate) that is one call, not a
+         * mkdir and a stat per component.  Created, its parent existed:
+         * the walk would have done the same. */
         int r = 0;
+        if (len > 1 || p[0] != '/') {
+                r = io->mkdir(io->ctx, p, mode);
+                if (r == 0)
+                        r = kio_fsync_parent(io, p);
+                else if (r == -EEXIST && is_dir(p))
+                        r = 0;
+                else
+                        r = 1; /* walk it */
+                if (r <= 0) {
+                        free(p);
+                        return r;
+                }
+                r = 0;
+        }
         char *cur = p;
         for (;;) {
                 while (*cur == '/')

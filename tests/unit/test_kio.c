@@ -405,11 +405,15 @@ static void test_mkdir_p_fsyncs_each_created_parent(void **state)
         expect_log(&r, &i, want);
         assert_int_equal(i, r.n);
 
-        /* all existing: no fsync at all */
+        /* all existing: no fsync at all, and one mkdir (of the whole path),
+         * not one per component */
         r.n = 0;
         assert_int_equal(kio_mkdir_p(&io, p, 0700), 0);
         for (int k = 0; k < r.n; k++)
                 assert_true(strncmp(r.log[k], "mkdir ", 6) == 0);
+        assert_int_equal(r.n, 1);
+        snprintf(want, sizeof(want), "mkdir %s", abc);
+        assert_string_equal(r.log[0], want);
 
         /* a regular file in the way */
         char file[160];
