@@ -146,6 +146,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
                 uv_read_stop(s);
                 if (c->read)
                         c->read(c, fd, NULL, 0);
+                /* closed at its end, not when the child is: the loop drops
+                 * it from epoll once (a pipe left there after its end is
+                 * reported again as hung up, then removed twice) */
+                if (!uv_is_closing((uv_handle_t *)s))
+                        uv_close((uv_handle_t *)s, on_closed);
                 if (fd == 1)
                         c->out_eof = true;
                 else
