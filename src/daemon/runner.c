@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -68,7 +69,11 @@ struct runner {
         unsigned long cg_left;                     /* the thread's: cgroups it could not remove */
         bool quit;
         void *stack;
-        uv_async_t async;
+        /* thread -> loop: an eventfd the loop polls, not a uv_async (whose
+         * loop side spins, up to a sched_yield, while the sender is still
+         * in its write) */
+        int wake_fd;
+        uv_poll_t wake;
         /* the loop */
         uv_signal_t sigchld;
         struct runner_job **live;  /* started, not reaped */
@@ -733,7 +738,12 @@ static void *thread_main(void *arg)
                 else
                         r->done_head = j;
                 r->done_tail = j;
-                uv_async_send(&r->async);
+                /* woken after the unlock: the loop takes the lock at once */
+                pthread_mutex_unlock(&r->lock);
+                uint64_t one = 1;
+                while (write(r->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
+                        ;
+                pthread_mutex_lock(&r->lock);
         }
         pthread_mutex_unlock(&r->lock);
         return NULL;
@@ -780,8 +790,8 @@ static void cgroup_end(struct runner *r, struct runner_job *j)
                 pthread_mutex_lock(&r->lock);
                 c->next = r->cleanup;
                 r->cleanup = c;
-                pthread_cond_signal(&r->cond);
                 pthread_mutex_unlock(&r->lock);
+                pthread_cond_signal(&r->cond);
         }
         cgroup_handler_init(&j->cgh);
 }
@@ -832,9 +842,14 @@ static void on_sigchld(uv_signal_t *h, int sig)
         keeper_check(r);
 }
 
-static void on_async(uv_async_t *h)
+static void on_wake(uv_poll_t *h, int status, int events)
 {
+        (void)status;
+        (void)events;
         struct runner *r = h->data;
+        uint64_t n;
+        while (read(r->wake_fd, &n, sizeof n) < 0 && errno == EINTR)
+                ; /* EAGAIN: nothing (more) to count; the list says what is done */
         pthread_mutex_lock(&r->lock);
         struct runner_job *j = r->done_head;
         r->done_head = r->done_tail = NULL;
@@ -969,8 +984,10 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         else
                 r->todo_head = j;
         r->todo_tail = j;
-        pthread_cond_signal(&r->cond);
         pthread_mutex_unlock(&r->lock);
+        /* signalled after the unlock: woken under the lock, the thread
+         * would block on it at once (a futex wait and wake per spawn) */
+        pthread_cond_signal(&r->cond);
         return 0;
 fail:
         job_free_prep(j);
@@ -1121,6 +1138,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         r->loop = loop;
         r->self = getpid();
         r->keeper_fd = -1;
+        r->wake_fd = -1;
         r->slot[0] = r->slot[1] = r->slot[2] = r->slot_null = -1;
         pthread_mutex_init(&r->lock, NULL);
         pthread_cond_init(&r->cond, NULL);
@@ -1163,8 +1181,15 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         if ((e = keeper_start(r)) < 0)
                 goto fail;
         share_files_probe(r);
-        uv_async_init(loop, &r->async, on_async);
-        r->async.data = r;
+        r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (r->wake_fd < 0) {
+                e = -errno;
+                goto fail;
+        }
+        if ((e = uv_poll_init(loop, &r->wake, r->wake_fd)) < 0)
+                goto fail;
+        r->wake.data = r;
+        uv_poll_start(&r->wake, UV_READABLE, on_wake);
         uv_signal_init(loop, &r->sigchld);
         r->sigchld.data = r;
         uv_signal_start(&r->sigchld, on_sigchld, SIGCHLD);
@@ -1176,7 +1201,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         e = -pthread_create(&r->thread, NULL, thread_main, r);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (e < 0) {
-                uv_close((uv_handle_t *)&r->async, NULL);
+                uv_close((uv_handle_t *)&r->wake, NULL);
                 uv_close((uv_handle_t *)&r->sigchld, NULL);
                 goto fail;
         }
@@ -1264,6 +1289,8 @@ void runner_free(struct runner *r)
         if (r->ks)
                 munmap(r->ks, sizeof(*r->ks));
         free(r->free_slots);
+        if (r->wake_fd >= 0)
+                close(r->wake_fd); /* its poll handle closed with the loop's */
         for (int i = 0; i < 3; i++)
                 if (r->slot[i] >= 0)
                         close(r->slot[i]);

@@ -6,7 +6,7 @@
  * runner's own thread, which starts the child with clone3(CLONE_VM |
  * CLONE_VFORK | CLONE_CLEAR_SIGHAND) (clone on a kernel before 5.5) — no
  * copy of the daemon's page tables, the thread waits only until the child
- * has exec'd — and reports back through a uv_async.  The child, before
+ * has exec'd — and reports back through an eventfd the loop polls.  The child, before
  * exec: its own process group, PR_SET_PDEATHSIG SIGKILL (then getppid() to
  * close the race with a daemon that died meanwhile), writes its group into
  * the keeper's table, takes the pipes as fds 0-2, closes every other fd,
