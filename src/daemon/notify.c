@@ -1,16 +1,67 @@
 /* SPDX-License-Identifier: MIT */
 #include "notify.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
 #include "log.h"
 
+/* One socket for the daemon's life, each datagram sent to NOTIFY_SOCKET's
+ * address: sd_notify makes, sizes and closes a socket per call (about ten
+ * system calls; two status changes per mandate).  An address that is not a
+ * path or an abstract name (vsock:…) goes through sd_notify. */
+enum { NOTIFY_UNKNOWN, NOTIFY_OWN, NOTIFY_SD };
+static int notify_mode = NOTIFY_UNKNOWN;
+static int notify_fd = -1;
+static struct sockaddr_un notify_addr;
+static socklen_t notify_addrlen;
+
+static void notify_open(void)
+{
+        notify_mode = NOTIFY_SD;
+        const char *e = getenv("NOTIFY_SOCKET");
+        size_t n = e ? strlen(e) : 0;
+        if (n < 2 || (e[0] != '/' && e[0] != '@') || n > sizeof notify_addr.sun_path)
+                return; /* unset (sd_notify: nothing), or not ours to parse */
+        if (e[0] == '/' && n == sizeof notify_addr.sun_path)
+                return; /* no room for its terminating NUL */
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return;
+        int sndbuf = 8 * 1024 * 1024; /* as sd_notify asks (best effort) */
+        (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        notify_addr.sun_family = AF_UNIX;
+        memcpy(notify_addr.sun_path, e, n);
+        if (e[0] == '@')
+                notify_addr.sun_path[0] = '\0';
+        notify_addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n +
+                                     (e[0] == '/'));
+        notify_fd = fd;
+        notify_mode = NOTIFY_OWN;
+}
+
 static void notify_send(const char *state)
 {
+        if (notify_mode == NOTIFY_UNKNOWN)
+                notify_open();
+        if (notify_mode == NOTIFY_OWN) {
+                ssize_t n;
+                do
+                        n = sendto(notify_fd, state, strlen(state), MSG_NOSIGNAL,
+                                   (struct sockaddr *)&notify_addr, notify_addrlen);
+                while (n < 0 && errno == EINTR);
+                if (n < 0)
+                        log_debug("sd_notify(%s) failed: %s", state, strerror(errno));
+                return;
+        }
         int r = sd_notify(0, state);
         if (r < 0)
                 log_debug("sd_notify(%s) failed: %s", state, strerror(-r));

@@ -315,6 +315,32 @@ class TestLifecycle(DaemonCase):
         self.notify.wait_for(lambda m: "STOPPING=1" in m, 5)
         self.assertFalse(os.path.exists(os.path.join(self.state, "control.sock")))
 
+    def test_abstract_notify_socket(self):
+        """NOTIFY_SOCKET naming an abstract socket (@name) is reached too,
+        status changes and all (kairosd keeps one socket for its notices)."""
+        name = "kairos-notify-%d-%s" % (os.getpid(), os.path.basename(self.dir))
+
+        class Abstract(NotifySocket):
+            def __init__(self):
+                self.path = "@" + name
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self.sock.bind("\0" + name)
+                self.messages = []
+                self.cond = threading.Condition()
+                self.closed = False
+                self.thread = threading.Thread(target=self._reader, daemon=True)
+                self.thread.start()
+
+        notify = Abstract()
+        try:
+            d = self.start(notify=notify)
+            notify.wait_ready()
+            notify.wait_for(lambda m: m.startswith("STATUS=0 mandates running"), 10)
+            self.assertEqual(d.stop(signal.SIGTERM), 0)
+            notify.wait_for(lambda m: "STOPPING=1" in m, 5)
+        finally:
+            notify.close()
+
     def test_second_daemon_on_same_state_dir_refused(self):
         self.start()
         self.notify.wait_ready()
