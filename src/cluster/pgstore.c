@@ -222,7 +222,18 @@ static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
                 /* the server's own cause: its SQLSTATE with its words,
                  * except the kairos_* functions' own (their errno says) */
                 bool own = st && st[0] == 'K' && st[1] == 'R';
-                if (msg && st && !own)
+                if (st && strcmp(st, "25006") == 0) {
+                        /* read_only_sql_transaction: a standby, or a
+                         * primary fenced by a switchover, whose sessions
+                         * stay.  Nothing was written: the caller connects
+                         * again (target_session_attrs=read-write finds the
+                         * new primary) and asks again, as after a broken
+                         * connection (docs/design.md §14) */
+                        err = ENOTCONN;
+                        set_err(s, "the server takes no writes (a standby or a demoted "
+                                   "primary), connecting again: %s (SQLSTATE %s)",
+                                msg ? msg : "read-only", st);
+                } else if (msg && st && !own)
                         set_err(s, "%s (SQLSTATE %s)", msg, st);
                 else if (msg)
                         set_err(s, "%s", msg);
