@@ -1619,6 +1619,39 @@ int pgstore_ping(struct pgstore *s)
         return r;
 }
 
+int pgstore_commit_settings(struct pgstore *s, char **ret_standby_names,
+                            char **ret_synchronous_commit)
+{
+        if (!s || !s->conn || !ret_standby_names || !ret_synchronous_commit)
+                return -EINVAL;
+        PGresult *res;
+        char *names = NULL, *commit = NULL;
+        int r = exec_params(s, "SELECT current_setting('synchronous_standby_names'), "
+                               "current_setting('synchronous_commit')",
+                            0, NULL, 0, PGRES_TUPLES_OK, &res);
+        if (r < 0)
+                return r;
+        if (PQntuples(res) != 1 || PQnfields(res) != 2) {
+                set_err(s, "SELECT current_setting(...) returned %d rows", PQntuples(res));
+                r = -EIO;
+                goto out;
+        }
+        names = strdup(PQgetvalue(res, 0, 0));
+        commit = strdup(PQgetvalue(res, 0, 1));
+        if (!names || !commit) {
+                r = -ENOMEM;
+                goto out;
+        }
+        *ret_standby_names = names;
+        *ret_synchronous_commit = commit;
+        names = commit = NULL;
+out:
+        free(names);
+        free(commit);
+        PQclear(res);
+        return r;
+}
+
 int pgstore_db_now(struct pgstore *s, int64_t *ret_ms)
 {
         if (!s || !s->conn || !ret_ms)

@@ -62,6 +62,11 @@ const char *pgstore_error(const struct pgstore *s);
 /* The database's clock now (ms since the epoch), for a node's skew and for
  * a tick claim refused with -ETIME. */
 int pgstore_db_now(struct pgstore *s, int64_t *ret_ms);
+/* This session's synchronous_standby_names and synchronous_commit (what
+ * the server's acknowledgement of a commit promises; freed by the
+ * caller). */
+int pgstore_commit_settings(struct pgstore *s, char **ret_standby_names,
+                            char **ret_synchronous_commit);
 
 /* Create or migrate the schema to PGSCHEMA_VERSION, in one transaction under
  * an advisory lock (concurrent callers wait, then find nothing to do). */

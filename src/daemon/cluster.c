@@ -1097,6 +1097,38 @@ static void measure_skew(struct cluster *c, struct pgstore *s)
                            c->node, CLUSTER_SKEW_BOUND_MS / 1000, (double)skew / 1000.0);
 }
 
+
+/* Once at start: whether the database acknowledges a commit that its
+ * failover can lose (no synchronous standby, or synchronous_commit off or
+ * local: the promoted standby lacks what the old primary acknowledged).
+ * What it risks and how to set up a synchronous standby: kairosd(8),
+ * docs/design.md §14. */
+static void warn_losable_commits(struct pgstore *s)
+{
+        char *names = NULL, *commit = NULL;
+        if (pgstore_commit_settings(s, &names, &commit) < 0) {
+                log_debug("cluster: cannot read synchronous_standby_names and "
+                          "synchronous_commit: %s", pgstore_error(s));
+                return;
+        }
+        bool no_standby = names[0] == '\0';
+        bool local = strcmp(commit, "off") == 0 || strcmp(commit, "local") == 0;
+        if (no_standby || local)
+                log_warning("cluster: the database acknowledges commits that a failover can "
+                            "lose (%s%s%s%s): a fire, a tick's claim or a step's record "
+                            "acknowledged by the primary may be missing on a promoted standby "
+                            "(a tick fired again, an effect done twice); set up a synchronous "
+                            "standby (synchronous_standby_names, synchronous_commit=on), see "
+                            "kairosd(8)",
+                            no_standby ? "synchronous_standby_names is empty: no synchronous "
+                                         "standby"
+                                       : "",
+                            no_standby && local ? "; " : "",
+                            local ? "synchronous_commit=" : "", local ? commit : "");
+        free(names);
+        free(commit);
+}
+
 static void *heartbeat_main(void *arg)
 {
         struct cluster *c = arg;
@@ -1623,6 +1655,7 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
                 pgstore_close(s);
                 goto fail;
         }
+        warn_losable_commits(s);
         pgstore_close(s);
         c->deadline_ms = sent + c->lease_ms;
         if (c->deadman)

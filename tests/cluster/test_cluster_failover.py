@@ -14,6 +14,10 @@ ConnectionString= names both servers (target_session_attrs=read-write).
   promotion both nodes renew and a step ends within two leases.  The
   failover times are printed (promotion to the first step done, to both
   nodes renewing), with the load average.
+- At its start kairosd warns (once, warning level) when the database
+  acknowledges commits that a failover can lose: no synchronous standby
+  (synchronous_standby_names empty), or synchronous_commit off or local;
+  nothing on the synchronous pair.
 
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled); KAIROS_FAILOVER_LEASE_SEC: LeaseSec= (3; 10
@@ -25,6 +29,7 @@ standby is promoted (0: a failover manager's detection time).  Exit 77
 binaries.  No sleeps as synchronization: polls with a deadline."""
 import collections
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -41,6 +46,7 @@ PAIR = None
 LEASE = int(os.environ.get("KAIROS_FAILOVER_LEASE_SEC", "3"))
 ROUNDS = int(os.environ.get("KAIROS_FAILOVER_ROUNDS", "1"))
 DOWN = float(os.environ.get("KAIROS_FAILOVER_DOWN_SEC", "0"))
+WARNING = "a failover can lose"
 
 # the effect (once, through the database), then a little more work
 ACT = ("#!/bin/sh\n"
@@ -155,6 +161,8 @@ class Failover(pg_node.TwoNodes):
         self.failover_under_load(PAIR.fence_primary)
 
     def failover_under_load(self, attack):
+        for n in (self.n1, self.n2):
+            self.assertNotIn(WARNING, n.daemon.log())
         load = Load([self.n1, self.n2])
         to_step, to_renew = [], []
         try:
@@ -230,6 +238,54 @@ class Failover(pg_node.TwoNodes):
             print("  refused: %r" % (f,), file=sys.stderr)
         self.assertLessEqual(max(to_step), 2 * LEASE)
         self.assertLessEqual(max(to_renew), 2 * LEASE)
+
+    def test_synchronous_commit_local_warns(self):
+        """PGOPTIONS=-c synchronous_commit=local: the node's commits are
+        acknowledged before the standby has them."""
+        n3 = with_env(self.make_node("n3"), {"PGOPTIONS": "-c synchronous_commit=local"})
+        n3.start()
+        try:
+            wait_for(lambda: WARNING in n3.daemon.log(), "the warning")
+            log = n3.daemon.log()
+        finally:
+            self.assertEqual(n3.close(graceful=True), 0)
+        lines = [line for line in log.splitlines() if WARNING in line]
+        self.assertEqual(len(lines), 1, log)
+        self.assertTrue(lines[0].startswith("<4>"), lines[0])   # warning
+        self.assertIn("synchronous_commit=local", lines[0])
+        self.assertNotIn("synchronous_standby_names is empty", lines[0])
+        for n in (self.n1, self.n2):
+            self.assertNotIn(WARNING, n.daemon.log())
+
+
+class NoStandby(unittest.TestCase):
+    """A node on a server without a standby warns once at start, naming
+    synchronous_standby_names."""
+
+    def test_no_standby_warns(self):
+        with pg_fixture.PgServer(PAIR.bindir) as pg:
+            ci = pg.createdb("lone")
+            r = subprocess.run([os.environ["KAIROSD"], "--init-db", ci], capture_output=True,
+                               text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            d = pg_node.tempfile.mkdtemp(prefix="kairos-lone-")
+            try:
+                n = pg_node.Node(d, "n1", ci, {}, LEASE)
+                n.start()
+                try:
+                    wait_for(lambda: WARNING in n.daemon.log(), "the warning")
+                    rc, out, err = n.ctl("status")
+                    self.assertEqual(rc, 0, err)
+                    log = n.daemon.log()
+                finally:
+                    self.assertEqual(n.close(graceful=True), 0)
+            finally:
+                pg_node.shutil.rmtree(d, ignore_errors=True)
+        lines = [line for line in log.splitlines() if WARNING in line]
+        self.assertEqual(len(lines), 1, log)
+        self.assertTrue(lines[0].startswith("<4>"), lines[0])   # warning
+        self.assertIn("synchronous_standby_names is empty", lines[0])
+        self.assertNotIn("synchronous_commit", lines[0].split("lose (")[1].split(")")[0])
 
 
 def main():
