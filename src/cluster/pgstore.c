@@ -53,6 +53,7 @@ static const char *const prepared_sql[PREP_COUNT] = {
 struct pgstore {
         PGconn *conn;
         unsigned prepared;      /* bit i: prepared_sql[i] exists in this session */
+        bool read_only;         /* the last call was refused as read-only (25006) */
         char err[512];
 };
 
@@ -178,6 +179,11 @@ int pgstore_reset(struct pgstore *s)
         return 0;
 }
 
+bool pgstore_refused_read_only(const struct pgstore *s)
+{
+        return s && s->read_only;
+}
+
 bool pgstore_connected(const struct pgstore *s)
 {
         return s && s->conn && PQstatus(s->conn) == CONNECTION_OK;
@@ -206,11 +212,19 @@ static int sqlstate_errno(const char *st)
  * negative errno and res is freed. */
 static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
 {
+        s->read_only = false;
         if (res && PQresultStatus(res) == want)
                 return 0;
         int err;
-        if (PQstatus(s->conn) != CONNECTION_OK) {
-                set_err(s, "connection lost, outcome unknown: %s", PQerrorMessage(s->conn));
+        /* (an error libpq made itself, without the server's SQLSTATE, is
+         * the connection's: "server closed the connection unexpectedly"
+         * from a server stopped while this session idled on it) */
+        if (PQstatus(s->conn) != CONNECTION_OK ||
+            (res && PQresultStatus(res) == PGRES_FATAL_ERROR &&
+             !PQresultErrorField(res, PG_DIAG_SQLSTATE))) {
+                set_err(s, "connection lost, outcome unknown: %s",
+                        PQstatus(s->conn) != CONNECTION_OK ? PQerrorMessage(s->conn)
+                                                           : PQresultErrorMessage(res));
                 err = ENOTCONN;
         } else if (!res) {
                 set_err(s, "%s", PQerrorMessage(s->conn));
@@ -230,6 +244,7 @@ static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
                          * new primary) and asks again, as after a broken
                          * connection (docs/design.md §14) */
                         err = ENOTCONN;
+                        s->read_only = true;
                         set_err(s, "the server takes no writes (a standby or a demoted "
                                    "primary), connecting again: %s (SQLSTATE %s)",
                                 msg ? msg : "read-only", st);
@@ -238,7 +253,8 @@ static int check(struct pgstore *s, PGresult *res, ExecStatusType want)
                 else if (msg)
                         set_err(s, "%s", msg);
                 else
-                        set_err(s, "unexpected result %s", PQresStatus(PQresultStatus(res)));
+                        set_err(s, "unexpected result %s: %s", PQresStatus(PQresultStatus(res)),
+                                PQresultErrorMessage(res));
         }
         PQclear(res);
         return -err;

@@ -53,6 +53,10 @@ int pgstore_reset(struct pgstore *s);
 /* false once a call found the connection broken (until pgstore_reset
  * succeeds); no round trip. */
 bool pgstore_connected(const struct pgstore *s);
+/* Whether the last call's -ENOTCONN was a write refused as read-only
+ * (SQLSTATE 25006: a standby, a fenced old primary): it wrote nothing, so
+ * any call may be asked again once pgstore_reset found the primary. */
+bool pgstore_refused_read_only(const struct pgstore *s);
 /* Before a call whose outcome must not be unknown for want of a live
  * connection (a tool call's claim or end): a round trip, and a reconnect if
  * the connection broke meanwhile (the server restarted, ...).  0: the

@@ -155,11 +155,14 @@ static void pg_work_run(uv_work_t *w)
                         break;
                 }
                 /* the effect has happened: a finish whose outcome is unknown
-                 * is made again (the next call on this thread reconnects) */
-                if (r != -ENOTCONN || j->op != PG_FINISH || tries == 8)
+                 * is made again (the next call on this thread reconnects);
+                 * any call refused as read-only wrote nothing and is asked
+                 * again of the primary a failover promoted */
+                if (r != -ENOTCONN || tries == 8 ||
+                    (j->op != PG_FINISH && !pgstore_refused_read_only(s)))
                         break;
                 (void)pgstore_reset(s);
-                repeated = true;
+                repeated = repeated || j->op == PG_FINISH;
         }
         if (r == -ESTALE && repeated && pg_finished_before(s, j))
                 r = 0;

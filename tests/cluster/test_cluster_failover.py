@@ -6,10 +6,13 @@ synchronous_standby_names, synchronous_commit=on), two kairosd nodes whose
 ConnectionString= names both servers (target_session_attrs=read-write).
 
 - Under load (fires of a schedule on both nodes, each mandate's act making
-  its effect through `kairosctl tool run`, logged to an outbox, then
-  running a little longer), the primary's postmaster is killed (kill -9)
-  and the standby promoted (pg_ctl promote), as a failover manager would.
-  Then: no tick fired twice, no effect twice, every fire that was
+  its effect through `kairosctl tool run`, logged to an outbox, then a
+  little more work; an act held before its tool call until the attack),
+  the primary's postmaster is killed (kill -9), or the primary made read-only
+  while its sessions stay (a switchover's fence: their writes get SQLSTATE
+  25006; the test waits until a tool call's claim was refused), and the
+  standby promoted (pg_ctl promote), as a failover manager
+  would.  Then: no tick fired twice, no effect twice, every fire that was
   acknowledged has a mandate that ends done (none failed), and from the
   promotion both nodes renew and a step ends within two leases.  The
   failover times are printed (promotion to the first step done, to both
@@ -22,11 +25,12 @@ ConnectionString= names both servers (target_session_attrs=read-write).
 Environment: KAIROSD, KAIROSCTL, KAIROS_PGSTORE_TEST (empty when built
 without -Dpostgres=enabled); KAIROS_FAILOVER_LEASE_SEC: LeaseSec= (3; 10
 as in production); KAIROS_FAILOVER_ROUNDS: failovers, each followed by a
-new synchronous standby in the dead primary's place (1); 
-KAIROS_FAILOVER_DOWN_SEC: how long the primary stays dead before the
-standby is promoted (0: a failover manager's detection time).  Exit 77
-(skipped, with the reason) without PostgreSQL support or the server
-binaries.  No sleeps as synchronization: polls with a deadline."""
+new synchronous standby in the dead primary's place (1);
+KAIROS_FAILOVER_DOWN_SEC: how long the primary stays dead or read-only
+(0) before the standby is promoted (a failover manager's time;
+near the lease, a step cut off inside its tool call may end paused for
+review, by design).  Exit 77 (skipped, with the reason) without
+PostgreSQL support or the server binaries.  No sleeps as synchronization: polls with a deadline."""
 import collections
 import os
 import subprocess
@@ -45,11 +49,19 @@ import pg_standby  # noqa: E402
 PAIR = None
 LEASE = int(os.environ.get("KAIROS_FAILOVER_LEASE_SEC", "3"))
 ROUNDS = int(os.environ.get("KAIROS_FAILOVER_ROUNDS", "1"))
-DOWN = float(os.environ.get("KAIROS_FAILOVER_DOWN_SEC", "0"))
+# how long the old primary is dead (kill) or read-only (fence) before the
+# promotion: a failover manager's time
+DOWN = os.environ.get("KAIROS_FAILOVER_DOWN_SEC")
 WARNING = "a failover can lose"
 
-# the effect (once, through the database), then a little more work
+# the effect (once, through the database), then a little more work; held
+# before its tool call while $OUT/hold exists (the test's way to have tool
+# calls made during the failover)
 ACT = ("#!/bin/sh\n"
+       "if [ -e \"$OUT/hold\" ]; then\n"
+       "  touch \"$OUT/held-$KAIROS_MANDATE_ID\"\n"
+       "  while [ -e \"$OUT/hold\" ]; do sleep 0.05; done\n"
+       "fi\n"
        "\"$KAIROSCTL\" tool run --key \"out-$KAIROS_IDEM_KEY\" -- sh -c "
        "'echo \"$0\" >> \"$1\"' \"$KAIROS_MANDATE_ID\" \"$OUT/outbox\" >/dev/null || exit 1\n"
        "sleep 0.5\n"
@@ -152,15 +164,15 @@ class Failover(pg_node.TwoNodes):
 
     def test_failover_under_load(self):
         """The primary's postmaster killed (kill -9), the standby promoted."""
-        self.failover_under_load(PAIR.kill_primary)
+        self.failover_under_load(PAIR.kill_primary, float(DOWN or 0))
 
     def test_switchover_under_load(self):
         """The primary made read-only while it runs, the standby promoted:
         the nodes' sessions on the old primary get SQLSTATE 25006 and must
         connect to the new one."""
-        self.failover_under_load(PAIR.fence_primary)
+        self.failover_under_load(PAIR.fence_primary, float(DOWN or 0))
 
-    def failover_under_load(self, attack):
+    def failover_under_load(self, attack, down):
         for n in (self.n1, self.n2):
             self.assertNotIn(WARNING, n.daemon.log())
         load = Load([self.n1, self.n2])
@@ -171,11 +183,30 @@ class Failover(pg_node.TwoNodes):
                 # mid-load: steps ending and others running
                 wait_for(lambda: self.count("succeeded") >= done0 + 3
                          and self.count("running") >= 1, "the load to run", timeout=60)
+                # an act held before its tool call, let go once the
+                # primary is dead or read-only: its call meets the failover
+                hold = os.path.join(self.out, "hold")
+                open(hold, "w").close()
+                wait_for(lambda: [f for f in os.listdir(self.out) if f.startswith("held-")],
+                         "an act held before its tool call")
                 attack()
-                if DOWN:
-                    time.sleep(DOWN)   # the outage's length, not a synchronization
+                claims0 = PAIR.primary.server_log().count("kairos_idem_claim")
+                os.unlink(hold)
+                for f in os.listdir(self.out):
+                    if f.startswith("held-"):
+                        os.unlink(os.path.join(self.out, f))
+                if attack == PAIR.fence_primary:
+                    # the old primary refused a tool call's claim (25006)
+                    wait_for(lambda: PAIR.primary.server_log().count("kairos_idem_claim")
+                             > claims0, "a tool call refused as read-only", timeout=LEASE / 2)
+                if down:
+                    time.sleep(down)   # the outage's length, not a synchronization
                 PAIR.promote()
                 t0 = time.monotonic()
+                if os.environ.get(self.DEBUG):
+                    print("".join(line + "\n" for line in PAIR.standby.server_log().splitlines()
+                                  if "read-only" in line or "STATEMENT" in line)[-3000:],
+                          file=sys.stderr)
                 promoted = self.sql("SELECT clock_timestamp()")[0][0]
                 base = self.count("succeeded")
                 step = renew = None
@@ -231,7 +262,7 @@ class Failover(pg_node.TwoNodes):
         print("%s (LeaseSec=%d, %d rounds, down %.1f s): promotion to a step done p50 %.2f "
               "/ p99 %.2f s, to both nodes renewing p50 %.2f / p99 %.2f s; %d fires (%d "
               "acknowledged, %d refused), %d mandates done, %d effects, 0 twice; load average %s"
-              % (attack.__name__, LEASE, ROUNDS, DOWN, pct(to_step, 50), pct(to_step, 99), pct(to_renew, 50),
+              % (attack.__name__, LEASE, ROUNDS, down, pct(to_step, 50), pct(to_step, 99), pct(to_renew, 50),
                  pct(to_renew, 99), len(fires), len(acked), len(refused), len(rows),
                  sum(effects.values()), load_avg), file=sys.stderr)
         for f in refused[:5]:
