@@ -64,6 +64,9 @@ class _Server(pg_fixture.PgServer):
         auto = os.path.join(self.data, "postgresql.auto.conf")
         with open(auto) as f:
             kept = [line for line in f if not line.startswith("synchronous_standby_names")]
+        # (a standby whose primary died waits wal_retrieve_retry_interval,
+        # 5 s by default, before it looks at a promotion request)
+        kept.append("wal_retrieve_retry_interval = '100ms'\n")
         with open(auto, "w") as f:
             f.writelines(kept)
         for lock in (os.path.join(self.data, "postmaster.pid"),

@@ -176,7 +176,7 @@ class Failover(pg_node.TwoNodes):
         for n in (self.n1, self.n2):
             self.assertNotIn(WARNING, n.daemon.log())
         load = Load([self.n1, self.n2])
-        to_step, to_renew = [], []
+        to_step, to_renew, outage = [], [], []
         try:
             for rnd in range(ROUNDS):
                 done0 = self.count("succeeded")
@@ -189,6 +189,7 @@ class Failover(pg_node.TwoNodes):
                 open(hold, "w").close()
                 wait_for(lambda: [f for f in os.listdir(self.out) if f.startswith("held-")],
                          "an act held before its tool call")
+                t_attack = time.monotonic()
                 attack()
                 claims0 = PAIR.primary.server_log().count("kairos_idem_claim")
                 os.unlink(hold)
@@ -203,6 +204,7 @@ class Failover(pg_node.TwoNodes):
                     time.sleep(down)   # the outage's length, not a synchronization
                 PAIR.promote()
                 t0 = time.monotonic()
+                outage.append(t0 - t_attack)
                 if os.environ.get(self.DEBUG):
                     print("".join(line + "\n" for line in PAIR.standby.server_log().splitlines()
                                   if "read-only" in line or "STATEMENT" in line)[-3000:],
@@ -221,8 +223,8 @@ class Failover(pg_node.TwoNodes):
                     )[0][0]) == 2:
                         renew = now
                     time.sleep(0.05)
-                print("round %d: from the promotion %s s to a step done, %s s to both nodes "
-                      "renewing" % (rnd, "%.2f" % step if step is not None else "no",
+                print("round %d: %.2f s from the attack to the promotion; from the promotion "
+                      "%s s to a step done, %s s to both nodes renewing" % (rnd, outage[-1], "%.2f" % step if step is not None else "no",
                                     "%.2f" % renew if renew is not None else "no"),
                       file=sys.stderr)
                 self.assertIsNotNone(step, "no step ended after the promotion\n" + self.logs())
@@ -259,10 +261,11 @@ class Failover(pg_node.TwoNodes):
                          "its effect, or an effect without its mandate")
         with open("/proc/loadavg") as f:
             load_avg = " ".join(f.read().split()[:3])
-        print("%s (LeaseSec=%d, %d rounds, down %.1f s): promotion to a step done p50 %.2f "
+        print("%s (LeaseSec=%d, %d rounds, down %.1f s; the attack to the promotion p99 "
+              "%.2f s): promotion to a step done p50 %.2f "
               "/ p99 %.2f s, to both nodes renewing p50 %.2f / p99 %.2f s; %d fires (%d "
               "acknowledged, %d refused), %d mandates done, %d effects, 0 twice; load average %s"
-              % (attack.__name__, LEASE, ROUNDS, down, pct(to_step, 50), pct(to_step, 99), pct(to_renew, 50),
+              % (attack.__name__, LEASE, ROUNDS, down, pct(outage, 99), pct(to_step, 50), pct(to_step, 99), pct(to_renew, 50),
                  pct(to_renew, 99), len(fires), len(acked), len(refused), len(rows),
                  sum(effects.values()), load_avg), file=sys.stderr)
         for f in refused[:5]:
