@@ -186,6 +186,13 @@ class PgPair:
         with SQLSTATE 25006."""
         self.primary.psql("postgres", "ALTER SYSTEM SET default_transaction_read_only = on")
         self.primary.psql("postgres", "SELECT pg_reload_conf()")
+        # a new session forked with it: the postmaster has reloaded and
+        # signalled every session (each reloads before its next command)
+        deadline = time.monotonic() + 30
+        while self.primary.psql("postgres", "SHOW default_transaction_read_only") != [["on"]]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the primary does not turn read-only")
+            time.sleep(0.01)
 
     def promote(self):
         """pg_ctl promote -w of the standby; it is the primary from then
