@@ -568,7 +568,7 @@ static void test_parse_nested(void **state)
         struct kjson_arena *a = kjson_arena_new();
         struct kjson *v = NULL;
         struct kjson_error err;
-        char deep[2 * KJSON_MAX_DEPTH + 1];
+        char deep[2 * KJSON_MAX_DEPTH + 2];
         for (int levels = 0; levels <= 2; levels++) {
                 int ok = KJSON_MAX_DEPTH - levels;
                 memset(deep, '[', (size_t)ok);
