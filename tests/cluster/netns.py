@@ -9,6 +9,10 @@ nemesis primitives to cut, slow, stop and skew them.
         bed.cut(1)            # node 1 cannot reach anything (link down)
         bed.cut(2, how="loss")  # tc netem loss 100% both ways
         bed.delay(3, ms=200)  # netem delay on node 3's traffic both ways
+        bed.delay(3, ms=200, jitter_ms=50)   # each packet 150..250 ms late
+        bed.cut(1, how="in")  # node 1 sends, receives nothing (IP only)
+        bed.cut(1, how="out") # node 1 receives, its packets are dropped
+        bed.kill_pg(); bed.start_pg()        # kill -9 every PostgreSQL process
         bed.heal(1); bed.heal()              # one node, or all
         bed.restart_pg()                     # pg_ctl restart -m immediate
         p = bed.popen(1, ["kairosd", ...])   # a process in node 1
@@ -324,9 +328,13 @@ class NetBed:
     def _qdisc_del(self, ns, dev):
         _sh(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
 
-    def _impair(self, port, ns, delay_ms=0, loss=False):
-        if self.netem:
-            args = ["loss", "100%"] if loss else ["delay", f"{delay_ms}ms"]
+    def _impair(self, port, ns, delay_ms=0, loss=False, jitter_ms=0, drop=None):
+        """drop (one direction only, always through the relay: netem on one
+        end would drop ARP too): "out" drops the IP packets node's port
+        sends, "in" those it would receive."""
+        if self.netem and not drop:
+            args = ["loss", "100%"] if loss else ["delay", f"{delay_ms}ms"] + (
+                [f"{jitter_ms}ms"] if jitter_ms else [])
             if ns:
                 self._qdisc(ns, "eth0", *args)
             self._qdisc(self.sw, port, *args)
@@ -341,7 +349,8 @@ class NetBed:
             _sh(["ip", "-n", self.sw, "link", "set", dev, "up"])
         p = subprocess.Popen(["ip", "netns", "exec", self.sw, sys.executable,
                               os.path.abspath(__file__), "relay", port, x, str(delay_ms),
-                              "1" if loss else "0"], stdout=subprocess.PIPE, text=True)
+                              "1" if loss else (drop or "0"), str(jitter_ms)],
+                             stdout=subprocess.PIPE, text=True)
         self.relays[port] = p
         if p.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the relay for {port} did not start")
@@ -361,8 +370,8 @@ class NetBed:
             if ns:
                 self._qdisc_del(ns, "eth0")
             self._qdisc_del(self.sw, port)
-        else:
-            self._unrelay(port)
+        # (a one-way cut takes the relay even with netem)
+        self._unrelay(port)
         _sh(["ip", "-n", self.sw, "link", "set", port, "up"])
         # neighbours that failed to answer during the cut are marked
         # unreachable: forget them, or the first connections after the heal
@@ -374,18 +383,25 @@ class NetBed:
     def cut(self, k, how="down"):
         """Cut node k off (from PostgreSQL and every other node): "down" sets
         its switch port down (`ip link set … down`), "loss" drops all its
-        packets both ways (`tc … netem loss 100%`, or the relay)."""
+        packets both ways (`tc … netem loss 100%`, or the relay).  One way
+        only (the relay, dropping IPv4 and IPv6 frames of one direction,
+        ARP passing both ways as on a route broken one way): "in" the node
+        sends (PostgreSQL receives its packets) and receives nothing, "out"
+        the node receives and nothing it sends arrives."""
         if how == "down":
             _sh(["ip", "-n", self.sw, "link", "set", f"n{k}", "down"])
         elif how == "loss":
             self._impair(f"n{k}", self.ns(k), loss=True)
+        elif how in ("in", "out"):
+            self._impair(f"n{k}", self.ns(k), drop=how)
         else:
             raise ValueError(how)
 
-    def delay(self, k, ms=200):
+    def delay(self, k, ms=200, jitter_ms=0):
         """Delay node k's packets by ms each way (a round trip costs 2*ms
-        more): netem delay on both ends of its link, or the relay."""
-        self._impair(f"n{k}", self.ns(k), delay_ms=ms)
+        more), each by ms +- jitter_ms at random: netem delay on both ends
+        of its link, or the relay (which keeps each direction in order)."""
+        self._impair(f"n{k}", self.ns(k), delay_ms=ms, jitter_ms=jitter_ms)
 
     def heal(self, k=None):
         """Undo cut() and delay() on node k, or on every node."""
@@ -406,6 +422,24 @@ class NetBed:
         """Restart PostgreSQL at once (crash-like: `-m immediate`), waiting
         until it accepts connections again."""
         self._pg_ctl("restart", mode="immediate")
+
+    def kill_pg(self):
+        """kill -9 the postmaster and every PostgreSQL process (a crash of
+        the database's host), until none is left; start_pg() starts it
+        again on the same data directory."""
+        self._signal_ns(self.pgns, signal.SIGKILL)
+        # the dead server's lock files would make the next one believe a
+        # live one holds the data directory
+        for lock in (os.path.join(self.data, "postmaster.pid"),
+                     os.path.join(self.dir, f".s.PGSQL.{PG_PORT}.lock")):
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:
+                pass
+        self.pg_running = False
+
+    def start_pg(self):
+        self._pg_ctl("start")
 
     def pg_pid(self):
         with open(os.path.join(self.data, "postmaster.pid")) as f:
@@ -473,11 +507,14 @@ def leftovers(tag):
             if line.split() and line.split()[0].startswith(tag + "-")]
 
 
-def relay(a, b, delay_ms, loss):
+def relay(a, b, delay_ms, loss, jitter_ms=0):
     """Carry every frame between interfaces a and b (AF_PACKET), each delay_ms
-    late, or drop them all (loss).  Runs until killed; prints "ready" once
-    both sockets are bound."""
+    late (+- jitter_ms at random, each direction kept in order), or drop
+    them all (loss "1"), or drop the IP frames read from a ("out": what
+    the node sends) or from b ("in": what it would receive), ARP passing.
+    Runs until killed; prints "ready" once both sockets are bound."""
     import heapq
+    import random
     import select
     import socket
     ETH_P_ALL = 0x0003
@@ -489,6 +526,10 @@ def relay(a, b, delay_ms, loss):
         sk.setblocking(False)
         socks[dev] = sk
     other = {socks[a].fileno(): socks[b], socks[b].fileno(): socks[a]}
+    dropped = {"1": {socks[a].fileno(), socks[b].fileno()}, "out": {socks[a].fileno()},
+               "in": {socks[b].fileno()}}.get(loss, set())
+    ip_only = loss in ("in", "out")
+    last = {}
     print("ready", flush=True)
     due, n = [], 0
     while True:
@@ -506,12 +547,16 @@ def relay(a, b, delay_ms, loss):
                 frame, addr = sk.recvfrom(65536)
             except BlockingIOError:
                 continue
-            if addr[2] == PACKET_OUTGOING or loss:
+            if addr[2] == PACKET_OUTGOING:
+                continue
+            if sk.fileno() in dropped and (not ip_only or addr[1] in (0x0800, 0x86DD)):
                 continue
             n += 1
-            heapq.heappush(due, (time.monotonic() + delay_ms / 1000.0, n,
-                                 other[sk.fileno()], frame))
+            d = (delay_ms + (random.uniform(-jitter_ms, jitter_ms) if jitter_ms else 0)) / 1000.0
+            at = max(time.monotonic() + max(0.0, d), last.get(sk.fileno(), 0.0))
+            last[sk.fileno()] = at
+            heapq.heappush(due, (at, n, other[sk.fileno()], frame))
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "relay":
-    relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")
+if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "relay":
+    relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))

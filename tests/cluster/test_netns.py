@@ -11,7 +11,14 @@ checked from the outside:
 - delay 200 ms: a TCP connect from the node takes >= 400 ms (both ends
   delayed), the others stay fast; heal makes it fast again (delay and loss
   both by netem when the kernel has it and by the relay standing in for it);
+- one-way cuts (the relay): "in" lets a UDP datagram from node 1 reach
+  PostgreSQL's namespace and none back, "out" the reverse; heal restores
+  both ways;
+- delay with jitter: a connect takes at least the delay less the jitter
+  each way, still bounded;
 - restart_pg: the server's pid changes, connections work afterwards;
+  kill_pg leaves no process in PostgreSQL's namespace, start_pg serves
+  again;
 - stop/cont of a process and of a whole node: every process of the node in
   state T (stopped) in /proc, then running again; kill_node leaves none;
 - a shifted clock: `date +%s` under faketime in a node is 5 s ahead (or
@@ -51,6 +58,36 @@ def can_query(k, timeout=3):
     r = BED.run(k, [PSQL, "-X", "-A", "-t", "-d", BED.conninfo(connect_timeout=timeout),
                     "-c", "SELECT 41 + 1"], timeout=timeout + 30)
     return r.returncode == 0 and r.stdout.strip() == "42"
+
+
+# the first UDP datagram on PORT within 3 s, printed ("" if none)
+UDP_RECV = ("import socket,sys\n"
+            "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+            "s.bind(('0.0.0.0',int(sys.argv[1])))\n"
+            "print('bound',flush=True)\n"
+            "s.settimeout(3)\n"
+            "try:\n print(s.recv(100).decode(),flush=True)\n"
+            "except socket.timeout:\n print('',flush=True)\n")
+UDP_SEND = ("import socket,sys\n"
+            "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+            "for _ in range(5): s.sendto(b'ping',(sys.argv[1],int(sys.argv[2])))\n")
+
+
+def udp_reaches(src, dst):
+    """Whether a datagram from namespace src reaches namespace dst (0:
+    PostgreSQL's)."""
+    p = BED.popen(dst, [sys.executable, "-c", UDP_RECV, "9999"], stdout=subprocess.PIPE,
+                  text=True)
+    try:
+        assert p.stdout.readline().strip() == "bound"
+        addr = netns.PG_ADDR if dst == 0 else netns.node_addr(dst)
+        r = BED.run(src, [sys.executable, "-c", UDP_SEND, addr, "9999"])
+        assert r.returncode == 0, r.stderr
+        return p.stdout.readline().strip() == "ping"
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
 
 
 def connect_time(k):
@@ -135,6 +172,40 @@ class Bed(unittest.TestCase):
         self.assertTrue(can_query(1))
         BED.heal(1)
         self.assertLess(connect_time(1), 0.1)
+
+    def test_cut_one_way(self):
+        self.assertTrue(udp_reaches(1, 0) and udp_reaches(0, 1))
+        BED.cut(1, how="in")
+        self.assertTrue(udp_reaches(1, 0), "cut in: node 1's datagram did not arrive")
+        self.assertFalse(udp_reaches(0, 1), "cut in: node 1 still receives")
+        self.assertFalse(can_query(1, timeout=2))
+        self.assertTrue(can_query(2), "cutting node 1 cut node 2 too")
+        BED.heal(1)
+        BED.cut(1, how="out")
+        self.assertFalse(udp_reaches(1, 0), "cut out: node 1's datagram arrived")
+        self.assertTrue(udp_reaches(0, 1), "cut out: node 1 receives nothing")
+        BED.heal(1)
+        self.assertTrue(udp_reaches(1, 0) and udp_reaches(0, 1) and can_query(1))
+
+    def test_delay_jitter(self):
+        for netem in netem_modes():
+            with self.subTest(netem=netem):
+                BED.netem = netem
+                BED.delay(1, ms=200, jitter_ms=100)
+                ts = [connect_time(1) for _ in range(3)]
+                self.assertGreaterEqual(min(ts), 0.19, ts)
+                self.assertLess(max(ts), 2.0, ts)
+                BED.heal(1)
+                self.assertLess(connect_time(1), 0.1)
+
+    def test_kill_pg(self):
+        before = BED.pg_pid()
+        BED.kill_pg()
+        self.assertEqual(BED.pids(0), [])
+        self.assertFalse(can_query(2, timeout=2))
+        BED.start_pg()
+        self.assertNotEqual(BED.pg_pid(), before)
+        self.assertTrue(can_query(2))
 
     def test_cut_pg(self):
         BED.cut_pg()
