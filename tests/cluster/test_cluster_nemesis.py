@@ -11,12 +11,29 @@ MINUTE` of the same tick on every node at once; and every 3-8 s a new
 tick of BURST (a schedule that never fires by itself, Concurrency=allow)
 fired on every node at once, so that faults land in the middle of steps.
 
-Nemesis, every 10-30 s at random (one fault at a time): kill -9 one
-kairosd (restarted 1-5 s later); kill a whole node, handlers included;
-SIGSTOP a kairosd alone 1-60 s (its handlers keep running); SIGSTOP a
-whole node 1-60 s; cut a node from PostgreSQL (link down or netem loss
-100%) 5-60 s; 200 ms delay on a node 5-30 s; restart PostgreSQL (-m
-immediate); restart a node with its wall clock 5 s off (faketime).
+Nemesis, every 10-30 s at random (one fault at a time), the kinds dealt
+from a shuffled deck (every kind once before any twice), each counted:
+  kill9        kill -9 one kairosd (restarted 1-5 s later, same clock)
+  kill_node    kill a whole node, handlers included (restarted 1-5 s later)
+  stop         SIGSTOP a kairosd alone 1-60 s (its handlers keep running)
+  stop_node    SIGSTOP a whole node 1-60 s
+  cut          cut a node off both ways (link down or loss 100%) 5-60 s
+  cut_in       a one-way cut 5-60 s: the node sends (PostgreSQL receives
+               its packets) and receives nothing
+  cut_out      the reverse: the node receives, what it sends is lost
+  delay        100-300 ms delay with 20-50 % jitter each way, 5-30 s
+  restart_pg   restart PostgreSQL (-m immediate)
+  kill_pg      kill -9 every PostgreSQL process, started again 0.5 s to
+               min(5 s, 0.45 lease) later: an outage shorter than the lease
+  skew_ahead   restart a node with its wall clock 5 s ahead (faketime); it
+  skew_behind  stays so (through kills) until a skew fault or the quiet
+               period: 5 s behind
+  skew_alone   restart a node with its clock 5 s off (ahead and behind in
+               turn) and kill the other two whole until a minute boundary
+               and 15 s more have passed: the skewed node alone must claim
+               every schedule's tick (the minute's `fire` is not sent
+               then), then they start again (only with >= 120 s of load
+               left)
 
 Then a quiet period: everything healed and running, until every mandate
 fired in the run has ended or paused (with a deadline).  The checker:
@@ -24,17 +41,25 @@ every expected tick (schedule x minute of the run) has exactly one
 mandate; no double fire; no (mandate, step) whose effect ran twice; no
 effect of a mandate the database does not know; no lost mandate (each
 ended done, or paused with a reason); the rows' invariants (pg_checks.py,
-with the daemon's: no row under an old epoch).  Reported: the failover
-time (owner's death → the owner record of another node, and → the next
-step started there) p50/p99 (a next step that waited for a sibling under
-Concurrency=queue apart: that wait is the schedule's, not the failover's),
-counts per fault and per outcome, `uptime`.
+with the daemon's: no row under an old epoch); 0 ticks lost to skew (the
+ticks of the minutes a node ran with its clock off: each exactly one
+mandate; those of a skew_alone stretch claimed by the skewed node); 0
+mandates failed by a database outage shorter than the lease (no record
+`failed` written between the outage's start and a lease after its end:
+kill_pg, restart_pg, a cut shorter than the lease); the failover after a
+node's death (kill9, kill_node) p99 <= LeaseSec + 3 s.  Reported: the
+failover time (owner's death → the owner record of another node, and →
+the next step started there) p50/p99, after a node's death and after any
+fault (a next step that waited for a sibling under Concurrency=queue
+apart: that wait is the schedule's, not the failover's), counts per fault
+and per outcome, `uptime`.
 
 Environment: KAIROS_NEMESIS_SEED (default: random, printed),
 KAIROS_NEMESIS_SECONDS (default 100; CI runs 60, 45 under the sanitizers),
 KAIROS_NEMESIS_LEASE (LeaseSec,
-default 4; the figures of the issue need 10), KAIROS_KEEP=1 keeps the
-directory.  Skipped (77) as test_cluster.py is.
+default 4; the figures of the issue need 10), KAIROS_NEMESIS_KINDS (a
+comma-separated list of fault kinds to deal from; default all),
+KAIROS_KEEP=1 keeps the directory.  Skipped (77) as test_cluster.py is.
 """
 import os
 import random
@@ -165,6 +190,65 @@ def failover_times(events, wal, schedule_of=None, queued=()):
     return to_owner, to_step, behind
 
 
+def skew_intervals(events, t_end):
+    """[(from, to, node, offset)]: when a node ran with its wall clock off,
+    from the events "start clockXs" to the node's next start, kill or
+    SIGTERM (or t_end)."""
+    out, open_ = [], {}
+    for (t, what, k) in sorted(events, key=lambda e: e[0]):
+        if k is None:
+            continue
+        w = what.split()[0]
+        if w in ("start", "kill", "SIGTERM") and k in open_:
+            t0, off = open_.pop(k)
+            out.append((t0, t, k, off))
+        if w == "start" and "clock" in what:
+            open_[k] = (t, float(what.split("clock")[1].rstrip("s")))
+    out += [(t0, t_end, k, off) for k, (t0, off) in open_.items()]
+    return sorted(out)
+
+
+def ticks_lost_to_skew(expected, mandates, intervals, alone, claimed_by):
+    """The expected ticks of the minutes a node ran skewed (a minute inside
+    one of intervals), the ones among them that have not exactly one
+    mandate, and those of a skew_alone stretch (alone: [(from, to, node)])
+    not claimed by the alone node.  claimed_by: {(schedule, minute): node
+    name} from kairos_tick.  Returns (skewed ticks, [(why, schedule,
+    minute)])."""
+    by_tick = {}
+    for mid, m in mandates.items():
+        if m["fired_at"] is not None:
+            by_tick.setdefault((m["schedule"], m["fired_at"]), []).append(mid)
+    skewed = sorted(t for t in expected if any(a <= t[1] < b for (a, b, _, _) in intervals))
+    bad = []
+    for t in skewed:
+        n = len(by_tick.get(t, []))
+        if n != 1:
+            bad.append(("missing" if n == 0 else "double", t[0], t[1]))
+            continue
+        for (a, b, k) in alone:
+            if a <= t[1] < b and claimed_by.get(t) != f"node{k}":
+                bad.append((f"claimed by {claimed_by.get(t)!r}, not node{k} (alone)",
+                            t[0], t[1]))
+    return skewed, bad
+
+
+def failed_in_outages(wal, outages, lease):
+    """Mandates with a record `failed` written during an outage of the
+    database shorter than the lease or within a lease after it
+    (outages: [(down, up, what)]).  Returns ({mandate: what}, number of
+    records `failed` in all)."""
+    out, total = {}, 0
+    for (mid, _, _, t, rec) in wal:
+        if rec.get("status") != "failed":
+            continue
+        total += 1
+        for (down, up, what) in outages:
+            if up - down < lease and down <= t <= up + lease:
+                out.setdefault(mid, what)
+    return out, total
+
+
 def self_test():
     """The checker finds what it must (synthetic data, no root)."""
     exp = expected_ticks(["a"], 59, 181)
@@ -212,6 +296,27 @@ def self_test():
     # the same wait under Concurrency=allow is the failover's
     o, s, b = failover_times([(102.0, "kill -9 kairosd", 2)], wal2, sched, set())
     assert sorted(x[1] for x in s) == ["m1", "m2"] and b == [], (s, b)
+    # skew: node1 +5 from 100 to its kill at 250, again from its restart at
+    # 252 to the end; node2 -5 from 300 to 400 alone (node1 and 3 killed)
+    ev = [(100.0, "start clock+5s", 1), (250.0, "kill -9 kairosd", 1),
+          (252.0, "start clock+5s", 1), (300.0, "start clock-5s", 2),
+          (301.0, "kill node", 3), (400.0, "SIGTERM", 2), (401.0, "start", 2)]
+    iv = skew_intervals(ev, 500.0)
+    assert iv == [(100.0, 250.0, 1, 5.0), (252.0, 500.0, 1, 5.0), (300.0, 400.0, 2, -5.0)], iv
+    exp = expected_ticks(["a"], 59, 600)
+    ms = {f"m{t}": {"schedule": "a", "fired_at": t} for t in (60, 120, 180, 240, 300, 420)}
+    ms["mx"] = {"schedule": "a", "fired_at": 420}
+    sk, bad = ticks_lost_to_skew(exp, ms, iv, [(300.0, 400.0, 2)],
+                                 {("a", 300): "node3", ("a", 360): "node2"})
+    assert [t[1] for t in sk] == [120, 180, 240, 300, 360, 420, 480], sk
+    assert [(b[0][:7], b[2]) for b in bad] == [("claimed", 300), ("missing", 360),
+                                               ("double", 420), ("missing", 480)], bad
+    wal = [("m1", 1, 1, 100.0, {"op": "mandate"}),
+           ("m1", 2, 1, 107.0, {"op": "transition", "status": "failed"}),
+           ("m2", 2, 1, 130.0, {"op": "transition", "status": "failed"}),
+           ("m3", 2, 1, 200.0, {"op": "transition", "status": "failed"})]
+    bad, total = failed_in_outages(wal, [(100.0, 103.5, "kill pg"), (195.0, 215.0, "cut")], 4)
+    assert bad == {"m1": "kill pg"} and total == 3, (bad, total)
     print("checker self-test: ok")
 
 
@@ -228,6 +333,13 @@ class Campaign:
         self.quit = threading.Event()
         self.lock = threading.Lock()
         self.counts = {}
+        self.deck = []
+        self.acked = set()         # mandates named by a fire's answer
+        self.kinds = list(self.KINDS)
+        self.outages = []          # (down, up, what): the database unreachable
+        self.alone = []            # (from, to, node): a skewed node alone
+        self.alone_now = False     # the loader sends no fire then
+        self.alone_sign = rng.choice([5, -5])
 
     def log(self, msg):
         print(f"[{cb.utc(time.time())}] {msg}", flush=True)
@@ -266,6 +378,8 @@ class Campaign:
                 else:
                     answered = True
                     self.fires["true" if r.get("fired") else "false"] += 1
+                    if r.get("mandate"):
+                        self.acked.add(r["mandate"])
         return answered
 
     # load: the tick of each minute fired on every node at once, just after
@@ -276,6 +390,8 @@ class Campaign:
             nxt = (int(now) // 60 + 1) * 60 + rng.uniform(0, 1.5)
             if self.quit.wait(nxt - now):
                 return
+            if self.alone_now:
+                continue
             self.fire_all(rng.choice(SCHEDULES), cb.utc(int(nxt) // 60 * 60))
 
     # more load between the minutes, so that faults land in steps: a new
@@ -313,11 +429,24 @@ class Campaign:
             self.log(f"node{k} did not start: {e}")
             self.start_failures.append((k, str(e)[-500:]))
 
+    KINDS = ["kill9", "kill_node", "stop", "stop_node", "cut", "cut_in", "cut_out", "delay",
+             "restart_pg", "kill_pg", "skew_ahead", "skew_behind", "skew_alone"]
+
+    def deal(self):
+        """The next fault kind: from a shuffled deck of every kind, dealt to
+        the end before a new one (skew_alone only with 120 s of load left)."""
+        for _ in range(2 * len(self.kinds)):
+            if not self.deck:
+                self.deck = list(self.kinds)
+                self.rng.shuffle(self.deck)
+            kind = self.deck.pop()
+            if kind != "skew_alone" or self.t_end - time.time() >= 120:
+                return kind
+        return self.kinds[0] if self.kinds != ["skew_alone"] else "skew_ahead"
+
     def fault(self):
         c, rng = self.c, self.rng
-        kinds = ["kill9", "kill_node", "stop", "stop_node", "cut", "delay", "restart_pg",
-                 "skew"]
-        kind = rng.choice(kinds)
+        kind = self.deal()
         self.counts[kind] = self.counts.get(kind, 0) + 1
         k = self.pick()
         if kind == "kill9":
@@ -341,32 +470,69 @@ class Campaign:
             (c.cont_node if kind == "stop_node" else c.cont)(k)
             with self.lock:
                 self.stopped.discard(k)
-        elif kind == "cut":
+        elif kind in ("cut", "cut_in", "cut_out"):
             secs = rng.uniform(5, 60)
-            how = rng.choice(["down", "loss"])
+            how = rng.choice(["down", "loss"]) if kind == "cut" else kind[4:]
             self.log(f"cut node{k} ({how}) for {secs:.1f} s")
             c.event(f"cut {how}", k)
+            t0 = time.time()
             c.bed.cut(k, how=how)
             self.hold(secs)
             c.bed.heal(k)
             c.event("heal", k)
+            self.outages.append((t0, time.time(), f"cut {how} node{k} at {t0:.1f}"))
         elif kind == "delay":
             secs = rng.uniform(5, 30)
-            self.log(f"delay 200 ms on node{k} for {secs:.1f} s")
-            c.event("delay 200ms", k)
-            c.bed.delay(k, ms=200)
+            ms = int(rng.uniform(100, 300))
+            jitter = int(ms * rng.uniform(0.2, 0.5))
+            self.log(f"delay {ms}±{jitter} ms on node{k} for {secs:.1f} s")
+            c.event(f"delay {ms}ms jitter {jitter}ms", k)
+            c.bed.delay(k, ms=ms, jitter_ms=jitter)
             self.hold(secs)
             c.bed.heal(k)
             c.event("heal", k)
         elif kind == "restart_pg":
             self.log("restart PostgreSQL")
             c.event("restart pg")
+            t0 = time.time()
             c.bed.restart_pg()
-        elif kind == "skew":
-            off = rng.choice([5, -5])
+            self.outages.append((t0, time.time(), f"restart pg at {t0:.1f}"))
+        elif kind == "kill_pg":
+            down = rng.uniform(0.5, max(0.5, min(5.0, 0.45 * self.lease)))
+            self.log(f"kill -9 PostgreSQL, started again {down:.1f} s later")
+            c.event("kill pg")
+            t0 = time.time()
+            c.bed.kill_pg()
+            time.sleep(max(0.0, t0 + down - time.time()))
+            c.bed.start_pg()
+            c.event("start pg")
+            self.outages.append((t0, time.time(), f"kill pg at {t0:.1f}"))
+        elif kind in ("skew_ahead", "skew_behind"):
+            off = 5 if kind == "skew_ahead" else -5
             self.log(f"restart node{k} with its clock {off:+d} s")
             c.term(k)
             self.restart(k, clock_offset=off)
+        elif kind == "skew_alone":
+            off = self.alone_sign
+            self.alone_sign = -off
+            self.log(f"restart node{k} with its clock {off:+d} s, the others killed")
+            c.term(k)
+            self.restart(k, clock_offset=off)
+            others = [j for j in c.nodes if j != k]
+            self.alone_now = True
+            t0 = time.time()
+            for j in others:
+                if c.alive(j):
+                    c.kill_node(j)
+            # a minute boundary with the skewed node alone, and its claim
+            until = (int(time.time()) // 60 + 1) * 60 + 15
+            self.log(f"node{k} alone until {cb.utc(until)}")
+            while time.time() < until:
+                time.sleep(0.5)
+            self.alone.append((t0, time.time(), k))
+            self.alone_now = False
+            for j in others:
+                self.restart(j, c.nodes[j].clock_offset)
 
     def run(self):
         c = self.c
@@ -459,6 +625,13 @@ def main():
         self_test()
         return 0
     self_test()
+    kinds = [x for x in os.environ.get("KAIROS_NEMESIS_KINDS", "").split(",") if x] \
+        or list(Campaign.KINDS)
+    unknown = set(kinds) - set(Campaign.KINDS)
+    if unknown:
+        print(f"KAIROS_NEMESIS_KINDS: unknown fault kind(s) {sorted(unknown)}; "
+              f"known: {','.join(Campaign.KINDS)}")
+        return 2
     why = skip_reason()
     if why:
         print(f"SKIP: {why}")
@@ -475,6 +648,7 @@ def main():
     scheds[BURST] = cb.schedule(cron="0 0 1 1 *", concurrency="allow")
     with cb.Cluster(nodes=3, schedules=scheds, lease_sec=lease) as c:
         camp = Campaign(c, rng, seconds, lease)
+        camp.kinds = kinds
         camp.run()
         load = os.getloadavg()
         camp.log("quiet period")
@@ -482,6 +656,7 @@ def main():
         mandates = c.mandates()
         outcomes = {mid: camp.outcome(mid, m) for mid, m in mandates.items()}
         wal = c.wal_rows()
+        claimed_by = {(r[0], int(r[1])): r[3] for r in c.ticks()}
         effects = cb.log_lines(c.effects)
         c.terminate_all()
 
@@ -509,10 +684,36 @@ def main():
             if st in ("failed", "abandoned", "unknown") or (
                     st and st.startswith("paused") and not why):
                 problems.append(f"lost mandate {mid}: {st} {str(why or '(no reason)')[:300]}")
+        # lost acknowledged fires: a mandate a fire answered with, unknown
+        # to the database or not ended well (done, or paused with a reason)
+        lost_acked = sorted(mid for mid in camp.acked if mid not in outcomes or (
+            outcomes[mid][0] in ("failed", "abandoned", "unknown")) or (
+            (outcomes[mid][0] or "").startswith("paused") and not outcomes[mid][1]))
+        for mid in lost_acked:
+            problems.append(f"lost acknowledged fire: {mid} {outcomes.get(mid)}")
         problems += pg_checks.check(c.bed, "kairos", daemon=True)
         problems += [f"sanitizer: {line}" for line in c.sanitizer_reports()[:20]]
         to_owner, to_step, behind = failover_times(
             c.events, wal, {mid: m["schedule"] for mid, m in mandates.items()}, set(SCHEDULES))
+        # ticks lost to skew
+        intervals = skew_intervals(c.events, camp.t_end)
+        skewed, skew_bad = ticks_lost_to_skew(
+            expected_ticks(SCHEDULES, camp.t_start, camp.t_end), mandates, intervals,
+            camp.alone, claimed_by)
+        alone_ticks = [t for t in skewed if any(a <= t[1] < b for (a, b, _) in camp.alone)]
+        for b in skew_bad:
+            problems.append(f"tick lost to skew: {b[1]} at {cb.utc(b[2])}: {b[0]}")
+        # mandates failed by a database outage shorter than the lease
+        short = [o for o in camp.outages if o[1] - o[0] < lease]
+        by_outage, failed_records = failed_in_outages(wal, camp.outages, lease)
+        for mid, what in sorted(by_outage.items()):
+            problems.append(f"mandate {mid} failed by a database outage shorter than the "
+                            f"lease: {what}")
+        # the failover after a node's death
+        deaths = [x for x in to_owner if x[2].startswith("kill")]
+        if deaths and pct([x[0] for x in deaths], 99) > lease + 3:
+            problems.append(f"failover after a node's death: p99 "
+                            f"{pct([x[0] for x in deaths], 99):.1f} s > LeaseSec + 3 s")
 
         print("---- nemesis report")
         print(f"seed {seed}; {camp.t_end - camp.t_start:.0f} s of load; LeaseSec={lease}; "
@@ -524,9 +725,27 @@ def main():
               f"{dict(sorted(by_status.items()))}")
         print(f"effects: {sum(1 for x in effects if x['kind'] == 'effect')} lines, "
               f"{len(twice)} (mandate, step) twice")
+        doubles = sum(1 for b in check_ticks(exp, mandates) if b[0] == "double")
+        print(f"double fires: {doubles}; lost acknowledged fires: {len(lost_acked)} of "
+              f"{len(camp.acked)} mandates acknowledged by a fire")
         takeovers = sum(1 for r in wal if r[4].get("op") == "owner")
         print(f"takeovers (owner records): {takeovers}")
-        for name, samples in (("owner's death -> owner record elsewhere", to_owner),
+        print(f"ticks lost to skew: {len(skew_bad)} of {len(skewed)} ticks of minutes a node "
+              f"ran skewed ({len(intervals)} stretches, "
+              f"{sum(1 for i in intervals if i[3] > 0)} ahead, "
+              f"{sum(1 for i in intervals if i[3] < 0)} behind, "
+              f"{sum(i[1] - i[0] for i in intervals):.0f} s); "
+              f"{len(alone_ticks)} ticks with a skewed node alone "
+              f"({len(camp.alone)} stretches, {sum(b - a for a, b, _ in camp.alone):.0f} s)")
+        print(f"mandates failed by a database outage shorter than the lease: {len(by_outage)} "
+              f"({len(short)} such outages: "
+              f"{sum(1 for o in short if o[2].startswith('kill pg'))} kill_pg, "
+              f"{sum(1 for o in short if o[2].startswith('restart pg'))} restart_pg, "
+              f"{sum(1 for o in short if o[2].startswith('cut'))} cuts; "
+              f"records `failed` in all: {failed_records})")
+        for name, samples in (("owner's death (kill9, kill_node) -> owner record elsewhere",
+                               deaths),
+                              ("any fault -> owner record elsewhere", to_owner),
                               ("owner's death -> next step started elsewhere", to_step),
                               ("owner's death -> next step started elsewhere, after waiting "
                                "for a sibling (Concurrency=queue)", behind)):
