@@ -47,7 +47,8 @@ ticks of the minutes a node ran with its clock off: each exactly one
 mandate; those of a skew_alone stretch claimed by the skewed node); 0
 mandates failed by a database outage shorter than the lease (no record
 `failed` written between the outage's start and a lease after its end:
-kill_pg, restart_pg, a cut shorter than the lease); the failover after a
+kill_pg, restart_pg, a cut shorter than the lease), and none paused for
+review by one (no record `needs_review` then); the failover after a
 node's death (kill9, kill_node) p99 <= LeaseSec + 3 s.  Reported: the
 failover time (owner's death → the owner record of another node, and →
 the next step started there) p50/p99, after a node's death and after any
@@ -234,14 +235,14 @@ def ticks_lost_to_skew(expected, mandates, intervals, alone, claimed_by):
     return skewed, bad
 
 
-def failed_in_outages(wal, outages, lease):
-    """Mandates with a record `failed` written during an outage of the
-    database shorter than the lease or within a lease after it
-    (outages: [(down, up, what)]).  Returns ({mandate: what}, number of
-    records `failed` in all)."""
+def failed_in_outages(wal, outages, lease, status="failed"):
+    """Mandates with a record of that status (`failed`, or `needs_review`:
+    paused for review) written during an outage of the database shorter
+    than the lease or within a lease after it (outages: [(down, up,
+    what)]).  Returns ({mandate: what}, number of such records in all)."""
     out, total = {}, 0
     for (mid, _, _, t, rec) in wal:
-        if rec.get("status") != "failed":
+        if rec.get("status") != status:
             continue
         total += 1
         for (down, up, what) in outages:
@@ -318,6 +319,9 @@ def self_test():
            ("m3", 2, 1, 200.0, {"op": "transition", "status": "failed"})]
     bad, total = failed_in_outages(wal, [(100.0, 103.5, "kill pg"), (195.0, 215.0, "cut")], 4)
     assert bad == {"m1": "kill pg"} and total == 3, (bad, total)
+    wal[1][4]["status"] = "needs_review"
+    bad, total = failed_in_outages(wal, [(100.0, 103.5, "kill pg")], 4, "needs_review")
+    assert bad == {"m1": "kill pg"} and total == 1, (bad, total)
     print("checker self-test: ok")
 
 
@@ -711,6 +715,10 @@ def main():
         for mid, what in sorted(by_outage.items()):
             problems.append(f"mandate {mid} failed by a database outage shorter than the "
                             f"lease: {what}")
+        rev_outage, review_records = failed_in_outages(wal, camp.outages, lease, "needs_review")
+        for mid, what in sorted(rev_outage.items()):
+            problems.append(f"mandate {mid} paused for review by a database outage shorter "
+                            f"than the lease: {what}")
         # the failover after a node's death
         deaths = [x for x in to_owner if x[2].startswith("kill")]
         if deaths and pct([x[0] for x in deaths], 99) > lease + 3:
@@ -744,7 +752,8 @@ def main():
               f"{sum(1 for o in short if o[2].startswith('kill pg'))} kill_pg, "
               f"{sum(1 for o in short if o[2].startswith('restart pg'))} restart_pg, "
               f"{sum(1 for o in short if o[2].startswith('cut'))} cuts; "
-              f"records `failed` in all: {failed_records})")
+              f"records `failed` in all: {failed_records}); paused for review by one: "
+              f"{len(rev_outage)} (records `needs_review` in all: {review_records})")
         for name, samples in (("owner's death (kill9, kill_node) -> owner record elsewhere",
                                deaths),
                               ("any fault -> owner record elsewhere", to_owner),
