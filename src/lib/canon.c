@@ -16,18 +16,25 @@ int canon_init(void)
         return sodium_init() < 0 ? -EIO : 0;
 }
 
-void canon_hash_bytes(const void *data, size_t len, char out[CANON_HASH_STRLEN])
+static void hash_string(const unsigned char h[crypto_hash_sha256_BYTES],
+                        char out[CANON_HASH_STRLEN])
 {
         static const char hex[] = "0123456789abcdef";
-        unsigned char h[crypto_hash_sha256_BYTES];
 
-        crypto_hash_sha256(h, data ? data : (const void *)"", len);
         memcpy(out, "sha256-", 7);
-        for (size_t i = 0; i < sizeof(h); i++) {
+        for (size_t i = 0; i < crypto_hash_sha256_BYTES; i++) {
                 out[7 + 2 * i] = hex[h[i] >> 4];
                 out[7 + 2 * i + 1] = hex[h[i] & 15];
         }
-        out[7 + 2 * sizeof(h)] = '\0';
+        out[7 + 2 * crypto_hash_sha256_BYTES] = '\0';
+}
+
+void canon_hash_bytes(const void *data, size_t len, char out[CANON_HASH_STRLEN])
+{
+        unsigned char h[crypto_hash_sha256_BYTES];
+
+        crypto_hash_sha256(h, data ? data : (const void *)"", len);
+        hash_string(h, out);
 }
 
 /* ------------------------------------------------------------- doubles */
@@ -292,9 +299,24 @@ static int write_number(struct kbuf *out, const struct kjson *v)
         return canon_format_double(d, out);
 }
 
-static int write_canon(struct kbuf *out, const struct kjson *v, int depth);
+/* canon_hash_value hashes the canonical text as it is written: what the
+ * buffer holds goes to the hash whenever it passes CANON_SPILL bytes, so a
+ * result of 1 MiB is never held whole (nor its pages touched). */
+#define CANON_SPILL (32u * 1024u)
 
-static int write_object(struct kbuf *out, const struct kjson *v, int depth)
+static void spill(struct kbuf *out, crypto_hash_sha256_state *st)
+{
+        if (st && out->len >= CANON_SPILL) {
+                crypto_hash_sha256_update(st, (const unsigned char *)out->data, out->len);
+                out->len = 0;
+        }
+}
+
+static int write_canon(struct kbuf *out, const struct kjson *v, int depth,
+                       crypto_hash_sha256_state *st);
+
+static int write_object(struct kbuf *out, const struct kjson *v, int depth,
+                        crypto_hash_sha256_state *st)
 {
         size_t n = v->u.obj.n;
         /* most objects are small: their members sorted on the stack */
@@ -340,8 +362,9 @@ static int write_object(struct kbuf *out, const struct kjson *v, int depth)
                 const struct kjson_member *m = refs[i].m;
                 if ((r = kbuf_json_string(out, m->key ? m->key : "", m->key_len)) < 0 ||
                     (r = kbuf_putc(out, ':')) < 0 ||
-                    (r = write_canon(out, m->value, depth + 1)) < 0)
+                    (r = write_canon(out, m->value, depth + 1, st)) < 0)
                         goto out;
+                spill(out, st);
         }
         r = kbuf_putc(out, '}');
 out:
@@ -350,7 +373,8 @@ out:
         return r;
 }
 
-static int write_canon(struct kbuf *out, const struct kjson *v, int depth)
+static int write_canon(struct kbuf *out, const struct kjson *v, int depth,
+                       crypto_hash_sha256_state *st)
 {
         int r;
 
@@ -373,12 +397,13 @@ static int write_canon(struct kbuf *out, const struct kjson *v, int depth)
                 for (size_t i = 0; i < v->u.arr.n; i++) {
                         if (i && (r = kbuf_putc(out, ',')) < 0)
                                 return r;
-                        if ((r = write_canon(out, v->u.arr.items[i], depth + 1)) < 0)
+                        if ((r = write_canon(out, v->u.arr.items[i], depth + 1, st)) < 0)
                                 return r;
+                        spill(out, st);
                 }
                 return kbuf_putc(out, ']');
         case KJSON_OBJECT:
-                return write_object(out, v, depth);
+                return write_object(out, v, depth, st);
         case KJSON_RAW:
                 return -EINVAL; /* unparsed text has no canonical form here */
         }
@@ -388,7 +413,7 @@ static int write_canon(struct kbuf *out, const struct kjson *v, int depth)
 int canon_write(struct kbuf *out, const struct kjson *v)
 {
         size_t start = out->len;
-        int r = write_canon(out, v, 0);
+        int r = write_canon(out, v, 0, NULL);
         if (r < 0) {
                 out->len = start;
                 if (out->data)
@@ -415,9 +440,18 @@ int canon_json(const char *text, size_t len, struct kbuf *out, struct kjson_erro
 int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN])
 {
         struct kbuf b = KBUF_INIT;
-        int r = canon_write(&b, v);
-        if (r == 0)
-                canon_hash_bytes(b.data, b.len, out);
+        crypto_hash_sha256_state st;
+        unsigned char h[crypto_hash_sha256_BYTES];
+        int r = kbuf_reserve(&b, 2 * CANON_SPILL);
+        if (r == 0) {
+                crypto_hash_sha256_init(&st);
+                r = write_canon(&b, v, 0, &st);
+        }
+        if (r == 0) {
+                crypto_hash_sha256_update(&st, (const unsigned char *)b.data, b.len);
+                crypto_hash_sha256_final(&st, h);
+                hash_string(h, out);
+        }
         kbuf_free(&b);
         return r;
 }
@@ -425,10 +459,15 @@ int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN])
 int canon_hash_json(const char *text, size_t len, char out[CANON_HASH_STRLEN],
                     struct kjson_error *err)
 {
-        struct kbuf b = KBUF_INIT;
-        int r = canon_json(text, len, &b, err);
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v;
+        int r;
+
+        if (!a)
+                return -ENOMEM;
+        r = kjson_parse(a, text, len, &v, err);
         if (r == 0)
-                canon_hash_bytes(b.data, b.len, out);
-        kbuf_free(&b);
+                r = canon_hash_value(v, out);
+        kjson_arena_free(a);
         return r;
 }
