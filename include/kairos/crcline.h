@@ -41,7 +41,8 @@ enum {
         CRCLINE_LEGACY = 1u << 0,     /* accept lines without crc that end with "ts" */
         CRCLINE_KEEP_GOING = 1u << 1, /* see above */
         CRCLINE_OWN = 1u << 2,        /* a line this process wrote itself: the record's
-                                       * "result" is kept as text (kjson_parse_trusted) */
+                                       * "result" is kept as text (kjson_parse_trusted)
+                                       * and its crc is not computed again */
 };
 
 /* Record callback results besides 0 and -errno. */

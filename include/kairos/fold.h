@@ -71,6 +71,7 @@ struct fold_step {
         const char *post_hash;
         const char *result_hash;
         const char *result_json;         /* compact JSON of the completed record's result */
+        size_t result_len;               /* its length (strlen) */
         const char *evidence_json;
         const char *error_class;
         const char *error_msg;

@@ -92,9 +92,12 @@ int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson *
                 struct kjson_error *err);
 /* As kjson_parse, for a value that will be nested inside levels_above
  * containers: its own containers nest at most KJSON_MAX_DEPTH - levels_above
- * deep (deeper: KJSON_E_DEPTH), so the whole can be read back. */
+ * deep (deeper: KJSON_E_DEPTH), so the whole can be read back.  With
+ * ret_compact (may be NULL): whether s[0..len) is byte for byte what
+ * kjson_write writes of the value (no whitespace; no escape but the ones
+ * kbuf_json_string writes), so that a caller may keep the text instead. */
 int kjson_parse_nested(struct kjson_arena *a, const char *s, size_t len, int levels_above,
-                       struct kjson **out, struct kjson_error *err);
+                       struct kjson **out, bool *ret_compact, struct kjson_error *err);
 /* As kjson_parse, for a line this process wrote itself from parsed values
  * (its own WAL records): a member of the top-level object whose key is in
  * raw_keys (NULL-terminated) and whose value is an object or an array is

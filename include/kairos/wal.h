@@ -82,6 +82,7 @@ struct wal_record {
         /* result_json is the compact form of a parsed value (kjson_write's
          * bytes): written as it is, not read again */
         bool result_compact;
+        size_t result_len;          /* strlen(result_json) when known; 0: not */
         /* failed */
         const char *error_class;
         const char *error_msg;      /* cut at 500 characters, invalid UTF-8 replaced */

@@ -35,6 +35,14 @@ char *advance_own(struct advance *a, const char *s)
         return c;
 }
 
+char *advance_take(struct advance *a, char *s)
+{
+        if (s && a->nowned < sizeof a->owned / sizeof a->owned[0])
+                return a->owned[a->nowned++] = s;
+        free(s);
+        return NULL;
+}
+
 void advance_free(struct advance *a)
 {
         for (size_t i = 0; i < a->nowned; i++)

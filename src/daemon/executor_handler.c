@@ -598,7 +598,11 @@ void handler_spawn(struct mandate *m, struct advance *a)
                                                       : d->cfg->state_directory;
         run->cwd = strdup(cwd);
         run->cmdline = strdup(cmdline);
-        run->stdin_doc = strdup(a->stdin_doc.data ? a->stdin_doc.data : "{}\n");
+        /* the document is the job's: taken, not copied (it holds the
+         * earlier results, up to 1 MiB each) */
+        size_t stdin_len = a->stdin_doc.data ? a->stdin_doc.len : 3;
+        run->stdin_doc = a->stdin_doc.data ? a->stdin_doc.data : strdup("{}\n");
+        a->stdin_doc = (struct kbuf)KBUF_INIT;
         run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;
         struct child *c = &run->child;
         child_init(c, d->loop);
@@ -607,7 +611,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
                                                     sc->cpu_quota_pct };
         c->cg_hint = run->step_id;
         c->in = run->stdin_doc;
-        c->in_len = run->stdin_doc ? strlen(run->stdin_doc) : 0;
+        c->in_len = run->stdin_doc ? stdin_len : 0;
         c->timeout_ms = (uint64_t)run->timeout_sec * 1000;
         c->out_max = MAX_OUTPUT;
         c->read = on_run_read;
@@ -669,22 +673,22 @@ static void append_tail(char *msg, size_t size, char *tail)
  * The record nests the result one level deeper, and a record nested deeper
  * than KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt):
  * such output is kept as text, like any other non-JSON output.  The one
- * parse serves all: when it is JSON, its compact form (the bytes the WAL
- * holds) goes to compact and its canonical hash to hash, so neither the
+ * parse serves all: when it is JSON, its canonical hash goes to hash and,
+ * unless the output is already its compact form (*ret_same: the bytes the
+ * WAL holds are the output's own), that form to compact; so neither the
  * encoder nor the hash reads the text again.  Returns 0, or -EINVAL with
  * why it is not (err), or -ENOMEM. */
-static int result_json_read(const char *out, size_t n, struct kbuf *compact,
+static int result_json_read(const char *out, size_t n, struct kbuf *compact, bool *ret_same,
                             char hash[CANON_HASH_STRLEN], struct kjson_error *err)
 {
         struct kjson_arena *ar = kjson_arena_new();
         struct kjson *v = NULL;
-        int r = ar ? kjson_parse_nested(ar, out, n, 1, &v, err) : -ENOMEM;
+        int r = ar ? kjson_parse_nested(ar, out, n, 1, &v, ret_same, err) : -ENOMEM;
         if (r == 0) {
                 const struct kjson *res = v;
                 if (canon_hash_value(res, hash) < 0)
                         canon_hash_bytes(out, n, hash);
-                r = kbuf_reserve(compact, n);
-                if (r == 0)
+                if (!*ret_same && (r = kbuf_reserve(compact, n)) == 0)
                         r = kjson_write(compact, res);
         }
         kjson_arena_free(ar);
@@ -777,13 +781,22 @@ static void run_finished(struct exec_run *run)
                 while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
                         n--;
                 char hash[CANON_HASH_STRLEN];
-                bool compact = false;
+                bool compact = false, same = false;
                 if (n == 0) {
                         kbuf_puts(&res, "null");
                 } else {
                         struct kjson_error jerr = { 0 };
-                        int jr = result_json_read(out, n, &res, hash, &jerr);
-                        if (jr == 0) {
+                        int jr = result_json_read(out, n, &res, &same, hash, &jerr);
+                        if (jr == 0 && same) {
+                                /* the output is its compact form: the
+                                 * record takes its buffer (no copy) */
+                                compact = true;
+                                kbuf_free(&res);
+                                res = run->child.out;
+                                run->child.out = (struct kbuf)KBUF_INIT;
+                                res.len = n;
+                                res.data[n] = '\0';
+                        } else if (jr == 0) {
                                 compact = true;
                         } else {
                                 kbuf_reset(&res);
@@ -803,9 +816,9 @@ static void run_finished(struct exec_run *run)
                 *r = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = step,
                                           .post_hash = advance_own(a, run->expected_post ? run->expected_post : ""),
                                           .result_hash = advance_own(a, hash),
-                                          .result_json = advance_own(a, res.data),
-                                          .result_compact = compact };
-                kbuf_free(&res);
+                                          .result_json = advance_take(a, res.data),
+                                          .result_compact = compact,
+                                          .result_len = res.len };
         }
 #ifdef KAIROS_TEST_HOOKS
         /* test hook: a handler that exits with this status asks for a human,

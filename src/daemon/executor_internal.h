@@ -147,6 +147,8 @@ struct mandate_cancel {
 
 /* s copied into a's storage (freed with a); NULL when out of memory. */
 char *advance_own(struct advance *a, const char *s);
+/* s (malloc'd) taken into a's storage; NULL (s freed) when full. */
+char *advance_take(struct advance *a, char *s);
 /* A job for m with a snapshot of its schedule's configuration; NULL when
  * out of memory. */
 struct advance *advance_new(struct mandate *m);

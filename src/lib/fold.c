@@ -264,28 +264,35 @@ static int keep_str(struct fold *f, const struct kjson *v, const char **out)
         return 0;
 }
 
-/* Compact JSON of any value into the result arena. */
-static int keep_json(struct fold *f, const struct kjson *v, const char **out)
+/* Compact JSON of any value into the result arena; its length to
+ * *ret_len (may be NULL). */
+static int keep_json_len(struct fold *f, const struct kjson *v, const char **out,
+                         size_t *ret_len)
 {
         struct fold_internal *in = f->internal;
+        const char *text = v->u.raw.text;
+        size_t len = v->u.raw.len;
 
-        if (v->type == KJSON_RAW) {
-                /* (fold_feed_own: already the compact text) */
-                char *s = kjson_arena_strndup(in->keep, v->u.raw.text, v->u.raw.len);
-                if (!s)
-                        return -ENOMEM;
-                *out = s;
-                return 0;
-        }
-        kbuf_reset(&in->json);
-        int r = kjson_write(&in->json, v);
-        if (r < 0)
-                return r;
-        char *s = kjson_arena_strndup(in->keep, in->json.data ? in->json.data : "", in->json.len);
+        if (v->type != KJSON_RAW) {
+                kbuf_reset(&in->json);
+                int r = kjson_write(&in->json, v);
+                if (r < 0)
+                        return r;
+                text = in->json.data ? in->json.data : "";
+                len = in->json.len;
+        } /* (else fold_feed_own: already the compact text) */
+        char *s = kjson_arena_strndup(in->keep, text, len);
         if (!s)
                 return -ENOMEM;
         *out = s;
+        if (ret_len)
+                *ret_len = len;
         return 0;
+}
+
+static int keep_json(struct fold *f, const struct kjson *v, const char **out)
+{
+        return keep_json_len(f, v, out, NULL);
 }
 
 static long long num_ll(const struct kjson *v)
@@ -587,7 +594,7 @@ static int op_transition(struct fold *f, const struct rec *rc)
                 if ((r = keep_str(f, rc->stderr_tail, &s->stderr_tail)) < 0)
                         return r;
         }
-        if (rc->result && (r = keep_json(f, rc->result, &s->result_json)) < 0)
+        if (rc->result && (r = keep_json_len(f, rc->result, &s->result_json, &s->result_len)) < 0)
                 return r;
         if (rc->evidence && (r = keep_json(f, rc->evidence, &s->evidence_json)) < 0)
                 return r;

@@ -191,6 +191,7 @@ struct parser {
         struct intern *intern;             /* INTERN_SLOTS, or NULL: none */
         const char *const *raw_keys;       /* kjson_parse_trusted */
         int max_depth;                     /* KJSON_MAX_DEPTH; less: kjson_parse_nested */
+        bool loose;                        /* the text is not kjson_write's of its value */
 };
 
 /* below this, a parse does not pay for the cache */
@@ -244,6 +245,7 @@ static inline void skip_ws(struct parser *P)
         const unsigned char *p = P->p, *end = P->end;
         while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
                 p++;
+        P->loose |= p != P->p;
         P->p = p;
 }
 
@@ -438,7 +440,7 @@ static const unsigned char *decode_escape(struct parser *P, const unsigned char 
         switch (p[1]) {
         case '"': *d++ = '"'; break;
         case '\\': *d++ = '\\'; break;
-        case '/': *d++ = '/'; break;
+        case '/': *d++ = '/'; P->loose = true; break;
         case 'b': *d++ = '\b'; break;
         case 'f': *d++ = '\f'; break;
         case 'n': *d++ = '\n'; break;
@@ -448,6 +450,10 @@ static const unsigned char *decode_escape(struct parser *P, const unsigned char 
                 uint32_t cp, lo;
                 if (read_hex4(P, p + 2, &cp) < 0)
                         return NULL;
+                /* kbuf_json_string's own \u escapes: below 0x20, lowercase,
+                 * and none of the one-letter ones */
+                P->loose |= cp >= 0x20 || cp == '\b' || cp == '\t' || cp == '\n' ||
+                            cp == '\f' || cp == '\r' || (p[5] >= 'A' && p[5] <= 'F');
                 p += 6;
                 if (cp >= 0xDC00 && cp <= 0xDFFF) {
                         fail_at(P, KJSON_E_UTF8, esc);
@@ -717,39 +723,42 @@ out:
 }
 
 /* kjson_parse_trusted: the object or array at P->p, skipped to its end by
- * its brackets (outside strings) and kept as its text. */
+ * its brackets (outside strings) and kept as its text.  One pass over the
+ * bytes (a result of 1 MiB holds some 100,000 short strings: a call per
+ * string cost more than the scan). */
 static int parse_raw(struct parser *P, struct kjson **out)
 {
-        const unsigned char *start = P->p;
+        const unsigned char *start = P->p, *p = P->p, *end = P->end;
         size_t depth = 0;
-        do {
-                if (P->p >= P->end)
+        for (;;) {
+                if (p >= end)
                         return fail_eof(P);
-                unsigned char c = *P->p++;
+                unsigned char c = *p++;
                 if (c == '"') {
-                        for (;;) {
-                                const unsigned char *q =
-                                        memchr(P->p, '"', (size_t)(P->end - P->p));
-                                if (!q)
+                        while (p < end && *p != '"' && *p != '\\')
+                                p++;
+                        while (p < end && *p == '\\') {
+                                if (end - p < 2)
                                         return fail_eof(P);
-                                size_t bs = 0;
-                                while (q - bs > P->p && q[-1 - (ptrdiff_t)bs] == '\\')
-                                        bs++;
-                                P->p = q + 1;
-                                if (!(bs & 1))
-                                        break;
+                                p += 2; /* the escaped byte, whatever it is */
+                                while (p < end && *p != '"' && *p != '\\')
+                                        p++;
                         }
+                        if (p >= end)
+                                return fail_eof(P);
+                        p++;
                 } else if (c == '{' || c == '[') {
                         depth++;
-                } else if (c == '}' || c == ']') {
-                        depth--;
+                } else if ((c == '}' || c == ']') && --depth == 0) {
+                        break;
                 }
-        } while (depth);
+        }
+        P->p = p;
         struct kjson *v = node_new(P, KJSON_RAW);
         if (!v)
                 return fail_nomem(P);
         v->u.raw.text = (const char *)start;
-        v->u.raw.len = (size_t)(P->p - start);
+        v->u.raw.len = (size_t)(p - start);
         *out = v;
         return 0;
 }
@@ -840,7 +849,7 @@ static int parse_value(struct parser *P, int depth, struct kjson **out)
 
 static int parse_top(struct kjson_arena *a, const char *s, size_t len,
                      const char *const *raw_keys, int max_depth, struct kjson **out,
-                     struct kjson_error *err)
+                     bool *ret_compact, struct kjson_error *err)
 {
         struct kjson_error dummy;
         if (!err)
@@ -888,28 +897,31 @@ static int parse_top(struct kjson_arena *a, const char *s, size_t len,
         if (r < 0)
                 return err->code == KJSON_E_NOMEM ? -ENOMEM : -EINVAL;
         *out = v;
+        if (ret_compact)
+                *ret_compact = !P.loose;
         return 0;
 }
 
 int kjson_parse(struct kjson_arena *a, const char *s, size_t len, struct kjson **out,
                 struct kjson_error *err)
 {
-        return parse_top(a, s, len, NULL, KJSON_MAX_DEPTH, out, err);
+        return parse_top(a, s, len, NULL, KJSON_MAX_DEPTH, out, NULL, err);
 }
 
 int kjson_parse_nested(struct kjson_arena *a, const char *s, size_t len, int levels_above,
-                       struct kjson **out, struct kjson_error *err)
+                       struct kjson **out, bool *ret_compact, struct kjson_error *err)
 {
         if (levels_above < 0 || levels_above >= KJSON_MAX_DEPTH)
                 levels_above = KJSON_MAX_DEPTH - 1;
-        return parse_top(a, s, len, NULL, KJSON_MAX_DEPTH - levels_above, out, err);
+        return parse_top(a, s, len, NULL, KJSON_MAX_DEPTH - levels_above, out, ret_compact,
+                         err);
 }
 
 int kjson_parse_trusted(struct kjson_arena *a, const char *s, size_t len,
                         const char *const *raw_keys, struct kjson **out,
                         struct kjson_error *err)
 {
-        return parse_top(a, s, len, raw_keys, KJSON_MAX_DEPTH, out, err);
+        return parse_top(a, s, len, raw_keys, KJSON_MAX_DEPTH, out, NULL, err);
 }
 
 /* --------------------------------------------------------------- access */

@@ -33,10 +33,24 @@ static void str_or_null(struct kbuf *b, const char *s)
         s ? (void)kbuf_json_string_lossy(b, s, strlen(s), 0) : (void)kbuf_puts(b, "null");
 }
 
+static size_t result_len(const struct fold_step *s)
+{
+        return !s->result_json ? 4 : s->result_len ? s->result_len : strlen(s->result_json);
+}
+
 int stepdoc_build(const struct fold *f, const struct fold_plan *p, size_t idx,
                   const struct stepdoc_input *in, struct kbuf *b)
 {
         kbuf_reset(b);
+        /* room for the results at once: a result may be 1 MiB, and the
+         * buffer is not grown (copied) through every power of two */
+        const char *prev = reflect_result(f, plan_of_cycle(f, p->cycle - 1));
+        size_t room = 4096 + (prev ? strlen(prev) : 0);
+        for (size_t i = 0; i < idx; i++)
+                if (plan_step(f, p, i)->state == STEP_COMPLETED)
+                        room += 32 + result_len(plan_step(f, p, i));
+        if (kbuf_reserve(b, room) < 0)
+                return -ENOMEM;
         kbuf_puts(b, "{\"mandate\":{\"id\":");
         str_or_null(b, in->mandate_id ? in->mandate_id : "");
         kbuf_puts(b, ",\"schedule\":");
@@ -63,12 +77,11 @@ int stepdoc_build(const struct fold *f, const struct fold_plan *p, size_t idx,
                 const char *res = e->result_json ? e->result_json : "null";
                 if ((!first && kbuf_putc(b, ',') < 0) || kbuf_putc(b, '"') < 0 ||
                     kbuf_puts(b, planner_phase_name((enum planner_phase)i)) < 0 ||
-                    kbuf_puts(b, "\":") < 0 || kbuf_append(b, res, strlen(res)) < 0)
+                    kbuf_puts(b, "\":") < 0 || kbuf_append(b, res, result_len(e)) < 0)
                         return -ENOMEM;
                 first = false;
         }
         kbuf_puts(b, "},\"previous_reflect\":");
-        const char *prev = reflect_result(f, plan_of_cycle(f, p->cycle - 1));
         if (kbuf_puts(b, prev ? prev : "null") < 0)
                 return -ENOMEM;
         /* one check at the end: kbuf leaves its data consistent on failure */

@@ -210,7 +210,8 @@ static void enc_result(struct enc *e, const struct wal_record *rec)
         }
         enc_key(e, "result");
         if (e->r == 0) {
-                int r = kbuf_append(e->b, rec->result_json, strlen(rec->result_json));
+                size_t n = rec->result_len ? rec->result_len : strlen(rec->result_json);
+                int r = kbuf_append(e->b, rec->result_json, n);
                 if (r < 0)
                         enc_fail(e, r, "out of memory");
         }
@@ -870,12 +871,18 @@ int wal_append(struct wal *w, const struct wal_record *rec)
                         w->io->ftruncate(w->io->ctx, w->fd, w->size);
                         fail_locked(w, r = -ENOMEM);
                 } else {
-                        if (w->keep && !w->kept_lost &&
-                            kbuf_append(&w->kept, line.data, line.len) < 0) {
+                        if (w->keep && !w->kept_lost && !w->kept.len) {
+                                /* (the first line since the last take: kept
+                                 * as it is, not copied) */
+                                kbuf_free(&w->kept);
+                                w->kept = line;
+                                line = (struct kbuf)KBUF_INIT;
+                        } else if (w->keep && !w->kept_lost &&
+                                   kbuf_append(&w->kept, line.data, line.len) < 0) {
                                 kbuf_free(&w->kept);
                                 w->kept_lost = true;
                         }
-                        w->size += (off_t)line.len;
+                        w->size += (off_t)written;
                         w->pending++;
                         w->records++;
                 }

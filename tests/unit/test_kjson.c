@@ -573,15 +573,15 @@ static void test_parse_nested(void **state)
                 int ok = KJSON_MAX_DEPTH - levels;
                 memset(deep, '[', (size_t)ok);
                 memset(deep + ok, ']', (size_t)ok);
-                assert_int_equal(kjson_parse_nested(a, deep, (size_t)(2 * ok), levels, &v, &err), 0);
+                assert_int_equal(kjson_parse_nested(a, deep, (size_t)(2 * ok), levels, &v, NULL, &err), 0);
                 memset(deep, '[', (size_t)ok + 1);
                 memset(deep + ok + 1, ']', (size_t)ok + 1);
-                assert_int_equal(kjson_parse_nested(a, deep, (size_t)(2 * ok + 2), levels, &v, &err),
+                assert_int_equal(kjson_parse_nested(a, deep, (size_t)(2 * ok + 2), levels, &v, NULL, &err),
                                  -EINVAL);
                 assert_int_equal(err.code, KJSON_E_DEPTH);
                 assert_int_equal(err.offset, (size_t)ok);
         }
-        assert_int_equal(kjson_parse_nested(a, "{\"a\":1},{\"b\":2}", 15, 1, &v, &err), -EINVAL);
+        assert_int_equal(kjson_parse_nested(a, "{\"a\":1},{\"b\":2}", 15, 1, &v, NULL, &err), -EINVAL);
         assert_int_equal(err.code, KJSON_E_TRAILING);
         assert_int_equal(err.offset, 7);
         kjson_arena_free(a);
