@@ -25,6 +25,17 @@ int canon_hash_json(const char *text, size_t len, char out[CANON_HASH_STRLEN],
                     struct kjson_error *err);
 int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN]);
 
+/* The canonical hash of text that is one JSON value in the compact form
+ * kjson_write gives (no whitespace, no escape but kbuf_json_string's, no
+ * backslash in a key), nesting at most max_depth containers: the hash
+ * canon_hash_value gives of its parse, read in one pass without a tree.
+ * 0; -EAGAIN when the text is not such a value (not JSON, not compact, out
+ * of double range, out of memory): parse it and hash the tree instead, which
+ * says why.  On 0, kjson_parse_nested at that depth reads the text and
+ * finds it compact. */
+int canon_hash_compact(const char *text, size_t len, int max_depth,
+                       char out[CANON_HASH_STRLEN]);
+
 /* "sha256-" + hex SHA-256 of raw bytes. */
 void canon_hash_bytes(const void *data, size_t len, char out[CANON_HASH_STRLEN]);
 

@@ -672,8 +672,10 @@ static void append_tail(char *msg, size_t size, char *tail)
  * digits, integers of any size and numbers beyond double range included).
  * The record nests the result one level deeper, and a record nested deeper
  * than KJSON_MAX_DEPTH could not be read back (the WAL would look corrupt):
- * such output is kept as text, like any other non-JSON output.  The one
- * parse serves all: when it is JSON, its canonical hash goes to hash and,
+ * such output is kept as text, like any other non-JSON output.  Output in
+ * the compact form is read once, by the canonical hash (canon_hash_compact);
+ * other output is parsed, and the one parse serves all: its canonical hash
+ * goes to hash and,
  * unless the output is already its compact form (*ret_same: the bytes the
  * WAL holds are the output's own), that form to compact; so neither the
  * encoder nor the hash reads the text again.  Returns 0, or -EINVAL with
@@ -681,6 +683,11 @@ static void append_tail(char *msg, size_t size, char *tail)
 static int result_json_read(const char *out, size_t n, struct kbuf *compact, bool *ret_same,
                             char hash[CANON_HASH_STRLEN], struct kjson_error *err)
 {
+        /* most handlers print compact JSON: hashed in one pass, no tree */
+        if (canon_hash_compact(out, n, KJSON_MAX_DEPTH - 1, hash) == 0) {
+                *ret_same = true;
+                return 0;
+        }
         struct kjson_arena *ar = kjson_arena_new();
         struct kjson *v = NULL;
         int r = ar ? kjson_parse_nested(ar, out, n, 1, &v, ret_same, err) : -ENOMEM;

@@ -471,3 +471,371 @@ int canon_hash_json(const char *text, size_t len, char out[CANON_HASH_STRLEN],
         kjson_arena_free(a);
         return r;
 }
+
+/* ------------------------------------------- compact text, without a tree */
+
+/* canon_hash_compact reads the text once and writes the canonical form as
+ * it goes: a string, number or literal is its own canonical text (numbers
+ * through write_number), an array is its items in order, and an object is
+ * its members as written, reordered at its close only when they are not
+ * already sorted, unique and free of volatile keys.  Anything outside the
+ * compact form (whitespace, an escape kbuf_json_string does not write, a
+ * backslash in a key) or outside JSON gives up: -EAGAIN, and the caller
+ * parses the text (kjson) and hashes the tree, which says what is wrong. */
+
+struct fast_member {
+        const unsigned char *key; /* in the text: no escapes */
+        size_t key_len;
+        size_t off, len;          /* "key":value in the output */
+        size_t index;
+};
+
+struct fast {
+        const unsigned char *p, *end;
+        struct kbuf out;
+        crypto_hash_sha256_state st;
+        struct fast_member *ms;
+        size_t mtop, mcap;
+        int max_depth;
+        int open_objects;         /* while one is open, nothing is hashed yet */
+};
+
+#define GIVE_UP (-EAGAIN)
+
+static int fast_value(struct fast *F, int depth);
+
+/* A UTF-8 sequence at p (p[0] >= 0x80) as kjson accepts it: its length,
+ * or 0. */
+static size_t fast_utf8(const unsigned char *p, const unsigned char *end)
+{
+        unsigned char c = p[0], lo = 0x80, hi = 0xBF;
+        size_t len;
+        if (c >= 0xC2 && c <= 0xDF) {
+                len = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+                len = 3;
+                if (c == 0xE0)
+                        lo = 0xA0;
+                else if (c == 0xED)
+                        hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+                len = 4;
+                if (c == 0xF0)
+                        lo = 0x90;
+                else if (c == 0xF4)
+                        hi = 0x8F;
+        } else {
+                return 0;
+        }
+        if ((size_t)(end - p) < len || p[1] < lo || p[1] > hi)
+                return 0;
+        for (size_t i = 2; i < len; i++)
+                if ((p[i] & 0xC0) != 0x80)
+                        return 0;
+        return len;
+}
+
+/* The string at F->p (its opening quote): past it, and whether it holds a
+ * backslash.  Only the escapes kbuf_json_string writes are taken (so its
+ * text is its canonical text). */
+static int fast_string(struct fast *F, bool *ret_escaped)
+{
+        const unsigned char *p = F->p + 1, *end = F->end;
+        bool escaped = false;
+        for (;;) {
+                while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+                        p++;
+                if (p >= end || *p < 0x20)
+                        return GIVE_UP;
+                if (*p == '"')
+                        break;
+                if (*p == '\\') {
+                        escaped = true;
+                        if (end - p < 2)
+                                return GIVE_UP;
+                        unsigned char e = p[1];
+                        if (e == '"' || e == '\\' || e == 'b' || e == 'f' || e == 'n' ||
+                            e == 'r' || e == 't') {
+                                p += 2;
+                                continue;
+                        }
+                        /* \u00XX below 0x20, lowercase, not a one-letter one */
+                        if (e != 'u' || end - p < 6 || p[2] != '0' || p[3] != '0' ||
+                            (p[4] != '0' && p[4] != '1'))
+                                return GIVE_UP;
+                        unsigned char x = p[5];
+                        int lo = x >= '0' && x <= '9' ? x - '0'
+                                 : x >= 'a' && x <= 'f' ? x - 'a' + 10 : -1;
+                        int cp = (p[4] - '0') * 16 + lo;
+                        if (lo < 0 || cp == '\b' || cp == '\t' || cp == '\n' || cp == '\f' ||
+                            cp == '\r')
+                                return GIVE_UP;
+                        p += 6;
+                        continue;
+                }
+                size_t l = fast_utf8(p, end);
+                if (!l)
+                        return GIVE_UP;
+                p += l;
+        }
+        F->p = p + 1;
+        *ret_escaped = escaped;
+        return 0;
+}
+
+static int fast_number(struct fast *F)
+{
+        const unsigned char *s = F->p, *p = s, *end = F->end;
+        bool is_float = false;
+        if (p < end && *p == '-')
+                p++;
+        if (p < end && *p == '0') {
+                p++;
+        } else if (p < end && *p >= '1' && *p <= '9') {
+                while (p < end && *p >= '0' && *p <= '9')
+                        p++;
+        } else {
+                return GIVE_UP;
+        }
+        if (p < end && *p == '.') {
+                is_float = true;
+                if (++p >= end || *p < '0' || *p > '9')
+                        return GIVE_UP;
+                while (p < end && *p >= '0' && *p <= '9')
+                        p++;
+        }
+        if (p < end && (*p == 'e' || *p == 'E')) {
+                is_float = true;
+                if (++p < end && (*p == '+' || *p == '-'))
+                        p++;
+                if (p >= end || *p < '0' || *p > '9')
+                        return GIVE_UP;
+                while (p < end && *p >= '0' && *p <= '9')
+                        p++;
+        }
+        struct kjson v = { .type = KJSON_NUMBER };
+        v.u.num.text = (const char *)s;
+        v.u.num.len = (size_t)(p - s);
+        v.u.num.is_float = is_float;
+        F->p = p;
+        return write_number(&F->out, &v) < 0 ? GIVE_UP : 0;
+}
+
+static int fast_literal(struct fast *F, const char *lit, size_t n)
+{
+        if ((size_t)(F->end - F->p) < n || memcmp(F->p, lit, n) != 0)
+                return GIVE_UP;
+        F->p += n;
+        return kbuf_append(&F->out, lit, n) < 0 ? GIVE_UP : 0;
+}
+
+static int fast_member_cmp(const void *pa, const void *pb)
+{
+        const struct fast_member *a = pa, *b = pb;
+        size_t n = a->key_len < b->key_len ? a->key_len : b->key_len;
+        int c = n ? memcmp(a->key, b->key, n) : 0;
+        if (c)
+                return c;
+        if (a->key_len != b->key_len)
+                return a->key_len < b->key_len ? -1 : 1;
+        return (a->index > b->index) - (a->index < b->index);
+}
+
+/* The object's members ms[base..] are in the output from start on, as
+ * written: in canonical order as they are, or rewritten so. */
+static int fast_object_close(struct fast *F, size_t base, size_t start)
+{
+        struct fast_member *m = F->ms + base;
+        size_t n = F->mtop - base;
+        /* sorted, no key twice, none volatile: as written */
+        bool in_order = true;
+        for (size_t i = 0; i < n && in_order; i++) {
+                if (volatile_key((const char *)m[i].key, m[i].key_len)) {
+                        in_order = false;
+                } else if (i) {
+                        size_t k = m[i - 1].key_len < m[i].key_len ? m[i - 1].key_len
+                                                                   : m[i].key_len;
+                        int c = k ? memcmp(m[i - 1].key, m[i].key, k) : 0;
+                        in_order = c < 0 || (c == 0 && m[i - 1].key_len < m[i].key_len);
+                }
+        }
+        if (in_order)
+                return kbuf_putc(&F->out, '}') < 0 ? GIVE_UP : 0;
+        if (n > 16) {
+                qsort(m, n, sizeof(*m), fast_member_cmp);
+        } else {
+                for (size_t i = 1; i < n; i++) {
+                        struct fast_member x = m[i];
+                        size_t j = i;
+                        for (; j > 0 && fast_member_cmp(&m[j - 1], &x) > 0; j--)
+                                m[j] = m[j - 1];
+                        m[j] = x;
+                }
+        }
+        /* the object again after the output, then moved down to start */
+        size_t at = F->out.len;
+        bool first = true;
+        if (kbuf_putc(&F->out, '{') < 0)
+                return GIVE_UP;
+        for (size_t i = 0; i < n; i++) {
+                if (volatile_key((const char *)m[i].key, m[i].key_len))
+                        continue;
+                /* duplicate keys: the last one in document order wins */
+                if (i + 1 < n && m[i].key_len == m[i + 1].key_len &&
+                    memcmp(m[i].key, m[i + 1].key, m[i].key_len) == 0)
+                        continue;
+                if ((!first && kbuf_putc(&F->out, ',') < 0) ||
+                    kbuf_reserve(&F->out, m[i].len) < 0)
+                        return GIVE_UP;
+                first = false;
+                memcpy(F->out.data + F->out.len, F->out.data + m[i].off, m[i].len);
+                F->out.len += m[i].len;
+        }
+        if (kbuf_putc(&F->out, '}') < 0)
+                return GIVE_UP;
+        size_t len = F->out.len - at;
+        memmove(F->out.data + start, F->out.data + at, len);
+        F->out.len = start + len;
+        F->out.data[F->out.len] = '\0';
+        return 0;
+}
+
+static int fast_object(struct fast *F, int depth)
+{
+        size_t start = F->out.len, base = F->mtop;
+        int r = GIVE_UP;
+        F->p++;
+        F->open_objects++;
+        if (kbuf_putc(&F->out, '{') < 0)
+                goto out;
+        if (F->p < F->end && *F->p == '}') {
+                F->p++;
+                r = kbuf_putc(&F->out, '}') < 0 ? GIVE_UP : 0;
+                goto out;
+        }
+        for (size_t index = 0;; index++) {
+                if (F->p >= F->end || *F->p != '"')
+                        goto out;
+                const unsigned char *key = F->p + 1;
+                bool escaped;
+                if (fast_string(F, &escaped) < 0 || escaped || F->p >= F->end || *F->p != ':')
+                        goto out;
+                size_t key_len = (size_t)(F->p - 1 - key);
+                if (index && kbuf_putc(&F->out, ',') < 0)
+                        goto out;
+                size_t off = F->out.len;
+                if (kbuf_append(&F->out, key - 1, key_len + 2) < 0 ||
+                    kbuf_putc(&F->out, ':') < 0)
+                        goto out;
+                F->p++;
+                if (fast_value(F, depth) < 0)
+                        goto out;
+                if (F->mtop == F->mcap) {
+                        size_t ncap = F->mcap ? 2 * F->mcap : 64;
+                        struct fast_member *nm = realloc(F->ms, ncap * sizeof(*nm));
+                        if (!nm)
+                                goto out;
+                        F->ms = nm;
+                        F->mcap = ncap;
+                }
+                F->ms[F->mtop++] = (struct fast_member){ key, key_len, off, F->out.len - off,
+                                                         index };
+                if (F->p >= F->end)
+                        goto out;
+                if (*F->p == '}')
+                        break;
+                if (*F->p++ != ',')
+                        goto out;
+        }
+        F->p++;
+        r = fast_object_close(F, base, start);
+out:
+        F->mtop = base;
+        F->open_objects--;
+        return r;
+}
+
+static void fast_spill(struct fast *F)
+{
+        if (!F->open_objects && F->out.len >= CANON_SPILL) {
+                crypto_hash_sha256_update(&F->st, (const unsigned char *)F->out.data,
+                                          F->out.len);
+                F->out.len = 0;
+        }
+}
+
+static int fast_array(struct fast *F, int depth)
+{
+        F->p++;
+        if (kbuf_putc(&F->out, '[') < 0)
+                return GIVE_UP;
+        if (F->p < F->end && *F->p == ']') {
+                F->p++;
+                return kbuf_putc(&F->out, ']') < 0 ? GIVE_UP : 0;
+        }
+        for (;;) {
+                if (fast_value(F, depth) < 0)
+                        return GIVE_UP;
+                fast_spill(F);
+                if (F->p >= F->end)
+                        return GIVE_UP;
+                if (*F->p == ']')
+                        break;
+                if (*F->p++ != ',' || kbuf_putc(&F->out, ',') < 0)
+                        return GIVE_UP;
+        }
+        F->p++;
+        return kbuf_putc(&F->out, ']') < 0 ? GIVE_UP : 0;
+}
+
+/* depth: the containers around this value */
+static int fast_value(struct fast *F, int depth)
+{
+        if (F->p >= F->end)
+                return GIVE_UP;
+        switch (*F->p) {
+        case '{':
+                return depth + 1 > F->max_depth ? GIVE_UP : fast_object(F, depth + 1);
+        case '[':
+                return depth + 1 > F->max_depth ? GIVE_UP : fast_array(F, depth + 1);
+        case '"': {
+                const unsigned char *s = F->p;
+                bool escaped;
+                if (fast_string(F, &escaped) < 0)
+                        return GIVE_UP;
+                return kbuf_append(&F->out, s, (size_t)(F->p - s)) < 0 ? GIVE_UP : 0;
+        }
+        case 't':
+                return fast_literal(F, "true", 4);
+        case 'f':
+                return fast_literal(F, "false", 5);
+        case 'n':
+                return fast_literal(F, "null", 4);
+        default:
+                return fast_number(F);
+        }
+}
+
+int canon_hash_compact(const char *text, size_t len, int max_depth,
+                       char out[CANON_HASH_STRLEN])
+{
+        struct fast F = { .p = (const unsigned char *)text,
+                          .end = (const unsigned char *)text + len,
+                          .max_depth = max_depth };
+        unsigned char h[crypto_hash_sha256_BYTES];
+        int r = text && len && kbuf_reserve(&F.out, 2 * CANON_SPILL) == 0 ? 0 : GIVE_UP;
+        if (r == 0) {
+                crypto_hash_sha256_init(&F.st);
+                r = fast_value(&F, 0);
+        }
+        if (r == 0 && F.p != F.end)
+                r = GIVE_UP;
+        if (r == 0) {
+                crypto_hash_sha256_update(&F.st, (const unsigned char *)F.out.data, F.out.len);
+                crypto_hash_sha256_final(&F.st, h);
+                hash_string(h, out);
+        }
+        kbuf_free(&F.out);
+        free(F.ms);
+        return r;
+}

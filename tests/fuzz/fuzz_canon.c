@@ -11,7 +11,8 @@
  * - kjson_write output re-parses and writes back identically;
  * - canonicalization succeeds or fails with -EDOM only; the canonical form
  *   re-parses, canonicalizes to the same bytes, and its hash is the hash of
- *   those bytes, whichever entry point computes it. */
+ *   those bytes, whichever entry point computes it;
+ * - the one-pass hash of compact text agrees with the tree's (check_compact). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -105,6 +106,39 @@ static void check_write(struct kjson_arena *b, const struct kjson *v)
         kbuf_free(&w2);
 }
 
+/* A handler's result: the one-pass hash of compact text (canon_hash_compact)
+ * takes only texts kjson reads and finds compact, and every one of those
+ * without a backslash or an exponent, and gives their tree's hash; kjson's
+ * word "compact" is kjson_write's bytes. */
+static void check_compact(struct kjson_arena *b, const char *s, size_t n)
+{
+        char h1[CANON_HASH_STRLEN], h2[CANON_HASH_STRLEN];
+        char *copy = malloc(n ? n : 1);
+        CHECK(copy);
+        if (n)
+                memcpy(copy, s, n);
+        int r = canon_hash_compact(copy, n, KJSON_MAX_DEPTH - 1, h1);
+        CHECK(r == 0 || r == -EAGAIN);
+        struct kjson *v = NULL;
+        bool same = false;
+        kjson_arena_reset(b);
+        int p = kjson_parse_nested(b, copy, n, 1, &v, &same, NULL);
+        int hr = p == 0 ? canon_hash_value(v, h2) : -1;
+        if (r == 0)
+                CHECK(p == 0 && same && hr == 0 && strcmp(h1, h2) == 0);
+        else    /* (a number out of double range gives up, even where a
+                 * later duplicate key drops it from the canonical form) */
+                CHECK(!(p == 0 && same && hr == 0 && !memchr(copy, '\\', n) &&
+                        !memchr(copy, 'e', n) && !memchr(copy, 'E', n)));
+        if (p == 0 && same) {
+                struct kbuf w = KBUF_INIT;
+                CHECK(kjson_write(&w, v) == 0);
+                CHECK(w.len == n && memcmp(w.data, copy, n) == 0);
+                kbuf_free(&w);
+        }
+        free(copy);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         static struct kjson_arena *a, *b;
@@ -120,6 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (!s)
                 s = "";
+        check_compact(b, s, size);
 
         kjson_arena_reset(a);
         int r = kjson_parse(a, s, size, &v, &err);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -554,6 +555,101 @@ static void test_value_from_parse(void **state)
  * digits, never converted: the same bytes as from the double it denotes
  * (the shortest digits that read back), for random texts of 1 to 17 digits,
  * leading and trailing zeros, points, exponents near and past the range. */
+/* The tree's hash of text, the way a result was hashed before the one-pass
+ * reader: parse (one level nested, as a record holds it), canon_hash_value. */
+static int tree_hash(const char *s, size_t n, char h[CANON_HASH_STRLEN], bool *ret_same)
+{
+        struct kjson_arena *a = kjson_arena_new();
+        struct kjson *v;
+        int r = kjson_parse_nested(a, s, n, 1, &v, ret_same, NULL);
+        if (r == 0)
+                r = canon_hash_value(v, h);
+        kjson_arena_free(a);
+        return r;
+}
+
+/* A handler's compact output is hashed in one pass without a tree
+ * (canon_hash_compact): the same hash as the tree's for every escape
+ * kbuf_json_string writes, UTF-8, numbers in every form, keys out of order,
+ * duplicate and volatile keys, at any depth the record allows; anything
+ * else is left to the tree (-EAGAIN), which finds it not compact or not
+ * JSON. */
+static void test_hash_compact(void **state)
+{
+        (void)state;
+        static const char *const same[] = {
+                "null", "true", "false", "0", "-0", "-0.0", "1", "-12",
+                "123456789012345678901234567890", "1.5", "1.50", "0.1", "100.0", "1e2",
+                "1E+2", "2.5e-05", "1.0e-7", "-1.5E3", "1e22", "123456789012345678.5",
+                "0.000001", "4.35", "1.7976931348623157e308", "5e-324",
+                "\"\"", "\"plain\"", "\"\\\"\\\\\\b\\f\\n\\r\\t\"",
+                "\"\\u0000\\u0001\\u001f\\u000b\\u0011\"", "\"/\x7f\"",
+                "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xef\xbf\xbf\"",
+                "[]", "{}", "[[]]", "[{}]", "[1,\"a\",null,true,[2.50]]",
+                "{\"b\":1,\"a\":2}", "{\"a\":1,\"b\":2}", "{\"a\":1,\"a\":2}",
+                "{\"b\":{\"d\":[1,{\"z\":0,\"y\":1}],\"c\":2},\"a\":3,\"b\":4}",
+                "{\"ts\":1,\"x\":{\"nonce\":2,\"trace_id\":3,\"request_id\":4,\"timestamp\":5}}",
+                "{\"\xc3\xa9\":1,\"e\":2,\"\":3,\"ee\":4}",
+                "{\"k\":\"\\\"}\\\\\",\"j\":\"[{\"}",
+                "[{\"id\":0,\"name\":\"item-000000\",\"score\":0.5,\"tags\":[\"a\",\"bb\"],"
+                "\"ok\":true}]",
+        };
+        for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+                char h1[CANON_HASH_STRLEN], h2[CANON_HASH_STRLEN];
+                bool compact = false;
+                size_t n = strlen(same[i]);
+                assert_int_equal(canon_hash_compact(same[i], n, KJSON_MAX_DEPTH - 1, h1), 0);
+                assert_int_equal(tree_hash(same[i], n, h2, &compact), 0);
+                assert_true(compact);
+                assert_string_equal(h1, h2);
+        }
+        /* a member order kept as written when it is canonical, rewritten
+         * otherwise: many members (sorted by qsort) too */
+        struct kbuf b = KBUF_INIT;
+        kbuf_putc(&b, '{');
+        for (int i = 40; i > 0; i--)
+                kbuf_printf(&b, "%s\"k%02d\":[%d,{\"z\":%d,\"a\":\"%d\"}]", i == 40 ? "" : ",",
+                            i % 23, i, i, i);
+        kbuf_putc(&b, '}');
+        char h1[CANON_HASH_STRLEN], h2[CANON_HASH_STRLEN];
+        bool compact = false;
+        assert_int_equal(canon_hash_compact(b.data, b.len, KJSON_MAX_DEPTH - 1, h1), 0);
+        assert_int_equal(tree_hash(b.data, b.len, h2, &compact), 0);
+        assert_string_equal(h1, h2);
+        /* deep: 127 containers are a result's limit (the record is one more) */
+        kbuf_reset(&b);
+        for (int i = 0; i < KJSON_MAX_DEPTH - 1; i++)
+                kbuf_puts(&b, i % 2 ? "{\"k\":" : "[");
+        kbuf_puts(&b, "1");
+        for (int i = KJSON_MAX_DEPTH - 1; i-- > 0;)
+                kbuf_puts(&b, i % 2 ? "}" : "]");
+        assert_int_equal(canon_hash_compact(b.data, b.len, KJSON_MAX_DEPTH - 1, h1), 0);
+        assert_int_equal(tree_hash(b.data, b.len, h2, &compact), 0);
+        assert_string_equal(h1, h2);
+        kbuf_reset(&b);
+        for (int i = 0; i < KJSON_MAX_DEPTH; i++)
+                kbuf_putc(&b, '[');
+        for (int i = 0; i < KJSON_MAX_DEPTH; i++)
+                kbuf_putc(&b, ']');
+        assert_int_equal(canon_hash_compact(b.data, b.len, KJSON_MAX_DEPTH - 1, h1), -EAGAIN);
+        assert_int_equal(tree_hash(b.data, b.len, h2, &compact), -EINVAL);
+        kbuf_free(&b);
+
+        /* left to the tree: not compact, or not JSON, or no canonical form */
+        static const char *const other[] = {
+                "", " 1", "1 ", "[1, 2]", "{\"a\" :1}", "[\n]", "\"\\/\"", "\"\\u00e9\"",
+                "\"\\u001F\"", "\"\\u0008\"", "\"\\u000a\"", "{\"a\\u0000\":1}",
+                "{\"a\\n\":1}", "nul", "[1,]", "{\"a\":1,}", "01", "1.", "-", "+1", ".5",
+                "1e", "[1]]", "[1", "\"a", "\"\x01\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",
+                "\"\xf4\x90\x80\x80\"", "\"\xe2\x82\"", "1e400", "[-1e999]", "{\"a\":1}x",
+                "tru", "nan", "{1:2}", "{\"a\"}",
+        };
+        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+                assert_int_equal(canon_hash_compact(other[i], strlen(other[i]),
+                                                    KJSON_MAX_DEPTH - 1, h1),
+                                 -EAGAIN);
+}
+
 static void test_float_text_same_as_double(void **state)
 {
         (void)state;
@@ -628,6 +724,7 @@ int main(void)
                 cmocka_unit_test(test_errors),
                 cmocka_unit_test(test_hand_built_trees),
                 cmocka_unit_test(test_value_from_parse),
+                cmocka_unit_test(test_hash_compact),
         };
         canon_init();
         return cmocka_run_group_tests(tests, NULL, NULL);
