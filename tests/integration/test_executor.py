@@ -452,6 +452,68 @@ class TestResultNumbers(ExecCase):
         self.assertEqual(rec["result"], '{"x": nope}')
 
 
+class TestCompactResults(ExecCase):
+    # A result printed compactly is the record's text as printed and is
+    # hashed in one pass (no tree); any other JSON is written compactly.
+    # Either way: the WAL's bytes, the result_hash (against kairosctl canon,
+    # which parses) and every later step's stdin are what they were.
+    @staticmethod
+    def big_compact(size):
+        """Compact JSON of exactly size bytes: every escape kbuf_json_string
+        writes, UTF-8, numbers in every form, keys out of order, duplicate
+        and volatile keys."""
+        items, n = [], 0
+        head = ('{"z":1,"ts":"now","a":[{"s":"q\\"b\\\\s\\b\\f\\n\\r\\t\\u0000\\u001f/\x7f",'
+                '"u":"\u00e9\u20ac\U0001F600","n":[0,-0,1.50,-2.5e-05,1E+2,0.1,'
+                '123456789012345678901234567890,1e22,100.0],"k":1,"k":2,"nonce":3}],'
+                '"items":[')
+        i = 0
+        while n < size - 400:
+            it = '{"id":%d,"name":"item-%06d","score":%s,"tags":["a","bb"],"ok":%s}' % (
+                i, i, "%d.%d5" % (i, i % 10), "true" if i % 2 else "false")
+            items.append(it)
+            n += len(it) + 1
+            i += 1
+        text = head + ",".join(items) + '],"pad":"'
+        text += "x" * (size - len(text.encode()) - 2) + '"}'
+        assert len(text.encode()) == size
+        return text
+
+    def test_results_byte_and_hash_identical(self):
+        cap = 1024 * 1024
+        outputs = {
+            "cap": self.big_compact(cap),
+            "pretty": json.dumps({"b": [1, 2.5, "\u00e9/\n"], "a": {"y": None, "x": True}},
+                                 indent=2, ensure_ascii=True).replace("/", "\\/"),
+            "deep": "[" * 63 + '{"k":' * 64 + "1" + "}" * 64 + "]" * 63,
+        }
+        schedules = {}
+        for name, out in outputs.items():
+            path = os.path.join(self.dir, name + ".out")
+            with open(path, "wb") as f:
+                f.write(out.encode())
+            obs = self.script(name + "-obs.sh", "exec cat %s\n" % path)
+            ori = self.script(name + "-ori.sh", "exec cat > %s.stdin\n" % path)
+            schedules[name] = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                               "Exec": {"Observe": "/bin/sh " + obs, "Orient": "/bin/sh " + ori}}
+        self.configure(schedules)
+        self.start()
+        for name, out in outputs.items():
+            m = self.fire(name)
+            self.d.wait_log("mandate %s done" % m)
+            self.assertNotIn("%s observe_001: the output is not JSON" % m, self.d.log())
+            with gzip.open(self.archive_path(m)) as gz:
+                data = gz.read()
+            compact = out.encode() if name != "pretty" else json.dumps(
+                json.loads(out), separators=(",", ":"), ensure_ascii=False).encode()
+            rec = [line for line in data.splitlines() if b'"step_id":"observe_001"' in line
+                   and b'"status":"completed"' in line][0]
+            self.assertIn(b',"result":' + compact + b',', rec, name)
+            self.assertEqual(json.loads(rec)["result_hash"], canon_hash(out), name)
+            with open(os.path.join(self.dir, name + ".out.stdin"), "rb") as f:
+                self.assertIn(b'"results":{"observe":' + compact + b'}', f.read(), name)
+
+
 class TestHandlerProcess(ExecCase):
     def test_no_stray_fds(self):
         # issue 11 item 7: fds kairosd inherited (10 and 251 here) do not

@@ -86,6 +86,17 @@ static void test_seal_and_check(void **state)
         b.data[8] ^= 1;
         assert_int_equal(crcline_check(a, 0, b.data, b.len - 1, &obj, &legacy, why, sizeof why), 0);
         assert_string_equal(why, "crc mismatch");
+        /* a line this process sealed in memory (CRCLINE_OWN): its crc is
+         * not computed again (a changed letter goes unseen), its suffix is
+         * still required */
+        b.data[8] ^= 1;
+        b.data[7] ^= 1;
+        assert_int_equal(crcline_check(a, 0, b.data, b.len - 1, &obj, &legacy, why, sizeof why), 0);
+        assert_int_equal(crcline_check(a, CRCLINE_OWN, b.data, b.len - 1, &obj, &legacy, why,
+                                       sizeof why), 1);
+        const char *own_leg = "{\"op\":\"x\",\"ts\":\"t\"}";
+        assert_int_equal(crcline_check(a, CRCLINE_OWN, own_leg, strlen(own_leg), &obj, &legacy,
+                                       why, sizeof why), 0);
         /* legacy lines only when asked, and only ending with ts */
         const char *leg = "{\"op\":\"x\",\"ts\":\"t\"}";
         assert_int_equal(crcline_check(a, 0, leg, strlen(leg), &obj, &legacy, why, sizeof why), 0);

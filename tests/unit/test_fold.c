@@ -1089,6 +1089,11 @@ static void test_feed_own_same_fold(void **state)
                 assert_string_equal(d1, d2);
                 assert_string_equal(fold_find_step(own, "s1")->result_json,
                                     fold_find_step(parsed, "s1")->result_json);
+                /* its length known both ways (stepdoc copies by it) */
+                assert_int_equal(fold_find_step(own, "s1")->result_len,
+                                 strlen(fold_find_step(own, "s1")->result_json));
+                assert_int_equal(fold_find_step(parsed, "s1")->result_len,
+                                 strlen(fold_find_step(parsed, "s1")->result_json));
                 free(d1);
                 free(d2);
                 fold_free(parsed);

@@ -560,6 +560,53 @@ static void test_parse_trusted(void **state)
         kjson_arena_free(a);
 }
 
+/* kjson_parse_nested says whether the text is exactly what kjson_write
+ * writes of its value (a handler's output then is the record's text):
+ * never when there is whitespace or an escape kbuf_json_string does not
+ * write. */
+static void test_parse_nested_compact(void **state)
+{
+        (void)state;
+        static const struct {
+                const char *s;
+                bool compact;
+        } cases[] = {
+                { "null", true },
+                { "{\"b\":[1,2.50,-0,1E+2],\"a\":\"\\\"\\\\\\b\\f\\n\\r\\t\\u0000\\u001f\"}", true },
+                { "\"\xc3\xa9\x7f/\"", true },
+                { "{\"a\":1,\"a\":2}", true },
+                { " null", false },
+                { "null\t", false },
+                { "[1, 2]", false },
+                { "{\"a\":\n1}", false },
+                { "[ ]", false },
+                { "\"\\/\"", false },
+                { "\"\\u00e9\"", false },
+                { "\"\\u001F\"", false },
+                { "\"\\u0008\"", false },
+                { "\"\\u0009\"", false },
+                { "\"\\u000a\"", false },
+                { "\"\\u000c\"", false },
+                { "\"\\u000d\"", false },
+                { "\"\\ud83d\\ude00\"", false },
+        };
+        struct kjson_arena *a = kjson_arena_new();
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                struct kjson *v;
+                bool compact = !cases[i].compact;
+                size_t n = strlen(cases[i].s);
+                kjson_arena_reset(a);
+                assert_int_equal(kjson_parse_nested(a, cases[i].s, n, 1, &v, &compact, NULL), 0);
+                assert_int_equal(compact, cases[i].compact);
+                struct kbuf w = KBUF_INIT;
+                assert_int_equal(kjson_write(&w, v), 0);
+                assert_int_equal(w.len == n && memcmp(w.data, cases[i].s, n) == 0,
+                                 cases[i].compact);
+                kbuf_free(&w);
+        }
+        kjson_arena_free(a);
+}
+
 /* kjson_parse_nested: the value's own nesting is limited by the levels
  * above it; one value only (two are trailing bytes, not the first). */
 static void test_parse_nested(void **state)
@@ -791,6 +838,7 @@ int main(void)
                 cmocka_unit_test(test_write),
                 cmocka_unit_test(test_parse_trusted),
                 cmocka_unit_test(test_parse_nested),
+                cmocka_unit_test(test_parse_nested_compact),
                 cmocka_unit_test(test_arena),
                 cmocka_unit_test(test_big_string),
                 cmocka_unit_test(test_large_shares_strings),

@@ -1761,8 +1761,13 @@ static void test_encode_compact_result(void **state)
                 given.result_compact = true;
                 char *a = enc(&parsed), *b = enc(&given);
                 assert_string_equal(a, b);
+                /* its length given: the same line */
+                given.result_len = compact.len;
+                char *c = enc(&given);
+                assert_string_equal(a, c);
                 free(a);
                 free(b);
+                free(c);
                 kbuf_free(&compact);
                 kjson_arena_free(ar);
         }
@@ -1771,6 +1776,13 @@ static void test_encode_compact_result(void **state)
                                 .result_compact = true };
         char *line = enc(&r);
         assert_non_null(strstr(line, ",\"result\":[1, 2],"));
+        free(line);
+        /* a length given is the length copied (the text need not end there) */
+        r.result_json = "[1,2]TAIL";
+        r.result_len = 5;
+        line = enc(&r);
+        assert_non_null(strstr(line, ",\"result\":[1,2],"));
+        assert_null(strstr(line, "TAIL"));
         free(line);
 }
 
