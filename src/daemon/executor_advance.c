@@ -141,19 +141,33 @@ static void build_stdin(struct advance *a, const struct fold *f, const struct fo
                                     .fired_at = a->fired_at, .goal = a->goal,
                                     .max_cycles = a->max_cycles, .attempt = a->attempt,
                                     .idem_key = a->idem_key };
+        executor_stdin_buffer(&a->stdin_doc);
         (void)stepdoc_build(f, p, idx, &in, &a->stdin_doc);
 }
 
 /* Fold bytes into the mandate's fold and keep them (the archive is made
  * from them, not read again); own: bytes this process appended itself. */
-static int fold_more(struct mandate *m, const struct kbuf *b, bool own)
+static int fold_more(struct mandate *m, struct kbuf *b, bool own)
 {
         size_t used = 0;
         int r = !b->len ? 0
                 : own   ? fold_feed_own(m->fold, b->data, b->len, &used)
                         : fold_feed(m->fold, b->data, b->len, &used);
-        if (used && kbuf_append(&m->wal_bytes, b->data, used) < 0)
-                kbuf_free(&m->wal_bytes);
+        struct kbuf *kept = &m->wal_bytes;
+        if (used == b->len && used > kept->len && b->cap - b->len > kept->len) {
+                /* (a line with a big result: the bytes kept so far go in
+                 * front of it, in its own buffer, rather than it after them
+                 * in a buffer grown for it) */
+                memmove(b->data + kept->len, b->data, used + 1);
+                if (kept->len)
+                        memcpy(b->data, kept->data, kept->len);
+                b->len += kept->len;
+                kbuf_free(kept);
+                *kept = *b;
+                *b = (struct kbuf)KBUF_INIT;
+        } else if (used && kbuf_append(kept, b->data, used) < 0) {
+                kbuf_free(kept);
+        }
         return r;
 }
 

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,37 @@ static void start_reported(struct executor *e, bool gone);
 static void groups_remove(struct exec_run *run);
 static void run_finished(struct exec_run *run);
 
+/* One stdin document's buffer kept for the next (a document holds the
+ * earlier results, up to 1 MiB each: a new one each step was an mmap and
+ * its page faults).  Put back on the loop thread, taken by the advance job
+ * on a pool thread; at most one, of at most STDIN_SPARE_MAX bytes. */
+#define STDIN_SPARE_MIN (128u * 1024u)
+#define STDIN_SPARE_MAX (8u * 1024u * 1024u)
+static _Atomic(char *) stdin_spare; /* its capacity in its first bytes */
+
+static void stdin_spare_put(char *buf, size_t cap)
+{
+        if (!buf || cap < STDIN_SPARE_MIN || cap > STDIN_SPARE_MAX) {
+                free(buf);
+                return;
+        }
+        memcpy(buf, &cap, sizeof cap);
+        free(atomic_exchange(&stdin_spare, buf));
+}
+
+void executor_stdin_buffer(struct kbuf *b)
+{
+        if (b->data)
+                return;
+        char *buf = atomic_exchange(&stdin_spare, NULL);
+        if (!buf)
+                return;
+        size_t cap;
+        memcpy(&cap, buf, sizeof cap);
+        *b = (struct kbuf){ .data = buf, .len = 0, .cap = cap };
+        buf[0] = '\0';
+}
+
 static void on_run_closed(struct child *c)
 {
         struct exec_run *run = c->data;
@@ -56,7 +88,7 @@ static void on_run_closed(struct child *c)
         free(run->cmdline);
         child_free(c);
         kbuf_free(&run->err_line);
-        free(run->stdin_doc);
+        stdin_spare_put(run->stdin_doc, run->stdin_cap);
         free(run->step_id);
         free(run->expected_post);
         free(run);
@@ -182,6 +214,7 @@ void executor_free(struct daemon *d)
         free(e->arch_paths);
         free(e);
         d->executor = NULL;
+        free(atomic_exchange(&stdin_spare, NULL));
 }
 
 unsigned executor_running(const struct daemon *d)
@@ -601,6 +634,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
         /* the document is the job's: taken, not copied (it holds the
          * earlier results, up to 1 MiB each) */
         size_t stdin_len = a->stdin_doc.data ? a->stdin_doc.len : 3;
+        run->stdin_cap = a->stdin_doc.data ? a->stdin_doc.cap : 4;
         run->stdin_doc = a->stdin_doc.data ? a->stdin_doc.data : strdup("{}\n");
         a->stdin_doc = (struct kbuf)KBUF_INIT;
         run->timeout_sec = sc ? (unsigned)sc->timeout_sec : 300;

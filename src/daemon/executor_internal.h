@@ -173,6 +173,7 @@ struct exec_run {
         bool started;
         unsigned retry_ms, tries;
         char *stdin_doc;
+        size_t stdin_cap;             /* its buffer's size */
         struct kbuf err_line;
         size_t err_accepted, err_dropped; /* stderr bytes logged / not logged */
         bool finished;
@@ -188,6 +189,9 @@ struct exec_run {
         uint64_t kill_mark;        /* own.kill_mark before the spawn */
 };
 
+/* b (empty, no buffer yet) given the buffer of an earlier stdin document,
+ * when one was kept (any thread). */
+void executor_stdin_buffer(struct kbuf *b);
 /* Start the handler of a's step (a->step_id); the mandate holds a slot. */
 void handler_spawn(struct mandate *m, struct advance *a);
 /* kairosctl cancel: SIGTERM to its process group, SIGKILL after the grace. */

@@ -235,11 +235,22 @@ static bool text_digits(const char *t, size_t n, bool *ret_neg, char dig[32], in
 
 static bool volatile_key(const char *k, size_t n)
 {
-        static const char *const keys[] = { "timestamp", "ts", "request_id", "trace_id", "nonce" };
-        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-                if (strlen(keys[i]) == n && memcmp(keys[i], k, n) == 0)
-                        return true;
-        return false;
+        /* "timestamp", "ts", "request_id", "trace_id", "nonce": told apart
+         * by their length first (a key is checked once per member) */
+        switch (n) {
+        case 2:
+                return memcmp(k, "ts", 2) == 0;
+        case 5:
+                return memcmp(k, "nonce", 5) == 0;
+        case 8:
+                return memcmp(k, "trace_id", 8) == 0;
+        case 9:
+                return memcmp(k, "timestamp", 9) == 0;
+        case 10:
+                return memcmp(k, "request_id", 10) == 0;
+        default:
+                return false;
+        }
 }
 
 static int key_cmp(const struct kjson_member *a, const struct kjson_member *b)
@@ -488,6 +499,7 @@ struct fast_member {
         size_t key_len;
         size_t off, len;          /* "key":value in the output */
         size_t index;
+        bool drop;                /* a volatile key */
 };
 
 struct fast {
@@ -641,6 +653,11 @@ static int fast_member_cmp(const void *pa, const void *pb)
         return (a->index > b->index) - (a->index < b->index);
 }
 
+static bool same_key(const struct fast_member *a, const struct fast_member *b)
+{
+        return a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
+}
+
 /* The object's members ms[base..] are in the output from start on, as
  * written: in canonical order as they are, or rewritten so. */
 static int fast_object_close(struct fast *F, size_t base, size_t start)
@@ -650,7 +667,7 @@ static int fast_object_close(struct fast *F, size_t base, size_t start)
         /* sorted, no key twice, none volatile: as written */
         bool in_order = true;
         for (size_t i = 0; i < n && in_order; i++) {
-                if (volatile_key((const char *)m[i].key, m[i].key_len)) {
+                if (m[i].drop) {
                         in_order = false;
                 } else if (i) {
                         size_t k = m[i - 1].key_len < m[i].key_len ? m[i - 1].key_len
@@ -672,31 +689,27 @@ static int fast_object_close(struct fast *F, size_t base, size_t start)
                         m[j] = x;
                 }
         }
-        /* the object again after the output, then moved down to start */
+        /* the object again after the output (room made once: it is no
+         * longer than the members as written), then moved down to start */
         size_t at = F->out.len;
-        bool first = true;
-        if (kbuf_putc(&F->out, '{') < 0)
+        if (kbuf_reserve(&F->out, at - start + 2) < 0)
                 return GIVE_UP;
+        char *d = F->out.data + at, *o = F->out.data;
+        *d++ = '{';
         for (size_t i = 0; i < n; i++) {
-                if (volatile_key((const char *)m[i].key, m[i].key_len))
-                        continue;
                 /* duplicate keys: the last one in document order wins */
-                if (i + 1 < n && m[i].key_len == m[i + 1].key_len &&
-                    memcmp(m[i].key, m[i + 1].key, m[i].key_len) == 0)
+                if (m[i].drop || (i + 1 < n && same_key(&m[i], &m[i + 1])))
                         continue;
-                if ((!first && kbuf_putc(&F->out, ',') < 0) ||
-                    kbuf_reserve(&F->out, m[i].len) < 0)
-                        return GIVE_UP;
-                first = false;
-                memcpy(F->out.data + F->out.len, F->out.data + m[i].off, m[i].len);
-                F->out.len += m[i].len;
+                if (d[-1] != '{')
+                        *d++ = ',';
+                memcpy(d, o + m[i].off, m[i].len);
+                d += m[i].len;
         }
-        if (kbuf_putc(&F->out, '}') < 0)
-                return GIVE_UP;
-        size_t len = F->out.len - at;
-        memmove(F->out.data + start, F->out.data + at, len);
+        *d++ = '}';
+        size_t len = (size_t)(d - (o + at));
+        memmove(o + start, o + at, len);
         F->out.len = start + len;
-        F->out.data[F->out.len] = '\0';
+        o[F->out.len] = '\0';
         return 0;
 }
 
@@ -738,8 +751,9 @@ static int fast_object(struct fast *F, int depth)
                         F->ms = nm;
                         F->mcap = ncap;
                 }
-                F->ms[F->mtop++] = (struct fast_member){ key, key_len, off, F->out.len - off,
-                                                         index };
+                F->ms[F->mtop++] = (struct fast_member){
+                        key, key_len, off, F->out.len - off, index,
+                        volatile_key((const char *)key, key_len) };
                 if (F->p >= F->end)
                         goto out;
                 if (*F->p == '}')
