@@ -493,9 +493,14 @@ class TestCompactResults(ExecCase):
             with open(path, "wb") as f:
                 f.write(out.encode())
             obs = self.script(name + "-obs.sh", "exec cat %s\n" % path)
-            ori = self.script(name + "-ori.sh", "exec cat > %s.stdin\n" % path)
+            # every later step keeps its stdin (their buffers are reused)
+            keep = self.script(name + "-keep.sh",
+                               'cat > %s.$KAIROS_PHASE.stdin\n[ "$KAIROS_PHASE" = reflect ] && '
+                               'echo \'{"done":true}\'\nexit 0\n' % path)
             schedules[name] = {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
-                               "Exec": {"Observe": "/bin/sh " + obs, "Orient": "/bin/sh " + ori}}
+                               "Exec": {"Observe": "/bin/sh " + obs, "Orient": "/bin/sh " + keep,
+                                        "Decide": "/bin/sh " + keep, "Act": "/bin/sh " + keep,
+                                        "Reflect": "/bin/sh " + keep}}
         self.configure(schedules)
         self.start()
         for name, out in outputs.items():
@@ -508,10 +513,24 @@ class TestCompactResults(ExecCase):
                 json.loads(out), separators=(",", ":"), ensure_ascii=False).encode()
             rec = [line for line in data.splitlines() if b'"step_id":"observe_001"' in line
                    and b'"status":"completed"' in line][0]
-            self.assertIn(b',"result":' + compact + b',', rec, name)
+            self.assertTrue(b',"result":' + compact + b',' in rec, name)
             self.assertEqual(json.loads(rec)["result_hash"], canon_hash(out), name)
-            with open(os.path.join(self.dir, name + ".out.stdin"), "rb") as f:
-                self.assertIn(b'"results":{"observe":' + compact + b'}', f.read(), name)
+            for phase in ("orient", "decide", "act", "reflect"):
+                with open(os.path.join(self.dir, "%s.out.%s.stdin" % (name, phase)), "rb") as f:
+                    doc = f.read()
+                want = b'"results":{"observe":' + compact + (b'}' if phase == "orient" else b',')
+                self.assertTrue(want in doc, (name, phase))
+                self.assertEqual(json.loads(doc)["step"]["phase"], phase, name)
+            # the archive is the WAL, whole (the records before the result
+            # too) and sealed
+            self.assertLess(data.find(b'"op":"plan_commit"'), data.find(b'"status":"completed"'))
+            self.assertGreaterEqual(data.find(b'"op":"plan_commit"'), 0)
+            plain = os.path.join(self.dir, name + ".wal.jsonl")
+            with open(plain, "wb") as f:
+                f.write(data)
+            out = subprocess.run([KAIROSCTL, "wal", "verify", plain], capture_output=True,
+                                 text=True, timeout=30)
+            self.assertEqual(out.returncode, 0, (name, out.stdout, out.stderr))
 
 
 class TestHandlerProcess(ExecCase):
