@@ -171,10 +171,15 @@ struct wal_options {
          * wal_take_appended() takes them: who appends folds what it wrote
          * without reading the file back. */
         bool keep_appended;
+        /* Spares to create the file from (NULL: none; see below): a new
+         * file is a durable spare renamed to path, with no directory
+         * fsync; with none durable, a file created as without */
+        struct wal_spares *spares;
 };
 
 struct wal_open_info {
         bool created;              /* the file did not exist */
+        bool from_spare;           /* ... and was a spare renamed to its name */
         bool torn_repaired;        /* a torn tail was cut off */
         size_t torn_bytes;
         char torn_path[4096];      /* where the torn bytes were kept */
@@ -273,3 +278,57 @@ int wal_archive_stage(const struct kio *io, const char *wal_path, const char *ar
 /* The same from the WAL's bytes already in memory (the whole file). */
 int wal_archive_stage_bytes(const struct kio *io, const char *wal_path, const char *bytes,
                             size_t nbytes, const char *archive_dir, char **dest);
+
+/* Spares (docs/design.md §6, rule 1): empty files created ahead in a WAL
+ * directory under the name WAL_SPARE_PREFIX<n> (hidden: no reader of WALs
+ * lists them), made durable in batches by a sync that runs anyway.  A new
+ * WAL takes a durable spare and renames it to its own name without a
+ * directory fsync: its first fdatasync makes its records durable, and a
+ * crash may leave them under the spare's name (a rename is atomic: one
+ * name or the other), where the next start adopts them
+ * (wal_spare_adopt).  Only a spare whose covering sync began after its
+ * creation and returned 0 is durable; the others are never used.  Any
+ * thread may call these. */
+#define WAL_SPARE_PREFIX ".spare-"
+#define WAL_SPARES_MAX 16   /* at most this many spares per directory */
+struct wal_spares;
+/* A pool of at most max (<= WAL_SPARES_MAX) spares in dir (no I/O). */
+int wal_spares_new(const struct kio *io, const char *dir, unsigned max,
+                   struct wal_spares **ret_spares);
+void wal_spares_free(struct wal_spares *s);
+/* name is a spare's (WAL_SPARE_PREFIX then digits). */
+bool wal_spare_name(const char *name);
+/* An empty spare found in dir (by a scan): kept, not yet durable.
+ * -ENOSPC: the pool is full (the caller removes it). */
+int wal_spares_found(struct wal_spares *s, const char *name);
+/* Create spares (empty, no sync) until the pool holds max, and set
+ * *ret_mark: once a sync of the directory (or its file system) that
+ * started after this call has returned, wal_spares_covered(s, mark, r)
+ * with its result.  Best effort: an error leaves fewer spares. */
+int wal_spares_fill(struct wal_spares *s, uint64_t *ret_mark);
+/* The sync for mark returned r: 0, every spare that existed at mark is
+ * durable; an error, those not yet durable are removed (never used). */
+void wal_spares_covered(struct wal_spares *s, uint64_t mark, int r);
+/* Spares that are durable / not yet. */
+unsigned wal_spares_durable(const struct wal_spares *s);
+unsigned wal_spares_pending(const struct wal_spares *s);
+/* Rename a durable spare to path (in the pool's directory; no sync).
+ * -ENOENT: none is durable. */
+int wal_spares_take(struct wal_spares *s, const char *path);
+
+/* What wal_spare_adopt found in a spare. */
+enum wal_spare_found {
+        WAL_SPARE_EMPTY,      /* no byte: a spare still (wal_spares_found) */
+        WAL_SPARE_REMOVED,    /* no complete record (a torn first line, never
+                               * flushed, never acknowledged): unlinked */
+        WAL_SPARE_ADOPTED,    /* renamed to <mandate>.wal.jsonl: a new WAL
+                               * whose rename a crash undid */
+        WAL_SPARE_UNNAMED,    /* bytes but no record naming a mandate: left */
+        WAL_SPARE_CONFLICT,   /* <mandate>.wal.jsonl exists too: left, never merged */
+};
+/* Read the spare dir/name and settle it as above; *ret_id (idlen bytes)
+ * receives the mandate it names (ADOPTED, CONFLICT).  The rename is not
+ * synced: the caller fsyncs dir once after every adoption, before any
+ * record is appended to the adopted files' new names. */
+int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
+                    enum wal_spare_found *ret_found, char *ret_id, size_t idlen);

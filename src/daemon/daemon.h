@@ -118,6 +118,8 @@ struct daemon {
         char *state_dir_override;  /* --state-dir */
         struct statedir paths;     /* the state directory's layout */
         enum statedir_sync sync_mode; /* one syncfs, or file by file (statedir.h) */
+        struct wal_spares *spares; /* WAL files made ahead in wal/ (wal.h; mandate.c) */
+#define DAEMON_WAL_SPARES 8
         int lock_fd;
         gid_t socket_gid;          /* (gid_t)-1: the group does not exist */
         uint64_t started_ms;
@@ -242,6 +244,17 @@ int mandate_submit(struct mandate *m, void (*work)(void *arg), void (*done)(void
 /* Open the mandate's WAL if needed (pool thread, inside a job of m->q). */
 int mandate_wal_open(struct mandate *m);
 void mandate_wal_close(struct mandate *m);
+/* Recovery's scan found the spare wal/name (docs/design.md §6): 1 and
+ * *ret_id when it held a mandate's records (now under its WAL's name), 0
+ * otherwise (kept as a spare, removed, or left with an error logged). */
+int mandate_spare_found(struct daemon *d, const char *name, char *ret_id, size_t idlen);
+/* After the scan: the renames of the adopted spares made durable (one
+ * fsync of wal/ when there were any). */
+int mandate_spares_adopted(struct daemon *d);
+/* Spares for the next mandates, around a sync that runs anyway (pool
+ * thread): fill before it starts, covered with its result after it. */
+uint64_t mandate_spares_fill(struct daemon *d);
+void mandate_spares_covered(struct daemon *d, uint64_t mark, int r);
 /* Counts by status. */
 void mandates_count(struct daemon *d, unsigned counts[MANDATE__STATUS_MAX]);
 

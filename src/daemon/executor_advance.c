@@ -496,6 +496,16 @@ static void cancel_work(struct advance *a, struct wal *w)
         set_str(&a->reason, why);
 }
 
+/* The syncfs of a mandate ending alone; the spares for the next mandates
+ * are created before it, so it makes them durable too (docs/design.md §6). */
+static int end_syncfs(struct daemon *d)
+{
+        uint64_t mark = mandate_spares_fill(d);
+        int r = kio_syncfs(kio_posix(), d->cfg->state_directory);
+        mandate_spares_covered(d, mark, r);
+        return r;
+}
+
 void advance_work(void *arg)
 {
         struct advance *a = arg;
@@ -567,8 +577,7 @@ void advance_work(void *arg)
                                 snprintf(a->errmsg, sizeof a->errmsg, "archiving %s: %s",
                                          m->wal_path, strerror(-r));
                         } else if (end_by_syncfs &&
-                                   (r = kio_syncfs(kio_posix(),
-                                                   m->d->cfg->state_directory)) < 0) {
+                                   (r = end_syncfs(m->d)) < 0) {
                                 /* its last records may be lost: wal_io_error */
                                 a->error = r;
                                 snprintf(a->errmsg, sizeof a->errmsg, "syncfs of %s: %s",

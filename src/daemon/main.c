@@ -319,6 +319,8 @@ static int prepare_dirs(struct daemon *d)
         int r = statedir_init(&d->paths, d->cfg->state_directory);
         if (r == 0)
                 r = statedir_create(&d->paths, kio_posix(), &failed);
+        if (r == 0)
+                r = wal_spares_new(kio_posix(), d->paths.wal, DAEMON_WAL_SPARES, &d->spares);
         if (r < 0) {
                 fprintf(stderr, "kairosd: cannot create %s: %s\n",
                         failed ? failed : d->cfg->state_directory, strerror(-r));
@@ -558,6 +560,7 @@ out_free: /* (a start that failed half way) */
                 mandates_free(d);
         metrics_free(d->metrics);
 out:
+        wal_spares_free(d->spares);
         config_free(d->cfg);
         free(d->config_path);
         free(d->state_dir_override);

@@ -7,6 +7,8 @@
 #include "daemon.h"
 #include "driver.h"
 #include "kairos/fold.h"
+#include "kairos/kio.h"
+#include "log.h"
 #include "kairos/showdoc.h"
 #include "kairos/wal.h"
 
@@ -199,12 +201,83 @@ int mandate_wal_open(struct mandate *m)
                 m->d->up.wal_options(m, &opt);
         opt.dir_exists = true;
         opt.keep_appended = true; /* folded from memory (executor_advance.c) */
+        /* a barrier of the driver's own (cluster mode) creates its files as
+         * before: spares are for files whose own syncs are the barrier */
+        if (!opt.barrier)
+                opt.spares = m->d->spares;
         int r = wal_open(m->wal_path, &opt, &m->wal, &info);
         if (r < 0)
                 return r;
         if (wal_state(m->wal) == WAL_STATE_QUARANTINED)
                 return -EBADMSG;
         return 0;
+}
+
+static unsigned spares_adopted;
+
+int mandate_spare_found(struct daemon *d, const char *name, char *ret_id, size_t idlen)
+{
+        const char *dir = d->paths.wal;
+        enum wal_spare_found what;
+        int r = wal_spare_adopt(kio_posix(), dir, name, &what, ret_id, idlen);
+        if (r < 0) {
+                log_error("%s/%s: cannot read this spare WAL file: %s; left as it is", dir, name,
+                          strerror(-r));
+                return 0;
+        }
+        switch (what) {
+        case WAL_SPARE_EMPTY:
+                if (wal_spares_found(d->spares, name) < 0) {
+                        char path[4096];
+                        snprintf(path, sizeof path, "%s/%s", dir, name);
+                        (void)unlink(path); /* more than the pool holds */
+                }
+                return 0;
+        case WAL_SPARE_REMOVED:
+                log_info("%s/%s: a spare WAL file with no whole record (a fire never "
+                         "acknowledged): removed", dir, name);
+                return 0;
+        case WAL_SPARE_ADOPTED:
+                log_notice("%s/%s holds the records of mandate %s (a crash undid its rename): "
+                           "renamed to %s%s", dir, name, ret_id, ret_id, STATEDIR_WAL_SUFFIX);
+                spares_adopted++;
+                return 1;
+        case WAL_SPARE_UNNAMED:
+                log_error("%s/%s: a spare WAL file with bytes but no record naming a mandate: "
+                          "left as it is (kairosctl wal verify %s/%s)", dir, name, dir, name);
+                return 0;
+        case WAL_SPARE_CONFLICT:
+                log_error("%s/%s holds records of mandate %s, whose WAL %s/%s%s exists too: "
+                          "both left as they are, never merged; compare them (kairosctl wal "
+                          "verify) and remove the wrong one", dir, name, ret_id, dir, ret_id,
+                          STATEDIR_WAL_SUFFIX);
+                return 0;
+        }
+        return 0;
+}
+
+int mandate_spares_adopted(struct daemon *d)
+{
+        if (!spares_adopted)
+                return 0;
+        spares_adopted = 0;
+        int r = kio_posix()->fsync_dir(kio_posix()->ctx, d->paths.wal);
+        if (r < 0)
+                log_error("fsync of %s after adopting spare WAL files: %s", d->paths.wal,
+                          strerror(-r));
+        return r;
+}
+
+uint64_t mandate_spares_fill(struct daemon *d)
+{
+        uint64_t mark = 0;
+        (void)wal_spares_fill(d->spares, &mark); /* fewer spares: more creations */
+        return mark;
+}
+
+void mandate_spares_covered(struct daemon *d, uint64_t mark, int r)
+{
+        wal_spares_covered(d->spares, mark, r);
 }
 
 void mandate_wal_close(struct mandate *m)
@@ -260,6 +333,8 @@ void mandates_free(struct daemon *d)
 {
         strmap_free_with(d->mandates, mandate_free);
         d->mandates = NULL;
+        wal_spares_free(d->spares);
+        d->spares = NULL;
         memset(d->status_count, 0, sizeof d->status_count);
         free(d->ordered);
         free(d->order_added);

@@ -931,7 +931,9 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         struct dirent *de;
         while ((de = readdir(dir))) {
                 char id[256];
-                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id))
+                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id) &&
+                    !(wal_spare_name(de->d_name) &&
+                      mandate_spare_found(d, de->d_name, id, sizeof id) == 1))
                         continue;
                 if (n == cap) {
                         cap = cap ? cap * 2 : 64;
@@ -949,6 +951,8 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 n++;
         }
         closedir(dir);
+        if (r == 0)
+                r = mandate_spares_adopted(d);
         if (r == 0 && n > 1)
                 qsort(names, n, sizeof(*names), cmp_str);
         if (r == 0 && n && !(pend.todo = calloc(n, sizeof(*pend.todo))))

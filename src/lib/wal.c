@@ -449,6 +449,272 @@ int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Spares                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define SPARE_NAME_MAX 32
+
+struct spare {
+        char name[SPARE_NAME_MAX];
+        uint64_t seq;        /* when it joined the pool (created or found) */
+        bool durable;        /* a sync that began after seq returned 0 */
+};
+
+struct wal_spares {
+        pthread_mutex_t lock;
+        const struct kio *io;
+        char *dir;
+        unsigned max, n;
+        struct spare v[WAL_SPARES_MAX];
+        uint64_t seq;
+        unsigned long long next_name;
+};
+
+int wal_spares_new(const struct kio *io, const char *dir, unsigned max,
+                   struct wal_spares **ret_spares)
+{
+        if (!dir || !*dir || !ret_spares || max > WAL_SPARES_MAX)
+                return -EINVAL;
+        *ret_spares = NULL;
+        struct wal_spares *s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        if (!(s->dir = strdup(dir))) {
+                free(s);
+                return -ENOMEM;
+        }
+        if (pthread_mutex_init(&s->lock, NULL) != 0) {
+                free(s->dir);
+                free(s);
+                return -ENOMEM;
+        }
+        s->io = io ? io : kio_posix();
+        s->max = max;
+        s->next_name = 1;
+        *ret_spares = s;
+        return 0;
+}
+
+void wal_spares_free(struct wal_spares *s)
+{
+        if (!s)
+                return;
+        pthread_mutex_destroy(&s->lock);
+        free(s->dir);
+        free(s);
+}
+
+bool wal_spare_name(const char *name)
+{
+        size_t pl = strlen(WAL_SPARE_PREFIX);
+        if (!name || strncmp(name, WAL_SPARE_PREFIX, pl) != 0 || !name[pl] ||
+            strlen(name) >= SPARE_NAME_MAX)
+                return false;
+        for (const char *p = name + pl; *p; p++)
+                if (*p < '0' || *p > '9')
+                        return false;
+        return true;
+}
+
+static int spare_path(const struct wal_spares *s, const char *name, char *out, size_t n)
+{
+        int len = snprintf(out, n, "%s/%s", s->dir, name);
+        return len < 0 || (size_t)len >= n ? -ENAMETOOLONG : 0;
+}
+
+int wal_spares_found(struct wal_spares *s, const char *name)
+{
+        if (!s || !wal_spare_name(name))
+                return -EINVAL;
+        int r = 0;
+        pthread_mutex_lock(&s->lock);
+        for (unsigned i = 0; i < s->n; i++)
+                if (strcmp(s->v[i].name, name) == 0)
+                        goto out;
+        if (s->n >= s->max) {
+                r = -ENOSPC;
+                goto out;
+        }
+        struct spare *sp = &s->v[s->n++];
+        snprintf(sp->name, sizeof sp->name, "%s", name);
+        sp->seq = ++s->seq;
+        sp->durable = false;
+        /* new names start past the ones found */
+        unsigned long long k = strtoull(name + strlen(WAL_SPARE_PREFIX), NULL, 10);
+        if (k >= s->next_name && k < ULLONG_MAX)
+                s->next_name = k + 1;
+out:
+        pthread_mutex_unlock(&s->lock);
+        return r;
+}
+
+int wal_spares_fill(struct wal_spares *s, uint64_t *ret_mark)
+{
+        if (!s || !ret_mark)
+                return -EINVAL;
+        const struct kio *io = s->io;
+        int r = 0;
+        pthread_mutex_lock(&s->lock);
+        /* a name taken by a file the pool does not hold is skipped */
+        for (unsigned tries = 0; s->n < s->max && tries < 4 * WAL_SPARES_MAX; tries++) {
+                struct spare *sp = &s->v[s->n];
+                char path[PATH_MAX];
+                snprintf(sp->name, sizeof sp->name, WAL_SPARE_PREFIX "%llu", s->next_name++);
+                if ((r = spare_path(s, sp->name, path, sizeof path)) < 0)
+                        break;
+                int fd = io->open(io->ctx, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                                  WAL_FILE_MODE);
+                if (fd == -EEXIST)
+                        continue;
+                if (fd < 0) {
+                        r = fd;
+                        break;
+                }
+                io->close(io->ctx, fd);
+                sp->seq = ++s->seq;
+                sp->durable = false;
+                s->n++;
+                r = 0;
+        }
+        *ret_mark = s->seq;
+        pthread_mutex_unlock(&s->lock);
+        return r;
+}
+
+void wal_spares_covered(struct wal_spares *s, uint64_t mark, int r)
+{
+        if (!s)
+                return;
+        pthread_mutex_lock(&s->lock);
+        for (unsigned i = 0; i < s->n;) {
+                struct spare *sp = &s->v[i];
+                if (sp->durable || sp->seq > mark) {
+                        i++;
+                } else if (r == 0) {
+                        sp->durable = true;
+                        i++;
+                } else {
+                        /* its entry may be lost: never used (a file left
+                         * behind is found again at the next start) */
+                        char path[PATH_MAX];
+                        if (spare_path(s, sp->name, path, sizeof path) == 0)
+                                (void)s->io->unlink(s->io->ctx, path);
+                        *sp = s->v[--s->n];
+                }
+        }
+        pthread_mutex_unlock(&s->lock);
+}
+
+static unsigned spares_count(const struct wal_spares *s, bool durable)
+{
+        if (!s)
+                return 0;
+        struct wal_spares *m = (struct wal_spares *)s;
+        unsigned k = 0;
+        pthread_mutex_lock(&m->lock);
+        for (unsigned i = 0; i < s->n; i++)
+                k += s->v[i].durable == durable;
+        pthread_mutex_unlock(&m->lock);
+        return k;
+}
+
+unsigned wal_spares_durable(const struct wal_spares *s)
+{
+        return spares_count(s, true);
+}
+
+unsigned wal_spares_pending(const struct wal_spares *s)
+{
+        return spares_count(s, false);
+}
+
+int wal_spares_take(struct wal_spares *s, const char *path)
+{
+        if (!s || !path)
+                return -EINVAL;
+        char name[SPARE_NAME_MAX] = "";
+        pthread_mutex_lock(&s->lock);
+        for (unsigned i = s->n; i-- > 0;)
+                if (s->v[i].durable) {
+                        memcpy(name, s->v[i].name, sizeof name);
+                        s->v[i] = s->v[--s->n];
+                        break;
+                }
+        pthread_mutex_unlock(&s->lock);
+        if (!*name)
+                return -ENOENT;
+        char from[PATH_MAX];
+        int r = spare_path(s, name, from, sizeof from);
+        if (r == 0)
+                r = s->io->rename(s->io->ctx, from, path);
+        return r;
+}
+
+/* A mandate id as a file name: no path, no hidden name. */
+static bool id_is_name(const char *id, size_t idlen)
+{
+        size_t n = id ? strlen(id) : 0;
+        if (n == 0 || n >= idlen || n + strlen(STATEDIR_WAL_SUFFIX) >= 256 || id[0] == '.')
+                return false;
+        return strchr(id, '/') == NULL;
+}
+
+int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
+                    enum wal_spare_found *ret_found, char *ret_id, size_t idlen)
+{
+        if (!dir || !name || !ret_found || !ret_id || idlen == 0)
+                return -EINVAL;
+        if (!io)
+                io = kio_posix();
+        *ret_found = WAL_SPARE_UNNAMED;
+        ret_id[0] = '\0';
+        char path[PATH_MAX], to[PATH_MAX];
+        int len = snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (len < 0 || (size_t)len >= sizeof path)
+                return -ENAMETOOLONG;
+        char *data = NULL;
+        size_t n = 0;
+        struct fold *f = NULL;
+        int r = kio_read_file(path, 0, 0, &data, &n);
+        if (r < 0)
+                goto out;
+        if (n == 0) {
+                *ret_found = WAL_SPARE_EMPTY;
+                goto out;
+        }
+        if ((r = fold_buffer(data, n, &f)) < 0)
+                goto out;
+        if (f->good_end == 0 && f->status != FOLD_CORRUPT) {
+                /* a torn first line: never flushed, nothing acknowledged */
+                if ((r = io->unlink(io->ctx, path)) == 0)
+                        *ret_found = WAL_SPARE_REMOVED;
+                goto out;
+        }
+        const char *id = f->mandate.mandate_id;
+        if (!id && f->nplans)
+                id = f->plans[0].mandate_id;
+        if (!id_is_name(id, idlen))
+                goto out;
+        snprintf(ret_id, idlen, "%s", id);
+        len = snprintf(to, sizeof to, "%s/%s%s", dir, id, STATEDIR_WAL_SUFFIX);
+        if (len < 0 || (size_t)len >= sizeof to) {
+                r = -ENAMETOOLONG;
+                goto out;
+        }
+        struct stat st;
+        if (lstat(to, &st) == 0 || errno != ENOENT) {
+                *ret_found = WAL_SPARE_CONFLICT;
+                goto out;
+        }
+        if ((r = io->rename(io->ctx, path, to)) == 0)
+                *ret_found = WAL_SPARE_ADOPTED;
+out:
+        fold_free(f);
+        free(data);
+        return r;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Writer                                                                    */
 /* ------------------------------------------------------------------------ */
 
@@ -478,6 +744,7 @@ struct wal {
         bool kept_lost;      /* one could not be kept: the reader reads the file */
         off_t kept_at;
         struct kbuf kept;
+        struct wal_spares *spares;
 };
 
 static int64_t realtime_ms(void *ctx)
@@ -665,6 +932,28 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
                         return w->fd;
                 w->fd = -1;
         }
+        /* A new file from a durable spare: renamed to its name, no
+         * directory fsync (docs/design.md §6, rule 1).  Whether it exists
+         * is asked first: a rename would replace it. */
+        if (w->spares && !w->exists) {
+                int fd = io->open(io->ctx, w->path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
+                if (fd >= 0) {
+                        w->fd = fd;
+                        return open_existing(w, info, ret_fold);
+                }
+                if (fd != -ENOENT)
+                        return fd;
+                if (wal_spares_take(w->spares, w->path) == 0) {
+                        if ((fd = io->open(io->ctx, w->path, O_WRONLY | O_APPEND | O_CLOEXEC,
+                                           0)) < 0)
+                                return fd;
+                        w->fd = fd;
+                        w->size = 0;
+                        info->created = true;
+                        info->from_spare = true;
+                        return 0;
+                }
+        }
         /* O_EXCL tells creation from an existing file without a race. */
         int fd = open_append(w, O_EXCL);
         if (fd == -EEXIST)
@@ -709,6 +998,7 @@ int wal_open_folded(const char *path, const struct wal_options *opt, struct wal 
         w->barrier = opt ? opt->barrier : NULL;
         w->barrier_ctx = opt ? opt->barrier_ctx : NULL;
         w->keep = opt && opt->keep_appended;
+        w->spares = opt ? opt->spares : NULL;
         w->state = WAL_STATE_OK;
         w->path = strdup(path);
         if (!w->path) {

@@ -27,7 +27,13 @@ and, from the trace, in the daemon's threads:
      memory; read(2)/pread64(2)/readv/preadv on a WAL's fd return 0 bytes;
   5. every write to the WAL is made durable before the WAL is unlinked: an
      fdatasync of the WAL after it, or a syncfs (a mandate that ends alone
-     has its last records, summary and archive synced by one syncfs).
+     has its last records, summary and archive synced by one syncfs);
+  6. spares (wal/.spare-N, docs/design.md §6): a spare is created empty
+     (O_EXCL) and never written under its own name; before it is renamed to
+     a WAL's name, a successful fsync of wal/ or syncfs that began after its
+     creation has returned (then the rename needs no fsync of wal/: rule 2
+     and 3 leave it out).  A second mandate is fired once the first is done:
+     its WAL must be such a spare, and no fsync of wal/ runs while it lives.
 
 fds are mapped to paths through the trace (open/openat/creat results, dup,
 dup2, dup3, fcntl F_DUPFD, close), per process.  A self-test first removes
@@ -47,6 +53,7 @@ from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E
 
 REAL_KAIROSD = os.environ.get("KAIROSD", "kairosd")
 AT = "2026-04-20T12:00:00Z"
+AT2 = "2026-04-20T12:01:00Z"
 TRACED = ("%file,write,writev,sendmsg,sendto,fdatasync,fsync,syncfs,rename,renameat,renameat2,"
           "execve,clone,clone3,fork,vfork,close,dup,dup2,dup3,fcntl,read,pread64,readv,preadv")
 
@@ -208,6 +215,13 @@ def rename_paths(e):
     return (os.path.normpath(s[0]), os.path.normpath(s[1])) if len(s) >= 2 else (None, None)
 
 
+SPARE_RE = re.compile(r"/wal/\.spare-\d+$")
+
+
+def is_spare(path):
+    return bool(path and SPARE_RE.search(path))
+
+
 def check(trace, mandate):
     """All rules; returns (counts of what was checked, [violations])."""
     T = trace
@@ -282,6 +296,8 @@ def check(trace, mandate):
             if not fsync_of_dir(d, e.seq, before):
                 bad.append("WAL %s created (%r) but %s not fsynced before it was relied on "
                            "(#%s)" % (path, e, d, before))
+        if "O_EXCL" in e.args and is_spare(path):
+            continue  # rule 6
         if "O_EXCL" in e.args:
             n["excl creations"] += 1
             first_sync = next((x.seq for x in T.daemon(("fdatasync", "fsync"))
@@ -307,8 +323,8 @@ def check(trace, mandate):
         bad.append("the WAL %s was never unlinked (not archived?)" % wal)
     for e in T.daemon(("rename", "renameat", "renameat2")):
         src, dst = rename_paths(e)
-        if e.ret != 0 or not T.in_state(dst):
-            continue
+        if e.ret != 0 or not T.in_state(dst) or is_spare(src):
+            continue  # a spare's: rule 6
         n["renames dir-fsynced"] += 1
         before = None
         if unlink_wal and (dst.endswith("/archive/%s.wal.jsonl.gz" % mandate) or
@@ -342,15 +358,22 @@ def check(trace, mandate):
             state[T.fdpath[e.seq]] = "synced"
         elif e.name in ("rename", "renameat", "renameat2") and e.ret == 0:
             src, dst = rename_paths(e)
-            if not T.in_state(dst):
-                continue
-            batched = unlink_wal and (dst.endswith("/archive/%s.wal.jsonl.gz" % mandate) or
-                                      dst.endswith("/mandates/%s.json" % mandate))
+            if not T.in_state(dst) or is_spare(src):
+                state[dst] = state.pop(src, None)
+                continue  # a spare's: rule 6
+            # a summary or archive (of any mandate) whose WAL goes later
+            bm = re.search(r"/(?:archive/(.+)\.wal\.jsonl\.gz|mandates/(.+)\.json)$", dst)
+            bwal = os.path.join(T.state, "wal", (bm.group(1) or bm.group(2)) + ".wal.jsonl") \
+                if bm else None
+            bunlink = next((x for x in T.daemon(("unlink", "unlinkat"))
+                            if x.seq > e.seq and x.ret == 0 and T.resolve(x, {}) == bwal),
+                           None) if bwal else None
+            batched = bunlink is not None
             if state.get(src) != "synced" and batched:
                 n["renames synced by syncfs"] += 1
-                if not syncfs_between(e.seq, unlink_wal.seq):
+                if not syncfs_between(e.seq, bunlink.seq):
                     bad.append("rename %s -> %s (%r) of an unsynced file, and no syncfs after "
-                               "it before the WAL was unlinked (%r)" % (src, dst, e, unlink_wal))
+                               "it before the WAL was unlinked (%r)" % (src, dst, e, bunlink))
             elif state.get(src) != "synced":
                 bad.append("rename %s -> %s (%r) without an fdatasync of the file after its "
                            "last write (%s)" % (src, dst, e, state.get(src, "never opened")))
@@ -371,6 +394,41 @@ def check(trace, mandate):
                 bad.append("the WAL's last write (%r) not made durable (fdatasync or syncfs) "
                            "before the WAL was unlinked (%r)" % (last, unlink_wal))
 
+    # --- 6. spares: created empty, covered by a sync before the rename
+    n["spares created"] = n["spares taken"] = 0
+    created = {}
+    for e in T.daemon(("open", "openat", "creat")):
+        path = T.resolve(e, {})
+        if is_spare(path) and T.in_state(path) and isinstance(e.ret, int) and e.ret >= 0:
+            if "O_EXCL" not in e.args:
+                bad.append("spare %s opened for writing under its own name: %r" % (path, e))
+                continue
+            n["spares created"] += 1
+            created[path] = e
+    for e in T.daemon(("write", "writev", "ftruncate")):
+        if is_spare(T.fdpath.get(e.seq)):
+            bad.append("spare %s written under its own name: %r" % (T.fdpath[e.seq], e))
+    for e in T.daemon(("rename", "renameat", "renameat2")):
+        src, dst = rename_paths(e)
+        if e.ret != 0 or not is_spare(src) or not T.in_state(src):
+            continue
+        n["spares taken"] += 1
+        if not dst.endswith(".wal.jsonl") or os.path.dirname(dst) != os.path.dirname(src):
+            bad.append("spare %s renamed to %s, not to a WAL in its directory: %r"
+                       % (src, dst, e))
+        c = created.get(src)
+        if c is None:
+            bad.append("spare %s renamed (%r) but never created in this life" % (src, e))
+            continue
+        cover = [x for x in T.daemon(("fsync", "syncfs")) if x.ret == 0 and
+                 x.start > c.seq and x.seq < e.start and
+                 (T.fdpath.get(x.seq) == os.path.dirname(src) if x.name == "fsync"
+                  else T.in_state(T.fdpath.get(x.seq)))]
+        if not cover:
+            bad.append("spare %s (created %r) renamed to %s (%r) with no fsync of %s or syncfs "
+                       "begun after its creation and returned before the rename"
+                       % (src, c, dst, e, os.path.dirname(src)))
+
     # --- 4. no WAL read back
     n["wal bytes read"] = 0
     for e in T.daemon(("read", "pread64", "readv", "preadv")):
@@ -383,12 +441,13 @@ def check(trace, mandate):
     return n, bad
 
 
-def self_test(trace, mandate):
+def self_test(trace, mandate, second=None):
     """Each rule must notice a missing syscall: drop one and re-check."""
     T = trace
 
     def without(pred):
-        return check(Trace([e for e in T.events if not pred(e)], T.state), mandate)[1]
+        t = Trace([e for e in T.events if not pred(e)], T.state)
+        return check(t, mandate)[1] + (check(t, second)[1] if second else [])
 
     wal = os.path.join(T.state, "wal", mandate + ".wal.jsonl")
     cases = {
@@ -404,6 +463,13 @@ def self_test(trace, mandate):
         "fdatasync of a file renamed": lambda e: e.name == "fdatasync" and
         (T.fdpath.get(e.seq) or "").endswith(".tmp"),
     }
+    # the sync that made the spares durable (the first mandate's end)
+    first_spare = next((e.seq for e in T.daemon(("open", "openat")) if
+                        is_spare(T.resolve(e, {}))), None)
+    if first_spare is not None:
+        cover = next((e for e in T.daemon(("syncfs", "fsync")) if e.start > first_spare), None)
+        if cover is not None:
+            cases["the sync covering the spares"] = lambda e: e is cover
     missed = []
     for what, pred in cases.items():
         if pred is None:
@@ -453,6 +519,12 @@ def main():
         assert r.get("ok") and r["result"]["fired"], r
         mandate = r["result"]["mandate"]
         d.wait_log("mandate %s done after 2 cycles" % mandate, timeout=120)
+        d.wait_log("WAL archived", timeout=120)
+        # the second one alone: its WAL a spare the first one's end made
+        r = c.call("fire", schedule="life", at=AT2)
+        assert r.get("ok") and r["result"]["fired"], r
+        second = r["result"]["mandate"]
+        d.wait_log("mandate %s done after 2 cycles" % second, timeout=120)
         c.close()
         # strace does not pass SIGTERM on: signal the daemon itself
         with open(os.path.join(state, "kairosd.pid")) as f:
@@ -465,6 +537,27 @@ def main():
             events = parse_trace(f.read())
         trace = Trace(events, os.path.realpath(state))
         counts, bad = check(trace, mandate)
+        counts2, bad2 = check(trace, second)
+        bad += [b for b in bad2 if b not in bad]
+        wal2 = os.path.join(trace.state, "wal", second + ".wal.jsonl")
+        waldir = os.path.join(trace.state, "wal")
+        taken = [e for e in trace.daemon(("rename", "renameat", "renameat2"))
+                 if e.ret == 0 and is_spare(rename_paths(e)[0]) and rename_paths(e)[1] == wal2]
+        unlink2 = next((e for e in trace.daemon(("unlink", "unlinkat"))
+                        if trace.resolve(e, {}) == wal2 and e.ret == 0), None)
+        if not taken:
+            bad.append("the second mandate's WAL %s is not a spare renamed" % wal2)
+        elif unlink2:
+            dir_syncs = [e for e in trace.daemon(("fsync",)) if e.ret == 0 and
+                         trace.fdpath.get(e.seq) == waldir and
+                         taken[0].seq < e.seq < unlink2.seq]
+            counts["wal/ fsyncs of the second mandate"] = len(dir_syncs)
+            if dir_syncs:
+                bad.append("the second mandate's life fsynced wal/ (%r): a spare needs none"
+                           % dir_syncs[0])
+        if counts2["wal fdatasyncs"] != 10:
+            bad.append("expected 10 fdatasyncs of the second WAL, saw %d"
+                       % counts2["wal fdatasyncs"])
         print("traced one mandate life (%d syscalls of the daemon and its children, %d daemon "
               "threads, %.1f s)" % (len(events), len(trace.threads), t_run))
         print("checked: %s" % ", ".join("%s %d" % kv for kv in counts.items()))
@@ -474,10 +567,10 @@ def main():
         if counts["wal fdatasyncs"] != 10:
             bad.append("expected 10 fdatasyncs of the WAL (2 cycles, the end synced by the "
                        "syncfs of its archive), saw %d" % counts["wal fdatasyncs"])
-        if counts["spawns"] != 10:
-            bad.append("expected 10 handler spawns (5 phases x 2 cycles), saw %d"
+        if counts["spawns"] != 20:
+            bad.append("expected 20 handler spawns (2 mandates x 5 phases x 2 cycles), saw %d"
                        % counts["spawns"])
-        n_self, missed = self_test(trace, mandate)
+        n_self, missed = self_test(trace, mandate, second)
         print("self-test: %d syscall kinds dropped from the trace, %d noticed"
               % (n_self, n_self - len(missed)))
         for what in missed:
