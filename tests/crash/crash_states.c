@@ -8,7 +8,10 @@
  *    (create, cycles, a failed step, finalize, summary, archive), a WAL left
  *    with an executing step that recovery appends to, an unflushed record
  *    followed by a restart, a torn tail repaired on open, and a
- *    chronos.json-like file and a mandate summary replaced atomically.  The
+ *    chronos.json-like file and a mandate summary replaced atomically
+ *    (gamma's WAL is a spare: created ahead, made durable by a syncfs,
+ *    renamed to gamma's name with no directory fsync, a spare made after
+ *    that syncfs left uncovered).  The
  *    workload logs every acknowledgement it made: "the WAL holds these bytes
  *    once wal_flush returned", "file F has content C once
  *    kio_write_file_atomic returned", "the archive exists once wal_archive
@@ -29,7 +32,9 @@
  *    runs on it: wal_open (repair or quarantine), fold_file,
  *    recovery_plan_fold, its records appended and flushed, fold and plan
  *    again, open again; the atomically replaced files and the archive are
- *    read.  The invariants of issue 8 are checked; a violation prints the
+ *    read.  First, as kairosd's start does, every spare in wal/ is settled
+ *    by wal_spare_adopt: one that holds gamma's records (its rename lost)
+ *    must be adopted under gamma's name, never left or doubled.  The invariants of issue 8 are checked; a violation prints the
  *    seed, the crash point (the operation and the workload phase) and every
  *    choice, and fails the run.
  *
@@ -65,6 +70,7 @@
 #include "kairos/kio.h"
 #include "kairos/planner.h"
 #include "kairos/recovery.h"
+#include "kairos/statedir.h"
 #include "kairos/wal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -883,6 +889,7 @@ struct wl {
         struct kio io;
         int64_t clock;
         struct wal_options wopt;
+        struct wal_spares *spares;      /* gamma's WAL is taken from them */
         char root[PATH_MAX];
         char state[PATH_MAX], waldir[PATH_MAX], archdir[PATH_MAX], mandir[PATH_MAX];
         char mandate_id[NWAL][PLANNER_ID_MAX];
@@ -1013,8 +1020,12 @@ static void m_open(struct mrun *m)
         if (m->info.corrupt)
                 die("the workload's own WAL is corrupt: %s", m->info.bad_reason);
         /* the file exists; opening an existing file makes nothing durable
-         * (records a previous process wrote without a flush stay unacknowledged) */
-        mark(m->x, K_ACK_WAL, m->W, 0, 0);
+         * (records a previous process wrote without a flush stay
+         * unacknowledged).  A spare renamed is not acknowledged by its open:
+         * its name may still be lost; its first flush acknowledges it (as
+         * kairosd's reply to the fire comes after that flush). */
+        if (!m->info.from_spare)
+                mark(m->x, K_ACK_WAL, m->W, 0, 0);
 }
 
 static void m_flush(struct mrun *m)
@@ -1293,8 +1304,23 @@ static void life_gamma(struct wl *x)
         struct mrun mm, *m = &mm;
         m_init(m, x, 2);
 
-        phase(x, "gamma: wal_open creates the WAL");
+        phase(x, "gamma: two spares made ahead (no sync)");
+        uint64_t mark_at = 0;
+        if (wal_spares_new(&x->io, x->waldir, 2, &x->spares) < 0)
+                die("wal_spares_new");
+        int r = wal_spares_fill(x->spares, &mark_at);
+        if (r < 0 && !x->R->injected)
+                die("wal_spares_fill: %s", strerror(-r));
+        phase(x, "gamma: the syncfs that makes the spares durable");
+        wal_spares_covered(x->spares, mark_at, kio_syncfs(&x->io, x->state));
+        phase(x, "gamma: wal_open takes a spare (renamed, no fsync of wal/)");
+        x->wopt.spares = x->spares;
         m_open(m);
+        x->wopt.spares = NULL;
+        if (!m->dead && !m->info.from_spare && !x->R->injected)
+                die("gamma: the WAL was not made from a spare");
+        phase(x, "gamma: a spare made again, not covered yet");
+        (void)wal_spares_fill(x->spares, &mark_at);
         phase(x, "gamma: mandate + plan_commit + observe");
         DO(m, wal_mandate(m->w, m->p[0].mandate_id, "gamma", FIRED, "torn tail"));
         DO(m, wal_commit_planner_plan(m->w, &m->p[0]));
@@ -1368,6 +1394,8 @@ static void wl_init(struct wl *x, struct rec *R, const char *root, const char *r
 
 static void wl_free(struct wl *x)
 {
+        wal_spares_free(x->spares);
+        x->spares = NULL;
         for (int W = 0; W < NWAL; W++)
                 b_free(&x->wal_final[W]);
         for (int F = 0; F < NFILE; F++)
@@ -2009,6 +2037,8 @@ struct stats {
         uint64_t recovered;     /* WALs recovery appended records to */
         uint64_t absent;        /* WALs absent in the state */
         uint64_t rearchived;    /* finished WALs archived again */
+        uint64_t adopted;       /* spares holding records, adopted */
+        uint64_t spares_removed; /* spares with no whole record, removed */
         uint64_t attempts;
 };
 
@@ -2622,6 +2652,57 @@ static void hset_clear(struct hset *h)
 }
 
 /* Materialize, dedup, check.  Returns true if the state was new. */
+/* What kairosd's start does before recovery: each spare in wal/ settled
+ * by the real wal_spare_adopt (on disk), the state's entries renamed or
+ * dropped to match.  A spare holding records must be adopted under the
+ * name of the mandate they are; two files for one mandate never. */
+static void settle_spares(struct checker *c, struct mstate *S)
+{
+        char waldir[PATH_MAX * 2];
+        snprintf(waldir, sizeof(waldir), "%s/state/wal", c->dir);
+        const char *pre = "state/wal/";
+        size_t pl = strlen(pre);
+        for (size_t i = 0; i < S->n; i++) {
+                struct sent *e = &S->e[i];
+                if (e->dir || strncmp(e->rel, pre, pl) != 0 || !wal_spare_name(e->rel + pl))
+                        continue;
+                enum wal_spare_found what;
+                char id[PLANNER_ID_MAX];
+                int r = wal_spare_adopt(&c->nosync, waldir, e->rel + pl, &what, id, sizeof id);
+                if (r < 0) {
+                        violation(c, "spare %s: wal_spare_adopt failed: %s", e->rel,
+                                  strerror(-r));
+                        continue;
+                }
+                switch (what) {
+                case WAL_SPARE_EMPTY:
+                        if (e->data.n)
+                                violation(c, "spare %s holds %zu bytes but was found empty",
+                                          e->rel, e->data.n);
+                        break;
+                case WAL_SPARE_REMOVED:
+                        c->st->spares_removed++;
+                        e->rel[0] = '\0';
+                        break;
+                case WAL_SPARE_ADOPTED:
+                        c->st->adopted++;
+                        if (strcmp(id, c->x->mandate_id[2]) != 0)
+                                violation(c, "spare %s adopted as %s: only gamma's WAL came "
+                                             "from a spare", e->rel, id);
+                        snprintf(e->rel, sizeof(e->rel), "%s%s%s", pre, id, STATEDIR_WAL_SUFFIX);
+                        break;
+                case WAL_SPARE_CONFLICT:
+                        violation(c, "spare %s and the WAL of %s both exist: the rename made "
+                                     "two files of one", e->rel, id);
+                        break;
+                case WAL_SPARE_UNNAMED:
+                        /* bytes no record names: nothing in it was acknowledged
+                         * (check_wal says so if gamma's were) */
+                        break;
+                }
+        }
+}
+
 static bool try_state(struct checker *c, struct mstate *S, struct hset *seen,
                       const struct choice *ch)
 {
@@ -2637,6 +2718,7 @@ static bool try_state(struct checker *c, struct mstate *S, struct hset *seen,
                 fputs(g_desc, stderr);
         ms_write(S, c->dir);
         alarm(60);
+        settle_spares(c, S);
         for (int W = 0; W < NWAL; W++)
                 check_wal(c, W);
         check_files(c);
@@ -2998,6 +3080,8 @@ static void add_stats(struct stats *a, const struct stats *b)
         a->violations += b->violations;
         a->bad_states += b->bad_states;
         a->quarantined += b->quarantined;
+        a->adopted += b->adopted;
+        a->spares_removed += b->spares_removed;
         a->q_avoidable += b->q_avoidable;
         a->repaired += b->repaired;
         a->recovered += b->recovered;
@@ -3142,6 +3226,8 @@ int main(int argc, char **argv)
                ", finished WALs archived again: %" PRIu64 "\n",
                total.quarantined, total.q_avoidable, total.repaired, total.recovered, total.absent,
                total.rearchived);
+        printf("spares holding records adopted: %" PRIu64 ", spares with no whole record "
+               "removed: %" PRIu64 "\n", total.adopted, total.spares_removed);
         printf("crash states: %" PRIu64 " checked, %" PRIu64 " violations (%.1f s)\n",
                total.states, total.violations + driver, now_s() - t0);
         if (total.violations + driver)
