@@ -332,3 +332,7 @@ enum wal_spare_found {
  * record is appended to the adopted files' new names. */
 int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
                     enum wal_spare_found *ret_found, char *ret_id, size_t idlen);
+/* The same, read only: what wal_spare_adopt would find and do (for the
+ * offline readers: a mandate whose WAL is still under a spare's name). */
+int wal_spare_peek(const char *dir, const char *name, enum wal_spare_found *ret_found,
+                   char *ret_id, size_t idlen);

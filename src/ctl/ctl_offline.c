@@ -1758,10 +1758,18 @@ static int offline_load(const char *state_dir, struct offline_reg *g)
                 return ctl_file_error(g->paths.wal, errno);
         for (struct dirent *de; dir && (de = readdir(dir));) {
                 char id[256], *path = NULL;
-                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id) ||
+                /* a new WAL whose rename a crash undid: still under its
+                 * spare's name until kairosd starts (wal.h) */
+                enum wal_spare_found sf;
+                bool spare = wal_spare_name(de->d_name) &&
+                             wal_spare_peek(g->paths.wal, de->d_name, &sf, id, sizeof id) == 0 &&
+                             sf == WAL_SPARE_ADOPTED;
+                if ((!spare && !statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id,
+                                                  sizeof id)) ||
                     offline_known(g, id))
                         continue;
-                if (statedir_wal_path(&g->paths, id, &path) < 0) {
+                if (spare ? asprintf(&path, "%s/%s", g->paths.wal, de->d_name) < 0
+                          : statedir_wal_path(&g->paths, id, &path) < 0) {
                         closedir(dir);
                         return ctl_error(CTL_EXIT_OSERR, "out of memory");
                 }

@@ -659,13 +659,11 @@ static bool id_is_name(const char *id, size_t idlen)
         return strchr(id, '/') == NULL;
 }
 
-int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
-                    enum wal_spare_found *ret_found, char *ret_id, size_t idlen)
+int wal_spare_peek(const char *dir, const char *name, enum wal_spare_found *ret_found,
+                   char *ret_id, size_t idlen)
 {
         if (!dir || !name || !ret_found || !ret_id || idlen == 0)
                 return -EINVAL;
-        if (!io)
-                io = kio_posix();
         *ret_found = WAL_SPARE_UNNAMED;
         ret_id[0] = '\0';
         char path[PATH_MAX], to[PATH_MAX];
@@ -686,8 +684,7 @@ int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
                 goto out;
         if (f->good_end == 0 && f->status != FOLD_CORRUPT) {
                 /* a torn first line: never flushed, nothing acknowledged */
-                if ((r = io->unlink(io->ctx, path)) == 0)
-                        *ret_found = WAL_SPARE_REMOVED;
+                *ret_found = WAL_SPARE_REMOVED;
                 goto out;
         }
         const char *id = f->mandate.mandate_id;
@@ -702,15 +699,30 @@ int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
                 goto out;
         }
         struct stat st;
-        if (lstat(to, &st) == 0 || errno != ENOENT) {
-                *ret_found = WAL_SPARE_CONFLICT;
-                goto out;
-        }
-        if ((r = io->rename(io->ctx, path, to)) == 0)
-                *ret_found = WAL_SPARE_ADOPTED;
+        *ret_found = lstat(to, &st) == 0 || errno != ENOENT ? WAL_SPARE_CONFLICT
+                                                             : WAL_SPARE_ADOPTED;
 out:
         fold_free(f);
         free(data);
+        return r;
+}
+
+int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
+                    enum wal_spare_found *ret_found, char *ret_id, size_t idlen)
+{
+        int r = wal_spare_peek(dir, name, ret_found, ret_id, idlen);
+        if (r < 0 || (*ret_found != WAL_SPARE_REMOVED && *ret_found != WAL_SPARE_ADOPTED))
+                return r;
+        if (!io)
+                io = kio_posix();
+        char path[PATH_MAX], to[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (*ret_found == WAL_SPARE_REMOVED)
+                return io->unlink(io->ctx, path);
+        snprintf(to, sizeof to, "%s/%s%s", dir, ret_id, STATEDIR_WAL_SUFFIX);
+        r = io->rename(io->ctx, path, to);
+        if (r < 0)
+                *ret_found = WAL_SPARE_UNNAMED;
         return r;
 }
 

@@ -1786,6 +1786,160 @@ static void test_encode_compact_result(void **state)
         free(line);
 }
 
+static bool file_exists(const char *dir, const char *name)
+{
+        char p[300];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/%s", dir, name);
+        return stat(p, &st) == 0;
+}
+
+static void put_file(const char *dir, const char *name, const char *data, size_t n)
+{
+        char p[300];
+        snprintf(p, sizeof(p), "%s/%s", dir, name);
+        FILE *fp = fopen(p, "wb");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(data, 1, n, fp), n);
+        fclose(fp);
+}
+
+/* Spares (docs/design.md §6): made with no sync, usable only once a sync
+ * begun after them returned 0; a new WAL takes one by a rename with no
+ * directory fsync; a spare holding records is adopted under its mandate's
+ * name, a torn one removed, an empty one kept, a double never merged. */
+static void test_spares(void **state)
+{
+        struct fx *f = *state;
+        char waldir[200];
+        snprintf(waldir, sizeof(waldir), "%s/wal", f->dir);
+        assert_int_equal(mkdir(waldir, 0750), 0);
+        const char *id = "mnd_plan_ae607245ac43";
+        assert_true(wal_spare_name(".spare-1"));
+        assert_true(wal_spare_name(".spare-18446744073709551615"));
+        assert_false(wal_spare_name(".spare-"));
+        assert_false(wal_spare_name(".spare-1x"));
+        assert_false(wal_spare_name("spare-1"));
+        assert_false(wal_spare_name("x.wal.jsonl"));
+
+        struct wal_spares *sp = NULL;
+        assert_int_equal(wal_spares_new(&f->io, waldir, WAL_SPARES_MAX + 1, &sp), -EINVAL);
+        assert_int_equal(wal_spares_new(&f->io, waldir, 3, &sp), 0);
+        assert_int_equal(wal_spares_take(sp, f->wal), -ENOENT);
+        uint64_t mark = 0;
+        rec_init(&f->rec);
+        assert_int_equal(wal_spares_fill(sp, &mark), 0);
+        assert_int_equal(f->rec.calls[OP_FSYNC_DIR], 0);
+        assert_int_equal(wal_spares_pending(sp), 3);
+        assert_int_equal(wal_spares_durable(sp), 0);
+        assert_true(file_exists(waldir, ".spare-1") && file_exists(waldir, ".spare-3"));
+
+        /* none durable: created as without spares (its directory fsynced) */
+        struct wal *w = NULL;
+        struct wal_open_info info;
+        struct wal_options opt = f->opt;
+        opt.spares = sp;
+        char other[200];
+        snprintf(other, sizeof(other), "%s/wal/mnd_plan_000000000001.wal.jsonl", f->dir);
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(other, &opt, &w, &info), 0);
+        assert_true(info.created);
+        assert_false(info.from_spare);
+        assert_int_equal(f->rec.calls[OP_FSYNC_DIR], 1);
+        assert_int_equal(wal_close(w), 0);
+
+        /* a failed covering sync: those spares are never used */
+        wal_spares_covered(sp, mark, -EIO);
+        assert_int_equal(wal_spares_pending(sp) + wal_spares_durable(sp), 0);
+        assert_false(file_exists(waldir, ".spare-1"));
+
+        assert_int_equal(wal_spares_fill(sp, &mark), 0);
+        wal_spares_covered(sp, mark, 0);
+        assert_int_equal(wal_spares_durable(sp), 3);
+
+        /* an existing file is opened, no spare taken */
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(other, &opt, &w, &info), 0);
+        assert_false(info.created);
+        assert_int_equal(f->rec.calls[OP_RENAME], 0);
+        assert_int_equal(wal_close(w), 0);
+
+        /* a new one: a durable spare renamed, no directory fsync */
+        rec_init(&f->rec);
+        assert_int_equal(wal_open(f->wal, &opt, &w, &info), 0);
+        assert_true(info.created);
+        assert_true(info.from_spare);
+        assert_int_equal(f->rec.calls[OP_RENAME], 1);
+        assert_int_equal(f->rec.calls[OP_FSYNC_DIR], 0);
+        assert_int_equal(wal_spares_durable(sp), 2);
+        assert_int_equal(wal_mandate(w, id, "s", "2026-04-20T12:00:00Z", NULL), 0);
+        assert_int_equal(wal_mark_reset(w, "s1"), 0);
+        assert_int_equal(wal_flush(w), 0);
+        assert_int_equal(wal_close(w), 0);
+
+        /* one made after a sync began is not covered by it */
+        uint64_t before = mark;
+        assert_int_equal(wal_spares_fill(sp, &mark), 0);
+        assert_true(mark > before);
+        wal_spares_covered(sp, before, 0);
+        assert_int_equal(wal_spares_durable(sp), 2);
+        assert_int_equal(wal_spares_pending(sp), 1);
+        wal_spares_covered(sp, mark, 0);
+        assert_int_equal(wal_spares_durable(sp), 3);
+        /* found ones join as not durable; the pool is bounded */
+        assert_int_equal(wal_spares_found(sp, ".spare-77"), -ENOSPC);
+        wal_spares_free(sp);
+
+        /* the rename lost: the records under the spare's name */
+        char spare[300], wal_bytes[4096];
+        snprintf(spare, sizeof(spare), "%s/.spare-50", waldir);
+        assert_int_equal(rename(f->wal, spare), 0);
+        FILE *fp = fopen(spare, "rb");
+        assert_non_null(fp);
+        size_t n = fread(wal_bytes, 1, sizeof(wal_bytes), fp);
+        fclose(fp);
+        enum wal_spare_found what;
+        char got[64];
+        assert_int_equal(wal_spare_peek(waldir, ".spare-50", &what, got, sizeof(got)), 0);
+        assert_int_equal(what, WAL_SPARE_ADOPTED);
+        assert_true(file_exists(waldir, ".spare-50")); /* peek changes nothing */
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-50", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_ADOPTED);
+        assert_string_equal(got, id);
+        assert_false(file_exists(waldir, ".spare-50"));
+        assert_true(file_exists(waldir, "mnd_plan_ae607245ac43.wal.jsonl"));
+
+        /* the same records twice: left, never merged */
+        put_file(waldir, ".spare-51", wal_bytes, n);
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-51", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_CONFLICT);
+        assert_string_equal(got, id);
+        assert_true(file_exists(waldir, ".spare-51"));
+
+        /* a first record cut: removed; empty: a spare still */
+        put_file(waldir, ".spare-52", wal_bytes, 20);
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-52", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_REMOVED);
+        assert_false(file_exists(waldir, ".spare-52"));
+        put_file(waldir, ".spare-53", "", 0);
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-53", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_EMPTY);
+        assert_true(file_exists(waldir, ".spare-53"));
+        /* records that name no mandate: left */
+        const char *noid = "{\"op\":\"reset\",\"step_id\":\"s\",\"ts\":\"" TS "\"}\n";
+        put_file(waldir, ".spare-54", noid, strlen(noid));
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-54", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_UNNAMED);
+        assert_true(file_exists(waldir, ".spare-54"));
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-99", &what, got, sizeof(got)),
+                         -ENOENT);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1804,6 +1958,7 @@ int main(void)
                 cmocka_unit_test(test_encode_compact_result),
                 cmocka_unit_test(test_encoded_lines_fold_clean),
                 T(test_create_fsyncs_parent),
+                T(test_spares),
                 T(test_reopen_does_not_truncate),
                 T(test_exists_at_dir_opens_by_name),
                 T(test_one_line_per_op),
