@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver.h"
 #include "executor_internal.h"
 #include "kairos/kio.h"
 #include "log.h"
@@ -30,6 +31,7 @@ struct archive_batch {
         char *const *archives; /* m[i]'s archive path (d->executor->arch_batch_paths) */
         size_t n;
         int error;
+        bool spares;           /* WAL spares made before the sync (mandate.c) */
 };
 
 struct archive_unlink {
@@ -179,9 +181,14 @@ static int archive_sync_files(const struct archive_batch *b)
 static void archive_sync_work(void *arg)
 {
         struct archive_batch *b = arg;
+        /* spares for the next mandates, made durable by this sync too (a
+         * syncfs, or the fsync of wal/ that ends the file by file sync) */
+        uint64_t mark = b->spares ? mandate_spares_fill(b->d) : 0;
         b->error = b->d->sync_mode == STATEDIR_SYNC_FILES
                            ? archive_sync_files(b)
                            : kio_syncfs(kio_posix(), b->d->cfg->state_directory);
+        if (b->spares)
+                mandate_spares_covered(b->d, mark, b->error);
 }
 
 static void archive_sync_done(void *arg)
@@ -242,6 +249,12 @@ void archive_flush(struct daemon *d)
         b->d = d;
         b->m = d->executor->arch_pending;
         b->n = d->executor->arch_npending;
+        /* (not for the stop's batch; not where the driver's barrier is the
+         * WALs' own: its files are not made from spares) */
+        struct wal_options wo = { 0 };
+        if (b->n && !d->stopping)
+                d->drv->wal.options(b->m[0], &wo);
+        b->spares = b->n && !d->stopping && !wo.barrier;
         d->executor->arch_batch_paths = d->executor->arch_paths;
         b->archives = d->executor->arch_batch_paths;
         d->executor->arch_pending = NULL;
