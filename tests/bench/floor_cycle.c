@@ -8,7 +8,10 @@
  * phases each running CMD (split on blanks, executed without a shell, as
  * kairosd does), and nothing more:
  *
- *   create DIR/wal/M.wal.jsonl (O_CREAT|O_EXCL|O_APPEND), fsync DIR/wal once
+ *   M's WAL: the spare the mandate before made (open M's name: ENOENT; rename
+ *   DIR/wal/.spare-N to DIR/wal/M.wal.jsonl, open it O_APPEND; no fsync of
+ *   wal/), or, for the first, create it (O_CREAT|O_EXCL|O_APPEND) and fsync
+ *   DIR/wal once
  *   append mandate + plan_commit + append/executing(observe); fdatasync   (1)
  *   for each of the 5 phases:
  *     posix_spawn CMD in its own process group with stdin/stdout/stderr
@@ -18,11 +21,12 @@
  *     or, after reflect, completed(reflect) + plan_finalize (no fdatasync:
  *     a mandate that ends alone has them made durable by its syncfs)
  *   write DIR/mandates/M.json (tmp + rename), the gzip archive of the WAL
- *   (from memory, tmp + rename) in DIR/archive, syncfs, unlink the WAL.
+ *   (from memory, tmp + rename) in DIR/archive, a new spare (O_CREAT|O_EXCL,
+ *   empty), syncfs (which makes it durable), unlink the WAL.
  *
  * Record sizes are those kairosd writes (strace -y of a one-cycle mandate).
- * The fsync-family calls (1 fsync of wal/, 5 fdatasync, 1 syncfs) mirror
- * kairosd's; their count is printed.  It never reads the WAL back.
+ * The fsync-family calls (5 fdatasync, 1 syncfs; 1 fsync of wal/ for the
+ * first mandate) mirror kairosd's; their count is printed.  It never reads the WAL back.
  *
  * Prints one line for tests/bench/bench_cycle.py:
  *   floor_cycle mandates N wall_s T syncs S
@@ -33,6 +37,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,21 +188,36 @@ static void write_file(const char *path, const void *data, size_t len)
                 die("rename");
 }
 
+/* A spare made before the last syncfs (durable), as kairosd keeps them. */
+static bool spare_ready;
+static char spare[4096];
+
 static void one_mandate(const char *dir, char **argv, long i)
 {
         char path[4096], doc[512];
         snprintf(path, sizeof path, "%s/wal/mnd_floor%08ld.wal.jsonl", dir, i);
         struct wal w = { 0 };
-        w.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0640);
-        if (w.fd < 0)
-                die(path);
-        char wdir[4096];
-        snprintf(wdir, sizeof wdir, "%s/wal", dir);
-        int dfd = open(wdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) < 0)
-                die("fsync wal/");
-        syncs++;
-        close(dfd);
+        if (spare_ready) {
+                if (open(path, O_RDWR | O_APPEND | O_CLOEXEC) >= 0 || errno != ENOENT)
+                        die("the WAL exists");
+                if (rename(spare, path) < 0)
+                        die("rename spare");
+                spare_ready = false;
+                w.fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+                if (w.fd < 0)
+                        die(path);
+        } else {
+                w.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0640);
+                if (w.fd < 0)
+                        die(path);
+                char wdir[4096];
+                snprintf(wdir, sizeof wdir, "%s/wal", dir);
+                int dfd = open(wdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (dfd < 0 || fsync(dfd) < 0)
+                        die("fsync wal/");
+                syncs++;
+                close(dfd);
+        }
 
         wal_append(&w, "mandate", "none", 171);
         wal_append(&w, "plan_commit", "none", 1811);
@@ -246,11 +266,17 @@ static void one_mandate(const char *dir, char **argv, long i)
         deflateEnd(&z);
         free(gz);
 
+        snprintf(spare, sizeof spare, "%s/wal/.spare-%ld", dir, i + 1);
+        int pfd = open(spare, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        if (pfd < 0)
+                die("spare");
+        close(pfd);
         int sfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (sfd < 0 || syncfs(sfd) < 0)
                 die("syncfs");
         syncs++;
         close(sfd);
+        spare_ready = true;
         snprintf(path, sizeof path, "%s/wal/mnd_floor%08ld.wal.jsonl", dir, i);
         if (unlink(path) < 0)
                 die("unlink WAL");
