@@ -244,13 +244,14 @@ int mandate_submit(struct mandate *m, void (*work)(void *arg), void (*done)(void
 /* Open the mandate's WAL if needed (pool thread, inside a job of m->q). */
 int mandate_wal_open(struct mandate *m);
 void mandate_wal_close(struct mandate *m);
-/* Recovery's scan found the spare wal/name (docs/design.md §6): 1 and
- * *ret_id when it held a mandate's records (now under its WAL's name), 0
- * otherwise (kept as a spare, removed, or left with an error logged). */
-int mandate_spare_found(struct daemon *d, const char *name, char *ret_id, size_t idlen);
-/* After the scan: the renames of the adopted spares made durable (one
- * fsync of wal/ when there were any). */
-int mandate_spares_adopted(struct daemon *d);
+/* Recovery's scan of wal/ saw the spare name (docs/design.md §6): kept
+ * for mandate_spares_settle. */
+int mandate_spare_seen(const char *name);
+/* Once the scan is over: each spare seen settled (wal_spare_adopt; kept as
+ * a spare, removed, or left with an error logged), *ret_ids the mandates
+ * whose records one held, now under their WAL's name (the renames made
+ * durable by one fsync of wal/).  Caller frees each and the array. */
+int mandate_spares_settle(struct daemon *d, char ***ret_ids, size_t *ret_n);
 /* Spares for the next mandates, around a sync that runs anyway (pool
  * thread): fill before it starts, covered with its result after it. */
 uint64_t mandate_spares_fill(struct daemon *d);

@@ -213,16 +213,37 @@ int mandate_wal_open(struct mandate *m)
         return 0;
 }
 
-static unsigned spares_adopted;
+/* Recovery's scan of wal/ saw these spares (settled after it). */
+static struct {
+        char **v;
+        size_t n, cap;
+} seen;
 
-int mandate_spare_found(struct daemon *d, const char *name, char *ret_id, size_t idlen)
+int mandate_spare_seen(const char *name)
+{
+        if (seen.n == seen.cap) {
+                size_t cap = seen.cap ? 2 * seen.cap : 16;
+                char **v = realloc(seen.v, cap * sizeof(*v));
+                if (!v)
+                        return -ENOMEM;
+                seen.v = v;
+                seen.cap = cap;
+        }
+        if (!(seen.v[seen.n] = strdup(name)))
+                return -ENOMEM;
+        seen.n++;
+        return 0;
+}
+
+/* One spare: 1 and *ret_id when it held a mandate's records (renamed). */
+static int spare_settle(struct daemon *d, const char *name, char *ret_id, size_t idlen)
 {
         const char *dir = d->paths.wal;
         enum wal_spare_found what;
         int r = wal_spare_adopt(kio_posix(), dir, name, &what, ret_id, idlen);
         if (r < 0) {
-                log_error("%s/%s: cannot read this spare WAL file: %s; left as it is", dir, name,
-                          strerror(-r));
+                log_error("%s/%s: cannot settle this spare WAL file: %s; left as it is", dir,
+                          name, strerror(-r));
                 return 0;
         }
         switch (what) {
@@ -240,7 +261,6 @@ int mandate_spare_found(struct daemon *d, const char *name, char *ret_id, size_t
         case WAL_SPARE_ADOPTED:
                 log_notice("%s/%s holds the records of mandate %s (a crash undid its rename): "
                            "renamed to %s%s", dir, name, ret_id, ret_id, STATEDIR_WAL_SUFFIX);
-                spares_adopted++;
                 return 1;
         case WAL_SPARE_UNNAMED:
                 log_error("%s/%s: a spare WAL file with bytes but no record naming a mandate: "
@@ -256,15 +276,36 @@ int mandate_spare_found(struct daemon *d, const char *name, char *ret_id, size_t
         return 0;
 }
 
-int mandate_spares_adopted(struct daemon *d)
+int mandate_spares_settle(struct daemon *d, char ***ret_ids, size_t *ret_n)
 {
-        if (!spares_adopted)
-                return 0;
-        spares_adopted = 0;
-        int r = kio_posix()->fsync_dir(kio_posix()->ctx, d->paths.wal);
-        if (r < 0)
-                log_error("fsync of %s after adopting spare WAL files: %s", d->paths.wal,
-                          strerror(-r));
+        char **ids = seen.n ? calloc(seen.n, sizeof(*ids)) : NULL;
+        size_t n = 0;
+        int r = seen.n && !ids ? -ENOMEM : 0;
+        for (size_t i = 0; i < seen.n; i++) {
+                char id[256];
+                if (r == 0 && spare_settle(d, seen.v[i], id, sizeof id) == 1 &&
+                    !(ids[n++] = strdup(id)))
+                        r = -ENOMEM;
+                free(seen.v[i]);
+        }
+        free(seen.v);
+        seen.v = NULL;
+        seen.n = seen.cap = 0;
+        if (r == 0 && n) {
+                r = kio_posix()->fsync_dir(kio_posix()->ctx, d->paths.wal);
+                if (r < 0)
+                        log_error("fsync of %s after adopting spare WAL files: %s",
+                                  d->paths.wal, strerror(-r));
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        free(ids[i]);
+                free(ids);
+                ids = NULL;
+                n = 0;
+        }
+        *ret_ids = ids;
+        *ret_n = n;
         return r;
 }
 

@@ -931,9 +931,12 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         struct dirent *de;
         while ((de = readdir(dir))) {
                 char id[256];
-                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id) &&
-                    !(wal_spare_name(de->d_name) &&
-                      mandate_spare_found(d, de->d_name, id, sizeof id) == 1))
+                if (wal_spare_name(de->d_name)) {
+                        if ((r = mandate_spare_seen(de->d_name)) < 0)
+                                break;
+                        continue;
+                }
+                if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id))
                         continue;
                 if (n == cap) {
                         cap = cap ? cap * 2 : 64;
@@ -951,8 +954,24 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 n++;
         }
         closedir(dir);
-        if (r == 0)
-                r = mandate_spares_adopted(d);
+        /* the spares, settled once the scan is over (a file renamed while
+         * readdir runs may be seen again): those adopted are WALs too */
+        char **adopted = NULL;
+        size_t nadopted = 0;
+        int rs = mandate_spares_settle(d, &adopted, &nadopted);
+        r = r < 0 ? r : rs;
+        char **grown = nadopted ? realloc(names, (n + nadopted) * sizeof(*names)) : names;
+        if (grown)
+                names = grown;
+        for (size_t i = 0; i < nadopted; i++) {
+                if (r == 0 && !grown)
+                        r = -ENOMEM;
+                if (r == 0)
+                        names[n++] = adopted[i];
+                else
+                        free(adopted[i]);
+        }
+        free(adopted);
         if (r == 0 && n > 1)
                 qsort(names, n, sizeof(*names), cmp_str);
         if (r == 0 && n && !(pend.todo = calloc(n, sizeof(*pend.todo))))
