@@ -181,8 +181,7 @@ static int archive_sync_files(const struct archive_batch *b)
 static void archive_sync_work(void *arg)
 {
         struct archive_batch *b = arg;
-        /* spares for the next mandates, made durable by this sync too (a
-         * syncfs, or the fsync of wal/ that ends the file by file sync) */
+        /* spares for the next mandates, made durable by this syncfs too */
         uint64_t mark = b->spares ? mandate_spares_fill(b->d) : 0;
         b->error = b->d->sync_mode == STATEDIR_SYNC_FILES
                            ? archive_sync_files(b)
@@ -250,11 +249,14 @@ void archive_flush(struct daemon *d)
         b->m = d->executor->arch_pending;
         b->n = d->executor->arch_npending;
         /* (not for the stop's batch; not where the driver's barrier is the
-         * WALs' own: its files are not made from spares) */
+         * WALs' own: its files are not made from spares; not where syncfs
+         * is no barrier: an unsynced rename is not known to be atomic
+         * there, docs/design.md §6 rule 1) */
         struct wal_options wo = { 0 };
-        if (b->n && !d->stopping)
+        bool spares = b->n && !d->stopping && d->sync_mode == STATEDIR_SYNC_FS;
+        if (spares)
                 d->drv->wal.options(b->m[0], &wo);
-        b->spares = b->n && !d->stopping && !wo.barrier;
+        b->spares = spares && !wo.barrier;
         d->executor->arch_batch_paths = d->executor->arch_paths;
         b->archives = d->executor->arch_batch_paths;
         d->executor->arch_pending = NULL;
