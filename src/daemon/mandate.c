@@ -202,8 +202,9 @@ int mandate_wal_open(struct mandate *m)
         opt.dir_exists = true;
         opt.keep_appended = true; /* folded from memory (executor_advance.c) */
         /* a barrier of the driver's own (cluster mode) creates its files as
-         * before: spares are for files whose own syncs are the barrier */
-        if (!opt.barrier)
+         * before: spares are for files whose own syncs are the barrier, on
+         * a file system whose syncfs is one (docs/design.md §6 rule 1) */
+        if (!opt.barrier && m->d->sync_mode == STATEDIR_SYNC_FS)
                 opt.spares = m->d->spares;
         int r = wal_open(m->wal_path, &opt, &m->wal, &info);
         if (r < 0)
