@@ -66,3 +66,18 @@ enum statedir_sync {
 int statedir_sync_mode(const char *path, enum statedir_sync *ret_mode, const char **ret_fs_name);
 /* The same from the f_type of statfs(2) (pure: for tests). */
 enum statedir_sync statedir_sync_mode_of(unsigned long f_type, const char **ret_fs_name);
+
+/* Whether a rename never synced survives a crash whole on the file system
+ * that holds path: afterwards the file is under its old name or its new
+ * one, never neither nor both (metadata journaled or copied on write).
+ * WAL spares are renamed with no fsync of their directory only where it
+ * does (docs/design.md §6 rule 1): xfs, btrfs, zfs, bcachefs, jfs, tmpfs,
+ * ramfs, and ext4 with a journal (ext4 without one, ext2, is not: its
+ * directory blocks are written back in any order).  *ret_why says which
+ * ("ext4 without a journal"; static). */
+int statedir_renames_atomic(const char *path, bool *ret_atomic, const char **ret_why);
+/* The same from the f_type and st_dev of path, looking for the device's
+ * journal under sysroot ("" for the running system: /sys/dev/block and
+ * /proc/fs/jbd2; a test tree otherwise). */
+int statedir_renames_atomic_of(unsigned long f_type, dev_t dev, const char *sysroot,
+                               bool *ret_atomic, const char **ret_why);

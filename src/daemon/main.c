@@ -337,6 +337,24 @@ static int prepare_dirs(struct daemon *d)
                 log_notice("%s is on %s, where syncfs(2) is no barrier: finished mandates are "
                            "made durable file by file (fdatasync, directory fsync)",
                            d->cfg->state_directory, fs);
+        /* WAL spares are renamed with no fsync of wal/: only where such a
+         * rename survives a crash whole (docs/design.md §6 rule 1) */
+        bool atomic = false;
+        const char *why = NULL;
+        if ((r = statedir_renames_atomic(d->paths.wal, &atomic, &why)) < 0) {
+                fprintf(stderr, "kairosd: cannot tell how %s keeps a rename: %s\n",
+                        d->paths.wal, strerror(-r));
+                return r;
+        }
+        if (!atomic) {
+                wal_spares_free(d->spares);
+                d->spares = NULL;
+                if (d->sync_mode == STATEDIR_SYNC_FS)
+                        log_notice("%s is on %s, where a rename not synced may not survive a "
+                                   "crash whole: every new WAL file is made durable by an "
+                                   "fsync of its directory (no spares)",
+                                   d->paths.wal, why);
+        }
         return 0;
 }
 

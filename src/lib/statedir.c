@@ -3,10 +3,14 @@
 #include "kairos/statedir.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include "kairos/wal.h"
 
@@ -161,4 +165,86 @@ int statedir_sync_mode(const char *path, enum statedir_sync *ret_mode, const cha
                 return -errno;
         *ret_mode = statedir_sync_mode_of((unsigned long)sf.f_type, ret_fs_name);
         return 0;
+}
+
+/* An ext4 (or ext3) file system with a journal has a jbd2 entry named after
+ * its device: /proc/fs/jbd2/<dev>-8 (the device's name from
+ * /sys/dev/block/<major>:<minor>). */
+static int ext4_has_journal(dev_t dev, const char *sysroot, bool *ret_journal)
+{
+        char link[PATH_MAX], target[PATH_MAX], jbd[PATH_MAX];
+        int n = snprintf(link, sizeof link, "%s/sys/dev/block/%u:%u", sysroot, major(dev),
+                         minor(dev));
+        if (n < 0 || (size_t)n >= sizeof link)
+                return -ENAMETOOLONG;
+        ssize_t len = readlink(link, target, sizeof target - 1);
+        if (len < 0) {
+                /* no block device (a device-less mount): no jbd2 entry */
+                if (errno == ENOENT) {
+                        *ret_journal = false;
+                        return 0;
+                }
+                return -errno;
+        }
+        target[len] = '\0';
+        const char *name = strrchr(target, '/');
+        name = name ? name + 1 : target;
+        n = snprintf(jbd, sizeof jbd, "%s/proc/fs/jbd2/%s-8", sysroot, name);
+        if (n < 0 || (size_t)n >= sizeof jbd)
+                return -ENAMETOOLONG;
+        struct stat st;
+        if (stat(jbd, &st) == 0) {
+                *ret_journal = S_ISDIR(st.st_mode);
+                return 0;
+        }
+        if (errno != ENOENT)
+                return -errno;
+        *ret_journal = false;
+        return 0;
+}
+
+int statedir_renames_atomic_of(unsigned long f_type, dev_t dev, const char *sysroot,
+                               bool *ret_atomic, const char **ret_why)
+{
+        static const struct {
+                unsigned long magic;
+                const char *name;
+        } atomic[] = {
+                { 0x58465342, "xfs" },    { 0x9123683E, "btrfs" }, { 0x2FC12FC1, "zfs" },
+                { 0xCA451A4E, "bcachefs" }, { 0x3153464A, "jfs" }, { 0x01021994, "tmpfs" },
+                { 0x858458F6, "ramfs" },
+        };
+        if (!sysroot || !ret_atomic || !ret_why)
+                return -EINVAL;
+        f_type &= 0xFFFFFFFFul;
+        for (size_t i = 0; i < sizeof atomic / sizeof atomic[0]; i++)
+                if (atomic[i].magic == f_type) {
+                        *ret_atomic = true;
+                        *ret_why = atomic[i].name;
+                        return 0;
+                }
+        if (f_type == 0xEF53) {
+                bool journal = false;
+                int r = ext4_has_journal(dev, sysroot, &journal);
+                if (r < 0)
+                        return r;
+                *ret_atomic = journal;
+                *ret_why = journal ? "ext4 with a journal" : "ext4 without a journal";
+                return 0;
+        }
+        const char *fs = NULL;
+        (void)statedir_sync_mode_of(f_type, &fs);
+        *ret_atomic = false;
+        *ret_why = fs;
+        return 0;
+}
+
+int statedir_renames_atomic(const char *path, bool *ret_atomic, const char **ret_why)
+{
+        struct statfs sf;
+        struct stat st;
+        if (!path || statfs(path, &sf) < 0 || stat(path, &st) < 0)
+                return path ? -errno : -EINVAL;
+        return statedir_renames_atomic_of((unsigned long)sf.f_type, st.st_dev, "", ret_atomic,
+                                          ret_why);
 }

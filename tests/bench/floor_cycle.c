@@ -11,7 +11,8 @@
  *   M's WAL: the spare the mandate before made (open M's name: ENOENT; rename
  *   DIR/wal/.spare-N to DIR/wal/M.wal.jsonl, open it O_APPEND; no fsync of
  *   wal/), or, for the first, create it (O_CREAT|O_EXCL|O_APPEND) and fsync
- *   DIR/wal once
+ *   DIR/wal once (and every time where kairosd makes no spares: a file
+ *   system that may lose a rename never synced, statedir_renames_atomic)
  *   append mandate + plan_commit + append/executing(observe); fdatasync   (1)
  *   for each of the 5 phases:
  *     posix_spawn CMD in its own process group with stdin/stdout/stderr
@@ -22,7 +23,7 @@
  *     a mandate that ends alone has them made durable by its syncfs)
  *   write DIR/mandates/M.json (tmp + rename), the gzip archive of the WAL
  *   (from memory, tmp + rename) in DIR/archive, a new spare (O_CREAT|O_EXCL,
- *   empty), syncfs (which makes it durable), unlink the WAL.
+ *   empty; where kairosd makes them), syncfs (which makes it durable), unlink the WAL.
  *
  * Record sizes are those kairosd writes (strace -y of a one-cycle mandate).
  * The fsync-family calls (5 fdatasync, 1 syncfs; 1 fsync of wal/ for the
@@ -47,6 +48,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "kairos/statedir.h"
 
 extern char **environ;
 
@@ -188,7 +191,10 @@ static void write_file(const char *path, const void *data, size_t len)
                 die("rename");
 }
 
-/* A spare made before the last syncfs (durable), as kairosd keeps them. */
+/* A spare made before the last syncfs (durable), as kairosd keeps them
+ * where a rename never synced survives a crash whole (the same decision:
+ * statedir_renames_atomic); elsewhere each WAL is created and wal/ fsynced. */
+static bool spares;
 static bool spare_ready;
 static char spare[4096];
 
@@ -266,17 +272,19 @@ static void one_mandate(const char *dir, char **argv, long i)
         deflateEnd(&z);
         free(gz);
 
-        snprintf(spare, sizeof spare, "%s/wal/.spare-%ld", dir, i + 1);
-        int pfd = open(spare, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
-        if (pfd < 0)
-                die("spare");
-        close(pfd);
+        if (spares) {
+                snprintf(spare, sizeof spare, "%s/wal/.spare-%ld", dir, i + 1);
+                int pfd = open(spare, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+                if (pfd < 0)
+                        die("spare");
+                close(pfd);
+        }
         int sfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (sfd < 0 || syncfs(sfd) < 0)
                 die("syncfs");
         syncs++;
         close(sfd);
-        spare_ready = true;
+        spare_ready = spares;
         snprintf(path, sizeof path, "%s/wal/mnd_floor%08ld.wal.jsonl", dir, i);
         if (unlink(path) < 0)
                 die("unlink WAL");
@@ -348,6 +356,11 @@ int main(int argc, char **argv)
                 if (mkdir(p, 0750) < 0 && errno != EEXIST)
                         die(p);
         }
+        const char *why = NULL;
+        char wal[4096];
+        snprintf(wal, sizeof wal, "%s/wal", dir);
+        if (statedir_renames_atomic(wal, &spares, &why) < 0)
+                die("statfs");
         double t0 = now(), cpu0 = own_cpu();
         for (long i = 0; i < n; i++)
                 one_mandate(dir, hargv, i);

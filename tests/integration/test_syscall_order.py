@@ -489,7 +489,10 @@ def main():
         print("strace not installed: skipped")
         return 77
     t0 = time.monotonic()
-    tmp = tempfile.mkdtemp(prefix="kairos-sysorder-")
+    # on tmpfs: a file system that keeps a rename never synced whole, where
+    # kairosd uses WAL spares (rule 6; statedir_renames_atomic)
+    tmp = tempfile.mkdtemp(prefix="kairos-sysorder-",
+                           dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     keep = os.environ.get("KAIROS_SYSORDER_KEEP", "") not in ("", "0")
     state = os.path.join(tmp, "state")
     trace_file = os.path.join(tmp, "trace.txt")

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -133,6 +134,61 @@ static void test_sync_mode(void **state)
         assert_int_equal(mode, STATEDIR_SYNC_FILES); /* procfs is no known barrier */
 }
 
+/* Where a rename never synced survives a crash whole (WAL spares): the
+ * journaled and copy-on-write file systems, ext4 only with a journal (its
+ * jbd2 entry under /proc/fs/jbd2, found through /sys/dev/block). */
+static void test_renames_atomic(void **state)
+{
+        (void)state;
+        char root[] = "/tmp/kairos-renames-XXXXXX";
+        assert_non_null(mkdtemp(root));
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "mkdir -p '%s/sys/dev/block' '%s/sys/devices/virtual/block/vdb' "
+                 "'%s/proc/fs/jbd2/vdb-8' && "
+                 "ln -s ../../devices/virtual/block/vdb '%s/sys/dev/block/254:16' && "
+                 "ln -s ../../devices/virtual/block/vdc '%s/sys/dev/block/254:32'",
+                 root, root, root, root, root);
+        assert_int_equal(system(cmd), 0);
+        bool atomic = false;
+        const char *why = NULL;
+        /* ext4 on vdb has a journal, on vdc none */
+        assert_int_equal(statedir_renames_atomic_of(0xEF53, makedev(254, 16), root, &atomic,
+                                                    &why), 0);
+        assert_true(atomic);
+        assert_string_equal(why, "ext4 with a journal");
+        assert_int_equal(statedir_renames_atomic_of(0xEF53, makedev(254, 32), root, &atomic,
+                                                    &why), 0);
+        assert_false(atomic);
+        assert_string_equal(why, "ext4 without a journal");
+        /* a device /sys does not know (no block device): no journal seen */
+        atomic = true;
+        assert_int_equal(statedir_renames_atomic_of(0xEF53, makedev(7, 99), root, &atomic,
+                                                    &why), 0);
+        assert_false(atomic);
+        /* journaled or copy-on-write by their type */
+        assert_int_equal(statedir_renames_atomic_of(0x58465342, makedev(254, 32), root,
+                                                    &atomic, &why), 0);
+        assert_true(atomic);
+        assert_string_equal(why, "xfs");
+        assert_int_equal(statedir_renames_atomic_of(0x01021994, 0, root, &atomic, &why), 0);
+        assert_true(atomic);
+        /* not known to keep one: FUSE, NFS, f2fs, overlayfs, the unknown */
+        unsigned long no[] = { 0x65735546, 0x6969, 0xF2F52010, 0x794C7630, 0x12345678 };
+        for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+                atomic = true;
+                assert_int_equal(statedir_renames_atomic_of(no[i], 0, root, &atomic, &why), 0);
+                assert_false(atomic);
+        }
+        assert_string_equal(why, "unknown");
+        assert_int_equal(statedir_renames_atomic_of(0xEF53, 0, NULL, &atomic, &why), -EINVAL);
+        /* the running system answers for a real path, and names a missing one */
+        assert_int_equal(statedir_renames_atomic("/", &atomic, &why), 0);
+        assert_int_equal(statedir_renames_atomic("/nonexistent/kairos", &atomic, &why), -ENOENT);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+        assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -140,6 +196,7 @@ int main(void)
                 cmocka_unit_test(test_entry_id),
                 cmocka_unit_test(test_create_modes),
                 cmocka_unit_test(test_sync_mode),
+                cmocka_unit_test(test_renames_atomic),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
