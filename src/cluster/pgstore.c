@@ -19,6 +19,7 @@
 #include "kairos/evidence.h"
 #include "kairos/idem.h"
 #include "kairos/kbuf.h"
+#include "kairos/kmem.h"
 #include "kairos/wal.h"
 #include "pgschema.h"
 
@@ -587,10 +588,7 @@ void pgstore_claim_free(struct pgstore_claim *c)
 {
         if (!c)
                 return;
-        free(c->mandate_id);
-        free(c->claimed_by);
-        free(c->busy);
-        free(c->busy_status);
+        FREE_ALL(c->mandate_id, c->claimed_by, c->busy, c->busy_status);
         memset(c, 0, sizeof *c);
 }
 
@@ -752,9 +750,7 @@ int pgstore_retry_create(struct pgstore *s, const struct pgstore_retry *rt, cons
                 *ret_busy_status = dup_value(res, 0, 2);
                 *ret_busy_owner = PQgetisnull(res, 0, 3) ? strdup("") : dup_value(res, 0, 3);
                 if (!*ret_busy || !*ret_busy_status || !*ret_busy_owner) {
-                        free(*ret_busy);
-                        free(*ret_busy_status);
-                        free(*ret_busy_owner);
+                        FREE_ALL(*ret_busy, *ret_busy_status, *ret_busy_owner);
                         *ret_busy = *ret_busy_status = *ret_busy_owner = NULL;
                         r = -ENOMEM;
                 }
@@ -936,13 +932,8 @@ int pgstore_mandate_take(struct pgstore *s, const char *mandate_id, const char *
 void pgstore_mandate_rows_free(struct pgstore_mandate_row *rows, size_t n)
 {
         for (size_t i = 0; rows && i < n; i++) {
-                free(rows[i].mandate_id);
-                free(rows[i].schedule);
-                free(rows[i].fired_at);
-                free(rows[i].status);
-                free(rows[i].owner);
-                free(rows[i].paused_as);
-                free(rows[i].paused_reason);
+                FREE_ALL(rows[i].mandate_id, rows[i].schedule, rows[i].fired_at, rows[i].status,
+                         rows[i].owner, rows[i].paused_as, rows[i].paused_reason);
         }
         free(rows);
 }
@@ -1480,11 +1471,7 @@ int pgstore_node_rows(struct pgstore *s, struct pgstore_node_row **ret_rows, siz
 void pgstore_idem_rows_free(struct pgstore_idem_row *rows, size_t n)
 {
         for (size_t i = 0; rows && i < n; i++) {
-                free(rows[i].key);
-                free(rows[i].tool);
-                free(rows[i].step_id);
-                free(rows[i].state);
-                free(rows[i].owner);
+                FREE_ALL(rows[i].key, rows[i].tool, rows[i].step_id, rows[i].state, rows[i].owner);
         }
         free(rows);
 }

@@ -22,6 +22,7 @@
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
+#include "kairos/kmem.h"
 #include "kairos/planner.h"
 #include "kairos/decide.h"
 #include "kairos/probeout.h"
@@ -1595,12 +1596,7 @@ static void offline_reg_free(struct offline_reg *g)
                 fold_free(g->folds[i]);
                 free(g->ids[i]);
         }
-        free(g->v);
-        free(g->where);
-        free(g->archived);
-        free(g->summaries);
-        free(g->folds);
-        free(g->ids);
+        FREE_ALL(g->v, g->where, g->archived, g->summaries, g->folds, g->ids);
         strmap_free(g->known);
         statedir_free(&g->paths);
 }

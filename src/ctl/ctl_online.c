@@ -23,6 +23,7 @@
 #include "kairos/cron.h"
 #include "kairos/kbuf.h"
 #include "kairos/kjson.h"
+#include "kairos/kmem.h"
 #include "kairos/planner.h"
 
 #define CTL_REPLY_MAX (16u * 1024 * 1024)
@@ -799,9 +800,7 @@ static void table_free(struct table *t)
         for (size_t i = 0; t->cells && t->owned && i < t->ncols * t->nrows; i++)
                 if (t->owned[i])
                         free(t->cells[i]);
-        free(t->cells);
-        free(t->owned);
-        free(t->width);
+        FREE_ALL(t->cells, t->owned, t->width);
         t->owned = NULL;
         t->cells = NULL;
         t->width = NULL;

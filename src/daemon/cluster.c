@@ -35,6 +35,7 @@
 #include "kairos/evidence.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
+#include "kairos/kmem.h"
 #include "kairos/statedir.h"
 #include "kairos/wal.h"
 #include "log.h"
@@ -717,9 +718,7 @@ static void cev_free(struct cev *e)
 {
         if (e->cb)
                 e->cb(e->ctx, NULL, -ESHUTDOWN);
-        free(e->id);
-        free(e->prev_owner);
-        free(e->why);
+        FREE_ALL(e->id, e->prev_owner, e->why);
         evidence_index_free(e->ix);
         free(e);
 }
@@ -954,9 +953,7 @@ static int renew(struct cluster *c, struct pgstore *s)
         }
         for (size_t i = 0; ids && i < n; i++)
                 free((char *)ids[i]);
-        free(ids);
-        free(epochs);
-        free(renewed);
+        FREE_ALL(ids, epochs, renewed);
         return r;
 }
 
@@ -1282,9 +1279,7 @@ static void park_done(void *arg)
         } else {
                 CM(m)->park_after = mono_ms() + 1000;   /* again later */
         }
-        free(pj->as);
-        free(pj->reason);
-        free(pj);
+        FREE_ALL(pj->as, pj->reason, pj);
         sweep(c);
         daemon_update_status(d);
 }
@@ -1320,9 +1315,7 @@ static void park_scan(struct cluster *c)
                 m->cluster_parking = true;
                 if (mandate_submit(m, park_work, park_done, pj) < 0) {
                         m->cluster_parking = false;
-                        free(pj->as);
-                        free(pj->reason);
-                        free(pj);
+                        FREE_ALL(pj->as, pj->reason, pj);
                         return;
                 }
         }
@@ -1622,9 +1615,7 @@ int pgd_start(struct daemon *d, char *err, size_t errlen)
             pthread_cond_init(&c->cond, &ca) != 0 ||
             pthread_cond_init(&c->store_cond, &ca) != 0) {
                 pthread_condattr_destroy(&ca);
-                free(c->node);
-                free(c->conninfo);
-                free(c);
+                FREE_ALL(c->node, c->conninfo, c);
                 return -ENOMEM;
         }
         pthread_condattr_destroy(&ca);
@@ -1693,9 +1684,7 @@ fail:
         pthread_mutex_destroy(&c->lock);
         pthread_cond_destroy(&c->cond);
         pthread_cond_destroy(&c->store_cond);
-        free(c->node);
-        free(c->conninfo);
-        free(c);
+        FREE_ALL(c->node, c->conninfo, c);
         return r;
 }
 
@@ -1951,11 +1940,7 @@ void pgd_detach(struct mandate *m)
         struct cluster_mandate *cm = m->drv_state;
         if (!cm)
                 return;
-        free(cm->winner);
-        free(cm->busy);
-        free(cm->busy_status);
-        free(cm->slot_waits_for);
-        free(cm);
+        FREE_ALL(cm->winner, cm->busy, cm->busy_status, cm->slot_waits_for, cm);
         m->drv_state = NULL;
 }
 

@@ -11,6 +11,7 @@
 #include "cluster.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
+#include "kairos/kmem.h"
 #include "kairos/wal.h"
 #include "opreads.h"
 #include "pgstore.h"
@@ -100,11 +101,7 @@ struct list_job {
 static void list_job_free(struct list_job *j)
 {
         pgstore_mandate_rows_free(j->rows, j->nrows);
-        free(j->status);
-        free(j->schedule);
-        free(j->since);
-        free(j->after);
-        free(j);
+        FREE_ALL(j->status, j->schedule, j->since, j->after, j);
 }
 
 static void list_work(void *arg)
@@ -359,14 +356,8 @@ static void show_job_free(struct show_job *j)
         json_decref(j->result);
         json_decref(j->calls);
         json_decref(j->retried_by);
-        free(j->review_step);
-        free(j->plan_id);
-        free(j->schedule);
-        free(j->fired_at);
-        free(j->retry_of);
-        free(j->started_at);
-        free(j->id);
-        free(j);
+        FREE_ALL(j->review_step, j->plan_id, j->schedule, j->fired_at, j->retry_of, j->started_at,
+                 j->id, j);
 }
 
 static char *dup_or_null(const char *s)
@@ -596,11 +587,7 @@ struct retry_job {
 
 static void retry_job_free(struct retry_job *j)
 {
-        free(j->id);
-        free(j->schedule);
-        free(j->fired_at);
-        free(j->status);
-        free(j);
+        FREE_ALL(j->id, j->schedule, j->fired_at, j->status, j);
 }
 
 static void retry_work(void *arg)
@@ -794,10 +781,7 @@ static void retries_done(void *arg)
         struct retries_job *j = arg;
         j->cb(j->ctx, j->err ? NULL : j->ids);
         json_decref(j->ids);
-        free(j->id);
-        free(j->schedule);
-        free(j->fired_at);
-        free(j);
+        FREE_ALL(j->id, j->schedule, j->fired_at, j);
 }
 
 static int pg_retried_by(struct daemon *d, const struct mandate *m, opreads_retries_cb cb,
@@ -815,10 +799,7 @@ static int pg_retried_by(struct daemon *d, const struct mandate *m, opreads_retr
         return 0;
 oom:
         if (j) {
-                free(j->id);
-                free(j->schedule);
-                free(j->fired_at);
-                free(j);
+                FREE_ALL(j->id, j->schedule, j->fired_at, j);
         }
         return -ENOMEM;
 }

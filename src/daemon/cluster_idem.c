@@ -13,6 +13,7 @@
 #include "idem_write.h"
 #include "log.h"
 #include "pgstore.h"
+#include "kairos/kmem.h"
 
 /* One database call of a tool call, on a pool thread (a connection lent for
  * the job, cluster_thread_store); done runs on the loop. */
@@ -49,10 +50,7 @@ static void pg_job_free(struct pg_job *j)
         if (!j)
                 return;
         pgstore_idem_claim_free(&j->claim);
-        free(j->keys);
-        free(j->result);
-        free(j->node);
-        free(j);
+        FREE_ALL(j->keys, j->result, j->node, j);
 }
 
 static struct pg_job *pg_job_new(struct daemon *d, enum pg_op op, const char *key,

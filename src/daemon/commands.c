@@ -23,6 +23,7 @@
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
+#include "kairos/kmem.h"
 #include "kairos/planner.h"
 #include "kairos/showdoc.h"
 #include <time.h>
@@ -436,9 +437,7 @@ static void op_free(struct mandate_op *op)
                 return;
         json_decref(op->result);
         json_decref(op->keys);
-        free(op->reason);
-        free(op->step);
-        free(op);
+        FREE_ALL(op->reason, op->step, op);
 }
 
 static bool ids_have(json_t *ids, json_t *id)
@@ -603,9 +602,7 @@ static void resolve_settled(void *ctx, const struct op_result *r)
         else
                 control_reply_error(op->req, "internal", "out of memory");
         json_decref(op->keys);
-        free(op->reason);
-        free(op->step);
-        free(op);
+        FREE_ALL(op->reason, op->step, op);
         daemon_update_status(m->d);
         executor_kick(m->d);
 }
@@ -674,9 +671,7 @@ static void submit_op(struct control_request *req, struct mandate *m, enum op_ki
         m->busy++;
         if (serialq_submit(&m->q, op_work, op_done, op) < 0) {
                 m->busy--;
-                free(op->reason);
-                free(op->step);
-                free(op);
+                FREE_ALL(op->reason, op->step, op);
                 control_reply_error(req, "internal", "out of memory");
         }
 }
@@ -1085,12 +1080,7 @@ static void retry_from_done(void *arg)
 static void retry_from_free(struct retry_from *j)
 {
         fold_free(j->f);
-        free(j->from);
-        free(j->id);
-        free(j->schedule);
-        free(j->fired_at);
-        free(j->status);
-        free(j);
+        FREE_ALL(j->from, j->id, j->schedule, j->fired_at, j->status, j);
 }
 
 /* retry --from of another node's mandate: its rows, folded by the driver
@@ -1398,9 +1388,7 @@ static void backfill_step(struct backfill *b)
                                            (json_int_t)b->existing, "failed",
                                            (json_int_t)b->failed, "not_fired",
                                            (json_int_t)(b->n - b->next)));
-        free(b->schedule);
-        free(b->ticks);
-        free(b);
+        FREE_ALL(b->schedule, b->ticks, b);
 }
 
 static bool arg_time(struct control_request *req, const char *key, int64_t *ret)

@@ -16,6 +16,7 @@
 #include "kairos/dlist.h"
 #include "kairos/kbuf.h"
 #include "kairos/kio.h"
+#include "kairos/kmem.h"
 #include "control_proto.h"
 #include "log.h"
 #include "metrics.h"
@@ -929,9 +930,7 @@ int control_start(struct daemon *d, const char *path)
         srv->path = strdup(path);
         char *dir = strdup(path);
         if (!srv->path || !dir) {
-                free(dir);
-                free(srv->path);
-                free(srv);
+                FREE_ALL(dir, srv->path, srv);
                 return -ENOMEM;
         }
         struct rlimit rl;

@@ -12,6 +12,7 @@
 #include "chronos.h"
 #include "daemon.h"
 #include "kairos/kio.h"
+#include "kairos/kmem.h"
 #include "kairos/planner.h"
 #include "kairos/showdoc.h"
 #include "kairos/wal.h"
@@ -199,9 +200,7 @@ static void prune_done(uv_work_t *w, int status)
                   j->errors ? strerror(-j->first_error) : "");
         for (size_t i = 0; i < j->npaths; i++)
                 free(j->paths[i]);
-        free(j->paths);
-        free(j->error_path);
-        free(j);
+        FREE_ALL(j->paths, j->error_path, j);
         hist.running = false;
         if (hist.again && !d->stopping) {
                 hist.again = false;

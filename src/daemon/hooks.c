@@ -14,6 +14,7 @@
 #include "runenv.h"
 #include "kairos/dlist.h"
 #include "kairos/kbuf.h"
+#include "kairos/kmem.h"
 #include "log.h"
 #include "child.h"
 
@@ -88,9 +89,7 @@ static void foldpage_free(struct hook_fold *f)
                 free(f->schedules[i].name);
         for (size_t i = 0; i < f->nclasses; i++)
                 free(f->classes[i].name);
-        free(f->first_mandate);
-        free(f->last_mandate);
-        free(f);
+        FREE_ALL(f->first_mandate, f->last_mandate, f);
 }
 
 static void hook_free(struct hook_run *run)

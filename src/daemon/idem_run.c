@@ -10,6 +10,7 @@
 #include "idem_core.h"
 #include "log.h"
 #include "toolhold.h"
+#include "kairos/kmem.h"
 
 /* ---- tool-begin / tool-finish ---- */
 
@@ -182,9 +183,7 @@ void idem_tool_begin(const struct idem_call *in)
         free(check);
         return;
 out:
-        free(op);
-        free(c);
-        free(check);
+        FREE_ALL(op, c, check);
 }
 
 struct finish_op {

@@ -16,6 +16,7 @@
 
 #include "idem_write.h"
 #include "kairos/beneath.h"
+#include "kairos/kmem.h"
 #include "log.h"
 
 /* ---- tool-write ---- */
@@ -93,16 +94,10 @@ static void roots_open(struct write_roots *rs)
 static void op_release(struct write_op *op)
 {
         idem_write_roots_unref(op->roots);
-        free(op->explicit_key);
-        free(op->path);
-        free(op->content);
+        FREE_ALL(op->explicit_key, op->path, op->content);
         if (op->dfd >= 0)
                 close(op->dfd);
-        free(op->base);
-        free(op->shown);
-        free(op->tmp);
-        free(op->chunk);
-        free(op);
+        FREE_ALL(op->base, op->shown, op->tmp, op->chunk, op);
 }
 
 /* write_q: a streamed write's temporary file goes (it was never renamed). */

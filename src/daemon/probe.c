@@ -18,6 +18,7 @@
 #include "kairos/dlist.h"
 #include "kairos/fold.h"
 #include "kairos/kbuf.h"
+#include "kairos/kmem.h"
 #include "kairos/planner.h"
 #include "kairos/probeout.h"
 #include "kairos/recovery.h"
@@ -96,10 +97,7 @@ static void start_next(void);
 
 static void job_free(struct probe_job *j)
 {
-        free(j->step_id);
-        free(j->doc);
-        free(j->plan_id);
-        free(j->idem_key);
+        FREE_ALL(j->step_id, j->doc, j->plan_id, j->idem_key);
         config_strv_free(j->argv);
         config_strv_free(j->env);
         free(j->cwd);
@@ -135,14 +133,9 @@ static void decision_free(struct probe_decision *pd)
         if (pd->have_em)
                 evidence_mandate_release(&pd->em);
         evidence_index_free(pd->ix);
-        free(pd->step_id);
-        free(pd->review_step);
-        free(pd->review_reason);
-        free(pd->plan_id);
+        FREE_ALL(pd->step_id, pd->review_step, pd->review_reason, pd->plan_id);
         for (size_t i = 0; i < pd->ndecs; i++) {
-                free(pd->decs[i].step_id);
-                free(pd->decs[i].reason);
-                free(pd->decs[i].evidence);
+                FREE_ALL(pd->decs[i].step_id, pd->decs[i].reason, pd->decs[i].evidence);
         }
         free(pd);
 }

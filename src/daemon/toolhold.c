@@ -14,6 +14,7 @@
 
 #include "daemon.h"
 #include "kairos/dlist.h"
+#include "kairos/kmem.h"
 #include "kairos/procstat.h"
 #include "log.h"
 #include "runner.h"
@@ -101,9 +102,7 @@ static void hold_unref(struct hold *h)
         for (size_t i = 0; i < h->n; i++)
                 if (h->w[i].c.pidfd >= 0)
                         close(h->w[i].c.pidfd);
-        free(h->mandate_id);
-        free(h->step_id);
-        free(h);
+        FREE_ALL(h->mandate_id, h->step_id, h);
 }
 
 static void timer_closed(uv_handle_t *handle)

@@ -7,6 +7,7 @@
  *   "FILE:LINE: what is wrong"         (a line without a key)
  *   "FILE: what is wrong"              (file-level) */
 #include "kairos/config.h"
+#include "kairos/kmem.h"
 #include "kairos/planner.h"
 
 #include <dirent.h>
@@ -2038,11 +2039,7 @@ void config_schedule_clear(struct config_schedule *s)
 {
         if (!s)
                 return;
-        free(s->name);
-        free(s->path);
-        free(s->cron);
-        free(s->time_zone);
-        free(s->goal);
+        FREE_ALL(s->name, s->path, s->cron, s->time_zone, s->goal);
         for (int i = 0; i < CONFIG_PHASES; i++)
                 free(s->exec[i]);
         config_strv_free(s->environment);
@@ -2255,13 +2252,8 @@ void config_free(struct config *c)
 {
         if (!c)
                 return;
-        free(c->config_path);
-        free(c->schedules_dir);
-        free(c->state_directory);
-        free(c->control_socket);
-        free(c->socket_group);
-        free(c->handler_user);
-        free(c->metrics_file);
+        FREE_ALL(c->config_path, c->schedules_dir, c->state_directory, c->control_socket,
+                 c->socket_group, c->handler_user, c->metrics_file);
         config_strv_free(c->write_roots);
         free(c->on_review);
         free(c->on_failure);
@@ -2534,9 +2526,7 @@ static void load_schedules(struct config *c, struct errctx *ec)
                 else if (fec.n > 0)
                         add_broken(c, name, f, &ferrs, ec);
                 config_errors_free(&ferrs);
-                free(text);
-                free(name);
-                free(f);
+                FREE_ALL(text, name, f);
         }
         if (c->nschedules > 1)
                 qsort(c->schedules, c->nschedules, sizeof(*c->schedules), cmp_schedule);

@@ -6,6 +6,7 @@
  * local time = UTC + offset.  No libc time zone state is touched, so every
  * function here is safe to call from any thread. */
 #include "kairos/cron.h"
+#include "kairos/kmem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -998,10 +999,7 @@ void cron_tz_free(struct cron_tz *tz)
 {
         if (!tz)
                 return;
-        free(tz->name);
-        free(tz->trans);
-        free(tz->offs);
-        free(tz);
+        FREE_ALL(tz->name, tz->trans, tz->offs, tz);
 }
 
 const char *cron_tz_name(const struct cron_tz *tz)

@@ -21,6 +21,7 @@
 #include "kairos/crcline.h"
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
+#include "kairos/kmem.h"
 #include "kairos/statedir.h"
 #include "kairos/strmap.h"
 #include "kairos/wal.h"
@@ -323,10 +324,7 @@ void idem_entry_set_state(struct idem_store *s, struct entry *e, enum idem_state
 
 void idem_entry_clear_payload(struct entry *e)
 {
-        free(e->result);
-        free(e->error_class);
-        free(e->error_msg);
-        free(e->reason);
+        FREE_ALL(e->result, e->error_class, e->error_msg, e->reason);
         e->result = NULL;
         e->result_len = 0;
         e->error_class = e->error_msg = e->reason = NULL;
@@ -338,9 +336,7 @@ static void entry_free(void *p)
         if (!e)
                 return;
         idem_entry_clear_payload(e);
-        free(e->wpath);
-        free(e->check);
-        free(e);
+        FREE_ALL(e->wpath, e->check, e);
 }
 
 /* A new entry in the map (state processing, counted). */
@@ -794,9 +790,7 @@ int idem_fail(struct idem_store *s, const char *key, const char *error_class,
         char *cls = strdup(error_class);
         char *msg = clean_text(error_msg ? error_msg : "", IDEM_TEXT_MAX_CHARS);
         if (!cls || !msg) {
-                free(copy);
-                free(cls);
-                free(msg);
+                FREE_ALL(copy, cls, msg);
                 return -ENOMEM;
         }
         return finish(s, e, IDEM_ST_FAILED, copy, len, cls, msg, lsn);
@@ -922,9 +916,7 @@ int idem_finish_late(struct idem_store *s, const char *key, const char *fp,
                 cls = strdup(error_class);
                 msg = clean_text(error_msg ? error_msg : "", IDEM_TEXT_MAX_CHARS);
                 if (!cls || !msg) {
-                        free(copy);
-                        free(cls);
-                        free(msg);
+                        FREE_ALL(copy, cls, msg);
                         return -ENOMEM;
                 }
         }

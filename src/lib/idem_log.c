@@ -19,6 +19,7 @@
 #include "kairos/crcline.h"
 #include "kairos/kio.h"
 #include "kairos/kjson.h"
+#include "kairos/kmem.h"
 #include "kairos/statedir.h"
 #include "kairos/strmap.h"
 #include "kairos/wal.h"
@@ -300,12 +301,7 @@ static int apply(struct loader *ld, const struct kjson *obj)
         idem_entry_set_state(s, e, st);
         return 1;
 out:
-        free(result);
-        free(cls);
-        free(msg);
-        free(reason);
-        free(wpath);
-        free(check);
+        FREE_ALL(result, cls, msg, reason, wpath, check);
         return r;
 }
 
@@ -610,9 +606,7 @@ int idem_log_close(struct idem_log *l)
                 return 0;
         if (l->fd >= 0)
                 r = l->io->close(l->io->ctx, l->fd);
-        free(l->dir);
-        free(l->path);
-        free(l);
+        FREE_ALL(l->dir, l->path, l);
         return r;
 }
 

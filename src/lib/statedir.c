@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* statedir: the state directory's layout (see statedir.h). */
+#include "kairos/kmem.h"
 #include "kairos/statedir.h"
 
 #include <errno.h>
@@ -35,11 +36,7 @@ void statedir_free(struct statedir *sd)
 {
         if (!sd)
                 return;
-        free(sd->root);
-        free(sd->wal);
-        free(sd->archive);
-        free(sd->mandates);
-        free(sd->idem);
+        FREE_ALL(sd->root, sd->wal, sd->archive, sd->mandates, sd->idem);
         memset(sd, 0, sizeof(*sd));
 }
 
