@@ -489,40 +489,31 @@ int deadman_start_max(struct deadman **ret, unsigned max_watched)
         struct deadman *dm = calloc(1, sizeof(*dm));
         if (!dm)
                 return -ENOMEM;
+        int p[2] = { -1, -1 };
+        int r;
         dm->kills = mmap(NULL, sizeof(*dm->kills), PROT_READ | PROT_WRITE,
                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (dm->kills == MAP_FAILED) {
-                int e = errno;
-                free(dm);
-                return -e;
+                r = -errno;
+                dm->kills = NULL;
+                goto fail;
         }
-        int p[2];
         if (pipe2(p, O_CLOEXEC) < 0) {
-                int e = errno;
-                munmap(dm->kills, sizeof(*dm->kills));
-                free(dm);
-                return -e;
+                r = -errno;
+                goto fail;
         }
         /* room for a stalled watcher: 1 MiB is 1024 records (best effort) */
         (void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
         int fl = fcntl(p[1], F_GETFL);
         if (fl < 0 || fcntl(p[1], F_SETFL, fl | O_NONBLOCK) < 0) {
-                int e = errno;
-                close(p[0]);
-                close(p[1]);
-                munmap(dm->kills, sizeof(*dm->kills));
-                free(dm);
-                return -e;
+                r = -errno;
+                goto fail;
         }
         pid_t me = getpid(), my_pgid = getpgrp();
         pid_t pid = fork();
         if (pid < 0) {
-                int e = errno;
-                close(p[0]);
-                close(p[1]);
-                munmap(dm->kills, sizeof(*dm->kills));
-                free(dm);
-                return -e;
+                r = -errno;
+                goto fail;
         }
         if (pid == 0) {
                 close(p[1]);
@@ -534,6 +525,15 @@ int deadman_start_max(struct deadman **ret, unsigned max_watched)
         dm->own_pgid = my_pgid;
         *ret = dm;
         return 0;
+fail:
+        if (p[0] >= 0) {
+                close(p[0]);
+                close(p[1]);
+        }
+        if (dm->kills)
+                munmap(dm->kills, sizeof(*dm->kills));
+        free(dm);
+        return r;
 }
 
 int deadman_start(struct deadman **ret)
