@@ -60,6 +60,17 @@ static int parse_milli(const char *s, size_t n, uint64_t max, uint64_t *ret)
         return 0;
 }
 
+/* The next word of a space-separated value: false at its end. */
+static bool next_word(const char **s, size_t *ret_len)
+{
+        while (**s == ' ' || **s == '\t')
+                (*s)++;
+        if (!**s)
+                return false;
+        *ret_len = strcspn(*s, " \t");
+        return true;
+}
+
 int retry_parse_backoff(const char *v, struct retry_policy *p, const char **why)
 {
         struct retry_policy q = *p;
@@ -70,12 +81,7 @@ int retry_parse_backoff(const char *v, struct retry_policy *p, const char **why)
         q.max_ms = 60000;
         q.jitter_pct = 0;
         bool max_given = false;
-        for (;;) {
-                while (*s == ' ' || *s == '\t')
-                        s++;
-                if (!*s)
-                        break;
-                size_t n = strcspn(s, " \t");
+        for (size_t n; next_word(&s, &n); s += n) {
                 uint64_t x;
                 int r;
                 if (first) {
@@ -116,7 +122,6 @@ int retry_parse_backoff(const char *v, struct retry_policy *p, const char **why)
                         *why = "expected FIRST [factor=F] [max=SEC] [jitter=P%]";
                         return -EINVAL;
                 }
-                s += n;
         }
         if (first) {
                 *why = "the first wait is missing";
@@ -152,12 +157,7 @@ int retry_parse_on(const char *v, struct retry_policy *p, char *why, unsigned le
         uint64_t codes[4] = { 0 };
         bool any = false;
         const char *s = v;
-        for (;;) {
-                while (*s == ' ' || *s == '\t')
-                        s++;
-                if (!*s)
-                        break;
-                size_t n = strcspn(s, " \t");
+        for (size_t n; next_word(&s, &n); s += n) {
                 bool ok = false;
                 for (size_t i = 0; i < sizeof on_words / sizeof on_words[0]; i++)
                         if (strlen(on_words[i].name) == n && strncmp(s, on_words[i].name, n) == 0) {
@@ -184,7 +184,6 @@ int retry_parse_on(const char *v, struct retry_policy *p, char *why, unsigned le
                         return -EINVAL;
                 }
                 any = true;
-                s += n;
         }
         if (!any) {
                 snprintf(why, len, "%s", "");
