@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 struct kbuf {
         char *data;   /* always NUL-terminated when non-NULL */
@@ -38,3 +39,16 @@ int kbuf_json_string_lossy(struct kbuf *b, const char *s, size_t n, size_t max_c
 bool utf8_valid(const char *s, size_t n);
 /* Length of the next well-formed UTF-8 sequence at s (1..4), or 0 if malformed. */
 size_t utf8_seq_len(const unsigned char *s, size_t n);
+
+/* Format into a caller's fixed buffer (a "why" for an error); nothing when
+ * there is none (dst NULL or len 0). */
+__attribute__((format(printf, 3, 4)))
+static inline void kbuf_setf(char *dst, size_t len, const char *fmt, ...)
+{
+        if (!dst || !len)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(dst, len, fmt, ap);
+        va_end(ap);
+}

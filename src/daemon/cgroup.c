@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* cgroup: see cgroup.h. */
 #include "cgroup.h"
+#include "kairos/kbuf.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -45,17 +46,6 @@ struct cgroup_ctl {
         int place_of[CGROUP_AT_N];
         char v1_mount[CGROUP_AT_N][512];
 };
-
-__attribute__((format(printf, 3, 4)))
-static void why_set(char *why, size_t len, const char *fmt, ...)
-{
-        if (!why || !len)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-}
 
 /* Read a small file below dir (NUL-terminated, at most len-1 bytes). */
 static int read_at(int dir, const char *name, char *buf, size_t len)
@@ -209,14 +199,14 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
                 if (statfs(mounts[i], &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC)
                         mnt = mounts[i];
         if (!mnt) {
-                why_set(why, why_len, "no cgroup v2 hierarchy at %s or %s", mounts[0],
+                kbuf_setf(why, why_len, "no cgroup v2 hierarchy at %s or %s", mounts[0],
                         mounts[1]);
                 return 0;
         }
         char *path = NULL;
         int r = own_path(NULL, &path);
         if (r < 0) {
-                why_set(why, why_len, "no cgroup v2 entry in /proc/self/cgroup");
+                kbuf_setf(why, why_len, "no cgroup v2 entry in /proc/self/cgroup");
                 return r == -ENOMEM ? r : 0;
         }
         char full[4096 + 64];
@@ -227,12 +217,12 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
             faccessat(fd, ".", W_OK, AT_EACCESS) < 0 ||
             faccessat(fd, "cgroup.procs", W_OK, AT_EACCESS) < 0 ||
             faccessat(fd, "cgroup.subtree_control", W_OK, AT_EACCESS) < 0) {
-                why_set(why, why_len, "cgroup %s is not delegated to kairosd (not writable; "
+                kbuf_setf(why, why_len, "cgroup %s is not delegated to kairosd (not writable; "
                         "under systemd: Delegate=yes)", path);
                 goto none;
         }
         if (holds_only(fd, getpid(), &alone) < 0 || !alone) {
-                why_set(why, why_len, "cgroup %s holds other processes than kairosd", path);
+                kbuf_setf(why, why_len, "cgroup %s holds other processes than kairosd", path);
                 goto none;
         }
         c->path = path;
@@ -241,7 +231,7 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
         /* kairosd into the leaf "daemon" */
         if (mkdirat(fd, "daemon", 0755) < 0 && errno != EEXIST) {
                 r = -errno;
-                why_set(why, why_len, "cannot create %s/daemon: %s", path, strerror(-r));
+                kbuf_setf(why, why_len, "cannot create %s/daemon: %s", path, strerror(-r));
                 return r;
         }
         int dfd = openat(fd, "daemon", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -249,7 +239,7 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
         if (dfd >= 0)
                 close(dfd);
         if (r < 0) {
-                why_set(why, why_len, "cannot move kairosd into %s/daemon: %s", path,
+                kbuf_setf(why, why_len, "cannot move kairosd into %s/daemon: %s", path,
                         strerror(-r));
                 return r;
         }

@@ -587,21 +587,10 @@ static int var_lookup(const struct var_source *src, const char *name, size_t n,
         return -ENOENT;
 }
 
-__attribute__((format(printf, 3, 4)))
-static void why_set(char *why, size_t len, const char *fmt, ...)
-{
-        if (!why || !len)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-}
-
 static void why_unknown(const struct var_source *src, const char *ref, size_t n, char *why,
                         size_t len)
 {
-        why_set(why, len, "unknown variable %.*s: %s gets only the variables of kairosd(8), "
+        kbuf_setf(why, len, "unknown variable %.*s: %s gets only the variables of kairosd(8), "
                 "%s%s (write $$ for a literal $)", (int)(n > 80 ? 80 : n), ref,
                 src->kind_doc, src->names == handler_vars ? "HANDLERS" :
                 src->names == probe_vars ? "HANDLERS (and KAIROS_PROBE)" : "NOTIFY",
@@ -658,14 +647,14 @@ static int expand_word(const struct var_source *src, const char *w, char ***out,
                 }
                 const char *name = s + 2, *end = strchr(name, '}');
                 if (!end) {
-                        why_set(why, why_len, "\"${\" without \"}\" in \"%.80s\" (write $$ for "
+                        kbuf_setf(why, why_len, "\"${\" without \"}\" in \"%.80s\" (write $$ for "
                                 "a literal $)", w);
                         r = -EINVAL;
                         break;
                 }
                 size_t n = (size_t)(end - name);
                 if (!valid_env_name(name, n)) {
-                        why_set(why, why_len, "\"%.*s\" is not a variable name (A-Z a-z 0-9 _, "
+                        kbuf_setf(why, why_len, "\"%.*s\" is not a variable name (A-Z a-z 0-9 _, "
                                 "not starting with a digit; no ${NAME:-default}; write $$ for a "
                                 "literal $)", (int)(n + 3 > 80 ? 80 : n + 3), s);
                         r = -EINVAL;
@@ -699,7 +688,7 @@ static int expand_command(const struct var_source *src, const char *cmdline, cha
         int r = split_command(cmdline, &words, &nwords, &split_why);
         if (r < 0) {
                 if (r == -EINVAL)
-                        why_set(why, why_len, "cannot split command line: %s", split_why);
+                        kbuf_setf(why, why_len, "cannot split command line: %s", split_why);
                 return r;
         }
         for (size_t i = 0; r == 0 && i < nwords; i++)
