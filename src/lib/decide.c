@@ -36,6 +36,7 @@
 
 #include "kairos/canon.h"
 #include "kairos/kjson.h"
+#include "kairos/kmem.h"
 
 static const struct fold_step *plan_step(const struct fold *f, const struct fold_plan *p, size_t i)
 {
@@ -345,48 +346,24 @@ int decide_next(const struct fold *f, const struct decide_input *in, struct deci
 
 const char *decide_kind_name(enum decide_kind k)
 {
-        switch (k) {
-        case DECIDE_NOTHING:
-                return "nothing";
-        case DECIDE_START_CYCLE:
-                return "start_cycle";
-        case DECIDE_FINALIZE:
-                return "finalize";
-        case DECIDE_COMPLETE_STEP:
-                return "complete_step";
-        case DECIDE_RUN_STEP:
-                return "run_step";
-        case DECIDE_AWAIT_APPROVAL:
-                return "await_approval";
-        case DECIDE_REVIEW:
-                return "review";
-        case DECIDE_PAUSE:
-                return "pause";
-        case DECIDE_END:
-                return "end";
-        case DECIDE_RETRY_WAIT:
-                return "retry_wait";
-        case DECIDE_RETRY_EVIDENCE:
-                return "retry_evidence";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [DECIDE_NOTHING] = "nothing", [DECIDE_START_CYCLE] = "start_cycle",
+                [DECIDE_FINALIZE] = "finalize", [DECIDE_COMPLETE_STEP] = "complete_step",
+                [DECIDE_RUN_STEP] = "run_step", [DECIDE_AWAIT_APPROVAL] = "await_approval",
+                [DECIDE_REVIEW] = "review", [DECIDE_PAUSE] = "pause", [DECIDE_END] = "end",
+                [DECIDE_RETRY_WAIT] = "retry_wait", [DECIDE_RETRY_EVIDENCE] = "retry_evidence",
+        };
+        return ENUM_NAME(names, k, "unknown");
 }
 
 const char *decide_end_name(enum decide_end e)
 {
-        switch (e) {
-        case DECIDE_END_DONE:
-                return "done";
-        case DECIDE_END_FAILED:
-                return "failed";
-        case DECIDE_END_TERMINATED:
-                return "terminated";
-        case DECIDE_END_ABANDONED:
-                return "abandoned";
-        case DECIDE_END_CANCELLED:
-                return "cancelled";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [DECIDE_END_DONE] = "done", [DECIDE_END_FAILED] = "failed",
+                [DECIDE_END_TERMINATED] = "terminated", [DECIDE_END_ABANDONED] = "abandoned",
+                [DECIDE_END_CANCELLED] = "cancelled",
+        };
+        return ENUM_NAME(names, e, "unknown");
 }
 
 /* ---- the startup rule ---- */
@@ -446,13 +423,9 @@ void decide_recovery_release(struct decide_recovery *rec)
 
 const char *decide_file_name(enum decide_file d)
 {
-        switch (d) {
-        case DECIDE_FILE_RECOVER:
-                return "recover";
-        case DECIDE_FILE_QUARANTINE:
-                return "quarantine";
-        case DECIDE_FILE_REMOVE:
-                return "remove";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [DECIDE_FILE_RECOVER] = "recover", [DECIDE_FILE_QUARANTINE] = "quarantine",
+                [DECIDE_FILE_REMOVE] = "remove",
+        };
+        return ENUM_NAME(names, d, "unknown");
 }

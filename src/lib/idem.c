@@ -30,40 +30,22 @@
 
 const char *idem_state_name(enum idem_state st)
 {
-        switch (st) {
-        case IDEM_ST_PROCESSING:
-                return "processing";
-        case IDEM_ST_COMPLETED:
-                return "completed";
-        case IDEM_ST_FAILED:
-                return "failed";
-        case IDEM_ST_INTERRUPTED:
-                return "interrupted";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [IDEM_ST_PROCESSING] = "processing", [IDEM_ST_COMPLETED] = "completed",
+                [IDEM_ST_FAILED] = "failed", [IDEM_ST_INTERRUPTED] = "interrupted",
+        };
+        return ENUM_NAME(names, st, "unknown");
 }
 
 const char *idem_outcome_name(enum idem_outcome o)
 {
-        switch (o) {
-        case IDEM_MISS:
-                return "miss";
-        case IDEM_PROCEED:
-                return "proceed";
-        case IDEM_HIT_COMPLETED:
-                return "hit";
-        case IDEM_HIT_FAILED:
-                return "cached_error";
-        case IDEM_IN_PROGRESS:
-                return "in_progress";
-        case IDEM_INTERRUPTED:
-                return "interrupted";
-        case IDEM_MISMATCH:
-                return "mismatch";
-        case IDEM_STORE_FULL:
-                return "store_full";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [IDEM_MISS] = "miss", [IDEM_PROCEED] = "proceed", [IDEM_HIT_COMPLETED] = "hit",
+                [IDEM_HIT_FAILED] = "cached_error", [IDEM_IN_PROGRESS] = "in_progress",
+                [IDEM_INTERRUPTED] = "interrupted", [IDEM_MISMATCH] = "mismatch",
+                [IDEM_STORE_FULL] = "store_full",
+        };
+        return ENUM_NAME(names, o, "unknown");
 }
 
 static bool is_name_char(unsigned char c)

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* openmetrics: metrics text (see include/kairos/openmetrics.h). */
 #include "kairos/openmetrics.h"
+#include "kairos/kmem.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,15 +11,10 @@
 
 static const char *type_word(enum om_type t)
 {
-        switch (t) {
-        case OM_COUNTER:
-                return "counter";
-        case OM_HISTOGRAM:
-                return "histogram";
-        case OM_GAUGE:
-        default:
-                return "gauge";
-        }
+        static const char *const names[] = {
+                [OM_COUNTER] = "counter", [OM_HISTOGRAM] = "histogram", [OM_GAUGE] = "gauge",
+        };
+        return ENUM_NAME(names, t, "gauge");
 }
 
 /* HELP text: backslash and newline escaped (both formats). */

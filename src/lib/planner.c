@@ -10,20 +10,16 @@
 #include <sodium.h>
 
 #include "kairos/kbuf.h"
+#include "kairos/kmem.h"
 
 static const char *const phase_names[PLANNER_PHASES] = {
-        [PHASE_OBSERVE] = "observe",
-        [PHASE_ORIENT] = "orient",
-        [PHASE_DECIDE] = "decide",
-        [PHASE_ACT] = "act",
-        [PHASE_REFLECT] = "reflect",
+        [PHASE_OBSERVE] = "observe", [PHASE_ORIENT] = "orient", [PHASE_DECIDE] = "decide",
+        [PHASE_ACT] = "act",         [PHASE_REFLECT] = "reflect",
 };
 
 const char *planner_phase_name(enum planner_phase p)
 {
-        if ((unsigned)p >= PLANNER_PHASES)
-                return NULL;
-        return phase_names[p];
+        return ENUM_NAME(phase_names, p, NULL);
 }
 
 int planner_parse_step_id(const char *step_id, enum planner_phase *phase, int *cycle)

@@ -2,6 +2,7 @@
 /* probeout: judging a probe's run (kairos/probeout.h). */
 #include "kairos/probeout.h"
 #include "kairos/evidence.h"
+#include "kairos/kmem.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -220,15 +221,9 @@ bool probe_schedule_evidence(const struct config *cfg, const char *schedule,
 
 const char *probe_word_name(enum recovery_probe p)
 {
-        switch (p) {
-        case RECOVERY_PROBE_NONE:
-                return "none";
-        case RECOVERY_PROBE_DONE:
-                return "done";
-        case RECOVERY_PROBE_NOT_STARTED:
-                return "not_started";
-        case RECOVERY_PROBE_FAILED:
-                return "failed";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [RECOVERY_PROBE_NONE] = "none", [RECOVERY_PROBE_DONE] = "done",
+                [RECOVERY_PROBE_NOT_STARTED] = "not_started", [RECOVERY_PROBE_FAILED] = "failed",
+        };
+        return ENUM_NAME(names, p, "unknown");
 }

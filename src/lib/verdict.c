@@ -12,6 +12,7 @@
  * truthy) except for row 1, which also requires a non-empty post_hash.  A
  * NULL status compares as "" (status.to_s). */
 #include "kairos/verdict.h"
+#include "kairos/kmem.h"
 
 #include <errno.h>
 #include <string.h>
@@ -145,13 +146,9 @@ fail:
 
 const char *verdict_kind_name(enum verdict_kind k)
 {
-        switch (k) {
-        case VERDICT_ALREADY_DONE:
-                return "already_done";
-        case VERDICT_SAFE_TO_RETRY:
-                return "safe_to_retry";
-        case VERDICT_MANUAL_REVIEW:
-                return "manual_review";
-        }
-        return "unknown";
+        static const char *const names[] = {
+                [VERDICT_ALREADY_DONE] = "already_done", [VERDICT_SAFE_TO_RETRY] = "safe_to_retry",
+                [VERDICT_MANUAL_REVIEW] = "manual_review",
+        };
+        return ENUM_NAME(names, k, "unknown");
 }
