@@ -18,6 +18,7 @@ struct kbuf {
 
 void kbuf_free(struct kbuf *b);
 void kbuf_reset(struct kbuf *b);          /* len = 0, keeps memory */
+void kbuf_truncate(struct kbuf *b, size_t len); /* back to len (<= b->len), keeps memory */
 int kbuf_reserve(struct kbuf *b, size_t extra);
 int kbuf_append(struct kbuf *b, const void *p, size_t n);
 int kbuf_puts(struct kbuf *b, const char *s);

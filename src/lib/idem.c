@@ -492,9 +492,7 @@ static int encode_record(struct kbuf *b, const char *op, const struct entry *e, 
                 goto fail;
         return 0;
 fail:
-        b->len = start;
-        if (b->data)
-                b->data[start] = '\0';
+        kbuf_truncate(b, start);
         return r;
 }
 
@@ -746,15 +744,33 @@ static int copy_result(const void *result, size_t len, unsigned char **out)
         return 0;
 }
 
-int idem_complete(struct idem_store *s, const char *key, const void *result, size_t len,
-                  uint64_t *lsn)
+/* processing (or, settling, interrupted) → completed; an interrupted
+ * entry's reason goes with it, or stays when the record cannot be written. */
+static int complete(struct idem_store *s, const char *key, bool settle, const void *result,
+                    size_t len, uint64_t *lsn)
 {
         struct entry *e;
         unsigned char *copy;
-        int r = entry_open(s, key, false, lsn, &e);
+        int r = entry_open(s, key, settle, lsn, &e);
         if (r < 0 || (r = copy_result(result, len, &copy)) < 0)
                 return r;
-        return finish(s, e, IDEM_ST_COMPLETED, copy, len, NULL, NULL, lsn);
+        enum idem_state old = e->state;
+        char *reason = e->reason;
+        e->reason = NULL;
+        r = finish(s, e, IDEM_ST_COMPLETED, copy, len, NULL, NULL, lsn);
+        if (r < 0) {
+                idem_entry_set_state(s, e, old);
+                e->reason = reason;
+        } else {
+                free(reason);
+        }
+        return r;
+}
+
+int idem_complete(struct idem_store *s, const char *key, const void *result, size_t len,
+                  uint64_t *lsn)
+{
+        return complete(s, key, false, result, len, lsn);
 }
 
 int idem_fail(struct idem_store *s, const char *key, const char *error_class,
@@ -845,22 +861,7 @@ int idem_abandon(struct idem_store *s, const char *key, const char *reason, uint
 int idem_settle_complete(struct idem_store *s, const char *key, const void *result, size_t len,
                          uint64_t *lsn)
 {
-        struct entry *e;
-        unsigned char *copy;
-        int r = entry_open(s, key, true, lsn, &e);
-        if (r < 0 || (r = copy_result(result, len, &copy)) < 0)
-                return r;
-        enum idem_state old = e->state;
-        char *reason = e->reason;
-        e->reason = NULL;
-        r = finish(s, e, IDEM_ST_COMPLETED, copy, len, NULL, NULL, lsn);
-        if (r < 0) {
-                idem_entry_set_state(s, e, old);
-                e->reason = reason;
-        } else {
-                free(reason);
-        }
-        return r;
+        return complete(s, key, true, result, len, lsn);
 }
 
 int idem_settle_abandon(struct idem_store *s, const char *key, const char *reason,
@@ -1052,9 +1053,7 @@ int idem_snapshot(struct idem_store *s, struct kbuf *out, struct idem_snapshot *
                 if ((r = encode_record(out, op_of(e), e, 0, NULL, now)) == 0)
                         n++;
         if (r < 0) {
-                out->len = start;
-                if (out->data)
-                        out->data[start] = '\0';
+                kbuf_truncate(out, start);
                 return r;
         }
         snap->lsn = s->lsn;

@@ -16,9 +16,14 @@ void kbuf_free(struct kbuf *b)
 
 void kbuf_reset(struct kbuf *b)
 {
-        b->len = 0;
+        kbuf_truncate(b, 0);
+}
+
+void kbuf_truncate(struct kbuf *b, size_t len)
+{
+        b->len = len;
         if (b->data)
-                b->data[0] = '\0';
+                b->data[len] = '\0';
 }
 
 int kbuf_reserve(struct kbuf *b, size_t extra)
@@ -171,27 +176,15 @@ bool utf8_valid(const char *s, size_t n)
 
 static int put_escape(struct kbuf *b, unsigned char c)
 {
-        switch (c) {
-        case '"':
-                return kbuf_append(b, "\\\"", 2);
-        case '\\':
-                return kbuf_append(b, "\\\\", 2);
-        case '\b':
-                return kbuf_append(b, "\\b", 2);
-        case '\f':
-                return kbuf_append(b, "\\f", 2);
-        case '\n':
-                return kbuf_append(b, "\\n", 2);
-        case '\r':
-                return kbuf_append(b, "\\r", 2);
-        case '\t':
-                return kbuf_append(b, "\\t", 2);
-        default: {
-                static const char hex[] = "0123456789abcdef";
-                char e[6] = { '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] };
-                return kbuf_append(b, e, 6);
-        }
-        }
+        static const char two[] = {
+                ['"'] = '"', ['\\'] = '\\', ['\b'] = 'b', ['\f'] = 'f',
+                ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't',
+        };
+        static const char hex[] = "0123456789abcdef";
+        if (c < sizeof two && two[c])
+                return kbuf_append(b, (char[2]){ '\\', two[c] }, 2);
+        char e[6] = { '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] };
+        return kbuf_append(b, e, 6);
 }
 
 static bool needs_escape(unsigned char c)
@@ -221,8 +214,7 @@ int kbuf_json_string(struct kbuf *b, const char *s, size_t n)
                 goto fail;
         return 0;
 fail:
-        b->len = start_len;
-        b->data[b->len] = '\0';
+        kbuf_truncate(b, start_len);
         return r;
 }
 
@@ -250,10 +242,7 @@ int kbuf_json_string_lossy(struct kbuf *b, const char *s, size_t n, size_t max_c
         }
         if (r == 0)
                 r = kbuf_putc(b, '"');
-        if (r < 0) {
-                b->len = start_len;
-                if (b->data)
-                        b->data[b->len] = '\0';
-        }
+        if (r < 0)
+                kbuf_truncate(b, start_len);
         return r;
 }

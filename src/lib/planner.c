@@ -219,11 +219,8 @@ int planner_steps_json(const struct planner_plan *p, struct kbuf *out)
 #undef FIELD
         if (r == 0)
                 r = kbuf_putc(out, ']');
-        if (r < 0) {
-                out->len = start;
-                if (out->data)
-                        out->data[start] = '\0';
-        }
+        if (r < 0)
+                kbuf_truncate(out, start);
         return r;
 }
 

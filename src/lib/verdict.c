@@ -104,26 +104,19 @@ int verdict_evidence_json(const struct verdict *v, struct kbuf *out)
         r = kbuf_json_string(out, v->reason, strlen(v->reason));
         if (r < 0)
                 goto fail;
-        if (v->evidence & VERDICT_EV_RESULT_HASH) {
-                r = put_member(out, "result_hash", v->result_hash);
-                if (r < 0)
+        const struct {
+                unsigned bit;
+                const char *key, *value;
+        } members[] = {
+                { VERDICT_EV_RESULT_HASH, "result_hash", v->result_hash },
+                { VERDICT_EV_STATUS, "status", v->status },
+                { VERDICT_EV_OBSERVED_PRE, "observed_pre_hash", v->observed_pre_hash },
+                { VERDICT_EV_EXPECTED_PRE, "expected_pre_hash", v->expected_pre_hash },
+        };
+        for (size_t i = 0; i < sizeof members / sizeof members[0]; i++)
+                if ((v->evidence & members[i].bit) &&
+                    (r = put_member(out, members[i].key, members[i].value)) < 0)
                         goto fail;
-        }
-        if (v->evidence & VERDICT_EV_STATUS) {
-                r = put_member(out, "status", v->status);
-                if (r < 0)
-                        goto fail;
-        }
-        if (v->evidence & VERDICT_EV_OBSERVED_PRE) {
-                r = put_member(out, "observed_pre_hash", v->observed_pre_hash);
-                if (r < 0)
-                        goto fail;
-        }
-        if (v->evidence & VERDICT_EV_EXPECTED_PRE) {
-                r = put_member(out, "expected_pre_hash", v->expected_pre_hash);
-                if (r < 0)
-                        goto fail;
-        }
         if (v->extra_json && *v->extra_json) {
                 r = kbuf_putc(out, ',');
                 if (r >= 0)
@@ -137,10 +130,7 @@ int verdict_evidence_json(const struct verdict *v, struct kbuf *out)
         return 0;
 
 fail:
-        /* leave the buffer as it was */
-        out->len = start;
-        if (out->data)
-                out->data[start] = '\0';
+        kbuf_truncate(out, start);
         return r;
 }
 
