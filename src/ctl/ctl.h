@@ -70,6 +70,12 @@ int ctl_errno_error(const char *what, int r);
  * Returns 0 or -errno. */
 int ctl_read_file(const char *path, char **data, size_t *len);
 
+/* All of len bytes to fd (EINTR retried): 0 or -errno. */
+int ctl_write_all(int fd, const void *data, size_t len);
+
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t ctl_mono_ms(void);
+
 /* Print s with control characters and invalid bytes escaped (\xNN), so
  * untrusted WAL content cannot drive the terminal.  NULL prints "-". */
 void ctl_put_safe(FILE *f, const char *s);

@@ -40,14 +40,6 @@ struct conn {
         bool quiet_timeout;     /* no reply in time: CTL_EXIT_TIMEOUT, nothing printed */
 };
 
-static int64_t now_ms(void)
-{
-        struct timespec t;
-
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 /* --socket, else $KAIROS_CONTROL_SOCKET, else the default. */
 const char *ctl_socket_path(const struct ctl_opts *o)
 {
@@ -86,7 +78,7 @@ static int timeout_ms(int *out)
 static int conn_wait(struct conn *c, short events)
 {
         for (;;) {
-                int64_t left = c->deadline - now_ms();
+                int64_t left = c->deadline - ctl_mono_ms();
                 if (left <= 0)
                         return -ETIMEDOUT;
                 struct pollfd p = { .fd = c->fd, .events = events };
@@ -124,14 +116,14 @@ static int conn_open(struct conn *c)
         c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (c->fd < 0)
                 return -errno;
-        r = set_timeout_opt(c->fd, SO_SNDTIMEO, c->deadline - now_ms());
+        r = set_timeout_opt(c->fd, SO_SNDTIMEO, c->deadline - ctl_mono_ms());
         if (r < 0)
                 return r;
         for (;;) {
                 if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
                         break;
                 if (errno == EINTR) {
-                        if (now_ms() >= c->deadline)
+                        if (ctl_mono_ms() >= c->deadline)
                                 return -ETIMEDOUT;
                         continue;
                 }
@@ -386,7 +378,7 @@ int ctl_session_open(const struct ctl_opts *o, struct ctl_session **out)
                 free(s);
                 return status;
         }
-        s->c.deadline = now_ms() + s->c.timeout_ms;
+        s->c.deadline = ctl_mono_ms() + s->c.timeout_ms;
         r = conn_open(&s->c);
         if (r < 0) {
                 status = connect_error(s->c.path, r);
@@ -450,7 +442,7 @@ static int session_exchange(struct ctl_session *s, const char *cmd, json_t *args
         int status, r;
 
         *ret_id = id;
-        c->deadline = now_ms() + c->timeout_ms;
+        c->deadline = ctl_mono_ms() + c->timeout_ms;
         req = json_pack("{s:i, s:I, s:s, s:o}", "v", 1, "id", id, "cmd", cmd, "args",
                         args ? args : json_object());
         text = req ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -1648,7 +1640,7 @@ static int wait_poll(const struct ctl_opts *o, const char *mandate, int64_t dead
                         json_decref(res);
                         return status;
                 }
-                int64_t now = now_ms();
+                int64_t now = ctl_mono_ms();
                 if (deadline >= 0 && now >= deadline) {
                         status = wait_report(o, res, CTL_EXIT_TIMEOUT, true);
                         json_decref(res);
@@ -1688,10 +1680,10 @@ int ctl_cmd_wait(const struct ctl_opts *o, int argc, char **argv)
                         free(t);
                         return r;
                 }
-                deadline = now_ms() + (int64_t)(sec * 1000);
+                deadline = ctl_mono_ms() + (int64_t)(sec * 1000);
         }
         for (;;) {
-                int64_t left = deadline >= 0 ? deadline - now_ms() : INT32_MAX;
+                int64_t left = deadline >= 0 ? deadline - ctl_mono_ms() : INT32_MAX;
                 if (left <= 0)
                         return wait_poll(o, argv[0], deadline); /* one show */
                 struct ctl_session *s;

@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "ctl.h"
 #include "ctl_probe.h"
 #include "kairos/kbuf.h"
 #include "kairos/planner.h"
@@ -27,13 +28,6 @@
 
 #define KILL_GRACE_MS 5000
 #define ERR_TAIL 2048
-
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int env_add(char ***env, size_t *n, const char *k, const char *v)
 {
@@ -121,7 +115,7 @@ struct proc {
  * the group at the deadline, SIGKILL 5 s later.  *ret_status: waitpid's. */
 static void pump(struct proc *p, unsigned timeout_sec, int *ret_status)
 {
-        int64_t deadline = now_ms() + (int64_t)timeout_sec * 1000, kill_at = 0;
+        int64_t deadline = ctl_mono_ms() + (int64_t)timeout_sec * 1000, kill_at = 0;
         int pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
         bool exited = false, killed = false;
         char buf[65536];
@@ -129,7 +123,7 @@ static void pump(struct proc *p, unsigned timeout_sec, int *ret_status)
                 struct pollfd fds[4] = { { p->in, POLLOUT, 0 }, { p->out, POLLIN, 0 },
                                          { p->err, POLLIN, 0 },
                                          { exited ? -1 : pidfd, POLLIN, 0 } };
-                int64_t now = now_ms(), until = kill_at ? kill_at : deadline;
+                int64_t now = ctl_mono_ms(), until = kill_at ? kill_at : deadline;
                 if (now >= until) {
                         if (killed)
                                 break; /* its output is held by something outside */

@@ -76,23 +76,6 @@ static int b64_member(json_t *obj, const char *name, unsigned char **out, size_t
         return 0;
 }
 
-static int write_all(int fd, const void *data, size_t len)
-{
-        const char *p = data;
-
-        while (len > 0) {
-                ssize_t n = write(fd, p, len);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                p += n;
-                len -= (size_t)n;
-        }
-        return 0;
-}
-
 static const char *jstr(json_t *obj, const char *key)
 {
         return json_string_value(json_object_get(obj, key));
@@ -187,7 +170,7 @@ static void take(struct capture *cap, struct kbuf *b, int fd_out, const char *da
 {
         cap->total += n;
         if (cap->pass)
-                (void)write_all(fd_out, data, n); /* a closed stdout is not the tool's fault */
+                (void)ctl_write_all(fd_out, data, n); /* a closed stdout is not the tool's fault */
         if (cap->too_large)
                 return;
         if (cap->out.len + cap->err.len + n > CTL_TOOL_CAPTURE_MAX || kbuf_append(b, data, n) < 0) {
@@ -295,13 +278,6 @@ out:
 #define CTL_TOOL_LATE_FIRST_MS 100
 #define CTL_TOOL_LATE_MAX_MS 2000
 
-static int64_t mono_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void nap_ms(int64_t ms)
 {
         struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
@@ -356,7 +332,7 @@ static int finish_late(const struct ctl_opts *o, const char *full, const char *f
                        int exit_status, json_int_t grace_sec)
 {
         const char *path = ctl_socket_path(o);
-        int64_t deadline = mono_ms() + ((int64_t)grace_sec + CTL_TOOL_LATE_MARGIN_SEC) * 1000;
+        int64_t deadline = ctl_mono_ms() + ((int64_t)grace_sec + CTL_TOOL_LATE_MARGIN_SEC) * 1000;
         int64_t wait = CTL_TOOL_LATE_FIRST_MS;
         fputs("kairosctl: ", stderr);
         ctl_put_safe(stderr, full);
@@ -367,7 +343,7 @@ static int finish_late(const struct ctl_opts *o, const char *full, const char *f
                 (long long)grace_sec + CTL_TOOL_LATE_MARGIN_SEC);
         json_object_set_new(fin, "late", json_true());
         json_object_set_new(fin, "fingerprint", json_string(fp));
-        while (mono_ms() < deadline) {
+        while (ctl_mono_ms() < deadline) {
                 if (!socket_answers(path)) {
                         nap_ms(wait);
                         wait = wait * 2 > CTL_TOOL_LATE_MAX_MS ? CTL_TOOL_LATE_MAX_MS : wait * 2;
@@ -434,8 +410,8 @@ static int replay(const struct ctl_opts *o, json_t *res)
                                  jstr(res, "key"));
         }
         fflush(stdout);
-        (void)write_all(STDOUT_FILENO, out, nout);
-        (void)write_all(STDERR_FILENO, err, nerr);
+        (void)ctl_write_all(STDOUT_FILENO, out, nout);
+        (void)ctl_write_all(STDERR_FILENO, err, nerr);
         free(out);
         free(err);
         if (failed) {

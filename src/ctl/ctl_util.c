@@ -373,3 +373,27 @@ int ctl_json_print(json_t *v)
         return r == 0 ? 0 : CTL_EXIT_IOERR;
 }
 
+int ctl_write_all(int fd, const void *data, size_t len)
+{
+        const char *p = data;
+
+        while (len > 0) {
+                ssize_t n = write(fd, p, len);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                p += n;
+                len -= (size_t)n;
+        }
+        return 0;
+}
+
+int64_t ctl_mono_ms(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

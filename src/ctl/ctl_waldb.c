@@ -100,21 +100,6 @@ static int store_error(struct pgstore *s, const char *mandate, int r)
         return r == -ENOMEM ? CTL_EXIT_OSERR : CTL_EXIT_NOINPUT;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-        while (n) {
-                ssize_t w = write(fd, p, n);
-                if (w < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                p += w;
-                n -= (size_t)w;
-        }
-        return 0;
-}
-
 /* The bytes to PATH, whole or not at all: a temporary file beside it,
  * fsync, rename.  -errno. */
 static int write_file_atomic(const char *path, const char *data, size_t len)
@@ -130,7 +115,7 @@ static int write_file_atomic(const char *path, const char *data, size_t len)
                 kbuf_free(&tmp);
                 return r;
         }
-        r = write_all(fd, data, len);
+        r = ctl_write_all(fd, data, len);
         if (r == 0 && fsync(fd) < 0)
                 r = -errno;
         if (close(fd) < 0 && r == 0)
@@ -195,7 +180,7 @@ int ctl_wal_dump_db(const struct ctl_opts *o, const char *conninfo, const char *
                 }
         } else {
                 fflush(stdout);
-                r = write_all(STDOUT_FILENO, b.data ? b.data : "", b.len);
+                r = ctl_write_all(STDOUT_FILENO, b.data ? b.data : "", b.len);
                 if (r < 0) {
                         ret = ctl_error(CTL_EXIT_IOERR, "writing standard output: %s",
                                         strerror(-r));
