@@ -221,6 +221,8 @@ int config_split_environment(const char *line, char ***argv_out, size_t *argc_ou
  * an unknown escape (nothing returned), -ENOMEM. */
 int config_split_command(const char *cmdline, char ***argv_out, size_t *argc_out);
 void config_strv_free(char **v);
+/* config_strv_free(*v), then *v = NULL. */
+void config_strv_clear(char ***v);
 
 /* Variables in command lines (Observe= ... Reflect=, Probe=, OnReview=,
  * OnFailure=), expanded like systemd's Exec lines when the command starts,

@@ -173,10 +173,8 @@ static void on_read(struct child *c, int fd, const char *p, size_t n)
 static void on_started(struct child *c)
 {
         struct hook_run *run = c->data;
-        config_strv_free(run->argv);
-        run->argv = NULL;
-        config_strv_free(run->env);
-        run->env = NULL;
+        config_strv_clear(&run->argv);
+        config_strv_clear(&run->env);
         if (c->err) {
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
                           "hook %s cannot start: %s%s%s; the mandate is not affected",

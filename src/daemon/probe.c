@@ -515,10 +515,8 @@ static void on_done(struct child *c)
 static void on_started(struct child *c)
 {
         struct probe_job *j = c->data;
-        config_strv_free(j->argv);
-        j->argv = NULL;
-        config_strv_free(j->env);
-        j->env = NULL;
+        config_strv_clear(&j->argv);
+        config_strv_clear(&j->env);
         struct mandate *m = j->m;
         if (c->err) {
                 snprintf(j->start_error, sizeof j->start_error, "%s%s%s",

@@ -106,10 +106,15 @@ static int strv_push(char ***v, size_t *n, char *s)
         return 0;
 }
 
-static void strv_reset(char ***v, size_t *n)
+void config_strv_clear(char ***v)
 {
         config_strv_free(*v);
         *v = NULL;
+}
+
+static void strv_reset(char ***v, size_t *n)
+{
+        config_strv_clear(v);
         *n = 0;
 }
 
