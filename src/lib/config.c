@@ -2391,6 +2391,25 @@ static int load_main_file(struct config *c, const char *path, struct errctx *ec,
         return 0;
 }
 
+static char *schedules_dir_of(const char *path);
+
+/* A new, empty configuration read from path (and its schedules' folder
+ * beside it when with_schedules): NULL when out of memory. */
+static struct config *config_of(const char *path, bool with_schedules)
+{
+        struct config *c = config_new();
+        if (!c)
+                return NULL;
+        c->config_path = strdup(path);
+        if (with_schedules)
+                c->schedules_dir = schedules_dir_of(path);
+        if (!c->config_path || (with_schedules && !c->schedules_dir)) {
+                config_free(c);
+                return NULL;
+        }
+        return c;
+}
+
 int config_parse_main(const char *path, const char *text, size_t len, struct config **out,
                       struct config_errors *errs)
 {
@@ -2398,14 +2417,9 @@ int config_parse_main(const char *path, const char *text, size_t len, struct con
                 return -EINVAL;
         *out = NULL;
         struct errctx ec = { .errs = errs };
-        struct config *c = config_new();
+        struct config *c = config_of(path, false);
         if (!c)
                 return -ENOMEM;
-        c->config_path = strdup(path);
-        if (!c->config_path) {
-                config_free(c);
-                return -ENOMEM;
-        }
         struct key_origin cluster[CLUSTER_KEYS] = { 0 };
         parse_main_text(c, path, text ? text : "", len, &ec, cluster);
         if (!ec.oom)
@@ -2537,16 +2551,9 @@ static int load(const char *path, const char *state_dir, bool main_only, struct 
                 return -EINVAL;
         *out = NULL;
         struct errctx ec = { .errs = errs };
-        struct config *c = config_new();
+        struct config *c = config_of(path, true);
         if (!c)
                 return -ENOMEM;
-        c->config_path = strdup(path);
-        c->schedules_dir = schedules_dir_of(path);
-        if (!c->config_path || !c->schedules_dir) {
-                config_free(c);
-                return -ENOMEM;
-        }
-
         struct key_origin cluster[CLUSTER_KEYS] = { 0 };
         int rmain = load_main_file(c, path, &ec, cluster);
         if (!ec.oom)
