@@ -910,19 +910,12 @@ static void cmd_resume(struct control_request *req)
 
 static void cmd_resolve(struct control_request *req)
 {
-        bool failed;
         const char *remote;
         struct mandate *m = arg_mandate_at(req, &remote);
         if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
                 return;
-        const char *step = control_arg_string(req, "step", true, &failed);
-        if (failed)
-                return;
-        const char *action = control_arg_string(req, "action", true, &failed);
-        if (failed)
-                return;
-        const char *reason = control_arg_string(req, "reason", true, &failed);
-        if (failed)
+        const char *step, *action, *reason;
+        if (!control_arg_required(req, "step", &step, "action", &action, "reason", &reason, NULL))
                 return;
         enum resolve_mode mode;
         if (strcmp(action, "done") == 0)

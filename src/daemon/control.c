@@ -386,21 +386,23 @@ void control_reply_error_detail(struct control_request *req, const char *code, j
 const char *control_arg_string(struct control_request *req, const char *name, bool required,
                                bool *failed)
 {
-        json_t *v = json_object_get(req->args, name);
-        *failed = false;
-        if (!v || json_is_null(v)) {
-                if (required) {
-                        *failed = true;
-                        control_reply_error(req, "bad_argument", "args.%s: required", name);
-                }
-                return NULL;
-        }
-        if (!json_is_string(v)) {
-                *failed = true;
-                control_reply_error(req, "bad_argument", "args.%s: must be a string", name);
-                return NULL;
-        }
-        return json_string_value(v);
+        const char *v, *why;
+        *failed = control_args_string(req->args, name, required, &v, &why) < 0;
+        if (*failed)
+                control_reply_error(req, "bad_argument", "args.%s: %s", name, why);
+        return v;
+}
+
+bool control_arg_required(struct control_request *req, ...)
+{
+        const char *name, *why;
+        va_list ap;
+        va_start(ap, req);
+        int r = control_args_required(req->args, ap, &name, &why);
+        va_end(ap);
+        if (r < 0)
+                control_reply_error(req, "bad_argument", "args.%s: %s", name, why);
+        return r == 0;
 }
 
 bool control_claim_attach(struct control_request *req, struct control_claim *cl,

@@ -106,6 +106,9 @@ void control_reply_error_detail(struct control_request *req, const char *code, j
  * ("bad_argument", naming the field).  *failed is set when it replied. */
 const char *control_arg_string(struct control_request *req, const char *name, bool required,
                                bool *failed);
+/* Required string arguments in order: pairs of a name and its const char
+ * **, then NULL.  false: replied bad_argument. */
+bool control_arg_required(struct control_request *req, ...);
 
 /* Something a command keeps on behalf of the connection a request came on
  * (e.g. an idempotency claim, which must not outlive its caller).  When the

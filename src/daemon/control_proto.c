@@ -64,3 +64,32 @@ void control_parsed_clear(struct control_parsed *p)
         json_decref(p->root);
         memset(p, 0, sizeof(*p));
 }
+
+int control_args_string(json_t *args, const char *name, bool required, const char **ret,
+                        const char **ret_why)
+{
+        json_t *v = json_object_get(args, name);
+        *ret = NULL;
+        if (!v || json_is_null(v)) {
+                *ret_why = "required";
+                return required ? -EINVAL : 0;
+        }
+        if (!json_is_string(v)) {
+                *ret_why = "must be a string";
+                return -EINVAL;
+        }
+        *ret = json_string_value(v);
+        return 0;
+}
+
+int control_args_required(json_t *args, va_list ap, const char **ret_name, const char **ret_why)
+{
+        for (const char *name; (name = va_arg(ap, const char *));) {
+                const char **out = va_arg(ap, const char **);
+                if (control_args_string(args, name, true, out, ret_why) < 0) {
+                        *ret_name = name;
+                        return -EINVAL;
+                }
+        }
+        return 0;
+}

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <jansson.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 struct control_parsed {
@@ -29,3 +31,13 @@ struct control_parsed {
 int control_parse_request(const char *line, size_t len, struct control_parsed *out, char *err,
                           size_t errlen);
 void control_parsed_clear(struct control_parsed *p);
+
+/* A request's string argument args.name: 0 with *ret the string (NULL when
+ * absent or null and not required), or -EINVAL with *ret_why saying what
+ * is wrong ("required", "must be a string"). */
+int control_args_string(json_t *args, const char *name, bool required, const char **ret,
+                        const char **ret_why);
+/* Required string arguments in order: ap holds pairs of a name and its
+ * const char **, then NULL.  0, or -EINVAL with *ret_name the first one
+ * wrong and *ret_why what is wrong with it. */
+int control_args_required(json_t *args, va_list ap, const char **ret_name, const char **ret_why);

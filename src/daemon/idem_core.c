@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "control_proto.h"
 #include "idem_core.h"
 #include "kairos/dlist.h"
 #include "kairos/procstat.h"
@@ -258,15 +259,14 @@ struct idem_call *idem_core_open(const struct idem_call *in)
 
 bool idem_core_required(struct idem_call *call, ...)
 {
+        const char *name, *why;
         va_list ap;
-        bool failed = false;
         va_start(ap, call);
-        for (const char *name; !failed && (name = va_arg(ap, const char *));) {
-                const char **out = va_arg(ap, const char **);
-                *out = idem_core_arg_string(call, name, true, &failed);
-        }
+        int r = control_args_required(call->args, ap, &name, &why);
         va_end(ap);
-        return !failed;
+        if (r < 0)
+                idem_core_error(call, "bad_argument", "args.%s: %s", name, why);
+        return r == 0;
 }
 
 /* Deliver the result and free the call (exactly one result per call). */
@@ -299,21 +299,11 @@ void idem_core_error_detail(struct idem_call *call, const char *code, json_t *de
 const char *idem_core_arg_string(struct idem_call *call, const char *name, bool required,
                                    bool *failed)
 {
-        json_t *v = json_object_get(call->args, name);
-        *failed = false;
-        if (!v || json_is_null(v)) {
-                if (required) {
-                        *failed = true;
-                        idem_core_error(call, "bad_argument", "args.%s: required", name);
-                }
-                return NULL;
-        }
-        if (!json_is_string(v)) {
-                *failed = true;
-                idem_core_error(call, "bad_argument", "args.%s: must be a string", name);
-                return NULL;
-        }
-        return json_string_value(v);
+        const char *v, *why;
+        *failed = control_args_string(call->args, name, required, &v, &why) < 0;
+        if (*failed)
+                idem_core_error(call, "bad_argument", "args.%s: %s", name, why);
+        return v;
 }
 
 static void claim_closed(struct idem_claim *c);
