@@ -193,6 +193,16 @@ static int pg_submit(struct pg_job *j, void (*done)(struct pg_job *j), void *ctx
         return uv_queue_work(j->d->loop, &j->req, pg_work, pg_after);
 }
 
+/* pg_submit for a call, answered "cannot queue the WHAT" when it cannot be. */
+static void pg_submit_call(struct pg_job *j, void (*done)(struct pg_job *j),
+                           struct idem_call *call, const char *what)
+{
+        if (pg_submit(j, done, call) < 0) {
+                pg_job_free(j);
+                idem_core_error(call, "internal", "cannot queue the %s", what);
+        }
+}
+
 /* A database call of a tool call failed: fenced (the mandate is another
  * node's now, or at another epoch: this node gives it up) or idem_core_unavailable. */
 static void pg_reply_error(struct idem_call *call, struct pg_job *j, const char *what)
@@ -353,10 +363,7 @@ static void pg_begin(struct idem_call *call, const char *key, const char *tool, 
         snprintf(j->fp, sizeof j->fp, "%s", fp);
         snprintf(j->step, sizeof j->step, "%s", step->step);
         j->attempt = step->attempt;
-        if (pg_submit(j, pg_begin_done, call) < 0) {
-                pg_job_free(j);
-                idem_core_error(call, "internal", "cannot queue the claim");
-        }
+        pg_submit_call(j, pg_begin_done, call, "claim");
 }
 
 static void pg_finish_done(struct pg_job *j)
@@ -398,10 +405,7 @@ static void pg_finish(struct idem_call *call, struct idem_claim *c, json_int_t e
         j->result = text;
         j->result_len = strlen(text);
         idem_core_claim_free(c);
-        if (pg_submit(j, pg_finish_done, call) < 0) {
-                pg_job_free(j);
-                idem_core_error(call, "internal", "cannot queue the finish");
-        }
+        pg_submit_call(j, pg_finish_done, call, "finish");
 }
 
 /* tool-write of a step in cluster mode: claimed in the database (fenced),
