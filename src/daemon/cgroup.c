@@ -189,6 +189,28 @@ static int holds_only(int dir, pid_t pid, bool *ret)
         return 0;
 }
 
+/* The cgroup directory full, open in *ret_fd if kairosd may take it as its
+ * own: 1; 0 not writable (v2: nor its cgroup.subtree_control), -1 it holds
+ * other processes than kairosd (*ret_fd -1 then). */
+static int open_own(const char *full, bool v2, int *ret_fd)
+{
+        int fd = open(full, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        bool alone = false;
+        int r = 1;
+        if (fd < 0 || faccessat(fd, ".", W_OK, AT_EACCESS) < 0 ||
+            faccessat(fd, "cgroup.procs", W_OK, AT_EACCESS) < 0 ||
+            (v2 && faccessat(fd, "cgroup.subtree_control", W_OK, AT_EACCESS) < 0))
+                r = 0;
+        else if (holds_only(fd, getpid(), &alone) < 0 || !alone)
+                r = -1;
+        if (r < 1 && fd >= 0) {
+                close(fd);
+                fd = -1;
+        }
+        *ret_fd = fd;
+        return r;
+}
+
 /* kairosd's cgroup v2: 1 set up in c, 0 none (why filled), or a negative
  * errno (a delegated cgroup that could not be set up; why filled). */
 static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
@@ -211,19 +233,16 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
         }
         char full[4096 + 64];
         snprintf(full, sizeof full, "%s%s", mnt, path);
-        int fd = open(full, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        bool alone = false;
-        if (fd < 0 || strcmp(path, "/") == 0 ||
-            faccessat(fd, ".", W_OK, AT_EACCESS) < 0 ||
-            faccessat(fd, "cgroup.procs", W_OK, AT_EACCESS) < 0 ||
-            faccessat(fd, "cgroup.subtree_control", W_OK, AT_EACCESS) < 0) {
+        int fd = -1;
+        int own = strcmp(path, "/") == 0 ? 0 : open_own(full, true, &fd);
+        if (own == 0)
                 kbuf_setf(why, why_len, "cgroup %s is not delegated to kairosd (not writable; "
                         "under systemd: Delegate=yes)", path);
-                goto none;
-        }
-        if (holds_only(fd, getpid(), &alone) < 0 || !alone) {
+        else if (own < 0)
                 kbuf_setf(why, why_len, "cgroup %s holds other processes than kairosd", path);
-                goto none;
+        if (own < 1) {
+                free(path);
+                return 0;
         }
         c->path = path;
         c->mount = mnt;
@@ -251,11 +270,6 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
         c->controllers = c->v2_controllers;
         snprintf(c->where, sizeof c->where, "%s%s", mnt, path);
         return 1;
-none:
-        if (fd >= 0)
-                close(fd);
-        free(path);
-        return 0;
 }
 
 /* kairosd's cgroup in the v1 hierarchy of controller at: 1 set up in c, 0
@@ -294,20 +308,13 @@ static int setup_v1(struct cgroup_ctl *c, int at, const char **ret_why)
         char full[4096 + 600];
         snprintf(full, sizeof full, "%s%s", mnt, rel);
         int fd = -1;
-        bool alone = false;
-        if (strcmp(path, "/") == 0) {
-                *ret_why = "kairosd is in the root cgroup";
-                goto none;
-        }
-        fd = open(full, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0 || faccessat(fd, ".", W_OK, AT_EACCESS) < 0 ||
-            faccessat(fd, "cgroup.procs", W_OK, AT_EACCESS) < 0) {
-                *ret_why = "kairosd's cgroup is not writable (not delegated)";
-                goto none;
-        }
-        if (holds_only(fd, getpid(), &alone) < 0 || !alone) {
-                *ret_why = "kairosd's cgroup holds other processes";
-                goto none;
+        int own = strcmp(path, "/") == 0 ? 2 : open_own(full, false, &fd);
+        if (own != 1) {
+                *ret_why = own == 2   ? "kairosd is in the root cgroup"
+                           : own == 0 ? "kairosd's cgroup is not writable (not delegated)"
+                                      : "kairosd's cgroup holds other processes";
+                free(path);
+                return 0;
         }
         c->root_fd[at] = fd;
         c->controllers |= v1_bits[at];
@@ -317,11 +324,6 @@ static int setup_v1(struct cgroup_ctl *c, int at, const char **ret_why)
                  name);
         free(path);
         return 1;
-none:
-        if (fd >= 0)
-                close(fd);
-        free(path);
-        return 0;
 }
 
 int cgroup_ctl_new(struct cgroup_ctl **ret, char *why, size_t why_len)
