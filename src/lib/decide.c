@@ -170,20 +170,18 @@ static void decide_finalized(const struct fold *f, const struct decide_input *in
                         last->final_reason);
                 return;
         }
-        case PLAN_FAILED:
-                if (trailing_failed(f) >= 2)
-                        set_end(n, DECIDE_END_TERMINATED, "two consecutive failed cycles");
-                else if (last->cycle >= max)
-                        set_end(n, DECIDE_END_FAILED, "the last cycle failed");
-                else
-                        start_cycle(in, last->cycle + 1, n);
-                return;
         default: {
-                const struct kjson *done = control_field(ar, reflect_result(f, last), "done");
-                if (done && done->type == KJSON_TRUE)
+                /* failed: two in a row end it; else reflect may say done */
+                bool failed = last->final_state == PLAN_FAILED;
+                const struct kjson *done =
+                        failed ? NULL : control_field(ar, reflect_result(f, last), "done");
+                if (failed && trailing_failed(f) >= 2)
+                        set_end(n, DECIDE_END_TERMINATED, "two consecutive failed cycles");
+                else if (done && done->type == KJSON_TRUE)
                         set_end(n, DECIDE_END_DONE, "reflect said done");
                 else if (last->cycle >= max)
-                        set_end(n, DECIDE_END_DONE, "MaxCycles reached");
+                        set_end(n, failed ? DECIDE_END_FAILED : DECIDE_END_DONE,
+                                failed ? "the last cycle failed" : "MaxCycles reached");
                 else
                         start_cycle(in, last->cycle + 1, n);
                 return;
