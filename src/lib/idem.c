@@ -496,19 +496,29 @@ fail:
         return r;
 }
 
+static const char *const state_ops[] = {
+        [IDEM_ST_PROCESSING] = "begin", [IDEM_ST_COMPLETED] = "complete",
+        [IDEM_ST_FAILED] = "fail",      [IDEM_ST_INTERRUPTED] = "interrupt",
+};
+
+const char *idem_state_op(enum idem_state st)
+{
+        return ENUM_NAME(state_ops, st, "begin");
+}
+
 static const char *op_of(const struct entry *e)
 {
-        switch (e->state) {
-        case IDEM_ST_PROCESSING:
-                return "begin";
-        case IDEM_ST_COMPLETED:
-                return "complete";
-        case IDEM_ST_FAILED:
-                return "fail";
-        case IDEM_ST_INTERRUPTED:
-                return "interrupt";
-        }
-        return "begin";
+        return idem_state_op(e->state);
+}
+
+bool idem_op_state(const char *op, enum idem_state *ret)
+{
+        for (size_t i = 0; i < sizeof state_ops / sizeof state_ops[0]; i++)
+                if (state_ops[i] && strcmp(op, state_ops[i]) == 0) {
+                        *ret = (enum idem_state)i;
+                        return true;
+                }
+        return false;
 }
 
 /* Produce e's current-state record (or a forget) into pending. */

@@ -67,3 +67,7 @@ int idem_entry_add(struct idem_store *s, const char *key, size_t tool_len, const
                    int64_t created_ms, struct entry **out);
 void idem_entry_drop(struct idem_store *s, struct entry *e);
 bool idem_entry_expired(const struct idem_store *s, const struct entry *e, int64_t now);
+/* A log record's op for a state ("begin", "complete", "fail", "interrupt"),
+ * and back: false for an op that is no state's ("forget" is read apart). */
+const char *idem_state_op(enum idem_state st);
+bool idem_op_state(const char *op, enum idem_state *ret);

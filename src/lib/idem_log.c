@@ -120,17 +120,25 @@ static int load_entry(struct idem_store *s, const char *key, size_t tool_len, co
         return 0;
 }
 
+/* An optional object member: 0 absent, 1 (*ret) present, -EINVAL not an object. */
+static int get_obj(const struct kjson *obj, const char *name, const struct kjson **ret)
+{
+        *ret = kjson_get(obj, name);
+        if (!*ret)
+                return 0;
+        return (*ret)->type == KJSON_OBJECT ? 1 : -EINVAL;
+}
+
 /* The optional write claim of a record into e: 0 (absent, or kept),
  * -EINVAL, -ENOMEM. */
 static int get_write(const struct kjson *obj, char **ret_path, char sha[IDEM_SHA256_HEX + 1],
                      uint64_t *ret_bytes)
 {
         *ret_path = NULL;
-        const struct kjson *v = kjson_get(obj, "write");
-        if (!v)
-                return 0;
-        if (v->type != KJSON_OBJECT)
-                return -EINVAL;
+        const struct kjson *v;
+        int r = get_obj(obj, "write", &v);
+        if (r <= 0)
+                return r;
         const struct kjson *p = get_cstr(v, "path"), *h = get_cstr(v, "sha256");
         int64_t bytes = -1;
         if (!p || !h || !get_i64(v, "bytes", &bytes) || bytes < 0 ||
@@ -165,11 +173,10 @@ static int get_check(const struct kjson *obj, char **ret)
 static int get_owner(const struct kjson *obj, struct idem_step_owner *o)
 {
         *o = (struct idem_step_owner){ 0 };
-        const struct kjson *v = kjson_get(obj, "owner");
-        if (!v)
-                return 0;
-        if (v->type != KJSON_OBJECT)
-                return -EINVAL;
+        const struct kjson *v;
+        int r = get_obj(obj, "owner", &v);
+        if (r <= 0)
+                return r;
         const struct kjson *m = get_cstr(v, "mandate"), *st = get_cstr(v, "step");
         int64_t attempt = 0;
         if (!m || !st || m->u.str.len > IDEM_OWNER_ID_MAX || st->u.str.len > IDEM_OWNER_ID_MAX ||
@@ -185,11 +192,12 @@ static int get_owner(const struct kjson *obj, struct idem_step_owner *o)
 static int get_client(const struct kjson *obj, struct idem_client *c)
 {
         *c = (struct idem_client){ 0 };
-        const struct kjson *v = kjson_get(obj, "client");
-        if (!v)
-                return 0;
+        const struct kjson *v;
+        int r = get_obj(obj, "client", &v);
+        if (r <= 0)
+                return r;
         int64_t pid = 0, start = -1;
-        if (v->type != KJSON_OBJECT || !get_i64(v, "pid", &pid) || pid < 1 ||
+        if (!get_i64(v, "pid", &pid) || pid < 1 ||
             pid > INT32_MAX || !get_i64(v, "start", &start) || start < 0)
                 return -EINVAL;
         c->pid = (int32_t)pid;
@@ -208,18 +216,8 @@ static int apply(struct loader *ld, const struct kjson *obj)
         if (!op)
                 return -EINVAL;
         bool is_forget = strcmp(op, "forget") == 0;
-        enum idem_state st;
-        if (strcmp(op, "begin") == 0)
-                st = IDEM_ST_PROCESSING;
-        else if (strcmp(op, "complete") == 0)
-                st = IDEM_ST_COMPLETED;
-        else if (strcmp(op, "fail") == 0)
-                st = IDEM_ST_FAILED;
-        else if (strcmp(op, "interrupt") == 0)
-                st = IDEM_ST_INTERRUPTED;
-        else if (is_forget)
-                st = IDEM_ST_PROCESSING;
-        else
+        enum idem_state st = IDEM_ST_PROCESSING;
+        if (!is_forget && !idem_op_state(op, &st))
                 return 0;
         if (!key || !idem_valid_full_key(key->u.str.ptr, key->u.str.len, &tool_len))
                 return -EINVAL;
