@@ -116,9 +116,9 @@ static int find_entry(struct idem_call *call, const char *key, struct idem_view 
 
 void idem_get_entry(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
         const char *key;
-        if (!call || !idem_core_required(call, "key", &key, NULL))
+        struct idem_call *call = idem_core_open(in, "key", &key, NULL);
+        if (!call)
                 return;
         struct idem_view v;
         char full[IDEM_FULL_KEY_SIZE];
@@ -168,9 +168,9 @@ static void forget_durable(struct waiter *w, int err)
 
 void idem_forget_entry(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
         const char *key, *reason;
-        if (!call || !idem_core_required(call, "key", &key, "reason", &reason, NULL))
+        struct idem_call *call = idem_core_open(in, "key", &key, "reason", &reason, NULL);
+        if (!call)
                 return;
         struct idem_service *svc = SVC(call->d);
         if (!*reason) {

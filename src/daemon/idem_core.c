@@ -251,22 +251,20 @@ struct idem_call *idem_core_call_dup(const struct idem_call *in)
         return call;
 }
 
-struct idem_call *idem_core_open(const struct idem_call *in)
+struct idem_call *idem_core_open(const struct idem_call *in, ...)
 {
         struct idem_call *call = idem_core_call_dup(in);
-        return call && !idem_core_unavailable(call) ? call : NULL;
-}
-
-bool idem_core_required(struct idem_call *call, ...)
-{
+        if (!call || idem_core_unavailable(call))
+                return NULL;
         const char *name, *why;
         va_list ap;
-        va_start(ap, call);
+        va_start(ap, in);
         int r = control_args_required(call->args, ap, &name, &why);
         va_end(ap);
-        if (r < 0)
-                idem_core_error(call, "bad_argument", "args.%s: %s", name, why);
-        return r == 0;
+        if (r == 0)
+                return call;
+        idem_core_error(call, "bad_argument", "args.%s: %s", name, why);
+        return NULL;
 }
 
 /* Deliver the result and free the call (exactly one result per call). */

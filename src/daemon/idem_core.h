@@ -102,12 +102,11 @@ void idem_core_ok(struct idem_call *call, json_t *result);
 void idem_core_error_detail(struct idem_call *call, const char *code, json_t *detail,
                             const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 #define idem_core_error(call, code, ...) idem_core_error_detail(call, code, NULL, __VA_ARGS__)
-/* The copy of a call to the loaded store: NULL when answered already (out
- * of memory, or the store is not loaded). */
-struct idem_call *idem_core_open(const struct idem_call *in);
-/* Required string arguments in order: pairs of a name and its const char
- * **, then NULL.  false: answered bad_argument. */
-bool idem_core_required(struct idem_call *call, ...);
+/* The copy of a call to the loaded store, with its required string
+ * arguments in order (pairs of a name and its const char **, then NULL):
+ * NULL when answered already (out of memory, the store is not loaded, an
+ * argument missing or not a string). */
+struct idem_call *idem_core_open(const struct idem_call *in, ...);
 /* A string argument: NULL when absent (*failed: answered bad_argument). */
 const char *idem_core_arg_string(struct idem_call *call, const char *name, bool required,
                                  bool *failed);

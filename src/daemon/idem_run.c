@@ -114,10 +114,10 @@ static bool parse_check(struct idem_call *call, char **ret)
 
 void idem_tool_begin(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
         const char *tool;
         bool failed;
-        if (!call || !idem_core_required(call, "tool", &tool, NULL))
+        struct idem_call *call = idem_core_open(in, "tool", &tool, NULL);
+        if (!call)
                 return;
         struct idem_service *svc = SVC(call->d);
         const char *key = idem_core_arg_string(call, "key", false, &failed);
@@ -318,10 +318,10 @@ static void finish_late(struct idem_call *call, const char *key, json_int_t es,
 
 void idem_tool_finish(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
         const char *key;
         bool failed;
-        if (!call || !idem_core_required(call, "key", &key, NULL))
+        struct idem_call *call = idem_core_open(in, "key", &key, NULL);
+        if (!call)
                 return;
         struct idem_service *svc = SVC(call->d);
         json_t *es = json_object_get(call->args, "exit_status");

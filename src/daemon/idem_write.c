@@ -853,10 +853,10 @@ static void chunk_done(void *arg)
 
 void idem_tool_write_data(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
         const char *data;
         struct write_op *op;
-        if (!call || !idem_core_required(call, "data", &data, NULL) || !(op = stream_of(call)))
+        struct idem_call *call = idem_core_open(in, "data", &data, NULL);
+        if (!call || !(op = stream_of(call)))
                 return;
         /* (a reload may have lowered it meanwhile) */
         uint64_t max = max_write_bytes(call->d), room = op->len < max ? max - op->len : 0;
@@ -918,7 +918,7 @@ static void end_done(void *arg)
 
 void idem_tool_write_end(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
+        struct idem_call *call = idem_core_open(in, NULL);
         struct write_op *op;
         if (!call || !(op = stream_of(call)))
                 return;
@@ -932,10 +932,10 @@ void idem_tool_write_end(const struct idem_call *in)
 
 void idem_tool_write(const struct idem_call *in)
 {
-        struct idem_call *call = idem_core_open(in);
         const char *key, *path, *content = NULL;
         bool failed = false;
-        if (!call || !idem_core_required(call, "key", &key, "path", &path, NULL))
+        struct idem_call *call = idem_core_open(in, "key", &key, "path", &path, NULL);
+        if (!call)
                 return;
         json_t *sv = json_object_get(call->args, "stream");
         if (sv && !json_is_boolean(sv)) {
