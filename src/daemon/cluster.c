@@ -268,6 +268,14 @@ struct pgstore *cluster_thread_store(struct daemon *d, int *ret_err)
         return s;
 }
 
+struct pgstore *cluster_thread_store_why(struct daemon *d, int *ret_err, char *why, size_t len)
+{
+        struct pgstore *s = cluster_thread_store(d, ret_err);
+        if (!s)
+                snprintf(why, len, "%s", cluster_thread_error());
+        return s;
+}
+
 void cluster_thread_done(void)
 {
         struct cluster *c = tls_cluster;
@@ -1244,9 +1252,9 @@ static void park_work(void *arg)
         struct park_job *pj = arg;
         struct mandate *m = pj->m;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(m->d, &r);
+        struct pgstore *s = cluster_thread_store_why(m->d, &r, CM(m)->db_error,
+                                                     sizeof CM(m)->db_error);
         if (!s) {
-                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", cluster_thread_error());
                 pj->err = r;
                 return;
         }
@@ -1374,10 +1382,9 @@ static void take_work(void *arg)
         struct take_job *tj = arg;
         struct cluster *c = tj->c;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(c->d, &r);
+        struct pgstore *s = cluster_thread_store_why(c->d, &r, tj->detail, sizeof tj->detail);
         if (!s) {
                 tj->err = r;
-                snprintf(tj->detail, sizeof tj->detail, "%s", cluster_thread_error());
                 return;
         }
         int64_t epoch = 0;
@@ -1829,9 +1836,9 @@ json_t *pgd_status(struct daemon *d)
 static int finish_as(struct mandate *m, const char *status)
 {
         int r = 0;
-        struct pgstore *s = cluster_thread_store(m->d, &r);
+        struct pgstore *s = cluster_thread_store_why(m->d, &r, CM(m)->db_error,
+                                                     sizeof CM(m)->db_error);
         if (!s) {
-                snprintf(CM(m)->db_error, sizeof CM(m)->db_error, "%s", cluster_thread_error());
                 return r;
         }
         r = pgstore_mandate_finish(s, m->id, m->epoch, status);

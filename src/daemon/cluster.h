@@ -93,6 +93,8 @@ void cluster_thread_failed(struct pgstore *s, int r, char *buf, size_t len);
 /* Why cluster_thread_store last failed on this thread (the database's
  * words when it gave any). */
 const char *cluster_thread_error(void);
+/* cluster_thread_store, and on failure cluster_thread_error() in why. */
+struct pgstore *cluster_thread_store_why(struct daemon *d, int *ret_err, char *why, size_t len);
 /* The end of a pool thread's job: the connection it was lent, if any, goes
  * back to the node's pool.  Called by every job runner (serialq, ...). */
 void cluster_thread_done(void);

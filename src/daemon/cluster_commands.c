@@ -108,10 +108,9 @@ static void list_work(void *arg)
 {
         struct list_job *j = arg;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(j->d, &r);
+        struct pgstore *s = cluster_thread_store_why(j->d, &r, j->errmsg, sizeof j->errmsg);
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         if (j->after) {
@@ -392,14 +391,13 @@ static void show_work(void *arg)
 {
         struct show_job *j = arg;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(j->d, &r);
+        struct pgstore *s = cluster_thread_store_why(j->d, &r, j->errmsg, sizeof j->errmsg);
         struct kbuf b = KBUF_INIT;
         struct fold *f = NULL;
         struct pgstore_idem_row *calls = NULL;
         size_t ncalls = 0;
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         struct pgstore_mandate_filter mf = { .since_ms = -1, .mandate_id = j->id };
@@ -594,13 +592,12 @@ static void retry_work(void *arg)
 {
         struct retry_job *j = arg;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(j->d, &r);
+        struct pgstore *s = cluster_thread_store_why(j->d, &r, j->errmsg, sizeof j->errmsg);
         struct pgstore_mandate_row *row = NULL;
         size_t nrow = 0;
         int64_t fired_ms;
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         if (j->remote) {
@@ -704,12 +701,11 @@ static void fold_work(void *arg)
 {
         struct fold_job *j = arg;
         int r = 0;
-        struct pgstore *s = cluster_thread_store(j->d, &r);
+        struct pgstore *s = cluster_thread_store_why(j->d, &r, j->errmsg, sizeof j->errmsg);
         struct kbuf b = KBUF_INIT;
         int64_t nrows = 0;
         if (!s) {
                 j->err = r;
-                snprintf(j->errmsg, sizeof j->errmsg, "%s", cluster_thread_error());
                 return;
         }
         if ((r = pgstore_wal_read(s, j->id, &b, &nrows)) < 0) {
