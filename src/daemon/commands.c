@@ -656,10 +656,7 @@ static void submit_op(struct control_request *req, struct mandate *m, enum op_ki
         struct mandate_op *op = calloc(1, sizeof(*op));
         if (!op || (reason && !(op->reason = strdup(reason))) ||
             (step && !(op->step = strdup(step)))) {
-                if (op) {
-                        free(op->reason);
-                        free(op);
-                }
+                op_free(op);
                 control_reply_error(req, "internal", "out of memory");
                 return;
         }
@@ -671,7 +668,7 @@ static void submit_op(struct control_request *req, struct mandate *m, enum op_ki
         m->busy++;
         if (serialq_submit(&m->q, op_work, op_done, op) < 0) {
                 m->busy--;
-                FREE_ALL(op->reason, op->step, op);
+                op_free(op);
                 control_reply_error(req, "internal", "out of memory");
         }
 }
