@@ -24,3 +24,11 @@ static inline void kmem_free_each(const void *const *p, size_t n)
         ((size_t)(v) < sizeof(names) / sizeof((names)[0]) && (names)[(size_t)(v)]            \
                  ? (names)[(size_t)(v)]                                                        \
                  : (dflt))
+
+/* Free the first n strings of v, then v (v may be NULL). */
+static inline void kmem_free_strv(char **v, size_t n)
+{
+        for (size_t i = 0; v && i < n; i++)
+                free(v[i]);
+        free(v);
+}

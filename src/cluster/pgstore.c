@@ -820,9 +820,7 @@ int pgstore_tick_retries_of(struct pgstore *s, const char *schedule, int64_t fir
 
 void pgstore_strings_free(char **v, size_t n)
 {
-        for (size_t i = 0; v && i < n; i++)
-                free(v[i]);
-        free(v);
+        kmem_free_strv(v, n);
 }
 
 int pgstore_lease_renew(struct pgstore *s, const char *mandate_id, const char *node,

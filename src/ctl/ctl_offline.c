@@ -707,9 +707,7 @@ static int list_wals(const char *dir, char ***out, size_t *count)
         }
         closedir(d);
         if (r < 0) {
-                for (size_t i = 0; i < n; i++)
-                        free(names[i]);
-                free(names);
+                kmem_free_strv(names, n);
                 return r;
         }
         if (n)
@@ -1391,9 +1389,7 @@ int ctl_cmd_recover(const struct ctl_opts *o, int argc, char **argv)
                 r = CTL_EXIT_NOINPUT;
 out:
         json_decref(jfiles);
-        for (size_t i = 0; i < n; i++)
-                free(names[i]);
-        free(names);
+        kmem_free_strv(names, n);
         free(waldir);
         evidence_index_free(re.ix);
         config_free(cfg);

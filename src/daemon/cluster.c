@@ -1749,9 +1749,7 @@ void pgd_free(struct daemon *d)
         pgstore_node_rows_free(c->nodes, c->nnodes);
         for (size_t i = 0; i < c->nstores; i++)
                 pgstore_close(c->stores[i]);
-        for (size_t i = 0; i < c->nunlink; i++)
-                free(c->unlink[i]);
-        free(c->unlink);
+        kmem_free_strv(c->unlink, c->nunlink);
         for (size_t i = 0; i < c->ntaking; i++)
                 free(c->taking[i]);
         while (c->waiters) {

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "kairos/kbuf.h"
+#include "kairos/kmem.h"
 #include "kairos/strmap.h"
 
 struct mandate_calls {
@@ -299,9 +300,7 @@ void evidence_mandate_release(struct evidence_mandate *em)
 {
         if (!em)
                 return;
-        for (size_t i = 0; i < em->n; i++)
-                free(em->json[i]);
-        free(em->json);
+        kmem_free_strv(em->json, em->n);
         free(em->steps);
         *em = (struct evidence_mandate){ 0 };
 }
