@@ -70,9 +70,7 @@ void config_errors_free(struct config_errors *e)
 {
         if (!e)
                 return;
-        for (size_t i = 0; i < e->n; i++)
-                free(e->msgs[i]);
-        free(e->msgs);
+        kmem_free_strv(e->msgs, e->n);
         e->msgs = NULL;
         e->n = 0;
 }
@@ -1228,9 +1226,7 @@ static void set_path_list(struct parser *p, unsigned line, const struct key_def 
                 add[i] = NULL;
         }
 out:
-        for (size_t i = 0; i < nadd; i++)
-                free(add[i]);
-        free(add);
+        kmem_free_strv(add, nadd);
 }
 
 /* An argument like {kairos:{done:true}} from Reflect=/bin/echo {"kairos":...}:
@@ -2391,48 +2387,6 @@ static int load_main_file(struct config *c, const char *path, struct errctx *ec,
         return 0;
 }
 
-static char *schedules_dir_of(const char *path);
-
-/* A new, empty configuration read from path (and its schedules' folder
- * beside it when with_schedules): NULL when out of memory. */
-static struct config *config_of(const char *path, bool with_schedules)
-{
-        struct config *c = config_new();
-        if (!c)
-                return NULL;
-        c->config_path = strdup(path);
-        if (with_schedules)
-                c->schedules_dir = schedules_dir_of(path);
-        if (!c->config_path || (with_schedules && !c->schedules_dir)) {
-                config_free(c);
-                return NULL;
-        }
-        return c;
-}
-
-int config_parse_main(const char *path, const char *text, size_t len, struct config **out,
-                      struct config_errors *errs)
-{
-        if (!path || (!text && len) || !out)
-                return -EINVAL;
-        *out = NULL;
-        struct errctx ec = { .errs = errs };
-        struct config *c = config_of(path, false);
-        if (!c)
-                return -ENOMEM;
-        struct key_origin cluster[CLUSTER_KEYS] = { 0 };
-        parse_main_text(c, path, text ? text : "", len, &ec, cluster);
-        if (!ec.oom)
-                cluster_finish(c, cluster, &ec);
-        origins_free(cluster);
-        if (ec.oom || ec.n > 0) {
-                config_free(c);
-                return ec.oom ? -ENOMEM : -EINVAL;
-        }
-        *out = c;
-        return 0;
-}
-
 static void load_dropins(struct config *c, const char *path, struct errctx *ec,
                          struct key_origin *cluster)
 {
@@ -2544,19 +2498,32 @@ out:
         config_strv_free(names);
 }
 
-static int load(const char *path, const char *state_dir, bool main_only, struct config **out,
-                struct config_errors *errs)
+/* The configuration at path: its main file (or, text given, that text for
+ * it and nothing else read), its drop-ins, its schedules unless main_only. */
+static int load(const char *path, const char *text, size_t len, const char *state_dir,
+                bool main_only, struct config **out, struct config_errors *errs)
 {
-        if (!path || !path[0] || !out || (state_dir && !state_dir[0]))
+        if (!path || !out || (!text && (!path[0] || (state_dir && !state_dir[0]))))
                 return -EINVAL;
         *out = NULL;
         struct errctx ec = { .errs = errs };
-        struct config *c = config_of(path, true);
+        struct config *c = config_new();
         if (!c)
                 return -ENOMEM;
+        c->config_path = strdup(path);
+        if (!text)
+                c->schedules_dir = schedules_dir_of(path);
+        if (!c->config_path || (!text && !c->schedules_dir)) {
+                config_free(c);
+                return -ENOMEM;
+        }
         struct key_origin cluster[CLUSTER_KEYS] = { 0 };
-        int rmain = load_main_file(c, path, &ec, cluster);
-        if (!ec.oom)
+        int rmain = 0;
+        if (text)
+                parse_main_text(c, path, text, len, &ec, cluster);
+        else
+                rmain = load_main_file(c, path, &ec, cluster);
+        if (!ec.oom && !text)
                 load_dropins(c, path, &ec, cluster);
         if (!ec.oom && rmain == 0)
                 cluster_finish(c, cluster, &ec);
@@ -2587,11 +2554,19 @@ static int load(const char *path, const char *state_dir, bool main_only, struct 
 int config_load(const char *path, const char *state_dir, struct config **out,
                 struct config_errors *errs)
 {
-        return load(path, state_dir, false, out, errs);
+        return load(path, NULL, 0, state_dir, false, out, errs);
 }
 
 int config_load_main_only(const char *path, const char *state_dir, struct config **out,
                           struct config_errors *errs)
 {
-        return load(path, state_dir, true, out, errs);
+        return load(path, NULL, 0, state_dir, true, out, errs);
+}
+
+int config_parse_main(const char *path, const char *text, size_t len, struct config **out,
+                      struct config_errors *errs)
+{
+        if (!text && len)
+                return -EINVAL;
+        return load(path, text ? text : "", len, NULL, true, out, errs);
 }
