@@ -468,6 +468,19 @@ out:
         kbuf_free(&b);
 }
 
+/* A database job on mandate id that failed (err), answered through to:
+ * not_found, or cluster_unavailable "cannot WHAT mandate ID: WHY". */
+static bool job_failed(struct op_reply *to, int err, const char *id, const char *what,
+                       const char *why)
+{
+        if (err == -ENOENT)
+                op_reply_error(to, "not_found", "no mandate %s", id);
+        else if (err)
+                op_reply_error(to, "cluster_unavailable", "cannot %s mandate %s: %s", what, id,
+                               why);
+        return err != 0;
+}
+
 static void show_error(void *ctx, const struct op_result *r)
 {
         struct show_job *j = ctx;
@@ -478,15 +491,9 @@ static void show_done(void *arg)
 {
         struct show_job *j = arg;
         struct op_reply to = { .done = show_error, .ctx = j };
-        if (j->err == -ENOENT) {
-                op_reply_error(&to, "not_found", "no mandate %s", j->id);
+        if (job_failed(&to, j->err ? j->err : j->result ? 0 : -ENOMEM, j->id, "read",
+                       j->err ? j->errmsg : "out of memory"))
                 goto out;
-        }
-        if (j->err || !j->result) {
-                op_reply_error(&to, "cluster_unavailable", "cannot read mandate %s: %s", j->id,
-                               j->err ? j->errmsg : "out of memory");
-                goto out;
-        }
         const struct pgstore_mandate_row *r = &j->row[0];
         /* a paused mandate with a step under review is what its owner
          * called paused_review */
@@ -639,15 +646,8 @@ static void retry_done(void *arg)
 {
         struct retry_job *j = arg;
         struct op_reply to = { .done = retry_error, .ctx = j };
-        if (j->err == -ENOENT) {
-                op_reply_error(&to, "not_found", "no mandate %s", j->id);
+        if (job_failed(&to, j->err, j->id, "retry", j->errmsg))
                 goto out;
-        }
-        if (j->err) {
-                op_reply_error(&to, "cluster_unavailable", "cannot retry mandate %s: %s", j->id,
-                               j->errmsg);
-                goto out;
-        }
         struct opreads_tick t = { .id = j->id, .last = j->last };
         if (j->remote) {
                 bool unfinished = strcmp(j->status, "running") == 0 ||
