@@ -43,6 +43,14 @@
 
 /* ---- helpers ---------------------------------------------------------- */
 
+/* Exactly one argument (what) after the options: 0, or the usage error. */
+static int want_one(const char *cmd, int npos, const char *what)
+{
+        if (npos == 1)
+                return 0;
+        return ctl_usage_error(npos ? "%s: expected only %s" : "%s: missing %s", cmd, what);
+}
+
 static json_t *b64_json(const void *data, size_t len)
 {
         size_t n = sodium_base64_ENCODED_LEN(len, sodium_base64_VARIANT_ORIGINAL);
@@ -112,20 +120,26 @@ static int refuse_unexpanded_key(const char *cmd, const char *key)
  * mandate at (KAIROS_EPOCH); tool run and tool write pass it on, and kairosd
  * refuses ("fenced") a call whose mandate is at another epoch, or no longer
  * on that node.  Sets args.epoch; 0, or a usage error's exit status for a
- * KAIROS_EPOCH that is not a positive integer. */
+ * KAIROS_EPOCH that is not a positive integer (args freed then; args NULL:
+ * out of memory). */
 static int add_epoch(json_t *args)
 {
         const char *env = getenv("KAIROS_EPOCH");
+        int status = 0;
+        if (!args)
+                return ctl_error(CTL_EXIT_OSERR, "out of memory");
         if (!env || !*env)
                 return 0;
         char *end;
         errno = 0;
         long long v = strtoll(env, &end, 10);
         if (errno || *end || v < 1 || env[0] < '0' || env[0] > '9')
-                return ctl_usage_error("KAIROS_EPOCH: not a positive integer: '%s'", env);
-        return json_object_set_new(args, "epoch", json_integer(v)) == 0
-                       ? 0
-                       : ctl_error(CTL_EXIT_OSERR, "out of memory");
+                status = ctl_usage_error("KAIROS_EPOCH: not a positive integer: '%s'", env);
+        else if (json_object_set_new(args, "epoch", json_integer(v)) < 0)
+                status = ctl_error(CTL_EXIT_OSERR, "out of memory");
+        if (status)
+                json_decref(args);
+        return status;
 }
 
 /* The daemon said no to a claim: in_progress / interrupted / store_full →
@@ -593,13 +607,8 @@ int ctl_cmd_tool_run(const struct ctl_opts *o, int argc, char **argv)
                 json_decref(begin);
                 begin = NULL;
         }
-        if (!begin)
-                return ctl_error(CTL_EXIT_OSERR, "out of memory");
-        status = add_epoch(begin);
-        if (status) {
-                json_decref(begin);
+        if ((status = add_epoch(begin)))
                 return status;
-        }
         status = ctl_session_open(o, &s);
         if (status != CTL_EXIT_OK) {
                 json_decref(begin);
@@ -742,13 +751,8 @@ static int write_call(const struct ctl_opts *o, struct ctl_session *s, const cha
         json_t *err = NULL;
         int status;
         *ret_res = NULL;
-        if (!args)
-                return ctl_error(CTL_EXIT_OSERR, "out of memory");
-        status = add_epoch(args);
-        if (status) {
-                json_decref(args);
+        if ((status = add_epoch(args)))
                 return status;
-        }
         status = ctl_session_call(s, method, args, ret_res, &err);
         if (status == CTL_EXIT_REFUSED) {
                 const char *code = jstr(err, "code");
@@ -779,11 +783,10 @@ int ctl_cmd_tool_write(const struct ctl_opts *o, int argc, char **argv)
         int npos, status;
 
         status = ctl_parse_options("tool write", argc, argv, opts, &npos);
+        if (status == 0)
+                status = want_one("tool write", npos, "PATH");
         if (status)
                 return status;
-        if (npos != 1)
-                return ctl_usage_error(npos ? "tool write: expected only PATH"
-                                            : "tool write: missing PATH");
         key = pick_key(key);
         if (!key || !*key)
                 return ctl_usage_error("tool write needs --key K (or $KAIROS_IDEM_KEY)");
@@ -996,11 +999,10 @@ int ctl_cmd_idem_get(const struct ctl_opts *o, int argc, char **argv)
 {
         int npos, r = ctl_parse_options("idem get", argc, argv, NULL, &npos);
 
+        if (r == 0)
+                r = want_one("idem get", npos, "KEY");
         if (r)
                 return r;
-        if (npos != 1)
-                return ctl_usage_error(npos ? "idem get: expected only KEY"
-                                            : "idem get: missing KEY");
         return call_print(o, "idem-get", json_pack("{s:s}", "key", argv[0]), text_get);
 }
 
@@ -1018,11 +1020,10 @@ int ctl_cmd_idem_forget(const struct ctl_opts *o, int argc, char **argv)
         const struct ctl_option opts[] = { { "reason", true, &reason, NULL }, { NULL } };
         int npos, r = ctl_parse_options("idem forget", argc, argv, opts, &npos);
 
+        if (r == 0)
+                r = want_one("idem forget", npos, "KEY");
         if (r)
                 return r;
-        if (npos != 1)
-                return ctl_usage_error(npos ? "idem forget: expected only KEY"
-                                            : "idem forget: missing KEY");
         if (!reason || !*reason)
                 return ctl_usage_error("idem forget: --reason TEXT is required (why it is safe)");
         return call_print(o, "idem-forget", json_pack("{s:s, s:s}", "key", argv[0], "reason",
