@@ -124,7 +124,7 @@ static bool pg_finished_before(struct pgstore *s, const struct pg_job *j)
         return found;
 }
 
-static void pg_work_run(uv_work_t *w)
+static void pg_work(uv_work_t *w)
 {
         struct pg_job *j = w->data;
         struct pgstore *s;
@@ -132,7 +132,7 @@ static void pg_work_run(uv_work_t *w)
         bool repeated = false;
         for (unsigned tries = 0;; tries++) {
                 if (!(s = pg_reach(j)))
-                        return;
+                        goto out;
                 switch (j->op) {
                 case PG_CLAIM:
                         r = pgstore_idem_claim(s, j->key, j->tool, j->fp, j->mandate, j->epoch,
@@ -167,11 +167,7 @@ static void pg_work_run(uv_work_t *w)
         j->r = r;
         if (r < 0)
                 cluster_thread_failed(s, r, j->err, sizeof j->err);
-}
-
-static void pg_work(uv_work_t *w)
-{
-        pg_work_run(w);
+out:
         cluster_thread_done();  /* its connection goes back to the pool */
 }
 

@@ -89,7 +89,7 @@ static void db_job_free(struct db_job *j)
 
 /* Pool thread: one connection (lent for the job), every schedule in turn; the
  * first failure ends the round (the rest waits for the next). */
-static void db_work_run(uv_work_t *w)
+static void db_work(uv_work_t *w)
 {
         struct db_job *j = w->data;
         int r = 0;
@@ -97,7 +97,7 @@ static void db_work_run(uv_work_t *w)
         if (!s) {
                 j->r = r < 0 ? r : -EIO;
                 snprintf(j->err, sizeof j->err, "cannot connect: %s", cluster_thread_error());
-                return;
+                goto out;
         }
         for (size_t i = 0; i < j->n && r == 0; i++) {
                 struct db_item *it = &j->items[i];
@@ -135,11 +135,7 @@ static void db_work_run(uv_work_t *w)
         j->r = r;
         if (r < 0)
                 cluster_thread_failed(s, r, j->err, sizeof j->err);
-}
-
-static void db_work(uv_work_t *w)
-{
-        db_work_run(w);
+out:
         cluster_thread_done();  /* its connection goes back to the pool */
 }
 
