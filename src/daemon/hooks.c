@@ -95,14 +95,10 @@ static void foldpage_free(struct hook_fold *f)
 static void hook_free(struct hook_run *run)
 {
         foldpage_free(run->fold);
-        free(run->label);
-        free(run->mandate);
         config_strv_free(run->argv);
         config_strv_free(run->env);
-        free(run->cwd);
-        free(run->doc);
         child_free(&run->child);
-        free(run);
+        FREE_ALL(run->label, run->mandate, run->cwd, run->doc, run);
 }
 
 static void start_next(struct hooks *h);
