@@ -650,6 +650,20 @@ static struct mandate *arg_mandate_at(struct control_request *req, const char **
         return m;
 }
 
+/* A string argument that is absent (when not required) or not empty:
+ * false after replying bad_argument. */
+static bool arg_text(struct control_request *req, const char *name, bool required,
+                     const char **ret)
+{
+        bool failed;
+        *ret = control_arg_string(req, name, required, &failed);
+        if (!failed && *ret && !**ret) {
+                control_reply_error(req, "bad_argument", "args.%s: must not be empty", name);
+                failed = true;
+        }
+        return !failed;
+}
+
 static void submit_op(struct control_request *req, struct mandate *m, enum op_kind kind,
                       enum resolve_mode mode, const char *reason, const char *step)
 {
@@ -808,27 +822,45 @@ static bool schedule_pause(struct control_request *req, bool pause)
         return true;
 }
 
-static void cmd_pause(struct control_request *req)
+/* The mandate a pause or cancel changes, with its reason (arg_text): NULL
+ * after replying, or after a mandate of no node here went to remote_take
+ * (taken here first, then the command runs again; or busy, naming the
+ * node that runs it). */
+static struct mandate *arg_own_mandate(struct control_request *req, bool reason_required,
+                                       const char **ret_reason)
 {
-        bool failed;
-        if (schedule_pause(req, true))
-                return;
         const char *remote;
         struct mandate *m = arg_mandate_at(req, &remote);
-        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
-                return;
-        const char *reason = control_arg_string(req, "reason", false, &failed);
-        if (failed)
-                return;
-        if (reason && !*reason) {
-                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
-                return;
-        }
-        if (remote) {
-                /* as cancel: taken here first, or busy naming its node */
+        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)) ||
+            !arg_text(req, "reason", reason_required, ret_reason))
+                return NULL;
+        if (remote)
                 remote_take(req, remote);
+        return remote ? NULL : m;
+}
+
+/* The mandate a resume or approve changes: NULL after replying, or after
+ * a mandate of no node here went to remote_take (taken here, then the
+ * command runs again). */
+static struct mandate *arg_held_mandate(struct control_request *req)
+{
+        const char *remote;
+        struct mandate *m = arg_mandate_at(req, &remote);
+        if (remote && !refuse_if_stopping(req))
+                remote_take(req, remote);
+        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+                return NULL;
+        return m;
+}
+
+static void cmd_pause(struct control_request *req)
+{
+        if (schedule_pause(req, true))
                 return;
-        }
+        const char *reason;
+        struct mandate *m = arg_own_mandate(req, false, &reason);
+        if (!m)
+                return;
         if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||
             m->status == MANDATE_PROBING || is_final(m->status)) {
                 control_reply_error(req, "conflict", "mandate %s is %s: cannot pause it", m->id,
@@ -840,24 +872,10 @@ static void cmd_pause(struct control_request *req)
 
 static void cmd_cancel(struct control_request *req)
 {
-        bool failed;
-        const char *remote;
-        struct mandate *m = arg_mandate_at(req, &remote);
-        if ((!m && !remote) || refuse_if_stopping(req) || (m && refuse_unwritable(req, m)))
+        const char *reason;
+        struct mandate *m = arg_own_mandate(req, true, &reason);
+        if (!m)
                 return;
-        const char *reason = control_arg_string(req, "reason", true, &failed);
-        if (failed)
-                return;
-        if (!*reason) {
-                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
-                return;
-        }
-        if (remote) {
-                /* a mandate no node holds (paused) is taken here first;
-                 * one running elsewhere is busy */
-                remote_take(req, remote);
-                return;
-        }
         if (is_final(m->status)) {
                 control_reply_error(req, "conflict", "mandate %s is %s: nothing to cancel", m->id,
                                     mandate_status_name(m->status));
@@ -875,11 +893,8 @@ static void cmd_resume(struct control_request *req)
 {
         if (schedule_pause(req, false))
                 return;
-        const char *remote;
-        struct mandate *m = arg_mandate_at(req, &remote);
-        if (remote && !refuse_if_stopping(req))
-                remote_take(req, remote);
-        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+        struct mandate *m = arg_held_mandate(req);
+        if (!m)
                 return;
         if (req->taken_remote && m->status != MANDATE_PAUSED &&
             m->status != MANDATE_PAUSED_REVIEW && m->status != MANDATE_AWAITING_APPROVAL) {
@@ -1250,25 +1265,13 @@ static void retry_tick(void *ctx, const struct op_result *err, const struct opre
  * asked first for the tick's retries (opreads.h: tick). */
 static void cmd_retry(struct control_request *req)
 {
-        bool failed;
         const char *remote = NULL;
         struct mandate *m = arg_mandate_at(req, &remote);
         if ((!m && !remote) || refuse_if_stopping(req))
                 return;
-        const char *reason = control_arg_string(req, "reason", false, &failed);
-        if (failed)
+        const char *reason, *from;
+        if (!arg_text(req, "reason", false, &reason) || !arg_text(req, "from", false, &from))
                 return;
-        if (reason && !*reason) {
-                control_reply_error(req, "bad_argument", "args.reason: must not be empty");
-                return;
-        }
-        const char *from = control_arg_string(req, "from", false, &failed);
-        if (failed)
-                return;
-        if (from && !*from) {
-                control_reply_error(req, "bad_argument", "args.from: must not be empty");
-                return;
-        }
         if (req->d->opreads->tick(req->d, m ? m->id : remote, !m, m ? m->schedule : NULL,
                                   m ? m->fired_at : NULL, retry_tick, req) < 0)
                 control_reply_error(req, "internal", "out of memory");
@@ -1464,17 +1467,15 @@ static void cmd_backfill(struct control_request *req)
                 return;
         }
         struct backfill *b = calloc(1, sizeof(*b));
-        if (!b || !(b->schedule = strdup(schedule)) || !(b->out = json_array())) {
-                if (b)
-                        free(b->schedule);
-                free(b);
-                free(ticks);
+        char *name = strdup(schedule);
+        json_t *out = json_array();
+        if (!b || !name || !out) {
+                json_decref(out);
+                FREE_ALL(b, name, ticks);
                 control_reply_error(req, "internal", "out of memory");
                 return;
         }
-        b->req = req;
-        b->ticks = ticks;
-        b->n = n;
+        *b = (struct backfill){ .req = req, .schedule = name, .ticks = ticks, .n = n, .out = out };
         log_event(LOG_NOTICE, MSGID_OPERATOR, LOG_FIELDS({ "SCHEDULE", schedule }),
                   "schedule %s: backfill of %zu tick%s in [%s, %s]", schedule, n,
                   n == 1 ? "" : "s", json_string_value(json_object_get(req->args, "from")),
@@ -1484,11 +1485,8 @@ static void cmd_backfill(struct control_request *req)
 
 static void cmd_approve(struct control_request *req)
 {
-        const char *remote;
-        struct mandate *m = arg_mandate_at(req, &remote);
-        if (remote && !refuse_if_stopping(req))
-                remote_take(req, remote);
-        if (!m || refuse_if_stopping(req) || refuse_unwritable(req, m))
+        struct mandate *m = arg_held_mandate(req);
+        if (!m)
                 return;
         if (m->status != MANDATE_AWAITING_APPROVAL) {
                 control_reply_error(req, "conflict", "mandate %s is %s, not awaiting approval",
