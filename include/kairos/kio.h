@@ -30,6 +30,10 @@ struct kio {
         /* open name relative to the directory dirfd (openat); NULL: not
          * offered (the caller opens the whole path with open) */
         int (*openat)(void *ctx, int dirfd, const char *name, int flags, mode_t mode);
+        /* rename, never over an existing to (-EEXIST; renameat2
+         * RENAME_NOREPLACE); -EINVAL where the file system refuses the
+         * flag; NULL: not offered */
+        int (*rename_noreplace)(void *ctx, const char *from, const char *to);
 };
 
 /* The real thing: plain POSIX calls, EINTR retried. */

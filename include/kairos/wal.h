@@ -312,8 +312,9 @@ void wal_spares_covered(struct wal_spares *s, uint64_t mark, int r);
 /* Spares that are durable / not yet. */
 unsigned wal_spares_durable(const struct wal_spares *s);
 unsigned wal_spares_pending(const struct wal_spares *s);
-/* Rename a durable spare to path (in the pool's directory; no sync).
- * -ENOENT: none is durable. */
+/* Rename a durable spare to path (in the pool's directory; no sync),
+ * never over a file named path: -EEXIST then (the spare kept).  -ENOENT:
+ * none is durable. */
 int wal_spares_take(struct wal_spares *s, const char *path);
 
 /* What wal_spare_adopt found in a spare. */
@@ -323,11 +324,16 @@ enum wal_spare_found {
                                * flushed, never acknowledged): unlinked */
         WAL_SPARE_ADOPTED,    /* renamed to <mandate>.wal.jsonl: a new WAL
                                * whose rename a crash undid */
-        WAL_SPARE_UNNAMED,    /* bytes but no record naming a mandate: left */
+        WAL_SPARE_UNNAMED,    /* bytes but no record naming a mandate (or a
+                               * first line longer than any record): left */
         WAL_SPARE_CONFLICT,   /* <mandate>.wal.jsonl exists too: left, never merged */
+        WAL_SPARE_NOT_FILE,   /* no regular file of one name (a symbolic link,
+                               * FIFO, directory, device, hard link): never
+                               * opened to read or write, left */
 };
-/* Read the spare dir/name and settle it as above; *ret_id (idlen bytes)
- * receives the mandate it names (ADOPTED, CONFLICT).  The rename is not
+/* Read the spare dir/name (its first line only) and settle it as above;
+ * *ret_id (idlen bytes) receives the mandate it names (ADOPTED,
+ * CONFLICT); a WAL made meanwhile is never replaced.  The rename is not
  * synced: the caller fsyncs dir once after every adoption, before any
  * record is appended to the adopted files' new names. */
 int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,

@@ -267,6 +267,11 @@ static int spare_settle(struct daemon *d, const char *name, char *ret_id, size_t
                 log_error("%s/%s: a spare WAL file with bytes but no record naming a mandate: "
                           "left as it is (kairosctl wal verify %s/%s)", dir, name, dir, name);
                 return 0;
+        case WAL_SPARE_NOT_FILE:
+                log_error("%s/%s: a spare WAL file's name on no regular file of its own (a "
+                          "symbolic link, FIFO, directory, device or second link): never "
+                          "used, left as it is; remove it", dir, name);
+                return 0;
         case WAL_SPARE_CONFLICT:
                 log_error("%s/%s holds records of mandate %s, whose WAL %s/%s%s exists too: "
                           "both left as they are, never merged; compare them (kairosctl wal "

@@ -98,6 +98,16 @@ static int posix_rename(void *ctx, const char *from, const char *to)
         return r < 0 ? -errno : 0;
 }
 
+static int posix_rename_noreplace(void *ctx, const char *from, const char *to)
+{
+        (void)ctx;
+        int r;
+        do
+                r = renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : 0;
+}
+
 static int posix_unlink(void *ctx, const char *path)
 {
         (void)ctx;
@@ -160,6 +170,7 @@ static const struct kio kio_posix_impl = {
         .syncfs = posix_syncfs,
         .ctx = NULL,
         .openat = posix_openat,
+        .rename_noreplace = posix_rename_noreplace,
 };
 
 const struct kio *kio_posix(void)

@@ -628,25 +628,50 @@ unsigned wal_spares_pending(const struct wal_spares *s)
         return spares_count(s, false);
 }
 
+/* Rename from to to, never over a file named to (-EEXIST): by the
+ * kernel where io and the file system offer it, else a look first (a file
+ * made in between is replaced: only where neither offers it). */
+static int rename_noreplace(const struct kio *io, const char *from, const char *to)
+{
+        if (io->rename_noreplace) {
+                int r = io->rename_noreplace(io->ctx, from, to);
+                if (r != -EINVAL && r != -ENOSYS)
+                        return r;
+        }
+        struct stat st;
+        if (lstat(to, &st) == 0)
+                return -EEXIST;
+        if (errno != ENOENT)
+                return -errno;
+        return io->rename(io->ctx, from, to);
+}
+
 int wal_spares_take(struct wal_spares *s, const char *path)
 {
         if (!s || !path)
                 return -EINVAL;
-        char name[SPARE_NAME_MAX] = "";
+        struct spare sp = { .name = "" };
         pthread_mutex_lock(&s->lock);
         for (unsigned i = s->n; i-- > 0;)
                 if (s->v[i].durable) {
-                        memcpy(name, s->v[i].name, sizeof name);
+                        sp = s->v[i];
                         s->v[i] = s->v[--s->n];
                         break;
                 }
         pthread_mutex_unlock(&s->lock);
-        if (!*name)
+        if (!*sp.name)
                 return -ENOENT;
         char from[PATH_MAX];
-        int r = spare_path(s, name, from, sizeof from);
+        int r = spare_path(s, sp.name, from, sizeof from);
         if (r == 0)
-                r = s->io->rename(s->io->ctx, from, path);
+                r = rename_noreplace(s->io, from, path);
+        if (r == -EEXIST) {
+                /* path is taken: the spare stays one */
+                pthread_mutex_lock(&s->lock);
+                if (s->n < s->max)
+                        s->v[s->n++] = sp;
+                pthread_mutex_unlock(&s->lock);
+        }
         return r;
 }
 
@@ -657,6 +682,63 @@ static bool id_is_name(const char *id, size_t idlen)
         if (n == 0 || n >= idlen || n + strlen(STATEDIR_WAL_SUFFIX) >= 256 || id[0] == '.')
                 return false;
         return strchr(id, '/') == NULL;
+}
+
+/* The first line of a spare, read to tell what it holds: at most this
+ * many bytes (a first record names who fired a mandate: far smaller).  A
+ * longer line is no record kairosd began, torn or not: left as it is. */
+#define SPARE_PEEK_MAX (16u * 1024 * 1024)
+
+/* The first line of the regular file path (opened without following a
+ * link, without blocking on a FIFO) onto b: *ret_file false if it is no
+ * regular file of one name (a link, a FIFO, a directory, a device, a file
+ * with a second name elsewhere: never read, never a WAL); *ret_long if no
+ * newline came in SPARE_PEEK_MAX bytes. */
+static int spare_first_line(const char *path, struct kbuf *b, bool *ret_file, bool *ret_long)
+{
+        *ret_file = false;
+        *ret_long = false;
+        int fd;
+        do
+                fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+                return errno == ELOOP ? 0 : -errno; /* ELOOP: a symbolic link */
+        struct stat st;
+        int r = fstat(fd, &st) < 0 ? -errno : 0;
+        if (r < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)
+                goto out;
+        *ret_file = true;
+        for (;;) {
+                if ((r = kbuf_reserve(b, 64 * 1024)) < 0)
+                        goto out;
+                size_t room = b->cap - b->len - 1;
+                if (room > SPARE_PEEK_MAX - b->len)
+                        room = SPARE_PEEK_MAX - b->len;
+                ssize_t k = read(fd, b->data + b->len, room);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0) {
+                        r = -errno;
+                        goto out;
+                }
+                const char *nl = memchr(b->data + b->len, '\n', (size_t)k);
+                if (nl) {
+                        b->len = (size_t)(nl - b->data) + 1;
+                        break;
+                }
+                b->len += (size_t)k;
+                if (k == 0)
+                        break;
+                if (b->len >= SPARE_PEEK_MAX) {
+                        *ret_long = true;
+                        break;
+                }
+        }
+        b->data[b->len] = '\0';
+out:
+        close(fd);
+        return r;
 }
 
 int wal_spare_peek(const char *dir, const char *name, enum wal_spare_found *ret_found,
@@ -670,25 +752,33 @@ int wal_spare_peek(const char *dir, const char *name, enum wal_spare_found *ret_
         int len = snprintf(path, sizeof path, "%s/%s", dir, name);
         if (len < 0 || (size_t)len >= sizeof path)
                 return -ENAMETOOLONG;
-        char *data = NULL;
-        size_t n = 0;
+        struct kbuf b = KBUF_INIT;
         struct fold *f = NULL;
-        int r = kio_read_file(path, 0, 0, &data, &n);
+        bool file, toolong;
+        int r = spare_first_line(path, &b, &file, &toolong);
         if (r < 0)
                 goto out;
-        if (n == 0) {
+        if (!file) {
+                *ret_found = WAL_SPARE_NOT_FILE;
+                goto out;
+        }
+        if (b.len == 0) {
                 *ret_found = WAL_SPARE_EMPTY;
                 goto out;
         }
-        if ((r = fold_buffer(data, n, &f)) < 0)
+        if (toolong)
+                goto out;
+        if ((r = fold_buffer(b.data, b.len, &f)) < 0)
                 goto out;
         if (f->good_end == 0 && f->status != FOLD_CORRUPT) {
                 /* a torn first line: never flushed, nothing acknowledged */
                 *ret_found = WAL_SPARE_REMOVED;
                 goto out;
         }
+        /* the first record names the mandate (a step's record with no plan
+         * before it names none) */
         const char *id = f->mandate.mandate_id;
-        if (!id && f->nplans)
+        if (!id && f->nplans && !f->plans[0].orphan_reason)
                 id = f->plans[0].mandate_id;
         if (!id_is_name(id, idlen))
                 goto out;
@@ -703,7 +793,7 @@ int wal_spare_peek(const char *dir, const char *name, enum wal_spare_found *ret_
                                                              : WAL_SPARE_ADOPTED;
 out:
         fold_free(f);
-        free(data);
+        kbuf_free(&b);
         return r;
 }
 
@@ -720,7 +810,12 @@ int wal_spare_adopt(const struct kio *io, const char *dir, const char *name,
         if (*ret_found == WAL_SPARE_REMOVED)
                 return io->unlink(io->ctx, path);
         snprintf(to, sizeof to, "%s/%s%s", dir, ret_id, STATEDIR_WAL_SUFFIX);
-        r = io->rename(io->ctx, path, to);
+        r = rename_noreplace(io, path, to);
+        if (r == -EEXIST) {
+                /* made since it was looked for: never replaced */
+                *ret_found = WAL_SPARE_CONFLICT;
+                return 0;
+        }
         if (r < 0)
                 *ret_found = WAL_SPARE_UNNAMED;
         return r;

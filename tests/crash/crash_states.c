@@ -2707,6 +2707,9 @@ static void settle_spares(struct checker *c, struct mstate *S)
                         /* bytes no record names: nothing in it was acknowledged
                          * (check_wal says so if gamma's were) */
                         break;
+                case WAL_SPARE_NOT_FILE:
+                        violation(c, "spare %s is no regular file", e->rel);
+                        break;
                 }
         }
 }

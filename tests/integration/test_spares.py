@@ -14,6 +14,11 @@ the next mandate with a rename and no fsync of wal/.
 - A spare with a torn first line (never acknowledged) is removed, an empty
   one kept, and a spare holding the records of a mandate whose WAL exists
   too is left with an error, never merged: the mandate listed once.
+- Whatever else has a spare's name: a FIFO, a directory, a symbolic link
+  (to a file outside, to /dev/zero, dangling), a 1 GiB file, more empty
+  ones than the pool holds, a name past any counter: kairosd starts, never
+  blocks, never reads a huge one whole, never writes through a link, keeps
+  at most 8; kairosctl list --state-dir answers.
 - Spares only where a rename never synced survives a crash whole (ext4
   with a journal, xfs, btrfs, tmpfs, ...): these tests keep their state on
   such a file system (tmpfs, /dev/shm); on the test machine's temporary
@@ -222,6 +227,70 @@ class TestSpares(unittest.TestCase):
         ids = self.ids(c)
         self.assertEqual(sorted(ids), sorted([first, m]), ids)
         c.close()
+
+
+class TestHostileSpares(TestSpares):
+    """What an operator (or anything else) may leave under a spare's name:
+    kairosd and kairosctl never block on it, never read a huge one whole,
+    never write through a link, and keep at most 8 spares."""
+
+    def plant(self):
+        outside = os.path.join(self.dir, "outside")
+        open(outside, "w").close()
+        w = self.wal
+        os.mkfifo(os.path.join(w, ".spare-60"))
+        os.mkdir(os.path.join(w, ".spare-61"))
+        os.symlink(outside, os.path.join(w, ".spare-62"))
+        os.symlink("/dev/zero", os.path.join(w, ".spare-63"))
+        os.symlink("/nonexistent/x", os.path.join(w, ".spare-64"))
+        with open(os.path.join(w, ".spare-66"), "wb") as f:
+            f.truncate(1 << 30)  # 1 GiB, sparse, no newline
+        for i in range(200, 212):  # more empty ones than the pool holds
+            open(os.path.join(w, ".spare-%d" % i), "w").close()
+        open(os.path.join(w, ".spare-99999999999999999999"), "w").close()
+        return outside
+
+    def empty_spares(self):
+        return [s for s in self.spares() if not os.path.islink(os.path.join(self.wal, s)) and
+                os.path.isfile(os.path.join(self.wal, s)) and
+                os.path.getsize(os.path.join(self.wal, s)) == 0]
+
+    def test_hostile_spares(self):
+        c = self.start()
+        first = self.fire(c, "quick", 0)
+        self.d.wait_log("mandate %s done after 1 cycle" % first, timeout=60)
+        c.close()
+        self.stop()
+        outside = self.plant()
+        special = [".spare-6%d" % i for i in (0, 1, 2, 3, 4)]
+
+        # offline readers: never blocked, never reading 1 GiB
+        p = self.ctl("--json", "list", "--limit", "0", "--state-dir", self.state)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([m["id"] for m in json.loads(p.stdout)["mandates"]], [first])
+
+        c = self.start()
+        for name in special:
+            self.d.wait_log("%s: a spare WAL file's name on no regular file" % name, timeout=30)
+        self.d.wait_log(".spare-66: a spare WAL file with bytes but no record", timeout=30)
+        self.assertLessEqual(len(self.empty_spares()), 8, self.spares())
+        for name in special + [".spare-66"]:
+            self.assertTrue(os.path.lexists(os.path.join(self.wal, name)), name)
+        # mandates run on the spares kept: none written through the link
+        for i in range(1, 4):
+            m = self.fire(c, "quick", i)
+            self.d.wait_log("mandate %s done after 1 cycle" % m, timeout=60)
+        self.assertEqual(os.path.getsize(outside), 0)
+        self.assertTrue(os.path.islink(os.path.join(self.wal, ".spare-62")))
+        self.assertEqual(len(self.ids(c)), 4)
+        c.close()
+        # an empty spare verifies as an empty WAL
+        p = self.ctl("wal", "verify", os.path.join(self.wal, self.empty_spares()[0]))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("ok (0 records", p.stdout)
+
+    test_a_lost_rename_is_adopted = None
+    test_torn_empty_and_conflicting_spares = None
 
 
 class TestWhereRenamesMayBeLost(TestSpares):

@@ -158,7 +158,8 @@ static __attribute__((unused)) int setup(void **state)
         f->now = T0;
         f->fio.fail_op = -1;
         f->io = (struct kio){ f_open, f_write, f_fdatasync, f_fsync, f_close, f_ftruncate,
-                              f_rename, f_unlink, f_mkdir, f_fsync_dir, NULL, &f->fio, NULL };
+                              f_rename, f_unlink, f_mkdir, f_fsync_dir, NULL, &f->fio, NULL,
+                              NULL };
         f->opt = (struct idem_options){ .now_ms = fake_clock, .clock_ctx = &f->now };
         *state = f;
         return 0;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -1940,6 +1941,163 @@ static void test_spares(void **state)
                          -ENOENT);
 }
 
+static void put_spare_line(const char *dir, const char *name, const char *id, off_t hole)
+{
+        struct wal_record r = { .op = WAL_OP_MANDATE, .mandate_id = id, .schedule = "s",
+                                .fired_at = "2026-04-20T12:00:00Z" };
+        char *line = enc(&r);
+        size_t n = strlen(line);
+        if (n == 0 || line[n - 1] != '\n') {
+                line = realloc(line, n + 2);
+                assert_non_null(line);
+                strcpy(line + n++, "\n");
+        }
+        put_file(dir, name, line, n);
+        free(line);
+        if (hole) {
+                char p[300];
+                snprintf(p, sizeof(p), "%s/%s", dir, name);
+                assert_int_equal(truncate(p, (off_t)n + hole), 0);
+        }
+}
+
+static long max_rss_kb(void)
+{
+        struct rusage ru;
+        assert_int_equal(getrusage(RUSAGE_SELF, &ru), 0);
+        return ru.ru_maxrss;
+}
+
+/* A spare's name on anything but a regular file of its own is never
+ * opened to read (a FIFO would block) nor taken (writes would go through
+ * a link); only its first line is read (a huge file is never read whole);
+ * a mandate id that is no file name is never adopted; a WAL that exists
+ * is never replaced by a take or an adoption. */
+static void test_spares_hostile(void **state)
+{
+        struct fx *f = *state;
+        char waldir[200], p[300], outside[300];
+        snprintf(waldir, sizeof(waldir), "%s/wal", f->dir);
+        assert_int_equal(mkdir(waldir, 0750), 0);
+        snprintf(outside, sizeof(outside), "%s/outside", f->dir);
+        put_file(f->dir, "outside", "", 0);
+        enum wal_spare_found what;
+        char got[64];
+        alarm(20); /* a FIFO opened to read blocks: fail, never hang */
+
+        /* FIFO, directory, links: left, never read */
+        snprintf(p, sizeof(p), "%s/.spare-60", waldir);
+        assert_int_equal(mkfifo(p, 0600), 0);
+        snprintf(p, sizeof(p), "%s/.spare-61", waldir);
+        assert_int_equal(mkdir(p, 0700), 0);
+        snprintf(p, sizeof(p), "%s/.spare-62", waldir);
+        assert_int_equal(symlink(outside, p), 0);
+        snprintf(p, sizeof(p), "%s/.spare-63", waldir);
+        assert_int_equal(symlink("/dev/zero", p), 0);
+        snprintf(p, sizeof(p), "%s/.spare-64", waldir);
+        assert_int_equal(symlink("/nonexistent/x", p), 0);
+        snprintf(p, sizeof(p), "%s/.spare-65", waldir);
+        assert_int_equal(link(outside, p), 0);
+        for (int i = 60; i <= 65; i++) {
+                char name[32];
+                snprintf(name, sizeof(name), ".spare-%d", i);
+                assert_int_equal(wal_spare_peek(waldir, name, &what, got, sizeof(got)), 0);
+                assert_int_equal(what, WAL_SPARE_NOT_FILE);
+                assert_int_equal(wal_spare_adopt(&f->io, waldir, name, &what, got, sizeof(got)),
+                                 0);
+                assert_int_equal(what, WAL_SPARE_NOT_FILE);
+                struct stat st;
+                snprintf(p, sizeof(p), "%s/%s", waldir, name);
+                assert_int_equal(lstat(p, &st), 0);
+        }
+
+        /* 1 GiB with no newline: no record kairosd began; left, and never
+         * read whole */
+        long rss = max_rss_kb();
+        snprintf(p, sizeof(p), "%s/.spare-66", waldir);
+        put_file(waldir, ".spare-66", "x", 1);
+        assert_int_equal(truncate(p, (off_t)1 << 30), 0);
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-66", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_UNNAMED);
+        assert_true(file_exists(waldir, ".spare-66"));
+        /* a first record, then a 1 GiB hole: adopted from its first line */
+        put_spare_line(waldir, ".spare-67", "mnd_big", (off_t)1 << 30);
+        assert_int_equal(wal_spare_peek(waldir, ".spare-67", &what, got, sizeof(got)), 0);
+        assert_int_equal(what, WAL_SPARE_ADOPTED);
+        assert_string_equal(got, "mnd_big");
+        assert_true(max_rss_kb() - rss < 128 * 1024);
+
+        /* ids that are no file name: left */
+        const char *bad[] = { "../x", "a/b", "..", ".hidden" };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                char body[200];
+                snprintf(body, sizeof(body),
+                         "{\"op\":\"mandate\",\"mandate_id\":\"%s\",\"schedule\":\"s\","
+                         "\"fired_at\":\"2026-04-20T12:00:00Z\",\"ts\":\"" TS "\"}",
+                         bad[i]);
+                char *line = with_crc(body);
+                put_file(waldir, ".spare-68", line, strlen(line));
+                free(line);
+                assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-68", &what, got,
+                                                 sizeof(got)),
+                                 0);
+                assert_int_equal(what, WAL_SPARE_UNNAMED);
+                assert_true(file_exists(waldir, ".spare-68"));
+        }
+        /* a step's record with no plan before it names no mandate */
+        char *orphan = with_crc("{\"op\":\"started\",\"step_id\":\"s1\",\"plan_id\":\"p\","
+                                "\"ts\":\"" TS "\"}");
+        put_file(waldir, ".spare-69", orphan, strlen(orphan));
+        free(orphan);
+        assert_int_equal(wal_spare_peek(waldir, ".spare-69", &what, got, sizeof(got)), 0);
+        assert_int_equal(what, WAL_SPARE_UNNAMED);
+
+        /* names past any counter: new ones still made */
+        struct wal_spares *sp = NULL;
+        assert_int_equal(wal_spares_new(kio_posix(), waldir, 4, &sp), 0);
+        put_file(waldir, ".spare-99999999999999999999", "", 0);
+        put_file(waldir, ".spare-18446744073709551614", "", 0);
+        assert_int_equal(wal_spares_found(sp, ".spare-99999999999999999999"), 0);
+        assert_int_equal(wal_spares_found(sp, ".spare-18446744073709551614"), 0);
+        uint64_t mark;
+        assert_int_equal(wal_spares_fill(sp, &mark), 0);
+        assert_int_equal(wal_spares_pending(sp), 4);
+        wal_spares_covered(sp, mark, 0);
+
+        /* a WAL made between the look and the take is never replaced: by
+         * the kernel (kio_posix), or by a look (a kio without it) */
+        for (int k = 0; k < 2; k++) {
+                struct wal_spares *s2 = sp;
+                if (k == 1) {
+                        assert_int_equal(wal_spares_new(&f->io, waldir, 4, &s2), 0);
+                        assert_int_equal(wal_spares_fill(s2, &mark), 0);
+                        wal_spares_covered(s2, mark, 0);
+                }
+                snprintf(p, sizeof(p), "%s/mnd_taken.wal.jsonl", waldir);
+                put_file(waldir, "mnd_taken.wal.jsonl", "mine\n", 5);
+                unsigned before = wal_spares_durable(s2);
+                assert_int_equal(wal_spares_take(s2, p), -EEXIST);
+                assert_int_equal(wal_spares_durable(s2), before); /* kept */
+                size_t n = 0;
+                char *data = slurp(p, &n);
+                assert_int_equal(n, 5);
+                assert_memory_equal(data, "mine\n", 5);
+                free(data);
+                if (k == 1)
+                        wal_spares_free(s2);
+        }
+        wal_spares_free(sp);
+
+        /* an adoption never replaces a WAL made after the look either */
+        put_spare_line(waldir, ".spare-70", "mnd_taken", 0);
+        assert_int_equal(wal_spare_adopt(&f->io, waldir, ".spare-70", &what, got, sizeof(got)),
+                         0);
+        assert_int_equal(what, WAL_SPARE_CONFLICT);
+        assert_true(file_exists(waldir, ".spare-70"));
+        alarm(0);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1959,6 +2117,7 @@ int main(void)
                 cmocka_unit_test(test_encoded_lines_fold_clean),
                 T(test_create_fsyncs_parent),
                 T(test_spares),
+                T(test_spares_hostile),
                 T(test_reopen_does_not_truncate),
                 T(test_exists_at_dir_opens_by_name),
                 T(test_one_line_per_op),
