@@ -2,7 +2,7 @@
 /* fault_inject: an LD_PRELOAD shim that makes the real kairosd see disk
  * errors (issue 8, part 2).  It wraps the calls the daemon makes on its WAL
  * and state files (open/openat/creat, write/pwrite, fdatasync, fsync, rename,
- * renameat, unlink, ftruncate) and, driven by the environment, fails the N-th
+ * renameat, renameat2, unlink, ftruncate) and, driven by the environment, fails the N-th
  * call of one kind on a file whose path matches:
  *
  *   KAIROS_FAULT="OP:N:KIND[:sticky][,OP:N:KIND...]"
@@ -60,6 +60,7 @@ int fdatasync(int fd);
 int fsync(int fd);
 int rename(const char *from, const char *to);
 int renameat(int fdfrom, const char *from, int fdto, const char *to);
+int renameat2(int fdfrom, const char *from, int fdto, const char *to, unsigned flags);
 int unlink(const char *path);
 int ftruncate(int fd, off_t len);
 int ftruncate64(int fd, off_t len);
@@ -109,6 +110,7 @@ static struct {
         int (*fsync)(int);
         int (*rename)(const char *, const char *);
         int (*renameat)(int, const char *, int, const char *);
+        int (*renameat2)(int, const char *, int, const char *, unsigned);
         int (*unlink)(const char *);
         int (*ftruncate)(int, off_t);
 } S = { .once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER, .log_fd = -1 };
@@ -206,6 +208,7 @@ static void init(void)
         S.fsync = next_sym("fsync");
         S.rename = next_sym("rename");
         S.renameat = next_sym("renameat");
+        S.renameat2 = next_sym("renameat2");
         S.unlink = next_sym("unlink");
         S.ftruncate = next_sym("ftruncate64");
 
@@ -609,6 +612,11 @@ int rename(const char *from, const char *to)
 int renameat(int fdfrom, const char *from, int fdto, const char *to)
 {
         PATH_CALL(OP_RENAME, from, false, S.renameat(fdfrom, from, fdto, to));
+}
+
+int renameat2(int fdfrom, const char *from, int fdto, const char *to, unsigned flags)
+{
+        PATH_CALL(OP_RENAME, from, false, S.renameat2(fdfrom, from, fdto, to, flags));
 }
 
 int unlink(const char *path)

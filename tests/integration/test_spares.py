@@ -25,6 +25,7 @@ the next mandate with a rename and no fsync of wal/.
   directory kairosd uses them or says why not, as its file system says."""
 import datetime
 import glob
+import gzip
 import json
 import os
 import shutil
@@ -288,6 +289,42 @@ class TestHostileSpares(TestSpares):
         p = self.ctl("wal", "verify", os.path.join(self.wal, self.empty_spares()[0]))
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("ok (0 records", p.stdout)
+
+    def test_finished_mandate_and_twin_spares(self):
+        """A spare holding a finished mandate's records whose archive exists
+        (the state a crash leaves between the summary and the WAL's unlink):
+        adopted, ended again, archived once more, listed once.  Two spares
+        with one mandate's records: one adopted, the other left with an
+        error, never merged."""
+        first, m = self.killed_mid_observe()
+        archive = os.path.join(self.state, "archive", first + ".wal.jsonl.gz")
+        with gzip.open(archive) as f:
+            data = f.read()
+        with open(os.path.join(self.wal, ".spare-900"), "wb") as f:
+            f.write(data)
+        walf = os.path.join(self.wal, m + ".wal.jsonl")
+        with open(walf, "rb") as f:
+            mine = f.read()
+        os.unlink(walf)
+        for name in (".spare-901", ".spare-902"):
+            with open(os.path.join(self.wal, name), "wb") as f:
+                f.write(mine)
+
+        c = self.start()
+        self.d.wait_log("holds the records of mandate %s" % first, timeout=30)
+        line = self.d.wait_log("never merged", timeout=30)
+        self.assertIn(m, line)
+        self.d.wait_log("mandate %s: WAL archived" % first, timeout=60)
+        self.assertTrue(os.path.exists(archive))
+        self.assertFalse(os.path.exists(os.path.join(self.wal, ".spare-900")))
+        self.assertTrue(os.path.exists(walf))
+        left = [n for n in (".spare-901", ".spare-902") if os.path.exists(os.path.join(self.wal, n))]
+        self.assertEqual(len(left), 1, left)
+        ids = self.ids(c)
+        self.assertEqual(sorted(ids), sorted([first, m]), ids)
+        r = c.call("show", mandate=first)
+        self.assertTrue(r.get("ok"), r)
+        c.close()
 
     test_a_lost_rename_is_adopted = None
     test_torn_empty_and_conflicting_spares = None

@@ -2095,6 +2095,22 @@ static void test_spares_hostile(void **state)
                          0);
         assert_int_equal(what, WAL_SPARE_CONFLICT);
         assert_true(file_exists(waldir, ".spare-70"));
+
+        /* a full file system: fewer spares, those made usable */
+        char full[200];
+        snprintf(full, sizeof(full), "%s/full", f->dir);
+        assert_int_equal(mkdir(full, 0750), 0);
+        assert_int_equal(wal_spares_new(&f->io, full, 4, &sp), 0);
+        rec_init(&f->rec);
+        f->rec.fail_op = OP_OPEN;
+        f->rec.fail_nth = 2;
+        f->rec.fail_err = -ENOSPC;
+        assert_int_equal(wal_spares_fill(sp, &mark), -ENOSPC);
+        assert_int_equal(wal_spares_pending(sp), 1);
+        wal_spares_covered(sp, mark, 0);
+        assert_int_equal(wal_spares_durable(sp), 1);
+        f->rec.fail_op = -1;
+        wal_spares_free(sp);
         alarm(0);
 }
 
