@@ -1562,6 +1562,13 @@ static int clear_copies(struct daemon *d, char *err, size_t errlen)
                 struct dirent *de;
                 while ((de = readdir(dir))) {
                         char id[256];
+                        enum wal_spare_found sf;
+                        /* a file-backend WAL still under its spare's name
+                         * (a crash undid its rename): unfinished too */
+                        if (!was_cluster && wal_spare_name(de->d_name) &&
+                            wal_spare_peek(d->paths.wal, de->d_name, &sf, id, sizeof id) == 0 &&
+                            sf == WAL_SPARE_ADOPTED)
+                                nwal++;
                         if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id))
                                 continue;
                         nwal++;
