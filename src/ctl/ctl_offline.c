@@ -672,7 +672,8 @@ static bool has_wal_suffix(const char *name)
         return n > s && strcmp(name + n - s, WAL_SUFFIX) == 0;
 }
 
-/* Sorted names of the *.wal.jsonl regular files in dir.  -errno. */
+/* Sorted names of the *.wal.jsonl regular files in dir, and of the spares
+ * kairosd would adopt as WALs (wal_spare_peek).  -errno. */
 static int list_wals(const char *dir, char ***out, size_t *count)
 {
         DIR *d = opendir(dir);
@@ -684,7 +685,12 @@ static int list_wals(const char *dir, char ***out, size_t *count)
         if (!d)
                 return -errno;
         while ((de = readdir(d))) {
-                if (!has_wal_suffix(de->d_name))
+                char id[256];
+                enum wal_spare_found sf;
+                if (!has_wal_suffix(de->d_name) &&
+                    !(wal_spare_name(de->d_name) &&
+                      wal_spare_peek(dir, de->d_name, &sf, id, sizeof id) == 0 &&
+                      sf == WAL_SPARE_ADOPTED))
                         continue;
                 struct stat st;
                 if (fstatat(dirfd(d), de->d_name, &st, 0) == 0 && !S_ISREG(st.st_mode))
