@@ -279,6 +279,11 @@ class TestHostileSpares(TestSpares):
             self.d.wait_log("%s: a spare WAL file's name on no regular file" % name, timeout=30)
         self.d.wait_log(".spare-66: a spare WAL file with bytes but no record", timeout=30)
         self.assertLessEqual(len(self.empty_spares()), 8, self.spares())
+        # status counts no spare: one mandate, no WAL recovered
+        r = c.call("status")
+        self.assertTrue(r.get("ok"), r)
+        self.assertEqual(r["result"]["mandates"], 1, r)
+        self.assertEqual(r["result"]["recovery"]["files"], 0, r)
         for name in special + [".spare-66"]:
             self.assertTrue(os.path.lexists(os.path.join(self.wal, name)), name)
         # mandates run on the spares kept: none written through the link
