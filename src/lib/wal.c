@@ -1051,8 +1051,9 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
                 if (fd != -ENOENT)
                         return fd;
                 if (wal_spares_take(w->spares, w->path) == 0) {
-                        if ((fd = io->open(io->ctx, w->path, O_WRONLY | O_APPEND | O_CLOEXEC,
-                                           0)) < 0)
+                        /* never through a link put in the spare's place */
+                        if ((fd = io->open(io->ctx, w->path,
+                                           O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0)) < 0)
                                 return fd;
                         w->fd = fd;
                         w->size = 0;

@@ -2096,6 +2096,36 @@ static void test_spares_hostile(void **state)
         assert_int_equal(what, WAL_SPARE_CONFLICT);
         assert_true(file_exists(waldir, ".spare-70"));
 
+        /* a spare swapped for a link after it was made: the WAL is never
+         * written through it */
+        char sub[200];
+        snprintf(sub, sizeof(sub), "%s/swap", f->dir);
+        assert_int_equal(mkdir(sub, 0750), 0);
+        assert_int_equal(wal_spares_new(kio_posix(), sub, 1, &sp), 0);
+        assert_int_equal(wal_spares_fill(sp, &mark), 0);
+        wal_spares_covered(sp, mark, 0);
+        snprintf(p, sizeof(p), "%s/.spare-1", sub);
+        assert_int_equal(unlink(p), 0);
+        assert_int_equal(symlink(outside, p), 0);
+        struct wal_options o2 = f->opt;
+        o2.io = kio_posix();
+        o2.spares = sp;
+        struct wal *w = NULL;
+        struct wal_open_info info;
+        char swapped[300];
+        snprintf(swapped, sizeof(swapped), "%s/mnd_swapped.wal.jsonl", sub);
+        int rw = wal_open(swapped, &o2, &w, &info);
+        if (rw == 0) {
+                (void)wal_mandate(w, "mnd_swapped", "s", "2026-04-20T12:00:00Z", NULL);
+                (void)wal_flush(w);
+                (void)wal_close(w);
+        }
+        assert_int_equal(rw, -ELOOP);
+        struct stat ost;
+        assert_int_equal(stat(outside, &ost), 0);
+        assert_int_equal(ost.st_size, 0);
+        wal_spares_free(sp);
+
         /* a full file system: fewer spares, those made usable */
         char full[200];
         snprintf(full, sizeof(full), "%s/full", f->dir);
