@@ -92,7 +92,7 @@ struct recover_job {
         bool not_ours;                      /* ... the mandate changed meanwhile */
         bool held;                          /* waits for them: nothing decided */
         char *hold_step;
-        struct toolhold_client hold[TOOLHOLD_MAX];
+        struct toolhold_client *hold;       /* TOOLHOLD_MAX, only when a call may hold */
         size_t nhold;
         uint64_t grace_ms;
         bool ended;                         /* the WAL says the mandate is over: */
@@ -255,6 +255,9 @@ static bool hold_running_calls(struct recover_job *j, const struct evidence_inde
                 if ((calls[i].state != IDEM_ST_PROCESSING &&
                      calls[i].state != IDEM_ST_INTERRUPTED) || calls[i].client.pid <= 0)
                         continue;
+                /* (allocated here, not in every job: a job per WAL is in flight) */
+                if (!j->hold && !(j->hold = calloc(TOOLHOLD_MAX, sizeof(*j->hold))))
+                        return false;
                 j->nhold = toolhold_find(calls, n, calls[i].step, j->hold, TOOLHOLD_MAX);
                 if (j->nhold == 0)
                         continue;
@@ -729,6 +732,7 @@ static void recover_settle(struct recover_job *j)
         }
         free(j->decisions);
         toolhold_release(j->hold, j->nhold);
+        free(j->hold);
         free(j->hold_step);
         free(j->prev_owner);
         evidence_index_free(j->ix);
@@ -761,7 +765,7 @@ struct recover_chunk {
 };
 
 static struct serialq lanes[RECOVER_LANES];
-static unsigned next_lane;
+static unsigned next_lane, nlanes = RECOVER_LANES;
 
 static void chunk_work(void *arg)
 {
@@ -858,11 +862,18 @@ int recover_load_finished(struct daemon *d)
 static struct {
         struct mandate **todo;
         size_t n, next;
+        bool registering;       /* recover_start still registers: todo grows */
 } pend;
+
+/* While recover_start registers the mandates (the loop busy with that
+ * alone), the pool gets more at once: it starts on the first WALs while the
+ * loop registers the others, instead of waiting for the whole registry. */
+#define RECOVER_START_WINDOW (RECOVER_CHUNK * 128)
 
 static void submit_more(struct daemon *d)
 {
-        while (pend.next < pend.n && recover_inflight < RECOVER_WINDOW) {
+        size_t window = pend.registering ? RECOVER_START_WINDOW : RECOVER_WINDOW;
+        while (pend.next < pend.n && recover_inflight < window) {
                 struct recover_chunk *c = calloc(1, sizeof(*c));
                 if (!c)
                         break;
@@ -883,7 +894,7 @@ static void submit_more(struct daemon *d)
                         free(c);
                         break;
                 }
-                struct serialq *lane = &lanes[next_lane++ % RECOVER_LANES];
+                struct serialq *lane = &lanes[next_lane++ % nlanes];
                 if (!lane->loop)
                         serialq_init(lane, d->loop, &d->jobs);
                 pending_jobs += c->n;
@@ -900,7 +911,7 @@ static void submit_more(struct daemon *d)
                         free(c);
                 }
         }
-        if (pend.next == pend.n) {
+        if (pend.next == pend.n && !pend.registering) {
                 free(pend.todo);
                 pend.todo = NULL;
                 pend.n = pend.next = 0;
@@ -915,6 +926,9 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         const char *em = getenv("KAIROS_TEST_EARLY_SYNC_MIN");
         if (em && *em)
                 early.min = strtoul(em, NULL, 10);
+        const char *nl = getenv("KAIROS_TEST_RECOVER_LANES");
+        if (nl && *nl && strtoul(nl, NULL, 10) >= 1 && strtoul(nl, NULL, 10) <= RECOVER_LANES)
+                nlanes = (unsigned)strtoul(nl, NULL, 10);
 #endif
         d->recovery.started_ms = now_ms_monotonic();
         snap.ix = ix;
@@ -977,8 +991,13 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         if (r == 0 && n && !(pend.todo = calloc(n, sizeof(*pend.todo))))
                 r = -ENOMEM;
 
-        /* Register every mandate first (list, show and fire know them during
-         * recovery), then open their WALs a window at a time. */
+        /* Register every mandate before any job is settled (list, show and
+         * fire know them during recovery), and open their WALs a window at a
+         * time.  The first windows go to the pool while the loop registers
+         * the rest: a job reads only its own mandate's id and path, and
+         * nothing is settled before this function returns. */
+        pending_jobs = 1; /* held until every job is queued */
+        pend.registering = true;
         for (size_t i = 0; r == 0 && i < n; i++) {
                 char *path = NULL;
                 if ((r = statedir_wal_path(&d->paths, names[i], &path)) < 0)
@@ -1004,18 +1023,26 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 }
                 pend.todo[pend.n++] = m;
                 d->recovery.files++;
+                if (pend.n % RECOVER_CHUNK == 0)
+                        submit_more(d);
         }
+        pend.registering = false;
         for (size_t i = 0; i < n; i++)
                 free(names[i]);
         free(names);
         if (r < 0) {
-                free(pend.todo);
-                pend.todo = NULL;
-                pend.n = 0;
-                snap_free();
+                /* (jobs already on the pool finish; their settling finds
+                 * recovery failed: kairosd stops) */
+                pend.n = pend.next;
+                if (pend.next == 0) {
+                        free(pend.todo);
+                        pend.todo = NULL;
+                        pend.n = 0;
+                }
+                if (--pending_jobs == 0)
+                        snap_free();
                 return r;
         }
-        pending_jobs = 1; /* held until every job is queued */
         submit_more(d);
         if (--pending_jobs == 0) {
                 snap_free();

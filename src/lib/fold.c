@@ -839,6 +839,14 @@ int fold_new(struct fold **ret_fold)
         return 0;
 }
 
+/* The parse scratch of a small buffer is kept per thread and reset for
+ * the next one: startup recovery folds one WAL after another on each pool
+ * thread, and an arena made and freed per WAL was a malloc and a free of
+ * its chunks each time.  A buffer larger than this gets an arena of its
+ * own, freed at once, so what a thread keeps stays small. */
+#define SCRATCH_KEEP_INPUT (64u * 1024u)
+static _Thread_local struct kjson_arena *scratch_kept;
+
 int fold_buffer(const char *data, size_t len, struct fold **out)
 {
         struct fold *f;
@@ -847,19 +855,26 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
         r = fold_new(&f);
         if (r < 0)
                 return r;
-        f->internal->scratch = kjson_arena_new();
-        if (!f->internal->scratch) {
+        bool keep = len <= SCRATCH_KEEP_INPUT;
+        struct kjson_arena *scratch = keep ? scratch_kept : NULL;
+        if (!scratch && !(scratch = kjson_arena_new())) {
                 fold_free(f);
                 return -ENOMEM;
         }
+        if (keep)
+                scratch_kept = scratch;
+        f->internal->scratch = scratch;
         r = fold_run(f, data ? data : "", data ? len : 0);
+        /* the parse scratch is not needed any more */
+        f->internal->scratch = NULL;
+        if (keep)
+                kjson_arena_reset(scratch);
+        else
+                kjson_arena_free(scratch);
         if (r < 0) {
                 fold_free(f);
                 return r;
         }
-        /* the parse scratch is not needed any more */
-        kjson_arena_free(f->internal->scratch);
-        f->internal->scratch = NULL;
         kbuf_free(&f->internal->json);
         *out = f;
         return 0;

@@ -6,6 +6,7 @@ a one-thread C floor.
     tests/bench/bench_startup.py --kairosd build/src/daemon/kairosd
         [--floor build/tests/bench/floor_startup] [--dir /var/tmp] [--loop]
         [--counts 10000,100000] [--reps 5] [--big-reps 3] [--store]
+        [--baseline OTHER_KAIROSD]
 
 The WALs are generated once per count (each with the mandate record of
 schedule "bench", Effects=observe, and its plan): half were interrupted in
@@ -14,12 +15,17 @@ records its verdict there), half never started a step.  Each repetition
 copies the set afresh for each side, syncs, and times, in alternating order:
 
   kairosd: from its exec to READY=1 on NOTIFY_SOCKET; its peak RSS (VmHWM)
-    at READY;
+    and its CPU time (user + system, all threads) at READY; its journal
+    lines go to a file (not through a reader in this script, which took a
+    share of the same cores);
   floor (tests/bench/floor_startup.c, one thread): read every WAL fully,
     append ~200 bytes to each interrupted one, one syncfs.
 
 Printed per repetition: both times, the ratio and the RSS; then the MEDIAN
-ratio (never the best) per count, with the load average.  Targets: READY
+ratio (never the best) per count, with the load average.  With --baseline
+another kairosd (say main's build) runs in the same repetitions, in turn
+with the other two (the order rotates), and its median ratio to the same
+floors is printed beside: an A/B on a shared machine.  Targets: READY
 <= 1.5x the floor at 10,000 and at 100,000 WALs; RSS <= 100 MB at 100,000.
 --reps repetitions for counts up to 10,000, --big-reps above (at least 5 at
 10,000 for the judgement).  With --loop the same is run on a 2 GB journaled
@@ -34,6 +40,7 @@ Run by hand on a quiet machine, not tmpfs."""
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -57,6 +64,13 @@ def peak_rss_mb(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024.0
     return 0.0
+
+
+def cpu_s(pid):
+    """The process's CPU time so far (user + system, every thread), s."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def generate(wal, n):
@@ -120,7 +134,36 @@ def write_config(top, state, store):
     return conf
 
 
-def kairos_round(args, base, golden, n, store):
+class FileLogDaemon:
+    """kairosd with its journal lines going to a file (as with systemd's
+    StandardError=file:), not read line by line by this script: kairosd
+    still formats and writes every line, but a Python reader of 100,000
+    lines no longer takes a share of the cores kairosd is timed on."""
+
+    def __init__(self, kairosd, state, conf, notify, logpath):
+        env = dict(os.environ)
+        for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM"):
+            env.pop(k, None)
+        env["NOTIFY_SOCKET"] = notify.path
+        self.logpath = logpath
+        self.log_f = open(logpath, "wb")
+        self.proc = subprocess.Popen([kairosd, "-c", conf, "--state-dir", state], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=self.log_f)
+
+    def stop(self, timeout):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log_f.close()
+
+    def log(self):
+        with open(self.logpath, errors="replace") as f:
+            return f.read()
+
+
+def kairos_round(args, base, golden, n, store, kairosd=None):
     """Copy the WALs, start kairosd, time exec -> READY=1."""
     top = tempfile.mkdtemp(prefix="kairos-", dir=base)
     try:
@@ -133,11 +176,13 @@ def kairos_round(args, base, golden, n, store):
         os.sync()
         notify = NotifySocket(top)
         t0 = time.monotonic()
-        d = Daemon(state, config=conf, notify=notify)
+        d = FileLogDaemon(kairosd or args.kairosd, state, conf, notify,
+                          os.path.join(top, "kairosd.log"))
         try:
             notify.wait_ready(timeout=1800)
             ready = time.monotonic() - t0
             hwm = peak_rss_mb(d.proc.pid)
+            cpu = cpu_s(d.proc.pid)
             c = Client(os.path.join(state, "control.sock"), timeout=600)
             rec = c.call("status")["result"]["recovery"]
             c.close()
@@ -146,7 +191,7 @@ def kairos_round(args, base, golden, n, store):
             notify.close()
         if rc != 0:
             raise RuntimeError("kairosd exit %d:\n%s" % (rc, d.log()[-3000:]))
-        return ready, hwm, rec
+        return ready, hwm, rec, cpu
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
@@ -157,10 +202,13 @@ def floor_round(args, base, golden):
         wal = os.path.join(top, "wal")
         shutil.copytree(golden, wal)
         os.sync()
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run([args.floor, wal], check=True, capture_output=True,
                              text=True).stdout.split()
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         f = dict(zip(out[1::2], out[2::2]))
-        return float(f["wall_s"]), int(f["appended"])
+        cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        return float(f["wall_s"]), int(f["appended"]), cpu
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
@@ -188,25 +236,42 @@ def run_on(args, goldens, parent, label):
     base = tempfile.mkdtemp(prefix="kairos-bench-startup-", dir=parent)
     try:
         print("%s: %s (%s); load %s" % (label, base, fs_kind(base), load()))
+        kairos_harness.KAIROSD = args.kairosd
         print("%s: RSS floor %.1f MB (READY with no WAL)" % (label, idle_rss(base)))
         for n, golden in goldens:
             reps = args.reps if n <= 10000 else args.big_reps
-            ratios, peaks, stores = [], [], []
+            ratios, peaks, stores, bratios, bpeaks = [], [], [], [], []
+            cpus, fcpus, bcpus = [], [], []
             for rep in range(reps):
-                if rep % 2 == 0:
-                    ready, hwm, rec = kairos_round(args, base, golden, n, False)
-                    floor, appended = floor_round(args, base, golden)
-                else:
-                    floor, appended = floor_round(args, base, golden)
-                    ready, hwm, rec = kairos_round(args, base, golden, n, False)
+                # the order rotates: each side goes first, second (and third)
+                sides = ["kairosd", "floor"] + (["baseline"] if args.baseline else [])
+                k = rep % len(sides)
+                got = {}
+                for side in sides[k:] + sides[:k]:
+                    if side == "floor":
+                        got[side] = floor_round(args, base, golden)
+                    else:
+                        got[side] = kairos_round(args, base, golden, n, False,
+                                                 args.baseline if side == "baseline" else None)
+                ready, hwm, rec, cpu = got["kairosd"]
+                floor, appended, fcpu = got["floor"]
                 ratios.append(ready / floor)
                 peaks.append(hwm)
+                cpus.append(cpu)
+                fcpus.append(fcpu)
                 line = ("  %s %6d WALs rep %d: READY %.3f s (recovery %d ms inside; %s), floor "
-                        "%.3f s (%d appended): %.2fx; peak RSS %.0f MB"
+                        "%.3f s (%d appended, CPU %.2f s): %.2fx; peak RSS %.0f MB; CPU %.2f s"
                         % (label, n, rep + 1, ready, rec["duration_ms"], rec["summary"], floor,
-                           appended, ready / floor, hwm))
+                           appended, fcpu, ready / floor, hwm, cpu))
+                if args.baseline:
+                    bready, bhwm, _, bcpu = got["baseline"]
+                    bratios.append(bready / floor)
+                    bpeaks.append(bhwm)
+                    bcpus.append(bcpu)
+                    line += "; baseline READY %.3f s = %.2fx, RSS %.0f MB, CPU %.2f s" % (
+                        bready, bready / floor, bhwm, bcpu)
                 if args.store:
-                    sready, _, _ = kairos_round(args, base, golden, n, True)
+                    sready = kairos_round(args, base, golden, n, True)[0]
                     stores.append(sready / ready)
                     line += "; with the store %.3f s = %.2fx" % (sready, sready / ready)
                 print(line + "; load %s" % load())
@@ -214,9 +279,18 @@ def run_on(args, goldens, parent, label):
             rss_ok = "" if n < 100000 else "; RSS target <= 100 MB: %s" % (
                 "OK" if max(peaks) <= 100 else "MISSED")
             print("%s: %d WALs: MEDIAN READY / one-thread C floor = %.2f (target <= 1.5: %s; "
-                  "range %.2f-%.2f over %d reps); peak RSS max %.0f MB%s; load %s"
+                  "range %.2f-%.2f over %d reps); peak RSS max %.0f MB%s; median CPU %.2f s "
+                  "(floor %.2f s); load %s"
                   % (label, n, med, "OK" if med <= 1.5 else "MISSED", min(ratios), max(ratios),
-                     reps, max(peaks), rss_ok, load()))
+                     reps, max(peaks), rss_ok, statistics.median(cpus), statistics.median(fcpus),
+                     load()))
+            if args.baseline:
+                print("%s: %d WALs: baseline (%s) MEDIAN READY / the same floors = %.2f (range "
+                      "%.2f-%.2f); peak RSS max %.0f MB; median CPU %.2f s; this build / "
+                      "baseline = %.2f; load %s"
+                      % (label, n, args.baseline, statistics.median(bratios), min(bratios),
+                         max(bratios), max(bpeaks), statistics.median(bcpus),
+                         med / statistics.median(bratios), load()))
             if args.store:
                 sm = statistics.median(stores)
                 print("%s: %d WALs: MEDIAN READY with the store / from the WALs alone = %.2f "
@@ -239,6 +313,9 @@ def main():
     ap.add_argument("--big-reps", type=int, default=3, help="repetitions above 10,000 WALs")
     ap.add_argument("--store", action="store_true",
                     help="also time recovery with the idempotency store consulted")
+    ap.add_argument("--baseline", default=None,
+                    help="another kairosd (e.g. main's build) timed in the same repetitions, "
+                         "interleaved, against the same floors")
     args = ap.parse_args()
     try:
         counts = [int(x) for x in args.counts.split(",")]
@@ -247,6 +324,10 @@ def main():
     if any(c < 1 for c in counts) or args.reps < 1 or args.big_reps < 1:
         ap.error("--counts, --reps and --big-reps must be >= 1")
     args.kairosd = os.path.abspath(args.kairosd)
+    if args.baseline:
+        args.baseline = os.path.abspath(args.baseline)
+        if not os.access(args.baseline, os.X_OK):
+            ap.error("--baseline %s: not an executable" % args.baseline)
     kairos_harness.KAIROSD = args.kairosd
     if args.floor is None:
         args.floor = os.path.join(os.path.dirname(args.kairosd), "..", "..", "tests", "bench",

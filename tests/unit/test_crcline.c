@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <zlib.h>
+#include <stdio.h>
 
 #include "kairos/crcline.h"
 #include "kairos/kbuf.h"
@@ -238,6 +240,37 @@ static void test_reject_is_bad(void **state)
         kbuf_free(&b);
 }
 
+/* The crc of every length and alignment (the folded path takes lines of
+ * 64 bytes and more, whole 16-byte blocks, zlib the rest) is zlib's. */
+static void test_crc_every_length(void **state)
+{
+        (void)state;
+        unsigned char bytes[1200];
+        uint32_t x = 12345;
+        for (size_t i = 0; i < sizeof bytes; i++) {
+                x = x * 1103515245u + 12345u;
+                bytes[i] = (unsigned char)(x >> 16);
+        }
+        for (size_t off = 0; off < 16; off += 3) {
+                for (size_t n = 1; n + off <= sizeof bytes - 16; n += (n < 300 ? 1 : 37)) {
+                        struct kbuf b = KBUF_INIT;
+                        assert_int_equal(kbuf_append(&b, "{", 1), 0);
+                        assert_int_equal(kbuf_append(&b, (const char *)bytes + off, n), 0);
+                        assert_int_equal(kbuf_append(&b, "}", 1), 0);
+                        uLong want = crc32(crc32(0L, Z_NULL, 0), (const Bytef *)b.data,
+                                           (uInt)b.len);
+                        assert_int_equal(crcline_seal(&b, 0), 0);
+                        char hex[9];
+                        snprintf(hex, sizeof hex, "%08lx", want & 0xffffffffUL);
+                        assert_memory_equal(b.data + b.len - 11, hex, 8);
+                        /* and the reader agrees */
+                        assert_int_equal(crcline_body_crc(b.data, b.len - 1),
+                                         (uint32_t)(want & 0xffffffffUL));
+                        kbuf_free(&b);
+                }
+        }
+}
+
 static void test_names(void **state)
 {
         (void)state;
@@ -254,6 +287,7 @@ int main(void)
                 cmocka_unit_test(test_torn_tails),
                 cmocka_unit_test(test_corruption),
                 cmocka_unit_test(test_reject_is_bad),
+                cmocka_unit_test(test_crc_every_length),
                 cmocka_unit_test(test_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
