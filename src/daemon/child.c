@@ -130,7 +130,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
                 *buf = uv_buf_init(scratch, sizeof scratch);
                 return;
         }
-        /* stdout is read where it is kept */
+        /* stdout is read where it is kept, but its first read into the
+         * scratch buffer and copied by its length: most handlers write a
+         * little or nothing, and a kept buffer of READ_CHUNK is past
+         * malloc's mmap threshold (an mmap, page faults and a munmap per
+         * step) */
+        if (c->out.len == 0) {
+                *buf = uv_buf_init(scratch, sizeof scratch);
+                return;
+        }
         if (kbuf_reserve(&c->out, READ_CHUNK) < 0) {
                 *buf = uv_buf_init(NULL, 0); /* UV_ENOBUFS: read as its end */
                 return;
@@ -142,6 +150,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
         struct child *c = s->data;
         int fd = (uv_pipe_t *)s == &c->pout ? 1 : 2;
+        bool copy = fd == 1 && c->out_max && n > 0 && buf->base == scratch;
+        if (copy && kbuf_reserve(&c->out, (size_t)n) < 0)
+                n = UV_ENOBUFS; /* as when on_alloc finds no memory: its end */
         if (n < 0) {
                 uv_read_stop(s);
                 if (c->read)
@@ -166,6 +177,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         }
         if (c->out_max == 0)
                 return;
+        if (copy)
+                memcpy(c->out.data + c->out.len, scratch, (size_t)n);
         c->out.len += (size_t)n;
         c->out.data[c->out.len] = '\0';
         if (c->out.len > c->out_max && !c->overflow) {

@@ -314,6 +314,10 @@ static int write_number(struct kbuf *out, const struct kjson *v)
  * buffer holds goes to the hash whenever it passes CANON_SPILL bytes, so a
  * result of 1 MiB is never held whole (nor its pages touched). */
 #define CANON_SPILL (32u * 1024u)
+/* The buffer's first size: a plan or a marker hashes a few KiB, and a
+ * buffer of 2 * CANON_SPILL is past malloc's mmap threshold (an mmap, page
+ * faults and a munmap per hash); a bigger text grows it by doubling. */
+#define CANON_FIRST (4096u - 1u)
 
 static void spill(struct kbuf *out, crypto_hash_sha256_state *st)
 {
@@ -453,7 +457,7 @@ int canon_hash_value(const struct kjson *v, char out[CANON_HASH_STRLEN])
         struct kbuf b = KBUF_INIT;
         crypto_hash_sha256_state st;
         unsigned char h[crypto_hash_sha256_BYTES];
-        int r = kbuf_reserve(&b, 2 * CANON_SPILL);
+        int r = kbuf_reserve(&b, CANON_FIRST);
         if (r == 0) {
                 crypto_hash_sha256_init(&st);
                 r = write_canon(&b, v, 0, &st);
@@ -837,7 +841,10 @@ int canon_hash_compact(const char *text, size_t len, int max_depth,
                           .end = (const unsigned char *)text + len,
                           .max_depth = max_depth };
         unsigned char h[crypto_hash_sha256_BYTES];
-        int r = text && len && kbuf_reserve(&F.out, 2 * CANON_SPILL) == 0 ? 0 : GIVE_UP;
+        /* the canonical text of a compact one is about as long: room for
+         * it, up to the spill */
+        size_t first = len < 2 * CANON_SPILL ? len : 2 * CANON_SPILL;
+        int r = text && len && kbuf_reserve(&F.out, first) == 0 ? 0 : GIVE_UP;
         if (r == 0) {
                 crypto_hash_sha256_init(&F.st);
                 r = fast_value(&F, 0);
