@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -41,6 +42,7 @@ struct clone3_args {
         uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
 };
 #define RUNNER_CLONE_CLEAR_SIGHAND 0x100000000ULL
+#define RUNNER_CLONE_PIDFD 0x1000ULL
 
 enum { STAGE_SETUP = 1, STAGE_CGROUP, STAGE_USER, STAGE_CHDIR, STAGE_EXEC };
 
@@ -76,6 +78,18 @@ struct runner {
         uv_poll_t wake;
         /* the loop */
         uv_signal_t sigchld;
+        /* The pidfds of the handlers started by clone3 and of the keeper,
+         * in an epoll set the loop polls: their exits are read there, and
+         * SIGCHLD is left to its default (discarded where it is sent)
+         * instead of waking whichever thread it interrupts and costing
+         * libuv's signal pipe.  -1: SIGCHLD for all.  Watched on SIGCHLD
+         * too (sigchld_on) once a child has no pidfd (clone without
+         * clone3, the keeper's pidfd_open failed). */
+        int pid_ep;
+        uv_poll_t pid_poll;
+        bool sigchld_on;
+        int keeper_pidfd;          /* under lock; -1 none */
+        bool want_sigchld;         /* under lock: the keeper has no pidfd */
         struct runner_job **live;  /* started, not reaped */
         size_t nlive, cap;
         struct deadman *dm;        /* cluster mode: watches each handler's group */
@@ -329,6 +343,17 @@ static int keeper_start(struct runner *r)
         close(sv[1]);
         r->keeper = pid;
         r->keeper_fd = sv[0];
+        r->keeper_pidfd = -1;
+        if (r->pid_ep >= 0) {
+                int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &r->keeper_pidfd };
+                if (pfd >= 0 && epoll_ctl(r->pid_ep, EPOLL_CTL_ADD, pfd, &ev) < 0) {
+                        close(pfd);
+                        pfd = -1;
+                }
+                r->keeper_pidfd = pfd;
+        }
+        r->want_sigchld = r->keeper_pidfd < 0;
         return 0;
 }
 
@@ -386,6 +411,11 @@ static void keeper_check(struct runner *r)
         pthread_mutex_unlock(&r->lock);
         if (k <= 0 || waitpid(k, &status, WNOHANG) != k)
                 return;
+        pthread_mutex_lock(&r->lock);
+        if (r->keeper_pidfd >= 0)
+                close(r->keeper_pidfd); /* out of the epoll set with it */
+        r->keeper_pidfd = -1;
+        pthread_mutex_unlock(&r->lock);
         log_warning("the handler keeper (pid %d) died (%s %d): starting another", (int)k,
                     WIFSIGNALED(status) ? "signal" : "exit status",
                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
@@ -561,6 +591,13 @@ static pid_t clone_child(struct runner *r, struct runner_job *j, int flags)
                         .exit_signal = (uint64_t)(flags & 0xff),
                         .stack = (uint64_t)(uintptr_t)r->stack, .stack_size = CHILD_STACK,
                 };
+                /* its exit read from a pidfd on the loop: no signal, and
+                 * every wait for it says __WALL */
+                if (r->pid_ep >= 0) {
+                        ca.flags |= RUNNER_CLONE_PIDFD;
+                        ca.pidfd = (uint64_t)(uintptr_t)&j->pidfd;
+                        ca.exit_signal = 0;
+                }
                 j->clear_sighand = true;
                 long pid = clone3_run(&ca, child_main, j);
                 if (pid >= 0)
@@ -575,6 +612,7 @@ static pid_t clone_child(struct runner *r, struct runner_job *j, int flags)
         }
 #endif
         j->clear_sighand = false;
+        j->pidfd = -1;
         return clone(child_main, (char *)r->stack + CHILD_STACK, flags, j);
 }
 
@@ -600,6 +638,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
 {
         j->child_errno = 0;
         j->child_stage = 0;
+        j->pidfd = -1;
         struct rlimit cur;
         j->reset_nofile = initial_nofile_known && getrlimit(RLIMIT_NOFILE, &cur) == 0 &&
                           cur.rlim_cur != initial_nofile.rlim_cur &&
@@ -639,7 +678,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                 if (r->dm)
                         (void)deadman_unwatch(r->dm, pid);
                 keeper_forget(r, j);
-                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
                         ;
                 j->err = -j->child_errno;
                 j->err_what = j->child_stage == STAGE_CHDIR    ? "chdir"
@@ -660,6 +699,10 @@ out:
                         r->slot[i] = -1;
                         r->share_files = false;
                 }
+        if (j->err && j->pidfd >= 0) {
+                close(j->pidfd);
+                j->pidfd = -1;
+        }
         if (j->err)
                 keeper_forget(r, j); /* the slot back (it never ran, or is reaped) */
         if (j->err && cgroup_handler_active(&j->cgh) &&
@@ -808,12 +851,13 @@ static void tool_groups_end(struct runner *r, struct runner_job *j)
 }
 
 /* Has j exited?  Then kill what is left of its group, reap it, report. */
-static bool check_exit(struct runner *r, size_t i)
+static bool check_exit(struct runner *r, size_t i, bool exited)
 {
         struct runner_job *j = r->live[i];
         siginfo_t si;
         memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)j->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid == 0)
+        if (!exited && (waitid(P_PID, (id_t)j->pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) < 0 ||
+                        si.si_pid == 0))
                 return false;
         /* the zombie still holds the group id: no other group can have it */
         kill(-j->pid, SIGKILL);
@@ -822,8 +866,12 @@ static bool check_exit(struct runner *r, size_t i)
         keeper_forget(r, j);
         if (r->dm)
                 (void)deadman_unwatch(r->dm, j->pid); /* before the reap (deadman.h) */
+        if (j->pidfd >= 0) {
+                close(j->pidfd); /* out of the epoll set with it */
+                j->pidfd = -1;
+        }
         int status = 0;
-        while (waitpid(j->pid, &status, 0) < 0 && errno == EINTR)
+        while (waitpid(j->pid, &status, __WALL) < 0 && errno == EINTR)
                 ;
         r->live[i] = r->live[--r->nlive];
         j->live = false;
@@ -837,9 +885,42 @@ static void on_sigchld(uv_signal_t *h, int sig)
         (void)sig;
         struct runner *r = h->data;
         for (size_t i = 0; i < r->nlive;)
-                if (!check_exit(r, i))
-                        i++;
+                if (r->live[i]->pidfd >= 0 || !check_exit(r, i, false))
+                        i++; /* one with a pidfd sends no signal */
         keeper_check(r);
+}
+
+/* A pidfd is readable once its process has exited (a zombie). */
+static void on_pidfds(uv_poll_t *h, int status, int events)
+{
+        (void)status;
+        (void)events;
+        struct runner *r = h->data;
+        struct epoll_event ev[16];
+        int n;
+        while ((n = epoll_wait(r->pid_ep, ev, 16, 0)) < 0 && errno == EINTR)
+                ;
+        for (int k = 0; k < n; k++) {
+                if (ev[k].data.ptr == &r->keeper_pidfd) {
+                        keeper_check(r);
+                        continue;
+                }
+                /* still live (an earlier one's callback may have ended it) */
+                for (size_t i = 0; i < r->nlive; i++)
+                        if (r->live[i] == ev[k].data.ptr) {
+                                check_exit(r, i, true);
+                                break;
+                        }
+        }
+}
+
+/* SIGCHLD watched from now on (a child without a pidfd). */
+static void sigchld_watch(struct runner *r)
+{
+        if (r->sigchld_on)
+                return;
+        r->sigchld_on = true;
+        uv_signal_start(&r->sigchld, on_sigchld, SIGCHLD);
 }
 
 static void on_wake(uv_poll_t *h, int status, int events)
@@ -853,19 +934,34 @@ static void on_wake(uv_poll_t *h, int status, int events)
         pthread_mutex_lock(&r->lock);
         struct runner_job *j = r->done_head;
         r->done_head = r->done_tail = NULL;
+        bool want = r->want_sigchld;
         pthread_mutex_unlock(&r->lock);
+        if (want && !r->sigchld_on) {
+                sigchld_watch(r);
+                keeper_check(r); /* it may be gone already */
+        }
         while (j) {
                 struct runner_job *next = j->next;
                 j->next = NULL;
                 job_free_prep(j);
-                if (j->err == 0 && live_add(r, j) < 0) {
+                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = j };
+                if (j->err == 0 &&
+                    (live_add(r, j) < 0 ||
+                     (j->pidfd >= 0 && epoll_ctl(r->pid_ep, EPOLL_CTL_ADD, j->pidfd, &ev) < 0))) {
                         /* cannot watch it: end it now (it has not read its stdin) */
+                        if (j->live) {
+                                r->nlive--; /* the last one */
+                                j->live = false;
+                        }
                         kill(-j->pid, SIGKILL);
                         cgroup_end(r, j);
                         keeper_forget(r, j);
                         if (r->dm)
                                 (void)deadman_unwatch(r->dm, j->pid);
-                        while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
+                        if (j->pidfd >= 0)
+                                close(j->pidfd);
+                        j->pidfd = -1;
+                        while (waitpid(j->pid, NULL, __WALL) < 0 && errno == EINTR)
                                 ;
                         j->err = -ENOMEM;
                         j->err_what = "watch";
@@ -877,11 +973,14 @@ static void on_wake(uv_poll_t *h, int status, int events)
                         j->fd_in = j->fd_out = j->fd_err = -1;
                 }
                 j->started(j);
-                /* it may have exited before we watched it */
-                if (j->err == 0 && j->live)
+                /* it may have exited before we watched it (its pidfd, if
+                 * any, is readable then: the epoll set says so) */
+                if (j->err == 0 && j->live && j->pidfd < 0)
+                        sigchld_watch(r);
+                if (j->err == 0 && j->live && j->pidfd < 0)
                         for (size_t i = 0; i < r->nlive; i++)
                                 if (r->live[i] == j) {
-                                        check_exit(r, i);
+                                        check_exit(r, i, false);
                                         break;
                                 }
                 j = next;
@@ -1139,6 +1238,8 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         r->self = getpid();
         r->keeper_fd = -1;
         r->wake_fd = -1;
+        r->pid_ep = -1;
+        r->keeper_pidfd = -1;
         r->slot[0] = r->slot[1] = r->slot[2] = r->slot_null = -1;
         pthread_mutex_init(&r->lock, NULL);
         pthread_cond_init(&r->cond, NULL);
@@ -1169,6 +1270,11 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
                 e = -ENOMEM;
                 goto fail;
         }
+        /* exits read from pidfds: SIGCHLD at its default, not an ignore
+         * inherited from our parent (its children would be reaped by the
+         * kernel); without an epoll set, every exit by SIGCHLD */
+        signal(SIGCHLD, SIG_DFL);
+        r->pid_ep = epoll_create1(EPOLL_CLOEXEC);
         /* what the child resets besides what clone3 clears (SIGPIPE…) */
         size_t n = 0;
         for (int sig = 1; sig < NSIG; sig++) {
@@ -1178,6 +1284,11 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
                         r->ignored[n++] = sig;
         }
         r->ignored[n] = 0;
+#ifdef KAIROS_TEST_HOOKS
+        /* a kernel without clone3: clone, and exits by SIGCHLD */
+        const char *no3 = getenv("KAIROS_TEST_NO_CLONE3");
+        r->no_clone3 = no3 && *no3;
+#endif
         if ((e = keeper_start(r)) < 0)
                 goto fail;
         share_files_probe(r);
@@ -1192,7 +1303,20 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         uv_poll_start(&r->wake, UV_READABLE, on_wake);
         uv_signal_init(loop, &r->sigchld);
         r->sigchld.data = r;
-        uv_signal_start(&r->sigchld, on_sigchld, SIGCHLD);
+        if (r->pid_ep >= 0 && uv_poll_init(loop, &r->pid_poll, r->pid_ep) < 0) {
+                if (r->keeper_pidfd >= 0)
+                        close(r->keeper_pidfd);
+                r->keeper_pidfd = -1;
+                r->want_sigchld = true;
+                close(r->pid_ep);
+                r->pid_ep = -1;
+        }
+        if (r->pid_ep >= 0) {
+                r->pid_poll.data = r;
+                uv_poll_start(&r->pid_poll, UV_READABLE, on_pidfds);
+        }
+        if (r->want_sigchld)
+                sigchld_watch(r);
         /* the thread blocks every signal: the daemon's handlers never run on
          * it, and a child starts with every signal blocked */
         sigset_t all, old;
@@ -1203,6 +1327,8 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         if (e < 0) {
                 uv_close((uv_handle_t *)&r->wake, NULL);
                 uv_close((uv_handle_t *)&r->sigchld, NULL);
+                if (r->pid_ep >= 0)
+                        uv_close((uv_handle_t *)&r->pid_poll, NULL);
                 goto fail;
         }
         r->thread_started = true;
@@ -1223,7 +1349,10 @@ static void end_unseen(struct runner *r, struct runner_job *j)
                 keeper_forget(r, j);
                 if (r->dm)
                         (void)deadman_unwatch(r->dm, j->pid);
-                while (waitpid(j->pid, NULL, 0) < 0 && errno == EINTR)
+                if (j->pidfd >= 0)
+                        close(j->pidfd);
+                j->pidfd = -1;
+                while (waitpid(j->pid, NULL, __WALL) < 0 && errno == EINTR)
                         ;
                 if (cgroup_handler_active(&j->cgh) &&
                     cgroup_handler_destroy(r->cg, &j->cgh, CGROUP_EMPTY_MS) < 0)
@@ -1291,6 +1420,10 @@ void runner_free(struct runner *r)
         free(r->free_slots);
         if (r->wake_fd >= 0)
                 close(r->wake_fd); /* its poll handle closed with the loop's */
+        if (r->keeper_pidfd >= 0)
+                close(r->keeper_pidfd);
+        if (r->pid_ep >= 0)
+                close(r->pid_ep); /* its poll handle closed with the loop's */
         for (int i = 0; i < 3; i++)
                 if (r->slot[i] >= 0)
                         close(r->slot[i]);

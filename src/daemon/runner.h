@@ -89,6 +89,7 @@ struct runner_job {
         int child_errno;
         int child_stage;
         int keeper_slot;            /* its group's place in the keeper's table; -1 none */
+        int pidfd;                  /* clone3's (CLONE_PIDFD): it exits without a signal; -1 none */
         bool clear_sighand;         /* started by clone3(CLONE_CLEAR_SIGHAND) */
         bool reset_nofile;          /* the handler gets the open-file limit kairosd started with */
         struct rlimit nofile;

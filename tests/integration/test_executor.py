@@ -1311,6 +1311,58 @@ class TestStopAndCrash(ExecCase):
                 os.kill(pid, signal.SIGKILL)  # the test's own leftover
 
 
+def caught_signals(pid):
+    """The signals pid has a handler for (SigCgt of /proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        mask = int([ln.split()[1] for ln in f if ln.startswith("SigCgt:")][0], 16)
+    return {sig for sig in range(1, 65) if mask & (1 << (sig - 1))}
+
+
+class TestChildExit(ExecCase):
+    """A handler's exit is read from its pidfd (clone3's CLONE_PIDFD) on the
+    loop, the keeper's from its own: kairosd leaves SIGCHLD at its default
+    (no thread woken, no signal pipe), and catches it only once a child has
+    no pidfd (clone without clone3)."""
+
+    def run_two(self, env=None, sigchld_ignored=False):
+        ok = self.script("ok.sh", "echo '{\"n\": 1}'\n")
+        bad = self.script("bad.sh", "exit 3\n")
+        self.configure({"ok": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                               "Exec": {p: "/bin/sh " + ok for p in
+                                        ("Observe", "Orient", "Decide", "Act", "Reflect")}},
+                        "bad": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/sh " + bad}}})
+        old = signal.signal(signal.SIGCHLD, signal.SIG_IGN if sigchld_ignored else signal.SIG_DFL)
+        try:
+            d = self.start(env=env)
+        finally:
+            signal.signal(signal.SIGCHLD, old)
+        m = self.fire("ok")
+        self.d.wait_log("mandate %s done" % m)
+        self.assertEqual(self.last_status(self.archived(m), "reflect_001")["result"], {"n": 1})
+        b = self.fire("bad")
+        self.d.wait_log("mandate %s failed after" % b)
+        rec = self.last_status(self.archived(b), "observe_001")
+        self.assertEqual((rec["error_class"], rec["error_msg"]), ("exit_status", "exit status 3"))
+        return d
+
+    def test_sigchld_not_caught(self):
+        d = self.run_two()
+        self.assertNotIn(signal.SIGCHLD, caught_signals(d.proc.pid))
+
+    def test_sigchld_ignored_by_the_parent(self):
+        # an ignored SIGCHLD (inherited) would have the kernel reap the
+        # handlers: kairosd sets it back to its default
+        d = self.run_two(sigchld_ignored=True)
+        self.assertNotIn(signal.SIGCHLD, caught_signals(d.proc.pid))
+
+    def test_without_clone3_by_sigchld(self):
+        # KAIROS_TEST_NO_CLONE3 (-Dtest_hooks=true): spawned as on a kernel
+        # without clone3
+        d = self.run_two(env={"KAIROS_TEST_NO_CLONE3": "1"})
+        self.assertIn(signal.SIGCHLD, caught_signals(d.proc.pid))
+
+
 def children(pid):
     """The pids whose parent is pid."""
     out = []
