@@ -2,7 +2,12 @@
 #include "serialq.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 struct serialq_job {
         void (*work)(void *arg);
@@ -10,6 +15,34 @@ struct serialq_job {
         void *arg;
         struct serialq_job *next;
 };
+
+/* The threads that run the jobs, for the loop of the first queue: as many
+ * as libuv's pool would have (UV_THREADPOOL_SIZE, else 4), so startup
+ * recovery's lanes run as widely as before.  A queue
+ * whose head job is to run goes into `todo`; a thread takes it, runs the
+ * job and puts the queue into `done`; the loop is woken through an eventfd
+ * only when `done` was empty (the completions of one wake-up in one
+ * callback), and a thread through the condition only when one waits,
+ * signalled after the unlock (libuv's pool signals under its mutex, and
+ * the woken thread blocks on it at once).  Without them (a thread or the
+ * eventfd could not be made, or a queue of another loop) the jobs go to
+ * libuv's thread pool as before. */
+#define SERIALQ_THREADS 4
+#define SERIALQ_THREADS_MAX 1024
+
+static struct engine {
+        uv_loop_t *loop;     /* NULL: not started; its threads serve this loop only */
+        bool failed;         /* libuv's pool then */
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        struct serialq *todo_head, *todo_tail;  /* under lock */
+        struct serialq *done_head, *done_tail;  /* under lock */
+        unsigned idle;                          /* under lock: threads waiting */
+        int done_fd;
+        uv_poll_t poll;
+        unsigned running;                       /* the loop's: queues in todo, run or done */
+} engine = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
+             .done_fd = -1 };
 
 static void start_next(struct serialq *q);
 
@@ -21,19 +54,22 @@ void serialq_set_thread_done(void (*fn)(void))
         thread_done = fn;
 }
 
-static void on_work(uv_work_t *req)
+static void run_head(struct serialq *q)
 {
-        struct serialq *q = req->data;
         q->head->work(q->head->arg);
         /* a database connection the job was lent goes back (cluster mode) */
         if (thread_done)
                 thread_done();
 }
 
-static void on_after_work(uv_work_t *req, int status)
+static void on_work(uv_work_t *req)
 {
-        (void)status; /* jobs are never cancelled */
-        struct serialq *q = req->data;
+        run_head(req->data);
+}
+
+/* q's head job has run: on the loop */
+static void after_work(struct serialq *q)
+{
         struct serialq_job *job = q->head;
         q->head = job->next;
         if (!q->head)
@@ -53,9 +89,136 @@ static void on_after_work(uv_work_t *req, int status)
                 g->drained(g->ctx);
 }
 
+static void on_after_work(uv_work_t *req, int status)
+{
+        (void)status; /* jobs are never cancelled */
+        after_work(req->data);
+}
+
+static void *engine_thread(void *arg)
+{
+        struct engine *e = arg;
+        pthread_mutex_lock(&e->lock);
+        for (;;) {
+                while (!e->todo_head) {
+                        e->idle++;
+                        pthread_cond_wait(&e->cond, &e->lock);
+                        e->idle--;
+                }
+                struct serialq *q = e->todo_head;
+                e->todo_head = q->next_ready;
+                if (!e->todo_head)
+                        e->todo_tail = NULL;
+                pthread_mutex_unlock(&e->lock);
+                run_head(q);
+                pthread_mutex_lock(&e->lock);
+                q->next_ready = NULL;
+                bool wake = !e->done_head;
+                if (e->done_tail)
+                        e->done_tail->next_ready = q;
+                else
+                        e->done_head = q;
+                e->done_tail = q;
+                if (wake) {
+                        pthread_mutex_unlock(&e->lock);
+                        uint64_t one = 1;
+                        while (write(e->done_fd, &one, sizeof one) < 0 && errno == EINTR)
+                                ;
+                        pthread_mutex_lock(&e->lock);
+                }
+        }
+        return NULL;
+}
+
+static void on_done(uv_poll_t *h, int status, int events)
+{
+        (void)status;
+        (void)events;
+        struct engine *e = h->data;
+        uint64_t n;
+        while (read(e->done_fd, &n, sizeof n) < 0 && errno == EINTR)
+                ; /* EAGAIN: nothing (more) to count; the list says what is done */
+        pthread_mutex_lock(&e->lock);
+        struct serialq *q = e->done_head;
+        e->done_head = e->done_tail = NULL;
+        pthread_mutex_unlock(&e->lock);
+        while (q) {
+                struct serialq *next = q->next_ready;
+                q->next_ready = NULL;
+                /* the loop runs while a job is out (as libuv's requests
+                 * keep it), not for the idle threads */
+                if (--e->running == 0)
+                        uv_unref((uv_handle_t *)&e->poll);
+                after_work(q);
+                q = next;
+        }
+}
+
+/* The threads for loop, once (on the loop thread). */
+static void engine_start(uv_loop_t *loop)
+{
+        struct engine *e = &engine;
+        if (e->loop || e->failed)
+                return;
+        e->failed = true;
+        e->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (e->done_fd < 0)
+                return;
+        if (uv_poll_init(loop, &e->poll, e->done_fd) < 0) {
+                close(e->done_fd);
+                e->done_fd = -1;
+                return;
+        }
+        /* no signal handler of the daemon runs on them */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        unsigned want = SERIALQ_THREADS;
+        const char *env = getenv("UV_THREADPOOL_SIZE");
+        if (env && *env) {
+                unsigned long v = strtoul(env, NULL, 10);
+                want = v < 1 ? 1 : v > SERIALQ_THREADS_MAX ? SERIALQ_THREADS_MAX : (unsigned)v;
+        }
+        unsigned started = 0;
+        for (; started < want; started++) {
+                pthread_t t;
+                if (pthread_create(&t, NULL, engine_thread, e) != 0)
+                        break;
+                pthread_setname_np(t, "kairosd-jobs");
+                pthread_detach(t);
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        e->poll.data = e;
+        uv_poll_start(&e->poll, UV_READABLE, on_done);
+        uv_unref((uv_handle_t *)&e->poll);
+        if (started == 0) {
+                uv_close((uv_handle_t *)&e->poll, NULL); /* its fd stays open: never reused */
+                return;
+        }
+        e->failed = false;
+        e->loop = loop;
+}
+
 static void start_next(struct serialq *q)
 {
         q->busy = true;
+        struct engine *e = &engine;
+        if (e->loop == q->loop) {
+                if (e->running++ == 0)
+                        uv_ref((uv_handle_t *)&e->poll);
+                q->next_ready = NULL;
+                pthread_mutex_lock(&e->lock);
+                if (e->todo_tail)
+                        e->todo_tail->next_ready = q;
+                else
+                        e->todo_head = q;
+                e->todo_tail = q;
+                bool wake = e->idle > 0;
+                pthread_mutex_unlock(&e->lock);
+                if (wake)
+                        pthread_cond_signal(&e->cond);
+                return;
+        }
         q->req.data = q;
         int r = uv_queue_work(q->loop, &q->req, on_work, on_after_work);
         if (r < 0)
@@ -65,6 +228,7 @@ static void start_next(struct serialq *q)
 void serialq_init(struct serialq *q, uv_loop_t *loop, struct serialq_group *group)
 {
         *q = (struct serialq){ .loop = loop, .group = group };
+        engine_start(loop);
 }
 
 int serialq_submit(struct serialq *q, void (*work)(void *arg), void (*done)(void *arg),

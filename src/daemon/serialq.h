@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* serialq: blocking jobs (WAL appends and flushes, file reads) run on the
- * libuv thread pool, strictly one after another per queue (one queue per
- * mandate), so one slow fdatasync never stalls the loop or other mandates.
- * `work` runs on a pool thread; `done` runs on the loop thread afterwards. */
+/* serialq: blocking jobs (WAL appends and flushes, file reads) run on
+ * threads of its own (libuv's thread pool if they cannot be started),
+ * strictly one after another per queue (one queue per mandate), so one slow
+ * fdatasync never stalls the loop or other mandates.  `work` runs on one of
+ * those threads; `done` runs on the loop thread afterwards. */
 #pragma once
 
 #include <stdbool.h>
@@ -23,6 +24,7 @@ struct serialq {
         struct serialq_job *head, *tail;
         bool busy;
         uv_work_t req;
+        struct serialq *next_ready;  /* in the threads' list of queues to run or done */
 };
 
 void serialq_init(struct serialq *q, uv_loop_t *loop, struct serialq_group *group);

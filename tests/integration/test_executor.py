@@ -1363,6 +1363,33 @@ class TestChildExit(ExecCase):
         self.assertIn(signal.SIGCHLD, caught_signals(d.proc.pid))
 
 
+class TestJobThreads(ExecCase):
+    """serialq's jobs (WAL appends and flushes) run on threads of its own
+    (kairosd-jobs), as many as libuv's pool would have: UV_THREADPOOL_SIZE,
+    else 4."""
+
+    def names(self, pid):
+        out = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                out.append(f.read().strip())
+        return out
+
+    def run_one(self, env=None):
+        self.configure({"one": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/true"}}})
+        d = self.start(env=env)
+        m = self.fire("one")
+        self.d.wait_log("mandate %s done" % m)
+        return self.names(d.proc.pid).count("kairosd-jobs")
+
+    def test_four_by_default(self):
+        self.assertEqual(self.run_one(env={"UV_THREADPOOL_SIZE": ""}), 4)
+
+    def test_as_libuv_is_told(self):
+        self.assertEqual(self.run_one(env={"UV_THREADPOOL_SIZE": "2"}), 2)
+
+
 def children(pid):
     """The pids whose parent is pid."""
     out = []
