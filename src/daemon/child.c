@@ -2,8 +2,11 @@
 /* child: see child.h. */
 #include "child.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kairos/probeout.h"
 
@@ -208,15 +211,27 @@ static void on_started(struct runner_job *job)
         }
         c->pid = job->pid;
         c->running = !c->exited;
-        uv_pipe_open(&c->pin, job->fd_in);
         uv_pipe_open(&c->pout, job->fd_out);
         uv_pipe_open(&c->perr, job->fd_err);
         uv_read_start((uv_stream_t *)&c->pout, on_alloc, on_read);
         uv_read_start((uv_stream_t *)&c->perr, on_alloc, on_read);
-        uv_buf_t b = uv_buf_init((char *)c->in, (unsigned)c->in_len);
-        c->wreq.data = c;
-        if (uv_write(&c->wreq, (uv_stream_t *)&c->pin, &b, 1, on_written) < 0)
+        if (c->in_len <= PIPE_BUF) {
+                /* An empty pipe takes PIPE_BUF bytes at once (its least
+                 * room is a page): written and closed here, without the
+                 * pipe's handle (libuv's fcntl, ioctl and epoll_ctl for
+                 * it).  EPIPE: a child that does not read its stdin is
+                 * fine, as in on_written. */
+                while (c->in_len && write(job->fd_in, c->in, c->in_len) < 0 && errno == EINTR)
+                        ;
+                close(job->fd_in);
                 uv_close((uv_handle_t *)&c->pin, on_closed);
+        } else {
+                uv_pipe_open(&c->pin, job->fd_in);
+                uv_buf_t b = uv_buf_init((char *)c->in, (unsigned)c->in_len);
+                c->wreq.data = c;
+                if (uv_write(&c->wreq, (uv_stream_t *)&c->pin, &b, 1, on_written) < 0)
+                        uv_close((uv_handle_t *)&c->pin, on_closed);
+        }
         uv_timer_start(&c->timer, on_timeout, c->timeout_ms, 0);
         c->started(c);
 }
