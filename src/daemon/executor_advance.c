@@ -284,6 +284,20 @@ static void failure_from_wal(struct advance *a, const struct fold *f)
         }
 }
 
+/* The retry delay's jitter: 4 random bytes, drawn from a per-thread pool
+ * refilled by one call for 256 draws (randombytes_random asks the kernel
+ * each time: a getrandom per job, though a retry is rarely scheduled). */
+static uint32_t jitter_draw(void)
+{
+        static __thread uint32_t pool[256];
+        static __thread unsigned left;
+        if (left == 0) {
+                randombytes_buf(pool, sizeof pool);
+                left = sizeof pool / sizeof pool[0];
+        }
+        return pool[--left];
+}
+
 /* Decide and append until a decision needs the loop (a spawn, a pause, the
  * end) or there is nothing to do. */
 static void decide_loop(struct advance *a)
@@ -298,7 +312,7 @@ static void decide_loop(struct advance *a)
                 .retry = a->retry,
                 .retry_policy = a->retry_policy,
                 .now_ms = now_ms_realtime(),
-                .jitter_rand = randombytes_random(),
+                .jitter_rand = jitter_draw(),
                 .retry_evidence_phases = a->retry_evidence_phases,
         };
         memcpy(in.has_command, a->has_command, sizeof in.has_command);
