@@ -559,6 +559,7 @@ int main(int argc, char **argv)
         d->drv->stop(d);
         control_stop(d);
         runner_stop(d->runner); /* its thread wakes the loop: joined before the close */
+        serialq_stop(d->loop);
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
         exit_code = d->exit_code;

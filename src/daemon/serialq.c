@@ -35,6 +35,8 @@ static struct engine {
         bool failed;         /* libuv's pool then */
         pthread_mutex_t lock;
         pthread_cond_t cond;
+        pthread_cond_t done_cond;               /* serialq_stop waits on it */
+        bool draining;                          /* under lock */
         struct serialq *todo_head, *todo_tail;  /* under lock */
         struct serialq *done_head, *done_tail;  /* under lock */
         unsigned idle;                          /* under lock: threads waiting */
@@ -42,7 +44,7 @@ static struct engine {
         uv_poll_t poll;
         unsigned running;                       /* the loop's: queues in todo, run or done */
 } engine = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
-             .done_fd = -1 };
+             .done_cond = PTHREAD_COND_INITIALIZER, .done_fd = -1 };
 
 static void start_next(struct serialq *q);
 
@@ -119,6 +121,8 @@ static void *engine_thread(void *arg)
                 else
                         e->done_head = q;
                 e->done_tail = q;
+                if (e->draining)
+                        pthread_cond_signal(&e->done_cond);
                 if (wake) {
                         pthread_mutex_unlock(&e->lock);
                         uint64_t one = 1;
@@ -128,6 +132,20 @@ static void *engine_thread(void *arg)
                 }
         }
         return NULL;
+}
+
+static void finish_done(struct engine *e, struct serialq *q)
+{
+        while (q) {
+                struct serialq *next = q->next_ready;
+                q->next_ready = NULL;
+                /* the loop runs while a job is out (as libuv's requests
+                 * keep it), not for the idle threads */
+                if (--e->running == 0)
+                        uv_unref((uv_handle_t *)&e->poll);
+                after_work(q);
+                q = next;
+        }
 }
 
 static void on_done(uv_poll_t *h, int status, int events)
@@ -142,16 +160,28 @@ static void on_done(uv_poll_t *h, int status, int events)
         struct serialq *q = e->done_head;
         e->done_head = e->done_tail = NULL;
         pthread_mutex_unlock(&e->lock);
-        while (q) {
-                struct serialq *next = q->next_ready;
-                q->next_ready = NULL;
-                /* the loop runs while a job is out (as libuv's requests
-                 * keep it), not for the idle threads */
-                if (--e->running == 0)
-                        uv_unref((uv_handle_t *)&e->poll);
-                after_work(q);
-                q = next;
+        finish_done(e, q);
+}
+
+void serialq_stop(uv_loop_t *loop)
+{
+        struct engine *e = &engine;
+        if (e->loop != loop)
+                return;
+        /* what runs (and what its `done` queues) ends here, on the loop
+         * thread: the loop's handles, this one's too, are closed next */
+        while (e->running) {
+                pthread_mutex_lock(&e->lock);
+                e->draining = true;
+                while (!e->done_head)
+                        pthread_cond_wait(&e->done_cond, &e->lock);
+                struct serialq *q = e->done_head;
+                e->done_head = e->done_tail = NULL;
+                e->draining = false;
+                pthread_mutex_unlock(&e->lock);
+                finish_done(e, q);
         }
+        e->loop = NULL; /* later jobs: libuv's pool (its threads stay idle) */
 }
 
 /* The threads for loop, once (on the loop thread). */

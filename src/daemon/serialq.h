@@ -32,6 +32,10 @@ void serialq_init(struct serialq *q, uv_loop_t *loop, struct serialq_group *grou
 int serialq_submit(struct serialq *q, void (*work)(void *arg), void (*done)(void *arg),
                    void *arg);
 bool serialq_idle(const struct serialq *q);
+/* Before the loop's handles are closed (on the loop thread): wait for the
+ * jobs running on serialq's threads and run their `done`; later jobs go to
+ * libuv's thread pool. */
+void serialq_stop(uv_loop_t *loop);
 /* fn runs on the pool thread after each job's work (cluster mode: the
  * connection the job was lent goes back).  Set once at start, before the
  * first job; NULL: nothing. */
