@@ -17,8 +17,9 @@ struct serialq_job {
 };
 
 /* The threads that run the jobs, for the loop of the first queue: as many
- * as libuv's pool would have (UV_THREADPOOL_SIZE, else 4), so startup
- * recovery's lanes run as widely as before.  A queue
+ * as libuv's pool would have (UV_THREADPOOL_SIZE, which kairosd sets to 16
+ * unless it is set; else 4), so startup recovery's lanes run as widely as
+ * before.  A queue
  * whose head job is to run goes into `todo`; a thread takes it, runs the
  * job and puts the queue into `done`; the loop is woken through an eventfd
  * only when `done` was empty (the completions of one wake-up in one
@@ -205,8 +206,8 @@ static void engine_start(uv_loop_t *loop)
         pthread_sigmask(SIG_SETMASK, &all, &old);
         unsigned want = SERIALQ_THREADS;
         const char *env = getenv("UV_THREADPOOL_SIZE");
-        if (env && *env) {
-                unsigned long v = strtoul(env, NULL, 10);
+        if (env) { /* read as libuv reads it */
+                long v = atol(env);
                 want = v < 1 ? 1 : v > SERIALQ_THREADS_MAX ? SERIALQ_THREADS_MAX : (unsigned)v;
         }
         unsigned started = 0;

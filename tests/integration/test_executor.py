@@ -1366,7 +1366,7 @@ class TestChildExit(ExecCase):
 class TestJobThreads(ExecCase):
     """serialq's jobs (WAL appends and flushes) run on threads of its own
     (kairosd-jobs), as many as libuv's pool would have: UV_THREADPOOL_SIZE,
-    else 4."""
+    which kairosd sets to 16 unless it is set."""
 
     def names(self, pid):
         out = []
@@ -1383,8 +1383,13 @@ class TestJobThreads(ExecCase):
         self.d.wait_log("mandate %s done" % m)
         return self.names(d.proc.pid).count("kairosd-jobs")
 
-    def test_four_by_default(self):
-        self.assertEqual(self.run_one(env={"UV_THREADPOOL_SIZE": ""}), 4)
+    def test_sixteen_by_default(self):
+        saved = os.environ.pop("UV_THREADPOOL_SIZE", None)
+        try:
+            self.assertEqual(self.run_one(), 16)
+        finally:
+            if saved is not None:
+                os.environ["UV_THREADPOOL_SIZE"] = saved
 
     def test_as_libuv_is_told(self):
         self.assertEqual(self.run_one(env={"UV_THREADPOOL_SIZE": "2"}), 2)
