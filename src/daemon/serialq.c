@@ -182,7 +182,9 @@ void serialq_stop(uv_loop_t *loop)
                 pthread_mutex_unlock(&e->lock);
                 finish_done(e, q);
         }
-        e->loop = NULL; /* later jobs: libuv's pool (its threads stay idle) */
+        /* later jobs: libuv's pool (its threads stay idle), never started again */
+        e->loop = NULL;
+        e->failed = true;
 }
 
 /* The threads for loop, once (on the loop thread). */
