@@ -106,7 +106,11 @@ class TestSpares(unittest.TestCase):
     def start(self):
         self.notify.clear()
         self.d = Daemon(self.state, config=self.conf, notify=self.notify)
-        self.notify.wait_ready(timeout=60)
+        try:
+            self.notify.wait_ready(timeout=60)
+        except TimeoutError:
+            print(self.d.log()[-3000:], file=sys.stderr)
+            raise
         return Client(self.d.socket_path, timeout=60)
 
     def stop(self, kill=False):
