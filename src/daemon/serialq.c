@@ -37,6 +37,8 @@ static struct engine {
         pthread_mutex_t lock;
         pthread_cond_t cond;
         pthread_cond_t done_cond;               /* serialq_stop waits on it */
+        pthread_cond_t ready_cond;              /* engine_start waits on it */
+        unsigned ready;                         /* under lock: threads started */
         bool draining;                          /* under lock */
         struct serialq *todo_head, *todo_tail;  /* under lock */
         struct serialq *done_head, *done_tail;  /* under lock */
@@ -45,7 +47,8 @@ static struct engine {
         uv_poll_t poll;
         unsigned running;                       /* the loop's: queues in todo, run or done */
 } engine = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
-             .done_cond = PTHREAD_COND_INITIALIZER, .done_fd = -1 };
+             .done_cond = PTHREAD_COND_INITIALIZER, .ready_cond = PTHREAD_COND_INITIALIZER,
+             .done_fd = -1 };
 
 static void start_next(struct serialq *q);
 
@@ -101,7 +104,10 @@ static void on_after_work(uv_work_t *req, int status)
 static void *engine_thread(void *arg)
 {
         struct engine *e = arg;
+        pthread_setname_np(pthread_self(), "kairosd-jobs");
         pthread_mutex_lock(&e->lock);
+        e->ready++;
+        pthread_cond_signal(&e->ready_cond);
         for (;;) {
                 while (!e->todo_head) {
                         e->idle++;
@@ -217,10 +223,18 @@ static void engine_start(uv_loop_t *loop)
                 pthread_t t;
                 if (pthread_create(&t, NULL, engine_thread, e) != 0)
                         break;
-                pthread_setname_np(t, "kairosd-jobs");
                 pthread_detach(t);
         }
         pthread_sigmask(SIG_SETMASK, &old, NULL);
+        /* Each thread is past its start (its name set, waiting for work)
+         * before the daemon goes on: a process forked later (the keeper)
+         * must not inherit a lock a starting thread held (the sanitizers'
+         * thread registry; a child of a threaded process may only use what
+         * is safe after fork, and a lock taken by another thread never is). */
+        pthread_mutex_lock(&e->lock);
+        while (e->ready < started)
+                pthread_cond_wait(&e->ready_cond, &e->lock);
+        pthread_mutex_unlock(&e->lock);
         e->poll.data = e;
         uv_poll_start(&e->poll, UV_READABLE, on_done);
         uv_unref((uv_handle_t *)&e->poll);
