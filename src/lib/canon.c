@@ -520,37 +520,6 @@ struct fast {
 
 static int fast_value(struct fast *F, int depth);
 
-/* A UTF-8 sequence at p (p[0] >= 0x80) as kjson accepts it: its length,
- * or 0. */
-static size_t fast_utf8(const unsigned char *p, const unsigned char *end)
-{
-        unsigned char c = p[0], lo = 0x80, hi = 0xBF;
-        size_t len;
-        if (c >= 0xC2 && c <= 0xDF) {
-                len = 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-                len = 3;
-                if (c == 0xE0)
-                        lo = 0xA0;
-                else if (c == 0xED)
-                        hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-                len = 4;
-                if (c == 0xF0)
-                        lo = 0x90;
-                else if (c == 0xF4)
-                        hi = 0x8F;
-        } else {
-                return 0;
-        }
-        if ((size_t)(end - p) < len || p[1] < lo || p[1] > hi)
-                return 0;
-        for (size_t i = 2; i < len; i++)
-                if ((p[i] & 0xC0) != 0x80)
-                        return 0;
-        return len;
-}
-
 /* The string at F->p (its opening quote): past it, and whether it holds a
  * backslash.  Only the escapes kbuf_json_string writes are taken (so its
  * text is its canonical text). */
@@ -589,7 +558,8 @@ static int fast_string(struct fast *F, bool *ret_escaped)
                         p += 6;
                         continue;
                 }
-                size_t l = fast_utf8(p, end);
+                /* a UTF-8 sequence (p[0] >= 0x80) as kjson accepts it */
+                size_t l = utf8_seq_len(p, (size_t)(end - p));
                 if (!l)
                         return GIVE_UP;
                 p += l;
