@@ -267,6 +267,28 @@ struct member_ref {
         size_t index;
 };
 
+/* An object's members in canonical order: qsort for many, an insertion
+ * sort for a few (the same total order; no qsort buffer, no call per
+ * comparison through libc's merge sort). */
+#define SORT_SMALL_MAX 16
+#define SORT_ELEM_MAX 64
+static void sort_members(void *base, size_t n, size_t size,
+                         int (*cmp)(const void *, const void *))
+{
+        if (n > SORT_SMALL_MAX || size > SORT_ELEM_MAX) {
+                qsort(base, n, size, cmp);
+                return;
+        }
+        unsigned char *v = base, x[SORT_ELEM_MAX];
+        for (size_t i = 1; i < n; i++) {
+                memcpy(x, v + i * size, size);
+                size_t j = i;
+                for (; j > 0 && cmp(v + (j - 1) * size, x) > 0; j--)
+                        memcpy(v + j * size, v + (j - 1) * size, size);
+                memcpy(v + j * size, x, size);
+        }
+}
+
 static int member_ref_cmp(const void *pa, const void *pb)
 {
         const struct member_ref *a = pa, *b = pb;
@@ -351,18 +373,7 @@ static int write_object(struct kbuf *out, const struct kjson *v, int depth,
                 if (!volatile_key(m->key, m->key_len))
                         refs[k++] = (struct member_ref){ m, i };
         }
-        if (k > sizeof(small) / sizeof(small[0])) {
-                qsort(refs, k, sizeof(*refs), member_ref_cmp);
-        } else {
-                /* (insertion sort: the same total order, no qsort buffer) */
-                for (size_t i = 1; i < k; i++) {
-                        struct member_ref x = refs[i];
-                        size_t j = i;
-                        for (; j > 0 && member_ref_cmp(&refs[j - 1], &x) > 0; j--)
-                                refs[j] = refs[j - 1];
-                        refs[j] = x;
-                }
-        }
+        sort_members(refs, k, sizeof(*refs), member_ref_cmp);
 
         bool first = true;
         if ((r = kbuf_putc(out, '{')) < 0)
@@ -652,17 +663,7 @@ static int fast_object_close(struct fast *F, size_t base, size_t start)
         }
         if (in_order)
                 return kbuf_putc(&F->out, '}') < 0 ? GIVE_UP : 0;
-        if (n > 16) {
-                qsort(m, n, sizeof(*m), fast_member_cmp);
-        } else {
-                for (size_t i = 1; i < n; i++) {
-                        struct fast_member x = m[i];
-                        size_t j = i;
-                        for (; j > 0 && fast_member_cmp(&m[j - 1], &x) > 0; j--)
-                                m[j] = m[j - 1];
-                        m[j] = x;
-                }
-        }
+        sort_members(m, n, sizeof(*m), fast_member_cmp);
         /* the object again after the output (room made once: it is no
          * longer than the members as written), then moved down to start */
         size_t at = F->out.len;
