@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/epoll.h>
@@ -34,6 +35,7 @@
 
 #define CHILD_STACK (256 * 1024)
 #define KEEPER_MAX_GROUPS 65536
+#define KEEPER_EXIT_MS 5000 /* from its socket's close to its exit, at most */
 
 /* clone3(2), spelled out here (linux/sched.h clashes with sched.h): the
  * arguments of its first version, and the flag that resets every handled
@@ -127,6 +129,7 @@ struct runner {
          * CLONE_CLEAR_SIGHAND): the child resets these, NSIG ends */
         int ignored[NSIG];
         bool no_clone3;            /* the thread's: clone3 failed once (ENOSYS…) */
+        bool test_keeper_stall;    /* KAIROS_TEST_KEEPER_STALL (test builds) */
 };
 
 /* The open-file limit kairosd started with.  kairosd raises its own soft
@@ -289,7 +292,8 @@ static void keeper_sweep(const int32_t *groups, const struct keeper_shared *ks)
 }
 
 /* Forked from the daemon; only async-signal-safe calls, no allocation. */
-static void keeper_main(int sock, const int32_t *groups, const struct keeper_shared *ks)
+static void keeper_main(int sock, const int32_t *groups, const struct keeper_shared *ks,
+                        bool stall)
 {
         static const int ignore[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGPIPE, SIGQUIT };
         for (size_t i = 0; i < sizeof ignore / sizeof ignore[0]; i++)
@@ -317,6 +321,8 @@ static void keeper_main(int sock, const int32_t *groups, const struct keeper_sha
                 if (k <= 0)
                         break; /* end of file: kairosd is gone (or a broken socket) */
         }
+        while (stall) /* a test hook: a keeper stuck at kairosd's exit */
+                pause();
         for (size_t i = 0; i < KEEPER_MAX_GROUPS; i++) {
                 int32_t g = __atomic_load_n(&groups[i], __ATOMIC_ACQUIRE);
                 if (g > 0)
@@ -339,7 +345,7 @@ static int keeper_start(struct runner *r)
                 return -e;
         }
         if (pid == 0)
-                keeper_main(sv[1], r->groups, r->ks); /* does not return */
+                keeper_main(sv[1], r->groups, r->ks, r->test_keeper_stall); /* no return */
         close(sv[1]);
         r->keeper = pid;
         r->keeper_fd = sv[0];
@@ -1288,6 +1294,9 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         /* a kernel without clone3: clone, and exits by SIGCHLD */
         const char *no3 = getenv("KAIROS_TEST_NO_CLONE3");
         r->no_clone3 = no3 && *no3;
+        /* a keeper that never exits once kairosd closes its socket */
+        const char *stall = getenv("KAIROS_TEST_KEEPER_STALL");
+        r->test_keeper_stall = stall && *stall;
 #endif
         if ((e = keeper_start(r)) < 0)
                 goto fail;
@@ -1401,6 +1410,42 @@ void runner_stop(struct runner *r)
                          dropped, dropped == 1 ? "" : "s", ended);
 }
 
+/* The keeper's exit once its socket is closed: a kill of what handlers
+ * left and a sweep of their cgroups, milliseconds.  A keeper still there
+ * after KEEPER_EXIT_MS is stuck: killed, so kairosd's stop never hangs on
+ * it (and it is not left behind, orphaned). */
+static void keeper_reap(struct runner *r)
+{
+        if (r->keeper <= 0)
+                return;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t until = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + KEEPER_EXIT_MS;
+        for (;;) {
+                pid_t k = waitpid(r->keeper, NULL, WNOHANG);
+                if (k == r->keeper || (k < 0 && errno != EINTR))
+                        return; /* reaped, or not ours to reap */
+                if (k < 0)
+                        continue;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                int64_t left = until - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+                if (left <= 0)
+                        break;
+                /* its pidfd turns readable when it exits; without one, poll */
+                struct pollfd p = { .fd = r->keeper_pidfd, .events = POLLIN };
+                if (r->keeper_pidfd >= 0)
+                        (void)poll(&p, 1, (int)left);
+                else
+                        (void)poll(NULL, 0, left < 5 ? (int)left : 5);
+        }
+        log_warning("the handler keeper (pid %d) did not exit within %d ms of its socket's "
+                    "close: killed (what handlers left behind in their cgroups may still run)",
+                    (int)r->keeper, KEEPER_EXIT_MS);
+        kill(r->keeper, SIGKILL);
+        while (waitpid(r->keeper, NULL, 0) < 0 && errno == EINTR)
+                ;
+}
+
 void runner_free(struct runner *r)
 {
         if (!r)
@@ -1408,9 +1453,7 @@ void runner_free(struct runner *r)
         runner_stop(r);
         if (r->keeper_fd >= 0)
                 close(r->keeper_fd); /* the keeper sees end-of-file and exits */
-        if (r->keeper > 0)
-                while (waitpid(r->keeper, NULL, 0) < 0 && errno == EINTR)
-                        ;
+        keeper_reap(r);
         if (r->stack)
                 munmap(r->stack, CHILD_STACK);
         if (r->groups)

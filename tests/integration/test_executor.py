@@ -1213,6 +1213,29 @@ class TestStopAndCrash(ExecCase):
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
 
+    def test_a_stuck_keeper_is_killed_at_stop(self):
+        # KAIROS_TEST_KEEPER_STALL (-Dtest_hooks=true): the keeper never exits
+        # once kairosd closes its socket.  kairosd's stop waits for it a
+        # bounded time (5 s), then kills it and says so: it neither hangs
+        # nor leaves the keeper behind
+        self.configure({"idle": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Observe": "true"}}})
+        d = self.start(env={"KAIROS_TEST_KEEPER_STALL": "1"})
+        # (the keeper names itself on its own time: poll /proc, with a deadline)
+        deadline = time.monotonic() + 10
+        while True:
+            keepers = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+            if keepers or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        self.assertEqual(len(keepers), 1, [(p, comm(p)) for p in children(d.proc.pid)])
+        t0 = time.monotonic()
+        self.assertEqual(d.stop(signal.SIGTERM, timeout=30), 0, d.log()[-3000:])
+        self.assertLess(time.monotonic() - t0, 15)
+        self.assertIn("the handler keeper (pid %d) did not exit within 5000 ms of its socket's "
+                      "close: killed" % keepers[0], d.log())
+        self.assertFalse(alive(keepers[0]), "the keeper %d outlived kairosd" % keepers[0])
+
     def test_keeper_killed_is_replaced(self):
         # someone kills the keeper: handlers still start, a new keeper takes
         # over, and a kill -9 of kairosd still takes the handler's children
