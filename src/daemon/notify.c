@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,22 @@ static void notify_open(void)
         notify_mode = NOTIFY_OWN;
 }
 
+/* A notice the manager never got (a lost READY=1 has the start time out):
+ * the first such failure is a warning, later ones debug. */
+static void notify_failed(const char *state, int err)
+{
+        static bool warned;
+        const char *nl = strchr(state, '\n');
+        int len = nl ? (int)(nl - state) : (int)strlen(state);
+        if (!warned)
+                log_warning("cannot notify the service manager (%.*s): %s", len, state,
+                            strerror(err));
+        else
+                log_debug("cannot notify the service manager (%.*s): %s", len, state,
+                          strerror(err));
+        warned = true;
+}
+
 static void notify_send(const char *state)
 {
         if (notify_mode == NOTIFY_UNKNOWN)
@@ -59,12 +76,12 @@ static void notify_send(const char *state)
                                    (struct sockaddr *)&notify_addr, notify_addrlen);
                 while (n < 0 && errno == EINTR);
                 if (n < 0)
-                        log_debug("sd_notify(%s) failed: %s", state, strerror(errno));
+                        notify_failed(state, errno);
                 return;
         }
         int r = sd_notify(0, state);
         if (r < 0)
-                log_debug("sd_notify(%s) failed: %s", state, strerror(-r));
+                notify_failed(state, -r);
 }
 
 void notify_ready(void)

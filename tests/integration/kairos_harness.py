@@ -2,11 +2,14 @@
 """Shared helpers for black-box tests of the real kairosd/kairosctl binaries:
 crc'd WAL records, a fake NOTIFY_SOCKET, a daemon runner and a control client.
 Standard library only."""
+import fcntl
 import json
 import os
 import socket
+import struct
 import subprocess
 import tempfile
+import termios
 import threading
 import time
 import zlib
@@ -80,12 +83,22 @@ class NotifySocket:
     def _reader(self):
         while True:
             try:
-                data = self.sock.recv(65536).decode()
+                data = self.sock.recv(65536)
             except OSError:
                 return
+            if not data and self.closed:
+                return  # close(): shut down, nothing more to read
             with self.cond:
-                self.messages.append(data)
+                self.messages.append(data.decode(errors="replace"))
                 self.cond.notify_all()
+
+    def _queued(self):
+        """Bytes waiting in the socket, unread (SIOCINQ), or an error."""
+        try:
+            return struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.FIONREAD,
+                                                  b"\0\0\0\0"))[0]
+        except OSError as e:
+            return str(e)
 
     def clear(self):
         with self.cond:
@@ -105,13 +118,25 @@ class NotifySocket:
                         return m
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError("notify: no matching message; got %r" % self.messages[-10:])
+                    raise TimeoutError("notify: no matching message; got %r (reader %s, %s "
+                                       "bytes unread)" % (self.messages[-10:],
+                                                          "alive" if self.thread.is_alive()
+                                                          else "gone", self._queued()))
                 self.cond.wait(left)
 
     def wait_ready(self, timeout=30.0):
         return self.wait_for(lambda m: "READY=1" in m.split("\n"), timeout)
 
     def close(self):
+        # The reader leaves its recv before the socket is closed: closed
+        # under it, the descriptor's number could name the next test's
+        # socket by the time it called recv again (and take its messages).
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.thread.join(10)
         self.sock.close()
 
 

@@ -430,6 +430,19 @@ class TestLifecycle(DaemonCase):
         finally:
             notify.close()
 
+    def test_notify_socket_gone_is_a_warning_once(self):
+        """A notice the manager cannot get (its socket is gone) is a warning
+        the first time (a lost READY=1 times the start out), debug after."""
+        gone = os.path.join(self.dir, "no-such-dir", "notify.sock")
+        d = self.start(notify=None, env={"NOTIFY_SOCKET": gone})
+        d.wait_log("ready: recovered")
+        self.assertEqual(d.stop(signal.SIGTERM), 0)
+        warned = [ln for ln in d.log().splitlines() if "cannot notify the service manager" in ln]
+        self.assertTrue(warned, d.log())
+        self.assertEqual(warned[0], "<4>cannot notify the service manager (STATUS=recovering): "
+                         "No such file or directory", warned)
+        self.assertFalse([ln for ln in warned[1:] if not ln.startswith("<7>")], warned)
+
     def test_second_daemon_on_same_state_dir_refused(self):
         self.start()
         self.notify.wait_ready()
