@@ -2,11 +2,13 @@
 #include "serialq.h"
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 struct serialq_job {
@@ -23,30 +25,38 @@ struct serialq_job {
  * whose head job is to run goes into `todo`; a thread takes it, runs the
  * job and puts the queue into `done`; the loop is woken through an eventfd
  * only when `done` was empty (the completions of one wake-up in one
- * callback), and a thread through the condition only when one waits,
- * signalled after the unlock (libuv's pool signals under its mutex, and
- * the woken thread blocks on it at once).  Without them (a thread or the
+ * callback), and a thread only when one waits: the one that went idle
+ * last (its stack and heap still in the cache; a condition wakes them in
+ * turn), through a futex of its own, woken after the unlock (libuv's pool
+ * signals under its mutex, and the woken thread blocks on it at once) and
+ * waited on without the mutex (pthread_cond_wait takes the mutex back
+ * marked contended: one more futex wake at its next unlock).  Without them (a thread or the
  * eventfd could not be made, or a queue of another loop) the jobs go to
  * libuv's thread pool as before. */
 #define SERIALQ_THREADS 4
 #define SERIALQ_THREADS_MAX 1024
 
+/* an idle thread: `asleep` is its futex, cleared by the one that wakes it */
+struct idler {
+        struct idler *next;   /* under lock: the idle stack */
+        uint32_t asleep;      /* atomic */
+};
+
 static struct engine {
         uv_loop_t *loop;     /* NULL: not started; its threads serve this loop only */
         bool failed;         /* libuv's pool then */
         pthread_mutex_t lock;
-        pthread_cond_t cond;
         pthread_cond_t done_cond;               /* serialq_stop waits on it */
         pthread_cond_t ready_cond;              /* engine_start waits on it */
         unsigned ready;                         /* under lock: threads started */
         bool draining;                          /* under lock */
         struct serialq *todo_head, *todo_tail;  /* under lock */
         struct serialq *done_head, *done_tail;  /* under lock */
-        unsigned idle;                          /* under lock: threads waiting */
+        struct idler *idle;                     /* under lock: the last one idle first */
         int done_fd;
         uv_poll_t poll;
         unsigned running;                       /* the loop's: queues in todo, run or done */
-} engine = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
+} engine = { .lock = PTHREAD_MUTEX_INITIALIZER,
              .done_cond = PTHREAD_COND_INITIALIZER, .ready_cond = PTHREAD_COND_INITIALIZER,
              .done_fd = -1 };
 
@@ -101,18 +111,35 @@ static void on_after_work(uv_work_t *req, int status)
         after_work(req->data);
 }
 
+static void idler_wait(struct idler *me)
+{
+        while (__atomic_load_n(&me->asleep, __ATOMIC_ACQUIRE))
+                (void)syscall(SYS_futex, &me->asleep, FUTEX_WAIT_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static void idler_wake(struct idler *w)
+{
+        __atomic_store_n(&w->asleep, 0, __ATOMIC_RELEASE);
+        (void)syscall(SYS_futex, &w->asleep, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 static void *engine_thread(void *arg)
 {
         struct engine *e = arg;
+        struct idler me = { NULL, 0 };
         pthread_setname_np(pthread_self(), "kairosd-jobs");
         pthread_mutex_lock(&e->lock);
         e->ready++;
         pthread_cond_signal(&e->ready_cond);
         for (;;) {
                 while (!e->todo_head) {
-                        e->idle++;
-                        pthread_cond_wait(&e->cond, &e->lock);
-                        e->idle--;
+                        /* on the idle stack until one pops and wakes it */
+                        me.asleep = 1;
+                        me.next = e->idle;
+                        e->idle = &me;
+                        pthread_mutex_unlock(&e->lock);
+                        idler_wait(&me);
+                        pthread_mutex_lock(&e->lock);
                 }
                 struct serialq *q = e->todo_head;
                 e->todo_head = q->next_ready;
@@ -131,10 +158,21 @@ static void *engine_thread(void *arg)
                 if (e->draining)
                         pthread_cond_signal(&e->done_cond);
                 if (wake) {
+                        /* idle before the loop hears of it (nothing else
+                         * to take): the next job the loop hands out, often
+                         * that queue's next, comes back to this thread */
+                        bool idle = !e->todo_head;
+                        if (idle) {
+                                me.asleep = 1;
+                                me.next = e->idle;
+                                e->idle = &me;
+                        }
                         pthread_mutex_unlock(&e->lock);
                         uint64_t one = 1;
                         while (write(e->done_fd, &one, sizeof one) < 0 && errno == EINTR)
                                 ;
+                        if (idle)
+                                idler_wait(&me);
                         pthread_mutex_lock(&e->lock);
                 }
         }
@@ -260,10 +298,12 @@ static void start_next(struct serialq *q)
                 else
                         e->todo_head = q;
                 e->todo_tail = q;
-                bool wake = e->idle > 0;
+                struct idler *w = e->idle;
+                if (w)
+                        e->idle = w->next;
                 pthread_mutex_unlock(&e->lock);
-                if (wake)
-                        pthread_cond_signal(&e->cond);
+                if (w)
+                        idler_wake(w);
                 return;
         }
         q->req.data = q;

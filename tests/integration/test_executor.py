@@ -1417,6 +1417,43 @@ class TestJobThreads(ExecCase):
     def test_as_libuv_is_told(self):
         self.assertEqual(self.run_one(env={"UV_THREADPOOL_SIZE": "2"}), 2)
 
+    def switches(self, pid):
+        """voluntary context switches of each kairosd-jobs thread"""
+        out = {}
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                    if f.read().strip() != "kairosd-jobs":
+                        continue
+                with open("/proc/%d/task/%s/status" % (pid, tid)) as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            out[tid] = int(line.split()[1])
+            except OSError:
+                pass
+        return out
+
+    def test_the_last_idle_runs_the_next(self):
+        # one mandate at a time: each job waits for the one before it, so
+        # the thread that went idle last (its stack and heap warm) takes
+        # the next; a condition woke the 16 in turn
+        self.configure({"five": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {p: "/bin/true" for p in
+                                          ("Observe", "Orient", "Decide", "Act", "Reflect")}}})
+        d = self.start(env={"UV_THREADPOOL_SIZE": "16"})
+        m = self.fire("five", at="2025-01-01T00:00:00Z")
+        self.d.wait_log("mandate %s done" % m)
+        before = self.switches(d.proc.pid)
+        self.assertEqual(len(before), 16)
+        for i in range(1, 5):
+            m = self.fire("five", at="2025-01-0%dT00:00:00Z" % (i + 1))
+            self.d.wait_log("mandate %s done" % m)
+        after = self.switches(d.proc.pid)
+        used = [t for t in before if after.get(t, 0) > before[t]]
+        # one, or a few when a job is handed out while its queue's last is
+        # still on its way back (never the sixteen)
+        self.assertLessEqual(len(used), 6, (before, after))
+
 
 def children(pid):
     """The pids whose parent is pid."""
