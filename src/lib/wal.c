@@ -1506,7 +1506,11 @@ static int gzip_buffer(const char *data, size_t len, struct kbuf *out)
                         in += chunk;
                         left -= chunk;
                 }
-                if ((r = kbuf_reserve(out, 65536)) < 0)
+                /* a small WAL's whole archive at once: no buffer past
+                 * malloc's mmap threshold (an mmap, a munmap and their page
+                 * faults per archive) */
+                uLong bound = deflateBound(&zs, (uLong)len);
+                if ((r = kbuf_reserve(out, bound < 65536 ? (size_t)bound : 65536)) < 0)
                         break;
                 zs.next_out = (unsigned char *)out->data + out->len;
                 zs.avail_out = (uInt)(out->cap - out->len - 1);
