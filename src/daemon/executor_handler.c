@@ -81,9 +81,43 @@ void executor_stdin_buffer(struct kbuf *b)
         buf[0] = '\0';
 }
 
+static void live_add(struct executor *e, struct exec_run *run)
+{
+        run->live_prev = NULL;
+        run->live_next = e->live;
+        if (e->live)
+                e->live->live_prev = run;
+        e->live = run;
+}
+
+static void live_remove(struct executor *e, struct exec_run *run)
+{
+        if (run->live_prev)
+                run->live_prev->live_next = run->live_next;
+        else if (e->live == run)
+                e->live = run->live_next;
+        if (run->live_next)
+                run->live_next->live_prev = run->live_prev;
+        run->live_prev = run->live_next = NULL;
+}
+
+void executor_close_runs(struct daemon *d)
+{
+        if (!d->executor)
+                return;
+        for (struct exec_run *run = d->executor->live; run; run = run->live_next) {
+                if (!run->finished)
+                        log_warning("%s %s: the handler's run was still open when the loop "
+                                    "ended: closed (its step is decided at the next start)",
+                                    run->m->id, run->step_id);
+                handler_close(run);
+        }
+}
+
 static void on_run_closed(struct child *c)
 {
         struct exec_run *run = c->data;
+        live_remove(run->m->d->executor, run);
         run_free_spawn_args(run);
         free(run->cmdline);
         child_free(c);
@@ -653,6 +687,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
         c->done = on_run_done;
         c->closed = on_run_closed;
         c->data = run;
+        live_add(d->executor, run);
         if (!env || !run->cwd || !run->cmdline || !run->stdin_doc) {
                 if (!run->cmdline)
                         run->cmdline = strdup("?");

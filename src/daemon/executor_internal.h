@@ -51,6 +51,7 @@ struct executor {
         struct strmap *handler_groups;             /* running handlers by process group */
         unsigned nstarting;                        /* started, their pid not yet reported */
         struct start_waiter *start_waiters;        /* executor_after_start */
+        struct exec_run *live;                     /* runs whose handles are open */
         struct cgroup_ctl *cgroup;                 /* cgroup.h: handler cgroups; NULL: none */
         char cgroup_why[256];                      /* why there is none */
 };
@@ -187,6 +188,7 @@ struct exec_run {
         char *expected_post;
         uint64_t started_us;       /* now_us_monotonic() at the spawn */
         uint64_t kill_mark;        /* own.kill_mark before the spawn */
+        struct exec_run *live_prev, *live_next; /* executor's `live` list */
 };
 
 /* b (empty, no buffer yet) given the buffer of an earlier stdin document,

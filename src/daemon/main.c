@@ -560,6 +560,7 @@ int main(int argc, char **argv)
         control_stop(d);
         runner_stop(d->runner); /* its thread wakes the loop: joined before the close */
         serialq_stop(d->loop);
+        executor_close_runs(d);
         uv_walk(d->loop, close_handle, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
         exit_code = d->exit_code;

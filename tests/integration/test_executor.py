@@ -1213,6 +1213,30 @@ class TestStopAndCrash(ExecCase):
         self.assertEqual((row["status"], row["review_step"]), ("paused_review", "observe_001"))
         self.assertIn("interrupted_during_execution", row["reason"])
 
+    def test_a_run_open_when_the_loop_ends_is_closed(self):
+        # KAIROS_TEST_RUNNER_HOLD (-Dtest_hooks=true): the runner's thread
+        # holds the handler's spawn until kairosd stops (a clone that never
+        # returns).  The stop waits for its start report, then its backstop
+        # (GracefulTimeoutSec= + 30 s) ends the loop with the run open: it
+        # is closed with a warning and freed (under ASan it leaked: exit 1),
+        # and the step is left for the next start
+        held = os.path.join(self.out, "held")
+        self.configure({"held": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                 "Exec": {"Observe": "true"}}})
+        d = self.start(env={"KAIROS_TEST_RUNNER_HOLD": held})
+        m = self.fire("held")
+        # (the hook says so by a file: no event to wait on, poll with a deadline)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(held) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.assertTrue(os.path.exists(held), d.log()[-3000:])
+        self.assertEqual(d.stop(signal.SIGTERM, timeout=90), 0, d.log()[-3000:])
+        log = d.log()
+        self.assertIn("stop timed out", log)
+        self.assertIn("stopping: 1 handler not started", log)
+        self.assertIn("%s observe_001: the handler's run was still open when the loop ended: "
+                      "closed" % m, log)
+
     def test_a_stuck_keeper_is_killed_at_stop(self):
         # KAIROS_TEST_KEEPER_STALL (-Dtest_hooks=true): the keeper never exits
         # once kairosd closes its socket.  kairosd's stop waits for it a
