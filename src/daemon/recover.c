@@ -794,9 +794,43 @@ static void chunk_done(void *arg)
         }
 }
 
-static int cmp_str(const void *a, const void *b)
+union name {
+        size_t off;             /* in the block, while it may still move */
+        const char *s;
+};
+
+static int cmp_name(const void *a, const void *b)
 {
-        return strcmp(*(char *const *)a, *(char *const *)b);
+        return strcmp(((const union name *)a)->s, ((const union name *)b)->s);
+}
+
+/* id appended to the block of names, its offset to *names. */
+static int names_add(union name **names, size_t *n, size_t *cap, char **blk, size_t *blen,
+                     size_t *bcap, const char *id)
+{
+        size_t l = strlen(id) + 1;
+        if (*n == *cap) {
+                size_t nc = *cap ? *cap * 2 : 1024;
+                union name *nn = realloc(*names, nc * sizeof(*nn));
+                if (!nn)
+                        return -ENOMEM;
+                *names = nn;
+                *cap = nc;
+        }
+        if (*blen + l > *bcap) {
+                size_t nc = *bcap ? *bcap * 2 : 16384;
+                while (nc < *blen + l)
+                        nc *= 2;
+                char *nb = realloc(*blk, nc);
+                if (!nb)
+                        return -ENOMEM;
+                *blk = nb;
+                *bcap = nc;
+        }
+        memcpy(*blk + *blen, id, l);
+        (*names)[(*n)++].off = *blen;
+        *blen += l;
+        return 0;
 }
 
 /* Finished mandates are known by their summaries (mandates/ID.json), so
@@ -940,7 +974,13 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 snap_free();
                 return r;
         }
-        char **names = NULL;
+        /* The ids, one after another in one block (not a strdup each:
+         * 100,000 allocations and frees on the loop before a job starts,
+         * 2 MB more peak RSS); their offsets first, pointers once the
+         * block stops moving. */
+        char *blk = NULL;
+        size_t blen = 0, bcap = 0;
+        union name *names = NULL;
         size_t n = 0, cap = 0;
         struct dirent *de;
         while ((de = readdir(dir))) {
@@ -952,20 +992,8 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 }
                 if (!statedir_entry_id(de->d_name, STATEDIR_WAL_SUFFIX, id, sizeof id))
                         continue;
-                if (n == cap) {
-                        cap = cap ? cap * 2 : 64;
-                        char **nn = realloc(names, cap * sizeof(*names));
-                        if (!nn) {
-                                r = -ENOMEM;
-                                break;
-                        }
-                        names = nn;
-                }
-                if (!(names[n] = strdup(id))) {
-                        r = -ENOMEM;
+                if ((r = names_add(&names, &n, &cap, &blk, &blen, &bcap, id)) < 0)
                         break;
-                }
-                n++;
         }
         closedir(dir);
         /* the spares, settled once the scan is over (a file renamed while
@@ -974,20 +1002,16 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         size_t nadopted = 0;
         int rs = mandate_spares_settle(d, &adopted, &nadopted);
         r = r < 0 ? r : rs;
-        char **grown = nadopted ? realloc(names, (n + nadopted) * sizeof(*names)) : names;
-        if (grown)
-                names = grown;
         for (size_t i = 0; i < nadopted; i++) {
-                if (r == 0 && !grown)
-                        r = -ENOMEM;
                 if (r == 0)
-                        names[n++] = adopted[i];
-                else
-                        free(adopted[i]);
+                        r = names_add(&names, &n, &cap, &blk, &blen, &bcap, adopted[i]);
+                free(adopted[i]);
         }
         free(adopted);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                names[i].s = blk + names[i].off;
         if (r == 0 && n > 1)
-                qsort(names, n, sizeof(*names), cmp_str);
+                qsort(names, n, sizeof(*names), cmp_name);
         if (r == 0 && n && !(pend.todo = calloc(n, sizeof(*pend.todo))))
                 r = -ENOMEM;
 
@@ -1000,19 +1024,20 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         pend.registering = true;
         for (size_t i = 0; r == 0 && i < n; i++) {
                 char *path = NULL;
-                if ((r = statedir_wal_path(&d->paths, names[i], &path)) < 0)
+                const char *id = names[i].s;
+                if ((r = statedir_wal_path(&d->paths, id, &path)) < 0)
                         break;
                 /* A WAL next to a summary: the end was recorded but the WAL
                  * not yet archived.  The WAL wins; the executor ends it again.
                  * (archived stays true until the job starts: it says "had a
                  * summary".) */
-                struct mandate *m = mandate_find(d, names[i]);
+                struct mandate *m = mandate_find(d, id);
                 if (m) {
                         free(m->wal_path);
                         m->wal_path = path;
                         path = NULL;
                 } else {
-                        m = mandate_add(d, names[i], path);
+                        m = mandate_add(d, id, path);
                         if (m)
                                 m->archived = false;
                 }
@@ -1027,9 +1052,8 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                         submit_more(d);
         }
         pend.registering = false;
-        for (size_t i = 0; i < n; i++)
-                free(names[i]);
         free(names);
+        free(blk);
         if (r < 0) {
                 /* (jobs already on the pool finish; their settling finds
                  * recovery failed: kairosd stops) */
