@@ -1245,13 +1245,7 @@ class TestStopAndCrash(ExecCase):
         self.configure({"idle": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
                                  "Exec": {"Observe": "true"}}})
         d = self.start(env={"KAIROS_TEST_KEEPER_STALL": "1"})
-        # (the keeper names itself on its own time: poll /proc, with a deadline)
-        deadline = time.monotonic() + 10
-        while True:
-            keepers = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
-            if keepers or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
+        keepers = named_keepers(d.proc.pid)
         self.assertEqual(len(keepers), 1, [(p, comm(p)) for p in children(d.proc.pid)])
         t0 = time.monotonic()
         self.assertEqual(d.stop(signal.SIGTERM, timeout=30), 0, d.log()[-3000:])
@@ -1277,15 +1271,8 @@ class TestStopAndCrash(ExecCase):
         with open(fifo) as f:
             pid = int(f.read())
         try:
-            # the new keeper is forked before the handler's clone, but names
-            # itself (PR_SET_NAME) on its own time: no event to wait on, poll
-            # /proc with a deadline
-            deadline = time.monotonic() + 10
-            while True:
-                new = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
-                if new or time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
+            # the new keeper is forked before the handler's clone
+            new = named_keepers(d.proc.pid)
             self.assertEqual(len(new), 1)
             self.assertNotEqual(new[0], keepers[0])
             self.d.kill()
@@ -1511,6 +1498,17 @@ def message(line, prefix):
 def read_bytes(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def named_keepers(pid):
+    """kairosd's keepers: each names itself (PR_SET_NAME) on its own time,
+    so there is no event to wait on: /proc polled, with a deadline."""
+    deadline = time.monotonic() + 10
+    while True:
+        keepers = [p for p in children(pid) if comm(p) == "kairosd-keeper"]
+        if keepers or time.monotonic() > deadline:
+            return keepers
+        time.sleep(0.01)
 
 
 def alive(pid):
