@@ -620,6 +620,31 @@ uint64_t deadman_kills(const struct deadman *dm)
         return dm ? __atomic_load_n(dm->kills, __ATOMIC_SEQ_CST) : 0;
 }
 
+bool deadman_reap_within(pid_t pid, int pidfd, int ms)
+{
+        int64_t until = clock_ms(CLOCK_MONOTONIC) + ms;
+        for (;;) {
+                pid_t k = waitpid(pid, NULL, WNOHANG);
+                if (k == pid || (k < 0 && errno != EINTR))
+                        return false; /* reaped, or not ours to reap */
+                if (k < 0)
+                        continue;
+                int64_t left = until - clock_ms(CLOCK_MONOTONIC);
+                if (left <= 0)
+                        break;
+                /* a pidfd turns readable at the exit; without one, poll */
+                struct pollfd p = { .fd = pidfd, .events = POLLIN };
+                if (pidfd >= 0)
+                        (void)poll(&p, 1, (int)left);
+                else
+                        (void)poll(NULL, 0, left < 5 ? (int)left : 5);
+        }
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        return true;
+}
+
 void deadman_stop(struct deadman *dm)
 {
         if (!dm)
@@ -635,20 +660,7 @@ void deadman_stop(struct deadman *dm)
                 (void)poll(&p, 1, (int)left);
         }
         close(dm->fd);
-        until = clock_ms(CLOCK_MONOTONIC) + STOP_EXIT_MS;
-        for (;;) {
-                pid_t k = waitpid(dm->pid, NULL, WNOHANG);
-                if (k == dm->pid || (k < 0 && errno != EINTR))
-                        break; /* reaped, or not ours to reap */
-                if (k == 0 && clock_ms(CLOCK_MONOTONIC) >= until) {
-                        kill(dm->pid, SIGKILL);
-                        while (waitpid(dm->pid, NULL, 0) < 0 && errno == EINTR)
-                                ;
-                        break;
-                }
-                if (k == 0)
-                        poll(NULL, 0, 5);
-        }
+        (void)deadman_reap_within(dm->pid, -1, STOP_EXIT_MS);
         munmap(dm->kills, sizeof(*dm->kills));
         free(dm);
 }

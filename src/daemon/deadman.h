@@ -56,6 +56,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <stdbool.h>
 #include <sys/types.h>
 
 /* The most groups the watcher keeps at once. */
@@ -107,6 +108,10 @@ pid_t deadman_pid(const struct deadman *dm);
  * async-signal-safe calls: for a child between fork and exec (the watcher,
  * the keeper). */
 void deadman_close_from(int lowfd);
+/* Wait at most ms for pid, a child of ours, to exit (on its pidfd when
+ * pidfd >= 0, else polling), then SIGKILL and reap it.  True if it had to
+ * be killed (the watcher's and the keeper's bounded exits). */
+bool deadman_reap_within(pid_t pid, int pidfd, int ms);
 
 /* Test support: a watcher that keeps at most max_watched groups. */
 int deadman_start_max(struct deadman **ret, unsigned max_watched);

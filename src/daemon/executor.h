@@ -93,11 +93,11 @@ int executor_init(struct daemon *d);
 /* At start and after a reload: warn of each schedule whose MemoryMax=,
  * TasksMax= or CPUQuota= cannot be enforced (no delegated cgroup). */
 void executor_check_limits(struct daemon *d);
-/* After the loop has ended: stop the runner, free the executor's state. */
 /* After the loop ended: a handler's run still open (never the case when
  * the stop waited for every mandate) is closed, with a warning, so the
  * last turn of the loop frees it. */
 void executor_close_runs(struct daemon *d);
+/* After the loop has ended: stop the runner, free the executor's state. */
 void executor_free(struct daemon *d);
 /* Mandates holding a slot (running a step or about to). */
 unsigned executor_running(const struct daemon *d);

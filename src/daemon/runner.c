@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/epoll.h>
@@ -1416,34 +1415,11 @@ void runner_stop(struct runner *r)
  * it (and it is not left behind, orphaned). */
 static void keeper_reap(struct runner *r)
 {
-        if (r->keeper <= 0)
-                return;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t until = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + KEEPER_EXIT_MS;
-        for (;;) {
-                pid_t k = waitpid(r->keeper, NULL, WNOHANG);
-                if (k == r->keeper || (k < 0 && errno != EINTR))
-                        return; /* reaped, or not ours to reap */
-                if (k < 0)
-                        continue;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                int64_t left = until - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
-                if (left <= 0)
-                        break;
-                /* its pidfd turns readable when it exits; without one, poll */
-                struct pollfd p = { .fd = r->keeper_pidfd, .events = POLLIN };
-                if (r->keeper_pidfd >= 0)
-                        (void)poll(&p, 1, (int)left);
-                else
-                        (void)poll(NULL, 0, left < 5 ? (int)left : 5);
-        }
-        log_warning("the handler keeper (pid %d) did not exit within %d ms of its socket's "
-                    "close: killed (what handlers left behind in their cgroups may still run)",
-                    (int)r->keeper, KEEPER_EXIT_MS);
-        kill(r->keeper, SIGKILL);
-        while (waitpid(r->keeper, NULL, 0) < 0 && errno == EINTR)
-                ;
+        if (r->keeper > 0 && deadman_reap_within(r->keeper, r->keeper_pidfd, KEEPER_EXIT_MS))
+                log_warning("the handler keeper (pid %d) did not exit within %d ms of its "
+                            "socket's close: killed (what handlers left behind in their "
+                            "cgroups may still run)",
+                            (int)r->keeper, KEEPER_EXIT_MS);
 }
 
 void runner_free(struct runner *r)
