@@ -273,9 +273,9 @@ class Campaign:
         os.chmod(self.check, 0o755)
         self.has_check = ctl_has_check()
         open(self.side_log, "w").close()
-        # Created by run() only: a closed NotifySocket's reader thread can
-        # end up in recv() on a later socket that reuses its fd number and
-        # steal its READY=1, so a process must not close one and open another.
+        # Created by run() only.  (A NotifySocket closed under its reader
+        # let the reader reach recv() on a later socket that reused its fd
+        # number and steal its READY=1; close() now joins the reader first.)
         self.notify = None
         self.daemon = None
         self.round = 0
