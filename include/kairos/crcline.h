@@ -62,6 +62,13 @@ struct crcline_scan {
         /* KEEP_GOING: every bad line (l, n without '\n'); may be NULL. */
         int (*bad)(void *ctx, const char *l, size_t n, size_t line, size_t offset,
                    const char *why);
+        /* May be NULL.  Tried first on a terminated line whose crc field is
+         * well formed and matches (not with CRCLINE_OWN): returns 1 when it
+         * took the line as a good record (as record() returning 0 would),
+         * 0 to have the line parsed and checked as usual (it must have
+         * changed nothing then), or -errno.  A fast path must never decide
+         * what the checks would refuse: on any doubt it returns 0. */
+        int (*fast)(void *ctx, const char *l, size_t n, size_t line);
         void *ctx;
         struct kjson_arena *arena;   /* scratch for parsing; reset per line */
         const char *reject_reason;   /* set by record() before CRCLINE_REJECT */

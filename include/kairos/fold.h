@@ -185,6 +185,8 @@ struct fold {
         size_t lines;                    /* lines seen (incl. blank and bad) */
         size_t records;                  /* good records folded */
         size_t legacy_records;           /* good records without crc */
+        size_t fast_records;             /* good records read without the general parser
+                                          * (fold.c's fast path; same state either way) */
         size_t unknown_ops;
         size_t owner_records;            /* cluster mode: takeovers (op owner) */
         size_t good_end;                 /* byte offset just past the last good record */
@@ -197,6 +199,9 @@ struct fold {
 
 /* Fold a buffer / a file.  -ENOMEM; fold_file: -errno of open/read. */
 int fold_buffer(const char *data, size_t len, struct fold **out);
+/* As fold_buffer, every line through the general parser (no fast path of
+ * plain lines): the reference the fast path is tested against. */
+int fold_buffer_tree(const char *data, size_t len, struct fold **out);
 /* An empty fold (CLEAN, no record), to be fed with fold_feed. */
 int fold_new(struct fold **ret_fold);
 /* Fold records appended to the file after f->good_end: data holds the bytes

@@ -408,6 +408,19 @@ int crcline_scan(struct crcline_scan *s, const char *data, size_t len, struct cr
                         break;
                 }
 
+                uint32_t want;
+                if (s->fast && terminated && !(s->flags & CRCLINE_OWN) &&
+                    crcline_has_suffix(l, n, &want) && crcline_body_crc(l, n) == want) {
+                        r = s->fast(s->ctx, l, n, line);
+                        if (r < 0)
+                                return r;
+                        if (r == 1) {
+                                res->records++;
+                                res->good_end = next;
+                                pos = next;
+                                continue;
+                        }
+                }
                 const struct kjson *obj = NULL;
                 bool legacy = false;
                 char reason[96];

@@ -145,79 +145,83 @@ struct rec {
 
 #define KEY_IS(m, lit) ((m)->key_len == sizeof(lit) - 1 && memcmp((m)->key, lit, sizeof(lit) - 1) == 0)
 
+/* One top-level member into r (a later one of the same key replaces it). */
+static void rec_member(struct rec *r, const struct kjson_member *m)
+{
+        const struct kjson *v = m->value;
+        if (KEY_IS(m, "op"))
+                r->op = v;
+        else if (KEY_IS(m, "step_id"))
+                r->step_id = v;
+        else if (KEY_IS(m, "plan_id"))
+                r->plan_id = v;
+        else if (KEY_IS(m, "status"))
+                r->status = v;
+        else if (KEY_IS(m, "ts"))
+                r->ts = v;
+        else if (KEY_IS(m, "pre_hash"))
+                r->pre_hash = v;
+        else if (KEY_IS(m, "post_hash"))
+                r->post_hash = v;
+        else if (KEY_IS(m, "result_hash"))
+                r->result_hash = v;
+        else if (KEY_IS(m, "idem_key"))
+                r->idem_key = v;
+        else if (KEY_IS(m, "mandate_id"))
+                r->mandate_id = v;
+        else if (KEY_IS(m, "cycle"))
+                r->cycle = v;
+        else if (KEY_IS(m, "plan_hash"))
+                r->plan_hash = v;
+        else if (KEY_IS(m, "steps"))
+                r->steps = v;
+        else if (KEY_IS(m, "result"))
+                r->result = v;
+        else if (KEY_IS(m, "evidence"))
+                r->evidence = v;
+        else if (KEY_IS(m, "recovered"))
+                r->recovered = v;
+        else if (KEY_IS(m, "error_class"))
+                r->error_class = v;
+        else if (KEY_IS(m, "error_msg"))
+                r->error_msg = v;
+        else if (KEY_IS(m, "reason"))
+                r->reason = v;
+        else if (KEY_IS(m, "reset"))
+                r->reset = v;
+        else if (KEY_IS(m, "action"))
+                r->action = v;
+        else if (KEY_IS(m, "uid"))
+                r->uid = v;
+        else if (KEY_IS(m, "schedule"))
+                r->schedule = v;
+        else if (KEY_IS(m, "fired_at"))
+                r->fired_at = v;
+        else if (KEY_IS(m, "goal"))
+                r->goal = v;
+        else if (KEY_IS(m, "retry_of"))
+                r->retry_of = v;
+        else if (KEY_IS(m, "retry"))
+                r->retry = v;
+        else if (KEY_IS(m, "attempt"))
+                r->attempt = v;
+        else if (KEY_IS(m, "due_ms"))
+                r->due_ms = v;
+        else if (KEY_IS(m, "carried_from"))
+                r->carried_from = v;
+        else if (KEY_IS(m, "exit_status"))
+                r->exit_status = v;
+        else if (KEY_IS(m, "signal"))
+                r->exit_signal = v;
+        else if (KEY_IS(m, "stderr"))
+                r->stderr_tail = v;
+}
+
 static void rec_collect(const struct kjson *obj, struct rec *r)
 {
         memset(r, 0, sizeof(*r));
-        for (size_t i = 0; i < obj->u.obj.n; i++) {
-                const struct kjson_member *m = &obj->u.obj.members[i];
-                const struct kjson *v = m->value;
-                if (KEY_IS(m, "op"))
-                        r->op = v;
-                else if (KEY_IS(m, "step_id"))
-                        r->step_id = v;
-                else if (KEY_IS(m, "plan_id"))
-                        r->plan_id = v;
-                else if (KEY_IS(m, "status"))
-                        r->status = v;
-                else if (KEY_IS(m, "ts"))
-                        r->ts = v;
-                else if (KEY_IS(m, "pre_hash"))
-                        r->pre_hash = v;
-                else if (KEY_IS(m, "post_hash"))
-                        r->post_hash = v;
-                else if (KEY_IS(m, "result_hash"))
-                        r->result_hash = v;
-                else if (KEY_IS(m, "idem_key"))
-                        r->idem_key = v;
-                else if (KEY_IS(m, "mandate_id"))
-                        r->mandate_id = v;
-                else if (KEY_IS(m, "cycle"))
-                        r->cycle = v;
-                else if (KEY_IS(m, "plan_hash"))
-                        r->plan_hash = v;
-                else if (KEY_IS(m, "steps"))
-                        r->steps = v;
-                else if (KEY_IS(m, "result"))
-                        r->result = v;
-                else if (KEY_IS(m, "evidence"))
-                        r->evidence = v;
-                else if (KEY_IS(m, "recovered"))
-                        r->recovered = v;
-                else if (KEY_IS(m, "error_class"))
-                        r->error_class = v;
-                else if (KEY_IS(m, "error_msg"))
-                        r->error_msg = v;
-                else if (KEY_IS(m, "reason"))
-                        r->reason = v;
-                else if (KEY_IS(m, "reset"))
-                        r->reset = v;
-                else if (KEY_IS(m, "action"))
-                        r->action = v;
-                else if (KEY_IS(m, "uid"))
-                        r->uid = v;
-                else if (KEY_IS(m, "schedule"))
-                        r->schedule = v;
-                else if (KEY_IS(m, "fired_at"))
-                        r->fired_at = v;
-                else if (KEY_IS(m, "goal"))
-                        r->goal = v;
-                else if (KEY_IS(m, "retry_of"))
-                        r->retry_of = v;
-                else if (KEY_IS(m, "retry"))
-                        r->retry = v;
-                else if (KEY_IS(m, "attempt"))
-                        r->attempt = v;
-                else if (KEY_IS(m, "due_ms"))
-                        r->due_ms = v;
-                else if (KEY_IS(m, "carried_from"))
-                        r->carried_from = v;
-                else if (KEY_IS(m, "exit_status"))
-                        r->exit_status = v;
-                else if (KEY_IS(m, "signal"))
-                        r->exit_signal = v;
-                else if (KEY_IS(m, "stderr"))
-                        r->stderr_tail = v;
-        }
+        for (size_t i = 0; i < obj->u.obj.n; i++)
+                rec_member(r, &obj->u.obj.members[i]);
 }
 
 static bool is_str(const struct kjson *v)
@@ -709,11 +713,10 @@ static int op_mandate(struct fold *f, const struct rec *rc, size_t line)
 
 static int apply_op(struct fold *f, const struct rec *rc, size_t line);
 
-static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
+static int apply_rec(struct fold *f, const struct rec *rcp, size_t line)
 {
-        struct rec rc;
+        const struct rec rc = *rcp;
 
-        rec_collect(obj, &rc);
         if (is_str(rc.ts)) {
                 int r = keep_str(f, rc.ts, &f->last_ts);
                 if (r < 0)
@@ -725,6 +728,14 @@ static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
         if (r == 0 && is_str(rc.ts) && !str_eq(rc.op, "operator"))
                 f->internal->work_ts = f->last_ts;
         return r;
+}
+
+static int apply_record(struct fold *f, const struct kjson *obj, size_t line)
+{
+        struct rec rc;
+
+        rec_collect(obj, &rc);
+        return apply_rec(f, &rc, line);
 }
 
 static int apply_op(struct fold *f, const struct rec *rcp, size_t line)
@@ -753,6 +764,290 @@ static int apply_op(struct fold *f, const struct rec *rcp, size_t line)
         return 0;
 }
 
+/* ---- the fast path: a record's members straight from its line ----
+ *
+ * Startup recovery folds every line of every WAL, and a parse of each line
+ * into a tree was most of its CPU.  kairos writes its records compact and
+ * plain; such a line is read here in one pass: the members of the record go
+ * straight into a struct rec, every string pointing into one copy of the
+ * line (NUL-terminated there, not copied again), a nested value (a plan's
+ * steps, a result, evidence) built as a small tree in the scratch arena.
+ * Only a strict subset of JSON is taken: no whitespace outside strings;
+ * strings of ASCII without control bytes, escapes but \u; containers at
+ * most FAST_DEPTH deep with at most FAST_ITEMS members or items each;
+ * exactly one crc member.  On that subset the values
+ * are the ones kjson_parse builds.  Anything else, or any doubt, returns 0
+ * before anything is changed and the line takes the general path
+ * (crcline_check and the tree): what the fold decides never depends on this
+ * path.  fold_buffer_tree folds without it; tests/unit/test_fold.c and
+ * tests/fuzz/fuzz_fold.c compare the two. */
+
+#define FAST_DEPTH 6   /* containers around a value, the record's included */
+#define FAST_ITEMS 64  /* members or items of one nested container */
+#define FAST_TOP 48    /* members of the record */
+
+struct fast {
+        struct kjson_arena *a;
+        char *p;         /* the next byte, in the copy */
+        const char *end; /* the copy's end: a NUL */
+};
+
+static inline bool fast_plain(unsigned char c)
+{
+        return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+}
+
+/* At the opening quote: the string, decoded in place in the copy (an
+ * escape only shrinks it) and ended by a NUL there. */
+static int fast_str(struct fast *F, const char **ret, size_t *ret_len)
+{
+        char *s = F->p + 1, *q = s, *d = NULL; /* d: where bytes go once an escape was seen */
+        for (;;) {
+                while (fast_plain((unsigned char)*q)) {
+                        if (d)
+                                *d++ = *q;
+                        q++;
+                }
+                if (*q == '"')
+                        break;
+                if (*q != '\\')
+                        return 0; /* a control or non-ASCII byte, or the end */
+                char c;
+                switch (q[1]) {
+                case '"': c = '"'; break;
+                case '\\': c = '\\'; break;
+                case '/': c = '/'; break;
+                case 'b': c = '\b'; break;
+                case 'f': c = '\f'; break;
+                case 'n': c = '\n'; break;
+                case 'r': c = '\r'; break;
+                case 't': c = '\t'; break;
+                default:
+                        return 0; /* \u (or a bad escape) */
+                }
+                if (!d)
+                        d = q;
+                *d++ = c;
+                q += 2;
+        }
+        char *e = d ? d : q;
+        *e = '\0';
+        *ret = s;
+        *ret_len = (size_t)(e - s);
+        F->p = q + 1;
+        return 1;
+}
+
+static inline bool fast_digit(char c)
+{
+        return c >= '0' && c <= '9';
+}
+
+/* A number, its text as written (RFC 8259's grammar, as kjson reads it). */
+static int fast_num(struct fast *F, struct kjson *v)
+{
+        const char *s = F->p, *p = s;
+        bool is_float = false;
+        if (*p == '-')
+                p++;
+        if (*p == '0') {
+                p++;
+        } else if (*p >= '1' && *p <= '9') {
+                while (fast_digit(*p))
+                        p++;
+        } else {
+                return 0;
+        }
+        if (*p == '.') {
+                is_float = true;
+                if (!fast_digit(*++p))
+                        return 0;
+                while (fast_digit(*p))
+                        p++;
+        }
+        if (*p == 'e' || *p == 'E') {
+                is_float = true;
+                p++;
+                if (*p == '+' || *p == '-')
+                        p++;
+                if (!fast_digit(*p))
+                        return 0;
+                while (fast_digit(*p))
+                        p++;
+        }
+        size_t len = (size_t)(p - s);
+        char *text = kjson_arena_strndup(F->a, s, len);
+        if (!text)
+                return -ENOMEM;
+        *v = (struct kjson){ .type = KJSON_NUMBER,
+                             .u.num = { .text = text, .len = len, .is_float = is_float } };
+        F->p += len;
+        return 1;
+}
+
+static int fast_lit(struct fast *F, const char *lit, size_t n, enum kjson_type t,
+                    struct kjson *v)
+{
+        if (strncmp(F->p, lit, n) != 0)
+                return 0;
+        v->type = t;
+        F->p += n;
+        return 1;
+}
+
+static int fast_value(struct fast *F, int depth, struct kjson *v);
+
+/* An object or array inside the record; depth: containers around it. */
+static int fast_container(struct fast *F, int depth, struct kjson *v)
+{
+        bool obj = *F->p == '{';
+        char close = obj ? '}' : ']';
+        struct kjson_member m[FAST_ITEMS];
+        struct kjson *item[FAST_ITEMS];
+        size_t n = 0;
+        int r;
+
+        if (depth >= FAST_DEPTH)
+                return 0;
+        F->p++;
+        if (*F->p == close) {
+                F->p++;
+        } else {
+                for (;;) {
+                        if (n == FAST_ITEMS)
+                                return 0;
+                        struct kjson *x = kjson_arena_alloc(F->a, sizeof(*x));
+                        if (!x)
+                                return -ENOMEM;
+                        if (obj) {
+                                if (*F->p != '"')
+                                        return 0;
+                                if ((r = fast_str(F, &m[n].key, &m[n].key_len)) <= 0)
+                                        return r;
+                                if (*F->p != ':')
+                                        return 0;
+                                F->p++;
+                                m[n].value = x;
+                        } else {
+                                item[n] = x;
+                        }
+                        if ((r = fast_value(F, depth + 1, x)) <= 0)
+                                return r;
+                        n++;
+                        if (*F->p == ',') {
+                                F->p++;
+                                continue;
+                        }
+                        if (*F->p != close)
+                                return 0;
+                        F->p++;
+                        break;
+                }
+        }
+        void *items = NULL;
+        size_t size = obj ? sizeof(m[0]) : sizeof(item[0]);
+        if (n && !(items = kjson_arena_alloc(F->a, n * size)))
+                return -ENOMEM;
+        if (n)
+                memcpy(items, obj ? (void *)m : (void *)item, n * size);
+        if (obj)
+                *v = (struct kjson){ .type = KJSON_OBJECT, .u.obj = { items, n } };
+        else
+                *v = (struct kjson){ .type = KJSON_ARRAY, .u.arr = { items, n } };
+        return 1;
+}
+
+static int fast_value(struct fast *F, int depth, struct kjson *v)
+{
+        switch (*F->p) {
+        case '"':
+                v->type = KJSON_STRING;
+                return fast_str(F, &v->u.str.ptr, &v->u.str.len);
+        case '{':
+        case '[':
+                return fast_container(F, depth, v);
+        case 't':
+                return fast_lit(F, "true", 4, KJSON_TRUE, v);
+        case 'f':
+                return fast_lit(F, "false", 5, KJSON_FALSE, v);
+        case 'n':
+                return fast_lit(F, "null", 4, KJSON_NULL, v);
+        case '-':
+        case '0': case '1': case '2': case '3': case '4':
+        case '5': case '6': case '7': case '8': case '9':
+                return fast_num(F, v);
+        default:
+                return 0;
+        }
+}
+
+/* The record at F->p into *rc, its values in top[FAST_TOP]: 1, or 0 (not
+ * taken), or -ENOMEM. */
+static int fast_record(struct fast *F, struct kjson *top, struct rec *rc)
+{
+        size_t n = 0, ncrc = 0;
+        int r;
+
+        memset(rc, 0, sizeof(*rc));
+        if (*F->p != '{')
+                return 0;
+        F->p++;
+        for (;;) {
+                struct kjson_member m;
+                if (n == FAST_TOP || *F->p != '"')
+                        return 0;
+                if ((r = fast_str(F, &m.key, &m.key_len)) <= 0)
+                        return r;
+                if (*F->p != ':')
+                        return 0;
+                F->p++;
+                m.value = &top[n];
+                if ((r = fast_value(F, 1, &top[n])) <= 0)
+                        return r;
+                n++;
+                if (KEY_IS(&m, "crc"))
+                        ncrc++;
+                rec_member(rc, &m);
+                if (*F->p == ',') {
+                        F->p++;
+                        continue;
+                }
+                if (*F->p != '}')
+                        return 0;
+                F->p++;
+                break;
+        }
+        /* the whole line, and the crc once (the suffix made it the last) */
+        return F->p == F->end && ncrc == 1;
+}
+
+/* crcline_scan's fast callback (a terminated line, its crc good). */
+static int fold_fast(void *ctx, const char *l, size_t n, size_t line)
+{
+        struct fold *f = ctx;
+        struct kjson_arena *a = f->internal->scratch;
+        struct kjson top[FAST_TOP];
+        struct rec rc;
+
+        if (n == SIZE_MAX)
+                return 0;
+        kjson_arena_reset(a);
+        char *copy = kjson_arena_alloc(a, n + 1);
+        if (!copy)
+                return -ENOMEM;
+        memcpy(copy, l, n);
+        copy[n] = '\0';
+        struct fast F = { .a = a, .p = copy, .end = copy + n };
+        int r = fast_record(&F, top, &rc);
+        if (r <= 0)
+                return r;
+        r = apply_rec(f, &rc, line);
+        if (r < 0)
+                return r;
+        f->fast_records++;
+        return 1;
+}
+
 /* ---- the scan: lines, crc, torn tail (crcline.c) ---- */
 
 static int fold_record(void *ctx, const struct kjson *obj, size_t line, bool legacy)
@@ -761,11 +1056,12 @@ static int fold_record(void *ctx, const struct kjson *obj, size_t line, bool leg
         return apply_record(ctx, obj, line);
 }
 
-static int fold_run(struct fold *f, const char *data, size_t len)
+static int fold_run(struct fold *f, const char *data, size_t len, bool fast)
 {
         struct crcline_scan s = {
                 .flags = CRCLINE_LEGACY,
                 .record = fold_record,
+                .fast = fast ? fold_fast : NULL,
                 .ctx = f,
                 .arena = f->internal->scratch,
         };
@@ -847,7 +1143,7 @@ int fold_new(struct fold **ret_fold)
 #define SCRATCH_KEEP_INPUT (64u * 1024u)
 static _Thread_local struct kjson_arena *scratch_kept;
 
-int fold_buffer(const char *data, size_t len, struct fold **out)
+static int fold_buffer_with(const char *data, size_t len, bool fast, struct fold **out)
 {
         struct fold *f;
         int r;
@@ -864,7 +1160,7 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
         if (keep)
                 scratch_kept = scratch;
         f->internal->scratch = scratch;
-        r = fold_run(f, data ? data : "", data ? len : 0);
+        r = fold_run(f, data ? data : "", data ? len : 0, fast);
         /* the parse scratch is not needed any more */
         f->internal->scratch = NULL;
         if (keep)
@@ -878,6 +1174,16 @@ int fold_buffer(const char *data, size_t len, struct fold **out)
         kbuf_free(&f->internal->json);
         *out = f;
         return 0;
+}
+
+int fold_buffer(const char *data, size_t len, struct fold **out)
+{
+        return fold_buffer_with(data, len, true, out);
+}
+
+int fold_buffer_tree(const char *data, size_t len, struct fold **out)
+{
+        return fold_buffer_with(data, len, false, out);
 }
 
 static int feed(struct fold *f, const char *data, size_t len, unsigned flags, size_t *ret_used)

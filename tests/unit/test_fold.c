@@ -24,6 +24,8 @@
 #include "kairos/kbuf.h"
 #include "kairos/wal.h"
 
+#include "fold_digest.h"
+
 /* ------------------------------------------------------------ helpers */
 
 /* Append obj (a JSON object without crc) as a kairos line: the crc is the
@@ -1267,6 +1269,434 @@ static void test_many_plans(void **state)
         fold_free(f);
         kbuf_free(&b);
 }
+/* ------------------------------------------------------------ fast path = tree */
+
+/* fold_buffer (its fast path for plain lines) and fold_buffer_tree (every
+ * line through the general parser) of data[0..len) hold the same state and
+ * lead recovery to the same decisions.  Adds the fast path's records to
+ * *fast, the records to *records. */
+static void same_both_ways(const char *data, size_t len, size_t *fast, size_t *records)
+{
+        struct fold *a = NULL, *b = NULL;
+        assert_int_equal(fold_buffer(data, len, &a), 0);
+        assert_int_equal(fold_buffer_tree(data, len, &b), 0);
+        assert_int_equal(b->fast_records, 0);
+        assert_true(a->fast_records <= a->records);
+        char *da = fold_digest_full(a), *db = fold_digest_full(b);
+        if (strcmp(da, db) != 0)
+                fail_msg("fast path and tree differ on:\n%.*s\n--- fast:\n%s--- tree:\n%s",
+                         (int)(len < 4000 ? len : 4000), data, da, db);
+        if (fast)
+                *fast += a->fast_records;
+        if (records)
+                *records += a->records;
+        free(da);
+        free(db);
+        fold_free(a);
+        fold_free(b);
+}
+
+/* Every kind of record kairos writes, through its own encoder. */
+static void encoded_wal(struct kbuf *b)
+{
+        struct wal_step steps[] = {
+                { "observe_001", "ooda.observe", "ph1", "pre1", "post1" },
+                { "act_001", "ooda.act", "ph2", "pre2", "post2" },
+                { "reflect_001", "ooda.reflect", "ph3", "pre3", "post3" },
+        };
+        struct wal_record recs[] = {
+                { .op = WAL_OP_MANDATE, .mandate_id = "mnd_e", .schedule = "nightly",
+                  .fired_at = "2026-04-20T12:00:00Z", .goal = "keep \"it\"\ttidy/",
+                  .retry_of = "mnd_d", .retry = 2 },
+                { .op = WAL_OP_OWNER, .mandate_id = "mnd_e", .node = "n1", .epoch = 3,
+                  .prev_owner = "n0" },
+                { .op = WAL_OP_PLAN_COMMIT, .plan_id = "plan_e", .mandate_id = "mnd_e",
+                  .cycle = 7, .steps = steps, .nsteps = 3 },
+                { .op = WAL_OP_APPEND, .step_id = "observe_001", .plan_id = "plan_e",
+                  .idem_key = "mnd_e/observe_001" },
+                { .op = WAL_OP_EXECUTING, .step_id = "observe_001", .pre_hash = "obs1" },
+                { .op = WAL_OP_COMPLETED, .step_id = "observe_001", .post_hash = "p1",
+                  .result_hash = "r1", .result_json = "{\"a\":[1,2.50,-3e7,true,null,{}],\"b\":\"x\"}" },
+                { .op = WAL_OP_APPEND, .step_id = "act_001", .plan_id = "plan_e",
+                  .idem_key = "mnd_e/act_001" },
+                { .op = WAL_OP_EXECUTING, .step_id = "act_001", .pre_hash = "obs2" },
+                { .op = WAL_OP_FAILED, .step_id = "act_001", .error_class = "HandlerExit",
+                  .error_msg = "boom", .has_exit_status = true, .exit_status = 3,
+                  .exit_signal = 9, .stderr_tail = "line 1\nline 2" },
+                { .op = WAL_OP_RETRY_WAIT, .step_id = "act_001", .attempt = 1,
+                  .error_class = "HandlerExit", .due_ms = 1776686400999LL },
+                { .op = WAL_OP_EXECUTING, .step_id = "act_001", .pre_hash = "obs2" },
+                { .op = WAL_OP_NEEDS_REVIEW, .step_id = "act_001", .reason = "killed_at_shutdown",
+                  .evidence_json = "{\"killed_at_shutdown\":true,\"n\":[]}" },
+                { .op = WAL_OP_COMPLETED, .step_id = "act_001", .post_hash = "p2",
+                  .result_hash = "r2", .recovered = true, .carried_from = "mnd_d/act_001",
+                  .evidence_json = "{\"killed_at_shutdown\":true,\"reason\":\"probe\"}",
+                  .result_json = "[]" },
+                { .op = WAL_OP_APPEND, .step_id = "reflect_001", .plan_id = "plan_e",
+                  .idem_key = "mnd_e/reflect_001" },
+                { .op = WAL_OP_EXECUTING, .step_id = "reflect_001", .pre_hash = "obs3" },
+                { .op = WAL_OP_RESET, .step_id = "reflect_001",
+                  .evidence_json = "{\"reason\":\"safe_to_retry\"}" },
+                { .op = WAL_OP_OPERATOR, .mandate_id = "mnd_e", .action = "retry",
+                  .step_id = "reflect_001", .uid = 1000, .reason = "by hand" },
+                { .op = WAL_OP_EXECUTING, .step_id = "reflect_001", .pre_hash = "obs3" },
+                { .op = WAL_OP_FINALIZE, .plan_id = "plan_e", .status = PLAN_SUCCEEDED,
+                  .reason = "all_completed" },
+                { .op = WAL_OP_PLAN_COMMIT, .plan_id = "plan_f", .mandate_id = "mnd_e",
+                  .cycle = 8, .steps = steps, .nsteps = 1 },
+                { .op = WAL_OP_APPEND, .step_id = "observe_001", .plan_id = "plan_f",
+                  .idem_key = "mnd_e/observe_001#2" },
+                { .op = WAL_OP_EXECUTING, .step_id = "observe_001", .pre_hash = "obs4" },
+        };
+        for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++)
+                assert_int_equal(wal_encode(&recs[i], 1776686400123LL + 1000 * (int64_t)i, b), 0);
+}
+
+/* The WAL start-up recovery meets most: a mandate interrupted in its second
+ * step (tests/bench/bench_startup.py writes these). */
+static void bench_wal(struct kbuf *b)
+{
+        rec(b, "{\"op\":\"mandate\",\"mandate_id\":\"mnd_b\",\"schedule\":\"bench\",\"fired_at\":"
+               "\"2026-04-20T12:00:00Z\"," TS "}");
+        rec(b, "{\"op\":\"plan_commit\",\"plan_id\":\"plan_b\",\"mandate_id\":\"mnd_b\",\"cycle\":1,"
+               "\"plan_hash\":\"sha256-0\",\"steps\":[" STEP("observe_001") "," STEP("orient_001") ","
+               STEP("decide_001") "]," TS "}");
+        rec(b, APPEND("observe_001", "plan_b"));
+        rec(b, EXECUTING("observe_001"));
+        rec(b, "{\"op\":\"transition\",\"step_id\":\"observe_001\",\"status\":\"completed\","
+               "\"post_hash\":\"sha256-post\",\"result_hash\":\"sha256-result\"," TS "}");
+        rec(b, APPEND("orient_001", "plan_b"));
+        rec(b, EXECUTING("orient_001"));
+}
+
+/* What kairos writes is read by the fast path, every line of it, and to
+ * the same state as the general parser's. */
+static void test_fast_path_takes_kairos_lines(void **state)
+{
+        (void)state;
+        void (*const wals[])(struct kbuf *) = { encoded_wal, bench_wal };
+        for (size_t i = 0; i < sizeof(wals) / sizeof(wals[0]); i++) {
+                struct kbuf b = KBUF_INIT;
+                size_t fast = 0, records = 0;
+                wals[i](&b);
+                same_both_ways(b.data, b.len, &fast, &records);
+                assert_true(records > 5);
+                assert_int_equal(fast, records);
+                kbuf_free(&b);
+        }
+        /* and the odd ones go the general way: \u escapes, non-ASCII */
+        struct kbuf b = KBUF_INIT;
+        size_t fast = 0, records = 0;
+        realistic_wal(&b);
+        same_both_ways(b.data, b.len, &fast, &records);
+        assert_true(fast > 0 && fast < records);
+        kbuf_free(&b);
+}
+
+/* Lines the fast path must leave to the parser, or take exactly as it. */
+static void test_fast_path_odd_lines(void **state)
+{
+        (void)state;
+        static const char *const odd[] = {
+                /* escapes and non-ASCII in keys and values */
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"fail\\u0065d\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s\\u0031\",\"status\":\"failed\"," TS "}",
+                "{\"op\":\"transition\",\"step\\u005fid\":\"s1\",\"status\":\"failed\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"error_msg\":\"a\\u0000b\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"error_msg\":\"caf\xc3\xa9\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"error_msg\":\"\xff\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"error_msg\":\"a\tb\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"error_msg\":\"\\\"\\\\\\/\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"error_msg\":\"\x7f\"," TS "}",
+                /* numbers */
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"exit_status\":1.0," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"exit_status\":1e2," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"exit_status\":-0," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"exit_status\":01," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"exit_status\":-," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"exit_status\":99999999999999999999999," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"failed\",\"signal\":\"9\",\"exit_status\":null," TS "}",
+                /* literals, good and bad */
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"recovered\":true," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"recovered\":tru," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"recovered\":truex," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"recovered\":nul," TS "}",
+                /* whitespace, structure */
+                "{ \"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\"," TS "}",
+                "{\"op\" :\"transition\",\"step_id\":\"s1\",\"status\":\"completed\"," TS "}",
+                "{\"op\":\"transition\" ,\"step_id\":\"s1\",\"status\":\"completed\"," TS "}",
+                "{\"op\":\"transition\",,\"step_id\":\"s1\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":{\"a\":[1,2 ]}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":{\"a\":[1,2,]}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":{\"a\":[1,2}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":{\"a\"}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":{,}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":[[[[[[[[[[1]]]]]]]]]]," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"result\":{\"k\":{\"k\":{\"k\":{\"k\":{}}}}}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"result\":{\"k\":{\"k\":{\"k\":{\"k\":{\"k\":{}}}}}}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"result\":{}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"result\":\"\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"result\":{\"a\":1,\"a\":2}," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"status\":\"failed\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"crc\":\"00000000\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"crc\":1," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":7," TS "}",
+                "{\"op\":\"transition\",\"step_id\":[\"s1\"],\"status\":\"completed\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"\":\"\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\"," TS "}x",
+                "[\"op\",\"transition\"]",
+                "{}",
+                "{\"op\":\"plan_commit\",\"plan_id\":\"p2\",\"steps\":[{\"step_id\":\"s9\"},7,null,{\"tool\":\"t\"}]," TS "}",
+                "{\"op\":\"plan_commit\",\"plan_id\":\"p2\",\"steps\":{\"step_id\":\"s9\"}," TS "}",
+                "{\"op\":\"plan_commit\",\"plan_id\":\"p1\",\"mandate_id\":\"m2\",\"cycle\":-2,\"steps\":[]," TS "}",
+                "{\"op\":\"operator\",\"mandate_id\":\"m\",\"action\":\"retry\",\"uid\":-1,\"reason\":\"r\"," TS "}",
+                "{\"op\":\"retry_wait\",\"step_id\":\"s1\",\"attempt\":2,\"error_class\":\"E\",\"due_ms\":1776686400000," TS "}",
+                "{\"op\":\"append\",\"step_id\":\"s7\"," TS "}",
+                "{\"op\":\"append\",\"step_id\":\"s8\",\"plan_id\":\"p9\"," TS "}",
+                "{\"op\":\"mandate\",\"mandate_id\":\"m\",\"retry_of\":\"m0\",\"retry\":3," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"needs_review\",\"reason\":\"killed_at_shutdown\"," TS "}",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":true,\"evidence\":{\"killed_at_shutdown\":true}," TS "}",
+        };
+        /* a wide value: more items than the fast path holds */
+        struct kbuf wide = KBUF_INIT;
+        kbuf_puts(&wide, "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"result\":[");
+        for (int i = 0; i < 200; i++)
+                kbuf_printf(&wide, "%s%d", i ? "," : "", i);
+        kbuf_puts(&wide, "]," TS "}");
+        size_t fast = 0, records = 0;
+        for (size_t i = 0; i <= sizeof(odd) / sizeof(odd[0]); i++) {
+                const char *line = i < sizeof(odd) / sizeof(odd[0]) ? odd[i] : wide.data;
+                /* the line alone, after a plan, and followed by a good line */
+                for (int where = 0; where < 3; where++) {
+                        struct kbuf b = KBUF_INIT;
+                        if (where > 0) {
+                                rec(&b, PLAN("p1", 1, STEP("s1") "," STEP("s2")));
+                                rec(&b, APPEND("s1", "p1"));
+                                rec(&b, EXECUTING("s1"));
+                        }
+                        if (line[strlen(line) - 1] == '}') {
+                                rec(&b, line);
+                        } else {
+                                kbuf_puts(&b, line);
+                                kbuf_putc(&b, '\n');
+                        }
+                        if (where == 2)
+                                rec(&b, COMPLETED("s2"));
+                        same_both_ways(b.data, b.len, &fast, &records);
+                        kbuf_free(&b);
+                }
+        }
+        assert_true(fast > 0 && fast < records);
+        kbuf_free(&wide);
+}
+
+/* Every line of the WALs above changed at every byte (replaced by one of
+ * the bytes that matter to a parser, removed or doubled: one change per
+ * position, in turn), sealed again so that it reaches the parsers: the same
+ * fold both ways.  KAIROS_FOLD_DIFF_FULL=1: every change, every byte value,
+ * at every position (a minute). */
+static void test_fast_path_mutations(void **state)
+{
+        (void)state;
+        static const char subst[] = "\"\\{}[],: 0-1.etn\x01\x80\xff";
+        bool full = getenv("KAIROS_FOLD_DIFF_FULL") != NULL;
+        void (*const wals[])(struct kbuf *) = { encoded_wal, bench_wal };
+        size_t fast = 0, records = 0, cases = 0;
+        for (size_t w = 0; w < sizeof(wals) / sizeof(wals[0]); w++) {
+                struct kbuf b = KBUF_INIT;
+                wals[w](&b);
+                size_t start = 0;
+                while (start < b.len) {
+                        const char *nl = memchr(b.data + start, '\n', b.len - start);
+                        assert_non_null(nl);
+                        size_t end = (size_t)(nl - b.data), n = end - start;
+                        /* the line's body, without its crc field */
+                        size_t body = n - 18;
+                        size_t nvar = full ? 258 : sizeof(subst) - 1 + 2;
+                        for (size_t pos = 0; pos < body; pos++) {
+                                for (size_t v = full ? 0 : (pos + start) % nvar; v < nvar;
+                                     v += full ? 1 : nvar) {
+                                        struct kbuf line = KBUF_INIT, wal = KBUF_INIT;
+                                        const char *l = b.data + start;
+                                        kbuf_append(&line, l, pos);
+                                        if (v + 2 == nvar) {
+                                                /* removed */
+                                        } else if (v + 1 == nvar) {
+                                                kbuf_append(&line, l + pos, 1); /* doubled */
+                                                kbuf_append(&line, l + pos, 1);
+                                        } else {
+                                                char c = full ? (char)v : subst[v];
+                                                if (c == l[pos])
+                                                        goto next;
+                                                kbuf_putc(&line, c);
+                                        }
+                                        kbuf_append(&line, l + pos + 1, body - pos - 1);
+                                        kbuf_putc(&line, '}');
+                                        /* the records before, the changed one, the rest */
+                                        kbuf_append(&wal, b.data, start);
+                                        assert_int_equal(fold_reseal(line.data, line.len, &wal), 0);
+                                        kbuf_putc(&wal, '\n');
+                                        kbuf_append(&wal, b.data + end + 1, b.len - end - 1);
+                                        same_both_ways(wal.data, wal.len, &fast, &records);
+                                        cases++;
+next:
+                                        kbuf_free(&line);
+                                        kbuf_free(&wal);
+                                }
+                        }
+                        start = end + 1;
+                }
+                kbuf_free(&b);
+        }
+        print_message("fast path mutations: %zu cases, %zu of %zu records fast\n", cases, fast,
+                      records);
+        assert_true(fast > 0 && fast < records);
+}
+
+/* Random records: known and unknown keys, values of every kind (escapes,
+ * non-ASCII and invalid bytes, floats, deep and wide containers,
+ * whitespace), duplicates, sealed; WALs of them, sometimes torn.
+ * KAIROS_FOLD_DIFF_N: how many WALs (default 400). */
+static uint64_t rnd_state = 0x9e3779b97f4a7c15ULL;
+static uint32_t rnd(uint32_t n)
+{
+        rnd_state ^= rnd_state << 13;
+        rnd_state ^= rnd_state >> 7;
+        rnd_state ^= rnd_state << 17;
+        return n ? (uint32_t)(rnd_state % n) : 0;
+}
+
+static void rnd_ws(struct kbuf *b)
+{
+        if (rnd(20) == 0)
+                kbuf_puts(b, rnd(2) ? " " : "\t");
+}
+
+static void rnd_string(struct kbuf *b)
+{
+        static const char *const pieces[] = {
+                "s1", "s2", "p1", "m1", "pending", "executing", "completed", "failed",
+                "needs_review", "abandoned", "succeeded", "killed_at_shutdown",
+                "2026-04-20T12:00:00.123Z", "2026-04-20T12:00:05Z", "x", "", "\\\"",
+                "\\\\", "\\n", "\\u00e9", "\\u0000", "\\ud83d\\ude00", "\xc3\xa9", "\xff",
+                "\x7f", "\t", "{", "}", "[", "]", ",", ":", "crc",
+        };
+        kbuf_putc(b, '"');
+        int k = (int)rnd(3);
+        for (int i = 0; i < k || i == 0; i++) {
+                const char *p = pieces[rnd(sizeof(pieces) / sizeof(pieces[0]))];
+                /* mostly plain ones */
+                if (rnd(4) != 0)
+                        p = pieces[rnd(16)];
+                kbuf_puts(b, p);
+        }
+        kbuf_putc(b, '"');
+}
+
+static void rnd_value(struct kbuf *b, int depth)
+{
+        static const char *const nums[] = { "0", "1", "-1", "7", "12345678901234567890", "-0",
+                                            "1.5", "1e3", "-2E-2", "1776686400999" };
+        static const char *const lits[] = { "true", "false", "null" };
+        switch (rnd(depth > 7 ? 4 : 7)) {
+        case 0:
+        case 1:
+                rnd_string(b);
+                break;
+        case 2:
+                kbuf_puts(b, nums[rnd(sizeof(nums) / sizeof(nums[0]))]);
+                break;
+        case 3:
+                kbuf_puts(b, lits[rnd(3)]);
+                break;
+        case 4:
+        case 5: {
+                bool obj = rnd(2);
+                size_t n = rnd(10) == 0 ? 60 + rnd(10) : rnd(4);
+                kbuf_putc(b, obj ? '{' : '[');
+                for (size_t i = 0; i < n; i++) {
+                        if (i)
+                                kbuf_putc(b, ',');
+                        rnd_ws(b);
+                        if (obj) {
+                                rnd_string(b);
+                                rnd_ws(b);
+                                kbuf_putc(b, ':');
+                        }
+                        rnd_value(b, depth + 1);
+                        rnd_ws(b);
+                }
+                kbuf_putc(b, obj ? '}' : ']');
+                break;
+        }
+        default:
+                kbuf_puts(b, depth > 1 ? "[[[[[[1]]]]]]" : "{\"killed_at_shutdown\":true}");
+                break;
+        }
+}
+
+static void rnd_record(struct kbuf *b)
+{
+        static const char *const ops[] = { "plan_commit", "append", "transition",
+                                           "plan_finalize", "operator", "mandate",
+                                           "retry_wait", "owner", "future" };
+        static const char *const keys[] = {
+                "step_id", "plan_id", "mandate_id", "cycle", "plan_hash", "idem_key",
+                "status", "pre_hash", "post_hash", "result_hash", "result", "evidence",
+                "recovered", "error_class", "error_msg", "reason", "reset", "action", "uid",
+                "ts", "schedule", "fired_at", "goal", "retry_of", "retry", "attempt", "due_ms",
+                "carried_from", "exit_status", "signal", "stderr", "other", "op",
+        };
+        struct kbuf l = KBUF_INIT;
+        kbuf_printf(&l, "{\"op\":\"%s\"", ops[rnd(sizeof(ops) / sizeof(ops[0]))]);
+        if (rnd(2))
+                kbuf_printf(&l, ",\"step_id\":\"s%u\"", rnd(3));
+        if (rnd(3) == 0)
+                kbuf_printf(&l, ",\"plan_id\":\"p%u\",\"steps\":[{\"step_id\":\"s%u\",\"tool\":\"t\"},"
+                                "{\"step_id\":\"s%u\"}]", rnd(2), rnd(3), rnd(3));
+        size_t n = rnd(6);
+        for (size_t i = 0; i < n; i++) {
+                kbuf_putc(&l, ',');
+                rnd_ws(&l);
+                kbuf_printf(&l, "\"%s\"", keys[rnd(sizeof(keys) / sizeof(keys[0]))]);
+                rnd_ws(&l);
+                kbuf_putc(&l, ':');
+                rnd_ws(&l);
+                if (rnd(3) == 0)
+                        kbuf_printf(&l, "\"%s\"", rnd(2) ? "completed" : "executing");
+                else
+                        rnd_value(&l, 1);
+        }
+        if (rnd(2))
+                kbuf_printf(&l, ",\"ts\":\"2026-04-20T12:00:0%u.000Z\"", rnd(10));
+        kbuf_putc(&l, '}');
+        assert_int_equal(fold_reseal(l.data, l.len, b), 0);
+        kbuf_putc(b, '\n');
+        kbuf_free(&l);
+}
+
+static void test_fast_path_random(void **state)
+{
+        (void)state;
+        const char *env = getenv("KAIROS_FOLD_DIFF_N");
+        size_t n = env ? strtoul(env, NULL, 10) : 400, fast = 0, records = 0;
+        for (size_t w = 0; w < n; w++) {
+                struct kbuf b = KBUF_INIT;
+                rec(&b, PLAN("p0", 1, STEP("s0") "," STEP("s1") "," STEP("s2")));
+                size_t k = 2 + rnd(20);
+                for (size_t i = 0; i < k; i++)
+                        rnd_record(&b);
+                /* sometimes torn, or a bad line in the middle */
+                size_t len = b.len;
+                if (rnd(4) == 0)
+                        len -= rnd((uint32_t)(len / 4));
+                same_both_ways(b.data, len, &fast, &records);
+                kbuf_free(&b);
+        }
+        print_message("fast path random: %zu WALs, %zu of %zu records fast\n", n, fast, records);
+        assert_true(fast > 0 && fast < records);
+}
+
 
 static void test_names(void **state)
 {
@@ -1305,6 +1735,10 @@ int main(void)
                 cmocka_unit_test(test_fold_file_eintr),
                 cmocka_unit_test(test_many_plans),
                 cmocka_unit_test(test_feed_own_same_fold),
+                cmocka_unit_test(test_fast_path_takes_kairos_lines),
+                cmocka_unit_test(test_fast_path_odd_lines),
+                cmocka_unit_test(test_fast_path_mutations),
+                cmocka_unit_test(test_fast_path_random),
                 cmocka_unit_test(test_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
