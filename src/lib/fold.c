@@ -789,12 +789,26 @@ static int apply_op(struct fold *f, const struct rec *rcp, size_t line)
 struct fast {
         struct kjson_arena *a;
         char *p;         /* the next byte, in the copy */
-        const char *end; /* the copy's end: a NUL */
+        const char *end; /* the copy's end: 8 NULs */
 };
 
 static inline bool fast_plain(unsigned char c)
 {
         return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+}
+
+/* Not all of the 8 bytes at p plain?  (The copy has 8 NULs after the line,
+ * so that this may read past its end.)  Exact for "all plain": the lowest
+ * byte below 0x20, or equal to '"' or '\\', sets its high bit in the
+ * differences (no borrow reaches it from below); a byte of 0x80 or more
+ * has its own.  Above such a byte it may err, towards "not all". */
+static inline bool fast_stop8(const char *p)
+{
+        const uint64_t ones = 0x0101010101010101ULL;
+        uint64_t w;
+        memcpy(&w, p, sizeof w);
+        uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+        return ((w | (w - ones * 0x20) | (q - ones) | (b - ones)) & (ones * 0x80)) != 0;
 }
 
 /* At the opening quote: the string, decoded in place in the copy (an
@@ -803,6 +817,9 @@ static int fast_str(struct fast *F, const char **ret, size_t *ret_len)
 {
         char *s = F->p + 1, *q = s, *d = NULL; /* d: where bytes go once an escape was seen */
         for (;;) {
+                if (!d)
+                        while (!fast_stop8(q))
+                                q += 8;
                 while (fast_plain((unsigned char)*q)) {
                         if (d)
                                 *d++ = *q;
@@ -1029,14 +1046,14 @@ static int fold_fast(void *ctx, const char *l, size_t n, size_t line)
         struct kjson top[FAST_TOP];
         struct rec rc;
 
-        if (n == SIZE_MAX)
+        if (n > SIZE_MAX - 8)
                 return 0;
         kjson_arena_reset(a);
-        char *copy = kjson_arena_alloc(a, n + 1);
+        char *copy = kjson_arena_alloc(a, n + 8);
         if (!copy)
                 return -ENOMEM;
         memcpy(copy, l, n);
-        copy[n] = '\0';
+        memset(copy + n, 0, 8); /* the end, and room for fast_stop8 */
         struct fast F = { .a = a, .p = copy, .end = copy + n };
         int r = fast_record(&F, top, &rc);
         if (r <= 0)

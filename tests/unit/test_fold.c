@@ -1445,6 +1445,8 @@ static void test_fast_path_odd_lines(void **state)
                 "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\",\"\":\"\"," TS "}",
                 "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\"," TS "}x",
                 "[\"op\",\"transition\"]",
+                /* a whole record with a crc member, then more before the seal */
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"crc\":\"0\",\"status\":\"failed\"},\"x\":{\"a\":1}",
                 "{}",
                 "{\"op\":\"plan_commit\",\"plan_id\":\"p2\",\"steps\":[{\"step_id\":\"s9\"},7,null,{\"tool\":\"t\"}]," TS "}",
                 "{\"op\":\"plan_commit\",\"plan_id\":\"p2\",\"steps\":{\"step_id\":\"s9\"}," TS "}",
@@ -1463,9 +1465,18 @@ static void test_fast_path_odd_lines(void **state)
         for (int i = 0; i < 200; i++)
                 kbuf_printf(&wide, "%s%d", i ? "," : "", i);
         kbuf_puts(&wide, "]," TS "}");
+        /* and one deeper than the parser takes (KJSON_MAX_DEPTH) */
+        struct kbuf deep = KBUF_INIT;
+        kbuf_puts(&deep, "{\"op\":\"transition\",\"step_id\":\"s1\",\"result\":");
+        for (int i = 0; i < 130; i++)
+                kbuf_putc(&deep, '[');
+        for (int i = 0; i < 130; i++)
+                kbuf_putc(&deep, ']');
+        kbuf_puts(&deep, "," TS "}");
+        const size_t nodd = sizeof(odd) / sizeof(odd[0]);
         size_t fast = 0, records = 0;
-        for (size_t i = 0; i <= sizeof(odd) / sizeof(odd[0]); i++) {
-                const char *line = i < sizeof(odd) / sizeof(odd[0]) ? odd[i] : wide.data;
+        for (size_t i = 0; i < nodd + 2; i++) {
+                const char *line = i < nodd ? odd[i] : i == nodd ? wide.data : deep.data;
                 /* the line alone, after a plan, and followed by a good line */
                 for (int where = 0; where < 3; where++) {
                         struct kbuf b = KBUF_INIT;
@@ -1488,6 +1499,7 @@ static void test_fast_path_odd_lines(void **state)
         }
         assert_true(fast > 0 && fast < records);
         kbuf_free(&wide);
+        kbuf_free(&deep);
 }
 
 /* Every line of the WALs above changed at every byte (replaced by one of
