@@ -293,9 +293,17 @@ static int decide_open(const struct fold *f, const struct decide_input *in,
                 /* Nothing runs: the step completes at once with a null result.
                  * No executing record — no handler ran, so a crash can never
                  * leave this step "interrupted during execution". */
-                int r = canon_hash_json("null", 4, n->hash_buf, NULL);
-                if (r < 0)
-                        return r;
+                /* (the same hash every time: computed once per thread;
+                 * start-up recovery decides this for every WAL) */
+                static _Thread_local char null_hash[CANON_HASH_STRLEN];
+                if (!null_hash[0]) {
+                        int r = canon_hash_json("null", 4, null_hash, NULL);
+                        if (r < 0) {
+                                null_hash[0] = '\0';
+                                return r;
+                        }
+                }
+                memcpy(n->hash_buf, null_hash, sizeof n->hash_buf);
                 n->kind = DECIDE_COMPLETE_STEP;
                 n->again = true;
                 n->records[1] = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = s->step_id,

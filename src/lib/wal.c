@@ -1005,18 +1005,21 @@ static int open_new_or_existing(struct wal *w, struct wal_open_info *info,
                                 struct fold **ret_fold)
 {
         const struct kio *io = w->io;
-        char *dir = strdup(w->path);
-        if (!dir)
-                return -ENOMEM;
-        char *slash = strrchr(dir, '/');
-        int r = 0;
-        if (slash && slash != dir && !w->dir_exists) {
-                *slash = '\0';
-                r = kio_mkdir_p(io, dir, STATEDIR_DIR_MODE);
+        /* (known to exist, as at start: no copy of the path to cut) */
+        if (!w->dir_exists) {
+                char *dir = strdup(w->path);
+                if (!dir)
+                        return -ENOMEM;
+                char *slash = strrchr(dir, '/');
+                int r = 0;
+                if (slash && slash != dir) {
+                        *slash = '\0';
+                        r = kio_mkdir_p(io, dir, STATEDIR_DIR_MODE);
+                }
+                free(dir);
+                if (r < 0)
+                        return r;
         }
-        free(dir);
-        if (r < 0)
-                return r;
 
         /* Known to exist (recovery found it): one open, for reading and
          * appending; gone meanwhile, it is created as below. */
