@@ -123,6 +123,7 @@ struct fold_internal {
         struct kjson_arena *keep;    /* strings of the result */
         struct kjson_arena *scratch; /* one line's parse tree, reset per line */
         struct kbuf json;            /* scratch for compact JSON */
+        const char *line_lo, *line_hi; /* the fast path's copy of the line, when in keep */
         struct map step_map;
         struct map plan_map;
         size_t cap_plans;
@@ -260,6 +261,14 @@ static int keep_str(struct fold *f, const struct kjson *v, const char **out)
                         *out = interned[i].s;
                         return 0;
                 }
+        }
+        /* a string of a line the fast path copied into the result arena
+         * is kept where it is */
+        const struct fold_internal *in = f->internal;
+        uintptr_t at = (uintptr_t)v->u.str.ptr;
+        if (at >= (uintptr_t)in->line_lo && at < (uintptr_t)in->line_hi) {
+                *out = v->u.str.ptr;
+                return 0;
         }
         char *s = kjson_arena_strndup(f->internal->keep, v->u.str.ptr, v->u.str.len);
         if (!s)
@@ -411,19 +420,38 @@ static int op_plan_commit(struct fold *f, const struct rec *rc, size_t line)
                 const char *sid;
                 size_t si;
 
-                if (so->type != KJSON_OBJECT || !is_str(kjson_get(so, "step_id")))
+                if (so->type != KJSON_OBJECT)
                         continue;
-                r = keep_str(f, kjson_get(so, "step_id"), &sid);
+                /* its members in one pass (the last of a key wins, as with
+                 * kjson_get) */
+                const struct kjson *id = NULL, *tool = NULL, *params = NULL, *pre = NULL,
+                                   *post = NULL;
+                for (size_t k = 0; k < so->u.obj.n; k++) {
+                        const struct kjson_member *m = &so->u.obj.members[k];
+                        if (KEY_IS(m, "step_id"))
+                                id = m->value;
+                        else if (KEY_IS(m, "tool"))
+                                tool = m->value;
+                        else if (KEY_IS(m, "params_hash"))
+                                params = m->value;
+                        else if (KEY_IS(m, "pre_hash"))
+                                pre = m->value;
+                        else if (KEY_IS(m, "expected_post_hash"))
+                                post = m->value;
+                }
+                if (!is_str(id))
+                        continue;
+                r = keep_str(f, id, &sid);
                 if (r < 0)
                         return r;
                 r = new_step(f, pi, sid, &si);
                 if (r < 0)
                         return r;
                 struct fold_step *s = &f->steps[si];
-                if ((r = keep_str(f, kjson_get(so, "tool"), &s->tool)) < 0 ||
-                    (r = keep_str(f, kjson_get(so, "params_hash"), &s->params_hash)) < 0 ||
-                    (r = keep_str(f, kjson_get(so, "pre_hash"), &s->pre_hash)) < 0 ||
-                    (r = keep_str(f, kjson_get(so, "expected_post_hash"), &s->expected_post_hash)) < 0)
+                if ((r = keep_str(f, tool, &s->tool)) < 0 ||
+                    (r = keep_str(f, params, &s->params_hash)) < 0 ||
+                    (r = keep_str(f, pre, &s->pre_hash)) < 0 ||
+                    (r = keep_str(f, post, &s->expected_post_hash)) < 0)
                         return r;
         }
         return 0;
@@ -785,6 +813,7 @@ static int apply_op(struct fold *f, const struct rec *rcp, size_t line)
 #define FAST_DEPTH 6   /* containers around a value, the record's included */
 #define FAST_ITEMS 64  /* members or items of one nested container */
 #define FAST_TOP 48    /* members of the record */
+#define FAST_KEEP_LINE 4096 /* a line up to this long is copied into the result's arena */
 
 struct fast {
         struct kjson_arena *a;
@@ -1049,7 +1078,11 @@ static int fold_fast(void *ctx, const char *l, size_t n, size_t line)
         if (n > SIZE_MAX - 8)
                 return 0;
         kjson_arena_reset(a);
-        char *copy = kjson_arena_alloc(a, n + 8);
+        /* A short line is copied where the fold's strings are kept: its
+         * strings are then kept without a copy each (keep_str).  A long one
+         * (a result) goes to the scratch, its strings copied as needed. */
+        bool in_keep = n <= FAST_KEEP_LINE;
+        char *copy = kjson_arena_alloc(in_keep ? f->internal->keep : a, n + 8);
         if (!copy)
                 return -ENOMEM;
         memcpy(copy, l, n);
@@ -1058,7 +1091,12 @@ static int fold_fast(void *ctx, const char *l, size_t n, size_t line)
         int r = fast_record(&F, top, &rc);
         if (r <= 0)
                 return r;
+        if (in_keep) {
+                f->internal->line_lo = copy;
+                f->internal->line_hi = copy + n + 8;
+        }
         r = apply_rec(f, &rc, line);
+        f->internal->line_lo = f->internal->line_hi = NULL;
         if (r < 0)
                 return r;
         f->fast_records++;
