@@ -259,6 +259,7 @@ void daemon_stop(struct daemon *d, int exit_code)
         metrics_stop(d->metrics);
         history_stop(d);
         notify_watchdog_stop(&d->watchdog);
+        notify_status_stop();
         uv_signal_stop(&d->sig_hup);
         uv_signal_stop(&d->sig_usr1);
         uv_timer_stop(&d->extend_timer);

@@ -538,6 +538,7 @@ int main(int argc, char **argv)
                 exit_code = 1;
                 goto out_free;
         }
+        notify_status_start(d->loop); /* (no start failure past here: daemon_stop stops it) */
         d->opreads = d->drv->opreads;
         d->toolclaims = d->drv->toolclaims;
         if (d->mandates && (r = recover_load_finished(d)) < 0)

@@ -84,8 +84,75 @@ static void notify_send(const char *state)
                 notify_failed(state, -r);
 }
 
+/* STATUS= is rate-limited on the loop: a change is sent at once if the last
+ * one went out at least status_interval_ms ago, else it waits (only the
+ * newest) for a timer at the end of that interval.  Two changes per mandate
+ * (running, done) become at most a few datagrams a second however many
+ * mandates run, and the manager still shows the current status within the
+ * interval.  READY, RELOADING and STOPPING send a waiting status first (the
+ * manager sees them in order); WATCHDOG and EXTEND_TIMEOUT_USEC never wait. */
+enum { STATUS_INTERVAL_MS = 250 };
+static uv_loop_t *status_loop;     /* rate-limited while set (loop thread only) */
+static uv_timer_t status_timer;
+static bool status_timer_ready;    /* initialised (closed by notify_status_stop) */
+static uint64_t status_interval_ms = STATUS_INTERVAL_MS;
+static uint64_t status_sent_at;    /* uv_now of the last STATUS= sent */
+static bool status_sent_any;
+static char status_last[512];      /* the last STATUS= sent */
+static char status_pending[512];   /* the newest not yet sent; "" none */
+
+static void status_send(const char *buf)
+{
+        snprintf(status_last, sizeof status_last, "%s", buf);
+        status_pending[0] = '\0';
+        status_sent_any = true;
+        if (status_loop)
+                status_sent_at = uv_now(status_loop);
+        notify_send(buf);
+}
+
+static void status_flush(void)
+{
+        if (status_timer_ready)
+                uv_timer_stop(&status_timer);
+        if (status_pending[0] && strcmp(status_pending, status_last) != 0) {
+                char buf[sizeof status_pending];
+                memcpy(buf, status_pending, sizeof buf);
+                status_send(buf);
+        }
+        status_pending[0] = '\0';
+}
+
+static void on_status_timer(uv_timer_t *t)
+{
+        (void)t;
+        status_flush();
+}
+
+void notify_status_start(uv_loop_t *loop)
+{
+        status_loop = loop;
+        status_sent_at = uv_now(loop);
+#ifdef KAIROS_TEST_HOOKS
+        const char *ms = getenv("KAIROS_TEST_STATUS_INTERVAL_MS");
+        if (ms && *ms)
+                status_interval_ms = strtoull(ms, NULL, 10);
+#endif
+}
+
+void notify_status_stop(void)
+{
+        status_flush();
+        if (status_timer_ready) {
+                uv_close((uv_handle_t *)&status_timer, NULL);
+                status_timer_ready = false;
+        }
+        status_loop = NULL;
+}
+
 void notify_ready(void)
 {
+        status_flush();
         notify_send("READY=1");
 }
 
@@ -93,17 +160,40 @@ void notify_status(const char *status)
 {
         /* Only changes are sent: the manager needs no repeats, and every
          * datagram is a chance to block on a full notify socket. */
-        static char last[512];
-        char buf[512];
+        char buf[sizeof status_last];
         snprintf(buf, sizeof buf, "STATUS=%s", status);
-        if (strcmp(buf, last) == 0)
+        if (status_pending[0]) {
+                /* one waits already: the timer sends the newest */
+                if (strcmp(buf, status_last) == 0)
+                        status_pending[0] = '\0';
+                else
+                        memcpy(status_pending, buf, sizeof buf);
                 return;
-        snprintf(last, sizeof last, "%s", buf);
-        notify_send(buf);
+        }
+        if (strcmp(buf, status_last) == 0)
+                return;
+        uint64_t now = status_loop ? uv_now(status_loop) : 0;
+        if (!status_loop || !status_sent_any || now - status_sent_at >= status_interval_ms) {
+                status_send(buf);
+                return;
+        }
+        if (!status_timer_ready) {
+                if (uv_timer_init(status_loop, &status_timer) < 0) {
+                        status_send(buf);
+                        return;
+                }
+                uv_unref((uv_handle_t *)&status_timer); /* keeps no loop alive */
+                status_timer_ready = true;
+        }
+        memcpy(status_pending, buf, sizeof buf);
+        if (uv_timer_start(&status_timer, on_status_timer,
+                           status_sent_at + status_interval_ms - now, 0) < 0)
+                status_flush();
 }
 
 void notify_reloading(void)
 {
+        status_flush();
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         uint64_t usec = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
@@ -119,6 +209,7 @@ void notify_stopping(void)
         if (sent)
                 return;
         sent = true;
+        status_flush();
         notify_send("STOPPING=1");
 }
 

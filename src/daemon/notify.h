@@ -9,7 +9,11 @@
 #include <uv.h>
 
 void notify_ready(void);
-void notify_status(const char *status);
+void notify_status(const char *status); /* rate-limited once started */
+/* From here STATUS= changes are rate-limited on loop's timer (notify.c);
+ * stop: the waiting one sent, the timer closed, later changes sent at once. */
+void notify_status_start(uv_loop_t *loop);
+void notify_status_stop(void);
 void notify_reloading(void);          /* RELOADING=1 + MONOTONIC_USEC= */
 void notify_stopping(void);
 void notify_extend_timeout(uint64_t usec);

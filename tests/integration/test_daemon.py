@@ -430,6 +430,53 @@ class TestLifecycle(DaemonCase):
         finally:
             notify.close()
 
+    def test_status_changes_are_rate_limited_and_the_last_is_sent(self):
+        """STATUS= changes (two per mandate) are rate-limited: a burst of
+        mandates sends at most a few, the newest status always follows
+        within the interval, and one still waiting when kairosd stops goes
+        out before STOPPING=1."""
+        conf = write_config(self.dir, self.state, {
+            "ok": {"Schedule": {"Cron": "0 0 1 1 *", "Concurrency": "allow"},
+                   "Mandate": {"MaxCycles": "1"}, "Exec": {"Act": "/bin/true"}},
+            "slow1": SLOW_SCHEDULE, "slow2": SLOW_SCHEDULE},
+            daemon_extra="GracefulTimeoutSec=1\n")
+        d = self.start(config=conf, env={"KAIROS_TEST_STATUS_INTERVAL_MS": "2000"})
+        self.notify.wait_ready()
+        self.notify.wait_for(lambda m: m.startswith("STATUS=0 mandates running"), 10)
+        with self.notify.cond:
+            n0 = len(self.notify.messages)
+
+        def status_after(n):
+            with self.notify.cond:
+                return [x for x in self.notify.messages[n:] if x.startswith("STATUS=")]
+
+        c = self.client()
+        for i in range(5):
+            m = c.call("fire", schedule="ok", at="2026-04-20T12:00:%02dZ" % i)["result"]["mandate"]
+            d.wait_log("mandate %s done" % m)
+        # the newest status arrives (from the timer) with nothing changing
+        # after it
+        c.call("fire", schedule="slow1", at="2026-04-20T12:01:00Z")
+        self.notify.wait_for(
+            lambda m: status_after(n0) and status_after(n0)[-1].startswith("STATUS=1 mandate running"),
+            15)
+        # eleven changes: without the rate limit eleven datagrams, with it one
+        # or two (a slow machine may span one more interval)
+        self.assertLessEqual(len(status_after(n0)), 3, status_after(n0))
+        # a change still waiting when kairosd stops is sent before STOPPING=1
+        with self.notify.cond:
+            n1 = len(self.notify.messages)
+        m = c.call("fire", schedule="slow2", at="2026-04-20T12:02:00Z")["result"]["mandate"]
+        d.wait_log("%s observe_001: started" % m)
+        c.close()
+        self.assertEqual(d.stop(signal.SIGTERM), 0)
+        self.notify.wait_for(lambda m: "STOPPING=1" in m, 10)
+        with self.notify.cond:
+            msgs = self.notify.messages[n1:]
+        stopping = next(i for i, x in enumerate(msgs) if "STOPPING=1" in x)
+        self.assertTrue(any(x.startswith("STATUS=2 mandates running") for x in msgs[:stopping]),
+                        msgs)
+
     def test_notify_socket_gone_is_a_warning_once(self):
         """A notice the manager cannot get (its socket is gone) is a warning
         the first time (a lost READY=1 times the start out), debug after."""
