@@ -100,56 +100,63 @@ static int log_escape(struct kbuf *b, const char *s)
         return r;
 }
 
+/* name=value appended to b as one journal field; its place in *f */
+struct jfield {
+        size_t off, len;
+};
+
+static int jfield_add(struct kbuf *b, struct jfield *f, const char *name, const char *value)
+{
+        size_t off = b->len;
+        int r = kbuf_puts(b, name);
+        if (r == 0)
+                r = kbuf_putc(b, '=');
+        if (r == 0)
+                r = kbuf_puts(b, value);
+        if (r < 0) {
+                kbuf_truncate(b, off);
+                return r;
+        }
+        *f = (struct jfield){ off, b->len - off };
+        return 0;
+}
+
+/* Every field into one buffer (one allocation, grown rarely), the iovecs
+ * made once it no longer moves. */
 static void log_journal(const char *file, int line, const char *func, int priority,
                         const char *message_id, const struct log_field *fields, size_t n,
                         const char *msg)
 {
+        struct jfield f[JOURNAL_MAX_FIELDS];
         struct iovec iov[JOURNAL_MAX_FIELDS];
-        char *owned[JOURNAL_MAX_FIELDS];
         size_t k = 0;
-        struct kbuf mb = KBUF_INIT;
-        if (kbuf_puts(&mb, "MESSAGE=") < 0 || log_escape(&mb, msg) < 0) {
-                kbuf_free(&mb);
+        struct kbuf b = KBUF_INIT;
+        if (kbuf_reserve(&b, 512) < 0 || kbuf_puts(&b, "MESSAGE=") < 0 ||
+            log_escape(&b, msg) < 0) {
+                kbuf_free(&b);
                 return;
         }
-        owned[k] = mb.data;
-        iov[k++] = (struct iovec){ mb.data, mb.len };
-        char *p = NULL;
-        if (asprintf(&p, "PRIORITY=%d", priority) >= 0) {
-                owned[k] = p;
-                iov[k++] = (struct iovec){ p, strlen(p) };
-        }
-        if (message_id) {
-                char *id = NULL;
-                if (asprintf(&id, "MESSAGE_ID=%s", message_id) >= 0) {
-                        owned[k] = id;
-                        iov[k++] = (struct iovec){ id, strlen(id) };
-                }
-        }
-        char *loc[3] = { NULL, NULL, NULL };
-        if (asprintf(&loc[0], "CODE_FILE=%s", source_path(file)) < 0)
-                loc[0] = NULL;
-        if (asprintf(&loc[1], "CODE_LINE=%d", line) < 0)
-                loc[1] = NULL;
-        if (asprintf(&loc[2], "CODE_FUNC=%s", func) < 0)
-                loc[2] = NULL;
-        for (size_t i = 0; i < 3; i++)
-                if (loc[i]) {
-                        owned[k] = loc[i];
-                        iov[k++] = (struct iovec){ loc[i], strlen(loc[i]) };
-                }
-        for (size_t i = 0; i < n && k < JOURNAL_MAX_FIELDS; i++) {
-                if (!fields[i].value)
-                        continue;
-                char *f = NULL;
-                if (asprintf(&f, "%s=%s", fields[i].name, fields[i].value) < 0)
-                        continue;
-                owned[k] = f;
-                iov[k++] = (struct iovec){ f, strlen(f) };
-        }
-        sd_journal_sendv(iov, (int)k);
+        f[k++] = (struct jfield){ 0, b.len };
+        char num[24];
+        snprintf(num, sizeof num, "%d", priority);
+        if (jfield_add(&b, &f[k], "PRIORITY", num) == 0)
+                k++;
+        if (message_id && jfield_add(&b, &f[k], "MESSAGE_ID", message_id) == 0)
+                k++;
+        if (jfield_add(&b, &f[k], "CODE_FILE", source_path(file)) == 0)
+                k++;
+        snprintf(num, sizeof num, "%d", line);
+        if (jfield_add(&b, &f[k], "CODE_LINE", num) == 0)
+                k++;
+        if (jfield_add(&b, &f[k], "CODE_FUNC", func) == 0)
+                k++;
+        for (size_t i = 0; i < n && k < JOURNAL_MAX_FIELDS; i++)
+                if (fields[i].value && jfield_add(&b, &f[k], fields[i].name, fields[i].value) == 0)
+                        k++;
         for (size_t i = 0; i < k; i++)
-                free(owned[i]);
+                iov[i] = (struct iovec){ b.data + f[i].off, f[i].len };
+        sd_journal_sendv(iov, (int)k);
+        kbuf_free(&b);
 }
 
 static void log_stderr(int priority, const struct log_field *fields, size_t n, const char *msg)
@@ -170,14 +177,19 @@ static void log_stderr(int priority, const struct log_field *fields, size_t n, c
                                                       : "");
                 n = 0;
         } else {
-                kbuf_printf(&b, "<%d>", priority);
+                char pri[16];
+                int len = snprintf(pri, sizeof pri, "<%d>", priority);
+                kbuf_reserve(&b, 256);
+                kbuf_append(&b, pri, (size_t)len);
         }
         log_escape(&b, msg);
         for (size_t i = 0; i < n; i++) {
                 if (!fields[i].value)
                         continue;
                 bool quote = strpbrk(fields[i].value, " \t\"") != NULL || !*fields[i].value;
-                kbuf_printf(&b, quote ? " %s=\"" : " %s=", fields[i].name);
+                kbuf_putc(&b, ' ');
+                kbuf_puts(&b, fields[i].name);
+                kbuf_puts(&b, quote ? "=\"" : "=");
                 log_escape(&b, fields[i].value);
                 if (quote)
                         kbuf_putc(&b, '"');
@@ -212,13 +224,23 @@ void log_event_at(const char *file, int line, const char *func, int priority,
 {
         if (priority > level)
                 return;
-        char *msg = NULL;
+        /* the message on the stack unless it is long */
+        char small[512];
+        char *msg = small, *big = NULL;
         va_list ap;
         va_start(ap, fmt);
-        int r = vasprintf(&msg, fmt, ap);
+        int r = vsnprintf(small, sizeof small, fmt, ap);
         va_end(ap);
         if (r < 0)
                 return;
+        if ((size_t)r >= sizeof small) {
+                va_start(ap, fmt);
+                r = vasprintf(&big, fmt, ap);
+                va_end(ap);
+                if (r < 0)
+                        return;
+                msg = big;
+        }
         /* Cluster mode: every entry names the node, and one about a mandate
          * its epoch (looked up on the loop thread only: the registry is the
          * loop's). */
@@ -248,7 +270,7 @@ void log_event_at(const char *file, int line, const char *func, int priority,
                 log_journal(file, line, func, priority, message_id, fields, n, msg);
         else
                 log_stderr(priority, fields, n, msg);
-        free(msg);
+        free(big);
 }
 
 void log_set_node(const char *node, long long (*epoch_lookup)(const char *mandate_id))
