@@ -2,7 +2,9 @@
 /* status: the STATUS= line systemd shows, from the mandate registry's
  * counts.  Below every module that changes a mandate's status, so each of
  * them updates it by calling down. */
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "daemon.h"
 
@@ -10,6 +12,20 @@ void daemon_update_status(struct daemon *d)
 {
         unsigned c[MANDATE__STATUS_MAX];
         mandates_count(d, c);
+        /* called on every change of a mandate: the line is made again only
+         * when what it shows changed (one process, one loop: static) */
+        static unsigned last_c[MANDATE__STATUS_MAX];
+        static bool last_ready, known;
+        static unsigned last_files;
+        static size_t last_broken;
+        if (known && last_ready == d->ready && last_files == d->recovery.files &&
+            last_broken == d->cfg->nbroken && memcmp(last_c, c, sizeof c) == 0)
+                return;
+        memcpy(last_c, c, sizeof c);
+        last_ready = d->ready;
+        last_files = d->recovery.files;
+        last_broken = d->cfg->nbroken;
+        known = true;
         char buf[320];
         if (!d->ready) {
                 snprintf(buf, sizeof buf, "recovering: %u WAL file%s", d->recovery.files,
