@@ -1572,9 +1572,16 @@ static int archive_file(const struct kio *io, const char *wal_path, const char *
                 r = -ENOMEM;
                 goto out;
         }
-        if ((r = kio_mkdir_p(io, archive_dir, STATEDIR_DIR_MODE)) < 0)
-                goto out;
+        /* The archive directory exists but for the first archive (or after
+         * someone removed it): made only when the file cannot be, not
+         * asked for (a mkdir and a stat) for every mandate. */
         fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, WAL_FILE_MODE);
+        if (fd == -ENOENT) {
+                if ((r = kio_mkdir_p(io, archive_dir, STATEDIR_DIR_MODE)) < 0)
+                        goto out;
+                fd = io->open(io->ctx, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                              WAL_FILE_MODE);
+        }
         if (fd < 0) {
                 r = fd;
                 goto out;

@@ -1535,11 +1535,15 @@ static void test_archive_stage(void **state)
                         assert_int_equal(wal_archive_stage(&f->io, f->wal, arch, &dest), 0);
                 assert_non_null(dest);
                 assert_true(exists(f->wal));
-                for (int i = 0; i < f->rec.n; i++)
+                for (int i = 0; i < f->rec.n; i++) {
                         if (strncmp(f->rec.log[i], "fdatasync", 9) == 0 ||
                             strncmp(f->rec.log[i], "fsync", 5) == 0 ||
                             strncmp(f->rec.log[i], "unlink", 6) == 0)
                                 fail_msg("staging synced or unlinked: %s", f->rec.log[i]);
+                        /* the directory is there: not made again per archive */
+                        if (strncmp(f->rec.log[i], "mkdir", 5) == 0)
+                                fail_msg("staging into an existing directory: %s", f->rec.log[i]);
+                }
                 char want[600];
                 snprintf(want, sizeof want, "rename %s.tmp %s", dest, dest);
                 assert_true(log_find(&f->rec, 0, want) >= 0);
