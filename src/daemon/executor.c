@@ -253,7 +253,7 @@ static void advance_done(void *arg)
                 executor_release_slot(m);
                 own_release(m); /* (postgres: its row says it ended, its slot is free) */
                 if (a->end_synced)
-                        archive_synced(m, a->archive_path);
+                        archive_synced(m, a->archive_path, a->unlink_error);
                 else
                         archive_enqueue(m, a->archive_path);
                 a->archive_path = NULL;

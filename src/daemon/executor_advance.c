@@ -599,6 +599,14 @@ void advance_work(void *arg)
                         } else {
                                 a->end_synced = end_by_syncfs;
                         }
+                        if (a->end_synced) {
+                                /* durable: the WAL goes now, in this job
+                                 * (not a second job on the queue after a
+                                 * turn of the loop) */
+                                const struct kio *io = kio_posix();
+                                r = io->unlink(io->ctx, m->wal_path);
+                                a->unlink_error = r == -ENOENT ? 0 : r; /* gone already */
+                        }
                         free(dest);
                         a->archive_path = arch_path;
                         arch_path = NULL;

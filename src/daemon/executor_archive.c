@@ -98,26 +98,33 @@ static void archive_unlink_work(void *arg)
                 u->error = 0; /* gone already */
 }
 
+/* m's WAL was unlinked (error: how that failed): m points at its archive */
+static void wal_unlinked(struct mandate *m, char *archive_path, int error)
+{
+        struct daemon *d = m->d;
+        if (error) {
+                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
+                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s paused (%s): removing %s after archiving: %s", m->id,
+                          m->reason, m->wal_path, strerror(-error));
+                free(archive_path);
+        } else {
+                log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
+                          "mandate %s: WAL archived (%s)", m->id, archive_path);
+                free(m->wal_path);
+                m->wal_path = archive_path;
+                m->archived = true;
+                d->executor->arch_unsynced = true;
+                history_finished(m); /* retention counts archived mandates */
+        }
+}
+
 static void archive_unlink_done(void *arg)
 {
         struct archive_unlink *u = arg;
         struct mandate *m = u->m;
         struct daemon *d = m->d;
-        if (u->error) {
-                mandate_set_status(m, MANDATE_WAL_IO_ERROR, "wal_io_error");
-                log_event(LOG_ERR, MSGID_WAL_IO_ERROR, LOG_FIELDS({ "MANDATE_ID", m->id }),
-                          "mandate %s paused (%s): removing %s after archiving: %s", m->id,
-                          m->reason, m->wal_path, strerror(-u->error));
-                free(u->archive_path);
-        } else {
-                log_event(LOG_INFO, NULL, LOG_FIELDS({ "MANDATE_ID", m->id }),
-                          "mandate %s: WAL archived (%s)", m->id, u->archive_path);
-                free(m->wal_path);
-                m->wal_path = u->archive_path;
-                m->archived = true;
-                d->executor->arch_unsynced = true;
-                history_finished(m); /* retention counts archived mandates */
-        }
+        wal_unlinked(m, u->archive_path, u->error);
         m->busy--;
         d->executor->arch_unlinking--;
         free(u);
@@ -146,11 +153,15 @@ static bool unlink_wal(struct mandate *m, char *archive_path)
         return true;
 }
 
-void archive_synced(struct mandate *m, char *archive_path)
+void archive_synced(struct mandate *m, char *archive_path, int error)
 {
         m->d->syncfs_calls++;
-        if (unlink_wal(m, archive_path))
-                m->busy++; /* alive until its WAL is gone */
+        if (!archive_path)
+                return; /* (advance_work sets end_synced only with a path) */
+        /* (the caller updates the status and checks for idle after) */
+        m->busy++; /* as a mandate whose WAL is unlinked: alive through it */
+        wal_unlinked(m, archive_path, error);
+        m->busy--;
 }
 
 /* File by file: each summary and archive, then the directories that name

@@ -116,6 +116,7 @@ struct advance {
          * (docs/design.md §6, rule 4). */
         bool end_alone;
         bool end_synced;              /* NEXT_END: that syncfs returned 0 */
+        int unlink_error;             /* end_synced: the WAL's unlink, in the same job */
         unsigned attempt;
         int phase;
         struct kbuf stdin_doc;
@@ -225,8 +226,9 @@ void executor_check_idle(struct daemon *d);
 /* m ended: archive_path (stolen) joins the next batch. */
 void archive_enqueue(struct mandate *m, char *archive_path);
 /* m ended alone and its own syncfs made its summary and archive durable
- * (struct advance, end_alone): its WAL is unlinked now, no batch. */
-void archive_synced(struct mandate *m, char *archive_path);
+ * (struct advance, end_alone): the same job unlinked its WAL then (error:
+ * that unlink's), no batch and no job of its own. */
+void archive_synced(struct mandate *m, char *archive_path, int error);
 /* Start a batch now. */
 void archive_flush(struct daemon *d);
 /* Anything waiting, syncing, unlinking or unsynced. */
