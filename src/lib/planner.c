@@ -10,6 +10,7 @@
 #include <sodium.h>
 
 #include "kairos/kbuf.h"
+#include "kairos/kjson.h"
 #include "kairos/kmem.h"
 
 static const char *const phase_names[PLANNER_PHASES] = {
@@ -112,9 +113,13 @@ int planner_mandate_id(const char *name, const char *fired_at, char out[PLANNER_
         return planner_retry_mandate_id(name, fired_at, 0, out);
 }
 
-/* Canonical hash of a small object built as JSON text. */
+/* Canonical hash of a small object built as JSON text: compact as it is
+ * made (kbuf_json_string), hashed in one pass without a tree (15 per plan);
+ * parsed only if that pass gives up. */
 static int hash_text(struct kbuf *b, char out[CANON_HASH_STRLEN])
 {
+        if (canon_hash_compact(b->data, b->len, KJSON_MAX_DEPTH - 1, out) == 0)
+                return 0;
         return canon_hash_json(b->data, b->len, out, NULL);
 }
 
