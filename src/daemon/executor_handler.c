@@ -887,7 +887,10 @@ static void run_finished(struct exec_run *run)
                                                   kjson_error_string(jerr.code), jerr.offset);
                         }
                 }
-                if (!compact && canon_hash_json(res.data, res.len, hash, NULL) < 0)
+                /* null (no output) or the output as a string: made
+                 * compact here, hashed in one pass unless that gives up */
+                if (!compact && canon_hash_compact(res.data, res.len, KJSON_MAX_DEPTH - 1, hash) < 0 &&
+                    canon_hash_json(res.data, res.len, hash, NULL) < 0)
                         canon_hash_bytes(res.data, res.len, hash);
                 *r = (struct wal_record){ .op = WAL_OP_COMPLETED, .step_id = step,
                                           .post_hash = advance_own(a, run->expected_post ? run->expected_post : ""),
