@@ -27,8 +27,18 @@ static void finish(struct child *c)
 
 static void maybe_finish(struct child *c)
 {
-        if (c->exited && c->out_eof && c->err_eof)
+        if (!c->out_eof || !c->err_eof)
+                return;
+        if (c->exited) {
                 finish(c);
+                return;
+        }
+        /* Its output ended: it has most likely exited just now (a process
+         * closes its files right before it becomes a zombie).  Reaped now if
+         * so (on_exited finishes), not after one more wait of the loop for
+         * its pidfd. */
+        if (c->running)
+                (void)runner_reap_exited(&c->job);
 }
 
 static void on_closed(uv_handle_t *h)

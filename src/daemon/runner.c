@@ -1116,6 +1116,17 @@ void runner_kill(struct runner_job *j, int sig)
                 cgroup_handler_kill(&j->cgh);
 }
 
+bool runner_reap_exited(struct runner_job *j)
+{
+        if (!j->live || j->pid <= 0)
+                return false;
+        struct runner *r = j->r;
+        for (size_t i = 0; i < r->nlive; i++)
+                if (r->live[i] == j)
+                        return check_exit(r, i, false);
+        return false;
+}
+
 int runner_add_tool_group(struct runner_job *j, pid_t pgid)
 {
         if (!j->live || j->pid <= 0 || pgid <= 0)

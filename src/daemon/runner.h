@@ -131,6 +131,11 @@ int runner_spawn(struct runner *r, struct runner_job *job);
  * it was reaped); SIGKILL with a cgroup kills the whole cgroup. */
 void runner_kill(struct runner_job *job, int sig);
 
+/* Has the job's process exited?  Then it is reaped now, as when its exit
+ * is seen (exited() called before this returns true), not after the loop's
+ * next wait for its pidfd or SIGCHLD.  false: still running (or reaped). */
+bool runner_reap_exited(struct runner_job *job);
+
 /* A tool call of the job (a `kairosctl tool run` its handler started) runs
  * in process group pgid of its own, not in the handler's: it is not in the
  * keeper's table, so it outlives a kairosd that dies (docs/design.md §10),
