@@ -8,6 +8,7 @@
 #include <linux/capability.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -63,7 +64,11 @@ struct runner {
         pthread_t thread;
         bool thread_started;
         pthread_mutex_t lock;
-        pthread_cond_t cond;
+        /* posted on every change the thread waits for (a job, a cleanup,
+         * the quit): not a condition variable, which takes the lock back
+         * marked contended, so the thread's next unlock was a futex wake
+         * per spawn with nobody to wake */
+        sem_t sem;
         struct runner_job *todo_head, *todo_tail;  /* loop -> thread */
         struct runner_job *done_head, *done_tail;  /* thread -> loop */
         struct cg_cleanup *cleanup;                /* loop -> thread: cgroups to remove */
@@ -720,13 +725,22 @@ out:
         }
 }
 
+/* Under r->lock: wait for the next post (the caller checks again). */
+static void thread_wait(struct runner *r)
+{
+        pthread_mutex_unlock(&r->lock);
+        while (sem_wait(&r->sem) < 0 && errno == EINTR)
+                ;
+        pthread_mutex_lock(&r->lock);
+}
+
 static void *thread_main(void *arg)
 {
         struct runner *r = arg;
         pthread_mutex_lock(&r->lock);
         for (;;) {
                 while (!r->todo_head && !r->cleanup && !r->quit)
-                        pthread_cond_wait(&r->cond, &r->lock);
+                        thread_wait(r);
                 if (r->cleanup) {
                         struct cg_cleanup *c = r->cleanup;
                         r->cleanup = c->next;
@@ -750,7 +764,7 @@ static void *thread_main(void *arg)
                         if (fd >= 0)
                                 close(fd);
                         while (!r->quit)
-                                pthread_cond_wait(&r->cond, &r->lock);
+                                thread_wait(r);
                         continue;
                 }
 #endif
@@ -839,7 +853,7 @@ static void cgroup_end(struct runner *r, struct runner_job *j)
                 c->next = r->cleanup;
                 r->cleanup = c;
                 pthread_mutex_unlock(&r->lock);
-                pthread_cond_signal(&r->cond);
+                sem_post(&r->sem);
         }
         cgroup_handler_init(&j->cgh);
 }
@@ -1091,7 +1105,7 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         pthread_mutex_unlock(&r->lock);
         /* signalled after the unlock: woken under the lock, the thread
          * would block on it at once (a futex wait and wake per spawn) */
-        pthread_cond_signal(&r->cond);
+        sem_post(&r->sem);
         return 0;
 fail:
         job_free_prep(j);
@@ -1258,7 +1272,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         r->keeper_pidfd = -1;
         r->slot[0] = r->slot[1] = r->slot[2] = r->slot_null = -1;
         pthread_mutex_init(&r->lock, NULL);
-        pthread_cond_init(&r->cond, NULL);
+        sem_init(&r->sem, 0, 0);
         int e;
         r->stack = mmap(NULL, CHILD_STACK, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -1390,7 +1404,7 @@ void runner_stop(struct runner *r)
                 return;
         pthread_mutex_lock(&r->lock);
         r->quit = true;
-        pthread_cond_signal(&r->cond);
+        sem_post(&r->sem);
         pthread_mutex_unlock(&r->lock);
         pthread_join(r->thread, NULL);
         r->thread_started = false;
@@ -1466,7 +1480,7 @@ void runner_free(struct runner *r)
                 free(c);
         }
         pthread_mutex_destroy(&r->lock);
-        pthread_cond_destroy(&r->cond);
+        sem_destroy(&r->sem);
         free(r->live);
         free(r);
 }
