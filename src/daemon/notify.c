@@ -90,7 +90,8 @@ static void notify_send(const char *state)
  * (running, done) become at most a few datagrams a second however many
  * mandates run, and the manager still shows the current status within the
  * interval.  READY, RELOADING and STOPPING send a waiting status first (the
- * manager sees them in order); WATCHDOG and EXTEND_TIMEOUT_USEC never wait. */
+ * manager sees them in order), and the first change after READY is sent at
+ * once; WATCHDOG and EXTEND_TIMEOUT_USEC never wait. */
 enum { STATUS_INTERVAL_MS = 250 };
 static uv_loop_t *status_loop;     /* rate-limited while set (loop thread only) */
 static uv_timer_t status_timer;
@@ -154,6 +155,9 @@ void notify_ready(void)
 {
         status_flush();
         notify_send("READY=1");
+        /* the status that follows READY goes at once: `systemctl start`
+         * returns at READY and the status is read right after */
+        status_sent_any = false;
 }
 
 void notify_status(const char *status)

@@ -477,6 +477,14 @@ class TestLifecycle(DaemonCase):
         self.assertTrue(any(x.startswith("STATUS=2 mandates running") for x in msgs[:stopping]),
                         msgs)
 
+    def test_status_after_ready_is_not_held(self):
+        """The status that follows READY=1 is sent at once, whatever the
+        rate limit (`systemctl start` returns at READY and the status is
+        read right after)."""
+        self.start(env={"KAIROS_TEST_STATUS_INTERVAL_MS": "600000"})
+        self.notify.wait_ready()
+        self.notify.wait_for(lambda m: m.startswith("STATUS=0 mandates running"), 10)
+
     def test_notify_socket_gone_is_a_warning_once(self):
         """A notice the manager cannot get (its socket is gone) is a warning
         the first time (a lost READY=1 times the start out), debug after."""
