@@ -38,14 +38,9 @@ uint32_t wal_crc(const char *line_without_crc, size_t len)
         return (uint32_t)crc32_z(0L, (const unsigned char *)line_without_crc, len);
 }
 
-void wal_format_ts(int64_t ts_ms, char out[32])
+/* The text of ts_ms as gmtime_r and snprintf make it, for any value. */
+static size_t format_ts_slow(int64_t secs, int ms, char out[32])
 {
-        int64_t secs = ts_ms / 1000;
-        int64_t ms = ts_ms % 1000;
-        if (ms < 0) {
-                ms += 1000;
-                secs--;
-        }
         time_t t = (time_t)secs;
         struct tm tm;
         if (!gmtime_r(&t, &tm)) {
@@ -55,10 +50,48 @@ void wal_format_ts(int64_t ts_ms, char out[32])
         }
         char buf[128];
         snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)ms);
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
         size_t n = strnlen(buf, 31);
         memcpy(out, buf, n);
         out[n] = '\0';
+        return n;
+}
+
+/* The text up to the milliseconds of the last second formatted, kept per
+ * thread: records written close together (start-up recovery appends to
+ * thousands of WALs in the same second) share it, and only the three digits
+ * of the milliseconds are written each time.  Kept only when the text has
+ * the usual 24 bytes: then every field before them has its fixed width and
+ * the milliseconds are bytes 20 to 22. */
+#define TS_LEN 24
+#define TS_MS_AT 20
+static _Thread_local int64_t ts_secs_kept;
+static _Thread_local bool ts_kept;
+static _Thread_local char ts_text_kept[TS_MS_AT];
+
+void wal_format_ts(int64_t ts_ms, char out[32])
+{
+        int64_t secs = ts_ms / 1000;
+        int64_t ms = ts_ms % 1000;
+        if (ms < 0) {
+                ms += 1000;
+                secs--;
+        }
+        if (!ts_kept || ts_secs_kept != secs) {
+                size_t n = format_ts_slow(secs, (int)ms, out);
+                if (n == TS_LEN && out[TS_MS_AT - 1] == '.') {
+                        memcpy(ts_text_kept, out, TS_MS_AT);
+                        ts_secs_kept = secs;
+                        ts_kept = true;
+                }
+                return;
+        }
+        memcpy(out, ts_text_kept, TS_MS_AT);
+        out[TS_MS_AT] = (char)('0' + ms / 100);
+        out[TS_MS_AT + 1] = (char)('0' + ms / 10 % 10);
+        out[TS_MS_AT + 2] = (char)('0' + ms % 10);
+        out[TS_MS_AT + 3] = 'Z';
+        out[TS_LEN] = '\0';
 }
 
 int wal_parse_ts(const char *ts, int64_t *ret_ms)
@@ -177,27 +210,48 @@ static void enc_stderr(struct enc *e, const char *tail)
         }
 }
 
-/* A JSON text, validated and re-written compactly (document order). */
+/* The parse arena of enc_json, kept per thread and reset after each use:
+ * start-up recovery encodes a record with evidence for thousands of WALs
+ * in a row on each pool thread, and an arena made and freed per record was
+ * a malloc and a free each time.  A text longer than ENC_ARENA_KEEP_INPUT
+ * gets an arena of its own, freed at once, so what a thread keeps stays
+ * small (a reset arena keeps every chunk it grew to, and a parse takes
+ * many times the bytes of its text). */
+#define ENC_ARENA_KEEP_INPUT (4u * 1024u)
+static _Thread_local struct kjson_arena *enc_arena_kept;
+
+/* A JSON text, validated and written compactly (document order): a text
+ * that already is what kjson_write would write of it (the parse says so) is
+ * copied as it is, any other is written again from its parse. */
 static void enc_json(struct enc *e, const char *key, const char *json, const char *err)
 {
         if (e->r || !json)
                 return;
-        struct kjson_arena *a = kjson_arena_new();
-        if (!a) {
+        size_t len = strlen(json);
+        bool keep = len <= ENC_ARENA_KEEP_INPUT;
+        struct kjson_arena *a = keep ? enc_arena_kept : NULL;
+        if (!a && !(a = kjson_arena_new())) {
                 enc_fail(e, -ENOMEM, "out of memory");
                 return;
         }
+        if (keep)
+                enc_arena_kept = a;
         struct kjson *v = NULL;
         struct kjson_error jerr;
-        int r = kjson_parse(a, json, strlen(json), &v, &jerr);
+        bool compact = false;
+        int r = kjson_parse_nested(a, json, len, 0, &v, &compact, &jerr);
         if (r < 0) {
                 enc_fail(e, r == -ENOMEM ? r : -EINVAL, err);
         } else {
                 enc_key(e, key);
-                if (e->r == 0 && (r = kjson_write(e->b, v)) < 0)
+                if (e->r == 0 &&
+                    (r = compact ? kbuf_append(e->b, json, len) : kjson_write(e->b, v)) < 0)
                         enc_fail(e, r, "out of memory");
         }
-        kjson_arena_free(a);
+        if (keep)
+                kjson_arena_reset(a);
+        else
+                kjson_arena_free(a);
 }
 
 /* A result its maker already wrote compactly from a parse (kjson_write): its
@@ -431,9 +485,13 @@ int wal_encode(const struct wal_record *r, int64_t ts_ms, struct kbuf *out)
                 enc_fail(&e, -ENOMEM, "out of memory");
         enc_body(&e, r);
 
+        /* the time's text is ASCII with nothing to escape: copied as it is */
         char ts[32];
         wal_format_ts(ts_ms, ts);
-        enc_str(&e, "ts", ts, NULL);
+        enc_key(&e, "ts");
+        if (e.r == 0 && (kbuf_putc(out, '"') < 0 || kbuf_puts(out, ts) < 0 ||
+                         kbuf_putc(out, '"') < 0))
+                enc_fail(&e, -ENOMEM, "out of memory");
         if (e.r == 0 && kbuf_putc(out, '}') < 0)
                 enc_fail(&e, -ENOMEM, "out of memory");
         if (e.r == 0 && crcline_seal(out, start) < 0)

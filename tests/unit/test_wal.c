@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -1791,6 +1792,346 @@ static void test_encode_compact_result(void **state)
         free(line);
 }
 
+/* ---- the encoder's fast paths against the plain ones --------------------- */
+
+/* wal_format_ts as it was: gmtime_r and snprintf for every call. */
+static void ref_format_ts(int64_t ts_ms, char out[32])
+{
+        int64_t secs = ts_ms / 1000;
+        int64_t ms = ts_ms % 1000;
+        if (ms < 0) {
+                ms += 1000;
+                secs--;
+        }
+        time_t t = (time_t)secs;
+        struct tm tm;
+        if (!gmtime_r(&t, &tm)) {
+                memset(&tm, 0, sizeof(tm));
+                tm.tm_year = 70;
+                tm.tm_mday = 1;
+        }
+        char buf[128];
+        snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)ms);
+        size_t n = strnlen(buf, 31);
+        memcpy(out, buf, n);
+        out[n] = '\0';
+}
+
+static uint64_t rnd_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+        uint64_t x = rnd_state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        return rnd_state = x;
+}
+
+static unsigned rnd_n(unsigned n)
+{
+        return (unsigned)(rnd() % n);
+}
+
+static size_t diff_n(size_t dflt)
+{
+        const char *s = getenv("KAIROS_WAL_ENC_DIFF_N");
+        return s && *s ? (size_t)strtoull(s, NULL, 10) : dflt;
+}
+
+static void expect_ts(int64_t ms)
+{
+        char got[32], want[32];
+        memset(got, 'x', sizeof got);
+        wal_format_ts(ms, got);
+        ref_format_ts(ms, want);
+        if (strcmp(got, want) != 0)
+                fail_msg("ts %lld: got %s, want %s", (long long)ms, got, want);
+}
+
+/* The time kept per thread is the same text as gmtime_r's every time: in
+ * one second and across seconds, before 1970, years beyond four digits or
+ * before year 0, values gmtime_r refuses, back and forth between seconds. */
+static void test_format_ts_same_as_gmtime(void **state)
+{
+        (void)state;
+        static const int64_t fixed[] = {
+                0, 1, 999, 1000, -1, -999, -1000, -1001, TS_MS, TS_MS + 1, TS_MS - 123,
+                TS_MS - 124, 951782400007LL, 253402300799999LL /* 9999-12-31T23:59:59.999 */,
+                253402300800000LL /* year 10000 */, -62167219200000LL /* year 0 */,
+                -62167219200001LL /* year -1 */, -62198755200000LL, INT64_MAX, INT64_MIN,
+                INT64_MAX - 999, INT64_MIN + 1000, 67767976233532799LL, 67767976233532LL * 1000,
+        };
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+                expect_ts(fixed[i]);
+                expect_ts(fixed[i]); /* again: from what was kept */
+                expect_ts(TS_MS);
+        }
+        /* every millisecond of a few seconds, each second twice in turn */
+        for (int64_t base = TS_MS - 2500; base < TS_MS + 2500; base += 7) {
+                expect_ts(base);
+                expect_ts(base + 1000);
+                expect_ts(base);
+        }
+        size_t n = diff_n(20000);
+        for (size_t i = 0; i < n; i++) {
+                int64_t ms;
+                switch (rnd_n(4)) {
+                case 0: /* near now */
+                        ms = TS_MS + (int64_t)rnd_n(86400000) - 43200000;
+                        break;
+                case 1: /* any year 0 .. 9999 and some beyond */
+                        ms = (int64_t)(rnd() % 700000000000000ull) - 100000000000000LL;
+                        break;
+                case 2: /* anything */
+                        ms = (int64_t)rnd();
+                        break;
+                default: /* the next millisecond or second */
+                        ms = TS_MS + (int64_t)(i % 3000);
+                        break;
+                }
+                expect_ts(ms);
+        }
+}
+
+/* A JSON text in many spellings of its value: whitespace anywhere or
+ * nowhere, every escape in several forms (\/, \u with either case, surrogate
+ * pairs, \u0000), UTF-8 raw, numbers of any size, containers nested. */
+static void gen_ws(struct kbuf *b, bool loose)
+{
+        static const char ws[] = " \t\n\r";
+        if (loose && rnd_n(3) == 0)
+                for (unsigned k = 1 + rnd_n(2); k > 0; k--)
+                        assert_int_equal(kbuf_putc(b, ws[rnd_n(4)]), 0);
+}
+
+static void gen_string(struct kbuf *b, bool loose)
+{
+        static const char *const plain[] = { "a", "Z", " ", "0", "step", "sha256-", "{", "]",
+                                             ":", ",", "'", "~", "\x7f", "\xc3\xa9",
+                                             "\xe2\x80\xa8", "\xf0\x9f\x98\x80" };
+        /* an escape and the forms it may take; the first is kbuf_json_string's */
+        static const char *const esc[][4] = {
+                { "\\\"", "\\u0022", NULL }, { "\\\\", "\\u005c", "\\u005C", NULL },
+                { "/", "\\/", "\\u002f", NULL }, { "\\n", "\\u000a", "\\u000A", NULL },
+                { "\\t", "\\u0009", NULL }, { "\\b", "\\u0008", NULL },
+                { "\\f", "\\u000c", NULL }, { "\\r", "\\u000d", NULL },
+                { "\\u0000", NULL }, { "\\u001f", "\\u001F", NULL }, { "\\u0001", NULL },
+                { "\\u001b", "\\u001B", NULL }, { "\xc3\xa9", "\\u00e9", "\\u00E9", NULL },
+                { "\xf0\x9f\x98\x80", "\\ud83d\\ude00", "\\uD83D\\uDE00", NULL },
+                { "\xe2\x80\xa8", "\\u2028", NULL }, { "A", "\\u0041", NULL },
+        };
+        assert_int_equal(kbuf_putc(b, '"'), 0);
+        for (unsigned k = rnd_n(8); k > 0; k--) {
+                if (rnd_n(2)) {
+                        assert_int_equal(kbuf_puts(b, plain[rnd_n(sizeof plain / sizeof plain[0])]), 0);
+                        continue;
+                }
+                const char *const *forms = esc[rnd_n(sizeof esc / sizeof esc[0])];
+                unsigned nforms = 0;
+                while (nforms < 4 && forms[nforms])
+                        nforms++;
+                assert_int_equal(kbuf_puts(b, forms[loose ? rnd_n(nforms) : 0]), 0);
+        }
+        assert_int_equal(kbuf_putc(b, '"'), 0);
+}
+
+static void gen_value(struct kbuf *b, int depth, bool loose)
+{
+        static const char *const nums[] = {
+                "0", "-0", "1", "-1", "1.50", "2.0", "1e5", "1E+5", "-2.5e-300", "0.000001",
+                "123456789012345678901234567890", "-98765432109876543210987654321.0e-99999",
+                "18446744073709551616", "9007199254740993",
+        };
+        gen_ws(b, loose);
+        unsigned kind = rnd_n(depth < 5 ? 8 : 5);
+        switch (kind) {
+        case 0:
+                assert_int_equal(kbuf_puts(b, (const char *[]){ "null", "true", "false" }[rnd_n(3)]), 0);
+                break;
+        case 1:
+        case 2:
+                assert_int_equal(kbuf_puts(b, nums[rnd_n(sizeof nums / sizeof nums[0])]), 0);
+                break;
+        case 3:
+        case 4:
+                gen_string(b, loose);
+                break;
+        default: {
+                bool obj = kind != 5;
+                assert_int_equal(kbuf_putc(b, obj ? '{' : '['), 0);
+                for (unsigned i = 0, n = rnd_n(5); i < n; i++) {
+                        if (i)
+                                assert_int_equal(kbuf_putc(b, ','), 0);
+                        if (obj) {
+                                gen_ws(b, loose);
+                                gen_string(b, loose);
+                                gen_ws(b, loose);
+                                assert_int_equal(kbuf_putc(b, ':'), 0);
+                        }
+                        gen_value(b, depth + 1, loose);
+                }
+                gen_ws(b, loose);
+                assert_int_equal(kbuf_putc(b, obj ? '}' : ']'), 0);
+                break;
+        }
+        }
+        gen_ws(b, loose);
+}
+
+/* The line of a record with that evidence as the encoder wrote it before it
+ * copied compact texts: the evidence parsed in an arena of its own and
+ * written again by kjson_write, the rest of the line written here by hand. */
+static char *ref_line(const char *head, const char *evidence, int64_t ts_ms)
+{
+        struct kjson_arena *a = kjson_arena_new();
+        assert_non_null(a);
+        struct kjson *v = NULL;
+        struct kjson_error err;
+        assert_int_equal(kjson_parse(a, evidence, strlen(evidence), &v, &err), 0);
+        char ts[32];
+        ref_format_ts(ts_ms, ts);
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_puts(&b, head), 0);
+        assert_int_equal(kbuf_puts(&b, ",\"evidence\":"), 0);
+        assert_int_equal(kjson_write(&b, v), 0);
+        assert_int_equal(kbuf_printf(&b, ",\"ts\":\"%s\"}", ts), 0);
+        kjson_arena_free(a);
+        char *line = with_crc(b.data);
+        kbuf_free(&b);
+        return line;
+}
+
+static void expect_evidence_line(const char *evidence, int64_t ts_ms)
+{
+        /* evidence is the last member before the time in these three */
+        static const char *const heads[] = {
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"needs_review\","
+                "\"reason\":\"r\"",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"pending\",\"reset\":true",
+                "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":\"completed\","
+                "\"post_hash\":\"p\",\"result_hash\":\"h\",\"recovered\":true",
+        };
+        const struct wal_record recs[] = {
+                { .op = WAL_OP_NEEDS_REVIEW, .step_id = "s1", .reason = "r",
+                  .evidence_json = evidence },
+                { .op = WAL_OP_RESET, .step_id = "s1", .evidence_json = evidence },
+                { .op = WAL_OP_COMPLETED, .step_id = "s1", .post_hash = "p",
+                  .result_hash = "h", .recovered = true, .evidence_json = evidence },
+        };
+        unsigned i = rnd_n(3);
+        struct kbuf got = KBUF_INIT;
+        /* (after something already in the buffer, as a WAL's pending bytes) */
+        assert_int_equal(kbuf_puts(&got, "before\n"), 0);
+        int r = wal_encode(&recs[i], ts_ms, &got);
+        if (r != 0)
+                fail_msg("evidence %s: %d %s", evidence, r, wal_encode_error());
+        char *want = ref_line(heads[i], evidence, ts_ms);
+        if (strcmp(got.data + 7, want) != 0)
+                fail_msg("evidence %s:\n got %s want %s", evidence, got.data + 7, want);
+        free(want);
+        kbuf_free(&got);
+}
+
+/* wal_encode's evidence (and a result not marked compact) is the same line
+ * as the parse and kjson_write of it in an arena of its own made: for texts
+ * already compact (copied) and for any other spelling (written again), one
+ * after another on the thread's kept arena, small and large, with refused
+ * texts in between. */
+static void test_encode_evidence_same_as_reparse(void **state)
+{
+        (void)state;
+        static const char *const odd[] = {
+                "{}", "[]", "null", "0", "\"\"", "{ }", "[ ]", " {}", "{} ", "\t[1]\n",
+                "{\"a\":\"\\/\"}", "{\"a\":\"/\"}", "\"\\u00e9\"", "\"\\u00E9\"", "\"\xc3\xa9\"",
+                "\"\\u001f\"", "\"\\u001F\"", "\"\\u000a\"", "\"\\n\"", "\"\\u0000\"",
+                "\"\\ud83d\\ude00\"", "{\"\\u0041\":1}", "{\"A\":1}", "{\"a\":1,\"a\":2}",
+                "[123456789012345678901234567890,-0,1E400,1.50]",
+                "{\"reason\":\"interrupted_during_execution\",\"status\":\"executing\","
+                "\"observed_pre_hash\":\"sha256-0\",\"expected_pre_hash\":\"sha256-1\"}",
+                "{\"reason\":\"effects_journaled\",\"tool_calls\":[]}",
+                " { \"why\" : [1, 2.50, \"x y\"], \"a\":null } ",
+        };
+        for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++)
+                expect_evidence_line(odd[i], TS_MS + (int64_t)i);
+
+        /* containers 128 deep are taken, 129 refused, as before */
+        struct kbuf deep = KBUF_INIT;
+        for (int i = 0; i < 129; i++)
+                assert_int_equal(kbuf_putc(&deep, '['), 0);
+        for (int i = 0; i < 129; i++)
+                assert_int_equal(kbuf_putc(&deep, ']'), 0);
+        struct wal_record r = { .op = WAL_OP_RESET, .step_id = "s1", .evidence_json = deep.data };
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(wal_encode(&r, TS_MS, &b), -EINVAL);
+        assert_string_equal(wal_encode_error(), "evidence is not valid JSON");
+        assert_int_equal(b.len, 0);
+        /* (one pair less) */
+        kbuf_truncate(&deep, deep.len - 1);
+        expect_evidence_line(deep.data + 1, TS_MS);
+        kbuf_free(&deep);
+
+        /* larger than what a thread keeps an arena for: both spellings */
+        struct kbuf big = KBUF_INIT, big_loose = KBUF_INIT;
+        assert_int_equal(kbuf_puts(&big, "{\"x\":["), 0);
+        assert_int_equal(kbuf_puts(&big_loose, "{ \"x\" : [ "), 0);
+        for (int i = 0; i < 6000; i++) {
+                assert_int_equal(kbuf_printf(&big, "%s\"v\\u0001%d\"", i ? "," : "", i), 0);
+                assert_int_equal(kbuf_printf(&big_loose, "%s\"v\\u0001%d\" ", i ? ", " : "", i), 0);
+        }
+        assert_int_equal(kbuf_puts(&big, "]}"), 0);
+        assert_int_equal(kbuf_puts(&big_loose, "] }"), 0);
+        assert_true(big.len > 64 * 1024);
+        expect_evidence_line(big.data, TS_MS);
+        expect_evidence_line(big_loose.data, TS_MS);
+        kbuf_free(&big);
+        kbuf_free(&big_loose);
+
+        static const char *const bad[] = { "", " ", "{", "{\"a\":}", "[1,2", "{} {}", "\"\xff\"",
+                                           "\"\\ud83d\"", "01", "[1,]", "\"\\u00g0\"", "nul" };
+        size_t n = diff_n(4000);
+        for (size_t i = 0; i < n; i++) {
+                bool loose = rnd_n(2);
+                struct kbuf t = KBUF_INIT;
+                gen_value(&t, 0, loose);
+                expect_evidence_line(t.data, TS_MS + (int64_t)rnd_n(5000));
+                /* its compact form, copied */
+                struct kjson_arena *a = kjson_arena_new();
+                assert_non_null(a);
+                struct kjson *v = NULL;
+                struct kjson_error err;
+                assert_int_equal(kjson_parse(a, t.data, t.len, &v, &err), 0);
+                struct kbuf c = KBUF_INIT;
+                assert_int_equal(kjson_write(&c, v), 0);
+                expect_evidence_line(c.data, TS_MS);
+                /* a result not marked compact goes the same way */
+                struct wal_record rc = { .op = WAL_OP_COMPLETED, .step_id = "s1", .post_hash = "p",
+                                         .result_hash = "h", .result_json = t.data };
+                char *got = enc(&rc);
+                struct kbuf want = KBUF_INIT;
+                assert_int_equal(kbuf_printf(&want,
+                                             "{\"op\":\"transition\",\"step_id\":\"s1\",\"status\":"
+                                             "\"completed\",\"post_hash\":\"p\",\"result_hash\":"
+                                             "\"h\",\"result\":%s,\"ts\":\"" TS "\"}",
+                                             c.data), 0);
+                char *wl = with_crc(want.data);
+                assert_string_equal(got, wl);
+                free(wl);
+                free(got);
+                kbuf_free(&want);
+                kbuf_free(&c);
+                kjson_arena_free(a);
+                kbuf_free(&t);
+                if (i % 16 == 0) {
+                        r.evidence_json = bad[rnd_n(sizeof bad / sizeof bad[0])];
+                        assert_int_equal(wal_encode(&r, TS_MS, &b), -EINVAL);
+                        assert_string_equal(wal_encode_error(), "evidence is not valid JSON");
+                }
+        }
+        kbuf_free(&b);
+}
+
 static bool file_exists(const char *dir, const char *name)
 {
         char p[300];
@@ -2164,6 +2505,8 @@ int main(void)
                 cmocka_unit_test(test_encode_error_msg_invalid_utf8_replaced),
                 cmocka_unit_test(test_encode_rejects_bad_records),
                 cmocka_unit_test(test_encode_compact_result),
+                cmocka_unit_test(test_format_ts_same_as_gmtime),
+                cmocka_unit_test(test_encode_evidence_same_as_reparse),
                 cmocka_unit_test(test_encoded_lines_fold_clean),
                 T(test_create_fsyncs_parent),
                 T(test_spares),
