@@ -72,23 +72,19 @@ void verdict_check(const struct verdict_step *s, const char *current_pre, const 
                     VERDICT_EV_STATUS | VERDICT_EV_OBSERVED_PRE | VERDICT_EV_EXPECTED_PRE);
 }
 
-static int put_member(struct kbuf *out, const char *key, const char *value)
+/* A member after the first: its key already written as JSON (",\"key\":"),
+ * its value a string or null. */
+static int put_member(struct kbuf *out, const char *lead, size_t lead_len, const char *value)
 {
-        int r;
-
-        r = kbuf_putc(out, ',');
-        if (r < 0)
-                return r;
-        r = kbuf_json_string(out, key, strlen(key));
-        if (r < 0)
-                return r;
-        r = kbuf_putc(out, ':');
+        int r = kbuf_append(out, lead, lead_len);
         if (r < 0)
                 return r;
         if (!value)
-                return kbuf_puts(out, "null");
+                return kbuf_append(out, "null", 4);
         return kbuf_json_string(out, value, strlen(value));
 }
+
+#define LEAD(key) ",\"" key "\":", sizeof(",\"" key "\":") - 1
 
 int verdict_evidence_json(const struct verdict *v, struct kbuf *out)
 {
@@ -98,24 +94,40 @@ int verdict_evidence_json(const struct verdict *v, struct kbuf *out)
         if (!v->reason)
                 return -EINVAL;
 
-        r = kbuf_puts(out, "{\"reason\":");
+        const struct {
+                unsigned bit;
+                const char *lead;
+                size_t lead_len;
+                const char *value;
+        } members[] = {
+                { VERDICT_EV_RESULT_HASH, LEAD("result_hash"), v->result_hash },
+                { VERDICT_EV_STATUS, LEAD("status"), v->status },
+                { VERDICT_EV_OBSERVED_PRE, LEAD("observed_pre_hash"), v->observed_pre_hash },
+                { VERDICT_EV_EXPECTED_PRE, LEAD("expected_pre_hash"), v->expected_pre_hash },
+        };
+        /* Room for the text with nothing to escape, made at once: the
+         * buffer grows as member by member, to the same size (a caller may
+         * keep it as it is), but in one step. */
+        size_t room = sizeof("{\"reason\":\"\"}") - 1 + strlen(v->reason);
+        for (size_t i = 0; i < sizeof members / sizeof members[0]; i++)
+                if (v->evidence & members[i].bit)
+                        room += members[i].lead_len +
+                                (members[i].value ? strlen(members[i].value) + 2 : 4);
+        if (v->extra_json && *v->extra_json)
+                room += 1 + strlen(v->extra_json);
+        r = kbuf_reserve(out, room);
+        if (r < 0)
+                goto fail;
+        r = kbuf_append(out, "{\"reason\":", sizeof("{\"reason\":") - 1);
         if (r < 0)
                 goto fail;
         r = kbuf_json_string(out, v->reason, strlen(v->reason));
         if (r < 0)
                 goto fail;
-        const struct {
-                unsigned bit;
-                const char *key, *value;
-        } members[] = {
-                { VERDICT_EV_RESULT_HASH, "result_hash", v->result_hash },
-                { VERDICT_EV_STATUS, "status", v->status },
-                { VERDICT_EV_OBSERVED_PRE, "observed_pre_hash", v->observed_pre_hash },
-                { VERDICT_EV_EXPECTED_PRE, "expected_pre_hash", v->expected_pre_hash },
-        };
         for (size_t i = 0; i < sizeof members / sizeof members[0]; i++)
                 if ((v->evidence & members[i].bit) &&
-                    (r = put_member(out, members[i].key, members[i].value)) < 0)
+                    (r = put_member(out, members[i].lead, members[i].lead_len,
+                                    members[i].value)) < 0)
                         goto fail;
         if (v->extra_json && *v->extra_json) {
                 r = kbuf_putc(out, ',');

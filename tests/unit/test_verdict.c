@@ -233,6 +233,109 @@ static void test_evidence_escapes_and_appends(void **state)
         kbuf_free(&b);
 }
 
+/* verdict_evidence_json as it was: each key escaped with kbuf_json_string
+ * each time.  The reference for the one that writes them pre-escaped. */
+static int ref_member(struct kbuf *out, const char *key, const char *value)
+{
+        int r = kbuf_putc(out, ',');
+        if (r == 0)
+                r = kbuf_json_string(out, key, strlen(key));
+        if (r == 0)
+                r = kbuf_putc(out, ':');
+        if (r < 0)
+                return r;
+        if (!value)
+                return kbuf_puts(out, "null");
+        return kbuf_json_string(out, value, strlen(value));
+}
+
+static int ref_evidence_json(const struct verdict *v, struct kbuf *out)
+{
+        size_t start = out->len;
+        if (!v->reason)
+                return -EINVAL;
+        int r = kbuf_puts(out, "{\"reason\":");
+        if (r == 0)
+                r = kbuf_json_string(out, v->reason, strlen(v->reason));
+        if (r == 0 && (v->evidence & VERDICT_EV_RESULT_HASH))
+                r = ref_member(out, "result_hash", v->result_hash);
+        if (r == 0 && (v->evidence & VERDICT_EV_STATUS))
+                r = ref_member(out, "status", v->status);
+        if (r == 0 && (v->evidence & VERDICT_EV_OBSERVED_PRE))
+                r = ref_member(out, "observed_pre_hash", v->observed_pre_hash);
+        if (r == 0 && (v->evidence & VERDICT_EV_EXPECTED_PRE))
+                r = ref_member(out, "expected_pre_hash", v->expected_pre_hash);
+        if (r == 0 && v->extra_json && *v->extra_json) {
+                r = kbuf_putc(out, ',');
+                if (r == 0)
+                        r = kbuf_puts(out, v->extra_json);
+        }
+        if (r == 0)
+                r = kbuf_putc(out, '}');
+        if (r < 0)
+                kbuf_truncate(out, start);
+        return r;
+}
+
+/* Every combination of members, values odd and plain (NULL, "", quotes,
+ * backslashes, controls, UTF-8, invalid UTF-8, long hashes), extra members
+ * or not, into an empty buffer or after text already there: the same bytes,
+ * return and buffer size as the reference, and a refused value leaves the
+ * buffer as it was. */
+static void test_evidence_same_as_reference(void **state)
+{
+        (void)state;
+        static const char *const values[] = {
+                NULL, "", "executing", "sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                "a\"b", "a\\b", "\n\t\x01\x1f", "\xc3\xa9\xe2\x80\xa8", "bad\xff", "/<>",
+        };
+        static const char *const reasons[] = { "interrupted_during_execution", "", "r\"\\\n",
+                                                "\xc3\xa9", "bad\xc3" };
+        static const char *const extras[] = { NULL, "", "\"k\":1", "\"tool_calls\":[]" };
+        static const char *const before[] = { "", "X", "0123456789012345678901234567890123456789"
+                                                       "0123456789012345678901234567890123456789"
+                                                       "0123456789012345678901234567890123456789"
+                                                       "0123456789012345678901234567890123456789" };
+        const size_t nv = sizeof values / sizeof values[0];
+        unsigned seed = 1;
+        for (size_t i = 0; i < 20000; i++) {
+                seed = seed * 1103515245u + 12345u;
+                unsigned x = seed >> 4;
+                struct verdict v = {
+                        .reason = reasons[x % 5],
+                        .evidence = (x / 5) % 16,
+                        .result_hash = values[(x / 80) % nv],
+                        .status = values[(x / 800) % nv],
+                        .observed_pre_hash = values[(i * 7) % nv],
+                        .expected_pre_hash = values[(i * 3 + x) % nv],
+                        .extra_json = extras[(x / 8000) % 4],
+                };
+                const char *pre = before[i % 3];
+                struct kbuf got = KBUF_INIT, want = KBUF_INIT;
+                if (*pre) {
+                        assert_int_equal(kbuf_puts(&got, pre), 0);
+                        assert_int_equal(kbuf_puts(&want, pre), 0);
+                }
+                int rg = verdict_evidence_json(&v, &got), rw = ref_evidence_json(&v, &want);
+                assert_int_equal(rg, rw);
+                assert_int_equal(got.len, want.len);
+                assert_memory_equal(got.data ? got.data : "", want.data ? want.data : "",
+                                    want.len);
+                /* and no bigger a buffer (callers keep it: one per decision) */
+                if (rg == 0)
+                        assert_int_equal(got.cap, want.cap);
+                if (rg < 0)
+                        assert_int_equal(got.len, strlen(pre));
+                kbuf_free(&got);
+                kbuf_free(&want);
+        }
+        struct verdict none = { .reason = NULL };
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(verdict_evidence_json(&none, &b), -EINVAL);
+        assert_int_equal(b.len, 0);
+        kbuf_free(&b);
+}
+
 static void test_kind_names(void **state)
 {
         (void)state;
@@ -258,6 +361,7 @@ int main(void)
                 cmocka_unit_test(test_executing_without_observed_pre_is_not_row4),
                 cmocka_unit_test(test_row5_current_pre_matches),
                 cmocka_unit_test(test_evidence_escapes_and_appends),
+                cmocka_unit_test(test_evidence_same_as_reference),
                 cmocka_unit_test(test_kind_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
