@@ -194,16 +194,32 @@ static bool needs_escape(unsigned char c)
 
 int kbuf_json_string(struct kbuf *b, const char *s, size_t n)
 {
-        if (!utf8_valid(s, n))
+        const unsigned char *p = (const unsigned char *)s;
+        /* The usual string (printable ASCII without a quote or a backslash:
+         * names, hashes, times) in one pass and one copy; from the first
+         * other byte on, the check of the rest as UTF-8 (an ASCII prefix is
+         * valid UTF-8 by itself) and the escapes. */
+        size_t plain = 0;
+        while (plain < n && p[plain] >= 0x20 && p[plain] < 0x80 && p[plain] != '"' &&
+               p[plain] != '\\')
+                plain++;
+        if (plain < n && !utf8_valid(s + plain, n - plain))
                 return -EILSEQ;
         size_t start_len = b->len;
         int r = kbuf_reserve(b, n + 2);
         if (r < 0)
                 return r;
         b->data[b->len++] = '"';
-        const unsigned char *p = (const unsigned char *)s;
+        if (plain == n) {
+                if (n)
+                        memcpy(b->data + b->len, s, n);
+                b->len += n;
+                b->data[b->len++] = '"';
+                b->data[b->len] = '\0';
+                return 0;
+        }
         size_t run = 0;
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = plain; i < n; i++) {
                 if (!needs_escape(p[i]))
                         continue;
                 if ((r = kbuf_append(b, s + run, i - run)) < 0 || (r = put_escape(b, p[i])) < 0)

@@ -86,6 +86,80 @@ static void test_json_rejects_bad_utf8(void **state)
         kbuf_free(&b);
 }
 
+/* kbuf_json_string as it was: the whole string checked as UTF-8, then
+ * copied in runs between escapes. */
+static int ref_json_string(struct kbuf *b, const char *s, size_t n)
+{
+        if (!utf8_valid(s, n))
+                return -EILSEQ;
+        static const char hex[] = "0123456789abcdef";
+        int r = kbuf_putc(b, '"');
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                unsigned char c = (unsigned char)s[i];
+                const char *two = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b"
+                                : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                                : c == '\t' ? "\\t" : NULL;
+                if (two)
+                        r = kbuf_puts(b, two);
+                else if (c < 0x20)
+                        r = kbuf_printf(b, "\\u00%c%c", hex[c >> 4], hex[c & 15]);
+                else
+                        r = kbuf_putc(b, (char)c);
+        }
+        return r == 0 ? kbuf_putc(b, '"') : r;
+}
+
+/* Random strings, mostly plain ASCII with an odd byte anywhere (a quote, a
+ * backslash, a control, DEL, UTF-8 of every length, invalid UTF-8, NUL), and
+ * the plain ones alone: the same bytes and returns as the reference, after
+ * text already in the buffer, which a refusal leaves as it was. */
+static void test_json_string_same_as_reference(void **state)
+{
+        (void)state;
+        static const char *const odd[] = { "\"", "\\", "\n", "\x01", "\x1f", "\x7f", "\0",
+                                           "\xc3\xa9", "\xe2\x80\xa8", "\xf0\x9f\x98\x80",
+                                           "\xc3", "\xff", "\x80", "\xbf", "\xed\xa0\x80", "\xc0\xaf",
+                                           "/" };
+        unsigned seed = 7;
+        for (int i = 0; i < 20000; i++) {
+                char s[64];
+                size_t n = 0;
+                seed = seed * 1103515245u + 12345u;
+                size_t len = (seed >> 8) % 40;
+                bool plain = i % 3 == 0;
+                while (n < len) {
+                        seed = seed * 1103515245u + 12345u;
+                        unsigned x = seed >> 8;
+                        if (!plain && x % 8 == 0) {
+                                const char *o = odd[(x / 8) % (sizeof odd / sizeof odd[0])];
+                                size_t ol = *o ? strlen(o) : 1;
+                                if (n + ol > sizeof s)
+                                        break;
+                                memcpy(s + n, o, ol);
+                                n += ol;
+                        } else {
+                                s[n++] = (char)(0x20 + x % 95);
+                        }
+                }
+                struct kbuf got = KBUF_INIT, want = KBUF_INIT;
+                assert_int_equal(kbuf_puts(&got, "pre"), 0);
+                assert_int_equal(kbuf_puts(&want, "pre"), 0);
+                int rg = kbuf_json_string(&got, s, n);
+                int rw = ref_json_string(&want, s, n);
+                assert_int_equal(rg, rw);
+                if (rw < 0)
+                        kbuf_truncate(&want, 3);
+                assert_int_equal(got.len, want.len);
+                assert_memory_equal(got.data, want.data, want.len + 1);
+                kbuf_free(&got);
+                kbuf_free(&want);
+        }
+        struct kbuf b = KBUF_INIT;
+        assert_int_equal(kbuf_json_string(&b, NULL, 0), 0);
+        assert_string_equal(b.data, "\"\"");
+        kbuf_free(&b);
+}
+
 static void test_json_lossy_cuts_characters(void **state)
 {
         (void)state;
@@ -115,6 +189,7 @@ int main(void)
                 cmocka_unit_test(test_printf_fits_or_grows),
                 cmocka_unit_test(test_json_escapes),
                 cmocka_unit_test(test_json_rejects_bad_utf8),
+                cmocka_unit_test(test_json_string_same_as_reference),
                 cmocka_unit_test(test_json_lossy_cuts_characters),
                 cmocka_unit_test(test_utf8),
         };
