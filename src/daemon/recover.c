@@ -757,6 +757,12 @@ static void recover_settle(struct recover_job *j)
  * per WAL. */
 #define RECOVER_CHUNK 64
 #define RECOVER_LANES 16
+/* While recover_start registers the mandates the loop runs nothing else, so
+ * a lane cannot start its next job (that happens on the loop, when the one
+ * before is done): the first jobs get a lane each (RECOVER_START_WINDOW /
+ * RECOVER_CHUNK of them), so that the pool works through all of them while
+ * the loop registers the rest, not 16 jobs and then nothing. */
+#define RECOVER_START_LANES 128
 
 struct recover_chunk {
         struct daemon *d;
@@ -764,8 +770,9 @@ struct recover_chunk {
         struct recover_job *jobs[RECOVER_CHUNK];
 };
 
-static struct serialq lanes[RECOVER_LANES];
+static struct serialq lanes[RECOVER_START_LANES];
 static unsigned next_lane, nlanes = RECOVER_LANES;
+static bool lanes_fixed;        /* KAIROS_TEST_RECOVER_LANES: nlanes, also at start */
 
 static void chunk_work(void *arg)
 {
@@ -902,7 +909,7 @@ static struct {
 /* While recover_start registers the mandates (the loop busy with that
  * alone), the pool gets more at once: it starts on the first WALs while the
  * loop registers the others, instead of waiting for the whole registry. */
-#define RECOVER_START_WINDOW (RECOVER_CHUNK * 128)
+#define RECOVER_START_WINDOW (RECOVER_CHUNK * RECOVER_START_LANES)
 
 static void submit_more(struct daemon *d)
 {
@@ -928,7 +935,8 @@ static void submit_more(struct daemon *d)
                         free(c);
                         break;
                 }
-                struct serialq *lane = &lanes[next_lane++ % nlanes];
+                unsigned use = pend.registering && !lanes_fixed ? RECOVER_START_LANES : nlanes;
+                struct serialq *lane = &lanes[next_lane++ % use];
                 if (!lane->loop)
                         serialq_init(lane, d->loop, &d->jobs);
                 pending_jobs += c->n;
@@ -961,8 +969,10 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
         if (em && *em)
                 early.min = strtoul(em, NULL, 10);
         const char *nl = getenv("KAIROS_TEST_RECOVER_LANES");
-        if (nl && *nl && strtoul(nl, NULL, 10) >= 1 && strtoul(nl, NULL, 10) <= RECOVER_LANES)
+        if (nl && *nl && strtoul(nl, NULL, 10) >= 1 && strtoul(nl, NULL, 10) <= RECOVER_LANES) {
                 nlanes = (unsigned)strtoul(nl, NULL, 10);
+                lanes_fixed = true;
+        }
 #endif
         d->recovery.started_ms = now_ms_monotonic();
         snap.ix = ix;
