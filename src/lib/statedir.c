@@ -15,13 +15,17 @@
 
 #include "kairos/wal.h"
 
+/* dir/namesuffix (copied by length: a path per WAL at start) */
 static int join(const char *dir, const char *name, const char *suffix, char **ret)
 {
-        size_t n = strlen(dir) + 1 + strlen(name) + strlen(suffix) + 1;
-        char *p = malloc(n);
+        size_t dl = strlen(dir), nl = strlen(name), sl = strlen(suffix);
+        char *p = malloc(dl + 1 + nl + sl + 1);
         if (!p)
                 return -ENOMEM;
-        snprintf(p, n, "%s/%s%s", dir, name, suffix);
+        memcpy(p, dir, dl);
+        p[dl] = '/';
+        memcpy(p + dl + 1, name, nl);
+        memcpy(p + dl + 1 + nl, suffix, sl + 1);
         *ret = p;
         return 0;
 }

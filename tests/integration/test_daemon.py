@@ -396,6 +396,58 @@ class TestRecoveryWorkers(DaemonCase):
         self.assertEqual(many_rec["quarantined"], self.N // 6 + (1 if self.N % 6 > 4 else 0))
 
 
+class TestRecoveryOrder(DaemonCase):
+    """The WALs found at start are recovered in the byte order of their
+    names (strcmp): with one pool lane (KAIROS_TEST_RECOVER_LANES=1) the
+    journal's decisions come in that order.  The names are made for the
+    sort that puts them in order (8 bytes at a time after the prefix all
+    share, strcmp among those with the same 8): names ending inside those 8
+    bytes, names alike in them and not after, prefixes of one another,
+    bytes above 0x7f."""
+
+    def recover_order(self, ids):
+        wal = os.path.join(self.state, "wal")
+        if os.path.exists(self.state):
+            shutil.rmtree(self.state)
+        os.makedirs(wal)
+        for i, m in enumerate(ids):
+            p = "plan_o%04d" % i
+            recs = [{"op": "mandate", "mandate_id": m, "schedule": "gone",
+                     "fired_at": "2026-04-20T12:00:00Z", "ts": "2026-04-20T12:00:00.000Z"},
+                    plan_commit(p, m), append("observe_001", p, m)]
+            with open(os.path.join(wal, m + ".wal.jsonl"), "w", encoding="utf-8") as f:
+                f.write("".join(wal_line(r) for r in recs))
+        self.notify.clear()
+        d = self.start(env={"KAIROS_TEST_RECOVER_LANES": "1"})
+        self.notify.wait_ready(timeout=60)
+        self.assertEqual(d.stop(), 0, d.log()[-3000:])
+        self.daemons.remove(d)
+        got = [ln.split("recovery: ", 1)[1].split(" observe_001:")[0]
+               for ln in d.log().splitlines() if "recovery: " in ln and " observe_001: " in ln]
+        self.assertEqual(len(got), len(ids), d.log()[-3000:])
+        self.assertEqual(got, sorted(ids, key=lambda x: x.encode()))
+
+    def names(self, prefix, rng):
+        fixed = ["", "a", "ab", "abcdefg", "abcdefgh", "abcdefgh0", "abcdefghZ",
+                 "abcdefgi", "abcdefghijklmnop", "abcdefghijklmnoq", "abcdefghijklmno",
+                 "ABCDEFGH", "b", "b" * 20, "b" * 21, "zzé", "zzéa", "zz~", "0", "-",
+                 "_", "x_", "x-", "x0"]
+        ids = set(prefix + f for f in fixed if prefix + f)
+        while len(ids) < 300:
+            n = rng.randint(1, 14)
+            ids.add(prefix + "".join(rng.choice("ab0_-Zé") for _ in range(n)))
+        ids = list(ids)
+        rng.shuffle(ids)
+        return ids
+
+    def test_recovered_in_name_order(self):
+        import random
+        rng = random.Random(23)
+        self.recover_order(self.names("mnd_", rng))
+        # a prefix of 17 bytes all share, then names alike for 8 more
+        self.recover_order(self.names("mnd_shared_prefix", rng))
+
+
 class TestLifecycle(DaemonCase):
     def test_term_exits_zero_with_stopping(self):
         d = self.start()
