@@ -81,6 +81,8 @@ struct kjson_arena;
 struct kjson_arena *kjson_arena_new(void);
 void kjson_arena_reset(struct kjson_arena *a);  /* drop all nodes, keep memory */
 void kjson_arena_free(struct kjson_arena *a);
+/* The bytes its chunks hold (used or not): what keeping it for reuse keeps. */
+size_t kjson_arena_capacity(const struct kjson_arena *a);
 /* Make the arena's first chunk hold n bytes before a parse (an arena with
  * nothing allocated yet); *ret_mem, *ret_len: that chunk, for a caller that
  * wants its pages in before use.  0 or -ENOMEM / -EBUSY (in use). */

@@ -1137,13 +1137,33 @@ static int fold_run(struct fold *f, const char *data, size_t len, bool fast)
         return 0;
 }
 
+/* The arena of a fold's strings is kept per thread when the fold is freed
+ * and reset for the next fold_new there: startup recovery folds and frees
+ * one WAL after another on each pool thread, and a first chunk malloc'd and
+ * freed per WAL (a request large enough to consolidate the fast bins each
+ * time) was the biggest of its mallocs.  Only a small one is kept, so what
+ * a thread keeps stays small; a fold freed on another thread leaves its
+ * arena to that thread. */
+#define KEEP_KEEP_BYTES (64u * 1024u)
+static _Thread_local struct kjson_arena *keep_kept;
+
+static void keep_release(struct kjson_arena *a)
+{
+        if (a && !keep_kept && kjson_arena_capacity(a) <= KEEP_KEEP_BYTES) {
+                kjson_arena_reset(a);
+                keep_kept = a;
+                return;
+        }
+        kjson_arena_free(a);
+}
+
 static void fold_internal_free(struct fold *f)
 {
         struct fold_internal *in = f->internal;
 
         if (!in)
                 return;
-        kjson_arena_free(in->keep);
+        keep_release(in->keep);
         kjson_arena_free(in->scratch);
         kbuf_free(&in->json);
         free(in->step_map.e);
@@ -1180,7 +1200,8 @@ int fold_new(struct fold **ret_fold)
                 free(f);
                 return -ENOMEM;
         }
-        f->internal->keep = kjson_arena_new();
+        f->internal->keep = keep_kept ? keep_kept : kjson_arena_new();
+        keep_kept = NULL;
         if (!f->internal->keep) {
                 fold_free(f);
                 return -ENOMEM;

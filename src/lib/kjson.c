@@ -61,6 +61,14 @@ void kjson_arena_reset(struct kjson_arena *a)
         a->mtop = 0;
 }
 
+size_t kjson_arena_capacity(const struct kjson_arena *a)
+{
+        size_t n = 0;
+        for (const struct arena_chunk *c = a ? a->head : NULL; c; c = c->next)
+                n += c->cap;
+        return n;
+}
+
 void kjson_arena_free(struct kjson_arena *a)
 {
         if (!a)

@@ -1709,6 +1709,47 @@ static void test_fast_path_random(void **state)
         assert_true(fast > 0 && fast < records);
 }
 
+/* The arena of a fold's strings is kept per thread when the fold is freed
+ * and reused by the next fold: folds alive at the same time, freed in
+ * another order than made, some too big to be kept, each keep what it
+ * folded (its digest when made = its digest when freed = the tree's). */
+static void test_keep_arena_reused(void **state)
+{
+        (void)state;
+        enum { LIVE = 3 };
+        struct fold *live[LIVE] = { NULL };
+        char *digest[LIVE] = { NULL };
+        const char *env = getenv("KAIROS_FOLD_DIFF_N");
+        size_t n = env ? strtoul(env, NULL, 10) : 200;
+        for (size_t w = 0; w < n + LIVE; w++) {
+                size_t slot = (w * 2) % LIVE; /* not the order they were made in */
+                if (live[slot]) {
+                        char *d = fold_digest_full(live[slot]);
+                        assert_string_equal(d, digest[slot]);
+                        free(d);
+                        free(digest[slot]);
+                        fold_free(live[slot]);
+                        live[slot] = NULL;
+                }
+                if (w >= n)
+                        continue;
+                struct kbuf b = KBUF_INIT;
+                rec(&b, PLAN("p0", 1, STEP("s0") "," STEP("s1") "," STEP("s2")));
+                /* every eighth big enough for its strings' arena not to be kept */
+                size_t k = w % 8 == 0 ? 400 + rnd(200) : 2 + rnd(20);
+                for (size_t i = 0; i < k; i++)
+                        rnd_record(&b);
+                struct fold *t = NULL;
+                assert_int_equal(fold_buffer(b.data, b.len, &live[slot]), 0);
+                assert_int_equal(fold_buffer_tree(b.data, b.len, &t), 0);
+                digest[slot] = fold_digest_full(live[slot]);
+                char *dt = fold_digest_full(t);
+                assert_string_equal(digest[slot], dt);
+                free(dt);
+                fold_free(t);
+                kbuf_free(&b);
+        }
+}
 
 static void test_names(void **state)
 {
@@ -1751,6 +1792,7 @@ int main(void)
                 cmocka_unit_test(test_fast_path_odd_lines),
                 cmocka_unit_test(test_fast_path_mutations),
                 cmocka_unit_test(test_fast_path_random),
+                cmocka_unit_test(test_keep_arena_reused),
                 cmocka_unit_test(test_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
