@@ -20,10 +20,10 @@
 
 #include "daemon.h"
 
-struct advance;
 struct chronos;
 struct config_schedule;
 struct deadman;
+struct op_reply;
 struct op_result;
 struct sched;
 struct wal_options;
@@ -103,10 +103,13 @@ struct own_driver {
         bool (*slot_ready)(struct mandate *m);
         /* m stops running but goes on later (approval, review, pause) */
         void (*slot_release)(struct mandate *m);
-        /* an advance job's WAL barrier failed: true if the driver settled
-         * it (postgres: the mandate is not this node's any more); false:
-         * the mandate's own WAL error. */
-        bool (*barrier_failed)(struct advance *a);
+        /* an advance job of m's WAL barrier failed with err (errmsg): true
+         * if the driver settled it (postgres: the mandate is not this
+         * node's any more: reply, and cancel_reply when the job carried a
+         * cancel, answered, m dropped; the executor frees its slot and
+         * cancel); false: the mandate's own WAL error. */
+        bool (*barrier_failed)(struct mandate *m, int err, const char *errmsg,
+                               struct op_reply *reply, struct op_reply *cancel_reply);
         /* A handler of m starts: a mark of the node's own kills so far
          * (files: 0). */
         uint64_t (*kill_mark)(const struct daemon *d);

@@ -37,7 +37,11 @@ static int own_finish_(struct mandate *m, enum mandate_status end, char *err,
 static bool own_fired(struct mandate *m, const struct config_schedule *sc) { return false; }
 static bool own_slot_ready(struct mandate *m) { return true; }
 /* a failed barrier is the mandate's own WAL error (executor.c) */
-static bool own_barrier_failed(struct advance *a) { return false; }
+static bool own_barrier_failed(struct mandate *m, int err, const char *errmsg,
+                               struct op_reply *reply, struct op_reply *cancel_reply)
+{
+        return false;
+}
 /* one host has no fence: a killed handler is the step's own failure */
 static uint64_t own_kill_mark(const struct daemon *d) { return 0; }
 static bool own_killed_here(struct mandate *m, uint64_t mark) { return false; }

@@ -38,7 +38,8 @@ int pgd_init_db(const char *arg);
 bool pgx_fired(struct mandate *m, const struct config_schedule *sc);
 bool pgx_slot_ready(struct mandate *m);
 void pgx_slot_release(struct mandate *m);
-bool pgx_barrier_failed(struct advance *a);
+bool pgx_barrier_failed(struct mandate *m, int err, const char *errmsg, struct op_reply *reply,
+                        struct op_reply *cancel_reply);
 
 /* ---- cluster_ticks.c ---- */
 int pgt_attach(struct chronos *c);

@@ -138,8 +138,14 @@ static void advance_done(void *arg)
                 m->plan_id = strdup(a->plan_id);
                 m->cycle = a->cycle;
         }
-        if (a->error && d->drv->own.barrier_failed(a))
-                goto out; /* (postgres: the mandate is not this node's any more) */
+        if (a->error && d->drv->own.barrier_failed(m, a->error, a->errmsg, &a->reply,
+                                                    a->cancel ? &a->cancel_reply : NULL)) {
+                /* (postgres: the mandate is not this node's any more) */
+                executor_release_slot(m);
+                if (a->cancel)
+                        executor_cancel_drop(m);
+                goto out;
+        }
         if (a->error) {
                 bool corrupt = a->error == -EBADMSG;
                 mandate_set_status(m, corrupt ? MANDATE_QUARANTINED : MANDATE_WAL_IO_ERROR,

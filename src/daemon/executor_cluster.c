@@ -10,7 +10,6 @@
 
 #include "driver_postgres.h"
 #include "executor.h"
-#include "executor_internal.h"
 #include "log.h"
 
 /* ---- Concurrency=queue across the cluster (docs/design.md §14) ---- */
@@ -157,24 +156,23 @@ bool pgx_fired(struct mandate *m, const struct config_schedule *sc)
  * tick's mandate CM(m)->busy is unfinished, or it ended done and no reason
  * was given, or it holds the retry's id already; as on one host
  * (commands.c). */
-static void retry_refused(struct advance *a)
+static void retry_refused(struct mandate *m, struct op_reply *reply)
 {
-        struct mandate *m = a->m;
         const char *busy = CM(m)->busy ? CM(m)->busy : "?";
         const char *st = CM(m)->busy_status ? CM(m)->busy_status : "?";
         bool unfinished = strcmp(st, "running") == 0 || strcmp(st, "paused") == 0;
         if (unfinished)
-                op_reply_error(&a->reply, "conflict",
+                op_reply_error(reply, "conflict",
                                "the tick of %s (%s at %s) has an unfinished retry: mandate %s is "
                                "%s in the cluster; one retry of a tick at a time",
                                m->retry_of, m->schedule, m->fired_at, busy, st);
         else if (strcmp(st, "succeeded") == 0 && strcmp(busy, m->id) != 0)
-                op_reply_error(&a->reply, "conflict",
+                op_reply_error(reply, "conflict",
                                "the tick of %s (%s at %s) ended done as mandate %s: retrying it "
                                "repeats its work; give --reason to do it anyway",
                                m->retry_of, m->schedule, m->fired_at, busy);
         else
-                op_reply_error(&a->reply, "conflict",
+                op_reply_error(reply, "conflict",
                                "retry %d of the tick of %s (%s at %s) exists already in the "
                                "cluster (mandate %s, %s): try again",
                                m->retry, m->retry_of, m->schedule, m->fired_at, busy, st);
@@ -185,19 +183,16 @@ static void retry_refused(struct advance *a)
 
 /* A barrier that failed means the mandate is not this node's any more
  * (docs/design.md §14). */
-bool pgx_barrier_failed(struct advance *a)
+bool pgx_barrier_failed(struct mandate *m, int err, const char *errmsg, struct op_reply *reply,
+                        struct op_reply *cancel_reply)
 {
-        struct mandate *m = a->m;
-        executor_release_slot(m);
-        if (a->cancel)
-                op_reply_error(&a->cancel_reply, "fenced",
+        if (cancel_reply)
+                op_reply_error(cancel_reply, "fenced",
                                "mandate %s is no longer held by this node", m->id);
-        if (a->cancel)
-                executor_cancel_drop(m);
         CM(m)->db_slot = false;
-        if (a->error == -EBUSY && m->retry_of) {
-                retry_refused(a);
-        } else if (a->error == -EBUSY) {
+        if (err == -EBUSY && m->retry_of) {
+                retry_refused(m, reply);
+        } else if (err == -EBUSY) {
                 /* Concurrency=reject, decided by the database under
                  * the schedule's lock: as on one host */
                 const char *busy = CM(m)->busy ? CM(m)->busy : "?";
@@ -206,14 +201,14 @@ bool pgx_barrier_failed(struct advance *a)
                           "fire of %s at %s rejected: mandate %s is still %s "
                           "(Concurrency=reject, in the cluster)",
                           m->schedule, m->fired_at, busy, st);
-                op_reply_error(&a->reply, "rejected",
+                op_reply_error(reply, "rejected",
                                "schedule %s has Concurrency=reject and mandate %s is "
                                "still %s",
                                m->schedule, busy, st);
                 own_drop(m, "its tick was rejected (Concurrency=reject)");
-        } else if (a->error == -EALREADY) {
-                if (op_reply_wanted(&a->reply))
-                        op_reply_ok(&a->reply,
+        } else if (err == -EALREADY) {
+                if (op_reply_wanted(reply))
+                        op_reply_ok(reply,
                                     json_pack("{s:s, s:s, s:s, s:b, s:s, s:s?}", "mandate",
                                               m->id, "schedule", m->schedule, "fired_at",
                                               m->fired_at, "fired", false, "status",
@@ -223,11 +218,9 @@ bool pgx_barrier_failed(struct advance *a)
                          CM(m)->winner ? CM(m)->winner : "?");
                 own_drop(m, "its tick was claimed by another node");
         } else {
-                op_reply_error(&a->reply,
-                               a->error == -ESTALE ? "fenced" : "cluster_unavailable",
-                               "%s", a->errmsg);
-                own_drop(m, a->error == -ESTALE ? "fenced: another node holds it"
-                                                    : a->errmsg);
+                op_reply_error(reply, err == -ESTALE ? "fenced" : "cluster_unavailable", "%s",
+                               errmsg);
+                own_drop(m, err == -ESTALE ? "fenced: another node holds it" : errmsg);
         }
         return true;
 }
