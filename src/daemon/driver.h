@@ -5,7 +5,7 @@
  * ask which one runs:
  *   files     (driver_files.c) one host: the WAL file and its fdatasync are
  *             the truth, every mandate and tick is this node's;
- *   postgres  (cluster*.c, built with -Dpostgres=enabled only) many nodes
+ *   postgres  (src/cluster, built with -Dpostgres=enabled only) many nodes
  *             sharing PostgreSQL: the rows are the truth (cluster.h).
  * Each role's table carries function pointers only; a driver keeps its own
  * state behind the daemon's d->cluster (postgres; commands.c and

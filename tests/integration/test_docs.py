@@ -297,7 +297,7 @@ class ConfigPages(unittest.TestCase):
 
 
 class ClusterPage(unittest.TestCase):
-    """kairosd(8), CLUSTER MODE, against src/daemon/cluster.c: the takeover
+    """kairosd(8), CLUSTER MODE, against src/cluster/cluster.c: the takeover
     grace it states is the code's, and it says what fencing covers."""
 
     FRACTIONS = {2: "half", 3: "a third", 5: "a fifth", 10: "a tenth"}
@@ -306,7 +306,7 @@ class ClusterPage(unittest.TestCase):
         return re.sub(r"\s+", " ", sections(page("kairosd.8"))["CLUSTER MODE"])
 
     def test_takeover_grace(self):
-        with open(os.path.join(SRC, "src/daemon/cluster.c"), encoding="utf-8") as f:
+        with open(os.path.join(SRC, "src/cluster/cluster.c"), encoding="utf-8") as f:
             m = re.search(r"c->grace_ms = c->lease_ms / (\d+) > 1000", f.read())
         self.assertIsNotNone(m, "cluster.c: no grace_ms = lease_ms / N")
         word = self.FRACTIONS[int(m.group(1))]

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The postgres driver's operations (driver.h), for its table
  * (driver_postgres.c): cluster.c (pgd_), cluster_ticks.c (pgt_),
- * executor_cluster.c (pgx_), initdb.c.  Only the table calls them by name. */
+ * cluster_executor.c (pgx_), initdb.c.  Only the table calls them by name. */
 #pragma once
 
 #include "cluster.h"
@@ -34,7 +34,7 @@ bool pgd_killed_here(struct mandate *m, uint64_t mark);
 /* initdb.c: kairosd --init-db */
 int pgd_init_db(const char *arg);
 
-/* ---- executor_cluster.c ---- */
+/* ---- cluster_executor.c ---- */
 bool pgx_fired(struct mandate *m, const struct config_schedule *sc);
 bool pgx_slot_ready(struct mandate *m);
 void pgx_slot_release(struct mandate *m);

@@ -124,7 +124,7 @@ struct cluster {
         bool deadman_reported;
         bool superseded_reported;
         struct deadman *deadman;       /* forked at start (pgd_prefork) */
-        uv_timer_t slot_timer;         /* ask again for refused slots (executor_cluster.c) */
+        uv_timer_t slot_timer;         /* ask again for refused slots (cluster_executor.c) */
         struct cev *adopt_head;        /* taken, waiting for the old copy to go */
         struct serialq ops_q;          /* operators' reads and takes (cluster_submit) */
         struct take_job *waiters;      /* taken for a command, waiting to settle */

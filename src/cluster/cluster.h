@@ -23,7 +23,7 @@
  *
  * The postgres driver (driver.h, driver_postgres.c): this file, cluster.c
  * (the node, its pool, heartbeat, takeover, the barrier), cluster_ticks.c
- * (the schedules' rows), executor_cluster.c (claims refused and the
+ * (the schedules' rows), cluster_executor.c (claims refused and the
  * schedules' slots, as the executor sees them) and initdb.c; built with
  * -Dpostgres=enabled only. */
 #pragma once
@@ -106,7 +106,7 @@ void cluster_thread_done(void);
  * node's; other errors: the database did not answer (try again later). */
 int cluster_slot_take(struct mandate *m, bool *ret_taken, char **ret_holder);
 /* The loop's timer that asks again for the slots refused
- * (executor_cluster.c). */
+ * (cluster_executor.c). */
 uv_timer_t *cluster_slot_timer(struct daemon *d);
 /* Pool thread: give the slot back while m stays running (it waits for an
  * approval or a review). */
