@@ -34,7 +34,6 @@ static const unsigned v1_bits[CGROUP_AT_N] = { 0, CGROUP_MEMORY, CGROUP_PIDS, CG
 
 struct cgroup_ctl {
         char *path;        /* v2: below the mount, NULL none */
-        const char *mount; /* v2: one of mounts[] */
         int root_fd[CGROUP_AT_N]; /* kairosd's cgroup in each hierarchy used, -1 none */
         unsigned long counter;
         unsigned controllers; /* CGROUP_MEMORY | CGROUP_PIDS | CGROUP_CPU enabled */
@@ -245,7 +244,6 @@ static int setup_v2(struct cgroup_ctl *c, char *why, size_t why_len)
                 return 0;
         }
         c->path = path;
-        c->mount = mnt;
         c->root_fd[CGROUP_AT_V2] = fd;
         /* kairosd into the leaf "daemon" */
         if (mkdirat(fd, "daemon", 0755) < 0 && errno != EEXIST) {

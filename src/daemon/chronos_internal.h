@@ -55,7 +55,6 @@ struct pending_fire {
 struct chronos {
         struct daemon *d;
         struct pending_fire *fire_head, *fire_tail;
-        size_t nqueued;
         size_t nunanswered;                 /* fires queued or not yet durable: chronos.json
                                              * waits for them (docs/design.md §9) */
         uv_idle_t idle;

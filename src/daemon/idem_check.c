@@ -13,7 +13,6 @@
 
 struct find_ctx {
         const char *mandate, *step;
-        const struct idem_view *best; /* (valid during the foreach only) */
         struct idem_check_call *ret;
         int error;
 };

@@ -443,7 +443,6 @@ void idem_core_claim_free(struct idem_claim *c)
         if (c->hold)
                 c->release(c->hold);
         DLIST_UNLINK(svc->claims, c);
-        svc->nclaims--;
         free(c);
 }
 
@@ -479,7 +478,6 @@ bool idem_core_claim_adopt(struct idem_service *svc, struct idem_claim *c, struc
 {
         c->svc = svc;
         DLIST_PUSH(svc->claims, c);
-        svc->nclaims++;
         c->owner_id = call->owner.id;
         c->release = call->owner.release;
         if (!call->owner.attach || !call->owner.attach(call->owner.ctx, c, &c->hold)) {

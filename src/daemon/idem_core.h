@@ -61,7 +61,6 @@ struct idem_service {
         bool busy;                 /* a log job in flight */
         struct waiter *waiters;
         struct idem_claim *claims;
-        size_t nclaims;
         uint64_t flushes;          /* fdatasync calls of the log (copied after each job) */
         uint64_t compactions;
         uint64_t compact_not_before; /* log records: retry a failed compaction later */
@@ -70,7 +69,6 @@ struct idem_service {
         unsigned beneath_flags;    /* BENEATH_NO_OPENAT2 (test hook) */
         idem_step_lookup_fn step_of; /* attributes a call to a running step */
         idem_tool_group_fn tool_group; /* tool calls in a process group of their own */
-        int64_t tool_grace_ms;     /* ToolGraceSec= (told to each tool run) */
         struct write_roots *settle_roots; /* WriteRoots= for settling writes at load */
         json_t *settled;           /* what the load settled: [{key,path,outcome,why}] */
         int crash_at;              /* test hook: SIGKILL inside a tool write (1 before its
