@@ -154,8 +154,8 @@ static long long epoch_lookup(const char *mandate_id)
 /* The mandate's tool calls in kairos_idem (a takeover has just marked the
  * old epochs' processing ones interrupted) as recovery's evidence.  A row
  * this build cannot read makes it unknown: the store then decides no step. */
-int cluster_evidence_index(struct pgstore *s, const char *mandate_id,
-                           struct evidence_index **ret_ix)
+static int evidence_index(struct pgstore *s, const char *mandate_id,
+                          struct evidence_index **ret_ix)
 {
         struct pgstore_idem_row *rows = NULL;
         size_t n = 0;
@@ -995,7 +995,7 @@ static int load_copy(struct cluster *c, struct pgstore *s, const char *id, int64
                                           WAL_FILE_MODE);
         struct evidence_index *ix = NULL;
         if (r == 0)
-                r = cluster_evidence_index(s, id, &ix);
+                r = evidence_index(s, id, &ix);
         struct cev *e = r == 0 ? calloc(1, sizeof(*e)) : NULL;
         if (r == 0 && (!e || !(e->id = strdup(id)) ||
                        (prev_owner && !(e->prev_owner = strdup(prev_owner)))))

@@ -130,7 +130,3 @@ int cluster_submit(struct daemon *d, void (*work)(void *arg), void (*done)(void 
 /* Pool thread, between attempts to reach the database: sleep 0.1, 0.2,
  * 0.4, 0.8, 1.6, then 2 s. */
 void cluster_backoff(unsigned attempt);
-/* The tool calls of mandate_id as recovery's evidence (heartbeat thread). */
-struct evidence_index;
-int cluster_evidence_index(struct pgstore *s, const char *mandate_id,
-                           struct evidence_index **ret_ix);

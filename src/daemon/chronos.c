@@ -284,7 +284,6 @@ static void drain_fires(struct chronos *c, size_t max)
                 c->fire_head = f->next;
                 if (!c->fire_head)
                         c->fire_tail = NULL;
-                c->nqueued--;
                 fire_now(c, f->schedule, f->t, f->why);
                 free(f->schedule);
                 free(f);
@@ -317,7 +316,6 @@ void chronos_fire_tick(struct chronos *c, struct sched *s, int64_t t, const char
         else
                 c->fire_head = f;
         c->fire_tail = f;
-        c->nqueued++;
         uv_idle_start(&c->idle, on_idle);
 }
 
@@ -770,7 +768,7 @@ static const char *sched_state(const struct sched *s)
                                                                                 : "enabled";
 }
 
-json_t *chronos_list_json(struct daemon *d)
+static json_t *list_json(struct daemon *d)
 {
         struct chronos *c = C(d);
         json_t *arr = json_array();
@@ -814,7 +812,7 @@ static uint64_t fp_mix(uint64_t h, uint64_t v)
         return h * 1099511628211ULL;
 }
 
-/* Everything chronos_list_json shows, hashed: a cheap loop over integers. */
+/* Everything list_json shows, hashed: a cheap loop over integers. */
 static uint64_t list_fingerprint(const struct chronos *c)
 {
         uint64_t h = fp_mix(1469598103934665603ULL, c->n);
@@ -847,7 +845,7 @@ const char *chronos_list_text(struct daemon *d, size_t *ret_len)
         }
         uint64_t fp = list_fingerprint(c);
         if (!c->list_text || fp != c->list_fp) {
-                json_t *j = chronos_list_json(d);
+                json_t *j = list_json(d);
                 char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
                 json_decref(j);
                 if (!text)

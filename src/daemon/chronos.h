@@ -28,9 +28,7 @@ void chronos_reload(struct daemon *d);
 void chronos_stop(struct daemon *d);
 void chronos_free(struct daemon *d);
 
-/* kairosctl schedules [next NAME -n N] */
-json_t *chronos_list_json(struct daemon *d);
-/* The same as JSON text, kept until a schedule changes (owned by chronos;
+/* kairosctl schedules [next NAME -n N] as JSON text, kept until a schedule changes (owned by chronos;
  * valid until the next call or a reload).  NULL: out of memory. */
 const char *chronos_list_text(struct daemon *d, size_t *ret_len);
 /* -ENOENT: no such schedule. */

@@ -271,15 +271,15 @@ static void op_wal_error(struct mandate_op *op, int r)
                 strerror(-r));
 }
 
-/* The keys of a resolution's record, one a line (a key holds no control
- * character). */
-static char *join_keys(json_t *keys)
+/* The keys, sep between them (a key holds no control character); NULL when
+ * out of memory. */
+static char *join_keys(json_t *keys, const char *sep)
 {
         struct kbuf b = KBUF_INIT;
         size_t i;
         json_t *k;
         json_array_foreach(keys, i, k)
-                if (kbuf_printf(&b, "%s%s", i ? "\n" : "", json_string_value(k)) < 0) {
+                if (kbuf_printf(&b, "%s%s", i ? sep : "", json_string_value(k)) < 0) {
                         kbuf_free(&b);
                         return NULL;
                 }
@@ -314,7 +314,7 @@ static void do_resolve(struct mandate_op *op, struct mandate *m)
         }
         char *keys = NULL;
         size_t nkeys = json_array_size(op->keys);
-        if (nkeys && !(keys = join_keys(op->keys))) {
+        if (nkeys && !(keys = join_keys(op->keys, "\n"))) {
                 op_fail(op, "internal", "out of memory");
                 goto out;
         }
@@ -420,16 +420,6 @@ static void op_work(void *arg)
 }
 
 static void resolve_settled(void *ctx, const struct op_result *r);
-
-static char *join_keys_comma(json_t *keys)
-{
-        struct kbuf b = KBUF_INIT;
-        size_t i;
-        json_t *k;
-        json_array_foreach(keys, i, k)
-                kbuf_printf(&b, "%s%s", i ? ", " : "", json_string_value(k));
-        return b.data;
-}
 
 static void op_free(struct mandate_op *op)
 {
@@ -539,7 +529,7 @@ static void op_done(void *arg)
                 break;
         case OP_RESOLVE: {
                 static const char *const modes[] = { "done", "retry", "abandon" };
-                char *keys_text = json_array_size(op->keys) ? join_keys_comma(op->keys) : NULL;
+                char *keys_text = json_array_size(op->keys) ? join_keys(op->keys, ", ") : NULL;
                 /* The executor decides from the WAL what comes next (for an
                  * abandoned plan: the end of the mandate). */
                 executor_enqueue(m);

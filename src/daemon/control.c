@@ -86,8 +86,11 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 /* ---- limits ---- */
 
-void control_limits_compute(unsigned long fd_limit, unsigned max_concurrent_mandates,
-                            struct control_limits *ret)
+/* max_clients = min(CONTROL_MAX_CLIENTS, fd_limit - reserve -
+ * CONTROL_MAX_REFUSING - 1), at least CONTROL_MIN_CLIENTS: the connections,
+ * the refused ones and the reserve stay below fd_limit. */
+static void limits_compute(unsigned long fd_limit, unsigned max_concurrent_mandates,
+                           struct control_limits *ret)
 {
         unsigned long reserve = CONTROL_FD_RESERVE_BASE +
                                 (unsigned long)CONTROL_FD_RESERVE_PER_MANDATE *
@@ -432,8 +435,9 @@ bool control_claim_owned_by(const struct control_claim *cl, const struct control
         return cl->client && cl->client == req->client;
 }
 
-bool control_peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,
-                          gid_t socket_gid)
+/* The peer check: root, the daemon's uid, or a member of group gid. */
+static bool peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,
+                         gid_t socket_gid)
 {
         if (uid == 0 || uid == geteuid())
                 return true;
@@ -831,7 +835,7 @@ static void client_start(struct control_client *c)
         size_t ngroups = 0;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
                 ngroups = glen / sizeof(gid_t);
-        if (control_peer_allowed(c->uid, c->gid, groups, ngroups, srv->d->socket_gid)) {
+        if (peer_allowed(c->uid, c->gid, groups, ngroups, srv->d->socket_gid)) {
                 client_admit(c);
                 return;
         }
@@ -939,7 +943,7 @@ int control_start(struct daemon *d, const char *path)
         unsigned long fd_limit = 1024;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                 fd_limit = (unsigned long)rl.rlim_cur;
-        control_limits_compute(fd_limit, d->cfg->max_concurrent_mandates, &srv->lim);
+        limits_compute(fd_limit, d->cfg->max_concurrent_mandates, &srv->lim);
         char *slash = strrchr(dir, '/');
         if (slash && slash != dir) {
                 *slash = '\0';

@@ -71,12 +71,6 @@ struct control_limits {
         bool fits;                  /* max_clients + refusing + reserve < fd_limit */
 };
 
-/* max_clients = min(CONTROL_MAX_CLIENTS, fd_limit - reserve -
- * CONTROL_MAX_REFUSING - 1), at least CONTROL_MIN_CLIENTS: the connections,
- * the refused ones and the reserve stay below fd_limit. */
-void control_limits_compute(unsigned long fd_limit, unsigned max_concurrent_mandates,
-                            struct control_limits *ret);
-
 struct control_client;
 
 struct control_request {
@@ -128,10 +122,6 @@ bool control_claim_attach(struct control_request *req, struct control_claim *c,
 void control_claim_release(struct control_claim *c);
 /* Is c attached to the connection req came on? */
 bool control_claim_owned_by(const struct control_claim *c, const struct control_request *req);
-
-/* The peer check: root, the daemon's uid, or a member of group gid. */
-bool control_peer_allowed(uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups,
-                          gid_t socket_gid);
 
 /* Replace the limits control_start computed (the fuzz target uses small
  * ones); connections already open are not affected. */
