@@ -1574,6 +1574,10 @@ struct command {
         const char *name;
         void (*fn)(struct control_request *req);
         bool while_stopping;   /* answered during a graceful stop */
+        /* fn NULL: a call of the idempotency service's idem (step: made by a
+         * step's handler, which waits for its start to be reported) */
+        void (*idem)(const struct idem_call *call);
+        bool step;
 };
 
 /* ---- metrics ---- */
@@ -1870,56 +1874,33 @@ static void step_call(struct control_request *req, void (*op)(const struct idem_
         idem_call(req, op);
 }
 
-/* cmd_NAME: the request as a call of the idempotency service's op */
-#define IDEM_COMMAND(name, op)                                                                    \
-        static void name(struct control_request *req)                                            \
-        {                                                                                         \
-                idem_call(req, op);                                                               \
-        }
-static void cmd_tool_begin(struct control_request *req)
-{
-        step_call(req, idem_tool_begin);
-}
-
-static void cmd_tool_write(struct control_request *req)
-{
-        step_call(req, idem_tool_write);
-}
-IDEM_COMMAND(cmd_tool_finish, idem_tool_finish)
-IDEM_COMMAND(cmd_tool_write_data, idem_tool_write_data)
-IDEM_COMMAND(cmd_tool_write_end, idem_tool_write_end)
-IDEM_COMMAND(cmd_idem_stats, idem_stats_get)
-IDEM_COMMAND(cmd_idem_get, idem_get_entry)
-IDEM_COMMAND(cmd_idem_forget, idem_forget_entry)
-#ifdef KAIROS_TEST_HOOKS
-IDEM_COMMAND(cmd_test_idem_clock, idem_test_clock)
-#endif
-
 /* While kairosd stops (up to GracefulTimeoutSec=), the commands that only
  * read are still answered, and so are a running handler's tool calls; every
  * other command is refused with "shutting_down". */
+#define CMD(n, f, stop) { .name = n, .fn = f, .while_stopping = stop }
+#define IDEM(n, op, stop, st) { .name = n, .idem = op, .while_stopping = stop, .step = st }
 static const struct command commands[] = {
-        { "status", cmd_status, true },        { "list", cmd_list, true },
-        { "show", cmd_show, true },            { "schedules", cmd_schedules, true },
-        { "pause", cmd_pause, false },         { "resume", cmd_resume, false },
-        { "resolve", cmd_resolve, false },     { "reload", cmd_reload, false },
-        { "fire", cmd_fire, false },           { "approve", cmd_approve, false },
-        { "backfill", cmd_backfill, false },
-        { "retry", cmd_retry, false },        { "cancel", cmd_cancel, false },
-        { "wait", cmd_wait, true },
-        { "tool-begin", cmd_tool_begin, true },
-        { "tool-finish", cmd_tool_finish, true },
-        { "tool-write", cmd_tool_write, true },
-        { "tool-write-data", cmd_tool_write_data, true },
-        { "tool-write-end", cmd_tool_write_end, true },
-        { "idem-stats", cmd_idem_stats, true },
-        { "idem-get", cmd_idem_get, true },
-        { "idem-forget", cmd_idem_forget, false },
-        { "metrics", cmd_metrics, true },
+        CMD("status", cmd_status, true),        CMD("list", cmd_list, true),
+        CMD("show", cmd_show, true),            CMD("schedules", cmd_schedules, true),
+        CMD("pause", cmd_pause, false),         CMD("resume", cmd_resume, false),
+        CMD("resolve", cmd_resolve, false),     CMD("reload", cmd_reload, false),
+        CMD("fire", cmd_fire, false),           CMD("approve", cmd_approve, false),
+        CMD("backfill", cmd_backfill, false),
+        CMD("retry", cmd_retry, false),        CMD("cancel", cmd_cancel, false),
+        CMD("wait", cmd_wait, true),
+        IDEM("tool-begin", idem_tool_begin, true, true),
+        IDEM("tool-finish", idem_tool_finish, true, false),
+        IDEM("tool-write", idem_tool_write, true, true),
+        IDEM("tool-write-data", idem_tool_write_data, true, false),
+        IDEM("tool-write-end", idem_tool_write_end, true, false),
+        IDEM("idem-stats", idem_stats_get, true, false),
+        IDEM("idem-get", idem_get_entry, true, false),
+        IDEM("idem-forget", idem_forget_entry, false, false),
+        CMD("metrics", cmd_metrics, true),
 #ifdef KAIROS_TEST_HOOKS
-        { "test-clock", cmd_test_clock, false },
-        { "test-stall", cmd_test_stall, false },
-        { "test-idem-clock", cmd_test_idem_clock, false },
+        CMD("test-clock", cmd_test_clock, false),
+        CMD("test-stall", cmd_test_stall, false),
+        IDEM("test-idem-clock", idem_test_clock, false, false),
 #endif
 };
 
@@ -1941,8 +1922,10 @@ void commands_dispatch(struct control_request *req)
                                                     "status, list, show, schedules and idem "
                                                     "stats/get still answer until it exits",
                                                     req->cmd);
-                        else
+                        else if (commands[i].fn)
                                 commands[i].fn(req);
+                        else
+                                (commands[i].step ? step_call : idem_call)(req, commands[i].idem);
                         return;
                 }
         control_reply_error(req, "unknown_command", "unknown command '%s'", req->cmd);

@@ -285,7 +285,7 @@ class TestReplyQueue(LimitCase):
                                "commands.c")) as f:
             table = f.read().split("static const struct command commands[] = {")[1]
         table = table.split("#ifdef KAIROS_TEST_HOOKS")[0]
-        self.assertEqual(sorted(re.findall(r'\{ "([a-z-]+)", cmd_', table)), sorted(COMMANDS))
+        self.assertEqual(sorted(re.findall(r'(?:CMD|IDEM)\("([a-z-]+)"', table)), sorted(COMMANDS))
         sock = os.path.join(self.state, "control.sock")
         # 200 schedules: a schedules reply is some 40 KB
         conf = write_conf(self.dir, self.state, sock, {
