@@ -8,8 +8,8 @@
  *   postgres  (src/cluster, built with -Dpostgres=enabled only) many nodes
  *             sharing PostgreSQL: the rows are the truth (cluster.h).
  * Each role's table carries function pointers only; a driver keeps its own
- * state behind the daemon's d->cluster (postgres; commands.c and
- * idem_service.c still test it), a mandate's m->drv_state (own.attach), the
+ * state behind the daemon's d->cluster (postgres: only its driver reads
+ * it), a mandate's m->drv_state (own.attach), the
  * chronos' and each schedule's drv_state (ticks.attach, ticks.sched_new).
  * A driver fills every pointer: the loop never tests one for NULL. */
 #pragma once
