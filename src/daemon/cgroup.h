@@ -1,28 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* cgroup: each handler in its own cgroup below kairosd's delegated one.
- *
- * Under systemd with Delegate=yes, kairosd's service cgroup is its own to
- * manage.  On cgroup v2, at start cgroup_ctl_new finds it
- * (/proc/self/cgroup), checks it is writable and holds kairosd alone, moves
- * kairosd into the leaf <service>/daemon (a cgroup with processes cannot
- * enable controllers for its children) and enables what it can of
- * +memory +pids +cpu in
- * <service>/cgroup.subtree_control.  Each handler then gets
- * <service>/h-<step id>-<counter>, with memory.max, pids.max and cpu.max from
- * the schedule's MemoryMax=, TasksMax= and CPUQuota=; the child joins it
- * before exec.  When the handler exits the cgroup is killed (cgroup.kill, or
- * every pid in cgroup.procs until it is empty) and removed, so nothing it
- * started outlives its step, setsid or not.
- *
- * On a hybrid host (controllers on cgroup v1 hierarchies, the v2 one at
- * /sys/fs/cgroup/unified without them) and on a cgroup v1 host, a
- * controller that cgroup v2 cannot give is taken from its v1 hierarchy:
- * where kairosd's own cgroup there (/proc/self/cgroup) is writable, not the
- * root and holds kairosd alone, the handler's cgroup of the same name is
- * created below it with memory.limit_in_bytes, pids.max or
- * cpu.cfs_quota_us/cpu.cfs_period_us, and the child joins it too.  A kill
- * there has no cgroup.kill: every pid listed is killed until none is left.
- * (Under systemd, Delegate= gives v1 controllers only to root services.)
+/* cgroup: each handler in its own cgroup below kairosd's delegated one
+ * (under systemd, Delegate=yes), with memory.max, pids.max and cpu.max from
+ * the schedule's MemoryMax=, TasksMax= and CPUQuota=, a controller cgroup
+ * v2 cannot give taken from its v1 hierarchy; the child joins it before
+ * exec, and when the handler exits the cgroup is killed and removed, so
+ * nothing it started outlives its step.  How the cgroups are found, made
+ * and killed on v2, hybrid and v1 hosts: docs/design.md, "Handler cgroups".
  *
  * Without any such cgroup (not under systemd, no Delegate=, nothing
  * writable) cgroup_ctl_new gives NULL and why: handlers run as before, in

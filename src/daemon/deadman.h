@@ -1,49 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* deadman: kills this node's handlers at its lease deadline even when
- * kairosd itself cannot (stopped by SIGSTOP, hung, or dead) — cluster mode
- * (docs/design.md §14).
- *
- * deadman_start forks a small watcher process (not an exec of kairosd),
- * before kairosd starts any thread.  kairosd tells it, through a pipe of
- * fixed-size records, a deadline on CLOCK_MONOTONIC and the handler process
- * groups to watch, each with its cgroup directory if it has one.  The
- * watcher SIGKILLs every watched group (kill(-pgid)) and cgroup (writes "1"
- * to cgroup.kill; without it, SIGKILLs every pid of cgroup.procs until it
- * is empty, a bounded number of rounds) and forgets them:
- *  - when the deadline passes (then it goes on waiting: while the deadline
- *    is past, a group watched later is killed at once);
- *  - when the pipe reaches end-of-file: kairosd is gone (kill -9
- *    included).  Then it exits.
+ * kairosd itself cannot (stopped by SIGSTOP, hung, or dead) — cluster mode.
+ * deadman_start forks a small watcher process before kairosd starts any
+ * thread; kairosd sends it the deadline (CLOCK_MONOTONIC) and the handler
+ * process groups to watch, each with its cgroup directory if it has one.
+ * What it kills and when, its signals, its limits (DEADMAN_MAX_WATCHED,
+ * the overflow) and process id reuse: docs/design.md §14, "The deadman".
  * deadman_stop is the clean end: the watcher exits and kills nothing.
- *
- * The watcher closes every descriptor it inherited (but stderr), leaves
- * kairosd's process group (its own, so a terminal's ^C or ^Z or a
- * `kill -TERM -PGID` of kairosd's group does not reach it), ignores SIGINT,
- * SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2 and
- * SIGPIPE, is named "kairosd-deadman", allocates one table at start and
- * nothing after, and waits only in poll() with a timeout taken from the
- * deadline.  It reads every record already written before it acts on a
- * deadline, so a renewal or an unwatch written before the deadline is
- * never late.  A deadline is held on CLOCK_BOOTTIME once received, so a
- * host that was suspended past it kills at resume (within a second).
- *
- * The watched set holds at most DEADMAN_MAX_WATCHED groups.  A watch
- * beyond that (after forgetting groups that no longer exist) cannot be
- * kept: the watcher then remembers it overflowed, and at the deadline it
- * also kills the process group of every child of kairosd that leads its own
- * group (handlers do, kairosd's own helpers do not) — found in /proc — so
- * that a group it could not record still dies.  Past EOF the overflowed
- * groups are left to PR_SET_PDEATHSIG and the runner's keeper.
- *
- * Process id reuse: kairosd must unwatch a handler's group before it reaps
- * the group's leader.  Until the leader is reaped its pid (the group id)
- * cannot be given to another process, so while kairosd is stopped no
- * watched group id can be reused; and the watcher reads every unwatch
- * written before it kills.  It also notes the leader's start time when it
- * is told to watch and does not kill a group whose leader id now belongs to
- * a process that started at another time.  The window left is a stale
- * entry (an unwatch lost to a full pipe) whose id was reused by a new group
- * whose own leader has already exited.
  *
  * Calls: every function but deadman_start and deadman_stop is one write(2)
  * of one record (at most PIPE_BUF bytes, hence atomic), never blocks (the
@@ -52,7 +15,8 @@
  * child between clone/fork and exec.  A full pipe (the watcher is stopped
  * or starved) is -EAGAIN and the record is not sent; a dead watcher is
  * -EPIPE (kairosd ignores SIGPIPE).  The write end is O_CLOEXEC, so
- * handlers never inherit it. */
+ * handlers never inherit it.  kairosd must unwatch a handler's group before
+ * it reaps the group's leader. */
 #pragma once
 
 #include <stdint.h>

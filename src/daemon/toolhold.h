@@ -1,26 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* toolhold: recovery holds the decision of a step whose `tool run` outlived
- * a crash of kairosd (docs/design.md §8, §10, §11).
- *
- * A tool run's client (kairosctl) leads a process group of its own that the
- * keeper leaves alone when kairosd dies: its command runs on, and the client
- * keeps the outcome until a kairosd answers on the socket again.  Recovery
- * (recover.c) finds such a step from the idempotency store: an open call
- * whose recorded client (pid and start time) still runs — toolhold_find
- * opens a pidfd for each, on the pool.  Instead of deciding, it leaves the
- * mandate `probing` and hands the step here (toolhold_start, on the loop):
- * each client's pidfd is watched on the loop (uv_poll), with a timer of
- * ToolGraceSec=.  The step is decided again (the callback: recovery's
- * decision of the mandate, from the store as it is then) as soon as
- *  - a client finished its call (toolhold_finished, from tool-finish): the
- *    call is completed in the store, the step is decided as a finished call;
- *  - every client exited: a call left open is decided as before;
- *  - ToolGraceSec= passed: the clients still running are killed (their
- *    process groups), logged, and the step is decided as before.
- * A mandate cancelled meanwhile: its clients are killed, nothing decided
- * here.  kairosd stopping: the clients still running are killed (a stop
- * leaves no process of kairosd's behind), the watches end; the next start
- * decides the step without them. */
+ * a crash of kairosd (docs/design.md §8, §10, §11; "The hold").  Recovery
+ * (recover.c) finds the step's open calls whose recorded client still runs
+ * (toolhold_find, on the pool), leaves the mandate `probing` and hands the
+ * step here (toolhold_start, on the loop): each client's pidfd is watched,
+ * with a timer of ToolGraceSec=.  The step is decided again (the callback)
+ * as soon as a client finished its call (toolhold_finished, from
+ * tool-finish), every client exited, or ToolGraceSec= passed (the clients
+ * still running are killed).  A cancelled mandate or kairosd stopping kills
+ * the clients still running and decides nothing here. */
 #pragma once
 
 #include <stdbool.h>
