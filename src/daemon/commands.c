@@ -942,12 +942,6 @@ static void cmd_resolve(struct control_request *req)
                 submit_op(req, m, OP_RESOLVE, mode, reason, step);
 }
 
-static bool can_retry(enum mandate_status s)
-{
-        return s == MANDATE_FAILED || s == MANDATE_TERMINATED || s == MANDATE_ABANDONED ||
-               s == MANDATE_DONE || s == MANDATE_CANCELLED;
-}
-
 /* The tick's rule (planner_retry_check) over the mandates of m's tick this
  * node knows: its WALs and its archive, so it holds across a restart.  A
  * retry is registered on the loop (fire_tick's mandate_add) before anything
@@ -1215,7 +1209,7 @@ static struct retry_target retry_target_of(const struct mandate *m)
 {
         return (struct retry_target){
                 .id = m->id, .schedule = m->schedule, .fired_at = m->fired_at,
-                .status = mandate_status_name(m->status), .ended = can_retry(m->status),
+                .status = mandate_status_name(m->status), .ended = is_final(m->status),
                 .done = m->status == MANDATE_DONE,
         };
 }
