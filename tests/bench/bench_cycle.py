@@ -5,6 +5,7 @@
     tests/bench/bench_cycle.py --kairosd build/src/daemon/kairosd
         [--floor build/tests/bench/floor_cycle] [--dir /var/tmp] [--loop]
         [--reps 16] [--mandates 20] [--chrt both|on|off] [--strace-mandates 100]
+        [--syscalls-mandates 20]
 
 The floor (tests/bench/floor_cycle.c) does, in C, what kairosd must for such
 a mandate and nothing more: five posix_spawns of the handler with
@@ -41,6 +42,13 @@ per step and their difference; then the MEDIANs over the repetitions (never
 the best) of the ratio, of kairosd's CPU per step, of the floor's and of the
 difference, with the load average.  Targets: cycle <= 1.10x the floor with /bin/sh, <= 1.15x with
 /bin/true; kairosd's CPU <= 0.25 ms per step.
+
+Then, with --syscalls-mandates M (default 20; 0: skip) and strace, the
+system calls per step of each side, /bin/true handlers: strace -c attached
+to every thread of a running kairosd (not following its children: their
+calls before exec are theirs, as on the floor's side) over M mandates fired
+one at a time, and strace -c of floor_cycle -n M (no -f); printed per call
+where the two differ by 0.5 per step or more.
 
 Then, on each file system, one kairosd under strace -f -y over its whole life
 (start, --strace-mandates one-cycle /bin/true mandates fired one at a time,
@@ -262,12 +270,69 @@ def traced(args, base, label):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def strace_counts(path):
+    """{syscall: calls} from strace -c's table."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 5 and parts[0][0].isdigit() and parts[-1] != "total":
+                out[parts[-1]] = int(parts[3])
+    return out
+
+
+def syscalls(args, base, label):
+    """System calls per step: kairosd's threads (strace -c attached, no
+    children) and the floor's process (strace -c, no -f)."""
+    d = os.path.join(base, "syscalls")
+    os.makedirs(d)
+    k = Kairos(d, "k", "/bin/true", args.kairosd)
+    kout = os.path.join(d, "kairosd.strace")
+    try:
+        for _ in range(2):
+            k.one()
+        tids = sorted(os.listdir("/proc/%d/task" % k.pid))
+        st = subprocess.Popen(["strace", "-c", "-o", kout] + sum((["-p", t] for t in tids), []),
+                              stderr=subprocess.PIPE, text=True)
+        # attached to each thread (strace says so) before the round
+        seen = 0
+        while seen < len(tids):
+            line = st.stderr.readline()
+            if not line:
+                raise RuntimeError("strace ended before attaching")
+            seen += "attached" in line
+        n = args.syscalls_mandates
+        for _ in range(n):
+            k.one()
+        st.send_signal(signal.SIGINT)
+        st.communicate(timeout=60)
+    finally:
+        k.stop()
+    fdir = tempfile.mkdtemp(prefix="floor-", dir=d)
+    fout = os.path.join(d, "floor.strace")
+    subprocess.run(["strace", "-c", "-o", fout, args.floor, "--dir", fdir, "--handler",
+                    "/bin/true", "-n", str(n)], check=True, capture_output=True)
+    kc, fc = strace_counts(kout), strace_counts(fout)
+    steps = n * len(PHASES)
+    print("%s: system calls per step, /bin/true handlers, %d mandates: kairosd %.1f (its threads, "
+          "not its handlers), the C floor %.1f; load %s"
+          % (label, n, sum(kc.values()) / steps, sum(fc.values()) / steps, load()))
+    for name in sorted(set(kc) | set(fc), key=lambda c: -(kc.get(c, 0) - fc.get(c, 0))):
+        a, b = kc.get(name, 0) / steps, fc.get(name, 0) / steps
+        if abs(a - b) >= 0.5:
+            print("  %-16s kairosd %5.1f  floor %5.1f" % (name, a, b))
+    if not args.keep:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def run_on(args, parent, label):
     base = tempfile.mkdtemp(prefix="kairos-bench-cycle-", dir=parent)
     try:
         print("%s: %s (%s); %d CPUs; load %s"
               % (label, base, fs_kind(base), os.cpu_count(), load()))
         cycles(args, base, label)
+        if args.syscalls_mandates and shutil.which("strace"):
+            syscalls(args, base, label)
         if args.strace_mandates and shutil.which("strace"):
             traced(args, base, label)
         elif args.strace_mandates:
@@ -319,10 +384,13 @@ def main():
                     help="run both sides under chrt -f 10, at normal priority, or both ways")
     ap.add_argument("--strace-mandates", type=int, default=100,
                     help="mandates of the strace run (0: skip it)")
+    ap.add_argument("--syscalls-mandates", type=int, default=20,
+                    help="mandates of the system-call count of each side (0: skip it)")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
-    if args.reps < 1 or args.mandates < 1 or args.strace_mandates < 0:
-        ap.error("--reps and --mandates must be >= 1, --strace-mandates >= 0")
+    if args.reps < 1 or args.mandates < 1 or args.strace_mandates < 0 or args.syscalls_mandates < 0:
+        ap.error("--reps and --mandates must be >= 1, --strace-mandates and "
+                 "--syscalls-mandates >= 0")
     args.kairosd = os.path.abspath(args.kairosd)
     if args.floor is None:
         args.floor = os.path.join(os.path.dirname(args.kairosd), "..", "..", "tests", "bench",
