@@ -34,6 +34,9 @@
 
 
 #define CHILD_STACK (256 * 1024)
+/* A child whose pipes are all below this takes them directly (one word
+ * of the descriptor table's bitmaps copied), not through the slots */
+#define RUNNER_DIRECT_FDS 64
 #define KEEPER_MAX_GROUPS 65536
 #define KEEPER_EXIT_MS 5000 /* from its socket's close to its exit, at most */
 
@@ -115,6 +118,7 @@ struct runner {
         int slot[3];               /* the thread's; -1: not opened */
         int slot_null;             /* /dev/null, to empty the slots */
         int slot_hi;               /* the highest of slot[] */
+        int direct_fds;            /* RUNNER_DIRECT_FDS (tests: another) */
         pid_t keeper;
         bool keeper_gone;          /* under lock: the thread starts a new one */
         /* The keeper's table of handler process groups, shared with it
@@ -505,16 +509,18 @@ __attribute__((no_sanitize("address", "undefined"))) static int child_main(void 
         if (r->dm)
                 (void)deadman_watch(r->dm, me, r->dm_cgroup);
         if (r->share_files) {
-                /* a table of our own holding only fds 0..slot_hi: nothing
-                 * below changes the daemon's descriptors */
-                if (syscall(SYS_close_range, (unsigned)r->slot_hi + 1, ~0U, CLOSE_RANGE_UNSHARE) <
-                    0)
+                /* a table of our own holding only fds 0..unshare_below - 1
+                 * (up to the slots, or up to the pipes themselves when they
+                 * are low: direct_fds): nothing below changes the daemon's
+                 * descriptors */
+                if (syscall(SYS_close_range, (unsigned)j->unshare_below, ~0U,
+                            CLOSE_RANGE_UNSHARE) < 0)
                         goto fail;
                 for (int fd = 0; fd < 3; fd++) {
                         if (j->child_fd[fd] == fd) {
                                 if (fcntl(fd, F_SETFD, 0) < 0)
                                         goto fail;
-                        } else if (dup2(r->slot[fd], fd) < 0) {
+                        } else if (dup2(j->direct_fds ? j->child_fd[fd] : r->slot[fd], fd) < 0) {
                                 goto fail;
                         }
                 }
@@ -669,8 +675,18 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
         deadman_cgroup(r, &j->cgh);
         keeper_slot_fill(r, j);
         int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+        /* pipes below RUNNER_DIRECT_FDS (a daemon running a few handlers):
+         * the child's table is copied up to them and takes them as they
+         * are, which costs it less than the thread's three dup3 into the
+         * slots and three back */
+        int hi = j->child_fd[0];
+        for (int i = 1; i < 3; i++)
+                if (j->child_fd[i] > hi)
+                        hi = j->child_fd[i];
+        j->direct_fds = r->share_files && hi < r->direct_fds;
+        j->unshare_below = j->direct_fds ? hi + 1 : r->slot_hi + 1;
         if (r->share_files) {
-                for (int i = 0; i < 3; i++)
+                for (int i = 0; i < 3 && !j->direct_fds; i++)
                         if (j->child_fd[i] != i && dup3(j->child_fd[i], r->slot[i], O_CLOEXEC) < 0) {
                                 j->err = -errno;
                                 j->err_what = "dup3";
@@ -701,7 +717,7 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
         }
 out:
         /* the slots must not keep the pipes open (end of file on stdout) */
-        for (int i = 0; i < 3 && r->share_files; i++)
+        for (int i = 0; i < 3 && r->share_files && !j->direct_fds; i++)
                 if (dup3(r->slot_null, r->slot[i], O_CLOEXEC) < 0) {
                         /* not seen (the slot is open, below the limit): never
                          * fill a slot that may be someone else's by now */
@@ -1269,6 +1285,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         r->keeper_fd = -1;
         r->wake_fd = -1;
         r->pid_ep = -1;
+        r->direct_fds = RUNNER_DIRECT_FDS;
         r->keeper_pidfd = -1;
         r->slot[0] = r->slot[1] = r->slot[2] = r->slot_null = -1;
         pthread_mutex_init(&r->lock, NULL);
@@ -1321,6 +1338,10 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         /* a keeper that never exits once kairosd closes its socket */
         const char *stall = getenv("KAIROS_TEST_KEEPER_STALL");
         r->test_keeper_stall = stall && *stall;
+        /* pipes taken directly only below this fd (0: always the slots) */
+        const char *direct = getenv("KAIROS_TEST_RUNNER_DIRECT_FDS");
+        if (direct && *direct)
+                r->direct_fds = (int)strtol(direct, NULL, 10);
 #endif
         if ((e = keeper_start(r)) < 0)
                 goto fail;

@@ -91,6 +91,8 @@ struct runner_job {
         int keeper_slot;            /* its group's place in the keeper's table; -1 none */
         int pidfd;                  /* clone3's (CLONE_PIDFD): it exits without a signal; -1 none */
         bool clear_sighand;         /* started by clone3(CLONE_CLEAR_SIGHAND) */
+        bool direct_fds;            /* shared table: the child dup2()s child_fd, not the slots */
+        int unshare_below;          /* shared table: the child keeps fds below this */
         bool reset_nofile;          /* the handler gets the open-file limit kairosd started with */
         struct rlimit nofile;
         struct cgroup_handler cgh;

@@ -554,7 +554,8 @@ class TestHandlerProcess(ExecCase):
         self.configure({"fds": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
                                 "Exec": {"Observe": "%s %s" % (sys.executable, h)}}})
         try:
-            d = self.start(pass_fds=fds)
+            d = self.start(pass_fds=fds,
+                           env={"KAIROS_TEST_RUNNER_DIRECT_FDS": getattr(self, "direct_fds", "")})
         finally:
             for fd in fds:
                 os.close(fd)
@@ -568,6 +569,12 @@ class TestHandlerProcess(ExecCase):
         self.assertTrue({"0", "1", "2"} <= set(got), got)
         # nothing but stdio and what python opened itself (the listing)
         self.assertLessEqual(len(got), 4, got)
+
+    def test_no_stray_fds_through_the_slots(self):
+        # pipes above KAIROS_TEST_RUNNER_DIRECT_FDS go through the runner's
+        # slots (a daemon running many handlers): the same stdio, nothing else
+        self.direct_fds = "0"
+        self.test_no_stray_fds()
 
     def test_signals_of_a_handler(self):
         # The handler starts with no signal ignored or blocked: SIGPIPE,
@@ -1395,6 +1402,59 @@ class TestChildExit(ExecCase):
         # without clone3
         d = self.run_two(env={"KAIROS_TEST_NO_CLONE3": "1"})
         self.assertIn(signal.SIGCHLD, caught_signals(d.proc.pid))
+
+
+class TestSpawnFds(ExecCase):
+    """A handler whose pipes have low numbers (below 64: a daemon running a
+    few) takes them directly in its own descriptor table: the runner's
+    thread makes no dup3 into its slots and back (six per spawn)."""
+
+    def dup3_per_spawn(self, env):
+        if not shutil.which("strace"):
+            self.skipTest("strace not installed")
+        self.configure({"s": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                              "Exec": {p: "/bin/true" for p in
+                                       ("Observe", "Orient", "Decide", "Act", "Reflect")}}})
+        d = self.start(env=env)
+        tids = os.listdir("/proc/%d/task" % d.proc.pid)
+        out = os.path.join(self.dir, "dup3.strace")
+        # its threads only, not the handlers (their own dup2 before exec)
+        st = subprocess.Popen(["strace", "-qq", "-e", "trace=dup3", "-o", out] +
+                              sum((["-p", t] for t in tids), []),
+                              stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while len(attached(d.proc.pid, st.pid)) < len(tids):
+                self.assertLess(time.monotonic(), deadline, "strace did not attach")
+                time.sleep(0.02)  # polling /proc for the tracer, with a deadline
+            m = self.fire("s")
+            self.d.wait_log("mandate %s done" % m)
+        finally:
+            st.send_signal(signal.SIGINT)
+            st.communicate(timeout=30)
+        self.assertEqual(self.mandate(m)["status"], "done")
+        with open(out) as f:
+            return sum(1 for line in f if "dup3(" in line) / 5
+
+    def test_low_pipes_taken_directly(self):
+        self.assertEqual(self.dup3_per_spawn(None), 0)
+
+    def test_through_the_slots(self):
+        # KAIROS_TEST_RUNNER_DIRECT_FDS=0: always the slots
+        self.assertEqual(self.dup3_per_spawn({"KAIROS_TEST_RUNNER_DIRECT_FDS": "0"}), 6)
+
+
+def attached(pid, tracer):
+    """pid's threads that tracer (strace -p) has attached (TracerPid)."""
+    out = []
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/status" % (pid, tid)) as f:
+                if "TracerPid:\t%d\n" % tracer in f.read():
+                    out.append(tid)
+        except OSError:
+            pass
+    return out
 
 
 class TestJobThreads(ExecCase):
