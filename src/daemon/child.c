@@ -225,7 +225,10 @@ static void on_started(struct runner_job *job)
         uv_pipe_open(&c->perr, job->fd_err);
         uv_read_start((uv_stream_t *)&c->pout, on_alloc, on_read);
         uv_read_start((uv_stream_t *)&c->perr, on_alloc, on_read);
-        if (c->in_len <= PIPE_BUF) {
+        if (job->fd_in < 0) {
+                /* written and closed by the runner's thread (quiet) */
+                uv_close((uv_handle_t *)&c->pin, on_closed);
+        } else if (c->in_len <= PIPE_BUF) {
                 /* An empty pipe takes PIPE_BUF bytes at once (its least
                  * room is a page): written and closed here, without the
                  * pipe's handle (libuv's fcntl, ioctl and epoll_ctl for
@@ -261,6 +264,7 @@ int child_start(struct child *c, struct runner *r)
 {
         c->job = (struct runner_job){ .argv = c->argv, .envp = c->envp, .cwd = c->cwd,
                                       .started = on_started, .exited = on_exited, .data = c,
-                                      .cg_hint = c->cg_hint, .limits = c->limits };
+                                      .cg_hint = c->cg_hint, .limits = c->limits,
+                                      .quiet = c->quiet, .in = c->in, .in_len = c->in_len };
         return runner_spawn(r, &c->job);
 }

@@ -38,6 +38,9 @@ struct child {
         struct cgroup_limits limits;
         const char *in;               /* stdin; closed once written */
         size_t in_len;
+        bool quiet;                   /* its start reported with its exit, if
+                                       * quick (runner_job.quiet): its timeout
+                                       * counts from the report */
         uint64_t timeout_ms;
         size_t out_max;               /* stdout kept in out; more: overflow, SIGKILL;
                                        * 0: not kept */

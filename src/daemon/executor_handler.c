@@ -345,6 +345,8 @@ int executor_after_start(struct daemon *d, void (*cb)(void *ctx, bool gone), voi
                 return -ENOMEM;
         *w = (struct start_waiter){ d->executor->start_waiters, cb, ctx };
         d->executor->start_waiters = w;
+        /* a quiet start is reported now, not with its handler's exit */
+        runner_release(d->runner);
         return 0;
 }
 
@@ -543,7 +545,8 @@ static void run_started(struct child *job)
         }
         run->started = true;
         run->pid = job->pid;
-        run->started_us = now_us_monotonic();
+        /* from the clone's return (a quiet start is reported late) */
+        run->started_us = job->job.started_us ? job->job.started_us : now_us_monotonic();
         groups_add(run);
         run_free_spawn_args(run);
         log_event(LOG_INFO, NULL,
@@ -681,6 +684,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
         c->in = run->stdin_doc;
         c->in_len = run->stdin_doc ? stdin_len : 0;
         c->timeout_ms = (uint64_t)run->timeout_sec * 1000;
+        c->quiet = true;
         c->out_max = MAX_OUTPUT;
         c->read = on_run_read;
         c->started = on_run_started;

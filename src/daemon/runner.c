@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <linux/capability.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <sched.h>
@@ -72,6 +73,13 @@ struct runner {
          * marked contended, so the thread's next unlock was a futex wake
          * per spawn with nobody to wake */
         sem_t sem;
+        /* quiet reports (runner_job.quiet), under lock: some are in the
+         * done list without a wake of the loop (the thread wakes it at
+         * quiet_end, CLOCK_MONOTONIC ms, if they are still there); the
+         * loop wants its next report to wake it (runner_release) */
+        bool unwoken, wake_wanted;
+        int64_t quiet_end;
+        int quiet_ms;
         struct runner_job *todo_head, *todo_tail;  /* loop -> thread */
         struct runner_job *done_head, *done_tail;  /* thread -> loop */
         struct cg_cleanup *cleanup;                /* loop -> thread: cgroups to remove */
@@ -714,6 +722,9 @@ static void thread_spawn(struct runner *r, struct runner_job *j)
                                                                : "setup";
         } else {
                 j->pid = pid;
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                j->started_us = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
         }
 out:
         /* the slots must not keep the pipes open (end of file on stdout) */
@@ -741,13 +752,70 @@ out:
         }
 }
 
-/* Under r->lock: wait for the next post (the caller checks again). */
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Under r->lock: the loop woken (after the unlock: *wake) for what the
+ * done list holds, if it holds quiet reports past their end. */
+static void quiet_due(struct runner *r, bool *wake)
+{
+        if (r->unwoken && mono_ms() >= r->quiet_end) {
+                r->unwoken = false;
+                *wake = *wake || r->done_head;
+        }
+}
+
+static void wake_loop(struct runner *r)
+{
+        uint64_t one = 1;
+        while (write(r->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
+                ;
+}
+
+/* Under r->lock: wait for the next post (the caller checks again); with
+ * quiet reports waiting, at most until their end (then the loop is woken
+ * for them). */
 static void thread_wait(struct runner *r)
 {
+        if (r->unwoken) {
+                int64_t end = r->quiet_end;
+                pthread_mutex_unlock(&r->lock);
+                struct timespec ts = { (time_t)(end / 1000), (long)(end % 1000) * 1000000L };
+                while (sem_clockwait(&r->sem, CLOCK_MONOTONIC, &ts) < 0 && errno == EINTR)
+                        ;
+                pthread_mutex_lock(&r->lock);
+                bool wake = false;
+                quiet_due(r, &wake);
+                if (wake) {
+                        pthread_mutex_unlock(&r->lock);
+                        wake_loop(r);
+                        pthread_mutex_lock(&r->lock);
+                }
+                return;
+        }
         pthread_mutex_unlock(&r->lock);
         while (sem_wait(&r->sem) < 0 && errno == EINTR)
                 ;
         pthread_mutex_lock(&r->lock);
+}
+
+/* A quiet job started (runner_job.quiet): its stdin written here (an empty
+ * pipe takes PIPE_BUF bytes at once; EPIPE: a child that does not read its
+ * stdin is fine) and closed.  false: reported as any other. */
+static bool quiet_start(struct runner *r, struct runner_job *j)
+{
+        if (!j->quiet || j->err || j->pidfd < 0 || r->pid_ep < 0 || r->quiet_ms <= 0 ||
+            j->in_len > PIPE_BUF)
+                return false;
+        while (j->in_len && write(j->fd_in, j->in, j->in_len) < 0 && errno == EINTR)
+                ;
+        close(j->fd_in);
+        j->fd_in = -1;
+        return true;
 }
 
 static void *thread_main(void *arg)
@@ -798,6 +866,7 @@ static void *thread_main(void *arg)
                 j->keeper_slot = keeper_slot_take(r);
                 pthread_mutex_unlock(&r->lock);
                 thread_spawn(r, j);
+                bool quiet = quiet_start(r, j);
 #ifdef KAIROS_TEST_HOOKS
                 /* the report of a start reaches the loop late: the child
                  * runs (and may call kairosd) before the loop knows its pid */
@@ -816,11 +885,31 @@ static void *thread_main(void *arg)
                 else
                         r->done_head = j;
                 r->done_tail = j;
+                bool wake = true;
+                if (quiet && !r->wake_wanted) {
+                        /* its exit wakes the loop, which takes the report
+                         * first (on_pidfds): added under the lock, after
+                         * the report, so the loop finds it there */
+                        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = j };
+                        if (epoll_ctl(r->pid_ep, EPOLL_CTL_ADD, j->pidfd, &ev) == 0) {
+                                j->pid_watched = true;
+                                wake = false;
+                                if (!r->unwoken) {
+                                        r->unwoken = true;
+                                        r->quiet_end = mono_ms() + r->quiet_ms;
+                                }
+                        }
+                }
+                if (wake) {
+                        /* this wake takes every report */
+                        r->unwoken = r->wake_wanted = false;
+                } else {
+                        quiet_due(r, &wake);
+                }
                 /* woken after the unlock: the loop takes the lock at once */
                 pthread_mutex_unlock(&r->lock);
-                uint64_t one = 1;
-                while (write(r->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
-                        ;
+                if (wake)
+                        wake_loop(r);
                 pthread_mutex_lock(&r->lock);
         }
         pthread_mutex_unlock(&r->lock);
@@ -925,12 +1014,17 @@ static void on_sigchld(uv_signal_t *h, int sig)
         keeper_check(r);
 }
 
+static void collect(struct runner *r);
+
 /* A pidfd is readable once its process has exited (a zombie). */
 static void on_pidfds(uv_poll_t *h, int status, int events)
 {
         (void)status;
         (void)events;
         struct runner *r = h->data;
+        /* the quiet reports first: an exit here may be of a start the loop
+         * has not taken yet (its pidfd is added after its report) */
+        collect(r);
         struct epoll_event ev[16];
         int n;
         while ((n = epoll_wait(r->pid_ep, ev, 16, 0)) < 0 && errno == EINTR)
@@ -958,17 +1052,13 @@ static void sigchld_watch(struct runner *r)
         uv_signal_start(&r->sigchld, on_sigchld, SIGCHLD);
 }
 
-static void on_wake(uv_poll_t *h, int status, int events)
+/* The thread's reports, taken on the loop. */
+static void collect(struct runner *r)
 {
-        (void)status;
-        (void)events;
-        struct runner *r = h->data;
-        uint64_t n;
-        while (read(r->wake_fd, &n, sizeof n) < 0 && errno == EINTR)
-                ; /* EAGAIN: nothing (more) to count; the list says what is done */
         pthread_mutex_lock(&r->lock);
         struct runner_job *j = r->done_head;
         r->done_head = r->done_tail = NULL;
+        r->unwoken = false;
         bool want = r->want_sigchld;
         pthread_mutex_unlock(&r->lock);
         if (want && !r->sigchld_on) {
@@ -982,7 +1072,8 @@ static void on_wake(uv_poll_t *h, int status, int events)
                 struct epoll_event ev = { .events = EPOLLIN, .data.ptr = j };
                 if (j->err == 0 &&
                     (live_add(r, j) < 0 ||
-                     (j->pidfd >= 0 && epoll_ctl(r->pid_ep, EPOLL_CTL_ADD, j->pidfd, &ev) < 0))) {
+                     (j->pidfd >= 0 && !j->pid_watched &&
+                      epoll_ctl(r->pid_ep, EPOLL_CTL_ADD, j->pidfd, &ev) < 0))) {
                         /* cannot watch it: end it now (it has not read its stdin) */
                         if (j->live) {
                                 r->nlive--; /* the last one */
@@ -1020,6 +1111,32 @@ static void on_wake(uv_poll_t *h, int status, int events)
                                 }
                 j = next;
         }
+}
+
+static void on_wake(uv_poll_t *h, int status, int events)
+{
+        (void)status;
+        (void)events;
+        struct runner *r = h->data;
+        uint64_t n;
+        while (read(r->wake_fd, &n, sizeof n) < 0 && errno == EINTR)
+                ; /* EAGAIN: nothing (more) to count; the list says what is done */
+        collect(r);
+}
+
+void runner_release(struct runner *r)
+{
+        if (!r)
+                return;
+        pthread_mutex_lock(&r->lock);
+        bool wake = r->unwoken && r->done_head;
+        if (wake)
+                r->unwoken = false;
+        else
+                r->wake_wanted = true; /* the next report wakes it */
+        pthread_mutex_unlock(&r->lock);
+        if (wake)
+                wake_loop(r);
 }
 
 /* The paths to try for argv[0]: itself if it has a '/', else each
@@ -1090,6 +1207,8 @@ int runner_spawn(struct runner *r, struct runner_job *j)
         j->oom_killed = false;
         j->keeper_slot = -1;
         j->ntool_groups = 0;
+        j->pid_watched = false;
+        j->started_us = 0;
         cgroup_handler_init(&j->cgh);
         if (!j->argv || !j->argv[0])
                 return -EINVAL;
@@ -1285,6 +1404,7 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         r->keeper_fd = -1;
         r->wake_fd = -1;
         r->pid_ep = -1;
+        r->quiet_ms = RUNNER_QUIET_MS;
         r->direct_fds = RUNNER_DIRECT_FDS;
         r->keeper_pidfd = -1;
         r->slot[0] = r->slot[1] = r->slot[2] = r->slot_null = -1;
@@ -1338,6 +1458,10 @@ int runner_new(uv_loop_t *loop, struct runner **ret)
         /* a keeper that never exits once kairosd closes its socket */
         const char *stall = getenv("KAIROS_TEST_KEEPER_STALL");
         r->test_keeper_stall = stall && *stall;
+        /* quiet reports wait at most this (0: every start wakes the loop) */
+        const char *quiet = getenv("KAIROS_TEST_QUIET_MS");
+        if (quiet && *quiet)
+                r->quiet_ms = (int)strtol(quiet, NULL, 10);
         /* pipes taken directly only below this fd (0: always the slots) */
         const char *direct = getenv("KAIROS_TEST_RUNNER_DIRECT_FDS");
         if (direct && *direct)

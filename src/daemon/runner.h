@@ -74,10 +74,21 @@ struct runner_job {
         void *data;
         const char *cg_hint;        /* names the handler's cgroup (with a counter) */
         struct cgroup_limits limits; /* enforced only with a cgroup */
+        /* quiet: the runner's thread writes in (in_len <= PIPE_BUF; it must
+         * live until started) to the child's stdin and closes it (fd_in is
+         * -1 in started), puts the child's pidfd into the loop's epoll set
+         * itself and reports the start without waking the loop: the loop
+         * takes the report when it wakes for the child's exit (or anything
+         * else of the runner's), at the latest RUNNER_QUIET_MS after it, at
+         * once after runner_release.  See docs/design.md. */
+        bool quiet;
+        const char *in;
+        size_t in_len;
         /* results (valid in started) */
         int err;                    /* 0, or a negative errno: nothing runs */
         const char *err_what;       /* what failed: "pipe", "clone", "chdir", "execute" */
         pid_t pid;                  /* also the process group id */
+        uint64_t started_us;        /* CLOCK_MONOTONIC when its clone returned (exec'd) */
         bool oom_killed;            /* valid in exited: the OOM killer killed in its cgroup */
         int fd_in, fd_out, fd_err;  /* the daemon's ends, owned by the caller after started */
         /* private */
@@ -91,6 +102,7 @@ struct runner_job {
         int keeper_slot;            /* its group's place in the keeper's table; -1 none */
         int pidfd;                  /* clone3's (CLONE_PIDFD): it exits without a signal; -1 none */
         bool clear_sighand;         /* started by clone3(CLONE_CLEAR_SIGHAND) */
+        bool pid_watched;           /* its pidfd put in the epoll set by the thread (quiet) */
         bool direct_fds;            /* shared table: the child dup2()s child_fd, not the slots */
         int unshare_below;          /* shared table: the child keeps fds below this */
         bool reset_nofile;          /* the handler gets the open-file limit kairosd started with */
@@ -123,6 +135,13 @@ void runner_set_cgroup(struct runner *r, struct cgroup_ctl *c);
  * its cgroup as kairosd, then takes u's groups and ids and drops every
  * capability before it executes (u lives longer than r). */
 void runner_set_user(struct runner *r, const struct handler_user *u);
+
+/* The longest a quiet start's report waits for the loop to wake, ms. */
+#define RUNNER_QUIET_MS 5
+
+/* Quiet starts (runner_job.quiet) are reported now: the loop waits for
+ * one (a tool call of a handler whose start it has not seen). */
+void runner_release(struct runner *r);
 
 /* Start job.  0: started() will be called; a negative errno: nothing
  * happens (EMFILE, ENFILE: no fds for the pipes; ENOMEM; ESHUTDOWN: after

@@ -1457,6 +1457,44 @@ def attached(pid, tracer):
     return out
 
 
+class TestQuietStart(ExecCase):
+    """A handler's start is reported to the loop with its exit when that
+    comes soon (the runner's thread writes its stdin and puts its pidfd in
+    the loop's epoll set): one wake of the loop, not one for the start and
+    one for the end.  KAIROS_TEST_QUIET_MS stretches "soon" (5 ms)."""
+
+    def one(self, body, env=None):
+        end = os.path.join(self.dir, "end")
+        h = self.script("h.sh", body.replace("END", end))
+        self.configure({"q": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                              "Exec": {"Observe": "/bin/sh " + h}}})
+        self.start(env=env)
+        m = self.fire("q")
+        self.d.wait_log("%s observe_001: started" % m)
+        ended = os.path.exists(end)
+        self.d.wait_log("mandate %s done" % m)
+        self.assertEqual(self.last_status(self.archived(m), "observe_001")["result"], {"in": "ok"})
+        return ended
+
+    # its stdin (written by the runner's thread), its output and its exit
+    BODY = ("read -r line; sleep %s; touch END\n"
+            "case $line in *observe_001*) echo '{\"in\": \"ok\"}';; esac\n")
+
+    def test_reported_with_its_exit(self):
+        self.assertTrue(self.one(self.BODY % "0.3", env={"KAIROS_TEST_QUIET_MS": "60000"}),
+                        "the start was reported before the handler ended")
+
+    def test_a_slow_one_reported_before_it_ends(self):
+        self.assertFalse(self.one(self.BODY % "2"), "reported only when the handler ended")
+
+    def test_a_tool_call_has_it_reported(self):
+        # the tool call waits for the start's report: it is asked for, not
+        # left until the handler ends (which waits for the call)
+        body = ('"$KAIROSCTL" tool run --key "k-$KAIROS_IDEM_KEY" -- true || exit 9\n' +
+                self.BODY % "0")
+        self.assertFalse(self.one(body, env={"KAIROS_TEST_QUIET_MS": "60000"}))
+
+
 class TestJobThreads(ExecCase):
     """serialq's jobs (WAL appends and flushes) run on threads of its own
     (kairosd-jobs), as many as libuv's pool would have: UV_THREADPOOL_SIZE,
