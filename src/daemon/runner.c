@@ -864,7 +864,14 @@ static void *thread_main(void *arg)
                         (void)keeper_start(r);
                 }
                 j->keeper_slot = keeper_slot_take(r);
+                /* quiet reports go now, not after a spawn that may take
+                 * long (a cgroup, a slow working directory) */
+                bool before = r->unwoken && r->done_head;
+                if (r->unwoken)
+                        r->unwoken = false;
                 pthread_mutex_unlock(&r->lock);
+                if (before)
+                        wake_loop(r);
                 thread_spawn(r, j);
                 bool quiet = quiet_start(r, j);
 #ifdef KAIROS_TEST_HOOKS
