@@ -141,6 +141,10 @@ static struct {
         bool started;
         bool running;            /* a prune job is on the pool */
         bool again;              /* asked for while one ran */
+        /* No finished mandate ended before oldest_ms: exact after each
+         * scan, lowered as mandates finish, so a bound. */
+        int64_t oldest_ms;
+        bool oldest_known;
 } hist;
 
 static int cmp_ended_desc(const void *a, const void *b)
@@ -239,6 +243,8 @@ static void prune_start(struct daemon *d)
                 if (e > 0 && e < oldest)
                         oldest = e;
         }
+        hist.oldest_ms = oldest;
+        hist.oldest_known = true;
         if ((!keep || nfinished <= keep) && (!keep_sec || oldest >= cutoff))
                 return;
         pos = 0;
@@ -315,10 +321,29 @@ static void on_timer(uv_timer_t *t)
                 prune_start(d);
 }
 
+/* Nothing is due if no more mandates have a finished status than are kept
+ * (the archived ones, which the scan counts, are fewer) and none ended
+ * before the cutoff: a mandate's end then costs no scan of the registry. */
+static bool nothing_due(struct daemon *d)
+{
+        if (!hist.oldest_known)
+                return false;
+        const unsigned *c = d->status_count;
+        size_t nfinished = (size_t)c[MANDATE_DONE] + c[MANDATE_FAILED] + c[MANDATE_TERMINATED] +
+                           c[MANDATE_ABANDONED];
+        uint64_t keep_sec = d->cfg->keep_finished_sec;
+        int64_t cutoff = keep_sec ? clock_now(d) * 1000 - (int64_t)keep_sec * 1000 : INT64_MIN;
+        unsigned keep = d->cfg->keep_finished;
+        return (!keep || nfinished <= keep) && (!keep_sec || hist.oldest_ms >= cutoff);
+}
+
 void history_finished(struct mandate *m)
 {
         struct daemon *d = m->d;
-        if (d->ready && !d->stopping && d->cfg->keep_finished)
+        int64_t e = m->ended_ms ? m->ended_ms : m->started_ms;
+        if (e > 0 && e < hist.oldest_ms)
+                hist.oldest_ms = e;
+        if (d->ready && !d->stopping && d->cfg->keep_finished && !nothing_due(d))
                 prune_start(d);
 }
 
