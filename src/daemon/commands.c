@@ -770,12 +770,6 @@ static bool refuse_unwritable(struct control_request *req, struct mandate *m)
         return false;
 }
 
-static bool is_final(enum mandate_status s)
-{
-        return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
-               s == MANDATE_ABANDONED || s == MANDATE_CANCELLED;
-}
-
 static void cmd_show(struct control_request *req)
 {
         const char *remote;
@@ -852,7 +846,7 @@ static void cmd_pause(struct control_request *req)
         if (!m)
                 return;
         if (m->status == MANDATE_PAUSED || m->status == MANDATE_PAUSED_REVIEW ||
-            m->status == MANDATE_PROBING || is_final(m->status)) {
+            m->status == MANDATE_PROBING || mandate_status_is_final(m->status)) {
                 control_reply_error(req, "conflict", "mandate %s is %s: cannot pause it", m->id,
                                     mandate_status_name(m->status));
                 return;
@@ -866,7 +860,7 @@ static void cmd_cancel(struct control_request *req)
         struct mandate *m = arg_own_mandate(req, true, &reason);
         if (!m)
                 return;
-        if (is_final(m->status)) {
+        if (mandate_status_is_final(m->status)) {
                 control_reply_error(req, "conflict", "mandate %s is %s: nothing to cancel", m->id,
                                     mandate_status_name(m->status));
                 return;
@@ -978,7 +972,7 @@ static bool refuse_tick_retry(struct control_request *req, const char *id, const
                 v[n++] = (struct planner_tick_mandate){
                         .id = o->id, .retry = o->retry,
                         .state = o->status == MANDATE_DONE ? PLANNER_TICK_DONE
-                                 : is_final(o->status)     ? PLANNER_TICK_ENDED
+                                 : mandate_status_is_final(o->status)     ? PLANNER_TICK_ENDED
                                                            : PLANNER_TICK_UNFINISHED,
                 };
         }
@@ -1209,7 +1203,7 @@ static struct retry_target retry_target_of(const struct mandate *m)
 {
         return (struct retry_target){
                 .id = m->id, .schedule = m->schedule, .fired_at = m->fired_at,
-                .status = mandate_status_name(m->status), .ended = is_final(m->status),
+                .status = mandate_status_name(m->status), .ended = mandate_status_is_final(m->status),
                 .done = m->status == MANDATE_DONE,
         };
 }

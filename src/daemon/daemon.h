@@ -50,6 +50,12 @@ enum mandate_status {
 };
 
 const char *mandate_status_name(enum mandate_status s);
+/* s ends the mandate: nothing will run in it again. */
+static inline bool mandate_status_is_final(enum mandate_status s)
+{
+        return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
+               s == MANDATE_ABANDONED || s == MANDATE_CANCELLED;
+}
 /* The status named `name` (an enum mandate_status), or -ENOENT. */
 int mandate_status_parse(const char *name);
 

@@ -430,12 +430,6 @@ static const struct config_schedule *schedule_cfg(const struct daemon *d, const 
         return NULL;
 }
 
-static bool is_final_status(enum mandate_status s)
-{
-        return s == MANDATE_DONE || s == MANDATE_FAILED || s == MANDATE_TERMINATED ||
-               s == MANDATE_ABANDONED || s == MANDATE_CANCELLED;
-}
-
 /* Another mandate of the same schedule that is (running) or (not finished). */
 static struct mandate *sibling(const struct daemon *d, const struct mandate *self,
                                const char *schedule, bool running_only)
@@ -450,7 +444,7 @@ static struct mandate *sibling(const struct daemon *d, const struct mandate *sel
                 /* (cluster: a lost or refused claim, not this node's) */
                 if (own_dropped(o) && !o->holds_slot)
                         continue;
-                if (running_only ? o->holds_slot : !is_final_status(o->status))
+                if (running_only ? o->holds_slot : !mandate_status_is_final(o->status))
                         return o;
         }
         return NULL;
