@@ -229,6 +229,8 @@ void daemon_on_jobs_drained(void *ctx);
 
 /* mandate.c */
 struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path);
+/* The same with wal_path owned (freed if it fails), not copied. */
+struct mandate *mandate_add_path(struct daemon *d, const char *id, char *wal_path);
 struct mandate *mandate_find(struct daemon *d, const char *id);
 void mandate_set_status(struct mandate *m, enum mandate_status s, const char *reason);
 /* Replace m->fired_at by fired_at (owned; NULL: unknown) and its sort key. */

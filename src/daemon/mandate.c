@@ -29,23 +29,26 @@ int mandate_status_parse(const char *name)
         return -ENOENT;
 }
 
-struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path)
+/* Its id in the same allocation (nothing replaces it), wal_path owned (freed
+ * on failure too). */
+static struct mandate *mandate_new(struct daemon *d, const char *id, char *wal_path)
 {
-        struct mandate *m = calloc(1, sizeof(*m));
-        if (!m)
+        size_t idl = strlen(id) + 1;
+        struct mandate *m = wal_path ? calloc(1, sizeof(*m) + idl) : NULL;
+        if (!m) {
+                free(wal_path);
                 return NULL;
+        }
         m->d = d;
-        m->id = strdup(id);
-        m->wal_path = strdup(wal_path);
-        if (!m->id || !m->wal_path || strmap_put(d->mandates, id, m) < 0) {
-                free(m->id);
+        m->id = memcpy((char *)(m + 1), id, idl);
+        m->wal_path = wal_path;
+        if (strmap_put(d->mandates, id, m) < 0) {
                 free(m->wal_path);
                 free(m);
                 return NULL;
         }
         if (d->drv->own.attach(m) < 0) {
                 strmap_remove(d->mandates, id);
-                free(m->id);
                 free(m->wal_path);
                 free(m);
                 return NULL;
@@ -70,6 +73,16 @@ struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_pa
                 d->order_stale = true;
         }
         return m;
+}
+
+struct mandate *mandate_add(struct daemon *d, const char *id, const char *wal_path)
+{
+        return mandate_new(d, id, strdup(wal_path));
+}
+
+struct mandate *mandate_add_path(struct daemon *d, const char *id, char *wal_path)
+{
+        return mandate_new(d, id, wal_path);
 }
 
 struct mandate *mandate_find(struct daemon *d, const char *id)
@@ -348,7 +361,6 @@ static void mandate_free(void *p)
                 wal_close(m->wal);
         fold_free(m->fold);
         kbuf_free(&m->wal_bytes);
-        free(m->id);
         free(m->wal_path);
         free(m->reason);
         free(m->review_step);
