@@ -56,6 +56,7 @@ struct recover_decision {
 struct recover_job {
         struct mandate *m;
         struct daemon *d;
+        bool in_chunk;               /* part of a struct recover_chunk (not freed alone) */
         int error;                   /* open/read failure */
         bool corrupt;
         size_t bad_line, bad_offset;
@@ -763,7 +764,8 @@ static void recover_settle(struct recover_job *j)
         free(j->fired_at);
         free(j->goal);
         free(j->retry_of);
-        free(j);
+        if (!j->in_chunk)
+                free(j);
 }
 
 /* The WALs go to the pool RECOVER_CHUNK at a time, on RECOVER_LANES queues
@@ -783,7 +785,9 @@ static void recover_settle(struct recover_job *j)
 struct recover_chunk {
         struct daemon *d;
         size_t n;
-        struct recover_job *jobs[RECOVER_CHUNK];
+        /* in the chunk's own allocation: one calloc and one free on the
+         * loop per chunk, not one per WAL */
+        struct recover_job jobs[RECOVER_CHUNK];
 };
 
 static struct serialq lanes[RECOVER_START_LANES];
@@ -794,7 +798,7 @@ static void chunk_work(void *arg)
 {
         struct recover_chunk *c = arg;
         for (size_t i = 0; i < c->n; i++)
-                recover_work(c->jobs[i]);
+                recover_work(&c->jobs[i]);
 }
 
 static void chunk_done(void *arg)
@@ -804,7 +808,7 @@ static void chunk_done(void *arg)
         size_t n = c->n;
         log_hold(true);         /* the chunk's lines in one write */
         for (size_t i = 0; i < n; i++)
-                recover_settle(c->jobs[i]);
+                recover_settle(&c->jobs[i]);
         log_hold(false);
         free(c);
         recover_inflight -= n;
@@ -1017,19 +1021,13 @@ static void submit_more(struct daemon *d)
                 c->d = d;
                 while (c->n < RECOVER_CHUNK && pend.next < pend.n) {
                         struct mandate *m = pend.todo[pend.next];
-                        struct recover_job *j = calloc(1, sizeof(*j));
-                        if (!j)
-                                break;
+                        struct recover_job *j = &c->jobs[c->n++];
                         j->m = m;
                         j->d = d;
+                        j->in_chunk = true;
                         j->had_summary = m->archived;
                         m->archived = false;
                         pend.next++;
-                        c->jobs[c->n++] = j;
-                }
-                if (c->n == 0) {
-                        free(c);
-                        break;
                 }
                 unsigned use = pend.registering && !lanes_fixed ? RECOVER_START_LANES : nlanes;
                 struct serialq *lane = &lanes[next_lane++ % use];
@@ -1041,10 +1039,9 @@ static void submit_more(struct daemon *d)
                         pending_jobs -= c->n;
                         recover_inflight -= c->n;
                         for (size_t i = 0; i < c->n; i++) {
-                                mandate_set_status(c->jobs[i]->m, MANDATE_WAL_IO_ERROR,
+                                mandate_set_status(c->jobs[i].m, MANDATE_WAL_IO_ERROR,
                                                    "wal_io_error");
                                 d->recovery.io_errors++;
-                                free(c->jobs[i]);
                         }
                         free(c);
                 }
@@ -1146,13 +1143,11 @@ int recover_start(struct daemon *d, struct evidence_index *ix, void (*done)(stru
                 if (m) {
                         free(m->wal_path);
                         m->wal_path = path;
-                        path = NULL;
                 } else {
-                        m = mandate_add(d, id, path);
+                        m = mandate_add_path(d, id, path);
                         if (m)
                                 m->archived = false;
                 }
-                free(path);
                 if (!m) {
                         r = -ENOMEM;
                         break;
