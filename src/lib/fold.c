@@ -48,6 +48,7 @@ struct map {
         struct map_entry *e;
         size_t cap;        /* power of two, or 0 */
         size_t n;
+        bool inl;          /* e is the fold's own room (struct fold_mem), not freed */
 };
 
 static uint64_t hash_str(const char *s)
@@ -92,10 +93,12 @@ static int map_grow(struct map *m)
         struct map old = *m;
         m->e = e;
         m->cap = cap;
+        m->inl = false;
         for (size_t i = 0; i < old.cap; i++)
                 if (old.e[i].key)
                         *map_slot(m, old.e[i].key, old.e[i].hash) = old.e[i];
-        free(old.e);
+        if (!old.inl)
+                free(old.e);
         return 0;
 }
 
@@ -319,7 +322,9 @@ static long long num_ll(const struct kjson *v)
         return strtoll(tmp, NULL, 10);
 }
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+/* inl: the fold's own room for the first elements (struct fold_mem), or
+ * NULL: when *arr is still there, the bigger array is a new one. */
+static int grow_from(void **arr, size_t *cap, size_t need, size_t elem, const void *inl)
 {
         if (need <= *cap)
                 return 0;
@@ -329,25 +334,60 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
                         return -ENOMEM;
                 n *= 2;
         }
-        void *p = realloc(*arr, n * elem);
+        bool moving = inl && *arr == inl;
+        void *p = moving ? malloc(n * elem) : realloc(*arr, n * elem);
         if (!p)
                 return -ENOMEM;
+        if (moving)
+                memcpy(p, inl, *cap * elem);
         *arr = p;
         *cap = n;
         return 0;
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+        return grow_from(arr, cap, need, elem, NULL);
+}
+
+/* A fold and the room for a small WAL's plans, steps and maps, in one
+ * allocation: a WAL of one plan of a few steps (startup recovery folds one
+ * per WAL) needs no other; a bigger one moves its arrays out as they grow. */
+#define FOLD_MEM_PLANS 2
+#define FOLD_MEM_STEPS 8
+#define FOLD_MEM_MAP 16         /* map entries: up to 8 keys */
+struct fold_mem {
+        struct fold f;
+        struct fold_internal in;
+        struct fold_plan plans[FOLD_MEM_PLANS];
+        size_t plan_step_cap[FOLD_MEM_PLANS];
+        struct fold_step steps[FOLD_MEM_STEPS];
+        size_t plan0_steps[FOLD_MEM_STEPS];     /* plans[0].steps */
+        struct map_entry step_e[FOLD_MEM_MAP], plan_e[FOLD_MEM_MAP];
+};
+
+static struct fold_mem *fold_mem(const struct fold *f)
+{
+        return (struct fold_mem *)f;
 }
 
 static int new_plan(struct fold *f, const char *plan_id, size_t *idx)
 {
         struct fold_internal *in = f->internal;
         size_t old_cap = in->cap_plans;
-        int r = grow((void **)&f->plans, &in->cap_plans, f->nplans + 1, sizeof(*f->plans));
+        struct fold_mem *mem = fold_mem(f);
+        int r = grow_from((void **)&f->plans, &in->cap_plans, f->nplans + 1, sizeof(*f->plans),
+                          mem->plans);
         if (r < 0)
                 return r;
         if (in->cap_plans != old_cap) {
-                size_t *c = realloc(in->plan_step_cap, in->cap_plans * sizeof(*c));
+                bool moving = in->plan_step_cap == mem->plan_step_cap;
+                size_t *c = moving ? malloc(in->cap_plans * sizeof(*c))
+                                   : realloc(in->plan_step_cap, in->cap_plans * sizeof(*c));
                 if (!c)
                         return -ENOMEM;
+                if (moving)
+                        memcpy(c, mem->plan_step_cap, old_cap * sizeof(*c));
                 in->plan_step_cap = c;
         }
         r = map_put(&in->plan_map, plan_id, f->nplans);
@@ -356,6 +396,10 @@ static int new_plan(struct fold *f, const char *plan_id, size_t *idx)
         *idx = f->nplans++;
         f->plans[*idx] = (struct fold_plan){ .plan_id = plan_id };
         in->plan_step_cap[*idx] = 0;
+        if (*idx == 0) {
+                f->plans[0].steps = fold_mem(f)->plan0_steps;
+                in->plan_step_cap[0] = FOLD_MEM_STEPS;
+        }
         return 0;
 }
 
@@ -365,10 +409,12 @@ static int new_step(struct fold *f, size_t plan, const char *step_id, size_t *id
         struct fold_plan *p = &f->plans[plan];
         int r;
 
-        r = grow((void **)&f->steps, &in->cap_steps, f->nsteps + 1, sizeof(*f->steps));
+        r = grow_from((void **)&f->steps, &in->cap_steps, f->nsteps + 1, sizeof(*f->steps),
+                      fold_mem(f)->steps);
         if (r < 0)
                 return r;
-        r = grow((void **)&p->steps, &in->plan_step_cap[plan], p->nsteps + 1, sizeof(*p->steps));
+        r = grow_from((void **)&p->steps, &in->plan_step_cap[plan], p->nsteps + 1,
+                      sizeof(*p->steps), fold_mem(f)->plan0_steps);
         if (r < 0)
                 return r;
         r = map_put(&in->step_map, step_id, f->nsteps);
@@ -1166,10 +1212,12 @@ static void fold_internal_free(struct fold *f)
         keep_release(in->keep);
         kjson_arena_free(in->scratch);
         kbuf_free(&in->json);
-        free(in->step_map.e);
-        free(in->plan_map.e);
-        free(in->plan_step_cap);
-        free(in);
+        if (!in->step_map.inl)
+                free(in->step_map.e);
+        if (!in->plan_map.inl)
+                free(in->plan_map.e);
+        if (in->plan_step_cap != fold_mem(f)->plan_step_cap)
+                free(in->plan_step_cap);
         f->internal = NULL;
 }
 
@@ -1177,14 +1225,18 @@ void fold_free(struct fold *f)
 {
         if (!f)
                 return;
+        struct fold_mem *mem = fold_mem(f);
         for (size_t i = 0; i < f->nplans; i++)
-                free(f->plans[i].steps);
-        free(f->plans);
-        free(f->steps);
+                if (f->plans[i].steps != mem->plan0_steps)
+                        free(f->plans[i].steps);
+        if (f->plans != mem->plans)
+                free(f->plans);
+        if (f->steps != mem->steps)
+                free(f->steps);
         free(f->operators);
         free(f->retries);
         fold_internal_free(f);
-        free(f);
+        free(mem);
 }
 
 int fold_new(struct fold **ret_fold)
@@ -1192,14 +1244,23 @@ int fold_new(struct fold **ret_fold)
         struct fold *f;
 
         *ret_fold = NULL;
-        f = calloc(1, sizeof(*f));
-        if (!f)
+        /* (only what is read before it is written is cleared) */
+        struct fold_mem *mem = malloc(sizeof(*mem));
+        if (!mem)
                 return -ENOMEM;
-        f->internal = calloc(1, sizeof(*f->internal));
-        if (!f->internal) {
-                free(f);
-                return -ENOMEM;
-        }
+        mem->f = (struct fold){ 0 };
+        mem->in = (struct fold_internal){ 0 };
+        f = &mem->f;
+        f->internal = &mem->in;
+        f->plans = mem->plans;
+        f->internal->cap_plans = FOLD_MEM_PLANS;
+        f->internal->plan_step_cap = mem->plan_step_cap;
+        f->steps = mem->steps;
+        f->internal->cap_steps = FOLD_MEM_STEPS;
+        memset(mem->step_e, 0, sizeof(mem->step_e));
+        memset(mem->plan_e, 0, sizeof(mem->plan_e));
+        f->internal->step_map = (struct map){ .e = mem->step_e, .cap = FOLD_MEM_MAP, .inl = true };
+        f->internal->plan_map = (struct map){ .e = mem->plan_e, .cap = FOLD_MEM_MAP, .inl = true };
         f->internal->keep = keep_kept ? keep_kept : kjson_arena_new();
         keep_kept = NULL;
         if (!f->internal->keep) {

@@ -1751,6 +1751,76 @@ static void test_keep_arena_reused(void **state)
         }
 }
 
+/* A fold keeps a small WAL's plans, steps and lookups in its own
+ * allocation and moves them out as they grow: every count of plans and
+ * steps around that room (plan 0 given more steps by a later plan_commit of
+ * it too), folded at once and line by line, holds what the tree parser
+ * holds, and finds every plan and step (ASan: nothing freed twice or kept). */
+static void test_room_boundaries(void **state)
+{
+        (void)state;
+        char line[4096], steps[3600], id[32];
+        for (int np = 1; np <= 5; np++) {
+                for (int ns = 0; ns <= 19; ns++) {
+                        struct kbuf b = KBUF_INIT;
+                        for (int p = 0; p <= np; p++) {
+                                /* the last one: plan 0 again, with ns + 3 steps */
+                                int pi = p == np ? 0 : p, n = p == np ? ns + 3 : ns;
+                                size_t o = 0;
+                                for (int k = 0; k < n; k++)
+                                        o += (size_t)snprintf(steps + o, sizeof steps - o,
+                                                              "%s{\"step_id\":\"s%d_%d\"}",
+                                                              k ? "," : "", pi, k);
+                                steps[o] = '\0';
+                                snprintf(line, sizeof line,
+                                         "{\"op\":\"plan_commit\",\"plan_id\":\"p%d\","
+                                         "\"mandate_id\":\"m\",\"cycle\":%d,\"plan_hash\":\"h\","
+                                         "\"steps\":[%s]," TS "}",
+                                         pi, pi + 1, steps);
+                                rec(&b, line);
+                                for (int k = 0; k < n; k += 2) {
+                                        snprintf(line, sizeof line,
+                                                 "{\"op\":\"transition\",\"step_id\":\"s%d_%d\","
+                                                 "\"status\":\"executing\",\"pre_hash\":\"o%d_%d\"," TS "}",
+                                                 pi, k, pi, k);
+                                        rec(&b, line);
+                                }
+                        }
+                        same_both_ways(b.data, b.len, NULL, NULL);
+                        struct fold *whole = fold_kbuf(&b, b.len), *fed = NULL;
+                        assert_int_equal(fold_new(&fed), 0);
+                        for (size_t at = 0; at < b.len;) {
+                                const char *nl = memchr(b.data + at, '\n', b.len - at);
+                                size_t used = 0, len = (size_t)(nl - (b.data + at)) + 1;
+                                assert_int_equal(fold_feed(fed, b.data + at, len, &used), 0);
+                                assert_int_equal(used, len);
+                                at += len;
+                        }
+                        char *dw = digest(whole), *df = digest(fed);
+                        assert_string_equal(dw, df);
+                        free(dw);
+                        free(df);
+                        assert_int_equal(whole->nplans, np);
+                        for (int p = 0; p < np; p++) {
+                                snprintf(id, sizeof id, "p%d", p);
+                                const struct fold_plan *fp = fold_find_plan(whole, id);
+                                assert_non_null(fp);
+                                assert_int_equal(fp->nsteps, p == 0 ? ns + 3 : ns);
+                                for (size_t k = 0; k < fp->nsteps; k++) {
+                                        snprintf(id, sizeof id, "s%d_%zu", p, k);
+                                        const struct fold_step *st = fold_find_step(whole, id);
+                                        assert_non_null(st);
+                                        assert_ptr_equal(st, &whole->steps[fp->steps[k]]);
+                                        assert_ptr_equal(&whole->plans[st->plan], fp);
+                                }
+                        }
+                        fold_free(whole);
+                        fold_free(fed);
+                        kbuf_free(&b);
+                }
+        }
+}
+
 static void test_names(void **state)
 {
         (void)state;
@@ -1793,6 +1863,7 @@ int main(void)
                 cmocka_unit_test(test_fast_path_mutations),
                 cmocka_unit_test(test_fast_path_random),
                 cmocka_unit_test(test_keep_arena_reused),
+                cmocka_unit_test(test_room_boundaries),
                 cmocka_unit_test(test_names),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
