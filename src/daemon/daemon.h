@@ -114,7 +114,6 @@ struct recovery_summary {
         unsigned decisions;
         unsigned already_done, safe_to_retry, manual_review;
         uint64_t started_ms, duration_ms;
-        bool complete;
 };
 
 struct daemon {
@@ -160,7 +159,6 @@ struct daemon {
         uint64_t flushes_total;
         uint64_t cycles_completed;
 
-        uint64_t syncfs_calls;     /* recovery's and the archive's */
 
         uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
         uv_timer_t extend_timer;

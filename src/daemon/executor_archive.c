@@ -155,7 +155,6 @@ static bool unlink_wal(struct mandate *m, char *archive_path)
 
 void archive_synced(struct mandate *m, char *archive_path, int error)
 {
-        m->d->syncfs_calls++;
         if (!archive_path)
                 return; /* (advance_work sets end_synced only with a path) */
         /* (the caller updates the status and checks for idle after) */
@@ -206,8 +205,6 @@ static void archive_sync_done(void *arg)
         struct archive_batch *b = arg;
         struct daemon *d = b->d;
         d->executor->arch_syncing = false;
-        if (d->sync_mode == STATEDIR_SYNC_FS)
-                d->syncfs_calls++;
         if (b->error) {
                 /* Nothing is unlinked: the WALs stay the truth; a later batch
                  * (or the next start) tries again. */

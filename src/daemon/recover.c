@@ -509,9 +509,8 @@ static void early_work(void *arg)
 
 static void early_done(void *arg)
 {
-        struct daemon *d = arg;
+        (void)arg;
         early.inflight = false;
-        d->syncfs_calls++;
 }
 
 /* On the loop, after each chunk is settled: start the writeback of what
@@ -532,7 +531,6 @@ static void recovery_complete(struct daemon *d)
         free(unsynced.m);
         unsynced.m = NULL;
         unsynced.n = unsynced.cap = unsynced.unlinked = 0;
-        d->recovery.complete = true;
         d->recovery.duration_ms = now_ms_monotonic() - d->recovery.started_ms;
         recovery_done_cb(d);
 }
@@ -561,8 +559,6 @@ static void sync_done(void *arg)
         (void)arg;
         struct daemon *d = unsynced.d;
         int r = unsynced.error < 0 ? unsynced.error : early.error;
-        if (d->sync_mode == STATEDIR_SYNC_FS)
-                d->syncfs_calls++;
         if (r < 0) {
                 log_event(LOG_ERR, MSGID_WAL_IO_ERROR, NULL, 0,
                           "recovery: %s of %s failed: %s; the %zu mandate%s recovery wrote "
