@@ -821,6 +821,12 @@ static bool quiet_start(struct runner *r, struct runner_job *j)
 static void *thread_main(void *arg)
 {
         struct runner *r = arg;
+        /* named apart from the loop ("kairosd") and the jobs' threads: a
+         * step's handoffs (loop, kairosd-jobs, kairosd-runner) are told
+         * apart in `perf sched timehist` and `top -H`
+         * (tests/bench/bench_handoffs.py); a child shows the name until
+         * its exec */
+        prctl(PR_SET_NAME, "kairosd-runner");
         pthread_mutex_lock(&r->lock);
         for (;;) {
                 while (!r->todo_head && !r->cleanup && !r->quit)

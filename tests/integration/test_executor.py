@@ -1526,6 +1526,19 @@ class TestJobThreads(ExecCase):
     def test_as_libuv_is_told(self):
         self.assertEqual(self.run_one(env={"UV_THREADPOOL_SIZE": "2"}), 2)
 
+    def test_runner_thread_named(self):
+        # the thread that clones the handlers names itself: a step's
+        # handoffs (loop, jobs, runner) told apart by perf and top -H
+        # (the handler it started has run: the thread is past its start)
+        self.configure({"one": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
+                                "Exec": {"Observe": "/bin/true"}}})
+        d = self.start()
+        m = self.fire("one")
+        self.d.wait_log("mandate %s done" % m)
+        names = self.names(d.proc.pid)
+        self.assertEqual(names.count("kairosd-runner"), 1, names)
+        self.assertEqual(names.count("kairosd"), 1, names)  # the loop
+
     def switches(self, pid):
         """voluntary context switches of each kairosd-jobs thread"""
         out = {}
