@@ -39,7 +39,7 @@ static void run_free_spawn_args(struct exec_run *run)
 {
         config_strv_free(run->argv);
         run->argv = NULL;
-        config_strv_free(run->env);
+        free(run->env);         /* (runenv_build_step_one: one allocation) */
         run->env = NULL;
         free(run->cwd);
         run->cwd = NULL;
@@ -641,8 +641,8 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 { "KAIROS_NODE", own_node(d) },
                 { "KAIROS_EPOCH", m->epoch > 0 ? epoch : NULL },
         };
-        char **env = runenv_build_step(&step, kv, sizeof kv / sizeof kv[0],
-                                       sc ? sc->environment : NULL, sc ? sc->nenvironment : 0);
+        char **env = runenv_build_step_one(&step, kv, sizeof kv / sizeof kv[0],
+                                           sc ? sc->environment : NULL, sc ? sc->nenvironment : 0);
         /* the command line's $NAME and ${NAME} expand from that environment */
         char **argv = NULL, why[256] = "";
         int r = env ? runenv_command(cmdline, env, &argv, why, sizeof why) : -ENOMEM;
@@ -654,7 +654,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 run->spawn_failed = true;
                 run->child.exited = run->finished = true;
                 config_strv_free(argv);
-                config_strv_free(env);
+                free(env);
                 run_finished(run);
                 free(run->step_id);
                 free(run->expected_post);

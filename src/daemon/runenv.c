@@ -107,21 +107,13 @@ void runenv_get(const char **ret_path, const char **ret_home, const char **ret_u
         *ret_kairosctl = henv.kairosctl;
 }
 
-/* "NAME=value", copied by length (asprintf's formatting was most of the
- * cost of a step's environment). */
-static char *env_entry(const char *name, const char *value)
-{
-        size_t n = strlen(name), v = strlen(value);
-        char *e = malloc(n + v + 2);
-        if (!e)
-                return NULL;
-        memcpy(e, name, n);
-        e[n] = '=';
-        memcpy(e + n + 1, value, v + 1);
-        return e;
-}
-
-char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra)
+/* The entries of runenv_build: base's known values, then kv's non-NULL
+ * ones, then extra's; *ret_n of them.  With one, the array and the strings
+ * in one allocation (the strings after the array), else each string its
+ * own (config_strv_free).  Entries copied by length (asprintf's formatting
+ * was most of the cost of a step's environment). */
+static char **build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra,
+                    bool one)
 {
         const char *path, *home, *user, *kairosctl;
         runenv_get(&path, &home, &user, &kairosctl);
@@ -129,25 +121,53 @@ char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, 
                 { "PATH", path }, { "LANG", getenv("LANG") }, { "HOME", home },
                 { "USER", user }, { "LOGNAME", user },        { "KAIROSCTL", kairosctl },
         };
-        size_t nbase = sizeof base / sizeof base[0], ne = 0;
-        char **env = calloc(nbase + nkv + nextra + 1, sizeof(char *));
-        for (size_t i = 0; env && i < nbase + nkv + nextra; i++) {
+        size_t nbase = sizeof base / sizeof base[0], all = nbase + nkv + nextra, ne = 0;
+        size_t bytes = 0, count = all;
+        if (one)
+                for (size_t i = 0; i < all; i++) {
+                        const char *const *p = i < nbase ? base[i] : i < nbase + nkv ? kv[i - nbase] : NULL;
+                        if (p && !p[1])
+                                count--;
+                        else
+                                bytes += p ? strlen(p[0]) + strlen(p[1]) + 2
+                                           : strlen(extra[i - nbase - nkv]) + 1;
+                }
+        char **env = one ? malloc((count + 1) * sizeof(char *) + bytes)
+                         : calloc(all + 1, sizeof(char *));
+        char *at = env && one ? (char *)(env + count + 1) : NULL;
+        for (size_t i = 0; env && i < all; i++) {
                 const char *const *p = i < nbase ? base[i] : i < nbase + nkv ? kv[i - nbase] : NULL;
                 if (p && !p[1])
                         continue;
-                if (!(env[ne] = p ? env_entry(p[0], p[1]) : strdup(extra[i - nbase - nkv]))) {
+                size_t n = p ? strlen(p[0]) : 0, v = strlen(p ? p[1] : extra[i - nbase - nkv]);
+                char *e = one ? at : malloc(n + v + 2);
+                if (!e) {
                         for (size_t k = 0; k < ne; k++)
                                 free(env[k]);
                         free(env);
                         return NULL;
                 }
-                ne++;
+                if (p) {
+                        memcpy(e, p[0], n);
+                        e[n++] = '=';
+                }
+                memcpy(e + n, p ? p[1] : extra[i - nbase - nkv], v + 1);
+                if (one)
+                        at += n + v + 1;
+                env[ne++] = e;
         }
+        if (env)
+                env[ne] = NULL;
         return env;
 }
 
-char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
-                         char *const *extra, size_t nextra)
+char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra)
+{
+        return build(kv, nkv, extra, nextra, false);
+}
+
+static char **build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
+                         char *const *extra, size_t nextra, bool one)
 {
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", s->attempt);
@@ -167,8 +187,21 @@ char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[
         };
         if (nmore > 4)
                 return NULL;
-        memcpy(kv[11], more, nmore * sizeof *more);
-        return runenv_build((const char *const (*)[2])kv, 11 + nmore, extra, nextra);
+        if (nmore)
+                memcpy(kv[11], more, nmore * sizeof *more);
+        return build((const char *const (*)[2])kv, 11 + nmore, extra, nextra, one);
+}
+
+char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
+                         char *const *extra, size_t nextra)
+{
+        return build_step(s, more, nmore, extra, nextra, false);
+}
+
+char **runenv_build_step_one(const struct runenv_step *s, const char *const (*more)[2],
+                             size_t nmore, char *const *extra, size_t nextra)
+{
+        return build_step(s, more, nmore, extra, nextra, true);
 }
 
 int runenv_command(const char *cmdline, char *const *env, char ***ret_argv, char *why,

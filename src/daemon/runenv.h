@@ -33,6 +33,10 @@ struct runenv_step {
 };
 char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
                          char *const *extra, size_t nextra);
+/* runenv_build_step's entries, the array and its strings in one allocation:
+ * free() it (a handler's environment: one malloc a step, not 20). */
+char **runenv_build_step_one(const struct runenv_step *s, const char *const (*more)[2],
+                             size_t nmore, char *const *extra, size_t nextra);
 
 /* A handler's, hook's or probe's command line split into *ret_argv (left
  * NULL on an error it was given NULL), its $NAME and ${NAME} expanded from
