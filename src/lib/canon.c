@@ -517,12 +517,15 @@ struct fast_member {
         bool drop;                /* a volatile key */
 };
 
+#define CANON_FAST_MEMBERS 32
+
 struct fast {
         const unsigned char *p, *end;
         struct kbuf out;
         crypto_hash_sha256_state st;
-        struct fast_member *ms;
+        struct fast_member *ms;   /* small's until it outgrows it */
         size_t mtop, mcap;
+        struct fast_member *small;
         int max_depth;
         int open_objects;         /* while one is open, nothing is hashed yet */
 };
@@ -720,9 +723,13 @@ static int fast_object(struct fast *F, int depth)
                         goto out;
                 if (F->mtop == F->mcap) {
                         size_t ncap = F->mcap ? 2 * F->mcap : 64;
-                        struct fast_member *nm = realloc(F->ms, ncap * sizeof(*nm));
+                        struct fast_member *nm =
+                                F->ms == F->small ? malloc(ncap * sizeof(*nm))
+                                                  : realloc(F->ms, ncap * sizeof(*nm));
                         if (!nm)
                                 goto out;
+                        if (F->ms == F->small)
+                                memcpy(nm, F->small, F->mtop * sizeof(*nm));
                         F->ms = nm;
                         F->mcap = ncap;
                 }
@@ -808,9 +815,13 @@ static int fast_value(struct fast *F, int depth)
 int canon_hash_compact(const char *text, size_t len, int max_depth,
                        char out[CANON_HASH_STRLEN])
 {
+        /* the members of the objects open at once: on the stack unless
+         * there are many (a malloc and a free per hash otherwise) */
+        struct fast_member small[CANON_FAST_MEMBERS];
         struct fast F = { .p = (const unsigned char *)text,
                           .end = (const unsigned char *)text + len,
-                          .max_depth = max_depth };
+                          .max_depth = max_depth, .ms = small, .mcap = CANON_FAST_MEMBERS,
+                          .small = small };
         unsigned char h[crypto_hash_sha256_BYTES];
         /* the canonical text of a compact one is about as long: room for
          * it, up to the spill */
@@ -828,6 +839,7 @@ int canon_hash_compact(const char *text, size_t len, int max_depth,
                 hash_string(h, out);
         }
         kbuf_free(&F.out);
-        free(F.ms);
+        if (F.ms != small)
+                free(F.ms);
         return r;
 }

@@ -574,6 +574,28 @@ static int tree_hash(const char *s, size_t n, char h[CANON_HASH_STRLEN], bool *r
  * duplicate and volatile keys, at any depth the record allows; anything
  * else is left to the tree (-EAGAIN), which finds it not compact or not
  * JSON. */
+/* The members of the open objects on the stack until there are many: every
+ * count around the stack's room (32), with an object open inside the last
+ * member, hashes as the tree does. */
+static void test_hash_compact_member_room(void **state)
+{
+        (void)state;
+        for (int n = 1; n <= 70; n++) {
+                struct kbuf b = KBUF_INIT;
+                kbuf_putc(&b, '{');
+                for (int i = n; i > 0; i--)
+                        kbuf_printf(&b, "%s\"m%03d\":%s", i == n ? "" : ",", i,
+                                    i == 1 ? "{\"y\":[{\"b\":1,\"a\":2}],\"x\":0}" : "7");
+                kbuf_putc(&b, '}');
+                char h1[CANON_HASH_STRLEN], h2[CANON_HASH_STRLEN];
+                bool compact = false;
+                assert_int_equal(canon_hash_compact(b.data, b.len, KJSON_MAX_DEPTH - 1, h1), 0);
+                assert_int_equal(tree_hash(b.data, b.len, h2, &compact), 0);
+                assert_string_equal(h1, h2);
+                kbuf_free(&b);
+        }
+}
+
 static void test_hash_compact(void **state)
 {
         (void)state;
@@ -725,6 +747,7 @@ int main(void)
                 cmocka_unit_test(test_hand_built_trees),
                 cmocka_unit_test(test_value_from_parse),
                 cmocka_unit_test(test_hash_compact),
+                cmocka_unit_test(test_hash_compact_member_room),
         };
         canon_init();
         return cmocka_run_group_tests(tests, NULL, NULL);
