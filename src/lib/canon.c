@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -509,6 +510,9 @@ int canon_hash_json(const char *text, size_t len, char out[CANON_HASH_STRLEN],
  * backslash in a key) or outside JSON gives up: -EAGAIN, and the caller
  * parses the text (kjson) and hashes the tree, which says what is wrong. */
 
+#define CANON_FAST_MEMBERS 32
+#define CANON_FAST_OUT 2048
+
 struct fast_member {
         const unsigned char *key; /* in the text: no escapes */
         size_t key_len;
@@ -517,7 +521,6 @@ struct fast_member {
         bool drop;                /* a volatile key */
 };
 
-#define CANON_FAST_MEMBERS 32
 
 struct fast {
         const unsigned char *p, *end;
@@ -528,7 +531,47 @@ struct fast {
         struct fast_member *small;
         int max_depth;
         int open_objects;         /* while one is open, nothing is hashed yet */
+        bool out_heap;            /* out outgrew the caller's stack buffer */
 };
+
+/* out: the kbuf functions, but its first bytes on canon_hash_compact's
+ * stack (a malloc and a free per hash otherwise) */
+static int out_reserve(struct fast *F, size_t extra)
+{
+        struct kbuf *b = &F->out;
+        if (extra > SIZE_MAX - b->len - 1)
+                return -ENOMEM;
+        size_t need = b->len + extra + 1;
+        if (need <= b->cap)
+                return 0;
+        size_t ncap = b->cap;
+        while (ncap < need)
+                ncap = ncap > SIZE_MAX / 2 ? need : 2 * ncap;
+        char *nd = F->out_heap ? realloc(b->data, ncap) : malloc(ncap);
+        if (!nd)
+                return -ENOMEM;
+        if (!F->out_heap)
+                memcpy(nd, b->data, b->len + 1);
+        F->out_heap = true;
+        b->data = nd;
+        b->cap = ncap;
+        return 0;
+}
+
+static int out_append(struct fast *F, const void *p, size_t n)
+{
+        if (out_reserve(F, n) < 0)
+                return -ENOMEM;
+        memcpy(F->out.data + F->out.len, p, n);
+        F->out.len += n;
+        F->out.data[F->out.len] = '\0';
+        return 0;
+}
+
+static int out_putc(struct fast *F, char c)
+{
+        return out_append(F, &c, 1);
+}
 
 #define GIVE_UP (-EAGAIN)
 
@@ -626,7 +669,7 @@ static int fast_literal(struct fast *F, const char *lit, size_t n)
         if ((size_t)(F->end - F->p) < n || memcmp(F->p, lit, n) != 0)
                 return GIVE_UP;
         F->p += n;
-        return kbuf_append(&F->out, lit, n) < 0 ? GIVE_UP : 0;
+        return out_append(F, lit, n) < 0 ? GIVE_UP : 0;
 }
 
 static int fast_member_cmp(const void *pa, const void *pb)
@@ -665,12 +708,12 @@ static int fast_object_close(struct fast *F, size_t base, size_t start)
                 }
         }
         if (in_order)
-                return kbuf_putc(&F->out, '}') < 0 ? GIVE_UP : 0;
+                return out_putc(F, '}') < 0 ? GIVE_UP : 0;
         sort_members(m, n, sizeof(*m), fast_member_cmp);
         /* the object again after the output (room made once: it is no
          * longer than the members as written), then moved down to start */
         size_t at = F->out.len;
-        if (kbuf_reserve(&F->out, at - start + 2) < 0)
+        if (out_reserve(F, at - start + 2) < 0)
                 return GIVE_UP;
         char *d = F->out.data + at, *o = F->out.data;
         *d++ = '{';
@@ -697,11 +740,11 @@ static int fast_object(struct fast *F, int depth)
         int r = GIVE_UP;
         F->p++;
         F->open_objects++;
-        if (kbuf_putc(&F->out, '{') < 0)
+        if (out_putc(F, '{') < 0)
                 goto out;
         if (F->p < F->end && *F->p == '}') {
                 F->p++;
-                r = kbuf_putc(&F->out, '}') < 0 ? GIVE_UP : 0;
+                r = out_putc(F, '}') < 0 ? GIVE_UP : 0;
                 goto out;
         }
         for (size_t index = 0;; index++) {
@@ -712,11 +755,11 @@ static int fast_object(struct fast *F, int depth)
                 if (fast_string(F, &escaped) < 0 || escaped || F->p >= F->end || *F->p != ':')
                         goto out;
                 size_t key_len = (size_t)(F->p - 1 - key);
-                if (index && kbuf_putc(&F->out, ',') < 0)
+                if (index && out_putc(F, ',') < 0)
                         goto out;
                 size_t off = F->out.len;
-                if (kbuf_append(&F->out, key - 1, key_len + 2) < 0 ||
-                    kbuf_putc(&F->out, ':') < 0)
+                if (out_append(F, key - 1, key_len + 2) < 0 ||
+                    out_putc(F, ':') < 0)
                         goto out;
                 F->p++;
                 if (fast_value(F, depth) < 0)
@@ -763,11 +806,11 @@ static void fast_spill(struct fast *F)
 static int fast_array(struct fast *F, int depth)
 {
         F->p++;
-        if (kbuf_putc(&F->out, '[') < 0)
+        if (out_putc(F, '[') < 0)
                 return GIVE_UP;
         if (F->p < F->end && *F->p == ']') {
                 F->p++;
-                return kbuf_putc(&F->out, ']') < 0 ? GIVE_UP : 0;
+                return out_putc(F, ']') < 0 ? GIVE_UP : 0;
         }
         for (;;) {
                 if (fast_value(F, depth) < 0)
@@ -777,11 +820,11 @@ static int fast_array(struct fast *F, int depth)
                         return GIVE_UP;
                 if (*F->p == ']')
                         break;
-                if (*F->p++ != ',' || kbuf_putc(&F->out, ',') < 0)
+                if (*F->p++ != ',' || out_putc(F, ',') < 0)
                         return GIVE_UP;
         }
         F->p++;
-        return kbuf_putc(&F->out, ']') < 0 ? GIVE_UP : 0;
+        return out_putc(F, ']') < 0 ? GIVE_UP : 0;
 }
 
 /* depth: the containers around this value */
@@ -799,7 +842,7 @@ static int fast_value(struct fast *F, int depth)
                 bool escaped;
                 if (fast_string(F, &escaped) < 0)
                         return GIVE_UP;
-                return kbuf_append(&F->out, s, (size_t)(F->p - s)) < 0 ? GIVE_UP : 0;
+                return out_append(F, s, (size_t)(F->p - s)) < 0 ? GIVE_UP : 0;
         }
         case 't':
                 return fast_literal(F, "true", 4);
@@ -818,15 +861,18 @@ int canon_hash_compact(const char *text, size_t len, int max_depth,
         /* the members of the objects open at once: on the stack unless
          * there are many (a malloc and a free per hash otherwise) */
         struct fast_member small[CANON_FAST_MEMBERS];
+        char first_bytes[CANON_FAST_OUT];
+        first_bytes[0] = '\0';
         struct fast F = { .p = (const unsigned char *)text,
                           .end = (const unsigned char *)text + len,
+                          .out = { first_bytes, 0, sizeof first_bytes },
                           .max_depth = max_depth, .ms = small, .mcap = CANON_FAST_MEMBERS,
                           .small = small };
         unsigned char h[crypto_hash_sha256_BYTES];
         /* the canonical text of a compact one is about as long: room for
          * it, up to the spill */
         size_t first = len < 2 * CANON_SPILL ? len : 2 * CANON_SPILL;
-        int r = text && len && kbuf_reserve(&F.out, first) == 0 ? 0 : GIVE_UP;
+        int r = text && len && out_reserve(&F, first) == 0 ? 0 : GIVE_UP;
         if (r == 0) {
                 crypto_hash_sha256_init(&F.st);
                 r = fast_value(&F, 0);
@@ -838,7 +884,8 @@ int canon_hash_compact(const char *text, size_t len, int max_depth,
                 crypto_hash_sha256_final(&F.st, h);
                 hash_string(h, out);
         }
-        kbuf_free(&F.out);
+        if (F.out_heap)
+                free(F.out.data);
         if (F.ms != small)
                 free(F.ms);
         return r;
