@@ -41,8 +41,7 @@ static void run_free_spawn_args(struct exec_run *run)
         run->argv = NULL;
         free(run->env);         /* (runenv_build_step_one: one allocation) */
         run->env = NULL;
-        free(run->cwd);
-        run->cwd = NULL;
+        run->cwd = NULL;        /* (in the run's allocation) */
 }
 
 static void groups_add(struct exec_run *run);
@@ -119,12 +118,9 @@ static void on_run_closed(struct child *c)
         struct exec_run *run = c->data;
         live_remove(run->m->d->executor, run);
         run_free_spawn_args(run);
-        free(run->cmdline);
         child_free(c);
         kbuf_free(&run->err_line);
         stdin_spare_put(run->stdin_doc, run->stdin_cap);
-        free(run->step_id);
-        free(run->expected_post);
         free(run);
 }
 
@@ -603,28 +599,43 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 executor_release_slot(m);
                 return;
         }
-        struct exec_run *run = calloc(1, sizeof(*run));
+        const char *cmdline = sc ? sc->exec[a->phase] : NULL;
+        if (cmdline && !*cmdline)
+                cmdline = NULL;
+        const char *cwd = sc && sc->working_directory ? sc->working_directory
+                          : d->handler_user.set       ? d->handler_user.home
+                                                      : d->cfg->state_directory;
+        /* the run and its strings in one allocation (the configuration's
+         * may be reloaded while it runs: copies) */
+        const char *const strs[] = { a->step_id, a->expected_post, cmdline,
+                                     cmdline ? cwd : NULL };
+        size_t lens[4], size = sizeof(struct exec_run);
+        for (size_t i = 0; i < 4; i++)
+                size += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
+        struct exec_run *run = calloc(1, size);
         if (!run) {
                 log_error("out of memory starting %s %s", m->id, a->step_id);
                 executor_release_slot(m);
                 return;
         }
+        char *at = (char *)(run + 1), *copies[4];
+        for (size_t i = 0; i < 4; i++) {
+                copies[i] = strs[i] ? memcpy(at, strs[i], lens[i]) : NULL;
+                at += lens[i];
+        }
         run->m = m;
         run->phase = a->phase;
         run->attempt = a->attempt;
-        run->step_id = strdup(a->step_id);
-        run->expected_post = a->expected_post ? strdup(a->expected_post) : NULL;
+        run->step_id = copies[0];
+        run->expected_post = copies[1];
         m->run = run;
         free(m->step_id);
         m->step_id = strdup(a->step_id);
-        const char *cmdline = sc ? sc->exec[a->phase] : NULL;
-        if (!cmdline || !*cmdline) {
+        if (!cmdline) {
                 /* No command: the phase completes at once with a null result. */
                 run->child.exited = true;
                 run->finished = true;
                 run_finished(run);
-                free(run->step_id);
-                free(run->expected_post);
                 free(run);
                 return;
         }
@@ -656,18 +667,13 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 config_strv_free(argv);
                 free(env);
                 run_finished(run);
-                free(run->step_id);
-                free(run->expected_post);
                 free(run);
                 return;
         }
         run->argv = argv;
         run->env = env;
-        const char *cwd = sc && sc->working_directory ? sc->working_directory
-                          : d->handler_user.set       ? d->handler_user.home
-                                                      : d->cfg->state_directory;
-        run->cwd = strdup(cwd);
-        run->cmdline = strdup(cmdline);
+        run->cwd = copies[3];
+        run->cmdline = copies[2];
         /* the document is the job's: taken, not copied (it holds the
          * earlier results, up to 1 MiB each) */
         size_t stdin_len = a->stdin_doc.data ? a->stdin_doc.len : 3;
@@ -692,9 +698,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
         c->closed = on_run_closed;
         c->data = run;
         live_add(d->executor, run);
-        if (!env || !run->cwd || !run->cmdline || !run->stdin_doc) {
-                if (!run->cmdline)
-                        run->cmdline = strdup("?");
+        if (!env || !run->stdin_doc) {
                 run_start_failed(run, -ENOMEM, NULL);
                 return;
         }
