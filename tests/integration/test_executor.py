@@ -1269,7 +1269,7 @@ class TestStopAndCrash(ExecCase):
         self.configure({"sleepy": {"Schedule": CRON, "Mandate": {"MaxCycles": "1"},
                                    "Exec": {"Observe": "/bin/sh %s %s" % (h, fifo)}}})
         d = self.start()
-        keepers = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
+        keepers = named_keepers(d.proc.pid)
         self.assertEqual(len(keepers), 1, [(p, comm(p)) for p in children(d.proc.pid)])
         os.kill(keepers[0], signal.SIGKILL)
         self.d.wait_log("the handler keeper (pid %d) died (signal 9): starting another"
@@ -1307,8 +1307,8 @@ class TestStopAndCrash(ExecCase):
             self.fire("sleepy0")
             with open(fifos[0]) as f:
                 pids.append(int(f.read()))
-            keepers = [p for p in children(d.proc.pid) if comm(p) == "kairosd-keeper"]
-            self.assertEqual(len(keepers), 1)
+            keepers = named_keepers(d.proc.pid)
+            self.assertEqual(len(keepers), 1, [(p, comm(p)) for p in children(d.proc.pid)])
             os.kill(keepers[0], signal.SIGKILL)
             self.d.wait_log("the handler keeper (pid %d) died (signal 9): starting another"
                             % keepers[0])
