@@ -68,6 +68,7 @@ struct mandate {
         struct fold *fold;         /* owned by jobs of q: the WAL folded so far, or NULL */
         struct kbuf wal_bytes;     /* owned by jobs of q: the bytes folded (for the archive) */
         enum mandate_status status;
+        unsigned busy;             /* commands in flight (keeps it alive) */
         char *reason;              /* why paused / quarantined / failed */
         char *review_step;         /* PAUSED_REVIEW: the step to resolve */
         struct hook_failure *failure; /* its last failed execution, for OnFailure= (hooks.h) */
@@ -75,23 +76,24 @@ struct mandate {
         long long cycle;
         char *schedule;            /* NULL when unknown */
         uint64_t flushes;          /* fdatasync calls on this mandate's WAL */
-        unsigned busy;             /* commands in flight (keeps it alive) */
         char *fired_at;            /* set with mandate_set_fired_at */
         int64_t fired_key;         /* fired_at's digits as YYYYMMDDHHMMSS (it sorts like
                                     * the text); -1: none or not of that form */
-        bool order_added;          /* in d->order_added, not yet in d->ordered */
         char *goal;
         char *retry_of;            /* a retry (kairosctl retry): the mandate it retries */
         int retry;                 /* ... and its number N >= 1 (planner.h); 0 otherwise */
         bool retry_forced;         /* ... made with a reason (cluster mode: kairos_retry_create) */
+        bool order_added;          /* in d->order_added, not yet in d->ordered */
+        bool cluster_parking;      /* postgres: its row is being marked paused
+                                    * (commands.c reads it) */
         int64_t started_ms;        /* wall clock: fired (or its WAL's first record); 0 unknown */
         int64_t ended_ms;          /* wall clock: finished; 0 while it runs */
         int64_t down_ms;           /* finished: restarts' time in between (fold.down_ms) */
         bool archived;             /* finished: WAL gzipped to archive/ */
         /* executor */
         bool queued;               /* in the runnable queue */
-        struct mandate *next_queued;
         bool holds_slot;           /* counted in running (MaxConcurrentMandates) */
+        struct mandate *next_queued;
         struct exec_run *run;      /* the handler being run, if any */
         char *step_id;             /* the step being run */
         uv_timer_t *retry_timer;   /* a failed step waits for its retry (RetryAttempts=) */
@@ -99,8 +101,6 @@ struct mandate {
         /* the epoch this node holds it at (the postgres driver's, written
          * into its records); 0 on one host */
         int64_t epoch;
-        bool cluster_parking;      /* postgres: its row is being marked paused
-                                    * (commands.c reads it) */
         void *drv_state;           /* driver.h: its driver's, own.attach */
 };
 

@@ -16,6 +16,10 @@ struct serialq_job {
         void (*done)(void *arg);
         void *arg;
         struct serialq_job *next;
+        /* libuv's pool runs it (after serialq_stop, or without the threads):
+         * here, not in struct serialq, where every mandate carried its 128
+         * bytes for the few jobs that ever need it */
+        uv_work_t req;
 };
 
 /* The threads that run the jobs, for the loop of the first queue: as many
@@ -306,8 +310,9 @@ static void start_next(struct serialq *q)
                         idler_wake(w);
                 return;
         }
-        q->req.data = q;
-        int r = uv_queue_work(q->loop, &q->req, on_work, on_after_work);
+        /* the head job's own request: it is freed only after on_after_work */
+        q->head->req.data = q;
+        int r = uv_queue_work(q->loop, &q->head->req, on_work, on_after_work);
         if (r < 0)
                 abort(); /* only fails for a NULL work callback */
 }
@@ -324,7 +329,9 @@ int serialq_submit(struct serialq *q, void (*work)(void *arg), void (*done)(void
         struct serialq_job *job = calloc(1, sizeof(*job));
         if (!job)
                 return -ENOMEM;
-        *job = (struct serialq_job){ work, done, arg, NULL };
+        job->work = work;
+        job->done = done;
+        job->arg = arg;
         if (q->tail)
                 q->tail->next = job;
         else

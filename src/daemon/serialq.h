@@ -22,9 +22,8 @@ struct serialq {
         uv_loop_t *loop;
         struct serialq_group *group;
         struct serialq_job *head, *tail;
-        bool busy;
-        uv_work_t req;
         struct serialq *next_ready;  /* in the threads' list of queues to run or done */
+        bool busy;
 };
 
 void serialq_init(struct serialq *q, uv_loop_t *loop, struct serialq_group *group);
