@@ -13,6 +13,9 @@ void strmap_free(struct strmap *m);
 void strmap_free_with(struct strmap *m, void (*free_value)(void *value));
 /* Insert or replace.  -ENOMEM. */
 int strmap_put(struct strmap *m, const char *key, void *value);
+/* Room for n more keys without a rehash (one table, not a doubling per
+ * power of two on the way).  -ENOMEM (the map unchanged). */
+int strmap_reserve(struct strmap *m, size_t n);
 void *strmap_get(const struct strmap *m, const char *key);
 /* Remove; returns the value that was there (or NULL). */
 void *strmap_remove(struct strmap *m, const char *key);

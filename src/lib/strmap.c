@@ -71,11 +71,8 @@ static struct slot *find(const struct strmap *m, const char *key, uint64_t h)
         return NULL;
 }
 
-static int grow(struct strmap *m)
+static int rehash(struct strmap *m, size_t cap)
 {
-        size_t cap = m->cap ? m->cap * 2 : 16;
-        if (m->used * 2 < m->cap)
-                cap = m->cap; /* mostly tombstones: rehash in place size */
         struct slot *slots = calloc(cap, sizeof(*slots));
         if (!slots)
                 return -ENOMEM;
@@ -93,6 +90,27 @@ static int grow(struct strmap *m)
         m->cap = cap;
         m->filled = m->used;
         return 0;
+}
+
+static int grow(struct strmap *m)
+{
+        size_t cap = m->cap ? m->cap * 2 : 16;
+        if (m->used * 2 < m->cap)
+                cap = m->cap; /* mostly tombstones: rehash in place size */
+        return rehash(m, cap);
+}
+
+int strmap_reserve(struct strmap *m, size_t n)
+{
+        size_t cap = m->cap ? m->cap : 16;
+        while ((m->used + n + 1) * 4 > cap * 3) {
+                if (cap > SIZE_MAX / 2 / sizeof(struct slot))
+                        return -ENOMEM;
+                cap *= 2;
+        }
+        if (cap == m->cap && (m->filled + n + 1) * 4 <= cap * 3)
+                return 0;
+        return rehash(m, cap); /* (or the tombstones out at the same size) */
 }
 
 int strmap_put(struct strmap *m, const char *key, void *value)

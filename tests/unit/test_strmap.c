@@ -65,11 +65,46 @@ static void test_many_keys_with_churn(void **state)
         strmap_free(m);
 }
 
+/* strmap_reserve on an empty map, on one with keys and tombstones, and for
+ * 0 more: every key put before and after is found, the removed are not. */
+static void test_reserve(void **state)
+{
+        (void)state;
+        struct strmap *m = strmap_new();
+        char key[32];
+        assert_int_equal(strmap_reserve(m, 0), 0);
+        assert_int_equal(strmap_reserve(m, 1000), 0);
+        for (uintptr_t i = 0; i < 1000; i++) {
+                snprintf(key, sizeof key, "k%lu", (unsigned long)i);
+                assert_int_equal(strmap_put(m, key, (void *)(i + 1)), 0);
+        }
+        for (uintptr_t i = 0; i < 1000; i += 2) {
+                snprintf(key, sizeof key, "k%lu", (unsigned long)i);
+                assert_ptr_equal(strmap_remove(m, key), (void *)(i + 1));
+        }
+        assert_int_equal(strmap_reserve(m, 0), 0);
+        assert_int_equal(strmap_reserve(m, 5000), 0);
+        for (uintptr_t i = 1000; i < 6000; i++) {
+                snprintf(key, sizeof key, "k%lu", (unsigned long)i);
+                assert_int_equal(strmap_put(m, key, (void *)(i + 1)), 0);
+        }
+        assert_int_equal(strmap_size(m), 5500);
+        for (uintptr_t i = 0; i < 6000; i++) {
+                snprintf(key, sizeof key, "k%lu", (unsigned long)i);
+                if (i < 1000 && i % 2 == 0)
+                        assert_null(strmap_get(m, key));
+                else
+                        assert_ptr_equal(strmap_get(m, key), (void *)(i + 1));
+        }
+        strmap_free(m);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_put_get_replace_remove),
                 cmocka_unit_test(test_many_keys_with_churn),
+                cmocka_unit_test(test_reserve),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
