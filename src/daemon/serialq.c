@@ -22,6 +22,10 @@ struct serialq_job {
         uv_work_t req;
 };
 
+/* one per mandate, in struct mandate: kept to its six words (100,000
+ * mandates at start-up) */
+_Static_assert(sizeof(struct serialq) <= 6 * sizeof(void *), "struct serialq grew");
+
 /* The threads that run the jobs, for the loop of the first queue: as many
  * as libuv's pool would have (UV_THREADPOOL_SIZE, which kairosd sets to 16
  * unless it is set; else 4), so startup recovery's lanes run as widely as
