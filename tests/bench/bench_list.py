@@ -41,7 +41,10 @@ def rss_mb(pid):
     return 0.0
 
 
-def gen(state, confdir, n, nsched):
+def summaries(state, n, schedule):
+    """n finished mandates' summaries in <state>/mandates/ (every 50th
+    failed, the others done), one a minute from 2025-01-01; schedule(i)
+    names the i-th one's schedule."""
     mdir = os.path.join(state, "mandates")
     os.makedirs(mdir)
     os.makedirs(os.path.join(state, "wal"))
@@ -53,10 +56,14 @@ def gen(state, confdir, n, nsched):
         mid = "mnd_%032x" % random.getrandbits(128)
         status = "failed" if i % 50 == 0 else "done"
         with open(os.path.join(mdir, mid + ".json"), "w") as f:
-            json.dump({"mandate_id": mid, "schedule": "s%05d" % (i % max(nsched, 1)),
+            json.dump({"mandate_id": mid, "schedule": schedule(i),
                        "fired_at": fired, "status": status, "reason": None, "cycles": 1,
                        "ended_at": t + 2, "started_ms": t * 1000, "ended_ms": t * 1000 + 1500,
                        "archive": os.path.join(state, "archive", mid + ".wal.jsonl.gz")}, f)
+
+
+def gen(state, confdir, n, nsched):
+    summaries(state, n, lambda i: "s%05d" % (i % max(nsched, 1)))
     sdir = os.path.join(confdir, "schedules.d")
     os.makedirs(sdir)
     for i in range(nsched):

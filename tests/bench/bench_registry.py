@@ -8,7 +8,7 @@
 Two kairosd of the same build, each with a one-cycle, five-step /bin/true
 schedule, MaxConcurrentMandates=1, KeepFinished=1000000, KeepFinishedSec=0:
 one starts on an empty state directory, the other on N finished mandates
-(their summaries in <state>/mandates/, generated as bench_list.py does).
+(their summaries in <state>/mandates/, bench_list.summaries).
 Per repetition (the order alternates), --mandates mandates are fired one at a
 time on each, each waited for by its "WAL archived" log line; kairosd's own
 CPU (its process CPU-time clock: every thread, in ns; not its handlers) over
@@ -17,14 +17,11 @@ ratios (never the best) and the load average.  Target: 1.10 or less: what a
 mandate costs the daemon must not depend on how many finished ones it keeps
 (retention, `list`, the status line, metrics)."""
 import argparse
-import json
 import os
-import random
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
@@ -33,24 +30,7 @@ import kairos_harness  # noqa: E402
 from kairos_harness import Client, Daemon, NotifySocket, write_config  # noqa: E402
 from bench_cycle import ARCHIVED, own_cpu, schedule  # noqa: E402
 from bench_executor import LogCounter, at  # noqa: E402
-
-
-def gen(state, n):
-    mdir = os.path.join(state, "mandates")
-    os.makedirs(mdir)
-    os.makedirs(os.path.join(state, "wal"))
-    os.makedirs(os.path.join(state, "archive"))
-    base = 1735689600  # 2025-01-01
-    for i in range(n):
-        t = base + i * 60
-        mid = "mnd_%032x" % random.getrandbits(128)
-        with open(os.path.join(mdir, mid + ".json"), "w") as f:
-            json.dump({"mandate_id": mid, "schedule": "bench",
-                       "fired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)),
-                       "status": "failed" if i % 50 == 0 else "done", "reason": None,
-                       "cycles": 1, "ended_at": t + 2, "started_ms": t * 1000,
-                       "ended_ms": t * 1000 + 1500,
-                       "archive": os.path.join(state, "archive", mid + ".wal.jsonl.gz")}, f)
+from bench_list import summaries  # noqa: E402
 
 
 class Kairos:
@@ -58,7 +38,7 @@ class Kairos:
         self.dir = os.path.join(base, name)
         state = os.path.join(self.dir, "state")
         os.makedirs(state)
-        gen(state, n)
+        summaries(state, n, lambda i: "bench")
         conf = write_config(self.dir, state, {"bench": schedule("/bin/true")},
                             "MaxConcurrentMandates=1\nLogLevel=info\n"
                             "KeepFinished=1000000\nKeepFinishedSec=0\n")
