@@ -370,6 +370,18 @@ class LoopExt4:
         shutil.rmtree(self.top, ignore_errors=True)
 
 
+def resolve_paths(ap, args):
+    """args.kairosd made absolute; args.floor (default: the build's
+    floor_cycle beside it) made absolute and checked."""
+    args.kairosd = os.path.abspath(args.kairosd)
+    if args.floor is None:
+        args.floor = os.path.join(os.path.dirname(args.kairosd), "..", "..", "tests", "bench",
+                                  "floor_cycle")
+    args.floor = os.path.abspath(args.floor)
+    if not os.access(args.floor, os.X_OK):
+        ap.error("%s: no floor_cycle (build it: ninja -C build)" % args.floor)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kairosd", required=True)
@@ -391,13 +403,7 @@ def main():
     if args.reps < 1 or args.mandates < 1 or args.strace_mandates < 0 or args.syscalls_mandates < 0:
         ap.error("--reps and --mandates must be >= 1, --strace-mandates and "
                  "--syscalls-mandates >= 0")
-    args.kairosd = os.path.abspath(args.kairosd)
-    if args.floor is None:
-        args.floor = os.path.join(os.path.dirname(args.kairosd), "..", "..", "tests", "bench",
-                                  "floor_cycle")
-    args.floor = os.path.abspath(args.floor)
-    if not os.access(args.floor, os.X_OK):
-        ap.error("%s: no floor_cycle (build it: ninja -C build)" % args.floor)
+    resolve_paths(ap, args)
     if args.loop and os.geteuid() != 0:
         ap.error("--loop needs root (mkfs.ext4, mount -o loop)")
     run_on(args, args.dir, "dir")

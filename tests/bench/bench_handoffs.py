@@ -45,7 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
-from bench_cycle import Kairos, fs_kind, load  # noqa: E402
+from bench_cycle import Kairos, fs_kind, load, resolve_paths  # noqa: E402
 
 WAKE = re.compile(r"^\s*([\d.]+)\s+\[\d+\]\s+(\S+)\s+awakened: (\S+)")
 KAIROS_STEPS = ("exit", "sub", "done", "post", "clone")
@@ -162,13 +162,7 @@ def main():
         ap.error("--reps and --mandates must be >= 1")
     if os.geteuid() != 0 or not shutil.which("perf"):
         ap.error("needs root and perf (perf sched record -a)")
-    args.kairosd = os.path.abspath(args.kairosd)
-    if args.floor is None:
-        args.floor = os.path.join(os.path.dirname(args.kairosd), "..", "..", "tests", "bench",
-                                  "floor_cycle")
-    args.floor = os.path.abspath(args.floor)
-    if not os.access(args.floor, os.X_OK):
-        ap.error("%s: no floor_cycle (build it: ninja -C build)" % args.floor)
+    resolve_paths(ap, args)
     base = tempfile.mkdtemp(prefix="kairos-bench-handoffs-", dir=args.dir)
     print("dir: %s (%s); handler %s; load %s" % (base, fs_kind(base), args.handler, load()))
     ks, fs = [], []
