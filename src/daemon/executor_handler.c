@@ -39,7 +39,7 @@ static void run_free_spawn_args(struct exec_run *run)
 {
         config_strv_free(run->argv);
         run->argv = NULL;
-        free(run->env);         /* (runenv_build_step_one: one allocation) */
+        free(run->env);         /* (runenv_build: one allocation) */
         run->env = NULL;
         run->cwd = NULL;        /* (in the run's allocation) */
 }
@@ -652,7 +652,7 @@ void handler_spawn(struct mandate *m, struct advance *a)
                 { "KAIROS_NODE", own_node(d) },
                 { "KAIROS_EPOCH", m->epoch > 0 ? epoch : NULL },
         };
-        char **env = runenv_build_step_one(&step, kv, sizeof kv / sizeof kv[0],
+        char **env = runenv_build_step(&step, kv, sizeof kv / sizeof kv[0],
                                            sc ? sc->environment : NULL, sc ? sc->nenvironment : 0);
         /* the command line's $NAME and ${NAME} expand from that environment */
         char **argv = NULL, why[256] = "";

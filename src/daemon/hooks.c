@@ -96,7 +96,7 @@ static void hook_free(struct hook_run *run)
 {
         foldpage_free(run->fold);
         config_strv_free(run->argv);
-        config_strv_free(run->env);
+        free(run->env);
         child_free(&run->child);
         FREE_ALL(run->label, run->mandate, run->cwd, run->doc, run);
 }
@@ -170,7 +170,8 @@ static void on_started(struct child *c)
 {
         struct hook_run *run = c->data;
         config_strv_clear(&run->argv);
-        config_strv_clear(&run->env);
+        free(run->env);
+        run->env = NULL;
         if (c->err) {
                 log_event(LOG_WARNING, NULL, LOG_FIELDS({ "MANDATE_ID", run->mandate }),
                           "hook %s cannot start: %s%s%s; the mandate is not affected",

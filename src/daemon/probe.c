@@ -99,7 +99,7 @@ static void job_free(struct probe_job *j)
 {
         FREE_ALL(j->step_id, j->doc, j->plan_id, j->idem_key);
         config_strv_free(j->argv);
-        config_strv_free(j->env);
+        free(j->env);
         free(j->cwd);
         free(j->cmdline);
         idem_check_call_release(&j->chk);
@@ -516,7 +516,8 @@ static void on_started(struct child *c)
 {
         struct probe_job *j = c->data;
         config_strv_clear(&j->argv);
-        config_strv_clear(&j->env);
+        free(j->env);
+        j->env = NULL;
         struct mandate *m = j->m;
         if (c->err) {
                 snprintf(j->start_error, sizeof j->start_error, "%s%s%s",

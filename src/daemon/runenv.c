@@ -107,13 +107,10 @@ void runenv_get(const char **ret_path, const char **ret_home, const char **ret_u
         *ret_kairosctl = henv.kairosctl;
 }
 
-/* The entries of runenv_build: base's known values, then kv's non-NULL
- * ones, then extra's; *ret_n of them.  With one, the array and the strings
- * in one allocation (the strings after the array), else each string its
- * own (config_strv_free).  Entries copied by length (asprintf's formatting
- * was most of the cost of a step's environment). */
-static char **build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra,
-                    bool one)
+/* Entries copied by length (asprintf's formatting was most of the cost of
+ * a step's environment), the array and its strings in one allocation: one
+ * malloc a step, not one per entry. */
+char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra)
 {
         const char *path, *home, *user, *kairosctl;
         runenv_get(&path, &home, &user, &kairosctl);
@@ -121,53 +118,39 @@ static char **build(const char *const (*kv)[2], size_t nkv, char *const *extra, 
                 { "PATH", path }, { "LANG", getenv("LANG") }, { "HOME", home },
                 { "USER", user }, { "LOGNAME", user },        { "KAIROSCTL", kairosctl },
         };
-        size_t nbase = sizeof base / sizeof base[0], all = nbase + nkv + nextra, ne = 0;
+        size_t nbase = sizeof base / sizeof base[0], all = nbase + nkv + nextra;
         size_t bytes = 0, count = all;
-        if (one)
-                for (size_t i = 0; i < all; i++) {
-                        const char *const *p = i < nbase ? base[i] : i < nbase + nkv ? kv[i - nbase] : NULL;
-                        if (p && !p[1])
-                                count--;
-                        else
-                                bytes += p ? strlen(p[0]) + strlen(p[1]) + 2
-                                           : strlen(extra[i - nbase - nkv]) + 1;
-                }
-        char **env = one ? malloc((count + 1) * sizeof(char *) + bytes)
-                         : calloc(all + 1, sizeof(char *));
-        char *at = env && one ? (char *)(env + count + 1) : NULL;
-        for (size_t i = 0; env && i < all; i++) {
+        for (size_t i = 0; i < all; i++) {
+                const char *const *p = i < nbase ? base[i] : i < nbase + nkv ? kv[i - nbase] : NULL;
+                if (p && !p[1])
+                        count--;
+                else
+                        bytes += p ? strlen(p[0]) + strlen(p[1]) + 2 : strlen(extra[i - nbase - nkv]) + 1;
+        }
+        char **env = malloc((count + 1) * sizeof(char *) + bytes);
+        if (!env)
+                return NULL;
+        char *at = (char *)(env + count + 1);
+        size_t ne = 0;
+        for (size_t i = 0; i < all; i++) {
                 const char *const *p = i < nbase ? base[i] : i < nbase + nkv ? kv[i - nbase] : NULL;
                 if (p && !p[1])
                         continue;
                 size_t n = p ? strlen(p[0]) : 0, v = strlen(p ? p[1] : extra[i - nbase - nkv]);
-                char *e = one ? at : malloc(n + v + 2);
-                if (!e) {
-                        for (size_t k = 0; k < ne; k++)
-                                free(env[k]);
-                        free(env);
-                        return NULL;
-                }
+                env[ne++] = at;
                 if (p) {
-                        memcpy(e, p[0], n);
-                        e[n++] = '=';
+                        memcpy(at, p[0], n);
+                        at[n++] = '=';
                 }
-                memcpy(e + n, p ? p[1] : extra[i - nbase - nkv], v + 1);
-                if (one)
-                        at += n + v + 1;
-                env[ne++] = e;
+                memcpy(at + n, p ? p[1] : extra[i - nbase - nkv], v + 1);
+                at += n + v + 1;
         }
-        if (env)
-                env[ne] = NULL;
+        env[ne] = NULL;
         return env;
 }
 
-char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra)
-{
-        return build(kv, nkv, extra, nextra, false);
-}
-
-static char **build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
-                         char *const *extra, size_t nextra, bool one)
+char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
+                         char *const *extra, size_t nextra)
 {
         char attempt[16], cycle[24];
         snprintf(attempt, sizeof attempt, "%u", s->attempt);
@@ -189,19 +172,7 @@ static char **build_step(const struct runenv_step *s, const char *const (*more)[
                 return NULL;
         if (nmore)
                 memcpy(kv[11], more, nmore * sizeof *more);
-        return build((const char *const (*)[2])kv, 11 + nmore, extra, nextra, one);
-}
-
-char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
-                         char *const *extra, size_t nextra)
-{
-        return build_step(s, more, nmore, extra, nextra, false);
-}
-
-char **runenv_build_step_one(const struct runenv_step *s, const char *const (*more)[2],
-                             size_t nmore, char *const *extra, size_t nextra)
-{
-        return build_step(s, more, nmore, extra, nextra, true);
+        return runenv_build((const char *const (*)[2])kv, 11 + nmore, extra, nextra);
 }
 
 int runenv_command(const char *cmdline, char *const *env, char ***ret_argv, char *why,

@@ -17,7 +17,8 @@ void runenv_get(const char **ret_path, const char **ret_home, const char **ret_u
 /* A handler's, hook's or probe's environment: PATH, LANG, HOME, USER,
  * LOGNAME and KAIROSCTL (those known), then kv's NAME, VALUE pairs (NULL
  * values left out), then extra's nextra NAME=VALUE strings.  NULL-terminated
- * and allocated (config_strv_free); NULL when out of memory. */
+ * and the array and its strings one allocation: free() it; NULL when out
+ * of memory. */
 char **runenv_build(const char *const (*kv)[2], size_t nkv, char *const *extra, size_t nextra);
 
 /* runenv_build with what a step's handler and its probe both get
@@ -33,10 +34,6 @@ struct runenv_step {
 };
 char **runenv_build_step(const struct runenv_step *s, const char *const (*more)[2], size_t nmore,
                          char *const *extra, size_t nextra);
-/* runenv_build_step's entries, the array and its strings in one allocation:
- * free() it (a handler's environment: one malloc a step, not 20). */
-char **runenv_build_step_one(const struct runenv_step *s, const char *const (*more)[2],
-                             size_t nmore, char *const *extra, size_t nextra);
 
 /* A handler's, hook's or probe's command line split into *ret_argv (left
  * NULL on an error it was given NULL), its $NAME and ${NAME} expanded from
